@@ -1,0 +1,9 @@
+"""Database drivers for zarrfs, installed as ``zarrfs.backends``.
+
+``open_driver(url)`` picks a driver by the URL's scheme; see ``registry`` and ``base``.
+"""
+
+from .base import DATA, KEYS, SIDE, SIZES, VALUES, Driver, Txn
+from .registry import open_driver, register
+
+__all__ = ["DATA", "SIDE", "KEYS", "SIZES", "VALUES", "Driver", "Txn", "open_driver", "register"]
