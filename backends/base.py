@@ -213,6 +213,12 @@ class Driver(ABC):
         """One-shot :meth:`Txn.scan`, returned as a list (bound it with ``limit``)."""
         return self.transact(lambda t: list(t.scan(start, stop, **kwargs)), write=False)
 
+    def sync(self) -> None:
+        """Make every committed transaction durable (``fsync`` of a file calls this).
+
+        Drivers may commit without forcing data to disk (as zarr-python's ``LMDBStore`` does) as
+        long as a crash of the process never corrupts the database; this is the barrier."""
+
     def statfs(self) -> dict[str, int] | None:
         """Return ``{"total": bytes, "free": bytes}`` for the storage behind the database, or
         ``None`` when it cannot be known."""
