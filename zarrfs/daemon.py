@@ -1,0 +1,162 @@
+"""The mount daemon: options, logging, and running FUSE over a driver until unmounted.
+
+``serve`` runs in the foreground of the calling process. ``zarrfs mount`` without ``-f`` starts
+this in a child process and returns once the child reports the mount ready (see ``cli``).
+SIGINT/SIGTERM make libfuse leave its loop and unmount; open files are committed in
+``destroy``, so a normal stop leaves neither lost data nor a dead mountpoint behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+from zarrfs.backends import open_driver
+from zarrfs.backends.base import Driver
+from zarrfs.handles import HandleTable
+from zarrfs.ops import FUSE, Operations
+from zarrfs.spill import DEFAULT_SPILL
+from zarrfs.tree import Hooks, Tree
+
+log = logging.getLogger("zarrfs")
+
+VALIDATE_MODES = ("strict", "warn", "off")
+VIEWS = ("raw", "decoded")
+CONSOLIDATE_MODES = ("auto", "live", "off")
+
+
+class UsageError(Exception):
+    """A bad command line or mount option: reported as one line, exit status 2."""
+
+
+@dataclass
+class MountOptions:
+    """Options of one mount: zarrfs' own, and the rest passed through to libfuse."""
+
+    readonly: bool = False
+    validate: str = "strict"
+    view: str = "raw"
+    consolidate: str = "auto"
+    cache_timeout: float = 1.0
+    spill: int = DEFAULT_SPILL
+    create: bool = False
+    fuse: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_options(words: list[str]) -> MountOptions:
+    """Parse ``-o`` option words (each may hold several, comma-separated)."""
+    opts = MountOptions()
+    for word in words:
+        for item in filter(None, word.split(",")):
+            name, has_value, value = item.partition("=")
+            if name == "ro":
+                opts.readonly = True
+            elif name == "rw":
+                opts.readonly = False
+            elif name == "validate":
+                opts.validate = _choice(name, value, VALIDATE_MODES)
+            elif name == "view":
+                opts.view = _choice(name, value, VIEWS)
+            elif name == "consolidate":
+                opts.consolidate = _choice(name, value, CONSOLIDATE_MODES)
+            elif name == "cache_timeout":
+                opts.cache_timeout = _number(name, value, float)
+            elif name == "spill":
+                opts.spill = _number(name, value, int)
+            elif name == "create":
+                opts.create = True
+            else:
+                opts.fuse[name] = value if has_value else True
+    return opts
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise UsageError(f"-o {name}= takes one of {', '.join(allowed)} (got {value!r})")
+    return value
+
+
+def _number(name: str, value: str, kind: type) -> Any:
+    try:
+        return kind(value)
+    except ValueError:
+        raise UsageError(f"-o {name}= takes a number (got {value!r})") from None
+
+
+def database_path(url: str) -> str | None:
+    """The file or folder a file-based URL names (LMDB, SQLite, a bare path), else None."""
+    parsed = urlparse(url)
+    if parsed.scheme in ("", "lmdb", "sqlite"):
+        return parsed.path if parsed.scheme else url
+    return None
+
+
+def open_database(url: str, opts: MountOptions) -> Driver:
+    """Open the driver for ``url``; a missing file-based database is an error unless
+    ``-o create``."""
+    path = database_path(url)
+    if path is not None and not opts.create and not os.path.exists(path):
+        raise UsageError(f"database {path} does not exist (add -o create to make a new one)")
+    return open_driver(url, readonly=opts.readonly)
+
+
+def make_hooks(opts: MountOptions) -> Hooks:
+    """The format layer's hooks for these options (plain bytes when there is no format layer)."""
+    try:
+        from zarrfs.format.hooks import FormatHooks
+    except ImportError:
+        return Hooks()
+    return FormatHooks(validate=opts.validate, view=opts.view, consolidate=opts.consolidate)
+
+
+def fuse_options(url: str, opts: MountOptions) -> dict[str, Any]:
+    """libfuse options: single-threaded, kernel caches with the chosen timeout, and the
+    user's pass-through options last so they win."""
+    t = opts.cache_timeout
+    fsname = url.replace(",", "_")
+    options: dict[str, Any] = {
+        "fsname": fsname,
+        "subtype": "zarrfs",
+        "entry_timeout": t,
+        "attr_timeout": t,
+        "negative_timeout": t,
+        "auto_cache": True,
+    }
+    if opts.readonly:
+        options["ro"] = True
+    options.update(opts.fuse)
+    return options
+
+
+def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
+    """Mount ``url`` at ``mountpoint`` and serve requests until unmounted (blocking)."""
+    driver = open_database(url, opts)
+    tree = Tree(driver, uid=os.getuid(), gid=os.getgid(), hooks=make_hooks(opts))
+    handles = HandleTable(tree, spill_threshold=opts.spill, readonly=opts.readonly)
+    operations = Operations(tree, handles, on_ready=on_ready)
+    log.info("mounting %s at %s (%s)", url, mountpoint, "read-only" if opts.readonly else "read-write")
+    FUSE(operations, mountpoint, foreground=True, nothreads=True, **fuse_options(url, opts))
+    log.info("unmounted %s", mountpoint)
+
+
+def setup_logging(level: str, log_file: str | None, foreground: bool) -> None:
+    """Log to ``log_file``, else stderr in the foreground, else syslog."""
+    handler: logging.Handler
+    if log_file:
+        handler = logging.FileHandler(log_file)
+    elif foreground:
+        handler = logging.StreamHandler(sys.stderr)
+    elif os.path.exists("/dev/log"):
+        handler = logging.handlers.SysLogHandler(address="/dev/log")
+    else:
+        handler = logging.NullHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s zarrfs[%(process)d] %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    logging.getLogger("mfusepy").setLevel(logging.WARNING)

@@ -1,0 +1,63 @@
+"""The one table that maps exceptions to errno values.
+
+The tree, the handles, the format layer and the drivers raise meaningful exceptions; the FUSE
+operations class asks :func:`to_errno` what the kernel should hear, and logs one line when the
+error is worth a line.
+"""
+
+from __future__ import annotations
+
+import errno
+
+from zarrfs.backends import base
+
+
+class FsError(OSError):
+    """A POSIX condition found by the filesystem logic (ENOENT, EEXIST, ENOTEMPTY, ...).
+
+    ``quiet`` errors are part of normal operation (a lookup of a missing name) and are not logged.
+    """
+
+    def __init__(self, code: int, message: str = "", quiet: bool = False) -> None:
+        super().__init__(code, message or errno.errorcode.get(code, str(code)))
+        self.quiet = quiet
+
+
+def _format_error_types() -> tuple[type[BaseException], ...]:
+    try:
+        from zarrfs.format.errors import FormatError
+    except ImportError:  # the format layer is optional for the tree's own tests
+        return ()
+    return (FormatError,)
+
+
+# Ordered: the first matching class wins, so subclasses come before their bases.
+_TABLE: list[tuple[type[BaseException], int]] = [
+    (base.InvalidKeyError, errno.EINVAL),
+    (base.ReadOnlyError, errno.EROFS),
+    (base.StorageFullError, errno.ENOSPC),
+    (base.UnavailableError, errno.EIO),
+    (base.RetryableError, errno.EAGAIN),
+    (base.DriverNotFoundError, errno.ENODEV),
+    (base.BackendError, errno.EIO),
+    (MemoryError, errno.ENOMEM),
+    (UnicodeError, errno.EINVAL),
+]
+
+
+def to_errno(exc: BaseException) -> int:
+    """Return the errno that the caller of the failed system call should see for ``exc``."""
+    if isinstance(exc, OSError) and isinstance(exc.errno, int) and exc.errno > 0:
+        return exc.errno
+    for cls in _format_error_types():
+        if isinstance(exc, cls):
+            return errno.EINVAL
+    for cls, code in _TABLE:
+        if isinstance(exc, cls):
+            return code
+    return errno.EIO
+
+
+def is_quiet(exc: BaseException) -> bool:
+    """Whether ``exc`` is routine (a missing name, a full folder on rmdir) and needs no log line."""
+    return bool(getattr(exc, "quiet", False))

@@ -1,0 +1,309 @@
+"""Open files: buffered writes committed all-or-nothing, and stable reads.
+
+Every open file handle points at the shared :class:`FileState` of its key, so two descriptors of
+one file see each other's writes, as POSIX requires. Writes go to a :class:`SpillBuffer`; the
+whole content is committed to the database in one transaction on ``flush`` (each ``close``),
+``fsync`` and ``release``. Until then the database, and every other reader of it, sees the old
+value; a reader never sees half a value. A file made with ``create`` exists only in this table
+until its first commit, so create + write + close is one transaction.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import time
+from dataclasses import dataclass, field
+
+from zarrfs.errors import FsError
+from zarrfs.sidedata import Attrs
+from zarrfs.spill import DEFAULT_SPILL, SpillBuffer
+from zarrfs.tree import FILE, Node, Tree
+
+log = logging.getLogger("zarrfs.handles")
+
+# Values larger than this are read by range instead of being held whole by an open handle.
+SNAPSHOT_LIMIT = 64 << 20
+
+
+@dataclass
+class FileState:
+    """What the mount knows about one open key: pending content and attributes."""
+
+    key: str
+    buffer: SpillBuffer | None = None
+    snapshot: bytes | None = None
+    attrs: Attrs | None = None
+    dirty: bool = False
+    created: bool = False
+    orphan: bool = False
+    failed: bool = False
+    handles: set[int] = field(default_factory=set)
+
+    @property
+    def size(self) -> int:
+        """The size the file has now, pending writes included."""
+        if self.buffer is not None:
+            return self.buffer.size
+        return len(self.snapshot or b"")
+
+
+@dataclass
+class Handle:
+    """One open file description."""
+
+    state: FileState
+    flags: int
+
+    @property
+    def writable(self) -> bool:
+        """Whether it was opened for writing."""
+        return (self.flags & os.O_ACCMODE) != os.O_RDONLY
+
+
+class HandleTable:
+    """All open files of a mount."""
+
+    def __init__(self, tree: Tree, spill_threshold: int = DEFAULT_SPILL, readonly: bool = False) -> None:
+        self.tree = tree
+        self.spill_threshold = spill_threshold
+        self.readonly = readonly
+        self.states: dict[str, FileState] = {}
+        self.handles: dict[int, Handle] = {}
+        self._next_fh = 1
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _add(self, state: FileState, flags: int) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        self.handles[fh] = Handle(state, flags)
+        state.handles.add(fh)
+        self.states[state.key] = state
+        return fh
+
+    def _handle(self, fh: int) -> Handle:
+        try:
+            return self.handles[fh]
+        except KeyError:
+            raise FsError(errno.EBADF, str(fh)) from None
+
+    def pending(self, key: str) -> Node | None:
+        """The node an open, changed file shows (its pending size and attributes), if any."""
+        state = self.states.get(key)
+        if state is None or not (state.dirty or state.created):
+            return None
+        attrs = state.attrs or self.tree.default_attrs(FILE)
+        return Node(FILE, state.size, attrs)
+
+    # ------------------------------------------------------------------ open / create
+    def open(self, key: str, flags: int) -> int:
+        """Open an existing file; O_TRUNC empties it (stored at the next commit)."""
+        writable = (flags & os.O_ACCMODE) != os.O_RDONLY
+        if writable and self.readonly:
+            raise FsError(errno.EROFS, key)
+        state = self.states.get(key)
+        if state is None:
+            state = FileState(key)
+            if not writable:
+                node = self.tree.lookup(key)
+                if node.kind != FILE:
+                    raise FsError(errno.EISDIR, key)
+        fh = self._add(state, flags)
+        if writable and flags & os.O_TRUNC:
+            self._ensure_buffer(state, empty=True)
+            self._touch(state)
+        return fh
+
+    def create(self, key: str, mode: int, flags: int, uid: int, gid: int) -> int:
+        """Create a new file, visible through this mount at once and stored at its first commit."""
+        if self.readonly:
+            raise FsError(errno.EROFS, key)
+        existing = self.states.get(key)
+        if existing is not None and not existing.orphan:
+            return self.open(key, flags | os.O_TRUNC)
+        self.tree.check_create(key)
+        now = time.time_ns()
+        state = FileState(
+            key,
+            buffer=SpillBuffer(threshold=self.spill_threshold),
+            attrs=Attrs(FILE | stat.S_IMODE(mode), uid, gid, now, now, now),
+            dirty=True,
+            created=True,
+        )
+        return self._add(state, flags)
+
+    # ------------------------------------------------------------------ data
+    def _ensure_buffer(self, state: FileState, empty: bool = False) -> SpillBuffer:
+        if state.buffer is None:
+            initial = b"" if empty else (state.snapshot if state.snapshot is not None else self._load(state.key))
+            state.buffer = SpillBuffer(initial, self.spill_threshold)
+            state.snapshot = None
+        elif empty:
+            state.buffer.truncate(0)
+        if state.attrs is None:
+            state.attrs = self.tree.lookup_attrs(state.key)
+        return state.buffer
+
+    def _load(self, key: str) -> bytes:
+        try:
+            return self.tree.read_value(key)
+        except FsError as exc:
+            if exc.errno == errno.ENOENT:  # removed behind our back: writing recreates it
+                return b""
+            raise
+
+    def _touch(self, state: FileState) -> None:
+        state.dirty = True
+        now = time.time_ns()
+        assert state.attrs is not None
+        state.attrs.mtime = state.attrs.ctime = now
+
+    def read(self, fh: int, size: int, offset: int) -> bytes:
+        """Read from the pending content, or from a snapshot of the value taken at first read."""
+        state = self._handle(fh).state
+        if state.buffer is not None:
+            return state.buffer.read(offset, size)
+        if state.snapshot is None:
+            if not self.tree.hooks_transform and self.tree.stored_size(state.key) > SNAPSHOT_LIMIT:
+                return self.tree.read_range(state.key, offset, size)
+            state.snapshot = self.tree.read_value(state.key)
+        return state.snapshot[offset : offset + size]
+
+    def write(self, fh: int, data: bytes, offset: int) -> int:
+        """Buffer a write at ``offset``."""
+        handle = self._handle(fh)
+        if not handle.writable:
+            raise FsError(errno.EBADF, handle.state.key)
+        state = handle.state
+        if handle.flags & os.O_APPEND:
+            offset = self._ensure_buffer(state).size
+        self._ensure_buffer(state).write(offset, data)
+        self._touch(state)
+        return len(data)
+
+    def truncate(self, key: str, length: int, fh: int | None = None) -> None:
+        """Cut or extend a file; an unopened file is changed in its own transaction."""
+        if self.readonly:
+            raise FsError(errno.EROFS, key)
+        state = self._handle(fh).state if fh is not None else self.states.get(key)
+        if state is None:
+            state = FileState(key)
+            try:
+                self._ensure_buffer(state).truncate(length)
+                self._touch(state)
+                self._commit(state)
+            finally:
+                state.buffer.close() if state.buffer else None
+            return
+        self._ensure_buffer(state).truncate(length)
+        self._touch(state)
+
+    # ------------------------------------------------------------------ commit
+    def _commit(self, state: FileState) -> None:
+        if not state.dirty or state.orphan:
+            return
+        assert state.buffer is not None
+        try:
+            self.tree.commit(state.key, state.buffer.view(), state.attrs, create=state.created)
+        except Exception:
+            state.failed = True
+            raise
+        state.dirty = False
+        state.created = False
+        state.failed = False
+
+    def flush(self, fh: int) -> None:
+        """Commit the file's pending content (called at every close)."""
+        self._commit(self._handle(fh).state)
+
+    def fsync(self, fh: int) -> None:
+        """Commit, then make it durable."""
+        self._commit(self._handle(fh).state)
+        self.tree.driver.sync()
+
+    def release(self, fh: int) -> None:
+        """Last close of a descriptor: commit what is left and forget the handle."""
+        handle = self.handles.pop(fh, None)
+        if handle is None:
+            return
+        state = handle.state
+        state.handles.discard(fh)
+        try:
+            if not state.failed:
+                self._commit(state)
+        except Exception as exc:  # release cannot report errors; flush already did
+            log.error("commit of %s at release failed: %s", state.key, exc)
+        finally:
+            if not state.handles:
+                self._forget(state)
+
+    def _forget(self, state: FileState) -> None:
+        if state.buffer is not None:
+            state.buffer.close()
+        if self.states.get(state.key) is state:
+            del self.states[state.key]
+
+    def commit_all(self) -> None:
+        """Commit every open, changed file (unmount, SIGTERM)."""
+        for state in list(self.states.values()):
+            try:
+                self._commit(state)
+            except Exception as exc:
+                log.error("commit of %s at shutdown failed: %s", state.key, exc)
+
+    # ------------------------------------------------------------------ namespace changes
+    def settle(self, key: str) -> None:
+        """Commit pending content under ``key`` (the file or anything in the folder) before a
+        rename or link moves it."""
+        for k, state in list(self.states.items()):
+            if k == key or k.startswith(key + "/"):
+                self._commit(state)
+
+    def set_attrs(self, key: str, **changes: int | None) -> bool:
+        """Apply mode/owner/times to a file not yet stored; False when the key has no such file
+        (the tree then changes the stored attributes)."""
+        state = self.states.get(key)
+        if state is None or not state.created:
+            if state is not None and state.attrs is not None:
+                self._apply(state.attrs, changes)  # keep the pending record in step
+            return False
+        assert state.attrs is not None
+        self._apply(state.attrs, changes)
+        return True
+
+    @staticmethod
+    def _apply(attrs: Attrs, changes: dict[str, int | None]) -> None:
+        mode = changes.get("mode")
+        if mode is not None:
+            attrs.mode = stat.S_IFMT(attrs.mode) | stat.S_IMODE(mode)
+        for name in ("uid", "gid"):
+            value = changes.get(name)
+            if value is not None and value != -1:
+                setattr(attrs, name, value)
+        for name in ("atime", "mtime"):
+            value = changes.get(name)
+            if value is not None:
+                setattr(attrs, name, value)
+
+    def unlinked(self, key: str) -> bool:
+        """Detach open state from a removed key; True when the file existed only here."""
+        state = self.states.pop(key, None)
+        if state is None:
+            return False
+        state.orphan = True
+        return state.created
+
+    def renamed(self, src: str, dst: str) -> None:
+        """Open files follow a rename (of the file or of a folder holding it)."""
+        moved = [(k, s) for k, s in self.states.items() if k == src or k.startswith(src + "/")]
+        for k, state in moved:
+            del self.states[k]
+        dropped = self.states.pop(dst, None)
+        if dropped is not None:
+            dropped.orphan = True
+        for k, state in moved:
+            state.key = dst + k[len(src) :]
+            state.snapshot = None if state.buffer is None else state.snapshot
+            self.states[state.key] = state

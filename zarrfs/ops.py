@@ -1,0 +1,270 @@
+"""The FUSE operations: each method translates one call to the tree or the open-file table.
+
+Meaning lives elsewhere; here a path becomes a key, an exception becomes an errno (through
+:func:`zarrfs.errors.to_errno`, with one log line for anything that is not routine) and a node
+becomes a ``stat`` dict.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import stat
+import time
+from typing import Any
+
+import mfusepy
+
+from zarrfs.errors import FsError, is_quiet, to_errno
+from zarrfs.handles import HandleTable
+from zarrfs.listing import DirListing
+from zarrfs.tree import DIR, FILE, Node, Tree
+
+log = logging.getLogger("zarrfs.ops")
+
+BLKSIZE = 1 << 20
+UTIME_NOW = (1 << 30) - 1
+UTIME_OMIT = (1 << 30) - 2
+
+
+def key_of(path: str) -> str:
+    """The store key of a mount path: ``/grp/arr/0.0`` -> ``grp/arr/0.0``."""
+    return path.strip("/")
+
+
+def translated(method):
+    """Run a FUSE call; turn any exception into the errno the caller should see."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except mfusepy.FuseOSError:
+            raise
+        except Exception as exc:
+            code = to_errno(exc)
+            if not is_quiet(exc):
+                log.log(
+                    logging.WARNING if isinstance(exc, OSError) else logging.ERROR,
+                    "%s %s: %s (%s)",
+                    method.__name__,
+                    " ".join(str(a) for a in args[:2] if isinstance(a, str)),
+                    errno.errorcode.get(code, code),
+                    exc,
+                )
+            raise mfusepy.FuseOSError(code) from None
+
+    return wrapper
+
+
+def node_stat(node: Node) -> dict[str, Any]:
+    """The ``stat`` fields of a node (times in nanoseconds)."""
+    a = node.attrs
+    return {
+        "st_mode": a.mode,
+        # 1 for folders tells find(1) not to guess subfolder counts from the link count.
+        "st_nlink": 1,
+        "st_size": node.size,
+        "st_uid": a.uid,
+        "st_gid": a.gid,
+        "st_atime": a.atime,
+        "st_mtime": a.mtime,
+        "st_ctime": a.ctime,
+        "st_blocks": (node.size + 511) // 512,
+        "st_blksize": BLKSIZE,
+    }
+
+
+class Operations(mfusepy.Operations):
+    """FUSE operations over a :class:`Tree` and its :class:`HandleTable`."""
+
+    use_ns = True
+
+    def __init__(self, tree: Tree, handles: HandleTable, on_ready=None) -> None:
+        self.tree = tree
+        self.handles = handles
+        self.dirs: dict[int, DirListing] = {}
+        self._next_dir = 1
+        self._on_ready = on_ready
+
+    # ------------------------------------------------------------------ lifecycle
+    def init(self, path: str) -> None:
+        if self._on_ready is not None:
+            self._on_ready()
+
+    def destroy(self, path: str) -> None:
+        self.handles.commit_all()
+        self.tree.driver.close()
+
+    # ------------------------------------------------------------------ attributes
+    @translated
+    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+        key = key_of(path)
+        node = self.handles.pending(key) or self.tree.lookup(key)
+        return node_stat(node)
+
+    @translated
+    def statfs(self, path: str) -> dict[str, int]:
+        return self.tree.statfs()
+
+    def _set_attrs(self, path: str, **changes: Any) -> None:
+        key = key_of(path)
+        if not self.handles.set_attrs(key, **changes):
+            self.tree.set_attrs(key, **changes)
+
+    @translated
+    def chmod(self, path: str, mode: int) -> int:
+        self._set_attrs(path, mode=mode)
+        return 0
+
+    @translated
+    def chown(self, path: str, uid: int, gid: int) -> int:
+        self._set_attrs(path, uid=uid, gid=gid)
+        return 0
+
+    @translated
+    def utimens(self, path: str, times: tuple[int | None, int | None] | None = None) -> int:
+        now = time.time_ns()
+        atime, mtime = times if times is not None else (now, now)
+        self._set_attrs(path, atime=now if atime == "now" else atime, mtime=now if mtime == "now" else mtime)
+        return 0
+
+    # ------------------------------------------------------------------ folders
+    @translated
+    def opendir(self, path: str) -> int:
+        key = key_of(path)
+        if self.tree.lookup(key).kind != DIR:
+            raise FsError(errno.ENOTDIR, key)
+        fh = self._next_dir
+        self._next_dir += 1
+        self.dirs[fh] = DirListing(self.tree, key)
+        return fh
+
+    @translated
+    def readdir_with_offset(self, path: str, offset: int, fh: int):
+        listing = self.dirs[fh]
+        # Materialised per call: the kernel takes one buffer's worth, then calls again.
+        return [(name, {"st_mode": kind}, off) for name, kind, off in _take(listing.entries(offset), 4096)]
+
+    @translated
+    def releasedir(self, path: str, fh: int) -> int:
+        self.dirs.pop(fh, None)
+        return 0
+
+    @translated
+    def mkdir(self, path: str, mode: int) -> int:
+        self.tree.mkdir(key_of(path), mode)
+        return 0
+
+    @translated
+    def rmdir(self, path: str) -> int:
+        self.tree.rmdir(key_of(path))
+        return 0
+
+    # ------------------------------------------------------------------ names
+    @translated
+    def unlink(self, path: str) -> int:
+        key = key_of(path)
+        if not self.handles.unlinked(key):
+            self.tree.unlink(key)
+        return 0
+
+    @translated
+    def rename(self, old: str, new: str, flags: int = 0) -> int:
+        src, dst = key_of(old), key_of(new)
+        self.handles.settle(src)
+        if flags & 2:  # RENAME_EXCHANGE moves both sides
+            self.handles.settle(dst)
+        self.tree.rename(src, dst, flags)
+        self.handles.renamed(src, dst)
+        return 0
+
+    @translated
+    def link(self, target: str, source: str) -> int:
+        src, dst = key_of(source), key_of(target)
+        self.handles.settle(src)
+        self.tree.link(src, dst)
+        return 0
+
+    @translated
+    def symlink(self, target: str, source: str) -> int:
+        uid, gid, _ = mfusepy.fuse_get_context()
+        self.tree.symlink(source, key_of(target), uid, gid)
+        return 0
+
+    @translated
+    def readlink(self, path: str) -> str:
+        return self.tree.readlink(key_of(path))
+
+    # ------------------------------------------------------------------ files
+    @translated
+    def create(self, path: str, mode: int, flags: int = os.O_WRONLY) -> int:
+        uid, gid, _ = mfusepy.fuse_get_context()
+        return self.handles.create(key_of(path), mode | stat.S_IFREG, flags, uid, gid)
+
+    @translated
+    def open(self, path: str, flags: int) -> int:
+        return self.handles.open(key_of(path), flags)
+
+    @translated
+    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        return self.handles.read(fh, size, offset)
+
+    @translated
+    def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+        return self.handles.write(fh, data, offset)
+
+    @translated
+    def truncate(self, path: str, length: int, fh: int | None = None) -> int:
+        self.handles.truncate(key_of(path), length, fh)
+        return 0
+
+    @translated
+    def flush(self, path: str, fh: int) -> int:
+        self.handles.flush(fh)
+        return 0
+
+    @translated
+    def fsync(self, path: str, datasync: int, fh: int) -> int:
+        self.handles.fsync(fh)
+        return 0
+
+    @translated
+    def release(self, path: str, fh: int) -> int:
+        self.handles.release(fh)
+        return 0
+
+
+def _take(iterator, n: int):
+    for i, item in enumerate(iterator):
+        if i >= n:
+            return
+        yield item
+
+
+class FUSE(mfusepy.FUSE):
+    """mfusepy's FUSE with the pieces of libfuse3 it leaves out: rename flags
+    (RENAME_NOREPLACE, RENAME_EXCHANGE) and UTIME_NOW / UTIME_OMIT in utimens."""
+
+    def rename_fuse_3(self, old: bytes, new: bytes, flags: int) -> int:
+        return self.operations.rename(old.decode(self.encoding, self.errors), new.decode(self.encoding, self.errors), flags)
+
+    def utimens_fuse_3(self, path, buf, fip) -> int:
+        times = None
+        if buf:
+            times = (_timespec(buf.contents.actime), _timespec(buf.contents.modtime))
+        decoded = None if path is None else path.decode(self.encoding, self.errors)
+        return self.operations.utimens(decoded, times)
+
+
+def _timespec(ts) -> int | str | None:
+    if ts.tv_nsec == UTIME_OMIT:
+        return None
+    if ts.tv_nsec == UTIME_NOW:
+        return "now"
+    return ts.tv_sec * 10**9 + ts.tv_nsec
+
+
+__all__ = ["Operations", "FUSE", "key_of", "node_stat", "FILE"]

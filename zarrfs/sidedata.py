@@ -1,0 +1,72 @@
+"""The filesystem's bookkeeping in the driver's SIDE space, and how it is encoded.
+
+Three kinds of side record, each under its own one-letter prefix so that a range scan of one kind
+under a folder never sees the others:
+
+* ``a:<key>``: attributes of a file, folder or symlink (mode, uid, gid, atime, mtime, ctime).
+  Advisory: a key without one gets defaults.
+* ``e:<key>``: an entry that is not a Zarr key: ``d`` for a folder made with ``mkdir`` (so it
+  survives while empty), ``l<target>`` for a symlink.
+* ``epoch``: the time given to keys that have no attributes yet, fixed at the first mount so
+  that it does not change between mounts (``rsync`` compares mtimes).
+"""
+
+from __future__ import annotations
+
+import stat
+import struct
+from dataclasses import dataclass
+
+ATTR = "a:"
+ENTRY = "e:"
+EPOCH = "epoch"
+
+DIR_MARK = b"d"
+LINK_MARK = b"l"
+
+_ATTR_RECORD = struct.Struct("<IIIqqq")
+
+
+@dataclass
+class Attrs:
+    """Mode (including the file-type bits), owner and times in nanoseconds of one node."""
+
+    mode: int
+    uid: int
+    gid: int
+    atime: int
+    mtime: int
+    ctime: int
+
+    def pack(self) -> bytes:
+        """Encode for the side space."""
+        return _ATTR_RECORD.pack(self.mode, self.uid, self.gid, self.atime, self.mtime, self.ctime)
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> Attrs | None:
+        """Decode a side record; ``None`` for a record this version cannot read."""
+        if len(raw) != _ATTR_RECORD.size:
+            return None
+        return cls(*_ATTR_RECORD.unpack(raw))
+
+    def with_type(self, type_bits: int) -> Attrs:
+        """The same attributes with the file-type bits of ``type_bits`` (a node's kind wins over
+        a stale record)."""
+        return Attrs(
+            stat.S_IMODE(self.mode) | stat.S_IFMT(type_bits),
+            self.uid,
+            self.gid,
+            self.atime,
+            self.mtime,
+            self.ctime,
+        )
+
+
+def attr_key(key: str) -> str:
+    """Side key of the attributes of ``key``."""
+    return ATTR + key
+
+
+def entry_key(key: str) -> str:
+    """Side key of the non-Zarr entry (empty folder, symlink) at ``key``."""
+    return ENTRY + key

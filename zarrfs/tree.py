@@ -1,0 +1,559 @@
+"""The path <-> key tree: what the filesystem looks like, derived from the keys in a database.
+
+A path is a key: ``/grp/arr/0.0`` is the key ``grp/arr/0.0``. Folders are not stored; they are
+derived from key prefixes (``arr/0/0`` makes the folders ``arr`` and ``arr/0``), plus side
+markers for folders made with ``mkdir`` so that empty folders persist. When the database holds
+both a key ``a`` and keys under ``a/`` (impossible in POSIX), the folder wins and the key is
+hidden (logged once, never deleted).
+
+Everything here is one driver transaction per call; nothing here knows about FUSE, so it imports
+and tests without a mount. POSIX conditions are raised as :class:`zarrfs.errors.FsError`.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import stat
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, Txn, prefix_stop
+from zarrfs.errors import FsError
+from zarrfs.sidedata import DIR_MARK, ENTRY, EPOCH, LINK_MARK, Attrs, attr_key, entry_key
+
+log = logging.getLogger("zarrfs.tree")
+
+FILE, DIR, LINK = stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK
+
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+
+# The scan position just past every key below a folder ``p + name + "/"``: '0' follows '/'.
+_AFTER_SLASH = chr(ord("/") + 1)
+
+
+@dataclass
+class Node:
+    """What is at a key: its kind (FILE, DIR or LINK), size in bytes and attributes."""
+
+    kind: int
+    size: int
+    attrs: Attrs
+    target: str = ""
+
+
+class Hooks:
+    """Where the format layer plugs into the tree. This base class accepts everything as is."""
+
+    def check_name(self, txn: Txn, key: str, kind: int) -> None:
+        """Refuse (raise) a new file or folder name; called by create, mkdir, rename, link."""
+
+    def store(self, txn: Txn, key: str, value: Any) -> Any:
+        """Validate (and possibly transform) bytes written through a file before they are stored;
+        return what to store. Raise to refuse: nothing is stored."""
+        return value
+
+    def arrive(self, txn: Txn, key: str, value: bytes) -> None:
+        """Validate a stored value arriving at ``key`` by rename or link. Raise to refuse."""
+
+    def changed(self, txn: Txn, key: str, value: bytes | None) -> None:
+        """Called, in the same transaction, after data key ``key`` was set (``value``) or deleted
+        (``None``)."""
+
+    def shown_size(self, txn: Txn, key: str, size: int) -> int:
+        """The size a file shows (a decoded view shows the decoded size)."""
+        return size
+
+    def shown_value(self, txn: Txn, key: str, value: bytes) -> bytes:
+        """The bytes a file shows when read."""
+        return value
+
+
+class Tree:
+    """The filesystem over one driver: lookups, listings and every namespace change.
+
+    ``uid``/``gid``/``umask`` give the attributes of nodes that have none recorded.
+    """
+
+    def __init__(
+        self,
+        driver: Driver,
+        *,
+        uid: int = 0,
+        gid: int = 0,
+        umask: int = 0o022,
+        hooks: Hooks | None = None,
+    ) -> None:
+        self.driver = driver
+        self.uid = uid
+        self.gid = gid
+        self.umask = umask
+        self.hooks = hooks or Hooks()
+        self._hidden_logged: set[str] = set()
+        self.epoch = self._load_epoch()
+
+    # ------------------------------------------------------------------ lookups
+    def _load_epoch(self) -> int:
+        raw = self.driver.get(EPOCH, SIDE)
+        if raw is not None:
+            return int(raw)
+        now = time.time_ns()
+        if not self.driver.readonly:
+            self.driver.put(EPOCH, str(now).encode(), SIDE)
+        return now
+
+    def default_attrs(self, kind: int) -> Attrs:
+        """Attributes of a node that has no side record."""
+        perm = 0o777 if kind == LINK else (0o777 if kind == DIR else 0o666) & ~self.umask
+        return Attrs(kind | perm, self.uid, self.gid, self.epoch, self.epoch, self.epoch)
+
+    def _attrs(self, t: Txn, key: str, kind: int) -> Attrs:
+        raw = t.get(attr_key(key), SIDE)
+        attrs = Attrs.unpack(raw) if raw is not None else None
+        if attrs is None:
+            return self.default_attrs(kind)
+        return attrs if stat.S_IFMT(attrs.mode) == kind else attrs.with_type(kind)
+
+    def _has_children(self, t: Txn, key: str, side: bool = True) -> bool:
+        prefix = key + "/"
+        if next(iter(t.scan_prefix(prefix, limit=1)), None) is not None:
+            return True
+        return side and next(iter(t.scan_prefix(ENTRY + prefix, space=SIDE, limit=1)), None) is not None
+
+    def _kind(self, t: Txn, key: str) -> tuple[int, int, str] | None:
+        """(kind, stored size, link target) of ``key``, or None when nothing is there."""
+        if key == "":
+            return DIR, 0, ""
+        size = t.size(key)
+        if size is not None:
+            if self._has_children(t, key, side=False):
+                self._log_hidden(key)
+                return DIR, 0, ""
+            return FILE, size, ""
+        mark = t.get(entry_key(key), SIDE)
+        if mark is not None:
+            if mark[:1] == LINK_MARK:
+                target = bytes(mark[1:]).decode("utf-8", "surrogateescape")
+                return LINK, len(target.encode("utf-8", "surrogateescape")), target
+            return DIR, 0, ""
+        if self._has_children(t, key):
+            return DIR, 0, ""
+        return None
+
+    def _log_hidden(self, key: str) -> None:
+        if key not in self._hidden_logged:
+            self._hidden_logged.add(key)
+            log.warning("key %r is hidden by the folder %r of the same name (nothing deleted)", key, key)
+
+    def _node(self, t: Txn, key: str) -> Node:
+        found = self._kind(t, key)
+        if found is None:
+            raise FsError(errno.ENOENT, key, quiet=True)
+        kind, size, target = found
+        if kind == FILE:
+            size = self.hooks.shown_size(t, key, size)
+        return Node(kind, size, self._attrs(t, key, kind), target)
+
+    def lookup(self, key: str) -> Node:
+        """The node at ``key``; ENOENT when there is none."""
+        return self.driver.transact(lambda t: self._node(t, key), write=False)
+
+    def read_value(self, key: str) -> bytes:
+        """The whole content of the file at ``key`` as it is shown."""
+
+        def run(t: Txn) -> bytes:
+            value = t.get(key)
+            if value is None:
+                raise FsError(errno.ENOENT, key, quiet=True)
+            return self.hooks.shown_value(t, key, value)
+
+        return self.driver.transact(run, write=False)
+
+    def lookup_attrs(self, key: str) -> Attrs:
+        """The attributes of the file at ``key`` (defaults when it has none or is gone)."""
+        return self.driver.transact(lambda t: self._attrs(t, key, FILE), write=False)
+
+    @property
+    def hooks_transform(self) -> bool:
+        """Whether files show other bytes than the stored ones (a decoded view)."""
+        return bool(getattr(self.hooks, "transforms", False))
+
+    def stored_size(self, key: str) -> int:
+        """The stored size of the value at ``key`` (0 when absent)."""
+        return self.driver.size(key) or 0
+
+    def read_range(self, key: str, offset: int, size: int) -> bytes:
+        """Stored bytes of ``key`` from ``offset``, without fetching the whole value."""
+        return self.driver.read(key, offset, size) or b""
+
+    def readlink(self, key: str) -> str:
+        """The target of the symlink at ``key``."""
+        node = self.lookup(key)
+        if node.kind != LINK:
+            raise FsError(errno.EINVAL, f"{key} is not a symlink")
+        return node.target
+
+    # ------------------------------------------------------------------ listing
+    def list_dir(self, key: str, after: str | None = None, limit: int = 1024) -> list[tuple[str, int, str]]:
+        """Up to ``limit`` children of folder ``key`` as ``(name, kind, position)``.
+
+        Children come in key order; ``position`` is an opaque resume token: pass the last one
+        as ``after`` to continue. A folder of a million keys is listed batch by batch, never
+        built as one list. ENOTDIR/ENOENT when ``key`` is not a folder.
+        """
+
+        def run(t: Txn) -> list[tuple[str, int, str]]:
+            if after is None:
+                found = self._kind(t, key)
+                if found is None:
+                    raise FsError(errno.ENOENT, key, quiet=True)
+                if found[0] != DIR:
+                    raise FsError(errno.ENOTDIR, key)
+            out: list[tuple[str, int, str]] = []
+            for entry in self._merged_children(t, key, after):
+                out.append(entry)
+                if len(out) >= limit:
+                    break
+            return out
+
+        return self.driver.transact(run, write=False)
+
+    def _merged_children(self, t: Txn, key: str, after: str | None) -> Iterator[tuple[str, int, str]]:
+        prefix = key + "/" if key else ""
+        data = self._children(t, prefix, after, DATA)
+        side = self._children(t, ENTRY + prefix, after, SIDE)
+        a, b = next(data, None), next(side, None)
+        while a is not None or b is not None:
+            if b is None or (a is not None and a[2] < b[2]):
+                yield a
+                a = next(data, None)
+            elif a is None or b[2] < a[2]:
+                yield b
+                b = next(side, None)
+            else:  # the same folder in both streams
+                yield a
+                a, b = next(data, None), next(side, None)
+
+    def _children(self, t: Txn, prefix: str, after: str | None, space: str) -> Iterator[tuple[str, int, str]]:
+        """Immediate children under ``prefix`` in one space, skipping whole subtrees by seeking.
+
+        A child's position is its name, with a trailing '/' for a folder, so positions sort in
+        the order the keys do and a resume skips exactly what was already returned.
+        """
+        stop = prefix_stop(prefix)
+        if after is None:
+            pos = prefix
+        elif after.endswith("/"):
+            pos = prefix + after[:-1] + _AFTER_SLASH
+        else:
+            pos = prefix + after + "\0"
+        n = len(prefix)
+        batch_size = 256
+        fetch = VALUES if space == SIDE else "keys"
+        while True:
+            batch = list(t.scan(pos, stop, space=space, fetch=fetch, limit=batch_size))
+            if not batch:
+                return
+            reseek = False
+            for i, (k, v) in enumerate(batch):
+                rest = k[n:]
+                slash = rest.find("/")
+                if slash >= 0:
+                    name = rest[:slash]
+                    yield name, DIR, name + "/"
+                    pos = prefix + name + _AFTER_SLASH
+                    reseek = True
+                    break
+                if space == SIDE:
+                    if v[:1] != LINK_MARK:  # a folder marker: its subtree is the same child
+                        yield rest, DIR, rest + "/"
+                        pos = prefix + rest + _AFTER_SLASH
+                        reseek = True
+                        break
+                    yield rest, LINK, rest
+                else:
+                    following = batch[i + 1][0] if i + 1 < len(batch) else None
+                    # Only a following key that extends this one can be a folder of the same
+                    # name; then the folder wins and it is listed (later) instead of the key.
+                    if (following is None or following.startswith(k)) and self._has_children(t, k, False):
+                        self._log_hidden(k)
+                    else:
+                        yield rest, FILE, rest
+                pos = k + "\0"
+            if not reseek and len(batch) < batch_size:
+                return
+
+    # ------------------------------------------------------------------ writes
+    def _now(self) -> int:
+        return time.time_ns()
+
+    def _require_parent_dir(self, t: Txn, key: str) -> None:
+        parent = key.rpartition("/")[0]
+        found = self._kind(t, parent)
+        if found is None:
+            raise FsError(errno.ENOENT, f"parent of {key}")
+        if found[0] != DIR:
+            raise FsError(errno.ENOTDIR, f"parent of {key}")
+
+    def _keep_parent(self, t: Txn, key: str) -> None:
+        """After ``key`` left its folder, keep the folder (POSIX: only rmdir removes one)."""
+        parent = key.rpartition("/")[0]
+        if parent and t.get(entry_key(parent), SIDE) is None and not self._has_children(t, parent):
+            t.put(entry_key(parent), DIR_MARK, SIDE)
+
+    def commit(self, key: str, value: Any, attrs: Attrs | None, create: bool = False) -> None:
+        """Store the content of a file written through the mount, with its attributes, in one
+        transaction; the format layer may refuse it (nothing is stored then)."""
+
+        def run(t: Txn) -> None:
+            if create:
+                self._require_parent_dir(t, key)
+                found = self._kind(t, key)
+                if found is not None and found[0] != FILE:
+                    raise FsError(errno.EISDIR if found[0] == DIR else errno.EEXIST, key)
+            stored = self.hooks.store(t, key, value)
+            t.put(key, stored)
+            if attrs is not None:
+                t.put(attr_key(key), attrs.pack(), SIDE)
+            self.hooks.changed(t, key, bytes(stored) if not isinstance(stored, bytes) else stored)
+
+        self.driver.transact(run)
+
+    def check_create(self, key: str) -> None:
+        """Raise unless a new file may be created at ``key`` (parent folder there, name valid)."""
+
+        def run(t: Txn) -> None:
+            self._require_parent_dir(t, key)
+            if self._kind(t, key) is not None:
+                raise FsError(errno.EEXIST, key)
+            self.hooks.check_name(t, key, FILE)
+
+        self.driver.transact(run, write=False)
+
+    def mkdir(self, key: str, mode: int) -> None:
+        """Make an empty folder that persists (EEXIST if taken, ENOENT/ENOTDIR for the parent)."""
+
+        def run(t: Txn) -> None:
+            if not key or self._kind(t, key) is not None:
+                raise FsError(errno.EEXIST, key)
+            self._require_parent_dir(t, key)
+            self.hooks.check_name(t, key, DIR)
+            now = self._now()
+            t.put(entry_key(key), DIR_MARK, SIDE)
+            t.put(attr_key(key), self._new_attrs(DIR, mode, now).pack(), SIDE)
+
+        self.driver.transact(run)
+
+    def _new_attrs(self, kind: int, mode: int, now: int, uid: int | None = None, gid: int | None = None):
+        return Attrs(
+            kind | stat.S_IMODE(mode),
+            self.uid if uid is None else uid,
+            self.gid if gid is None else gid,
+            now,
+            now,
+            now,
+        )
+
+    def symlink(self, target: str, key: str, uid: int | None = None, gid: int | None = None) -> None:
+        """Make a symlink at ``key`` pointing to ``target`` (kept as side data: not a Zarr key)."""
+
+        def run(t: Txn) -> None:
+            if self._kind(t, key) is not None:
+                raise FsError(errno.EEXIST, key)
+            self._require_parent_dir(t, key)
+            now = self._now()
+            t.put(entry_key(key), LINK_MARK + target.encode("utf-8", "surrogateescape"), SIDE)
+            t.put(attr_key(key), self._new_attrs(LINK, 0o777, now, uid, gid).pack(), SIDE)
+
+        self.driver.transact(run)
+
+    def unlink(self, key: str) -> None:
+        """Remove the file or symlink at ``key`` (EISDIR for a folder)."""
+
+        def run(t: Txn) -> None:
+            found = self._kind(t, key)
+            if found is None:
+                raise FsError(errno.ENOENT, key, quiet=True)
+            if found[0] == DIR:
+                raise FsError(errno.EISDIR, key)
+            if found[0] == FILE:
+                t.delete(key)
+                self.hooks.changed(t, key, None)
+            else:
+                t.delete(entry_key(key), SIDE)
+            t.delete(attr_key(key), SIDE)
+            self._keep_parent(t, key)
+
+        self.driver.transact(run)
+
+    def rmdir(self, key: str) -> None:
+        """Remove the empty folder at ``key`` (ENOTEMPTY, ENOTDIR, ENOENT as POSIX says)."""
+
+        def run(t: Txn) -> None:
+            found = self._kind(t, key)
+            if found is None:
+                raise FsError(errno.ENOENT, key, quiet=True)
+            if found[0] != DIR:
+                raise FsError(errno.ENOTDIR, key)
+            if not key:
+                raise FsError(errno.EBUSY, "the root folder")
+            if self._has_children(t, key):
+                raise FsError(errno.ENOTEMPTY, key, quiet=True)
+            t.delete(entry_key(key), SIDE)
+            t.delete(attr_key(key), SIDE)
+            self._keep_parent(t, key)
+
+        self.driver.transact(run)
+
+    def set_attrs(
+        self,
+        key: str,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        atime: int | None = None,
+        mtime: int | None = None,
+    ) -> None:
+        """Change mode, owner or times of ``key`` (``-1`` owner means unchanged, as chown)."""
+
+        def run(t: Txn) -> None:
+            found = self._kind(t, key)
+            if found is None:
+                raise FsError(errno.ENOENT, key, quiet=True)
+            attrs = self._attrs(t, key, found[0])
+            if mode is not None:
+                attrs.mode = stat.S_IFMT(attrs.mode) | stat.S_IMODE(mode)
+            if uid is not None and uid != -1:
+                attrs.uid = uid
+            if gid is not None and gid != -1:
+                attrs.gid = gid
+            if atime is not None:
+                attrs.atime = atime
+            if mtime is not None:
+                attrs.mtime = mtime
+            attrs.ctime = self._now()
+            t.put(attr_key(key), attrs.pack(), SIDE)
+
+        self.driver.transact(run)
+
+    # ------------------------------------------------------------------ rename / link
+    def _subtree(self, t: Txn, key: str) -> list[tuple[str, str, bytes]]:
+        """Every record of the node at ``key`` and below: (space, key, value)."""
+        records: list[tuple[str, str, bytes]] = []
+        value = t.get(key)
+        if value is not None:
+            records.append((DATA, key, value))
+        records.extend((DATA, k, v) for k, v in t.scan_prefix(key + "/", fetch=VALUES))
+        for side_prefix in (ENTRY, "a:"):
+            raw = t.get(side_prefix + key, SIDE)
+            if raw is not None:
+                records.append((SIDE, side_prefix + key, raw))
+            records.extend((SIDE, k, v) for k, v in t.scan_prefix(side_prefix + key + "/", space=SIDE, fetch=VALUES))
+        return records
+
+    @staticmethod
+    def _moved(record_key: str, src: str, dst: str) -> str:
+        for side_prefix in (ENTRY, "a:"):
+            if record_key.startswith(side_prefix):
+                return side_prefix + dst + record_key[len(side_prefix) + len(src) :]
+        return dst + record_key[len(src) :]
+
+    def _remove(self, t: Txn, records: list[tuple[str, str, bytes]]) -> None:
+        for space, k, _ in records:
+            t.delete(k, space)
+            if space == DATA:
+                self.hooks.changed(t, k, None)
+
+    def _place(self, t: Txn, records: list[tuple[str, str, bytes]], src: str, dst: str) -> None:
+        for space, k, v in records:
+            new = self._moved(k, src, dst)
+            if space == DATA:
+                self.hooks.arrive(t, new, v)
+            t.put(new, v, space)
+            if space == DATA:
+                self.hooks.changed(t, new, v)
+
+    def rename(self, src: str, dst: str, flags: int = 0) -> None:
+        """Move a file or a whole folder atomically, replacing an existing target atomically;
+        honours RENAME_NOREPLACE and RENAME_EXCHANGE."""
+        if src == dst:
+            return
+        if not src or not dst:
+            raise FsError(errno.EBUSY, "the root folder")
+        if dst.startswith(src + "/") or (flags & RENAME_EXCHANGE and src.startswith(dst + "/")):
+            raise FsError(errno.EINVAL, f"cannot move {src} into itself")
+
+        def run(t: Txn) -> None:
+            s = self._kind(t, src)
+            if s is None:
+                raise FsError(errno.ENOENT, src, quiet=True)
+            d = self._kind(t, dst)
+            if flags & RENAME_EXCHANGE:
+                if d is None:
+                    raise FsError(errno.ENOENT, dst, quiet=True)
+                a, b = self._subtree(t, src), self._subtree(t, dst)
+                self._remove(t, a)
+                self._remove(t, b)
+                self._place(t, a, src, dst)
+                self._place(t, b, dst, src)
+                return
+            if d is not None:
+                if flags & RENAME_NOREPLACE:
+                    raise FsError(errno.EEXIST, dst)
+                if s[0] == DIR and d[0] != DIR:
+                    raise FsError(errno.ENOTDIR, dst)
+                if s[0] != DIR and d[0] == DIR:
+                    raise FsError(errno.EISDIR, dst)
+                if d[0] == DIR and self._has_children(t, dst):
+                    raise FsError(errno.ENOTEMPTY, dst)
+                self._remove(t, self._subtree(t, dst))
+            else:
+                self._require_parent_dir(t, dst)
+                self.hooks.check_name(t, dst, s[0])
+            records = self._subtree(t, src)
+            self._remove(t, records)
+            self._place(t, records, src, dst)
+            self._keep_parent(t, src)
+
+        self.driver.transact(run)
+
+    def link(self, src: str, dst: str) -> None:
+        """``link(src, dst)``: a new file ``dst`` with the content of ``src``; EEXIST, atomically,
+        when ``dst`` exists (zarr-python 3 creates metadata this way). A key/value store has no
+        hard links, so this is a copy that is taken in one transaction."""
+
+        def run(t: Txn) -> None:
+            s = self._kind(t, src)
+            if s is None:
+                raise FsError(errno.ENOENT, src, quiet=True)
+            if s[0] == DIR:
+                raise FsError(errno.EPERM, f"{src} is a folder")
+            if self._kind(t, dst) is not None:
+                raise FsError(errno.EEXIST, dst)
+            self._require_parent_dir(t, dst)
+            self.hooks.check_name(t, dst, s[0])
+            records = [r for r in self._subtree(t, src) if r[1] in (src, entry_key(src), attr_key(src))]
+            self._place(t, records, src, dst)
+
+        self.driver.transact(run)
+
+    # ------------------------------------------------------------------ filesystem
+    def statfs(self) -> dict[str, int]:
+        """Block and inode counts for ``statvfs``: the real free space behind the database."""
+        info = self.driver.statfs() or {"total": 1 << 40, "free": 1 << 40}
+        bsize = 4096
+        return {
+            "f_bsize": bsize,
+            "f_frsize": bsize,
+            "f_blocks": info["total"] // bsize,
+            "f_bfree": info["free"] // bsize,
+            "f_bavail": info["free"] // bsize,
+            "f_files": 1 << 32,
+            "f_ffree": 1 << 31,
+            "f_favail": 1 << 31,
+            "f_namemax": 255,
+        }
