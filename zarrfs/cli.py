@@ -192,7 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     mount = sub.add_parser("mount", help="mount a database as a Zarr folder")
-    mount.add_argument("url", help="lmdb:///path, sqlite:///path, redis://host:port/db?prefix=zarr, or a path")
+    mount.add_argument(
+        "url", help="lmdb:///path, sqlite:///path, redis://host:port/db?prefix=zarr, or a path"
+    )
     mount.add_argument("mountpoint")
     mount.add_argument("-o", action="append", metavar="OPT[,OPT...]", help="mount options (see README)")
     mount.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")

@@ -137,7 +137,9 @@ class HandleTable:
     # ------------------------------------------------------------------ data
     def _ensure_buffer(self, state: FileState, empty: bool = False) -> SpillBuffer:
         if state.buffer is None:
-            initial = b"" if empty else (state.snapshot if state.snapshot is not None else self._load(state.key))
+            initial = (
+                b"" if empty else (state.snapshot if state.snapshot is not None else self._load(state.key))
+            )
             state.buffer = SpillBuffer(initial, self.spill_threshold)
             state.snapshot = None
         elif empty:
@@ -298,7 +300,7 @@ class HandleTable:
     def renamed(self, src: str, dst: str) -> None:
         """Open files follow a rename (of the file or of a folder holding it)."""
         moved = [(k, s) for k, s in self.states.items() if k == src or k.startswith(src + "/")]
-        for k, state in moved:
+        for k, _ in moved:
             del self.states[k]
         dropped = self.states.pop(dst, None)
         if dropped is not None:

@@ -249,7 +249,9 @@ class FUSE(mfusepy.FUSE):
     (RENAME_NOREPLACE, RENAME_EXCHANGE) and UTIME_NOW / UTIME_OMIT in utimens."""
 
     def rename_fuse_3(self, old: bytes, new: bytes, flags: int) -> int:
-        return self.operations.rename(old.decode(self.encoding, self.errors), new.decode(self.encoding, self.errors), flags)
+        return self.operations.rename(
+            old.decode(self.encoding, self.errors), new.decode(self.encoding, self.errors), flags
+        )
 
     def utimens_fuse_3(self, path, buf, fip) -> int:
         times = None

@@ -452,7 +452,9 @@ class Tree:
             raw = t.get(side_prefix + key, SIDE)
             if raw is not None:
                 records.append((SIDE, side_prefix + key, raw))
-            records.extend((SIDE, k, v) for k, v in t.scan_prefix(side_prefix + key + "/", space=SIDE, fetch=VALUES))
+            records.extend(
+                (SIDE, k, v) for k, v in t.scan_prefix(side_prefix + key + "/", space=SIDE, fetch=VALUES)
+            )
         return records
 
     @staticmethod
