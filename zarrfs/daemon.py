@@ -159,4 +159,5 @@ def setup_logging(level: str, log_file: str | None, foreground: bool) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
-    logging.getLogger("mfusepy").setLevel(logging.WARNING)
+    # mfusepy logs every errno with a traceback at debug level; our own line says it once.
+    logging.getLogger("fuse").setLevel(logging.INFO)

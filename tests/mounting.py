@@ -1,0 +1,132 @@
+"""Real mounts for tests: the ``zarrfs`` command line started as a user would, torn down with
+``zarrfs umount`` (and ``fusermount3 -u -z`` if a test left the mount busy).
+
+Fixtures here are imported by ``conftest.py``. Mount tests carry the ``mount`` marker and are
+skipped, with the reason, on a machine without a usable ``/dev/fuse``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+
+def fuse_missing() -> str | None:
+    """Why FUSE mounts cannot run here, or None when they can."""
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse is missing"
+    if not (shutil.which("fusermount3") or shutil.which("fusermount")):
+        return "fusermount3 is not installed (apt-get install fuse3)"
+    try:
+        os.close(os.open("/dev/fuse", os.O_RDWR))
+    except OSError as exc:
+        return f"/dev/fuse cannot be opened: {exc}"
+    return None
+
+
+_MISSING = fuse_missing()
+needs_fuse = [pytest.mark.mount, pytest.mark.skipif(_MISSING is not None, reason=f"no FUSE: {_MISSING}")]
+
+
+def zarrfs(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run the ``zarrfs`` command line of this checkout."""
+    result = subprocess.run(
+        [sys.executable, "-m", "zarrfs", *args], capture_output=True, text=True, timeout=timeout
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"zarrfs {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
+    return result
+
+
+class Mount:
+    """A database mounted at a fresh folder; ``path`` is the mountpoint."""
+
+    def __init__(self, url: str, where: Path, options: list[str] | None = None) -> None:
+        self.url = url
+        self.path = where
+        self.options = list(options or [])
+        self.log = where.parent / f"{where.name}.log"
+
+    def start(self) -> Mount:
+        """Mount and return only when the mount is ready."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        args = ["mount", self.url, str(self.path), "--log-file", str(self.log), "--log-level", "debug"]
+        for opt in self.options:
+            args += ["-o", opt]
+        zarrfs(*args)
+        assert os.path.ismount(self.path), f"{self.path} is not a mountpoint after zarrfs mount"
+        return self
+
+    def stop(self) -> None:
+        """Unmount; a mount that a failed test left busy is detached lazily."""
+        if not os.path.ismount(self.path):
+            return
+        if zarrfs("umount", str(self.path), check=False).returncode != 0:
+            subprocess.run(["fusermount3", "-u", "-z", str(self.path)], check=False)
+
+    def log_text(self) -> str:
+        """What the daemon logged so far."""
+        return self.log.read_text() if self.log.exists() else ""
+
+    def assert_clean_log(self) -> None:
+        """Fail when the daemon logged a traceback or an unexpected error."""
+        text = self.log_text()
+        assert "Traceback" not in text, text[-4000:]
+        assert " CRITICAL " not in text, text[-4000:]
+
+    def __enter__(self) -> Mount:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+DRIVERS = ["lmdb", "sqlite", "redis"]
+
+
+def make_url(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """A fresh, empty database of one kind for one test."""
+    if kind == "lmdb":
+        return f"lmdb://{tmp_path}/db.lmdb"
+    if kind == "sqlite":
+        return f"sqlite://{tmp_path}/db.sqlite"
+    if kind == "redis":
+        base = request.getfixturevalue("redis_url")
+        sep = "&" if "?" in base else "?"
+        return f"{base}{sep}prefix=t{uuid.uuid4().hex[:12]}"
+    raise ValueError(kind)
+
+
+@pytest.fixture(params=DRIVERS)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database URL, once per driver."""
+    return make_url(request.param, tmp_path, request)
+
+
+@pytest.fixture
+def mount_factory(tmp_path: Path):
+    """Start mounts (``mount_factory(url, options)``) that are all unmounted after the test."""
+    mounts: list[Mount] = []
+
+    def start(url: str, options: list[str] | None = None, name: str | None = None) -> Mount:
+        m = Mount(url, tmp_path / (name or f"mnt{len(mounts)}"), options)
+        mounts.append(m)
+        return m.start()
+
+    yield start
+    for m in mounts:
+        m.stop()
+    for m in mounts:
+        m.assert_clean_log()
+
+
+@pytest.fixture
+def mounted(db_url: str, mount_factory) -> Mount:
+    """A fresh database of each driver, mounted (created on first mount)."""
+    return mount_factory(db_url, ["create"])

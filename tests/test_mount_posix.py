@@ -1,0 +1,260 @@
+"""The POSIX calls a DirectoryStore user makes, through real mounts of every driver."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat
+
+import pytest
+from mounting import needs_fuse
+
+from zarrfs.backends import open_driver
+
+pytestmark = needs_fuse
+
+_libc = ctypes.CDLL(None, use_errno=True)
+AT_FDCWD = -100
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
+
+
+def renameat2(old: str, new: str, flags: int) -> None:
+    if _libc.renameat2(AT_FDCWD, old.encode(), AT_FDCWD, new.encode(), flags) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+def write(path, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+
+
+def read(path) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def test_files_sizes_and_listing(mounted):
+    root = mounted.path
+    os.makedirs(root / "grp/arr")
+    write(root / "grp/arr/0.0", b"x" * 12345)
+    write(root / "grp/.zgroup", b'{"zarr_format": 2}')
+    assert os.stat(root / "grp/arr/0.0").st_size == 12345
+    assert read(root / "grp/arr/0.0") == b"x" * 12345
+    kinds = {e.name: e.is_dir() for e in os.scandir(root / "grp")}
+    assert kinds == {"arr": True, ".zgroup": False}
+    st = os.stat(root / "grp/arr/0.0")
+    assert st.st_blksize >= 128 * 1024
+    assert st.st_blocks * 512 >= 12345
+
+
+def test_random_writes_append_truncate(mounted):
+    p = mounted.path / "f"
+    with open(p, "wb") as fh:
+        fh.write(b"abc")
+        fh.seek(10)
+        fh.write(b"Z")
+    assert read(p) == b"abc" + bytes(7) + b"Z"
+    with open(p, "r+b") as fh:
+        fh.seek(1)
+        fh.write(b"BB")
+        fh.truncate(5)
+    assert read(p) == b"aBB\0\0"
+    with open(p, "ab") as fh:
+        fh.write(b"++")
+    assert read(p) == b"aBB\0\0++"
+    os.truncate(p, 100)
+    assert os.stat(p).st_size == 100 and read(p)[-1:] == b"\0"
+    os.truncate(p, 2)
+    assert read(p) == b"aB"
+    fd = os.open(p, os.O_RDWR)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, b"new")
+        os.fsync(fd)
+        assert os.fstat(fd).st_size == 3
+    finally:
+        os.close(fd)
+    assert read(p) == b"new"
+
+
+def test_sharded_style_range_reads(mounted):
+    p = mounted.path / "shard"
+    payload = bytes(range(256)) * 4096
+    write(p, payload)
+    with open(p, "rb") as fh:
+        end = fh.seek(0, os.SEEK_END)
+        assert end == len(payload)
+        fh.seek(end - 100)
+        assert fh.read() == payload[-100:]
+        fh.seek(5000)
+        assert fh.read(10) == payload[5000:5010]
+
+
+def test_mkdir_rmdir_errors(mounted):
+    root = mounted.path
+    os.mkdir(root / "d")
+    with pytest.raises(FileExistsError):
+        os.mkdir(root / "d")
+    with pytest.raises(FileNotFoundError):
+        os.mkdir(root / "missing/child")
+    write(root / "d/f", b"1")
+    with pytest.raises(OSError) as info:
+        os.rmdir(root / "d")
+    assert info.value.errno == errno.ENOTEMPTY
+    os.unlink(root / "d/f")
+    assert os.listdir(root / "d") == []  # the folder outlives its last file
+    os.rmdir(root / "d")
+    assert not os.path.exists(root / "d")
+
+
+def test_empty_folders_and_attrs_persist_across_remount(db_url, mount_factory, tmp_path):
+    m = mount_factory(db_url, ["create"])
+    os.makedirs(m.path / "a/b/c")
+    write(m.path / "a/f", b"data")
+    os.chmod(m.path / "a/f", 0o640)
+    os.utime(m.path / "a/f", ns=(1_600_000_000_123_456_789, 1_500_000_000_987_654_321))
+    os.chmod(m.path / "a/b", 0o700)
+    before = os.stat(m.path / "a/f")
+    m.stop()
+    m2 = mount_factory(db_url, name="again")
+    assert os.path.isdir(m2.path / "a/b/c")
+    st = os.stat(m2.path / "a/f")
+    assert stat.S_IMODE(st.st_mode) == 0o640
+    assert st.st_mtime_ns == 1_500_000_000_987_654_321 == before.st_mtime_ns
+    assert stat.S_IMODE(os.stat(m2.path / "a/b").st_mode) == 0o700
+
+
+def test_rename_files_and_folders(mounted):
+    root = mounted.path
+    os.makedirs(root / "src/sub")
+    write(root / "src/sub/0.0", b"chunk")
+    write(root / "src/.zarray", b"{}")
+    write(root / "other", b"old")
+    os.rename(root / "src", root / "dst")
+    assert not os.path.exists(root / "src")
+    assert read(root / "dst/sub/0.0") == b"chunk"
+    write(root / "tmp.partial", b"new")
+    os.replace(root / "tmp.partial", root / "other")  # replaces atomically
+    assert read(root / "other") == b"new"
+    assert not os.path.exists(root / "tmp.partial")
+    os.mkdir(root / "empty")
+    os.rename(root / "dst", root / "empty")  # a folder replaces an empty folder
+    assert read(root / "empty/sub/0.0") == b"chunk"
+    os.mkdir(root / "full")
+    write(root / "full/x", b"")
+    with pytest.raises(OSError) as info:
+        os.rename(root / "empty", root / "full")
+    assert info.value.errno == errno.ENOTEMPTY
+    with pytest.raises(IsADirectoryError):
+        os.rename(root / "other", root / "full")
+    with pytest.raises(OSError) as info:
+        os.rename(root / "empty", root / "empty/sub/inside")
+    assert info.value.errno == errno.EINVAL
+
+
+def test_rename_noreplace_and_exchange(mounted):
+    root = str(mounted.path)
+    write(f"{root}/a", b"A")
+    write(f"{root}/b", b"B")
+    with pytest.raises(FileExistsError):
+        renameat2(f"{root}/a", f"{root}/b", RENAME_NOREPLACE)
+    renameat2(f"{root}/a", f"{root}/b", RENAME_EXCHANGE)
+    assert read(f"{root}/a") == b"B" and read(f"{root}/b") == b"A"
+    renameat2(f"{root}/a", f"{root}/c", RENAME_NOREPLACE)
+    assert read(f"{root}/c") == b"B" and not os.path.exists(f"{root}/a")
+
+
+def test_link_is_atomic_create_if_absent(mounted):
+    root = mounted.path
+    write(root / "zarr.tmp.partial", b'{"a": 1}')
+    os.link(root / "zarr.tmp.partial", root / "zarr.json")
+    os.unlink(root / "zarr.tmp.partial")
+    assert read(root / "zarr.json") == b'{"a": 1}'
+    write(root / "zarr.tmp2.partial", b'{"b": 2}')
+    with pytest.raises(FileExistsError):
+        os.link(root / "zarr.tmp2.partial", root / "zarr.json")
+    assert read(root / "zarr.json") == b'{"a": 1}'
+
+
+def test_symlinks(mounted):
+    root = mounted.path
+    write(root / "target", b"T")
+    os.symlink("target", root / "ln")
+    assert os.readlink(root / "ln") == "target"
+    assert read(root / "ln") == b"T"
+    assert os.path.islink(root / "ln")
+    os.unlink(root / "ln")
+    assert not os.path.lexists(root / "ln")
+
+
+def test_open_file_is_visible_and_commits_on_close(mounted):
+    p = mounted.path / "x"
+    fh = open(p, "wb")
+    try:
+        fh.write(b"12345")
+        fh.flush()
+        assert os.stat(p).st_size == 5
+        assert "x" in os.listdir(mounted.path) or os.path.exists(p)
+    finally:
+        fh.close()
+    assert read(p) == b"12345"
+
+
+def test_statfs_is_real(mounted):
+    st = os.statvfs(mounted.path)
+    assert st.f_blocks > 0 and st.f_bavail > 0 and st.f_bsize > 0
+
+
+def test_readonly_mount_refuses_writes(db_url, mount_factory):
+    m = mount_factory(db_url, ["create"])
+    write(m.path / "f", b"1")
+    m.stop()
+    ro = mount_factory(db_url, ["ro"], name="ro")
+    assert read(ro.path / "f") == b"1"
+    for action in (
+        lambda: write(ro.path / "g", b"2"),
+        lambda: os.mkdir(ro.path / "d"),
+        lambda: os.unlink(ro.path / "f"),
+        lambda: os.rename(ro.path / "f", ro.path / "h"),
+    ):
+        with pytest.raises(OSError) as info:
+            action()
+        assert info.value.errno == errno.EROFS
+
+
+def test_key_and_folder_of_same_name_folder_wins(db_url, mount_factory, tmp_path):
+    driver = open_driver(db_url)
+    driver.put("a", b"hidden file")
+    driver.put("a/b", b"inside")
+    driver.close()
+    m = mount_factory(db_url)
+    assert os.path.isdir(m.path / "a")
+    assert os.listdir(m.path) == ["a"]
+    assert read(m.path / "a/b") == b"inside"
+    assert "hidden by the folder" in m.log_text()
+    driver = open_driver(db_url)
+    assert driver.get("a") == b"hidden file"  # nothing deleted
+    driver.close()
+
+
+def test_large_folder_streams(mounted):
+    driver = open_driver(mounted.url)
+    names = [f"{i}.{j}" for i in range(30) for j in range(100)]
+    driver.transact(lambda t: [t.put(f"big/{n}", b"v") for n in names])
+    driver.close()
+    listed = os.listdir(mounted.path / "big")
+    assert sorted(listed) == sorted(names)
+    with os.scandir(mounted.path / "big") as it:
+        assert all(e.is_file() for e in it)
+
+
+def test_nested_chunks_are_folders(mounted):
+    driver = open_driver(mounted.url)
+    driver.transact(lambda t: [t.put(f"arr/{i}/{j}", b"c") for i in range(12) for j in range(3)])
+    driver.transact(lambda t: t.put("arr/1.x", b"file beside folder 1"))
+    driver.close()
+    entries = {e.name: e.is_dir() for e in os.scandir(mounted.path / "arr")}
+    assert entries == {**{str(i): True for i in range(12)}, "1.x": False}
+    assert sorted(os.listdir(mounted.path / "arr/10")) == ["0", "1", "2"]
