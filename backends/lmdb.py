@@ -1,0 +1,402 @@
+"""LMDB driver: ``lmdb:///abs/path/db.lmdb[?map_size=2**40&sync=1]`` (or a bare path).
+
+Data keys live in the environment's main, unnamed database, exactly as zarr-python 2's
+``LMDBStore`` writes them. A folder (``data.mdb`` + ``lock.mdb``, zarr's default) or, when the
+path is an existing regular file, a single-file environment (``subdir=False``).
+
+Side data lives in a second environment, because a named database would itself be a record of
+the main database and so show up in ``LMDBStore.keys()``: ``<dir>/zarrfs-side.mdb`` next to
+``data.mdb`` for a folder, ``<file>.zarrfs-side`` for a single file. It is created on the first
+side write. A write transaction takes the data environment's write lock first and the side's
+second, always in that order, so writers cannot deadlock; it commits data, then side.
+
+Unlike ``LMDBStore`` (``sync=False``), commits are synced by default (``?sync=0`` to opt out):
+LMDB never corrupts on a crash either way, but unsynced commits can be lost on power failure.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import lmdb
+
+from ._util import (
+    as_buffer,
+    check_options,
+    decode_key,
+    empty_range,
+    encode_bound,
+    parse_bool,
+    parse_file_url,
+    parse_size,
+    statvfs,
+)
+from .base import (
+    DATA,
+    KEYS,
+    SIDE,
+    SIZES,
+    BackendError,
+    Driver,
+    InvalidKeyError,
+    ReadOnlyError,
+    RetryableError,
+    StorageFullError,
+    Txn,
+    UnavailableError,
+    encode_key,
+)
+
+SIDE_IN_FOLDER = "zarrfs-side.mdb"
+SIDE_FILE_SUFFIX = ".zarrfs-side"
+MAX_READERS = 512
+# Side data is small (a few dozen bytes per file); the map is only address space.
+SIDE_MAP_SIZE = 2**36
+
+
+@contextmanager
+def _translated(what: str) -> Iterator[None]:
+    """Turn ``lmdb`` exceptions into the driver interface's classes."""
+    try:
+        yield
+    except lmdb.MapFullError as exc:
+        raise StorageFullError(f"{what}: the LMDB map is full (open with a larger ?map_size=)") from exc
+    except lmdb.ReadonlyError as exc:
+        raise ReadOnlyError(f"{what}: {exc}") from exc
+    except lmdb.BadValsizeError as exc:
+        raise InvalidKeyError(f"{what}: key or value size not accepted by LMDB: {exc}") from exc
+    except (lmdb.ReadersFullError, lmdb.TlsFullError) as exc:
+        raise RetryableError(f"{what}: {exc}") from exc
+    except lmdb.Error as exc:
+        code = getattr(exc, "code", 0)
+        if code in (errno.ENOSPC, errno.EDQUOT):
+            raise StorageFullError(f"{what}: {exc}") from exc
+        if code in (errno.ENOENT, errno.EACCES, errno.ENOTDIR):
+            raise UnavailableError(f"{what}: {exc}") from exc
+        raise BackendError(f"{what}: {exc}") from exc
+
+
+class _Envs:
+    """Process-wide, reference-counted environments: LMDB forbids opening one environment twice
+    in a process (its fcntl locks belong to the process), but two drivers on one database in a
+    process (a mount and a ``check``, or tests) are legitimate."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.open: dict[str, list[Any]] = {}  # key -> [env, refcount, readonly]
+
+    def acquire(
+        self, path: str, subdir: bool, readonly: bool, **options: Any
+    ) -> tuple[str, lmdb.Environment]:
+        key = os.path.realpath(os.path.join(path, "data.mdb") if subdir else path)
+        with self.lock:
+            entry = self.open.get(key)
+            if entry is not None:
+                if entry[2] and not readonly:
+                    raise BackendError(f"{path} is already open read-only in this process")
+                entry[1] += 1
+                return key, entry[0]
+            with _translated(path):
+                env = lmdb.open(
+                    path,
+                    subdir=subdir,
+                    readonly=readonly,
+                    create=not readonly,
+                    lock=True,
+                    max_readers=MAX_READERS,
+                    max_dbs=0,
+                    **options,
+                )
+            self.open[key] = [env, 1, readonly]
+            return key, env
+
+    def release(self, key: str) -> None:
+        with self.lock:
+            entry = self.open.get(key)
+            if entry is None:
+                return
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self.open[key]
+                entry[0].close()
+
+
+_envs = _Envs()
+
+
+class LMDBTxn(Txn):
+    """One transaction over the data environment and, lazily, the side environment."""
+
+    def __init__(self, driver: LMDBDriver, write: bool) -> None:
+        self._driver = driver
+        self._write = write
+        with _translated(driver.path):
+            self._data = driver.env.begin(write=write, buffers=True)
+        self._side: lmdb.Transaction | None = None
+        self._max_key = driver.max_key_size
+
+    def _txn(self, space: str) -> lmdb.Transaction | None:
+        if space == DATA:
+            return self._data
+        if space != SIDE:
+            raise ValueError(f"unknown key space {space!r}")
+        if self._side is None:
+            env = self._driver.side_env(create=self._write)
+            if env is None:
+                return None
+            with _translated(self._driver.path):
+                self._side = env.begin(write=self._write, buffers=True)
+        return self._side
+
+    def _key(self, key: str) -> bytes:
+        raw = encode_key(key)
+        if len(raw) > self._max_key:
+            raise InvalidKeyError(f"key of {len(raw)} bytes is longer than LMDB's {self._max_key}")
+        return raw
+
+    def get(self, key: str, space: str = DATA) -> bytes | None:
+        """Return the value of ``key`` or ``None``."""
+        raw = self._key(key)
+        txn = self._txn(space)
+        if txn is None:
+            return None
+        with _translated(self._driver.path):
+            value = txn.get(raw)
+        return None if value is None else bytes(value)
+
+    def size(self, key: str, space: str = DATA) -> int | None:
+        """Return the value's length; ``buffers=True`` makes this a pointer into the map."""
+        raw = self._key(key)
+        txn = self._txn(space)
+        if txn is None:
+            return None
+        with _translated(self._driver.path):
+            value = txn.get(raw)
+        return None if value is None else len(value)
+
+    def read(self, key: str, offset: int, length: int, space: str = DATA) -> bytes | None:
+        """Return a byte range, copying only that range out of the map."""
+        raw = self._key(key)
+        txn = self._txn(space)
+        if txn is None:
+            return None
+        with _translated(self._driver.path):
+            value = txn.get(raw)
+        return None if value is None else bytes(value[offset : offset + length])
+
+    def put(self, key: str, value: Any, space: str = DATA) -> None:
+        """Set ``key``."""
+        raw = self._key(key)
+        if not self._write:
+            raise ReadOnlyError("write in a read-only transaction")
+        txn = self._txn(space)
+        assert txn is not None  # a write transaction creates the side environment
+        with _translated(self._driver.path):
+            txn.put(raw, as_buffer(value))
+
+    def delete(self, key: str, space: str = DATA) -> None:
+        """Remove ``key`` if present."""
+        raw = self._key(key)
+        if not self._write:
+            raise ReadOnlyError("write in a read-only transaction")
+        txn = self._txn(space)
+        assert txn is not None
+        with _translated(self._driver.path):
+            txn.delete(raw)
+
+    def scan(
+        self,
+        start: str = "",
+        stop: str | None = None,
+        *,
+        space: str = DATA,
+        fetch: str = KEYS,
+        limit: int | None = None,
+    ) -> Iterator[tuple[str, Any]]:
+        """Yield ``[start, stop)`` in key order with an LMDB cursor."""
+        lo, hi = encode_bound(start), encode_bound(stop)
+        txn = self._txn(space)
+        if txn is None or empty_range(lo, hi, limit):
+            return
+        where = self._driver.path
+        with _translated(where):
+            cur = txn.cursor()
+        try:
+            with _translated(where):
+                found = cur.set_range(lo) if lo else cur.first()
+            count = 0
+            while found:
+                with _translated(where):
+                    raw = bytes(cur.key())
+                    if hi is not None and raw >= hi:
+                        return
+                    if fetch == KEYS:
+                        x = None
+                    elif fetch == SIZES:
+                        x = len(cur.value())
+                    else:
+                        x = bytes(cur.value())
+                key = decode_key(raw, where)
+                if key is not None:
+                    yield key, x
+                    count += 1
+                    if limit is not None and count >= limit:
+                        return
+                with _translated(where):
+                    if self._write:
+                        # The caller may have written while we were suspended: seek again from
+                        # the last key instead of trusting the cursor's position.
+                        found = cur.set_range(raw)
+                        if found and bytes(cur.key()) == raw:
+                            found = cur.next()
+                    else:
+                        found = cur.next()
+        finally:
+            cur.close()
+
+    def finish(self, ok: bool) -> None:
+        """Commit (data first, then side) or abort both."""
+        side, self._side = self._side, None
+        if not ok:
+            self._data.abort()
+            if side is not None:
+                side.abort()
+            return
+        try:
+            with _translated(self._driver.path):
+                self._data.commit()
+        except BaseException:
+            if side is not None:
+                side.abort()
+            raise
+        if side is not None:
+            with _translated(self._driver.path):
+                side.commit()
+
+
+class LMDBDriver(Driver):
+    """Driver for LMDB environments; see the module docstring."""
+
+    schemes = ("lmdb",)
+
+    def __init__(self, url: str, readonly: bool = False) -> None:
+        super().__init__(url, readonly)
+        path, options = parse_file_url(url)
+        check_options(url, options, {"map_size", "sync"})
+        self.path = path
+        self.map_size = parse_size("map_size", options.get("map_size", str(2**40)))
+        sync = parse_bool("sync", options.get("sync", "1"))
+        self._env_options = {"sync": sync, "metasync": sync, "map_async": False, "writemap": False}
+        self.subdir = not os.path.isfile(path)
+        if self.subdir:
+            self.side_path = os.path.join(path, SIDE_IN_FOLDER)
+            self.folder = path
+        else:
+            self.side_path = path + SIDE_FILE_SUFFIX
+            self.folder = os.path.dirname(path)
+        self._key, self.env = _envs.acquire(
+            path, self.subdir, readonly, map_size=self.map_size, meminit=False, **self._env_options
+        )
+        self.max_key_size = self.env.max_key_size()
+        self._side_key: str | None = None
+        self._side_env: lmdb.Environment | None = None
+        self._side_lock = threading.Lock()
+        self._closed = False
+
+    def side_env(self, create: bool) -> lmdb.Environment | None:
+        """Return the side environment, opening it on first use; ``None`` when it does not
+        exist and ``create`` is false (nothing was ever written there)."""
+        if self._side_env is not None:
+            return self._side_env
+        with self._side_lock:
+            if self._side_env is None:
+                if not os.path.exists(self.side_path) and (not create or self.readonly):
+                    return None
+                self._side_key, self._side_env = _envs.acquire(
+                    self.side_path,
+                    False,
+                    self.readonly,
+                    map_size=SIDE_MAP_SIZE,
+                    meminit=False,
+                    **self._env_options,
+                )
+            return self._side_env
+
+    @contextmanager
+    def _begin(self, write: bool) -> Iterator[Txn]:
+        txn = LMDBTxn(self, write)
+        try:
+            yield txn
+        except BaseException:
+            txn.finish(False)
+            raise
+        txn.finish(True)
+
+    def _env_for(self, space: str) -> lmdb.Environment | None:
+        if space == DATA:
+            return self.env
+        if space == SIDE:
+            return self.side_env(create=False)
+        raise ValueError(f"unknown key space {space!r}")
+
+    def _one_shot(self, key: str, space: str) -> tuple[bytes, lmdb.Environment | None]:
+        raw = encode_key(key)
+        if len(raw) > self.max_key_size:
+            raise InvalidKeyError(f"key of {len(raw)} bytes is longer than LMDB's {self.max_key_size}")
+        return raw, self._env_for(space)
+
+    # One-shot reads skip the Txn object: getattr calls size() on every lookup.
+    def get(self, key: str, space: str = DATA) -> bytes | None:
+        """One-shot get in a bare read transaction."""
+        raw, env = self._one_shot(key, space)
+        if env is None:
+            return None
+        with _translated(self.path), env.begin() as txn:
+            return txn.get(raw)
+
+    def size(self, key: str, space: str = DATA) -> int | None:
+        """One-shot size: the length of a buffer pointing into the map, nothing copied."""
+        raw, env = self._one_shot(key, space)
+        if env is None:
+            return None
+        with _translated(self.path), env.begin(buffers=True) as txn:
+            value = txn.get(raw)
+            return None if value is None else len(value)
+
+    def read(self, key: str, offset: int, length: int, space: str = DATA) -> bytes | None:
+        """One-shot byte range, copying only the range."""
+        raw, env = self._one_shot(key, space)
+        if env is None:
+            return None
+        with _translated(self.path), env.begin(buffers=True) as txn:
+            value = txn.get(raw)
+            return None if value is None else bytes(value[offset : offset + length])
+
+    def sync(self) -> None:
+        """Force committed transactions of both environments to disk."""
+        with _translated(self.path):
+            self.env.sync(True)
+            if self._side_env is not None:
+                self._side_env.sync(True)
+
+    def statfs(self) -> dict[str, int] | None:
+        """The filesystem's space, capped by what the LMDB map can still hold."""
+        fs = statvfs(self.folder)
+        info, stat = self.env.info(), self.env.stat()
+        map_size = info["map_size"]
+        used = (info["last_pgno"] + 1) * stat["psize"]
+        return {"total": min(fs["total"], map_size), "free": max(0, min(fs["free"], map_size - used))}
+
+    def close(self) -> None:
+        """Release both environments (closed when no other driver in the process uses them)."""
+        if self._closed:
+            return
+        self._closed = True
+        _envs.release(self._key)
+        if self._side_key is not None:
+            _envs.release(self._side_key)

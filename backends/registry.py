@@ -1,0 +1,116 @@
+"""URL scheme -> driver class, imported only when a URL needs it.
+
+The table maps a scheme to ``"module:Class"`` (as fsspec's registry does), so importing zarrfs
+never imports ``lmdb`` or ``redis``. Third-party packages add drivers through the entry-point
+group ``zarrfs.backends`` (name = scheme, value = ``"module:Class"``); they feed the same table
+but never replace a built-in or an explicitly registered scheme. A bare filesystem path, with no
+``scheme://``, means LMDB.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import threading
+from importlib.metadata import entry_points
+
+from .base import Driver, DriverNotFoundError
+
+ENTRY_POINT_GROUP = "zarrfs.backends"
+
+_LMDB = "zarrfs.backends.lmdb:LMDBDriver"
+_REDIS = "zarrfs.backends.redis:RedisDriver"
+_table: dict[str, str] = {
+    "lmdb": _LMDB,
+    "sqlite": "zarrfs.backends.sqlite:SQLiteDriver",
+    "redis": _REDIS,
+    "rediss": _REDIS,
+    "unix": _REDIS,
+    "memory": "zarrfs.backends.memory:MemoryDriver",
+}
+# Import name of a dependency -> the distribution to ``pip install`` when it is missing.
+_pip_names: dict[str, str] = {"lmdb": "lmdb", "redis": "redis", "hiredis": "hiredis"}
+# Scheme -> the distribution that provides a registered driver's dependencies, when given.
+_scheme_pip: dict[str, str] = {}
+
+_entry_points_loaded = False
+_lock = threading.Lock()
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def register(scheme: str, target: str, *, clobber: bool = True, pip: str | None = None) -> None:
+    """Map URL ``scheme`` to the driver class ``target`` (``"package.module:Class"``).
+
+    ``clobber=False`` keeps an existing mapping. ``pip`` names the distribution to suggest when
+    importing the driver's module fails for a missing dependency."""
+    if ":" not in target:
+        raise ValueError(f"driver target {target!r} is not of the form 'module:Class'")
+    scheme = scheme.lower()
+    with _lock:
+        if clobber or scheme not in _table:
+            _table[scheme] = target
+        if pip:
+            _scheme_pip[scheme] = pip
+
+
+def load_entry_points(force: bool = False) -> None:
+    """Add the drivers of the ``zarrfs.backends`` entry-point group to the table (once, or again
+    with ``force`` after installing a package); they never replace an existing scheme."""
+    global _entry_points_loaded
+    if _entry_points_loaded and not force:
+        return
+    _entry_points_loaded = True
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        register(ep.name, ep.value, clobber=False)
+
+
+def known_schemes() -> list[str]:
+    """Return every scheme a URL may use, built-in and from entry points, sorted."""
+    load_entry_points()
+    return sorted(_table)
+
+
+def normalize_url(url: str) -> tuple[str, str]:
+    """Return ``(scheme, url)``; a bare path becomes ``lmdb:///absolute/path``."""
+    m = _SCHEME.match(url)
+    if m is None:
+        return "lmdb", "lmdb://" + os.path.abspath(os.path.expanduser(url))
+    return m.group(1).lower(), url
+
+
+def driver_class(scheme: str) -> type[Driver]:
+    """Import and return the driver class registered for ``scheme``."""
+    load_entry_points()
+    target = _table.get(scheme.lower())
+    if target is None:
+        raise DriverNotFoundError(
+            f"no zarrfs driver for URL scheme {scheme!r}; known schemes: {', '.join(known_schemes())}"
+        )
+    module_name, _, class_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        missing = exc.name or ""
+        if missing and module_name != missing and not module_name.startswith(missing + "."):
+            top = missing.split(".")[0]
+            pip = _scheme_pip.get(scheme.lower()) or _pip_names.get(top, top)
+            raise DriverNotFoundError(
+                f"the {scheme!r} driver needs the Python package {pip!r}: pip install {pip}"
+            ) from exc
+        raise DriverNotFoundError(
+            f"cannot import the {scheme!r} driver module {module_name!r}: {exc}"
+        ) from exc
+    try:
+        cls = getattr(module, class_name)
+    except AttributeError:
+        raise DriverNotFoundError(f"module {module_name!r} has no driver class {class_name!r}") from None
+    if not (isinstance(cls, type) and issubclass(cls, Driver)):
+        raise DriverNotFoundError(f"{target!r} is not a zarrfs Driver subclass")
+    return cls
+
+
+def open_driver(url: str, readonly: bool = False) -> Driver:
+    """Open the database at ``url`` with the driver its scheme names (a bare path: LMDB)."""
+    scheme, url = normalize_url(url)
+    return driver_class(scheme)(url, readonly=readonly)
