@@ -1,0 +1,118 @@
+"""Key names: which keys are metadata, which are temporary files, which names are legal.
+
+Keys are ``/``-separated paths relative to the store root, as zarr's stores hold them
+(``"foo/bar/.zarray"``, ``"foo/bar/0.0"``, ``"zarr.json"``).
+"""
+
+from __future__ import annotations
+
+from .errors import Problem, error
+
+ZARRAY = ".zarray"
+ZGROUP = ".zgroup"
+ZATTRS = ".zattrs"
+ZMETADATA = ".zmetadata"
+ZARR_JSON = "zarr.json"
+V1_META = "meta"
+V1_ATTRS = "attrs"
+
+V2_METADATA_NAMES = frozenset({ZARRAY, ZGROUP, ZATTRS, ZMETADATA})
+METADATA_NAMES = V2_METADATA_NAMES | {ZARR_JSON}
+V1_METADATA_KEYS = frozenset({V1_META, V1_ATTRS})
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """Split ``"a/b/.zarray"`` into ``("a/b", ".zarray")``; the root prefix is ``""``."""
+    prefix, _, name = key.rpartition("/")
+    return prefix, name
+
+
+def join_key(prefix: str, name: str) -> str:
+    """Join a folder prefix (``""`` for the root) and a relative key."""
+    return f"{prefix}/{name}" if prefix else name
+
+
+def ancestors(prefix: str) -> list[str]:
+    """Return ``prefix`` and every folder above it, innermost first, ending with ``""``."""
+    out = []
+    while prefix:
+        out.append(prefix)
+        prefix = prefix.rpartition("/")[0]
+    out.append("")
+    return out
+
+
+def relative_to(key: str, prefix: str) -> str | None:
+    """Return ``key`` relative to folder ``prefix``, or ``None`` when it lies outside."""
+    if not prefix:
+        return key
+    if key.startswith(prefix + "/"):
+        return key[len(prefix) + 1 :]
+    return None
+
+
+def is_metadata_key(key: str) -> bool:
+    """True for keys holding Zarr metadata rather than chunk data.
+
+    v2: ``.zarray``, ``.zgroup``, ``.zattrs``, ``.zmetadata``; v3: ``zarr.json``, at any depth.
+    v1 (``meta`` and ``attrs``) only at the store root: a v1 store held exactly one array and
+    had no hierarchy, so a ``meta`` deeper down is just a file (or, inside an array, a bad
+    chunk key) and must not be mistaken for array metadata.
+    """
+    prefix, name = split_key(key)
+    if name in METADATA_NAMES:
+        return True
+    return not prefix and name in V1_METADATA_KEYS
+
+
+def is_temporary(key: str) -> bool:
+    """True for names that writers use for files about to be renamed, never chunk keys.
+
+    * ``*.partial``: zarr-python 2 ``DirectoryStore`` writes ``<name>.<32 hex>.partial`` and
+      zarr-python 3 ``LocalStore`` writes ``<stem>.<32 hex>.partial`` (``0.0`` becomes
+      ``0.<hex>.partial``, ``zarr.json`` becomes ``zarr.<hex>.partial``) before renaming.
+    * dot-files other than the v2 metadata names: rsync's ``.<name>.XXXXXX``, editors' swap
+      files, ``.DS_Store``, NFS and FUSE ``.nfs*`` / ``.fuse_hidden*`` placeholders.
+    * ``*~`` and ``#*#`` editor backups, and ``*.tmp``.
+    """
+    name = key.rpartition("/")[2]
+    if name.endswith((".partial", ".tmp", "~")):
+        return True
+    if name.startswith(".") and name not in V2_METADATA_NAMES:
+        return True
+    return len(name) > 1 and name.startswith("#") and name.endswith("#")
+
+
+def validate_name(key: str) -> list[Problem]:
+    """Check a key (a file or folder path) against the specs' path rules.
+
+    Errors: empty keys or empty segments (leading, trailing or doubled ``/``), ``.`` or ``..``
+    segments (v2: "an error MUST be raised"; v3 forbids names made only of periods), a
+    backslash (v2 normalises ``\\`` to ``/``, so such a key can never be addressed by a client),
+    NUL characters, and text that has no UTF-8 form (lone surrogates from undecodable bytes).
+    """
+    if not key:
+        return [error(key, "name.empty", "empty key")]
+    problems = []
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        problems.append(error(key, "name.not-utf8", "name is not valid UTF-8"))
+    if "\\" in key:
+        problems.append(
+            error(
+                key,
+                "name.backslash",
+                "backslash in a key: Zarr normalises it to '/', so no client can reach it",
+            )
+        )
+    if "\x00" in key:
+        problems.append(error(key, "name.nul", "NUL character in a key"))
+    segments = key.split("/")
+    if any(s == "" for s in segments):
+        problems.append(
+            error(key, "name.empty-segment", "empty path segment (leading, trailing or double '/')")
+        )
+    if any(s in (".", "..") for s in segments):
+        problems.append(error(key, "name.dot-segment", "path segment '.' or '..'"))
+    return problems

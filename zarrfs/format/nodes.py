@@ -1,0 +1,78 @@
+"""Finding the Zarr node (array or group) at a folder, or the one enclosing a key.
+
+Everything is read through ``get(key) -> bytes | None``, so the caller decides how keys are
+fetched and cached. A folder is a node when it holds ``zarr.json`` (v3), ``.zarray`` or
+``.zgroup`` (v2), or, at the store root only, a v1 ``meta``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from .json_docs import parse_json_or_none
+from .keys import V1_META, ZARR_JSON, ZARRAY, ZGROUP, ancestors, join_key, split_key
+
+Getter = Callable[[str], "bytes | None"]
+
+ARRAY = "array"
+GROUP = "group"
+UNKNOWN = "unknown"
+
+
+class Node(NamedTuple):
+    """A node found in the store: its folder ``prefix`` (``""`` for the root), ``kind``
+    (``"array"``, ``"group"`` or ``"unknown"`` for unreadable metadata), ``zarr_format`` and
+    the parsed metadata document ``doc`` stored under ``metadata_key``."""
+
+    prefix: str
+    kind: str
+    zarr_format: int
+    doc: Any
+    metadata_key: str
+
+
+def node_at(prefix: str, get: Getter) -> Node | None:
+    """The node whose metadata lives in folder ``prefix``, or ``None`` for a plain folder.
+
+    v3 is looked up first, as zarr-python 3 does when the format is not given.
+    """
+    key = join_key(prefix, ZARR_JSON)
+    raw = get(key)
+    if raw is not None:
+        doc = parse_json_or_none(raw)
+        kind = doc.get("node_type") if isinstance(doc, dict) else None
+        return Node(prefix, kind if kind in (ARRAY, GROUP) else UNKNOWN, 3, doc, key)
+    key = join_key(prefix, ZARRAY)
+    raw = get(key)
+    if raw is not None:
+        doc = parse_json_or_none(raw)
+        return Node(prefix, ARRAY if isinstance(doc, dict) else UNKNOWN, 2, doc, key)
+    key = join_key(prefix, ZGROUP)
+    raw = get(key)
+    if raw is not None:
+        return Node(prefix, GROUP, 2, parse_json_or_none(raw), key)
+    if not prefix:
+        doc = parse_json_or_none(get(V1_META))
+        if isinstance(doc, dict) and doc.get("zarr_format") == 1:
+            return Node("", ARRAY, 1, doc, V1_META)
+    return None
+
+
+def enclosing_node(key: str, get: Getter) -> Node | None:
+    """The innermost node in a folder above ``key`` (its own folder first), or ``None``.
+
+    The walk stops at the first node found: nothing in a valid hierarchy sits above an array
+    inside a group, so keys under a group never cost a walk to the root.
+    """
+    for prefix in ancestors(split_key(key)[0]):
+        node = node_at(prefix, get)
+        if node is not None:
+            return node
+    return None
+
+
+def enclosing_array(key: str, get: Getter) -> Node | None:
+    """The array whose folder contains ``key`` (at any depth), or ``None``."""
+    node = enclosing_node(key, get)
+    return node if node is not None and node.kind == ARRAY else None
