@@ -100,10 +100,13 @@ class Operations(mfusepy.Operations):
 
     # ------------------------------------------------------------------ attributes
     @translated
-    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+    def node(self, path: str) -> Node:
+        """The node at ``path``, pending writes included (the hot path of every lookup)."""
         key = key_of(path)
-        node = self.handles.pending(key) or self.tree.lookup(key)
-        return node_stat(node)
+        return self.handles.pending(key) or self.tree.lookup(key)
+
+    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+        return node_stat(self.node(path))
 
     @translated
     def statfs(self, path: str) -> dict[str, int]:
@@ -246,7 +249,24 @@ def _take(iterator, n: int):
 
 class FUSE(mfusepy.FUSE):
     """mfusepy's FUSE with the pieces of libfuse3 it leaves out: rename flags
-    (RENAME_NOREPLACE, RENAME_EXCHANGE) and UTIME_NOW / UTIME_OMIT in utimens."""
+    (RENAME_NOREPLACE, RENAME_EXCHANGE) and UTIME_NOW / UTIME_OMIT in utimens; and a
+    ``getattr`` that fills ``struct stat`` straight from the node (it runs on every lookup)."""
+
+    def fgetattr(self, path, buf, fip) -> int:
+        node = self.operations.node(path.decode(self.encoding, self.errors))
+        st = buf.contents
+        a = node.attrs
+        st.st_mode = a.mode
+        st.st_nlink = 1
+        st.st_size = node.size
+        st.st_uid = a.uid
+        st.st_gid = a.gid
+        st.st_blksize = BLKSIZE
+        st.st_blocks = (node.size + 511) // 512
+        st.st_atimespec.tv_sec, st.st_atimespec.tv_nsec = divmod(a.atime, 1_000_000_000)
+        st.st_mtimespec.tv_sec, st.st_mtimespec.tv_nsec = divmod(a.mtime, 1_000_000_000)
+        st.st_ctimespec.tv_sec, st.st_ctimespec.tv_nsec = divmod(a.ctime, 1_000_000_000)
+        return 0
 
     def rename_fuse_3(self, old: bytes, new: bytes, flags: int) -> int:
         return self.operations.rename(

@@ -1,0 +1,265 @@
+#!/usr/bin/env python3
+"""Benchmark: a zarrfs mount against a native local folder, in one run, for each driver.
+
+Prints one table per driver with the native figure, the mount figure, their ratio and the
+target. Native and mount runs are interleaved and repeated; each figure is the median.
+
+    python scripts/bench.py                      # all drivers, the full sizes
+    python scripts/bench.py --drivers lmdb --array-mib 64 --repeats 1   # a quick look
+
+Targets (mount against native): zarr read >= 0.9x, zarr write >= 0.7x, >= 20,000 stat/s,
+``ls`` of 100,000 entries < 0.5 s, >= 2,000 small files/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent.parent
+
+
+def zarrfs(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "zarrfs", *args], check=True, cwd=HERE)
+
+
+class RedisServer:
+    """A throw-away redis-server on 127.0.0.1."""
+
+    def __init__(self, workdir: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(workdir)],
+            stdout=subprocess.DEVNULL,
+        )
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def url(self, prefix: str) -> str:
+        return f"redis://127.0.0.1:{self.port}/0?prefix={prefix}"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def sample_array(mib: int) -> np.ndarray:
+    """Smooth data with noise: compresses like real measurements, not like zeros."""
+    n = mib * (1 << 20) // 4
+    cols = 4096
+    rows = n // cols
+    rng = np.random.default_rng(0)
+    base = np.sin(np.linspace(0, 50, cols, dtype=np.float32))[None, :]
+    trend = np.linspace(0, 1, rows, dtype=np.float32)[:, None]
+    return (base + trend + rng.normal(0, 0.01, (rows, cols)).astype(np.float32)).astype(np.float32)
+
+
+def bench_zarr(root: Path, data: np.ndarray, out: np.ndarray) -> tuple[float, float]:
+    """Seconds to write and to read the array with zarr-python (Blosc, 4 MiB chunks)."""
+    import zarr
+    from zarr.codecs import BloscCodec
+
+    path = root / "array.zarr"
+    if path.exists():
+        shutil.rmtree(path)
+    t0 = time.perf_counter()
+    arr = zarr.create_array(
+        store=str(path), shape=data.shape, chunks=(256, 4096), dtype="float32",
+        compressors=BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),
+    )
+    arr[...] = data
+    t1 = time.perf_counter()
+    arr = zarr.open_array(str(path), mode="r")
+    t2 = time.perf_counter()
+    out[...] = arr[...]
+    t3 = time.perf_counter()
+    assert np.array_equal(out[:5], data[:5])
+    return t1 - t0, t3 - t2
+
+
+def bench_small_files(root: Path, n: int) -> float:
+    """Seconds to create, write and close ``n`` 4 KiB files."""
+    folder = root / "small"
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir()
+    payload = b"x" * 4096
+    t0 = time.perf_counter()
+    for i in range(n):
+        with open(folder / str(i), "wb") as fh:
+            fh.write(payload)
+    return time.perf_counter() - t0
+
+
+def bench_stats(root: Path, n: int, settle: float) -> tuple[float, float]:
+    """Seconds to stat ``n`` existing and ``n`` missing names (after the kernel's caches
+    expired, so every lookup reaches the filesystem)."""
+    folder = str(root / "small")
+    time.sleep(settle)
+    t0 = time.perf_counter()
+    for i in range(n):
+        os.stat(f"{folder}/{i}")
+    t1 = time.perf_counter()
+    for i in range(n):
+        try:
+            os.stat(f"{folder}/missing{i}")
+        except FileNotFoundError:
+            pass
+    return t1 - t0, time.perf_counter() - t1
+
+
+def fill_folder_native(folder: Path, n: int) -> None:
+    folder.mkdir(exist_ok=True)
+    for i in range(n):
+        (folder / f"{i}.0").touch()
+
+
+def fill_folder_db(url: str, key: str, n: int) -> None:
+    from zarrfs.backends import open_driver
+
+    driver = open_driver(url)
+    batch = 5000
+    for start in range(0, n, batch):
+        driver.transact(lambda t, s=start: [t.put(f"{key}/{i}.0", b"") for i in range(s, min(n, s + batch))])
+    driver.close()
+
+
+def bench_ls(folder: Path, settle: float) -> float:
+    time.sleep(settle)
+    t0 = time.perf_counter()
+    subprocess.run(["ls", str(folder)], check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def run_driver(kind: str, args, work: Path, redis: RedisServer | None, data, out) -> list[tuple]:
+    native = work / f"native-{kind}"
+    native.mkdir()
+    mnt = work / f"mnt-{kind}"
+    mnt.mkdir()
+    if kind == "lmdb":
+        url = f"lmdb://{work}/bench.lmdb?sync=0"
+    elif kind == "sqlite":
+        url = f"sqlite://{work}/bench.sqlite"
+    else:
+        assert redis is not None
+        url = redis.url("bench")
+    zarrfs("mount", url, str(mnt), "-o", "create", "--log-file", str(work / f"{kind}.log"))
+    settle = 1.2  # past the mount's 1 s cache timeout
+    try:
+        res: dict[str, list[list[float]]] = {k: [[], []] for k in ("zw", "zr", "small", "st", "miss", "ls")}
+        for r in range(args.repeats):
+            order = [(0, native), (1, mnt)] if r % 2 == 0 else [(1, mnt), (0, native)]
+            for side, root in order:
+                w, rd = bench_zarr(root, data, out)
+                res["zw"][side].append(w)
+                res["zr"][side].append(rd)
+                res["small"][side].append(bench_small_files(root, args.small_files))
+                s, m = bench_stats(root, args.stats, settle if side else 0)
+                res["st"][side].append(s)
+                res["miss"][side].append(m)
+        fill_folder_native(native / "big", args.ls_entries)
+        fill_folder_db(url, "big", args.ls_entries)
+        for _ in range(args.repeats):
+            res["ls"][0].append(bench_ls(native / "big", 0))
+            res["ls"][1].append(bench_ls(mnt / "big", settle))
+    finally:
+        zarrfs("umount", str(mnt))
+    med = {k: (statistics.median(v[0]), statistics.median(v[1])) for k, v in res.items()}
+    mib = data.nbytes / (1 << 20)
+    rows = []
+
+    def rate(key, unit_count, unit, target=None, higher=True):
+        n, m = med[key]
+        rows.append((key, unit_count / n, unit_count / m, unit, target))
+
+    rate("zw", mib, "MiB/s", "ratio >= 0.7")
+    rate("zr", mib, "MiB/s", "ratio >= 0.9")
+    rate("small", args.small_files, "files/s", ">= 2000/s")
+    rate("st", args.stats, "stat/s", ">= 20000/s")
+    rate("miss", args.stats, "stat/s", ">= 20000/s")
+    n, m = med["ls"]
+    rows.append(("ls", n, m, "s", "< 0.5 s"))
+    return rows
+
+
+LABELS = {
+    "zw": "zarr write",
+    "zr": "zarr read",
+    "small": "create+write+close 4 KiB",
+    "st": "stat existing",
+    "miss": "stat missing",
+    "ls": "ls of {n} entries",
+}
+
+
+def verdict(key: str, native: float, mount: float, target: str) -> str:
+    if key == "zw":
+        return "ok" if mount / native >= 0.7 else "MISS"
+    if key == "zr":
+        return "ok" if mount / native >= 0.9 else "MISS"
+    if key == "small":
+        return "ok" if mount >= 2000 else "MISS"
+    if key in ("st", "miss"):
+        return "ok" if mount >= 20000 else "MISS"
+    return "ok" if mount < 0.5 else "MISS"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser.add_argument("--drivers", default="lmdb,sqlite,redis")
+    parser.add_argument("--array-mib", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--stats", type=int, default=20000)
+    parser.add_argument("--small-files", type=int, default=20000)
+    parser.add_argument("--ls-entries", type=int, default=100000)
+    parser.add_argument("--workdir", default=None, help="where to put the databases (default: a temp folder)")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="zarrfs-bench-", dir=args.workdir))
+    data = sample_array(args.array_mib)
+    out = np.empty_like(data)
+    out[...] = 0  # touch the pages now, not during the first read
+    drivers = args.drivers.split(",")
+    redis = RedisServer(work) if "redis" in drivers else None
+    print(f"zarrfs benchmark: {data.nbytes >> 20} MiB float32 array, median of {args.repeats}, "
+          f"{os.cpu_count()} cores")
+    try:
+        for kind in drivers:
+            rows = run_driver(kind, args, work, redis, data, out)
+            print(f"\n{kind}")
+            print(f"| {'measure':<28} | {'native':>12} | {'mount':>12} | {'ratio':>6} | {'target':<14} |    |")
+            print(f"|{'-' * 30}|{'-' * 14}|{'-' * 14}|{'-' * 8}|{'-' * 16}|----|")
+            for key, n, m, unit, target in rows:
+                label = LABELS[key].format(n=args.ls_entries)
+                ratio = (m / n) if key != "ls" else (n / m)
+                fmt = "{:>8.3f} {}" if key == "ls" else "{:>8.0f} {}"
+                print(f"| {label:<28} | {fmt.format(n, unit):>12} | {fmt.format(m, unit):>12} | "
+                      f"{ratio:>5.2f}x | {target:<14} | {verdict(key, n, m, target):<2} |")
+            sys.stdout.flush()
+    finally:
+        if redis:
+            redis.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
