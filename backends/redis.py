@@ -31,7 +31,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import redis
 import redis.exceptions as rexc
@@ -335,7 +335,8 @@ class RedisDriver(Driver):
         prefixes = [v for k, v in query if k == "prefix"]
         self.prefix = prefixes[-1] if prefixes else "zarr"
         rest = urlencode([(k, v) for k, v in query if k != "prefix"])
-        client_url = urlunsplit((parts.scheme, parts.netloc, parts.path, rest, ""))
+        # Not urlunsplit: it drops the "//" of "unix:///path" (empty netloc), which redis-py needs.
+        client_url = f"{parts.scheme}://{parts.netloc}{parts.path}" + (f"?{rest}" if rest else "")
         safe_netloc = parts.netloc.rpartition("@")[2]
         self.where = f"{parts.scheme}://{safe_netloc}{parts.path} prefix={self.prefix}"
         p = self.prefix.encode("utf-8")
@@ -343,8 +344,10 @@ class RedisDriver(Driver):
         self.side_prefix = b"zarrfs.side." + p + b":"
         self.index = {DATA: b"zarrfs.index." + p, SIDE: b"zarrfs.sideindex." + p}
         try:
+            # Bounded timeouts: a FUSE call must fail (EIO) rather than hang on a dead server.
+            tcp = {"socket_keepalive": True} if parts.scheme != "unix" else {}
             self.pool = redis.ConnectionPool.from_url(
-                client_url, socket_connect_timeout=10, socket_timeout=120, socket_keepalive=True
+                client_url, socket_connect_timeout=10, socket_timeout=120, **tcp
             )
             self.client = redis.Redis(connection_pool=self.pool)
             self.client.ping()

@@ -21,6 +21,7 @@ class RedisServer:
 
     host: str
     port: int
+    unix_socket: str
     process: subprocess.Popen
     workdir: str
 
@@ -44,8 +45,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def redis_server():
-    """Start ``redis-server`` on 127.0.0.1 (free port, no persistence, temp dir); stop it after
-    the session."""
+    """Start ``redis-server`` on 127.0.0.1 (free port, no persistence, temp dir) and on a unix
+    socket in that dir; stop it after the session."""
     exe = shutil.which("redis-server")
     if exe is None:
         pytest.skip("redis-server is not installed")
@@ -67,11 +68,15 @@ def redis_server():
             "no",
             "--dir",
             workdir,
+            "--unixsocket",
+            os.path.join(workdir, "redis.sock"),
+            "--unixsocketperm",
+            "700",
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    server = RedisServer("127.0.0.1", port, proc, workdir)
+    server = RedisServer("127.0.0.1", port, os.path.join(workdir, "redis.sock"), proc, workdir)
     deadline = time.monotonic() + 15
     while True:
         try:

@@ -1,0 +1,1074 @@
+"""Driver conformance, registry, scale and zarr-python 2.18 interoperability tests.
+
+One conformance class, :class:`DriverConformance`, checks the contract of ``backends/base.py``;
+each driver's test class subclasses it and only says how to open that driver. Everything is
+real: files, a real ``redis-server`` (``conftest.redis_server``), real processes, and the real
+zarr-python 2.18 classes in their own venv (``zarr2env``).
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import multiprocessing
+import os
+import sys
+import threading
+import uuid
+
+import numpy as np
+import pytest
+import zarr2env
+
+from zarrfs.backends import registry
+from zarrfs.backends.base import (
+    DATA,
+    KEYS,
+    SIDE,
+    SIZES,
+    VALUES,
+    Driver,
+    DriverNotFoundError,
+    InvalidKeyError,
+    ReadOnlyError,
+    RetryableError,
+    StorageFullError,
+    prefix_stop,
+)
+from zarrfs.backends.registry import open_driver
+
+BIG = 64 * 2**20 + 12345  # a value of more than 64 MiB, not a multiple of any page size
+
+
+def keys_of(rows):
+    return [k for k, _ in rows]
+
+
+def increment(txn, key, space=DATA):
+    """Read-modify-write a decimal counter (a transaction that conflicts with itself)."""
+    old = txn.get(key, space)
+    txn.put(key, str(int(old or b"0") + 1).encode(), space)
+
+
+def _increment_worker(url: str, n: int) -> None:
+    """Run in a separate process: ``n`` transactions, each incrementing three counters."""
+    driver = open_driver(url)
+    try:
+        for _ in range(n):
+
+            def fn(t):
+                increment(t, "count/a")
+                increment(t, "count/b")
+                increment(t, "count/a", SIDE)
+
+            driver.transact(fn)
+    finally:
+        driver.close()
+
+
+class DriverConformance:
+    """The contract of ``backends/base.py``, run against one driver per subclass.
+
+    Subclasses provide the ``url`` fixture and may set the class attributes below."""
+
+    #: Longest key in UTF-8 bytes the database accepts (None: no practical limit).
+    max_key: int | None = None
+    #: Whether two processes can open the same URL (not for the in-process memory driver).
+    multiprocess = True
+    #: Whether data survives closing and reopening the driver.
+    persistent = True
+
+    @pytest.fixture
+    def url(self):
+        raise NotImplementedError
+
+    @pytest.fixture
+    def driver(self, url):
+        d = open_driver(url)
+        yield d
+        d.close()
+
+    def fill_to_exhaustion(self, url):
+        """Return a context manager making the database refuse writes for lack of space, or
+        ``None`` if the test cannot arrange that."""
+        return None
+
+    # -- basics -------------------------------------------------------------------------------
+    def test_registry_picks_this_driver(self, driver, url):
+        assert isinstance(driver, Driver)
+        assert url.split("://")[0] in type(driver).schemes or "://" not in url
+
+    @pytest.mark.parametrize("space", [DATA, SIDE])
+    def test_get_put_delete(self, driver, space):
+        assert driver.get("x/y", space) is None
+        assert driver.size("x/y", space) is None
+        assert driver.read("x/y", 0, 10, space) is None
+        assert driver.transact(lambda t: t.exists("x/y", space), write=False) is False
+        driver.put("x/y", b"value", space)
+        assert driver.get("x/y", space) == b"value"
+        assert type(driver.get("x/y", space)) is bytes
+        assert driver.size("x/y", space) == 5
+        assert driver.transact(lambda t: t.exists("x/y", space), write=False) is True
+        driver.put("x/y", b"v2", space)
+        assert driver.get("x/y", space) == b"v2"
+        driver.delete("x/y", space)
+        assert driver.get("x/y", space) is None
+        driver.delete("x/y", space)  # deleting a missing key is not an error
+        driver.delete("never/was", space)
+
+    @pytest.mark.parametrize("space", [DATA, SIDE])
+    def test_empty_value(self, driver, space):
+        driver.put("e", b"", space)
+        assert driver.get("e", space) == b""
+        assert driver.size("e", space) == 0
+        assert driver.read("e", 0, 100, space) == b""
+        assert driver.transact(lambda t: (t.get("e", space), t.size("e", space), t.exists("e", space))) == (
+            b"",
+            0,
+            True,
+        )
+        assert driver.scan(space=space, fetch=SIZES) == [("e", 0)]
+        assert driver.scan(space=space, fetch=VALUES) == [("e", b"")]
+        assert driver.scan(space=space, fetch=KEYS) == [("e", None)]
+
+    def test_value_types(self, driver, tmp_path):
+        driver.put("bytearray", bytearray(b"abc"))
+        driver.put("memoryview", memoryview(b"xabcx")[1:4])
+        arr = np.arange(6, dtype="<f8").reshape(2, 3)
+        driver.put("numpy", arr)
+        driver.put("numpy-strided", arr[:, ::2])  # not contiguous: copied
+        path = tmp_path / "spill"
+        path.write_bytes(b"from a spill file")
+        with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+            driver.put("mmap", m)
+        assert driver.get("bytearray") == b"abc"
+        assert driver.get("memoryview") == b"abc"
+        assert driver.get("numpy") == arr.tobytes()
+        assert driver.get("numpy-strided") == np.ascontiguousarray(arr[:, ::2]).tobytes()
+        assert driver.get("mmap") == b"from a spill file"
+        with pytest.raises(TypeError):
+            driver.put("str", "not bytes")
+
+    def test_buffer_reuse_after_put(self, driver):
+        buf = bytearray(b"first")
+
+        def fn(t):
+            t.put("k", buf)
+            buf[:] = b"XXXXX"  # the caller reuses its buffer before the commit
+
+        driver.transact(fn)
+        assert driver.get("k") == b"first"
+
+    def test_read_ranges(self, driver):
+        value = bytes(range(256)) * 4
+        driver.put("r", value)
+        for offset, length in [(0, 10), (100, 200), (1000, 100), (1024, 5), (5000, 1), (0, 0), (3, 1)]:
+            want = value[offset : offset + length]
+            assert driver.read("r", offset, length) == want
+            assert driver.transact(lambda t, o=offset, n=length: t.read("r", o, n), write=False) == want
+
+    @pytest.mark.slow
+    def test_big_value(self, driver, tmp_path):
+        block = os.urandom(2**20)
+        value = block * (BIG // len(block)) + block[: BIG % len(block)]
+        path = tmp_path / "big"
+        path.write_bytes(value)
+        with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+            driver.put("big/0.0", m)
+        assert driver.size("big/0.0") == BIG
+        assert driver.read("big/0.0", BIG - 100, 1000) == value[-100:]
+        assert driver.read("big/0.0", 2**20 - 5, 10) == value[2**20 - 5 : 2**20 + 5]
+        assert driver.get("big/0.0") == value
+        assert driver.scan("big/", prefix_stop("big/"), fetch=SIZES) == [("big/0.0", BIG)]
+        got = driver.transact(lambda t: t.get("big/0.0"), write=False)
+        assert got == value
+
+    # -- keys ----------------------------------------------------------------------------------
+    def test_scan_prefix_boundaries(self, driver):
+        keys = ["a", "a-", "a.b", "a/", "a/b", "a/b/c", "a/z", "a0", "a0/x", "a\x7f", "b", "A", "_a", "a_"]
+        for k in keys:
+            driver.put(k, k.encode())
+        assert keys_of(driver.scan()) == sorted(keys)
+        assert keys_of(driver.scan("a/", prefix_stop("a/"))) == ["a/", "a/b", "a/b/c", "a/z"]
+        assert keys_of(driver.scan("a/b/", prefix_stop("a/b/"))) == ["a/b/c"]
+        assert keys_of(driver.scan("a0", prefix_stop("a0"))) == ["a0", "a0/x"]
+        assert keys_of(driver.scan("a.", prefix_stop("a."))) == ["a.b"]
+        assert keys_of(driver.scan("a_", prefix_stop("a_"))) == ["a_"]  # "_" is no wildcard
+        assert keys_of(driver.scan("a", prefix_stop("a"))) == sorted(k for k in keys if k.startswith("a"))
+        assert keys_of(driver.scan("a/", "a0")) == ["a/", "a/b", "a/b/c", "a/z"]
+        assert keys_of(driver.scan("a/b", "a/z")) == ["a/b", "a/b/c"]  # start inclusive, stop exclusive
+        assert keys_of(driver.scan("", "a")) == ["A", "_a"]
+        assert keys_of(driver.scan("b")) == ["b"]
+        assert driver.scan("c") == []
+        assert driver.scan("b", "a") == []  # stop before start
+        assert driver.scan("a", "a") == []
+        assert keys_of(driver.transact(lambda t: list(t.scan_prefix("a/")), write=False)) == [
+            "a/",
+            "a/b",
+            "a/b/c",
+            "a/z",
+        ]
+
+    def test_scan_limit(self, driver):
+        for i in range(30):
+            driver.put(f"l/{i:02d}", b"x")
+        assert driver.scan("l/", prefix_stop("l/"), limit=0) == []
+        assert keys_of(driver.scan("l/", prefix_stop("l/"), limit=1)) == ["l/00"]
+        assert keys_of(driver.scan("l/1", prefix_stop("l/"), limit=3)) == ["l/10", "l/11", "l/12"]
+        assert len(driver.scan("l/", prefix_stop("l/"), limit=100)) == 30
+        assert len(driver.scan(limit=7)) == 7
+
+    def test_scan_fetch_modes(self, driver):
+        values = {"f/a": b"", "f/b": b"1", "f/c": b"x" * 1000}
+        for k, v in values.items():
+            driver.put(k, v)
+            driver.put(k, b"side:" + v, SIDE)
+        assert driver.scan("f/", "f0") == [(k, None) for k in values]
+        assert driver.scan("f/", "f0", fetch=KEYS) == [(k, None) for k in values]
+        assert driver.scan("f/", "f0", fetch=SIZES) == [(k, len(v)) for k, v in values.items()]
+        assert driver.scan("f/", "f0", fetch=VALUES) == list(values.items())
+        assert driver.scan("f/", "f0", fetch=VALUES, space=SIDE) == [
+            (k, b"side:" + v) for k, v in values.items()
+        ]
+        assert all(type(v) is bytes for _, v in driver.scan(fetch=VALUES))
+
+    def test_many_keys_scan_in_batches(self, driver):
+        n = 2500  # more than one batch in every driver
+        driver.transact(lambda t: [t.put(f"m/{i:05d}", b"%d" % i) for i in range(n)])
+        rows = driver.scan("m/", prefix_stop("m/"), fetch=VALUES)
+        assert [k for k, _ in rows] == [f"m/{i:05d}" for i in range(n)]
+        assert [v for _, v in rows] == [b"%d" % i for i in range(n)]
+        assert len(driver.scan("m/", prefix_stop("m/"), fetch=SIZES, limit=1234)) == 1234
+
+    def test_non_ascii_keys(self, driver):
+        keys = [
+            "é/ß",
+            "日本/データ.0",
+            "emoji/😀",
+            "emoji/\U0010fffd",
+            "x\uffff",
+            "x\ue000",
+            "x\u07ff",
+            "tab\tkey",
+            "sp ace",
+        ]
+        for k in keys:
+            driver.put(k, k.encode("utf-8"))
+            driver.put(k, b"s", SIDE)
+        for k in keys:
+            assert driver.get(k) == k.encode("utf-8")
+        got = keys_of(driver.scan())
+        assert got == sorted(keys)
+        # Python's str order is the order of the UTF-8 bytes, which the database uses.
+        assert got == sorted(keys, key=lambda k: k.encode("utf-8"))
+        assert keys_of(driver.scan(space=SIDE)) == sorted(keys)
+        assert keys_of(driver.scan("emoji/", prefix_stop("emoji/"))) == ["emoji/😀", "emoji/\U0010fffd"]
+        assert keys_of(driver.scan("日本/", prefix_stop("日本/"))) == ["日本/データ.0"]
+
+    @pytest.mark.parametrize("bad", ["", "a\udcff", "\ud800/x"])
+    def test_invalid_keys(self, driver, bad):
+        for space in (DATA, SIDE):
+            with pytest.raises(InvalidKeyError):
+                driver.put(bad, b"x", space)
+            with pytest.raises(InvalidKeyError):
+                driver.get(bad, space)
+            with pytest.raises(InvalidKeyError):
+                driver.size(bad, space)
+            with pytest.raises(InvalidKeyError):
+                driver.read(bad, 0, 1, space)
+            with pytest.raises(InvalidKeyError):
+                driver.delete(bad, space)
+            with pytest.raises(InvalidKeyError):
+                driver.transact(lambda t, s=space: t.exists(bad, s), write=False)
+        assert issubclass(InvalidKeyError, ValueError)
+        if bad:
+            with pytest.raises(InvalidKeyError):
+                driver.scan(bad)
+            with pytest.raises(InvalidKeyError):
+                driver.scan("", bad)
+        assert driver.scan() == []
+
+    def test_long_keys(self, driver):
+        ok = "k/" + "x" * 400
+        driver.put(ok, b"1")
+        assert driver.get(ok) == b"1"
+        huge = "k/" + "y" * 4000
+        if self.max_key is not None and len(huge) > self.max_key:
+            with pytest.raises(InvalidKeyError):
+                driver.put(huge, b"2")
+            with pytest.raises(InvalidKeyError):
+                driver.get(huge)
+        else:
+            driver.put(huge, b"2")
+            assert driver.get(huge) == b"2"
+
+    def test_unknown_space(self, driver):
+        with pytest.raises(ValueError):
+            driver.put("k", b"v", "nonsense")
+        with pytest.raises(ValueError):
+            driver.scan(space="nonsense")
+
+    # -- transactions -------------------------------------------------------------------------
+    def test_transaction_that_raises_keeps_nothing(self, driver):
+        driver.put("keep/a", b"1")
+        driver.put("keep/b", b"2", SIDE)
+
+        class Boom(Exception):
+            pass
+
+        def fn(t):
+            t.put("gone/x", b"x")
+            t.put("gone/y", b"y", SIDE)
+            t.put("keep/a", b"changed")
+            t.delete("keep/b", SIDE)
+            assert t.get("keep/a") == b"changed"
+            raise Boom
+
+        with pytest.raises(Boom):
+            driver.transact(fn)
+        assert driver.scan(fetch=VALUES) == [("keep/a", b"1")]
+        assert driver.scan(space=SIDE, fetch=VALUES) == [("keep/b", b"2")]
+
+    def test_read_your_writes(self, driver):
+        driver.put("d/old", b"old")
+        driver.put("d/gone", b"gone")
+        driver.put("s/gone", b"g", SIDE)
+
+        def fn(t):
+            t.put("d/new", b"new!")
+            t.put("d/old", b"replaced")
+            t.delete("d/gone")
+            t.put("s/new", b"s", SIDE)
+            t.delete("s/gone", SIDE)
+            seen = {
+                "get": (t.get("d/new"), t.get("d/old"), t.get("d/gone")),
+                "size": (t.size("d/new"), t.size("d/old"), t.size("d/gone")),
+                "read": (t.read("d/new", 1, 2), t.read("d/gone", 0, 1)),
+                "exists": (t.exists("d/new"), t.exists("d/gone")),
+                "keys": list(t.scan("d/", "d0")),
+                "sizes": list(t.scan("d/", "d0", fetch=SIZES)),
+                "values": list(t.scan("d/", "d0", fetch=VALUES)),
+                "limit": list(t.scan("d/", "d0", limit=1)),
+                "side": list(t.scan(space=SIDE, fetch=VALUES)),
+            }
+            t.put("d/new", b"twice")
+            seen["again"] = t.get("d/new")
+            t.delete("d/new")
+            seen["deleted"] = (t.get("d/new"), list(t.scan("d/", "d0")))
+            t.put("d/new", b"thrice")
+            return seen
+
+        seen = driver.transact(fn)
+        assert seen["get"] == (b"new!", b"replaced", None)
+        assert seen["size"] == (4, 8, None)
+        assert seen["read"] == (b"ew", None)
+        assert seen["exists"] == (True, False)
+        assert seen["keys"] == [("d/new", None), ("d/old", None)]
+        assert seen["sizes"] == [("d/new", 4), ("d/old", 8)]
+        assert seen["values"] == [("d/new", b"new!"), ("d/old", b"replaced")]
+        assert seen["limit"] == [("d/new", None)]
+        assert seen["side"] == [("s/new", b"s")]
+        assert seen["again"] == b"twice"
+        assert seen["deleted"] == (None, [("d/old", None)])
+        assert driver.scan(fetch=VALUES) == [("d/new", b"thrice"), ("d/old", b"replaced")]
+        assert driver.scan(space=SIDE, fetch=VALUES) == [("s/new", b"s")]
+
+    def test_write_while_scanning(self, driver):
+        for i in range(50):
+            driver.put(f"w/{i:02d}", b"x")
+
+        def fn(t):
+            seen = []
+            for key, _ in t.scan("w/", "w0"):
+                seen.append(key)
+                t.delete(key)
+                t.put("moved/" + key, b"y")
+            return seen
+
+        assert driver.transact(fn) == [f"w/{i:02d}" for i in range(50)]
+        assert driver.scan("w/", "w0") == []
+        assert len(driver.scan("moved/", prefix_stop("moved/"))) == 50
+
+    def test_side_data_is_separate(self, driver):
+        driver.put("same/key", b"data")
+        driver.put("same/key", b"side", SIDE)
+        driver.put("only/side", b"s", SIDE)
+        assert driver.scan(fetch=VALUES) == [("same/key", b"data")]
+        assert driver.scan(space=SIDE, fetch=VALUES) == [("only/side", b"s"), ("same/key", b"side")]
+        assert driver.get("only/side") is None
+        driver.delete("same/key")
+        assert driver.get("same/key", SIDE) == b"side"
+        assert driver.scan() == []
+
+    def test_read_only(self, driver, url):
+        with pytest.raises(ReadOnlyError):
+            driver.transact(lambda t: t.put("k", b"v"), write=False)
+        with pytest.raises(ReadOnlyError):
+            driver.transact(lambda t: t.delete("k"), write=False)
+        driver.put("k", b"v")
+        ro = open_driver(url, readonly=True)
+        try:
+            assert ro.readonly
+            assert ro.get("k") == b"v"
+            assert ro.scan() == [("k", None)]
+            with pytest.raises(ReadOnlyError):
+                ro.put("k", b"w")
+            with pytest.raises(ReadOnlyError):
+                ro.transact(lambda t: None)
+        finally:
+            ro.close()
+        assert driver.get("k") == b"v"
+
+    def test_retry_actually_retries(self, driver):
+        driver.backoff = 0.001
+        attempts = []
+
+        def fn(t):
+            attempts.append(len(attempts))
+            t.put(f"attempt/{len(attempts) - 1}", b"x")
+            t.put("attempt/side", str(len(attempts)).encode(), SIDE)
+            if len(attempts) < 3:
+                raise RetryableError("simulated conflict")
+            return "done"
+
+        assert driver.transact(fn) == "done"
+        assert attempts == [0, 1, 2]
+        # Only the attempt that committed left anything behind.
+        assert keys_of(driver.scan()) == ["attempt/2"]
+        assert driver.get("attempt/side", SIDE) == b"3"
+
+    def test_retry_is_bounded(self, driver):
+        driver.backoff = 0.0001
+        driver.max_attempts = 4
+        calls = []
+
+        def fn(t):
+            calls.append(1)
+            raise RetryableError("always")
+
+        with pytest.raises(RetryableError):
+            driver.transact(fn)
+        assert len(calls) == 4
+
+    def test_threads_increment_exactly(self, driver):
+        n_threads, n = 4, 40
+        errors = []
+
+        def work():
+            try:
+                for _ in range(n):
+                    driver.transact(lambda t: (increment(t, "count/a"), increment(t, "count/a", SIDE)))
+            except BaseException as exc:  # reported below: a thread's exception is otherwise lost
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work) for _ in range(n_threads)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(120)
+        assert not errors
+        assert driver.get("count/a") == str(n_threads * n).encode()
+        assert driver.get("count/a", SIDE) == str(n_threads * n).encode()
+
+    def test_processes_increment_exactly(self, driver, url):
+        if not self.multiprocess:
+            pytest.skip("an in-process store cannot be shared with another process")
+        n = 150
+        ctx = multiprocessing.get_context("spawn")
+        procs = [ctx.Process(target=_increment_worker, args=(url, n)) for _ in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(240)
+        assert [p.exitcode for p in procs] == [0, 0]
+        assert driver.get("count/a") == str(2 * n).encode()
+        assert driver.get("count/b") == str(2 * n).encode()
+        assert driver.get("count/a", SIDE) == str(2 * n).encode()
+
+    # -- the rest of the interface ------------------------------------------------------------
+    def test_reopen_keeps_data(self, driver, url):
+        driver.put("p/k", b"persist")
+        driver.put("p/k", b"side", SIDE)
+        if not self.persistent:
+            return
+        driver.close()
+        again = open_driver(url)
+        try:
+            assert again.get("p/k") == b"persist"
+            assert again.get("p/k", SIDE) == b"side"
+        finally:
+            again.close()
+
+    def test_statfs_and_sync(self, driver):
+        driver.put("k", b"v")
+        driver.sync()
+        info = driver.statfs()
+        if info is not None:
+            assert info["total"] > 0
+            assert 0 <= info["free"] <= info["total"]
+
+    def test_storage_full(self, driver, url):
+        full = self.fill_to_exhaustion(url)
+        if full is None:
+            pytest.skip("this driver cannot be filled up in a test")
+        with full as small:
+            with pytest.raises(StorageFullError):
+                small.transact(lambda t: [t.put(f"fill/{i}", os.urandom(2**20)) for i in range(8)])
+            assert small.scan("fill/", prefix_stop("fill/")) == []
+
+
+# --- one subclass per driver -----------------------------------------------------------------------
+
+
+class TestMemory(DriverConformance):
+    """``memory://name``."""
+
+    multiprocess = False
+
+    @pytest.fixture
+    def url(self):
+        return f"memory://test-{uuid.uuid4().hex}"
+
+
+class TestLMDBFolder(DriverConformance):
+    """An LMDB folder environment (``data.mdb`` + ``lock.mdb``), zarr's default."""
+
+    max_key = 511
+
+    @pytest.fixture
+    def url(self, tmp_path):
+        return f"lmdb://{tmp_path}/db.lmdb"
+
+    def fill_to_exhaustion(self, url):
+        return _Closing(open_driver(url.replace("db.lmdb", "small.lmdb") + "?map_size=1048576"))
+
+    def test_layout(self, driver, tmp_path):
+        driver.put("k", b"v")
+        driver.put("k", b"s", SIDE)
+        names = sorted(os.listdir(tmp_path / "db.lmdb"))
+        assert names == ["data.mdb", "lock.mdb", "zarrfs-side.mdb", "zarrfs-side.mdb-lock"]
+
+    def test_bare_path_means_lmdb(self, tmp_path, monkeypatch):
+        monkeypatch.chdir(tmp_path)
+        d = open_driver("relative.lmdb")
+        try:
+            assert type(d).__name__ == "LMDBDriver"
+            assert d.url == f"lmdb://{tmp_path}/relative.lmdb"
+            d.put("k", b"v")
+        finally:
+            d.close()
+        assert os.path.isfile(tmp_path / "relative.lmdb" / "data.mdb")
+
+    def test_options_and_missing_database(self, tmp_path):
+        from zarrfs.backends.base import UnavailableError
+
+        d = open_driver(f"lmdb://{tmp_path}/o.lmdb?map_size=64M&sync=0")
+        try:
+            assert d.map_size == 64 * 2**20
+            assert d.env.info()["map_size"] == 64 * 2**20
+            assert d.statfs()["total"] <= 64 * 2**20
+        finally:
+            d.close()
+        with pytest.raises(UnavailableError):
+            open_driver(f"lmdb://{tmp_path}/missing.lmdb", readonly=True)
+
+    def test_two_drivers_in_one_process(self, driver, url):
+        driver.put("k", b"v")
+        other = open_driver(url)  # LMDB forbids opening an environment twice: shared instead
+        other.put("k2", b"v2")
+        other.close()
+        assert driver.scan() == [("k", None), ("k2", None)]
+
+
+class TestLMDBFile(DriverConformance):
+    """A single-file LMDB environment (``subdir=False``)."""
+
+    max_key = 511
+
+    @pytest.fixture
+    def url(self, tmp_path):
+        import lmdb
+
+        lmdb.open(str(tmp_path / "single.mdb"), subdir=False).close()
+        os.remove(tmp_path / "single.mdb-lock")
+        return f"lmdb://{tmp_path}/single.mdb"
+
+    def test_layout(self, driver, tmp_path):
+        driver.put("k", b"s", SIDE)
+        assert sorted(os.listdir(tmp_path)) == [
+            "single.mdb",
+            "single.mdb-lock",
+            "single.mdb.zarrfs-side",
+            "single.mdb.zarrfs-side-lock",
+        ]
+
+
+class TestSQLite(DriverConformance):
+    """An SQLite file."""
+
+    @pytest.fixture
+    def url(self, tmp_path):
+        return f"sqlite://{tmp_path}/x.db"
+
+    def fill_to_exhaustion(self, url):
+        return _SQLiteFull(url)
+
+    def test_schema_is_zarr2(self, driver, tmp_path):
+        import sqlite3
+
+        driver.put("k", b"v")
+        conn = sqlite3.connect(tmp_path / "x.db")
+        try:
+            sql = dict(conn.execute("SELECT name, sql FROM sqlite_master WHERE type='table'").fetchall())
+            assert sql["zarr"] == "CREATE TABLE zarr(k TEXT PRIMARY KEY, v BLOB)"
+            assert set(sql) == {"zarr", "zarrfs_side"}
+            assert conn.execute("SELECT k, typeof(k), typeof(v) FROM zarr").fetchall() == [
+                ("k", "text", "blob")
+            ]
+            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        finally:
+            conn.close()
+
+    def test_missing_database_read_only(self, tmp_path):
+        from zarrfs.backends.base import UnavailableError
+
+        with pytest.raises(UnavailableError):
+            open_driver(f"sqlite://{tmp_path}/missing.db", readonly=True)
+        with pytest.raises(UnavailableError):
+            open_driver(f"sqlite://{tmp_path}/no/such/dir/x.db")
+
+    def test_url_spellings(self, tmp_path):
+        a = open_driver(f"sqlite:///{tmp_path}/y.db")  # four slashes, SQLAlchemy's absolute form
+        b = open_driver(f"sqlite://{tmp_path}/y.db")
+        try:
+            a.put("k", b"v")
+            assert b.get("k") == b"v"
+            assert a.path == b.path == str(tmp_path / "y.db")
+        finally:
+            a.close()
+            b.close()
+
+    def test_lock_held_by_another_connection_is_retryable(self, driver, tmp_path):
+        import sqlite3
+
+        other = sqlite3.connect(tmp_path / "x.db", isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        try:
+            d = open_driver(f"sqlite://{tmp_path}/x.db?timeout=0.2")
+            d.max_attempts = 2
+            d.backoff = 0.001
+            with pytest.raises(RetryableError):
+                d.put("k", b"v")
+            d.close()
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+
+
+class TestRedis(DriverConformance):
+    """The session's redis-server, one key prefix per test."""
+
+    @pytest.fixture
+    def url(self, redis_server):
+        return redis_server.url(0, prefix=f"t{uuid.uuid4().hex[:12]}")
+
+    def fill_to_exhaustion(self, url):
+        return _RedisFull(url)
+
+    def test_layout(self, driver, redis_server):
+        driver.put("a/b", b"v")
+        driver.put("a/b", b"s", SIDE)
+        r = redis_server.client(0)
+        p = driver.prefix
+        assert sorted(r.keys(f"{p}:*")) == [f"{p}:a/b".encode()]  # what RedisStore lists
+        assert r.get(f"{p}:a/b") == b"v"
+        assert r.type(f"zarrfs.index.{p}") == b"zset"
+        assert r.zrangebylex(f"zarrfs.index.{p}", "(", "+") == [b"a/b"]
+
+    def test_stale_index_entries_are_not_listed(self, driver, redis_server):
+        for k in ("s/1", "s/2", "s/3"):
+            driver.put(k, b"x")
+        r = redis_server.client(0)
+        r.delete(f"{driver.prefix}:s/2")  # as RedisStore.__delitem__ would: the index is untouched
+        for fetch in (KEYS, SIZES, VALUES):
+            assert keys_of(driver.scan("s/", prefix_stop("s/"), fetch=fetch)) == ["s/1", "s/3"]
+        assert keys_of(driver.transact(lambda t: list(t.scan("s/", "s0", fetch=SIZES)))) == ["s/1", "s/3"]
+        assert driver.reindex() == 2
+        assert r.zrangebylex(f"zarrfs.index.{driver.prefix}", "(", "+") == [b"s/1", b"s/3"]
+
+    def test_index_rebuilt_from_keyspace(self, redis_server):
+        prefix = f"rb{uuid.uuid4().hex[:8]}"
+        r = redis_server.client(0)
+        r.mset({f"{prefix}:g/.zgroup": b"{}", f"{prefix}:g/a/0": b"", f"{prefix}[x]:other": b"no"})
+        r.hset(f"{prefix}:not-a-string", "f", "v")
+        d = open_driver(redis_server.url(0, prefix=prefix))
+        try:
+            assert d.scan(fetch=SIZES) == [("g/.zgroup", 2), ("g/a/0", 0)]
+        finally:
+            d.close()
+        r.delete(f"zarrfs.index.{prefix}")  # a lost index is rebuilt on the next open
+        ro = open_driver(redis_server.url(0, prefix=prefix), readonly=True)
+        try:  # read-only and no index: correct listings by scanning the keyspace
+            assert keys_of(ro.scan()) == ["g/.zgroup", "g/a/0"]
+            assert not r.exists(f"zarrfs.index.{prefix}")
+        finally:
+            ro.close()
+
+    def test_write_conflict_is_retried(self, driver, url):
+        other = open_driver(url)
+        driver.put("c", b"0")
+        driver.backoff = 0.001
+        calls = []
+
+        def fn(t):
+            calls.append(1)
+            value = t.get("c")
+            if len(calls) == 1:
+                other.put("c", b"100")  # a concurrent writer changes what we read
+            t.put("c", str(int(value) + 1).encode())
+
+        driver.transact(fn)
+        other.close()
+        assert len(calls) == 2
+        assert driver.get("c") == b"101"
+
+    def test_unix_socket_url(self, driver, redis_server):
+        driver.put("via/tcp", b"1")
+        other = open_driver(f"unix://{redis_server.unix_socket}?db=0&prefix={driver.prefix}")
+        try:
+            assert other.get("via/tcp") == b"1"
+            other.put("via/unix", b"2")
+            assert driver.scan("via/", "via0", fetch=VALUES) == [("via/tcp", b"1"), ("via/unix", b"2")]
+        finally:
+            other.close()
+
+    def test_password_not_in_messages(self):
+        from zarrfs.backends.base import UnavailableError
+
+        with pytest.raises(UnavailableError) as info:
+            open_driver("redis://:s3cret@127.0.0.1:1/0")
+        assert "s3cret" not in str(info.value)
+
+    def test_unreachable_server(self):
+        from zarrfs.backends.base import UnavailableError
+
+        with pytest.raises(UnavailableError):
+            open_driver("redis://127.0.0.1:1/0")
+
+
+class _Closing:
+    """Context manager yielding a driver and closing it afterwards."""
+
+    def __init__(self, driver):
+        self.driver = driver
+
+    def __enter__(self):
+        return self.driver
+
+    def __exit__(self, *exc):
+        self.driver.close()
+
+
+class _SQLiteFull(_Closing):
+    """An SQLite database capped with ``PRAGMA max_page_count`` (a full disk, for SQLite)."""
+
+    def __init__(self, url):
+        super().__init__(open_driver(url.replace("x.db", "small.db")))
+        # The pragma is per connection: this thread's, which the test's transaction uses.
+        self.driver._conn().execute("PRAGMA max_page_count = 64")
+
+
+class _RedisFull(_Closing):
+    """The session's Redis with ``maxmemory`` set below its usage, restored afterwards."""
+
+    def __init__(self, url):
+        super().__init__(open_driver(url))
+
+    def __enter__(self):
+        self.driver.client.config_set("maxmemory", 1)
+        return self.driver
+
+    def __exit__(self, *exc):
+        self.driver.client.config_set("maxmemory", 0)
+        super().__exit__(*exc)
+
+
+# --- the registry ----------------------------------------------------------------------------------
+
+
+class TestRegistry:
+    """URL scheme -> driver."""
+
+    def test_unknown_scheme_lists_known(self):
+        with pytest.raises(DriverNotFoundError) as info:
+            open_driver("nosuch://x")
+        for scheme in ("lmdb", "sqlite", "redis", "rediss", "unix", "memory"):
+            assert scheme in str(info.value)
+
+    def test_builtin_schemes(self):
+        assert {"lmdb", "sqlite", "redis", "rediss", "unix", "memory"} <= set(registry.known_schemes())
+        assert registry.driver_class("REDISS").__name__ == "RedisDriver"
+        assert registry.driver_class("unix").__name__ == "RedisDriver"
+
+    def test_register(self):
+        registry.register("mem2", "zarrfs.backends.memory:MemoryDriver")
+        d = open_driver("mem2://name")
+        assert type(d).__name__ == "MemoryDriver"
+        registry.register("mem2", "zarrfs.backends.lmdb:LMDBDriver", clobber=False)
+        assert registry.driver_class("mem2").__name__ == "MemoryDriver"
+        with pytest.raises(ValueError):
+            registry.register("bad", "no-colon")
+
+    def test_missing_dependency_names_pip_package(self, tmp_path, monkeypatch):
+        (tmp_path / "zarrfs_needs_dep.py").write_text("import zarrfs_absent_dependency_xyz\nclass D: pass\n")
+        monkeypatch.syspath_prepend(str(tmp_path))
+        registry.register("needsdep", "zarrfs_needs_dep:D")
+        with pytest.raises(DriverNotFoundError, match="pip install zarrfs_absent_dependency_xyz"):
+            open_driver("needsdep://x")
+        registry.register("needsdep2", "zarrfs_needs_dep:D", pip="zarrfs-extra-dist")
+        with pytest.raises(DriverNotFoundError, match="pip install zarrfs-extra-dist"):
+            open_driver("needsdep2://x")
+        registry.register("nomodule", "zarrfs_no_such_module_at_all:D")
+        with pytest.raises(DriverNotFoundError, match="cannot import"):
+            open_driver("nomodule://x")
+
+    def test_not_a_driver(self):
+        registry.register("notdriver", "json:JSONDecoder")
+        with pytest.raises(DriverNotFoundError):
+            open_driver("notdriver://x")
+
+    def test_entry_points(self, tmp_path, monkeypatch):
+        dist = tmp_path / "zarrfs_plugin-1.0.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: zarrfs-plugin\nVersion: 1.0\n")
+        (dist / "entry_points.txt").write_text(
+            "[zarrfs.backends]\nplugmem = zarrfs.backends.memory:MemoryDriver\n"
+            "lmdb = zarrfs.backends.memory:MemoryDriver\n"
+        )
+        monkeypatch.syspath_prepend(str(tmp_path))
+        registry.load_entry_points(force=True)
+        assert "plugmem" in registry.known_schemes()
+        assert type(open_driver("plugmem://x")).__name__ == "MemoryDriver"
+        assert registry.driver_class("lmdb").__name__ == "LMDBDriver"  # a plugin never replaces a built-in
+
+    def test_bad_option(self, tmp_path):
+        from zarrfs.backends.base import BackendError
+
+        with pytest.raises(BackendError, match="unknown option"):
+            open_driver(f"lmdb://{tmp_path}/d?mapsize=1")
+
+
+# --- Redis at scale -------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_redis_listing_touches_only_the_listed_folder(redis_server):
+    """1,000,000 keys written as RedisStore writes them (no index); listing a small folder must
+    read only that folder's entries, measured by Redis' own command and keyspace counters."""
+    db = 3
+    r = redis_server.client(db)
+    r.flushdb()
+    n, batch = 1_000_000, 20_000
+    value = b"x" * 8
+    for start in range(0, n, batch):
+        r.mset({f"zarr:big/0/{i}": value for i in range(start, start + batch)})
+    small = {f"zarr:small/{name}": b"v" * i for i, name in enumerate([".zarray", "0", "1", "2", "sub/0"])}
+    r.mset(small)
+    assert r.dbsize() == n + len(small)
+
+    d = open_driver(redis_server.url(db))  # builds the index once with SCAN
+    try:
+        r.config_resetstat()
+        listing = d.scan("small/", prefix_stop("small/"), fetch=SIZES)
+        stats = r.info("commandstats")
+        keyspace = r.info("stats")
+        assert listing == [(k.split(":", 1)[1], len(v)) for k, v in sorted(small.items())]
+        calls = {name.removeprefix("cmdstat_"): s["calls"] for name, s in stats.items()}
+        assert calls.get("zrangebylex") == 1
+        assert "scan" not in calls and "keys" not in calls
+        assert calls.get("strlen") == len(small)
+        touched = keyspace["keyspace_hits"] + keyspace["keyspace_misses"]
+        assert touched <= 2 * len(small) + 2, touched
+
+        # A page of the huge folder touches only that page.
+        r.config_resetstat()
+        page = d.scan("big/0/", prefix_stop("big/0/"), limit=10)
+        assert len(page) == 10
+        keyspace = r.info("stats")
+        assert keyspace["keyspace_hits"] + keyspace["keyspace_misses"] <= 10 + 10 + 2
+    finally:
+        d.close()
+        r.flushdb()
+
+
+# --- zarr-python 2.18 interoperability ----------------------------------------------------------
+
+ZARR2_WRITE = r"""
+import json, sys, warnings
+warnings.simplefilter("ignore")
+import numcodecs, numpy as np, zarr
+kind, target = sys.argv[1], sys.argv[2]
+if kind == "lmdb":
+    store = zarr.LMDBStore(target)
+elif kind == "lmdb-file":
+    store = zarr.LMDBStore(target, subdir=False)
+elif kind == "sqlite":
+    store = zarr.SQLiteStore(target)
+else:
+    host, port, db, prefix = target.split(",")
+    store = zarr.RedisStore(prefix=prefix, host=host, port=int(port), db=int(db))
+root = zarr.group(store=store, overwrite=True)
+root.attrs["title"] = "zarrfs interop"
+a = root.create_dataset("blosc", shape=(100, 37), chunks=(16, 16), dtype="f8",
+                        compressor=numcodecs.Blosc("zstd", 3, shuffle=2))
+a[:] = np.arange(3700).reshape(100, 37) * 0.5
+a.attrs["units"] = "m"
+g = root.create_group("sub/deeper")
+z = g.create_dataset("zstd", shape=(50,), chunks=(7,), dtype="i4", compressor=numcodecs.Zstd(5))
+z[:] = np.arange(50) ** 2
+n = root.create_dataset("nested", shape=(20, 20), chunks=(5, 5), dtype="u2",
+                        dimension_separator="/", compressor=None)
+n[:] = np.arange(400).reshape(20, 20)
+root.create_dataset("filled", shape=(10,), chunks=(5,), dtype="i1", fill_value=7)
+if kind != "sqlite":
+    # SQLiteStore shares one cursor between iteration and __getitem__, so zarr 2's own
+    # consolidate_metadata sees only the first key there: a zarr bug, not ours.
+    zarr.consolidate_metadata(store)
+dump = {k: bytes(v).hex() for k, v in store.items()}
+print(json.dumps(dump))
+if hasattr(store, "close"):
+    store.close()
+"""
+
+ZARR2_READ = r"""
+import json, sys, warnings
+warnings.simplefilter("ignore")
+import zarr
+kind, target = sys.argv[1], sys.argv[2]
+if kind == "lmdb":
+    store = zarr.LMDBStore(target)
+elif kind == "lmdb-file":
+    store = zarr.LMDBStore(target, subdir=False)
+elif kind == "sqlite":
+    store = zarr.SQLiteStore(target)
+else:
+    host, port, db, prefix = target.split(",")
+    store = zarr.RedisStore(prefix=prefix, host=host, port=int(port), db=int(db))
+out = {"keys": sorted(store.keys()), "arrays": {}}
+root = zarr.open_consolidated(store, mode="r") if ".zmetadata" in store else zarr.open_group(store, mode="r")
+out["attrs"] = dict(root.attrs)
+for path, arr in root.arrays(recurse=True):
+    out["arrays"][arr.path] = {"dtype": str(arr.dtype), "shape": list(arr.shape),
+                                "values": arr[...].ravel().tolist(), "attrs": dict(arr.attrs)}
+print(json.dumps(out))
+if hasattr(store, "close"):
+    store.close()
+"""
+
+
+def _zarr2_target(kind, tmp_path, redis_server, prefix):
+    if kind == "lmdb":
+        return str(tmp_path / "z2.lmdb"), f"lmdb://{tmp_path}/z2.lmdb"
+    if kind == "lmdb-file":
+        return str(tmp_path / "z2.mdb"), f"lmdb://{tmp_path}/z2.mdb"
+    if kind == "sqlite":
+        return str(tmp_path / "z2.sqlite"), f"sqlite://{tmp_path}/z2.sqlite"
+    db = 2
+    return f"{redis_server.host},{redis_server.port},{db},{prefix}", redis_server.url(db, prefix=prefix)
+
+
+def _v2_hierarchy():
+    """Keys and bytes of a zarr v2 hierarchy written by zarr-python 3, plus the expected arrays."""
+    import numcodecs
+    import zarr
+    from zarr.storage import MemoryStore
+
+    data: dict = {}
+    root = zarr.open_group(store=MemoryStore(data), mode="w", zarr_format=2)
+    root.attrs["written_by"] = "zarr 3 via zarrfs"
+    expected = {}
+    a = root.create_array(
+        "temp", shape=(30, 40), chunks=(8, 16), dtype="f4", compressors=numcodecs.Blosc("lz4", 5, shuffle=1)
+    )
+    a[:] = expected["temp"] = np.linspace(0, 1, 1200, dtype="f4").reshape(30, 40)
+    b = root.create_group("grp").create_array(
+        "counts", shape=(25,), chunks=(10,), dtype="i8", compressors=numcodecs.Zstd(3)
+    )
+    b[:] = expected["grp/counts"] = np.arange(25, dtype="i8") * 3
+    c = root.create_array(
+        "nested",
+        shape=(6, 6),
+        chunks=(3, 3),
+        dtype="u1",
+        compressors=None,
+        chunk_key_encoding={"name": "v2", "separator": "/"},
+    )
+    c[:] = expected["nested"] = np.arange(36, dtype="u1").reshape(6, 6)
+    zarr.consolidate_metadata(root.store)
+    keys = {k: v.to_bytes() for k, v in data.items()}
+    return keys, expected
+
+
+ZARR2_KINDS = ["lmdb", "lmdb-file", "sqlite", "redis"]
+
+
+@pytest.mark.parametrize("kind", ZARR2_KINDS)
+def test_zarr2_written_database_reads_key_for_key(kind, tmp_path, redis_server, zarr2_python):
+    """What zarr 2.18's LMDBStore / SQLiteStore / RedisStore writes, the driver reads exactly;
+    side data the driver adds stays invisible to those classes."""
+    prefix = f"z{uuid.uuid4().hex[:8]}"
+    target, url = _zarr2_target(kind, tmp_path, redis_server, prefix)
+    dump = json.loads(zarr2env.run(zarr2_python, ZARR2_WRITE, kind, target))
+    assert ".zgroup" in dump and "nested/0/0" in dump and "sub/deeper/zstd/0" in dump
+    d = open_driver(url)
+    try:
+        got = {k: v.hex() for k, v in d.scan(fetch=VALUES)}
+        assert got == dump
+        assert keys_of(d.scan()) == sorted(dump)
+        assert {k: v for k, v in d.scan(fetch=SIZES)} == {k: len(v) // 2 for k, v in dump.items()}
+        for k, v in dump.items():
+            assert d.get(k) == bytes.fromhex(v)
+        assert keys_of(d.scan("sub/", prefix_stop("sub/"))) == sorted(k for k in dump if k.startswith("sub/"))
+        for k in dump:
+            d.put(k, b"mtime=1", SIDE)
+        d.put("empty/folder/", b"dir", SIDE)
+    finally:
+        d.close()
+    seen = json.loads(zarr2env.run(zarr2_python, ZARR2_READ, kind, target))
+    assert seen["keys"] == sorted(dump)  # side data never shows up among zarr's keys
+    assert seen["arrays"]["blosc"]["values"][:3] == [0.0, 0.5, 1.0]
+
+
+@pytest.mark.parametrize("kind", ZARR2_KINDS)
+def test_driver_written_database_opens_in_zarr2(kind, tmp_path, redis_server, zarr2_python):
+    """A hierarchy copied key by key through the driver (as a mount writes it) opens in zarr 2.18
+    with equal values, and zarr 2 lists exactly the data keys."""
+    prefix = f"y{uuid.uuid4().hex[:8]}"
+    target, url = _zarr2_target(kind, tmp_path, redis_server, prefix)
+    if kind == "lmdb-file":  # the driver makes a single-file environment only when the file exists
+        import lmdb
+
+        lmdb.open(target, subdir=False).close()
+    keys, expected = _v2_hierarchy()
+    d = open_driver(url)
+    try:
+        d.transact(lambda t: [t.put(k, v) for k, v in keys.items()])
+        d.put("grp/counts", b"side data", SIDE)
+        d.put("zarrfs/epoch", b"1", SIDE)
+    finally:
+        d.close()
+    seen = json.loads(zarr2env.run(zarr2_python, ZARR2_READ, kind, target))
+    assert seen["keys"] == sorted(keys)
+    assert seen["attrs"] == {"written_by": "zarr 3 via zarrfs"}
+    assert set(seen["arrays"]) == set(expected)
+    for path, arr in expected.items():
+        got = seen["arrays"][path]
+        assert got["shape"] == list(arr.shape)
+        assert np.array_equal(np.array(got["values"], dtype=arr.dtype), arr.ravel())
+
+
+def test_zarr2_environment_is_real(zarr2_python):
+    """The interop tests above ran against zarr 2.18 itself, not a stand-in."""
+    out = zarr2env.run(zarr2_python, "import zarr, sys; print(zarr.__version__, sys.prefix)")
+    assert out.startswith("2.18."), out
+    assert os.path.realpath(out.split()[1]) != os.path.realpath(sys.prefix)
