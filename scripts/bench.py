@@ -41,8 +41,19 @@ class RedisServer:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(workdir)],
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(workdir),
+            ],
             stdout=subprocess.DEVNULL,
         )
         for _ in range(200):
@@ -82,7 +93,10 @@ def bench_zarr(root: Path, data: np.ndarray, out: np.ndarray) -> tuple[float, fl
         shutil.rmtree(path)
     t0 = time.perf_counter()
     arr = zarr.create_array(
-        store=str(path), shape=data.shape, chunks=(256, 4096), dtype="float32",
+        store=str(path),
+        shape=data.shape,
+        chunks=(256, 4096),
+        dtype="float32",
         compressors=BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),
     )
     arr[...] = data
@@ -239,20 +253,26 @@ def main() -> int:
     out[...] = 0  # touch the pages now, not during the first read
     drivers = args.drivers.split(",")
     redis = RedisServer(work) if "redis" in drivers else None
-    print(f"zarrfs benchmark: {data.nbytes >> 20} MiB float32 array, median of {args.repeats}, "
-          f"{os.cpu_count()} cores")
+    print(
+        f"zarrfs benchmark: {data.nbytes >> 20} MiB float32 array, median of {args.repeats}, "
+        f"{os.cpu_count()} cores"
+    )
     try:
         for kind in drivers:
             rows = run_driver(kind, args, work, redis, data, out)
             print(f"\n{kind}")
-            print(f"| {'measure':<28} | {'native':>12} | {'mount':>12} | {'ratio':>6} | {'target':<14} |    |")
+            print(
+                f"| {'measure':<28} | {'native':>12} | {'mount':>12} | {'ratio':>6} | {'target':<14} |    |"
+            )
             print(f"|{'-' * 30}|{'-' * 14}|{'-' * 14}|{'-' * 8}|{'-' * 16}|----|")
             for key, n, m, unit, target in rows:
                 label = LABELS[key].format(n=args.ls_entries)
                 ratio = (m / n) if key != "ls" else (n / m)
                 fmt = "{:>8.3f} {}" if key == "ls" else "{:>8.0f} {}"
-                print(f"| {label:<28} | {fmt.format(n, unit):>12} | {fmt.format(m, unit):>12} | "
-                      f"{ratio:>5.2f}x | {target:<14} | {verdict(key, n, m, target):<2} |")
+                print(
+                    f"| {label:<28} | {fmt.format(n, unit):>12} | {fmt.format(m, unit):>12} | "
+                    f"{ratio:>5.2f}x | {target:<14} | {verdict(key, n, m, target):<2} |"
+                )
             sys.stdout.flush()
     finally:
         if redis:

@@ -1,4 +1,4 @@
-"""The ``zarrfs`` command line: mount, umount, check.
+"""The ``zarrfs`` command line: mount, umount, check, copy.
 
 ``zarrfs mount URL MOUNTPOINT`` follows sshfs/rclone: it runs in the background by default and
 returns only when the mount is ready, or fails with one clear line (bad URL, database missing,
@@ -185,6 +185,18 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def cmd_copy(args: argparse.Namespace) -> int:
+    """``zarrfs copy SOURCE DEST``: folder -> database, database -> folder or database."""
+    from zarrfs.copying import copy
+
+    try:
+        count = copy(args.source, args.dest)
+    except (BackendError, OSError, ValueError) as exc:
+        return _fail(str(exc))
+    print(f"copied {count} keys", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``zarrfs``."""
     parser = argparse.ArgumentParser(prog="zarrfs", description=__doc__.splitlines()[0])
@@ -212,6 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("url")
     check.add_argument("--warnings", action="store_true", help="print warnings too")
     check.set_defaults(func=cmd_check)
+
+    copy = sub.add_parser("copy", help="copy every key between a folder and a database (or two databases)")
+    copy.add_argument("source", help="a folder, or a database URL")
+    copy.add_argument("dest", help="a folder, or a database URL (created if missing)")
+    copy.set_defaults(func=cmd_copy)
     return parser
 
 
