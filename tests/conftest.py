@@ -121,3 +121,8 @@ def zarr2_python() -> str:
         return zarr2_python()
     except Zarr2Unavailable as exc:
         pytest.fail(str(exc))
+
+
+# --- mounts: real FUSE mounts through the zarrfs command line (tests/mounting.py) --------------
+
+from mounting import db_url, fuse_required, mount_factory, mounted  # noqa: E402,F401

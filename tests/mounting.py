@@ -31,7 +31,19 @@ def fuse_missing() -> str | None:
 
 
 _MISSING = fuse_missing()
-needs_fuse = [pytest.mark.mount, pytest.mark.skipif(_MISSING is not None, reason=f"no FUSE: {_MISSING}")]
+
+
+@pytest.fixture
+def fuse_required() -> None:
+    """Skip, with the reason, where FUSE cannot run; in CI (``CI=true``) fail instead, since a
+    skipped mount test tests nothing."""
+    if _MISSING is not None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"FUSE is required in CI: {_MISSING}")
+        pytest.skip(f"no FUSE: {_MISSING}")
+
+
+needs_fuse = [pytest.mark.mount, pytest.mark.usefixtures("fuse_required")]
 
 
 def zarrfs(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
