@@ -30,7 +30,8 @@ class SpillBuffer:
         return self._size
 
     def _spill(self) -> None:
-        self._file = tempfile.TemporaryFile(prefix="zarrfs-")
+        # Unbuffered: every later access is pread/pwrite on the descriptor.
+        self._file = tempfile.TemporaryFile(prefix="zarrfs-", buffering=0)
         self._file.write(self._mem)
         self._mem = None
 
@@ -87,7 +88,6 @@ class SpillBuffer:
         if self._size == 0:
             return b""
         if self._map is None:
-            self._file.flush()
             self._map = mmap.mmap(self._file.fileno(), self._size, access=mmap.ACCESS_READ)
         return self._map
 

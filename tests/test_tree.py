@@ -1,0 +1,166 @@
+"""The tree, the listing and the open-file table, without FUSE, over real drivers."""
+
+from __future__ import annotations
+
+import errno
+import os
+import uuid
+
+import pytest
+
+from zarrfs.backends import open_driver
+from zarrfs.errors import FsError
+from zarrfs.handles import HandleTable
+from zarrfs.listing import DirListing
+from zarrfs.spill import SpillBuffer
+from zarrfs.tree import DIR, FILE, LINK, RENAME_EXCHANGE, RENAME_NOREPLACE, Tree
+
+
+@pytest.fixture(params=["memory", "lmdb"])
+def tree(request, tmp_path):
+    url = f"memory://{uuid.uuid4().hex}" if request.param == "memory" else f"lmdb://{tmp_path}/t.lmdb"
+    driver = open_driver(url)
+    yield Tree(driver, uid=1000, gid=1000)
+    driver.close()
+
+
+def put(tree: Tree, *keys: str, value: bytes = b"v") -> None:
+    tree.driver.transact(lambda t: [t.put(k, value) for k in keys])
+
+
+def names(tree: Tree, key: str) -> list[tuple[str, int]]:
+    return [(n, k) for n, k, _ in DirListing(tree, key).entries(0)][2:]
+
+
+def errno_of(fn) -> int:
+    with pytest.raises(FsError) as info:
+        fn()
+    return info.value.errno
+
+
+def test_folders_derive_from_keys(tree):
+    put(tree, "g/a/0.0", "g/a/.zarray", "g/.zgroup")
+    assert tree.lookup("g").kind == DIR
+    assert tree.lookup("g/a").kind == DIR
+    node = tree.lookup("g/a/0.0")
+    assert (node.kind, node.size) == (FILE, 1)
+    assert errno_of(lambda: tree.lookup("g/b")) == errno.ENOENT
+    assert names(tree, "g") == [(".zgroup", FILE), ("a", DIR)]
+
+
+def test_listing_orders_like_keys_and_skips_subtrees(tree):
+    # '.' sorts before '/', so the file "0.0" comes between folder "0"'s key and its children.
+    put(tree, "a/0/0", "a/0/1", "a/0.0", "a/1", "a/10", "a/1/x")
+    listed = names(tree, "a")
+    assert sorted(listed) == sorted([("0", DIR), ("0.0", FILE), ("1", DIR), ("10", FILE)])
+    assert len(listed) == 4  # "1" is a folder: the key "a/1" is hidden, not listed twice
+
+
+def test_listing_resumes_across_batches(tree):
+    keys = [f"big/{i:05d}" for i in range(3000)] + [f"big/n{i}/0" for i in range(300)]
+    put(tree, *keys)
+    listing = DirListing(tree, "big")
+    first = list(_take(listing.entries(0), 500))
+    rest = list(listing.entries(first[-1][2]))
+    got = [n for n, _, _ in first + rest][2:]
+    assert len(got) == 3300 and len(set(got)) == 3300
+    again = [n for n, _, _ in listing.entries(0)][2:]  # rewind
+    assert again == got
+
+
+def _take(it, n):
+    for i, item in enumerate(it):
+        if i >= n:
+            return
+        yield item
+
+
+def test_mkdir_markers_and_parent_kept(tree):
+    tree.mkdir("d", 0o755)
+    tree.mkdir("d/e", 0o700)
+    assert names(tree, "d") == [("e", DIR)]
+    assert names(tree, "") == [("d", DIR)]
+    assert errno_of(lambda: tree.mkdir("d", 0o755)) == errno.EEXIST
+    assert errno_of(lambda: tree.mkdir("x/y", 0o755)) == errno.ENOENT
+    put(tree, "k/sub/f")
+    tree.unlink("k/sub/f")
+    assert tree.lookup("k/sub").kind == DIR  # only rmdir removes a folder
+    assert errno_of(lambda: tree.rmdir("k")) == errno.ENOTEMPTY
+    tree.rmdir("k/sub")
+    tree.rmdir("k")
+    assert errno_of(lambda: tree.lookup("k")) == errno.ENOENT
+
+
+def test_rename_folder_moves_everything_atomically(tree):
+    put(tree, "src/a/0.0", "src/.zarray")
+    tree.set_attrs("src/.zarray", mode=0o600)
+    tree.mkdir("src/empty", 0o755)
+    tree.rename("src", "dst")
+    assert errno_of(lambda: tree.lookup("src")) == errno.ENOENT
+    assert tree.lookup("dst/a/0.0").kind == FILE
+    assert tree.lookup("dst/empty").kind == DIR
+    assert tree.lookup("dst/.zarray").attrs.mode & 0o777 == 0o600
+    assert tree.driver.get("src/a/0.0") is None
+
+
+def test_rename_flags_and_errors(tree):
+    put(tree, "a", value=b"A")
+    put(tree, "b", value=b"B")
+    assert errno_of(lambda: tree.rename("a", "b", RENAME_NOREPLACE)) == errno.EEXIST
+    tree.rename("a", "b", RENAME_EXCHANGE)
+    assert (tree.driver.get("a"), tree.driver.get("b")) == (b"B", b"A")
+    tree.mkdir("d", 0o755)
+    assert errno_of(lambda: tree.rename("a", "d")) == errno.EISDIR
+    assert errno_of(lambda: tree.rename("d", "a")) == errno.ENOTDIR
+    assert errno_of(lambda: tree.rename("d", "d/x")) == errno.EINVAL
+    assert errno_of(lambda: tree.rename("nope", "z")) == errno.ENOENT
+
+
+def test_link_copies_or_fails_with_eexist(tree):
+    put(tree, "tmp", value=b"meta")
+    tree.link("tmp", "zarr.json")
+    assert tree.driver.get("zarr.json") == b"meta"
+    assert errno_of(lambda: tree.link("tmp", "zarr.json")) == errno.EEXIST
+
+
+def test_symlink_is_side_data(tree):
+    tree.symlink("target/path", "ln")
+    node = tree.lookup("ln")
+    assert node.kind == LINK and tree.readlink("ln") == "target/path"
+    assert tree.driver.get("ln") is None  # never a Zarr key
+    assert names(tree, "") == [("ln", LINK)]
+
+
+def test_attrs_default_and_persist(tree):
+    put(tree, "f")
+    a = tree.lookup("f").attrs
+    assert (a.uid, a.gid, a.mode & 0o777) == (1000, 1000, 0o644)
+    tree.set_attrs("f", mode=0o600, uid=5, gid=-1, mtime=123)
+    b = tree.lookup("f").attrs
+    assert (b.mode & 0o777, b.uid, b.gid, b.mtime) == (0o600, 5, 1000, 123)
+    assert Tree(tree.driver).epoch == tree.epoch  # the default time is stable across mounts
+
+
+def test_handles_commit_all_or_nothing(tree):
+    tree.mkdir("d", 0o755)
+    handles = HandleTable(tree, spill_threshold=1024)
+    fh = handles.create("d/f", 0o644, os.O_WRONLY, 0, 0)
+    handles.write(fh, b"x" * 5000, 0)  # spills to a temporary file
+    assert tree.driver.get("d/f") is None  # nothing visible before the commit
+    assert handles.pending("d/f").size == 5000
+    handles.flush(fh)
+    assert tree.driver.get("d/f") == b"x" * 5000
+    handles.write(fh, b"y", 10)
+    handles.release(fh)
+    assert tree.driver.get("d/f")[9:12] == b"xyx"
+
+
+def test_spill_buffer_random_access():
+    buf = SpillBuffer(b"abc", threshold=8)
+    buf.write(6, b"XYZ")  # crosses the threshold: now a temporary file
+    assert buf.read(0, 100) == b"abc\0\0\0XYZ"
+    buf.truncate(4)
+    assert bytes(buf.view()) == b"abc\0"
+    buf.truncate(20)
+    assert buf.size == 20 and buf.read(18, 5) == b"\0\0"
+    buf.close()
