@@ -213,7 +213,7 @@ class Driver(ABC):
         """One-shot :meth:`Txn.scan`, returned as a list (bound it with ``limit``)."""
         return self.transact(lambda t: list(t.scan(start, stop, **kwargs)), write=False)
 
-    def sync(self) -> None:
+    def sync(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Make every committed transaction durable (``fsync`` of a file calls this).
 
         Drivers may commit without forcing data to disk (as zarr-python's ``LMDBStore`` does) as
@@ -224,7 +224,7 @@ class Driver(ABC):
         ``None`` when it cannot be known."""
         return None
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release the database; the driver is unusable afterwards."""
 
     def __enter__(self) -> Driver:

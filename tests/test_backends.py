@@ -66,6 +66,23 @@ def _increment_worker(url: str, n: int) -> None:
         driver.close()
 
 
+def _write_forever(url: str) -> None:
+    """Run in a separate process until killed: transactions that keep two keys (one data, one
+    side) equal, and a growing value, so a kill lands in the middle of some transaction."""
+    driver = open_driver(url)
+    i = 0
+    while True:
+        i += 1
+
+        def fn(t, i=i):
+            t.put("crash/a", b"%d" % i)
+            t.put("crash/blob", os.urandom(1000) * (i % 50))
+            t.put("crash/a", b"%d" % i, SIDE)
+            t.put("crash/b", b"%d" % i)
+
+        driver.transact(fn)
+
+
 class DriverConformance:
     """The contract of ``backends/base.py``, run against one driver per subclass.
 
@@ -77,6 +94,8 @@ class DriverConformance:
     multiprocess = True
     #: Whether data survives closing and reopening the driver.
     persistent = True
+    #: Whether side data commits atomically with data (LMDB: two environments, two commits).
+    side_commits_with_data = True
 
     @pytest.fixture
     def url(self):
@@ -485,6 +504,32 @@ class DriverConformance:
         assert driver.get("count/b") == str(2 * n).encode()
         assert driver.get("count/a", SIDE) == str(2 * n).encode()
 
+    def test_killed_writer_leaves_a_consistent_database(self, driver, url):
+        if not self.multiprocess:
+            pytest.skip("an in-process store cannot be shared with another process")
+        import signal
+        import time
+
+        ctx = multiprocessing.get_context("spawn")
+        for _ in range(3):
+            p = ctx.Process(target=_write_forever, args=(url,))
+            p.start()
+            deadline = time.monotonic() + 60
+            while driver.get("crash/b") is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.2)
+            os.kill(p.pid, signal.SIGKILL)
+            p.join()
+            a, b, side = driver.get("crash/a"), driver.get("crash/b"), driver.get("crash/a", SIDE)
+            assert a is not None and a == b
+            if self.side_commits_with_data:
+                assert side == a
+            else:  # a kill between the two commits leaves side data one transaction behind
+                assert side is not None and int(side) in (int(a), int(a) - 1)
+            # The killed process may have died holding the write lock: writers must go on.
+            driver.transact(lambda t: t.put("crash/b", b"0"))
+            driver.transact(lambda t: (t.put("crash/a", b"0"), t.put("crash/a", b"0", SIDE)))
+
     # -- the rest of the interface ------------------------------------------------------------
     def test_reopen_keeps_data(self, driver, url):
         driver.put("p/k", b"persist")
@@ -534,6 +579,7 @@ class TestLMDBFolder(DriverConformance):
     """An LMDB folder environment (``data.mdb`` + ``lock.mdb``), zarr's default."""
 
     max_key = 511
+    side_commits_with_data = False
 
     @pytest.fixture
     def url(self, tmp_path):
@@ -584,6 +630,7 @@ class TestLMDBFile(DriverConformance):
     """A single-file LMDB environment (``subdir=False``)."""
 
     max_key = 511
+    side_commits_with_data = False
 
     @pytest.fixture
     def url(self, tmp_path):
@@ -592,6 +639,13 @@ class TestLMDBFile(DriverConformance):
         lmdb.open(str(tmp_path / "single.mdb"), subdir=False).close()
         os.remove(tmp_path / "single.mdb-lock")
         return f"lmdb://{tmp_path}/single.mdb"
+
+    def fill_to_exhaustion(self, url):
+        import lmdb
+
+        small = url.removeprefix("lmdb://").replace("single.mdb", "small.mdb")
+        lmdb.open(small, subdir=False).close()
+        return _Closing(open_driver(f"lmdb://{small}?map_size=1M"))
 
     def test_layout(self, driver, tmp_path):
         driver.put("k", b"s", SIDE)
