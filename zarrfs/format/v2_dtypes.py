@@ -130,7 +130,15 @@ def _b64(value: str) -> bytes | None:
 
 
 def _float_ok(v: Any) -> bool:
-    return is_number(v) or v in SPECIAL_FLOATS
+    return is_number(v) or (isinstance(v, str) and v in SPECIAL_FLOATS)
+
+
+def _intish(text: str) -> int | None:
+    # zarr-python reads integer fill values given as strings ("42"); nobody should write them.
+    try:
+        return int(text)
+    except ValueError:
+        return None
 
 
 def check_fill_value(fill: Any, dtype: np.dtype) -> tuple[str, str] | None:
@@ -164,6 +172,8 @@ def check_fill_value(fill: Any, dtype: np.dtype) -> tuple[str, str] | None:
             and info.min <= fill <= info.max
         ):
             return "warning", f"integer fill_value written as the float {fill}"
+        if isinstance(fill, str) and _intish(fill) is not None and info.min <= _intish(fill) <= info.max:
+            return "warning", f"integer fill_value written as the string {fill!r}"
         return "error", f"{short(fill)} is not an integer"
     if kind == "f":
         if _float_ok(fill):

@@ -198,7 +198,7 @@ def _b64(value: Any) -> bytes | None:
 
 def _float_ok(v: Any, itemsize: int | None) -> str | None:
     """None when ``v`` is a valid v3 float fill value; else a reason."""
-    if is_number(v) or v in SPECIAL_FLOATS:
+    if is_number(v) or (isinstance(v, str) and v in SPECIAL_FLOATS):
         return None
     if isinstance(v, str) and v.startswith("0x"):
         digits = v[2:]
@@ -210,6 +210,23 @@ def _float_ok(v: Any, itemsize: int | None) -> str | None:
             return f"{v!r} is not hexadecimal"
         return None
     return f"{short(v)} is not a number, 'NaN', 'Infinity', '-Infinity' or a '0x' hex bit pattern"
+
+
+def _floatish(text: str) -> bool:
+    # zarr-python reads "1.5" (and "nan") as floats; the spec's strings are only the three.
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _intish(text: str) -> int | None:
+    # zarr-python reads integer fill values given as strings ("42"); nobody should write them.
+    try:
+        return int(text)
+    except ValueError:
+        return None
 
 
 def check_fill_value(fill: Any, dt: DataType) -> tuple[str, str] | None:
@@ -233,9 +250,13 @@ def check_fill_value(fill: Any, dt: DataType) -> tuple[str, str] | None:
             return None if lo <= fill <= hi else ("error", f"{fill} is outside [{lo}, {hi}]")
         if isinstance(fill, float) and math.isfinite(fill) and fill.is_integer() and lo <= fill <= hi:
             return "warning", f"integer fill_value written as the float {fill}"
+        if isinstance(fill, str) and _intish(fill) is not None and lo <= _intish(fill) <= hi:
+            return "warning", f"integer fill_value written as the string {fill!r}"
         return "error", f"{short(fill)} is not an integer"
     if cat == "float":
         why = _float_ok(fill, dt.itemsize)
+        if why is not None and isinstance(fill, str) and not fill.startswith("0x") and _floatish(fill):
+            return "warning", f"float fill_value written as the string {fill!r}"
         return None if why is None else ("error", why)
     if cat == "complex":
         if not (isinstance(fill, list) and len(fill) == 2):
