@@ -93,6 +93,8 @@ class _Envs:
     def acquire(
         self, path: str, subdir: bool, readonly: bool, **options: Any
     ) -> tuple[str, lmdb.Environment]:
+        """Return ``(key, env)`` for the environment at ``path``, opening it if this process has
+        not yet; pass ``key`` to :meth:`release`."""
         key = os.path.realpath(os.path.join(path, "data.mdb") if subdir else path)
         with self.lock:
             entry = self.open.get(key)
@@ -116,6 +118,7 @@ class _Envs:
             return key, env
 
     def release(self, key: str) -> None:
+        """Drop one reference; the last one closes the environment."""
         with self.lock:
             entry = self.open.get(key)
             if entry is None:

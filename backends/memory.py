@@ -25,6 +25,7 @@ class _Space:
         self.values: dict[bytes, bytes] = {}
 
     def set(self, key: bytes, value: bytes | None) -> None:
+        """Set ``key`` to ``value``, or remove it when ``value`` is ``None``."""
         if value is None:
             if self.values.pop(key, None) is not None:
                 del self.keys[bisect.bisect_left(self.keys, key)]

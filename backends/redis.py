@@ -116,6 +116,7 @@ class _Conn:
         return replies
 
     def release(self, watching: bool) -> None:
+        """Return the connection to the pool, clean: unwatched, or disconnected if broken."""
         if watching and not self.broken:
             try:
                 self.call(("UNWATCH",))

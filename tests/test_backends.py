@@ -41,6 +41,7 @@ BIG = 64 * 2**20 + 12345  # a value of more than 64 MiB, not a multiple of any p
 
 
 def keys_of(rows):
+    """The keys of ``(key, x)`` rows."""
     return [k for k, _ in rows]
 
 
@@ -99,10 +100,12 @@ class DriverConformance:
 
     @pytest.fixture
     def url(self):
+        """The URL of a fresh, empty database (each subclass says how)."""
         raise NotImplementedError
 
     @pytest.fixture
     def driver(self, url):
+        """The driver under test, opened through the registry."""
         d = open_driver(url)
         yield d
         d.close()
@@ -885,6 +888,24 @@ class TestRegistry:
         registry.register("nomodule", "zarrfs_no_such_module_at_all:D")
         with pytest.raises(DriverNotFoundError, match="cannot import"):
             open_driver("nomodule://x")
+
+    @pytest.mark.parametrize(("url", "package"), [("/tmp/x.lmdb", "lmdb"), ("redis://localhost/0", "redis")])
+    def test_builtin_driver_without_its_dependency(self, url, package):
+        import subprocess
+
+        script = (
+            f"import sys; sys.modules[{package!r}] = None\n"  # the import of the package now fails
+            "from zarrfs.backends import open_driver\n"
+            "from zarrfs.backends.base import DriverNotFoundError\n"
+            "try:\n"
+            f"    open_driver({url!r})\n"
+            "except DriverNotFoundError as exc:\n"
+            "    print(exc)\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, check=True
+        ).stdout
+        assert f"pip install {package}" in out
 
     def test_not_a_driver(self):
         registry.register("notdriver", "json:JSONDecoder")
