@@ -341,6 +341,7 @@ def test_array_rule(bad, rule, good):
         ({"chunk_grid": {"name": "rectilinear", "configuration": {}}}, "zarr.json.chunk-grid-unknown"),
         ({"chunk_key_encoding": {"name": "fancy"}}, "zarr.json.chunk-key-encoding-unknown"),
         ({"codecs": [BYTES_LE, {"name": "x.new-codec"}]}, "zarr.json.codec-unknown"),
+        ({"codecs": [BYTES_LE, {"name": "numcodecs.not-installed-here"}]}, "zarr.json.codec-unknown"),
         ({"codecs": [{"name": "x.new-array-to-bytes"}]}, "zarr.json.codec-unknown"),
         ({"codecs": [{"name": "x.optional", "must_understand": False}, BYTES_LE]}, None),
         (

@@ -27,35 +27,51 @@ def make_codec(config: dict[str, Any]) -> Codec:
     return numcodecs.get_codec(dict(config))
 
 
+try:  # numcodecs >= 0.13
+    from numcodecs.errors import UnknownCodecError
+except ImportError:  # pragma: no cover - older numcodecs raised a bare ValueError
+    UnknownCodecError = None
+
+
+def _is_unknown(exc: Exception) -> bool:
+    if UnknownCodecError is not None and isinstance(exc, UnknownCodecError):
+        return True
+    return isinstance(exc, ValueError) and "codec not available" in str(exc)
+
+
 @functools.lru_cache(maxsize=1024)
-def _check_cached(config_json: str) -> str | None:
+def _check_cached(config_json: str) -> tuple[str, str] | None:
     config = json.loads(config_json)
     try:
         codec = make_codec(config)
     except Exception as exc:  # numcodecs raises anything from KeyError to its own classes
-        return f"numcodecs cannot build {config_json}: {type(exc).__name__}: {exc}"
+        if _is_unknown(exc):
+            # Not installed here (zfpy, pcodec, imagecodecs' codecs...) is not the writer's
+            # fault: its readers may have the codec. Flag it, never refuse it.
+            return "warning", f"codec {config['id']!r} is not available here: it cannot be checked or decoded"
+        return "error", f"numcodecs cannot build {config_json}: {type(exc).__name__}: {exc}"
     if config["id"] in _PROBED:
         try:
             if bytes(codec.decode(codec.encode(_PROBE))) != _PROBE:
-                return f"{config_json} does not round-trip bytes"
+                return "error", f"{config_json} does not round-trip bytes"
         except Exception as exc:
-            return f"{config_json} fails on use: {type(exc).__name__}: {exc}"
+            return "error", f"{config_json} fails on use: {type(exc).__name__}: {exc}"
     return None
 
 
-def check_codec_config(config: Any) -> str | None:
-    """Return why ``config`` is not a usable numcodecs configuration, or ``None`` if it is.
+def check_codec_config(config: Any) -> tuple[str, str] | None:
+    """Say what is wrong with a numcodecs configuration: ``None``, or ``(severity, message)``.
 
-    ``config`` must be an object with a string ``id`` that numcodecs knows, and the other members
-    must be arguments the codec accepts. Results are cached on the canonical JSON, since the same
-    few configurations repeat across thousands of arrays.
+    Errors: not an object, no string ``id``, arguments the codec refuses, a compressor that
+    fails a tiny round trip. A codec numcodecs does not know *here* is only a warning. Results
+    are cached on the canonical JSON, since the same few configurations repeat across arrays.
     """
     if not isinstance(config, dict):
-        return f"{json.dumps(config)[:80]} is not an object"
+        return "error", f"{json.dumps(config)[:80]} is not an object"
     if not isinstance(config.get("id"), str):
-        return "codec object has no string 'id'"
+        return "error", "codec object has no string 'id'"
     try:
         key = json.dumps(config, sort_keys=True, allow_nan=True)
     except (TypeError, ValueError):
-        return "codec configuration is not JSON"
+        return "error", "codec configuration is not JSON"
     return _check_cached(key)

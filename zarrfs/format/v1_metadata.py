@@ -73,9 +73,9 @@ def check_v1_meta(doc: Any, r: Report) -> None:
         except ValueError as exc:
             r.error("compression", str(exc))
         else:
-            why = check_codec_config(config) if config is not None else None
-            if why:
-                r.error("compression-opts", why)
+            found = check_codec_config(config) if config is not None else None
+            if found:
+                r.add(found[0], "compression-opts", found[1])
     if dtype is not None and "fill_value" in doc:
         found = check_fill_value(doc["fill_value"], dtype)
         if found:

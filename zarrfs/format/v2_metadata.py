@@ -60,9 +60,9 @@ def check_zarray(doc: Any, r: Report) -> np.dtype | None:
         check_shape(r, doc["shape"], doc["chunks"])
     dtype = check_dtype(r, doc["dtype"]) if "dtype" in doc else None
     if "compressor" in doc and doc["compressor"] is not None:
-        why = check_codec_config(doc["compressor"])
-        if why:
-            r.error("compressor", why)
+        found = check_codec_config(doc["compressor"])
+        if found:
+            r.add(found[0], "compressor", found[1])
     if "filters" in doc:
         filters = doc["filters"]
         if filters is not None:
@@ -73,9 +73,9 @@ def check_zarray(doc: Any, r: Report) -> np.dtype | None:
                 )
             else:
                 for f in filters:
-                    why = check_codec_config(f)
-                    if why:
-                        r.error("filters", why)
+                    found = check_codec_config(f)
+                    if found:
+                        r.add(found[0], "filters", found[1])
         if dtype is not None and dtype.hasobject and not filters:
             r.error("object-codec", "an object ('|O') array needs its object codec as the first filter")
     if dtype is not None and "fill_value" in doc:

@@ -241,9 +241,9 @@ def check_codecs(codecs: Any, r: Report, ctx: ChainContext, rule: str = "codecs"
         if ext.name in _CHECKS:
             _CHECKS[ext.name](r, ext, ctx)
         else:  # numcodecs.<id>
-            why = check_codec_config({"id": ext.name[len("numcodecs.") :], **ext.configuration})
-            if why:
-                r.error("codec-numcodecs", why)
+            found = check_codec_config({"id": ext.name[len("numcodecs.") :], **ext.configuration})
+            if found:
+                r.add(found[0], "codec-numcodecs", found[1])
             if kind == AA and ext.name != "numcodecs.delta":
                 ctx = replace(ctx, dtype_changed=True)
         if kind == AA and state != "array":
