@@ -34,6 +34,15 @@ def key_of(path: str) -> str:
     return path.strip("/")
 
 
+def fuse_error(exc: Exception, call: str) -> mfusepy.FuseOSError:
+    """The errno the kernel should hear for ``exc``, with one log line unless routine."""
+    code = to_errno(exc)
+    if not is_quiet(exc):
+        level = logging.WARNING if isinstance(exc, OSError) else logging.ERROR
+        log.log(level, "%s: %s (%s)", call, errno.errorcode.get(code, code), exc)
+    return mfusepy.FuseOSError(code)
+
+
 def translated(method):
     """Run a FUSE call; turn any exception into the errno the caller should see."""
 
@@ -44,17 +53,8 @@ def translated(method):
         except mfusepy.FuseOSError:
             raise
         except Exception as exc:
-            code = to_errno(exc)
-            if not is_quiet(exc):
-                log.log(
-                    logging.WARNING if isinstance(exc, OSError) else logging.ERROR,
-                    "%s %s: %s (%s)",
-                    method.__name__,
-                    " ".join(str(a) for a in args[:2] if isinstance(a, str)),
-                    errno.errorcode.get(code, code),
-                    exc,
-                )
-            raise mfusepy.FuseOSError(code) from None
+            names = " ".join(str(a) for a in args[:2] if isinstance(a, str))
+            raise fuse_error(exc, f"{method.__name__} {names}") from None
 
     return wrapper
 
@@ -145,11 +145,11 @@ class Operations(mfusepy.Operations):
         self.dirs[fh] = DirListing(self.tree, key)
         return fh
 
-    @translated
     def readdir_with_offset(self, path: str, offset: int, fh: int):
+        # A generator: libfuse stops taking entries when the kernel's buffer is full, so only
+        # what fits is ever produced (a buffer holds about a hundred names).
         listing = self.dirs[fh]
-        # Materialised per call: the kernel takes one buffer's worth, then calls again.
-        return [(name, {"st_mode": kind}, off) for name, kind, off in _take(listing.entries(offset), 4096)]
+        return _translated_iter((name, {"st_mode": kind}, off) for name, kind, off in listing.entries(offset))
 
     @translated
     def releasedir(self, path: str, fh: int) -> int:
@@ -240,11 +240,12 @@ class Operations(mfusepy.Operations):
         return 0
 
 
-def _take(iterator, n: int):
-    for i, item in enumerate(iterator):
-        if i >= n:
-            return
-        yield item
+def _translated_iter(items):
+    """Iterate ``items``, mapping an exception to its errno as :func:`translated` does."""
+    try:
+        yield from items
+    except Exception as exc:
+        raise fuse_error(exc, "readdir") from None
 
 
 class FUSE(mfusepy.FUSE):
