@@ -123,9 +123,10 @@ def check_items(items: Iterable[tuple[str, bytes]], get: Getter) -> Iterator[Pro
         if is_metadata_key(key):
             problems = validate_metadata(key, value, get)
             yield from problems
-            keep = is_consolidated_key(key) or split_key(key)[1] in (ZMETADATA, ZARR_JSON)
-            if keep and not any(p.is_error for p in problems):
-                documents[key] = parse_json_or_none(value)
+            if is_consolidated_key(key) or split_key(key)[1] in (ZMETADATA, ZARR_JSON):
+                doc = parse_json_or_none(value)
+                if doc is not None:
+                    documents[key] = doc
         else:
             yield from validate_data_key(key, get)
     yield from _consolidated_findings(documents)
