@@ -171,6 +171,10 @@ def test_zgroup():
     assert "zgroup.zarr-format" in rules(check("g/.zgroup", {"zarr_format": 3}))
     assert "zgroup.zarr-format" in rules(check("g/.zgroup", {}))
     assert "zgroup.keys" in rules(check("g/.zgroup", {"zarr_format": 2, "extra": 1}))
+    # netCDF-C's NCZarr 2.0 writes its own members into .zgroup: flagged, not refused
+    nczarr = {"zarr_format": 2, "_nczarr_superblock": {"version": "2.0.0"}, "_nczarr_group": {"dims": {}}}
+    found = check(".zgroup", nczarr)
+    assert errors(found) == [] and "zgroup.keys" in rules(found, "warning")
 
 
 def test_zattrs_array_dimensions():

@@ -94,10 +94,12 @@ def check_zarray(doc: Any, r: Report) -> np.dtype | None:
 
 
 def check_zgroup(doc: Any, r: Report, lenient: bool = False) -> None:
-    """Check a ``.zgroup`` document: exactly ``{"zarr_format": 2}``.
+    """Check a ``.zgroup`` document: ``{"zarr_format": 2}`` and nothing else.
 
-    ``lenient`` turns extra keys into a warning: zarr-python 3 writes ``.zgroup`` entries of
-    ``.zmetadata`` with a ``consolidated_metadata`` member, and its readers cope.
+    Two known writers add members, and zarr-python reads their groups regardless, so those
+    members only warn: netCDF-C's NCZarr 2.0 (``_nczarr_superblock``, ``_nczarr_group``) and,
+    in ``.zmetadata`` entries (``lenient``), zarr-python 3 (``consolidated_metadata``, which
+    passes silently). Any other member is refused, as the spec says MUST NOT.
     """
     if not isinstance(doc, dict):
         r.error("not-object", f"group metadata must be a JSON object, got {short(doc)}")
@@ -106,12 +108,13 @@ def check_zgroup(doc: Any, r: Report, lenient: bool = False) -> None:
         r.error("zarr-format", f"zarr_format must be 2, got {short(doc.get('zarr_format'))}")
     extra = sorted(set(doc) - {"zarr_format"})
     if lenient and is_optional_extension(doc.get("consolidated_metadata")):
-        # zarr-python 3 writes exactly this into .zmetadata; its readers expect it.
         extra.remove("consolidated_metadata")
-    if extra:
-        r.add(
-            "warning" if lenient else "error", "keys", f"keys the spec forbids in .zgroup: {', '.join(extra)}"
-        )
+    nczarr = [k for k in extra if k.lower().startswith("_nczarr")]
+    others = [k for k in extra if k not in nczarr]
+    if nczarr or (others and lenient):
+        r.warn("keys", f"members the spec forbids in .zgroup: {', '.join(nczarr + others)}")
+    if others and not lenient:
+        r.error("keys", f"members the spec forbids in .zgroup: {', '.join(others)}")
 
 
 def check_zattrs(doc: Any, r: Report, ndim: int | None) -> None:
