@@ -62,8 +62,9 @@ def check_v1_meta(doc: Any, r: Report) -> None:
     missing = [k for k in V1_REQUIRED if k not in doc]
     if missing:
         r.error("missing-key", f"required key(s) missing: {', '.join(missing)}")
-    if "zarr_format" in doc and (doc["zarr_format"] != 1 or isinstance(doc["zarr_format"], bool)):
-        r.error("zarr-format", f"zarr_format must be 1, got {short(doc['zarr_format'])}")
+    fmt = doc.get("zarr_format", 1)  # a missing one is reported above
+    if fmt != 1 or isinstance(fmt, bool):
+        r.error("zarr-format", f"zarr_format must be 1, got {short(fmt)}")
     if "shape" in doc and "chunks" in doc:
         check_shape(r, doc["shape"], doc["chunks"])
     dtype = check_dtype(r, doc["dtype"]) if "dtype" in doc else None

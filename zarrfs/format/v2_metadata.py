@@ -54,8 +54,9 @@ def check_zarray(doc: Any, r: Report) -> np.dtype | None:
     missing = [k for k in ZARRAY_REQUIRED if k not in doc]
     if missing:
         r.error("missing-key", f"required key(s) missing: {', '.join(missing)}")
-    if "zarr_format" in doc and doc["zarr_format"] != 2 or isinstance(doc.get("zarr_format"), bool):
-        r.error("zarr-format", f"zarr_format must be 2, got {short(doc['zarr_format'])}")
+    fmt = doc.get("zarr_format", 2)  # a missing one is reported above
+    if fmt != 2 or isinstance(fmt, bool):
+        r.error("zarr-format", f"zarr_format must be 2, got {short(fmt)}")
     if "shape" in doc and "chunks" in doc:
         check_shape(r, doc["shape"], doc["chunks"])
     dtype = check_dtype(r, doc["dtype"]) if "dtype" in doc else None

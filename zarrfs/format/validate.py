@@ -3,6 +3,10 @@
 This is what the filesystem calls before a write becomes visible. Every function returns a
 list of :class:`Problem`; the write must be refused when any has severity ``"error"``
 (:func:`zarrfs.format.errors.raise_on_error` does that).
+
+``get`` is only ever asked for metadata keys (``zarr.json``, ``.zarray``, ``.zgroup``, the root
+``meta``), mostly ones that do not exist: a caller on a hot path should cache its answers,
+``None`` included, and drop them when a metadata key changes.
 """
 
 from __future__ import annotations
