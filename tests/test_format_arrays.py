@@ -231,6 +231,10 @@ def test_unsupported_codecs_from_metadata():
     assert "numcodecs.delta" in array_info("aa", store.get).unsupported
     info = array_info("ab", store.get)
     assert info.unsupported is not None
+    # without a known grid there is no ArrayInfo at all
+    store.put_json("r/zarr.json", with_(V3_ARRAY, chunk_grid={"name": "rectilinear", "configuration": {}}))
+    with pytest.raises(UnsupportedArray, match="chunk grid"):
+        array_info("r", store.get)
 
 
 def test_array_info_lookups():

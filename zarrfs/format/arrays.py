@@ -216,9 +216,11 @@ def info_from_node(node: Node) -> ArrayInfo:
 def array_info(array_prefix: str, get: Getter) -> ArrayInfo | None:
     """The array whose metadata is in folder ``array_prefix``; ``None`` if it is not an array.
 
-    Raises :class:`FormatError` when the metadata is there but invalid. Arrays whose chunks
-    cannot be decoded are returned with :attr:`ArrayInfo.unsupported` set; their
-    ``decode_chunk``/``encode_chunk`` raise :class:`UnsupportedArray`.
+    Raises :class:`FormatError` when the metadata is there but invalid, and
+    :class:`UnsupportedArray` when not even the chunk grid is known (a v3 grid, key encoding or
+    storage transformer this layer does not implement). Arrays whose chunks cannot be decoded
+    are returned with :attr:`ArrayInfo.unsupported` set; their ``decode_chunk``/``encode_chunk``
+    raise :class:`UnsupportedArray`.
     """
     node = node_at(array_prefix, get)
     if node is None or node.kind not in (ARRAY, UNKNOWN):
@@ -229,8 +231,8 @@ def array_info(array_prefix: str, get: Getter) -> ArrayInfo | None:
 def find_array(key: str, get: Getter) -> tuple[str, ArrayInfo] | None:
     """The array enclosing ``key`` (its folder or any folder above, up to the first group).
 
-    Returns ``(prefix, info)`` or ``None``; raises :class:`FormatError` if that array's metadata
-    is invalid. Whether ``key`` is one of its chunks is :meth:`ArrayInfo.chunk_coords`'s call.
+    Returns ``(prefix, info)`` or ``None``; raises like :func:`array_info` for that array's
+    metadata. Whether ``key`` is one of its chunks is :meth:`ArrayInfo.chunk_coords`'s call.
     """
     node = enclosing_node(key, get)
     if node is None or node.kind not in (ARRAY, UNKNOWN):
