@@ -29,7 +29,7 @@ from __future__ import annotations
 import random
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
@@ -136,6 +136,23 @@ class Txn(ABC):
     ) -> Iterator[tuple[str, Any]]:
         """Yield ``(key, x)`` for ``start <= key < stop`` in key order (``stop=None``: no bound);
         ``x`` is ``None``, the size or the value according to ``fetch``; at most ``limit``."""
+
+    def read_many(self, requests: Sequence[tuple[str, str, str]]) -> list[Any]:
+        """Answer several independent reads together: one round trip where the database is
+        remote. Each request is ``(op, key, space)``: ``"size"`` gives the value's size or
+        ``None``, ``"get"`` the value or ``None``, ``"prefix"`` whether any key starts with
+        ``key``. This default answers them one by one."""
+        out: list[Any] = []
+        for op, key, space in requests:
+            if op == "size":
+                out.append(self.size(key, space))
+            elif op == "get":
+                out.append(self.get(key, space))
+            elif op == "prefix":
+                out.append(next(iter(self.scan_prefix(key, space=space, limit=1)), None) is not None)
+            else:
+                raise ValueError(f"unknown read {op!r}")
+        return out
 
     def scan_prefix(self, prefix: str, **kwargs: Any) -> Iterator[tuple[str, Any]]:
         """``scan`` of exactly the keys that start with ``prefix``."""

@@ -28,7 +28,7 @@ each read sees the latest committed state (read committed, not a snapshot).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -50,6 +50,7 @@ from .base import (
     Txn,
     UnavailableError,
     encode_key,
+    prefix_stop,
 )
 
 log = logging.getLogger("zarrfs.backends.redis")
@@ -182,6 +183,40 @@ class RedisTxn(Txn):
             return b"" if self._query([name], ("EXISTS", name))[0] else None
         exists, data = self._query([name], ("EXISTS", name), ("GETRANGE", name, offset, offset + length - 1))
         return data if exists else None
+
+    def read_many(self, requests: Sequence[tuple[str, str, str]]) -> list[Any]:
+        """All the reads in one pipeline (one round trip). A write transaction, which must
+        WATCH and see its own writes, answers them one by one."""
+        if self._write:
+            return super().read_many(requests)
+        commands: list[tuple[Any, ...]] = []
+        for op, key, space in requests:
+            raw = encode_key(key)
+            if op == "size":
+                name = self._d.name(space, raw)
+                commands += [("EXISTS", name), ("STRLEN", name)]
+            elif op == "get":
+                commands.append(("GET", self._d.name(space, raw)))
+            elif op == "prefix":
+                if space == DATA and not self._d.indexed:
+                    return super().read_many(requests)
+                index = self._d.index[space]
+                hi = encode_bound(prefix_stop(key))
+                high = b"(" + hi if hi is not None else b"+"
+                commands.append(("ZRANGEBYLEX", index, b"[" + raw, high, "LIMIT", 0, 1))
+            else:
+                raise ValueError(f"unknown read {op!r}")
+        replies = iter(self._conn.checked(*commands))
+        out: list[Any] = []
+        for op, _, _ in requests:
+            if op == "size":
+                exists, size = next(replies), next(replies)
+                out.append(size if exists else None)
+            elif op == "get":
+                out.append(next(replies))
+            else:
+                out.append(bool(next(replies)))
+        return out
 
     # -- writes (buffered until commit) -----------------------------------------------------
     def put(self, key: str, value: Any, space: str = DATA) -> None:

@@ -240,6 +240,29 @@ class DriverConformance:
         assert len(driver.scan("l/", prefix_stop("l/"), limit=100)) == 30
         assert len(driver.scan(limit=7)) == 7
 
+    def test_read_many(self, driver):
+        driver.transact(lambda t: [t.put("g/a", b"12345"), t.put("e", b""), t.put("s:x", b"side", SIDE)])
+        requests = [
+            ("size", "g/a", DATA),
+            ("size", "e", DATA),
+            ("size", "nope", DATA),
+            ("get", "s:x", SIDE),
+            ("get", "g/a", SIDE),
+            ("prefix", "g/", DATA),
+            ("prefix", "g/b", DATA),
+            ("prefix", "s:", SIDE),
+            ("prefix", "g", SIDE),
+        ]
+        expected = [5, 0, None, b"side", None, True, False, True, False]
+        assert driver.transact(lambda t: t.read_many(requests), write=False) == expected
+        # Inside a write transaction the batch sees the transaction's own writes.
+        def run(t):
+            t.put("h/new", b"1")
+            t.delete("g/a")
+            return t.read_many([("prefix", "h/", DATA), ("size", "g/a", DATA), ("prefix", "g/", DATA)])
+
+        assert driver.transact(run) == [True, None, False]
+
     def test_scan_fetch_modes(self, driver):
         values = {"f/a": b"", "f/b": b"1", "f/c": b"x" * 1000}
         for k, v in values.items():

@@ -123,24 +123,30 @@ class Tree:
             return True
         return side and next(iter(t.scan_prefix(ENTRY + prefix, space=SIDE, limit=1)), None) is not None
 
-    def _kind(self, t: Txn, key: str) -> tuple[int, int, str] | None:
-        """(kind, stored size, link target) of ``key``, or None when nothing is there."""
+    def _probe(self, t: Txn, key: str) -> tuple[int, int, str, bytes | None] | None:
+        """(kind, stored size, link target, raw attributes) of ``key``, or None when nothing
+        is there. One batch of reads: a single round trip on a remote database."""
         if key == "":
-            return DIR, 0, ""
-        size = t.size(key)
+            return DIR, 0, "", t.get(attr_key(key), SIDE)
+        size, data_below, mark, side_below, raw_attrs = t.read_many(
+            [
+                ("size", key, DATA),
+                ("prefix", key + "/", DATA),
+                ("get", entry_key(key), SIDE),
+                ("prefix", ENTRY + key + "/", SIDE),
+                ("get", attr_key(key), SIDE),
+            ]
+        )
+        if size is not None and not data_below:
+            return FILE, size, "", raw_attrs
         if size is not None:
-            if self._has_children(t, key, side=False):
-                self._log_hidden(key)
-                return DIR, 0, ""
-            return FILE, size, ""
-        mark = t.get(entry_key(key), SIDE)
-        if mark is not None:
-            if mark[:1] == LINK_MARK:
-                target = bytes(mark[1:]).decode("utf-8", "surrogateescape")
-                return LINK, len(target.encode("utf-8", "surrogateescape")), target
-            return DIR, 0, ""
-        if self._has_children(t, key):
-            return DIR, 0, ""
+            self._log_hidden(key)
+            return DIR, 0, "", raw_attrs
+        if mark is not None and mark[:1] == LINK_MARK:
+            target = bytes(mark[1:]).decode("utf-8", "surrogateescape")
+            return LINK, len(target.encode("utf-8", "surrogateescape")), target, raw_attrs
+        if mark is not None or data_below or side_below:
+            return DIR, 0, "", raw_attrs
         return None
 
     def _log_hidden(self, key: str) -> None:
@@ -149,13 +155,18 @@ class Tree:
             log.warning("key %r is hidden by the folder %r of the same name (nothing deleted)", key, key)
 
     def _node(self, t: Txn, key: str) -> Node:
-        found = self._kind(t, key)
+        found = self._probe(t, key)
         if found is None:
             raise FsError(errno.ENOENT, key, quiet=True)
-        kind, size, target = found
+        kind, size, target, raw = found
         if kind == FILE:
             size = self.hooks.shown_size(t, key, size)
-        return Node(kind, size, self._attrs(t, key, kind), target)
+        attrs = Attrs.unpack(raw) if raw is not None else None
+        if attrs is None:
+            attrs = self.default_attrs(kind)
+        elif stat.S_IFMT(attrs.mode) != kind:
+            attrs = attrs.with_type(kind)
+        return Node(kind, size, attrs, target)
 
     def lookup(self, key: str) -> Node:
         """The node at ``key``; ENOENT when there is none."""
@@ -207,7 +218,7 @@ class Tree:
 
         def run(t: Txn) -> list[tuple[str, int, str]]:
             if after is None:
-                found = self._kind(t, key)
+                found = self._probe(t, key)
                 if found is None:
                     raise FsError(errno.ENOENT, key, quiet=True)
                 if found[0] != DIR:
@@ -292,7 +303,7 @@ class Tree:
 
     def _require_parent_dir(self, t: Txn, key: str) -> None:
         parent = key.rpartition("/")[0]
-        found = self._kind(t, parent)
+        found = self._probe(t, parent)
         if found is None:
             raise FsError(errno.ENOENT, f"parent of {key}")
         if found[0] != DIR:
@@ -311,7 +322,7 @@ class Tree:
         def run(t: Txn) -> None:
             if create:
                 self._require_parent_dir(t, key)
-                found = self._kind(t, key)
+                found = self._probe(t, key)
                 if found is not None and found[0] != FILE:
                     raise FsError(errno.EISDIR if found[0] == DIR else errno.EEXIST, key)
             stored = self.hooks.store(t, key, value)
@@ -327,7 +338,7 @@ class Tree:
 
         def run(t: Txn) -> None:
             self._require_parent_dir(t, key)
-            if self._kind(t, key) is not None:
+            if self._probe(t, key) is not None:
                 raise FsError(errno.EEXIST, key)
             self.hooks.check_name(t, key, FILE)
 
@@ -337,7 +348,7 @@ class Tree:
         """Make an empty folder that persists (EEXIST if taken, ENOENT/ENOTDIR for the parent)."""
 
         def run(t: Txn) -> None:
-            if not key or self._kind(t, key) is not None:
+            if not key or self._probe(t, key) is not None:
                 raise FsError(errno.EEXIST, key)
             self._require_parent_dir(t, key)
             self.hooks.check_name(t, key, DIR)
@@ -361,7 +372,7 @@ class Tree:
         """Make a symlink at ``key`` pointing to ``target`` (kept as side data: not a Zarr key)."""
 
         def run(t: Txn) -> None:
-            if self._kind(t, key) is not None:
+            if self._probe(t, key) is not None:
                 raise FsError(errno.EEXIST, key)
             self._require_parent_dir(t, key)
             now = self._now()
@@ -374,7 +385,7 @@ class Tree:
         """Remove the file or symlink at ``key`` (EISDIR for a folder)."""
 
         def run(t: Txn) -> None:
-            found = self._kind(t, key)
+            found = self._probe(t, key)
             if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
             if found[0] == DIR:
@@ -393,7 +404,7 @@ class Tree:
         """Remove the empty folder at ``key`` (ENOTEMPTY, ENOTDIR, ENOENT as POSIX says)."""
 
         def run(t: Txn) -> None:
-            found = self._kind(t, key)
+            found = self._probe(t, key)
             if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
             if found[0] != DIR:
@@ -421,7 +432,7 @@ class Tree:
         """Change mode, owner or times of ``key`` (``-1`` owner means unchanged, as chown)."""
 
         def run(t: Txn) -> None:
-            found = self._kind(t, key)
+            found = self._probe(t, key)
             if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
             attrs = self._attrs(t, key, found[0])
@@ -490,10 +501,10 @@ class Tree:
             raise FsError(errno.EINVAL, f"cannot move {src} into itself")
 
         def run(t: Txn) -> None:
-            s = self._kind(t, src)
+            s = self._probe(t, src)
             if s is None:
                 raise FsError(errno.ENOENT, src, quiet=True)
-            d = self._kind(t, dst)
+            d = self._probe(t, dst)
             if flags & RENAME_EXCHANGE:
                 if d is None:
                     raise FsError(errno.ENOENT, dst, quiet=True)
@@ -529,12 +540,12 @@ class Tree:
         hard links, so this is a copy that is taken in one transaction."""
 
         def run(t: Txn) -> None:
-            s = self._kind(t, src)
+            s = self._probe(t, src)
             if s is None:
                 raise FsError(errno.ENOENT, src, quiet=True)
             if s[0] == DIR:
                 raise FsError(errno.EPERM, f"{src} is a folder")
-            if self._kind(t, dst) is not None:
+            if self._probe(t, dst) is not None:
                 raise FsError(errno.EEXIST, dst)
             self._require_parent_dir(t, dst)
             self.hooks.check_name(t, dst, s[0])
