@@ -7,12 +7,13 @@ Other keys are read only through a ``get(key) -> bytes | None`` callable the cal
 * arrays for a decoded view: :func:`array_info`, :func:`find_array`, :class:`ArrayInfo`;
 * live consolidated metadata: :func:`consolidated_update`, :func:`build_consolidated`,
   :func:`dumps_consolidated` (v2) and :func:`consolidated_update_v3`, :func:`dumps_zarr_json`;
-* the whole-store checker :func:`check_items`;
+* the whole-store checker :func:`check_items` (:func:`check_database` over a driver);
+* :class:`zarrfs.format.hooks.FormatHooks`, the layer plugged into the filesystem tree;
 * :class:`Problem` and :class:`FormatError` (mapped to ``EINVAL`` by the filesystem).
 """
 
 from .arrays import ArrayInfo, array_info, find_array
-from .check import check_items
+from .check import check_database, check_items
 from .consolidated import (
     CachedDoc,
     build_consolidated,
@@ -49,6 +50,7 @@ __all__ = [
     "array_info",
     "build_consolidated",
     "build_consolidated_v3",
+    "check_database",
     "check_items",
     "consolidated_update",
     "consolidated_update_v3",

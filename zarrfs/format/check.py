@@ -106,11 +106,11 @@ def _consolidated_findings(documents: dict[str, Any]) -> Iterator[Problem]:
             yield from _compare(key, "zarr.json.consolidated-stale", stored, actual)
 
 
-def check_items(items: Iterable[tuple[str, bytes]], get: Getter) -> Iterator[Problem]:
+def check_items(items: Iterable[tuple[str, bytes | None]], get: Getter) -> Iterator[Problem]:
     """Validate every key of a store: names, metadata documents, chunk keys, leftovers.
 
-    ``items`` yields ``(key, value)`` for every key (values are read for metadata keys only, so
-    a lazy value is fine for the rest); ``get`` reads any key. Yields errors and warnings as
+    ``items`` yields ``(key, value)`` for every key; values are read for metadata keys only, so
+    the rest may come as ``None``. ``get`` reads any key. Yields errors and warnings as
     found, then warnings for consolidated metadata that no longer matches the documents.
     """
     get = _memoized(get)
@@ -130,3 +130,29 @@ def check_items(items: Iterable[tuple[str, bytes]], get: Getter) -> Iterator[Pro
         else:
             yield from validate_data_key(key, get)
     yield from _consolidated_findings(documents)
+
+
+def check_database(driver: Any, batch: int = 10_000) -> Iterator[Problem]:
+    """:func:`check_items` over a driver (``zarrfs.backends.base.Driver``): for ``zarrfs check``.
+
+    Keys are listed in batches of ``batch``, each in its own short read transaction, and values
+    are read only for metadata keys; a check of a huge store neither holds one transaction open
+    for its whole length nor reads its chunks.
+    """
+
+    def keys() -> Iterator[tuple[str, bytes | None]]:
+        start = ""
+        while True:
+            page = driver.scan(start, None, fetch="keys", limit=batch)
+            for key, _ in page:
+                if not is_metadata_key(key):
+                    yield key, None
+                    continue
+                value = driver.get(key)
+                if value is not None:  # else it was deleted since the listing
+                    yield key, value
+            if len(page) < batch:
+                return
+            start = page[-1][0] + "\x00"  # the smallest key after the last one seen
+
+    yield from check_items(keys(), driver.get)

@@ -1,0 +1,235 @@
+"""The format layer plugged into the filesystem tree (``zarrfs.tree.Hooks``).
+
+:class:`FormatHooks` is what the daemon builds from the ``validate=``, ``view=`` and
+``consolidate=`` mount options. It only sees a transaction object with ``get(key)`` and
+``put(key, value)`` (and ``scan`` for ``consolidate=live``), so this module needs neither FUSE
+nor a particular database; everything Zarr-specific is delegated to the rest of the package.
+
+* validate: ``strict`` refuses a name, a metadata document or a chunk key that breaks a rule
+  (:class:`FormatError`, which the filesystem answers with ``EINVAL``) and logs warnings;
+  ``warn`` logs errors too but stores everything; ``off`` checks nothing.
+* view: ``raw`` shows stored bytes; ``decoded`` shows each chunk of a supported array as the raw
+  bytes of the full chunk and encodes what is written back (a write of the wrong size is
+  refused). Metadata and chunks of unsupported arrays show as stored.
+* consolidate: ``auto`` keeps every existing consolidated document (a ``.zmetadata`` in an
+  enclosing folder, the ``consolidated_metadata`` of an enclosing v3 ``zarr.json``) in step
+  with each metadata change, in the same transaction; ``live`` also creates the root's
+  consolidated document when the root is a group and has none; ``off`` does nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .arrays import ArrayInfo, info_from_node
+from .consolidated import (
+    CachedDoc,
+    build_consolidated,
+    build_consolidated_v3,
+    consolidated_update,
+    consolidated_update_v3,
+    dumps_consolidated,
+    dumps_zarr_json,
+    is_consolidated_key,
+    load_consolidated,
+)
+from .errors import FormatError, Problem
+from .json_docs import parse_json_or_none
+from .keys import (
+    ZARR_JSON,
+    ZGROUP,
+    ZMETADATA,
+    ancestors,
+    is_metadata_key,
+    is_temporary,
+    join_key,
+    relative_to,
+    split_key,
+    validate_name,
+)
+from .nodes import ARRAY, enclosing_node
+from .validate import validate_data_key, validate_metadata
+
+log = logging.getLogger("zarrfs.format")
+
+VALIDATE_MODES = ("strict", "warn", "off")
+VIEWS = ("raw", "decoded")
+CONSOLIDATE_MODES = ("auto", "live", "off")
+# Parsed consolidated documents and array infos kept between calls; both are re-validated
+# against the stored bytes on every use, so another writer can never make them stale.
+_CACHE_LIMIT = 64
+
+
+class FormatHooks:
+    """Validation, the decoded view and live consolidated metadata for ``zarrfs.tree.Tree``."""
+
+    def __init__(self, validate: str = "strict", view: str = "raw", consolidate: str = "auto"):
+        for name, value, allowed in (
+            ("validate", validate, VALIDATE_MODES),
+            ("view", view, VIEWS),
+            ("consolidate", consolidate, CONSOLIDATE_MODES),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+        self.validate = validate
+        self.view = view
+        self.consolidate = consolidate
+        # The tree asks this to know that shown bytes differ from stored bytes.
+        self.transforms = view == "decoded"
+        self._docs: dict[str, tuple[bytes, CachedDoc]] = {}
+        self._infos: dict[str, tuple[Any, ArrayInfo]] = {}
+
+    # ------------------------------------------------------------------ validation
+    def _judge(self, problems: list[Problem]) -> None:
+        """Log what was found and, in strict mode, refuse on the first error."""
+        for p in problems:
+            if p.is_error and self.validate == "strict":
+                raise FormatError(p, problems)
+        for p in problems:
+            log.warning("%s", p)
+
+    def check_name(self, txn: Any, key: str, kind: int) -> None:
+        """Refuse a new file or folder name that no Zarr client could address."""
+        if self.validate != "off":
+            self._judge(validate_name(key))
+
+    def _validate_value(self, txn: Any, key: str, value: Any) -> None:
+        if self.validate == "off":
+            return
+        if is_metadata_key(key):
+            self._judge(validate_metadata(key, bytes(value), txn.get))
+        else:
+            self._judge(validate_data_key(key, txn.get))
+
+    def store(self, txn: Any, key: str, value: Any) -> Any:
+        """Validate bytes written through a file; in the decoded view, encode chunks."""
+        self._validate_value(txn, key, value)
+        if self.transforms:
+            info = self._chunk_array(txn, key)
+            if info is not None:
+                return info.encode_chunk(bytes(value))
+        return value
+
+    def arrive(self, txn: Any, key: str, value: bytes) -> None:
+        """Validate a stored value arriving at ``key`` by rename or link."""
+        self._validate_value(txn, key, value)
+
+    # ------------------------------------------------------------------ decoded view
+    def _chunk_array(self, txn: Any, key: str) -> ArrayInfo | None:
+        """The supported array whose chunk ``key`` is, or ``None`` (then bytes pass as stored)."""
+        if is_metadata_key(key) or is_temporary(key):
+            return None
+        node = enclosing_node(key, txn.get)
+        if node is None or node.kind != ARRAY:
+            return None
+        cached = self._infos.get(node.metadata_key)
+        if cached is not None and cached[0] == node.doc:
+            info = cached[1]  # same document: keep the built codec pipeline
+        else:
+            try:
+                info = info_from_node(node)
+            except FormatError:
+                return None  # invalid or unknown layout: nothing to decode against
+            if len(self._infos) >= _CACHE_LIMIT:
+                self._infos.clear()
+            self._infos[node.metadata_key] = (node.doc, info)
+        if info.unsupported is not None or info.chunk_coords(key) is None:
+            return None
+        return info
+
+    def shown_size(self, txn: Any, key: str, size: int) -> int:
+        """A chunk shows the size of the full decoded chunk in the decoded view."""
+        if self.transforms:
+            info = self._chunk_array(txn, key)
+            if info is not None:
+                return info.chunk_nbytes()
+        return size
+
+    def shown_value(self, txn: Any, key: str, value: bytes) -> bytes:
+        """A chunk shows its decoded bytes in the decoded view."""
+        if self.transforms:
+            info = self._chunk_array(txn, key)
+            if info is not None:
+                return info.decode_chunk(value)
+        return value
+
+    # ------------------------------------------------------------------ consolidated metadata
+    def changed(self, txn: Any, key: str, value: bytes | None) -> None:
+        """After a metadata key changed, bring the consolidated documents above it in step."""
+        if self.consolidate == "off":
+            return
+        name = split_key(key)[1]
+        if name == ZMETADATA or (name == ZARR_JSON and not split_key(key)[0]):
+            # The documents themselves: forget what we parsed, the client rewrote them.
+            self._docs.pop(key, None)
+            return
+        if not (is_consolidated_key(key) or name == ZARR_JSON):
+            return
+        found = False
+        for prefix in ancestors(split_key(key)[0]):
+            rel = relative_to(key, prefix)
+            if name == ZARR_JSON:
+                if rel == ZARR_JSON:
+                    continue  # a node's own document is not consolidated into itself
+                found |= self._update(txn, join_key(prefix, ZARR_JSON), rel, value, v3=True)
+            else:
+                found |= self._update(txn, join_key(prefix, ZMETADATA), rel, value, v3=False)
+        if not found and self.consolidate == "live" and value is not None:
+            self._create_root(txn, v3=name == ZARR_JSON)
+
+    def _load(self, txn: Any, doc_key: str) -> tuple[bytes, CachedDoc] | None:
+        raw = txn.get(doc_key)
+        if raw is None:
+            return None
+        raw = bytes(raw)
+        cached = self._docs.get(doc_key)
+        if cached is not None and cached[0] == raw:
+            return cached
+        try:
+            doc = load_consolidated(raw)
+        except FormatError:
+            return None
+        return raw, doc
+
+    def _update(self, txn: Any, doc_key: str, rel: str, value: bytes | None, v3: bool) -> bool:
+        """Apply one change to the consolidated document at ``doc_key``; True if there is one."""
+        loaded = self._load(txn, doc_key)
+        if loaded is None:
+            return False
+        _, doc = loaded
+        if v3 and not isinstance(doc.get("consolidated_metadata"), dict):
+            return False
+        try:
+            new = consolidated_update_v3(doc, rel, value) if v3 else consolidated_update(doc, rel, value)
+        except FormatError:
+            return True  # a value that is not JSON: validation's business, not ours
+        if new is not None:
+            raw = dumps_zarr_json(new) if v3 else dumps_consolidated(new)
+            txn.put(doc_key, raw)
+            doc = new
+        else:
+            raw = loaded[0]
+        if len(self._docs) >= _CACHE_LIMIT:
+            self._docs.clear()
+        self._docs[doc_key] = (raw, doc)
+        return True
+
+    def _create_root(self, txn: Any, v3: bool) -> None:
+        """``consolidate=live``: give a root group its consolidated document, built once from
+        every metadata key (later changes update it)."""
+        if v3:
+            root = parse_json_or_none(txn.get(ZARR_JSON))
+            if not isinstance(root, dict) or root.get("node_type") != "group":
+                return
+            keys = [k for k, _ in txn.scan() if split_key(k)[1] == ZARR_JSON]
+            items = ((k, txn.get(k)) for k in keys)
+            root = CachedDoc(root)
+            root["consolidated_metadata"] = build_consolidated_v3(items)
+            txn.put(ZARR_JSON, dumps_zarr_json(root))
+        else:
+            if txn.get(ZGROUP) is None:
+                return
+            keys = [k for k, _ in txn.scan() if is_consolidated_key(k)]  # keys first, then reads
+            items = ((k, txn.get(k)) for k in keys)
+            txn.put(ZMETADATA, dumps_consolidated(build_consolidated(items)))
