@@ -381,11 +381,6 @@ def test_sigterm_commits_open_files_and_leaves_no_dead_mountpoint(db_url, mount_
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="zarrfs bug: libfuse returns 8 from fuse_main after SIGINT/SIGTERM, mfusepy raises "
-    "RuntimeError(8) and cli._run_foreground reports 'mount failed (8)' with exit status 1",
-)
 def test_sigterm_is_a_clean_exit(db_url, tmp_path):
     mnt = tmp_path / "fg"
     mnt.mkdir()
@@ -497,11 +492,6 @@ def test_mount_failures_are_one_clear_line(db_url, mount_factory, tmp_path):
         assert not os.path.ismount(where) and not _daemon_pids(str(where))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="zarrfs bug: cli._start_background reports only the daemon's last stderr line "
-    "('mount failed (3)'), not libfuse's \"fuse: unknown option(s): `-o bogusopt'\"",
-)
 def test_mount_failure_names_a_bad_fuse_option(db_url, tmp_path):
     mnt = tmp_path / "m"
     mnt.mkdir()

@@ -8,6 +8,7 @@ mountpoint busy, no /dev/fuse). ``-f`` keeps it in the foreground.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import select
 import shutil
@@ -56,7 +57,11 @@ def cmd_mount(args: argparse.Namespace) -> int:
 def _run_foreground(args: argparse.Namespace, opts, mountpoint: str) -> int:
     setup_logging(args.log_level, args.log_file, foreground=args.ready_fd is None)
 
+    mounted = False
+
     def ready() -> None:
+        nonlocal mounted
+        mounted = True
         if args.ready_fd is not None:
             os.write(args.ready_fd, READY)
             os.close(args.ready_fd)
@@ -69,8 +74,11 @@ def _run_foreground(args: argparse.Namespace, opts, mountpoint: str) -> int:
         serve(args.url, mountpoint, opts, on_ready=ready)
     except (UsageError, BackendError, ValueError) as exc:
         return _fail(str(exc))
-    except RuntimeError as exc:  # libfuse refused to mount; it printed why
-        return _fail(f"mount failed ({exc})")
+    except RuntimeError as exc:
+        if mounted:  # libfuse's loop ended on SIGINT/SIGTERM: unmounted, files committed
+            logging.getLogger("zarrfs").info("unmounted %s on a signal", mountpoint)
+            return 0
+        return _fail(f"mount failed ({exc})")  # libfuse refused to mount; it printed why
     return 0
 
 
@@ -117,7 +125,9 @@ def _start_background(args: argparse.Namespace, mountpoint: str) -> int:
     except subprocess.TimeoutExpired:
         child.kill()
     lines = [ln for ln in err.decode(errors="replace").splitlines() if ln.strip()]
-    detail = lines[-1].removeprefix("zarrfs: ") if lines else "the daemon did not start"
+    # libfuse says what it refused ("fuse: unknown option(s): ..."); that line beats our own.
+    fuse_lines = [ln for ln in lines if ln.startswith("fuse:")]
+    detail = (fuse_lines or lines or ["the daemon did not start"])[-1].removeprefix("zarrfs: ")
     return _fail(f"mount of {args.url} at {mountpoint} failed: {detail}")
 
 
