@@ -130,7 +130,7 @@ def test_rename_files_and_folders(mounted):
     root = mounted.path
     os.makedirs(root / "src/sub")
     write(root / "src/sub/0.0", b"chunk")
-    write(root / "src/.zarray", b"{}")
+    write(root / "src/notes.txt", b"{}")
     write(root / "other", b"old")
     os.rename(root / "src", root / "dst")
     assert not os.path.exists(root / "src")
@@ -168,14 +168,19 @@ def test_rename_noreplace_and_exchange(mounted):
 
 def test_link_is_atomic_create_if_absent(mounted):
     root = mounted.path
-    write(root / "zarr.tmp.partial", b'{"a": 1}')
+    first = b'{"zarr_format": 3, "node_type": "group", "attributes": {"a": 1}}'
+    second = b'{"zarr_format": 3, "node_type": "group", "attributes": {"b": 2}}'
+    write(root / "zarr.tmp.partial", first)
     os.link(root / "zarr.tmp.partial", root / "zarr.json")
     os.unlink(root / "zarr.tmp.partial")
-    assert read(root / "zarr.json") == b'{"a": 1}'
-    write(root / "zarr.tmp2.partial", b'{"b": 2}')
+    assert read(root / "zarr.json") == first
+    write(root / "zarr.tmp2.partial", second)
     with pytest.raises(FileExistsError):
         os.link(root / "zarr.tmp2.partial", root / "zarr.json")
-    assert read(root / "zarr.json") == b'{"a": 1}'
+    assert read(root / "zarr.json") == first
+    assert sorted(os.listdir(root)) == ["zarr.json", "zarr.tmp2.partial"]
+    os.unlink(root / "zarr.tmp2.partial")
+    assert os.listdir(root) == ["zarr.json"]
 
 
 def test_symlinks(mounted):

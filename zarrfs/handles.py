@@ -6,6 +6,14 @@ whole content is committed to the database in one transaction on ``flush`` (each
 ``fsync`` and ``release``. Until then the database, and every other reader of it, sees the old
 value; a reader never sees half a value. A file made with ``create`` exists only in this table
 until its first commit, so create + write + close is one transaction.
+
+Temporary files (``*.partial`` from zarr-python, ``*.__lock`` from tensorstore, written and
+then renamed onto a key) are not
+stored when closed: the daemon keeps them, visible through the mount, until they are renamed
+or linked, and then stores their content once, directly at the destination key. A chunk then
+crosses the database once instead of three times (store, read back, store again). ``fsync``
+stores one at once, and so does unmounting; a crash loses only temporary files that nobody
+had renamed yet.
 """
 
 from __future__ import annotations
@@ -26,6 +34,14 @@ log = logging.getLogger("zarrfs.handles")
 
 # Values larger than this are read by range instead of being held whole by an open handle.
 SNAPSHOT_LIMIT = 64 << 20
+# Closed temporary files held for a rename; past this many bytes the oldest are stored.
+DEFERRED_LIMIT = 256 << 20
+
+
+def is_deferrable(key: str) -> bool:
+    """Whether a new file at ``key`` is a temporary file that is about to be renamed
+    (zarr-python's ``*.partial``, tensorstore's ``*.__lock``)."""
+    return key.endswith((".partial", ".__lock"))
 
 
 @dataclass
@@ -72,6 +88,7 @@ class HandleTable:
         self.readonly = readonly
         self.states: dict[str, FileState] = {}
         self.handles: dict[int, Handle] = {}
+        self.deferred: dict[str, FileState] = {}  # closed, unstored temporary files, oldest first
         self._next_fh = 1
 
     # ------------------------------------------------------------------ bookkeeping
@@ -217,11 +234,14 @@ class HandleTable:
         state.failed = False
 
     def flush(self, fh: int) -> None:
-        """Commit the file's pending content (called at every close)."""
-        self._commit(self._handle(fh).state)
+        """Commit the file's pending content (called at every close); a new temporary file
+        waits for its rename."""
+        state = self._handle(fh).state
+        if not (state.created and is_deferrable(state.key)):
+            self._commit(state)
 
     def fsync(self, fh: int) -> None:
-        """Commit, then make it durable."""
+        """Commit (a temporary file too), then make it durable."""
         self._commit(self._handle(fh).state)
         self.tree.driver.sync()
 
@@ -232,6 +252,9 @@ class HandleTable:
             return
         state = handle.state
         state.handles.discard(fh)
+        if not state.handles and state.created and not state.orphan and is_deferrable(state.key):
+            self._defer(state)
+            return
         try:
             if not state.failed:
                 self._commit(state)
@@ -241,19 +264,74 @@ class HandleTable:
             if not state.handles:
                 self._forget(state)
 
+    def _defer(self, state: FileState) -> None:
+        self.deferred[state.key] = state
+        total = sum(s.size for s in self.deferred.values())
+        while total > DEFERRED_LIMIT and self.deferred:
+            oldest = next(iter(self.deferred.values()))
+            total -= oldest.size
+            self._store_deferred(oldest)
+
+    def _store_deferred(self, state: FileState) -> None:
+        self.deferred.pop(state.key, None)
+        try:
+            self._commit(state)
+        except Exception as exc:
+            log.error("commit of %s failed: %s", state.key, exc)
+        self._forget(state)
+
     def _forget(self, state: FileState) -> None:
         if state.buffer is not None:
             state.buffer.close()
         if self.states.get(state.key) is state:
             del self.states[state.key]
+        if self.deferred.get(state.key) is state:
+            del self.deferred[state.key]
 
     def commit_all(self) -> None:
-        """Commit every open, changed file (unmount, SIGTERM)."""
+        """Commit every open, changed file and every held temporary file (unmount, SIGTERM)."""
         for state in list(self.states.values()):
             try:
                 self._commit(state)
             except Exception as exc:
                 log.error("commit of %s at shutdown failed: %s", state.key, exc)
+        self.deferred.clear()
+
+    # ------------------------------------------------------------------ unstored new files
+    def unstored(self, key: str) -> FileState | None:
+        """The state of a file created here and not stored yet (a held temporary file)."""
+        state = self.states.get(key)
+        return state if state is not None and state.created and not state.orphan else None
+
+    def unstored_names(self, folder: str) -> list[str]:
+        """Names of the files in ``folder`` that exist only here, for listings."""
+        prefix = folder + "/" if folder else ""
+        return sorted(
+            k[len(prefix) :]
+            for k, s in self.states.items()
+            if s.created and not s.orphan and k.startswith(prefix) and "/" not in k[len(prefix) :]
+        )
+
+    def store_as(self, src: str, dst: str, exclusive: bool, keep_source: bool) -> None:
+        """Store the unstored file ``src`` at ``dst`` in one transaction: a rename
+        (``keep_source`` false) or a link (true) of a held temporary file."""
+        state = self.states[src]
+        assert state.buffer is not None and state.attrs is not None
+        attrs = Attrs(**vars(state.attrs))
+        self.tree.commit(dst, state.buffer.view(), attrs, create=True, exclusive=exclusive)
+        if keep_source:
+            return
+        replaced = self.states.pop(dst, None)
+        if replaced is not None:
+            replaced.orphan = True
+        del self.states[src]
+        self.deferred.pop(src, None)
+        state.key = dst
+        state.created = state.dirty = False
+        if state.handles:
+            self.states[dst] = state
+        else:
+            self._forget(state)
 
     # ------------------------------------------------------------------ namespace changes
     def settle(self, key: str) -> None:
@@ -295,6 +373,8 @@ class HandleTable:
         if state is None:
             return False
         state.orphan = True
+        if self.deferred.pop(key, None) is not None:
+            self._forget(state)
         return state.created
 
     def renamed(self, src: str, dst: str) -> None:

@@ -10,18 +10,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from zarrfs.tree import DIR, Tree
+from zarrfs.tree import DIR, FILE, Tree
 
 FIRST_BATCH = 128
+_EXTRA = "\0extra"  # a resume token no key can produce: the stored entries are done
 MAX_BATCH = 4096
 
 
 class DirListing:
     """The entries of one open folder, with offsets: ``.`` is 1, ``..`` is 2, then 3, 4, ..."""
 
-    def __init__(self, tree: Tree, key: str) -> None:
+    def __init__(self, tree: Tree, key: str, extra: list[str] | None = None) -> None:
         self.tree = tree
         self.key = key
+        # Files created through the mount and not stored yet: listed after the stored ones.
+        self.extra = [(name, FILE, name) for name in extra or ()]
         self._reset()
 
     def _reset(self) -> None:
@@ -34,13 +37,21 @@ class DirListing:
     def _fetch(self) -> bool:
         if self.exhausted:
             return False
+        if self.token is _EXTRA:
+            self.window_start += len(self.window)
+            self.window = self.extra
+            self.exhausted = True
+            return bool(self.extra)
         got = self.tree.list_dir(self.key, after=self.token, limit=self.batch)
         self.window_start += len(self.window)
         self.window = got
-        if len(got) < self.batch:
-            self.exhausted = True
         if got:
             self.token = got[-1][2]
+        if len(got) < self.batch:
+            if self.extra:
+                self.token = _EXTRA
+                return bool(got) or self._fetch()
+            self.exhausted = True
         self.batch = min(self.batch * 4, MAX_BATCH)
         return bool(got)
 

@@ -20,7 +20,7 @@ import mfusepy
 from zarrfs.errors import FsError, is_quiet, to_errno
 from zarrfs.handles import HandleTable
 from zarrfs.listing import DirListing
-from zarrfs.tree import DIR, FILE, Node, Tree
+from zarrfs.tree import DIR, FILE, RENAME_EXCHANGE, RENAME_NOREPLACE, Node, Tree
 
 log = logging.getLogger("zarrfs.ops")
 
@@ -142,7 +142,7 @@ class Operations(mfusepy.Operations):
             raise FsError(errno.ENOTDIR, key)
         fh = self._next_dir
         self._next_dir += 1
-        self.dirs[fh] = DirListing(self.tree, key)
+        self.dirs[fh] = DirListing(self.tree, key, extra=self.handles.unstored_names(key))
         return fh
 
     def readdir_with_offset(self, path: str, offset: int, fh: int):
@@ -177,8 +177,11 @@ class Operations(mfusepy.Operations):
     @translated
     def rename(self, old: str, new: str, flags: int = 0) -> int:
         src, dst = key_of(old), key_of(new)
+        if self.handles.unstored(src) is not None and not flags & RENAME_EXCHANGE:
+            self.handles.store_as(src, dst, exclusive=bool(flags & RENAME_NOREPLACE), keep_source=False)
+            return 0
         self.handles.settle(src)
-        if flags & 2:  # RENAME_EXCHANGE moves both sides
+        if flags & RENAME_EXCHANGE:
             self.handles.settle(dst)
         self.tree.rename(src, dst, flags)
         self.handles.renamed(src, dst)
@@ -187,6 +190,9 @@ class Operations(mfusepy.Operations):
     @translated
     def link(self, target: str, source: str) -> int:
         src, dst = key_of(source), key_of(target)
+        if self.handles.unstored(src) is not None:
+            self.handles.store_as(src, dst, exclusive=True, keep_source=True)
+            return 0
         self.handles.settle(src)
         self.tree.link(src, dst)
         return 0

@@ -59,9 +59,9 @@ class Hooks:
     def arrive(self, txn: Txn, key: str, value: bytes) -> None:
         """Validate a stored value arriving at ``key`` by rename or link. Raise to refuse."""
 
-    def changed(self, txn: Txn, key: str, value: bytes | None) -> None:
-        """Called, in the same transaction, after data key ``key`` was set (``value``) or deleted
-        (``None``)."""
+    def changed(self, txn: Txn, key: str, value: Any) -> None:
+        """Called, in the same transaction, after data key ``key`` was set to ``value`` (bytes
+        or a buffer) or deleted (``None``)."""
 
     def shown_size(self, txn: Txn, key: str, size: int) -> int:
         """The size a file shows (a decoded view shows the decoded size)."""
@@ -315,21 +315,29 @@ class Tree:
         if parent and t.get(entry_key(parent), SIDE) is None and not self._has_children(t, parent):
             t.put(entry_key(parent), DIR_MARK, SIDE)
 
-    def commit(self, key: str, value: Any, attrs: Attrs | None, create: bool = False) -> None:
+    def commit(
+        self, key: str, value: Any, attrs: Attrs | None, create: bool = False, exclusive: bool = False
+    ) -> None:
         """Store the content of a file written through the mount, with its attributes, in one
-        transaction; the format layer may refuse it (nothing is stored then)."""
+        transaction; the format layer may refuse it (nothing is stored then).
+
+        ``create``: the file may be new here (its folder must exist, a folder or symlink in the
+        way is an error); ``exclusive``: it must be new (EEXIST otherwise), as for ``link`` or
+        ``RENAME_NOREPLACE``."""
 
         def run(t: Txn) -> None:
-            if create:
+            if create or exclusive:
                 self._require_parent_dir(t, key)
                 found = self._probe(t, key)
-                if found is not None and found[0] != FILE:
+                if found is not None and (exclusive or found[0] != FILE):
                     raise FsError(errno.EISDIR if found[0] == DIR else errno.EEXIST, key)
+                if found is None:
+                    self.hooks.check_name(t, key, FILE)
             stored = self.hooks.store(t, key, value)
             t.put(key, stored)
             if attrs is not None:
                 t.put(attr_key(key), attrs.pack(), SIDE)
-            self.hooks.changed(t, key, bytes(stored) if not isinstance(stored, bytes) else stored)
+            self.hooks.changed(t, key, stored)
 
         self.driver.transact(run)
 

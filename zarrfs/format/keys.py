@@ -6,6 +6,8 @@ Keys are ``/``-separated paths relative to the store root, as zarr's stores hold
 
 from __future__ import annotations
 
+import re
+
 from .errors import Problem, error
 
 ZARRAY = ".zarray"
@@ -65,22 +67,31 @@ def is_metadata_key(key: str) -> bool:
     return not prefix and name in V1_METADATA_KEYS
 
 
+# Python's tempfile.mkstemp(dir=...) ("tmp" + 8 of [a-z0-9_]) and GNU sed -i ("sed" + 6).
+_TOOL_TEMPS = re.compile(r"^(tmp[a-z0-9_]{8}|sed[A-Za-z0-9]{6})$")
+
+
 def is_temporary(key: str) -> bool:
     """True for names that writers use for files about to be renamed, never chunk keys.
 
     * ``*.partial``: zarr-python 2 ``DirectoryStore`` writes ``<name>.<32 hex>.partial`` and
       zarr-python 3 ``LocalStore`` writes ``<stem>.<32 hex>.partial`` (``0.0`` becomes
       ``0.<hex>.partial``, ``zarr.json`` becomes ``zarr.<hex>.partial``) before renaming.
+    * ``*.__lock``: tensorstore's file kvstore writes ``<key>.__lock`` and renames it onto
+      ``<key>``.
     * dot-files other than the v2 metadata names: rsync's ``.<name>.XXXXXX``, editors' swap
       files, ``.DS_Store``, NFS and FUSE ``.nfs*`` / ``.fuse_hidden*`` placeholders.
-    * ``*~`` and ``#*#`` editor backups, and ``*.tmp``.
+    * ``*~`` and ``#*#`` editor backups, ``*.tmp``, Python ``tempfile`` names in the target
+      folder (``tmpab_12cde``) and ``sed -i``'s ``sedXXXXXX``.
     """
     name = key.rpartition("/")[2]
-    if name.endswith((".partial", ".tmp", "~")):
+    if name.endswith((".partial", ".__lock", ".tmp", "~")):
         return True
     if name.startswith(".") and name not in V2_METADATA_NAMES:
         return True
-    return len(name) > 1 and name.startswith("#") and name.endswith("#")
+    if len(name) > 1 and name.startswith("#") and name.endswith("#"):
+        return True
+    return _TOOL_TEMPS.match(name) is not None
 
 
 def validate_name(key: str) -> list[Problem]:
