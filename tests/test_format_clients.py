@@ -229,6 +229,16 @@ def ts_write(path: str, spec: dict, data) -> None:
     arr[...] = np.asarray(data).astype(arr.dtype.numpy_dtype)
 
 
+def assert_lock_files_pass(root: str) -> None:
+    """tensorstore writes every key as ``<key>.__lock`` first, then renames it: those are
+    committed in the array's folder too and must pass."""
+    get = dir_getter(root)
+    for key in dir_keys(root):
+        lock = key + ".__lock"
+        found = validate_data_key(lock, get) + validate_name(lock)
+        assert found == [], found
+
+
 def test_tensorstore_zarr(tmp_path):
     r = np.arange(30, dtype="f8").reshape(5, 6)
     root = str(tmp_path / "t.zarr")
@@ -298,6 +308,7 @@ def test_tensorstore_zarr(tmp_path):
     for name, (spec, data) in cases.items():
         ts_write(f"{root}/{name}", {"driver": "zarr", **spec}, data)
     assert_clean(root)
+    assert_lock_files_pass(root)
 
 
 def test_tensorstore_zarr3(tmp_path):
@@ -369,6 +380,7 @@ def test_tensorstore_zarr3(tmp_path):
     for name, (spec, data) in cases.items():
         ts_write(f"{root}/{name}", {"driver": "zarr3", **spec}, data)
     assert_clean(root)
+    assert_lock_files_pass(root)
 
 
 # --- zarr-python 2.18 (in its own venv) ------------------------------------------------------

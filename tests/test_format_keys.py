@@ -39,13 +39,22 @@ def test_not_metadata_keys(key):
         "a/0.0~",
         "a/#0.0#",
         "a/0.0.tmp",
+        "a/0.1.__lock",  # tensorstore
+        "a/c/0/0.__lock",
+        "a/zarr.json.__lock",
+        "a/.zarray.__lock",
+        "a/tmpk2j_9x0a",  # tempfile.mkstemp(dir=...)
+        "a/sedQx81Zb",  # sed -i
     ],
 )
 def test_temporary(key):
     assert is_temporary(key)
 
 
-@pytest.mark.parametrize("key", ["a/0.0", "a/.zarray", ".zgroup", "a/c/0", "zarr.json", "#", "a/b"])
+@pytest.mark.parametrize(
+    "key",
+    ["a/0.0", "a/.zarray", ".zgroup", "a/c/0", "zarr.json", "#", "a/b", "a/tmp", "a/temperature", "a/sed"],
+)
 def test_not_temporary(key):
     assert not is_temporary(key)
 
