@@ -19,6 +19,7 @@ import mfusepy
 
 from zarrfs.errors import FsError, is_quiet, to_errno
 from zarrfs.handles import HandleTable
+from zarrfs.invalidate import Invalidator
 from zarrfs.listing import DirListing
 from zarrfs.tree import DIR, FILE, RENAME_EXCHANGE, RENAME_NOREPLACE, Node, Tree
 
@@ -88,13 +89,17 @@ class Operations(mfusepy.Operations):
         self.dirs: dict[int, DirListing] = {}
         self._next_dir = 1
         self._on_ready = on_ready
+        self.invalidator = Invalidator()
+        tree.on_side_effects = self.invalidator.keys_changed
 
     # ------------------------------------------------------------------ lifecycle
     def init(self, path: str) -> None:
+        self.invalidator.start()
         if self._on_ready is not None:
             self._on_ready()
 
     def destroy(self, path: str) -> None:
+        self.invalidator.stop()
         self.handles.commit_all()
         self.tree.driver.close()
 

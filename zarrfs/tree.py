@@ -72,10 +72,35 @@ class Hooks:
         return value
 
 
+class _Recording:
+    """A transaction as the hooks see it: every data key they write is noted, so that the
+    kernel's caches of those files can be dropped after the commit."""
+
+    def __init__(self, txn: Txn, into: set[str]) -> None:
+        self._txn = txn
+        self._into = into
+
+    def put(self, key: str, value: Any, space: str = DATA) -> None:
+        if space == DATA:
+            self._into.add(key)
+        self._txn.put(key, value, space)
+
+    def delete(self, key: str, space: str = DATA) -> None:
+        if space == DATA:
+            self._into.add(key)
+        self._txn.delete(key, space)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._txn, name)
+
+
 class Tree:
     """The filesystem over one driver: lookups, listings and every namespace change.
 
     ``uid``/``gid``/``umask`` give the attributes of nodes that have none recorded.
+    ``on_side_effects(keys)`` is called after a commit in which the hooks changed other keys
+    than the ones asked for (a consolidated ``.zmetadata``), so the mount can drop the
+    kernel's cached attributes and pages of those files.
     """
 
     def __init__(
@@ -92,6 +117,8 @@ class Tree:
         self.gid = gid
         self.umask = umask
         self.hooks = hooks or Hooks()
+        self.on_side_effects: Any = None
+        self._side_effects: set[str] = set()
         self._hidden_logged: set[str] = set()
         self.epoch = self._load_epoch()
 
@@ -298,6 +325,17 @@ class Tree:
                 return
 
     # ------------------------------------------------------------------ writes
+    def _write(self, run: Any) -> Any:
+        """Run a write transaction; then report keys the hooks changed on the side."""
+        self._side_effects = touched = set()
+        result = self.driver.transact(run)
+        if touched and self.on_side_effects is not None:
+            self.on_side_effects(sorted(touched))
+        return result
+
+    def _changed(self, t: Txn, key: str, value: Any) -> None:
+        self.hooks.changed(_Recording(t, self._side_effects), key, value)
+
     def _now(self) -> int:
         return time.time_ns()
 
@@ -337,9 +375,9 @@ class Tree:
             t.put(key, stored)
             if attrs is not None:
                 t.put(attr_key(key), attrs.pack(), SIDE)
-            self.hooks.changed(t, key, stored)
+            self._changed(t, key, stored)
 
-        self.driver.transact(run)
+        self._write(run)
 
     def check_create(self, key: str) -> None:
         """Raise unless a new file may be created at ``key`` (parent folder there, name valid)."""
@@ -364,7 +402,7 @@ class Tree:
             t.put(entry_key(key), DIR_MARK, SIDE)
             t.put(attr_key(key), self._new_attrs(DIR, mode, now).pack(), SIDE)
 
-        self.driver.transact(run)
+        self._write(run)
 
     def _new_attrs(self, kind: int, mode: int, now: int, uid: int | None = None, gid: int | None = None):
         return Attrs(
@@ -387,7 +425,7 @@ class Tree:
             t.put(entry_key(key), LINK_MARK + target.encode("utf-8", "surrogateescape"), SIDE)
             t.put(attr_key(key), self._new_attrs(LINK, 0o777, now, uid, gid).pack(), SIDE)
 
-        self.driver.transact(run)
+        self._write(run)
 
     def unlink(self, key: str) -> None:
         """Remove the file or symlink at ``key`` (EISDIR for a folder)."""
@@ -400,13 +438,13 @@ class Tree:
                 raise FsError(errno.EISDIR, key)
             if found[0] == FILE:
                 t.delete(key)
-                self.hooks.changed(t, key, None)
+                self._changed(t, key, None)
             else:
                 t.delete(entry_key(key), SIDE)
             t.delete(attr_key(key), SIDE)
             self._keep_parent(t, key)
 
-        self.driver.transact(run)
+        self._write(run)
 
     def rmdir(self, key: str) -> None:
         """Remove the empty folder at ``key`` (ENOTEMPTY, ENOTDIR, ENOENT as POSIX says)."""
@@ -425,7 +463,7 @@ class Tree:
             t.delete(attr_key(key), SIDE)
             self._keep_parent(t, key)
 
-        self.driver.transact(run)
+        self._write(run)
 
     def set_attrs(
         self,
@@ -457,7 +495,7 @@ class Tree:
             attrs.ctime = self._now()
             t.put(attr_key(key), attrs.pack(), SIDE)
 
-        self.driver.transact(run)
+        self._write(run)
 
     # ------------------------------------------------------------------ rename / link
     def _subtree(self, t: Txn, key: str) -> list[tuple[str, str, bytes]]:
@@ -487,7 +525,7 @@ class Tree:
         for space, k, _ in records:
             t.delete(k, space)
             if space == DATA:
-                self.hooks.changed(t, k, None)
+                self._changed(t, k, None)
 
     def _place(self, t: Txn, records: list[tuple[str, str, bytes]], src: str, dst: str) -> None:
         for space, k, v in records:
@@ -496,7 +534,7 @@ class Tree:
                 self.hooks.arrive(t, new, v)
             t.put(new, v, space)
             if space == DATA:
-                self.hooks.changed(t, new, v)
+                self._changed(t, new, v)
 
     def rename(self, src: str, dst: str, flags: int = 0) -> None:
         """Move a file or a whole folder atomically, replacing an existing target atomically;
@@ -540,7 +578,7 @@ class Tree:
             self._place(t, records, src, dst)
             self._keep_parent(t, src)
 
-        self.driver.transact(run)
+        self._write(run)
 
     def link(self, src: str, dst: str) -> None:
         """``link(src, dst)``: a new file ``dst`` with the content of ``src``; EEXIST, atomically,
@@ -560,7 +598,7 @@ class Tree:
             records = [r for r in self._subtree(t, src) if r[1] in (src, entry_key(src), attr_key(src))]
             self._place(t, records, src, dst)
 
-        self.driver.transact(run)
+        self._write(run)
 
     # ------------------------------------------------------------------ filesystem
     def statfs(self) -> dict[str, int]:
