@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from format_cases import V1_META, V2_ARRAY, V3_ARRAY, Store, rules, with_
 
-from zarrfs.format import validate_data_key
+from zarrfs.format import find_array, validate_data_key
 from zarrfs.format.chunk_keys import ChunkGrid
 
 
@@ -149,3 +149,21 @@ def test_grid_round_trip():
     ]:
         for coords in [(0, 0), (2, 2), (1, 0)] if grid.shape else [()]:
             assert grid.parse(grid.key(coords)) == coords
+
+
+@pytest.mark.parametrize("bad,rule,good", CASES[:6] + CASES[-8:], ids=[c[0] for c in CASES[:6] + CASES[-8:]])
+def test_batched_lookups_give_the_same_answers(bad, rule, good):
+    calls = []
+
+    def get_many(keys):
+        calls.append(keys)
+        return [STORE.get(k) for k in keys]
+
+    def no_single_gets(key):
+        raise AssertionError(f"unexpected get({key!r})")
+
+    assert rule in rules(validate_data_key(bad, no_single_gets, get_many))
+    assert validate_data_key(good, no_single_gets, get_many) == []
+    assert len(calls) == 2  # one batch per key
+    prefix, info = find_array(good, no_single_gets, get_many)
+    assert info.chunk_coords(good) is not None and good.startswith(prefix + "/")

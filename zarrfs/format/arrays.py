@@ -18,7 +18,7 @@ from .chunk_codecs import V2Pipeline, V3Pipeline, unsupported, v2_pipeline, v3_p
 from .chunk_keys import ChunkGrid, ChunkKeyError, grid_from_v2, grid_from_v3
 from .errors import ChunkSizeError, FormatError, Report, UnsupportedArray, error
 from .keys import is_metadata_key, is_temporary, relative_to
-from .nodes import ARRAY, UNKNOWN, Getter, Node, enclosing_node, node_at
+from .nodes import ARRAY, UNKNOWN, GetMany, Getter, Node, enclosing_node, node_at
 from .v1_metadata import check_v1_meta, v1_compressor_config
 from .v2_dtypes import decode_fill_value as decode_v2_fill
 from .v2_dtypes import parse_dtype
@@ -228,13 +228,14 @@ def array_info(array_prefix: str, get: Getter) -> ArrayInfo | None:
     return info_from_node(node)
 
 
-def find_array(key: str, get: Getter) -> tuple[str, ArrayInfo] | None:
+def find_array(key: str, get: Getter, get_many: GetMany | None = None) -> tuple[str, ArrayInfo] | None:
     """The array enclosing ``key`` (its folder or any folder above, up to the first group).
 
     Returns ``(prefix, info)`` or ``None``; raises like :func:`array_info` for that array's
     metadata. Whether ``key`` is one of its chunks is :meth:`ArrayInfo.chunk_coords`'s call.
+    ``get_many`` batches the lookups (see :func:`zarrfs.format.nodes.enclosing_node`).
     """
-    node = enclosing_node(key, get)
+    node = enclosing_node(key, get, get_many)
     if node is None or node.kind not in (ARRAY, UNKNOWN):
         return None
     return node.prefix, info_from_node(node)

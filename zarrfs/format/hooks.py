@@ -61,6 +61,14 @@ CONSOLIDATE_MODES = ("auto", "live", "off")
 _CACHE_LIMIT = 64
 
 
+def _get_many(txn: Any):
+    """Batched reads through ``Txn.read_many`` (one round trip on a remote database)."""
+    read_many = getattr(txn, "read_many", None)
+    if read_many is None:
+        return None
+    return lambda keys: read_many([("get", k, "data") for k in keys])
+
+
 class FormatHooks:
     """Validation, the decoded view and live consolidated metadata for ``zarrfs.tree.Tree``."""
 
@@ -100,7 +108,7 @@ class FormatHooks:
         if is_metadata_key(key):
             self._judge(validate_metadata(key, bytes(value), txn.get))
         else:
-            self._judge(validate_data_key(key, txn.get))
+            self._judge(validate_data_key(key, txn.get, _get_many(txn)))
 
     def store(self, txn: Any, key: str, value: Any) -> Any:
         """Validate bytes written through a file; in the decoded view, encode chunks."""
@@ -120,7 +128,7 @@ class FormatHooks:
         """The supported array whose chunk ``key`` is, or ``None`` (then bytes pass as stored)."""
         if is_metadata_key(key) or is_temporary(key):
             return None
-        node = enclosing_node(key, txn.get)
+        node = enclosing_node(key, txn.get, _get_many(txn))
         if node is None or node.kind != ARRAY:
             return None
         cached = self._infos.get(node.metadata_key)

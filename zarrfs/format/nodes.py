@@ -14,6 +14,7 @@ from .json_docs import parse_json_or_none
 from .keys import V1_META, ZARR_JSON, ZARRAY, ZGROUP, ancestors, join_key, split_key
 
 Getter = Callable[[str], "bytes | None"]
+GetMany = Callable[[list[str]], "list[bytes | None]"]
 
 ARRAY = "array"
 GROUP = "group"
@@ -59,13 +60,25 @@ def node_at(prefix: str, get: Getter) -> Node | None:
     return None
 
 
-def enclosing_node(key: str, get: Getter) -> Node | None:
+def candidate_keys(prefix: str) -> list[str]:
+    """The metadata keys :func:`node_at` may read for folder ``prefix``, in its order."""
+    keys = [join_key(prefix, name) for name in (ZARR_JSON, ZARRAY, ZGROUP)]
+    return keys if prefix else [*keys, V1_META]
+
+
+def enclosing_node(key: str, get: Getter, get_many: GetMany | None = None) -> Node | None:
     """The innermost node in a folder above ``key`` (its own folder first), or ``None``.
 
     The walk stops at the first node found: nothing in a valid hierarchy sits above an array
-    inside a group, so keys under a group never cost a walk to the root.
+    inside a group, so keys under a group never cost a walk to the root. With ``get_many``
+    (``keys -> values``, same order) every candidate key of every ancestor is read in one call,
+    which on a remote database is one round trip instead of up to three per folder level.
     """
-    for prefix in ancestors(split_key(key)[0]):
+    prefixes = ancestors(split_key(key)[0])
+    if get_many is not None:
+        keys = [k for p in prefixes for k in candidate_keys(p)]
+        get = dict(zip(keys, get_many(keys), strict=True)).get
+    for prefix in prefixes:
         node = node_at(prefix, get)
         if node is not None:
             return node

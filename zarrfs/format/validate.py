@@ -28,7 +28,7 @@ from .keys import (
     relative_to,
     split_key,
 )
-from .nodes import ARRAY, Getter, enclosing_node
+from .nodes import ARRAY, GetMany, Getter, enclosing_node
 from .v1_metadata import check_v1_attrs, check_v1_meta
 from .v2_metadata import check_zarray, check_zattrs, check_zgroup, check_zmetadata, zarray_ndim
 from .v3_metadata import check_zarr_json
@@ -107,16 +107,17 @@ def validate_metadata(key: str, value: bytes, get: Getter) -> list[Problem]:
     return problems
 
 
-def validate_data_key(key: str, get: Getter) -> list[Problem]:
+def validate_data_key(key: str, get: Getter, get_many: GetMany | None = None) -> list[Problem]:
     """Validate a non-metadata key about to be stored: inside an array it must be a chunk key.
 
     The enclosing array is the innermost node above ``key`` (found through ``get``). Keys
     outside arrays, temporary files, names reserved by v3 for extensions (``__*``) and arrays
-    whose key layout cannot be known (unknown grid or encoding) are not judged.
+    whose key layout cannot be known (unknown grid or encoding) are not judged. ``get_many``
+    (optional) reads several keys at once: see :func:`zarrfs.format.nodes.enclosing_node`.
     """
     if is_metadata_key(key) or is_temporary(key):
         return []
-    node = enclosing_node(key, get)
+    node = enclosing_node(key, get, get_many)
     if node is None or node.kind != ARRAY:
         return []
     rel = relative_to(key, node.prefix)
