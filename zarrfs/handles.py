@@ -237,8 +237,12 @@ class HandleTable:
         """Commit the file's pending content (called at every close); a new temporary file
         waits for its rename."""
         state = self._handle(fh).state
-        if not (state.created and is_deferrable(state.key)):
-            self._commit(state)
+        if state.created and (is_deferrable(state.key) or state.size == 0):
+            # A temporary file waits for its rename. A new file still empty is stored at
+            # release: a shell's ``> file`` closes a duplicate descriptor before writing, and an
+            # empty .zarray committed then would be refused for nothing.
+            return
+        self._commit(state)
 
     def fsync(self, fh: int) -> None:
         """Commit (a temporary file too), then make it durable."""
