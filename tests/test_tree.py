@@ -164,3 +164,35 @@ def test_spill_buffer_random_access():
     buf.truncate(20)
     assert buf.size == 20 and buf.read(18, 5) == b"\0\0"
     buf.close()
+
+
+def test_decoded_view_encodes_a_temporary_file_renamed_onto_a_chunk(tree):
+    import json
+    import zlib
+
+    import numpy as np
+
+    from zarrfs.format.hooks import FormatHooks
+
+    tree.hooks = FormatHooks(view="decoded")
+    meta = {
+        "zarr_format": 2,
+        "shape": [8],
+        "chunks": [4],
+        "dtype": "<i4",
+        "order": "C",
+        "compressor": {"id": "zlib", "level": 1},
+        "fill_value": 0,
+        "filters": None,
+    }
+    tree.mkdir("arr", 0o755)
+    tree.commit("arr/.zarray", json.dumps(meta).encode(), None, create=True)
+    raw = np.arange(4, dtype="<i4").tobytes()
+    tree.commit("arr/.0.tmp", raw, None, create=True)  # a temporary file: stored as written
+    assert tree.driver.get("arr/.0.tmp") == raw
+    tree.rename("arr/.0.tmp", "arr/0")
+    stored = tree.driver.get("arr/0")
+    assert zlib.decompress(stored) == raw  # encoded on arrival, as a write in place would be
+    assert tree.read_value("arr/0") == raw
+    tree.rename("arr", "moved")  # moving the whole array keeps the stored bytes as they are
+    assert tree.driver.get("moved/0") == stored

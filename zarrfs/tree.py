@@ -56,8 +56,11 @@ class Hooks:
         return what to store. Raise to refuse: nothing is stored."""
         return value
 
-    def arrive(self, txn: Txn, key: str, value: bytes) -> None:
-        """Validate a stored value arriving at ``key`` by rename or link. Raise to refuse."""
+    def arrive(self, txn: Txn, key: str, value: bytes, source: str) -> bytes:
+        """Validate a stored value arriving at ``key`` from ``source`` by rename or link, and
+        return what to store there (``source`` is empty when the file moves with its folder).
+        Raise to refuse."""
+        return value
 
     def changed(self, txn: Txn, key: str, value: Any) -> None:
         """Called, in the same transaction, after data key ``key`` was set to ``value`` (bytes
@@ -531,7 +534,9 @@ class Tree:
         for space, k, v in records:
             new = self._moved(k, src, dst)
             if space == DATA:
-                self.hooks.arrive(t, new, v)
+                # A file moved with its folder keeps its meaning; only a file moved alone can
+                # change what it is (a temporary file becoming a chunk).
+                v = self.hooks.arrive(t, new, v, k if k == src else "")
             t.put(new, v, space)
             if space == DATA:
                 self._changed(t, new, v)

@@ -119,9 +119,16 @@ class FormatHooks:
                 return info.encode_chunk(bytes(value))
         return value
 
-    def arrive(self, txn: Any, key: str, value: bytes) -> None:
-        """Validate a stored value arriving at ``key`` by rename or link."""
+    def arrive(self, txn: Any, key: str, value: bytes, source: str) -> bytes:
+        """Validate a stored value arriving at ``key`` by rename or link. In the decoded view,
+        bytes that arrive on a chunk from a file that was not a chunk (a program's temporary
+        file) are the decoded bytes it wrote: encode them, as a write in place would be."""
         self._validate_value(txn, key, value)
+        if self.transforms and source:
+            info = self._chunk_array(txn, key)
+            if info is not None and self._chunk_array(txn, source) is None:
+                return info.encode_chunk(bytes(value))
+        return value
 
     # ------------------------------------------------------------------ decoded view
     def _chunk_array(self, txn: Any, key: str) -> ArrayInfo | None:
