@@ -123,14 +123,14 @@ def bench_small_files(root: Path, n: int) -> float:
     return time.perf_counter() - t0
 
 
-def bench_stats(root: Path, n: int, settle: float) -> tuple[float, float]:
+def bench_stats(root: Path, n: int, files: int, settle: float) -> tuple[float, float]:
     """Seconds to stat ``n`` existing and ``n`` missing names (after the kernel's caches
     expired, so every lookup reaches the filesystem)."""
     folder = str(root / "small")
     time.sleep(settle)
     t0 = time.perf_counter()
     for i in range(n):
-        os.stat(f"{folder}/{i}")
+        os.stat(f"{folder}/{i % files}")
     t1 = time.perf_counter()
     for i in range(n):
         try:
@@ -169,7 +169,7 @@ def run_driver(kind: str, args, work: Path, redis: RedisServer | None, data, out
     mnt = work / f"mnt-{kind}"
     mnt.mkdir()
     if kind == "lmdb":
-        url = f"lmdb://{work}/bench.lmdb?sync=0"
+        url = f"lmdb://{work}/bench.lmdb"
     elif kind == "sqlite":
         url = f"sqlite://{work}/bench.sqlite"
     else:
@@ -186,7 +186,7 @@ def run_driver(kind: str, args, work: Path, redis: RedisServer | None, data, out
                 res["zw"][side].append(w)
                 res["zr"][side].append(rd)
                 res["small"][side].append(bench_small_files(root, args.small_files))
-                s, m = bench_stats(root, args.stats, settle if side else 0)
+                s, m = bench_stats(root, args.stats, args.small_files, settle if side else 0)
                 res["st"][side].append(s)
                 res["miss"][side].append(m)
         fill_folder_native(native / "big", args.ls_entries)
