@@ -576,6 +576,23 @@ def test_decoded_view_reads_and_writes_raw_chunks(db_url, mount_factory, tmp_pat
                 model[8 + r, 9 + c] = value
         assert os.stat(target).st_size == nbytes_of[name]
 
+        # raw bytes written to a temporary file, then renamed onto a chunk, are encoded too
+        # (zarr-python's held *.partial, and rsync's dot-file stored at close)
+        folder = dec.path / "dv" / name
+        for coords, tmp, value in (((1, 0), f"{uuid.uuid4().hex}.partial", 77), ((2, 0), ".c.Ab12Cd", 88)):
+            chunk = folder / chunk_rel(a, coords)
+            np.full(CHUNKS, value, dtype=dtype).tofile(folder / tmp)
+            os.replace(folder / tmp, chunk)
+            assert os.stat(chunk).st_size == nbytes_of[name]
+            assert (chunk.read_bytes()) == np.full(CHUNKS, value, dtype=dtype).tobytes()
+            rows, cols = (slice(c * n, (c + 1) * n) for c, n in zip(coords, CHUNKS, strict=True))
+            model[rows, cols] = value
+        (folder / ".c.Ab12Cd").write_bytes(b"\0" * 3)
+        assert_einval(os.rename, folder / ".c.Ab12Cd", folder / chunk_rel(a, (2, 0)))
+        os.unlink(folder / ".c.Ab12Cd")
+        lines = log.new()
+        assert len(lines) == 1 and "EINVAL" in lines[0] and ": chunk.raw-size: " in lines[0], lines
+
         # a write of the wrong size: EINVAL at close, nothing changes
         before = stored(db_url, f"dv/{name}/{chunk_rel(a, (0, 0))}")
         assert_einval(
