@@ -27,7 +27,12 @@ each read sees the latest committed state (read committed, not a snapshot).
 
 from __future__ import annotations
 
+import bisect
 import logging
+import os
+import select
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -35,6 +40,11 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import redis
 import redis.exceptions as rexc
+
+try:  # the C reply parser redis-py also uses; without it replies go through redis-py
+    import hiredis
+except ImportError:  # pragma: no cover - hiredis is a dependency on CPython
+    hiredis = None
 
 from ._util import DELETED, as_buffer, decode_key, empty_range, encode_bound, merge_buffered
 from .base import (
@@ -57,22 +67,33 @@ log = logging.getLogger("zarrfs.backends.redis")
 
 COMPLETE = b""  # index member meaning "this index lists every data key"
 BATCH = 1000  # index members read per ZRANGEBYLEX
-VALUE_BATCH = 16  # values per MGET: values can be many MiB each
+VALUE_BATCH = 16  # values per first MGET: values can be many MiB each
+VALUE_BYTES = 4 << 20  # MGET batches grow while the values they return stay below this
+BIG_ARG = 1 << 16  # arguments longer than this are sent as they are, not copied into a buffer
+IDLE_CHECK = 1.0  # seconds: a connection idle longer is checked for a close by the server
 _GLOB_SPECIAL = b"*?[]\\"
+
+# Error replies by their first word (hiredis hands them over as plain ResponseError).
+_RETRYABLE_REPLIES = ("LOADING", "TRYAGAIN", "BUSY", "MASTERDOWN")
 
 
 def _error(exc: Exception, what: str) -> BackendError:
-    """Map a redis-py exception to the driver interface's classes."""
-    if isinstance(exc, rexc.OutOfMemoryError) or str(exc).startswith("OOM"):
+    """Map a redis-py exception (or an error reply) to the driver interface's classes."""
+    if isinstance(exc, BackendError):
+        return exc
+    msg = str(exc)
+    if isinstance(exc, rexc.OutOfMemoryError) or msg.startswith("OOM"):
         return StorageFullError(f"{what}: Redis is out of memory (maxmemory): {exc}")
-    if isinstance(exc, (rexc.BusyLoadingError, rexc.TryAgainError, rexc.WatchError)):
+    if isinstance(exc, (rexc.BusyLoadingError, rexc.TryAgainError, rexc.WatchError)) or (
+        isinstance(exc, rexc.ResponseError) and msg.startswith(_RETRYABLE_REPLIES)
+    ):
         return RetryableError(f"{what}: {exc}")
-    if isinstance(exc, rexc.ReadOnlyError):
+    if isinstance(exc, rexc.ReadOnlyError) or (
+        isinstance(exc, rexc.ResponseError) and msg.startswith("READONLY")
+    ):
         return ReadOnlyError(f"{what}: {exc}")
     if isinstance(exc, (rexc.ConnectionError, rexc.TimeoutError, OSError)):
         return UnavailableError(f"{what}: {exc}")
-    if isinstance(exc, BackendError):
-        return exc
     return BackendError(f"{what}: {exc}")
 
 
@@ -80,9 +101,60 @@ def _glob_escape(raw: bytes) -> bytes:
     return b"".join(b"\\" + bytes([c]) if c in _GLOB_SPECIAL else bytes([c]) for c in raw)
 
 
-class _Conn:
-    """A pooled connection held for one transaction, so ``WATCH`` and ``EXEC`` share it; each
-    call sends its commands in one write and reads every reply (one round trip)."""
+# A link kept by a thread must not be used by a process forked from it (the socket is shared).
+_fork_generation = 0
+
+
+def _forked() -> None:
+    global _fork_generation
+    _fork_generation += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
+def _arg(a: Any) -> bytes | memoryview:
+    if isinstance(a, (bytes, memoryview)):
+        return a
+    if isinstance(a, str):
+        return a.encode("utf-8")
+    if isinstance(a, int):
+        return b"%d" % a
+    return memoryview(a)
+
+
+def _pack_big(commands: Sequence[tuple[Any, ...]]) -> list[bytes | memoryview]:
+    """The RESP encoding of ``commands`` as few buffers, with long values (chunks of MiB) as
+    buffers of their own rather than copied into one."""
+    out: list[bytes | memoryview] = []
+    small: list[bytes] = []
+    for cmd in commands:
+        if all(not isinstance(a, (bytes, memoryview)) or len(a) <= BIG_ARG for a in cmd):
+            small.append(hiredis.pack_command(cmd))
+            continue
+        small.append(b"*%d\r\n" % len(cmd))
+        for a in cmd:
+            a = _arg(a)
+            if len(a) > BIG_ARG:
+                small.append(b"$%d\r\n" % len(a))
+                out.append(b"".join(small))
+                out.append(a)
+                small = [b"\r\n"]
+            else:
+                small.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    if small:
+        out.append(b"".join(small))
+    return out
+
+
+class _Link:
+    """One connection held by one thread across its transactions (no pool round trip per
+    transaction). Commands of a call are sent in one write and every reply is read (one round
+    trip); replies are parsed by hiredis straight from the socket.
+
+    ``unwatch`` defers the ``UNWATCH`` that a write transaction ending without ``EXEC`` owes:
+    it goes in front of the next call on this connection instead of costing a round trip."""
 
     def __init__(self, driver: RedisDriver) -> None:
         self.driver = driver
@@ -91,52 +163,140 @@ class _Conn:
             self.conn = self.pool.get_connection()
         except Exception as exc:
             raise _error(exc, driver.where) from exc
+        self.generation = _fork_generation
+        self.busy = False
+        self.extra = False
         self.broken = False
+        self.unwatch = False
+        self.used = time.monotonic()
+        protocol = getattr(self.conn, "protocol", 2)
+        self.sock = getattr(self.conn, "_sock", None)
+        self.fast = hiredis is not None and self.sock is not None and str(protocol) == "2"
+        if self.fast:
+            self.reader = hiredis.Reader(replyError=rexc.ResponseError)
+            self.buf = bytearray(1 << 18)
 
-    def call(self, *commands: tuple[Any, ...]) -> list[Any]:
-        """Send ``commands`` pipelined; return their replies (error replies as exceptions)."""
+    def usable(self) -> bool:
+        """Whether this link can serve a new transaction (checks an idle socket for a close)."""
+        if self.broken or self.generation != _fork_generation:
+            return False
+        now = time.monotonic()
+        if now - self.used > IDLE_CHECK:
+            sock = self.sock if self.fast else getattr(self.conn, "_sock", None)
+            try:
+                if sock is None or select.select([sock], [], [], 0)[0]:
+                    return False  # closed by the server (or stray data): reconnect
+            except (OSError, ValueError):
+                return False
+        self.used = now
+        return True
+
+    def call(self, commands: Sequence[tuple[Any, ...]], big: bool = False) -> list[Any]:
+        """Send ``commands`` pipelined; return their replies (error replies as exceptions).
+        ``big``: some arguments may be long values (a commit), sent without copying them."""
+        if self.unwatch:
+            commands = [("UNWATCH",), *commands]
         try:
-            self.conn.send_packed_command(self.conn.pack_commands(commands))
-            replies: list[Any] = []
-            for _ in commands:
-                try:
-                    replies.append(self.conn.read_response())
-                except rexc.ResponseError as exc:
-                    replies.append(exc)
-            return replies
+            if self.fast:
+                replies = self._call_fast(commands, big)
+            else:
+                replies = self._call_slow(commands)
         except Exception as exc:
             self.broken = True
             raise _error(exc, self.driver.where) from exc
+        if self.unwatch:
+            self.unwatch = False
+            del replies[0]
+        return replies
 
-    def checked(self, *commands: tuple[Any, ...]) -> list[Any]:
+    def _call_fast(self, commands: Sequence[tuple[Any, ...]], big: bool) -> list[Any]:
+        sock = self.sock
+        if big:
+            for piece in _pack_big(commands):
+                sock.sendall(piece)
+        else:
+            pack = hiredis.pack_command
+            sock.sendall(b"".join([pack(c) for c in commands]))
+        n = len(commands)
+        replies: list[Any] = []
+        reader, buf = self.reader, self.buf
+        while len(replies) < n:
+            reply = reader.gets()
+            if reply is False:
+                got = sock.recv_into(buf)
+                if not got:
+                    raise rexc.ConnectionError("the server closed the connection")
+                reader.feed(buf, 0, got)
+            else:
+                replies.append(reply)
+        return replies
+
+    def _call_slow(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        conn = self.conn
+        conn.send_packed_command(conn.pack_commands(commands))
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(conn.read_response())
+            except rexc.ResponseError as exc:
+                replies.append(exc)
+        return replies
+
+    def checked(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
         """:meth:`call`, raising the first error reply."""
-        replies = self.call(*commands)
+        replies = self.call(commands)
         for reply in replies:
             if isinstance(reply, Exception):
                 raise _error(reply, self.driver.where)
         return replies
 
-    def release(self, watching: bool) -> None:
-        """Return the connection to the pool, clean: unwatched, or disconnected if broken."""
-        if watching and not self.broken:
-            try:
-                self.call(("UNWATCH",))
-            except BackendError:
-                pass
-        if self.broken:
+    def close(self) -> None:
+        """Disconnect and give the connection back to the pool."""
+        self.broken = True
+        try:
             self.conn.disconnect()
-        self.pool.release(self.conn)
+        finally:
+            self.pool.release(self.conn)
+
+
+def _covers(window: tuple[Any, ...], lo: bytes, hi: bytes | None) -> bool:
+    """Whether ``[lo, hi)`` lies inside the index range a window covers."""
+    start, included, end, end_included = window[:4]
+    if lo < start or (lo == start and not included):
+        return False
+    if end is None:
+        return True
+    if hi is None:
+        return False
+    return hi <= end + b"\0" if end_included else hi <= end
+
+
+def _within(members: list[bytes], lo: bytes, hi: bytes | None) -> Iterator[tuple[bytes, None]]:
+    i = bisect.bisect_left(members, lo)
+    j = len(members) if hi is None else bisect.bisect_left(members, hi)
+    return ((m, None) for m in members[i:j])
 
 
 class RedisTxn(Txn):
-    """An optimistic transaction; see the module docstring."""
+    """An optimistic transaction; see the module docstring. Also its own context manager:
+    leaving the block commits, or drops the writes when the block raised."""
 
     def __init__(self, driver: RedisDriver, write: bool) -> None:
         self._d = driver
         self._write = write
-        self._conn = _Conn(driver)
+        self._link = driver._acquire()
         self._pending: dict[tuple[str, bytes], Any] = {}
         self._watched: set[bytes] = set()
+        # Read-only: per space, the last range of the index read by a KEYS scan and the keys
+        # in it that exist, which answers a scan inside that range again (the check of a
+        # listed key for children of the same name lands there) without a round trip.
+        self._windows: dict[str, tuple[Any, ...]] = {}
+
+    def __enter__(self) -> RedisTxn:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.finish(exc_type is None)
 
     # -- reads ------------------------------------------------------------------------------
     def _watch(self, names: list[bytes]) -> list[tuple[Any, ...]]:
@@ -150,8 +310,10 @@ class RedisTxn(Txn):
         return [("WATCH", *fresh)]
 
     def _query(self, names: list[bytes], *commands: tuple[Any, ...]) -> list[Any]:
-        watch = self._watch(names)
-        return self._conn.checked(*watch, *commands)[len(watch) :]
+        watch = self._watch(names) if self._write else []
+        if watch:
+            return self._link.checked([*watch, *commands])[1:]
+        return self._link.checked(commands)
 
     def get(self, key: str, space: str = DATA) -> bytes | None:
         """Return the value of ``key`` (this transaction's pending write if any) or ``None``."""
@@ -185,37 +347,76 @@ class RedisTxn(Txn):
         return data if exists else None
 
     def read_many(self, requests: Sequence[tuple[str, str, str]]) -> list[Any]:
-        """All the reads in one pipeline (one round trip). A write transaction, which must
-        WATCH and see its own writes, answers them one by one."""
-        if self._write:
-            return super().read_many(requests)
+        """All the reads in one pipeline (one round trip), in a write transaction too: the names
+        read (the index, for ``prefix``) are WATCHed in the same pipeline, and this
+        transaction's pending writes answer or correct what the server says.
+
+        ``prefix`` reads the first index entry in the range, skipping as many more as there are
+        pending deletes in it; a pending put in the range answers it without the server."""
+        d = self._d
+        pending = self._pending
         commands: list[tuple[Any, ...]] = []
+        names: list[bytes] = []
+        plan: list[tuple[int, Any]] = []  # (0, answer) | (1, reply index) | (2, index, hidden)
         for op, key, space in requests:
             raw = encode_key(key)
-            if op == "size":
-                name = self._d.name(space, raw)
-                commands += [("EXISTS", name), ("STRLEN", name)]
-            elif op == "get":
-                commands.append(("GET", self._d.name(space, raw)))
+            if op == "size" or op == "get":
+                name = d.name(space, raw)
+                mine = pending.get((space, raw)) if pending else None
+                if mine is not None:
+                    if mine is DELETED:
+                        plan.append((0, None))
+                    else:
+                        plan.append((0, len(mine) if op == "size" else mine))
+                    continue
+                names.append(name)
+                if op == "size":
+                    plan.append((1, len(commands)))
+                    commands += [("EXISTS", name), ("STRLEN", name)]
+                else:
+                    plan.append((1, len(commands)))
+                    commands.append(("GET", name))
             elif op == "prefix":
-                if space == DATA and not self._d.indexed:
+                index = d.index.get(space)
+                if index is None:
+                    raise ValueError(f"unknown key space {space!r}")
+                if space == DATA and not d.indexed:
                     return super().read_many(requests)
-                index = self._d.index[space]
+                hidden: set[bytes] = set()
+                if pending:
+                    put = False
+                    for (sp, r), v in pending.items():
+                        if sp == space and r.startswith(raw):
+                            if v is DELETED:
+                                hidden.add(r)
+                            else:
+                                put = True
+                                break
+                    if put:
+                        plan.append((0, True))
+                        continue
+                names.append(index)
                 hi = encode_bound(prefix_stop(key))
                 high = b"(" + hi if hi is not None else b"+"
-                commands.append(("ZRANGEBYLEX", index, b"[" + raw, high, "LIMIT", 0, 1))
+                plan.append((2, len(commands), hidden))
+                commands.append(("ZRANGEBYLEX", index, b"[" + raw, high, "LIMIT", 0, 1 + len(hidden)))
             else:
                 raise ValueError(f"unknown read {op!r}")
-        replies = iter(self._conn.checked(*commands))
+        replies = self._query(names, *commands) if commands else []
         out: list[Any] = []
-        for op, _, _ in requests:
-            if op == "size":
-                exists, size = next(replies), next(replies)
-                out.append(size if exists else None)
-            elif op == "get":
-                out.append(next(replies))
+        for step in plan:
+            kind = step[0]
+            if kind == 0:
+                out.append(step[1])
+                continue
+            i = step[1]
+            op = commands[i][0]
+            if op == "EXISTS":
+                out.append(replies[i + 1] if replies[i] else None)
+            elif op == "GET":
+                out.append(replies[i])
             else:
-                out.append(bool(next(replies)))
+                out.append(any(m not in step[2] for m in replies[i]))
         return out
 
     # -- writes (buffered until commit) -----------------------------------------------------
@@ -236,38 +437,55 @@ class RedisTxn(Txn):
         self._pending[(space, raw)] = DELETED
 
     # -- scans --------------------------------------------------------------------------------
-    def _members(self, space: str, lo: bytes, hi: bytes | None, first: int) -> Iterator[list[bytes]]:
-        """Yield batches of index members in ``[lo, hi)``, in order."""
+    def _members(
+        self, space: str, lo: bytes, hi: bytes | None, first: int
+    ) -> Iterator[tuple[list[bytes], Any]]:
+        """Yield batches of index members in ``[lo, hi)``, in order, each with the range of
+        the index it covers (``None`` when not known): ``(start, start included, end, end
+        included)``, ``end`` None for no bound."""
         index = self._d.index[space]
         if space == DATA and not self._d.indexed:
             # Read-only and no index to read: list the whole keyspace (slow, but correct).
             members = [m for m in self._d.scan_keyspace() if m >= lo and (hi is None or m < hi)]
             members.sort()
             for i in range(0, len(members), BATCH):
-                yield members[i : i + BATCH]
+                yield members[i : i + BATCH], None
             return
         low = b"[" + lo if lo else b"("  # "(" + "" skips the COMPLETE marker
         high = b"(" + hi if hi is not None else b"+"
+        start, included = lo, True
         n = first
         while True:
             (batch,) = self._query([index], ("ZRANGEBYLEX", index, low, high, "LIMIT", 0, n))
-            if batch:
-                yield batch
             if len(batch) < n:
+                yield batch, (start, included, hi, False)
                 return
+            yield batch, (start, included, batch[-1], True)
             low = b"(" + batch[-1]
+            start, included = batch[-1], False
             n = BATCH
 
     def _stored(
         self, space: str, lo: bytes, hi: bytes | None, fetch: str, first: int
     ) -> Iterator[tuple[bytes, Any]]:
         """Index members that still exist (a stale entry, whose key another writer deleted, is
-        dropped in the same round trip that fetches sizes or values)."""
-        for batch in self._members(space, lo, hi, first):
+        dropped: found by one multi-key ``EXISTS`` per batch, or with the sizes or values)."""
+        value_batch = VALUE_BATCH
+        for batch, covered in self._members(space, lo, hi, first):
+            if not batch:
+                if covered is not None and fetch == KEYS and not self._write:
+                    self._windows[space] = (*covered, batch)
+                continue
             names = [self._d.name(space, m) for m in batch]
             if fetch == KEYS:
-                found = self._query([], *(("EXISTS", n) for n in names))
-                yield from ((m, None) for m, e in zip(batch, found, strict=True) if e)
+                # One EXISTS counts the batch's keys that exist: all of them, but for stale entries.
+                (count,) = self._query([], ("EXISTS", *names))
+                if count != len(names):
+                    found = self._query([], *(("EXISTS", n) for n in names))
+                    batch = [m for m, e in zip(batch, found, strict=True) if e]
+                if covered is not None and not self._write:
+                    self._windows[space] = (*covered, batch)
+                yield from ((m, None) for m in batch)
             elif fetch == SIZES:
                 sizes = self._query(names, *(("STRLEN", n) for n in names))
                 # STRLEN is 0 for a missing key and for an empty value alike: ask EXISTS for those.
@@ -279,14 +497,20 @@ class RedisTxn(Txn):
                             sizes[i] = None
                 yield from ((m, s) for m, s in zip(batch, sizes, strict=True) if s is not None)
             else:
-                for i in range(0, len(names), VALUE_BATCH):
-                    part = names[i : i + VALUE_BATCH]
+                i = 0
+                while i < len(names):
+                    part = names[i : i + value_batch]
                     (values,) = self._query(part, ("MGET", *part))
                     yield from (
-                        (m, v)
-                        for m, v in zip(batch[i : i + VALUE_BATCH], values, strict=True)
-                        if v is not None
+                        (m, v) for m, v in zip(batch[i : i + len(part)], values, strict=True) if v is not None
                     )
+                    i += len(part)
+                    # Small values (markers, metadata): fetch more per round trip next time.
+                    total = sum(len(v) for v in values if v is not None)
+                    if total * 4 < VALUE_BYTES:
+                        value_batch = min(BATCH, value_batch * 4)
+                    elif total > VALUE_BYTES:
+                        value_batch = max(1, value_batch // 4)
 
     def scan(
         self,
@@ -314,10 +538,19 @@ class RedisTxn(Txn):
         ]
         hidden = sum(1 for _, v in pending if v is DELETED)
         first = BATCH if limit is None else min(BATCH, limit + hidden + 1)
-        for raw, x in merge_buffered(self._stored(space, lo, hi, fetch, first), mine, None):
-            key = decode_key(raw, self._d.where)
-            if key is None:
-                continue
+        window = self._windows.get(space) if fetch == KEYS and not self._write else None
+        if window is not None and _covers(window, lo, hi):
+            stored = _within(window[4], lo, hi)
+        else:
+            stored = self._stored(space, lo, hi, fetch, first)
+        where = self._d.where
+        for raw, x in merge_buffered(stored, mine, None) if mine else stored:
+            try:
+                key = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                key = decode_key(raw, where)
+                if key is None:
+                    continue
             yield key, x
             if limit is not None:
                 limit -= 1
@@ -326,35 +559,50 @@ class RedisTxn(Txn):
 
     # -- commit -------------------------------------------------------------------------------
     def finish(self, ok: bool) -> None:
-        """Commit the buffered writes in one ``MULTI``/``EXEC`` (or drop them)."""
-        conn = self._conn
-        if not ok or not self._pending:
-            conn.release(watching=bool(self._watched))
-            return
-        commands: list[tuple[Any, ...]] = [("MULTI",)]
-        for (space, raw), value in self._pending.items():
-            name, index = self._d.name(space, raw), self._d.index[space]
-            if value is DELETED:
-                commands += [("DEL", name), ("ZREM", index, raw)]
-            else:
-                commands += [("SET", name, value), ("ZADD", index, 0, raw)]
-        commands.append(("EXEC",))
+        """Commit the buffered writes in one ``MULTI``/``EXEC`` (one round trip), or drop them."""
+        link = self._link
         try:
-            replies = conn.call(*commands)
-            for reply in replies[:-1]:
-                if isinstance(reply, Exception):  # refused while queueing, e.g. OOM
-                    raise _error(reply, self._d.where)
-            result = replies[-1]
-            if result is None:
-                raise RetryableError(f"{self._d.where}: write conflict (a watched key changed)")
-            if isinstance(result, Exception):
-                raise _error(result, self._d.where)
-            for reply in result:
-                if isinstance(reply, Exception):
-                    raise _error(reply, self._d.where)
+            if not ok or not self._pending:
+                if self._watched:
+                    link.unwatch = True  # sent in front of the link's next call
+                return
+            self._commit(link)
         finally:
-            # EXEC (or its failure) has ended the WATCH either way.
-            conn.release(watching=False)
+            self._d._release(link)
+
+    def _commit(self, link: _Link) -> None:
+        d = self._d
+        commands: list[tuple[Any, ...]] = [("MULTI",)]
+        added: dict[bytes, list[Any]] = {}
+        removed: dict[bytes, list[bytes]] = {}
+        deleted: list[bytes] = []
+        for (space, raw), value in self._pending.items():
+            name, index = d.name(space, raw), d.index[space]
+            if value is DELETED:
+                deleted.append(name)
+                removed.setdefault(index, []).append(raw)
+            else:
+                commands.append(("SET", name, value))
+                added.setdefault(index, []).extend((0, raw))
+        if deleted:
+            commands.append(("DEL", *deleted))
+        for index, members in removed.items():
+            commands.append(("ZREM", index, *members))
+        for index, scored in added.items():
+            commands.append(("ZADD", index, *scored))
+        commands.append(("EXEC",))
+        replies = link.call(commands, big=True)
+        for reply in replies[:-1]:
+            if isinstance(reply, Exception):  # refused while queueing, e.g. OOM
+                raise _error(reply, d.where)
+        result = replies[-1]
+        if result is None:
+            raise RetryableError(f"{d.where}: write conflict (a watched key changed)")
+        if isinstance(result, Exception):
+            raise _error(result, d.where)
+        for reply in result:
+            if isinstance(reply, Exception):
+                raise _error(reply, d.where)
 
 
 class RedisDriver(Driver):
@@ -379,11 +627,15 @@ class RedisDriver(Driver):
         self.data_prefix = p + b":"
         self.side_prefix = b"zarrfs.side." + p + b":"
         self.index = {DATA: b"zarrfs.index." + p, SIDE: b"zarrfs.sideindex." + p}
+        self._local = threading.local()
+        self._closed = False
         try:
             # Bounded timeouts: a FUSE call must fail (EIO) rather than hang on a dead server.
             tcp = {"socket_keepalive": True} if parts.scheme != "unix" else {}
+            # RESP2 unless the URL asks otherwise: no push messages among the replies, and the
+            # links parse it with hiredis directly (see _Link).
             self.pool = redis.ConnectionPool.from_url(
-                client_url, socket_connect_timeout=10, socket_timeout=120, **tcp
+                client_url, socket_connect_timeout=10, socket_timeout=120, protocol=2, **tcp
             )
             self.client = redis.Redis(connection_pool=self.pool)
             self.client.ping()
@@ -398,6 +650,52 @@ class RedisDriver(Driver):
         if space == SIDE:
             return self.side_prefix + raw
         raise ValueError(f"unknown key space {space!r}")
+
+    # -- connections --------------------------------------------------------------------------
+    def _acquire(self) -> _Link:
+        """The calling thread's link, or a link of its own for a transaction started while the
+        thread's link is in use (a one-shot helper called inside a transaction)."""
+        link = getattr(self._local, "link", None)
+        if link is not None and not link.busy and link.usable():
+            link.busy = True
+            return link
+        if self._closed:
+            raise UnavailableError(f"{self.where}: the driver is closed")
+        if link is not None and link.busy:
+            extra = _Link(self)
+            extra.busy = True
+            extra.extra = True
+            return extra
+        if link is not None:
+            self._drop(link)
+        link = _Link(self)
+        link.busy = True
+        self._local.link = link
+        return link
+
+    def _release(self, link: _Link) -> None:
+        link.busy = False
+        if link.extra:
+            if link.unwatch and not link.broken:
+                try:
+                    link.call([])  # sends the owed UNWATCH
+                except BackendError:
+                    pass
+            if link.broken:
+                link.conn.disconnect()
+            link.pool.release(link.conn)
+        elif link.broken:
+            self._drop(link)
+
+    def _drop(self, link: _Link) -> None:
+        if getattr(self._local, "link", None) is link:
+            self._local.link = None
+        if link.generation != _fork_generation:
+            return  # the parent process's socket: leave it to the parent
+        try:
+            link.close()
+        except Exception:  # noqa: BLE001 - a dead connection may fail to close cleanly
+            pass
 
     @contextmanager
     def _translated(self) -> Iterator[None]:
@@ -475,40 +773,36 @@ class RedisDriver(Driver):
             low = b"(" + batch[-1]
 
     # -- transactions -------------------------------------------------------------------------
-    @contextmanager
-    def _begin(self, write: bool) -> Iterator[Txn]:
-        txn = RedisTxn(self, write)
-        try:
-            yield txn
-        except BaseException:
-            txn.finish(False)
-            raise
-        txn.finish(True)
+    def _begin(self, write: bool) -> RedisTxn:
+        return RedisTxn(self, write)
 
-    # One-shot reads: no WATCH needed, MULTI makes EXISTS + STRLEN/GETRANGE one atomic step.
+    def _oneshot(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        link = self._acquire()
+        try:
+            return link.checked(commands)
+        finally:
+            self._release(link)
+
+    # One-shot reads: one round trip on the thread's link, no transaction object.
     def get(self, key: str, space: str = DATA) -> bytes | None:
         """One-shot ``GET``."""
         name = self.name(space, encode_key(key))
-        with self._translated():
-            return self.client.get(name)
+        return self._oneshot([("GET", name)])[0]
 
     def size(self, key: str, space: str = DATA) -> int | None:
         """One-shot ``EXISTS`` + ``STRLEN`` in one ``MULTI``."""
         name = self.name(space, encode_key(key))
-        with self._translated():
-            exists, size = self.client.pipeline().exists(name).strlen(name).execute()
+        exists, size = self._oneshot([("MULTI",), ("EXISTS", name), ("STRLEN", name), ("EXEC",)])[-1]
         return size if exists else None
 
     def read(self, key: str, offset: int, length: int, space: str = DATA) -> bytes | None:
         """One-shot ``EXISTS`` + ``GETRANGE`` in one ``MULTI``."""
         name = self.name(space, encode_key(key))
         if length <= 0:
-            with self._translated():
-                return b"" if self.client.exists(name) else None
-        with self._translated():
-            exists, data = (
-                self.client.pipeline().exists(name).getrange(name, offset, offset + length - 1).execute()
-            )
+            return b"" if self._oneshot([("EXISTS", name)])[0] else None
+        exists, data = self._oneshot(
+            [("MULTI",), ("EXISTS", name), ("GETRANGE", name, offset, offset + length - 1), ("EXEC",)]
+        )[-1]
         return data if exists else None
 
     def statfs(self) -> dict[str, int] | None:
@@ -521,5 +815,6 @@ class RedisDriver(Driver):
         return {"total": total, "free": max(0, total - int(info.get("used_memory") or 0))}
 
     def close(self) -> None:
-        """Close the connection pool."""
+        """Close the connection pool (and with it every thread's link)."""
+        self._closed = True
         self.pool.disconnect()

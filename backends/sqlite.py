@@ -21,9 +21,11 @@ every commit durable on its own (``synchronous=FULL``).
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -54,6 +56,8 @@ from .base import (
     encode_key,
     prefix_stop,
 )
+
+log = logging.getLogger("zarrfs.backends.sqlite")
 
 TABLES = {DATA: "zarr", SIDE: "zarrfs_side"}
 # Exactly zarr-python 2.18's statement, so a database we create is one SQLiteStore expects.
@@ -104,8 +108,25 @@ def _blob(value: Any) -> bytes:
     return value.encode("utf-8") if isinstance(value, str) else bytes(value)
 
 
+_SIZE = "CASE WHEN typeof(v) = 'text' THEN length(CAST(v AS BLOB)) ELSE coalesce(length(v), 0) END"
+
+
+def _decode_rows(rows: list[tuple[Any, ...]], where: str) -> list[tuple[str, Any]]:
+    """``(key, x)`` rows with the keys decoded; a key that is not UTF-8 is skipped (logged)."""
+    try:
+        return [(raw.decode("utf-8"), x) for raw, x in rows]
+    except UnicodeDecodeError:
+        out = []
+        for raw, x in rows:
+            key = decode_key(raw, where)
+            if key is not None:
+                out.append((key, x))
+        return out
+
+
 class SQLiteTxn(Txn):
-    """One SQLite transaction on the calling thread's connection."""
+    """One SQLite transaction on the calling thread's connection; also its own context manager
+    (leaving the block commits, or rolls back when the block raised)."""
 
     #: Rows fetched per statement while scanning, by fetch mode (values can be large).
     batch = {KEYS: 1024, SIZES: 1024}
@@ -115,60 +136,129 @@ class SQLiteTxn(Txn):
         self._driver = driver
         self._conn = conn
         self._write = write
+        # A read transaction runs its first statement on its own (autocommit: a statement is
+        # atomic) and begins at the second; see _begin_now. Most are a single lookup.
+        self._begun = write
+        self._first: tuple[str, Sequence[Any], list[Any]] | None = None
+        if write:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise _translate(exc, driver.path) from exc
+
+    def __enter__(self) -> SQLiteTxn:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        conn = self._conn
+        if exc_type is not None:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            return
+        if not self._begun:
+            return
+        try:
+            conn.execute("COMMIT")
+        except BaseException as err:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if isinstance(err, sqlite3.Error):
+                raise _translate(err, self._driver.path) from err
+            raise
+        if self._write:
+            self._driver.committed()
 
     def _has(self, space: str) -> str | None:
         table = _table(space)
         return table if table in self._driver.tables else None
 
-    def _one(self, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        with _translated(self._driver.path):
-            return self._conn.execute(sql, params).fetchone()
+    def _begin_now(self) -> None:
+        """Begin the read transaction (its snapshot) before a statement that is not its first,
+        or that may return large values. The first statement, run before on its own, is run
+        again: if its answer changed, the transaction has seen two states of the database and
+        is retried (RetryableError); otherwise everything it read belongs to this snapshot."""
+        conn = self._conn
+        try:
+            conn.execute("BEGIN")
+            self._begun = True
+            if self._first is not None:
+                sql, params, rows = self._first
+                self._first = None
+                if conn.execute(sql, params).fetchall() != rows:
+                    raise RetryableError(f"{self._driver.path}: changed between two reads of a transaction")
+        except sqlite3.Error as exc:
+            raise _translate(exc, self._driver.path) from exc
+
+    def _rows(self, sql: str, params: Sequence[Any], lazy: bool = True) -> list[Any]:
+        """The rows of one statement. ``lazy=False`` for statements that may return large
+        values, which are not worth running twice: the transaction begins before them."""
+        if not self._begun:
+            if not lazy or self._first is not None:
+                self._begin_now()
+            else:
+                try:
+                    rows = self._conn.execute(sql, params).fetchall()
+                except sqlite3.Error as exc:
+                    raise _translate(exc, self._driver.path) from exc
+                self._first = (sql, params, rows)
+                return rows
+        try:
+            return self._conn.execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise _translate(exc, self._driver.path) from exc
+
+    def _one(self, sql: str, params: Sequence[Any], lazy: bool = True) -> tuple[Any, ...] | None:
+        rows = self._rows(sql, params, lazy)
+        return rows[0] if rows else None
 
     def get(self, key: str, space: str = DATA) -> bytes | None:
         """Return the value of ``key`` or ``None``."""
-        return self._driver.get_on(self._conn, key, space)
+        encode_key(key)
+        table = self._has(space)
+        if table is None:
+            return None
+        # Data values can be large; side values are small records.
+        row = self._one(f"SELECT v FROM {table} WHERE k = ?", (key,), lazy=space != DATA)
+        return None if row is None else _blob(row[0])
 
     def size(self, key: str, space: str = DATA) -> int | None:
         """Return ``length(v)`` without reading the value."""
-        return self._driver.size_on(self._conn, key, space)
+        encode_key(key)
+        table = self._has(space)
+        if table is None:
+            return None
+        row = self._one(f"SELECT {_SIZE} FROM {table} WHERE k = ?", (key,))
+        return None if row is None else row[0]
 
     def read_many(self, requests: Sequence[tuple[str, str, str]]) -> list[Any]:
         """All the reads as scalar subqueries of one statement (one statement costs less than
-        the five a lookup would otherwise run)."""
-        parts: list[str] = []
+        the five a lookup would otherwise run); the statement text is built once per shape."""
+        if not requests:
+            return []
         params: list[Any] = []
+        shape: list[tuple[str, str, bool]] = []
         for op, key, space in requests:
             encode_key(key)
-            table = self._has(space)
-            if table is None:
-                parts.append("NULL")
-            elif op == "size":
-                parts.append(
-                    f"(SELECT CASE WHEN typeof(v) = 'text' THEN length(CAST(v AS BLOB)) "
-                    f"ELSE coalesce(length(v), 0) END FROM {table} WHERE k = ?)"
-                )
-                params.append(key)
-            elif op == "get":
-                parts.append(f"(SELECT v FROM {table} WHERE k = ?)")
-                params.append(key)
-            elif op == "prefix":
+            if op == "prefix":
                 stop = prefix_stop(key)
-                if stop is None:
-                    parts.append(f"(SELECT 1 FROM {table} WHERE k >= ? LIMIT 1)")
-                    params.append(key)
-                else:
-                    parts.append(f"(SELECT 1 FROM {table} WHERE k >= ? AND k < ? LIMIT 1)")
-                    params += [key, stop]
+                params.append(key)
+                if stop is not None:
+                    params.append(stop)
+                shape.append((op, space, stop is None))
             else:
-                raise ValueError(f"unknown read {op!r}")
-        row = self._one("SELECT " + ", ".join(parts), tuple(params))
+                params.append(key)
+                shape.append((op, space, False))
+        sql, kinds, keep, big = self._driver.read_many_sql(tuple(shape))
+        if len(keep) != len(params):
+            params = [params[i] for i in keep]
+        row = self._one(sql, params, lazy=not big)
         assert row is not None
         out: list[Any] = []
-        for (op, _, _), value in zip(requests, row, strict=True):
-            if op == "prefix":
+        for kind, value in zip(kinds, row, strict=True):
+            if kind == "prefix":
                 out.append(value is not None)
-            elif op == "get":
-                out.append(None if value is None else _blob(value))
+            elif kind == "get":
+                out.append(value if value is None or type(value) is bytes else _blob(value))
             else:
                 out.append(value)
         return out
@@ -179,7 +269,8 @@ class SQLiteTxn(Txn):
         table = self._has(space)
         if table is None:
             return None
-        row = self._one(f"SELECT rowid, typeof(v), length(v) FROM {table} WHERE k = ?", (key,))
+        # The transaction begins first: the blob is opened by the rowid this reads.
+        row = self._one(f"SELECT rowid, typeof(v), length(v) FROM {table} WHERE k = ?", (key,), lazy=False)
         if row is None:
             return None
         rowid, kind, size = row
@@ -202,20 +293,23 @@ class SQLiteTxn(Txn):
         encode_key(key)
         if not self._write:
             raise ReadOnlyError("write in a read-only transaction")
-        table = _table(space)
-        with _translated(self._driver.path):
-            self._conn.execute(
-                f"INSERT INTO {table}(k, v) VALUES (?, ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v",
-                (key, as_buffer(value)),
-            )
+        sql = _PUT.get(space)
+        if sql is None:
+            raise ValueError(f"unknown key space {space!r}")
+        try:
+            self._conn.execute(sql, (key, as_buffer(value)))
+        except sqlite3.Error as exc:
+            raise _translate(exc, self._driver.path) from exc
 
     def delete(self, key: str, space: str = DATA) -> None:
         """Remove ``key`` if present."""
         encode_key(key)
         if not self._write:
             raise ReadOnlyError("write in a read-only transaction")
-        with _translated(self._driver.path):
+        try:
             self._conn.execute(f"DELETE FROM {_table(space)} WHERE k = ?", (key,))
+        except sqlite3.Error as exc:
+            raise _translate(exc, self._driver.path) from exc
 
     def scan(
         self,
@@ -242,31 +336,82 @@ class SQLiteTxn(Txn):
         where = self._driver.path
         while True:
             n = batch if remaining is None else min(batch, remaining)
-            params = (bound, n) if stop is None else (bound, stop, n)
-            with _translated(where):
-                rows = self._conn.execute(sql, params).fetchall()
-            for raw, x in rows:
-                key = decode_key(raw, where)
-                if key is None:
-                    continue
-                if fetch not in (KEYS, SIZES):
-                    x = _blob(x)
-                elif fetch == SIZES and x is None:
-                    x = 0
-                yield key, x
-                if remaining is not None:
-                    remaining -= 1
-                    if remaining <= 0:
-                        return
+            rows = self._rows(sql, (bound, n) if stop is None else (bound, stop, n), fetch in (KEYS, SIZES))
+            out = _decode_rows(rows, where)
+            if fetch == SIZES:
+                if any(x is None for _, x in out):
+                    out = [(k, 0 if x is None else x) for k, x in out]
+            elif fetch != KEYS:
+                out = [(k, x if type(x) is bytes else _blob(x)) for k, x in out]
+            yield from out
             if len(rows) < n:
                 return
+            if remaining is not None:
+                remaining -= len(out)
+                if remaining <= 0:
+                    return
             sql, bound = more, rows[-1][0]
+
+
+_PUT = {
+    space: f"INSERT INTO {table}(k, v) VALUES (?, ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v"
+    for space, table in TABLES.items()
+}
+
+
+class _Checkpointer:
+    """Checkpoints the WAL in the background, so that a commit does not pay for copying the
+    WAL into the database (and its two fsyncs) every thousand pages: after a commit, a passive
+    checkpoint runs on a connection of its own at most every ``interval`` seconds. The writers
+    keep SQLite's own automatic checkpoint, with a higher threshold, as a bound on the WAL
+    when this thread cannot keep up."""
+
+    interval = 0.1
+
+    def __init__(self, driver: SQLiteDriver) -> None:
+        self.path = driver.path
+        self.timeout = driver.timeout
+        self.lock = driver.checkpoint_lock
+        self.wake = threading.Event()
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="zarrfs-sqlite-checkpoint", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        conn = None
+        try:
+            while True:
+                self.wake.wait()
+                if self.stopping:
+                    return
+                time.sleep(self.interval)  # let a burst of commits go in first
+                self.wake.clear()
+                if self.stopping:
+                    return
+                try:
+                    if conn is None:
+                        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+                        conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
+                    with self.lock:
+                        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error as exc:  # the writers' automatic checkpoint still bounds the WAL
+                    log.debug("%s: background checkpoint failed: %s", self.path, exc)
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.wake.set()
+        self.thread.join(timeout=10)
 
 
 class SQLiteDriver(Driver):
     """Driver for SQLite databases; see the module docstring."""
 
     schemes = ("sqlite",)
+    #: SQLite's own automatic checkpoint (pages of WAL), the bound behind the background one.
+    autocheckpoint = 8192
 
     def __init__(self, url: str, readonly: bool = False) -> None:
         super().__init__(url, readonly)
@@ -279,6 +424,10 @@ class SQLiteDriver(Driver):
         self._conns: list[sqlite3.Connection] = []
         self._conns_lock = threading.Lock()
         self._closed = False
+        self._read_many_sql: dict[tuple[Any, ...], tuple[str, tuple[str, ...], list[int], bool]] = {}
+        self._checkpointer: _Checkpointer | None = None
+        #: Held while this driver checkpoints (background or sync), so the two never collide.
+        self.checkpoint_lock = threading.Lock()
         self.tables: set[str] = set()
         conn = self._conn()
         with _translated(path):
@@ -290,7 +439,10 @@ class SQLiteDriver(Driver):
             rows = conn.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('zarr', 'zarrfs_side')"
             ).fetchall()
+            wal = conn.execute("PRAGMA journal_mode").fetchone()[0] == b"wal"
         self.tables = {name.decode() for (name,) in rows}
+        if not readonly and wal:
+            self._checkpointer = _Checkpointer(self)
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -314,29 +466,64 @@ class SQLiteDriver(Driver):
             conn.text_factory = bytes
             conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            if not self.readonly:
+                conn.execute(f"PRAGMA wal_autocheckpoint = {self.autocheckpoint}")
         with self._conns_lock:
             self._conns.append(conn)
         self._local.conn = conn
         return conn
 
-    @contextmanager
-    def _begin(self, write: bool) -> Iterator[Txn]:
-        conn = self._conn()
-        with _translated(self.path):
-            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-        try:
-            yield SQLiteTxn(self, conn, write)
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        try:
-            with _translated(self.path):
-                conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
+    def _begin(self, write: bool) -> SQLiteTxn:
+        return SQLiteTxn(self, self._conn(), write)
+
+    def committed(self) -> None:
+        """A write transaction committed: schedule a background checkpoint."""
+        checkpointer = self._checkpointer
+        if checkpointer is not None and not checkpointer.wake.is_set():
+            checkpointer.wake.set()
+
+    def read_many_sql(self, shape: tuple[Any, ...]) -> tuple[str, tuple[str, ...], list[int], bool]:
+        """The statement answering a batch of reads of this shape (``(op, space, unbounded)``
+        each), what each column is, which of the batch's parameters it binds, and whether it
+        reads data values (which can be large)."""
+        found = self._read_many_sql.get(shape)
+        if found is not None:
+            return found
+        parts: list[str] = []
+        keep: list[int] = []
+        kinds: list[str] = []
+        i = 0
+        for op, space, unbounded in shape:
+            table = _table(space)
+            if table not in self.tables:
+                table = None
+            if op == "size" or op == "get":
+                if table is None:
+                    parts.append("NULL")
+                else:
+                    column = _SIZE if op == "size" else "v"
+                    parts.append(f"(SELECT {column} FROM {table} WHERE k = ?)")
+                    keep.append(i)
+                i += 1
+            elif op == "prefix":
+                n = 1 if unbounded else 2
+                if table is None:
+                    parts.append("NULL")
+                elif unbounded:
+                    parts.append(f"(SELECT 1 FROM {table} WHERE k >= ? LIMIT 1)")
+                    keep.append(i)
+                else:
+                    parts.append(f"(SELECT 1 FROM {table} WHERE k >= ? AND k < ? LIMIT 1)")
+                    keep += [i, i + 1]
+                i += n
+            else:
+                raise ValueError(f"unknown read {op!r}")
+            kinds.append(op)
+        big = any(op == "get" and space == DATA for op, space, _ in shape)
+        found = ("SELECT " + ", ".join(parts), tuple(kinds), keep, big)
+        if len(self._read_many_sql) < 256:
+            self._read_many_sql[shape] = found
+        return found
 
     def get_on(self, conn: sqlite3.Connection, key: str, space: str) -> bytes | None:
         """``get`` on a given connection (inside or outside a transaction)."""
@@ -344,8 +531,10 @@ class SQLiteDriver(Driver):
         table = _table(space)
         if table not in self.tables:
             return None
-        with _translated(self.path):
+        try:
             row = conn.execute(f"SELECT v FROM {table} WHERE k = ?", (key,)).fetchone()
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
         return None if row is None else _blob(row[0])
 
     def size_on(self, conn: sqlite3.Connection, key: str, space: str) -> int | None:
@@ -354,12 +543,10 @@ class SQLiteDriver(Driver):
         table = _table(space)
         if table not in self.tables:
             return None
-        with _translated(self.path):
-            row = conn.execute(
-                f"SELECT CASE WHEN typeof(v) = 'text' THEN length(CAST(v AS BLOB)) "
-                f"ELSE coalesce(length(v), 0) END FROM {table} WHERE k = ?",
-                (key,),
-            ).fetchone()
+        try:
+            row = conn.execute(f"SELECT {_SIZE} FROM {table} WHERE k = ?", (key,)).fetchone()
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
         return None if row is None else row[0]
 
     # A single SELECT is already atomic: skip BEGIN/COMMIT for the one-shot reads.
@@ -374,17 +561,28 @@ class SQLiteDriver(Driver):
     def sync(self) -> None:
         """With ``sync=1`` (``synchronous=FULL``) every commit is already durable; otherwise
         checkpoint the WAL, which syncs it."""
-        if self.synchronous != "FULL":
-            with _translated(self.path):
-                self._conn().execute("PRAGMA wal_checkpoint(PASSIVE)")
+        if self.synchronous == "FULL":
+            return
+        conn = self._conn()
+        deadline = time.monotonic() + self.timeout
+        with self.checkpoint_lock, _translated(self.path):
+            # A checkpoint that another connection runs makes this one return busy (PASSIVE
+            # never waits), without the sync: try again until it is done.
+            while conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[0]:
+                if time.monotonic() > deadline:
+                    raise RetryableError(f"{self.path}: the WAL stayed busy, not synced")
+                time.sleep(0.002)
 
     def statfs(self) -> dict[str, int] | None:
         """Space of the filesystem holding the database file."""
         return statvfs(os.path.dirname(self.path))
 
     def close(self) -> None:
-        """Close every thread's connection."""
+        """Stop the background checkpoint and close every thread's connection."""
         self._closed = True
+        checkpointer, self._checkpointer = self._checkpointer, None
+        if checkpointer is not None:
+            checkpointer.stop()
         with self._conns_lock:
             conns, self._conns = self._conns, []
         for conn in conns:

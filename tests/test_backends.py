@@ -255,6 +255,7 @@ class DriverConformance:
         ]
         expected = [5, 0, None, b"side", None, True, False, True, False]
         assert driver.transact(lambda t: t.read_many(requests), write=False) == expected
+
         # Inside a write transaction the batch sees the transaction's own writes.
         def run(t):
             t.put("h/new", b"1")
@@ -262,6 +263,113 @@ class DriverConformance:
             return t.read_many([("prefix", "h/", DATA), ("size", "g/a", DATA), ("prefix", "g/", DATA)])
 
         assert driver.transact(run) == [True, None, False]
+
+    def test_read_many_in_a_write_transaction(self, driver):
+        driver.transact(
+            lambda t: [
+                t.put("p/a", b"1"),
+                t.put("p/b", b"22"),
+                t.put("q/a", b"3"),
+                t.put("r/1", b""),
+                t.put("r/2", b""),
+                t.put("r/3", b""),
+                t.put("e:p/x", b"s", SIDE),
+                t.put("a:p/a", b"attrs", SIDE),
+            ]
+        )
+        requests = [
+            ("size", "p/a", DATA),
+            ("get", "p/a", DATA),
+            ("size", "p/b", DATA),
+            ("get", "p/b", DATA),
+            ("size", "n/new", DATA),
+            ("get", "n/new", DATA),
+            ("size", "r/1", DATA),
+            ("prefix", "n/", DATA),  # made by a pending put
+            ("prefix", "p/", DATA),  # one of its two keys deleted
+            ("prefix", "q/", DATA),  # its only key deleted
+            ("prefix", "r/", DATA),  # two of three deleted: r/3 remains
+            ("prefix", "zz/", DATA),
+            ("prefix", "e:n/", SIDE),
+            ("prefix", "e:p/", SIDE),
+            ("get", "e:n/y", SIDE),
+            ("get", "e:p/x", SIDE),
+            ("size", "e:p/x", SIDE),
+            ("get", "a:p/a", SIDE),
+            ("size", "untouched", DATA),
+        ]
+
+        def run(t):
+            before = t.read_many(requests)
+            t.put("n/new", b"new")
+            t.put("p/a", b"changed!")
+            t.delete("p/b")
+            t.delete("q/a")
+            t.delete("r/1")
+            t.delete("r/2")
+            t.put("e:n/y", b"m", SIDE)
+            t.delete("e:p/x", SIDE)
+            after = t.read_many(requests)
+            # The same answers as the single reads of this transaction.
+            single = []
+            for op, key, space in requests:
+                if op == "size":
+                    single.append(t.size(key, space))
+                elif op == "get":
+                    single.append(t.get(key, space))
+                else:
+                    single.append(next(iter(t.scan_prefix(key, space=space, limit=1)), None) is not None)
+            t.delete("r/3")
+            t.put("q/b", b"back")
+            last = t.read_many([("prefix", "r/", DATA), ("prefix", "q/", DATA), ("get", "q/b", DATA)])
+            return before, after, single, last
+
+        before, after, single, last = driver.transact(run)
+        assert before[:12] == [1, b"1", 2, b"22", None, None, 0, False, True, True, True, False]
+        assert before[12:] == [False, True, None, b"s", 1, b"attrs", None]
+        expected = [8, b"changed!", None, None, 3, b"new", None, True, True, False, True, False]
+        expected += [True, False, b"m", None, None, b"attrs", None]
+        assert after == expected
+        assert single == expected
+        assert last == [False, True, b"back"]
+        # Committed as seen last: r/3 deleted, q/b put.
+        committed = expected[:9] + [True, False] + expected[11:]
+        assert driver.transact(lambda t: t.read_many(requests), write=False) == committed
+        assert driver.transact(lambda t: t.read_many(requests), write=True) == committed
+
+    def test_read_many_refuses_bad_requests(self, driver):
+        for write in (False, True):
+            with pytest.raises(ValueError):
+                driver.transact(lambda t: t.read_many([("size", "k", "nonsense")]), write=write)
+            with pytest.raises(ValueError):
+                driver.transact(lambda t: t.read_many([("prefix", "k/", "nonsense")]), write=write)
+            with pytest.raises(ValueError):
+                driver.transact(lambda t: t.read_many([("frobnicate", "k", DATA)]), write=write)
+            for bad in ("", "a\udcff"):
+                with pytest.raises(InvalidKeyError):
+                    driver.transact(lambda t, b=bad: t.read_many([("get", b, DATA)]), write=write)
+        assert driver.transact(lambda t: t.read_many([]), write=False) == []
+
+    def test_scans_inside_an_earlier_scan(self, driver):
+        keys = [f"w/{i:03d}" for i in range(300)] + ["w/005/child", "w/0050"]
+        driver.transact(lambda t: [t.put(k, b"x") for k in keys])
+
+        def run(t):
+            first = list(t.scan("w/", "w0", limit=100))
+            # What a listing asks next: does any listed key also have children?
+            below = [k for k, _ in first if next(iter(t.scan_prefix(k + "/", limit=1)), None) is not None]
+            inside = list(t.scan("w/010", "w/020"))
+            edge = list(t.scan("w/099", "w/101"))
+            rest = list(t.scan("w/0050", "w/006"))
+            return first, below, inside, edge, rest
+
+        first, below, inside, edge, rest = driver.transact(run, write=False)
+        ordered = sorted(keys)
+        assert keys_of(first) == ordered[:100]
+        assert below == ["w/005"]
+        assert keys_of(inside) == [f"w/{i:03d}" for i in range(10, 20)]
+        assert keys_of(edge) == ["w/099", "w/100"]
+        assert keys_of(rest) == ["w/0050"]
 
     def test_scan_fetch_modes(self, driver):
         values = {"f/a": b"", "f/b": b"1", "f/c": b"x" * 1000}
@@ -728,6 +836,43 @@ class TestSQLite(DriverConformance):
             a.close()
             b.close()
 
+    def test_read_transaction_sees_one_state(self, driver, url):
+        other = open_driver(url)
+        driver.put("x", b"1")
+        driver.put("y", b"1", SIDE)
+        driver.backoff = 0.001
+        calls = []
+
+        def fn(t):
+            calls.append(1)
+            x = t.size("x")
+            if len(calls) == 1:  # another writer commits between the first two reads
+                other.transact(lambda o: [o.put("x", b"22"), o.put("y", b"22", SIDE)])
+            y = t.read_many([("get", "y", SIDE)])[0]
+            return x, len(y)
+
+        try:
+            assert driver.transact(fn, write=False) in [(1, 1), (2, 2)]
+        finally:
+            other.close()
+
+    def test_background_checkpoint(self, driver, tmp_path):
+        import threading
+        import time
+
+        db = tmp_path / "x.db"
+        assert any(t.name == "zarrfs-sqlite-checkpoint" for t in threading.enumerate())
+        before = db.stat().st_size
+        for i in range(300):  # 1.2 MiB in the WAL, far below SQLite's own checkpoint threshold
+            driver.put(f"c/{i}", os.urandom(4096))
+        deadline = time.monotonic() + 10
+        while db.stat().st_size < before + 300 * 4096 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert db.stat().st_size >= before + 300 * 4096  # copied into the database file
+        driver.sync()
+        driver.close()
+        assert not any(t.name == "zarrfs-sqlite-checkpoint" for t in threading.enumerate())
+
     def test_lock_held_by_another_connection_is_retryable(self, driver, tmp_path):
         import sqlite3
 
@@ -811,6 +956,122 @@ class TestRedis(DriverConformance):
         other.close()
         assert len(calls) == 2
         assert driver.get("c") == b"101"
+
+    def test_read_many_conflicts_are_retried(self, driver, url):
+        other = open_driver(url)
+        driver.put("c", b"0")
+        driver.backoff = 0.001
+        calls = []
+
+        def fn(t):  # a get in a batch is watched like a single get
+            calls.append(1)
+            (value,) = t.read_many([("get", "c", DATA)])
+            if len(calls) == 1:
+                other.put("c", b"100")
+            t.put("c", str(int(value) + 1).encode())
+
+        def below(t):  # so is the index, for a prefix read: a new key under it conflicts
+            calls.append(1)
+            (found,) = t.read_many([("prefix", "dir/", DATA)])
+            if len(calls) == 1:
+                other.put("dir/x", b"1")
+            t.put("flag", b"1" if found else b"0")
+
+        try:
+            driver.transact(fn)
+            assert len(calls) == 2
+            assert driver.get("c") == b"101"
+            calls.clear()
+            driver.transact(below)
+            assert len(calls) == 2
+            assert driver.get("flag") == b"1"
+        finally:
+            other.close()
+
+    def test_round_trips(self, driver, url, monkeypatch):
+        from zarrfs.backends import redis as redis_driver
+
+        sent = []
+        call = redis_driver._Link.call
+
+        def counting(link, commands, big=False):
+            if link.driver is driver:
+                sent.append(["UNWATCH"] * link.unwatch + [c[0] for c in commands])
+            return call(link, commands, big)
+
+        monkeypatch.setattr(redis_driver._Link, "call", counting)
+        driver.put("f/a", b"1")
+        probe = [("size", "f/a", DATA), ("prefix", "f/a/", DATA), ("get", "a:f/a", SIDE)]
+        sent.clear()
+        assert driver.transact(lambda t: t.read_many(probe), write=False) == [1, False, None]
+        assert sent == [["EXISTS", "STRLEN", "ZRANGEBYLEX", "GET"]]  # one round trip, nothing else
+        sent.clear()
+        driver.transact(lambda t: (t.read_many(probe), t.read_many(probe), t.put("f/b", b"2")))
+        assert len(sent) == 3  # the reads (each with its WATCH) and MULTI ... EXEC
+        assert sent[0][0] == "WATCH" and sent[1][0] != "WATCH"
+        assert sent[2][0] == "MULTI" and sent[2][-1] == "EXEC"
+        assert driver.get("f/b") == b"2"
+
+        # A write transaction that ends without EXEC owes an UNWATCH: it rides on the next call,
+        # and a change to what it watched does not fail the next transaction.
+        other = open_driver(url)
+        try:
+            sent.clear()
+
+            class Stop(Exception):
+                pass
+
+            def abandoned(t):
+                t.get("f/a")
+                raise Stop
+
+            with pytest.raises(Stop):
+                driver.transact(abandoned)
+            assert len(sent) == 1
+            other.put("f/a", b"changed")
+            attempts = []
+            driver.transact(lambda t: (attempts.append(1), t.put("f/c", t.get("f/b") + b"!")))
+            assert attempts == [1]
+            assert sent[1][0] == "UNWATCH"
+            assert driver.get("f/c") == b"2!"
+        finally:
+            other.close()
+
+    def test_one_shot_helpers_inside_a_transaction(self, driver):
+        driver.put("n/a", b"1")
+
+        def fn(t):
+            seen = (t.get("n/a"), driver.get("n/a"), driver.size("n/a"), driver.read("n/a", 0, 1))
+            t.put("n/b", b"2")
+            seen += (driver.get("n/b"), t.get("n/b"))
+            return seen
+
+        assert driver.transact(fn) == (b"1", b"1", 1, b"1", None, b"2")
+        assert driver.get("n/b") == b"2"
+
+    def test_reconnects_after_the_server_closed_an_idle_connection(self, driver, redis_server, monkeypatch):
+        from zarrfs.backends import redis as redis_driver
+
+        driver.put("k", b"v")
+        (cid,) = driver._oneshot([("CLIENT", "ID")])
+        redis_server.client(0).client_kill_filter(_id=cid)
+        monkeypatch.setattr(redis_driver, "IDLE_CHECK", 0.0)
+        assert driver.get("k") == b"v"
+        assert driver.transact(lambda t: t.read_many([("get", "k", DATA)]), write=False) == [b"v"]
+
+    def test_stale_entries_are_not_listed_from_an_earlier_scan(self, driver, redis_server):
+        for k in ("t/1", "t/2", "t/3", "t/2/x"):
+            driver.put(k, b"x")
+        redis_server.client(0).delete(f"{driver.prefix}:t/2", f"{driver.prefix}:t/2/x")
+
+        def run(t):
+            return (
+                list(t.scan("t/", "t0", limit=10)),
+                list(t.scan("t/2", "t/3")),
+                list(t.scan("t/2/", "t/20")),
+            )
+
+        assert driver.transact(run, write=False) == ([("t/1", None), ("t/3", None)], [], [])
 
     def test_unix_socket_url(self, driver, redis_server):
         driver.put("via/tcp", b"1")
