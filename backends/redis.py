@@ -11,8 +11,10 @@ writes them. Everything else lives outside the pattern ``{prefix}:*`` that ``Red
   index, so when the marker is missing the index is rebuilt with ``SCAN MATCH {prefix}:*``.
   Keeping the marker inside the set means deleting the set also deletes the marker.
   ``RedisStore`` does not maintain the index: keys it deletes leave stale entries (scans
-  check existence and drop them; :meth:`RedisDriver.reindex` prunes them); keys it adds while
-  the index exists are not listed until :meth:`RedisDriver.reindex`.
+  check existence and drop them, with one multi-key ``EXISTS`` per batch;
+  :meth:`RedisDriver.reindex` prunes them; a ``prefix`` read of :meth:`Txn.read_many`, which
+  must stay one round trip, trusts the index); keys it adds while the index exists are not
+  listed until :meth:`RedisDriver.reindex`.
 * ``zarrfs.side.{prefix}:{key}``: side values, with their own index
   ``zarrfs.sideindex.{prefix}``.
 
@@ -23,11 +25,22 @@ and commits them in one ``MULTI``/``EXEC``; a watched key changed by someone els
 by scans, a write transaction that scans conflicts with any concurrent creation of a new key;
 re-setting an existing key does not touch the index. Read-only transactions do not watch:
 each read sees the latest committed state (read committed, not a snapshot).
+
+Round trips are what a transaction costs, so each thread keeps one connection across its
+transactions (no pool checkout per transaction) and parses replies with hiredis straight from
+the socket: a read-only transaction costs one round trip per read or read batch and nothing to
+begin or end; a write transaction's ``read_many`` sends its ``WATCH`` in the same pipeline as
+the reads, and its commit is one ``MULTI``/``EXEC`` round trip (an ``UNWATCH`` owed by a
+transaction that ends without ``EXEC`` rides on the connection's next call). In a read-only
+transaction a scan keeps the range of the index it read, so a scan inside it (a listing asking
+whether a listed key also has children) is answered as of that read without a round trip, and
+paging through a range reads ahead in growing batches.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import os
 import select
@@ -201,9 +214,12 @@ class _Link:
                 replies = self._call_fast(commands, big)
             else:
                 replies = self._call_slow(commands)
-        except Exception as exc:
+        except BaseException as exc:
+            # Replies may be left unread (even on KeyboardInterrupt): never reuse the socket.
             self.broken = True
-            raise _error(exc, self.driver.where) from exc
+            if isinstance(exc, Exception):
+                raise _error(exc, self.driver.where) from exc
+            raise
         if self.unwatch:
             self.unwatch = False
             del replies[0]
@@ -271,6 +287,14 @@ def _covers(window: tuple[Any, ...], lo: bytes, hi: bytes | None) -> bool:
     return hi <= end + b"\0" if end_included else hi <= end
 
 
+def _continues(window: tuple[Any, ...], lo: bytes) -> bool:
+    """Whether a range starting at ``lo`` starts inside a window and goes on past its end."""
+    start, included, end = window[:3]
+    if lo < start or (lo == start and not included) or end is None:
+        return False
+    return lo <= end if window[3] else lo < end
+
+
 def _within(members: list[bytes], lo: bytes, hi: bytes | None) -> Iterator[tuple[bytes, None]]:
     i = bisect.bisect_left(members, lo)
     j = len(members) if hi is None else bisect.bisect_left(members, hi)
@@ -291,6 +315,7 @@ class RedisTxn(Txn):
         # in it that exist, which answers a scan inside that range again (the check of a
         # listed key for children of the same name lands there) without a round trip.
         self._windows: dict[str, tuple[Any, ...]] = {}
+        self._ahead: dict[str, int] = {}
 
     def __enter__(self) -> RedisTxn:
         return self
@@ -438,22 +463,26 @@ class RedisTxn(Txn):
 
     # -- scans --------------------------------------------------------------------------------
     def _members(
-        self, space: str, lo: bytes, hi: bytes | None, first: int
+        self, space: str, lo: bytes, hi: bytes | None, first: int, after: bool = False
     ) -> Iterator[tuple[list[bytes], Any]]:
-        """Yield batches of index members in ``[lo, hi)``, in order, each with the range of
-        the index it covers (``None`` when not known): ``(start, start included, end, end
-        included)``, ``end`` None for no bound."""
+        """Yield batches of index members in ``[lo, hi)`` (``(lo, hi)`` with ``after``), in
+        order, each with the range of the index it covers (``None`` when not known):
+        ``(start, start included, end, end included)``, ``end`` None for no bound."""
         index = self._d.index[space]
         if space == DATA and not self._d.indexed:
             # Read-only and no index to read: list the whole keyspace (slow, but correct).
-            members = [m for m in self._d.scan_keyspace() if m >= lo and (hi is None or m < hi)]
+            members = [
+                m
+                for m in self._d.scan_keyspace()
+                if (m > lo if after else m >= lo) and (hi is None or m < hi)
+            ]
             members.sort()
             for i in range(0, len(members), BATCH):
                 yield members[i : i + BATCH], None
             return
-        low = b"[" + lo if lo else b"("  # "(" + "" skips the COMPLETE marker
+        low = b"(" + lo if after or not lo else b"[" + lo  # "(" + "" skips the COMPLETE marker
         high = b"(" + hi if hi is not None else b"+"
-        start, included = lo, True
+        start, included = lo, not after
         n = first
         while True:
             (batch,) = self._query([index], ("ZRANGEBYLEX", index, low, high, "LIMIT", 0, n))
@@ -466,12 +495,12 @@ class RedisTxn(Txn):
             n = BATCH
 
     def _stored(
-        self, space: str, lo: bytes, hi: bytes | None, fetch: str, first: int
+        self, space: str, lo: bytes, hi: bytes | None, fetch: str, first: int, after: bool = False
     ) -> Iterator[tuple[bytes, Any]]:
         """Index members that still exist (a stale entry, whose key another writer deleted, is
         dropped: found by one multi-key ``EXISTS`` per batch, or with the sizes or values)."""
         value_batch = VALUE_BATCH
-        for batch, covered in self._members(space, lo, hi, first):
+        for batch, covered in self._members(space, lo, hi, first, after):
             if not batch:
                 if covered is not None and fetch == KEYS and not self._write:
                     self._windows[space] = (*covered, batch)
@@ -539,8 +568,18 @@ class RedisTxn(Txn):
         hidden = sum(1 for _, v in pending if v is DELETED)
         first = BATCH if limit is None else min(BATCH, limit + hidden + 1)
         window = self._windows.get(space) if fetch == KEYS and not self._write else None
-        if window is not None and _covers(window, lo, hi):
+        if window is None:
+            stored = self._stored(space, lo, hi, fetch, first)
+        elif _covers(window, lo, hi):
             stored = _within(window[4], lo, hi)
+        elif _continues(window, lo):
+            # Paging through a range (a listing): the rest of the window, then read ahead,
+            # more each time, in fewer round trips than the pages.
+            start, included, end, end_included, members = window
+            ahead = min(BATCH, 2 * self._ahead.get(space, first))
+            self._ahead[space] = ahead
+            head = _within(members, lo, end + b"\0" if end_included else end)
+            stored = itertools.chain(head, self._stored(space, end, hi, fetch, ahead, after=end_included))
         else:
             stored = self._stored(space, lo, hi, fetch, first)
         where = self._d.where
@@ -655,12 +694,12 @@ class RedisDriver(Driver):
     def _acquire(self) -> _Link:
         """The calling thread's link, or a link of its own for a transaction started while the
         thread's link is in use (a one-shot helper called inside a transaction)."""
+        if self._closed:
+            raise UnavailableError(f"{self.where}: the driver is closed")
         link = getattr(self._local, "link", None)
         if link is not None and not link.busy and link.usable():
             link.busy = True
             return link
-        if self._closed:
-            raise UnavailableError(f"{self.where}: the driver is closed")
         if link is not None and link.busy:
             extra = _Link(self)
             extra.busy = True

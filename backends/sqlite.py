@@ -13,10 +13,20 @@ One connection per thread, WAL journal (readers never block the writer), a busy 
 instead of failing with SQLITE_BUSY at their first write; a lock that stays busy past the
 timeout becomes :class:`RetryableError`.
 
+A read transaction runs its first statement on its own (one statement is atomic) and issues
+``BEGIN`` only before a second one, which is when it needs a snapshot; most read transactions
+(a lookup is one statement) then cost no ``BEGIN``/``COMMIT``. The first statement is run again
+after the ``BEGIN``: if its answer changed, the transaction is retried, so everything a read
+transaction returns still comes from one state of the database. Statements that can return
+large values begin the transaction first instead of running twice.
+
 Commits run with ``synchronous=NORMAL`` (in WAL mode a crash of the process never loses or
 corrupts a committed transaction; a crash of the machine may lose the last ones) and
 ``Driver.sync()`` (a file's ``fsync``) checkpoints the WAL, which syncs it; ``?sync=1`` makes
-every commit durable on its own (``synchronous=FULL``).
+every commit durable on its own (``synchronous=FULL``). Checkpoints run in a background thread
+after commits (a commit never waits for the WAL to be copied into the database and synced);
+SQLite's own automatic checkpoint stays on the writers' connections, at a higher threshold, as
+the bound on the WAL's size.
 """
 
 from __future__ import annotations

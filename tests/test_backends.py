@@ -363,6 +363,20 @@ class DriverConformance:
             rest = list(t.scan("w/0050", "w/006"))
             return first, below, inside, edge, rest
 
+        def paging(t):  # as a listing pages: resume after the last key, check each for children
+            pages, below, pos = [], [], "w/"
+            while True:
+                page = keys_of(t.scan(pos, "w0", limit=16))
+                pages.append(page)
+                below += [k for k in page if next(iter(t.scan_prefix(k + "/", limit=1)), None) is not None]
+                if len(page) < 16:
+                    return pages, below
+                pos = page[-1] + "\0"
+
+        pages, paged_below = driver.transact(paging, write=False)
+        assert [k for page in pages for k in page] == sorted(keys)
+        assert all(len(page) == 16 for page in pages[:-1])
+        assert paged_below == ["w/005"]
         first, below, inside, edge, rest = driver.transact(run, write=False)
         ordered = sorted(keys)
         assert keys_of(first) == ordered[:100]
@@ -1072,6 +1086,22 @@ class TestRedis(DriverConformance):
             )
 
         assert driver.transact(run, write=False) == ([("t/1", None), ("t/3", None)], [], [])
+
+        r = redis_server.client(0)
+        for i in range(60):
+            driver.put(f"u/{i:02d}", b"x")
+        r.delete(*[f"{driver.prefix}:u/{i:02d}" for i in range(0, 60, 7)])
+
+        def paging(t):
+            seen, pos = [], "u/"
+            while True:
+                page = keys_of(t.scan(pos, "u0", limit=5))
+                seen += page
+                if len(page) < 5:
+                    return seen
+                pos = page[-1] + "\0"
+
+        assert driver.transact(paging, write=False) == [f"u/{i:02d}" for i in range(60) if i % 7]
 
     def test_unix_socket_url(self, driver, redis_server):
         driver.put("via/tcp", b"1")
