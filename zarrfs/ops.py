@@ -153,8 +153,8 @@ class Operations(mfusepy.Operations):
     def readdir_with_offset(self, path: str, offset: int, fh: int):
         # A generator: libfuse stops taking entries when the kernel's buffer is full, so only
         # what fits is ever produced (a buffer holds about a hundred names).
-        listing = self.dirs[fh]
-        return _translated_iter((name, {"st_mode": kind}, off) for name, kind, off in listing.entries(offset))
+        # An int where mfusepy takes the attributes is the mode: the type is all readdir returns.
+        return _translated_iter(self.dirs[fh].entries(offset))
 
     @translated
     def releasedir(self, path: str, fh: int) -> int:
