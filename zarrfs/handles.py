@@ -120,13 +120,8 @@ class HandleTable:
         writable = (flags & os.O_ACCMODE) != os.O_RDONLY
         if writable and self.readonly:
             raise FsError(errno.EROFS, key)
-        state = self.states.get(key)
-        if state is None:
-            state = FileState(key)
-            if not writable:
-                node = self.tree.lookup(key)
-                if node.kind != FILE:
-                    raise FsError(errno.EISDIR, key)
+        # The kernel looked the name up just before, so there is no need to ask again.
+        state = self.states.get(key) or FileState(key)
         fh = self._add(state, flags)
         if writable and flags & os.O_TRUNC:
             self._ensure_buffer(state, empty=True)
