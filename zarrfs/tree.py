@@ -383,15 +383,9 @@ class Tree:
         self._write(run)
 
     def check_create(self, key: str) -> None:
-        """Raise unless a new file may be created at ``key`` (parent folder there, name valid)."""
-
-        def run(t: Txn) -> None:
-            self._require_parent_dir(t, key)
-            if self._probe(t, key) is not None:
-                raise FsError(errno.EEXIST, key)
-            self.hooks.check_name(t, key, FILE)
-
-        self.driver.transact(run, write=False)
+        """Raise unless the name ``key`` is valid for a new file. The kernel has just looked up
+        the name and its folder; the commit checks both again in its own transaction."""
+        self.driver.transact(lambda t: self.hooks.check_name(t, key, FILE), write=False)
 
     def mkdir(self, key: str, mode: int) -> None:
         """Make an empty folder that persists (EEXIST if taken, ENOENT/ENOTDIR for the parent)."""
