@@ -156,28 +156,56 @@ class Tree:
     def _probe(self, t: Txn, key: str) -> tuple[int, int, str, bytes | None] | None:
         """(kind, stored size, link target, raw attributes) of ``key``, or None when nothing
         is there. One batch of reads: a single round trip on a remote database."""
-        if key == "":
-            return DIR, 0, "", t.get(attr_key(key), SIDE)
-        size, data_below, mark, side_below, raw_attrs = t.read_many(
-            [
-                ("size", key, DATA),
-                ("prefix", key + "/", DATA),
-                ("get", entry_key(key), SIDE),
-                ("prefix", ENTRY + key + "/", SIDE),
-                ("get", attr_key(key), SIDE),
-            ]
-        )
-        if size is not None and not data_below:
-            return FILE, size, "", raw_attrs
-        if size is not None:
-            self._log_hidden(key)
-            return DIR, 0, "", raw_attrs
-        if mark is not None and mark[:1] == LINK_MARK:
-            target = bytes(mark[1:]).decode("utf-8", "surrogateescape")
-            return LINK, len(target.encode("utf-8", "surrogateescape")), target, raw_attrs
-        if mark is not None or data_below or side_below:
-            return DIR, 0, "", raw_attrs
-        return None
+        return self._probe_many(t, [key])[0]
+
+    def _probe_many(self, t: Txn, keys: list[str]) -> list[tuple[int, int, str, bytes | None] | None]:
+        """:meth:`_probe` of several keys in one batch of reads."""
+        requests: list[tuple[str, str, str]] = []
+        for key in keys:
+            if key == "":
+                requests.append(("get", attr_key(key), SIDE))
+            else:
+                requests += [
+                    ("size", key, DATA),
+                    ("prefix", key + "/", DATA),
+                    ("get", entry_key(key), SIDE),
+                    ("prefix", ENTRY + key + "/", SIDE),
+                    ("get", attr_key(key), SIDE),
+                ]
+        answers = iter(t.read_many(requests))
+        out: list[tuple[int, int, str, bytes | None] | None] = []
+        for key in keys:
+            if key == "":
+                out.append((DIR, 0, "", next(answers)))
+                continue
+            size, data_below, mark, side_below, raw_attrs = (next(answers) for _ in range(5))
+            if size is not None and not data_below:
+                out.append((FILE, size, "", raw_attrs))
+            elif size is not None:
+                self._log_hidden(key)
+                out.append((DIR, 0, "", raw_attrs))
+            elif mark is not None and mark[:1] == LINK_MARK:
+                target = bytes(mark[1:]).decode("utf-8", "surrogateescape")
+                out.append((LINK, len(target.encode("utf-8", "surrogateescape")), target, raw_attrs))
+            elif mark is not None or data_below or side_below:
+                out.append((DIR, 0, "", raw_attrs))
+            else:
+                out.append(None)
+        return out
+
+    def _probe_in_folder(self, t: Txn, key: str) -> tuple[int, int, str, bytes | None] | None:
+        """:meth:`_probe` of ``key``, and in the same batch a check that its parent is a folder
+        (ENOENT / ENOTDIR otherwise), as every call that makes a name needs."""
+        parent, found = self._probe_many(t, [key.rpartition("/")[0], key])
+        self._folder_check(parent, key)
+        return found
+
+    @staticmethod
+    def _folder_check(parent: tuple | None, key: str) -> None:
+        if parent is None:
+            raise FsError(errno.ENOENT, f"parent of {key}")
+        if parent[0] != DIR:
+            raise FsError(errno.ENOTDIR, f"parent of {key}")
 
     def _log_hidden(self, key: str) -> None:
         if key not in self._hidden_logged:
@@ -342,18 +370,19 @@ class Tree:
     def _now(self) -> int:
         return time.time_ns()
 
-    def _require_parent_dir(self, t: Txn, key: str) -> None:
-        parent = key.rpartition("/")[0]
-        found = self._probe(t, parent)
-        if found is None:
-            raise FsError(errno.ENOENT, f"parent of {key}")
-        if found[0] != DIR:
-            raise FsError(errno.ENOTDIR, f"parent of {key}")
-
     def _keep_parent(self, t: Txn, key: str) -> None:
         """After ``key`` left its folder, keep the folder (POSIX: only rmdir removes one)."""
         parent = key.rpartition("/")[0]
-        if parent and t.get(entry_key(parent), SIDE) is None and not self._has_children(t, parent):
+        if not parent:
+            return
+        marked, data_below, side_below = t.read_many(
+            [
+                ("get", entry_key(parent), SIDE),
+                ("prefix", parent + "/", DATA),
+                ("prefix", ENTRY + parent + "/", SIDE),
+            ]
+        )
+        if marked is None and not data_below and not side_below:
             t.put(entry_key(parent), DIR_MARK, SIDE)
 
     def commit(
@@ -368,8 +397,7 @@ class Tree:
 
         def run(t: Txn) -> None:
             if create or exclusive:
-                self._require_parent_dir(t, key)
-                found = self._probe(t, key)
+                found = self._probe_in_folder(t, key)
                 if found is not None and (exclusive or found[0] != FILE):
                     raise FsError(errno.EISDIR if found[0] == DIR else errno.EEXIST, key)
                 if found is None:
@@ -391,9 +419,8 @@ class Tree:
         """Make an empty folder that persists (EEXIST if taken, ENOENT/ENOTDIR for the parent)."""
 
         def run(t: Txn) -> None:
-            if not key or self._probe(t, key) is not None:
+            if not key or self._probe_in_folder(t, key) is not None:
                 raise FsError(errno.EEXIST, key)
-            self._require_parent_dir(t, key)
             self.hooks.check_name(t, key, DIR)
             now = self._now()
             t.put(entry_key(key), DIR_MARK, SIDE)
@@ -415,9 +442,8 @@ class Tree:
         """Make a symlink at ``key`` pointing to ``target`` (kept as side data: not a Zarr key)."""
 
         def run(t: Txn) -> None:
-            if self._probe(t, key) is not None:
+            if self._probe_in_folder(t, key) is not None:
                 raise FsError(errno.EEXIST, key)
-            self._require_parent_dir(t, key)
             now = self._now()
             t.put(entry_key(key), LINK_MARK + target.encode("utf-8", "surrogateescape"), SIDE)
             t.put(attr_key(key), self._new_attrs(LINK, 0o777, now, uid, gid).pack(), SIDE)
@@ -546,10 +572,9 @@ class Tree:
             raise FsError(errno.EINVAL, f"cannot move {src} into itself")
 
         def run(t: Txn) -> None:
-            s = self._probe(t, src)
+            s, d, parent = self._probe_many(t, [src, dst, dst.rpartition("/")[0]])
             if s is None:
                 raise FsError(errno.ENOENT, src, quiet=True)
-            d = self._probe(t, dst)
             if flags & RENAME_EXCHANGE:
                 if d is None:
                     raise FsError(errno.ENOENT, dst, quiet=True)
@@ -570,7 +595,7 @@ class Tree:
                     raise FsError(errno.ENOTEMPTY, dst)
                 self._remove(t, self._subtree(t, dst))
             else:
-                self._require_parent_dir(t, dst)
+                self._folder_check(parent, dst)
                 self.hooks.check_name(t, dst, s[0])
             records = self._subtree(t, src)
             self._remove(t, records)
@@ -585,14 +610,14 @@ class Tree:
         hard links, so this is a copy that is taken in one transaction."""
 
         def run(t: Txn) -> None:
-            s = self._probe(t, src)
+            s, d, parent = self._probe_many(t, [src, dst, dst.rpartition("/")[0]])
             if s is None:
                 raise FsError(errno.ENOENT, src, quiet=True)
             if s[0] == DIR:
                 raise FsError(errno.EPERM, f"{src} is a folder")
-            if self._probe(t, dst) is not None:
+            if d is not None:
                 raise FsError(errno.EEXIST, dst)
-            self._require_parent_dir(t, dst)
+            self._folder_check(parent, dst)
             self.hooks.check_name(t, dst, s[0])
             records = [r for r in self._subtree(t, src) if r[1] in (src, entry_key(src), attr_key(src))]
             self._place(t, records, src, dst)
