@@ -1,4 +1,4 @@
-"""The ``zarrfs`` command line: mount, umount, check, copy.
+"""The ``zarrfs`` command line: mount, umount, check, copy, reindex.
 
 ``zarrfs mount URL MOUNTPOINT`` follows sshfs/rclone: it runs in the background by default and
 returns only when the mount is ready, or fails with one clear line (bad URL, database missing,
@@ -207,6 +207,25 @@ def cmd_copy(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reindex(args: argparse.Namespace) -> int:
+    """``zarrfs reindex URL``: rebuild a Redis database's listing index from its keyspace
+    (after another client, such as zarr-python 2's ``RedisStore``, added or removed keys)."""
+    try:
+        driver = open_database(args.url, parse_options([]))
+    except (UsageError, BackendError, ValueError) as exc:
+        return _fail(str(exc), 2)
+    with driver:
+        reindex = getattr(driver, "reindex", None)
+        if reindex is None:
+            return _fail(f"{args.url}: this database lists its keys directly and keeps no index", 2)
+        try:
+            count = reindex()
+        except BackendError as exc:
+            return _fail(str(exc))
+    print(f"indexed {count} keys", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``zarrfs``."""
     parser = argparse.ArgumentParser(prog="zarrfs", description=__doc__.splitlines()[0])
@@ -239,6 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
     copy.add_argument("source", help="a folder, or a database URL")
     copy.add_argument("dest", help="a folder, or a database URL (created if missing)")
     copy.set_defaults(func=cmd_copy)
+
+    reindex = sub.add_parser("reindex", help="rebuild a Redis database's listing index from its keys")
+    reindex.add_argument("url")
+    reindex.set_defaults(func=cmd_reindex)
     return parser
 
 
