@@ -1,0 +1,95 @@
+"""Bad conditions under a live mount: a full database, a dead Redis. The caller gets the right
+errno, the daemon logs one line and stays up, and it works again once the condition passes."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+from mounting import needs_fuse
+
+pytestmark = needs_fuse
+
+
+def write(path, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+
+
+def test_full_lmdb_map_is_enospc_and_the_daemon_stays_up(tmp_path, mount_factory):
+    url = f"lmdb://{tmp_path}/small.lmdb?map_size=4194304"
+    m = mount_factory(url, ["create"])
+    write(m.path / "fits", b"x" * 100_000)
+    with pytest.raises(OSError) as info:
+        write(m.path / "too-big", os.urandom(8 << 20))
+    assert info.value.errno == errno.ENOSPC
+    assert not (m.path / "too-big").exists()  # nothing half-stored
+    assert (m.path / "fits").read_bytes() == b"x" * 100_000
+    write(m.path / "still-works", b"ok")
+    assert (m.path / "still-works").read_bytes() == b"ok"
+    log = m.log_text()
+    assert sum("ENOSPC" in line for line in log.splitlines() if " ERROR " in line) >= 1
+    assert "map is full" in log
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_redis(port: int, workdir) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [
+            shutil.which("redis-server") or "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("redis-server did not start")
+
+
+def test_dead_redis_is_eio_and_the_mount_recovers(tmp_path, mount_factory):
+    port = _free_port()
+    server = _start_redis(port, tmp_path)
+    try:
+        url = f"redis://127.0.0.1:{port}/0?prefix=dead"
+        m = mount_factory(url, ["create", "cache_timeout=0"])
+        write(m.path / "before", b"1")
+        server.terminate()
+        server.wait()
+        for action in (lambda: os.stat(m.path / "new-name"), lambda: write(m.path / "new-file", b"2")):
+            with pytest.raises(OSError) as info:
+                action()
+            assert info.value.errno == errno.EIO
+        with open("/proc/mounts") as fh:  # still mounted (a stat of the root is EIO too now)
+            assert f" {m.path} fuse.zarrfs " in fh.read()
+        server = _start_redis(port, tmp_path)  # an empty server again: the data was in memory
+        write(m.path / "after", b"3")
+        assert (m.path / "after").read_bytes() == b"3"
+        errors = [line for line in m.log_text().splitlines() if " ERROR " in line and "EIO" in line]
+        assert errors and all(len(line) < 500 for line in errors)  # one line each, no tracebacks
+    finally:
+        server.terminate()
+        server.wait()
