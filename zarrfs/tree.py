@@ -172,26 +172,31 @@ class Tree:
                     ("prefix", ENTRY + key + "/", SIDE),
                     ("get", attr_key(key), SIDE),
                 ]
-        answers = iter(t.read_many(requests))
+        answers = t.read_many(requests)
         out: list[tuple[int, int, str, bytes | None] | None] = []
+        i = 0
         for key in keys:
             if key == "":
-                out.append((DIR, 0, "", next(answers)))
-                continue
-            size, data_below, mark, side_below, raw_attrs = (next(answers) for _ in range(5))
-            if size is not None and not data_below:
-                out.append((FILE, size, "", raw_attrs))
-            elif size is not None:
-                self._log_hidden(key)
-                out.append((DIR, 0, "", raw_attrs))
-            elif mark is not None and mark[:1] == LINK_MARK:
-                target = bytes(mark[1:]).decode("utf-8", "surrogateescape")
-                out.append((LINK, len(target.encode("utf-8", "surrogateescape")), target, raw_attrs))
-            elif mark is not None or data_below or side_below:
-                out.append((DIR, 0, "", raw_attrs))
+                out.append((DIR, 0, "", answers[i]))
+                i += 1
             else:
-                out.append(None)
+                out.append(self._judge(key, *answers[i : i + 5]))
+                i += 5
         return out
+
+    def _judge(self, key: str, size, data_below, mark, side_below, raw_attrs):
+        """What a probe's five answers say is at ``key``."""
+        if size is not None:
+            if not data_below:
+                return FILE, size, "", raw_attrs
+            self._log_hidden(key)
+            return DIR, 0, "", raw_attrs
+        if mark is not None and mark[:1] == LINK_MARK:
+            target = bytes(mark[1:]).decode("utf-8", "surrogateescape")
+            return LINK, len(target.encode("utf-8", "surrogateescape")), target, raw_attrs
+        if mark is not None or data_below or side_below:
+            return DIR, 0, "", raw_attrs
+        return None
 
     def _probe_in_folder(self, t: Txn, key: str) -> tuple[int, int, str, bytes | None] | None:
         """:meth:`_probe` of ``key``, and in the same batch a check that its parent is a folder
