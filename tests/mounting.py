@@ -75,9 +75,15 @@ class Mount:
         assert os.path.ismount(self.path), f"{self.path} is not a mountpoint after zarrfs mount"
         return self
 
+    def mounted(self) -> bool:
+        """Whether the kernel lists the mount (``os.path.ismount`` is False while its root
+        cannot be stat'ed, such as when the database is down)."""
+        with open("/proc/mounts") as fh:
+            return any(line.split()[1] == str(self.path) for line in fh)
+
     def stop(self) -> None:
         """Unmount; a mount that a failed test left busy is detached lazily."""
-        if not os.path.ismount(self.path):
+        if not self.mounted():
             return
         if zarrfs("umount", str(self.path), check=False).returncode != 0:
             subprocess.run(["fusermount3", "-u", "-z", str(self.path)], check=False)

@@ -10,7 +10,8 @@ nor a particular database; everything Zarr-specific is delegated to the rest of 
   ``warn`` logs errors too but stores everything; ``off`` checks nothing.
 * view: ``raw`` shows stored bytes; ``decoded`` shows each chunk of a supported array as the raw
   bytes of the full chunk and encodes what is written back (a write of the wrong size is
-  refused). Metadata and chunks of unsupported arrays show as stored.
+  refused). Metadata shows as stored; reading or writing a chunk of an array the view cannot
+  decode (object dtype, codecs that cannot be built, sharding) is refused with the reason.
 * consolidate: ``auto`` keeps every existing consolidated document (a ``.zmetadata`` in an
   enclosing folder, the ``consolidated_metadata`` of an enclosing v3 ``zarr.json``) in step
   with each metadata change, in the same transaction; ``live`` also creates the root's
@@ -127,12 +128,15 @@ class FormatHooks:
         if self.transforms and source:
             info = self._chunk_array(txn, key)
             if info is not None and self._chunk_array(txn, source) is None:
+                # refused with the reason when the array is unsupported
                 return info.encode_chunk(bytes(value))
         return value
 
     # ------------------------------------------------------------------ decoded view
     def _chunk_array(self, txn: Any, key: str) -> ArrayInfo | None:
-        """The supported array whose chunk ``key`` is, or ``None`` (then bytes pass as stored)."""
+        """The array whose chunk ``key`` is, or ``None`` (then bytes pass as stored). For an
+        array the decoded view cannot show (object dtype, codecs that cannot be built,
+        sharding), ``decode_chunk``/``encode_chunk`` raise :class:`UnsupportedArray`."""
         if is_metadata_key(key) or is_temporary(key):
             return None
         node = enclosing_node(key, txn.get, _get_many(txn))
@@ -149,15 +153,16 @@ class FormatHooks:
             if len(self._infos) >= _CACHE_LIMIT:
                 self._infos.clear()
             self._infos[node.metadata_key] = (node.doc, info)
-        if info.unsupported is not None or info.chunk_coords(key) is None:
+        if info.chunk_coords(key) is None:
             return None
-        return info
+        return info  # possibly unsupported: decode/encode then refuse with the reason
 
     def shown_size(self, txn: Any, key: str, size: int) -> int:
-        """A chunk shows the size of the full decoded chunk in the decoded view."""
+        """A chunk shows the size of the full decoded chunk in the decoded view (a chunk of an
+        unsupported array keeps its stored size, so listings work; reading it is refused)."""
         if self.transforms:
             info = self._chunk_array(txn, key)
-            if info is not None:
+            if info is not None and info.unsupported is None:
                 return info.chunk_nbytes()
         return size
 
