@@ -43,16 +43,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def redis_server():
-    """Start ``redis-server`` on 127.0.0.1 (free port, no persistence, temp dir) and on a unix
-    socket in that dir; stop it after the session."""
+def start_redis(workdir: str, port: int | None = None) -> RedisServer:
+    """Start ``redis-server`` on 127.0.0.1 (a free port unless given; no persistence) and on
+    a unix socket in ``workdir``; return once it answers PING. Fails the test if it cannot."""
     exe = shutil.which("redis-server")
     if exe is None:
-        pytest.skip("redis-server is not installed")
-    workdir = tempfile.mkdtemp(prefix="zarrfs-redis-")
-    port = _free_port()
-    log = open(os.path.join(workdir, "redis.log"), "wb")
+        pytest.fail("redis-server is not installed (apt-get install redis-server)")
+    port = port or _free_port()
+    log = open(os.path.join(workdir, f"redis-{port}.log"), "wb")
     proc = subprocess.Popen(
         [
             exe,
@@ -76,29 +74,40 @@ def redis_server():
         stdout=log,
         stderr=subprocess.STDOUT,
     )
+    log.close()
     server = RedisServer("127.0.0.1", port, os.path.join(workdir, "redis.sock"), proc, workdir)
     deadline = time.monotonic() + 15
     while True:
         try:
             if server.client().ping():
-                break
+                return server
         except Exception:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
-                log.close()
-                with open(os.path.join(workdir, "redis.log")) as f:
+                with open(os.path.join(workdir, f"redis-{port}.log")) as f:
                     pytest.fail(f"redis-server did not start:\n{f.read()}")
             time.sleep(0.05)
+
+
+def stop_redis(server: RedisServer) -> None:
+    """Stop a server started by :func:`start_redis`."""
+    server.process.terminate()
+    try:
+        server.process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        server.process.wait()
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """A ``redis-server`` for the whole session (tests isolate by key prefix)."""
+    workdir = tempfile.mkdtemp(prefix="zarrfs-redis-")
+    server = start_redis(workdir)
     try:
         yield server
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        stop_redis(server)
         shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
-import socket
-import subprocess
-import time
 
 import pytest
+from conftest import start_redis, stop_redis
 from mounting import needs_fuse
 
 pytestmark = needs_fuse
@@ -37,54 +34,19 @@ def test_full_lmdb_map_is_enospc_and_the_daemon_stays_up(tmp_path, mount_factory
     assert "map is full" in log
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_redis(port: int, workdir) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [
-            shutil.which("redis-server") or "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(workdir),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("redis-server did not start")
-
-
 def test_dead_redis_is_eio_and_the_mount_recovers(tmp_path, mount_factory):
-    port = _free_port()
-    server = _start_redis(port, tmp_path)
+    server = start_redis(str(tmp_path))
     try:
-        url = f"redis://127.0.0.1:{port}/0?prefix=dead"
+        url = server.url(0, prefix="dead")
         m = mount_factory(url, ["create", "cache_timeout=0"])
         write(m.path / "before", b"1")
-        server.terminate()
-        server.wait()
+        stop_redis(server)
         for action in (lambda: os.stat(m.path / "new-name"), lambda: write(m.path / "new-file", b"2")):
             with pytest.raises(OSError) as info:
                 action()
             assert info.value.errno == errno.EIO
         assert m.mounted()  # the daemon is still there (a stat of the root is EIO too now)
-        server = _start_redis(port, tmp_path)  # an empty server again: the data was in memory
+        server = start_redis(str(tmp_path), server.port)  # empty again: the data was in memory
         write(m.path / "after", b"3")
         assert (m.path / "after").read_bytes() == b"3"
         errors = [line for line in m.log_text().splitlines() if " ERROR " in line and "EIO" in line]
@@ -92,5 +54,4 @@ def test_dead_redis_is_eio_and_the_mount_recovers(tmp_path, mount_factory):
         m.stop()
         assert not m.mounted()
     finally:
-        server.terminate()
-        server.wait()
+        stop_redis(server)
