@@ -173,38 +173,30 @@ class LMDBTxn(Txn):
             raise InvalidKeyError(f"key of {len(raw)} bytes is longer than LMDB's {self._max_key}")
         return raw
 
-    def get(self, key: str, space: str = DATA) -> bytes | None:
-        """Return the value of ``key`` or ``None``."""
+    def _value(self, key: str, space: str) -> Any:
+        """The value of ``key`` as a buffer into the map (valid in this transaction), or None."""
         raw = self._key(key)
         txn = self._txn(space)
         if txn is None:
             return None
         try:
-            value = txn.get(raw)
+            return txn.get(raw)
         except lmdb.Error as exc:
             raise _translate(exc, self._driver.path) from exc
+
+    def get(self, key: str, space: str = DATA) -> bytes | None:
+        """Return the value of ``key`` or ``None``."""
+        value = self._value(key, space)
         return None if value is None else bytes(value)
 
     def size(self, key: str, space: str = DATA) -> int | None:
         """Return the value's length; ``buffers=True`` makes this a pointer into the map."""
-        raw = self._key(key)
-        txn = self._txn(space)
-        if txn is None:
-            return None
-        try:
-            value = txn.get(raw)
-        except lmdb.Error as exc:
-            raise _translate(exc, self._driver.path) from exc
+        value = self._value(key, space)
         return None if value is None else len(value)
 
     def read(self, key: str, offset: int, length: int, space: str = DATA) -> bytes | None:
         """Return a byte range, copying only that range out of the map."""
-        raw = self._key(key)
-        txn = self._txn(space)
-        if txn is None:
-            return None
-        with _translated(self._driver.path):
-            value = txn.get(raw)
+        value = self._value(key, space)
         return None if value is None else bytes(value[offset : offset + length])
 
     def put(self, key: str, value: Any, space: str = DATA) -> None:

@@ -12,7 +12,7 @@ from .errors import Report
 from .json_docs import is_int, short
 from .numcodecs_configs import check_codec_config
 from .v2_dtypes import check_fill_value
-from .v2_metadata import check_dtype, check_shape
+from .v2_metadata import check_array_header
 
 V1_REQUIRED = (
     "zarr_format",
@@ -59,15 +59,7 @@ def check_v1_meta(doc: Any, r: Report) -> None:
     if not isinstance(doc, dict):
         r.error("not-object", f"metadata must be a JSON object, got {short(doc)}")
         return
-    missing = [k for k in V1_REQUIRED if k not in doc]
-    if missing:
-        r.error("missing-key", f"required key(s) missing: {', '.join(missing)}")
-    fmt = doc.get("zarr_format", 1)  # a missing one is reported above
-    if fmt != 1 or isinstance(fmt, bool):
-        r.error("zarr-format", f"zarr_format must be 1, got {short(fmt)}")
-    if "shape" in doc and "chunks" in doc:
-        check_shape(r, doc["shape"], doc["chunks"])
-    dtype = check_dtype(r, doc["dtype"]) if "dtype" in doc else None
+    dtype = check_array_header(doc, r, V1_REQUIRED, 1)
     if "compression" in doc:
         try:
             config = v1_compressor_config(doc["compression"], doc.get("compression_opts"))

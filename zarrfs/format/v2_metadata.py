@@ -46,20 +46,26 @@ def check_dtype(r: Report, obj: Any) -> np.dtype | None:
         return None
 
 
+def check_array_header(doc: dict, r: Report, required: Any, version: int) -> np.dtype | None:
+    """The checks v1 ``meta`` and v2 ``.zarray`` share: required keys, ``zarr_format``,
+    ``shape``/``chunks`` and ``dtype``; returns the dtype when it parses."""
+    missing = [k for k in required if k not in doc]
+    if missing:
+        r.error("missing-key", f"required key(s) missing: {', '.join(missing)}")
+    fmt = doc.get("zarr_format", version)  # a missing one is reported above
+    if fmt != version or isinstance(fmt, bool):
+        r.error("zarr-format", f"zarr_format must be {version}, got {short(fmt)}")
+    if "shape" in doc and "chunks" in doc:
+        check_shape(r, doc["shape"], doc["chunks"])
+    return check_dtype(r, doc["dtype"]) if "dtype" in doc else None
+
+
 def check_zarray(doc: Any, r: Report) -> np.dtype | None:
     """Check a ``.zarray`` document; return its NumPy dtype when the document has no error."""
     if not isinstance(doc, dict):
         r.error("not-object", f"metadata must be a JSON object, got {short(doc)}")
         return None
-    missing = [k for k in ZARRAY_REQUIRED if k not in doc]
-    if missing:
-        r.error("missing-key", f"required key(s) missing: {', '.join(missing)}")
-    fmt = doc.get("zarr_format", 2)  # a missing one is reported above
-    if fmt != 2 or isinstance(fmt, bool):
-        r.error("zarr-format", f"zarr_format must be 2, got {short(fmt)}")
-    if "shape" in doc and "chunks" in doc:
-        check_shape(r, doc["shape"], doc["chunks"])
-    dtype = check_dtype(r, doc["dtype"]) if "dtype" in doc else None
+    dtype = check_array_header(doc, r, ZARRAY_REQUIRED, 2)
     if "compressor" in doc and doc["compressor"] is not None:
         found = check_codec_config(doc["compressor"])
         if found:
