@@ -21,7 +21,7 @@ from zarrfs.errors import FsError, is_quiet, to_errno
 from zarrfs.handles import HandleTable
 from zarrfs.invalidate import Invalidator
 from zarrfs.listing import DirListing
-from zarrfs.tree import DIR, FILE, RENAME_EXCHANGE, RENAME_NOREPLACE, Node, Tree
+from zarrfs.tree import DIR, RENAME_EXCHANGE, RENAME_NOREPLACE, Node, Tree
 
 log = logging.getLogger("zarrfs.ops")
 
@@ -301,4 +301,4 @@ def _timespec(ts) -> int | str | None:
     return ts.tv_sec * 10**9 + ts.tv_nsec
 
 
-__all__ = ["Operations", "FUSE", "key_of", "node_stat", "FILE"]
+__all__ = ["Operations", "FUSE", "key_of", "node_stat"]
