@@ -39,6 +39,15 @@ def decode_key(raw: bytes, where: str) -> str | None:
         return None
 
 
+def is_utf8(raw: bytes) -> bool:
+    """Whether ``raw`` decodes as UTF-8 (a key the API can address)."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def encode_bound(bound: str | None) -> bytes | None:
     """Encode a scan bound; ``""`` is a valid bound (unlike a key), ``None`` means unbounded."""
     if bound is None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -34,6 +34,7 @@ from ._util import (
     decode_key,
     empty_range,
     encode_bound,
+    is_utf8,
     parse_bool,
     parse_file_url,
     parse_size,
@@ -268,6 +269,42 @@ class LMDBTxn(Txn):
                 cur.close()
         except lmdb.Error as exc:
             raise _translate(exc, where) from exc
+
+    def read_many(self, requests: Sequence[tuple[str, str, str]]) -> list[Any]:
+        """As :meth:`Txn.read_many`, straight on LMDB (a lookup makes five of these reads)."""
+        out: list[Any] = []
+        append = out.append
+        data, max_key = self._data, self._max_key
+        try:
+            for op, key, space in requests:
+                txn = data if space == DATA else self._txn(space)
+                try:
+                    raw = key.encode("utf-8")
+                except UnicodeEncodeError:
+                    raw = b""
+                if not raw or len(raw) > max_key:
+                    raw = self._key(key)  # raises the error that key deserves
+                if txn is None:
+                    append(False if op == "prefix" else None)
+                elif op == "size":
+                    value = txn.get(raw)
+                    append(None if value is None else len(value))
+                elif op == "get":
+                    value = txn.get(raw)
+                    append(None if value is None else bytes(value))
+                elif op == "prefix":
+                    with txn.cursor() as cur:
+                        first = bytes(cur.key()) if cur.set_range(raw) else None
+                    below = first is not None and first.startswith(raw)
+                    if below and not is_utf8(first):
+                        # Not a key (scan skips it); scan decides whether a real one follows.
+                        below = next(iter(self.scan_prefix(key, space=space, limit=1)), None) is not None
+                    append(below)
+                else:
+                    raise ValueError(f"unknown read {op!r}")
+        except lmdb.Error as exc:
+            raise _translate(exc, self._driver.path) from exc
+        return out
 
     def finish(self, ok: bool) -> None:
         """Commit (data first, then side) or abort both."""

@@ -21,6 +21,7 @@ from zarrfs.errors import FsError, is_quiet, to_errno
 from zarrfs.handles import HandleTable
 from zarrfs.invalidate import Invalidator
 from zarrfs.listing import DirListing
+from zarrfs.loop import DEFAULT_SPIN_US, Loop
 from zarrfs.tree import DIR, RENAME_EXCHANGE, RENAME_NOREPLACE, Node, Tree
 
 log = logging.getLogger("zarrfs.ops")
@@ -105,13 +106,17 @@ class Operations(mfusepy.Operations):
 
     # ------------------------------------------------------------------ attributes
     @translated
-    def node(self, path: str) -> Node:
-        """The node at ``path``, pending writes included (the hot path of every lookup)."""
+    def find(self, path: str) -> Node | None:
+        """The node at ``path``, pending writes included, or None (the hot path of every
+        lookup)."""
         key = key_of(path)
-        return self.handles.pending(key) or self.tree.lookup(key)
+        return self.handles.pending(key) or self.tree.find(key)
 
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
-        return node_stat(self.node(path))
+        node = self.find(path)
+        if node is None:
+            raise mfusepy.FuseOSError(errno.ENOENT)
+        return node_stat(node)
 
     @translated
     def statfs(self, path: str) -> dict[str, int]:
@@ -261,11 +266,25 @@ def _translated_iter(items):
 
 class FUSE(mfusepy.FUSE):
     """mfusepy's FUSE with the pieces of libfuse3 it leaves out: rename flags
-    (RENAME_NOREPLACE, RENAME_EXCHANGE) and UTIME_NOW / UTIME_OMIT in utimens; and a
-    ``getattr`` that fills ``struct stat`` straight from the node (it runs on every lookup)."""
+    (RENAME_NOREPLACE, RENAME_EXCHANGE) and UTIME_NOW / UTIME_OMIT in utimens; a ``getattr``
+    that fills ``struct stat`` straight from the node (it runs on every lookup); and requests
+    served by :class:`zarrfs.loop.Loop` instead of libfuse's loop."""
+
+    def __init__(self, operations, mountpoint: str, spin_us: float = DEFAULT_SPIN_US, **kwargs: Any) -> None:
+        loop = Loop(spin_us)
+        # mfusepy builds the operations table and passes it to the module's fuse_main_real,
+        # looked up when it is called: for this mount, that is the loop's main.
+        saved = mfusepy.fuse_main_real
+        mfusepy.fuse_main_real = loop.main
+        try:
+            super().__init__(operations, mountpoint, **kwargs)
+        finally:
+            mfusepy.fuse_main_real = saved
 
     def fgetattr(self, path, buf, fip) -> int:
-        node = self.operations.node(path.decode(self.encoding, self.errors))
+        node = self.operations.find(path.decode(self.encoding, self.errors))
+        if node is None:
+            return -errno.ENOENT
         st = buf.contents
         a = node.attrs
         st.st_mode = a.mode

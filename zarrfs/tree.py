@@ -217,10 +217,10 @@ class Tree:
             self._hidden_logged.add(key)
             log.warning("key %r is hidden by the folder %r of the same name (nothing deleted)", key, key)
 
-    def _node(self, t: Txn, key: str) -> Node:
+    def _find(self, t: Txn, key: str) -> Node | None:
         found = self._probe(t, key)
         if found is None:
-            raise FsError(errno.ENOENT, key, quiet=True)
+            return None
         kind, size, target, raw = found
         if kind == FILE:
             size = self.hooks.shown_size(t, key, size)
@@ -230,6 +230,17 @@ class Tree:
         elif stat.S_IFMT(attrs.mode) != kind:
             attrs = attrs.with_type(kind)
         return Node(kind, size, attrs, target)
+
+    def _node(self, t: Txn, key: str) -> Node:
+        node = self._find(t, key)
+        if node is None:
+            raise FsError(errno.ENOENT, key, quiet=True)
+        return node
+
+    def find(self, key: str) -> Node | None:
+        """The node at ``key``, or None when there is none (the lookup of every ``stat``: a
+        missing name is common and costs no exception)."""
+        return self.driver.transact(lambda t: self._find(t, key), write=False)
 
     def lookup(self, key: str) -> Node:
         """The node at ``key``; ENOENT when there is none."""
