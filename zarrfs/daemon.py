@@ -8,8 +8,6 @@ SIGINT/SIGTERM make libfuse leave its loop and unmount; open files are committed
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import logging.handlers
 import os
@@ -25,6 +23,7 @@ from zarrfs.loop import DEFAULT_SPIN_US
 from zarrfs.ops import FUSE, Operations
 from zarrfs.spill import DEFAULT_SPILL
 from zarrfs.tree import Hooks, Tree
+from zarrfs.tuning import DEFAULT_READAHEAD_KIB, keep_freed_memory, set_readahead
 
 log = logging.getLogger("zarrfs")
 
@@ -49,6 +48,7 @@ class MountOptions:
     spill: int = DEFAULT_SPILL
     create: bool = False
     spin: float = DEFAULT_SPIN_US
+    readahead: int = DEFAULT_READAHEAD_KIB
     fuse: dict[str, Any] = field(default_factory=dict)
 
 
@@ -74,6 +74,10 @@ def parse_options(words: list[str]) -> MountOptions:
                 opts.spill = _number(name, value, int)
             elif name == "create":
                 opts.create = True
+            elif name == "readahead":
+                opts.readahead = _number(name, value, int)
+                if opts.readahead < 0:
+                    raise UsageError(f"-o readahead= takes KiB, 0 or more (got {value!r})")
             elif name == "spin":
                 opts.spin = _number(name, value, float)
                 if opts.spin < 0:
@@ -141,42 +145,31 @@ def fuse_options(url: str, opts: MountOptions) -> dict[str, Any]:
     return options
 
 
-# mallopt(3) parameters of glibc.
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
-KEEP_FREED = 128 << 20
-
-
-def keep_freed_memory() -> bool:
-    """Make glibc reuse freed memory for the next value instead of returning it to the kernel.
-
-    Every chunk passes through a few buffers of its size (the request data, the file's buffer,
-    the database's copy). By default glibc maps each large buffer afresh and unmaps it when it is
-    freed, so every copy page-faults on new memory; on a VM that made copying a 4 MiB chunk
-    several times slower. Values up to 32 MiB now come from the heap, which keeps up to
-    :data:`KEEP_FREED` bytes of freed memory; one arena, since the operations run one at a time
-    anyway. Returns False where there is no glibc.
-    """
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    return all(
-        mallopt(param, value) == 1
-        for param, value in ((M_MMAP_THRESHOLD, 32 << 20), (M_TRIM_THRESHOLD, KEEP_FREED), (M_ARENA_MAX, 1))
-    )
-
-
 def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
     """Mount ``url`` at ``mountpoint`` and serve requests until unmounted (blocking)."""
     keep_freed_memory()
     driver = open_database(url, opts)
     tree = Tree(driver, uid=os.getuid(), gid=os.getgid(), hooks=make_hooks(opts))
     handles = HandleTable(tree, spill_threshold=opts.spill, readonly=opts.readonly)
-    operations = Operations(tree, handles, on_ready=on_ready)
+
+    resolved = os.path.realpath(mountpoint)  # now, while it is a plain folder
+
+    def ready() -> None:
+        if opts.readahead:
+            set_readahead(resolved, opts.readahead)
+        if on_ready is not None:
+            on_ready()
+
+    operations = Operations(tree, handles)
     log.info("mounting %s at %s (%s)", url, mountpoint, "read-only" if opts.readonly else "read-write")
     FUSE(
-        operations, mountpoint, spin_us=opts.spin, foreground=True, nothreads=True, **fuse_options(url, opts)
+        operations,
+        mountpoint,
+        spin_us=opts.spin,
+        on_ready=ready,
+        foreground=True,
+        nothreads=True,
+        **fuse_options(url, opts),
     )
     log.info("unmounted %s", mountpoint)
 

@@ -174,8 +174,9 @@ class HandleTable:
         assert state.attrs is not None
         state.attrs.mtime = state.attrs.ctime = now
 
-    def read(self, fh: int, size: int, offset: int) -> bytes:
-        """Read from the pending content, or from a snapshot of the value taken at first read."""
+    def read(self, fh: int, size: int, offset: int) -> bytes | memoryview:
+        """Read from the pending content, or from a snapshot of the value taken at first read.
+        Returns a view where it can (no copy), valid until the file next changes."""
         state = self._handle(fh).state
         if state.buffer is not None:
             return state.buffer.read(offset, size)
@@ -183,10 +184,10 @@ class HandleTable:
             if not self.tree.hooks_transform and self.tree.stored_size(state.key) > SNAPSHOT_LIMIT:
                 return self.tree.read_range(state.key, offset, size)
             state.snapshot = self.tree.read_value(state.key)
-        return state.snapshot[offset : offset + size]
+        return memoryview(state.snapshot)[offset : offset + size]
 
-    def write(self, fh: int, data: bytes, offset: int) -> int:
-        """Buffer a write at ``offset``."""
+    def write(self, fh: int, data: bytes | memoryview, offset: int) -> int:
+        """Buffer a write at ``offset`` (``data`` is copied: it may be libfuse's buffer)."""
         handle = self._handle(fh)
         if not handle.writable:
             raise FsError(errno.EBADF, handle.state.key)

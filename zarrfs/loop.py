@@ -26,6 +26,7 @@ import fcntl
 import logging
 import os
 import time
+from collections.abc import Callable
 
 import mfusepy
 
@@ -115,11 +116,25 @@ def split_argv(argv: list[bytes]) -> tuple[list[bytes], bytes]:
     return args, mountpoint
 
 
-class Loop:
-    """One mount's session and the loop serving it."""
+def next_window(window: float, gap: float, longest: float) -> float:
+    """How long to spin after the next request, given the current window and the ``gap``
+    between the last request and the one that just woke the sleeping loop. A gap within
+    ``longest`` says spinning would have caught it: the window is full again. A longer quiet
+    spell halves it, down to nothing, so a client that sends a request now and then does not
+    keep the loop spinning."""
+    if gap <= longest:
+        return longest
+    return window / 2 if window > 2e-6 else 0.0
 
-    def __init__(self, spin_us: float = DEFAULT_SPIN_US) -> None:
+
+class Loop:
+    """One mount's session and the loop serving it. ``on_ready`` runs once, after the first
+    request (the kernel's INIT) is answered: the kernel has then applied the session's
+    settings, and the mount serves."""
+
+    def __init__(self, spin_us: float = DEFAULT_SPIN_US, on_ready: Callable[[], None] | None = None) -> None:
         self.spin = spin_us / 1e6
+        self.on_ready = on_ready
         self.lib = _bind()
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._libc.poll.argtypes = [ctypes.POINTER(PollFd), ctypes.c_ulong, ctypes.c_int]
@@ -173,15 +188,15 @@ class Loop:
                 if res > 0:
                     process(session, pbuf)
                     last = clock()
+                    if self.on_ready is not None:
+                        ready, self.on_ready = self.on_ready, None
+                        ready()
                 elif res == eagain:
                     if clock() - last > window:
                         poll(ctypes.byref(pollfd), 1, IDLE_POLL_MS)
-                        # A request that came soon after the window closed says the window is
-                        # worth having at full length; a long quiet spell halves it, so a client
-                        # that sends a request now and then does not keep the loop spinning.
-                        gap = clock() - last
-                        window = longest if gap <= longest else window / 2 if window > 2e-6 else 0.0
-                        last = clock()
+                        now = clock()
+                        window = next_window(window, now - last, longest)
+                        last = now
                 elif res == eintr:
                     continue
                 elif res == 0:  # unmounted, or the connection was aborted

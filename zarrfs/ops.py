@@ -7,6 +7,7 @@ becomes a ``stat`` dict.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import functools
 import logging
@@ -84,20 +85,17 @@ class Operations(mfusepy.Operations):
 
     use_ns = True
 
-    def __init__(self, tree: Tree, handles: HandleTable, on_ready=None) -> None:
+    def __init__(self, tree: Tree, handles: HandleTable) -> None:
         self.tree = tree
         self.handles = handles
         self.dirs: dict[int, DirListing] = {}
         self._next_dir = 1
-        self._on_ready = on_ready
         self.invalidator = Invalidator()
         tree.on_side_effects = self.invalidator.keys_changed
 
     # ------------------------------------------------------------------ lifecycle
     def init(self, path: str) -> None:
         self.invalidator.start()
-        if self._on_ready is not None:
-            self._on_ready()
 
     def destroy(self, path: str) -> None:
         self.invalidator.stop()
@@ -228,11 +226,11 @@ class Operations(mfusepy.Operations):
         return self.handles.open(key_of(path), flags)
 
     @translated
-    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+    def read(self, path: str, size: int, offset: int, fh: int) -> bytes | memoryview:
         return self.handles.read(fh, size, offset)
 
     @translated
-    def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+    def write(self, path: str, data: bytes | memoryview, offset: int, fh: int) -> int:
         return self.handles.write(fh, data, offset)
 
     @translated
@@ -270,8 +268,10 @@ class FUSE(mfusepy.FUSE):
     that fills ``struct stat`` straight from the node (it runs on every lookup); and requests
     served by :class:`zarrfs.loop.Loop` instead of libfuse's loop."""
 
-    def __init__(self, operations, mountpoint: str, spin_us: float = DEFAULT_SPIN_US, **kwargs: Any) -> None:
-        loop = Loop(spin_us)
+    def __init__(
+        self, operations, mountpoint: str, spin_us: float = DEFAULT_SPIN_US, on_ready=None, **kwargs: Any
+    ) -> None:
+        loop = Loop(spin_us, on_ready)
         # mfusepy builds the operations table and passes it to the module's fuse_main_real,
         # looked up when it is called: for this mount, that is the loop's main.
         saved = mfusepy.fuse_main_real
@@ -299,6 +299,18 @@ class FUSE(mfusepy.FUSE):
         st.st_ctimespec.tv_sec, st.st_ctimespec.tv_nsec = divmod(a.ctime, 1_000_000_000)
         return 0
 
+    # read and write copy once, between libfuse's buffer and the file's content: mfusepy's
+    # own make a bytes object of every request's data first.
+    def read(self, path, buf, size: int, offset: int, fip) -> int:
+        data = self.operations.read(None, size, offset, fip.contents.fh)
+        n = len(data)
+        if n:
+            _view(buf, n)[:] = data
+        return n
+
+    def write(self, path, buf, size: int, offset: int, fip) -> int:
+        return self.operations.write(None, _view(buf, size), offset, fip.contents.fh)
+
     def rename_fuse_3(self, old: bytes, new: bytes, flags: int) -> int:
         return self.operations.rename(
             old.decode(self.encoding, self.errors), new.decode(self.encoding, self.errors), flags
@@ -310,6 +322,11 @@ class FUSE(mfusepy.FUSE):
             times = (_timespec(buf.contents.actime), _timespec(buf.contents.modtime))
         decoded = None if path is None else path.decode(self.encoding, self.errors)
         return self.operations.utimens(decoded, times)
+
+
+def _view(buf, size: int) -> memoryview:
+    """A byte view of ``size`` bytes of libfuse's buffer at ``buf`` (valid during the call)."""
+    return memoryview((ctypes.c_char * size).from_address(ctypes.cast(buf, ctypes.c_void_p).value)).cast("B")
 
 
 def _timespec(ts) -> int | str | None:

@@ -43,8 +43,9 @@ class SpillBuffer:
                 pass
             self._map = None
 
-    def write(self, offset: int, data: bytes) -> int:
-        """Write ``data`` at ``offset``, zero-filling any gap; return the count written."""
+    def write(self, offset: int, data: Any) -> int:
+        """Write ``data`` (any bytes-like object, copied) at ``offset``, zero-filling any gap;
+        return the count written."""
         end = offset + len(data)
         if self._mem is not None and end > self.threshold:
             self._spill()
@@ -58,13 +59,14 @@ class SpillBuffer:
         self._size = max(self._size, end)
         return len(data)
 
-    def read(self, offset: int, size: int) -> bytes:
-        """Up to ``size`` bytes from ``offset``."""
+    def read(self, offset: int, size: int) -> Any:
+        """Up to ``size`` bytes from ``offset``: a view of the memory (valid until the next
+        change) or bytes read from the temporary file."""
         if offset >= self._size:
             return b""
         size = min(size, self._size - offset)
         if self._mem is not None:
-            return bytes(self._mem[offset : offset + size])
+            return memoryview(self._mem)[offset : offset + size]
         return os.pread(self._file.fileno(), size, offset)
 
     def truncate(self, length: int) -> None:

@@ -1,0 +1,130 @@
+"""The request loop and the daemon's tuning: the pieces alone, then real mounts that use them
+(spinning on and off, the read-ahead the kernel ends up with, a large file read in 1 MiB
+requests)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from mounting import needs_fuse
+
+from zarrfs.backends import open_driver
+from zarrfs.cli import _daemon_pids
+from zarrfs.daemon import MountOptions, UsageError, parse_options
+from zarrfs.loop import DEFAULT_SPIN_US, next_window, split_argv
+from zarrfs.tuning import DEFAULT_READAHEAD_KIB, keep_freed_memory, mount_device
+
+
+def test_split_argv_keeps_libfuse_options_and_drops_loop_ones():
+    argv = [b"fuse", b"-f", b"-s", b"-o", b"fsname=x,max_threads=4,entry_timeout=1,clone_fd", b"/mnt/x"]
+    assert split_argv(argv) == ([b"zarrfs", b"-o", b"fsname=x,entry_timeout=1"], b"/mnt/x")
+    assert split_argv([b"fuse", b"-d", b"-o", b"max_threads=2", b"/m"]) == ([b"zarrfs", b"-d"], b"/m")
+
+
+def test_spin_window_refills_on_a_short_gap_and_halves_on_long_ones():
+    longest = 200e-6
+    assert next_window(0.0, 150e-6, longest) == longest
+    window = longest
+    for expected in (100e-6, 50e-6, 25e-6):
+        window = next_window(window, 1.0, longest)
+        assert window == pytest.approx(expected)
+    for _ in range(20):
+        window = next_window(window, 1.0, longest)
+    assert window == 0.0
+    assert next_window(window, 10e-6, longest) == longest
+
+
+def test_spin_and_readahead_options():
+    opts = parse_options(["spin=0,readahead=4096"])
+    assert (opts.spin, opts.readahead) == (0, 4096)
+    defaults = MountOptions()
+    assert (defaults.spin, defaults.readahead) == (DEFAULT_SPIN_US, DEFAULT_READAHEAD_KIB)
+    for bad in ("spin=-1", "readahead=-5", "spin=fast"):
+        with pytest.raises(UsageError):
+            parse_options([bad])
+
+
+def test_mount_device_reads_the_topmost_mount_and_unescapes_spaces(tmp_path):
+    folder = tmp_path / "a b"
+    folder.mkdir()
+    escaped = str(folder).replace(" ", "\\040")
+    table = tmp_path / "mountinfo"
+    table.write_text(
+        f"36 25 0:32 / {escaped} rw,nosuid - fuse.zarrfs lmdb rw\n"
+        f"40 36 0:45 / {escaped} rw,nosuid - fuse.zarrfs lmdb rw\n"
+        "22 1 8:1 / / rw - ext4 /dev/sda1 rw\n"
+    )
+    assert mount_device(os.path.realpath(folder), str(table)) == "0:45"
+    assert mount_device(str(tmp_path), str(table)) is None
+    assert mount_device(str(folder), str(tmp_path / "missing")) is None
+
+
+def test_keep_freed_memory_applies_on_glibc():
+    # This machine runs glibc; elsewhere the call reports False and changes nothing.
+    assert keep_freed_memory() is True
+
+
+# ---------------------------------------------------------------------- through real mounts
+def daemon_pid(m) -> int:
+    pids = _daemon_pids(str(m.path))
+    assert len(pids) == 1, pids
+    return pids[0]
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class TestThroughMounts:
+    pytestmark = needs_fuse
+
+    @pytest.mark.parametrize("spin", ["0", "200"])
+    def test_mount_serves_with_and_without_spinning(self, tmp_path, mount_factory, spin):
+        m = mount_factory(f"lmdb://{tmp_path}/db.lmdb", ["create", f"spin={spin}"])
+        for i in range(200):
+            (m.path / f"f{i}").write_bytes(str(i).encode())
+        assert sorted(os.listdir(m.path), key=lambda n: int(n[1:])) == [f"f{i}" for i in range(200)]
+        assert all((m.path / f"f{i}").read_bytes() == str(i).encode() for i in range(200))
+        assert not os.path.exists(m.path / "missing")
+
+    def test_idle_spinning_mount_uses_no_cpu(self, tmp_path, mount_factory):
+        m = mount_factory(f"lmdb://{tmp_path}/db.lmdb", ["create"])
+        pid = daemon_pid(m)
+        for i in range(500):  # a burst of lookups keeps the loop spinning
+            (m.path / f"missing{i}").exists()
+        time.sleep(0.3)  # the window closes; the loop sleeps
+        before = _cpu_seconds(pid)
+        time.sleep(2)
+        assert _cpu_seconds(pid) - before < 0.1
+
+    @pytest.mark.skipif(os.geteuid() != 0, reason="setting a mount's read-ahead needs root")
+    def test_readahead_is_set_on_the_mount(self, tmp_path, mount_factory):
+        m = mount_factory(f"lmdb://{tmp_path}/db.lmdb", ["create", "readahead=2048"])
+        dev = os.stat(m.path).st_dev
+        path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+        assert open(path).read().strip() == "2048"
+        data = os.urandom(9 << 20)
+        (m.path / "big").write_bytes(data)
+        assert (m.path / "big").read_bytes() == data
+
+    def test_sigterm_caught_by_another_thread_still_ends_the_loop(self, tmp_path, mount_factory):
+        """A process-wide signal may be handled by any thread of the daemon (here the one that
+        sends invalidations, not the loop's): the loop sees the session end within its idle poll,
+        and the daemon unmounts and exits with the data committed."""
+        url = f"lmdb://{tmp_path}/db.lmdb"
+        m = mount_factory(url, ["create"])
+        (m.path / "kept").write_bytes(b"1")
+        pid = daemon_pid(m)
+        others = [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid]
+        assert others, "the daemon runs its invalidation thread"
+        os.kill(others[0], signal.SIGTERM)  # delivered to that thread first
+        deadline = time.monotonic() + 10
+        while m.mounted():
+            assert time.monotonic() < deadline, "still mounted 10 s after SIGTERM"
+            time.sleep(0.05)
+        with open_driver(url, readonly=True) as d:
+            assert d.get("kept") == b"1"
