@@ -174,6 +174,8 @@ class Driver(ABC):
 
     #: URL schemes this driver serves, e.g. ``("lmdb",)``.
     schemes: tuple[str, ...] = ()
+    #: Whether reads cost a round trip to a server (callers then batch what they can).
+    remote = False
     #: How often :meth:`transact` runs a function that keeps failing with ``RetryableError``.
     max_attempts = 10
     #: First back-off in seconds; doubles each attempt, with full jitter.

@@ -44,6 +44,7 @@ import itertools
 import logging
 import os
 import select
+import ssl
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -85,6 +86,7 @@ VALUE_BYTES = 4 << 20  # MGET batches grow while the values they return stay bel
 BIG_ARG = 1 << 16  # arguments longer than this are sent as they are, not copied into a buffer
 IDLE_CHECK = 1.0  # seconds: a connection idle longer is checked for a close by the server
 _GLOB_SPECIAL = b"*?[]\\"
+SPIN = 100e-6  # seconds a link polls for a reply before it sleeps (see _Link._receive)
 
 # Error replies by their first word (hiredis hands them over as plain ResponseError).
 _RETRYABLE_REPLIES = ("LOADING", "TRYAGAIN", "BUSY", "MASTERDOWN")
@@ -188,6 +190,7 @@ class _Link:
         if self.fast:
             self.reader = hiredis.Reader(replyError=rexc.ResponseError)
             self.buf = bytearray(1 << 18)
+            self.spin = SPIN
 
     def usable(self) -> bool:
         """Whether this link can serve a new transaction (checks an idle socket for a close)."""
@@ -239,13 +242,42 @@ class _Link:
         while len(replies) < n:
             reply = reader.gets()
             if reply is False:
-                got = sock.recv_into(buf)
+                got = self._receive(sock, buf)
                 if not got:
                     raise rexc.ConnectionError("the server closed the connection")
                 reader.feed(buf, 0, got)
             else:
                 replies.append(reply)
         return replies
+
+    def _receive(self, sock: Any, buf: bytearray) -> int:
+        """``recv_into`` that first polls the socket for up to ``spin`` seconds.
+
+        A reply from a server on the same machine comes back within tens of microseconds, but
+        a thread that sleeps for it pays about as much again to be woken on another CPU. So the
+        link polls for a short while before it sleeps. The window adapts as the request loop's
+        does: a reply that came within :data:`SPIN` makes it full again, a slower one (a remote
+        server, a large value) halves it, down to never spinning."""
+        clock = time.perf_counter
+        start = clock()
+        if self.spin:
+            timeout = sock.gettimeout()
+            sock.settimeout(0.0)
+            try:
+                while True:
+                    try:
+                        got = sock.recv_into(buf)
+                    except (BlockingIOError, ssl.SSLWantReadError):
+                        if clock() - start > self.spin:
+                            break
+                    else:
+                        self.spin = SPIN
+                        return got
+            finally:
+                sock.settimeout(timeout)
+        got = sock.recv_into(buf)
+        self.spin = SPIN if clock() - start <= SPIN else self.spin / 2 if self.spin > 2e-6 else 0.0
+        return got
 
     def _call_slow(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
         conn = self.conn
@@ -311,6 +343,9 @@ class RedisTxn(Txn):
         self._link = driver._acquire()
         self._pending: dict[tuple[str, bytes], Any] = {}
         self._watched: set[bytes] = set()
+        # Write transactions: values already read. They are WATCHed, so they stay right until
+        # EXEC (or EXEC fails and the transaction runs again): a second read costs nothing.
+        self._seen: dict[tuple[str, bytes], bytes | None] = {}
         # Read-only: per space, the last range of the index read by a KEYS scan and the keys
         # in it that exist, which answers a scan inside that range again (the check of a
         # listed key for children of the same name lands there) without a round trip.
@@ -346,8 +381,13 @@ class RedisTxn(Txn):
         pending = self._pending.get((space, raw))
         if pending is not None:
             return None if pending is DELETED else pending
+        if (space, raw) in self._seen:
+            return self._seen[(space, raw)]
         name = self._d.name(space, raw)
-        return self._query([name], ("GET", name))[0]
+        value = self._query([name], ("GET", name))[0]
+        if self._write:
+            self._seen[(space, raw)] = value
+        return value
 
     def size(self, key: str, space: str = DATA) -> int | None:
         """Return the value's length with ``STRLEN`` (``EXISTS`` tells empty from absent)."""
@@ -388,6 +428,9 @@ class RedisTxn(Txn):
             if op == "size" or op == "get":
                 name = d.name(space, raw)
                 mine = pending.get((space, raw)) if pending else None
+                if mine is None and (space, raw) in self._seen:
+                    mine = self._seen[(space, raw)]
+                    mine = DELETED if mine is None else mine
                 if mine is not None:
                     if mine is DELETED:
                         plan.append((0, None))
@@ -399,7 +442,7 @@ class RedisTxn(Txn):
                     plan.append((1, len(commands)))
                     commands += [("EXISTS", name), ("STRLEN", name)]
                 else:
-                    plan.append((1, len(commands)))
+                    plan.append((1, len(commands), (space, raw)))
                     commands.append(("GET", name))
             elif op == "prefix":
                 index = d.index.get(space)
@@ -440,6 +483,8 @@ class RedisTxn(Txn):
                 out.append(replies[i + 1] if replies[i] else None)
             elif op == "GET":
                 out.append(replies[i])
+                if self._write:
+                    self._seen[step[2]] = replies[i]
             else:
                 out.append(any(m not in step[2] for m in replies[i]))
         return out
@@ -648,6 +693,7 @@ class RedisDriver(Driver):
     """Driver for Redis; see the module docstring."""
 
     schemes = ("redis", "rediss", "unix")
+    remote = True
     # Optimistic transactions conflict more often than lock-based ones.
     max_attempts = 25
 

@@ -1051,6 +1051,60 @@ class TestRedis(DriverConformance):
         finally:
             other.close()
 
+    def test_write_transaction_reads_a_value_once_and_a_change_still_retries(self, driver, url, monkeypatch):
+        from zarrfs.backends import redis as redis_driver
+
+        sent = []
+        call = redis_driver._Link.call
+
+        def counting(link, commands, big=False):
+            if link.driver is driver:
+                sent.append([c[0] for c in commands])
+            return call(link, commands, big)
+
+        monkeypatch.setattr(redis_driver._Link, "call", counting)
+        driver.put("w/a", b"1")
+        other = open_driver(url)
+        try:
+            seen = []
+
+            def fn(t):
+                first = t.get("w/a")
+                again = (t.get("w/a"), t.read_many([("get", "w/a", DATA), ("size", "w/a", DATA)]))
+                seen.append((first, again))
+                if len(seen) == 1:  # another client changes the value after it was read
+                    other.put("w/a", b"22")
+                t.put("w/b", first + b"!")
+
+            sent.clear()
+            driver.transact(fn)
+            # first attempt: one read (the second get and the size answered from it), an EXEC
+            # that fails; then the retry reads again
+            assert seen[0] == (b"1", (b"1", [b"1", 1]))
+            assert sent[0] == ["WATCH", "GET"] and sent[1][0] == "MULTI" and sent[2] == ["WATCH", "GET"]
+            assert seen[1][0] == b"22"  # the retry read the new value, not a remembered one
+            assert driver.get("w/b") == b"22!"
+        finally:
+            other.close()
+
+    def test_reply_polling_window_adapts(self, driver):
+        from zarrfs.backends.redis import SPIN
+
+        link = driver._acquire()
+        try:
+            if not link.fast:
+                pytest.skip("replies are read by redis-py here, without polling")
+            link.call([("PING",)])
+            assert link.spin == SPIN
+            link.call([("BLPOP", f"{driver.prefix}:nothing", "0.02")])  # a 20 ms reply
+            assert link.spin == SPIN / 2
+            link.call([("BLPOP", f"{driver.prefix}:nothing", "0.02")])
+            assert link.spin == SPIN / 4
+            link.call([("PING",)])  # quick again: the full window is back
+            assert link.spin == SPIN
+        finally:
+            link.busy = False
+
     def test_one_shot_helpers_inside_a_transaction(self, driver):
         driver.put("n/a", b"1")
 

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from zarrfs.backends import open_driver
-from zarrfs.errors import FsError
+from zarrfs.errors import FsError, to_errno
 from zarrfs.handles import HandleTable
 from zarrfs.listing import DirListing
 from zarrfs.spill import SpillBuffer
@@ -196,3 +196,39 @@ def test_decoded_view_encodes_a_temporary_file_renamed_onto_a_chunk(tree):
     assert tree.read_value("arr/0") == raw
     tree.rename("arr", "moved")  # moving the whole array keeps the stored bytes as they are
     assert tree.driver.get("moved/0") == stored
+
+
+def test_new_file_on_redis_commits_in_two_round_trips(redis_server, monkeypatch):
+    """The probe of the name and its folder and the metadata the format layer validates
+    against travel in one round trip; MULTI/EXEC is the other."""
+    from zarrfs.backends import redis as redis_driver
+    from zarrfs.format.hooks import FormatHooks
+
+    driver = open_driver(redis_server.url(0, prefix=f"rt{uuid.uuid4().hex[:8]}"))
+    try:
+        tree = Tree(driver, uid=0, gid=0, hooks=FormatHooks())
+        zarray = (
+            b'{"zarr_format": 2, "shape": [4], "chunks": [2], "dtype": "<i4", "compressor": null,'
+            b' "fill_value": 0, "order": "C", "filters": null}'
+        )
+        tree.mkdir("g", 0o755)
+        tree.commit("g/.zgroup", b'{"zarr_format": 2}', None, create=True)
+        tree.mkdir("g/a", 0o755)
+        tree.commit("g/a/.zarray", zarray, None, create=True)
+        sent = []
+        call = redis_driver._Link.call
+
+        def counting(link, commands, big=False):
+            sent.append([c[0] for c in commands])
+            return call(link, commands, big)
+
+        monkeypatch.setattr(redis_driver._Link, "call", counting)
+        tree.commit("g/a/1", b"\0" * 8, None, create=True)
+        assert len(sent) == 2, sent
+        assert sent[1][0] == "MULTI"
+        with pytest.raises(Exception) as info:  # and validation still happens: out of the grid
+            tree.commit("g/a/7", b"\0" * 8, None, create=True)
+        assert to_errno(info.value) == errno.EINVAL
+        assert driver.get("g/a/1") == b"\0" * 8 and driver.get("g/a/7") is None
+    finally:
+        driver.close()

@@ -16,7 +16,7 @@ import errno
 import logging
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +61,12 @@ class Hooks:
         return what to store there (``source`` is empty when the file moves with its folder).
         Raise to refuse."""
         return value
+
+    def reads(self, key: str) -> list[str]:
+        """Data keys :meth:`check_name` and :meth:`store` will read for a new file at ``key``.
+        On a remote database the tree fetches them together with its own first reads, so the
+        commit of a new file costs one round trip of reads."""
+        return []
 
     def changed(self, txn: Txn, key: str, value: Any) -> None:
         """Called, in the same transaction, after data key ``key`` was set to ``value`` (bytes
@@ -158,9 +164,12 @@ class Tree:
         is there. One batch of reads: a single round trip on a remote database."""
         return self._probe_many(t, [key])[0]
 
-    def _probe_many(self, t: Txn, keys: list[str]) -> list[tuple[int, int, str, bytes | None] | None]:
-        """:meth:`_probe` of several keys in one batch of reads."""
-        requests: list[tuple[str, str, str]] = []
+    def _probe_many(
+        self, t: Txn, keys: list[str], also: Sequence[str] = ()
+    ) -> list[tuple[int, int, str, bytes | None] | None]:
+        """:meth:`_probe` of several keys in one batch of reads; the batch also reads the data
+        keys ``also``, for the transaction to answer again without a round trip."""
+        requests: list[tuple[str, str, str]] = [("get", k, DATA) for k in also]
         for key in keys:
             if key == "":
                 requests.append(("get", attr_key(key), SIDE))
@@ -174,7 +183,7 @@ class Tree:
                 ]
         answers = t.read_many(requests)
         out: list[tuple[int, int, str, bytes | None] | None] = []
-        i = 0
+        i = len(also)
         for key in keys:
             if key == "":
                 out.append((DIR, 0, "", answers[i]))
@@ -198,10 +207,12 @@ class Tree:
             return DIR, 0, "", raw_attrs
         return None
 
-    def _probe_in_folder(self, t: Txn, key: str) -> tuple[int, int, str, bytes | None] | None:
+    def _probe_in_folder(
+        self, t: Txn, key: str, also: Sequence[str] = ()
+    ) -> tuple[int, int, str, bytes | None] | None:
         """:meth:`_probe` of ``key``, and in the same batch a check that its parent is a folder
         (ENOENT / ENOTDIR otherwise), as every call that makes a name needs."""
-        parent, found = self._probe_many(t, [key.rpartition("/")[0], key])
+        parent, found = self._probe_many(t, [key.rpartition("/")[0], key], also)
         self._folder_check(parent, key)
         return found
 
@@ -411,9 +422,12 @@ class Tree:
         way is an error); ``exclusive``: it must be new (EEXIST otherwise), as for ``link`` or
         ``RENAME_NOREPLACE``."""
 
+        # Remote: what the format layer will read comes in the probe's round trip.
+        also = self.hooks.reads(key) if (create or exclusive) and self.driver.remote else ()
+
         def run(t: Txn) -> None:
             if create or exclusive:
-                found = self._probe_in_folder(t, key)
+                found = self._probe_in_folder(t, key, also)
                 if found is not None and (exclusive or found[0] != FILE):
                     raise FsError(errno.EISDIR if found[0] == DIR else errno.EEXIST, key)
                 if found is None:

@@ -49,7 +49,7 @@ from .keys import (
     split_key,
     validate_name,
 )
-from .nodes import ARRAY, enclosing_node
+from .nodes import ARRAY, candidate_keys, enclosing_node
 from .validate import validate_data_key, validate_metadata
 
 log = logging.getLogger("zarrfs.format")
@@ -110,6 +110,13 @@ class FormatHooks:
             self._judge(validate_metadata(key, bytes(value), txn.get))
         else:
             self._judge(validate_data_key(key, txn.get, _get_many(txn)))
+
+    def reads(self, key: str) -> list[str]:
+        """The metadata documents validating a new chunk or data file at ``key`` reads (those
+        of its enclosing folders); nothing for metadata, which is rare and read differently."""
+        if (self.validate == "off" and not self.transforms) or is_metadata_key(key):
+            return []
+        return [k for prefix in ancestors(split_key(key)[0]) for k in candidate_keys(prefix)]
 
     def store(self, txn: Any, key: str, value: Any) -> Any:
         """Validate bytes written through a file; in the decoded view, encode chunks."""
