@@ -71,6 +71,7 @@ log = logging.getLogger("zarrfs.backends.sqlite")
 
 TABLES = {DATA: "zarr", SIDE: "zarrfs_side"}
 # Exactly zarr-python 2.18's statement, so a database we create is one SQLiteStore expects.
+PAGE_SIZE = 65536  # for databases this driver creates
 CREATE_DATA = "CREATE TABLE IF NOT EXISTS zarr(k TEXT PRIMARY KEY, v BLOB)"
 CREATE_SIDE = "CREATE TABLE IF NOT EXISTS zarrfs_side(k TEXT PRIMARY KEY, v BLOB)"
 
@@ -442,6 +443,10 @@ class SQLiteDriver(Driver):
         conn = self._conn()
         with _translated(path):
             if not readonly:
+                # Only a database with no pages yet takes a page size (an existing one keeps its
+                # own). Chunks are blobs of MiB: 64 KiB pages store them about three times
+                # faster than the default 4 KiB, which cuts each into a thousand WAL frames.
+                conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
                 # WAL is persistent in the file; it lets readers run while a writer commits.
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute(CREATE_DATA)

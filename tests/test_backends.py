@@ -904,6 +904,28 @@ class TestSQLite(DriverConformance):
             other.close()
 
 
+def test_sqlite_new_database_gets_large_pages_and_an_old_one_keeps_its_own(tmp_path):
+    import sqlite3
+
+    from zarrfs.backends.sqlite import PAGE_SIZE
+
+    d = open_driver(f"sqlite://{tmp_path}/new.db")
+    d.put("a/0", b"x" * 300_000)
+    d.close()
+    old = sqlite3.connect(tmp_path / "old.db")  # as zarr's SQLiteStore makes one
+    old.execute("CREATE TABLE zarr(k TEXT PRIMARY KEY, v BLOB)")
+    old.commit()
+    old.close()
+    d = open_driver(f"sqlite://{tmp_path}/old.db")
+    d.put("a/0", b"y" * 300_000)
+    d.close()
+    for name, size in (("new.db", PAGE_SIZE), ("old.db", 4096)):
+        conn = sqlite3.connect(tmp_path / name)
+        assert conn.execute("PRAGMA page_size").fetchone()[0] == size
+        assert len(conn.execute("SELECT v FROM zarr WHERE k = 'a/0'").fetchone()[0]) == 300_000
+        conn.close()
+
+
 class TestRedis(DriverConformance):
     """The session's redis-server, one key prefix per test."""
 

@@ -13,6 +13,7 @@ import functools
 import logging
 import os
 import stat
+import struct
 import time
 from typing import Any
 
@@ -285,18 +286,17 @@ class FUSE(mfusepy.FUSE):
         node = self.operations.find(path.decode(self.encoding, self.errors))
         if node is None:
             return -errno.ENOENT
-        st = buf.contents
         a = node.attrs
-        st.st_mode = a.mode
-        st.st_nlink = 1
-        st.st_size = node.size
-        st.st_uid = a.uid
-        st.st_gid = a.gid
-        st.st_blksize = BLKSIZE
-        st.st_blocks = (node.size + 511) // 512
-        st.st_atimespec.tv_sec, st.st_atimespec.tv_nsec = divmod(a.atime, 1_000_000_000)
-        st.st_mtimespec.tv_sec, st.st_mtimespec.tv_nsec = divmod(a.mtime, 1_000_000_000)
-        st.st_ctimespec.tv_sec, st.st_ctimespec.tv_nsec = divmod(a.ctime, 1_000_000_000)
+        size = node.size
+        at, atn = divmod(a.atime, 1_000_000_000)
+        mt, mtn = divmod(a.mtime, 1_000_000_000)
+        ct, ctn = divmod(a.ctime, 1_000_000_000)
+        values = (1, a.mode, a.uid, a.gid, size, BLKSIZE, (size + 511) // 512, at, atn, mt, mtn, ct, ctn)
+        if _STAT is not None:
+            # One pack of the fields over libfuse's zeroed struct, not thirteen ctypes setattrs.
+            _STAT.pack_into(_view(buf, _STAT_END), _STAT_START, *values)
+        else:
+            _set_stat(buf.contents, values)
         return 0
 
     # read and write copy once, between libfuse's buffer and the file's content: mfusepy's
@@ -322,6 +322,67 @@ class FUSE(mfusepy.FUSE):
             times = (_timespec(buf.contents.actime), _timespec(buf.contents.modtime))
         decoded = None if path is None else path.decode(self.encoding, self.errors)
         return self.operations.utimens(decoded, times)
+
+
+_STAT_FIELDS = (
+    ("st_nlink",),
+    ("st_mode",),
+    ("st_uid",),
+    ("st_gid",),
+    ("st_size",),
+    ("st_blksize",),
+    ("st_blocks",),
+    ("st_atimespec", "tv_sec"),
+    ("st_atimespec", "tv_nsec"),
+    ("st_mtimespec", "tv_sec"),
+    ("st_mtimespec", "tv_nsec"),
+    ("st_ctimespec", "tv_sec"),
+    ("st_ctimespec", "tv_nsec"),
+)
+
+
+def _set_stat(st, values) -> None:
+    """Fill ``struct stat`` field by field (where :func:`_stat_struct` found no layout)."""
+    for path, value in zip(_STAT_FIELDS, values, strict=True):
+        target = st
+        for name in path[:-1]:
+            target = getattr(target, name)
+        setattr(target, path[-1], value)
+
+
+def _stat_struct() -> tuple[struct.Struct | None, int, int]:
+    """A ``struct`` format that writes :data:`_STAT_FIELDS` where this platform's
+    ``struct stat`` (as mfusepy declares it) keeps them, checked against ctypes; else None."""
+    try:
+        places = []
+        for path in _STAT_FIELDS:
+            cls, offset = mfusepy.c_stat, 0
+            for name in path:
+                field = getattr(cls, name)
+                offset += field.offset
+                cls = dict(cls._fields_)[name]
+            places.append((offset, field.size, cls._type_))
+        start = places[0][0]
+        fmt, at = "@", start
+        for offset, size, code in places:
+            if offset < at or struct.calcsize("@" + code) != size:
+                return None, 0, 0
+            fmt += "x" * (offset - at) + code
+            at = offset + size
+        packer = struct.Struct(fmt)
+        sample = tuple(range(1, len(_STAT_FIELDS) + 1))
+        st = mfusepy.c_stat()
+        packer.pack_into(memoryview(st).cast("B"), start, *sample)
+        probe = mfusepy.c_stat()
+        _set_stat(probe, sample)
+        if bytes(st) != bytes(probe):
+            return None, 0, 0
+        return packer, start, at
+    except (AttributeError, KeyError, TypeError, struct.error, ValueError):
+        return None, 0, 0
+
+
+_STAT, _STAT_START, _STAT_END = _stat_struct()
 
 
 def _view(buf, size: int) -> memoryview:
