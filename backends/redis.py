@@ -60,7 +60,7 @@ try:  # the C reply parser redis-py also uses; without it replies go through red
 except ImportError:  # pragma: no cover - hiredis is a dependency on CPython
     hiredis = None
 
-from ._util import DELETED, as_buffer, decode_key, empty_range, encode_bound, merge_buffered
+from ._util import DELETED, as_buffer, decode_key, empty_range, encode_bound, merge_buffered, next_window
 from .base import (
     DATA,
     KEYS,
@@ -276,7 +276,7 @@ class _Link:
             finally:
                 sock.settimeout(timeout)
         got = sock.recv_into(buf)
-        self.spin = SPIN if clock() - start <= SPIN else self.spin / 2 if self.spin > 2e-6 else 0.0
+        self.spin = next_window(self.spin, clock() - start, SPIN)
         return got
 
     def _call_slow(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:

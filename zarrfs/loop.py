@@ -30,6 +30,8 @@ from collections.abc import Callable
 
 import mfusepy
 
+from zarrfs.backends._util import next_window
+
 log = logging.getLogger("zarrfs.loop")
 
 DEFAULT_SPIN_US = 200
@@ -114,17 +116,6 @@ def split_argv(argv: list[bytes]) -> tuple[list[bytes], bytes]:
             args.append(b"-d")
         # -f (foreground) and -s (one thread) describe this loop already.
     return args, mountpoint
-
-
-def next_window(window: float, gap: float, longest: float) -> float:
-    """How long to spin after the next request, given the current window and the ``gap``
-    between the last request and the one that just woke the sleeping loop. A gap within
-    ``longest`` says spinning would have caught it: the window is full again. A longer quiet
-    spell halves it, down to nothing, so a client that sends a request now and then does not
-    keep the loop spinning."""
-    if gap <= longest:
-        return longest
-    return window / 2 if window > 2e-6 else 0.0
 
 
 class Loop:
