@@ -24,4 +24,4 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -m pip install -q -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import zarrfs, mfusepy, lmdb, redis, zarr" >/dev/null
+.venv/bin/python -c "import zarrfs, lmdb, redis, zarr" >/dev/null

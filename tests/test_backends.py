@@ -1122,7 +1122,11 @@ class TestRedis(DriverConformance):
             assert link.spin == SPIN / 2
             link.call([("BLPOP", f"{driver.prefix}:nothing", "0.02")])
             assert link.spin == SPIN / 4
-            link.call([("PING",)])  # quick again: the full window is back
+            # Quick again: the full window is back (a busy machine may delay one PING).
+            for _ in range(50):
+                link.call([("PING",)])
+                if link.spin == SPIN:
+                    break
             assert link.spin == SPIN
         finally:
             link.busy = False

@@ -12,16 +12,22 @@ import pytest
 from mounting import needs_fuse
 
 from zarrfs.backends import open_driver
+from zarrfs.channel import option_string
 from zarrfs.cli import _daemon_pids
 from zarrfs.daemon import MountOptions, UsageError, parse_options
-from zarrfs.loop import DEFAULT_SPIN_US, next_window, split_argv
+from zarrfs.loop import DEFAULT_SPIN_US, next_window
 from zarrfs.tuning import DEFAULT_READAHEAD_KIB, keep_freed_memory, mount_device
 
 
-def test_split_argv_keeps_libfuse_options_and_drops_loop_ones():
-    argv = [b"fuse", b"-f", b"-s", b"-o", b"fsname=x,max_threads=4,entry_timeout=1,clone_fd", b"/mnt/x"]
-    assert split_argv(argv) == ([b"zarrfs", b"-o", b"fsname=x,entry_timeout=1"], b"/mnt/x")
-    assert split_argv([b"fuse", b"-d", b"-o", b"max_threads=2", b"/m"]) == ([b"zarrfs", b"-d"], b"/m")
+def test_mount_options_for_libfuse_and_cache_times_for_the_session():
+    assert option_string({"fsname": "lmdb:///x", "ro": True, "allow_other": False, "max_read": 4096}) == (
+        "fsname=lmdb:///x,ro,max_read=4096"
+    )
+    opts = parse_options(["cache_timeout=3,negative_timeout=0,allow_other"])
+    assert (opts.cache_timeout, opts.negative_timeout, opts.entry_timeout) == (3.0, 0.0, None)
+    assert opts.fuse == {"allow_other": True}
+    with pytest.raises(UsageError):
+        parse_options(["attr_timeout=-1"])
 
 
 def test_spin_window_refills_on_a_short_gap_and_halves_on_long_ones():

@@ -2,8 +2,9 @@
 
 ``serve`` runs in the foreground of the calling process. ``zarrfs mount`` without ``-f`` starts
 this in a child process and returns once the child reports the mount ready (see ``cli``).
-SIGINT/SIGTERM make libfuse leave its loop and unmount; open files are committed in
-``destroy``, so a normal stop leaves neither lost data nor a dead mountpoint behind.
+SIGINT/SIGTERM/SIGHUP end the request loop between two requests; the mount is then unmounted
+and open files are committed, so a normal stop leaves neither lost data nor a dead mountpoint
+behind.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import logging.handlers
 import os
+import signal
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,9 +20,11 @@ from urllib.parse import urlparse
 
 from zarrfs.backends import open_driver
 from zarrfs.backends.base import Driver
+from zarrfs.channel import Channel
 from zarrfs.handles import HandleTable
-from zarrfs.loop import DEFAULT_SPIN_US
-from zarrfs.ops import FUSE, Operations
+from zarrfs.loop import DEFAULT_SPIN_US, Loop
+from zarrfs.ops import Operations
+from zarrfs.session import BUFFER_SIZE, Session
 from zarrfs.spill import DEFAULT_SPILL
 from zarrfs.tree import Hooks, Tree
 from zarrfs.tuning import DEFAULT_READAHEAD_KIB, keep_freed_memory, set_readahead
@@ -38,7 +42,7 @@ class UsageError(Exception):
 
 @dataclass
 class MountOptions:
-    """Options of one mount: zarrfs' own, and the rest passed through to libfuse."""
+    """Options of one mount: zarrfs' own, and the rest passed through to libfuse's mount."""
 
     readonly: bool = False
     validate: str = "strict"
@@ -49,6 +53,10 @@ class MountOptions:
     create: bool = False
     spin: float = DEFAULT_SPIN_US
     readahead: int = DEFAULT_READAHEAD_KIB
+    # The kernel's cache times; each defaults to cache_timeout.
+    entry_timeout: float | None = None
+    attr_timeout: float | None = None
+    negative_timeout: float | None = None
     fuse: dict[str, Any] = field(default_factory=dict)
 
 
@@ -68,8 +76,11 @@ def parse_options(words: list[str]) -> MountOptions:
                 opts.view = _choice(name, value, VIEWS)
             elif name == "consolidate":
                 opts.consolidate = _choice(name, value, CONSOLIDATE_MODES)
-            elif name == "cache_timeout":
-                opts.cache_timeout = _number(name, value, float)
+            elif name in ("cache_timeout", "entry_timeout", "attr_timeout", "negative_timeout"):
+                seconds = _number(name, value, float)
+                if seconds < 0:
+                    raise UsageError(f"-o {name}= takes seconds, 0 or more (got {value!r})")
+                setattr(opts, name, seconds)
             elif name == "spill":
                 opts.spill = _number(name, value, int)
             elif name == "create":
@@ -126,19 +137,9 @@ def make_hooks(opts: MountOptions) -> Hooks:
     return FormatHooks(validate=opts.validate, view=opts.view, consolidate=opts.consolidate)
 
 
-def fuse_options(url: str, opts: MountOptions) -> dict[str, Any]:
-    """libfuse options: kernel caches with the chosen timeout, and the user's pass-through
-    options last so they win."""
-    t = opts.cache_timeout
-    fsname = url.replace(",", "_")
-    options: dict[str, Any] = {
-        "fsname": fsname,
-        "subtype": "zarrfs",
-        "entry_timeout": t,
-        "attr_timeout": t,
-        "negative_timeout": t,
-        "auto_cache": True,
-    }
+def mount_options(url: str, opts: MountOptions) -> dict[str, Any]:
+    """Options for libfuse's mount, with the user's pass-through options last so they win."""
+    options: dict[str, Any] = {"fsname": url.replace(",", "_"), "subtype": "zarrfs"}
     if opts.readonly:
         options["ro"] = True
     options.update(opts.fuse)
@@ -146,32 +147,47 @@ def fuse_options(url: str, opts: MountOptions) -> dict[str, Any]:
 
 
 def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
-    """Mount ``url`` at ``mountpoint`` and serve requests until unmounted (blocking)."""
+    """Mount ``url`` at ``mountpoint`` and serve requests until unmounted or stopped by
+    SIGINT/SIGTERM/SIGHUP (blocking); open files are stored on the way out."""
     keep_freed_memory()
     driver = open_database(url, opts)
-    tree = Tree(driver, uid=os.getuid(), gid=os.getgid(), hooks=make_hooks(opts))
-    handles = HandleTable(tree, spill_threshold=opts.spill, readonly=opts.readonly)
+    try:
+        tree = Tree(driver, uid=os.getuid(), gid=os.getgid(), hooks=make_hooks(opts))
+        handles = HandleTable(tree, spill_threshold=opts.spill, readonly=opts.readonly)
+        operations = Operations(tree, handles)
+        resolved = os.path.realpath(mountpoint)  # now, while it is a plain folder
 
-    resolved = os.path.realpath(mountpoint)  # now, while it is a plain folder
+        def ready() -> None:
+            if opts.readahead:
+                set_readahead(resolved, opts.readahead)
+            if on_ready is not None:
+                on_ready()
 
-    def ready() -> None:
-        if opts.readahead:
-            set_readahead(resolved, opts.readahead)
-        if on_ready is not None:
-            on_ready()
-
-    operations = Operations(tree, handles)
-    log.info("mounting %s at %s (%s)", url, mountpoint, "read-only" if opts.readonly else "read-write")
-    FUSE(
+        log.info("mounting %s at %s (%s)", url, mountpoint, "read-only" if opts.readonly else "read-write")
+        channel = Channel(mountpoint, mount_options(url, opts))
+    except BaseException:
+        driver.close()
+        raise
+    t = opts.cache_timeout
+    session = Session(
         operations,
-        mountpoint,
-        spin_us=opts.spin,
-        on_ready=ready,
-        foreground=True,
-        nothreads=True,
-        **fuse_options(url, opts),
+        channel.fd,
+        entry_timeout=t if opts.entry_timeout is None else opts.entry_timeout,
+        attr_timeout=t if opts.attr_timeout is None else opts.attr_timeout,
+        negative_timeout=t if opts.negative_timeout is None else opts.negative_timeout,
+        on_init=ready,
     )
-    log.info("unmounted %s", mountpoint)
+    loop = Loop(channel.fd, session.handle, BUFFER_SIZE, opts.spin)
+    try:
+        loop.run()
+    finally:
+        session.close()
+        channel.close()
+        operations.destroy()
+    if loop.stop_signal is not None:
+        log.info("unmounted %s on signal %s", mountpoint, signal.Signals(loop.stop_signal).name)
+    else:
+        log.info("unmounted %s", mountpoint)
 
 
 def setup_logging(level: str, log_file: str | None, foreground: bool) -> None:
@@ -189,5 +205,3 @@ def setup_logging(level: str, log_file: str | None, foreground: bool) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
-    # mfusepy logs every errno with a traceback at debug level; our own line says it once.
-    logging.getLogger("fuse").setLevel(logging.INFO)

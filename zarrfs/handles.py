@@ -114,6 +114,14 @@ class HandleTable:
         attrs = state.attrs or self.tree.default_attrs(FILE)
         return Node(FILE, state.size, attrs)
 
+    def open_node(self, fh: int) -> Node | None:
+        """The node an open file shows, found by its handle (its name may be gone)."""
+        state = self._handle(fh).state
+        if not state.orphan:
+            return self.pending(state.key) or self.tree.find(state.key)
+        attrs = state.attrs or self.tree.default_attrs(FILE)
+        return Node(FILE, state.size, attrs)
+
     # ------------------------------------------------------------------ open / create
     def open(self, key: str, flags: int) -> int:
         """Open an existing file; O_TRUNC empties it (stored at the next commit)."""
@@ -368,10 +376,18 @@ class HandleTable:
                 setattr(attrs, name, value)
 
     def unlinked(self, key: str) -> bool:
-        """Detach open state from a removed key; True when the file existed only here."""
-        state = self.states.pop(key, None)
+        """Detach open state from a removed key; True when the file existed only here.
+        Descriptors still open go on reading what the file held."""
+        state = self.states.get(key)
         if state is None:
             return False
+        if state.buffer is None and state.snapshot is None and not state.created:
+            try:
+                if self.tree.stored_size(key) <= SNAPSHOT_LIMIT:
+                    state.snapshot = self.tree.read_value(key)
+            except FsError:
+                pass  # already gone
+        del self.states[key]
         state.orphan = True
         if self.deferred.pop(key, None) is not None:
             self._forget(state)

@@ -1,152 +1,71 @@
-"""The FUSE operations: each method translates one call to the tree or the open-file table.
+"""The filesystem calls, by store key: each method says what one call means for the tree and
+the open-file table.
 
-Meaning lives elsewhere; here a path becomes a key, an exception becomes an errno (through
-:func:`zarrfs.errors.to_errno`, with one log line for anything that is not routine) and a node
-becomes a ``stat`` dict.
+:mod:`zarrfs.session` turns kernel requests into these calls (node IDs into keys) and their
+results into replies; an exception raised here becomes the caller's errno there, through
+:func:`zarrfs.errors.to_errno`. Nothing here knows about FUSE.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import functools
-import logging
 import os
 import stat
-import struct
 import time
-from typing import Any
+from collections.abc import Iterator
 
-import mfusepy
-
-from zarrfs.errors import FsError, is_quiet, to_errno
+from zarrfs.errors import FsError
 from zarrfs.handles import HandleTable
-from zarrfs.invalidate import Invalidator
 from zarrfs.listing import DirListing
-from zarrfs.loop import DEFAULT_SPIN_US, Loop
 from zarrfs.tree import DIR, RENAME_EXCHANGE, RENAME_NOREPLACE, Node, Tree
 
-log = logging.getLogger("zarrfs.ops")
-
-BLKSIZE = 1 << 20
-UTIME_NOW = (1 << 30) - 1
-UTIME_OMIT = (1 << 30) - 2
+NOW = "now"  # a time to set to the present (UTIME_NOW)
 
 
-def key_of(path: str) -> str:
-    """The store key of a mount path: ``/grp/arr/0.0`` -> ``grp/arr/0.0``."""
-    return path.strip("/")
-
-
-def fuse_error(exc: Exception, call: str) -> mfusepy.FuseOSError:
-    """The errno the kernel should hear for ``exc``, with one log line unless routine."""
-    code = to_errno(exc)
-    if not is_quiet(exc):
-        level = logging.WARNING if isinstance(exc, OSError) else logging.ERROR
-        log.log(level, "%s: %s (%s)", call, errno.errorcode.get(code, code), exc)
-    return mfusepy.FuseOSError(code)
-
-
-def translated(method):
-    """Run a FUSE call; turn any exception into the errno the caller should see."""
-
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        try:
-            return method(self, *args, **kwargs)
-        except mfusepy.FuseOSError:
-            raise
-        except Exception as exc:
-            names = " ".join(str(a) for a in args[:2] if isinstance(a, str))
-            raise fuse_error(exc, f"{method.__name__} {names}") from None
-
-    return wrapper
-
-
-def node_stat(node: Node) -> dict[str, Any]:
-    """The ``stat`` fields of a node (times in nanoseconds)."""
-    a = node.attrs
-    return {
-        "st_mode": a.mode,
-        # 1 for folders tells find(1) not to guess subfolder counts from the link count.
-        "st_nlink": 1,
-        "st_size": node.size,
-        "st_uid": a.uid,
-        "st_gid": a.gid,
-        "st_atime": a.atime,
-        "st_mtime": a.mtime,
-        "st_ctime": a.ctime,
-        "st_blocks": (node.size + 511) // 512,
-        "st_blksize": BLKSIZE,
-    }
-
-
-class Operations(mfusepy.Operations):
-    """FUSE operations over a :class:`Tree` and its :class:`HandleTable`."""
-
-    use_ns = True
+class Operations:
+    """Filesystem calls over a :class:`Tree` and its :class:`HandleTable`."""
 
     def __init__(self, tree: Tree, handles: HandleTable) -> None:
         self.tree = tree
         self.handles = handles
         self.dirs: dict[int, DirListing] = {}
         self._next_dir = 1
-        self.invalidator = Invalidator()
-        tree.on_side_effects = self.invalidator.keys_changed
 
-    # ------------------------------------------------------------------ lifecycle
-    def init(self, path: str) -> None:
-        self.invalidator.start()
-
-    def destroy(self, path: str) -> None:
-        self.invalidator.stop()
+    def destroy(self) -> None:
+        """The end of the mount: store open files, close the database."""
         self.handles.commit_all()
         self.tree.driver.close()
 
     # ------------------------------------------------------------------ attributes
-    @translated
-    def find(self, path: str) -> Node | None:
-        """The node at ``path``, pending writes included, or None (the hot path of every
+    def find(self, key: str) -> Node | None:
+        """The node at ``key``, pending writes included, or None (the hot path of every
         lookup)."""
-        key = key_of(path)
         return self.handles.pending(key) or self.tree.find(key)
 
-    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
-        node = self.find(path)
-        if node is None:
-            raise mfusepy.FuseOSError(errno.ENOENT)
-        return node_stat(node)
+    def find_open(self, fh: int) -> Node | None:
+        """The node an open file shows, by handle (its name may be gone)."""
+        return self.handles.open_node(fh)
 
-    @translated
-    def statfs(self, path: str) -> dict[str, int]:
+    def statfs(self) -> dict[str, int]:
+        """``statvfs`` figures of the storage behind the mount."""
         return self.tree.statfs()
 
-    def _set_attrs(self, path: str, **changes: Any) -> None:
-        key = key_of(path)
+    def set_attrs(self, key: str, **changes: int | str | None) -> None:
+        """Change mode, owner or times (``None`` leaves one as it is, :data:`NOW` is now)."""
+        now = time.time_ns()
+        for name in ("atime", "mtime"):
+            if changes.get(name) == NOW:
+                changes[name] = now
         if not self.handles.set_attrs(key, **changes):
             self.tree.set_attrs(key, **changes)
 
-    @translated
-    def chmod(self, path: str, mode: int) -> int:
-        self._set_attrs(path, mode=mode)
-        return 0
-
-    @translated
-    def chown(self, path: str, uid: int, gid: int) -> int:
-        self._set_attrs(path, uid=uid, gid=gid)
-        return 0
-
-    @translated
-    def utimens(self, path: str, times: tuple[int | None, int | None] | None = None) -> int:
-        now = time.time_ns()
-        atime, mtime = times if times is not None else (now, now)
-        self._set_attrs(path, atime=now if atime == "now" else atime, mtime=now if mtime == "now" else mtime)
-        return 0
+    def truncate(self, key: str, length: int, fh: int | None = None) -> None:
+        """Cut or extend a file, open (``fh``) or not."""
+        self.handles.truncate(key, length, fh)
 
     # ------------------------------------------------------------------ folders
-    @translated
-    def opendir(self, path: str) -> int:
-        key = key_of(path)
+    def opendir(self, key: str) -> int:
+        """Open a folder for listing."""
         if self.tree.lookup(key).kind != DIR:
             raise FsError(errno.ENOTDIR, key)
         fh = self._next_dir
@@ -154,248 +73,87 @@ class Operations(mfusepy.Operations):
         self.dirs[fh] = DirListing(self.tree, key, extra=self.handles.unstored_names(key))
         return fh
 
-    def readdir_with_offset(self, path: str, offset: int, fh: int):
-        # A generator: libfuse stops taking entries when the kernel's buffer is full, so only
-        # what fits is ever produced (a buffer holds about a hundred names).
-        # An int where mfusepy takes the attributes is the mode: the type is all readdir returns.
-        return _translated_iter(self.dirs[fh].entries(offset))
+    def readdir(self, fh: int, offset: int) -> Iterator[tuple[str, int, int]]:
+        """``(name, kind, offset)`` of the entries after ``offset``, produced as they are
+        taken (a reply holds what fits)."""
+        listing = self.dirs.get(fh)
+        if listing is None:
+            raise FsError(errno.EBADF, str(fh))
+        return listing.entries(offset)
 
-    @translated
-    def releasedir(self, path: str, fh: int) -> int:
+    def releasedir(self, fh: int) -> None:
+        """Close a folder."""
         self.dirs.pop(fh, None)
-        return 0
 
-    @translated
-    def mkdir(self, path: str, mode: int) -> int:
-        self.tree.mkdir(key_of(path), mode)
-        return 0
+    def mkdir(self, key: str, mode: int) -> None:
+        """Make a folder (kept while empty)."""
+        self.tree.mkdir(key, mode)
 
-    @translated
-    def rmdir(self, path: str) -> int:
-        self.tree.rmdir(key_of(path))
-        return 0
+    def rmdir(self, key: str) -> None:
+        """Remove an empty folder."""
+        self.tree.rmdir(key)
 
     # ------------------------------------------------------------------ names
-    @translated
-    def unlink(self, path: str) -> int:
-        key = key_of(path)
+    def unlink(self, key: str) -> None:
+        """Remove a file or symlink (open descriptors keep what they hold)."""
         if not self.handles.unlinked(key):
             self.tree.unlink(key)
-        return 0
 
-    @translated
-    def rename(self, old: str, new: str, flags: int = 0) -> int:
-        src, dst = key_of(old), key_of(new)
+    def rename(self, src: str, dst: str, flags: int = 0) -> None:
+        """Move a file or folder, atomically, honouring RENAME_NOREPLACE / RENAME_EXCHANGE."""
         if self.handles.unstored(src) is not None and not flags & RENAME_EXCHANGE:
             self.handles.store_as(src, dst, exclusive=bool(flags & RENAME_NOREPLACE), keep_source=False)
-            return 0
+            return
         self.handles.settle(src)
         if flags & RENAME_EXCHANGE:
             self.handles.settle(dst)
         self.tree.rename(src, dst, flags)
         self.handles.renamed(src, dst)
-        return 0
 
-    @translated
-    def link(self, target: str, source: str) -> int:
-        src, dst = key_of(source), key_of(target)
+    def link(self, src: str, dst: str) -> None:
+        """A second name for a file (a copy in a key/value store); EEXIST when ``dst`` exists."""
         if self.handles.unstored(src) is not None:
             self.handles.store_as(src, dst, exclusive=True, keep_source=True)
-            return 0
+            return
         self.handles.settle(src)
         self.tree.link(src, dst)
-        return 0
 
-    @translated
-    def symlink(self, target: str, source: str) -> int:
-        uid, gid, _ = mfusepy.fuse_get_context()
-        self.tree.symlink(source, key_of(target), uid, gid)
-        return 0
+    def symlink(self, target: str, key: str, uid: int, gid: int) -> None:
+        """Make a symlink at ``key`` pointing to ``target``."""
+        self.tree.symlink(target, key, uid, gid)
 
-    @translated
-    def readlink(self, path: str) -> str:
-        return self.tree.readlink(key_of(path))
+    def readlink(self, key: str) -> str:
+        """The target of a symlink."""
+        return self.tree.readlink(key)
 
     # ------------------------------------------------------------------ files
-    @translated
-    def create(self, path: str, mode: int, flags: int = os.O_WRONLY) -> int:
-        uid, gid, _ = mfusepy.fuse_get_context()
-        return self.handles.create(key_of(path), mode | stat.S_IFREG, flags, uid, gid)
+    def create(self, key: str, mode: int, flags: int, uid: int, gid: int) -> int:
+        """Create and open a file; stored at its first commit."""
+        return self.handles.create(key, mode | stat.S_IFREG, flags, uid, gid)
 
-    @translated
-    def open(self, path: str, flags: int) -> int:
-        return self.handles.open(key_of(path), flags)
+    def open(self, key: str, flags: int = os.O_RDONLY) -> int:
+        """Open a file."""
+        return self.handles.open(key, flags)
 
-    @translated
-    def read(self, path: str, size: int, offset: int, fh: int) -> bytes | memoryview:
+    def read(self, fh: int, size: int, offset: int) -> bytes | memoryview:
+        """Bytes of an open file."""
         return self.handles.read(fh, size, offset)
 
-    @translated
-    def write(self, path: str, data: bytes | memoryview, offset: int, fh: int) -> int:
+    def write(self, fh: int, data: bytes | memoryview, offset: int) -> int:
+        """Buffer a write (``data`` is copied)."""
         return self.handles.write(fh, data, offset)
 
-    @translated
-    def truncate(self, path: str, length: int, fh: int | None = None) -> int:
-        self.handles.truncate(key_of(path), length, fh)
-        return 0
-
-    @translated
-    def flush(self, path: str, fh: int) -> int:
+    def flush(self, fh: int) -> None:
+        """A ``close``: commit the file's pending content."""
         self.handles.flush(fh)
-        return 0
 
-    @translated
-    def fsync(self, path: str, datasync: int, fh: int) -> int:
+    def fsync(self, fh: int) -> None:
+        """Commit and make durable."""
         self.handles.fsync(fh)
-        return 0
 
-    @translated
-    def release(self, path: str, fh: int) -> int:
+    def release(self, fh: int) -> None:
+        """The last close of an open file."""
         self.handles.release(fh)
-        return 0
 
 
-def _translated_iter(items):
-    """Iterate ``items``, mapping an exception to its errno as :func:`translated` does."""
-    try:
-        yield from items
-    except Exception as exc:
-        raise fuse_error(exc, "readdir") from None
-
-
-class FUSE(mfusepy.FUSE):
-    """mfusepy's FUSE with the pieces of libfuse3 it leaves out: rename flags
-    (RENAME_NOREPLACE, RENAME_EXCHANGE) and UTIME_NOW / UTIME_OMIT in utimens; a ``getattr``
-    that fills ``struct stat`` straight from the node (it runs on every lookup); and requests
-    served by :class:`zarrfs.loop.Loop` instead of libfuse's loop."""
-
-    def __init__(
-        self, operations, mountpoint: str, spin_us: float = DEFAULT_SPIN_US, on_ready=None, **kwargs: Any
-    ) -> None:
-        loop = Loop(spin_us, on_ready)
-        # mfusepy builds the operations table and passes it to the module's fuse_main_real,
-        # looked up when it is called: for this mount, that is the loop's main.
-        saved = mfusepy.fuse_main_real
-        mfusepy.fuse_main_real = loop.main
-        try:
-            super().__init__(operations, mountpoint, **kwargs)
-        finally:
-            mfusepy.fuse_main_real = saved
-
-    def fgetattr(self, path, buf, fip) -> int:
-        node = self.operations.find(path.decode(self.encoding, self.errors))
-        if node is None:
-            return -errno.ENOENT
-        a = node.attrs
-        size = node.size
-        at, atn = divmod(a.atime, 1_000_000_000)
-        mt, mtn = divmod(a.mtime, 1_000_000_000)
-        ct, ctn = divmod(a.ctime, 1_000_000_000)
-        values = (1, a.mode, a.uid, a.gid, size, BLKSIZE, (size + 511) // 512, at, atn, mt, mtn, ct, ctn)
-        if _STAT is not None:
-            # One pack of the fields over libfuse's zeroed struct, not thirteen ctypes setattrs.
-            _STAT.pack_into(_view(buf, _STAT_END), _STAT_START, *values)
-        else:
-            _set_stat(buf.contents, values)
-        return 0
-
-    # read and write copy once, between libfuse's buffer and the file's content: mfusepy's
-    # own make a bytes object of every request's data first.
-    def read(self, path, buf, size: int, offset: int, fip) -> int:
-        data = self.operations.read(None, size, offset, fip.contents.fh)
-        n = len(data)
-        if n:
-            _view(buf, n)[:] = data
-        return n
-
-    def write(self, path, buf, size: int, offset: int, fip) -> int:
-        return self.operations.write(None, _view(buf, size), offset, fip.contents.fh)
-
-    def rename_fuse_3(self, old: bytes, new: bytes, flags: int) -> int:
-        return self.operations.rename(
-            old.decode(self.encoding, self.errors), new.decode(self.encoding, self.errors), flags
-        )
-
-    def utimens_fuse_3(self, path, buf, fip) -> int:
-        times = None
-        if buf:
-            times = (_timespec(buf.contents.actime), _timespec(buf.contents.modtime))
-        decoded = None if path is None else path.decode(self.encoding, self.errors)
-        return self.operations.utimens(decoded, times)
-
-
-_STAT_FIELDS = (
-    ("st_nlink",),
-    ("st_mode",),
-    ("st_uid",),
-    ("st_gid",),
-    ("st_size",),
-    ("st_blksize",),
-    ("st_blocks",),
-    ("st_atimespec", "tv_sec"),
-    ("st_atimespec", "tv_nsec"),
-    ("st_mtimespec", "tv_sec"),
-    ("st_mtimespec", "tv_nsec"),
-    ("st_ctimespec", "tv_sec"),
-    ("st_ctimespec", "tv_nsec"),
-)
-
-
-def _set_stat(st, values) -> None:
-    """Fill ``struct stat`` field by field (where :func:`_stat_struct` found no layout)."""
-    for path, value in zip(_STAT_FIELDS, values, strict=True):
-        target = st
-        for name in path[:-1]:
-            target = getattr(target, name)
-        setattr(target, path[-1], value)
-
-
-def _stat_struct() -> tuple[struct.Struct | None, int, int]:
-    """A ``struct`` format that writes :data:`_STAT_FIELDS` where this platform's
-    ``struct stat`` (as mfusepy declares it) keeps them, checked against ctypes; else None."""
-    try:
-        places = []
-        for path in _STAT_FIELDS:
-            cls, offset = mfusepy.c_stat, 0
-            for name in path:
-                field = getattr(cls, name)
-                offset += field.offset
-                cls = dict(cls._fields_)[name]
-            places.append((offset, field.size, cls._type_))
-        start = places[0][0]
-        fmt, at = "@", start
-        for offset, size, code in places:
-            if offset < at or struct.calcsize("@" + code) != size:
-                return None, 0, 0
-            fmt += "x" * (offset - at) + code
-            at = offset + size
-        packer = struct.Struct(fmt)
-        sample = tuple(range(1, len(_STAT_FIELDS) + 1))
-        st = mfusepy.c_stat()
-        packer.pack_into(memoryview(st).cast("B"), start, *sample)
-        probe = mfusepy.c_stat()
-        _set_stat(probe, sample)
-        if bytes(st) != bytes(probe):
-            return None, 0, 0
-        return packer, start, at
-    except (AttributeError, KeyError, TypeError, struct.error, ValueError):
-        return None, 0, 0
-
-
-_STAT, _STAT_START, _STAT_END = _stat_struct()
-
-
-def _view(buf, size: int) -> memoryview:
-    """A byte view of ``size`` bytes of libfuse's buffer at ``buf`` (valid during the call)."""
-    return memoryview((ctypes.c_char * size).from_address(ctypes.cast(buf, ctypes.c_void_p).value)).cast("B")
-
-
-def _timespec(ts) -> int | str | None:
-    if ts.tv_nsec == UTIME_OMIT:
-        return None
-    if ts.tv_nsec == UTIME_NOW:
-        return "now"
-    return ts.tv_sec * 10**9 + ts.tv_nsec
-
-
-__all__ = ["Operations", "FUSE", "key_of", "node_stat"]
+__all__ = ["NOW", "Operations"]

@@ -161,8 +161,19 @@ class Tree:
 
     def _probe(self, t: Txn, key: str) -> tuple[int, int, str, bytes | None] | None:
         """(kind, stored size, link target, raw attributes) of ``key``, or None when nothing
-        is there. One batch of reads: a single round trip on a remote database."""
-        return self._probe_many(t, [key])[0]
+        is there. One batch of reads on a remote database (a single round trip); on a local
+        one, only the reads the answer needs (a file or a missing name skips two of five)."""
+        if self.driver.remote or key == "":
+            return self._probe_many(t, [key])[0]
+        size, data_below = t.read_many([("size", key, DATA), ("prefix", key + "/", DATA)])
+        if size is None and not data_below:
+            side = [("get", entry_key(key), SIDE), ("prefix", ENTRY + key + "/", SIDE)]
+            mark, side_below = t.read_many(side)
+            if mark is None and not side_below:
+                return None
+        else:
+            mark, side_below = None, False
+        return self._judge(key, size, data_below, mark, side_below, t.get(attr_key(key), SIDE))
 
     def _probe_many(
         self, t: Txn, keys: list[str], also: Sequence[str] = ()

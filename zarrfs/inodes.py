@@ -1,0 +1,108 @@
+"""The inode table: which store key each node ID the kernel holds stands for.
+
+The kernel names files by node ID, the store by key. A node ID is handed out when a name is
+looked up (or created) and lives until the kernel forgets it: each reply that gives the kernel
+a node ID counts one lookup, and FORGET takes counts back. One key has one node ID at a time,
+so a file keeps its inode number while the kernel remembers it. Node IDs are never reused
+(a 64-bit counter), so a stale ID can never name another file.
+
+A rename moves the keys of a node and of every node below it; an unlink detaches the node
+(the kernel may still hold it open). Pure bookkeeping: no FUSE, no database.
+"""
+
+from __future__ import annotations
+
+from zarrfs.kernel import ROOT_ID
+
+
+class Inode:
+    """One node the kernel holds: its key (None once unlinked), kind (the file-type bits) and
+    lookup count, and what decides whether its cached pages may be kept."""
+
+    __slots__ = ("key", "kind", "lookups", "stamp", "stamp_time", "cache_ok")
+
+    def __init__(self, key: str | None, kind: int) -> None:
+        self.key = key
+        self.kind = kind
+        self.lookups = 0
+        self.stamp: tuple[int, int] | None = None  # (size, mtime) last shown to the kernel
+        self.stamp_time = 0.0
+        self.cache_ok = False
+
+
+class InodeTable:
+    """Node IDs and keys, both ways."""
+
+    def __init__(self, root_kind: int) -> None:
+        root = Inode("", root_kind)
+        root.lookups = 1  # the kernel never forgets the root
+        self.nodes: dict[int, Inode] = {ROOT_ID: root}
+        self.ids: dict[str, int] = {"": ROOT_ID}
+        self._next = ROOT_ID + 1
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def get(self, nodeid: int) -> Inode | None:
+        """The node with this ID, or None for one the table does not know."""
+        return self.nodes.get(nodeid)
+
+    def key(self, nodeid: int) -> str | None:
+        """The key of a node; None when the ID is unknown or its file was unlinked."""
+        node = self.nodes.get(nodeid)
+        return None if node is None else node.key
+
+    def remember(self, key: str, kind: int) -> tuple[int, Inode]:
+        """The node ID for ``key`` (a new one the first time, or when the kind changed), counted
+        as one more lookup by the kernel."""
+        nodeid = self.ids.get(key)
+        node = None if nodeid is None else self.nodes[nodeid]
+        if node is None or node.kind != kind:
+            if node is not None:
+                node.key = None  # the kernel's old inode of another type: detached
+            nodeid = self._next
+            self._next += 1
+            node = Inode(key, kind)
+            self.nodes[nodeid] = node
+            self.ids[key] = nodeid
+        node.lookups += 1
+        return nodeid, node
+
+    def forget(self, nodeid: int, count: int) -> None:
+        """The kernel dropped ``count`` lookups of a node; at zero the node is gone."""
+        node = self.nodes.get(nodeid)
+        if node is None or nodeid == ROOT_ID:
+            return
+        node.lookups -= count
+        if node.lookups <= 0:
+            del self.nodes[nodeid]
+            if node.key is not None and self.ids.get(node.key) == nodeid:
+                del self.ids[node.key]
+
+    def detach(self, key: str) -> None:
+        """The file or folder at ``key`` was removed: its node (if any) names nothing now."""
+        nodeid = self.ids.pop(key, None)
+        if nodeid is not None:
+            self.nodes[nodeid].key = None
+
+    def moved(self, src: str, dst: str) -> None:
+        """``src`` (and everything under it) is now ``dst``; a node at ``dst`` was replaced."""
+        self.detach(dst)
+        below = src + "/"
+        moving = [(k, i) for k, i in self.ids.items() if k == src or k.startswith(below)]
+        for k, _ in moving:
+            del self.ids[k]
+        for k, nodeid in moving:
+            new = dst + k[len(src) :]
+            stale = self.ids.pop(new, None)
+            if stale is not None:
+                self.nodes[stale].key = None
+            self.nodes[nodeid].key = new
+            self.ids[new] = nodeid
+
+    def exchanged(self, a: str, b: str) -> None:
+        """``a`` and ``b`` swapped places (RENAME_EXCHANGE)."""
+        tmp = "\0exchange"  # no key holds a NUL
+        self.moved(a, tmp)
+        self.moved(b, a)
+        self.moved(tmp, b)
