@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import logging
 import os
 from collections.abc import Iterator
@@ -174,3 +176,63 @@ def next_window(window: float, gap: float, longest: float) -> float:
     if gap <= longest:
         return longest
     return window / 2 if window > 2e-6 else 0.0
+
+
+FALLOC_FL_KEEP_SIZE = 1
+PREALLOCATE_MIN = 64 << 20
+PREALLOCATE_MAX = 1 << 30
+
+
+class Preallocator:
+    """Keeps disk blocks reserved ahead of the end of a growing database file.
+
+    Extending a file costs its filesystem a block allocation per write: on ext4 here, a commit
+    that appends 2 MiB to an LMDB file took 5.9 ms, and 0.6 ms when the blocks past its end
+    were reserved beforehand (``scripts/bench.py``'s zarr write is made of such commits).
+    ``fallocate(FALLOC_FL_KEEP_SIZE)`` reserves them without changing the file's size, so the
+    database sees nothing. The reserve is an eighth of the file, 64 MiB to 1 GiB, never more
+    than a quarter of the free space; where the filesystem cannot reserve, nothing is done.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.reserved_to = 0
+        self._fallocate = _libc_fallocate()
+
+    def grow(self) -> None:
+        """Call after a write: reserve more when the file's end nears the reserve's."""
+        if self._fallocate is None:
+            return
+        try:
+            size = os.stat(self.path).st_size
+        except OSError:
+            return
+        margin = min(max(size // 8, PREALLOCATE_MIN), PREALLOCATE_MAX)
+        if size + margin // 2 <= self.reserved_to:
+            return
+        try:
+            free = os.statvfs(self.path)
+            margin = min(margin, free.f_bavail * free.f_frsize // 4)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            start = max(size, self.reserved_to)
+            end = size + margin
+            if end > start and self._fallocate(fd, FALLOC_FL_KEEP_SIZE, start, end - start) != 0:
+                if ctypes.get_errno() in (errno.EOPNOTSUPP, errno.ENOSYS):
+                    self._fallocate = None  # this filesystem cannot: stop trying
+                return  # (no room: the database's own writes will say so)
+            self.reserved_to = max(end, self.reserved_to)
+        finally:
+            os.close(fd)
+
+
+def _libc_fallocate():
+    try:
+        func = ctypes.CDLL(None, use_errno=True).fallocate
+    except (OSError, AttributeError):
+        return None
+    func.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    func.restype = ctypes.c_int
+    return func

@@ -29,6 +29,7 @@ from typing import Any
 import lmdb
 
 from ._util import (
+    Preallocator,
     as_buffer,
     check_options,
     decode_key,
@@ -350,6 +351,8 @@ class LMDBDriver(Driver):
             path, self.subdir, readonly, map_size=self.map_size, meminit=False, **self._env_options
         )
         self.max_key_size = self.env.max_key_size()
+        data_file = os.path.join(path, "data.mdb") if self.subdir else path
+        self._prealloc = None if readonly else Preallocator(data_file)
         self._side_key: str | None = None
         self._side_env: lmdb.Environment | None = None
         self._side_lock = threading.Lock()
@@ -388,6 +391,8 @@ class LMDBDriver(Driver):
         """As :meth:`Driver.transact`; a read needs no retry loop and no commit (every lookup
         runs one, so the shortcut counts)."""
         if write:
+            if self._prealloc is not None:
+                self._prealloc.grow()
             return super().transact(fn, write)
         txn = LMDBTxn(self, False)
         try:

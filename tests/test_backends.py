@@ -926,6 +926,35 @@ def test_sqlite_new_database_gets_large_pages_and_an_old_one_keeps_its_own(tmp_p
         conn.close()
 
 
+@pytest.mark.parametrize("kind", ["lmdb", "sqlite"])
+def test_file_databases_reserve_blocks_ahead_of_their_end(kind, tmp_path):
+    """Appending to a file makes the filesystem allocate blocks write by write (slow on ext4);
+    the drivers reserve them ahead with fallocate(KEEP_SIZE): the size is unchanged, the
+    blocks are there, and values go on being stored and read."""
+    from zarrfs.backends._util import FALLOC_FL_KEEP_SIZE, PREALLOCATE_MIN, _libc_fallocate
+
+    fallocate = _libc_fallocate()
+    probe = tmp_path / "probe"
+    fd = os.open(probe, os.O_CREAT | os.O_WRONLY)
+    try:
+        if fallocate is None or fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, 1 << 20) != 0:
+            pytest.skip(f"the filesystem of {tmp_path} cannot reserve blocks (fallocate)")
+    finally:
+        os.close(fd)
+    path = tmp_path / ("db.lmdb" if kind == "lmdb" else "db.sqlite")
+    driver = open_driver(f"{kind}://{path}")
+    data_file = path / "data.mdb" if kind == "lmdb" else path
+    try:
+        value = os.urandom(1 << 20)
+        for i in range(4):
+            driver.put(f"a/{i}", value)
+        st = os.stat(data_file)
+        assert st.st_blocks * 512 >= st.st_size + PREALLOCATE_MIN // 2
+        assert all(driver.get(f"a/{i}") == value for i in range(4))
+    finally:
+        driver.close()
+
+
 class TestRedis(DriverConformance):
     """The session's redis-server, one key prefix per test."""
 

@@ -539,12 +539,6 @@ def test_symlink_link_mknod_and_fsync(wire):
     wire.release(entry.nodeid, fh)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Operations.rename calls HandleTable.renamed(src, dst) for RENAME_EXCHANGE too: the "
-    "open file at dst is marked orphan instead of moving to src, so its later writes are dropped "
-    "while FLUSH answers success",
-)
 def test_exchange_keeps_the_writes_of_a_file_open_at_the_destination(wire):
     """After renameat2(RENAME_EXCHANGE) an open descriptor still names the same file, now under
     the other name: what it writes must be stored there."""
@@ -557,14 +551,9 @@ def test_exchange_keeps_the_writes_of_a_file_open_at_the_destination(wire):
     wire.flush(b.nodeid, fh)  # answers success
     wire.release(b.nodeid, fh)
     assert wire.ops.tree.driver.get("b") == b"AAAA"
-    assert wire.ops.tree.driver.get("a") == b"bb!"  # fails: still b"BB", the write is lost
+    assert wire.ops.tree.driver.get("a") == b"bb!"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="HandleTable.renamed on RENAME_EXCHANGE of folders leaves the open files of the dst "
-    "folder at their old keys: their writes create dst/<name> instead of updating src/<name>",
-)
 def test_exchange_of_folders_moves_the_open_files_of_the_destination(wire):
     p = wire.mkdir(k.ROOT_ID, "p")
     q = wire.mkdir(k.ROOT_ID, "q")
@@ -577,8 +566,8 @@ def test_exchange_of_folders_moves_the_open_files_of_the_destination(wire):
     wire.flush(g.nodeid, fh)
     wire.release(g.nodeid, fh)
     driver = wire.ops.tree.driver
-    assert (driver.get("p/g"), driver.get("q/f")) == (b"IN Q", b"in p")  # fails: p/g is b"in q"
-    assert driver.get("q/g") is None  # fails: the write made a new file q/g
+    assert (driver.get("p/g"), driver.get("q/f")) == (b"IN Q", b"in p")
+    assert driver.get("q/g") is None
 
 
 # ---------------------------------------------------------------------- SETATTR

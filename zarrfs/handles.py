@@ -393,15 +393,22 @@ class HandleTable:
             self._forget(state)
         return state.created
 
-    def renamed(self, src: str, dst: str) -> None:
-        """Open files follow a rename (of the file or of a folder holding it)."""
-        moved = [(k, s) for k, s in self.states.items() if k == src or k.startswith(src + "/")]
-        for k, _ in moved:
-            del self.states[k]
-        dropped = self.states.pop(dst, None)
-        if dropped is not None:
-            dropped.orphan = True
-        for k, state in moved:
-            state.key = dst + k[len(src) :]
+    def renamed(self, src: str, dst: str, exchange: bool = False) -> None:
+        """Open files follow a rename (of the file or of a folder holding it); with
+        ``exchange`` (RENAME_EXCHANGE) those under ``dst`` move to ``src`` as well, else an
+        open file replaced at ``dst`` is orphaned."""
+        moves = [(src, dst), (dst, src)] if exchange else [(src, dst)]
+        moved = []
+        for a, b in moves:
+            under = [(k, s) for k, s in self.states.items() if k == a or k.startswith(a + "/")]
+            moved += [(b + k[len(a) :], s) for k, s in under]
+            for k, _ in under:
+                del self.states[k]
+        if not exchange:
+            dropped = self.states.pop(dst, None)
+            if dropped is not None:
+                dropped.orphan = True
+        for new_key, state in moved:
+            state.key = new_key
             state.snapshot = None if state.buffer is None else state.snapshot
-            self.states[state.key] = state
+            self.states[new_key] = state

@@ -108,7 +108,7 @@ class Operations:
         if flags & RENAME_EXCHANGE:
             self.handles.settle(dst)
         self.tree.rename(src, dst, flags)
-        self.handles.renamed(src, dst)
+        self.handles.renamed(src, dst, exchange=bool(flags & RENAME_EXCHANGE))
 
     def link(self, src: str, dst: str) -> None:
         """A second name for a file (a copy in a key/value store); EEXIST when ``dst`` exists."""

@@ -416,8 +416,9 @@ class Session:
     def _release(self, head: tuple, buf: memoryview) -> None:
         try:
             self.ops.release(k.RELEASE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0])
-        finally:  # release cannot fail for the caller (close() already returned)
-            self._reply_ok(head[2])
+        except Exception as exc:  # nobody to tell: close() has returned already
+            log.error("release %s: %s", self._describe(head), exc)
+        self._reply_ok(head[2])
 
     def _statfs(self, head: tuple, buf: memoryview) -> None:
         s = self.ops.statfs()
