@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 from zarrfs.backends import open_driver
 from zarrfs.backends.base import Driver
 from zarrfs.channel import Channel
+from zarrfs.foldercache import FolderCache
 from zarrfs.handles import HandleTable
 from zarrfs.loop import DEFAULT_SPIN_US, Loop
 from zarrfs.ops import Operations
@@ -57,6 +58,9 @@ class MountOptions:
     entry_timeout: float | None = None
     attr_timeout: float | None = None
     negative_timeout: float | None = None
+    # Seconds a snapshot of a busy folder answers lookups (zarrfs.foldercache); defaults to
+    # cache_timeout, 0 turns snapshots off.
+    dir_cache: float | None = None
     fuse: dict[str, Any] = field(default_factory=dict)
 
 
@@ -76,7 +80,7 @@ def parse_options(words: list[str]) -> MountOptions:
                 opts.view = _choice(name, value, VIEWS)
             elif name == "consolidate":
                 opts.consolidate = _choice(name, value, CONSOLIDATE_MODES)
-            elif name in ("cache_timeout", "entry_timeout", "attr_timeout", "negative_timeout"):
+            elif name in ("cache_timeout", "entry_timeout", "attr_timeout", "negative_timeout", "dir_cache"):
                 seconds = _number(name, value, float)
                 if seconds < 0:
                     raise UsageError(f"-o {name}= takes seconds, 0 or more (got {value!r})")
@@ -153,6 +157,9 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
     driver = open_database(url, opts)
     try:
         tree = Tree(driver, uid=os.getuid(), gid=os.getgid(), hooks=make_hooks(opts))
+        snapshot_ttl = opts.cache_timeout if opts.dir_cache is None else opts.dir_cache
+        if snapshot_ttl > 0:
+            tree.folder_cache = FolderCache(snapshot_ttl)
         handles = HandleTable(tree, spill_threshold=opts.spill, readonly=opts.readonly)
         operations = Operations(tree, handles)
         resolved = os.path.realpath(mountpoint)  # now, while it is a plain folder

@@ -29,6 +29,7 @@ log = logging.getLogger("zarrfs.tree")
 FILE, DIR, LINK = stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK
 
 RENAME_NOREPLACE = 1
+FOLDER_BATCH = 256  # children per batch of reads when a whole folder is read (SQLite: < 2000 columns)
 RENAME_EXCHANGE = 2
 
 # The scan position just past every key below a folder ``p + name + "/"``: '0' follows '/'.
@@ -127,6 +128,8 @@ class Tree:
         self.umask = umask
         self.hooks = hooks or Hooks()
         self.on_side_effects: Any = None
+        #: Snapshots of busy folders for :meth:`find` (a FolderCache), or None.
+        self.folder_cache: Any = None
         self._side_effects: set[str] = set()
         self._hidden_logged: set[str] = set()
         self.epoch = self._load_epoch()
@@ -243,7 +246,9 @@ class Tree:
         found = self._probe(t, key)
         if found is None:
             return None
-        kind, size, target, raw = found
+        return self._node_from(t, key, *found)
+
+    def _node_from(self, t: Txn, key: str, kind: int, size: int, target: str, raw: bytes | None) -> Node:
         if kind == FILE:
             size = self.hooks.shown_size(t, key, size)
         attrs = Attrs.unpack(raw) if raw is not None else None
@@ -261,8 +266,56 @@ class Tree:
 
     def find(self, key: str) -> Node | None:
         """The node at ``key``, or None when there is none (the lookup of every ``stat``: a
-        missing name is common and costs no exception)."""
+        missing name is common and costs no exception). Answered from a snapshot of the
+        folder when :attr:`folder_cache` has one (see :mod:`zarrfs.foldercache`)."""
+        cache = self.folder_cache
+        if cache is not None and key:
+            folder, _, name = key.rpartition("/")
+            nodes = cache.snapshot(folder, lambda limit: self.folder_nodes(folder, limit))
+            if nodes is not None:
+                return nodes.get(name)
         return self.driver.transact(lambda t: self._find(t, key), write=False)
+
+    def folder_nodes(self, key: str, limit: int) -> dict[str, Node] | None:
+        """Every child of folder ``key`` by name, read in one transaction (sizes and
+        attributes in batches of reads); None when there are more than ``limit``. A missing
+        folder has no children."""
+
+        def run(t: Txn) -> dict[str, Node] | None:
+            children: list[tuple[str, int]] = []
+            for name, kind, _ in self._merged_children(t, key, None):
+                children.append((name, kind))
+                if len(children) > limit:
+                    return None
+            prefix = key + "/" if key else ""
+            nodes: dict[str, Node] = {}
+            for start in range(0, len(children), FOLDER_BATCH):
+                part = children[start : start + FOLDER_BATCH]
+                requests: list[tuple[str, str, str]] = []
+                for name, kind in part:
+                    child = prefix + name
+                    if kind == FILE:
+                        requests.append(("size", child, DATA))
+                    elif kind == LINK:
+                        requests.append(("get", entry_key(child), SIDE))
+                    requests.append(("get", attr_key(child), SIDE))
+                answers = iter(t.read_many(requests))
+                for name, kind in part:
+                    child = prefix + name
+                    size, target = 0, ""
+                    if kind == FILE:
+                        size = next(answers)
+                    elif kind == LINK:
+                        mark = next(answers) or LINK_MARK
+                        target = bytes(mark[1:]).decode("utf-8", "surrogateescape")
+                        size = len(target.encode("utf-8", "surrogateescape"))
+                    raw = next(answers)
+                    if size is None:  # gone between the listing and the read
+                        continue
+                    nodes[name] = self._node_from(t, child, kind, size, target, raw)
+            return nodes
+
+        return self.driver.transact(run, write=False)
 
     def lookup(self, key: str) -> Node:
         """The node at ``key``; ENOENT when there is none."""
@@ -397,7 +450,11 @@ class Tree:
     def _write(self, run: Any) -> Any:
         """Run a write transaction; then report keys the hooks changed on the side."""
         self._side_effects = touched = set()
-        result = self.driver.transact(run)
+        try:
+            result = self.driver.transact(run)
+        finally:
+            if self.folder_cache is not None:
+                self.folder_cache.clear()
         if touched and self.on_side_effects is not None:
             self.on_side_effects(sorted(touched))
         return result

@@ -1,0 +1,149 @@
+"""Snapshots of busy folders (zarrfs/foldercache.py): when they are made, what they answer,
+and that they answer exactly what a lookup would, on every driver; then through mounts, that
+the mount's own changes show at once and another writer's within the snapshot's lifetime."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from mounting import make_url
+
+from zarrfs.backends import open_driver
+from zarrfs.foldercache import FolderCache
+from zarrfs.sidedata import LINK_MARK, entry_key
+from zarrfs.tree import DIR, FILE, LINK, Node, Tree
+
+
+class Clock:
+    """A clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_folder_is_snapshotted_once_it_is_busy_and_until_ttl():
+    clock = Clock()
+    cache = FolderCache(ttl=1.0, hot=3, clock=clock)
+    built: list[int] = []
+
+    def build(limit: int) -> dict[str, Node]:
+        built.append(limit)
+        return {"x": "node-x"}  # type: ignore[dict-item]
+
+    assert cache.snapshot("f", build) is None  # the first lookups go to the database
+    assert cache.snapshot("f", build) is None
+    assert cache.snapshot("f", build) == {"x": "node-x"}  # the third makes it busy
+    assert cache.snapshot("f", build) == {"x": "node-x"}
+    assert built == [cache.limit]
+    clock.now += 1.01  # too old: dropped; the folder must be busy again
+    assert cache.snapshot("f", build) is None
+    assert built == [cache.limit]
+
+
+def test_lookups_spread_over_time_never_make_a_snapshot():
+    clock = Clock()
+    cache = FolderCache(ttl=1.0, hot=3, clock=clock)
+    for _ in range(10):
+        assert cache.snapshot("f", lambda limit: {}) is None
+        clock.now += 0.6
+    assert cache.builds == 0
+
+
+def test_clear_drops_snapshots_but_remembers_folders_too_large():
+    clock = Clock()
+    cache = FolderCache(ttl=1.0, hot=1, clock=clock)
+    assert cache.snapshot("small", lambda limit: {}) == {}
+    assert cache.snapshot("huge", lambda limit: None) is None  # more than `limit` entries
+    cache.clear()
+    assert cache.snapshot("small", lambda limit: {"new": 1}) == {"new": 1}  # read again
+    assert cache.snapshot("huge", lambda limit: pytest.fail("listed again")) is None
+    clock.now += 10.5  # "too large" is remembered for ten lifetimes
+    assert cache.snapshot("huge", lambda limit: {}) == {}
+
+
+def test_at_most_folders_snapshots_are_kept():
+    cache = FolderCache(ttl=1.0, hot=1, folders=2, clock=Clock())
+    for name in ("a", "b", "c"):
+        cache.snapshot(name, lambda limit, n=name: {n: 1})
+    assert cache.snapshot("a", lambda limit: {"a": 2}) == {"a": 2}  # "a" was evicted
+
+
+@pytest.fixture(params=["lmdb", "sqlite", "redis"])
+def tree(request, tmp_path):
+    driver = open_driver(make_url(request.param, tmp_path, request))
+    yield Tree(driver, uid=1000, gid=1000)
+    driver.close()
+
+
+def test_snapshot_answers_what_each_lookup_answers(tree):
+    """Files with and without attributes, a folder from keys, an empty folder from mkdir, a
+    symlink, a key hidden by a folder of the same name: each as find() sees it."""
+    keys = ["g/a", "g/b/0", "g/hidden", "g/hidden/0", "g/z"]
+    tree.driver.transact(lambda t: [t.put(k, b"x" * n) for n, k in enumerate(keys)])
+    tree.mkdir("g/empty", 0o750)
+    tree.symlink("../a", "g/link", 1000, 1000)
+    tree.set_attrs("g/z", mode=0o600)
+    names = ("a", "b", "hidden", "empty", "link", "z")
+    expected = {name: tree.find(f"g/{name}") for name in names}
+    assert [expected[n].kind for n in names] == [FILE, DIR, DIR, DIR, LINK, FILE]
+    snapshot = tree.folder_nodes("g", limit=100)
+    assert snapshot == expected
+    assert tree.folder_nodes("g", limit=5) is None  # six entries
+    assert tree.folder_nodes("nothing", limit=5) == {}
+    assert tree.driver.get(entry_key("g/link"), "side")[:1] == LINK_MARK
+
+
+def test_snapshot_of_a_folder_read_in_several_batches(tree):
+    tree.driver.transact(lambda t: [t.put(f"big/{i:04d}", b"v" * (i % 7)) for i in range(1500)])
+    nodes = tree.folder_nodes("big", limit=2000)
+    assert len(nodes) == 1500
+    assert all(nodes[f"{i:04d}"].size == i % 7 for i in range(1500))
+
+
+def test_find_through_the_cache_and_own_writes_drop_it(tree):
+    tree.driver.transact(lambda t: [t.put(f"f/{i}", b"v") for i in range(50)])
+    tree.folder_cache = cache = FolderCache(ttl=60.0, hot=4)
+    for i in range(10):
+        assert tree.find(f"f/{i}").size == 1
+        assert tree.find(f"f/missing{i}") is None
+    assert cache.builds == 1
+    # Another writer: not seen while the snapshot lives.
+    tree.driver.put("f/new", b"123")
+    assert tree.find("f/new") is None
+    # A write through the tree drops the snapshots: everything is read anew.
+    tree.commit("f/0", b"longer", None)
+    assert tree.find("f/0").size == 6
+    assert tree.find("f/new").size == 3
+    assert tree.find("f").kind == DIR  # the root's snapshot: a folder
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+def test_mount_sees_its_own_changes_at_once_and_others_within_the_lifetime(tmp_path, mount_factory):
+    url = f"lmdb://{tmp_path}/db.lmdb"
+    m = mount_factory(url, ["create", "cache_timeout=0.2", "dir_cache=0.5"])
+    folder = m.path / "f"
+    folder.mkdir()
+    for i in range(100):
+        (folder / str(i)).write_bytes(b"v")
+    for i in range(100):  # busy: the folder is snapshotted
+        assert os.stat(folder / str(i)).st_size == 1
+    (folder / "0").write_bytes(b"own write")
+    assert os.stat(folder / "0").st_size == 9  # at once
+    os.unlink(folder / "1")
+    assert not (folder / "1").exists()
+    other = open_driver(url)
+    try:
+        other.put("f/from-elsewhere", b"12345")
+    finally:
+        other.close()
+    deadline = time.monotonic() + 0.5 + 0.2 + 2.0  # dir_cache + cache_timeout + slack
+    while not (folder / "from-elsewhere").exists():
+        assert time.monotonic() < deadline, "another writer's file never showed"
+        time.sleep(0.05)
+    assert (folder / "from-elsewhere").read_bytes() == b"12345"
