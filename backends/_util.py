@@ -192,40 +192,49 @@ class Preallocator:
     ``fallocate(FALLOC_FL_KEEP_SIZE)`` reserves them without changing the file's size, so the
     database sees nothing. The reserve is an eighth of the file, 64 MiB to 1 GiB, never more
     than a quarter of the free space; where the filesystem cannot reserve, nothing is done.
+
+    The file stays open from the first reservation until :meth:`close`. Not for SQLite: closing
+    any descriptor of a file drops every POSIX lock the process holds on it, and SQLite locks
+    its database file that way (LMDB locks only its lock file).
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.reserved_to = 0
+        self._fd: int | None = None
         self._fallocate = _libc_fallocate()
 
     def grow(self) -> None:
-        """Call after a write: reserve more when the file's end nears the reserve's."""
+        """Call before a write: reserve more when the file's end nears the reserve's."""
         if self._fallocate is None:
             return
         try:
-            size = os.stat(self.path).st_size
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
+            size = os.fstat(self._fd).st_size
         except OSError:
             return
         margin = min(max(size // 8, PREALLOCATE_MIN), PREALLOCATE_MAX)
         if size + margin // 2 <= self.reserved_to:
             return
         try:
-            free = os.statvfs(self.path)
-            margin = min(margin, free.f_bavail * free.f_frsize // 4)
-            fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
+            free = os.fstatvfs(self._fd)
         except OSError:
             return
-        try:
-            start = max(size, self.reserved_to)
-            end = size + margin
-            if end > start and self._fallocate(fd, FALLOC_FL_KEEP_SIZE, start, end - start) != 0:
-                if ctypes.get_errno() in (errno.EOPNOTSUPP, errno.ENOSYS):
-                    self._fallocate = None  # this filesystem cannot: stop trying
-                return  # (no room: the database's own writes will say so)
-            self.reserved_to = max(end, self.reserved_to)
-        finally:
-            os.close(fd)
+        margin = min(margin, free.f_bavail * free.f_frsize // 4)
+        start = max(size, self.reserved_to)
+        end = size + margin
+        if end > start and self._fallocate(self._fd, FALLOC_FL_KEEP_SIZE, start, end - start) != 0:
+            if ctypes.get_errno() in (errno.EOPNOTSUPP, errno.ENOSYS):
+                self._fallocate = None  # this filesystem cannot: stop trying
+            return  # (no room: the database's own writes will say so)
+        self.reserved_to = max(end, self.reserved_to)
+
+    def close(self) -> None:
+        """Close the file (after the database was closed)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def _libc_fallocate():

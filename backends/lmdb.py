@@ -466,3 +466,5 @@ class LMDBDriver(Driver):
         _envs.release(self._key)
         if self._side_key is not None:
             _envs.release(self._side_key)
+        if self._prealloc is not None:
+            self._prealloc.close()

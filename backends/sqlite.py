@@ -42,7 +42,6 @@ from typing import Any
 from urllib.parse import quote
 
 from ._util import (
-    Preallocator,
     as_buffer,
     check_options,
     decode_key,
@@ -459,8 +458,6 @@ class SQLiteDriver(Driver):
         self.tables = {name.decode() for (name,) in rows}
         if not readonly and wal:
             self._checkpointer = _Checkpointer(self)
-        # The database file grows as checkpoints copy pages in, the WAL as commits append.
-        self._prealloc = [] if readonly else [Preallocator(path), Preallocator(path + "-wal")]
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -493,13 +490,6 @@ class SQLiteDriver(Driver):
 
     def _begin(self, write: bool) -> SQLiteTxn:
         return SQLiteTxn(self, self._conn(), write)
-
-    def transact(self, fn, write: bool = True):
-        """As :meth:`Driver.transact`; disk blocks are reserved ahead of a write."""
-        if write:
-            for prealloc in self._prealloc:
-                prealloc.grow()
-        return super().transact(fn, write)
 
     def committed(self) -> None:
         """A write transaction committed: schedule a background checkpoint."""

@@ -926,10 +926,9 @@ def test_sqlite_new_database_gets_large_pages_and_an_old_one_keeps_its_own(tmp_p
         conn.close()
 
 
-@pytest.mark.parametrize("kind", ["lmdb", "sqlite"])
-def test_file_databases_reserve_blocks_ahead_of_their_end(kind, tmp_path):
+def test_lmdb_reserves_blocks_ahead_of_its_end(tmp_path):
     """Appending to a file makes the filesystem allocate blocks write by write (slow on ext4);
-    the drivers reserve them ahead with fallocate(KEEP_SIZE): the size is unchanged, the
+    the LMDB driver reserves them ahead with fallocate(KEEP_SIZE): the size is unchanged, the
     blocks are there, and values go on being stored and read."""
     from zarrfs.backends._util import FALLOC_FL_KEEP_SIZE, PREALLOCATE_MIN, _libc_fallocate
 
@@ -941,9 +940,9 @@ def test_file_databases_reserve_blocks_ahead_of_their_end(kind, tmp_path):
             pytest.skip(f"the filesystem of {tmp_path} cannot reserve blocks (fallocate)")
     finally:
         os.close(fd)
-    path = tmp_path / ("db.lmdb" if kind == "lmdb" else "db.sqlite")
-    driver = open_driver(f"{kind}://{path}")
-    data_file = path / "data.mdb" if kind == "lmdb" else path
+    path = tmp_path / "db.lmdb"
+    driver = open_driver(f"lmdb://{path}")
+    data_file = path / "data.mdb"
     try:
         value = os.urandom(1 << 20)
         for i in range(4):

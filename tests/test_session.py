@@ -326,7 +326,8 @@ def test_opcodes_and_flags_are_the_kernels():
     assert (k.DESTROY, k.BATCH_FORGET, k.RENAME2) == (38, 42, 45)
     assert k.OPCODE_NAMES[k.BATCH_FORGET] == "batch_forget" and k.ROOT_ID not in k.OPCODE_NAMES.values()
     assert (k.FATTR_MODE, k.FATTR_SIZE, k.FATTR_MTIME, k.FATTR_FH, k.FATTR_MTIME_NOW) == (1, 8, 32, 64, 256)
-    assert k.WANTED == (1 << 0) | (1 << 3) | (1 << 5) | (1 << 12) | (1 << 15) | (1 << 18) | (1 << 22)
+    # Not AUTO_INVAL_DATA (1 << 12): pages written through the mount stay valid after a commit.
+    assert k.WANTED == (1 << 0) | (1 << 3) | (1 << 5) | (1 << 15) | (1 << 18) | (1 << 22)
 
 
 def test_dirent_records_pad_to_eight_bytes():
@@ -770,13 +771,14 @@ def test_a_consolidated_document_rewritten_on_the_side_is_invalidated(make_ops, 
 # ---------------------------------------------------------------------- OPEN and the page cache
 def test_open_keeps_the_cache_only_while_the_file_is_unchanged(make_wire):
     wire = make_wire(attr_timeout=60)
-    f = wire.put_file(k.ROOT_ID, "f", b"one")
-    wire.getattr(f.nodeid)
+    # Stored by a driver directly: the first open finds no pages it could trust.
+    wire.ops.tree.commit("f", b"one", None)
+    f = wire.lookup(k.ROOT_ID, "f")
     fh, flags = wire.open(f.nodeid)
-    assert not flags & k.FOPEN_KEEP_CACHE  # the first open: the kernel holds no pages yet
+    assert not flags & k.FOPEN_KEEP_CACHE
     wire.release(f.nodeid, fh)
     fh, flags = wire.open(f.nodeid)
-    assert flags & k.FOPEN_KEEP_CACHE
+    assert flags & k.FOPEN_KEEP_CACHE  # unchanged since the pages were read
     wire.release(f.nodeid, fh)
     # Another client changes the file; the kernel's next GETATTR sees it, the next open drops pages.
     wire.ops.tree.commit("f", b"three", None)
@@ -785,6 +787,31 @@ def test_open_keeps_the_cache_only_while_the_file_is_unchanged(make_wire):
     assert not flags & k.FOPEN_KEEP_CACHE
     assert wire.read(f.nodeid, fh) == b"three"
     wire.release(f.nodeid, fh)
+
+
+def test_pages_written_through_the_mount_are_kept_after_the_commit(make_wire):
+    """The kernel's pages of a file written here are its content: a later open keeps them,
+    also when the file was a temporary one stored by its rename (zarr-python's .partial)."""
+    wire = make_wire(attr_timeout=60)
+    g = wire.put_file(k.ROOT_ID, "g", b"written here")
+    assert wire.getattr(g.nodeid).size == 12  # the stored size and mtime are what the commit said
+    fh, flags = wire.open(g.nodeid)
+    assert flags & k.FOPEN_KEEP_CACHE
+    wire.release(g.nodeid, fh)
+    tmp = wire.put_file(k.ROOT_ID, "c.partial", b"chunk")
+    assert wire.ops.tree.driver.get("c.partial") is None  # held until its rename
+    assert wire.rename(k.ROOT_ID, "c.partial", k.ROOT_ID, "c").error == 0
+    assert wire.inodes.key(tmp.nodeid) == "c"
+    fh, flags = wire.open(tmp.nodeid)
+    assert flags & k.FOPEN_KEEP_CACHE
+    assert wire.read(tmp.nodeid, fh) == b"chunk"
+    wire.release(tmp.nodeid, fh)
+    # A commit by someone else afterwards still drops them at the next open.
+    wire.ops.tree.commit("c", b"another", None)
+    assert wire.getattr(tmp.nodeid).size == 7
+    fh, flags = wire.open(tmp.nodeid)
+    assert not flags & k.FOPEN_KEEP_CACHE
+    wire.release(tmp.nodeid, fh)
 
 
 # ---------------------------------------------------------------------- STATFS

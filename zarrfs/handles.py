@@ -44,6 +44,9 @@ def is_deferrable(key: str) -> bool:
     return key.endswith((".partial", ".__lock"))
 
 
+Stamp = tuple[int, int]  # (size, mtime) of a stored file: what decides whether cached pages hold
+
+
 @dataclass
 class FileState:
     """What the mount knows about one open key: pending content and attributes."""
@@ -189,7 +192,12 @@ class HandleTable:
         if state.buffer is not None:
             return state.buffer.read(offset, size)
         if state.snapshot is None:
-            if not self.tree.hooks_transform and self.tree.stored_size(state.key) > SNAPSHOT_LIMIT:
+            # A read that does not start at the beginning reads just its range: the kernel
+            # fetching the last, partial page of a file whose other pages it holds, or a
+            # shard's index and chunks. One from the start takes the whole value once.
+            if not self.tree.hooks_transform and (
+                offset > 0 or self.tree.stored_size(state.key) > SNAPSHOT_LIMIT
+            ):
                 return self.tree.read_range(state.key, offset, size)
             state.snapshot = self.tree.read_value(state.key)
         return memoryview(state.snapshot)[offset : offset + size]
@@ -224,9 +232,10 @@ class HandleTable:
         self._touch(state)
 
     # ------------------------------------------------------------------ commit
-    def _commit(self, state: FileState) -> None:
+    def _commit(self, state: FileState) -> Stamp | None:
+        """Store a changed file; its (size, mtime) as stored, or None when nothing was."""
         if not state.dirty or state.orphan:
-            return
+            return None
         assert state.buffer is not None
         try:
             self.tree.commit(state.key, state.buffer.view(), state.attrs, create=state.created)
@@ -236,41 +245,44 @@ class HandleTable:
         state.dirty = False
         state.created = False
         state.failed = False
+        return (state.size, state.attrs.mtime) if state.attrs is not None else None
 
-    def flush(self, fh: int) -> None:
+    def flush(self, fh: int) -> Stamp | None:
         """Commit the file's pending content (called at every close); a new temporary file
-        waits for its rename."""
+        waits for its rename. Returns the (size, mtime) stored, if anything was."""
         state = self._handle(fh).state
         if state.created and (is_deferrable(state.key) or state.size == 0):
             # A temporary file waits for its rename. A new file still empty is stored at
             # release: a shell's ``> file`` closes a duplicate descriptor before writing, and an
             # empty .zarray committed then would be refused for nothing.
-            return
-        self._commit(state)
+            return None
+        return self._commit(state)
 
-    def fsync(self, fh: int) -> None:
+    def fsync(self, fh: int) -> Stamp | None:
         """Commit (a temporary file too), then make it durable."""
-        self._commit(self._handle(fh).state)
+        stamp = self._commit(self._handle(fh).state)
         self.tree.driver.sync()
+        return stamp
 
-    def release(self, fh: int) -> None:
+    def release(self, fh: int) -> Stamp | None:
         """Last close of a descriptor: commit what is left and forget the handle."""
         handle = self.handles.pop(fh, None)
         if handle is None:
-            return
+            return None
         state = handle.state
         state.handles.discard(fh)
         if not state.handles and state.created and not state.orphan and is_deferrable(state.key):
             self._defer(state)
-            return
+            return None
         try:
             if not state.failed:
-                self._commit(state)
+                return self._commit(state)
         except Exception as exc:  # release cannot report errors; flush already did
             log.error("commit of %s at release failed: %s", state.key, exc)
         finally:
             if not state.handles:
                 self._forget(state)
+        return None
 
     def _defer(self, state: FileState) -> None:
         self.deferred[state.key] = state
@@ -320,15 +332,17 @@ class HandleTable:
             if s.created and not s.orphan and k.startswith(prefix) and "/" not in k[len(prefix) :]
         )
 
-    def store_as(self, src: str, dst: str, exclusive: bool, keep_source: bool) -> None:
+    def store_as(self, src: str, dst: str, exclusive: bool, keep_source: bool) -> Stamp:
         """Store the unstored file ``src`` at ``dst`` in one transaction: a rename
-        (``keep_source`` false) or a link (true) of a held temporary file."""
+        (``keep_source`` false) or a link (true) of a held temporary file. Returns the
+        (size, mtime) stored."""
         state = self.states[src]
         assert state.buffer is not None and state.attrs is not None
         attrs = Attrs(**vars(state.attrs))
         self.tree.commit(dst, state.buffer.view(), attrs, create=True, exclusive=exclusive)
+        stamp = (state.size, attrs.mtime)
         if keep_source:
-            return
+            return stamp
         replaced = self.states.pop(dst, None)
         if replaced is not None:
             replaced.orphan = True
@@ -340,6 +354,7 @@ class HandleTable:
             self.states[dst] = state
         else:
             self._forget(state)
+        return stamp
 
     # ------------------------------------------------------------------ namespace changes
     def settle(self, key: str) -> None:

@@ -61,8 +61,10 @@ AUTO_INVAL_DATA = 1 << 12
 ASYNC_DIO = 1 << 15
 PARALLEL_DIROPS = 1 << 18
 MAX_PAGES = 1 << 22
-# What zarrfs asks for when the kernel offers it.
-WANTED = ASYNC_READ | ATOMIC_O_TRUNC | BIG_WRITES | AUTO_INVAL_DATA | ASYNC_DIO | PARALLEL_DIROPS | MAX_PAGES
+# What zarrfs asks for when the kernel offers it. Not AUTO_INVAL_DATA: the kernel would drop
+# a file's pages whenever it sees a new mtime, also after writes through the mount, whose
+# pages are right; the session decides at each open instead (FOPEN_KEEP_CACHE).
+WANTED = ASYNC_READ | ATOMIC_O_TRUNC | BIG_WRITES | ASYNC_DIO | PARALLEL_DIROPS | MAX_PAGES
 
 # SETATTR valid bits.
 FATTR_MODE = 1 << 0

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 
 from zarrfs.errors import FsError
-from zarrfs.handles import HandleTable
+from zarrfs.handles import HandleTable, Stamp
 from zarrfs.listing import DirListing
 from zarrfs.tree import DIR, RENAME_EXCHANGE, RENAME_NOREPLACE, Node, Tree
 
@@ -99,16 +99,19 @@ class Operations:
         if not self.handles.unlinked(key):
             self.tree.unlink(key)
 
-    def rename(self, src: str, dst: str, flags: int = 0) -> None:
-        """Move a file or folder, atomically, honouring RENAME_NOREPLACE / RENAME_EXCHANGE."""
+    def rename(self, src: str, dst: str, flags: int = 0) -> Stamp | None:
+        """Move a file or folder, atomically, honouring RENAME_NOREPLACE / RENAME_EXCHANGE.
+        A held temporary file is stored by its rename: then its (size, mtime) is returned."""
         if self.handles.unstored(src) is not None and not flags & RENAME_EXCHANGE:
-            self.handles.store_as(src, dst, exclusive=bool(flags & RENAME_NOREPLACE), keep_source=False)
-            return
+            return self.handles.store_as(
+                src, dst, exclusive=bool(flags & RENAME_NOREPLACE), keep_source=False
+            )
         self.handles.settle(src)
         if flags & RENAME_EXCHANGE:
             self.handles.settle(dst)
         self.tree.rename(src, dst, flags)
         self.handles.renamed(src, dst, exchange=bool(flags & RENAME_EXCHANGE))
+        return None
 
     def link(self, src: str, dst: str) -> None:
         """A second name for a file (a copy in a key/value store); EEXIST when ``dst`` exists."""
@@ -143,17 +146,18 @@ class Operations:
         """Buffer a write (``data`` is copied)."""
         return self.handles.write(fh, data, offset)
 
-    def flush(self, fh: int) -> None:
+    # flush, fsync and release return the (size, mtime) of what they stored, if anything.
+    def flush(self, fh: int) -> Stamp | None:
         """A ``close``: commit the file's pending content."""
-        self.handles.flush(fh)
+        return self.handles.flush(fh)
 
-    def fsync(self, fh: int) -> None:
+    def fsync(self, fh: int) -> Stamp | None:
         """Commit and make durable."""
-        self.handles.fsync(fh)
+        return self.handles.fsync(fh)
 
-    def release(self, fh: int) -> None:
+    def release(self, fh: int) -> Stamp | None:
         """The last close of an open file."""
-        self.handles.release(fh)
+        return self.handles.release(fh)
 
 
 __all__ = ["NOW", "Operations"]

@@ -135,6 +135,15 @@ class Session:
                 inode.cache_ok = False
             inode.stamp_time = time.monotonic()
 
+    def _stored(self, nodeid: int | None, stamp: tuple[int, int] | None) -> None:
+        # Content written through this mount was stored: the kernel's pages of the file are
+        # that content (writes go through its page cache), so the next open may keep them.
+        inode = None if nodeid is None or stamp is None else self.inodes.get(nodeid)
+        if inode is not None:
+            inode.stamp = stamp
+            inode.stamp_time = time.monotonic()
+            inode.cache_ok = True
+
     def _attr(self, nodeid: int, node: Node) -> tuple:
         a = node.attrs
         size = node.size
@@ -356,11 +365,12 @@ class Session:
     def _move(self, head: tuple, buf: memoryview, newdir: int, flags: int, at: int) -> None:
         old, new = k.names(buf, at, head[0])[:2]
         src, dst = self._child(head[3], old), self._child(newdir, new)
-        self.ops.rename(src, dst, flags)
+        stamp = self.ops.rename(src, dst, flags)
         if flags & RENAME_EXCHANGE:
             self.inodes.exchanged(src, dst)
         else:
             self.inodes.moved(src, dst)
+            self._stored(self.inodes.ids.get(dst), stamp)
         self._reply_ok(head[2])
 
     def _link(self, head: tuple, buf: memoryview) -> None:
@@ -406,16 +416,16 @@ class Session:
         self._send(k.WRITE_REPLY.pack(k.WRITE_REPLY.size, 0, head[2], written, 0))
 
     def _flush(self, head: tuple, buf: memoryview) -> None:
-        self.ops.flush(k.FLUSH_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0])
+        self._stored(head[3], self.ops.flush(k.FLUSH_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]))
         self._reply_ok(head[2])
 
     def _fsync(self, head: tuple, buf: memoryview) -> None:
-        self.ops.fsync(k.FSYNC_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0])
+        self._stored(head[3], self.ops.fsync(k.FSYNC_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]))
         self._reply_ok(head[2])
 
     def _release(self, head: tuple, buf: memoryview) -> None:
         try:
-            self.ops.release(k.RELEASE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0])
+            self._stored(head[3], self.ops.release(k.RELEASE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]))
         except Exception as exc:  # nobody to tell: close() has returned already
             log.error("release %s: %s", self._describe(head), exc)
         self._reply_ok(head[2])
