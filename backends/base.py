@@ -176,6 +176,10 @@ class Driver(ABC):
     schemes: tuple[str, ...] = ()
     #: Whether reads cost a round trip to a server (callers then batch what they can).
     remote = False
+    #: Whether one :meth:`Txn.read_many` costs about one read however many it holds (a round
+    #: trip, one SQL statement): then callers ask for what they may need in one batch rather
+    #: than in steps that stop early.
+    batched = False
     #: How often :meth:`transact` runs a function that keeps failing with ``RetryableError``.
     max_attempts = 10
     #: First back-off in seconds; doubles each attempt, with full jitter.

@@ -694,6 +694,7 @@ class RedisDriver(Driver):
 
     schemes = ("redis", "rediss", "unix")
     remote = True
+    batched = True
     # Optimistic transactions conflict more often than lock-based ones.
     max_attempts = 25
 

@@ -60,10 +60,37 @@ def test_clear_drops_snapshots_but_remembers_folders_too_large():
     assert cache.snapshot("small", lambda limit: {}) == {}
     assert cache.snapshot("huge", lambda limit: None) is None  # more than `limit` entries
     cache.clear()
+    clock.now += 1.01  # after the quiet time that follows a write
     assert cache.snapshot("small", lambda limit: {"new": 1}) == {"new": 1}  # read again
     assert cache.snapshot("huge", lambda limit: pytest.fail("listed again")) is None
-    clock.now += 10.5  # "too large" is remembered for ten lifetimes
+    clock.now += 9.5  # "too large" is remembered for ten lifetimes
     assert cache.snapshot("huge", lambda limit: {}) == {}
+
+
+def test_no_snapshot_is_made_while_the_mount_writes():
+    """Each write clears the snapshots; making them again while a folder fills up would read
+    the growing folder every few files."""
+    clock = Clock()
+    cache = FolderCache(ttl=1.0, hot=2, clock=clock)
+    for _ in range(10):
+        cache.clear()  # a file created through the mount
+        assert cache.snapshot("f", lambda limit: pytest.fail("snapshot while writing")) is None
+        clock.now += 0.1
+    clock.now += 1.0  # quiet for ttl: busy lookups make a snapshot again
+    cache.snapshot("f", lambda limit: {})
+    assert cache.snapshot("f", lambda limit: {"x": 1}) == {"x": 1}
+
+
+def test_a_folder_slow_to_read_is_looked_up_name_by_name():
+    clock = Clock()
+    cache = FolderCache(ttl=1.0, hot=1, clock=clock)
+
+    def slow(limit: int) -> dict[str, Node]:
+        clock.now += 0.3  # more than a quarter of the lifetime
+        return {"x": 1}  # type: ignore[dict-item]
+
+    assert cache.snapshot("f", slow) == {"x": 1}  # this lookup has it anyway
+    assert cache.snapshot("f", lambda limit: pytest.fail("read again")) is None
 
 
 def test_at_most_folders_snapshots_are_kept():

@@ -9,13 +9,15 @@ gcsfuse's stat cache make the same trade.
 
 What it means for coherence: a change made through this mount drops every snapshot at once
 (the tree calls :meth:`FolderCache.clear` after each write transaction), so the mount's own
-changes show at once, as before. A change made by another writer (another mount of the same
+changes show at once, as before; and for ``ttl`` after a write no snapshot is made, so a
+folder being filled is not read over and over. A change made by another writer (another mount of the same
 Redis, a zarr-python process on the same LMDB file) shows after at most ``ttl`` here plus the
 kernel's own ``cache_timeout``, instead of ``cache_timeout`` alone. ``-o dir_cache=0`` turns
 the snapshots off.
 
 A folder too large to snapshot (more than ``limit`` entries, e.g. a flat array folder of a
-million chunks) is remembered as such for ten times ``ttl`` and looked up name by name.
+million chunks, or one whose reading took more than a quarter of ``ttl``) is remembered as
+such for ten times ``ttl`` and looked up name by name.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from zarrfs.tree import Node
 HOT = 32  # lookups in one folder, within ttl, that make it worth a snapshot
 LIMIT = 32768  # entries of the largest folder snapshotted
 FOLDERS = 8  # snapshots kept at once (the oldest goes first)
+BUILD_SHARE = 0.25  # the most of its lifetime a snapshot may take to read
 TOO_BIG = object()
 
 
@@ -49,6 +52,7 @@ class FolderCache:
         self.clock = clock
         self._snapshots: dict[str, tuple[float, dict[str, Node] | object]] = {}
         self._misses: dict[str, list[float | int]] = {}  # folder -> [window start, count]
+        self._quiet_until = 0.0
         self.builds = 0
 
     def snapshot(self, folder: str, build: Callable[[int], dict[str, Node] | None]) -> dict[str, Node] | None:
@@ -56,6 +60,8 @@ class FolderCache:
         folder; None when it has more than ``limit`` entries); None when the folder is not
         busy enough, or too large: then the caller looks the name up itself."""
         now = self.clock()
+        if now < self._quiet_until:
+            return None
         found = self._snapshots.get(folder)
         if found is not None:
             made, nodes = found
@@ -73,13 +79,20 @@ class FolderCache:
         del self._misses[folder]
         nodes = build(self.limit)
         self.builds += 1
+        # A snapshot that takes more than a quarter of its lifetime to read does not pay for
+        # itself: the folder is looked up name by name, as one too large.
+        slow = self.clock() - now > self.ttl * BUILD_SHARE
         while len(self._snapshots) >= self.folders:
             del self._snapshots[next(iter(self._snapshots))]
-        self._snapshots[folder] = (now, TOO_BIG if nodes is None else nodes)
+        self._snapshots[folder] = (now, TOO_BIG if nodes is None or slow else nodes)
         return nodes
 
     def clear(self) -> None:
-        """Forget every snapshot (the mount changed something); a folder found too large
-        stays known as such."""
+        """Forget every snapshot (the mount changed something), and make none for ``ttl``: a
+        folder being written to would be read again and again (creating 20,000 files, each
+        after a lookup of its name, would read the growing folder every few files). A folder
+        found too large stays known as such."""
         for folder in [f for f, (_, nodes) in self._snapshots.items() if nodes is not TOO_BIG]:
             del self._snapshots[folder]
+        self._misses.clear()
+        self._quiet_until = self.clock() + self.ttl

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, Txn, prefix_stop
+from zarrfs.backends.base import DATA, SIDE, SIZES, VALUES, Driver, Txn, prefix_stop
 from zarrfs.errors import FsError
 from zarrfs.sidedata import DIR_MARK, ENTRY, EPOCH, LINK_MARK, Attrs, attr_key, entry_key
 
@@ -29,7 +29,7 @@ log = logging.getLogger("zarrfs.tree")
 FILE, DIR, LINK = stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK
 
 RENAME_NOREPLACE = 1
-FOLDER_BATCH = 256  # children per batch of reads when a whole folder is read (SQLite: < 2000 columns)
+FOLDER_BATCH = 512  # children per batch of reads when a whole folder is read (SQLite: < 2000 columns)
 RENAME_EXCHANGE = 2
 
 # The scan position just past every key below a folder ``p + name + "/"``: '0' follows '/'.
@@ -164,9 +164,10 @@ class Tree:
 
     def _probe(self, t: Txn, key: str) -> tuple[int, int, str, bytes | None] | None:
         """(kind, stored size, link target, raw attributes) of ``key``, or None when nothing
-        is there. One batch of reads on a remote database (a single round trip); on a local
-        one, only the reads the answer needs (a file or a missing name skips two of five)."""
-        if self.driver.remote or key == "":
+        is there. One batch of reads where a batch costs one read (a round trip to Redis, one
+        SQLite statement); on LMDB, only the reads the answer needs (a file or a missing name
+        skips two of five)."""
+        if self.driver.batched or key == "":
             return self._probe_many(t, [key])[0]
         size, data_below = t.read_many([("size", key, DATA), ("prefix", key + "/", DATA)])
         if size is None and not data_below:
@@ -283,7 +284,10 @@ class Tree:
 
         def run(t: Txn) -> dict[str, Node] | None:
             children: list[tuple[str, int]] = []
-            for name, kind, _ in self._merged_children(t, key, None):
+            # Sizes come with the listing's scan, except from a remote database, where a batch
+            # of reads is one round trip and the scan would take one per page of sizes.
+            sizes: dict[str, int] | None = None if self.driver.remote else {}
+            for name, kind, _ in self._merged_children(t, key, None, sizes):
                 children.append((name, kind))
                 if len(children) > limit:
                     return None
@@ -294,7 +298,7 @@ class Tree:
                 requests: list[tuple[str, str, str]] = []
                 for name, kind in part:
                     child = prefix + name
-                    if kind == FILE:
+                    if kind == FILE and sizes is None:
                         requests.append(("size", child, DATA))
                     elif kind == LINK:
                         requests.append(("get", entry_key(child), SIDE))
@@ -304,7 +308,7 @@ class Tree:
                     child = prefix + name
                     size, target = 0, ""
                     if kind == FILE:
-                        size = next(answers)
+                        size = next(answers) if sizes is None else sizes.get(name)
                     elif kind == LINK:
                         mark = next(answers) or LINK_MARK
                         target = bytes(mark[1:]).decode("utf-8", "surrogateescape")
@@ -381,9 +385,11 @@ class Tree:
 
         return self.driver.transact(run, write=False)
 
-    def _merged_children(self, t: Txn, key: str, after: str | None) -> Iterator[tuple[str, int, str]]:
+    def _merged_children(
+        self, t: Txn, key: str, after: str | None, sizes: dict[str, int] | None = None
+    ) -> Iterator[tuple[str, int, str]]:
         prefix = key + "/" if key else ""
-        data = self._children(t, prefix, after, DATA)
+        data = self._children(t, prefix, after, DATA, sizes)
         side = self._children(t, ENTRY + prefix, after, SIDE)
         a, b = next(data, None), next(side, None)
         while a is not None or b is not None:
@@ -397,11 +403,14 @@ class Tree:
                 yield a
                 a, b = next(data, None), next(side, None)
 
-    def _children(self, t: Txn, prefix: str, after: str | None, space: str) -> Iterator[tuple[str, int, str]]:
+    def _children(
+        self, t: Txn, prefix: str, after: str | None, space: str, sizes: dict[str, int] | None = None
+    ) -> Iterator[tuple[str, int, str]]:
         """Immediate children under ``prefix`` in one space, skipping whole subtrees by seeking.
 
         A child's position is its name, with a trailing '/' for a folder, so positions sort in
-        the order the keys do and a resume skips exactly what was already returned.
+        the order the keys do and a resume skips exactly what was already returned. With
+        ``sizes``, the stored size of each file child is put there, read by the same scan.
         """
         stop = prefix_stop(prefix)
         if after is None:
@@ -412,7 +421,7 @@ class Tree:
             pos = prefix + after + "\0"
         n = len(prefix)
         batch_size = 256
-        fetch = VALUES if space == SIDE else "keys"
+        fetch = VALUES if space == SIDE else (SIZES if sizes is not None else "keys")
         while True:
             batch = list(t.scan(pos, stop, space=space, fetch=fetch, limit=batch_size))
             if not batch:
@@ -441,6 +450,8 @@ class Tree:
                     if (following is None or following.startswith(k)) and self._has_children(t, k, False):
                         self._log_hidden(k)
                     else:
+                        if sizes is not None:
+                            sizes[rest] = v
                         yield rest, FILE, rest
                 pos = k + "\0"
             if not reseek and len(batch) < batch_size:
