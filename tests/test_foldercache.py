@@ -81,16 +81,23 @@ def test_no_snapshot_is_made_while_the_mount_writes():
     assert cache.snapshot("f", lambda limit: {"x": 1}) == {"x": 1}
 
 
-def test_a_folder_slow_to_read_is_looked_up_name_by_name():
+def test_a_snapshot_that_answered_few_lookups_is_not_made_again():
+    """Reading 800 entries to answer a few lookups does not pay: next time the folder is
+    looked up name by name (for ten lifetimes); one that answered many is read again."""
     clock = Clock()
     cache = FolderCache(ttl=1.0, hot=1, clock=clock)
-
-    def slow(limit: int) -> dict[str, Node]:
-        clock.now += 0.3  # more than a quarter of the lifetime
-        return {"x": 1}  # type: ignore[dict-item]
-
-    assert cache.snapshot("f", slow) == {"x": 1}  # this lookup has it anyway
-    assert cache.snapshot("f", lambda limit: pytest.fail("read again")) is None
+    many = {str(i): i for i in range(800)}
+    assert cache.snapshot("sparse", lambda limit: many) is many
+    for _ in range(50):  # fewer than 800 / 8
+        cache.snapshot("sparse", lambda limit: pytest.fail("read again"))
+    assert cache.snapshot("busy", lambda limit: many) is many
+    for _ in range(150):
+        cache.snapshot("busy", lambda limit: pytest.fail("read again"))
+    clock.now += 1.01
+    assert cache.snapshot("sparse", lambda limit: pytest.fail("read again")) is None
+    assert cache.snapshot("busy", lambda limit: {"again": 1}) == {"again": 1}
+    clock.now += 10.0  # ten lifetimes after it was found not worth it
+    assert cache.snapshot("sparse", lambda limit: {"later": 1}) == {"later": 1}
 
 
 def test_at_most_folders_snapshots_are_kept():

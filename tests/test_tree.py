@@ -56,6 +56,15 @@ def test_listing_orders_like_keys_and_skips_subtrees(tree):
     assert len(listed) == 4  # "1" is a folder: the key "a/1" is hidden, not listed twice
 
 
+def test_a_key_is_hidden_by_its_folder_whatever_sorts_between_them(tree):
+    # "1.0" sorts between the key "1" and its folder's "1/x"; "20" follows "2", which has none.
+    put(tree, "b/1", "b/1.0", "b/1/x", "b/2", "b/20", "b/3", "b/3-a", "b/30")
+    assert sorted(names(tree, "b")) == sorted(
+        [("1", DIR), ("1.0", FILE), ("2", FILE), ("20", FILE), ("3", FILE), ("3-a", FILE), ("30", FILE)]
+    )
+    assert tree.folder_nodes("b", 100)["1"].kind == DIR
+
+
 def test_listing_resumes_across_batches(tree):
     keys = [f"big/{i:05d}" for i in range(3000)] + [f"big/n{i}/0" for i in range(300)]
     put(tree, *keys)

@@ -16,8 +16,9 @@ kernel's own ``cache_timeout``, instead of ``cache_timeout`` alone. ``-o dir_cac
 the snapshots off.
 
 A folder too large to snapshot (more than ``limit`` entries, e.g. a flat array folder of a
-million chunks, or one whose reading took more than a quarter of ``ttl``) is remembered as
-such for ten times ``ttl`` and looked up name by name.
+million chunks), or whose last snapshot answered fewer lookups than an eighth of its entries
+(a client probing a few chunk keys of a large folder), is looked up name by name for ten
+times ``ttl``.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from zarrfs.tree import Node
 HOT = 32  # lookups in one folder, within ttl, that make it worth a snapshot
 LIMIT = 32768  # entries of the largest folder snapshotted
 FOLDERS = 8  # snapshots kept at once (the oldest goes first)
-BUILD_SHARE = 0.25  # the most of its lifetime a snapshot may take to read
-TOO_BIG = object()
+WORTH = 8  # a snapshot must answer a lookup per this many entries to be made again
+SKIP_LIFETIMES = 10  # how long a folder too large or not worth it is looked up name by name
 
 
 class FolderCache:
@@ -50,7 +51,7 @@ class FolderCache:
         self.limit = limit
         self.folders = folders
         self.clock = clock
-        self._snapshots: dict[str, tuple[float, dict[str, Node] | object]] = {}
+        self._snapshots: dict[str, _Snapshot] = {}
         self._misses: dict[str, list[float | int]] = {}  # folder -> [window start, count]
         self._quiet_until = 0.0
         self.builds = 0
@@ -58,15 +59,23 @@ class FolderCache:
     def snapshot(self, folder: str, build: Callable[[int], dict[str, Node] | None]) -> dict[str, Node] | None:
         """The snapshot of ``folder`` if one is fresh, or now made (``build(limit)`` lists the
         folder; None when it has more than ``limit`` entries); None when the folder is not
-        busy enough, or too large: then the caller looks the name up itself."""
+        busy enough, too large, or not worth it: then the caller looks the name up itself."""
         now = self.clock()
         if now < self._quiet_until:
             return None
         found = self._snapshots.get(folder)
         if found is not None:
-            made, nodes = found
-            if now - made < (self.ttl * 10 if nodes is TOO_BIG else self.ttl):
-                return None if nodes is TOO_BIG else nodes  # type: ignore[return-value]
+            if found.nodes is None:  # too large, or not worth reading whole
+                if now - found.made < self.ttl * SKIP_LIFETIMES:
+                    return None
+            elif now - found.made < self.ttl:
+                found.hits += 1
+                return found.nodes
+            elif found.hits * WORTH < len(found.nodes):
+                # It answered too few lookups for what reading the folder cost (a zarr client
+                # probing a few chunk keys of a large folder): look names up one by one.
+                found.made, found.nodes = now, None
+                return None
             del self._snapshots[folder]
         count = self._misses.get(folder)
         if count is None or now - count[0] > self.ttl:
@@ -79,20 +88,28 @@ class FolderCache:
         del self._misses[folder]
         nodes = build(self.limit)
         self.builds += 1
-        # A snapshot that takes more than a quarter of its lifetime to read does not pay for
-        # itself: the folder is looked up name by name, as one too large.
-        slow = self.clock() - now > self.ttl * BUILD_SHARE
         while len(self._snapshots) >= self.folders:
             del self._snapshots[next(iter(self._snapshots))]
-        self._snapshots[folder] = (now, TOO_BIG if nodes is None or slow else nodes)
+        self._snapshots[folder] = _Snapshot(now, nodes)
         return nodes
 
     def clear(self) -> None:
         """Forget every snapshot (the mount changed something), and make none for ``ttl``: a
         folder being written to would be read again and again (creating 20,000 files, each
         after a lookup of its name, would read the growing folder every few files). A folder
-        found too large stays known as such."""
-        for folder in [f for f, (_, nodes) in self._snapshots.items() if nodes is not TOO_BIG]:
+        known to be too large, or not worth a snapshot, stays known as such."""
+        for folder in [f for f, snap in self._snapshots.items() if snap.nodes is not None]:
             del self._snapshots[folder]
         self._misses.clear()
         self._quiet_until = self.clock() + self.ttl
+
+
+class _Snapshot:
+    """One folder read whole: when, what (None: too large or not worth it), lookups answered."""
+
+    __slots__ = ("made", "nodes", "hits")
+
+    def __init__(self, made: float, nodes: dict[str, Node] | None) -> None:
+        self.made = made
+        self.nodes = nodes
+        self.hits = 0

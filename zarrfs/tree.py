@@ -447,7 +447,17 @@ class Tree:
                     following = batch[i + 1][0] if i + 1 < len(batch) else None
                     # Only a following key that extends this one can be a folder of the same
                     # name; then the folder wins and it is listed (later) instead of the key.
-                    if (following is None or following.startswith(k)) and self._has_children(t, k, False):
+                    # Keys below "k/" sort before any "k" + a character above '/' ("1" then
+                    # "10"): only a following "k/..." or "k" + a lower character ("k.0") leaves
+                    # the question open.
+                    if following is None:
+                        hidden = self._has_children(t, k, False)
+                    elif following.startswith(k):
+                        after_k = following[len(k)]
+                        hidden = after_k == "/" or (after_k < "/" and self._has_children(t, k, False))
+                    else:
+                        hidden = False
+                    if hidden:
                         self._log_hidden(k)
                     else:
                         if sizes is not None:

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""The floor of a FUSE filesystem written in Python: what zarrfs' request loop costs alone.
+
+Mounts a filesystem (through zarrfs.channel, i.e. libfuse's mount) whose folder ``d`` holds
+``--files`` empty files, answered from a dict by a loop like zarrfs.loop + zarrfs.session
+(spinning as they do), and ``stat``s existing and missing names from a client process with the
+kernel's caches off. Compare with ``scripts/fuse_floor.c`` (the same in C) and with
+``scripts/bench.py`` (the same lookups answered from a database).
+
+    python scripts/python_floor.py                 # 20,000 lookups each way
+    python scripts/python_floor.py --spin 0        # sleeping between requests
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from zarrfs import kernel as k  # noqa: E402
+from zarrfs.channel import Channel  # noqa: E402
+from zarrfs.loop import Loop  # noqa: E402
+from zarrfs.session import BUFFER_SIZE  # noqa: E402
+
+FOLDER_ID = 2
+
+
+def serve(mountpoint: str, files: int, spin: float) -> None:
+    channel = Channel(mountpoint, {"fsname": "python-floor", "subtype": "floor"})
+    fd = channel.fd
+    now = int(time.time())
+    names = {str(i).encode(): i + 10 for i in range(files)}
+
+    def attr(ino: int, mode: int) -> tuple:
+        return (ino, 0, 0, now, now, now, 0, 0, 0, mode, 1, 0, 0, 0, 4096, 0)
+
+    def handle(buf: memoryview) -> None:
+        length, op, unique, nodeid, *_ = k.IN_HEADER.unpack_from(buf)
+        if op == k.LOOKUP:
+            name = bytes(buf[k.IN_HEADER_SIZE : length - 1])
+            if nodeid == k.ROOT_ID and name == b"d":
+                a = attr(FOLDER_ID, stat.S_IFDIR | 0o755)
+                os.write(fd, k.ENTRY_REPLY.pack(k.ENTRY_REPLY.size, 0, unique, FOLDER_ID, 0, 0, 0, 0, 0, *a))
+            elif nodeid == FOLDER_ID and name in names:
+                ino = names[name]
+                a = attr(ino, stat.S_IFREG | 0o644)
+                os.write(fd, k.ENTRY_REPLY.pack(k.ENTRY_REPLY.size, 0, unique, ino, 0, 0, 0, 0, 0, *a))
+            else:
+                os.write(fd, k.OUT_HEADER.pack(16, -errno.ENOENT, unique))
+        elif op == k.GETATTR:
+            mode = stat.S_IFDIR | 0o755 if nodeid in (k.ROOT_ID, FOLDER_ID) else stat.S_IFREG | 0o644
+            os.write(fd, k.ATTR_REPLY.pack(k.ATTR_REPLY.size, 0, unique, 0, 0, 0, *attr(nodeid, mode)))
+        elif op == k.INIT:
+            readahead = k.INIT_IN.unpack_from(buf, k.IN_HEADER_SIZE)[2]
+            reply = (k.MAJOR, k.MINOR, readahead, 0, 0, 0, 1 << 20, 1, 256, 0, 0)
+            os.write(fd, k.INIT_REPLY.pack(k.INIT_REPLY.size, 0, unique, *reply))
+        elif op not in (k.FORGET, k.BATCH_FORGET, k.INTERRUPT):
+            os.write(fd, k.OUT_HEADER.pack(16, -errno.ENOSYS, unique))
+
+    try:
+        Loop(fd, handle, BUFFER_SIZE, spin).run()
+    finally:
+        channel.close()
+
+
+CLIENT = """
+import os, sys, time
+root, n = sys.argv[1], int(sys.argv[2])
+t0 = time.perf_counter()
+for i in range(n):
+    os.stat(f"{root}/d/{i}")
+t1 = time.perf_counter()
+for i in range(n):
+    try:
+        os.stat(f"{root}/d/missing{i}")
+    except FileNotFoundError:
+        pass
+t2 = time.perf_counter()
+print(f"existing {n / (t1 - t0):,.0f} lookups/s, missing {n / (t2 - t1):,.0f} lookups/s")
+"""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--files", type=int, default=20000)
+    parser.add_argument("--spin", type=float, default=200, help="microseconds, as -o spin=")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="python-floor-") as mnt:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                serve(mnt, args.files, args.spin)
+            finally:
+                os._exit(0)
+        try:
+            for _ in range(200):
+                if os.path.ismount(mnt):
+                    break
+                time.sleep(0.02)
+            subprocess.run([sys.executable, "-c", CLIENT, mnt, str(args.files)], check=True)
+        finally:
+            subprocess.run(["fusermount3", "-u", mnt], check=False)
+            os.waitpid(pid, 0)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
