@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The floor of a FUSE filesystem written in Python: what zarrfs' request loop costs alone.
 
-Mounts a filesystem (through zarrfs.channel, i.e. libfuse's mount) whose folder ``d`` holds
+Mounts a filesystem (through zarrfs.channel, i.e. libfuse's mount) whose folder ``small`` holds
 ``--files`` empty files, answered from a dict by a loop like zarrfs.loop + zarrfs.session
 (spinning as they do), and ``stat``s existing and missing names from a client process, each
 name once (cached for 1 s, as a zarrfs mount caches them). Compare with
@@ -47,7 +47,7 @@ def serve(mountpoint: str, files: int, spin: float) -> None:
         length, op, unique, nodeid, *_ = k.IN_HEADER.unpack_from(buf)
         if op == k.LOOKUP:
             name = bytes(buf[k.IN_HEADER_SIZE : length - 1])
-            if nodeid == k.ROOT_ID and name == b"d":
+            if nodeid == k.ROOT_ID and name == b"small":
                 a = attr(FOLDER_ID, stat.S_IFDIR | 0o755)
                 os.write(fd, k.ENTRY_REPLY.pack(k.ENTRY_REPLY.size, 0, unique, FOLDER_ID, 0, 1, 1, 0, 0, *a))
             elif nodeid == FOLDER_ID and name in names:
@@ -73,19 +73,13 @@ def serve(mountpoint: str, files: int, spin: float) -> None:
 
 
 CLIENT = """
-import os, sys, time
-root, n = sys.argv[1], int(sys.argv[2])
-t0 = time.perf_counter()
-for i in range(n):
-    os.stat(f"{root}/d/{i}")
-t1 = time.perf_counter()
-for i in range(n):
-    try:
-        os.stat(f"{root}/d/missing{i}")
-    except FileNotFoundError:
-        pass
-t2 = time.perf_counter()
-print(f"existing {n / (t1 - t0):,.0f} lookups/s, missing {n / (t2 - t1):,.0f} lookups/s")
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[3])
+from bench import bench_stats  # the lookups scripts/bench.py makes
+n = int(sys.argv[2])
+existing, missing = bench_stats(Path(sys.argv[1]), n, n, 0)
+print(f"existing {n / existing:,.0f} lookups/s, missing {n / missing:,.0f} lookups/s")
 """
 
 
@@ -106,7 +100,8 @@ def main() -> int:
                 if os.path.ismount(mnt):
                     break
                 time.sleep(0.02)
-            subprocess.run([sys.executable, "-c", CLIENT, mnt, str(args.files)], check=True)
+            scripts = str(Path(__file__).resolve().parent)
+            subprocess.run([sys.executable, "-c", CLIENT, mnt, str(args.files), scripts], check=True)
         finally:
             subprocess.run(["fusermount3", "-u", mnt], check=False)
             os.waitpid(pid, 0)
