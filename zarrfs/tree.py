@@ -13,6 +13,7 @@ and tests without a mount. POSIX conditions are raised as :class:`zarrfs.errors.
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import stat
 import time
@@ -376,12 +377,7 @@ class Tree:
                     raise FsError(errno.ENOENT, key, quiet=True)
                 if found[0] != DIR:
                     raise FsError(errno.ENOTDIR, key)
-            out: list[tuple[str, int, str]] = []
-            for entry in self._merged_children(t, key, after):
-                out.append(entry)
-                if len(out) >= limit:
-                    break
-            return out
+            return list(itertools.islice(self._merged_children(t, key, after), limit))
 
         return self.driver.transact(run, write=False)
 
@@ -393,7 +389,11 @@ class Tree:
         side = self._children(t, ENTRY + prefix, after, SIDE)
         a, b = next(data, None), next(side, None)
         while a is not None or b is not None:
-            if b is None or (a is not None and a[2] < b[2]):
+            if b is None:  # no side entries (left): the rest is the data stream as it is
+                yield a
+                yield from data
+                return
+            if a is not None and a[2] < b[2]:
                 yield a
                 a = next(data, None)
             elif a is None or b[2] < a[2]:
@@ -427,6 +427,17 @@ class Tree:
             if not batch:
                 return
             reseek = False
+            fetched = len(batch)
+            if space == DATA and sizes is None and fetched > 1:
+                # A flat run of files (most of a large folder): no key below a subfolder and
+                # none extending the one before, so all but the last are plain files.
+                rests = [k[n:] for k, _ in batch]
+                if "/" not in "\0".join(rests) and not any(
+                    b.startswith(a) for a, b in zip(rests[:-1], rests[1:], strict=True)
+                ):
+                    for rest in itertools.islice(rests, len(rests) - 1):
+                        yield rest, FILE, rest
+                    batch = batch[-1:]
             for i, (k, v) in enumerate(batch):
                 rest = k[n:]
                 slash = rest.find("/")
@@ -464,7 +475,7 @@ class Tree:
                             sizes[rest] = v
                         yield rest, FILE, rest
                 pos = k + "\0"
-            if not reseek and len(batch) < batch_size:
+            if not reseek and fetched < batch_size:
                 return
 
     # ------------------------------------------------------------------ writes
