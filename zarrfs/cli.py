@@ -75,9 +75,9 @@ def _run_foreground(args: argparse.Namespace, opts, mountpoint: str) -> int:
     except (UsageError, BackendError, ValueError) as exc:
         return _fail(str(exc))
     except RuntimeError as exc:
-        if mounted:  # libfuse's loop ended on SIGINT/SIGTERM: unmounted, files committed
-            logging.getLogger("zarrfs").info("unmounted %s on a signal", mountpoint)
-            return 0
+        if mounted:  # it served: the mount is gone and open files were committed on the way
+            logging.getLogger("zarrfs").error("the mount of %s ended: %s", mountpoint, exc)
+            return 1
         return _fail(f"mount failed ({exc})")  # libfuse refused to mount; it printed why
     return 0
 

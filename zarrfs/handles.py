@@ -203,7 +203,8 @@ class HandleTable:
         return memoryview(state.snapshot)[offset : offset + size]
 
     def write(self, fh: int, data: bytes | memoryview, offset: int) -> int:
-        """Buffer a write at ``offset`` (``data`` is copied: it may be libfuse's buffer)."""
+        """Buffer a write at ``offset`` (``data`` is copied: it may be the session's receive
+        buffer)."""
         handle = self._handle(fh)
         if not handle.writable:
             raise FsError(errno.EBADF, handle.state.key)

@@ -69,7 +69,7 @@ def set_readahead(mountpoint: str, kib: int) -> bool:
 
     The kernel reads a FUSE file in requests no larger than its read-ahead window, 128 KiB by
     default: a 4 MiB chunk is then 32 round trips to the daemon. With 1 MiB (the largest
-    request libfuse takes) it is 4. Writing ``/sys/class/bdi/MAJOR:MINOR/read_ahead_kb`` needs
+    request the session takes) it is 4. Writing ``/sys/class/bdi/MAJOR:MINOR/read_ahead_kb`` needs
     root; elsewhere this returns False and the kernel's default stays.
     """
     device = mount_device(mountpoint)
