@@ -70,8 +70,8 @@ from .base import (
 log = logging.getLogger("zarrfs.backends.sqlite")
 
 TABLES = {DATA: "zarr", SIDE: "zarrfs_side"}
-# Exactly zarr-python 2.18's statement, so a database we create is one SQLiteStore expects.
 PAGE_SIZE = 32768  # for databases this driver creates
+# Exactly zarr-python 2.18's statement, so a database we create is one SQLiteStore expects.
 CREATE_DATA = "CREATE TABLE IF NOT EXISTS zarr(k TEXT PRIMARY KEY, v BLOB)"
 CREATE_SIDE = "CREATE TABLE IF NOT EXISTS zarrfs_side(k TEXT PRIMARY KEY, v BLOB)"
 

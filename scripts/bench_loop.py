@@ -10,7 +10,6 @@ processes, and the zarr write and read rates of a Blosc array, against LMDB moun
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -23,14 +22,11 @@ HERE = Path(__file__).resolve().parent.parent
 
 
 def probe(args: tuple[str, str, int]) -> float:
+    sys.path.insert(0, str(HERE / "scripts"))
+    from bench import time_stats
+
     root, tag, n = args
-    t0 = time.perf_counter()
-    for i in range(n):
-        try:
-            os.stat(f"{root}/{tag}-{i}")
-        except FileNotFoundError:
-            pass
-    return n / (time.perf_counter() - t0)
+    return n / time_stats(f"{root}/{tag}-{i}" for i in range(n))
 
 
 def zarr_rates(root: str, mib: int) -> tuple[float, float]:

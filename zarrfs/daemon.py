@@ -63,6 +63,11 @@ class MountOptions:
     dir_cache: float | None = None
     fuse: dict[str, Any] = field(default_factory=dict)
 
+    def seconds(self, name: str) -> float:
+        """One of the cache times above: its own value, or ``cache_timeout``."""
+        value = getattr(self, name)
+        return self.cache_timeout if value is None else value
+
 
 def parse_options(words: list[str]) -> MountOptions:
     """Parse ``-o`` option words (each may hold several, comma-separated)."""
@@ -157,9 +162,8 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
     driver = open_database(url, opts)
     try:
         tree = Tree(driver, uid=os.getuid(), gid=os.getgid(), hooks=make_hooks(opts))
-        snapshot_ttl = opts.cache_timeout if opts.dir_cache is None else opts.dir_cache
-        if snapshot_ttl > 0:
-            tree.folder_cache = FolderCache(snapshot_ttl)
+        if opts.seconds("dir_cache") > 0:
+            tree.folder_cache = FolderCache(opts.seconds("dir_cache"))
         handles = HandleTable(tree, spill_threshold=opts.spill, readonly=opts.readonly)
         operations = Operations(tree, handles)
         resolved = os.path.realpath(mountpoint)  # now, while it is a plain folder
@@ -175,13 +179,12 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
     except BaseException:
         driver.close()
         raise
-    t = opts.cache_timeout
     session = Session(
         operations,
         channel.fd,
-        entry_timeout=t if opts.entry_timeout is None else opts.entry_timeout,
-        attr_timeout=t if opts.attr_timeout is None else opts.attr_timeout,
-        negative_timeout=t if opts.negative_timeout is None else opts.negative_timeout,
+        entry_timeout=opts.seconds("entry_timeout"),
+        attr_timeout=opts.seconds("attr_timeout"),
+        negative_timeout=opts.seconds("negative_timeout"),
         on_init=ready,
     )
     loop = Loop(channel.fd, session.handle, BUFFER_SIZE, opts.spin)

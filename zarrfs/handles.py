@@ -114,16 +114,17 @@ class HandleTable:
         state = self.states.get(key)
         if state is None or not (state.dirty or state.created):
             return None
-        attrs = state.attrs or self.tree.default_attrs(FILE)
-        return Node(FILE, state.size, attrs)
+        return self._shown(state)
 
     def open_node(self, fh: int) -> Node | None:
         """The node an open file shows, found by its handle (its name may be gone)."""
         state = self._handle(fh).state
         if not state.orphan:
             return self.pending(state.key) or self.tree.find(state.key)
-        attrs = state.attrs or self.tree.default_attrs(FILE)
-        return Node(FILE, state.size, attrs)
+        return self._shown(state)
+
+    def _shown(self, state: FileState) -> Node:
+        return Node(FILE, state.size, state.attrs or self.tree.default_attrs(FILE))
 
     # ------------------------------------------------------------------ open / create
     def open(self, key: str, flags: int) -> int:

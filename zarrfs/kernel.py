@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import stat
 import struct
+from collections.abc import Iterable
 
 MAJOR = 7
 MINOR = 31
@@ -135,10 +136,28 @@ def split_time(seconds: float) -> tuple[int, int]:
     return whole, int(round((seconds - whole) * 1e9))
 
 
-def dirent(name: bytes, kind: int, offset: int) -> bytes:
-    """One ``fuse_dirent`` (padded to 8 bytes): a listed name with its type."""
-    record = DIRENT.pack(UNKNOWN_INO, offset, len(name), stat.S_IFMT(kind) >> 12) + name
-    return record + b"\0" * (-len(record) % 8)
+_PADS = [b"\0" * i for i in range(8)]
+
+
+def dirents(entries: Iterable[tuple[str, int, int]], size: int) -> bytes:
+    """``fuse_dirent`` records (each padded to 8 bytes) of ``(name, kind, next offset)``
+    entries, as many as fit in ``size`` bytes; the entries are taken one by one, so a listing
+    produces only what fits (the next READDIR resumes at the last offset sent)."""
+    parts: list[bytes] = []
+    append = parts.append
+    used = 0
+    pack = DIRENT.pack
+    for name, kind, offset in entries:
+        raw = name.encode("utf-8", "surrogateescape")
+        n = len(raw)
+        length = (DIRENT.size + n + 7) & ~7
+        if used + length > size:
+            break
+        append(pack(UNKNOWN_INO, offset, n, stat.S_IFMT(kind) >> 12))
+        append(raw)
+        append(_PADS[-n & 7])
+        used += length
+    return b"".join(parts)
 
 
 def names(buf, start: int, end: int) -> list[bytes]:

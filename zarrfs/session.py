@@ -461,21 +461,7 @@ class Session:
 
     def _readdir(self, head: tuple, buf: memoryview) -> None:
         fh, offset, size = k.READ_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
-        parts = []
-        append = parts.append
-        used = 0
-        pack, ino, pads = k.DIRENT.pack, k.UNKNOWN_INO, _PADS
-        for name, kind, next_offset in self.ops.readdir(fh, offset):
-            raw = name.encode("utf-8", "surrogateescape")
-            n = len(raw)
-            length = (k.DIRENT.size + n + 7) & ~7  # records are padded to 8 bytes
-            if used + length > size:
-                break  # the next call resumes at the last offset sent
-            append(pack(ino, next_offset, n, kind >> 12))
-            append(raw)
-            append(pads[(-n) & 7])
-            used += length
-        self._reply_data(head[2], b"".join(parts))
+        self._reply_data(head[2], k.dirents(self.ops.readdir(fh, offset), size))
 
     def _releasedir(self, head: tuple, buf: memoryview) -> None:
         self.ops.releasedir(k.RELEASE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0])
@@ -486,7 +472,6 @@ class Session:
 
 
 _ZERO_ATTR = (0,) * 16
-_PADS = [b"\0" * i for i in range(8)]
 _UNANSWERED = (k.FORGET, k.BATCH_FORGET, k.INTERRUPT)  # requests the kernel wants no reply to
 
 

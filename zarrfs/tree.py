@@ -30,8 +30,8 @@ log = logging.getLogger("zarrfs.tree")
 FILE, DIR, LINK = stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK
 
 RENAME_NOREPLACE = 1
-FOLDER_BATCH = 512  # children per batch of reads when a whole folder is read (SQLite: < 2000 columns)
 RENAME_EXCHANGE = 2
+FOLDER_BATCH = 512  # children per batch of reads when a whole folder is read (SQLite: < 2000 columns)
 
 # The scan position just past every key below a folder ``p + name + "/"``: '0' follows '/'.
 _AFTER_SLASH = chr(ord("/") + 1)
