@@ -1,13 +1,54 @@
-"""A growable byte buffer that moves to an anonymous temporary file when it gets large."""
+"""A growable byte buffer that moves to an anonymous temporary file when it gets large.
+
+In memory, a buffer is a ``bytearray`` with room beyond its content (its capacity), taken
+from a small pool of freed buffers: a chunk written through the mount then lands in memory
+that is already mapped (fresh memory costs a page fault per 4 KiB and zeroing, which on a VM
+made each new chunk buffer several times slower to fill). :meth:`SpillBuffer.place` lends the
+memory of a region to be filled in place: the session reads a ``WRITE``'s data from its pipe
+straight into the file's buffer.
+"""
 
 from __future__ import annotations
 
 import mmap
 import os
+import sys
 import tempfile
 from typing import Any
 
 DEFAULT_SPILL = 64 << 20
+
+#: Freed buffers kept for the next files: at most this many bytes in all, and none larger than
+#: :data:`POOL_EACH` (a file of hundreds of MiB does not pin its memory afterwards).
+POOL_BYTES = 32 << 20
+POOL_EACH = 8 << 20
+_GRAIN = 64 << 10  # capacities are multiples of this
+
+_pool: list[bytearray] = []
+_pooled = 0
+
+
+def _take(capacity: int) -> bytearray:
+    """A buffer of at least ``capacity`` bytes (its content is undefined): a pooled one when
+    one is large enough, else a new one of about ``capacity``."""
+    global _pooled
+    for i in range(len(_pool) - 1, -1, -1):
+        if len(_pool[i]) >= capacity:
+            mem = _pool.pop(i)
+            _pooled -= len(mem)
+            return mem
+    return bytearray(max(_GRAIN, -(-capacity // _GRAIN) * _GRAIN))
+
+
+def _give_back(mem: bytearray) -> None:
+    """Keep ``mem`` for a later file, when nothing else holds it and the pool has room."""
+    global _pooled
+    # Two references: ``mem`` here and getrefcount's argument. Any other (a view still
+    # alive, in a traceback say) means someone may read it yet: let it go instead.
+    if sys.getrefcount(mem) > 3 or len(mem) > POOL_EACH or _pooled + len(mem) > POOL_BYTES:
+        return
+    _pool.append(mem)
+    _pooled += len(mem)
 
 
 class SpillBuffer:
@@ -15,11 +56,12 @@ class SpillBuffer:
     the whole for committing. Kept in memory up to ``threshold`` bytes, then in an unlinked
     temporary file, so one 4 GiB file does not need 4 GiB of RAM."""
 
-    def __init__(self, initial: bytes = b"", threshold: int = DEFAULT_SPILL) -> None:
+    def __init__(self, initial: Any = b"", threshold: int = DEFAULT_SPILL) -> None:
         self.threshold = threshold
-        self._mem: bytearray | None = bytearray(initial)
-        self._file: Any = None
         self._size = len(initial)
+        self._mem: bytearray | None = _take(self._size)
+        self._mem[: self._size] = initial
+        self._file: Any = None
         self._map: mmap.mmap | None = None
         if self._size > threshold:
             self._spill()
@@ -32,8 +74,10 @@ class SpillBuffer:
     def _spill(self) -> None:
         # Unbuffered: every later access is pread/pwrite on the descriptor.
         self._file = tempfile.TemporaryFile(prefix="zarrfs-", buffering=0)
-        self._file.write(self._mem)
-        self._mem = None
+        mem, self._mem = self._mem, None
+        assert mem is not None
+        self._file.write(memoryview(mem)[: self._size])
+        _give_back(mem)
 
     def _drop_map(self) -> None:
         if self._map is not None:
@@ -43,21 +87,63 @@ class SpillBuffer:
                 pass
             self._map = None
 
+    def _room(self, end: int) -> bytearray:
+        """The memory, with capacity for ``end`` bytes and zeros from the content's end to
+        ``end`` (capacity past the content holds old bytes)."""
+        mem = self._mem
+        assert mem is not None
+        if end > len(mem):
+            # A new buffer rather than a resize in place: a view of the old one (a landing
+            # region, a value being committed) may still be alive, and stays valid.
+            bigger = _take(max(end, min(2 * len(mem), self.threshold)))
+            bigger[: self._size] = memoryview(mem)[: self._size]
+            self._mem = bigger
+            _give_back(mem)
+            mem = bigger
+        return mem
+
     def write(self, offset: int, data: Any) -> int:
         """Write ``data`` (any bytes-like object, copied) at ``offset``, zero-filling any gap;
         return the count written."""
-        end = offset + len(data)
+        n = len(data)
+        end = offset + n
         if self._mem is not None and end > self.threshold:
             self._spill()
         if self._mem is not None:
-            if offset > len(self._mem):
-                self._mem.extend(bytes(offset - len(self._mem)))
-            self._mem[offset:end] = data
+            mem = self._room(end)
+            if offset > self._size:
+                mem[self._size : offset] = bytes(offset - self._size)
+            mem[offset:end] = data
         else:
             self._drop_map()
             os.pwrite(self._file.fileno(), data, offset)
         self._size = max(self._size, end)
-        return len(data)
+        return n
+
+    def place(self, offset: int, size: int) -> memoryview | None:
+        """Memory for ``size`` bytes at ``offset``, for a reader to fill in place of a
+        :meth:`write` (then call :meth:`placed`); None once the content is on disk or would
+        go there. Valid until the buffer next changes."""
+        end = offset + size
+        if self._mem is None or end > self.threshold:
+            return None
+        mem = self._room(end)
+        if offset > self._size:
+            mem[self._size : offset] = bytes(offset - self._size)
+            self._size = offset
+        return memoryview(mem)[offset:end]
+
+    def placed(self, end: int) -> None:
+        """The region :meth:`place` gave, ending at ``end``, was filled."""
+        self._size = max(self._size, end)
+
+    def compact(self) -> None:
+        """Give back room far beyond the content (a small file kept a while after its close
+        should not hold a chunk-sized buffer)."""
+        mem = self._mem
+        if mem is not None and len(mem) > max(2 * self._size, _GRAIN):
+            self._mem = bytearray(memoryview(mem)[: self._size])
+            _give_back(mem)
 
     def read(self, offset: int, size: int) -> Any:
         """Up to ``size`` bytes from ``offset``: a view of the memory (valid until the next
@@ -74,10 +160,8 @@ class SpillBuffer:
         if self._mem is not None and length > self.threshold:
             self._spill()
         if self._mem is not None:
-            if length < len(self._mem):
-                del self._mem[length:]
-            else:
-                self._mem.extend(bytes(length - len(self._mem)))
+            if length > self._size:
+                self._room(length)[self._size : length] = bytes(length - self._size)
         else:
             self._drop_map()
             self._file.truncate(length)
@@ -86,7 +170,7 @@ class SpillBuffer:
     def view(self) -> Any:
         """A buffer-protocol view of the whole content, valid until the next change."""
         if self._mem is not None:
-            return self._mem
+            return memoryview(self._mem)[: self._size]
         if self._size == 0:
             return b""
         if self._map is None:
@@ -94,9 +178,11 @@ class SpillBuffer:
         return self._map
 
     def close(self) -> None:
-        """Free the memory or the temporary file."""
+        """Free the memory (for a later file) or the temporary file."""
         self._drop_map()
         if self._file is not None:
             self._file.close()
             self._file = None
-        self._mem = None
+        mem, self._mem = self._mem, None
+        if mem is not None:
+            _give_back(mem)

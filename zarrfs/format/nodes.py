@@ -33,26 +33,46 @@ class Node(NamedTuple):
     metadata_key: str
 
 
+#: Nodes already built, by metadata key and document bytes. Every chunk stored through the
+#: mount is validated against its array's metadata, read in the chunk's own transaction; the
+#: bytes are compared, so only the JSON parsing is saved (the largest part of validating a
+#: chunk). Documents are shared: nothing may change a node's ``doc`` in place.
+_built: dict[tuple[str, bytes], Node] = {}
+_BUILT_LIMIT = 256
+
+
+def _node(prefix: str, key: str, raw: Any) -> Node:
+    memo = (key, bytes(raw))
+    node = _built.get(memo)
+    if node is None:
+        node = _parse_node(prefix, key, raw)
+        if len(_built) >= _BUILT_LIMIT:
+            _built.clear()
+        _built[memo] = node
+    return node
+
+
+def _parse_node(prefix: str, key: str, raw: Any) -> Node:
+    doc = parse_json_or_none(raw)
+    name = key.rpartition("/")[2]
+    if name == ZARR_JSON:
+        kind = doc.get("node_type") if isinstance(doc, dict) else None
+        return Node(prefix, kind if kind in (ARRAY, GROUP) else UNKNOWN, 3, doc, key)
+    if name == ZARRAY:
+        return Node(prefix, ARRAY if isinstance(doc, dict) else UNKNOWN, 2, doc, key)
+    return Node(prefix, GROUP, 2, doc, key)
+
+
 def node_at(prefix: str, get: Getter) -> Node | None:
     """The node whose metadata lives in folder ``prefix``, or ``None`` for a plain folder.
 
     v3 is looked up first, as zarr-python 3 does when the format is not given.
     """
-    key = join_key(prefix, ZARR_JSON)
-    raw = get(key)
-    if raw is not None:
-        doc = parse_json_or_none(raw)
-        kind = doc.get("node_type") if isinstance(doc, dict) else None
-        return Node(prefix, kind if kind in (ARRAY, GROUP) else UNKNOWN, 3, doc, key)
-    key = join_key(prefix, ZARRAY)
-    raw = get(key)
-    if raw is not None:
-        doc = parse_json_or_none(raw)
-        return Node(prefix, ARRAY if isinstance(doc, dict) else UNKNOWN, 2, doc, key)
-    key = join_key(prefix, ZGROUP)
-    raw = get(key)
-    if raw is not None:
-        return Node(prefix, GROUP, 2, parse_json_or_none(raw), key)
+    for name in (ZARR_JSON, ZARRAY, ZGROUP):
+        key = join_key(prefix, name)
+        raw = get(key)
+        if raw is not None:
+            return _node(prefix, key, raw)
     if not prefix:
         doc = parse_json_or_none(get(V1_META))
         if isinstance(doc, dict) and doc.get("zarr_format") == 1:

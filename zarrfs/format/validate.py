@@ -11,7 +11,9 @@ list of :class:`Problem`; the write must be refused when any has severity ``"err
 
 from __future__ import annotations
 
-from .chunk_keys import ChunkKeyError, grid_from_v2, grid_from_v3
+from typing import Any
+
+from .chunk_keys import ChunkGrid, ChunkKeyError, grid_from_v2, grid_from_v3
 from .errors import Problem, Report, error, warning
 from .json_docs import load_json, parse_json_or_none
 from .keys import (
@@ -28,7 +30,7 @@ from .keys import (
     relative_to,
     split_key,
 )
-from .nodes import ARRAY, GetMany, Getter, enclosing_node
+from .nodes import ARRAY, GetMany, Getter, Node, enclosing_node
 from .v1_metadata import check_v1_attrs, check_v1_meta
 from .v2_metadata import check_zarray, check_zattrs, check_zgroup, check_zmetadata, zarray_ndim
 from .v3_metadata import check_zarr_json
@@ -107,6 +109,23 @@ def validate_metadata(key: str, value: bytes, get: Getter) -> list[Problem]:
     return problems
 
 
+#: The chunk grid of each array's current document (nodes are shared while their bytes are
+#: unchanged, see :mod:`zarrfs.format.nodes`, so the document's identity says it is current).
+_grids: dict[str, tuple[Any, ChunkGrid | None]] = {}
+_GRIDS_LIMIT = 256
+
+
+def _grid(node: Node) -> ChunkGrid | None:
+    cached = _grids.get(node.metadata_key)
+    if cached is not None and cached[0] is node.doc:
+        return cached[1]
+    grid = grid_from_v3(node.doc) if node.zarr_format == 3 else grid_from_v2(node.doc)
+    if len(_grids) >= _GRIDS_LIMIT:
+        _grids.clear()
+    _grids[node.metadata_key] = (node.doc, grid)
+    return grid
+
+
 def validate_data_key(key: str, get: Getter, get_many: GetMany | None = None) -> list[Problem]:
     """Validate a non-metadata key about to be stored: inside an array it must be a chunk key.
 
@@ -123,12 +142,9 @@ def validate_data_key(key: str, get: Getter, get_many: GetMany | None = None) ->
     rel = relative_to(key, node.prefix)
     if rel is None:
         return []
-    if node.zarr_format == 3:
-        if rel.split("/", 1)[0].startswith("__"):
-            return []
-        grid = grid_from_v3(node.doc)
-    else:
-        grid = grid_from_v2(node.doc)
+    if node.zarr_format == 3 and rel.split("/", 1)[0].startswith("__"):
+        return []
+    grid = _grid(node)
     if grid is None:
         return []
     try:
