@@ -118,7 +118,8 @@ class Txn(ABC):
 
     @abstractmethod
     def put(self, key: str, value: Any, space: str = DATA) -> None:
-        """Set ``key`` to the bytes of ``value`` (any buffer-protocol object)."""
+        """Set ``key`` to the bytes of ``value`` (any buffer-protocol object). The caller
+        leaves ``value`` unchanged until the transaction ends: a driver may send it then."""
 
     @abstractmethod
     def delete(self, key: str, space: str = DATA) -> None:

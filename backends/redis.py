@@ -380,7 +380,7 @@ class RedisTxn(Txn):
         raw = encode_key(key)
         pending = self._pending.get((space, raw))
         if pending is not None:
-            return None if pending is DELETED else pending
+            return None if pending is DELETED else bytes(pending)
         if (space, raw) in self._seen:
             return self._seen[(space, raw)]
         name = self._d.name(space, raw)
@@ -404,7 +404,7 @@ class RedisTxn(Txn):
         raw = encode_key(key)
         pending = self._pending.get((space, raw))
         if pending is not None:
-            return None if pending is DELETED else pending[offset : offset + length]
+            return None if pending is DELETED else bytes(pending[offset : offset + length])
         name = self._d.name(space, raw)
         if length <= 0:
             return b"" if self._query([name], ("EXISTS", name))[0] else None
@@ -435,7 +435,7 @@ class RedisTxn(Txn):
                     if mine is DELETED:
                         plan.append((0, None))
                     else:
-                        plan.append((0, len(mine) if op == "size" else mine))
+                        plan.append((0, len(mine) if op == "size" else bytes(mine)))
                     continue
                 names.append(name)
                 if op == "size":
@@ -491,12 +491,14 @@ class RedisTxn(Txn):
 
     # -- writes (buffered until commit) -----------------------------------------------------
     def put(self, key: str, value: Any, space: str = DATA) -> None:
-        """Buffer ``SET``; the value is copied now, since the caller may reuse its buffer."""
+        """Buffer ``SET``. The value is not copied: it stays unchanged until the transaction
+        ends (see :meth:`Txn.put`), and a chunk of MiB is sent from the caller's buffer."""
         raw = encode_key(key)
         self._d.name(space, raw)
         if not self._write:
             raise ReadOnlyError("write in a read-only transaction")
-        self._pending[(space, raw)] = bytes(as_buffer(value))
+        value = as_buffer(value)
+        self._pending[(space, raw)] = value if len(value) > BIG_ARG else bytes(value)
 
     def delete(self, key: str, space: str = DATA) -> None:
         """Buffer ``DEL``."""
@@ -607,7 +609,7 @@ class RedisTxn(Txn):
             if sp == space and raw >= lo and (hi is None or raw < hi)
         )
         mine = [
-            (raw, v if v is DELETED else None if fetch == KEYS else len(v) if fetch == SIZES else v)
+            (raw, v if v is DELETED else None if fetch == KEYS else len(v) if fetch == SIZES else bytes(v))
             for raw, v in pending
         ]
         hidden = sum(1 for _, v in pending if v is DELETED)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import sys
 import tempfile
 from typing import Any
 
@@ -41,14 +40,24 @@ def _take(capacity: int) -> bytearray:
 
 
 def _give_back(mem: bytearray) -> None:
-    """Keep ``mem`` for a later file, when nothing else holds it and the pool has room."""
+    """Keep ``mem`` for a later file, when no view of it is alive and the pool has room."""
     global _pooled
-    # Two references: ``mem`` here and getrefcount's argument. Any other (a view still
-    # alive, in a traceback say) means someone may read it yet: let it go instead.
-    if sys.getrefcount(mem) > 3 or len(mem) > POOL_EACH or _pooled + len(mem) > POOL_BYTES:
+    if not mem or len(mem) > POOL_EACH or _pooled + len(mem) > POOL_BYTES or _viewed(mem):
         return
     _pool.append(mem)
     _pooled += len(mem)
+
+
+def _viewed(mem: bytearray) -> bool:
+    """Whether a view of ``mem`` is alive (in a traceback, say): then someone may read it yet,
+    and it must not be handed to another file. A bytearray refuses to change its length while
+    it is viewed; shortening it by one byte and putting the byte back moves no memory."""
+    try:
+        last = mem.pop()
+    except BufferError:
+        return True
+    mem.append(last)
+    return False
 
 
 class SpillBuffer:
@@ -129,8 +138,7 @@ class SpillBuffer:
             return None
         mem = self._room(end)
         if offset > self._size:
-            mem[self._size : offset] = bytes(offset - self._size)
-            self._size = offset
+            mem[self._size : offset] = bytes(offset - self._size)  # content once placed
         return memoryview(mem)[offset:end]
 
     def placed(self, end: int) -> None:
