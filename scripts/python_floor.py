@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from zarrfs import kernel as k  # noqa: E402
 from zarrfs.channel import Channel  # noqa: E402
-from zarrfs.loop import Loop, Receiver  # noqa: E402
+from zarrfs.loop import Loop  # noqa: E402
 from zarrfs.session import BUFFER_SIZE  # noqa: E402
 
 FOLDER_ID = 2
@@ -67,7 +67,7 @@ def serve(mountpoint: str, files: int, spin: float) -> None:
             os.write(fd, k.OUT_HEADER.pack(16, -errno.ENOSYS, unique))
 
     try:
-        Loop(fd, Receiver(handle, BUFFER_SIZE), spin).run()
+        Loop(fd, handle, BUFFER_SIZE, spin).run()
     finally:
         channel.close()
 

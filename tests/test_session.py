@@ -21,7 +21,7 @@ from zarrfs.daemon import MountOptions, make_hooks
 from zarrfs.handles import HandleTable
 from zarrfs.inodes import InodeTable
 from zarrfs.ops import Operations
-from zarrfs.session import BLKSIZE, MAX_WRITE, Session
+from zarrfs.session import MAX_WRITE, Session
 from zarrfs.tree import DIR, FILE, RENAME_EXCHANGE, RENAME_NOREPLACE, Tree
 
 UID, GID = 1000, 1000
@@ -386,7 +386,7 @@ def test_lookup_counts_and_forget_drops_the_node(make_wire):
     assert (first.attr_valid, first.attr_valid_nsec) == (0, 750_000_000)
     a = first.attr
     assert (a.ino, a.size, a.mode, a.nlink, a.uid, a.gid) == (first.nodeid, 10, FILE | 0o640, 1, UID, GID)
-    assert a.blocks == 1 and a.blksize == BLKSIZE
+    assert a.blocks == 1 and a.blksize == 1 << 20
     second = wire.lookup(k.ROOT_ID, "f")
     assert second.nodeid == first.nodeid
     assert wire.inodes.get(first.nodeid).lookups == 2

@@ -1,5 +1,5 @@
-"""SpillBuffer: content in a pooled ``bytearray`` with room beyond it, regions lent with
-``place``/``placed``, and the move to a temporary file past the threshold. Bytes of the
+"""SpillBuffer: content in a pooled ``bytearray`` with room beyond it, and the move to a
+temporary file past the threshold. Bytes of the
 capacity beyond the content (left there by an earlier file of the pool) must never show."""
 
 from __future__ import annotations
@@ -122,84 +122,6 @@ def test_growth_keeps_content():
     b.close()
 
 
-# ---------------------------------------------------------------------- place / placed
-def test_place_append_fills_in_place():
-    b = SpillBuffer(b"abc")
-    room = b.place(3, 4)
-    assert isinstance(room, memoryview) and len(room) == 4 and not room.readonly
-    assert b.size == 3  # not counted until placed
-    room[:] = b"defg"
-    del room
-    b.placed(7)
-    assert b.size == 7 and content(b) == b"abcdefg"
-    b.close()
-
-
-def test_place_with_a_gap_zero_fills_even_in_a_reused_buffer():
-    dirty_pool(300_000)
-    b = SpillBuffer(b"ab")
-    room = b.place(10, 3)
-    assert room is not None
-    # the gap is zero already, but it is content only once the region is placed (a write
-    # refused before its data arrived leaves the file as it was)
-    assert content(b) == b"ab"
-    room[:] = b"XYZ"
-    del room
-    b.placed(13)
-    assert content(b) == b"ab" + bytes(8) + b"XYZ"
-    # a gap far into the reused buffer's old bytes
-    room = b.place(250_000, 5)
-    room[:] = b"12345"
-    del room
-    b.placed(250_005)
-    data = content(b)
-    assert len(data) == 250_005 and data[-5:] == b"12345"
-    assert data[13:250_000] == bytes(250_000 - 13)
-    b.close()
-
-
-def test_place_overwrite_inside_the_content():
-    b = SpillBuffer(b"0123456789")
-    room = b.place(2, 3)
-    assert bytes(room) == b"234"  # the region shows the content it replaces
-    room[:] = b"abc"
-    del room
-    b.placed(5)  # an end inside the content does not shrink it
-    assert b.size == 10 and content(b) == b"01abc56789"
-    # a region straddling the end
-    room = b.place(8, 4)
-    room[:] = b"WXYZ"
-    del room
-    b.placed(12)
-    assert content(b) == b"01abc567WXYZ"
-    b.close()
-
-
-def test_place_that_grows_the_buffer():
-    b = SpillBuffer(b"start")
-    cap = capacity(b)
-    room = b.place(5, cap * 3)
-    assert len(room) == cap * 3
-    room[:] = b"z" * (cap * 3)
-    del room
-    b.placed(5 + cap * 3)
-    assert content(b) == b"start" + b"z" * (cap * 3)
-    b.close()
-
-
-def test_place_returns_none_past_the_threshold_and_once_spilled():
-    b = SpillBuffer(b"a" * 100, threshold=1000)
-    assert b.place(900, 100) is not None  # ends at the threshold: still memory
-    assert b.place(901, 100) is None  # would cross it
-    assert b._mem is not None and b._file is None  # place itself does not spill
-    assert content(b) == b"a" * 100  # nothing placed: a lent region is not content
-    b.write(1000, b"b")  # a write past the threshold spills
-    assert b._mem is None and b._file is not None
-    assert b.place(0, 1) is None
-    assert content(b) == b"a" * 100 + bytes(900) + b"b"
-    b.close()
-
-
 # ---------------------------------------------------------------------- the pool
 def test_closed_buffer_is_handed_to_the_next():
     a = SpillBuffer(b"x" * 100_000)
@@ -284,33 +206,16 @@ def test_a_view_released_before_close_lets_the_buffer_be_pooled():
 def test_a_view_taken_before_growth_stays_valid_and_unchanged():
     b = SpillBuffer(b"before")
     view = b.view()
-    placed = b.place(6, 3)  # a lent region still held when the buffer grows
-    placed[:] = b"123"
-    b.placed(9)
     old, cap = mem_id(b), capacity(b)
-    b.write(9, b"g" * (cap * 2))  # grows: a new buffer, no resize in place
+    b.write(6, b"g" * (cap * 2))  # grows: a new buffer, no resize in place
     assert mem_id(b) != old
     assert bytes(view) == b"before"
-    assert bytes(placed) == b"123"
-    assert spill._pool == []  # the old buffer is still referenced: not pooled
+    assert spill._pool == []  # the old buffer is still viewed: not pooled
     # writing to the grown buffer does not touch the old one
     b.write(0, b"AFTER!")
     assert bytes(view) == b"before"
-    assert content(b)[:9] == b"AFTER!123"
+    assert content(b)[:6] == b"AFTER!"
     view.release()
-    placed.release()
-    b.close()
-
-
-def test_a_view_held_across_a_place_that_grows():
-    b = SpillBuffer(b"v" * 100)
-    view = b.view()
-    room = b.place(100, capacity(b))  # needs more room than there is
-    room[:] = b"w" * len(room)
-    b.placed(100 + len(room))
-    assert bytes(view) == b"v" * 100
-    assert content(b) == b"v" * 100 + b"w" * len(room)
-    del room, view
     b.close()
 
 
@@ -424,7 +329,6 @@ def test_spill_past_the_threshold():
     assert pool_ids()[-1] == mid  # the memory went back to the pool (after those outgrown)
     assert bytes(b.read(0, len(data))) == data
     assert bytes(b.view()) == data
-    assert b.place(len(data), 10) is None
     # writes, gaps and truncation work on the file too
     b.write(10, b"ten")
     b.write(len(data) + 5, b"end")
@@ -445,7 +349,6 @@ def test_spill_by_truncate_and_by_initial_content():
     b.close()
     c = SpillBuffer(b"q" * 1001, threshold=1000)
     assert c._mem is None and bytes(c.view()) == b"q" * 1001
-    assert c.place(0, 1) is None
     c.close()
 
 

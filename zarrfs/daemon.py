@@ -25,7 +25,7 @@ from zarrfs.foldercache import FolderCache
 from zarrfs.handles import HandleTable
 from zarrfs.loop import DEFAULT_SPIN_US, Loop
 from zarrfs.ops import Operations
-from zarrfs.session import Session
+from zarrfs.session import BUFFER_SIZE, Session
 from zarrfs.spill import DEFAULT_SPILL
 from zarrfs.tree import Hooks, Tree
 from zarrfs.tuning import DEFAULT_READAHEAD_KIB, keep_freed_memory, set_readahead
@@ -187,7 +187,7 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
         negative_timeout=opts.seconds("negative_timeout"),
         on_init=ready,
     )
-    loop = Loop(channel.fd, session, opts.spin)
+    loop = Loop(channel.fd, session.handle, BUFFER_SIZE, opts.spin)
     try:
         loop.run()
     finally:

@@ -23,7 +23,6 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from zarrfs.errors import FsError
@@ -216,28 +215,6 @@ class HandleTable:
         self._ensure_buffer(state).write(offset, data)
         self._touch(state)
         return len(data)
-
-    def write_from(self, fh: int, offset: int, size: int, fill: Callable[[memoryview], None]) -> int:
-        """A write whose ``size`` bytes ``fill`` reads into the view it is given: the file's
-        own buffer where it can, saving a copy (the session's pipe holds the data)."""
-        handle = self._handle(fh)
-        if not handle.writable:
-            raise FsError(errno.EBADF, handle.state.key)
-        state = handle.state
-        buffer = self._ensure_buffer(state)
-        if handle.flags & os.O_APPEND:
-            offset = buffer.size
-        room = buffer.place(offset, size)
-        if room is None:
-            data = bytearray(size)
-            fill(memoryview(data))
-            buffer.write(offset, data)
-        else:
-            fill(room)
-            del room
-            buffer.placed(offset + size)
-        self._touch(state)
-        return size
 
     def truncate(self, key: str, length: int, fh: int | None = None) -> None:
         """Cut or extend a file; an unopened file is changed in its own transaction."""

@@ -39,31 +39,20 @@ IDLE_POLL_MS = 500
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-class Receiver:
-    """Where the loop reads each request, and what answers it: one buffer and a handler."""
-
-    def __init__(self, handle: Callable[[memoryview], None], buffer_size: int) -> None:
-        self.handle = handle
-        self.buf = bytearray(buffer_size)
-        self.view = memoryview(self.buf)
-        self.whole = [self.buf]
-
-    def read(self, fd: int) -> int:
-        """Read the next request from ``fd``; its length (BlockingIOError when none waits)."""
-        return os.readv(fd, self.whole)
-
-    def received(self, n: int) -> None:
-        """Answer the request of ``n`` bytes :meth:`read` read."""
-        self.handle(self.view[:n])
-
-
 class Loop:
-    """Reads requests from ``fd`` into the buffers ``receiver`` gives and hands each back to
-    it, until the mount goes away or a stop signal arrives."""
+    """Reads requests from ``fd`` into one buffer and hands each to ``handle``, until the
+    mount goes away or a stop signal arrives."""
 
-    def __init__(self, fd: int, receiver: Receiver, spin_us: float = DEFAULT_SPIN_US) -> None:
+    def __init__(
+        self,
+        fd: int,
+        handle: Callable[[memoryview], None],
+        buffer_size: int,
+        spin_us: float = DEFAULT_SPIN_US,
+    ) -> None:
         self.fd = fd
-        self.receiver = receiver
+        self.handle = handle
+        self.buffer_size = buffer_size
         self.spin = spin_us / 1e6
         self.stopping = False
         self.stop_signal: int | None = None
@@ -90,14 +79,16 @@ class Loop:
             os.close(wake_w)
 
     def _serve(self, poller, wake_r: int) -> None:
-        clock = time.perf_counter
-        read, received = self.receiver.read, self.receiver.received
+        buf = bytearray(self.buffer_size)
+        view = memoryview(buf)
+        readv, handle, clock = os.readv, self.handle, time.perf_counter
+        bufs = [buf]
         fd = self.fd
         longest = window = self.spin
         last = clock()
         while not self.stopping:
             try:
-                n = read(fd)
+                n = readv(fd, bufs)
             except BlockingIOError:
                 if clock() - last > window:
                     poller.poll(IDLE_POLL_MS)
@@ -114,7 +105,7 @@ class Loop:
                 return
             if n == 0:
                 return
-            received(n)
+            handle(view[:n])
             last = clock()
 
     def _catch_signals(self, wake_w: int) -> Callable[[], None]:

@@ -146,10 +146,6 @@ class Operations:
         """Buffer a write (``data`` is copied)."""
         return self.handles.write(fh, data, offset)
 
-    def write_from(self, fh: int, offset: int, size: int, fill) -> int:
-        """Buffer a write whose data ``fill`` reads into the view it is given."""
-        return self.handles.write_from(fh, offset, size, fill)
-
     # flush, fsync and release return the (size, mtime) of what they stored, if anything.
     def flush(self, fh: int) -> Stamp | None:
         """A ``close``: commit the file's pending content."""

@@ -16,7 +16,6 @@ Every exception a call raises becomes the errno of the reply here, through
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
 import os
 import stat
@@ -32,15 +31,10 @@ from zarrfs.tree import DIR, FILE, RENAME_EXCHANGE, Node
 
 log = logging.getLogger("zarrfs.session")
 
-BLKSIZE = 512 << 10  # st_blksize: tools read and write in blocks this large (one WRITE each)
-# Bytes of data in one WRITE request: 254 pages, so that a spliced WRITE (its headers, and
-# its data spanning up to 255 pages) fits the 256 slots of a 1 MiB pipe, the largest a
-# process may make without privileges (see read()).
-MAX_WRITE = 254 * 4096
+BLKSIZE = 1 << 20  # st_blksize: tools read and write in blocks this large
+MAX_WRITE = 1 << 20  # bytes of data in one WRITE request
 BUFFER_SIZE = MAX_WRITE + 4096  # a request with its headers
 NS = 1_000_000_000
-SPLICE_LINGER = 0.25  # seconds after a WRITE during which requests are spliced
-PIPE_SIZE = 1 << 20  # see MAX_WRITE
 
 Handler = Callable[[tuple, memoryview], None]
 
@@ -69,58 +63,9 @@ class Session:
         self.initialized = False
         self.invalidator = Invalidator(fd)
         ops.tree.on_side_effects = self.keys_changed
-        self._buf = bytearray(BUFFER_SIZE)
-        self._view = memoryview(self._buf)
-        self._whole = [self._buf]
-        # While writes come in, requests are spliced into a pipe (see read()).
-        self._pipe = _splice_pipe()
-        self._spliced = False
-        self._splice_until = 0.0
-        self._piped = 0  # bytes of the WRITE being answered still in the pipe
         self.handlers: list[Handler | None] = [None] * 64
         for code, name in k.OPCODE_NAMES.items():
             self.handlers[code] = getattr(self, "_" + name, None)
-
-    # ------------------------------------------------------------------ receiving
-    def read(self, fd: int) -> int:
-        """Read the next request from ``fd``; its length (BlockingIOError when none waits).
-
-        A WRITE read like any request is copied twice: into the receive buffer, then into the
-        file's buffer. For a while after each WRITE, requests are spliced into a pipe instead:
-        the kernel passes the data's pages by reference, the headers are read, and a WRITE's
-        data is then read from the pipe straight into the file's buffer (one copy). Other
-        requests cost a second system call then, so they are read directly the rest of the
-        time."""
-        if self._pipe is not None and time.monotonic() < self._splice_until:
-            self._spliced = True
-            return os.splice(fd, self._pipe[1], BUFFER_SIZE)
-        self._spliced = False
-        return os.readv(fd, self._whole)
-
-    def received(self, n: int) -> None:
-        """Answer the request of ``n`` bytes :meth:`read` read."""
-        if not self._spliced:
-            self.handle(self._view[:n])
-            return
-        pipe = self._pipe[0]
-        head = min(n, k.WRITE_DATA)
-        _read_exactly(pipe, self._view[:head])
-        if n > head:
-            if k.IN_HEADER.unpack_from(self._view)[1] == k.WRITE:
-                self._piped = n - head
-                try:
-                    self.handle(self._view[:n])  # _write takes the data from the pipe
-                finally:
-                    if self._piped:  # refused before its data was taken
-                        _read_exactly(pipe, self._view[head : head + self._piped])
-                        self._piped = 0
-                return
-            _read_exactly(pipe, self._view[head:n])
-        self.handle(self._view[:n])
-
-    def _fill(self, view: memoryview) -> None:
-        _read_exactly(self._pipe[0], view)
-        self._piped -= len(view)
 
     # ------------------------------------------------------------------ dispatch
     def handle(self, buf: memoryview) -> None:
@@ -287,10 +232,6 @@ class Session:
     def close(self) -> None:
         """Stop sending notifications (the mount is ending)."""
         self.invalidator.stop()
-        if self._pipe is not None:
-            for fd in self._pipe:
-                os.close(fd)
-            self._pipe = None
 
     def keys_changed(self, keys: list[str]) -> None:
         """Drop what the kernel caches for ``keys``, changed as a side effect of another call
@@ -476,11 +417,7 @@ class Session:
 
     def _write(self, head: tuple, buf: memoryview) -> None:
         fh, offset, size = k.WRITE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
-        self._splice_until = time.monotonic() + SPLICE_LINGER
-        if self._piped:
-            written = self.ops.write_from(fh, offset, size, self._fill)
-        else:
-            written = self.ops.write(fh, buf[k.WRITE_DATA : k.WRITE_DATA + size], offset)
+        written = self.ops.write(fh, buf[k.WRITE_DATA : k.WRITE_DATA + size], offset)
         self._send(k.WRITE_REPLY.pack(k.WRITE_REPLY.size, 0, head[2], written, 0))
 
     def _flush(self, head: tuple, buf: memoryview) -> None:
@@ -532,32 +469,6 @@ class Session:
 
     def _fsyncdir(self, head: tuple, buf: memoryview) -> None:
         self._reply_ok(head[2])
-
-
-def _splice_pipe() -> tuple[int, int] | None:
-    """A pipe large enough for any request, or None where there cannot be one (no splice;
-    a user may not grow a pipe past /proc/sys/fs/pipe-max-size, 1 MiB by default)."""
-    if not hasattr(os, "splice"):
-        return None
-    r, w = os.pipe2(os.O_CLOEXEC)
-    try:
-        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-        if fcntl.fcntl(w, fcntl.F_GETPIPE_SZ) >= PIPE_SIZE:
-            return r, w
-    except OSError as exc:
-        log.debug("no splice: a pipe of %d bytes: %s", PIPE_SIZE, exc)
-    os.close(r)
-    os.close(w)
-    return None
-
-
-def _read_exactly(fd: int, view: memoryview) -> None:
-    got = 0
-    while got < len(view):
-        n = os.readv(fd, [view[got:]])
-        if n == 0:
-            raise OSError(errno.EIO, "the request pipe ended early")
-        got += n
 
 
 _ZERO_ATTR = (0,) * 16

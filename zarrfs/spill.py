@@ -3,9 +3,7 @@
 In memory, a buffer is a ``bytearray`` with room beyond its content (its capacity), taken
 from a small pool of freed buffers: a chunk written through the mount then lands in memory
 that is already mapped (fresh memory costs a page fault per 4 KiB and zeroing, which on a VM
-made each new chunk buffer several times slower to fill). :meth:`SpillBuffer.place` lends the
-memory of a region to be filled in place: the session reads a ``WRITE``'s data from its pipe
-straight into the file's buffer.
+made each new chunk buffer several times slower to fill).
 """
 
 from __future__ import annotations
@@ -102,8 +100,8 @@ class SpillBuffer:
         mem = self._mem
         assert mem is not None
         if end > len(mem):
-            # A new buffer rather than a resize in place: a view of the old one (a landing
-            # region, a value being committed) may still be alive, and stays valid.
+            # A new buffer rather than a resize in place: a view of the old one (a value being
+            # committed, a read being answered) may still be alive, and stays valid.
             bigger = _take(max(end, min(2 * len(mem), self.threshold)))
             bigger[: self._size] = memoryview(mem)[: self._size]
             self._mem = bigger
@@ -128,22 +126,6 @@ class SpillBuffer:
             os.pwrite(self._file.fileno(), data, offset)
         self._size = max(self._size, end)
         return n
-
-    def place(self, offset: int, size: int) -> memoryview | None:
-        """Memory for ``size`` bytes at ``offset``, for a reader to fill in place of a
-        :meth:`write` (then call :meth:`placed`); None once the content is on disk or would
-        go there. Valid until the buffer next changes."""
-        end = offset + size
-        if self._mem is None or end > self.threshold:
-            return None
-        mem = self._room(end)
-        if offset > self._size:
-            mem[self._size : offset] = bytes(offset - self._size)  # content once placed
-        return memoryview(mem)[offset:end]
-
-    def placed(self, end: int) -> None:
-        """The region :meth:`place` gave, ending at ``end``, was filled."""
-        self._size = max(self._size, end)
 
     def compact(self) -> None:
         """Give back room far beyond the content (a small file kept a while after its close

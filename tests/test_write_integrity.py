@@ -1,9 +1,8 @@
-"""Writes through real mounts while the session splices requests into its pipe.
+"""Writes through real mounts: every byte arrives where it belongs.
 
-For a while after each WRITE the daemon splices requests from /dev/fuse into a pipe and reads
-a WRITE's data from the pipe straight into the file's buffer (``Session.received``,
-``HandleTable.write_from``, ``SpillBuffer.place``). Every test here keeps writes coming, so the
-requests it checks arrive spliced; the data is random, written in unaligned pieces, and
+Files are written in interleaved, unaligned pieces from two threads, with gaps, appends and
+overwrites, into file buffers reused from a pool (``zarrfs/spill.py``: capacity past a file's
+content holds an earlier file's bytes, which must never show). The data is random and is
 compared by hash with what the mount shows (through a fresh, uncached descriptor while the
 file is open), what the database stores, and what a remount shows.
 """
@@ -46,8 +45,8 @@ def random_bytes(n: int, seed: int) -> bytes:
 
 @contextmanager
 def watchdog(mount, seconds: float = WATCHDOG):
-    """Fail instead of hanging when the mount stops answering (a request misread from the pipe
-    leaves the kernel waiting for a reply): the daemon is killed, which ends every waiting
+    """Fail instead of hanging when the mount stops answering (a request left without a reply
+    leaves the kernel waiting): the daemon is killed, which ends every waiting
     call with ENOTCONN."""
     fired = []
 
@@ -301,9 +300,9 @@ def test_gaps_appends_and_overwrites(mounted):
     assert stored(mounted.url, model) == expected
 
 
-def test_large_file_spills_while_spliced(db_url, mount_factory):
+def test_large_file_spills_to_a_temporary_file(db_url, mount_factory):
     # spill= lowers the size past which a file's content moves to a temporary file (64 MiB by
-    # default): place() then lends no memory and a WRITE's data takes the copying path.
+    # default): writes past it go to the file on disk.
     threshold = 3_000_001
     m = mount_factory(db_url, ["create", f"spill={threshold}"])
     root = m.path
@@ -342,11 +341,10 @@ def test_large_file_spills_while_spliced(db_url, mount_factory):
     assert stored(m.url, expected) == expected
 
 
-# ---------------------------------------------------------------------- refused while spliced
+# ---------------------------------------------------------------------- refused writes
 # An array of variable-length strings: its chunks have no raw layout, so the decoded view
 # refuses to show or change them (EINVAL). Opening a stored chunk for writing succeeds; its
-# first WRITE is refused by the daemon when it loads the chunk's content, before reading the
-# request's data from the pipe (which must then be drained, or the next request is misread).
+# first WRITE is refused by the daemon when it loads the chunk's content.
 STRINGS_ZARRAY = {
     "zarr_format": 2,
     "shape": [8],
@@ -359,7 +357,7 @@ STRINGS_ZARRAY = {
 }
 
 
-def test_a_write_refused_while_spliced_leaves_the_mount_answering(db_url, mount_factory):
+def test_a_refused_write_leaves_the_mount_answering(db_url, mount_factory):
     driver = open_driver(db_url)
     try:
         driver.put("s/.zarray", json.dumps(STRINGS_ZARRAY).encode())
@@ -372,7 +370,7 @@ def test_a_write_refused_while_spliced_leaves_the_mount_answering(db_url, mount_
     with watchdog(m):
         for i, size in enumerate([1_040_385, 1, 4097, 300_000, 1_040_384, 2_300_000]):
             good = random_bytes(1_040_385 + i, 80 + i)
-            (root / f"ok{i}").write_bytes(good)  # a WRITE: the next requests are spliced
+            (root / f"ok{i}").write_bytes(good)
             model[f"ok{i}"] = good
             fd = os.open(root / "s/0", os.O_WRONLY)
             try:
@@ -381,9 +379,7 @@ def test_a_write_refused_while_spliced_leaves_the_mount_answering(db_url, mount_
                 assert info.value.errno == errno.EINVAL
             finally:
                 os.close(fd)
-            # the next requests, of every kind, are answered: the refused one's data was drained.
-            # Long names make requests longer than a WRITE's headers (CREATE, LOOKUP, RENAME):
-            # their tails are read from the pipe too.
+            # the next requests, of every kind, are answered (long names: long requests)
             after = random_bytes(size, 100 + i)
             name = f"written-after-refused-write-{i}-" + "n" * 60
             (root / name).write_bytes(after)
@@ -399,4 +395,3 @@ def test_a_write_refused_while_spliced_leaves_the_mount_answering(db_url, mount_
     assert stored(m.url, model) == expected
     log = m.log_text()
     assert log.count("write /s/0: EINVAL") == 6, log[-3000:]  # refused by the daemon, not the kernel
-    assert "no splice" not in log
