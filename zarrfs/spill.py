@@ -2,8 +2,7 @@
 
 In memory, a buffer is a ``bytearray`` with room beyond its content (its capacity), taken
 from a small pool of freed buffers: a chunk written through the mount then lands in memory
-that is already mapped (fresh memory costs a page fault per 4 KiB and zeroing, which on a VM
-made each new chunk buffer several times slower to fill).
+that is already mapped (fresh memory costs a page fault per 4 KiB and its zeroing).
 """
 
 from __future__ import annotations
