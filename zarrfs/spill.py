@@ -94,8 +94,8 @@ class SpillBuffer:
             self._map = None
 
     def _room(self, end: int) -> bytearray:
-        """The memory, with capacity for ``end`` bytes and zeros from the content's end to
-        ``end`` (capacity past the content holds old bytes)."""
+        """The memory, with capacity for ``end`` bytes. Capacity past the content holds old
+        bytes: a caller that extends the content zero-fills what it does not write."""
         mem = self._mem
         assert mem is not None
         if end > len(mem):
