@@ -24,9 +24,9 @@ Commits run with ``synchronous=NORMAL`` (in WAL mode a crash of the process neve
 corrupts a committed transaction; a crash of the machine may lose the last ones) and
 ``Driver.sync()`` (a file's ``fsync``) checkpoints the WAL, which syncs it; ``?sync=1`` makes
 every commit durable on its own (``synchronous=FULL``). Checkpoints run in a background thread
-after commits (a commit never waits for the WAL to be copied into the database and synced);
-SQLite's own automatic checkpoint stays on the writers' connections, at a higher threshold, as
-the bound on the WAL's size.
+(a commit never waits for the WAL to be copied into the database and synced): once commits
+pause, or during a burst once it has written enough to be worth one; SQLite's own automatic
+checkpoint stays on the writers' connections, at a higher threshold, as the bound on the WAL.
 """
 
 from __future__ import annotations
@@ -151,6 +151,7 @@ class SQLiteTxn(Txn):
         # atomic) and begins at the second; see _begin_now. Most are a single lookup.
         self._begun = write
         self._first: tuple[str, Sequence[Any], list[Any]] | None = None
+        self._written = 0  # bytes this write transaction puts in the WAL, roughly
         if write:
             try:
                 conn.execute("BEGIN IMMEDIATE")
@@ -177,7 +178,7 @@ class SQLiteTxn(Txn):
                 raise _translate(err, self._driver.path) from err
             raise
         if self._write:
-            self._driver.committed()
+            self._driver.committed(self._written)
 
     def _has(self, space: str) -> str | None:
         table = _table(space)
@@ -307,10 +308,12 @@ class SQLiteTxn(Txn):
         sql = _PUT.get(space)
         if sql is None:
             raise ValueError(f"unknown key space {space!r}")
+        value = as_buffer(value)
         try:
-            self._conn.execute(sql, (key, as_buffer(value)))
+            self._conn.execute(sql, (key, value))
         except sqlite3.Error as exc:
             raise _translate(exc, self._driver.path) from exc
+        self._written += len(value) + PAGE_SIZE  # the value, and at least its leaf page
 
     def delete(self, key: str, space: str = DATA) -> None:
         """Remove ``key`` if present."""
@@ -321,6 +324,7 @@ class SQLiteTxn(Txn):
             self._conn.execute(f"DELETE FROM {_table(space)} WHERE k = ?", (key,))
         except sqlite3.Error as exc:
             raise _translate(exc, self._driver.path) from exc
+        self._written += PAGE_SIZE
 
     def scan(
         self,
@@ -372,33 +376,56 @@ _PUT = {
 
 class _Checkpointer:
     """Checkpoints the WAL in the background, so that a commit does not pay for copying the
-    WAL into the database (and its two fsyncs) every thousand pages: after a commit, a passive
-    checkpoint runs on a connection of its own at most every ``interval`` seconds. The writers
-    keep SQLite's own automatic checkpoint, with a higher threshold, as a bound on the WAL
-    when this thread cannot keep up."""
+    WAL into the database (and its two fsyncs): a passive checkpoint runs on a connection of
+    its own once commits have paused for ``interval`` seconds, or, during a burst, once they
+    have written ``burst`` bytes since the last one. A checkpoint costs two fsyncs however
+    little it copies, and a page changed by many commits is copied once: a burst of small
+    files then checkpoints every few hundred files instead of ten times a second (measured
+    through a mount: 2,049 against 1,698 files/s). The writers keep SQLite's own automatic
+    checkpoint, at a higher threshold, as the bound on the WAL when this thread falls behind."""
 
     interval = 0.1
+    burst = 32 << 20
 
     def __init__(self, driver: SQLiteDriver) -> None:
         self.path = driver.path
         self.timeout = driver.timeout
         self.lock = driver.checkpoint_lock
-        self.wake = threading.Event()
+        self.wake = threading.Event()  # a commit since the last checkpoint
+        self.full = threading.Event()  # ``burst`` bytes since the last checkpoint
+        self.pending = 0
+        self.last = 0.0
         self.stopping = False
         self.thread = threading.Thread(target=self._run, name="zarrfs-sqlite-checkpoint", daemon=True)
         self.thread.start()
 
+    def committed(self, written: int) -> None:
+        """A write transaction put about ``written`` bytes in the WAL (called by the writer)."""
+        self.last = time.monotonic()
+        self.pending += written
+        if not self.wake.is_set():
+            self.wake.set()
+        if self.pending >= self.burst and not self.full.is_set():
+            self.full.set()
+
+    def _due(self) -> bool:
+        """Wait until a checkpoint is worth running; False when stopping."""
+        self.wake.wait()
+        while not self.stopping:
+            quiet = self.last + self.interval - time.monotonic()
+            if quiet <= 0 or self.full.is_set():
+                # Counted from here: a commit racing this reset lands in the next round.
+                self.wake.clear()
+                self.full.clear()
+                self.pending = 0
+                return True
+            self.full.wait(quiet)
+        return False
+
     def _run(self) -> None:
         conn = None
         try:
-            while True:
-                self.wake.wait()
-                if self.stopping:
-                    return
-                time.sleep(self.interval)  # let a burst of commits go in first
-                self.wake.clear()
-                if self.stopping:
-                    return
+            while self._due():
                 try:
                     if conn is None:
                         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -414,6 +441,7 @@ class _Checkpointer:
     def stop(self) -> None:
         self.stopping = True
         self.wake.set()
+        self.full.set()
         self.thread.join(timeout=10)
 
 
@@ -494,11 +522,11 @@ class SQLiteDriver(Driver):
     def _begin(self, write: bool) -> SQLiteTxn:
         return SQLiteTxn(self, self._conn(), write)
 
-    def committed(self) -> None:
-        """A write transaction committed: schedule a background checkpoint."""
+    def committed(self, written: int = 0) -> None:
+        """A write transaction committed about ``written`` bytes: tell the checkpointer."""
         checkpointer = self._checkpointer
-        if checkpointer is not None and not checkpointer.wake.is_set():
-            checkpointer.wake.set()
+        if checkpointer is not None:
+            checkpointer.committed(written)
 
     def read_many_sql(self, shape: tuple[Any, ...]) -> tuple[str, tuple[str, ...], list[int], bool]:
         """The statement answering a batch of reads of this shape (``(op, space, unbounded)``

@@ -888,6 +888,25 @@ class TestSQLite(DriverConformance):
         driver.close()
         assert not any(t.name == "zarrfs-sqlite-checkpoint" for t in threading.enumerate())
 
+    def test_checkpoint_waits_for_a_pause_or_a_full_burst(self, driver, tmp_path):
+        import time
+
+        db = tmp_path / "x.db"
+        checkpointer = driver._checkpointer
+        checkpointer.interval = 30  # no pause long enough in this test
+        before = db.stat().st_size
+        for i in range(8):  # about 300 KiB: far below the burst
+            driver.put(f"a/{i}", os.urandom(4096))
+        time.sleep(0.5)
+        assert db.stat().st_size == before  # still only in the WAL
+        checkpointer.burst = 1 << 20
+        for i in range(40):  # past the burst, with no pause
+            driver.put(f"b/{i}", os.urandom(4096))
+        deadline = time.monotonic() + 10
+        while db.stat().st_size < before + 48 * 4096 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert db.stat().st_size >= before + 48 * 4096  # checkpointed during the burst
+
     def test_lock_held_by_another_connection_is_retryable(self, driver, tmp_path):
         import sqlite3
 
