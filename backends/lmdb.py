@@ -11,10 +11,12 @@ side write. A write transaction takes the data environment's write lock first an
 second, always in that order, so writers cannot deadlock; it commits data, then side.
 
 Like ``LMDBStore`` (``sync=False``), commits are not forced to disk one by one: a crash of the
-process can never corrupt or lose a committed transaction (the kernel holds its pages), only a
-crash of the machine can lose the last ones. ``Driver.sync()`` (a file's ``fsync``) is the
-durability barrier, as on any filesystem; ``?sync=1`` forces every commit to disk instead, at a
-cost of an fsync per file written.
+process can never corrupt or lose a committed transaction (the kernel holds its pages). A crash
+of the machine can lose the last ones, and, as LMDB documents for ``MDB_NOSYNC``, can corrupt
+the environment on a filesystem that writes pages out of order (ext4 may) when the crash
+comes before the kernel has written them back. ``Driver.sync()`` (a file's ``fsync``) is the
+barrier, as on any filesystem: what was committed before it survives a crash of the machine;
+``?sync=1`` forces every commit to disk instead, at a cost of an fsync per file written.
 """
 
 from __future__ import annotations
