@@ -380,9 +380,10 @@ class _Checkpointer:
     its own once commits have paused for ``interval`` seconds, or, during a burst, once they
     have written ``burst`` bytes since the last one. A checkpoint costs two fsyncs however
     little it copies, and a page changed by many commits is copied once: a burst of small
-    files then checkpoints every few hundred files instead of ten times a second (measured
-    through a mount: 2,049 against 1,698 files/s). The writers keep SQLite's own automatic
-    checkpoint, at a higher threshold, as the bound on the WAL when this thread falls behind."""
+    files then checkpoints every few hundred files instead of ten times a second (through a
+    mount, the commit of a 4 KiB file cost the daemon 271 us of CPU with a checkpoint 0.1 s
+    after any commit, 190 us with none). The writers keep SQLite's own automatic checkpoint,
+    at a higher threshold, as the bound on the WAL when this thread falls behind."""
 
     interval = 0.1
     burst = 32 << 20
