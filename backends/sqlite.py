@@ -523,7 +523,7 @@ class SQLiteDriver(Driver):
     def _begin(self, write: bool) -> SQLiteTxn:
         return SQLiteTxn(self, self._conn(), write)
 
-    def committed(self, written: int = 0) -> None:
+    def committed(self, written: int) -> None:
         """A write transaction committed about ``written`` bytes: tell the checkpointer."""
         checkpointer = self._checkpointer
         if checkpointer is not None:

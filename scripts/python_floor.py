@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from zarrfs import kernel as k  # noqa: E402
 from zarrfs.channel import Channel  # noqa: E402
 from zarrfs.loop import Loop  # noqa: E402
-from zarrfs.session import BUFFER_SIZE  # noqa: E402
+from zarrfs.session import BUFFER_SIZE, MAX_WRITE  # noqa: E402
 
 FOLDER_ID = 2
 
@@ -61,7 +61,7 @@ def serve(mountpoint: str, files: int, spin: float) -> None:
             os.write(fd, k.ATTR_REPLY.pack(k.ATTR_REPLY.size, 0, unique, 1, 0, 0, *attr(nodeid, mode)))
         elif op == k.INIT:
             readahead = k.INIT_IN.unpack_from(buf, k.IN_HEADER_SIZE)[2]
-            reply = (k.MAJOR, k.MINOR, readahead, 0, 0, 0, 1 << 20, 1, 256, 0, 0)
+            reply = (k.MAJOR, k.MINOR, readahead, 0, 0, 0, MAX_WRITE, 1, MAX_WRITE // 4096, 0, 0)
             os.write(fd, k.INIT_REPLY.pack(k.INIT_REPLY.size, 0, unique, *reply))
         elif op not in (k.FORGET, k.BATCH_FORGET, k.INTERRUPT):
             os.write(fd, k.OUT_HEADER.pack(16, -errno.ENOSYS, unique))
