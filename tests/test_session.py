@@ -326,6 +326,7 @@ def test_opcodes_and_flags_are_the_kernels():
     assert (k.DESTROY, k.BATCH_FORGET, k.RENAME2) == (38, 42, 45)
     assert k.OPCODE_NAMES[k.BATCH_FORGET] == "batch_forget" and k.ROOT_ID not in k.OPCODE_NAMES.values()
     assert (k.FATTR_MODE, k.FATTR_SIZE, k.FATTR_MTIME, k.FATTR_FH, k.FATTR_MTIME_NOW) == (1, 8, 32, 64, 256)
+    assert (k.FOPEN_KEEP_CACHE, k.FOPEN_NOFLUSH) == (2, 32)
     # Not AUTO_INVAL_DATA (1 << 12): pages written through the mount stay valid after a commit.
     assert k.WANTED == (1 << 0) | (1 << 3) | (1 << 5) | (1 << 15) | (1 << 18) | (1 << 22)
 
@@ -812,6 +813,16 @@ def test_pages_written_through_the_mount_are_kept_after_the_commit(make_wire):
     fh, flags = wire.open(tmp.nodeid)
     assert not flags & k.FOPEN_KEEP_CACHE
     wire.release(tmp.nodeid, fh)
+
+
+def test_only_a_file_opened_for_writing_is_flushed_at_its_close(wire):
+    """A read-only open asks the kernel not to send FLUSH (nothing to store); one that may write
+    keeps it, since its close is where its writes are stored and their errors reported."""
+    f = wire.put_file(k.ROOT_ID, "f", b"data")
+    for flags, flushed in ((os.O_RDONLY, False), (os.O_WRONLY, True), (os.O_RDWR, True)):
+        fh, open_flags = wire.open(f.nodeid, flags)
+        assert bool(open_flags & k.FOPEN_NOFLUSH) is not flushed, flags
+        wire.release(f.nodeid, fh)
 
 
 # ---------------------------------------------------------------------- STATFS

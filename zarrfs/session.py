@@ -409,6 +409,9 @@ class Session:
                     self._stamp(inode, node)
             keep, inode.cache_ok = inode.cache_ok, True
         open_flags = k.FOPEN_KEEP_CACHE if keep else 0
+        if flags & os.O_ACCMODE == os.O_RDONLY:
+            # Its close has nothing to store: spare the reader that round trip.
+            open_flags |= k.FOPEN_NOFLUSH
         self._send(k.OPEN_REPLY.pack(k.OPEN_REPLY.size, 0, head[2], fh, open_flags, 0))
 
     def _read(self, head: tuple, buf: memoryview) -> None:
