@@ -662,6 +662,7 @@ class RedisTxn(Txn):
         added: dict[bytes, list[Any]] = {}
         removed: dict[bytes, list[bytes]] = {}
         deleted: list[bytes] = []
+        big = False  # only then is the encoding worth splitting around values
         for (space, raw), value in self._pending.items():
             name, index = d.name(space, raw), d.index[space]
             if value is DELETED:
@@ -670,6 +671,7 @@ class RedisTxn(Txn):
             else:
                 commands.append(("SET", name, value))
                 added.setdefault(index, []).extend((0, raw))
+                big = big or len(value) > BIG_ARG
         if deleted:
             commands.append(("DEL", *deleted))
         for index, members in removed.items():
@@ -677,7 +679,7 @@ class RedisTxn(Txn):
         for index, scored in added.items():
             commands.append(("ZADD", index, *scored))
         commands.append(("EXEC",))
-        replies = link.call(commands, big=True)
+        replies = link.call(commands, big=big)
         for reply in replies[:-1]:
             if isinstance(reply, Exception):  # refused while queueing, e.g. OOM
                 raise _error(reply, d.where)
