@@ -66,6 +66,16 @@ MAX_READERS = 512
 SIDE_MAP_SIZE = 2**36
 
 
+_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.ENOENT, errno.EACCES, errno.ENOTDIR)
+
+
+def _errno_of(exc: lmdb.Error) -> int:
+    """The system error an ``lmdb.Error`` reports. py-lmdb before 3.0 gives only the message,
+    ``"<what>: <strerror>"`` (LMDB's ``mdb_strerror`` is ``strerror`` for system errors)."""
+    text = str(exc)
+    return next((code for code in _ERRNOS if text.endswith(": " + os.strerror(code))), 0)
+
+
 def _translate(exc: lmdb.Error, what: str) -> BackendError:
     """The driver interface's exception for an ``lmdb`` exception."""
     if isinstance(exc, lmdb.MapFullError):
@@ -76,7 +86,7 @@ def _translate(exc: lmdb.Error, what: str) -> BackendError:
         return InvalidKeyError(f"{what}: key or value size not accepted by LMDB: {exc}")
     if isinstance(exc, (lmdb.ReadersFullError, lmdb.TlsFullError)):
         return RetryableError(f"{what}: {exc}")
-    code = getattr(exc, "code", 0)
+    code = getattr(exc, "code", None) or _errno_of(exc)
     if code in (errno.ENOSPC, errno.EDQUOT):
         return StorageFullError(f"{what}: {exc}")
     if code in (errno.ENOENT, errno.EACCES, errno.ENOTDIR):
@@ -94,6 +104,47 @@ def _translated(what: str) -> Iterator[None]:
         raise _translate(exc, what) from exc
 
 
+class KnownSizes:
+    """Sizes of the large values this driver committed, right for the snapshot of its last
+    commit, so that a lookup need not touch the value.
+
+    py-lmdb touches every page of a value it returns (to take the page faults without holding
+    the GIL), also for ``len()``: the size of a 4 MiB chunk costs 1,024 page touches, page
+    faults the first time (the daemon writes with ``pwrite``, so nothing is mapped yet), and a
+    read of the whole chunk from disk when it is not cached. LMDB numbers every commit, so the
+    sizes are exact in any transaction whose snapshot is that commit: nobody, in this process
+    or another, has written since. Otherwise the value is read as before.
+
+    Readers may run in other threads than the writer: :meth:`get` checks the commit number
+    again after reading (a writer sets it to -1 while it changes the table)."""
+
+    LARGE = 1 << 14  # smaller values sit in a page the lookup reads anyway
+    LIMIT = 1 << 16  # entries kept; past that the table starts again
+
+    def __init__(self) -> None:
+        self.txnid = -1
+        self.sizes: dict[bytes, int] = {}
+
+    def get(self, txnid: int, raw: bytes) -> int | None:
+        """The size of ``raw`` in the snapshot of commit ``txnid``, or None when not known."""
+        if txnid != self.txnid:
+            return None
+        size = self.sizes.get(raw)
+        return size if txnid == self.txnid else None
+
+    def committed(self, txnid: int, changes: dict[bytes, int | None]) -> None:
+        """Commit ``txnid`` changed these keys (size, or None: removed or small)."""
+        previous, self.txnid = self.txnid, -1
+        if previous != txnid - 1 or len(self.sizes) + len(changes) > self.LIMIT:
+            self.sizes.clear()  # someone else committed in between: start from this commit
+        for raw, size in changes.items():
+            if size is None:
+                self.sizes.pop(raw, None)
+            else:
+                self.sizes[raw] = size
+        self.txnid = txnid
+
+
 class _Envs:
     """Process-wide, reference-counted environments: LMDB forbids opening one environment twice
     in a process (its fcntl locks belong to the process), but two drivers on one database in a
@@ -101,7 +152,7 @@ class _Envs:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.open: dict[str, list[Any]] = {}  # key -> [env, refcount, readonly]
+        self.open: dict[str, list[Any]] = {}  # key -> [env, refcount, readonly, write lock]
 
     def acquire(
         self, path: str, subdir: bool, readonly: bool, **options: Any
@@ -127,8 +178,15 @@ class _Envs:
                     max_dbs=0,
                     **options,
                 )
-            self.open[key] = [env, 1, readonly]
+            self.open[key] = [env, 1, readonly, threading.Lock()]
             return key, env
+
+    def write_lock(self, key: str) -> threading.Lock:
+        """The lock a write transaction of this process holds on environment ``key``. LMDB lets
+        one write transaction run at a time and makes the others wait; py-lmdb 1.8 and later
+        refuse a second one of the same environment instead (EBUSY), so threads queue here."""
+        with self.lock:
+            return self.open[key][3]
 
     def release(self, key: str) -> None:
         """Drop one reference; the last one closes the environment."""
@@ -151,12 +209,27 @@ class LMDBTxn(Txn):
     def __init__(self, driver: LMDBDriver, write: bool) -> None:
         self._driver = driver
         self._write = write
+        if write:
+            driver.write_lock.acquire()
         try:
             self._data = driver.env.begin(write=write, buffers=True)
-        except lmdb.Error as exc:
-            raise _translate(exc, driver.path) from exc
+        except BaseException as exc:
+            if write:
+                driver.write_lock.release()
+            if isinstance(exc, lmdb.Error):
+                raise _translate(exc, driver.path) from exc
+            raise
         self._side: lmdb.Transaction | None = None
         self._max_key = driver.max_key_size
+        # The commit whose sizes KnownSizes may answer for: this snapshot's, or for a write
+        # transaction the one it follows (for keys it has not changed itself).
+        self._id = self._data.id() - 1 if write else self._data.id()
+        self._changes: dict[bytes, int | None] = {}
+
+    def _known(self, raw: bytes) -> int | None:
+        if raw in self._changes:
+            return None
+        return self._driver.known.get(self._id, raw)
 
     def _txn(self, space: str) -> lmdb.Transaction | None:
         if space == DATA:
@@ -195,6 +268,10 @@ class LMDBTxn(Txn):
 
     def size(self, key: str, space: str = DATA) -> int | None:
         """Return the value's length; ``buffers=True`` makes this a pointer into the map."""
+        if space == DATA:
+            known = self._known(self._key(key))
+            if known is not None:
+                return known
         value = self._value(key, space)
         return None if value is None else len(value)
 
@@ -210,8 +287,12 @@ class LMDBTxn(Txn):
             raise ReadOnlyError("write in a read-only transaction")
         txn = self._txn(space)
         assert txn is not None  # a write transaction creates the side environment
+        value = as_buffer(value)
         with _translated(self._driver.path):
-            txn.put(raw, as_buffer(value))
+            txn.put(raw, value)
+        if space == DATA:
+            n = len(value)
+            self._changes[raw] = n if n >= KnownSizes.LARGE else None
 
     def delete(self, key: str, space: str = DATA) -> None:
         """Remove ``key`` if present."""
@@ -221,7 +302,9 @@ class LMDBTxn(Txn):
         txn = self._txn(space)
         assert txn is not None
         with _translated(self._driver.path):
-            txn.delete(raw)
+            found = txn.delete(raw)
+        if found and space == DATA:  # a delete of nothing changes nothing (no new commit)
+            self._changes[raw] = None
 
     def scan(
         self,
@@ -239,6 +322,7 @@ class LMDBTxn(Txn):
             return
         where = self._driver.path
         write = self._write
+        known = self._known
         try:
             cur = txn.cursor()
             try:
@@ -251,7 +335,9 @@ class LMDBTxn(Txn):
                     if fetch == KEYS:
                         x = None
                     elif fetch == SIZES:
-                        x = len(cur.value())
+                        x = known(raw) if space == DATA else None
+                        if x is None:
+                            x = len(cur.value())
                     else:
                         x = bytes(cur.value())
                     key = decode_key(raw, where)
@@ -290,6 +376,10 @@ class LMDBTxn(Txn):
                 if txn is None:
                     append(False if op == "prefix" else None)
                 elif op == "size":
+                    known = self._known(raw) if space == DATA else None
+                    if known is not None:
+                        append(known)
+                        continue
                     value = txn.get(raw)
                     append(None if value is None else len(value))
                 elif op == "get":
@@ -311,6 +401,13 @@ class LMDBTxn(Txn):
 
     def finish(self, ok: bool) -> None:
         """Commit (data first, then side) or abort both."""
+        try:
+            self._finish(ok)
+        finally:
+            if self._write:
+                self._driver.write_lock.release()
+
+    def _finish(self, ok: bool) -> None:
         side, self._side = self._side, None
         if not ok:
             self._data.abort()
@@ -324,6 +421,8 @@ class LMDBTxn(Txn):
             if side is not None:
                 side.abort()
             raise
+        if self._changes:
+            self._driver.known.committed(self._id + 1, self._changes)
         if side is not None:
             with _translated(self._driver.path):
                 side.commit()
@@ -353,12 +452,14 @@ class LMDBDriver(Driver):
             path, self.subdir, readonly, map_size=self.map_size, meminit=False, **self._env_options
         )
         self.max_key_size = self.env.max_key_size()
+        self.write_lock = _envs.write_lock(self._key)
         data_file = os.path.join(path, "data.mdb") if self.subdir else path
         self._prealloc = None if readonly else Preallocator(data_file)
         self._side_key: str | None = None
         self._side_env: lmdb.Environment | None = None
         self._side_lock = threading.Lock()
         self._closed = False
+        self.known = KnownSizes()
 
     def side_env(self, create: bool) -> lmdb.Environment | None:
         """Return the side environment, opening it on first use; ``None`` when it does not
@@ -431,6 +532,10 @@ class LMDBDriver(Driver):
             return None
         try:
             with env.begin(buffers=True) as txn:
+                if space == DATA:
+                    known = self.known.get(txn.id(), raw)
+                    if known is not None:
+                        return known
                 value = txn.get(raw)
                 return None if value is None else len(value)
         except lmdb.Error as exc:

@@ -975,6 +975,128 @@ def test_lmdb_reserves_blocks_ahead_of_its_end(tmp_path):
         driver.close()
 
 
+def _minor_faults() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def test_lmdb_sizes_of_values_it_committed_do_not_touch_them(tmp_path):
+    """A lookup needs a chunk's size: py-lmdb touches every page of a value it returns, also
+    for ``len()``, so sizes of what this driver committed come from memory. Counted as page
+    faults of this process: touching 64 MiB of values not mapped yet (the commit wrote them
+    with ``pwrite``) costs a fault per 64 KiB or less, about 1,000 in all."""
+    value = os.urandom(1 << 20)
+    driver = open_driver(f"lmdb://{tmp_path}/db.lmdb")
+    try:
+        driver.transact(lambda t: [t.put(f"arr/c/{i}/0", value) for i in range(64)])
+        before = _minor_faults()
+        assert [driver.size(f"arr/c/{i}/0") for i in range(64)] == [1 << 20] * 64
+        assert (
+            driver.transact(lambda t: [t.size(f"arr/c/{i}/0") for i in range(64)], write=False)
+            == [1 << 20] * 64
+        )
+        rows = driver.transact(lambda t: list(t.scan("arr/c/", "arr/c0", fetch=SIZES)), write=False)
+        assert len(rows) == 64 and {n for _, n in rows} == {1 << 20}
+        assert _minor_faults() - before < 200
+    finally:
+        driver.close()
+
+
+def _read_from_disk() -> int:
+    try:
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
+    except (OSError, StopIteration):
+        pytest.skip("no per-process I/O accounting (/proc/self/io)")
+
+
+def test_lmdb_listing_reads_no_values_from_disk(tmp_path):
+    """A listing needs keys only: one over values that are not cached must not read them from
+    disk. py-lmdb 2.1 and later read every value a cursor passes (the dependency pin keeps
+    them out): here that is 64 MiB for a listing of 64 keys."""
+    path = tmp_path / "db.lmdb"
+    value = os.urandom(1 << 20)
+    driver = open_driver(f"lmdb://{path}")
+    try:
+        driver.transact(lambda t: [t.put(f"arr/c/{i}/0", value) for i in range(64)])
+    finally:
+        driver.close()
+    fd = os.open(path / "data.mdb", os.O_RDONLY)
+    try:
+        os.fsync(fd)  # only clean pages can be dropped from the cache
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    driver = open_driver(f"lmdb://{path}")
+    try:
+        before = _read_from_disk()
+        keys = driver.transact(lambda t: [k for k, _ in t.scan("arr/c/", "arr/c0")], write=False)
+        assert len(keys) == 64
+        assert driver.transact(lambda t: t.read_many([("prefix", "arr/c/7", DATA)]), write=False) == [True]
+        assert _read_from_disk() - before < 4 << 20
+        assert driver.size("arr/c/5/0") == 1 << 20  # not known to this driver: read from the value
+    finally:
+        driver.close()
+
+
+def _lmdb_put(path: str, key: bytes, value: bytes) -> None:
+    import lmdb
+
+    env = lmdb.open(path, map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        if value:
+            txn.put(key, value)
+        else:
+            txn.delete(key)
+    env.close()
+
+
+def test_lmdb_known_sizes_give_way_to_another_writer(tmp_path):
+    """Sizes remembered from this driver's commits answer only while nobody else has written:
+    a value rewritten or deleted by another process (zarr's LMDBStore), or by another driver on
+    the same database, shows its new size at once; this driver's own writes show in its
+    transaction before they commit."""
+    path = str(tmp_path / "db.lmdb")
+    driver = open_driver(f"lmdb://{path}")
+    big, bigger = b"a" * (1 << 16), b"b" * (1 << 17)
+    try:
+        driver.put("x/0", big)
+        driver.put("x/1", big)
+        assert driver.size("x/0") == 1 << 16
+        assert driver.known.get(driver.transact(lambda t: t._id, write=False), b"x/0") == 1 << 16
+        ctx = multiprocessing.get_context("spawn")
+        proc = ctx.Process(target=_lmdb_put, args=(path, b"x/0", bigger))
+        proc.start()
+        proc.join(60)
+        assert proc.exitcode == 0
+        assert driver.size("x/0") == 1 << 17
+        assert driver.transact(lambda t: t.read_many([("size", "x/0", DATA)]), write=False) == [1 << 17]
+        proc = ctx.Process(target=_lmdb_put, args=(path, b"x/1", b""))
+        proc.start()
+        proc.join(60)
+        assert driver.size("x/1") is None
+        other = open_driver(f"lmdb://{path}")  # shares the environment, not the sizes
+        try:
+            driver.put("x/2", big)
+            other.put("x/2", b"small")
+            assert driver.size("x/2") == 5
+        finally:
+            other.close()
+
+        def rewrite(t):
+            t.put("x/2", bigger)
+            inside = t.size("x/2")
+            t.delete("x/0")
+            return inside, t.size("x/0")
+
+        assert driver.transact(rewrite) == (1 << 17, None)
+        assert driver.size("x/2") == 1 << 17 and driver.size("x/0") is None
+        assert [k for k, _ in driver.scan("x/")] == ["x/2"]
+    finally:
+        driver.close()
+
+
 class TestRedis(DriverConformance):
     """The session's redis-server, one key prefix per test."""
 
