@@ -77,6 +77,31 @@ def test_listing_resumes_across_batches(tree):
     assert again == got
 
 
+def test_listing_of_many_subfolders_across_batch_ends(tree):
+    """zarr's c/0/0, c/1/0, ...: subfolders of one key each, of many keys (a batch ends inside
+    one), files and a hidden key among them, and empty folders made with mkdir; listed whole,
+    resumed after each entry, and snapshotted with sizes, each the same."""
+    keys = [f"c/{i}/0" for i in range(300)] + [f"c/7/{j}" for j in range(1, 600)]
+    keys += ["c/7.zarray", "c/150", "c/a", "c/b", "c/b.0"]  # "c/150" is hidden by folder "150"
+    put(tree, *keys)
+    tree.mkdir("c/empty", 0o755)
+    tree.mkdir("c/150/sub", 0o755)
+    expected = sorted(
+        [(str(i), DIR) for i in range(300)]
+        + [("7.zarray", FILE), ("a", FILE), ("b", FILE), ("b.0", FILE)]
+        + [("empty", DIR)]
+    )
+    listed = names(tree, "c")
+    assert sorted(listed) == expected and len(listed) == len(expected)
+    listing = DirListing(tree, "c")
+    entries = list(listing.entries(0))[2:]
+    resumed = [next(iter(listing.entries(prev[2])))[0] for prev in entries[:-1]]
+    assert resumed == [n for n, _, _ in entries[1:]]
+    nodes = tree.folder_nodes("c", 1000)
+    assert sorted((n, node.kind) for n, node in nodes.items()) == expected
+    assert nodes["a"].size == 1 and nodes["7"].kind == DIR
+
+
 def _take(it, n):
     for i, item in enumerate(it):
         if i >= n:

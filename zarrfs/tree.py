@@ -426,7 +426,6 @@ class Tree:
             batch = list(t.scan(pos, stop, space=space, fetch=fetch, limit=batch_size))
             if not batch:
                 return
-            reseek = False
             fetched = len(batch)
             if space == DATA and sizes is None and fetched > 1:
                 # A flat run of files (most of a large folder): no key below a subfolder and
@@ -438,21 +437,28 @@ class Tree:
                     for rest in itertools.islice(rests, len(rests) - 1):
                         yield rest, FILE, rest
                     batch = batch[-1:]
+            # The batch's keys below one subfolder are skipped (the folder is listed once);
+            # the keys after them are used, not fetched again: a folder of many subfolders
+            # with a key or two each (zarr's c/0/0, c/1/0, ...) costs one scan, not one a
+            # subfolder. When the batch ends inside a subfolder, the next seeks past it.
+            folder = None
             for i, (k, v) in enumerate(batch):
                 rest = k[n:]
                 slash = rest.find("/")
                 if slash >= 0:
                     name = rest[:slash]
-                    yield name, DIR, name + "/"
-                    pos = prefix + name + _AFTER_SLASH
-                    reseek = True
-                    break
+                    if name != folder:
+                        yield name, DIR, name + "/"
+                        folder = name
+                        pos = prefix + name + _AFTER_SLASH
+                    continue
+                folder = None
                 if space == SIDE:
                     if v[:1] != LINK_MARK:  # a folder marker: its subtree is the same child
                         yield rest, DIR, rest + "/"
+                        folder = rest
                         pos = prefix + rest + _AFTER_SLASH
-                        reseek = True
-                        break
+                        continue
                     yield rest, LINK, rest
                 else:
                     following = batch[i + 1][0] if i + 1 < len(batch) else None
@@ -475,7 +481,7 @@ class Tree:
                             sizes[rest] = v
                         yield rest, FILE, rest
                 pos = k + "\0"
-            if not reseek and fetched < batch_size:
+            if fetched < batch_size:
                 return
 
     # ------------------------------------------------------------------ writes
