@@ -178,13 +178,15 @@ class _Envs:
                     max_dbs=0,
                     **options,
                 )
-            self.open[key] = [env, 1, readonly, threading.Lock()]
+            self.open[key] = [env, 1, readonly, threading.RLock()]
             return key, env
 
-    def write_lock(self, key: str) -> threading.Lock:
+    def write_lock(self, key: str) -> threading.RLock:
         """The lock a write transaction of this process holds on environment ``key``. LMDB lets
         one write transaction run at a time and makes the others wait; py-lmdb 1.8 and later
-        refuse a second one of the same environment instead (EBUSY), so threads queue here."""
+        refuse a second one of the same environment instead (EBUSY), so threads queue here.
+        Reentrant: a write transaction begun inside another on the same thread gets py-lmdb's
+        error rather than waiting for itself."""
         with self.lock:
             return self.open[key][3]
 
