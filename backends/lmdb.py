@@ -228,8 +228,8 @@ class LMDBTxn(Txn):
         self._id = self._data.id() - 1 if write else self._data.id()
         self._changes: dict[bytes, int | None] = {}
 
-    def _known(self, raw: bytes) -> int | None:
-        if raw in self._changes:
+    def _known(self, raw: bytes, space: str) -> int | None:
+        if space != DATA or raw in self._changes:
             return None
         return self._driver.known.get(self._id, raw)
 
@@ -270,10 +270,9 @@ class LMDBTxn(Txn):
 
     def size(self, key: str, space: str = DATA) -> int | None:
         """Return the value's length; ``buffers=True`` makes this a pointer into the map."""
-        if space == DATA:
-            known = self._known(self._key(key))
-            if known is not None:
-                return known
+        known = self._known(self._key(key), space)
+        if known is not None:
+            return known
         value = self._value(key, space)
         return None if value is None else len(value)
 
@@ -337,7 +336,7 @@ class LMDBTxn(Txn):
                     if fetch == KEYS:
                         x = None
                     elif fetch == SIZES:
-                        x = known(raw) if space == DATA else None
+                        x = known(raw, space)
                         if x is None:
                             x = len(cur.value())
                     else:
@@ -378,7 +377,7 @@ class LMDBTxn(Txn):
                 if txn is None:
                     append(False if op == "prefix" else None)
                 elif op == "size":
-                    known = self._known(raw) if space == DATA else None
+                    known = self._known(raw, space)
                     if known is not None:
                         append(known)
                         continue
