@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import mmap
 import os
 import stat
 
@@ -17,6 +18,9 @@ pytestmark = needs_fuse
 _libc = ctypes.CDLL(None, use_errno=True)
 AT_FDCWD = -100
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
+_mmap = _libc.mmap
+_mmap.restype = ctypes.c_void_p
+_mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
 
 
 def renameat2(old: str, new: str, flags: int) -> None:
@@ -33,6 +37,25 @@ def write(path, data: bytes) -> None:
 def read(path) -> bytes:
     with open(path, "rb") as fh:
         return fh.read()
+
+
+def resident(path) -> list[bool]:
+    """Which pages of the file the kernel's page cache holds (``mincore`` of a mapping: it
+    reads nothing)."""
+    size = os.path.getsize(path)
+    pages = -(-size // mmap.PAGESIZE)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = _mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value)
+        vec = (ctypes.c_ubyte * pages)()
+        try:
+            assert _libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) == 0
+        finally:
+            _libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(size))
+    finally:
+        os.close(fd)
+    return [bool(b & 1) for b in vec]
 
 
 def test_files_sizes_and_listing(mounted):
@@ -77,6 +100,27 @@ def test_random_writes_append_truncate(mounted):
     finally:
         os.close(fd)
     assert read(p) == b"new"
+
+
+def test_a_written_file_is_cached_whole_last_page_too(mounted):
+    """What was written through the mount stays in the kernel's page cache, including a last
+    page the writes covered only in part: reading the file back does not reach the database."""
+    root = mounted.path
+    data = os.urandom(3 * mmap.PAGESIZE + 100)
+    write(root / "f", data)
+    assert resident(root / "f") == [True] * 4
+    assert read(root / "f") == data
+    write(root / "c.partial", data[:5000])  # zarr-python's write-then-rename
+    os.rename(root / "c.partial", root / "c")
+    assert resident(root / "c") == [True, True]
+    assert read(root / "c") == data[:5000]
+    write(root / "f", data[:5000])  # rewritten shorter: the new last page, not the old one
+    assert resident(root / "f") == [True, True]
+    assert read(root / "f") == data[:5000]
+    with open(root / "f", "r+b") as fh:  # a change in the middle of the last page
+        fh.seek(4100)
+        fh.write(b"zz")
+    assert read(root / "f") == data[:4100] + b"zz" + data[4102:5000]
 
 
 def test_sharded_style_range_reads(mounted):

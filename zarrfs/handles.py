@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import errno
 import logging
+import mmap
 import os
 import stat
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from zarrfs.errors import FsError
 from zarrfs.sidedata import Attrs
@@ -44,7 +46,25 @@ def is_deferrable(key: str) -> bool:
     return key.endswith((".partial", ".__lock"))
 
 
-Stamp = tuple[int, int]  # (size, mtime) of a stored file: what decides whether cached pages hold
+PAGE = mmap.PAGESIZE
+
+
+class Stored(NamedTuple):
+    """What a commit stored: ``size`` and ``mtime`` decide whether the kernel's cached pages of
+    the file still hold; ``tail`` is the content of its last, partial page (empty when the size
+    is a multiple of the page size, or when another descriptor may still be writing)."""
+
+    size: int
+    mtime: int
+    tail: bytes = b""
+
+
+def _tail(buffer: SpillBuffer) -> bytes:
+    # The kernel marks a page it wrote through as up to date only when the write covered all of
+    # it: the last page of a file whose size is not a multiple of the page size would be read
+    # back from the database at the file's next read, unless it is handed to the kernel.
+    cut = buffer.size % PAGE
+    return bytes(buffer.read(buffer.size - cut, cut)) if cut else b""
 
 
 @dataclass
@@ -234,8 +254,8 @@ class HandleTable:
         self._touch(state)
 
     # ------------------------------------------------------------------ commit
-    def _commit(self, state: FileState) -> Stamp | None:
-        """Store a changed file; its (size, mtime) as stored, or None when nothing was."""
+    def _commit(self, state: FileState) -> Stored | None:
+        """Store a changed file; what was stored, or None when nothing was."""
         if not state.dirty or state.orphan:
             return None
         assert state.buffer is not None
@@ -247,11 +267,16 @@ class HandleTable:
         state.dirty = False
         state.created = False
         state.failed = False
-        return (state.size, state.attrs.mtime) if state.attrs is not None else None
+        if state.attrs is None:
+            return None
+        # Only while no other descriptor may write: the kernel's copy of the page must not
+        # change between here and the kernel taking the stored one.
+        tail = _tail(state.buffer) if len(state.handles) <= 1 else b""
+        return Stored(state.size, state.attrs.mtime, tail)
 
-    def flush(self, fh: int) -> Stamp | None:
+    def flush(self, fh: int) -> Stored | None:
         """Commit the file's pending content (called at every close); a new temporary file
-        waits for its rename. Returns the (size, mtime) stored, if anything was."""
+        waits for its rename. Returns what was stored, if anything was."""
         state = self._handle(fh).state
         if state.created and (is_deferrable(state.key) or state.size == 0):
             # A temporary file waits for its rename. A new file still empty is stored at
@@ -260,13 +285,13 @@ class HandleTable:
             return None
         return self._commit(state)
 
-    def fsync(self, fh: int) -> Stamp | None:
+    def fsync(self, fh: int) -> Stored | None:
         """Commit (a temporary file too), then make it durable."""
-        stamp = self._commit(self._handle(fh).state)
+        stored = self._commit(self._handle(fh).state)
         self.tree.driver.sync()
-        return stamp
+        return stored
 
-    def release(self, fh: int) -> Stamp | None:
+    def release(self, fh: int) -> Stored | None:
         """Last close of a descriptor: commit what is left and forget the handle."""
         handle = self.handles.pop(fh, None)
         if handle is None:
@@ -336,17 +361,17 @@ class HandleTable:
             if s.created and not s.orphan and k.startswith(prefix) and "/" not in k[len(prefix) :]
         )
 
-    def store_as(self, src: str, dst: str, exclusive: bool, keep_source: bool) -> Stamp:
+    def store_as(self, src: str, dst: str, exclusive: bool, keep_source: bool) -> Stored:
         """Store the unstored file ``src`` at ``dst`` in one transaction: a rename
-        (``keep_source`` false) or a link (true) of a held temporary file. Returns the
-        (size, mtime) stored."""
+        (``keep_source`` false) or a link (true) of a held temporary file. Returns what was
+        stored (with the last page only for a rename of a file nobody has open)."""
         state = self.states[src]
         assert state.buffer is not None and state.attrs is not None
         attrs = Attrs(**vars(state.attrs))
         self.tree.commit(dst, state.buffer.view(), attrs, create=True, exclusive=exclusive)
-        stamp = (state.size, attrs.mtime)
         if keep_source:
-            return stamp
+            return Stored(state.size, attrs.mtime)
+        stored = Stored(state.size, attrs.mtime, b"" if state.handles else _tail(state.buffer))
         replaced = self.states.pop(dst, None)
         if replaced is not None:
             replaced.orphan = True
@@ -358,7 +383,7 @@ class HandleTable:
             self.states[dst] = state
         else:
             self._forget(state)
-        return stamp
+        return stored
 
     # ------------------------------------------------------------------ namespace changes
     def settle(self, key: str) -> None:

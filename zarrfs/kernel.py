@@ -88,6 +88,7 @@ FSYNC_FDATASYNC = 1 << 0
 # Notifications (fuse_out_header.error when unique is 0).
 NOTIFY_INVAL_INODE = 2
 NOTIFY_INVAL_ENTRY = 3
+NOTIFY_STORE = 4
 
 # d_ino of listed entries: the inode number is known only once the name is looked up.
 UNKNOWN_INO = 0xFFFFFFFF
@@ -129,6 +130,7 @@ FSYNC_IN = struct.Struct("<QII")
 DIRENT = struct.Struct("<QQII")
 NOTIFY_INVAL_INODE_OUT = struct.Struct("<IiQ" + "Qqq")
 NOTIFY_INVAL_ENTRY_OUT = struct.Struct("<IiQ" + "QII")
+NOTIFY_STORE_OUT = struct.Struct("<IiQ" + "QQII")  # header, nodeid offset size padding; data follows
 
 WRITE_DATA = IN_HEADER_SIZE + WRITE_IN.size  # where a WRITE's data starts
 

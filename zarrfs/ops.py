@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 
 from zarrfs.errors import FsError
-from zarrfs.handles import HandleTable, Stamp
+from zarrfs.handles import HandleTable, Stored
 from zarrfs.listing import DirListing
 from zarrfs.tree import DIR, RENAME_EXCHANGE, RENAME_NOREPLACE, Node, Tree
 
@@ -99,9 +99,9 @@ class Operations:
         if not self.handles.unlinked(key):
             self.tree.unlink(key)
 
-    def rename(self, src: str, dst: str, flags: int = 0) -> Stamp | None:
+    def rename(self, src: str, dst: str, flags: int = 0) -> Stored | None:
         """Move a file or folder, atomically, honouring RENAME_NOREPLACE / RENAME_EXCHANGE.
-        A held temporary file is stored by its rename: then its (size, mtime) is returned."""
+        A held temporary file is stored by its rename: then what was stored is returned."""
         if self.handles.unstored(src) is not None and not flags & RENAME_EXCHANGE:
             return self.handles.store_as(
                 src, dst, exclusive=bool(flags & RENAME_NOREPLACE), keep_source=False
@@ -146,16 +146,16 @@ class Operations:
         """Buffer a write (``data`` is copied)."""
         return self.handles.write(fh, data, offset)
 
-    # flush, fsync and release return the (size, mtime) of what they stored, if anything.
-    def flush(self, fh: int) -> Stamp | None:
+    # flush, fsync and release return what they stored (Stored), if anything.
+    def flush(self, fh: int) -> Stored | None:
         """A ``close``: commit the file's pending content."""
         return self.handles.flush(fh)
 
-    def fsync(self, fh: int) -> Stamp | None:
+    def fsync(self, fh: int) -> Stored | None:
         """Commit and make durable."""
         return self.handles.fsync(fh)
 
-    def release(self, fh: int) -> Stamp | None:
+    def release(self, fh: int) -> Stored | None:
         """The last close of an open file."""
         return self.handles.release(fh)
 

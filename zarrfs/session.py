@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 from zarrfs import kernel as k
 from zarrfs.errors import FsError, is_quiet, to_errno
+from zarrfs.handles import Stored
 from zarrfs.inodes import Inode, InodeTable
 from zarrfs.invalidate import Invalidator
 from zarrfs.ops import NOW, Operations
@@ -140,14 +141,33 @@ class Session:
                 inode.cache_ok = False
             inode.stamp_time = time.monotonic()
 
-    def _stored(self, nodeid: int | None, stamp: tuple[int, int] | None) -> None:
+    def _stored(self, nodeid: int | None, stored: Stored | None) -> None:
         # Content written through this mount was stored: the kernel's pages of the file are
         # that content (writes go through its page cache), so the next open may keep them.
-        inode = None if nodeid is None or stamp is None else self.inodes.get(nodeid)
-        if inode is not None:
-            inode.stamp = stamp
-            inode.stamp_time = time.monotonic()
-            inode.cache_ok = True
+        inode = None if nodeid is None or stored is None else self.inodes.get(nodeid)
+        if inode is None:
+            return
+        assert stored is not None and nodeid is not None
+        inode.stamp = (stored.size, stored.mtime)
+        inode.stamp_time = time.monotonic()
+        inode.cache_ok = True
+        if stored.tail:
+            self._store_tail(inode, nodeid, stored)
+
+    def _store_tail(self, inode: Inode, nodeid: int, stored: Stored) -> None:
+        # All pages but a partial last one are cached by the writes; handing the kernel that
+        # one spares a READ (and a database read) at the next read of the file: a Zarr chunk
+        # read then never reaches the daemon. The kernel writes it under the page's lock; if
+        # it does not finish in time someone else holds that lock (a read or write of this
+        # file in progress), so what the page will hold is unknown: drop it after the store.
+        cut = len(stored.tail)
+        offset = stored.size - cut
+        size = k.NOTIFY_STORE_OUT.size + cut
+        head = k.NOTIFY_STORE_OUT.pack(size, k.NOTIFY_STORE, 0, nodeid, offset, cut, 0)
+        if not self.invalidator.send([head + stored.tail]):
+            inode.cache_ok = False
+            drop = k.NOTIFY_INVAL_INODE_OUT.pack(40, k.NOTIFY_INVAL_INODE, 0, nodeid, offset, cut)
+            self.invalidator.send([drop])
 
     def _attr(self, nodeid: int, node: Node) -> tuple:
         a = node.attrs
@@ -370,12 +390,12 @@ class Session:
     def _move(self, head: tuple, buf: memoryview, newdir: int, flags: int, at: int) -> None:
         old, new = k.names(buf, at, head[0])[:2]
         src, dst = self._child(head[3], old), self._child(newdir, new)
-        stamp = self.ops.rename(src, dst, flags)
+        stored = self.ops.rename(src, dst, flags)
         if flags & RENAME_EXCHANGE:
             self.inodes.exchanged(src, dst)
         else:
             self.inodes.moved(src, dst)
-            self._stored(self.inodes.ids.get(dst), stamp)
+            self._stored(self.inodes.ids.get(dst), stored)
         self._reply_ok(head[2])
 
     def _link(self, head: tuple, buf: memoryview) -> None:
