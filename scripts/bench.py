@@ -83,6 +83,13 @@ def sample_array(mib: int) -> np.ndarray:
     return (base + trend + rng.normal(0, 0.01, (rows, cols)).astype(np.float32)).astype(np.float32)
 
 
+def quiet_disk() -> None:
+    """Write back what earlier steps left dirty, on either side, before the next measurement:
+    otherwise the kernel's writeback of one step (hundreds of MiB for a zarr write) runs during
+    the next one and takes its CPU, at random, from whichever side comes next."""
+    os.sync()
+
+
 def bench_zarr(root: Path, data: np.ndarray, out: np.ndarray) -> tuple[float, float]:
     """Seconds to write and to read the array with zarr-python (Blosc, 4 MiB chunks)."""
     import zarr
@@ -92,6 +99,7 @@ def bench_zarr(root: Path, data: np.ndarray, out: np.ndarray) -> tuple[float, fl
     path = root / "array.zarr"
     if path.exists():
         shutil.rmtree(path)
+    quiet_disk()
     t0 = time.perf_counter()
     arr = zarr.create_array(
         store=str(path),
@@ -103,6 +111,7 @@ def bench_zarr(root: Path, data: np.ndarray, out: np.ndarray) -> tuple[float, fl
     arr[...] = data
     t1 = time.perf_counter()
     out.fill(0)
+    quiet_disk()
     t2 = time.perf_counter()
     arr = zarr.open_array(str(path), mode="r")
     # Into an array allocated once, not a fresh 512 MiB result per read: on this kind of VM
@@ -121,6 +130,7 @@ def bench_small_files(root: Path, n: int) -> float:
         shutil.rmtree(folder)
     folder.mkdir()
     payload = b"x" * 4096
+    quiet_disk()
     t0 = time.perf_counter()
     for i in range(n):
         with open(folder / str(i), "wb") as fh:
@@ -132,6 +142,7 @@ def bench_stats(root: Path, n: int, files: int, settle: float) -> tuple[float, f
     """Seconds to stat ``n`` existing and ``n`` missing names (after the kernel's caches
     expired, so every lookup reaches the filesystem)."""
     folder = str(root / "small")
+    quiet_disk()
     time.sleep(settle)
     existing = time_stats(f"{folder}/{i % files}" for i in range(n))
     return existing, time_stats(f"{folder}/missing{i}" for i in range(n))
@@ -165,13 +176,14 @@ def fill_folder_db(url: str, key: str, n: int) -> None:
 
 
 def bench_ls(folder: Path, settle: float) -> float:
+    quiet_disk()
     time.sleep(settle)
     t0 = time.perf_counter()
     subprocess.run(["ls", str(folder)], check=True, stdout=subprocess.DEVNULL)
     return time.perf_counter() - t0
 
 
-def run_driver(kind: str, args, work: Path, redis: RedisServer | None, data, out) -> list[tuple]:
+def run_driver(kind: str, args, work: Path, redis: RedisServer | None, data, out) -> tuple[list, dict]:
     native = work / f"native-{kind}"
     native.mkdir()
     mnt = work / f"mnt-{kind}"
@@ -219,7 +231,8 @@ def run_driver(kind: str, args, work: Path, redis: RedisServer | None, data, out
     rate("miss", args.stats, "stat/s", ">= 20000/s")
     n, m = med["ls"]
     rows.append(("ls", n, m, "s", "< 0.5 s"))
-    return rows
+    rounds = {k: res[k] for k in ("zw", "zr")}
+    return rows, rounds
 
 
 LABELS = {
@@ -267,7 +280,7 @@ def main() -> int:
     )
     try:
         for kind in drivers:
-            rows = run_driver(kind, args, work, redis, data, out)
+            rows, rounds = run_driver(kind, args, work, redis, data, out)
             print(f"\n{kind}")
             print(
                 f"| {'measure':<28} | {'native':>12} | {'mount':>12} | {'ratio':>6} | {'target':<14} |    |"
@@ -281,6 +294,9 @@ def main() -> int:
                     f"| {label:<28} | {fmt.format(n, unit):>12} | {fmt.format(m, unit):>12} | "
                     f"{ratio:>5.2f}x | {target:<14} | {verdict(key, n, m, target):<2} |"
                 )
+            for key, (native, mount) in rounds.items():
+                each = "  ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(native, mount, strict=True))
+                print(f"  {LABELS[key]}, s per round (native/mount): {each}")
             sys.stdout.flush()
     finally:
         if redis:
