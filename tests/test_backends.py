@@ -1040,6 +1040,36 @@ def test_lmdb_listing_reads_no_values_from_disk(tmp_path):
         driver.close()
 
 
+def test_lmdb_snapshot_of_a_folder_of_subfolders_reads_no_values_from_disk(tmp_path):
+    """A folder snapshot needs the sizes of the folder's own files only: one of zarr's ``c/``
+    (a subfolder per chunk row) must not read the chunks below it from disk."""
+    from zarrfs.tree import Tree
+
+    path = tmp_path / "db.lmdb"
+    value = os.urandom(1 << 20)
+    driver = open_driver(f"lmdb://{path}")
+    try:
+        driver.transact(
+            lambda t: [t.put(f"arr/c/{i}/0", value) for i in range(64)] + [t.put("arr/c/x", b"xyz")]
+        )
+    finally:
+        driver.close()
+    fd = os.open(path / "data.mdb", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    driver = open_driver(f"lmdb://{path}")
+    try:
+        before = _read_from_disk()
+        nodes = Tree(driver, uid=0, gid=0).folder_nodes("arr/c", 1000)
+        assert len(nodes) == 65 and nodes["x"].size == 3
+        assert _read_from_disk() - before < 4 << 20
+    finally:
+        driver.close()
+
+
 def _lmdb_put(path: str, key: bytes, value: bytes) -> None:
     import lmdb
 

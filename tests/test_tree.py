@@ -102,6 +102,20 @@ def test_listing_of_many_subfolders_across_batch_ends(tree):
     assert nodes["a"].size == 1 and nodes["7"].kind == DIR
 
 
+def test_folder_snapshot_sizes_across_flat_runs_and_subfolders(tree):
+    """Each file's size in a snapshot is its own, whether it came with the scan (a run of
+    files) or was looked up (a batch that also held subfolders' keys)."""
+    sizes = {f"f/{i:04d}": i % 37 for i in range(700)}  # flat: sizes come with later scans
+    sizes |= {f"f/{i:04d}.x": 5 + i % 11 for i in range(300, 310)}
+    sizes |= {f"f/d{i:04d}/0": 3 for i in range(400)}  # then a run of subfolders
+    sizes |= {f"f/z{i:04d}": i % 13 for i in range(600)}  # then files again
+    tree.driver.transact(lambda t: [t.put(k, b"s" * n) for k, n in sizes.items()])
+    nodes = tree.folder_nodes("f", 10_000)
+    files = {f"f/{n}": node.size for n, node in nodes.items() if node.kind == FILE}
+    assert files == {k: n for k, n in sizes.items() if k.count("/") == 1}
+    assert sum(node.kind == DIR for node in nodes.values()) == 400
+
+
 def _take(it, n):
     for i, item in enumerate(it):
         if i >= n:

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from zarrfs.backends.base import DATA, SIDE, SIZES, VALUES, Driver, Txn, prefix_stop
+from zarrfs.backends.base import DATA, KEYS, SIDE, SIZES, VALUES, Driver, Txn, prefix_stop
 from zarrfs.errors import FsError
 from zarrfs.sidedata import DIR_MARK, ENTRY, EPOCH, LINK_MARK, Attrs, attr_key, entry_key
 
@@ -421,12 +421,18 @@ class Tree:
             pos = prefix + after + "\0"
         n = len(prefix)
         batch_size = 256
-        fetch = VALUES if space == SIDE else (SIZES if sizes is not None else "keys")
+        # Sizes come with the scan only once a batch held files alone: the scan's sizes are
+        # those of every key it passes, also keys deep inside subfolders (zarr's c/0/0, c/1/0,
+        # ...), and on LMDB a size costs reading the whole value. Until then the sizes of the
+        # folder's own files are looked up one by one.
+        flat = False
         while True:
+            fetch = VALUES if space == SIDE else (SIZES if sizes is not None and flat else KEYS)
             batch = list(t.scan(pos, stop, space=space, fetch=fetch, limit=batch_size))
             if not batch:
                 return
             fetched = len(batch)
+            flat = True
             if space == DATA and sizes is None and fetched > 1:
                 # A flat run of files (most of a large folder): no key below a subfolder and
                 # none extending the one before, so all but the last are plain files.
@@ -446,6 +452,7 @@ class Tree:
                 rest = k[n:]
                 slash = rest.find("/")
                 if slash >= 0:
+                    flat = False
                     name = rest[:slash]
                     if name != folder:
                         yield name, DIR, name + "/"
@@ -478,7 +485,7 @@ class Tree:
                         self._log_hidden(k)
                     else:
                         if sizes is not None:
-                            sizes[rest] = v
+                            sizes[rest] = v if fetch == SIZES else t.size(k)
                         yield rest, FILE, rest
                 pos = k + "\0"
             if fetched < batch_size:
