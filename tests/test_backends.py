@@ -1011,24 +1011,38 @@ def _read_from_disk() -> int:
         pytest.skip("no per-process I/O accounting (/proc/self/io)")
 
 
+def _evict(file) -> None:
+    """Drop ``file``'s pages from the page cache (written back first: only clean pages go)."""
+    fd = os.open(file, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _cold_chunks(path, extra: dict[str, bytes]):
+    """A driver over a new LMDB database of 64 chunks of 1 MiB (``arr/c/<i>/0``) and the
+    ``extra`` keys, none of it in the page cache."""
+    value = os.urandom(1 << 20)
+    driver = open_driver(f"lmdb://{path}")
+    try:
+        driver.transact(
+            lambda t: (
+                [t.put(f"arr/c/{i}/0", value) for i in range(64)] + [t.put(k, v) for k, v in extra.items()]
+            )
+        )
+    finally:
+        driver.close()
+    _evict(path / "data.mdb")
+    return open_driver(f"lmdb://{path}")
+
+
 def test_lmdb_listing_reads_no_values_from_disk(tmp_path):
     """A listing needs keys only: one over values that are not cached must not read them from
     disk. py-lmdb 2.1 and later read every value a cursor passes (the dependency pin keeps
     them out): here that is 64 MiB for a listing of 64 keys."""
-    path = tmp_path / "db.lmdb"
-    value = os.urandom(1 << 20)
-    driver = open_driver(f"lmdb://{path}")
-    try:
-        driver.transact(lambda t: [t.put(f"arr/c/{i}/0", value) for i in range(64)])
-    finally:
-        driver.close()
-    fd = os.open(path / "data.mdb", os.O_RDONLY)
-    try:
-        os.fsync(fd)  # only clean pages can be dropped from the cache
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-    driver = open_driver(f"lmdb://{path}")
+    driver = _cold_chunks(tmp_path / "db.lmdb", {})
     try:
         before = _read_from_disk()
         keys = driver.transact(lambda t: [k for k, _ in t.scan("arr/c/", "arr/c0")], write=False)
@@ -1045,22 +1059,7 @@ def test_lmdb_snapshot_of_a_folder_of_subfolders_reads_no_values_from_disk(tmp_p
     (a subfolder per chunk row) must not read the chunks below it from disk."""
     from zarrfs.tree import Tree
 
-    path = tmp_path / "db.lmdb"
-    value = os.urandom(1 << 20)
-    driver = open_driver(f"lmdb://{path}")
-    try:
-        driver.transact(
-            lambda t: [t.put(f"arr/c/{i}/0", value) for i in range(64)] + [t.put("arr/c/x", b"xyz")]
-        )
-    finally:
-        driver.close()
-    fd = os.open(path / "data.mdb", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-    driver = open_driver(f"lmdb://{path}")
+    driver = _cold_chunks(tmp_path / "db.lmdb", {"arr/c/x": b"xyz"})
     try:
         before = _read_from_disk()
         nodes = Tree(driver, uid=0, gid=0).folder_nodes("arr/c", 1000)
