@@ -20,7 +20,6 @@ from zarrfs.backends import open_driver
 from zarrfs.daemon import MountOptions, make_hooks
 from zarrfs.handles import HandleTable
 from zarrfs.inodes import InodeTable
-from zarrfs.invalidate import Invalidator
 from zarrfs.ops import Operations
 from zarrfs.session import MAX_WRITE, Session
 from zarrfs.tree import DIR, FILE, RENAME_EXCHANGE, RENAME_NOREPLACE, Tree
@@ -747,34 +746,29 @@ def test_a_consolidated_document_rewritten_on_the_side_is_invalidated(make_ops, 
     unique = wire.send(k.FLUSH, entry.nodeid, k.FLUSH_IN.pack(fh, 0, 0, 0))
     # (The reply normally comes second; the wait for the notification is bounded, so under load
     # it may not be: the order is not checked.)
-    # (And the kernel is handed the stored document itself: its one page is not a full one.)
-    out = wire.messages(wait=2, count=3)
-    assert sorted((m.unique, m.error) for m in out) == [
-        (0, -k.NOTIFY_STORE),
-        (0, -k.NOTIFY_INVAL_ENTRY),
-        (unique, 0),
-    ]
-    note = next(m for m in out if m.error == -k.NOTIFY_INVAL_ENTRY)
+    out = wire.messages(wait=2, count=2)
+    assert sorted((m.unique, m.error) for m in out) == [(0, -k.NOTIFY_INVAL_ENTRY), (unique, 0)]
+    note = next(m for m in out if m.unique == 0)
     assert note.raw[k.NOTIFY_INVAL_ENTRY_OUT.size :] == b".zmetadata\0"
     assert k.NOTIFY_INVAL_ENTRY_OUT.unpack_from(note.raw)[3] == k.ROOT_ID
     meta = wire.lookup(k.ROOT_ID, ".zmetadata")
-    wire.release(entry.nodeid, fh)
+    # (At the last close the kernel is handed the document itself: its one page is partial.)
+    assert release_storing(wire, entry.nodeid, fh) == [(entry.nodeid, 0, b'{"zarr_format": 2}')]
     # Now that the kernel holds .zmetadata, a change to it drops its attributes and pages too.
     wire.put_file(k.ROOT_ID, "a", b"x" * 4096)  # a plain file of full pages: no notification
     assert wire.messages(wait=0.2) == []
     entry, fh = wire.create(k.ROOT_ID, ".zattrs")
     wire.write(entry.nodeid, fh, b'{"k": 1}')
     unique = wire.send(k.FLUSH, entry.nodeid, k.FLUSH_IN.pack(fh, 0, 0, 0))
-    out = wire.messages(wait=2, count=4)
+    out = wire.messages(wait=2, count=3)
     assert sorted((m.unique, m.error) for m in out) == [
-        (0, -k.NOTIFY_STORE),
         (0, -k.NOTIFY_INVAL_ENTRY),
         (0, -k.NOTIFY_INVAL_INODE),
         (unique, 0),
     ]
     inode = next(m for m in out if m.error == -k.NOTIFY_INVAL_INODE)
     assert k.NOTIFY_INVAL_INODE_OUT.unpack(inode.raw)[3] == meta.nodeid
-    wire.release(entry.nodeid, fh)
+    assert release_storing(wire, entry.nodeid, fh) == [(entry.nodeid, 0, b'{"k": 1}')]
 
 
 # ---------------------------------------------------------------------- OPEN and the page cache
@@ -857,80 +851,51 @@ def _stores(messages: list[Reply]) -> list[tuple[int, int, bytes]]:
     return out
 
 
+def release_storing(wire: Wire, nodeid: int, fh: int) -> list[tuple[int, int, bytes]]:
+    """RELEASE of a file's last descriptor: the stores sent before its reply (one reply)."""
+    unique = wire.send(k.RELEASE, nodeid, k.RELEASE_IN.pack(fh, os.O_WRONLY, 0, 0))
+    out = wire.messages()
+    assert [m.unique for m in out if m.unique != 0] == [unique] and out[-1].unique == unique
+    return _stores(out)
+
+
 def test_a_stored_file_hands_its_last_partial_page_to_the_kernel(wire):
     """The kernel keeps the pages a write covered whole; the last one of a file whose size is
-    not a multiple of the page size is handed to it once the file is stored (at the close, or
-    at the rename of a held temporary file), so reading the file back needs no READ."""
-    assert wire.init().error == 0
+    not a multiple of the page size is handed to it once the file is stored and no descriptor
+    of it is open (its last close, or the rename of a held temporary file), before the reply:
+    reading the file back then needs no READ."""
     data = bytes(range(256)) * 40  # 10,240 bytes: two full pages and 2,048 bytes
+    wire.put_file(k.ROOT_ID, "early", data)  # before INIT there is no kernel to tell
+    assert wire.init().error == 0
     entry, fh = wire.create(k.ROOT_ID, "f")
     wire.write(entry.nodeid, fh, data)
-    unique = wire.send(k.FLUSH, entry.nodeid, k.FLUSH_IN.pack(fh, 0, 0, 0))
-    out = wire.messages(wait=2, count=2)
-    assert sorted(m.unique for m in out) == [0, unique]
-    assert _stores(out) == [(entry.nodeid, 8192, data[8192:])]
-    wire.release(entry.nodeid, fh)  # nothing left to store: no second notification
+    wire.flush(entry.nodeid, fh)  # stored, but the descriptor is still open: one reply only
+    assert release_storing(wire, entry.nodeid, fh) == [(entry.nodeid, 8192, data[8192:])]
 
-    wire.put_file(k.ROOT_ID, "pages", b"p" * 8192)  # full pages only
+    wire.put_file(k.ROOT_ID, "pages", b"p" * 8192)  # full pages only: nothing to hand over
     entry, fh = wire.create(k.ROOT_ID, "0.partial")  # held until its rename
     wire.write(entry.nodeid, fh, data[:5000])
     wire.flush(entry.nodeid, fh)
     wire.release(entry.nodeid, fh)
     unique = wire.send(k.RENAME, k.ROOT_ID, k.RENAME_IN.pack(k.ROOT_ID) + z("0.partial") + z("0"))
-    out = wire.messages(wait=2, count=2)
-    assert sorted((m.unique, m.error) for m in out) == [(0, -k.NOTIFY_STORE), (unique, 0)]
+    out = wire.messages()
+    assert [(m.unique, m.error) for m in out] == [(0, -k.NOTIFY_STORE), (unique, 0)]
     assert _stores(out) == [(entry.nodeid, 4096, data[4096:5000])]
     assert wire.ops.tree.driver.get("0") == data[:5000]
 
-    # While another descriptor may still write, the page is not handed over.
+    # While another descriptor is open, the page waits for that one's close.
     f = wire.lookup(k.ROOT_ID, "f")
     a, _ = wire.open(f.nodeid, os.O_RDWR)
-    b, _ = wire.open(f.nodeid, os.O_RDWR)
+    b, _ = wire.open(f.nodeid, os.O_RDONLY)
     wire.write(f.nodeid, a, b"new", 10_000)
-    wire.flush(f.nodeid, a)  # exactly one message: the reply
-    wire.release(f.nodeid, a)
-    wire.release(f.nodeid, b)
-
-
-def test_a_store_the_kernel_does_not_take_in_time_is_followed_by_a_drop(make_wire):
-    """If the kernel does not take the page at once (another request holds it), what the page
-    ends up holding is not known: the kernel is told to drop it right after the store, and the
-    next open does not keep the file's cache."""
-    wire = make_wire()
-    rfd, wfd = os.pipe()
-    try:
-        os.set_blocking(wfd, False)
-        filler = 0
-        while True:  # a full pipe: the store waits as if on a locked page
-            try:
-                filler += os.write(wfd, bytes(65536))
-            except BlockingIOError:
-                break
-        os.set_blocking(wfd, True)
-        wire.session.invalidator = Invalidator(wfd)
-        wire.session.invalidator.start()
-        entry = wire.put_file(k.ROOT_ID, "f", b"x" * 5000)
-        assert wire.inodes.get(entry.nodeid).cache_ok is False
-        os.set_blocking(rfd, False)
-        data = b""
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and len(data) < filler + 40 + 904 + 40:
-            try:
-                data += os.read(rfd, 1 << 20)
-            except BlockingIOError:
-                time.sleep(0.01)
-        assert data[:filler] == bytes(filler)
-        data = data[filler:]
-        store = k.NOTIFY_STORE_OUT.unpack_from(data)
-        assert store[:6] == (40 + 904, k.NOTIFY_STORE, 0, entry.nodeid, 4096, 904)
-        drop = k.NOTIFY_INVAL_INODE_OUT.unpack_from(data, 40 + 904)
-        assert drop == (40, k.NOTIFY_INVAL_INODE, 0, entry.nodeid, 4096, 904)
-        _, open_flags = wire.open(entry.nodeid)
-        assert not open_flags & k.FOPEN_KEEP_CACHE
-    finally:
-        wire.session.invalidator.stop()
-        os.close(rfd)
-        os.close(wfd)
+    wire.flush(f.nodeid, a)
+    assert release_storing(wire, f.nodeid, a) == []
+    assert release_storing(wire, f.nodeid, b) == [
+        (f.nodeid, 8192, data[8192:10_000] + b"new" + data[10_003:])
+    ]
+    # A file opened and closed without a change: nothing stored, nothing handed over.
+    a, _ = wire.open(f.nodeid, os.O_RDWR)
+    assert release_storing(wire, f.nodeid, a) == []
 
 
 # ---------------------------------------------------------------------- the inode table alone

@@ -51,8 +51,8 @@ PAGE = mmap.PAGESIZE
 
 class Stored(NamedTuple):
     """What a commit stored: ``size`` and ``mtime`` decide whether the kernel's cached pages of
-    the file still hold; ``tail`` is the content of its last, partial page (empty when the size
-    is a multiple of the page size, or when another descriptor may still be writing)."""
+    the file still hold; ``tail`` is the content of its last, partial page, given only when no
+    descriptor of the file is open any more (see :func:`_tail`), else empty."""
 
     size: int
     mtime: int
@@ -62,7 +62,10 @@ class Stored(NamedTuple):
 def _tail(buffer: SpillBuffer) -> bytes:
     # The kernel marks a page it wrote through as up to date only when the write covered all of
     # it: the last page of a file whose size is not a multiple of the page size would be read
-    # back from the database at the file's next read, unless it is handed to the kernel.
+    # back from the database at the file's next read, unless it is handed to the kernel. The
+    # kernel takes it under the page's lock; with no descriptor open, no request that could
+    # hold that lock (a READ, a WRITE) is waiting for the daemon, so it can be handed over
+    # before the reply, without a thread.
     cut = buffer.size % PAGE
     return bytes(buffer.read(buffer.size - cut, cut)) if cut else b""
 
@@ -79,6 +82,7 @@ class FileState:
     created: bool = False
     orphan: bool = False
     failed: bool = False
+    stored: Stored | None = None  # what the last commit stored, while nothing changed since
     handles: set[int] = field(default_factory=set)
 
     @property
@@ -202,6 +206,7 @@ class HandleTable:
 
     def _touch(self, state: FileState) -> None:
         state.dirty = True
+        state.stored = None
         now = time.time_ns()
         assert state.attrs is not None
         state.attrs.mtime = state.attrs.ctime = now
@@ -269,10 +274,8 @@ class HandleTable:
         state.failed = False
         if state.attrs is None:
             return None
-        # Only while no other descriptor may write: the kernel's copy of the page must not
-        # change between here and the kernel taking the stored one.
-        tail = _tail(state.buffer) if len(state.handles) <= 1 else b""
-        return Stored(state.size, state.attrs.mtime, tail)
+        state.stored = Stored(state.size, state.attrs.mtime)
+        return state.stored
 
     def flush(self, fh: int) -> Stored | None:
         """Commit the file's pending content (called at every close); a new temporary file
@@ -303,7 +306,10 @@ class HandleTable:
             return None
         try:
             if not state.failed:
-                return self._commit(state)
+                stored = self._commit(state) or state.stored
+                if stored is not None and not state.handles and not state.orphan and state.buffer:
+                    return stored._replace(tail=_tail(state.buffer))
+                return stored
         except Exception as exc:  # release cannot report errors; flush already did
             log.error("commit of %s at release failed: %s", state.key, exc)
         finally:
@@ -369,9 +375,12 @@ class HandleTable:
         assert state.buffer is not None and state.attrs is not None
         attrs = Attrs(**vars(state.attrs))
         self.tree.commit(dst, state.buffer.view(), attrs, create=True, exclusive=exclusive)
+        stored = Stored(state.size, attrs.mtime)
         if keep_source:
-            return Stored(state.size, attrs.mtime)
-        stored = Stored(state.size, attrs.mtime, b"" if state.handles else _tail(state.buffer))
+            return stored
+        state.stored = stored
+        if not state.handles:
+            stored = stored._replace(tail=_tail(state.buffer))
         replaced = self.states.pop(dst, None)
         if replaced is not None:
             replaced.orphan = True

@@ -1,15 +1,13 @@
-"""Telling the kernel about changes to files that it did not make itself through a request.
+"""Dropping the kernel's cached view of files the mount changed on its own.
 
 When a metadata change makes the format layer rewrite (or create) a consolidated document, the
 kernel may still hold that file's old size and pages, or a cached "no such file" for it: they
 are kept for ``cache_timeout``. The session builds the kernel's notifications for them
-(``FUSE_NOTIFY_INVAL_INODE``, ``FUSE_NOTIFY_INVAL_ENTRY``); this module writes them. It also
-writes ``FUSE_NOTIFY_STORE``: the last, partial page of a file just stored, which the kernel's
-write-through cache does not keep.
+(``FUSE_NOTIFY_INVAL_INODE``, ``FUSE_NOTIFY_INVAL_ENTRY``); this module writes them.
 
-The request that caused the notification waits for it before it is answered, so the caller's
-next read sees the new document. The notifications are written from a thread of their own, and
-the wait is bounded: a notification can need a lock that the kernel holds until another request
+The request that caused the change waits for that before it is answered, so the caller's next
+read sees the new document. The notifications are written from a thread of their own, and the
+wait is bounded: a notification can need a lock that the kernel holds until another request
 (a read of that very file, queued behind this one) is answered; then the reply goes first and
 the notification completes right after.
 """
@@ -40,14 +38,13 @@ class Invalidator:
             self._thread = threading.Thread(target=self._run, name="zarrfs-invalidate", daemon=True)
             self._thread.start()
 
-    def send(self, notes: list[bytes]) -> bool:
-        """Write ``notes`` (packed notifications, written in order); returns when done (True),
-        or after :data:`WAIT` (False: they are still to be written)."""
+    def send(self, notes: list[bytes]) -> None:
+        """Write ``notes`` (packed notifications); returns when done, or after :data:`WAIT`."""
         if self._thread is None:
-            return True
+            return
         done = threading.Event()
         self._queue.put((notes, done))
-        return done.wait(WAIT)
+        done.wait(WAIT)
 
     def stop(self) -> None:
         """Stop the thread (unmount)."""

@@ -152,22 +152,22 @@ class Session:
         inode.stamp_time = time.monotonic()
         inode.cache_ok = True
         if stored.tail:
-            self._store_tail(inode, nodeid, stored)
+            self._store_tail(nodeid, stored)
 
-    def _store_tail(self, inode: Inode, nodeid: int, stored: Stored) -> None:
+    def _store_tail(self, nodeid: int, stored: Stored) -> None:
         # All pages but a partial last one are cached by the writes; handing the kernel that
         # one spares a READ (and a database read) at the next read of the file: a Zarr chunk
-        # read then never reaches the daemon. The kernel writes it under the page's lock; if
-        # it does not finish in time someone else holds that lock (a read or write of this
-        # file in progress), so what the page will hold is unknown: drop it after the store.
+        # read then never reaches the daemon. Only given once no descriptor of the file is
+        # open (see handles._tail), so writing it here cannot wait on a request of ours.
+        if not self.initialized:
+            return
         cut = len(stored.tail)
-        offset = stored.size - cut
         size = k.NOTIFY_STORE_OUT.size + cut
-        head = k.NOTIFY_STORE_OUT.pack(size, k.NOTIFY_STORE, 0, nodeid, offset, cut, 0)
-        if not self.invalidator.send([head + stored.tail]):
-            inode.cache_ok = False
-            drop = k.NOTIFY_INVAL_INODE_OUT.pack(40, k.NOTIFY_INVAL_INODE, 0, nodeid, offset, cut)
-            self.invalidator.send([drop])
+        head = k.NOTIFY_STORE_OUT.pack(size, k.NOTIFY_STORE, 0, nodeid, stored.size - cut, cut, 0)
+        try:
+            os.writev(self.fd, [head, stored.tail])
+        except OSError as exc:  # ENOENT: the kernel no longer holds the file; nothing to give
+            log.debug("page store for node %d not taken: %s", nodeid, exc)
 
     def _attr(self, nodeid: int, node: Node) -> tuple:
         a = node.attrs
