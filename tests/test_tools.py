@@ -4,6 +4,7 @@ and the one-line failures of ``zarrfs mount``."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -497,3 +498,21 @@ def test_mount_failure_names_a_bad_fuse_option(db_url, tmp_path):
     mnt.mkdir()
     assert_one_line_failure([db_url, str(mnt), "-o", "create,bogusopt"], "bogusopt")
     assert not os.path.ismount(mnt) and not _daemon_pids(str(mnt))
+
+
+def test_a_killed_daemons_mountpoint_is_named_and_cleared_by_umount(db_url, mount_factory):
+    m = mount_factory(db_url, ["create"])
+    (m.path / "kept.txt").write_bytes(b"committed before the kill")
+    pids = _daemon_pids(str(m.path))
+    assert len(pids) == 1, pids
+    os.kill(pids[0], signal.SIGKILL)
+    wait_gone(pids[0])
+    with pytest.raises(OSError) as dead:
+        os.stat(m.path)
+    assert dead.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+    line = assert_one_line_failure([db_url, str(m.path)], "daemon is gone")
+    assert f"zarrfs umount {m.path}" in line
+    zarrfs("umount", str(m.path))
+    assert not m.mounted() and os.listdir(m.path) == []
+    m.start()
+    assert (m.path / "kept.txt").read_bytes() == b"committed before the kill"

@@ -8,10 +8,12 @@ mountpoint busy, no /dev/fuse). ``-f`` keeps it in the foreground.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import select
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -32,7 +34,16 @@ def _fail(message: str, status: int = 1) -> int:
 def _preflight(url: str, mountpoint: str, opts) -> None:
     if not os.path.exists("/dev/fuse"):
         raise UsageError("/dev/fuse is missing: FUSE is not available on this machine")
-    if not os.path.isdir(mountpoint):
+    try:
+        is_folder = stat.S_ISDIR(os.stat(mountpoint).st_mode)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTCONN, errno.ECONNABORTED):  # its daemon died (kill -9, a crash)
+            raise UsageError(
+                f"mountpoint {mountpoint} holds a mount whose daemon is gone "
+                f"(Transport endpoint is not connected): run 'zarrfs umount {mountpoint}' first"
+            ) from None
+        is_folder = False
+    if not is_folder:
         raise UsageError(f"mountpoint {mountpoint} is not a folder")
     if os.path.ismount(mountpoint):
         raise UsageError(f"mountpoint {mountpoint} is busy (already mounted)")
