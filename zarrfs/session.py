@@ -144,10 +144,11 @@ class Session:
     def _stored(self, nodeid: int | None, stored: Stored | None) -> None:
         # Content written through this mount was stored: the kernel's pages of the file are
         # that content (writes go through its page cache), so the next open may keep them.
-        inode = None if nodeid is None or stored is None else self.inodes.get(nodeid)
+        if nodeid is None or stored is None:
+            return
+        inode = self.inodes.get(nodeid)
         if inode is None:
             return
-        assert stored is not None and nodeid is not None
         inode.stamp = (stored.size, stored.mtime)
         inode.stamp_time = time.monotonic()
         inode.cache_ok = True
