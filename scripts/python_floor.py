@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The floor of a FUSE filesystem written in Python: what zarrfs' request loop costs alone.
 
-Mounts a filesystem (through zarrfs.channel, i.e. libfuse's mount) whose folder ``small`` holds
-``--files`` empty files, answered from a dict by a loop like zarrfs.loop + zarrfs.session
+Mounts a filesystem (through zarrfs.fuse.channel, i.e. libfuse's mount) whose folder ``small`` holds
+``--files`` empty files, answered from a dict by a loop like zarrfs.fuse.loop + zarrfs.fuse.session
 (spinning as they do), and ``stat``s existing and missing names from a client process, each
 name once (cached for 1 s, as a zarrfs mount caches them). Compare with
 ``scripts/fuse_floor.c`` (the same in C) and with ``scripts/bench.py`` (the same lookups
@@ -26,10 +26,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from zarrfs import kernel as k  # noqa: E402
-from zarrfs.channel import Channel  # noqa: E402
-from zarrfs.loop import Loop  # noqa: E402
-from zarrfs.session import BUFFER_SIZE, MAX_WRITE  # noqa: E402
+from zarrfs.fuse import abi as k  # noqa: E402
+from zarrfs.fuse.channel import Channel  # noqa: E402
+from zarrfs.fuse.loop import Loop  # noqa: E402
+from zarrfs.fuse.session import BUFFER_SIZE, MAX_WRITE  # noqa: E402
 
 FOLDER_ID = 2
 

@@ -11,9 +11,9 @@ import pytest
 from mounting import make_url
 
 from zarrfs.backends import open_driver
-from zarrfs.foldercache import FolderCache
-from zarrfs.sidedata import LINK_MARK, entry_key
-from zarrfs.tree import DIR, FILE, LINK, Node, Tree
+from zarrfs.fs.foldercache import FolderCache
+from zarrfs.fs.namespace import DIR, FILE, LINK, Node, Tree
+from zarrfs.fs.sidedata import LINK_MARK, entry_key
 
 
 class Clock:

@@ -12,11 +12,12 @@ import pytest
 from mounting import needs_fuse
 
 from zarrfs.backends import open_driver
-from zarrfs.channel import option_string
 from zarrfs.cli import _daemon_pids
 from zarrfs.daemon import MountOptions, UsageError, parse_options
-from zarrfs.loop import DEFAULT_SPIN_US, next_window
-from zarrfs.tuning import DEFAULT_READAHEAD_KIB, keep_freed_memory, mount_device
+from zarrfs.fuse.channel import option_string
+from zarrfs.fuse.loop import DEFAULT_SPIN_US
+from zarrfs.fuse.tuning import DEFAULT_READAHEAD_KIB, keep_freed_memory, mount_device
+from zarrfs.spin import next_window
 
 
 def test_mount_options_for_libfuse_and_cache_times_for_the_session():

@@ -15,14 +15,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from zarrfs import kernel as k
 from zarrfs.backends import open_driver
 from zarrfs.daemon import MountOptions, make_hooks
-from zarrfs.handles import HandleTable
-from zarrfs.inodes import InodeTable
-from zarrfs.ops import Operations
-from zarrfs.session import MAX_WRITE, Session
-from zarrfs.tree import DIR, FILE, RENAME_EXCHANGE, RENAME_NOREPLACE, Tree
+from zarrfs.fs.api import Operations
+from zarrfs.fs.handles import HandleTable
+from zarrfs.fs.namespace import DIR, FILE, RENAME_EXCHANGE, RENAME_NOREPLACE, Tree
+from zarrfs.fuse import abi as k
+from zarrfs.fuse.inodes import InodeTable
+from zarrfs.fuse.session import MAX_WRITE, Session
 
 UID, GID = 1000, 1000
 ATTR_FIELDS = (

@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from zarrfs import spill
-from zarrfs.spill import SpillBuffer
+from zarrfs.fs import spill
+from zarrfs.fs.spill import SpillBuffer
 
 GRAIN = 64 << 10
 OLD = 0xAB  # what a pooled buffer held before: must never show through

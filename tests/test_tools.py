@@ -25,7 +25,7 @@ from mounting import needs_fuse, zarrfs
 from zarrfs.backends import open_driver
 from zarrfs.backends.base import SIDE, prefix_stop
 from zarrfs.cli import _daemon_pids
-from zarrfs.sidedata import ATTR, ENTRY
+from zarrfs.fs.sidedata import ATTR, ENTRY
 
 pytestmark = needs_fuse
 

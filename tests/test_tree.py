@@ -9,11 +9,11 @@ import uuid
 import pytest
 
 from zarrfs.backends import open_driver
-from zarrfs.errors import FsError, to_errno
-from zarrfs.handles import HandleTable
-from zarrfs.listing import DirListing
-from zarrfs.spill import SpillBuffer
-from zarrfs.tree import DIR, FILE, LINK, RENAME_EXCHANGE, RENAME_NOREPLACE, Tree
+from zarrfs.fs.errors import FsError, to_errno
+from zarrfs.fs.handles import HandleTable
+from zarrfs.fs.listing import DirListing
+from zarrfs.fs.namespace import DIR, FILE, LINK, RENAME_EXCHANGE, RENAME_NOREPLACE, Tree
+from zarrfs.fs.spill import SpillBuffer
 
 
 @pytest.fixture(params=["memory", "lmdb"])

@@ -208,7 +208,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_copy(args: argparse.Namespace) -> int:
     """``zarrfs copy SOURCE DEST``: folder -> database, database -> folder or database."""
-    from zarrfs.copying import copy
+    from zarrfs.tools.copy import copy
 
     try:
         count = copy(args.source, args.dest)

@@ -20,15 +20,15 @@ from urllib.parse import urlparse
 
 from zarrfs.backends import open_driver
 from zarrfs.backends.base import Driver
-from zarrfs.channel import Channel
-from zarrfs.foldercache import FolderCache
-from zarrfs.handles import HandleTable
-from zarrfs.loop import DEFAULT_SPIN_US, Loop
-from zarrfs.ops import Operations
-from zarrfs.session import BUFFER_SIZE, Session
-from zarrfs.spill import DEFAULT_SPILL
-from zarrfs.tree import Hooks, Tree
-from zarrfs.tuning import DEFAULT_READAHEAD_KIB, keep_freed_memory, set_readahead
+from zarrfs.fs.api import Operations
+from zarrfs.fs.foldercache import FolderCache
+from zarrfs.fs.handles import HandleTable
+from zarrfs.fs.namespace import Hooks, Tree
+from zarrfs.fs.spill import DEFAULT_SPILL
+from zarrfs.fuse.channel import Channel
+from zarrfs.fuse.loop import DEFAULT_SPIN_US, Loop
+from zarrfs.fuse.session import BUFFER_SIZE, Session
+from zarrfs.fuse.tuning import DEFAULT_READAHEAD_KIB, keep_freed_memory, set_readahead
 
 log = logging.getLogger("zarrfs")
 
@@ -58,7 +58,7 @@ class MountOptions:
     entry_timeout: float | None = None
     attr_timeout: float | None = None
     negative_timeout: float | None = None
-    # Seconds a snapshot of a busy folder answers lookups (zarrfs.foldercache); defaults to
+    # Seconds a snapshot of a busy folder answers lookups (zarrfs.fs.foldercache); defaults to
     # cache_timeout, 0 turns snapshots off.
     dir_cache: float | None = None
     fuse: dict[str, Any] = field(default_factory=dict)

@@ -27,12 +27,12 @@ import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from zarrfs.errors import FsError
-from zarrfs.sidedata import Attrs
-from zarrfs.spill import DEFAULT_SPILL, SpillBuffer
-from zarrfs.tree import FILE, Node, Tree
+from zarrfs.fs.errors import FsError
+from zarrfs.fs.namespace import FILE, Node, Tree
+from zarrfs.fs.sidedata import Attrs
+from zarrfs.fs.spill import DEFAULT_SPILL, SpillBuffer
 
-log = logging.getLogger("zarrfs.handles")
+log = logging.getLogger("zarrfs.fs.handles")
 
 # Values larger than this are read by range instead of being held whole by an open handle.
 SNAPSHOT_LIMIT = 64 << 20

@@ -10,7 +10,7 @@ import ctypes
 import ctypes.util
 import logging
 
-log = logging.getLogger("zarrfs.tuning")
+log = logging.getLogger("zarrfs.fuse.tuning")
 
 # mallopt(3) parameters of glibc.
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8

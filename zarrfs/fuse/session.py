@@ -1,8 +1,8 @@
-"""The FUSE session: kernel requests in, :class:`~zarrfs.ops.Operations` calls, replies out.
+"""The FUSE session: kernel requests in, :class:`~zarrfs.fs.api.Operations` calls, replies out.
 
 zarrfs answers the kernel itself rather than through libfuse's callbacks: a request is parsed
 with :mod:`struct` straight from the buffer it was read into, node IDs become store keys
-through the :class:`~zarrfs.inodes.InodeTable`, and each reply is one packed ``bytes`` written
+through the :class:`~zarrfs.fuse.inodes.InodeTable`, and each reply is one packed ``bytes`` written
 to ``/dev/fuse``. No call from C back into Python per request, no path rebuilt by libfuse for
 each call. On the README's machine the same loop answering lookups from a dict
 (``scripts/python_floor.py``) serves 31,000-43,000 per second to one client, about what a C
@@ -10,7 +10,7 @@ filesystem does there (``scripts/fuse_floor.c``): what a request costs beyond th
 work of the call itself.
 
 Every exception a call raises becomes the errno of the reply here, through
-:func:`zarrfs.errors.to_errno`, with one log line unless it is routine (a missing name).
+:func:`zarrfs.fs.errors.to_errno`, with one log line unless it is routine (a missing name).
 """
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ import stat
 import time
 from collections.abc import Callable
 
-from zarrfs import kernel as k
-from zarrfs.errors import FsError, is_quiet, to_errno
-from zarrfs.handles import Stored
-from zarrfs.inodes import Inode, InodeTable
-from zarrfs.invalidate import Invalidator
-from zarrfs.ops import NOW, Operations
-from zarrfs.tree import DIR, FILE, RENAME_EXCHANGE, Node
+from zarrfs.fs.api import NOW, Operations
+from zarrfs.fs.errors import FsError, is_quiet, to_errno
+from zarrfs.fs.handles import Stored
+from zarrfs.fs.namespace import DIR, FILE, RENAME_EXCHANGE, Node
+from zarrfs.fuse import abi as k
+from zarrfs.fuse.inodes import Inode, InodeTable
+from zarrfs.fuse.notify import Invalidator
 
-log = logging.getLogger("zarrfs.session")
+log = logging.getLogger("zarrfs.fuse.session")
 
 BLKSIZE = 1 << 20  # st_blksize: tools read and write in blocks this large
 MAX_WRITE = 1 << 20  # bytes of data in one WRITE request

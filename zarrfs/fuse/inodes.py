@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import stat
 
-from zarrfs.kernel import ROOT_ID
+from zarrfs.fuse.abi import ROOT_ID
 
 
 class Inode:

@@ -167,17 +167,6 @@ def statvfs(path: str) -> dict[str, int]:
     return {"total": st.f_blocks * st.f_frsize, "free": st.f_bavail * st.f_frsize}
 
 
-def next_window(window: float, gap: float, longest: float) -> float:
-    """How long to poll before sleeping next time, for a waiter that polls for up to ``window``
-    seconds (the request loop for the next request, a Redis link for a reply). ``gap`` is
-    how long the last wait took in all: within ``longest``, polling would have caught it and
-    the window is full again; a longer one halves it, down to nothing, so a peer that answers
-    slowly or now and then does not keep the waiter spinning."""
-    if gap <= longest:
-        return longest
-    return window / 2 if window > 2e-6 else 0.0
-
-
 FALLOC_FL_KEEP_SIZE = 1
 PREALLOCATE_MIN = 64 << 20
 PREALLOCATE_MAX = 1 << 30

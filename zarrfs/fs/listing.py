@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from zarrfs.tree import DIR, FILE, Tree
+from zarrfs.fs.namespace import DIR, FILE, Tree
 
 FIRST_BATCH = 128
 _EXTRA = "\0extra"  # a resume token no key can produce: the stored entries are done

@@ -1,6 +1,6 @@
 """The FUSE kernel protocol: request codes, flags and the byte layouts of ``<linux/fuse.h>``.
 
-zarrfs speaks the protocol itself (see :mod:`zarrfs.session`): a request is a
+zarrfs speaks the protocol itself (see :mod:`zarrfs.fuse.session`): a request is a
 ``fuse_in_header`` followed by the operation's arguments, a reply a ``fuse_out_header``
 followed by its result, both little-endian C structs packed here with :mod:`struct`. The
 layouts are those of protocol 7.31, which every kernel since 5.4 speaks; newer kernels adapt to

@@ -7,7 +7,7 @@ both a key ``a`` and keys under ``a/`` (impossible in POSIX), the folder wins an
 hidden (logged once, never deleted).
 
 Everything here is one driver transaction per call; nothing here knows about FUSE, so it imports
-and tests without a mount. POSIX conditions are raised as :class:`zarrfs.errors.FsError`.
+and tests without a mount. POSIX conditions are raised as :class:`zarrfs.fs.errors.FsError`.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from zarrfs.backends.base import DATA, KEYS, SIDE, SIZES, VALUES, Driver, Txn, prefix_stop
-from zarrfs.errors import FsError
-from zarrfs.sidedata import DIR_MARK, ENTRY, EPOCH, LINK_MARK, Attrs, attr_key, entry_key
+from zarrfs.fs.errors import FsError
+from zarrfs.fs.sidedata import DIR_MARK, ENTRY, EPOCH, LINK_MARK, Attrs, attr_key, entry_key
 
-log = logging.getLogger("zarrfs.tree")
+log = logging.getLogger("zarrfs.fs.namespace")
 
 FILE, DIR, LINK = stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK
 
@@ -269,7 +269,7 @@ class Tree:
     def find(self, key: str) -> Node | None:
         """The node at ``key``, or None when there is none (the lookup of every ``stat``: a
         missing name is common and costs no exception). Answered from a snapshot of the
-        folder when :attr:`folder_cache` has one (see :mod:`zarrfs.foldercache`)."""
+        folder when :attr:`folder_cache` has one (see :mod:`zarrfs.fs.foldercache`)."""
         cache = self.folder_cache
         if cache is not None and key:
             folder, _, name = key.rpartition("/")

@@ -21,7 +21,7 @@ Contract (every driver honours it; ``tests/test_backends.py`` checks it against 
 * ``scan(start, stop)`` yields ``(key, x)`` pairs for ``start <= key < stop`` in key order,
   where ``x`` is ``None`` (``fetch=KEYS``), the value's size (``SIZES``) or the value
   (``VALUES``). The iterator is valid only inside its transaction.
-* Errors are the exception classes below, so one table (``zarrfs.errors``) maps them to errno.
+* Errors are the exception classes below, so one table (``zarrfs.fs.errors``) maps them to errno.
 """
 
 from __future__ import annotations

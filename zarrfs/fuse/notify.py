@@ -19,7 +19,7 @@ import os
 import queue
 import threading
 
-log = logging.getLogger("zarrfs.invalidate")
+log = logging.getLogger("zarrfs.fuse.notify")
 
 WAIT = 0.1  # seconds a request waits for its notifications before it is answered anyway
 

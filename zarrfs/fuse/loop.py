@@ -29,9 +29,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from zarrfs.backends._util import next_window
+from zarrfs.spin import next_window
 
-log = logging.getLogger("zarrfs.loop")
+log = logging.getLogger("zarrfs.fuse.loop")
 
 DEFAULT_SPIN_US = 200
 # How long a sleeping loop waits before it looks again (a safety net: signals wake it).

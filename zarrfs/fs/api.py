@@ -1,9 +1,9 @@
 """The filesystem calls, by store key: each method says what one call means for the tree and
 the open-file table.
 
-:mod:`zarrfs.session` turns kernel requests into these calls (node IDs into keys) and their
+:mod:`zarrfs.fuse.session` turns kernel requests into these calls (node IDs into keys) and their
 results into replies; an exception raised here becomes the caller's errno there, through
-:func:`zarrfs.errors.to_errno`. Nothing here knows about FUSE.
+:func:`zarrfs.fs.errors.to_errno`. Nothing here knows about FUSE.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import stat
 import time
 from collections.abc import Iterator
 
-from zarrfs.errors import FsError
-from zarrfs.handles import HandleTable, Stored
-from zarrfs.listing import DirListing
-from zarrfs.tree import DIR, RENAME_EXCHANGE, RENAME_NOREPLACE, Node, Tree
+from zarrfs.fs.errors import FsError
+from zarrfs.fs.handles import HandleTable, Stored
+from zarrfs.fs.listing import DirListing
+from zarrfs.fs.namespace import DIR, RENAME_EXCHANGE, RENAME_NOREPLACE, Node, Tree
 
 NOW = "now"  # a time to set to the present (UTIME_NOW)
 

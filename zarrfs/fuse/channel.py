@@ -3,7 +3,7 @@
 libfuse does what it does best here: it parses the mount options (``allow_other``, ``ro``,
 ``fsname=``...; it names the ones it refuses on stderr), mounts, through ``fusermount3`` when
 not root, and unmounts. The requests that come through the channel are answered by
-:mod:`zarrfs.session`, not by libfuse.
+:mod:`zarrfs.fuse.session`, not by libfuse.
 """
 
 from __future__ import annotations

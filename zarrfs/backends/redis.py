@@ -60,7 +60,9 @@ try:  # the C reply parser redis-py also uses; without it replies go through red
 except ImportError:  # pragma: no cover - hiredis is a dependency on CPython
     hiredis = None
 
-from ._util import DELETED, as_buffer, decode_key, empty_range, encode_bound, merge_buffered, next_window
+from zarrfs.spin import next_window
+
+from ._util import DELETED, as_buffer, decode_key, empty_range, encode_bound, merge_buffered
 from .base import (
     DATA,
     KEYS,

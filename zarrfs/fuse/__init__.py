@@ -1,0 +1,3 @@
+"""The kernel's FUSE protocol: ABI tables, the session that turns requests into
+:mod:`zarrfs.fs.api` calls, the request loop, the channel libfuse mounts, the node table and
+notifications. Of the filesystem it imports only :mod:`zarrfs.fs.api`."""
