@@ -11,7 +11,9 @@ Targets (mount against native): zarr read >= 0.9x, zarr write >= 0.7x, >= 20,000
 ``ls`` of 100,000 entries < 0.5 s, >= 2,000 small files/s. One row has no target: the zarr
 read through a fresh mount (unmounted and mounted again after the write, so every chunk comes
 from the daemon rather than the kernel's cache of what the mount wrote; natively the same read
-again), which is how a database written earlier or by another machine is read.
+again), which is how a database written earlier or by another machine is read. Two rows
+measure zarr-python 3 on the same kind of database in-process, through
+``zarrfs.store.DatabaseStore`` (no mount), against the same native figures.
 """
 
 from __future__ import annotations
@@ -97,38 +99,59 @@ def bench_zarr(root: Path, data: np.ndarray, out: np.ndarray, remount=None) -> t
     """Seconds to write the array with zarr-python (Blosc, 4 MiB chunks), to read it back,
     and to read it again after ``remount()`` (for the mount: a fresh mount, so every chunk
     comes from the daemon; natively, the same read again)."""
-    import zarr
-    from zarr.codecs import BloscCodec
-
     path = root / "array.zarr"
     if path.exists():
         shutil.rmtree(path)
+    written = write_zarr(str(path), data)
+    read = read_zarr(str(path), data, out)
+    if remount is not None:
+        remount()
+    return written, read, read_zarr(str(path), data, out)
+
+
+def bench_store(url: str, data: np.ndarray, out: np.ndarray) -> tuple[float, float]:
+    """Seconds to write and to read the array through ``DatabaseStore(url)``, in-process."""
+    from zarrfs.store import DatabaseStore
+
+    store = DatabaseStore(url)
+    import asyncio
+
+    asyncio.run(store.clear())
+    written = write_zarr(store, data)
+    read = read_zarr(store, data, out)
+    store.close()
+    return written, read
+
+
+def write_zarr(store, data: np.ndarray) -> float:
+    """Seconds to write ``data`` as a new array at ``store`` (a path or a zarr store)."""
+    import zarr
+    from zarr.codecs import BloscCodec
+
     quiet_disk()
     t0 = time.perf_counter()
     arr = zarr.create_array(
-        store=str(path),
+        store=store,
         shape=data.shape,
         chunks=(256, 4096),
         dtype="float32",
         compressors=BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),
+        overwrite=True,
     )
     arr[...] = data
-    t1 = time.perf_counter()
-    read = read_zarr(path, data, out)
-    if remount is not None:
-        remount()
-    return t1 - t0, read, read_zarr(path, data, out)
+    return time.perf_counter() - t0
 
 
-def read_zarr(path: Path, data: np.ndarray, out: np.ndarray) -> float:
-    """Seconds to read the array at ``path`` into ``out`` (checked against ``data``)."""
+def read_zarr(store, data: np.ndarray, out: np.ndarray) -> float:
+    """Seconds to read the array at ``store`` (a path or a zarr store) into ``out``, checked
+    against ``data``."""
     import zarr
     from zarr.core.buffer import default_buffer_prototype
 
     out.fill(0)
     quiet_disk()
     t0 = time.perf_counter()
-    arr = zarr.open_array(str(path), mode="r")
+    arr = zarr.open_array(store, mode="r")
     # Into an array allocated once, not a fresh 512 MiB result per read: on this kind of VM
     # the first touch of fresh memory costs the reader's kernel from 0.1 to 2 s per read, at
     # random, on either side (see the README), and would decide the ratio.
@@ -204,12 +227,12 @@ def run_driver(kind: str, args, work: Path, redis: RedisServer | None, data, out
     mnt = work / f"mnt-{kind}"
     mnt.mkdir()
     if kind == "lmdb":
-        url = f"lmdb://{work}/bench.lmdb"
+        url, store_url = f"lmdb://{work}/bench.lmdb", f"lmdb://{work}/store.lmdb"
     elif kind == "sqlite":
-        url = f"sqlite://{work}/bench.sqlite"
+        url, store_url = f"sqlite://{work}/bench.sqlite", f"sqlite://{work}/store.sqlite"
     else:
         assert redis is not None
-        url = redis.url("bench")
+        url, store_url = redis.url("bench"), redis.url("store")
 
     def mount(*opts: str) -> None:
         zarrfs("mount", url, str(mnt), *opts, "--log-file", str(work / f"{kind}.log"))
@@ -221,7 +244,7 @@ def run_driver(kind: str, args, work: Path, redis: RedisServer | None, data, out
     mount("-o", "create")
     settle = 1.2  # past the mount's 1 s cache timeout
     try:
-        keys = ("zw", "zr", "zrf", "small", "st", "miss", "ls")
+        keys = ("zw", "zr", "zrf", "sw", "sr", "small", "st", "miss", "ls")
         res: dict[str, list[list[float]]] = {k: [[], []] for k in keys}
         for r in range(args.repeats):
             order = [(0, native), (1, mnt)] if r % 2 == 0 else [(1, mnt), (0, native)]
@@ -230,10 +253,16 @@ def run_driver(kind: str, args, work: Path, redis: RedisServer | None, data, out
                 res["zw"][side].append(w)
                 res["zr"][side].append(rd)
                 res["zrf"][side].append(fresh)
+                if not side:  # the store rows compare with this round's native write and read
+                    res["sw"][0].append(w)
+                    res["sr"][0].append(rd)
                 res["small"][side].append(bench_small_files(root, args.small_files))
                 s, m = bench_stats(root, args.stats, args.small_files, settle if side else 0)
                 res["st"][side].append(s)
                 res["miss"][side].append(m)
+            sw, sr = bench_store(store_url, data, out)
+            res["sw"][1].append(sw)
+            res["sr"][1].append(sr)
         fill_folder_native(native / "big", args.ls_entries)
         fill_folder_db(url, "big", args.ls_entries)
         for _ in range(args.repeats):
@@ -252,12 +281,14 @@ def run_driver(kind: str, args, work: Path, redis: RedisServer | None, data, out
     rate("zw", mib, "MiB/s", "ratio >= 0.7")
     rate("zr", mib, "MiB/s", "ratio >= 0.9")
     rate("zrf", mib, "MiB/s", "(none)")
+    rate("sw", mib, "MiB/s", "(none)")
+    rate("sr", mib, "MiB/s", "(none)")
     rate("small", args.small_files, "files/s", ">= 2000/s")
     rate("st", args.stats, "stat/s", ">= 20000/s")
     rate("miss", args.stats, "stat/s", ">= 20000/s")
     n, m = med["ls"]
     rows.append(("ls", n, m, "s", "< 0.5 s"))
-    rounds = {k: res[k] for k in ("zw", "zr", "zrf")}
+    rounds = {k: res[k] for k in ("zw", "zr", "zrf", "sw", "sr")}
     return rows, rounds
 
 
@@ -265,6 +296,8 @@ LABELS = {
     "zw": "zarr write",
     "zr": "zarr read",
     "zrf": "zarr read, fresh mount",
+    "sw": "zarr write, DatabaseStore",
+    "sr": "zarr read, DatabaseStore",
     "small": "create+write+close 4 KiB",
     "st": "stat existing",
     "miss": "stat missing",
@@ -277,7 +310,7 @@ def verdict(key: str, native: float, mount: float, target: str) -> str:
         return "ok" if mount / native >= 0.7 else "MISS"
     if key == "zr":
         return "ok" if mount / native >= 0.9 else "MISS"
-    if key == "zrf":
+    if key in ("zrf", "sw", "sr"):
         return ""
     if key == "small":
         return "ok" if mount >= 2000 else "MISS"
