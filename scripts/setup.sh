@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install what zarrfs needs on a fresh Debian/Ubuntu machine: fuse3, redis-server and the
+# Install what zarrfs needs on a fresh Debian/Ubuntu machine: fuse3, redis-server, PostgreSQL's
+# server (the tests start their own on 127.0.0.1, as they do Redis servers and a Redis Cluster) and the
 # command-line tools the tests use, then a virtualenv in .venv with zarrfs and its test extras.
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
@@ -8,6 +9,8 @@ cd "$(dirname "$0")/.."
 need=()
 command -v fusermount3 >/dev/null || need+=(fuse3)
 command -v redis-server >/dev/null || need+=(redis-server)
+command -v redis-cli >/dev/null || need+=(redis-tools)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 command -v rsync >/dev/null || need+=(rsync)
 command -v tar >/dev/null || need+=(tar)
 if [ ${#need[@]} -gt 0 ]; then

@@ -135,3 +135,34 @@ def zarr2_python() -> str:
 # --- mounts: real FUSE mounts through the zarrfs command line (tests/mounting.py) --------------
 
 from mounting import db_url, fuse_required, mount_factory, mounted  # noqa: E402,F401
+
+
+# --- servers beyond one machine: PostgreSQL and a Redis Cluster (tests/servers.py) ------------
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A PostgreSQL cluster for the whole session (tests isolate by table name)."""
+    from servers import start_postgres, stop_postgres
+
+    workdir = tempfile.mkdtemp(prefix="zarrfs-pg-")
+    server = start_postgres(workdir)
+    try:
+        yield server
+    finally:
+        stop_postgres(server)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster():
+    """A three-master Redis Cluster for the whole session (tests isolate by key prefix)."""
+    from servers import start_redis_cluster, stop_redis_cluster
+
+    workdir = tempfile.mkdtemp(prefix="zarrfs-cluster-")
+    cluster = start_redis_cluster(workdir)
+    try:
+        yield cluster
+    finally:
+        stop_redis_cluster(cluster)
+        shutil.rmtree(workdir, ignore_errors=True)
