@@ -1,0 +1,110 @@
+"""Rate-limited log lines: a burst of the same failure (every request of a mount while its
+database is down) becomes a few lines and a count, not hundreds of lines.
+
+A line's kind is its logger, level and format string (``record.msg`` before the arguments are
+put in), so "lookup /a: EIO (...)" and "lookup /b: EIO (...)" are one kind. Within each
+``window`` seconds the first ``burst`` lines of a kind pass; the rest are counted, and the next
+line of that kind after the window (or :meth:`RepeatFilter.flush`, at unmount) is preceded by
+one line saying how many were left out, quoting the last of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+__all__ = ["RepeatFilter"]
+
+
+class _Kind:
+    __slots__ = ("start", "passed", "dropped", "last", "level", "name")
+
+    def __init__(self, start: float, level: int, name: str) -> None:
+        self.start = start
+        self.passed = 0
+        self.dropped = 0
+        self.last = ""
+        self.level = level
+        self.name = name
+
+
+class RepeatFilter(logging.Filter):
+    """Let ``burst`` lines of a kind through per ``window`` seconds and count the others; see
+    the module docstring. Attach it to a handler (``handler.addFilter``)."""
+
+    def __init__(self, burst: int = 5, window: float = 10.0, clock=time.monotonic) -> None:
+        super().__init__()
+        self.burst = burst
+        self.window = window
+        self.clock = clock
+        self._kinds: dict[tuple, _Kind] = {}
+        self._lock = threading.Lock()
+        self._handler: logging.Handler | None = None
+
+    def attach(self, handler: logging.Handler) -> None:
+        """Filter ``handler``'s lines, and write the "left out" lines through it."""
+        self._handler = handler
+        handler.addFilter(self)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Whether ``record`` is written now (the first of its kind in a window, or within the
+        burst); a dropped record only counts."""
+        if record.levelno < logging.WARNING or isinstance(record, _Summary):
+            return True  # debugging output is asked for: keep all of it
+        key = (record.name, record.levelno, str(record.msg))
+        now = self.clock()
+        summaries = []
+        with self._lock:
+            kind = self._kinds.get(key)
+            if kind is not None and now - kind.start >= self.window:
+                summaries.append(self._summary(kind, now))
+                kind = None
+            if kind is None:
+                if len(self._kinds) >= 1024:  # many distinct kinds: forget the idle ones
+                    summaries += self._expire(now)
+                kind = self._kinds[key] = _Kind(now, record.levelno, record.name)
+            if kind.passed < self.burst:
+                kind.passed += 1
+                passed = True
+            else:
+                kind.dropped += 1
+                kind.last = record.getMessage()
+                passed = False
+        self._emit(summaries)
+        return passed
+
+    def flush(self) -> None:
+        """Write the "left out" line of every kind that has dropped lines (at unmount)."""
+        now = self.clock()
+        with self._lock:
+            summaries = [self._summary(kind, now) for kind in self._kinds.values()]
+            self._kinds.clear()
+        self._emit(summaries)
+
+    def _expire(self, now: float) -> list:
+        out = []
+        for key, kind in list(self._kinds.items()):
+            if now - kind.start >= self.window:
+                out.append(self._summary(kind, now))
+                del self._kinds[key]
+        return out
+
+    @staticmethod
+    def _summary(kind: _Kind, now: float) -> _Summary | None:
+        if not kind.dropped:
+            return None
+        seconds = max(1, round(now - kind.start))
+        text = f"... {kind.dropped} more like this in the last {seconds} s, the last: {kind.last}"
+        return _Summary(kind.name, kind.level, __file__, 0, text, None, None)
+
+    def _emit(self, summaries: list) -> None:
+        if self._handler is None:
+            return
+        for record in summaries:
+            if record is not None:
+                self._handler.handle(record)
+
+
+class _Summary(logging.LogRecord):
+    """The "left out" line of a kind, which :class:`RepeatFilter` always lets through."""
