@@ -10,7 +10,8 @@ Key order is not name order. The keys of a folder ``foo`` (``foo/...``) sort aft
 side markers ``e:foo``, ``e:foo-max`` sort by name. So each source is read in key order and
 turned into a stream of names in name order, each name once: a name whose folder sorts later
 (``foo`` while reading ``foo-max/...``) is settled when it is first met, from the batch of keys
-at hand or by one probe of ``foo/``. The streams are then merged on names. A resume token is
+at hand, the next one, or one probe of ``foo/``. The streams are then merged on names, and the
+names of unstored files are listed after them unless they named them. A resume token is
 the last name listed: a listing resumes at the first name after it, exact whatever sorts
 between a name's key and its folder's keys. A folder of a million keys is read batch by batch
 and never built as one list.

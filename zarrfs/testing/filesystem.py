@@ -305,6 +305,19 @@ class FilesystemConformance:
             tree = Tree(open_driver(driver_url), uid=1000, gid=1000)
         tree.driver.close()
 
+    def test_unstored_files_are_listed_once(self, tree):
+        """Files created through the mount and not stored yet come after the stored entries;
+        one stored meanwhile (or by another writer) is listed once, as stored."""
+        put(tree, "u/a", "u/b", "u/c/0")
+        listing = DirListing(tree, "u", extra=["a", "c", "new", "zz"])
+        assert [(n, k) for n, k, _ in listing.entries(0)][2:] == [
+            ("a", FILE),
+            ("b", FILE),
+            ("c", DIR),
+            ("new", FILE),
+            ("zz", FILE),
+        ]
+
     @pytest.mark.parametrize("seed", range(6))
     def test_random_folders_are_listed_exactly(self, tree, monkeypatch, seed):
         """Random keys, mkdir markers and symlinks (conflicting ones too) with names that are
