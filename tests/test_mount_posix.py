@@ -307,3 +307,25 @@ def test_nested_chunks_are_folders(mounted):
     entries = {e.name: e.is_dir() for e in os.scandir(mounted.path / "arr")}
     assert entries == {**{str(i): True for i in range(12)}, "1.x": False}
     assert sorted(os.listdir(mounted.path / "arr/10")) == ["0", "1", "2"]
+
+
+def test_folders_named_as_prefixes_of_their_siblings_are_listed_once(mounted, mount_factory):
+    """``foo`` beside ``foo-max``, ``foo.bar``, ``foo bar``, ``foo!``: in the database the keys
+    of ``foo-max/`` sort before those of ``foo/`` ('-' < '/'), the mkdir markers by name; each
+    folder is listed once, before and after a remount, and zarr sees each group once."""
+    import zarr
+
+    names = ["foo", "foo-max", "foo.bar", "foo bar", "foo!", "fo", "foo0"]
+    root = zarr.open_group(mounted.path / "g", mode="w")
+    for name in names:
+        root.create_group(name)
+    os.mkdir(mounted.path / "g" / "foo-")  # empty: a marker alone
+    write(mounted.path / "g" / "foo.txt", b"file")
+    expected = sorted([*names, "foo-", "foo.txt", "zarr.json"])
+    listed = os.listdir(mounted.path / "g")
+    assert sorted(listed) == expected, listed
+    assert sorted(zarr.open_group(mounted.path / "g", mode="r").group_keys()) == sorted(names)
+    mounted.stop()
+    again = mount_factory(mounted.url, [], name="again")
+    assert sorted(os.listdir(again.path / "g")) == expected
+    assert sorted(zarr.open_group(again.path / "g", mode="r").group_keys()) == sorted(names)

@@ -1,59 +1,378 @@
-"""A streaming folder listing for ``readdir`` with offsets.
+"""Folder listings: the children of a folder, streamed from the keys and side records, exact for
+every name.
 
-The kernel reads a folder in several calls, each resuming at the offset of the last entry it
-kept. A :class:`DirListing` holds one window of entries fetched from the tree and a resume
-token, so a folder of a million keys is never built as one list; a rewind (``rewinddir``,
-``seekdir`` backwards) starts over.
+A folder's children come from three places: the data keys below it (``grp/arr/0.0`` makes
+``arr`` a child of ``grp``), the side entries below it (markers of folders made with ``mkdir``,
+symlinks) and, for ``readdir``, files created through the mount and not stored yet.
+
+Key order is not name order. The keys of a folder ``foo`` (``foo/...``) sort after those of
+``foo-max``, ``foo.bar`` or ``foo bar`` (every character below '/' sorts first), while the
+side markers ``e:foo``, ``e:foo-max`` sort by name. So each source is read in key order and
+turned into a stream of names in name order, each name once: a name whose folder sorts later
+(``foo`` while reading ``foo-max/...``) is settled when it is first met, from the batch of keys
+at hand, the next one, or one probe of ``foo/``. The streams are then merged on names, and the
+names of unstored files are listed after them unless they named them. A resume token is
+the last name listed: a listing resumes at the first name after it, exact whatever sorts
+between a name's key and its folder's keys. A folder of a million keys is read batch by batch
+and never built as one list.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import bisect
+import errno
+import itertools
+import re
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
-from zarrfs.fs.namespace import DIR, FILE, Tree
+from zarrfs.backends.base import DATA, KEYS, SIDE, SIZES, VALUES, Txn, prefix_stop
+from zarrfs.fs.errors import FsError
+from zarrfs.fs.lookups import DIR, FILE, LINK, Node
+from zarrfs.fs.sidedata import ENTRY, LINK_MARK, attr_key, entry_key
 
-FIRST_BATCH = 128
-_EXTRA = "\0extra"  # a resume token no key can produce: the stored entries are done
+if TYPE_CHECKING:
+    from zarrfs.fs.namespace import Tree
+
+SCAN_BATCH = 256  # keys per scan of a folder's keys
+FOLDER_BATCH = 512  # children per batch of reads when a whole folder is read (SQLite: < 2000 columns)
+FIRST_BATCH = 128  # entries of the first window of a readdir; each next one is 4 times larger
 MAX_BATCH = 4096
+
+# The scan position just past every key below a folder ``p + name + "/"``: '0' follows '/'.
+_AFTER_SLASH = chr(ord("/") + 1)
+# Characters that sort before '/': a name followed by one of them sorts before the name's folder.
+_BEFORE_SLASH = re.compile("[\x00-\x2e]")
+
+# A stream of one source: (name, kind), in name order.
+Names = Iterator[tuple[str, int]]
+
+
+def _common_length(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _folders_before(name: str, last: str) -> list[str]:
+    """The prefixes of ``name`` that sort after ``last`` and whose folder's keys sort after
+    ``name``'s (the prefix is followed by a character below '/'), shortest first. When one is a
+    folder it is a child to list before ``name``. A prefix sorts after ``last`` only where it
+    goes past what ``name`` and ``last`` have in common."""
+    if _BEFORE_SLASH.search(name, 1) is None:  # most names (zarr's chunk rows, metadata)
+        return []
+    start = _common_length(name, last) + 1
+    return [name[: m.start()] for m in _BEFORE_SLASH.finditer(name, start)]
+
+
+class _Batch:
+    """One batch of a scan, sorted, and whether any key starts with a prefix that sorts after
+    the keys already used: answered from the batch when it runs past the prefix. Otherwise
+    only a later batch can tell: the keys from the one that asks on wait for the next batch
+    (``resume``), which starts with them, so a listing costs scans alone; the first key of a
+    batch cannot wait, and probes."""
+
+    def __init__(self, t: Txn, space: str, keys: list[str], final: bool) -> None:
+        self.t, self.space, self.keys, self.final = t, space, keys, final
+        self.resume: str | None = None  # where the next batch starts, when keys wait for it
+
+    def settled(self, prefix: str) -> bool:
+        """Whether the batch tells if keys start with ``prefix``."""
+        return self.final or bisect.bisect_left(self.keys, prefix) < len(self.keys)
+
+    def below(self, prefix: str) -> bool:
+        """Whether any key starts with ``prefix`` (from the batch, or probed)."""
+        i = bisect.bisect_left(self.keys, prefix)
+        if i < len(self.keys):  # the batch runs past the prefix: it holds every key there is
+            return self.keys[i].startswith(prefix)
+        if self.final:
+            return False
+        return next(iter(self.t.scan_prefix(prefix, space=self.space, limit=1)), None) is not None
+
+
+def _names(
+    t: Txn,
+    prefix: str,
+    after: str | None,
+    space: str,
+    sizes: dict[str, int] | None = None,
+    hidden: Callable[[str], None] | None = None,
+) -> Names:
+    """The children named by the keys under ``prefix`` in one space, after ``after``, in name
+    order, each once. Data: a key is a FILE, or a DIR when keys below it hide it (``hidden``
+    is told). Side: an entry is a LINK or a folder marker. With ``sizes``, each file's stored
+    size is put there (read by the scan itself once batches hold files alone)."""
+    stop = prefix_stop(prefix)
+    # Every key of a name after ``after`` sorts after ``after`` itself.
+    pos = prefix if after is None else prefix + after + "\0"
+    last = after or ""
+    # Sizes come with the scan only once a batch held files alone: the scan's sizes are those
+    # of every key it passes, also keys deep inside subfolders (zarr's c/0/0, c/1/0, ...), and
+    # on LMDB a size costs reading the whole value. Until then they are looked up one by one.
+    flat = False
+    hidden = hidden or (lambda key: None)
+    n = len(prefix)
+    while True:
+        fetch = VALUES if space == SIDE else (SIZES if sizes is not None and flat else KEYS)
+        batch = list(t.scan(pos, stop, space=space, fetch=fetch, limit=SCAN_BATCH))
+        if not batch:
+            return
+        keys = [k for k, _ in batch]
+        rests = [k[n:] for k in keys]
+        scope = _Batch(t, space, keys, len(batch) < SCAN_BATCH)
+        flat = space == DATA and "/" not in "\0".join(rests)
+        part = _flat if flat else _mixed
+        for item in part(scope, batch, rests, last, fetch, sizes, hidden):
+            yield item
+            last = item[0]
+        if scope.resume is not None:
+            pos = scope.resume
+            continue
+        if scope.final:
+            return
+        # The next batch starts after this one, or past the rest of the subfolder it ended in.
+        tail = rests[-1]
+        slash = tail.find("/")
+        pos = keys[-1] + "\0" if slash < 0 else prefix + tail[:slash] + _AFTER_SLASH
+
+
+def _flat(scope: _Batch, batch: list, rests: list[str], last: str, fetch: str, sizes, hidden) -> Names:
+    """A batch of data keys none of which has a '/' below the folder (most of a large folder):
+    files. Only the names whose folder would sort after the batch are open: the last name and
+    its prefixes followed by a character below '/' (``3`` and ``3.47`` in ``...``, ``3.46``,
+    ``3.47``); any other folder would sort inside the batch, which has no key below a folder.
+    The keys from the first open name on wait for the next batch, or, when that is all of
+    them, the open names are probed."""
+    tail = rests[-1]
+    cut, folders = len(batch), set()
+    if not scope.final and tail > last:
+        open_names = [*_folders_before(tail, last), tail]
+        cut = bisect.bisect_left(rests, open_names[0])
+        if cut == 0:
+            prefix = scope.keys[-1][: len(scope.keys[-1]) - len(tail)]
+            folders = {name for name in open_names if scope.below(prefix + name + "/")}
+            cut = len(batch)
+        else:
+            scope.resume = scope.keys[cut]
+    # Folders without a key of their own go in their place among the files.
+    unkeyed = sorted(folders.difference(rests)) if folders else []
+    j = 0
+    for (k, v), rest in zip(batch[:cut], rests[:cut], strict=True):
+        if rest <= last:  # an empty name ("a//b"): nothing a folder can list
+            continue
+        while j < len(unkeyed) and unkeyed[j] < rest:
+            yield unkeyed[j], DIR
+            j += 1
+        if rest in folders:
+            hidden(k)
+            yield rest, DIR
+            continue
+        if sizes is not None:
+            sizes[rest] = v if fetch == SIZES else scope.t.size(k)
+        yield rest, FILE
+    yield from ((name, DIR) for name in unkeyed[j:])
+
+
+def _mixed(scope: _Batch, batch: list, rests: list[str], last: str, fetch: str, sizes, hidden) -> Names:
+    """A batch of keys, some below subfolders, name by name. The keys below a subfolder are
+    skipped (the folder is listed once); the keys after them are used, not fetched again: a
+    folder of many subfolders with a key or two each (zarr's c/0/0, c/1/0, ...) costs one scan,
+    not one a subfolder."""
+    keys = scope.keys
+    prefix = keys[0][: len(keys[0]) - len(rests[0])]
+    i = 0
+    while i < len(batch):
+        k, v = batch[i]
+        rest = rests[i]
+        slash = rest.find("/")
+        name = rest if slash < 0 else rest[:slash]
+        if name > last:
+            # Folders whose keys sort after this key's ("foo/" after "foo-max/") come first.
+            folders = _folders_before(name, last)
+            asks = [prefix + f + "/" for f in folders]
+            if slash < 0 and scope.space == DATA:
+                asks.append(k + "/")  # a folder of the same name hides the key
+            if i and not all(scope.settled(a) for a in asks):
+                scope.resume = k
+                return
+            yield from _named(scope, prefix, k, v, name, slash >= 0, folders, fetch, sizes, hidden)
+            last = name
+        if slash >= 0:  # the rest of this folder's subtree, listed once
+            i = bisect.bisect_left(keys, prefix + name + _AFTER_SLASH, i + 1)
+        else:
+            i += 1
+
+
+def _named(scope: _Batch, prefix: str, k: str, v: Any, name: str, below: bool, folders, fetch, sizes, hidden):
+    """The child ``name`` of key ``k`` (with its value or size ``v``; ``below``: the key is
+    below the child), after those of ``folders`` (prefixes of ``name``) that are folders."""
+    for folder in folders:
+        if scope.below(prefix + folder + "/"):
+            yield folder, DIR
+    if below:
+        yield name, DIR
+    elif scope.space == SIDE:
+        yield name, LINK if v[:1] == LINK_MARK else DIR
+    elif scope.below(k + "/"):
+        hidden(k)
+        yield name, DIR
+    else:
+        if sizes is not None:
+            sizes[name] = v if fetch == SIZES else scope.t.size(k)
+        yield name, FILE
+
+
+def _merged(data: Names, side: Names) -> Iterator[tuple[str, int, str]]:
+    """The two streams as one, in name order: ``(name, kind, resume token)``. A name in both is
+    listed once, of the kind a lookup gives it (:meth:`zarrfs.fs.lookups.Lookups._judge`):
+    the data's (a file, or a folder of keys), over a side entry's."""
+    a, b = next(data, None), next(side, None)
+    while a is not None or b is not None:
+        if b is None:  # no side entries (left): the rest is the data stream as it is
+            yield a[0], a[1], a[0]
+            yield from ((name, kind, name) for name, kind in data)
+            return
+        if a is None or b[0] < a[0]:
+            yield b[0], b[1], b[0]
+            b = next(side, None)
+            continue
+        yield a[0], a[1], a[0]
+        if a[0] == b[0]:
+            b = next(side, None)
+        a = next(data, None)
+
+
+class Listings:
+    """Listings of a :class:`zarrfs.fs.namespace.Tree` (its ``driver``, probes and nodes)."""
+
+    driver: Any
+
+    def list_dir(self, key: str, after: str | None = None, limit: int = 1024) -> list[tuple[str, int, str]]:
+        """Up to ``limit`` children of folder ``key`` as ``(name, kind, position)``.
+
+        Children come in name order, each once; ``position`` is an opaque resume token: pass
+        the last one as ``after`` to continue. A folder of a million keys is listed batch by
+        batch, never built as one list. ENOTDIR/ENOENT when ``key`` is not a folder.
+        """
+
+        def run(t: Txn) -> list[tuple[str, int, str]]:
+            if after is None:
+                found = self._probe(t, key)
+                if found is None:
+                    raise FsError(errno.ENOENT, key, quiet=True)
+                if found[0] != DIR:
+                    raise FsError(errno.ENOTDIR, key)
+            return list(itertools.islice(self._merged_children(t, key, after), limit))
+
+        return self.driver.transact(run, write=False)
+
+    def _merged_children(
+        self, t: Txn, key: str, after: str | None, sizes: dict[str, int] | None = None
+    ) -> Iterator[tuple[str, int, str]]:
+        prefix = key + "/" if key else ""
+        data = _names(t, prefix, after, DATA, sizes, self._log_hidden)
+        side = _names(t, ENTRY + prefix, after, SIDE)
+        return _merged(data, side)
+
+    def folder_nodes(self, key: str, limit: int) -> dict[str, Node] | None:
+        """Every child of folder ``key`` by name, read in one transaction (sizes and
+        attributes in batches of reads); None when there are more than ``limit``. A missing
+        folder has no children."""
+
+        def run(t: Txn) -> dict[str, Node] | None:
+            children: list[tuple[str, int]] = []
+            # Sizes come with the listing's scan, except from a remote database, where a batch
+            # of reads is one round trip and the scan would take one per page of sizes.
+            sizes: dict[str, int] | None = None if self.driver.remote else {}
+            for name, kind, _ in self._merged_children(t, key, None, sizes):
+                children.append((name, kind))
+                if len(children) > limit:
+                    return None
+            prefix = key + "/" if key else ""
+            nodes: dict[str, Node] = {}
+            for start in range(0, len(children), FOLDER_BATCH):
+                self._read_nodes(t, prefix, children[start : start + FOLDER_BATCH], sizes, nodes)
+            return nodes
+
+        return self.driver.transact(run, write=False)
+
+    def _read_nodes(self, t: Txn, prefix: str, part: list, sizes: dict | None, into: dict) -> None:
+        """The nodes of ``part`` (name, kind) into ``into``: sizes, link targets and
+        attributes in one batch of reads."""
+        requests: list[tuple[str, str, str]] = []
+        for name, kind in part:
+            child = prefix + name
+            if kind == FILE and sizes is None:
+                requests.append(("size", child, DATA))
+            elif kind == LINK:
+                requests.append(("get", entry_key(child), SIDE))
+            requests.append(("get", attr_key(child), SIDE))
+        answers = iter(t.read_many(requests))
+        for name, kind in part:
+            child = prefix + name
+            size, target = 0, ""
+            if kind == FILE:
+                size = next(answers) if sizes is None else sizes.get(name)
+            elif kind == LINK:
+                mark = next(answers) or LINK_MARK
+                target = bytes(mark[1:]).decode("utf-8", "surrogateescape")
+                size = len(target.encode("utf-8", "surrogateescape"))
+            raw = next(answers)
+            if size is None:  # gone between the listing and the read
+                continue
+            into[name] = self._node_from(t, child, kind, size, target, raw)
 
 
 class DirListing:
-    """The entries of one open folder, with offsets: ``.`` is 1, ``..`` is 2, then 3, 4, ..."""
+    """The entries of one open folder, with offsets: ``.`` is 1, ``..`` is 2, then 3, 4, ...
+
+    The kernel reads a folder in several calls, each resuming at the offset of the last entry
+    it kept. A listing holds one window of entries fetched from the tree and a resume token;
+    a rewind (``rewinddir``, ``seekdir`` backwards) starts over. Files created through the
+    mount and not stored yet (``extra``) are listed after the stored entries, except those the
+    stored entries already named (a file stored while the folder was being read)."""
 
     def __init__(self, tree: Tree, key: str, extra: list[str] | None = None) -> None:
         self.tree = tree
         self.key = key
-        # Files created through the mount and not stored yet: listed after the stored ones.
         self.extra = [(name, FILE, name) for name in extra or ()]
+        self._extra_names = {name for name, _, _ in self.extra}
         self._reset()
 
     def _reset(self) -> None:
         self.window: list[tuple[str, int, str]] = []
         self.window_start = 0
         self.token: str | None = None
+        self.stored_done = False
         self.exhausted = False
         self.batch = FIRST_BATCH
+        self._listed: set[str] = set()  # unstored names the stored entries named
 
     def _fetch(self) -> bool:
         if self.exhausted:
             return False
-        if self.token is _EXTRA:
-            self.window_start += len(self.window)
-            self.window = self.extra
+        if self.stored_done:
             self.exhausted = True
-            return bool(self.extra)
+            rest = [entry for entry in self.extra if entry[0] not in self._listed]
+            if not rest:  # the last window stays: a kernel re-reading its end needs no rewind
+                return False
+            self.window_start += len(self.window)
+            self.window = rest
+            return True
         got = self.tree.list_dir(self.key, after=self.token, limit=self.batch)
+        if len(got) < self.batch:
+            self.stored_done = True
+        if not got:
+            return self._fetch()
         self.window_start += len(self.window)
         self.window = got
-        if got:
-            self.token = got[-1][2]
-        if len(got) < self.batch:
-            if self.extra:
-                self.token = _EXTRA
-                return bool(got) or self._fetch()
-            self.exhausted = True
+        self.token = got[-1][2]
+        if self._extra_names:
+            self._listed.update(name for name, _, _ in got if name in self._extra_names)
         self.batch = min(self.batch * 4, MAX_BATCH)
-        return bool(got)
+        return True
 
     def entries(self, offset: int) -> Iterator[tuple[str, int, int]]:
         """Yield ``(name, kind, offset)`` for every entry after ``offset``."""

@@ -1,10 +1,11 @@
-"""The path <-> key tree: what the filesystem looks like, derived from the keys in a database.
+"""The namespace: every change to the tree of files and folders over a driver, and
+:class:`Tree`, the filesystem over one driver.
 
-A path is a key: ``/grp/arr/0.0`` is the key ``grp/arr/0.0``. Folders are not stored; they are
-derived from key prefixes (``arr/0/0`` makes the folders ``arr`` and ``arr/0``), plus side
-markers for folders made with ``mkdir`` so that empty folders persist. When the database holds
-both a key ``a`` and keys under ``a/`` (impossible in POSIX), the folder wins and the key is
-hidden (logged once, never deleted).
+A path is a key (``/grp/arr/0.0`` is ``grp/arr/0.0``); folders derive from key prefixes and
+side markers (:mod:`zarrfs.fs.lookups`). A :class:`Tree` is three parts: lookups
+(:class:`zarrfs.fs.lookups.Lookups`), listings (:class:`zarrfs.fs.listing.Listings`) and the
+writes here (commit, mkdir, symlink, unlink, rmdir, set_attrs, rename, link), with
+:class:`Hooks`, where the format layer plugs in.
 
 Everything here is one driver transaction per call; nothing here knows about FUSE, so it imports
 and tests without a mount. POSIX conditions are raised as :class:`zarrfs.fs.errors.FsError`.
@@ -13,38 +14,31 @@ and tests without a mount. POSIX conditions are raised as :class:`zarrfs.fs.erro
 from __future__ import annotations
 
 import errno
-import itertools
-import logging
 import stat
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from zarrfs.backends.base import DATA, KEYS, SIDE, SIZES, VALUES, Driver, Txn, prefix_stop
+from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, Txn
 from zarrfs.fs.errors import FsError
+from zarrfs.fs.listing import FOLDER_BATCH, Listings
+from zarrfs.fs.lookups import DIR, FILE, LINK, Lookups, Node
 from zarrfs.fs.sidedata import DIR_MARK, ENTRY, EPOCH, LINK_MARK, Attrs, attr_key, entry_key
 
-log = logging.getLogger("zarrfs.fs.namespace")
-
-FILE, DIR, LINK = stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK
+# Names other modules import from here (their home is zarrfs.fs.lookups / zarrfs.fs.listing).
+__all__ = [
+    "DIR",
+    "FILE",
+    "FOLDER_BATCH",
+    "LINK",
+    "RENAME_EXCHANGE",
+    "RENAME_NOREPLACE",
+    "Hooks",
+    "Node",
+    "Tree",
+]
 
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
-FOLDER_BATCH = 512  # children per batch of reads when a whole folder is read (SQLite: < 2000 columns)
-
-# The scan position just past every key below a folder ``p + name + "/"``: '0' follows '/'.
-_AFTER_SLASH = chr(ord("/") + 1)
-
-
-@dataclass
-class Node:
-    """What is at a key: its kind (FILE, DIR or LINK), size in bytes and attributes."""
-
-    kind: int
-    size: int
-    attrs: Attrs
-    target: str = ""
 
 
 class Hooks:
@@ -105,7 +99,7 @@ class _Recording:
         return getattr(self._txn, name)
 
 
-class Tree:
+class Tree(Listings, Lookups):
     """The filesystem over one driver: lookups, listings and every namespace change.
 
     ``uid``/``gid``/``umask`` give the attributes of nodes that have none recorded.
@@ -135,8 +129,8 @@ class Tree:
         self._hidden_logged: set[str] = set()
         self.epoch = self._load_epoch()
 
-    # ------------------------------------------------------------------ lookups
     def _load_epoch(self) -> int:
+        """The time of nodes without attributes, fixed at the first mount (see sidedata)."""
         raw = self.driver.get(EPOCH, SIDE)
         if raw is not None:
             return int(raw)
@@ -144,352 +138,6 @@ class Tree:
         if not self.driver.readonly:
             self.driver.put(EPOCH, str(now).encode(), SIDE)
         return now
-
-    def default_attrs(self, kind: int) -> Attrs:
-        """Attributes of a node that has no side record."""
-        perm = 0o777 if kind == LINK else (0o777 if kind == DIR else 0o666) & ~self.umask
-        return Attrs(kind | perm, self.uid, self.gid, self.epoch, self.epoch, self.epoch)
-
-    def _attrs(self, t: Txn, key: str, kind: int) -> Attrs:
-        raw = t.get(attr_key(key), SIDE)
-        attrs = Attrs.unpack(raw) if raw is not None else None
-        if attrs is None:
-            return self.default_attrs(kind)
-        return attrs if stat.S_IFMT(attrs.mode) == kind else attrs.with_type(kind)
-
-    def _has_children(self, t: Txn, key: str, side: bool = True) -> bool:
-        prefix = key + "/"
-        if next(iter(t.scan_prefix(prefix, limit=1)), None) is not None:
-            return True
-        return side and next(iter(t.scan_prefix(ENTRY + prefix, space=SIDE, limit=1)), None) is not None
-
-    def _probe(self, t: Txn, key: str) -> tuple[int, int, str, bytes | None] | None:
-        """(kind, stored size, link target, raw attributes) of ``key``, or None when nothing
-        is there. One batch of reads where a batch costs one read (a round trip to Redis, one
-        SQLite statement); on LMDB, only the reads the answer needs (a file or a missing name
-        skips two of five)."""
-        if self.driver.batched or key == "":
-            return self._probe_many(t, [key])[0]
-        size, data_below = t.read_many([("size", key, DATA), ("prefix", key + "/", DATA)])
-        if size is None and not data_below:
-            side = [("get", entry_key(key), SIDE), ("prefix", ENTRY + key + "/", SIDE)]
-            mark, side_below = t.read_many(side)
-            if mark is None and not side_below:
-                return None
-        else:
-            mark, side_below = None, False
-        return self._judge(key, size, data_below, mark, side_below, t.get(attr_key(key), SIDE))
-
-    def _probe_many(
-        self, t: Txn, keys: list[str], also: Sequence[str] = ()
-    ) -> list[tuple[int, int, str, bytes | None] | None]:
-        """:meth:`_probe` of several keys in one batch of reads; the batch also reads the data
-        keys ``also``, for the transaction to answer again without a round trip."""
-        requests: list[tuple[str, str, str]] = [("get", k, DATA) for k in also]
-        for key in keys:
-            if key == "":
-                requests.append(("get", attr_key(key), SIDE))
-            else:
-                requests += [
-                    ("size", key, DATA),
-                    ("prefix", key + "/", DATA),
-                    ("get", entry_key(key), SIDE),
-                    ("prefix", ENTRY + key + "/", SIDE),
-                    ("get", attr_key(key), SIDE),
-                ]
-        answers = t.read_many(requests)
-        out: list[tuple[int, int, str, bytes | None] | None] = []
-        i = len(also)
-        for key in keys:
-            if key == "":
-                out.append((DIR, 0, "", answers[i]))
-                i += 1
-            else:
-                out.append(self._judge(key, *answers[i : i + 5]))
-                i += 5
-        return out
-
-    def _judge(self, key: str, size, data_below, mark, side_below, raw_attrs):
-        """What a probe's five answers say is at ``key``."""
-        if size is not None:
-            if not data_below:
-                return FILE, size, "", raw_attrs
-            self._log_hidden(key)
-            return DIR, 0, "", raw_attrs
-        if mark is not None and mark[:1] == LINK_MARK:
-            target = bytes(mark[1:]).decode("utf-8", "surrogateescape")
-            return LINK, len(target.encode("utf-8", "surrogateescape")), target, raw_attrs
-        if mark is not None or data_below or side_below:
-            return DIR, 0, "", raw_attrs
-        return None
-
-    def _probe_in_folder(
-        self, t: Txn, key: str, also: Sequence[str] = ()
-    ) -> tuple[int, int, str, bytes | None] | None:
-        """:meth:`_probe` of ``key``, and in the same batch a check that its parent is a folder
-        (ENOENT / ENOTDIR otherwise), as every call that makes a name needs."""
-        parent, found = self._probe_many(t, [key.rpartition("/")[0], key], also)
-        self._folder_check(parent, key)
-        return found
-
-    @staticmethod
-    def _folder_check(parent: tuple | None, key: str) -> None:
-        if parent is None:
-            raise FsError(errno.ENOENT, f"parent of {key}")
-        if parent[0] != DIR:
-            raise FsError(errno.ENOTDIR, f"parent of {key}")
-
-    def _log_hidden(self, key: str) -> None:
-        if key not in self._hidden_logged:
-            self._hidden_logged.add(key)
-            log.warning("key %r is hidden by the folder %r of the same name (nothing deleted)", key, key)
-
-    def _find(self, t: Txn, key: str) -> Node | None:
-        found = self._probe(t, key)
-        if found is None:
-            return None
-        return self._node_from(t, key, *found)
-
-    def _node_from(self, t: Txn, key: str, kind: int, size: int, target: str, raw: bytes | None) -> Node:
-        if kind == FILE:
-            size = self.hooks.shown_size(t, key, size)
-        attrs = Attrs.unpack(raw) if raw is not None else None
-        if attrs is None:
-            attrs = self.default_attrs(kind)
-        elif stat.S_IFMT(attrs.mode) != kind:
-            attrs = attrs.with_type(kind)
-        return Node(kind, size, attrs, target)
-
-    def _node(self, t: Txn, key: str) -> Node:
-        node = self._find(t, key)
-        if node is None:
-            raise FsError(errno.ENOENT, key, quiet=True)
-        return node
-
-    def find(self, key: str) -> Node | None:
-        """The node at ``key``, or None when there is none (the lookup of every ``stat``: a
-        missing name is common and costs no exception). Answered from a snapshot of the
-        folder when :attr:`folder_cache` has one (see :mod:`zarrfs.fs.foldercache`)."""
-        cache = self.folder_cache
-        if cache is not None and key:
-            folder, _, name = key.rpartition("/")
-            nodes = cache.snapshot(folder, lambda limit: self.folder_nodes(folder, limit))
-            if nodes is not None:
-                return nodes.get(name)
-        return self.driver.transact(lambda t: self._find(t, key), write=False)
-
-    def folder_nodes(self, key: str, limit: int) -> dict[str, Node] | None:
-        """Every child of folder ``key`` by name, read in one transaction (sizes and
-        attributes in batches of reads); None when there are more than ``limit``. A missing
-        folder has no children."""
-
-        def run(t: Txn) -> dict[str, Node] | None:
-            children: list[tuple[str, int]] = []
-            # Sizes come with the listing's scan, except from a remote database, where a batch
-            # of reads is one round trip and the scan would take one per page of sizes.
-            sizes: dict[str, int] | None = None if self.driver.remote else {}
-            for name, kind, _ in self._merged_children(t, key, None, sizes):
-                children.append((name, kind))
-                if len(children) > limit:
-                    return None
-            prefix = key + "/" if key else ""
-            nodes: dict[str, Node] = {}
-            for start in range(0, len(children), FOLDER_BATCH):
-                part = children[start : start + FOLDER_BATCH]
-                requests: list[tuple[str, str, str]] = []
-                for name, kind in part:
-                    child = prefix + name
-                    if kind == FILE and sizes is None:
-                        requests.append(("size", child, DATA))
-                    elif kind == LINK:
-                        requests.append(("get", entry_key(child), SIDE))
-                    requests.append(("get", attr_key(child), SIDE))
-                answers = iter(t.read_many(requests))
-                for name, kind in part:
-                    child = prefix + name
-                    size, target = 0, ""
-                    if kind == FILE:
-                        size = next(answers) if sizes is None else sizes.get(name)
-                    elif kind == LINK:
-                        mark = next(answers) or LINK_MARK
-                        target = bytes(mark[1:]).decode("utf-8", "surrogateescape")
-                        size = len(target.encode("utf-8", "surrogateescape"))
-                    raw = next(answers)
-                    if size is None:  # gone between the listing and the read
-                        continue
-                    nodes[name] = self._node_from(t, child, kind, size, target, raw)
-            return nodes
-
-        return self.driver.transact(run, write=False)
-
-    def lookup(self, key: str) -> Node:
-        """The node at ``key``; ENOENT when there is none."""
-        return self.driver.transact(lambda t: self._node(t, key), write=False)
-
-    def read_value(self, key: str) -> bytes:
-        """The whole content of the file at ``key`` as it is shown."""
-
-        def run(t: Txn) -> bytes:
-            value = t.get(key)
-            if value is None:
-                raise FsError(errno.ENOENT, key, quiet=True)
-            return self.hooks.shown_value(t, key, value)
-
-        return self.driver.transact(run, write=False)
-
-    def lookup_attrs(self, key: str) -> Attrs:
-        """The attributes of the file at ``key`` (defaults when it has none or is gone)."""
-        return self.driver.transact(lambda t: self._attrs(t, key, FILE), write=False)
-
-    @property
-    def hooks_transform(self) -> bool:
-        """Whether files show other bytes than the stored ones (a decoded view)."""
-        return bool(getattr(self.hooks, "transforms", False))
-
-    def stored_size(self, key: str) -> int:
-        """The stored size of the value at ``key`` (0 when absent)."""
-        return self.driver.size(key) or 0
-
-    def read_range(self, key: str, offset: int, size: int) -> bytes:
-        """Stored bytes of ``key`` from ``offset``, without fetching the whole value."""
-        return self.driver.read(key, offset, size) or b""
-
-    def readlink(self, key: str) -> str:
-        """The target of the symlink at ``key``."""
-        node = self.lookup(key)
-        if node.kind != LINK:
-            raise FsError(errno.EINVAL, f"{key} is not a symlink")
-        return node.target
-
-    # ------------------------------------------------------------------ listing
-    def list_dir(self, key: str, after: str | None = None, limit: int = 1024) -> list[tuple[str, int, str]]:
-        """Up to ``limit`` children of folder ``key`` as ``(name, kind, position)``.
-
-        Children come in key order; ``position`` is an opaque resume token: pass the last one
-        as ``after`` to continue. A folder of a million keys is listed batch by batch, never
-        built as one list. ENOTDIR/ENOENT when ``key`` is not a folder.
-        """
-
-        def run(t: Txn) -> list[tuple[str, int, str]]:
-            if after is None:
-                found = self._probe(t, key)
-                if found is None:
-                    raise FsError(errno.ENOENT, key, quiet=True)
-                if found[0] != DIR:
-                    raise FsError(errno.ENOTDIR, key)
-            return list(itertools.islice(self._merged_children(t, key, after), limit))
-
-        return self.driver.transact(run, write=False)
-
-    def _merged_children(
-        self, t: Txn, key: str, after: str | None, sizes: dict[str, int] | None = None
-    ) -> Iterator[tuple[str, int, str]]:
-        prefix = key + "/" if key else ""
-        data = self._children(t, prefix, after, DATA, sizes)
-        side = self._children(t, ENTRY + prefix, after, SIDE)
-        a, b = next(data, None), next(side, None)
-        while a is not None or b is not None:
-            if b is None:  # no side entries (left): the rest is the data stream as it is
-                yield a
-                yield from data
-                return
-            if a is not None and a[2] < b[2]:
-                yield a
-                a = next(data, None)
-            elif a is None or b[2] < a[2]:
-                yield b
-                b = next(side, None)
-            else:  # the same folder in both streams
-                yield a
-                a, b = next(data, None), next(side, None)
-
-    def _children(
-        self, t: Txn, prefix: str, after: str | None, space: str, sizes: dict[str, int] | None = None
-    ) -> Iterator[tuple[str, int, str]]:
-        """Immediate children under ``prefix`` in one space, skipping whole subtrees by seeking.
-
-        A child's position is its name, with a trailing '/' for a folder, so positions sort in
-        the order the keys do and a resume skips exactly what was already returned. With
-        ``sizes``, the stored size of each file child is put there, read by the same scan.
-        """
-        stop = prefix_stop(prefix)
-        if after is None:
-            pos = prefix
-        elif after.endswith("/"):
-            pos = prefix + after[:-1] + _AFTER_SLASH
-        else:
-            pos = prefix + after + "\0"
-        n = len(prefix)
-        batch_size = 256
-        # Sizes come with the scan only once a batch held files alone: the scan's sizes are
-        # those of every key it passes, also keys deep inside subfolders (zarr's c/0/0, c/1/0,
-        # ...), and on LMDB a size costs reading the whole value. Until then the sizes of the
-        # folder's own files are looked up one by one.
-        flat = False
-        while True:
-            fetch = VALUES if space == SIDE else (SIZES if sizes is not None and flat else KEYS)
-            batch = list(t.scan(pos, stop, space=space, fetch=fetch, limit=batch_size))
-            if not batch:
-                return
-            fetched = len(batch)
-            flat = True
-            if space == DATA and sizes is None and fetched > 1:
-                # A flat run of files (most of a large folder): no key below a subfolder and
-                # none extending the one before, so all but the last are plain files.
-                rests = [k[n:] for k, _ in batch]
-                if "/" not in "\0".join(rests) and not any(
-                    b.startswith(a) for a, b in zip(rests[:-1], rests[1:], strict=True)
-                ):
-                    for rest in itertools.islice(rests, len(rests) - 1):
-                        yield rest, FILE, rest
-                    batch = batch[-1:]
-            # The batch's keys below one subfolder are skipped (the folder is listed once);
-            # the keys after them are used, not fetched again: a folder of many subfolders
-            # with a key or two each (zarr's c/0/0, c/1/0, ...) costs one scan, not one a
-            # subfolder. When the batch ends inside a subfolder, the next seeks past it.
-            folder = None
-            for i, (k, v) in enumerate(batch):
-                rest = k[n:]
-                slash = rest.find("/")
-                if slash >= 0:
-                    flat = False
-                    name = rest[:slash]
-                    if name != folder:
-                        yield name, DIR, name + "/"
-                        folder = name
-                        pos = prefix + name + _AFTER_SLASH
-                    continue
-                folder = None
-                if space == SIDE:
-                    if v[:1] != LINK_MARK:  # a folder marker: its subtree is the same child
-                        yield rest, DIR, rest + "/"
-                        folder = rest
-                        pos = prefix + rest + _AFTER_SLASH
-                        continue
-                    yield rest, LINK, rest
-                else:
-                    following = batch[i + 1][0] if i + 1 < len(batch) else None
-                    # Only a following key that extends this one can be a folder of the same
-                    # name; then the folder wins and it is listed (later) instead of the key.
-                    # Keys below "k/" sort before any "k" + a character above '/' ("1" then
-                    # "10"): only a following "k/..." or "k" + a lower character ("k.0") leaves
-                    # the question open.
-                    if following is None:
-                        hidden = self._has_children(t, k, False)
-                    elif following.startswith(k):
-                        after_k = following[len(k)]
-                        hidden = after_k == "/" or (after_k < "/" and self._has_children(t, k, False))
-                    else:
-                        hidden = False
-                    if hidden:
-                        self._log_hidden(k)
-                    else:
-                        if sizes is not None:
-                            sizes[rest] = v if fetch == SIZES else t.size(k)
-                        yield rest, FILE, rest
-                pos = k + "\0"
-            if fetched < batch_size:
-                return
 
     # ------------------------------------------------------------------ writes
     def _write(self, run: Any) -> Any:

@@ -1,0 +1,231 @@
+"""Lookups: what is at a path, derived from the keys and side records in a database.
+
+A path is a key: ``/grp/arr/0.0`` is the key ``grp/arr/0.0``. Folders are not stored; they are
+derived from key prefixes (``arr/0/0`` makes the folders ``arr`` and ``arr/0``), plus side
+markers for folders made with ``mkdir`` so that empty folders persist. When the database holds
+both a key ``a`` and keys under ``a/`` (impossible in POSIX), the folder wins and the key is
+hidden (logged once, never deleted).
+
+:class:`Lookups` is the part of :class:`zarrfs.fs.namespace.Tree` that answers "what is at
+this key": one probe (a batch of reads) per name. Listings are in :mod:`zarrfs.fs.listing`,
+namespace changes in :mod:`zarrfs.fs.namespace`.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from zarrfs.backends.base import DATA, SIDE, Txn
+from zarrfs.fs.errors import FsError
+from zarrfs.fs.sidedata import ENTRY, LINK_MARK, Attrs, attr_key, entry_key
+
+log = logging.getLogger("zarrfs.fs.namespace")
+
+FILE, DIR, LINK = stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK
+
+
+@dataclass
+class Node:
+    """What is at a key: its kind (FILE, DIR or LINK), size in bytes and attributes."""
+
+    kind: int
+    size: int
+    attrs: Attrs
+    target: str = ""
+
+
+class Lookups:
+    """Lookups of a :class:`zarrfs.fs.namespace.Tree`, which provides the attributes used here
+    (``driver``, ``hooks``, ``uid``, ``gid``, ``umask``, ``epoch``, ``folder_cache``) and
+    ``folder_nodes`` (from :class:`zarrfs.fs.listing.Listings`)."""
+
+    driver: Any
+    hooks: Any
+    uid: int
+    gid: int
+    umask: int
+    epoch: int
+    folder_cache: Any
+    _hidden_logged: set[str]
+
+    def default_attrs(self, kind: int) -> Attrs:
+        """Attributes of a node that has no side record."""
+        perm = 0o777 if kind == LINK else (0o777 if kind == DIR else 0o666) & ~self.umask
+        return Attrs(kind | perm, self.uid, self.gid, self.epoch, self.epoch, self.epoch)
+
+    def _attrs(self, t: Txn, key: str, kind: int) -> Attrs:
+        raw = t.get(attr_key(key), SIDE)
+        attrs = Attrs.unpack(raw) if raw is not None else None
+        if attrs is None:
+            return self.default_attrs(kind)
+        return attrs if stat.S_IFMT(attrs.mode) == kind else attrs.with_type(kind)
+
+    def _has_children(self, t: Txn, key: str, side: bool = True) -> bool:
+        prefix = key + "/"
+        if next(iter(t.scan_prefix(prefix, limit=1)), None) is not None:
+            return True
+        return side and next(iter(t.scan_prefix(ENTRY + prefix, space=SIDE, limit=1)), None) is not None
+
+    def _probe(self, t: Txn, key: str) -> tuple[int, int, str, bytes | None] | None:
+        """(kind, stored size, link target, raw attributes) of ``key``, or None when nothing
+        is there. One batch of reads where a batch costs one read (a round trip to Redis, one
+        SQLite statement); on LMDB, only the reads the answer needs (a file or a missing name
+        skips two of five)."""
+        if self.driver.batched or key == "":
+            return self._probe_many(t, [key])[0]
+        size, data_below = t.read_many([("size", key, DATA), ("prefix", key + "/", DATA)])
+        if size is None and not data_below:
+            side = [("get", entry_key(key), SIDE), ("prefix", ENTRY + key + "/", SIDE)]
+            mark, side_below = t.read_many(side)
+            if mark is None and not side_below:
+                return None
+        else:
+            mark, side_below = None, False
+        return self._judge(key, size, data_below, mark, side_below, t.get(attr_key(key), SIDE))
+
+    def _probe_many(
+        self, t: Txn, keys: list[str], also: Sequence[str] = ()
+    ) -> list[tuple[int, int, str, bytes | None] | None]:
+        """:meth:`_probe` of several keys in one batch of reads; the batch also reads the data
+        keys ``also``, for the transaction to answer again without a round trip."""
+        requests: list[tuple[str, str, str]] = [("get", k, DATA) for k in also]
+        for key in keys:
+            if key == "":
+                requests.append(("get", attr_key(key), SIDE))
+            else:
+                requests += [
+                    ("size", key, DATA),
+                    ("prefix", key + "/", DATA),
+                    ("get", entry_key(key), SIDE),
+                    ("prefix", ENTRY + key + "/", SIDE),
+                    ("get", attr_key(key), SIDE),
+                ]
+        answers = t.read_many(requests)
+        out: list[tuple[int, int, str, bytes | None] | None] = []
+        i = len(also)
+        for key in keys:
+            if key == "":
+                out.append((DIR, 0, "", answers[i]))
+                i += 1
+            else:
+                out.append(self._judge(key, *answers[i : i + 5]))
+                i += 5
+        return out
+
+    def _judge(self, key: str, size, data_below, mark, side_below, raw_attrs):
+        """What a probe's five answers say is at ``key``. Data keys win over side entries (a
+        key, or keys below it, over a symlink's or folder's marker of the same name), as they
+        do in listings, and as the probe that reads the side only when the data has nothing
+        must agree."""
+        if size is not None:
+            if not data_below:
+                return FILE, size, "", raw_attrs
+            self._log_hidden(key)
+            return DIR, 0, "", raw_attrs
+        if data_below:
+            return DIR, 0, "", raw_attrs
+        if mark is not None and mark[:1] == LINK_MARK:
+            target = bytes(mark[1:]).decode("utf-8", "surrogateescape")
+            return LINK, len(target.encode("utf-8", "surrogateescape")), target, raw_attrs
+        if mark is not None or side_below:
+            return DIR, 0, "", raw_attrs
+        return None
+
+    def _probe_in_folder(
+        self, t: Txn, key: str, also: Sequence[str] = ()
+    ) -> tuple[int, int, str, bytes | None] | None:
+        """:meth:`_probe` of ``key``, and in the same batch a check that its parent is a folder
+        (ENOENT / ENOTDIR otherwise), as every call that makes a name needs."""
+        parent, found = self._probe_many(t, [key.rpartition("/")[0], key], also)
+        self._folder_check(parent, key)
+        return found
+
+    @staticmethod
+    def _folder_check(parent: tuple | None, key: str) -> None:
+        if parent is None:
+            raise FsError(errno.ENOENT, f"parent of {key}")
+        if parent[0] != DIR:
+            raise FsError(errno.ENOTDIR, f"parent of {key}")
+
+    def _log_hidden(self, key: str) -> None:
+        if key not in self._hidden_logged:
+            self._hidden_logged.add(key)
+            log.warning("key %r is hidden by the folder %r of the same name (nothing deleted)", key, key)
+
+    def _find(self, t: Txn, key: str) -> Node | None:
+        found = self._probe(t, key)
+        if found is None:
+            return None
+        return self._node_from(t, key, *found)
+
+    def _node_from(self, t: Txn, key: str, kind: int, size: int, target: str, raw: bytes | None) -> Node:
+        if kind == FILE:
+            size = self.hooks.shown_size(t, key, size)
+        attrs = Attrs.unpack(raw) if raw is not None else None
+        if attrs is None:
+            attrs = self.default_attrs(kind)
+        elif stat.S_IFMT(attrs.mode) != kind:
+            attrs = attrs.with_type(kind)
+        return Node(kind, size, attrs, target)
+
+    def _node(self, t: Txn, key: str) -> Node:
+        node = self._find(t, key)
+        if node is None:
+            raise FsError(errno.ENOENT, key, quiet=True)
+        return node
+
+    def find(self, key: str) -> Node | None:
+        """The node at ``key``, or None when there is none (the lookup of every ``stat``: a
+        missing name is common and costs no exception). Answered from a snapshot of the
+        folder when :attr:`folder_cache` has one (see :mod:`zarrfs.fs.foldercache`)."""
+        cache = self.folder_cache
+        if cache is not None and key:
+            folder, _, name = key.rpartition("/")
+            nodes = cache.snapshot(folder, lambda limit: self.folder_nodes(folder, limit))
+            if nodes is not None:
+                return nodes.get(name)
+        return self.driver.transact(lambda t: self._find(t, key), write=False)
+
+    def lookup(self, key: str) -> Node:
+        """The node at ``key``; ENOENT when there is none."""
+        return self.driver.transact(lambda t: self._node(t, key), write=False)
+
+    def read_value(self, key: str) -> bytes:
+        """The whole content of the file at ``key`` as it is shown."""
+
+        def run(t: Txn) -> bytes:
+            value = t.get(key)
+            if value is None:
+                raise FsError(errno.ENOENT, key, quiet=True)
+            return self.hooks.shown_value(t, key, value)
+
+        return self.driver.transact(run, write=False)
+
+    def lookup_attrs(self, key: str) -> Attrs:
+        """The attributes of the file at ``key`` (defaults when it has none or is gone)."""
+        return self.driver.transact(lambda t: self._attrs(t, key, FILE), write=False)
+
+    @property
+    def hooks_transform(self) -> bool:
+        """Whether files show other bytes than the stored ones (a decoded view)."""
+        return bool(getattr(self.hooks, "transforms", False))
+
+    def stored_size(self, key: str) -> int:
+        """The stored size of the value at ``key`` (0 when absent)."""
+        return self.driver.size(key) or 0
+
+    def read_range(self, key: str, offset: int, size: int) -> bytes:
+        """Stored bytes of ``key`` from ``offset``, without fetching the whole value."""
+        return self.driver.read(key, offset, size) or b""
+
+    def readlink(self, key: str) -> str:
+        """The target of the symlink at ``key``."""
+        node = self.lookup(key)
+        if node.kind != LINK:
+            raise FsError(errno.EINVAL, f"{key} is not a symlink")
+        return node.target

@@ -1,0 +1,380 @@
+"""Filesystem semantics every driver must give, as a test class a driver's own tests subclass.
+
+A third-party driver's test module runs the whole set against its database like this::
+
+    import pytest
+    from zarrfs.testing.filesystem import FilesystemConformance
+
+    class TestMyDriver(FilesystemConformance):
+        @pytest.fixture
+        def driver_url(self, tmp_path):
+            return f"mydb://{tmp_path}/db"  # a fresh, empty database for each test
+
+The class name does not start with ``Test``, so pytest does not collect the base class itself,
+only its subclasses. Everything goes through :class:`zarrfs.fs.namespace.Tree` and
+:class:`zarrfs.fs.listing.DirListing` (the filesystem without FUSE): folders derived from keys,
+listings (exact for every name, across batches and resumptions), mkdir markers, symlinks,
+rename and link, attributes, open files.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+
+import pytest
+
+from zarrfs.backends import open_driver
+from zarrfs.backends.base import SIDE
+from zarrfs.fs import listing as listing_module
+from zarrfs.fs.errors import FsError
+from zarrfs.fs.handles import HandleTable
+from zarrfs.fs.listing import DirListing
+from zarrfs.fs.namespace import DIR, FILE, LINK, RENAME_EXCHANGE, RENAME_NOREPLACE, Tree
+from zarrfs.fs.sidedata import DIR_MARK, LINK_MARK, entry_key
+
+
+def put(tree: Tree, *keys: str, value: bytes = b"v") -> None:
+    """Store ``keys`` directly in the database (as another writer would), each set to ``value``."""
+    tree.driver.transact(lambda t: [t.put(k, value) for k in keys])
+
+
+def names(tree: Tree, key: str) -> list[tuple[str, int]]:
+    """``(name, kind)`` of every entry of folder ``key`` as ``readdir`` lists it (no . and ..)."""
+    return [(n, k) for n, k, _ in DirListing(tree, key).entries(0)][2:]
+
+
+def errno_of(fn) -> int:
+    """The errno of the :class:`FsError` that ``fn()`` raises."""
+    with pytest.raises(FsError) as info:
+        fn()
+    return info.value.errno
+
+
+def _take(it, n):
+    for i, item in enumerate(it):
+        if i >= n:
+            return
+        yield item
+
+
+# Characters around '/' in sort order (' ', '!', '-', '.' sort before it; '0', '_', '~' after),
+# and characters of two, three and four UTF-8 bytes: names built from them are prefixes of one
+# another with every kind of character following the prefix.
+_ALPHABET = [" ", "!", "-", ".", "0", "_", "~", "a", "\u00e9", "\u2603", "\U0001f600"]
+_TRICKY = ["foo", "foo-max", "foo.bar", "foo bar", "foo!", "foo0", "foo_", "foo~", "fo", "foo\u00e9"]
+
+
+def _random_names(rng: random.Random, count: int) -> list[str]:
+    """Names, many of them prefixes of others."""
+    pool: list[str] = []
+    while len(pool) < count:
+        if pool and rng.random() < 0.6:  # extend a name: the two sort around each other's folder
+            pool.append(rng.choice(pool) + "".join(rng.choices(_ALPHABET, k=rng.randint(1, 2))))
+        else:
+            pool.append("".join(rng.choices(_ALPHABET, k=rng.randint(1, 3))))
+    return sorted(set(pool))
+
+
+def _expected_children(keys: list[str], folder: str) -> set[str]:
+    prefix = folder + "/" if folder else ""
+    return {k[len(prefix) :].partition("/")[0] for k in keys if k.startswith(prefix) and len(k) > len(prefix)}
+
+
+class FilesystemConformance:
+    """Filesystem semantics over one driver; subclasses provide the ``driver_url`` fixture (a
+    fresh, empty database for each test)."""
+
+    @pytest.fixture
+    def driver_url(self) -> str:
+        """The URL of a fresh, empty database; a subclass overrides this fixture."""
+        raise NotImplementedError("a FilesystemConformance subclass provides the driver_url fixture")
+
+    @pytest.fixture
+    def tree(self, driver_url):
+        """A tree over a fresh database."""
+        driver = open_driver(driver_url)
+        yield Tree(driver, uid=1000, gid=1000)
+        driver.close()
+
+    def test_folders_derive_from_keys(self, tree):
+        put(tree, "g/a/0.0", "g/a/.zarray", "g/.zgroup")
+        assert tree.lookup("g").kind == DIR
+        assert tree.lookup("g/a").kind == DIR
+        node = tree.lookup("g/a/0.0")
+        assert (node.kind, node.size) == (FILE, 1)
+        assert errno_of(lambda: tree.lookup("g/b")) == errno.ENOENT
+        assert names(tree, "g") == [(".zgroup", FILE), ("a", DIR)]
+
+    def test_listing_orders_like_keys_and_skips_subtrees(self, tree):
+        # '.' sorts before '/', so the file "0.0" comes between folder "0"'s key and its children.
+        put(tree, "a/0/0", "a/0/1", "a/0.0", "a/1", "a/10", "a/1/x")
+        listed = names(tree, "a")
+        assert sorted(listed) == sorted([("0", DIR), ("0.0", FILE), ("1", DIR), ("10", FILE)])
+        assert len(listed) == 4  # "1" is a folder: the key "a/1" is hidden, not listed twice
+
+    def test_a_key_is_hidden_by_its_folder_whatever_sorts_between_them(self, tree):
+        # "1.0" sorts between the key "1" and its folder's "1/x"; "20" follows "2", which has none.
+        put(tree, "b/1", "b/1.0", "b/1/x", "b/2", "b/20", "b/3", "b/3-a", "b/30")
+        assert sorted(names(tree, "b")) == sorted(
+            [("1", DIR), ("1.0", FILE), ("2", FILE), ("20", FILE), ("3", FILE), ("3-a", FILE), ("30", FILE)]
+        )
+        assert tree.folder_nodes("b", 100)["1"].kind == DIR
+
+    def test_listing_resumes_across_batches(self, tree):
+        keys = [f"big/{i:05d}" for i in range(3000)] + [f"big/n{i}/0" for i in range(300)]
+        put(tree, *keys)
+        listing = DirListing(tree, "big")
+        first = list(_take(listing.entries(0), 500))
+        rest = list(listing.entries(first[-1][2]))
+        got = [n for n, _, _ in first + rest][2:]
+        assert len(got) == 3300 and len(set(got)) == 3300
+        again = [n for n, _, _ in listing.entries(0)][2:]  # rewind
+        assert again == got
+
+    def test_listing_of_many_subfolders_across_batch_ends(self, tree):
+        """zarr's c/0/0, c/1/0, ...: subfolders of one key each, of many keys (a batch ends inside
+        one), files and a hidden key among them, and empty folders made with mkdir; listed whole,
+        resumed after each entry, and snapshotted with sizes, each the same."""
+        keys = [f"c/{i}/0" for i in range(300)] + [f"c/7/{j}" for j in range(1, 600)]
+        keys += ["c/7.zarray", "c/150", "c/a", "c/b", "c/b.0"]  # "c/150" is hidden by folder "150"
+        put(tree, *keys)
+        tree.mkdir("c/empty", 0o755)
+        tree.mkdir("c/150/sub", 0o755)
+        expected = sorted(
+            [(str(i), DIR) for i in range(300)]
+            + [("7.zarray", FILE), ("a", FILE), ("b", FILE), ("b.0", FILE)]
+            + [("empty", DIR)]
+        )
+        listed = names(tree, "c")
+        assert sorted(listed) == expected and len(listed) == len(expected)
+        listing = DirListing(tree, "c")
+        entries = list(listing.entries(0))[2:]
+        resumed = [next(iter(listing.entries(prev[2])))[0] for prev in entries[:-1]]
+        assert resumed == [n for n, _, _ in entries[1:]]
+        nodes = tree.folder_nodes("c", 1000)
+        assert sorted((n, node.kind) for n, node in nodes.items()) == expected
+        assert nodes["a"].size == 1 and nodes["7"].kind == DIR
+
+    def test_folder_snapshot_sizes_across_flat_runs_and_subfolders(self, tree):
+        """Each file's size in a snapshot is its own, whether it came with the scan (a run of
+        files) or was looked up (a batch that also held subfolders' keys)."""
+        sizes = {f"f/{i:04d}": i % 37 for i in range(700)}  # flat: sizes come with later scans
+        sizes |= {f"f/{i:04d}.x": 5 + i % 11 for i in range(300, 310)}
+        sizes |= {f"f/d{i:04d}/0": 3 for i in range(400)}  # then a run of subfolders
+        sizes |= {f"f/z{i:04d}": i % 13 for i in range(600)}  # then files again
+        tree.driver.transact(lambda t: [t.put(k, b"s" * n) for k, n in sizes.items()])
+        nodes = tree.folder_nodes("f", 10_000)
+        files = {f"f/{n}": node.size for n, node in nodes.items() if node.kind == FILE}
+        assert files == {k: n for k, n in sizes.items() if k.count("/") == 1}
+        assert sum(node.kind == DIR for node in nodes.values()) == 400
+
+    def test_mkdir_markers_and_parent_kept(self, tree):
+        tree.mkdir("d", 0o755)
+        tree.mkdir("d/e", 0o700)
+        assert names(tree, "d") == [("e", DIR)]
+        assert names(tree, "") == [("d", DIR)]
+        assert errno_of(lambda: tree.mkdir("d", 0o755)) == errno.EEXIST
+        assert errno_of(lambda: tree.mkdir("x/y", 0o755)) == errno.ENOENT
+        put(tree, "k/sub/f")
+        tree.unlink("k/sub/f")
+        assert tree.lookup("k/sub").kind == DIR  # only rmdir removes a folder
+        assert errno_of(lambda: tree.rmdir("k")) == errno.ENOTEMPTY
+        tree.rmdir("k/sub")
+        tree.rmdir("k")
+        assert errno_of(lambda: tree.lookup("k")) == errno.ENOENT
+
+    def test_rename_folder_moves_everything_atomically(self, tree):
+        put(tree, "src/a/0.0", "src/.zarray")
+        tree.set_attrs("src/.zarray", mode=0o600)
+        tree.mkdir("src/empty", 0o755)
+        tree.rename("src", "dst")
+        assert errno_of(lambda: tree.lookup("src")) == errno.ENOENT
+        assert tree.lookup("dst/a/0.0").kind == FILE
+        assert tree.lookup("dst/empty").kind == DIR
+        assert tree.lookup("dst/.zarray").attrs.mode & 0o777 == 0o600
+        assert tree.driver.get("src/a/0.0") is None
+
+    def test_rename_flags_and_errors(self, tree):
+        put(tree, "a", value=b"A")
+        put(tree, "b", value=b"B")
+        assert errno_of(lambda: tree.rename("a", "b", RENAME_NOREPLACE)) == errno.EEXIST
+        tree.rename("a", "b", RENAME_EXCHANGE)
+        assert (tree.driver.get("a"), tree.driver.get("b")) == (b"B", b"A")
+        tree.mkdir("d", 0o755)
+        assert errno_of(lambda: tree.rename("a", "d")) == errno.EISDIR
+        assert errno_of(lambda: tree.rename("d", "a")) == errno.ENOTDIR
+        assert errno_of(lambda: tree.rename("d", "d/x")) == errno.EINVAL
+        assert errno_of(lambda: tree.rename("nope", "z")) == errno.ENOENT
+
+    def test_link_copies_or_fails_with_eexist(self, tree):
+        put(tree, "tmp", value=b"meta")
+        tree.link("tmp", "zarr.json")
+        assert tree.driver.get("zarr.json") == b"meta"
+        assert errno_of(lambda: tree.link("tmp", "zarr.json")) == errno.EEXIST
+
+    def test_symlink_is_side_data(self, tree):
+        tree.symlink("target/path", "ln")
+        node = tree.lookup("ln")
+        assert node.kind == LINK and tree.readlink("ln") == "target/path"
+        assert tree.driver.get("ln") is None  # never a Zarr key
+        assert names(tree, "") == [("ln", LINK)]
+
+    def test_attrs_default_and_persist(self, tree):
+        put(tree, "f")
+        a = tree.lookup("f").attrs
+        assert (a.uid, a.gid, a.mode & 0o777) == (1000, 1000, 0o644)
+        tree.set_attrs("f", mode=0o600, uid=5, gid=-1, mtime=123)
+        b = tree.lookup("f").attrs
+        assert (b.mode & 0o777, b.uid, b.gid, b.mtime) == (0o600, 5, 1000, 123)
+        assert Tree(tree.driver).epoch == tree.epoch  # the default time is stable across mounts
+
+    def test_handles_commit_all_or_nothing(self, tree):
+        tree.mkdir("d", 0o755)
+        handles = HandleTable(tree, spill_threshold=1024)
+        fh = handles.create("d/f", 0o644, os.O_WRONLY, 0, 0)
+        handles.write(fh, b"x" * 5000, 0)  # spills to a temporary file
+        assert tree.driver.get("d/f") is None  # nothing visible before the commit
+        assert handles.pending("d/f").size == 5000
+        handles.flush(fh)
+        assert tree.driver.get("d/f") == b"x" * 5000
+        handles.write(fh, b"y", 10)
+        handles.release(fh)
+        assert tree.driver.get("d/f")[9:12] == b"xyx"
+
+    def test_decoded_view_encodes_a_temporary_file_renamed_onto_a_chunk(self, tree):
+        import json
+        import zlib
+
+        import numpy as np
+
+        from zarrfs.format.hooks import FormatHooks
+
+        tree.hooks = FormatHooks(view="decoded")
+        meta = {
+            "zarr_format": 2,
+            "shape": [8],
+            "chunks": [4],
+            "dtype": "<i4",
+            "order": "C",
+            "compressor": {"id": "zlib", "level": 1},
+            "fill_value": 0,
+            "filters": None,
+        }
+        tree.mkdir("arr", 0o755)
+        tree.commit("arr/.zarray", json.dumps(meta).encode(), None, create=True)
+        raw = np.arange(4, dtype="<i4").tobytes()
+        tree.commit("arr/.0.tmp", raw, None, create=True)  # a temporary file: stored as written
+        assert tree.driver.get("arr/.0.tmp") == raw
+        tree.rename("arr/.0.tmp", "arr/0")
+        stored = tree.driver.get("arr/0")
+        assert zlib.decompress(stored) == raw  # encoded on arrival, as a write in place would be
+        assert tree.read_value("arr/0") == raw
+        tree.rename("arr", "moved")  # moving the whole array keeps the stored bytes as they are
+        assert tree.driver.get("moved/0") == stored
+
+    # ------------------------------------------------------------------ listings, every name
+    def test_a_folder_named_as_a_prefix_of_its_siblings_is_listed_once(self, tree, driver_url):
+        """``foo`` beside ``foo-max``, ``foo.bar``, ``foo bar``, ``foo!``: in the database
+        ``foo-max/...`` sorts before ``foo/...`` ('-' < '/'), while the mkdir markers sort by
+        name. Each is listed once, whole, resumed after each entry, and after a remount."""
+        tricky = ["foo", "foo-max", "foo.bar", "foo bar", "foo!", "fo", "foo0"]
+        tree.mkdir("g", 0o755)
+        for name in tricky:
+            tree.mkdir(f"g/{name}", 0o755)
+            tree.commit(f"g/{name}/zarr.json", b"{}", None, create=True)
+        tree.mkdir("g/foo-", 0o755)  # an empty folder: a marker alone
+        tree.symlink("foo", "g/foo.link")
+        put(tree, "g/foo.txt")
+        expected = {n: DIR for n in [*tricky, "foo-"]} | {"foo.link": LINK, "foo.txt": FILE}
+        for _remount in range(2):
+            listed = names(tree, "g")
+            assert len(listed) == len(expected), listed
+            assert dict(listed) == expected
+            got, after = [], None
+            while True:  # one entry per call: every resume token
+                part = tree.list_dir("g", after=after, limit=1)
+                if not part:
+                    break
+                got.append(part[0][0])
+                after = part[0][2]
+            assert sorted(got) == sorted(expected)
+            assert {n: node.kind for n, node in tree.folder_nodes("g", 100).items()} == expected
+            tree.driver.close()  # and after a remount
+            tree = Tree(open_driver(driver_url), uid=1000, gid=1000)
+        tree.driver.close()
+
+    def test_unstored_files_are_listed_once(self, tree):
+        """Files created through the mount and not stored yet come after the stored entries;
+        one stored meanwhile (or by another writer) is listed once, as stored."""
+        put(tree, "u/a", "u/b", "u/c/0")
+        listing = DirListing(tree, "u", extra=["a", "c", "new", "zz"])
+        assert [(n, k) for n, k, _ in listing.entries(0)][2:] == [
+            ("a", FILE),
+            ("b", FILE),
+            ("c", DIR),
+            ("new", FILE),
+            ("zz", FILE),
+        ]
+
+    @pytest.mark.parametrize("seed", range(6))
+    def test_random_folders_are_listed_exactly(self, tree, monkeypatch, seed):
+        """Random keys, mkdir markers and symlinks (conflicting ones too) with names that are
+        prefixes of one another, listed with tiny batches: every folder lists each child once,
+        none missing, of the kind a lookup gives, whole or resumed at any token or offset; a
+        snapshot of the folder says the same; names of unstored files are listed once."""
+        rng = random.Random(seed)
+        scan_batch = rng.choice([1, 2, 3, 5])
+        monkeypatch.setattr(listing_module, "SCAN_BATCH", scan_batch, raising=False)
+        monkeypatch.setattr(listing_module, "FIRST_BATCH", rng.choice([1, 2, 3]), raising=False)
+        monkeypatch.setattr(listing_module, "MAX_BATCH", 4, raising=False)
+        pool = _random_names(rng, 14) + rng.sample(_TRICKY, 4)
+        keys = ["/".join(rng.choices(pool, k=rng.choice([1, 1, 2, 2, 3]))) for _ in range(40)]
+        marks = ["/".join(rng.choices(pool, k=rng.choice([1, 1, 2]))) for _ in range(12)]
+        put(tree, *keys)
+
+        def side(t):
+            for i, k in enumerate(marks):
+                t.put(entry_key(k), DIR_MARK if i % 3 else LINK_MARK + b"target", SIDE)
+
+        tree.driver.transact(side)
+        everything = keys + marks
+        folders = {""} | {"/".join(k.split("/")[:i]) for k in everything for i in range(1, k.count("/") + 1)}
+        for folder in sorted(folders):
+            if tree.lookup(folder).kind != DIR:  # a symlink's marker wins over keys below it
+                continue
+            prefix = folder + "/" if folder else ""
+            children = _expected_children(everything, folder)
+            expected = {n: tree.lookup(prefix + n).kind for n in children}
+            extra = sorted(
+                set(rng.sample(pool, 3)) | set(rng.sample(sorted(children), min(2, len(children))))
+            )
+            self._check_listing(tree, folder, expected, extra, rng)
+
+    @staticmethod
+    def _check_listing(tree, folder, expected, extra, rng) -> None:
+        context = f"folder {folder!r}"
+        listed = names(tree, folder)
+        assert len(listed) == len({n for n, _ in listed}), (context, listed)
+        assert dict(listed) == expected, context
+        with_extra = [(n, k) for n, k, _ in DirListing(tree, folder, extra=extra).entries(0)][2:]
+        assert len(with_extra) == len({n for n, _ in with_extra}), (context, extra, with_extra)
+        assert dict(with_extra) == {n: FILE for n in extra} | expected, context
+        for limit in (1, 2, 3):
+            got, after = [], None
+            while True:
+                part = tree.list_dir(folder, after=after, limit=limit)
+                got += [n for n, _, _ in part]
+                if len(part) < limit:
+                    break
+                after = part[-1][2]
+            assert sorted(got) == sorted(expected), (context, limit)
+        listing = DirListing(tree, folder, extra=extra)
+        whole = list(listing.entries(0))
+        for _ in range(4):  # the kernel resumes at the offset of the last entry it kept
+            offset = rng.randrange(len(whole))
+            assert list(listing.entries(offset)) == whole[offset:], context
+        nodes = tree.folder_nodes(folder, 10_000)
+        assert {n: node.kind for n, node in nodes.items()} == expected, context
+        assert nodes == {n: tree.find((folder + "/" if folder else "") + n) for n in expected}
