@@ -2,14 +2,17 @@
 """The floor of a FUSE filesystem written in Python: what zarrfs' request loop costs alone.
 
 Mounts a filesystem (through zarrfs.fuse.channel, i.e. libfuse's mount) whose folder ``small`` holds
-``--files`` empty files, answered from a dict by a loop like zarrfs.fuse.loop + zarrfs.fuse.session
-(spinning as they do), and ``stat``s existing and missing names from a client process, each
+``--files`` empty files, answered from a dict by zarrfs.fuse.loop (spinning as it does) and a handler written
+like zarrfs.fuse.session, or with ``--session`` by zarrfs.fuse.session itself over an operations
+object that finds nodes in a dict (the cost of the session's dispatch and replies), and
+``stat``s existing and missing names from a client process, each
 name once (cached for 1 s, as a zarrfs mount caches them). Compare with
 ``scripts/fuse_floor.c`` (the same in C) and with ``scripts/bench.py`` (the same lookups
 answered from a database).
 
     python scripts/python_floor.py                 # 20,000 lookups each way
     python scripts/python_floor.py --spin 0        # sleeping between requests
+    python scripts/python_floor.py --session       # through zarrfs' Session
 """
 
 from __future__ import annotations
@@ -23,15 +26,47 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from zarrfs.fuse import abi as k  # noqa: E402
 from zarrfs.fuse.channel import Channel  # noqa: E402
 from zarrfs.fuse.loop import Loop  # noqa: E402
-from zarrfs.fuse.session import BUFFER_SIZE, MAX_WRITE  # noqa: E402
+from zarrfs.fuse.session import BUFFER_SIZE, MAX_WRITE, Session  # noqa: E402
 
 FOLDER_ID = 2
+
+
+class DictOps:
+    """The part of zarrfs.fs.api.Operations a stat needs, answered from a dict: what the
+    session costs around the filesystem's own work."""
+
+    def __init__(self, files: int) -> None:
+        now = time.time_ns()
+        folder = SimpleNamespace(mode=stat.S_IFDIR | 0o755, uid=0, gid=0, atime=now, mtime=now, ctime=now)
+        empty = SimpleNamespace(mode=stat.S_IFREG | 0o644, uid=0, gid=0, atime=now, mtime=now, ctime=now)
+        self.nodes = {"": SimpleNamespace(kind=stat.S_IFDIR, size=0, attrs=folder)}
+        self.nodes["small"] = self.nodes[""]
+        for i in range(files):
+            self.nodes[f"small/{i}"] = SimpleNamespace(kind=stat.S_IFREG, size=0, attrs=empty)
+        self.tree = SimpleNamespace()  # where sessions before on_keys_changed() registered
+
+    def on_keys_changed(self, callback) -> None:
+        pass
+
+    def find(self, key: str):
+        return self.nodes.get(key)
+
+
+def serve_session(mountpoint: str, files: int, spin: float) -> None:
+    channel = Channel(mountpoint, {"fsname": "python-floor", "subtype": "floor"})
+    session = Session(DictOps(files), channel.fd)
+    try:
+        Loop(channel.fd, session.handle, BUFFER_SIZE, spin).run()
+    finally:
+        session.close()
+        channel.close()
 
 
 def serve(mountpoint: str, files: int, spin: float) -> None:
@@ -87,12 +122,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=20000)
     parser.add_argument("--spin", type=float, default=200, help="microseconds, as -o spin=")
+    parser.add_argument("--session", action="store_true", help="answer through zarrfs.fuse.session")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="python-floor-") as mnt:
         pid = os.fork()
         if pid == 0:
             try:
-                serve(mnt, args.files, args.spin)
+                (serve_session if args.session else serve)(mnt, args.files, args.spin)
             finally:
                 os._exit(0)
         try:

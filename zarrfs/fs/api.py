@@ -3,7 +3,12 @@ the open-file table.
 
 :mod:`zarrfs.fuse.session` turns kernel requests into these calls (node IDs into keys) and their
 results into replies; an exception raised here becomes the caller's errno there, through
-:func:`zarrfs.fs.errors.to_errno`. Nothing here knows about FUSE.
+:func:`to_errno`. Nothing here knows about FUSE.
+
+This module is the one door of the filesystem for the protocol layer: what
+:mod:`zarrfs.fuse` needs of :mod:`zarrfs.fs` (nodes and their kinds, rename flags, what a
+commit stored, the errno mapping, the page cache policy) is re-exported here, so that the
+modules behind it can be rearranged without touching the protocol.
 """
 
 from __future__ import annotations
@@ -12,12 +17,13 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-from zarrfs.fs.errors import FsError
+from zarrfs.fs.errors import FsError, is_quiet, to_errno
 from zarrfs.fs.handles import HandleTable, Stored
 from zarrfs.fs.listing import DirListing
-from zarrfs.fs.namespace import DIR, RENAME_EXCHANGE, RENAME_NOREPLACE, Node, Tree
+from zarrfs.fs.namespace import DIR, FILE, LINK, RENAME_EXCHANGE, RENAME_NOREPLACE, Node, Tree
+from zarrfs.fs.pagecache import PageCache, Pages
 
 NOW = "now"  # a time to set to the present (UTIME_NOW)
 
@@ -30,6 +36,13 @@ class Operations:
         self.handles = handles
         self.dirs: dict[int, DirListing] = {}
         self._next_dir = 1
+
+    def on_keys_changed(self, callback: Callable[[list[str]], None] | None) -> None:
+        """Have ``callback(keys)`` called when a call changed keys other than the ones it
+        named (a consolidated document the format layer rewrote after a metadata write), before
+        that call returns; the caller drops what it caches of them. One callback: a later one
+        replaces it, None removes it."""
+        self.tree.on_side_effects = callback
 
     def destroy(self) -> None:
         """The end of the mount: store open files, close the database."""
@@ -160,4 +173,19 @@ class Operations:
         return self.handles.release(fh)
 
 
-__all__ = ["NOW", "Operations"]
+__all__ = [
+    "DIR",
+    "FILE",
+    "LINK",
+    "NOW",
+    "RENAME_EXCHANGE",
+    "RENAME_NOREPLACE",
+    "FsError",
+    "Node",
+    "Operations",
+    "PageCache",
+    "Pages",
+    "Stored",
+    "is_quiet",
+    "to_errno",
+]

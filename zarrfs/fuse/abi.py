@@ -2,9 +2,17 @@
 
 zarrfs speaks the protocol itself (see :mod:`zarrfs.fuse.session`): a request is a
 ``fuse_in_header`` followed by the operation's arguments, a reply a ``fuse_out_header``
-followed by its result, both little-endian C structs packed here with :mod:`struct`. The
-layouts are those of protocol 7.31, which every kernel since 5.4 speaks; newer kernels adapt to
-the minor version given in the INIT reply. Nothing here does I/O.
+followed by its result, both little-endian C structs packed here with :mod:`struct`.
+
+:data:`OPCODES` is the table of the requests zarrfs answers: for each opcode its name, the
+size of the fixed input struct that follows the header and how many NUL-terminated names
+follow that, which the session checks before a request reaches its handler.
+
+The layouts are those of every protocol version from :data:`MIN_MINOR` to :data:`MINOR`:
+each request struct zarrfs reads and each reply it writes has kept its size since 7.12 (the
+umask of CREATE and MKNOD), except the INIT reply, which is shorter below 7.23
+(:data:`INIT_REPLY_22`). The kernel adapts to the minor version given in the INIT reply.
+Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -12,9 +20,11 @@ from __future__ import annotations
 import stat
 import struct
 from collections.abc import Iterable
+from typing import NamedTuple
 
 MAJOR = 7
-MINOR = 31
+MINOR = 31  # the newest minor whose layouts zarrfs writes
+MIN_MINOR = 12  # the oldest minor it serves: see the module's docstring
 ROOT_ID = 1
 
 # Opcodes.
@@ -47,12 +57,6 @@ INTERRUPT = 36
 DESTROY = 38
 BATCH_FORGET = 42
 RENAME2 = 45
-
-OPCODE_NAMES = {
-    code: name.lower()
-    for name, code in list(globals().items())
-    if name.isupper() and isinstance(code, int) and name not in ("MAJOR", "MINOR", "ROOT_ID")
-}
 
 # INIT flags (fuse_init_in.flags / fuse_init_out.flags).
 ASYNC_READ = 1 << 0
@@ -93,7 +97,7 @@ NOTIFY_STORE = 4
 # d_ino of listed entries: the inode number is known only once the name is looked up.
 UNKNOWN_INO = 0xFFFFFFFF
 
-IN_HEADER = struct.Struct("<IIQQIIIHH")  # len, opcode, unique, nodeid, uid, gid, pid, extlen, pad
+IN_HEADER = struct.Struct("<IIQQIIIHH")  # the fields of Header
 OUT_HEADER = struct.Struct("<IiQ")  # len, error, unique
 IN_HEADER_SIZE = IN_HEADER.size  # 40
 OUT_HEADER_SIZE = OUT_HEADER.size  # 16
@@ -107,9 +111,15 @@ OPEN_REPLY = struct.Struct("<IiQ" + "QII")  # header, fuse_open_out
 CREATE_REPLY = struct.Struct("<IiQ" + "QQQQII" + _ATTR + "QII")  # header, entry_out, open_out
 WRITE_REPLY = struct.Struct("<IiQ" + "II")  # header, fuse_write_out
 STATFS_REPLY = struct.Struct("<IiQ" + "QQQQQIIII24x")  # header, fuse_kstatfs
-INIT_REPLY = struct.Struct("<IiQ" + "IIIIHHIIHHI28x")  # header, fuse_init_out
+INIT_REPLY = struct.Struct("<IiQ" + "IIIIHHIIHHI28x")  # header, fuse_init_out (7.23 on)
+# Up to 7.22 the kernel takes only the first 24 bytes (FUSE_COMPAT_22_INIT_OUT_SIZE): major,
+# minor, max_readahead, flags, max_background, congestion_threshold, max_write.
+INIT_REPLY_22 = struct.Struct("<IiQ" + "IIIIHHI")
+INIT_REPLY_MINOR = 23  # the first minor that takes INIT_REPLY
 
-INIT_IN = struct.Struct("<IIII")  # major, minor, max_readahead, flags
+INIT_IN = struct.Struct("<IIII")  # major, minor, max_readahead, flags (7.36 on: more after)
+INIT_VERSION = struct.Struct("<II")  # major, minor: all an INIT before 7.6 holds
+INTERRUPT_IN = struct.Struct("<Q")
 FORGET_IN = struct.Struct("<Q")
 BATCH_FORGET_IN = struct.Struct("<II")
 FORGET_ONE = struct.Struct("<QQ")
@@ -131,8 +141,85 @@ DIRENT = struct.Struct("<QQII")
 NOTIFY_INVAL_INODE_OUT = struct.Struct("<IiQ" + "Qqq")
 NOTIFY_INVAL_ENTRY_OUT = struct.Struct("<IiQ" + "QII")
 NOTIFY_STORE_OUT = struct.Struct("<IiQ" + "QQII")  # header, nodeid offset size padding; data follows
+NOTIFY_INVAL_MINOR = 12  # the minor that brought NOTIFY_INVAL_INODE and NOTIFY_INVAL_ENTRY
+NOTIFY_STORE_MINOR = 15  # the minor that brought NOTIFY_STORE
 
 WRITE_DATA = IN_HEADER_SIZE + WRITE_IN.size  # where a WRITE's data starts
+
+
+class Header(NamedTuple):
+    """``fuse_in_header``: what every request starts with. ``extlen`` counts 8-byte units of
+    extensions after the arguments (7.38, only when the daemon asks for them: zarrfs never does)."""
+
+    len: int
+    opcode: int
+    unique: int
+    nodeid: int
+    uid: int
+    gid: int
+    pid: int
+    extlen: int
+    padding: int
+
+
+class Opcode(NamedTuple):
+    """What a request of one type holds after its header: ``fixed`` bytes of its input struct,
+    then ``names`` NUL-terminated names; ``answered`` is False for the requests the kernel
+    wants no reply to."""
+
+    name: str
+    fixed: int = 0
+    names: int = 0
+    answered: bool = True
+
+
+# The requests zarrfs serves (others get ENOSYS). Sizes are those of every minor from MIN_MINOR.
+OPCODES: dict[int, Opcode] = {
+    LOOKUP: Opcode("lookup", 0, 1),
+    FORGET: Opcode("forget", FORGET_IN.size, answered=False),
+    GETATTR: Opcode("getattr", GETATTR_IN.size),
+    SETATTR: Opcode("setattr", SETATTR_IN.size),
+    READLINK: Opcode("readlink"),
+    SYMLINK: Opcode("symlink", 0, 2),  # the new name, then the target
+    MKNOD: Opcode("mknod", MKNOD_IN.size, 1),
+    MKDIR: Opcode("mkdir", MKDIR_IN.size, 1),
+    UNLINK: Opcode("unlink", 0, 1),
+    RMDIR: Opcode("rmdir", 0, 1),
+    RENAME: Opcode("rename", RENAME_IN.size, 2),
+    LINK: Opcode("link", LINK_IN.size, 1),
+    OPEN: Opcode("open", OPEN_IN.size),
+    READ: Opcode("read", READ_IN.size),
+    WRITE: Opcode("write", WRITE_IN.size),  # and the data
+    STATFS: Opcode("statfs"),
+    RELEASE: Opcode("release", RELEASE_IN.size),
+    FSYNC: Opcode("fsync", FSYNC_IN.size),
+    FLUSH: Opcode("flush", FLUSH_IN.size),
+    # Only the version is required: a kernel too old to be served hears so, not EINVAL.
+    INIT: Opcode("init", INIT_VERSION.size),
+    OPENDIR: Opcode("opendir", OPEN_IN.size),
+    READDIR: Opcode("readdir", READ_IN.size),
+    RELEASEDIR: Opcode("releasedir", RELEASE_IN.size),
+    FSYNCDIR: Opcode("fsyncdir", FSYNC_IN.size),
+    CREATE: Opcode("create", CREATE_IN.size, 1),
+    INTERRUPT: Opcode("interrupt", INTERRUPT_IN.size, answered=False),
+    DESTROY: Opcode("destroy"),
+    BATCH_FORGET: Opcode("batch_forget", BATCH_FORGET_IN.size, answered=False),  # and the list
+    RENAME2: Opcode("rename2", RENAME2_IN.size, 2),
+}
+OPCODE_NAMES = {code: op.name for code, op in OPCODES.items()}
+# Opcodes index lists of this length; larger ones (CUSE_INIT is 4096) share the last slot.
+TABLE_SIZE = 64
+assert max(OPCODES) < TABLE_SIZE
+
+
+def min_length(op: Opcode) -> int:
+    """The fewest bytes a request of type ``op`` can hold: the header, the input struct and
+    one NUL for each name."""
+    return IN_HEADER_SIZE + op.fixed + op.names
+
+
+class Malformed(ValueError):
+    """A request that does not hold what its opcode needs (the kernel never sends one)."""
 
 
 def split_time(seconds: float) -> tuple[int, int]:
@@ -165,6 +252,24 @@ def dirents(entries: Iterable[tuple[str, int, int]], size: int) -> bytes:
     return b"".join(parts)
 
 
-def names(buf, start: int, end: int) -> list[bytes]:
-    """The NUL-terminated names of a request from ``start`` to ``end``."""
-    return bytes(buf[start:end]).split(b"\0")[:-1]
+def name(buf, start: int, end: int) -> bytes:
+    """The one NUL-terminated name that fills ``buf[start:end]`` (``start < end``), without its
+    NUL; :class:`Malformed` unless it ends at ``end`` and holds no other NUL."""
+    # The cheapest checks found: every LOOKUP passes here.
+    if buf[end - 1]:
+        raise Malformed("a name without its NUL")
+    raw = bytes(buf[start : end - 1])
+    if 0 in raw:
+        raise Malformed("a NUL inside a name")
+    return raw
+
+
+def names(buf, start: int, end: int, count: int = 2) -> list[bytes]:
+    """The ``count`` NUL-terminated names that fill ``buf[start:end]``, without their NULs;
+    :class:`Malformed` unless there are exactly that many."""
+    if start >= end or buf[end - 1] != 0:
+        raise Malformed("names without their NUL")
+    parts = bytes(buf[start : end - 1]).split(b"\0")
+    if len(parts) != count:
+        raise Malformed(f"{len(parts)} names where {count} belong")
+    return parts

@@ -7,29 +7,33 @@ so a file keeps its inode number while the kernel remembers it. Node IDs are nev
 (a 64-bit counter), so a stale ID can never name another file.
 
 A rename moves the keys of a node and of every node below it; an unlink detaches the node
-(the kernel may still hold it open). Pure bookkeeping: no FUSE, no database.
+(the kernel may still hold it open). Pure bookkeeping: no FUSE, no database. Each node is also
+the :class:`~zarrfs.fs.pagecache.Pages` of the page cache policy: what it remembers of a file
+lives on the node, so it goes when the kernel forgets the node.
 """
 
 from __future__ import annotations
 
 import stat
 
+from zarrfs.fs.api import Pages
 from zarrfs.fuse.abi import ROOT_ID
 
 
-class Inode:
+class Inode(Pages):
     """One node the kernel holds: its key (None once unlinked), kind (the file-type bits) and
-    lookup count, and what decides whether its cached pages may be kept."""
+    lookup count; as :class:`Pages`, what decides whether its cached pages may be kept."""
 
-    __slots__ = ("key", "kind", "lookups", "stamp", "stamp_time", "cache_ok")
+    __slots__ = ("key", "kind", "lookups")
 
     def __init__(self, key: str | None, kind: int) -> None:
+        # Pages' fields set here rather than by its __init__: one call less for each new node.
+        self.stamp = None
+        self.stamp_time = 0.0
+        self.cache_ok = False
         self.key = key
         self.kind = kind
         self.lookups = 0
-        self.stamp: tuple[int, int] | None = None  # (size, mtime) last shown to the kernel
-        self.stamp_time = 0.0
-        self.cache_ok = False
 
 
 class InodeTable:
@@ -94,7 +98,7 @@ class InodeTable:
         if nodeid is not None and self.nodes[nodeid].kind != stat.S_IFDIR:
             # Nothing lies below a file: no need to look through every node the kernel holds
             # (a zarr chunk is stored by a rename, and after an ``ls -l`` of a large folder the
-            # kernel may hold 100,000 nodes: the search took 10 ms a rename).
+            # kernel may hold 100,000 nodes: a search of them all for each rename).
             moving = [(src, nodeid)]
         else:
             below = src + "/"

@@ -2,9 +2,8 @@
 
 Every FUSE request is a round trip: the client's thread sleeps until the daemon answers, and
 the daemon sleeps on ``/dev/fuse`` until the next request. On many machines, waking a thread
-that sleeps on another CPU is most of the cost of a round trip (on the 2-core VM of the
-README, a filesystem that answers at once did about 14,000 lookups/s from one client when it
-slept between requests and about 40,000 when it did not). So after each request this loop
+that sleeps on another CPU is most of the cost of a round trip (docs/performance.md has the
+figures). So after each request this loop
 keeps reading ``/dev/fuse`` for up to ``spin`` microseconds before it blocks: a client that
 sends its next request within that window (a ``stat`` loop, a chunk written in pieces,
 create + write + close) finds the daemon awake. The window adapts: when requests come further

@@ -2,8 +2,8 @@
 
 When a metadata change makes the format layer rewrite (or create) a consolidated document, the
 kernel may still hold that file's old size and pages, or a cached "no such file" for it: they
-are kept for ``cache_timeout``. The session builds the kernel's notifications for them
-(``FUSE_NOTIFY_INVAL_INODE``, ``FUSE_NOTIFY_INVAL_ENTRY``); this module writes them.
+are kept for ``cache_timeout``. :func:`invalidations` builds the kernel's notifications for them
+(``FUSE_NOTIFY_INVAL_INODE``, ``FUSE_NOTIFY_INVAL_ENTRY``); :class:`Invalidator` writes them.
 
 The request that caused the change waits for that before it is answered, so the caller's next
 read sees the new document. The notifications are written from a thread of their own, and the
@@ -19,9 +19,30 @@ import os
 import queue
 import threading
 
+from zarrfs.fuse import abi as k
+
 log = logging.getLogger("zarrfs.fuse.notify")
 
 WAIT = 0.1  # seconds a request waits for its notifications before it is answered anyway
+
+
+def invalidations(keys: list[str], ids: dict[str, int]) -> list[bytes]:
+    """The notifications that drop what the kernel caches of ``keys``: the attributes and pages
+    of each the kernel holds a node of (``ids``: key -> node ID), and the entry of each name in
+    a folder it holds (also a cached "no such file")."""
+    notes = []
+    for key in keys:
+        nodeid = ids.get(key)
+        if nodeid is not None:
+            notes.append(k.NOTIFY_INVAL_INODE_OUT.pack(40, k.NOTIFY_INVAL_INODE, 0, nodeid, 0, 0))
+        parent, _, name = key.rpartition("/")
+        parent_id = ids.get(parent)
+        if parent_id is not None:
+            raw = name.encode("utf-8", "surrogateescape")
+            size = k.NOTIFY_INVAL_ENTRY_OUT.size + len(raw) + 1
+            head = k.NOTIFY_INVAL_ENTRY_OUT.pack(size, k.NOTIFY_INVAL_ENTRY, 0, parent_id, len(raw), 0)
+            notes.append(head + raw + b"\0")
+    return notes
 
 
 class Invalidator:

@@ -4,13 +4,17 @@ zarrfs answers the kernel itself rather than through libfuse's callbacks: a requ
 with :mod:`struct` straight from the buffer it was read into, node IDs become store keys
 through the :class:`~zarrfs.fuse.inodes.InodeTable`, and each reply is one packed ``bytes`` written
 to ``/dev/fuse``. No call from C back into Python per request, no path rebuilt by libfuse for
-each call. On the README's machine the same loop answering lookups from a dict
-(``scripts/python_floor.py``) serves 31,000-43,000 per second to one client, about what a C
-filesystem does there (``scripts/fuse_floor.c``): what a request costs beyond that is the
-work of the call itself.
+each call: what a request costs beyond the loop is the work of the call itself
+(``scripts/python_floor.py --session`` measures the rest).
 
-Every exception a call raises becomes the errno of the reply here, through
-:func:`zarrfs.fs.errors.to_errno`, with one log line unless it is routine (a missing name).
+Each request goes through one table (:meth:`Session.handle`): its opcode picks its handler,
+after a check that it holds the input struct and the names of its type
+(:data:`zarrfs.fuse.abi.OPCODES`); a request that does not is refused with EINVAL. Every
+exception a call raises becomes the errno of the reply here, through
+:func:`zarrfs.fs.api.to_errno`, with one log line unless it is routine (a missing name).
+Whether an open keeps the kernel's cached pages, and which pages are handed to the kernel after
+a commit, is decided by :class:`zarrfs.fs.api.PageCache`; this module only says it in the
+protocol.
 """
 
 from __future__ import annotations
@@ -19,16 +23,15 @@ import errno
 import logging
 import os
 import stat
-import time
 from collections.abc import Callable
 
-from zarrfs.fs.api import NOW, Operations
-from zarrfs.fs.errors import FsError, is_quiet, to_errno
-from zarrfs.fs.handles import Stored
-from zarrfs.fs.namespace import DIR, FILE, RENAME_EXCHANGE, Node
+from zarrfs.fs.api import DIR, NOW, RENAME_EXCHANGE, FsError, Node, Operations, PageCache, Stored
 from zarrfs.fuse import abi as k
-from zarrfs.fuse.inodes import Inode, InodeTable
-from zarrfs.fuse.notify import Invalidator
+from zarrfs.fuse.abi import Header
+from zarrfs.fuse.dispatch import Dispatcher, Handler
+from zarrfs.fuse.handshake import Agreed, Refused, negotiate
+from zarrfs.fuse.inodes import InodeTable
+from zarrfs.fuse.notify import Invalidator, invalidations
 
 log = logging.getLogger("zarrfs.fuse.session")
 
@@ -37,10 +40,10 @@ MAX_WRITE = 1 << 20  # bytes of data in one WRITE request
 BUFFER_SIZE = MAX_WRITE + 4096  # a request with its headers
 NS = 1_000_000_000
 
-Handler = Callable[[tuple, memoryview], None]
+_name = k.name
 
 
-class Session:
+class Session(Dispatcher):
     """Serves one mount's requests. ``timeouts`` are the kernel's cache times in seconds for
     names, attributes and missing names; ``on_init`` runs once the kernel has applied INIT."""
 
@@ -54,69 +57,56 @@ class Session:
         on_init: Callable[[], None] | None = None,
     ) -> None:
         self.ops = ops
-        self.fd = fd
         self.inodes = InodeTable(DIR)
+        self._nodes = self.inodes.nodes  # node ID -> Inode, read directly on the hot path
+        self.pages = PageCache(attr_timeout)
         self.entry_valid = k.split_time(entry_timeout)
         self.attr_valid = k.split_time(attr_timeout)
         self.negative_valid = k.split_time(negative_timeout)
-        self.attr_timeout = attr_timeout
         self.on_init = on_init
         self.initialized = False
+        self.agreed: Agreed | None = None  # the protocol version and features INIT settled
+        self._inval_ok = self._store_ok = False  # notifications the agreed version has
         self.invalidator = Invalidator(fd)
-        ops.tree.on_side_effects = self.keys_changed
-        self.handlers: list[Handler | None] = [None] * 64
-        for code, name in k.OPCODE_NAMES.items():
-            self.handlers[code] = getattr(self, "_" + name, None)
-
-    # ------------------------------------------------------------------ dispatch
-    def handle(self, buf: memoryview) -> None:
-        """Answer the request at the start of ``buf``."""
-        head = k.IN_HEADER.unpack_from(buf)
-        op = head[1]
-        handler = self.handlers[op] if op < 64 else None
-        try:
-            if handler is None:
-                if op != k.INTERRUPT:  # interrupts are not answered; requests run to the end
-                    self._reply_error(head[2], errno.ENOSYS)
-                return
-            handler(head, buf)
-        except Exception as exc:
-            if op in _UNANSWERED:
-                log.error("%s: %s", k.OPCODE_NAMES[op], exc)
-                return
-            code = to_errno(exc)
-            if not is_quiet(exc):
-                level = logging.WARNING if isinstance(exc, OSError) else logging.ERROR
-                what = k.OPCODE_NAMES.get(op, str(op))
-                log.log(
-                    level, "%s %s: %s (%s)", what, self._describe(head), errno.errorcode.get(code, code), exc
-                )
-            self._reply_error(head[2], code)
-
-    def _describe(self, head: tuple) -> str:
-        key = self.inodes.key(head[3])
-        return "/" + key if key is not None else f"node {head[3]}"
-
-    def _send(self, data) -> None:
-        try:
-            os.write(self.fd, data)
-        except FileNotFoundError:
-            pass  # the request was interrupted and is gone: nobody waits for this reply
-
-    def _reply_error(self, unique: int, code: int) -> None:
-        self._send(k.OUT_HEADER.pack(k.OUT_HEADER_SIZE, -code, unique))
-
-    def _reply_ok(self, unique: int) -> None:
-        self._send(k.OUT_HEADER.pack(k.OUT_HEADER_SIZE, 0, unique))
-
-    def _reply_data(self, unique: int, data) -> None:
-        header = k.OUT_HEADER.pack(k.OUT_HEADER_SIZE + len(data), 0, unique)
-        try:
-            os.writev(self.fd, [header, data])
-        except FileNotFoundError:
-            pass
+        ops.on_keys_changed(self.keys_changed)
+        handlers: dict[int, Handler] = {
+            k.LOOKUP: self._lookup,
+            k.FORGET: self._forget,
+            k.GETATTR: self._getattr,
+            k.SETATTR: self._setattr,
+            k.READLINK: self._readlink,
+            k.SYMLINK: self._symlink,
+            k.MKNOD: self._mknod,
+            k.MKDIR: self._mkdir,
+            k.UNLINK: self._unlink,
+            k.RMDIR: self._rmdir,
+            k.RENAME: self._rename,
+            k.LINK: self._link,
+            k.OPEN: self._open,
+            k.READ: self._read,
+            k.WRITE: self._write,
+            k.STATFS: self._statfs,
+            k.RELEASE: self._release,
+            k.FSYNC: self._fsync,
+            k.FLUSH: self._flush,
+            k.INIT: self._init,
+            k.OPENDIR: self._opendir,
+            k.READDIR: self._readdir,
+            k.RELEASEDIR: self._releasedir,
+            k.FSYNCDIR: self._fsyncdir,
+            k.CREATE: self._create,
+            k.INTERRUPT: self._interrupt,
+            k.DESTROY: self._destroy,
+            k.BATCH_FORGET: self._batch_forget,
+            k.RENAME2: self._rename2,
+        }
+        super().__init__(fd, handlers)
 
     # ------------------------------------------------------------------ helpers
+    def _describe(self, head: Header) -> str:
+        key = self.inodes.key(head.nodeid)
+        return "/" + key if key is not None else f"node {head.nodeid}"
+
     def _key(self, nodeid: int) -> str:
         key = self.inodes.key(nodeid)
         if key is None:
@@ -124,51 +114,31 @@ class Session:
         return key
 
     def _child(self, nodeid: int, name: bytes) -> str:
-        parent = self._key(nodeid)
+        # _key inlined: every LOOKUP passes here, and this spares it two calls.
+        inode = self._nodes.get(nodeid)
+        parent = None if inode is None else inode.key
+        if parent is None:
+            raise FsError(errno.ENOENT, f"node {nodeid} is gone", quiet=True)
         text = name.decode("utf-8", "surrogateescape")
         return parent + "/" + text if parent else text
 
-    def _name(self, buf: memoryview, start: int, head: tuple) -> bytes:
-        return bytes(buf[start : head[0] - 1])
-
-    def _stamp(self, inode: Inode, node: Node) -> None:
-        # What decides whether an open may keep the file's cached pages: unchanged since the
-        # last open, judged by size and mtime (libfuse's auto_cache does the same).
-        if node.kind == FILE:
-            stamp = (node.size, node.attrs.mtime)
-            if stamp != inode.stamp:
-                inode.stamp = stamp
-                inode.cache_ok = False
-            inode.stamp_time = time.monotonic()
-
     def _stored(self, nodeid: int | None, stored: Stored | None) -> None:
-        # Content written through this mount was stored: the kernel's pages of the file are
-        # that content (writes go through its page cache), so the next open may keep them.
+        # Content written through this mount was stored: the policy records it, and may hand
+        # the kernel the file's last partial page.
         if nodeid is None or stored is None:
             return
         inode = self.inodes.get(nodeid)
         if inode is None:
             return
-        inode.stamp = (stored.size, stored.mtime)
-        inode.stamp_time = time.monotonic()
-        inode.cache_ok = True
-        if stored.tail:
-            self._store_tail(nodeid, stored)
-
-    def _store_tail(self, nodeid: int, stored: Stored) -> None:
-        # All pages but a partial last one are cached by the writes; handing the kernel that
-        # one spares a READ (and a database read) at the next read of the file: a Zarr chunk
-        # read then never reaches the daemon. Only given once no descriptor of the file is
-        # open (see handles._tail), so writing it here cannot wait on a request of ours.
-        if not self.initialized:
-            return
-        cut = len(stored.tail)
-        size = k.NOTIFY_STORE_OUT.size + cut
-        head = k.NOTIFY_STORE_OUT.pack(size, k.NOTIFY_STORE, 0, nodeid, stored.size - cut, cut, 0)
-        try:
-            os.writev(self.fd, [head, stored.tail])
-        except OSError as exc:  # ENOENT: the kernel no longer holds the file; nothing to give
-            log.debug("page store for node %d not taken: %s", nodeid, exc)
+        tail = self.pages.stored(inode, stored)
+        if tail is not None and self._store_ok:
+            offset, data = tail
+            size = k.NOTIFY_STORE_OUT.size + len(data)
+            head = k.NOTIFY_STORE_OUT.pack(size, k.NOTIFY_STORE, 0, nodeid, offset, len(data), 0)
+            try:
+                os.writev(self.fd, [head, data])
+            except OSError as exc:  # ENOENT: the kernel no longer holds the file; nothing to give
+                log.debug("page store for node %d not taken: %s", nodeid, exc)
 
     def _attr(self, nodeid: int, node: Node) -> tuple:
         a = node.attrs
@@ -198,7 +168,7 @@ class Session:
 
     def _entry_values(self, key: str, node: Node) -> tuple:
         nodeid, inode = self.inodes.remember(key, node.kind)
-        self._stamp(inode, node)
+        self.pages.shown(inode, node)
         es, ens = self.entry_valid
         ats, atns = self.attr_valid
         return (nodeid, 0, es, ats, ens, atns, *self._attr(nodeid, node))
@@ -212,43 +182,33 @@ class Session:
     def _reply_attr(self, unique: int, nodeid: int, node: Node) -> None:
         inode = self.inodes.get(nodeid)
         if inode is not None:
-            self._stamp(inode, node)
+            self.pages.shown(inode, node)
         ats, atns = self.attr_valid
         self._send(k.ATTR_REPLY.pack(k.ATTR_REPLY.size, 0, unique, ats, atns, 0, *self._attr(nodeid, node)))
 
     # ------------------------------------------------------------------ session
-    def _init(self, head: tuple, buf: memoryview) -> None:
-        major, minor, readahead, flags = k.INIT_IN.unpack_from(buf, k.IN_HEADER_SIZE)
-        if major < k.MAJOR:
-            log.error("the kernel speaks FUSE %d.%d; zarrfs needs 7.%d or later", major, minor, k.MINOR)
-            self._reply_error(head[2], errno.EPROTO)
+    def _init(self, head: Header, buf: memoryview) -> None:
+        try:
+            agreed, reply = negotiate(buf[k.IN_HEADER_SIZE : head.len], head.unique, MAX_WRITE)
+        except Refused as exc:
+            log.error("%s", exc)
+            self._reply_error(head, errno.EPROTO)
             return
-        self._send(
-            k.INIT_REPLY.pack(
-                k.INIT_REPLY.size,
-                0,
-                head[2],
-                k.MAJOR,
-                k.MINOR,
-                readahead,
-                flags & k.WANTED,
-                0,  # max_background: the kernel's default
-                0,  # congestion_threshold: the kernel's default
-                MAX_WRITE,
-                1,  # time_gran: nanoseconds
-                MAX_WRITE // 4096,  # max_pages
-                0,
-                0,
-            )
-        )
+        self._send(reply)
+        log.debug("FUSE %d.%d agreed with the kernel, flags %#x", k.MAJOR, agreed.minor, agreed.flags)
+        self.agreed = agreed
+        self._inval_ok, self._store_ok = agreed.inval, agreed.store
         self.initialized = True
         self.invalidator.start()
         if self.on_init is not None:
             on_init, self.on_init = self.on_init, None
             on_init()
 
-    def _destroy(self, head: tuple, buf: memoryview) -> None:
-        self._reply_ok(head[2])
+    def _destroy(self, head: Header, buf: memoryview) -> None:
+        self._reply_ok(head.unique)
+
+    def _interrupt(self, head: Header, buf: memoryview) -> None:
+        pass  # never answered: every request runs to its end, and its reply ends the wait
 
     def close(self) -> None:
         """Stop sending notifications (the mount is ending)."""
@@ -257,66 +217,62 @@ class Session:
     def keys_changed(self, keys: list[str]) -> None:
         """Drop what the kernel caches for ``keys``, changed as a side effect of another call
         (a consolidated document the format layer rewrote): their attributes and pages, and a
-        cached "no such file" for a name that now exists."""
-        notes = []
-        for key in keys:
-            nodeid = self.inodes.ids.get(key)
-            if nodeid is not None:
-                notes.append(k.NOTIFY_INVAL_INODE_OUT.pack(40, k.NOTIFY_INVAL_INODE, 0, nodeid, 0, 0))
-            parent, _, name = key.rpartition("/")
-            parent_id = self.inodes.ids.get(parent)
-            if parent_id is not None:
-                raw = name.encode("utf-8", "surrogateescape")
-                size = k.NOTIFY_INVAL_ENTRY_OUT.size + len(raw) + 1
-                head = k.NOTIFY_INVAL_ENTRY_OUT.pack(size, k.NOTIFY_INVAL_ENTRY, 0, parent_id, len(raw), 0)
-                notes.append(head + raw + b"\0")
+        cached "no such file" for a name that now exists. Nothing before INIT, or with a
+        kernel whose version has no such notifications."""
+        if not self._inval_ok:
+            return
+        notes = invalidations(keys, self.inodes.ids)
         if notes:
             self.invalidator.send(notes)
 
     # ------------------------------------------------------------------ names
-    def _lookup(self, head: tuple, buf: memoryview) -> None:
-        key = self._child(head[3], self._name(buf, k.IN_HEADER_SIZE, head))
+    def _lookup(self, head: Header, buf: memoryview) -> None:
+        key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE, head.len))
         node = self.ops.find(key)
         if node is None:
             if self.negative_valid == (0, 0):
-                self._reply_error(head[2], errno.ENOENT)
+                self._reply_error(head, errno.ENOENT)
             else:  # node ID 0: the kernel caches "no such file" for the entry timeout
                 ns, nns = self.negative_valid
                 self._send(
-                    k.ENTRY_REPLY.pack(k.ENTRY_REPLY.size, 0, head[2], 0, 0, ns, 0, nns, 0, *_ZERO_ATTR)
+                    k.ENTRY_REPLY.pack(k.ENTRY_REPLY.size, 0, head.unique, 0, 0, ns, 0, nns, 0, *_ZERO_ATTR)
                 )
             return
-        self._send(k.ENTRY_REPLY.pack(k.ENTRY_REPLY.size, 0, head[2], *self._entry_values(key, node)))
+        self._send(k.ENTRY_REPLY.pack(k.ENTRY_REPLY.size, 0, head.unique, *self._entry_values(key, node)))
 
-    def _forget(self, head: tuple, buf: memoryview) -> None:
-        self.inodes.forget(head[3], k.FORGET_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0])
+    def _forget(self, head: Header, buf: memoryview) -> None:
+        self.inodes.forget(head.nodeid, k.FORGET_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0])
 
-    def _batch_forget(self, head: tuple, buf: memoryview) -> None:
+    def _batch_forget(self, head: Header, buf: memoryview) -> None:
         count = k.BATCH_FORGET_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]
         at = k.IN_HEADER_SIZE + k.BATCH_FORGET_IN.size
+        held = (head.len - at) // k.FORGET_ONE.size
+        if count > held:  # forget what is there; the rest would be read past the request
+            log.warning("batch_forget of %d nodes holds %d", count, held)
+            count = held
         forget = self.inodes.forget
         for nodeid, n in k.FORGET_ONE.iter_unpack(buf[at : at + count * k.FORGET_ONE.size]):
             forget(nodeid, n)
 
-    def _getattr(self, head: tuple, buf: memoryview) -> None:
+    def _getattr(self, head: Header, buf: memoryview) -> None:
         flags, _, fh = k.GETATTR_IN.unpack_from(buf, k.IN_HEADER_SIZE)
-        key = self.inodes.key(head[3])
+        key = self.inodes.key(head.nodeid)
         node = None if key is None else self.ops.find(key)
         if node is None and flags & k.GETATTR_FH:
             node = self.ops.find_open(fh)
         if node is None:
-            raise FsError(errno.ENOENT, key or f"node {head[3]}", quiet=True)
-        self._reply_attr(head[2], head[3], node)
+            raise FsError(errno.ENOENT, key or f"node {head.nodeid}", quiet=True)
+        self._reply_attr(head.unique, head.nodeid, node)
 
-    def _setattr(self, head: tuple, buf: memoryview) -> None:
+    def _setattr(self, head: Header, buf: memoryview) -> None:
         (valid, _, fh, size, _, atime, mtime, _, atimens, mtimens, _, mode, _, uid, gid, _) = (
             k.SETATTR_IN.unpack_from(buf, k.IN_HEADER_SIZE)
         )
         handle = fh if valid & k.FATTR_FH else None
-        key = self.inodes.key(head[3])
+        key = self.inodes.key(head.nodeid)
         if key is None:
             if handle is None:
-                raise FsError(errno.ENOENT, f"node {head[3]} is gone", quiet=True)
+                raise FsError(errno.ENOENT, f"node {head.nodeid} is gone", quiet=True)
             if valid & k.FATTR_SIZE:
                 self.ops.truncate("", size, handle)
         else:
@@ -340,132 +296,128 @@ class Session:
         if node is None and handle is not None:
             node = self.ops.find_open(handle)
         if node is None:
-            raise FsError(errno.ENOENT, key or f"node {head[3]}", quiet=True)
-        self._reply_attr(head[2], head[3], node)
+            raise FsError(errno.ENOENT, key or f"node {head.nodeid}", quiet=True)
+        self._reply_attr(head.unique, head.nodeid, node)
 
-    def _readlink(self, head: tuple, buf: memoryview) -> None:
-        target = self.ops.readlink(self._key(head[3]))
-        self._reply_data(head[2], target.encode("utf-8", "surrogateescape"))
+    def _readlink(self, head: Header, buf: memoryview) -> None:
+        target = self.ops.readlink(self._key(head.nodeid))
+        self._reply_data(head.unique, target.encode("utf-8", "surrogateescape"))
 
-    def _symlink(self, head: tuple, buf: memoryview) -> None:
-        name, target = k.names(buf, k.IN_HEADER_SIZE, head[0])[:2]
-        key = self._child(head[3], name)
-        self.ops.symlink(target.decode("utf-8", "surrogateescape"), key, head[4], head[5])
-        self._reply_entry(head[2], key)
+    def _symlink(self, head: Header, buf: memoryview) -> None:
+        name, target = k.names(buf, k.IN_HEADER_SIZE, head.len)
+        key = self._child(head.nodeid, name)
+        self.ops.symlink(target.decode("utf-8", "surrogateescape"), key, head.uid, head.gid)
+        self._reply_entry(head.unique, key)
 
-    def _mknod(self, head: tuple, buf: memoryview) -> None:
+    def _mknod(self, head: Header, buf: memoryview) -> None:
         mode = k.MKNOD_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]
-        key = self._child(head[3], self._name(buf, k.IN_HEADER_SIZE + k.MKNOD_IN.size, head))
+        key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE + k.MKNOD_IN.size, head.len))
         if not stat.S_ISREG(mode):
             raise FsError(errno.EPERM, f"{key}: only regular files, folders and symlinks are stored")
-        fh = self.ops.create(key, mode, os.O_WRONLY | os.O_CREAT | os.O_EXCL, head[4], head[5])
+        fh = self.ops.create(key, mode, os.O_WRONLY | os.O_CREAT | os.O_EXCL, head.uid, head.gid)
         self.ops.release(fh)
-        self._reply_entry(head[2], key)
+        self._reply_entry(head.unique, key)
 
-    def _mkdir(self, head: tuple, buf: memoryview) -> None:
+    def _mkdir(self, head: Header, buf: memoryview) -> None:
         mode = k.MKDIR_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]
-        key = self._child(head[3], self._name(buf, k.IN_HEADER_SIZE + k.MKDIR_IN.size, head))
+        key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE + k.MKDIR_IN.size, head.len))
         self.ops.mkdir(key, mode)
-        self._reply_entry(head[2], key)
+        self._reply_entry(head.unique, key)
 
-    def _unlink(self, head: tuple, buf: memoryview) -> None:
-        key = self._child(head[3], self._name(buf, k.IN_HEADER_SIZE, head))
+    def _unlink(self, head: Header, buf: memoryview) -> None:
+        key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE, head.len))
         self.ops.unlink(key)
         self.inodes.detach(key)
-        self._reply_ok(head[2])
+        self._reply_ok(head.unique)
 
-    def _rmdir(self, head: tuple, buf: memoryview) -> None:
-        key = self._child(head[3], self._name(buf, k.IN_HEADER_SIZE, head))
+    def _rmdir(self, head: Header, buf: memoryview) -> None:
+        key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE, head.len))
         self.ops.rmdir(key)
         self.inodes.detach(key)
-        self._reply_ok(head[2])
+        self._reply_ok(head.unique)
 
-    def _rename(self, head: tuple, buf: memoryview) -> None:
+    def _rename(self, head: Header, buf: memoryview) -> None:
         newdir = k.RENAME_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]
         self._move(head, buf, newdir, 0, k.IN_HEADER_SIZE + k.RENAME_IN.size)
 
-    def _rename2(self, head: tuple, buf: memoryview) -> None:
+    def _rename2(self, head: Header, buf: memoryview) -> None:
         newdir, flags, _ = k.RENAME2_IN.unpack_from(buf, k.IN_HEADER_SIZE)
         self._move(head, buf, newdir, flags, k.IN_HEADER_SIZE + k.RENAME2_IN.size)
 
-    def _move(self, head: tuple, buf: memoryview, newdir: int, flags: int, at: int) -> None:
-        old, new = k.names(buf, at, head[0])[:2]
-        src, dst = self._child(head[3], old), self._child(newdir, new)
+    def _move(self, head: Header, buf: memoryview, newdir: int, flags: int, at: int) -> None:
+        old, new = k.names(buf, at, head.len)
+        src, dst = self._child(head.nodeid, old), self._child(newdir, new)
         stored = self.ops.rename(src, dst, flags)
         if flags & RENAME_EXCHANGE:
             self.inodes.exchanged(src, dst)
         else:
             self.inodes.moved(src, dst)
             self._stored(self.inodes.ids.get(dst), stored)
-        self._reply_ok(head[2])
+        self._reply_ok(head.unique)
 
-    def _link(self, head: tuple, buf: memoryview) -> None:
+    def _link(self, head: Header, buf: memoryview) -> None:
         src = self._key(k.LINK_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0])
-        dst = self._child(head[3], self._name(buf, k.IN_HEADER_SIZE + k.LINK_IN.size, head))
+        dst = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE + k.LINK_IN.size, head.len))
         self.ops.link(src, dst)
-        self._reply_entry(head[2], dst)
+        self._reply_entry(head.unique, dst)
 
     # ------------------------------------------------------------------ files
-    def _create(self, head: tuple, buf: memoryview) -> None:
+    def _create(self, head: Header, buf: memoryview) -> None:
         flags, mode, _, _ = k.CREATE_IN.unpack_from(buf, k.IN_HEADER_SIZE)
-        key = self._child(head[3], self._name(buf, k.IN_HEADER_SIZE + k.CREATE_IN.size, head))
-        fh = self.ops.create(key, mode, flags, head[4], head[5])
+        key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE + k.CREATE_IN.size, head.len))
+        fh = self.ops.create(key, mode, flags, head.uid, head.gid)
         node = self.ops.find(key)
         if node is None:  # cannot happen: a created file shows at once
             self.ops.release(fh)
             raise FsError(errno.EIO, f"{key} vanished while it was created")
         values = self._entry_values(key, node)
-        self._send(k.CREATE_REPLY.pack(k.CREATE_REPLY.size, 0, head[2], *values, fh, 0, 0))
+        self._send(k.CREATE_REPLY.pack(k.CREATE_REPLY.size, 0, head.unique, *values, fh, 0, 0))
 
-    def _open(self, head: tuple, buf: memoryview) -> None:
+    def _open(self, head: Header, buf: memoryview) -> None:
         flags = k.OPEN_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]
-        key = self._key(head[3])
+        key = self._key(head.nodeid)
         fh = self.ops.open(key, flags)
-        keep = False
-        inode = self.inodes.get(head[3])
-        if inode is not None:
-            if time.monotonic() - inode.stamp_time > self.attr_timeout:
-                node = self.ops.find(key)
-                if node is not None:
-                    self._stamp(inode, node)
-            keep, inode.cache_ok = inode.cache_ok, True
+        inode = self.inodes.get(head.nodeid)
+        keep = inode is not None and self.pages.opened(inode, self.ops.find, key)
         open_flags = k.FOPEN_KEEP_CACHE if keep else 0
         if flags & os.O_ACCMODE == os.O_RDONLY:
             # Its close has nothing to store: spare the reader that round trip.
             open_flags |= k.FOPEN_NOFLUSH
-        self._send(k.OPEN_REPLY.pack(k.OPEN_REPLY.size, 0, head[2], fh, open_flags, 0))
+        self._send(k.OPEN_REPLY.pack(k.OPEN_REPLY.size, 0, head.unique, fh, open_flags, 0))
 
-    def _read(self, head: tuple, buf: memoryview) -> None:
+    def _read(self, head: Header, buf: memoryview) -> None:
         fh, offset, size = k.READ_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
-        self._reply_data(head[2], self.ops.read(fh, size, offset))
+        self._reply_data(head.unique, self.ops.read(fh, size, offset))
 
-    def _write(self, head: tuple, buf: memoryview) -> None:
+    def _write(self, head: Header, buf: memoryview) -> None:
         fh, offset, size = k.WRITE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
+        if size > head.len - k.WRITE_DATA:
+            raise k.Malformed(f"a write of {size} bytes in a request of {head.len}")
         written = self.ops.write(fh, buf[k.WRITE_DATA : k.WRITE_DATA + size], offset)
-        self._send(k.WRITE_REPLY.pack(k.WRITE_REPLY.size, 0, head[2], written, 0))
+        self._send(k.WRITE_REPLY.pack(k.WRITE_REPLY.size, 0, head.unique, written, 0))
 
-    def _flush(self, head: tuple, buf: memoryview) -> None:
-        self._stored(head[3], self.ops.flush(k.FLUSH_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]))
-        self._reply_ok(head[2])
+    def _flush(self, head: Header, buf: memoryview) -> None:
+        self._stored(head.nodeid, self.ops.flush(k.FLUSH_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]))
+        self._reply_ok(head.unique)
 
-    def _fsync(self, head: tuple, buf: memoryview) -> None:
-        self._stored(head[3], self.ops.fsync(k.FSYNC_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]))
-        self._reply_ok(head[2])
+    def _fsync(self, head: Header, buf: memoryview) -> None:
+        self._stored(head.nodeid, self.ops.fsync(k.FSYNC_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]))
+        self._reply_ok(head.unique)
 
-    def _release(self, head: tuple, buf: memoryview) -> None:
+    def _release(self, head: Header, buf: memoryview) -> None:
         try:
-            self._stored(head[3], self.ops.release(k.RELEASE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]))
+            self._stored(head.nodeid, self.ops.release(k.RELEASE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]))
         except Exception as exc:  # nobody to tell: close() has returned already
             log.error("release %s: %s", self._describe(head), exc)
-        self._reply_ok(head[2])
+        self._reply_ok(head.unique)
 
-    def _statfs(self, head: tuple, buf: memoryview) -> None:
+    def _statfs(self, head: Header, buf: memoryview) -> None:
         s = self.ops.statfs()
         self._send(
             k.STATFS_REPLY.pack(
                 k.STATFS_REPLY.size,
                 0,
-                head[2],
+                head.unique,
                 s["f_blocks"],
                 s["f_bfree"],
                 s["f_bavail"],
@@ -479,24 +431,23 @@ class Session:
         )
 
     # ------------------------------------------------------------------ folders
-    def _opendir(self, head: tuple, buf: memoryview) -> None:
-        fh = self.ops.opendir(self._key(head[3]))
-        self._send(k.OPEN_REPLY.pack(k.OPEN_REPLY.size, 0, head[2], fh, 0, 0))
+    def _opendir(self, head: Header, buf: memoryview) -> None:
+        fh = self.ops.opendir(self._key(head.nodeid))
+        self._send(k.OPEN_REPLY.pack(k.OPEN_REPLY.size, 0, head.unique, fh, 0, 0))
 
-    def _readdir(self, head: tuple, buf: memoryview) -> None:
+    def _readdir(self, head: Header, buf: memoryview) -> None:
         fh, offset, size = k.READ_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
-        self._reply_data(head[2], k.dirents(self.ops.readdir(fh, offset), size))
+        self._reply_data(head.unique, k.dirents(self.ops.readdir(fh, offset), size))
 
-    def _releasedir(self, head: tuple, buf: memoryview) -> None:
+    def _releasedir(self, head: Header, buf: memoryview) -> None:
         self.ops.releasedir(k.RELEASE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0])
-        self._reply_ok(head[2])
+        self._reply_ok(head.unique)
 
-    def _fsyncdir(self, head: tuple, buf: memoryview) -> None:
-        self._reply_ok(head[2])
+    def _fsyncdir(self, head: Header, buf: memoryview) -> None:
+        self._reply_ok(head.unique)
 
 
 _ZERO_ATTR = (0,) * 16
-_UNANSWERED = (k.FORGET, k.BATCH_FORGET, k.INTERRUPT)  # requests the kernel wants no reply to
 
 
 def _time(valid: int, given: int, now: int, seconds: int, nanos: int) -> int | str | None:

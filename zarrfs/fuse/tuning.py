@@ -23,10 +23,10 @@ def keep_freed_memory() -> bool:
 
     Every chunk passes through a few buffers of its size (the file's buffer, the database's
     copy). By default glibc maps each large buffer afresh and unmaps it when it is freed, so
-    every copy page-faults on new memory; on a VM that made copying a 4 MiB chunk several times
-    slower. Values up to 32 MiB now come from the heap, which keeps up to :data:`KEEP_FREED`
-    bytes of freed memory; one arena, since the operations run on one thread. Returns False
-    where there is no glibc.
+    every copy page-faults on new memory (docs/performance.md has what that cost). Values up
+    to 32 MiB now come from the heap, which keeps up to :data:`KEEP_FREED` bytes of freed
+    memory; one arena, since the operations run on one thread. Returns False where there is no
+    glibc.
     """
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

@@ -1,0 +1,81 @@
+"""The inode table alone: node IDs and keys, lookups counted and forgotten, renames."""
+
+from __future__ import annotations
+
+from zarrfs.fs.namespace import DIR, FILE
+from zarrfs.fuse import abi as k
+from zarrfs.fuse.inodes import InodeTable
+
+
+def test_inode_table_remember_and_forget():
+    t = InodeTable(DIR)
+    assert len(t) == 1 and t.key(k.ROOT_ID) == "" and t.get(k.ROOT_ID).kind == DIR
+    a, node = t.remember("a", FILE)
+    assert a == k.ROOT_ID + 1 and node.key == "a" and node.lookups == 1
+    assert t.remember("a", FILE) == (a, node) and node.lookups == 2
+    b, _ = t.remember("b", DIR)
+    assert b == a + 1 and t.key(b) == "b"
+    t.forget(a, 1)
+    assert t.key(a) == "a"
+    t.forget(a, 1)
+    assert t.get(a) is None and "a" not in t.ids and t.key(a) is None
+    t.forget(a, 1)  # an unknown ID: nothing happens
+    t.forget(k.ROOT_ID, 100)
+    assert t.get(k.ROOT_ID).lookups == 1
+    assert t.remember("a", FILE)[0] == b + 1  # a new ID, never an old one
+    many = [t.remember(f"k{i}", FILE)[0] for i in range(20)]
+    assert many == list(range(b + 2, b + 22))
+
+
+def test_inode_table_detach():
+    t = InodeTable(DIR)
+    a, node = t.remember("a", FILE)
+    t.detach("a")
+    assert node.key is None and t.key(a) is None and t.get(a) is node and "a" not in t.ids
+    again, _ = t.remember("a", FILE)
+    assert again != a
+    t.forget(a, 1)  # the detached node goes; the new one at the same key stays
+    assert t.get(a) is None and t.ids["a"] == again
+    t.detach("never-seen")
+
+
+def test_inode_table_kind_change_gives_a_new_id():
+    """A file replaced by a folder of the same name behind the mount: the kernel's inode of the
+    old type is detached and the name gets a new node."""
+    t = InodeTable(DIR)
+    old, old_node = t.remember("x", FILE)
+    new, new_node = t.remember("x", DIR)
+    assert new != old and old_node.key is None and new_node.key == "x" and new_node.lookups == 1
+    assert t.ids["x"] == new
+    t.forget(old, 1)
+    assert t.ids["x"] == new and t.get(new) is new_node
+
+
+def test_inode_table_moved_with_nested_keys_and_a_replaced_target():
+    t = InodeTable(DIR)
+    src = t.remember("a", DIR)[0]
+    child = t.remember("a/b", DIR)[0]
+    leaf = t.remember("a/b/c", FILE)[0]
+    sibling = t.remember("ab", FILE)[0]  # shares the prefix "a" but is not below "a/"
+    target = t.remember("z", DIR)[0]
+    stale = t.remember("z/b", DIR)[0]  # a node the kernel still holds under the target
+    t.moved("a", "z")
+    assert (t.key(src), t.key(child), t.key(leaf)) == ("z", "z/b", "z/b/c")
+    assert t.key(sibling) == "ab" and t.key(target) is None and t.key(stale) is None
+    assert t.ids == {"": k.ROOT_ID, "z": src, "z/b": child, "z/b/c": leaf, "ab": sibling}
+    t.moved("ab", "z/b/d")  # a file into a moved folder
+    assert t.key(sibling) == "z/b/d" and "ab" not in t.ids
+
+
+def test_inode_table_exchanged():
+    t = InodeTable(DIR)
+    a = t.remember("a", DIR)[0]
+    a1 = t.remember("a/1", FILE)[0]
+    b = t.remember("b", DIR)[0]
+    b2 = t.remember("b/2", FILE)[0]
+    t.exchanged("a", "b")
+    assert (t.key(a), t.key(a1), t.key(b), t.key(b2)) == ("b", "b/1", "a", "a/2")
+    assert t.ids == {"": k.ROOT_ID, "a": b, "a/2": b2, "b": a, "b/1": a1}
+    only = t.remember("only", FILE)[0]
+    t.exchanged("only", "unknown")  # the kernel never looked the other name up
+    assert t.key(only) == "unknown" and "only" not in t.ids

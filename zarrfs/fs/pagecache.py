@@ -1,0 +1,95 @@
+"""When the kernel may keep the pages it cached of a file: the policy, without FUSE.
+
+The kernel keeps what it read of a file in its page cache. At each open the filesystem says
+whether those pages may stay (they are the file's content) or must be dropped (the file
+changed since they were read). zarrfs judges a file unchanged while its size and mtime are
+those last shown to the kernel, as libfuse's ``auto_cache`` does; content written through the
+mount is an exception: the kernel's pages of it are what was stored (writes go through its page
+cache), so the next open keeps them. After such a commit, the last partial page of the file can
+be handed to the kernel too, which then never needs to read the file back.
+
+:class:`PageCache` decides; :mod:`zarrfs.fuse.session` turns its decisions into the protocol
+(``FOPEN_KEEP_CACHE`` in an open's reply, a ``NOTIFY_STORE`` notification). What it remembers
+of each file lives in a :class:`Pages` (the session's inodes are ``Pages``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from zarrfs.fs.namespace import FILE, Node
+
+
+class Stamped(Protocol):
+    """What a commit reports (:class:`zarrfs.fs.handles.Stored` is one)."""
+
+    size: int
+    mtime: int
+    tail: bytes
+
+
+class Pages:
+    """What the policy remembers of one file the kernel holds: the ``(size, mtime)`` last shown
+    to the kernel (``stamp``) and when (``stamp_time``, on the policy's clock), and whether
+    the pages the kernel holds now are known to be the content (``cache_ok``)."""
+
+    __slots__ = ("stamp", "stamp_time", "cache_ok")
+
+    def __init__(self) -> None:
+        self.stamp: tuple[int, int] | None = None
+        self.stamp_time = 0.0
+        self.cache_ok = False
+
+
+class PageCache:
+    """The page cache policy of one mount. ``attr_timeout`` is how long the kernel trusts the
+    attributes it was given: an open after that looks at the file again before it decides."""
+
+    def __init__(self, attr_timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.attr_timeout = attr_timeout
+        self.clock = clock
+
+    def shown(self, pages: Pages, node: Node) -> None:
+        """The kernel was given ``node``'s attributes (a lookup, a getattr). A changed size or
+        mtime means the pages it holds are of an older content: the next open drops them."""
+        if node.kind == FILE:  # folders and symlinks have no pages to keep
+            stamp = (node.size, node.attrs.mtime)
+            if stamp != pages.stamp:
+                pages.stamp = stamp
+                pages.cache_ok = False
+            pages.stamp_time = self.clock()
+
+    def stored(self, pages: Pages, stored: Stamped) -> tuple[int, bytes] | None:
+        """Content written through the mount was stored as ``stored``: the kernel's pages of
+        the file are that content, so the next open may keep them. Returns ``(offset, data)``,
+        the last partial page to hand to the kernel, or None.
+
+        The kernel marks a page it wrote through as up to date only when the write covered all
+        of it; a partial last page would be read back from the database at the next read of the
+        file (a Zarr chunk's last page, most of the time). The commit gives that page only once
+        no descriptor of the file is open (see ``handles._tail``), so no request of ours can hold
+        the page's lock while the kernel takes it."""
+        pages.stamp = (stored.size, stored.mtime)
+        pages.stamp_time = self.clock()
+        pages.cache_ok = True
+        if not stored.tail:
+            return None
+        return stored.size - len(stored.tail), stored.tail
+
+    def opened(self, pages: Pages, find: Callable[[str], Node | None], key: str) -> bool:
+        """Whether an open of the file at ``key`` may keep the kernel's pages of it. When the
+        kernel's attributes may have expired, the file is looked at again (``find(key)``): it
+        may have been changed behind the mount. Whatever the answer, the pages the kernel
+        reads from now on are the content seen here, so the open after this one may keep them
+        unless the file changes again."""
+        if self.clock() - pages.stamp_time > self.attr_timeout:
+            node = find(key)
+            if node is not None:
+                self.shown(pages, node)
+        keep, pages.cache_ok = pages.cache_ok, True
+        return keep
+
+
+__all__ = ["PageCache", "Pages", "Stamped"]

@@ -1,0 +1,134 @@
+"""The dispatch of FUSE requests: the opcode table, the checks before a handler runs, the
+error replies and the counters.
+
+Every request the kernel sends passes here (:meth:`Dispatcher.handle`), so this is the hot path
+of every call: the opcode indexes lists built once (handler, shortest valid length, whether it
+is answered), the header is unpacked into a :class:`~zarrfs.fuse.abi.Header` without a Python
+call, and the counters are list slots. A request shorter than its header and input struct,
+longer than what was read, or whose names are not NUL-terminated in it, is refused with EINVAL
+and one log line; the session goes on. :class:`zarrfs.fuse.session.Session` adds the handlers.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import struct
+from collections.abc import Callable, Mapping
+
+from zarrfs.fs.api import is_quiet, to_errno
+from zarrfs.fuse import abi as k
+from zarrfs.fuse.abi import Header
+
+log = logging.getLogger("zarrfs.fuse.dispatch")
+
+Handler = Callable[[Header, memoryview], None]
+
+_TABLE = k.TABLE_SIZE  # the slot of every opcode beyond the table
+# The header is unpacked into a plain tuple and given its field names without a Python call
+# (Header._make is one): this runs for every request.
+_unpack_header = k.IN_HEADER.unpack_from
+_new_header = tuple.__new__
+
+
+class Dispatcher:
+    """Hands each request read from ``fd`` to its handler in ``handlers`` (opcode -> handler,
+    one for each opcode of :data:`~zarrfs.fuse.abi.OPCODES`); others get ENOSYS. A handler
+    answers, or raises: the exception becomes the error reply."""
+
+    def __init__(self, fd: int, handlers: Mapping[int, Handler]) -> None:
+        self.fd = fd
+        assert handlers.keys() == k.OPCODES.keys()
+        # Lists indexed by opcode (slot _TABLE for any larger one): the dispatch indexes them.
+        self._handlers: list[Handler] = [self._unknown] * (_TABLE + 1)
+        self._min_len = [k.IN_HEADER_SIZE] * (_TABLE + 1)
+        self._answered = [True] * (_TABLE + 1)
+        self._names = [f"opcode_{code}" for code in range(_TABLE)] + ["unknown"]
+        for code, handler in handlers.items():
+            op = k.OPCODES[code]
+            self._handlers[code] = handler
+            self._min_len[code] = k.min_length(op)
+            self._answered[code] = op.answered
+            self._names[code] = op.name
+        self._requests = [0] * (_TABLE + 1)
+        self._errors = [0] * (_TABLE + 1)
+
+    def _unknown(self, head: Header, buf: memoryview) -> None:
+        self._reply_error(head, errno.ENOSYS)
+
+    # ------------------------------------------------------------------ dispatch
+    def handle(self, buf: memoryview) -> None:
+        """Answer the request at the start of ``buf`` (which may run past its end)."""
+        try:
+            head: Header = _new_header(Header, _unpack_header(buf))
+        except struct.error:  # not even a header: no request ID to answer to
+            log.warning("a request of %d bytes, shorter than a header, ignored", len(buf))
+            return
+        op = head.opcode
+        if op >= _TABLE:
+            op = _TABLE
+        self._requests[op] += 1
+        try:
+            length = head.len
+            if length < self._min_len[op] or length > len(buf):
+                raise k.Malformed(f"length {length}: {self._min_len[op]} at least, {len(buf)} read")
+            self._handlers[op](head, buf)
+        except Exception as exc:
+            self._failed(head, op, exc)
+
+    def _failed(self, head: Header, op: int, exc: Exception) -> None:
+        # One log line at most, never a traceback: a malformed request says what was wrong
+        # with it, an error of a call what the caller hears (unless routine).
+        what = self._names[op]
+        if isinstance(exc, k.Malformed):
+            log.warning("%s request refused (EINVAL): %s", what, exc)
+            code = errno.EINVAL
+        elif not self._answered[op]:
+            log.error("%s: %s", what, exc)
+            code = 0
+        else:
+            code = to_errno(exc)
+            if not is_quiet(exc):
+                level = logging.WARNING if isinstance(exc, OSError) else logging.ERROR
+                reason = errno.errorcode.get(code, code)
+                log.log(level, "%s %s: %s (%s)", what, self._describe(head), reason, exc)
+        if self._answered[op]:
+            self._reply_error(head, code)
+        else:
+            self._errors[op] += 1
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Requests served and error replies sent since the mount began, by request type:
+        ``{"requests": {name: count}, "errors": {name: count}}``, types never seen left out."""
+        names = self._names
+        return {
+            "requests": {names[op]: n for op, n in enumerate(self._requests) if n},
+            "errors": {names[op]: n for op, n in enumerate(self._errors) if n},
+        }
+
+    def _describe(self, head: Header) -> str:
+        """What a request was about, for a log line (a subclass knows more than the ID)."""
+        return f"node {head.nodeid}"
+
+    def _send(self, data) -> None:
+        try:
+            os.write(self.fd, data)
+        except FileNotFoundError:
+            pass  # the request was interrupted and is gone: nobody waits for this reply
+
+    def _reply_error(self, head: Header, code: int) -> None:
+        op = head.opcode
+        self._errors[op if op < _TABLE else _TABLE] += 1
+        self._send(k.OUT_HEADER.pack(k.OUT_HEADER_SIZE, -code, head.unique))
+
+    def _reply_ok(self, unique: int) -> None:
+        self._send(k.OUT_HEADER.pack(k.OUT_HEADER_SIZE, 0, unique))
+
+    def _reply_data(self, unique: int, data) -> None:
+        header = k.OUT_HEADER.pack(k.OUT_HEADER_SIZE + len(data), 0, unique)
+        try:
+            os.writev(self.fd, [header, data])
+        except FileNotFoundError:
+            pass
+

@@ -1,0 +1,79 @@
+"""INIT: the protocol version and features the kernel and zarrfs agree on.
+
+The kernel opens a mount with an INIT request naming its version (``7.minor``) and the features
+it offers. zarrfs answers with the older of the two minor versions, in the reply layout of that
+version, and with the features it wants among those offered; from then on both sides speak
+that version. A kernel older than :data:`~zarrfs.fuse.abi.MIN_MINOR`, or of another major
+version, is refused (EPROTO): the layouts zarrfs reads and writes would not be its own.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from zarrfs.fuse import abi as k
+
+
+class Refused(Exception):
+    """The kernel's version cannot be served; the message says why, for the log."""
+
+
+class Agreed(NamedTuple):
+    """What INIT settled: the protocol ``minor`` both sides speak and the feature ``flags``
+    granted."""
+
+    minor: int
+    flags: int
+
+    @property
+    def inval(self) -> bool:
+        """Whether the kernel takes NOTIFY_INVAL_INODE and NOTIFY_INVAL_ENTRY."""
+        return self.minor >= k.NOTIFY_INVAL_MINOR
+
+    @property
+    def store(self) -> bool:
+        """Whether the kernel takes NOTIFY_STORE (pages handed to it)."""
+        return self.minor >= k.NOTIFY_STORE_MINOR
+
+
+def negotiate(body: bytes | memoryview, unique: int, max_write: int) -> tuple[Agreed, bytes]:
+    """The agreement and the packed INIT reply (header included) for the INIT request whose
+    arguments are ``body`` and whose ID is ``unique``. Raises :class:`Refused` for a kernel
+    zarrfs cannot serve, :class:`~zarrfs.fuse.abi.Malformed` for a request too short for the
+    version it names."""
+    major, minor = k.INIT_VERSION.unpack_from(body)
+    if major != k.MAJOR or minor < k.MIN_MINOR:
+        raise Refused(
+            f"the kernel speaks FUSE {major}.{minor}; zarrfs serves {k.MAJOR}.{k.MIN_MINOR} to "
+            f"{k.MAJOR}.{k.MINOR}"
+        )
+    if len(body) < k.INIT_IN.size:  # every kernel since 7.6 sends readahead and flags
+        raise k.Malformed(f"an INIT of {len(body)} bytes for FUSE {major}.{minor}")
+    readahead, offered = k.INIT_IN.unpack_from(body)[2:]
+    agreed = Agreed(min(minor, k.MINOR), offered & k.WANTED)
+    if agreed.minor < k.INIT_REPLY_MINOR:
+        reply = k.INIT_REPLY_22.pack(
+            k.INIT_REPLY_22.size, 0, unique, k.MAJOR, agreed.minor, readahead, agreed.flags, 0, 0, max_write
+        )
+    else:
+        reply = k.INIT_REPLY.pack(
+            k.INIT_REPLY.size,
+            0,
+            unique,
+            k.MAJOR,
+            agreed.minor,
+            readahead,
+            agreed.flags,
+            0,  # max_background: the kernel's default
+            0,  # congestion_threshold: the kernel's default
+            max_write,
+            1,  # time_gran: nanoseconds
+            # max_pages: a WRITE of max_write bytes; without MAX_PAGES the kernel's 32 pages.
+            max_write // 4096 if agreed.flags & k.MAX_PAGES else 0,
+            0,
+            0,
+        )
+    return agreed, reply
+
+
+__all__ = ["Agreed", "Refused", "negotiate"]
