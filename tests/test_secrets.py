@@ -51,7 +51,8 @@ def run(*args: str, env: dict[str, str] | None = None, cwd=None) -> subprocess.C
     full.update(env or {})
     full["PYTHONPATH"] = CHECKOUT  # this checkout's zarrfs from any folder
     return subprocess.run(
-        [sys.executable, "-m", "zarrfs", *args], capture_output=True, text=True, timeout=120, env=full, cwd=cwd
+        [sys.executable, "-m", "zarrfs", *args], capture_output=True, text=True, timeout=120, env=full,
+        cwd=cwd,
     )
 
 
