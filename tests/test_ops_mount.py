@@ -62,6 +62,18 @@ def mount_line(path) -> list[str]:
         return next(line.split() for line in fh if line.split()[1] == str(path))
 
 
+@pytest.fixture(autouse=True)
+def no_logs_left_behind():
+    """Remove the log files (``/var/log/zarrfs``, no syslog here) of mounts made without
+    ``--log-file`` in this test."""
+    folder = Path(default_log_file("/x")).parent
+    before = set(folder.iterdir()) if folder.is_dir() else set()
+    yield
+    for path in set(folder.iterdir()) - before if folder.is_dir() else ():
+        if "pytest" in path.name or "zarrfs\\x2dops" in path.name:
+            path.unlink(missing_ok=True)
+
+
 @pytest.fixture
 def cleanup():
     """Mountpoints to unmount after the test, whatever happened."""
