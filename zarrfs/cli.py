@@ -1,14 +1,15 @@
-"""The ``zarrfs`` command line: mount, umount, check, copy, reindex.
+"""The zarrfs command line: mount, umount, status, check, copy, reindex.
 
-``zarrfs mount URL MOUNTPOINT`` follows sshfs/rclone: it runs in the background by default and
+zarrfs mount URL MOUNTPOINT follows sshfs and rclone: it runs in the background by default and
 returns only when the mount is ready, or fails with one clear line (bad URL, database missing,
-mountpoint busy, no /dev/fuse). ``-f`` keeps it in the foreground.
+mountpoint busy, no /dev/fuse). -f keeps it in the foreground. zarrfs URL MOUNTPOINT -o OPTS
+(without "mount") is the same: the form mount.fuse3 uses for /etc/fstab and mount -t fuse.zarrfs.
 """
 
 from __future__ import annotations
 
 import argparse
-import errno
+import json
 import logging
 import os
 import select
@@ -20,10 +21,84 @@ import time
 
 from zarrfs import __version__
 from zarrfs.backends.base import BackendError
-from zarrfs.daemon import UsageError, open_database, parse_options, serve, setup_logging
+from zarrfs.daemon import (
+    PASSWORD_ENV,
+    MountFailure,
+    UsageError,
+    open_database,
+    parse_options,
+    redis_secret,
+    resolve_url,
+    serve,
+    setup_logging,
+    shown_url,
+    url_password,
+)
+from zarrfs.fuse.channel import MountError
 
 READY = b"ready\n"
 START_TIMEOUT = 60.0
+COMMANDS = ("mount", "umount", "status", "check", "copy", "reindex")
+
+DESCRIPTION = (
+    "Mount a key/value database (LMDB, SQLite, Redis) as a folder that behaves like a Zarr "
+    "DirectoryStore."
+)
+
+URLS_HELP = """\
+database URLs:
+  lmdb:///abs/path/db.lmdb    LMDB (the default: a bare path is an LMDB path too)
+  sqlite:///abs/path/db.sqlite
+                              SQLite
+  redis://[user[:password]@]host:port/db?prefix=zarr
+                              Redis over TCP (rediss://... over TLS)
+  unix:///path/redis.sock?db=0&prefix=zarr
+                              Redis over a unix socket
+  memory://name               in-process, for tests
+  Relative paths are resolved against the current folder. A Redis password may also come
+  from ?password_file=PATH or the environment variable ZARRFS_PASSWORD (else REDISCLI_AUTH,
+  as redis-cli reads it); it never shows in ps, the mount table, the logs or zarrfs status.
+"""
+
+OPTIONS_HELP = """\
+mount options (-o OPT[,OPT...]):
+  ro, rw                      read-only (writes fail with EROFS) or read-write (default)
+  create                      create the database if it does not exist
+  validate=strict|warn|off    Zarr metadata and chunk-key checks on commit (strict)
+  view=raw|decoded            decoded: chunks show as their decoded bytes (raw)
+  consolidate=auto|live|off   keep consolidated metadata in step (auto)
+  cache_timeout=SECONDS       kernel entry/attribute/negative cache lifetime (1); or
+  entry_timeout=, attr_timeout=, negative_timeout=   one of them alone
+  dir_cache=SECONDS           lifetime of a busy folder's snapshot (cache_timeout; 0 = off)
+  spill=BYTES                 an open file's buffer size before it spills to disk (64 MiB)
+  spin=MICROSECONDS           request loop polling before it sleeps (200; 0 = never)
+  readahead=KiB               kernel read-ahead of the mount (1024; 0 = leave it)
+  uid=N, gid=N                owner shown for files and folders with none recorded
+                              (default: the user who mounts)
+  umask=OCTAL                 permission bits removed from files and folders with no
+                              recorded mode (022)
+  allow_other                 let every user in; turns on default_permissions
+  allow_root                  let root in besides the owner; turns on default_permissions
+  no_default_permissions      with allow_other/allow_root: no permission checks by the kernel
+  default_permissions, fsname=, subtype=, auto_unmount, noexec, exec, nosuid, nodev,
+  noatime, nodiratime, sync, async, dirsync, max_read=, blksize=, context=..., debug
+                              handed to libfuse
+  defaults, _netdev, auto, noauto, user, users, nouser, owner, group, nofail, dev, suid,
+  atime, relatime, x-*, comment=
+                              ignored (fstab and mount(8) options; the mount is always
+                              nodev,nosuid)
+"""
+
+EXIT_HELP = """\
+exit status:
+  0  success
+  1  failure: the database, the mountpoint or the mount (missing, busy, refused, not
+     mounted, unreachable); check: problems found
+  2  usage: unknown command or option, missing argument, bad option value
+
+/etc/fstab:  URL  MOUNTPOINT  fuse.zarrfs  defaults,_netdev[,opts]  0  0
+  (mount.fuse3 runs "zarrfs URL MOUNTPOINT -o OPTS", which is "zarrfs mount ...")
+"""
 
 
 def _fail(message: str, status: int = 1) -> int:
@@ -31,24 +106,92 @@ def _fail(message: str, status: int = 1) -> int:
     return status
 
 
+def _hide_secrets(secrets: list[str]) -> None:
+    """Overwrite ``secrets`` in this process's argv and environment as the kernel shows them
+    (``/proc/self/cmdline``, ``/proc/self/environ``), as setproctitle does, and drop the
+    password variables from ``os.environ`` (so no child inherits them)."""
+    for name in PASSWORD_ENV:
+        os.environ.pop(name, None)
+    wanted = [s.encode() for s in secrets if s]
+    if not wanted:
+        return
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        # Fields 48-51 of stat(5): arg_start, arg_end, env_start, env_end (3 is fields[0]).
+        areas = [(int(fields[45]), int(fields[46])), (int(fields[47]), int(fields[48]))]
+        with open("/proc/self/mem", "r+b", buffering=0) as mem:
+            for start, end in areas:
+                mem.seek(start)
+                area = mem.read(end - start)
+                hidden = area
+                for secret in wanted:
+                    hidden = hidden.replace(secret, b"*" * len(secret))
+                if hidden != area:
+                    mem.seek(start)
+                    mem.write(hidden)
+    except (OSError, ValueError, IndexError):
+        pass
+
+
+def _read_fd(fd: int) -> str:
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks).decode()
+
+
+def _mounts() -> list[tuple[str, str, str, str]]:
+    """``(mountpoint, fstype, source, options)`` of every mount this process sees."""
+    found = []
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
+            for line in fh:
+                left, _, right = line.partition(" - ")
+                fields, tail = left.split(), right.split()
+                if len(fields) < 6 or len(tail) < 3:
+                    continue
+                found.append((_unescape(fields[4]), tail[0], _unescape(tail[1]), fields[5] + "," + tail[2]))
+    except OSError:
+        pass
+    return found
+
+
+def _unescape(text: str) -> str:
+    for code in ("\\040", "\\011", "\\012", "\\134"):
+        text = text.replace(code, chr(int(code[1:], 8)))
+    return text
+
+
+def _mounted(mountpoint: str) -> bool:
+    return any(mp == mountpoint for mp, *_ in _mounts())
+
+
 def _preflight(url: str, mountpoint: str, opts) -> None:
     if not os.path.exists("/dev/fuse"):
-        raise UsageError("/dev/fuse is missing: FUSE is not available on this machine")
+        raise MountFailure("/dev/fuse is missing: FUSE is not available on this machine")
     try:
         is_folder = stat.S_ISDIR(os.stat(mountpoint).st_mode)
+    except FileNotFoundError:
+        raise MountFailure(f"mountpoint {mountpoint} does not exist") from None
     except OSError as exc:
-        if exc.errno in (errno.ENOTCONN, errno.ECONNABORTED):  # its daemon died (kill -9, a crash)
-            raise UsageError(
+        if exc.errno in (107, 103):  # ENOTCONN, ECONNABORTED: its daemon died (kill -9, a crash)
+            raise MountFailure(
                 f"mountpoint {mountpoint} holds a mount whose daemon is gone "
                 f"(Transport endpoint is not connected): run 'zarrfs umount {mountpoint}' first"
             ) from None
-        is_folder = False
+        raise MountFailure(f"mountpoint {mountpoint}: {exc.strerror or exc}") from None
     if not is_folder:
-        raise UsageError(f"mountpoint {mountpoint} is not a folder")
+        raise MountFailure(f"mountpoint {mountpoint} is not a folder")
     if os.path.ismount(mountpoint):
-        raise UsageError(f"mountpoint {mountpoint} is busy (already mounted)")
+        raise MountFailure(f"mountpoint {mountpoint} is busy (already mounted)")
     driver = open_database(url, opts)  # bad URL, missing database, unreachable server
     driver.close()
+
+
+def _status_of(exc: BaseException) -> int:
+    return 2 if isinstance(exc, UsageError) else 1
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
@@ -56,17 +199,24 @@ def cmd_mount(args: argparse.Namespace) -> int:
     try:
         opts = parse_options(args.o or [])
         mountpoint = os.path.abspath(args.mountpoint)
+        if args.url_fd is not None:  # the daemon: the URL, with any password, came by a pipe
+            url = _read_fd(args.url_fd)
+        else:
+            url = redis_secret(resolve_url(args.url))
+        _hide_secrets([url_password(args.url) or "", *[os.environ.get(n, "") for n in PASSWORD_ENV]])
+        if args.log_file:
+            args.log_file = os.path.abspath(args.log_file)
         if args.ready_fd is None:
-            _preflight(args.url, mountpoint, opts)
-    except (UsageError, BackendError, ValueError) as exc:
-        return _fail(str(exc), 2 if isinstance(exc, UsageError) else 1)
+            _preflight(url, mountpoint, opts)
+    except (UsageError, MountFailure, BackendError, ValueError) as exc:
+        return _fail(str(exc), _status_of(exc))
     if args.foreground:
-        return _run_foreground(args, opts, mountpoint)
-    return _start_background(args, mountpoint)
+        return _run_foreground(args, opts, url, mountpoint)
+    return _start_background(args, url, mountpoint)
 
 
-def _run_foreground(args: argparse.Namespace, opts, mountpoint: str) -> int:
-    setup_logging(args.log_level, args.log_file, foreground=args.ready_fd is None)
+def _run_foreground(args: argparse.Namespace, opts, url: str, mountpoint: str) -> int:
+    setup_logging(args.log_level, args.log_file, foreground=args.ready_fd is None, mountpoint=mountpoint)
 
     mounted = False
 
@@ -82,35 +232,49 @@ def _run_foreground(args: argparse.Namespace, opts, mountpoint: str) -> int:
             os.dup2(devnull, 2)
 
     try:
-        serve(args.url, mountpoint, opts, on_ready=ready)
-    except (UsageError, BackendError, ValueError) as exc:
+        serve(url, mountpoint, opts, on_ready=ready)
+    except (UsageError, MountFailure, BackendError, ValueError) as exc:
+        return _fail(str(exc), _status_of(exc))
+    except MountError as exc:  # libfuse or fusermount3 refused: their reason
+        logging.getLogger("zarrfs").error("mount of %s failed: %s", mountpoint, exc)
         return _fail(str(exc))
     except RuntimeError as exc:
         if mounted:  # it served: the mount is gone and open files were committed on the way
             logging.getLogger("zarrfs").error("the mount of %s ended: %s", mountpoint, exc)
             return 1
-        return _fail(f"mount failed ({exc})")  # libfuse refused to mount; it printed why
+        return _fail(f"mount failed ({exc})")
     return 0
 
 
-def _start_background(args: argparse.Namespace, mountpoint: str) -> int:
+def _start_background(args: argparse.Namespace, url: str, mountpoint: str) -> int:
+    shown = shown_url(url)
     read_end, write_end = os.pipe()
-    cmd = [sys.executable, "-m", "zarrfs", "mount", args.url, mountpoint, "-f", "--ready-fd", str(write_end)]
+    url_r, url_w = os.pipe()  # the URL with its secret: never on a command line
+    os.write(url_w, url.encode())
+    os.close(url_w)
+    cmd = [sys.executable, "-m", "zarrfs", "mount", shown, mountpoint, "-f", "--ready-fd", str(write_end)]
+    cmd += ["--url-fd", str(url_r)]
     for word in args.o or []:
         cmd += ["-o", word]
     cmd += ["--log-level", args.log_level]
     if args.log_file:
-        cmd += ["--log-file", os.path.abspath(args.log_file)]
+        cmd += ["--log-file", args.log_file]
+    env = {k: v for k, v in os.environ.items() if k not in PASSWORD_ENV}
+    # The daemon runs in "/": it imports this very zarrfs, wherever it came from.
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
     child = subprocess.Popen(
         cmd,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        pass_fds=(write_end,),
+        pass_fds=(write_end, url_r),
         start_new_session=True,
         cwd="/",
+        env=env,
     )
     os.close(write_end)
+    os.close(url_r)
     got = b""
     deadline = time.monotonic() + START_TIMEOUT
     while READY not in got and time.monotonic() < deadline:
@@ -136,10 +300,8 @@ def _start_background(args: argparse.Namespace, mountpoint: str) -> int:
     except subprocess.TimeoutExpired:
         child.kill()
     lines = [ln for ln in err.decode(errors="replace").splitlines() if ln.strip()]
-    # libfuse says what it refused ("fuse: unknown option(s): ..."); that line beats our own.
-    fuse_lines = [ln for ln in lines if ln.startswith("fuse:")]
-    detail = (fuse_lines or lines or ["the daemon did not start"])[-1].removeprefix("zarrfs: ")
-    return _fail(f"mount of {args.url} at {mountpoint} failed: {detail}")
+    detail = (lines or ["the daemon did not start"])[-1].removeprefix("zarrfs: ")
+    return _fail(f"mount of {shown} at {mountpoint} failed: {detail}")
 
 
 def _daemon_pids(mountpoint: str) -> list[int]:
@@ -161,17 +323,28 @@ def cmd_umount(args: argparse.Namespace) -> int:
     """``zarrfs umount``: unmount (open files were committed when closed) and wait for the
     daemon to finish."""
     mountpoint = os.path.abspath(args.mountpoint)
+    if not _mounted(mountpoint):
+        if not os.path.exists(mountpoint):
+            return _fail(f"{mountpoint} does not exist")
+        return _fail(f"{mountpoint} is not mounted")
     tool = shutil.which("fusermount3") or shutil.which("fusermount") or "fusermount3"
     pids = _daemon_pids(mountpoint)
     cmd = [tool, "-u"] + (["-z"] if args.lazy else []) + [mountpoint]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
-        message = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "fusermount failed"
+        said = result.stderr.strip().splitlines()
+        message = said[-1] if said else "fusermount3 failed"
         if "not connected" in message:  # a daemon that died: clear the dead mountpoint
             result = subprocess.run([tool, "-u", "-z", mountpoint], capture_output=True, text=True)
             if result.returncode == 0:
                 return 0
-        return _fail(message)
+        if "busy" in message.lower():
+            return _fail(
+                f"{mountpoint} is busy: files or folders in it are in use (close them, or "
+                f"'zarrfs umount -z {mountpoint}' detaches it now and finishes once they are closed)"
+            )
+        reason = message.rpartition(": ")[2] if ": " in message else message
+        return _fail(f"cannot unmount {mountpoint}: {reason}")
     deadline = time.monotonic() + 30
     while pids and time.monotonic() < deadline:
         pids = [p for p in pids if os.path.exists(f"/proc/{p}") and not _zombie(p)]
@@ -187,15 +360,87 @@ def _zombie(pid: int) -> bool:
         return True
 
 
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _counts(figures: dict[str, int] | None) -> str:
+    if figures is None:
+        return "not counted by this daemon"
+    if not figures:
+        return "none"
+    ordered = sorted(figures.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{name} {count}" for name, count in ordered)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """``zarrfs status [MOUNTPOINT]``: the zarrfs mounts, or one mount's live figures."""
+    from zarrfs.control import query
+
+    mounts = [(mp, source, options) for mp, fstype, source, options in _mounts() if fstype == "fuse.zarrfs"]
+    if args.mountpoint is None:
+        if args.json:
+            print(json.dumps([{"mountpoint": mp, "url": src} for mp, src, _ in mounts], indent=2))
+        for mp, source, options in [] if args.json else mounts:
+            mode = "ro" if "ro" in options.split(",") else "rw"
+            print(f"{mp}\t{source}\t{mode}")
+        if not mounts and not args.json:
+            print("no zarrfs mounts", file=sys.stderr)
+        return 0
+    mountpoint = os.path.abspath(args.mountpoint)
+    if not any(mp == mountpoint for mp, _, _ in mounts):
+        if not os.path.exists(mountpoint):
+            return _fail(f"{mountpoint} does not exist")
+        return _fail(f"{mountpoint} is not a zarrfs mount")
+    try:
+        doc = query(os.path.realpath(mountpoint))
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return _fail(f"the daemon of {mountpoint} does not answer ({reason})")
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    db = doc.get("database") or {}
+    if "bytes" in db:
+        size = f"{_size(db['bytes'])} ({_size(db['disk_bytes'])} on disk)"
+    elif "keys" in db:
+        size = f"{db['keys']} Redis keys, {_size(db.get('used_memory') or 0)} used by the server"
+    else:
+        size = db.get("error", "size unknown")
+    cache = doc.get("folder_snapshots")
+    snapshots = (
+        "off"
+        if cache is None
+        else f"{cache['held']} held, {cache['built']} built (lifetime {cache['lifetime']:g} s)"
+    )
+    mode = "read-only" if doc["readonly"] else "read-write"
+    rows = [
+        ("mountpoint", doc["mountpoint"]),
+        ("database", f"{doc['url']}: {size}"),
+        ("daemon", f"pid {doc['pid']}, up {doc['uptime']:g} s, {mode}"),
+        ("open files", str(doc["open_files"])),
+        ("snapshots", snapshots),
+        ("requests", _counts(doc.get("requests"))),
+        ("errors", _counts(doc.get("errors"))),
+    ]
+    for name, value in rows:
+        print(f"{name:<11} {value}")
+    return 0
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """``zarrfs check URL``: validate every metadata and chunk key offline."""
     from zarrfs.format.check import check_database
 
     try:
-        opts = parse_options(["ro"])
-        driver = open_database(args.url, opts)
-    except (UsageError, BackendError, ValueError) as exc:
-        return _fail(str(exc), 2)
+        url = redis_secret(resolve_url(args.url))
+        driver = open_database(url, parse_options(["ro"]), hint=False)
+    except (UsageError, MountFailure, BackendError, ValueError) as exc:
+        return _fail(str(exc), _status_of(exc))
     with driver:
         problems = 0
         for problem in check_database(driver):
@@ -208,13 +453,18 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_copy(args: argparse.Namespace) -> int:
     """``zarrfs copy SOURCE DEST``: folder -> database, database -> folder or database."""
-    from zarrfs.tools.copy import copy
+    from zarrfs.tools.copy import CopyError, copy
 
+    progress = args.progress if args.progress is not None else sys.stderr.isatty()
     try:
-        count = copy(args.source, args.dest)
-    except (BackendError, OSError, ValueError) as exc:
-        return _fail(str(exc))
-    print(f"copied {count} keys", file=sys.stderr)
+        source = args.source if "://" in args.source else os.path.abspath(args.source)
+        dest = args.dest if "://" in args.dest else os.path.abspath(args.dest)
+        source = redis_secret(resolve_url(source)) if "://" in source else source
+        dest = redis_secret(resolve_url(dest)) if "://" in dest else dest
+        count, size = copy(source, dest, progress=progress, validate=args.validate)
+    except (UsageError, MountFailure, CopyError, BackendError, OSError, ValueError) as exc:
+        return _fail(str(exc), _status_of(exc))
+    print(f"copied {count} keys ({_size(size)})", file=sys.stderr)
     return 0
 
 
@@ -222,9 +472,10 @@ def cmd_reindex(args: argparse.Namespace) -> int:
     """``zarrfs reindex URL``: rebuild a Redis database's listing index from its keyspace
     (after another client, such as zarr-python 2's ``RedisStore``, added or removed keys)."""
     try:
-        driver = open_database(args.url, parse_options([]))
-    except (UsageError, BackendError, ValueError) as exc:
-        return _fail(str(exc), 2)
+        url = redis_secret(resolve_url(args.url))
+        driver = open_database(url, parse_options([]), hint=False)
+    except (UsageError, MountFailure, BackendError, ValueError) as exc:
+        return _fail(str(exc), _status_of(exc))
     with driver:
         reindex = getattr(driver, "reindex", None)
         if reindex is None:
@@ -237,47 +488,87 @@ def cmd_reindex(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its usage errors as one line (exit status 2)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: {message} (see {self.prog.split()[0]} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``zarrfs``."""
-    parser = argparse.ArgumentParser(prog="zarrfs", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"zarrfs {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    mount = sub.add_parser("mount", help="mount a database as a Zarr folder")
-    mount.add_argument(
-        "url", help="lmdb:///path, sqlite:///path, redis://host:port/db?prefix=zarr, or a path"
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = _Parser(
+        prog="zarrfs", description=DESCRIPTION, epilog=URLS_HELP + "\n" + OPTIONS_HELP + "\n" + EXIT_HELP,
+        formatter_class=raw,
     )
-    mount.add_argument("mountpoint")
-    mount.add_argument("-o", action="append", metavar="OPT[,OPT...]", help="mount options (see README)")
+    parser.add_argument("--version", action="version", version=f"zarrfs {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    mount = sub.add_parser(
+        "mount", help="mount a database as a Zarr folder (in the background; -f: foreground)",
+        description="Mount a database at MOUNTPOINT. Returns once the mount is ready, or fails "
+        "with one line.", epilog=URLS_HELP + "\n" + OPTIONS_HELP + "\n" + EXIT_HELP, formatter_class=raw,
+    )
+    mount.add_argument("url", metavar="URL", help="database URL or path (see below)")
+    mount.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing, empty folder")
+    mount.add_argument("-o", action="append", metavar="OPT[,OPT...]", help="mount options (see below)")
     mount.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     mount.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    mount.add_argument("--log-file", help="write the daemon's log here (default: syslog, or stderr with -f)")
+    mount.add_argument(
+        "--log-file",
+        help="the daemon's log (default: stderr with -f; else syslog, or without one "
+        "/var/log/zarrfs/MOUNTPOINT.log for root, ~/.local/state/zarrfs/MOUNTPOINT.log for users)",
+    )
     mount.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    mount.add_argument("--url-fd", type=int, help=argparse.SUPPRESS)
     mount.set_defaults(func=cmd_mount)
 
-    umount = sub.add_parser("umount", help="unmount (waits for the daemon to finish)")
-    umount.add_argument("mountpoint")
+    umount = sub.add_parser("umount", help="unmount (waits for the daemon to finish)", epilog=EXIT_HELP,
+                            formatter_class=raw)
+    umount.add_argument("mountpoint", metavar="MOUNTPOINT")
     umount.add_argument("-z", "--lazy", action="store_true", help="detach now, finish when no longer busy")
     umount.set_defaults(func=cmd_umount)
 
-    check = sub.add_parser("check", help="validate the Zarr metadata and chunk keys of a database")
-    check.add_argument("url")
+    status = sub.add_parser("status", help="list zarrfs mounts, or show one mount's live figures",
+                            epilog=EXIT_HELP, formatter_class=raw)
+    status.add_argument("mountpoint", metavar="MOUNTPOINT", nargs="?")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.set_defaults(func=cmd_status)
+
+    check = sub.add_parser("check", help="validate the Zarr metadata and chunk keys of a database",
+                           epilog=URLS_HELP + "\n" + EXIT_HELP, formatter_class=raw)
+    check.add_argument("url", metavar="URL")
     check.add_argument("--warnings", action="store_true", help="print warnings too")
     check.set_defaults(func=cmd_check)
 
-    copy = sub.add_parser("copy", help="copy every key between a folder and a database (or two databases)")
-    copy.add_argument("source", help="a folder, or a database URL")
-    copy.add_argument("dest", help="a folder, or a database URL (created if missing)")
+    copy = sub.add_parser("copy", help="copy every key between a folder and a database (or two databases)",
+                          epilog=URLS_HELP + "\n" + EXIT_HELP, formatter_class=raw)
+    copy.add_argument("source", metavar="SOURCE", help="a folder, or a database URL")
+    copy.add_argument("dest", metavar="DEST", help="a folder, or a database URL (created if missing)")
+    copy.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, default=None,
+        help="show a progress bar (default: when stderr is a terminal)",
+    )
+    copy.add_argument(
+        "--validate", action="store_true",
+        help="check the Zarr metadata and chunk keys of what is copied first; copy nothing if one is wrong",
+    )
     copy.set_defaults(func=cmd_copy)
 
-    reindex = sub.add_parser("reindex", help="rebuild a Redis database's listing index from its keys")
-    reindex.add_argument("url")
+    reindex = sub.add_parser("reindex", help="rebuild a Redis database's listing index from its keys",
+                             epilog=URLS_HELP + "\n" + EXIT_HELP, formatter_class=raw)
+    reindex.add_argument("url", metavar="URL")
     reindex.set_defaults(func=cmd_reindex)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``zarrfs`` console script."""
+    """Entry point of the ``zarrfs`` console script. ``zarrfs SOURCE MOUNTPOINT [-o OPTS]``
+    (what mount.fuse3 runs for /etc/fstab) is ``zarrfs mount SOURCE MOUNTPOINT [-o OPTS]``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
+        argv.insert(0, "mount")
     args = build_parser().parse_args(argv)
     return args.func(args)
 

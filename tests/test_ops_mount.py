@@ -1,0 +1,359 @@
+"""The command line around real mounts: paths resolved against the caller's folder, one-line
+failures (busy umount, libfuse's own reasons), access (allow_root, allow_other,
+default_permissions) checked as another user, uid/gid/umask, where the log goes and SIGHUP,
+/etc/fstab and mount -t fuse.zarrfs through mount.fuse3, and zarrfs status."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from mounting import make_url, needs_fuse
+
+from zarrfs.backends import open_driver
+from zarrfs.cli import _daemon_pids
+from zarrfs.control import socket_path
+from zarrfs.daemon import default_log_file
+
+pytestmark = needs_fuse
+
+CHECKOUT = str(Path(__file__).resolve().parent.parent)
+NOBODY = 65534
+
+
+def zarrfs(*args: str, cwd=None, env=None) -> subprocess.CompletedProcess:
+    full = dict(os.environ, PYTHONPATH=CHECKOUT, **(env or {}))
+    return subprocess.run(
+        [sys.executable, "-m", "zarrfs", *args], capture_output=True, text=True, timeout=120, cwd=cwd,
+        env=full,
+    )
+
+
+def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def one_line(result: subprocess.CompletedProcess, status: int, *words: str) -> str:
+    assert result.returncode == status, (result.returncode, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def mounted(path) -> bool:
+    with open("/proc/mounts") as fh:
+        return any(line.split()[1] == str(path) for line in fh)
+
+
+def mount_line(path) -> list[str]:
+    with open("/proc/mounts") as fh:
+        return next(line.split() for line in fh if line.split()[1] == str(path))
+
+
+@pytest.fixture(autouse=True)
+def no_logs_left_behind():
+    """Remove the log files (``/var/log/zarrfs``, no syslog here) of mounts made without
+    ``--log-file`` in this test."""
+    folder = Path(default_log_file("/x")).parent
+    before = set(folder.iterdir()) if folder.is_dir() else set()
+    yield
+    for path in set(folder.iterdir()) - before if folder.is_dir() else ():
+        if "pytest" in path.name or "zarrfs\\x2dops" in path.name:
+            path.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def cleanup():
+    """Mountpoints to unmount after the test, whatever happened."""
+    points: list[Path] = []
+    yield points
+    for p in points:
+        if mounted(p):
+            if zarrfs("umount", str(p)).returncode != 0:
+                subprocess.run(["fusermount3", "-u", "-z", str(p)], check=False)
+
+
+@pytest.fixture
+def shared_dir():
+    """A folder other users can reach (pytest's tmp_path is root's only)."""
+    path = Path(tempfile.mkdtemp(prefix="zarrfs-ops-"))
+    path.chmod(0o755)
+    yield path
+    for sub in path.iterdir():
+        if mounted(sub):
+            subprocess.run(["fusermount3", "-u", "-z", str(sub)], check=False)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def as_nobody(*cmd: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *cmd],
+        capture_output=True, text=True, timeout=60,
+    )
+
+
+# --- 3. paths ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["bare", "lmdb", "sqlite"])
+def test_relative_database_and_log_paths_are_the_callers(tmp_path, cleanup, form):
+    work = tmp_path / "work"
+    work.mkdir()
+    (tmp_path / "m").mkdir()
+    cleanup.append(tmp_path / "m")
+    name = {"bare": "rel.lmdb", "lmdb": "lmdb://rel.lmdb", "sqlite": "sqlite://rel.sqlite"}[form]
+    ok(zarrfs("mount", name, "../m", "-o", "create", "--log-file", "rel.log", cwd=work))
+    (tmp_path / "m/f").write_bytes(b"here")
+    ok(zarrfs("umount", "../m", cwd=work))
+    made = sorted(p.name for p in work.iterdir())
+    assert made == sorted([name.rpartition("/")[2], "rel.log"]), made
+    assert not os.path.exists("/rel.lmdb") and not os.path.exists("/rel.sqlite")
+    assert "mounting" in (work / "rel.log").read_text()
+    # again from the folder, without -o create: the database is found
+    ok(zarrfs("mount", name, "../m", cwd=work))
+    assert (tmp_path / "m/f").read_bytes() == b"here"
+    ok(zarrfs("umount", str(tmp_path / "m")))
+
+
+# --- 7. messages ------------------------------------------------------------------------------
+
+
+def test_umount_of_a_busy_mount_names_z(tmp_path, cleanup):
+    m = tmp_path / "m"
+    m.mkdir()
+    cleanup.append(m)
+    ok(zarrfs("mount", f"lmdb://{tmp_path}/db.lmdb", str(m), "-o", "create"))
+    fh = open(m / "open-file", "wb")
+    try:
+        one_line(zarrfs("umount", str(m)), 1, "busy", "-z")
+        assert mounted(m)
+    finally:
+        fh.close()
+    ok(zarrfs("umount", str(m)))
+    one_line(zarrfs("umount", str(m)), 1, "is not mounted")
+
+
+@pytest.mark.parametrize(
+    "options, said",
+    [("max_read=abc", "invalid parameter in option `max_read=abc'"),
+     ("auto_unmount,context=foo", "unknown option 'context=foo'")],  # the second from fusermount3
+)
+def test_a_refused_mount_gives_libfuses_own_reason(tmp_path, options, said):
+    (tmp_path / "m").mkdir()
+    line = one_line(zarrfs("mount", "memory://x", str(tmp_path / "m"), "-o", options), 1, said)
+    assert "could not mount" not in line and not mounted(tmp_path / "m")
+
+
+# --- 2. and 8. access, owner and permission bits --------------------------------------------
+
+
+def _mount(url: str, where: Path, *options: str) -> None:
+    where.mkdir(exist_ok=True)
+    where.chmod(0o755)
+    args = ["mount", url, str(where)] + [x for o in options for x in ("-o", o)]
+    ok(zarrfs(*args))
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "sqlite", "redis"])
+def test_access_of_another_user(shared_dir, request, kind, tmp_path):
+    url = make_url(kind, shared_dir, request)
+    with open_driver(url) as driver:
+        driver.put("data", b"payload")  # a key without recorded owner or mode
+    m = shared_dir / "m"
+    # no option: only the owner (root) gets in; the kernel turns the others away
+    _mount(url, m)
+    try:
+        assert (m / "data").read_bytes() == b"payload"
+        res = as_nobody("cat", str(m / "data"))
+        assert res.returncode != 0 and "Permission denied" in res.stderr
+    finally:
+        ok(zarrfs("umount", str(m)))
+    # allow_root: root and the owner; the daemon refuses everyone else
+    _mount(url, m, "allow_root")
+    try:
+        opts = mount_line(m)[3].split(",")
+        assert "allow_other" in opts and "default_permissions" in opts
+        assert (m / "data").read_bytes() == b"payload"
+        res = as_nobody("cat", str(m / "data"))
+        assert res.returncode != 0 and "Permission denied" in res.stderr
+        res = as_nobody("ls", str(m))
+        assert res.returncode != 0 and "Permission denied" in res.stderr
+    finally:
+        ok(zarrfs("umount", str(m)))
+    # allow_other: everyone, with the kernel checking permissions (files are root's, 0644)
+    _mount(url, m, "allow_other")
+    try:
+        assert "default_permissions" in mount_line(m)[3].split(",")
+        assert as_nobody("cat", str(m / "data")).stdout == "payload"
+        res = as_nobody("sh", "-c", f"echo x > {m}/data")
+        assert res.returncode != 0 and "Permission denied" in res.stderr
+        assert (m / "data").read_bytes() == b"payload"
+    finally:
+        ok(zarrfs("umount", str(m)))
+    # allow_other,no_default_permissions: no checks by the kernel
+    _mount(url, m, "allow_other,no_default_permissions")
+    try:
+        assert "default_permissions" not in mount_line(m)[3].split(",")
+        assert as_nobody("sh", "-c", f"echo x > {m}/data").returncode == 0
+        assert (m / "data").read_bytes() == b"x\n"
+    finally:
+        ok(zarrfs("umount", str(m)))
+    # uid/gid/umask: the owner and bits shown for nodes with none recorded
+    with open_driver(url) as driver:
+        driver.put("grp/fresh", b"new")  # written beside the mount: nothing recorded
+    _mount(url, m, f"uid={NOBODY},gid={NOBODY},umask=027", "allow_other")
+    try:
+        for path, mode in ((m / "grp/fresh", 0o640), (m / "grp", 0o750), (m, 0o750)):
+            st = os.stat(path)
+            assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (NOBODY, NOBODY, mode), path
+        assert os.stat(m / "data").st_uid == 0  # written through the mount by root: recorded
+        assert as_nobody("sh", "-c", f"echo mine > {m}/grp/fresh").returncode == 0  # nobody owns it now
+        assert (m / "grp/fresh").read_bytes() == b"mine\n"
+    finally:
+        ok(zarrfs("umount", str(m)))
+
+
+# --- 4. logs ----------------------------------------------------------------------------------
+
+
+def test_background_log_without_syslog_goes_to_the_documented_file(tmp_path, cleanup):
+    assert not os.path.exists("/dev/log")  # this machine has no syslog
+    m = tmp_path / "m"
+    m.mkdir()
+    cleanup.append(m)
+    log = Path(default_log_file(str(m)))
+    assert log.parent == Path("/var/log/zarrfs")  # root's
+    log.unlink(missing_ok=True)
+    ok(zarrfs("mount", f"lmdb://{tmp_path}/db.lmdb", str(m), "-o", "create"))
+    try:
+        assert f"mounting lmdb://{tmp_path}/db.lmdb at {m}" in log.read_text()
+    finally:
+        ok(zarrfs("umount", str(m)))
+    assert f"unmounted {m}" in log.read_text()
+    log.unlink()
+
+
+def test_sighup_reopens_the_log_file_and_keeps_the_mount(tmp_path, cleanup):
+    m = tmp_path / "m"
+    m.mkdir()
+    cleanup.append(m)
+    log = tmp_path / "zarrfs.log"
+    ok(zarrfs("mount", f"lmdb://{tmp_path}/db.lmdb", str(m), "-o", "create", "--log-file", str(log)))
+    (pid,) = _daemon_pids(str(m))
+    log.rename(tmp_path / "zarrfs.log.1")  # as logrotate does
+    os.kill(pid, signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while not log.exists():
+        assert time.monotonic() < deadline, "the log was not reopened"
+        time.sleep(0.05)
+    assert mounted(m) and _daemon_pids(str(m)) == [pid]
+    (m / "f").write_bytes(b"1")
+    ok(zarrfs("umount", str(m)))
+    text = log.read_text()
+    assert "reopened" in text and f"unmounted {m}" in text
+    assert "unmounted" not in (tmp_path / "zarrfs.log.1").read_text()
+
+
+# --- 5. /etc/fstab and mount -t fuse.zarrfs -------------------------------------------------
+
+
+@pytest.fixture
+def zarrfs_on_path(tmp_path):
+    """A folder with a ``zarrfs`` command that runs this checkout, as an installed script would."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "zarrfs"
+    script.write_text(f'#!/bin/sh\nPYTHONPATH={CHECKOUT} exec {sys.executable} -m zarrfs "$@"\n')
+    script.chmod(0o755)
+    return bin_dir
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "sqlite", "redis"])
+def test_fstab_and_mount_t_through_mount_fuse3(tmp_path, request, zarrfs_on_path, kind):
+    """mount(8) runs its helpers with the standard PATH only, so the test runs in a mount
+    namespace of its own where the wrapper folder is bound over /usr/local/sbin (nothing on
+    the machine changes); mount.fuse3 then runs ``zarrfs URL MOUNTPOINT -o OPTS``."""
+    url = make_url(kind, tmp_path, request)
+    m = tmp_path / "m"
+    m.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    fstab = tmp_path / "fstab"
+    options = "defaults,_netdev,noauto,nofail,user,ro,x-systemd.automount"
+    fstab.write_text(f"# a test fstab\n{url} {m} fuse.zarrfs {options} 0 0\n")
+    script = f"""
+set -e
+mount --bind {zarrfs_on_path} /usr/local/sbin
+mount -t fuse.zarrfs '{url}' {m} -o create,rw,dev,suid,_netdev,defaults
+grep ' {m} ' /proc/self/mounts > {out}/first
+echo via-mount-t > {m}/f
+umount {m}
+while pgrep -f '[-]m zarrfs mount .* {m} ' > /dev/null; do sleep 0.05; done
+mount --fstab {fstab} {m}
+grep ' {m} ' /proc/self/mounts > {out}/second
+cat {m}/f > {out}/read
+umount {m}
+while pgrep -f '[-]m zarrfs mount .* {m} ' > /dev/null; do sleep 0.05; done
+echo done > {out}/done
+"""
+    res = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    first = (out / "first").read_text().split()
+    assert first[0] == url and first[2] == "fuse.zarrfs"
+    assert "nosuid" in first[3] and "nodev" in first[3] and first[3].startswith("rw,")
+    second = (out / "second").read_text().split()
+    assert second[0] == url and second[3].startswith("ro,")
+    assert (out / "read").read_text() == "via-mount-t\n"
+    assert (out / "done").exists() and not _daemon_pids(str(m))
+
+
+# --- 9. status --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "sqlite", "redis"])
+def test_status_lists_mounts_and_shows_live_figures(tmp_path, request, cleanup, kind):
+    url = make_url(kind, tmp_path, request)
+    m = tmp_path / "m"
+    m.mkdir()
+    cleanup.append(m)
+    ok(zarrfs("mount", url, str(m), "-o", "create"))
+    listed = ok(zarrfs("status")).stdout.splitlines()
+    assert f"{m}\t{url}\trw" in listed
+    sock = socket_path(str(m))
+    assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(os.path.dirname(sock)).st_mode) == 0o700
+    (m / "a").write_bytes(b"x" * 100_000)
+    for _ in range(40):
+        os.path.exists(m / "missing")
+    held = open(m / "a", "rb")
+    try:
+        doc = json.loads(ok(zarrfs("status", str(m), "--json")).stdout)
+        assert doc["url"] == url and doc["mountpoint"] == str(m) and doc["open_files"] == 1
+        assert doc["pid"] == _daemon_pids(str(m))[0]
+        db = doc["database"]
+        assert (db["bytes"] >= 100_000) if kind != "redis" else (db["keys"] >= 1)
+        assert doc["folder_snapshots"]["lifetime"] == 1
+        if doc["requests"] is not None:  # a session that counts (Session.stats)
+            assert doc["requests"], doc
+        text = ok(zarrfs("status", str(m))).stdout
+        assert f"mountpoint  {m}" in text and "open files  1" in text and url in text
+    finally:
+        held.close()
+    ok(zarrfs("umount", str(m)))
+    assert not os.path.exists(sock)
+    one_line(zarrfs("status", str(m)), 1, "not a zarrfs mount")

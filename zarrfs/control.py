@@ -1,0 +1,181 @@
+"""The status endpoint of a running mount: a unix socket answered by a small thread.
+
+``zarrfs status MOUNTPOINT`` connects to it and reads one JSON document: the database URL (no
+credentials), its size, requests and errors by type, open files, folder snapshots. The
+socket lives in :func:`runtime_folder` (``/run/zarrfs`` for root, ``$XDG_RUNTIME_DIR/zarrfs``
+or ``/tmp/zarrfs-UID`` for a user; the folder is 0700 and the socket 0600: its owner and root
+only), named after the mountpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+log = logging.getLogger("zarrfs.control")
+
+_SUN_PATH_MAX = 107
+
+
+def runtime_folder() -> str:
+    """The folder of the status sockets of this user's mounts."""
+    if os.geteuid() == 0:
+        return "/run/zarrfs"
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    return os.path.join(runtime, "zarrfs") if runtime else f"/tmp/zarrfs-{os.geteuid()}"
+
+
+def socket_path(mountpoint: str) -> str:
+    """The status socket of the mount at ``mountpoint`` (an absolute, resolved path)."""
+    from zarrfs.daemon import escape_path
+
+    folder = runtime_folder()
+    path = os.path.join(folder, escape_path(mountpoint) + ".sock")
+    if len(path.encode()) > _SUN_PATH_MAX:  # too long for a unix socket address
+        digest = hashlib.sha256(os.fsencode(mountpoint)).hexdigest()[:32]
+        path = os.path.join(folder, digest + ".sock")
+    return path
+
+
+def query(mountpoint: str, timeout: float = 5.0) -> dict[str, Any]:
+    """The status document of the mount at ``mountpoint`` (OSError when nothing answers)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(socket_path(mountpoint))
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return json.loads(b"".join(chunks))
+
+
+def _copy(mapping: Any) -> dict[str, Any]:
+    for _ in range(10):  # the serving thread may add a key meanwhile
+        try:
+            return dict(mapping)
+        except RuntimeError:
+            continue
+    return {}
+
+
+def database_size(url: str, driver: Any) -> dict[str, Any]:
+    """What the database holds: bytes on disk for a file database, keys and memory for Redis."""
+    from zarrfs.daemon import database_path
+
+    path = database_path(url)
+    if path is not None:
+        total = used = 0
+        files = (
+            [path]
+            if not os.path.isdir(path)
+            else [os.path.join(d, f) for d, _, names in os.walk(path) for f in names]
+        )
+        if path.endswith(".sqlite") or not os.path.isdir(path):
+            files += [path + "-wal", path + "-shm"]
+        for name in files:
+            try:
+                st = os.stat(name)
+            except OSError:
+                continue
+            total += st.st_size
+            used += st.st_blocks * 512
+        return {"path": path, "bytes": total, "disk_bytes": used}
+    client = getattr(driver, "client", None)
+    if client is not None:
+        try:
+            memory = client.info("memory")
+            return {"keys": client.dbsize(), "used_memory": memory.get("used_memory")}
+        except Exception as exc:  # the server is down: say so, the status still answers
+            return {"error": str(exc)}
+    return {}
+
+
+class ControlServer:
+    """Answers each connection to the mount's status socket with one JSON document."""
+
+    def __init__(self, mountpoint, url, driver, session, handles, tree, opts) -> None:
+        self.mountpoint = mountpoint
+        self.url = url
+        self.driver = driver
+        self.session = session
+        self.handles = handles
+        self.tree = tree
+        self.opts = opts
+        self.started = time.time()
+        self.path = socket_path(mountpoint)
+        folder = os.path.dirname(self.path)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            os.unlink(self.path)  # left by a daemon that was killed
+        except FileNotFoundError:
+            pass
+        old = os.umask(0o177)
+        try:
+            self.sock.bind(self.path)
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o600)
+        self.sock.listen(8)
+        self._closed = False
+        self.thread = threading.Thread(target=self._serve, name="zarrfs-status", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def status(self) -> dict[str, Any]:
+        """The live figures of the mount."""
+        stats = getattr(self.session, "stats", None)
+        figures = stats() if callable(stats) else {}
+        cache = getattr(self.tree, "folder_cache", None)
+        snapshots = getattr(cache, "_snapshots", None)
+        return {
+            "mountpoint": self.mountpoint,
+            "url": self.url,
+            "pid": os.getpid(),
+            "uptime": round(time.time() - self.started, 1),
+            "readonly": self.opts.readonly,
+            "requests": _copy(figures.get("requests", {})) if stats else None,
+            "errors": _copy(figures.get("errors", {})) if stats else None,
+            "open_files": len(self.handles.handles),
+            "folder_snapshots": None
+            if cache is None
+            else {
+                "held": sum(
+                    1 for s in _copy(snapshots or {}).values() if getattr(s, "nodes", None) is not None
+                ),
+                "built": cache.builds,
+                "lifetime": cache.ttl,
+            },
+            "database": database_size(self.url, self.driver),
+        }
+
+    def _serve(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.sendall(json.dumps(self.status()).encode())
+                except Exception as exc:  # a status must never take the daemon down
+                    log.warning("status request failed: %s", exc)
+
+    def close(self) -> None:
+        """Stop answering and remove the socket."""
+        self._closed = True
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
