@@ -139,7 +139,6 @@ from mounting import db_url, fuse_required, mount_factory, mounted  # noqa: E402
 # --- the FUSE session without a mount: make_ops, make_wire, wire (tests/session_wire.py) -------
 from session_wire import make_ops, make_wire, wire  # noqa: E402,F401
 
-
 # --- servers beyond one machine: PostgreSQL and a Redis Cluster (tests/servers.py) ------------
 
 
