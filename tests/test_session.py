@@ -11,9 +11,10 @@ import time
 
 from session_wire import ATTR_FIELDS, GID, UID, attr_of, dirents_of, entry_of, release_storing, z
 
-from zarrfs.daemon import MountOptions, make_hooks
+from zarrfs.daemon import make_hooks
 from zarrfs.fs.namespace import DIR, FILE, RENAME_EXCHANGE, RENAME_NOREPLACE
 from zarrfs.fuse import abi as k
+from zarrfs.options import MountOptions
 
 
 # ---------------------------------------------------------------------- names and attributes

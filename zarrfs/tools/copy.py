@@ -58,7 +58,9 @@ def database_items(driver: Driver, fetch: str = VALUES) -> Iterator[tuple[str, b
 
 
 def _open_source(source: str) -> Driver | None:
-    from zarrfs.daemon import MountFailure, open_database, parse_options
+    from zarrfs.daemon import open_database
+    from zarrfs.options import parse_options
+    from zarrfs.urls import MountFailure
 
     if not is_url(source):
         if not os.path.exists(source):
@@ -139,7 +141,8 @@ class _Progress:
 
 def copy(source: str, dest: str, progress: bool = False, validate: bool = False) -> tuple[int, int]:
     """Copy every key of ``source`` to ``dest``; return how many keys and bytes were copied."""
-    from zarrfs.daemon import open_database, parse_options
+    from zarrfs.daemon import open_database
+    from zarrfs.options import parse_options
 
     src_driver = _open_source(source)
     count = size = 0
