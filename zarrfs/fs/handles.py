@@ -158,6 +158,9 @@ class HandleTable:
             raise FsError(errno.EROFS, key)
         # The kernel looked the name up just before, so there is no need to ask again.
         state = self.states.get(key) or FileState(key)
+        # A held temporary file opened again is no longer only held: it is held again, or
+        # stored, when its last descriptor closes.
+        self.deferred.pop(key, None)
         fh = self._add(state, flags)
         if writable and flags & os.O_TRUNC:
             self._ensure_buffer(state, empty=True)
@@ -374,7 +377,9 @@ class HandleTable:
         state = self.states[src]
         assert state.buffer is not None and state.attrs is not None
         attrs = Attrs(**vars(state.attrs))
-        self.tree.commit(dst, state.buffer.view(), attrs, create=True, exclusive=exclusive)
+        self.tree.commit(
+            dst, state.buffer.view(), attrs, create=True, exclusive=exclusive, replace=not keep_source
+        )
         stored = Stored(state.size, attrs.mtime)
         if keep_source:
             return stored
@@ -442,7 +447,7 @@ class HandleTable:
                 pass  # already gone
         del self.states[key]
         state.orphan = True
-        if self.deferred.pop(key, None) is not None:
+        if self.deferred.pop(key, None) is not None and not state.handles:
             self._forget(state)
         return state.created
 

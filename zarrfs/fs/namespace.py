@@ -174,14 +174,20 @@ class Tree(Listings, Lookups):
             t.put(entry_key(parent), DIR_MARK, SIDE)
 
     def commit(
-        self, key: str, value: Any, attrs: Attrs | None, create: bool = False, exclusive: bool = False
+        self,
+        key: str,
+        value: Any,
+        attrs: Attrs | None,
+        create: bool = False,
+        exclusive: bool = False,
+        replace: bool = False,
     ) -> None:
         """Store the content of a file written through the mount, with its attributes, in one
         transaction; the format layer may refuse it (nothing is stored then).
 
         ``create``: the file may be new here (its folder must exist, a folder or symlink in the
         way is an error); ``exclusive``: it must be new (EEXIST otherwise), as for ``link`` or
-        ``RENAME_NOREPLACE``."""
+        ``RENAME_NOREPLACE``; ``replace``: a symlink in the way is replaced, as a rename does."""
 
         # Remote: what the format layer will read comes in the probe's round trip.
         also = self.hooks.reads(key) if (create or exclusive) and self.driver.remote else ()
@@ -189,6 +195,9 @@ class Tree(Listings, Lookups):
         def run(t: Txn) -> None:
             if create or exclusive:
                 found = self._probe_in_folder(t, key, also)
+                if found is not None and replace and not exclusive and found[0] not in (FILE, DIR):
+                    t.delete(entry_key(key), SIDE)  # the symlink the rename replaces
+                    found = None
                 if found is not None and (exclusive or found[0] != FILE):
                     raise FsError(errno.EISDIR if found[0] == DIR else errno.EEXIST, key)
                 if found is None:
