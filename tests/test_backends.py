@@ -1355,12 +1355,12 @@ class TestRedis(DriverConformance):
         assert driver.get("n/b") == b"2"
 
     def test_reconnects_after_the_server_closed_an_idle_connection(self, driver, redis_server, monkeypatch):
-        from zarrfs.backends import redis as redis_driver
+        from zarrfs.backends import redis_link
 
         driver.put("k", b"v")
         (cid,) = driver._oneshot([("CLIENT", "ID")])
         redis_server.client(0).client_kill_filter(_id=cid)
-        monkeypatch.setattr(redis_driver, "IDLE_CHECK", 0.0)
+        monkeypatch.setattr(redis_link, "IDLE_CHECK", 0.0)
         assert driver.get("k") == b"v"
         assert driver.transact(lambda t: t.read_many([("get", "k", DATA)]), write=False) == [b"v"]
 

@@ -21,7 +21,20 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from zarrfs.backends.base import DATA, KEYS, SIDE, SIZES, VALUES, Driver, Txn, prefix_stop
+from zarrfs.backends.base import (
+    DATA,
+    KEYS,
+    SIDE,
+    SIZES,
+    VALUES,
+    Driver,
+    Get,
+    HasPrefix,
+    Read,
+    Size,
+    Txn,
+    prefix_stop,
+)
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.sidedata import DIR_MARK, ENTRY, EPOCH, LINK_MARK, Attrs, attr_key, entry_key
 
@@ -170,9 +183,9 @@ class Tree:
         skips two of five)."""
         if self.driver.batched or key == "":
             return self._probe_many(t, [key])[0]
-        size, data_below = t.read_many([("size", key, DATA), ("prefix", key + "/", DATA)])
+        size, data_below = t.read_many([Size(key, DATA), HasPrefix(key + "/", DATA)])
         if size is None and not data_below:
-            side = [("get", entry_key(key), SIDE), ("prefix", ENTRY + key + "/", SIDE)]
+            side = [Get(entry_key(key), SIDE), HasPrefix(ENTRY + key + "/", SIDE)]
             mark, side_below = t.read_many(side)
             if mark is None and not side_below:
                 return None
@@ -185,17 +198,17 @@ class Tree:
     ) -> list[tuple[int, int, str, bytes | None] | None]:
         """:meth:`_probe` of several keys in one batch of reads; the batch also reads the data
         keys ``also``, for the transaction to answer again without a round trip."""
-        requests: list[tuple[str, str, str]] = [("get", k, DATA) for k in also]
+        requests: list[Read] = [Get(k, DATA) for k in also]
         for key in keys:
             if key == "":
-                requests.append(("get", attr_key(key), SIDE))
+                requests.append(Get(attr_key(key), SIDE))
             else:
                 requests += [
-                    ("size", key, DATA),
-                    ("prefix", key + "/", DATA),
-                    ("get", entry_key(key), SIDE),
-                    ("prefix", ENTRY + key + "/", SIDE),
-                    ("get", attr_key(key), SIDE),
+                    Size(key, DATA),
+                    HasPrefix(key + "/", DATA),
+                    Get(entry_key(key), SIDE),
+                    HasPrefix(ENTRY + key + "/", SIDE),
+                    Get(attr_key(key), SIDE),
                 ]
         answers = t.read_many(requests)
         out: list[tuple[int, int, str, bytes | None] | None] = []
@@ -296,14 +309,14 @@ class Tree:
             nodes: dict[str, Node] = {}
             for start in range(0, len(children), FOLDER_BATCH):
                 part = children[start : start + FOLDER_BATCH]
-                requests: list[tuple[str, str, str]] = []
+                requests: list[Read] = []
                 for name, kind in part:
                     child = prefix + name
                     if kind == FILE and sizes is None:
-                        requests.append(("size", child, DATA))
+                        requests.append(Size(child, DATA))
                     elif kind == LINK:
-                        requests.append(("get", entry_key(child), SIDE))
-                    requests.append(("get", attr_key(child), SIDE))
+                        requests.append(Get(entry_key(child), SIDE))
+                    requests.append(Get(attr_key(child), SIDE))
                 answers = iter(t.read_many(requests))
                 for name, kind in part:
                     child = prefix + name
@@ -517,9 +530,9 @@ class Tree:
             return
         marked, data_below, side_below = t.read_many(
             [
-                ("get", entry_key(parent), SIDE),
-                ("prefix", parent + "/", DATA),
-                ("prefix", ENTRY + parent + "/", SIDE),
+                Get(entry_key(parent), SIDE),
+                HasPrefix(parent + "/", DATA),
+                HasPrefix(ENTRY + parent + "/", SIDE),
             ]
         )
         if marked is None and not data_below and not side_below:
