@@ -1126,6 +1126,65 @@ def test_lmdb_known_sizes_give_way_to_another_writer(tmp_path):
         driver.close()
 
 
+def _tmpfs(path, size: str):
+    """Mount a tmpfs of ``size`` at ``path`` (a small disk to fill); skip unless root can."""
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs to fill needs root")
+    path.mkdir()
+    command = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]
+    done = subprocess.run(command, capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr.decode(errors='replace').strip()}")
+
+
+@pytest.mark.parametrize("big", [DATA, SIDE])
+def test_lmdb_full_disk_fails_a_commit_whole(tmp_path, big):
+    """LMDB keeps side data in a second environment: two commits, one outcome. Transactions
+    that each write a data and a side record (and overwrite a counter in both spaces) fill a
+    small disk until one fails: it raises StorageFullError, and after reopening nothing it
+    wrote is there, in either space, while everything before it is. With big side values the
+    side commit is the one the disk refuses; with big data values the data commit is, after
+    the side commit, which is then undone."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    _tmpfs(disk, "8m")
+    try:
+        url = f"lmdb://{disk}/db.lmdb"
+        driver = open_driver(url)
+        failed = None
+        try:
+            for i in range(200):
+
+                def fill(t, i=i):
+                    value = os.urandom(256 << 10)
+                    t.put(f"fill/{i}", value if big == DATA else b"d")
+                    t.put(f"fill/{i}", value if big == SIDE else b"s", SIDE)
+                    t.put("counter", b"%d" % i)
+                    t.put("counter", b"%d" % i, SIDE)
+
+                try:
+                    driver.transact(fill)
+                except StorageFullError:
+                    failed = i
+                    break
+        finally:
+            driver.close()
+        assert failed is not None and failed > 0, "the disk never filled up"
+        again = open_driver(url, readonly=True)
+        try:
+            for space in (DATA, SIDE):
+                assert again.get(f"fill/{failed}", space) is None, space
+                assert again.get("counter", space) == b"%d" % (failed - 1), space
+                assert all(again.get(f"fill/{i}", space) is not None for i in range(failed)), space
+        finally:
+            again.close()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
 class TestRedis(DriverConformance):
     """The session's redis-server, one key prefix per test."""
 

@@ -27,7 +27,8 @@ SIDE_MAP_SIZE = 2**36
 
 log = logging.getLogger("zarrfs.backends.lmdb")
 
-_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.ENOENT, errno.EACCES, errno.ENOTDIR)
+_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOENT, errno.EACCES, errno.ENOTDIR)
+FULL_BELOW = 1 << 20  # free bytes under which a filesystem counts as full
 
 
 def _errno_of(exc: lmdb.Error) -> int:
@@ -37,9 +38,20 @@ def _errno_of(exc: lmdb.Error) -> int:
     return next((code for code in _ERRNOS if text.endswith(": " + os.strerror(code))), 0)
 
 
+def _disk_full(path: str) -> bool:
+    """Whether the filesystem holding ``path`` is (about) full. LMDB reports a short write as
+    EIO, and a write that only partly fits on a full disk is a short write."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < FULL_BELOW
+
+
 def translate(exc: lmdb.Error, what: str) -> BackendError:
     """The driver interface's exception for an ``lmdb`` exception: a full map or disk
-    (``MDB_MAP_FULL``, ``ENOSPC``, ``EDQUOT``) is :class:`StorageFullError`."""
+    (``MDB_MAP_FULL``, ``ENOSPC``, ``EDQUOT``, a short write to a full disk) is
+    :class:`StorageFullError`."""
     if isinstance(exc, lmdb.MapFullError):
         return StorageFullError(f"{what}: the LMDB map is full (open with a larger ?map_size=)")
     if isinstance(exc, lmdb.ReadonlyError):
@@ -49,7 +61,7 @@ def translate(exc: lmdb.Error, what: str) -> BackendError:
     if isinstance(exc, (lmdb.ReadersFullError, lmdb.TlsFullError)):
         return RetryableError(f"{what}: {exc}")
     code = getattr(exc, "code", None) or _errno_of(exc)
-    if code in (errno.ENOSPC, errno.EDQUOT):
+    if code in (errno.ENOSPC, errno.EDQUOT) or (code == errno.EIO and _disk_full(what)):
         return StorageFullError(f"{what}: {exc}")
     if code in (errno.ENOENT, errno.EACCES, errno.ENOTDIR):
         return UnavailableError(f"{what}: {exc}")
