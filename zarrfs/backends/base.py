@@ -21,14 +21,16 @@ Contract (every driver honours it; :class:`zarrfs.testing.DriverConformance` che
 * ``scan(start, stop)`` yields ``(key, x)`` pairs for ``start <= key < stop`` in key order,
   where ``x`` is ``None`` (``fetch=KEYS``), the value's size (``SIZES``) or the value
   (``VALUES``). The iterator is valid only inside its transaction.
-* Errors are the exception classes below, so one table (``zarrfs.fs.errors``) maps them to errno.
+* Errors are the exception classes of ``errors`` (importable from here too), so one table
+  (``zarrfs.fs.errors``) maps them to errno.
 
 Layering (the shape of JuiceFS's ``tkv``): the public methods of :class:`Txn` check everything
-once (key, space, write mode, scan bounds, limit, fetch mode, batch requests), decode scanned
-keys, and call the driver's primitives, which work on bytes only: ``_get``, ``_put``,
-``_delete``, ``_scan``, and optionally ``_size``, ``_read``, ``_has_prefix`` and ``_read_many``
-where the database answers them cheaper than the defaults. A driver implements
-:meth:`Driver._begin`; :meth:`Driver.transact` is the one retry loop.
+once (key, space, write mode, scan bounds, limit, fetch mode, batch requests; the checks and the
+vocabulary live in ``checks``), decode scanned keys, and call the driver's primitives, which
+work on bytes only: ``_get``, ``_put``, ``_delete``, ``_scan``, and optionally ``_size``,
+``_read``, ``_has_prefix`` and ``_read_many`` where the database answers them cheaper than the
+defaults. A driver implements :meth:`Driver._begin`; :meth:`Driver.transact` is the one retry
+loop.
 """
 
 from __future__ import annotations
@@ -39,185 +41,75 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from enum import Enum
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
+
+from .checks import (
+    DATA,
+    KEYS,
+    READS,
+    SIDE,
+    SIZES,
+    SPACES,
+    VALUES,
+    Fetch,
+    Get,
+    HasPrefix,
+    Read,
+    Size,
+    Space,
+    as_buffer,
+    bytes_stop,
+    check_fetch,
+    check_space,
+    encode_bound,
+    encode_key,
+    legacy_read,
+    prefix_stop,
+)
+from .errors import (
+    BackendError,
+    DriverNotFoundError,
+    InvalidKeyError,
+    ReadOnlyError,
+    RetryableError,
+    StorageFullError,
+    UnavailableError,
+)
 
 log = logging.getLogger("zarrfs.backends")
 
 T = TypeVar("T")
 
-
-class Space(str, Enum):
-    """A key space. A ``str`` too, so the plain names ``"data"`` and ``"side"`` still work."""
-
-    DATA = "data"
-    SIDE = "side"
-
-    def __str__(self) -> str:  # the name a message or a table shows, not "Space.DATA"
-        return str.__str__(self)
-
-
-class Fetch(str, Enum):
-    """What a scan yields with each key: nothing, the value's size or the value."""
-
-    KEYS = "keys"
-    SIZES = "sizes"
-    VALUES = "values"
-
-    def __str__(self) -> str:
-        return str.__str__(self)
-
-
-DATA = Space.DATA
-SIDE = Space.SIDE
-KEYS = Fetch.KEYS
-SIZES = Fetch.SIZES
-VALUES = Fetch.VALUES
-
-# Both lookups accept an enum member or its plain string (equal and of equal hash).
-_SPACES: dict[Any, Space] = {s: s for s in Space}
-_FETCHES: dict[Any, Fetch] = {f: f for f in Fetch}
-
-
-class BackendError(Exception):
-    """Base class of every error a driver raises."""
-
-
-class RetryableError(BackendError):
-    """A conflict or a busy database: running the transaction again may succeed."""
-
-
-class UnavailableError(BackendError):
-    """The database cannot be reached (a dead Redis, a vanished file)."""
-
-
-class StorageFullError(BackendError):
-    """The database has no room left for the write (a full disk, LMDB map or Redis maxmemory)."""
-
-
-class ReadOnlyError(BackendError):
-    """A write was attempted on a driver opened read-only."""
-
-
-class InvalidKeyError(BackendError, ValueError):
-    """A key that the database cannot hold exactly (empty, or not encodable as UTF-8)."""
-
-
-class DriverNotFoundError(BackendError, LookupError):
-    """No driver is registered for a URL's scheme, or its dependency is not installed."""
-
-
-# -- batch reads -----------------------------------------------------------------------------------
-
-
-class Size(NamedTuple):
-    """A :meth:`Txn.read_many` request: the size of ``key``'s value, or ``None`` if absent."""
-
-    key: str
-    space: Space = DATA
-
-
-class Get(NamedTuple):
-    """A :meth:`Txn.read_many` request: the value of ``key``, or ``None`` if absent."""
-
-    key: str
-    space: Space = DATA
-
-
-class HasPrefix(NamedTuple):
-    """A :meth:`Txn.read_many` request: whether any key starts with ``prefix``."""
-
-    prefix: str
-    space: Space = DATA
-
-
-Read = Size | Get | HasPrefix
-_READS = {Size, Get, HasPrefix}
-# The older spelling, ("size" | "get" | "prefix", key, space), still accepted by read_many.
-_LEGACY_READS = {"size": Size, "get": Get, "prefix": HasPrefix}
-
-
-# -- the checks ------------------------------------------------------------------------------------
-
-
-def encode_key(key: str, max_key: int | None = None) -> bytes:
-    """Return the UTF-8 bytes of ``key``; raise :class:`InvalidKeyError` if it has none, or more
-    than ``max_key`` of them."""
-    if not key:
-        raise InvalidKeyError("empty key")
-    try:
-        raw = key.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidKeyError(f"key {key!r} is not valid UTF-8") from exc
-    if max_key is not None and len(raw) > max_key:
-        raise InvalidKeyError(f"key of {len(raw)} bytes is longer than the database's {max_key}")
-    return raw
-
-
-def encode_bound(bound: str) -> bytes:
-    """Encode a scan bound; ``""`` is a valid bound (unlike a key)."""
-    try:
-        return bound.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidKeyError(f"scan bound {bound!r} is not valid UTF-8") from exc
-
-
-def check_space(space: Any) -> Space:
-    """Return the :class:`Space` that ``space`` names; ``ValueError`` when it names none."""
-    try:
-        return _SPACES[space]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown key space {space!r}") from None
-
-
-def check_fetch(fetch: Any) -> Fetch:
-    """Return the :class:`Fetch` mode that ``fetch`` names; ``ValueError`` when it names none."""
-    try:
-        return _FETCHES[fetch]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown fetch mode {fetch!r}") from None
-
-
-def as_buffer(value: Any) -> bytes | memoryview:
-    """Return ``value`` as ``bytes`` or a flat byte ``memoryview``, copying only when the object
-    is not contiguous (an ``mmap`` of a spill file stays uncopied)."""
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        # str has no buffer protocol, but a clear message beats memoryview's TypeError.
-        raise TypeError("values must be bytes-like, not str")
-    view = memoryview(value)
-    if view.format == "B" and view.ndim == 1 and view.contiguous:
-        return view
-    if view.c_contiguous:
-        return view.cast("B")
-    return view.tobytes()
-
-
-def prefix_stop(prefix: str) -> str | None:
-    """Return the smallest string greater than every string starting with ``prefix``.
-
-    ``scan(prefix, prefix_stop(prefix))`` then yields exactly the keys under ``prefix``;
-    ``None`` means "no upper bound" (an empty prefix).
-    """
-    while prefix:
-        last = prefix[-1]
-        if ord(last) < 0x10FFFF:
-            nxt = chr(ord(last) + 1)
-            if 0xD800 <= ord(nxt) <= 0xDFFF:  # skip the surrogate block, which UTF-8 cannot hold
-                nxt = "\ue000"
-            return prefix[:-1] + nxt
-        prefix = prefix[:-1]
-    return None
-
-
-def bytes_stop(prefix: bytes) -> bytes | None:
-    """:func:`prefix_stop` on bytes: the smallest byte string above every one starting with
-    ``prefix`` (``None``: no bound)."""
-    stripped = prefix.rstrip(b"\xff")
-    if not stripped:
-        return None
-    return stripped[:-1] + bytes([stripped[-1] + 1])
+# The names drivers and callers import from here (defined in .checks and .errors).
+__all__ = [
+    "DATA",
+    "KEYS",
+    "SIDE",
+    "SIZES",
+    "VALUES",
+    "BackendError",
+    "Driver",
+    "DriverNotFoundError",
+    "Fetch",
+    "Get",
+    "HasPrefix",
+    "InvalidKeyError",
+    "Read",
+    "ReadOnlyError",
+    "RetryableError",
+    "Size",
+    "Space",
+    "StorageFullError",
+    "Txn",
+    "UnavailableError",
+    "as_buffer",
+    "bytes_stop",
+    "check_fetch",
+    "check_space",
+    "encode_bound",
+    "encode_key",
+    "prefix_stop",
+]
 
 
 # -- transactions ----------------------------------------------------------------------------------
@@ -243,7 +135,7 @@ class Txn(ABC):
     # check_space, which they fall back on to raise).
     def get(self, key: str, space: Space = DATA) -> bytes | None:
         """Return the value of ``key``, or ``None`` when it does not exist."""
-        sp = _SPACES.get(space) or check_space(space)
+        sp = SPACES.get(space) or check_space(space)
         try:
             raw = key.encode("utf-8")
         except UnicodeEncodeError:
@@ -255,7 +147,7 @@ class Txn(ABC):
     def size(self, key: str, space: Space = DATA) -> int | None:
         """Return the length of the value of ``key`` (``None`` if absent), without fetching it
         where the database allows."""
-        sp = _SPACES.get(space) or check_space(space)
+        sp = SPACES.get(space) or check_space(space)
         try:
             raw = key.encode("utf-8")
         except UnicodeEncodeError:
@@ -328,8 +220,8 @@ class Txn(ABC):
         plan: list[tuple[type, bytes, Space]] = []
         for request in requests:
             kind = type(request)
-            if kind not in _READS:
-                request = _legacy_read(request)
+            if kind not in READS:
+                request = legacy_read(request)
                 kind = type(request)
             plan.append((kind, encode_key(request[0], max_key), check_space(request[1])))
         return self._read_many(plan) if plan else []
@@ -415,16 +307,6 @@ class Txn(ABC):
             else:
                 out.append(self._has_prefix(raw, space))
         return out
-
-
-def _legacy_read(request: Any) -> Read:
-    """The typed request for an ``(op, key, space)`` tuple; ``ValueError`` for anything else."""
-    try:
-        op, key, space = request
-        kind = _LEGACY_READS[op]
-    except (TypeError, ValueError, KeyError):
-        raise ValueError(f"unknown read {request!r}") from None
-    return kind(key, space)
 
 
 # -- drivers ---------------------------------------------------------------------------------------
