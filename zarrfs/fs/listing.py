@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from zarrfs.backends.base import DATA, KEYS, SIDE, SIZES, VALUES, Txn, prefix_stop
+from zarrfs.backends.base import DATA, KEYS, SIDE, SIZES, VALUES, Get, Read, Size, Txn, prefix_stop
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.lookups import DIR, FILE, LINK, Node
 from zarrfs.fs.sidedata import ENTRY, LINK_MARK, attr_key, entry_key
@@ -301,14 +301,14 @@ class Listings:
     def _read_nodes(self, t: Txn, prefix: str, part: list, sizes: dict | None, into: dict) -> None:
         """The nodes of ``part`` (name, kind) into ``into``: sizes, link targets and
         attributes in one batch of reads."""
-        requests: list[tuple[str, str, str]] = []
+        requests: list[Read] = []
         for name, kind in part:
             child = prefix + name
             if kind == FILE and sizes is None:
-                requests.append(("size", child, DATA))
+                requests.append(Size(child, DATA))
             elif kind == LINK:
-                requests.append(("get", entry_key(child), SIDE))
-            requests.append(("get", attr_key(child), SIDE))
+                requests.append(Get(entry_key(child), SIDE))
+            requests.append(Get(attr_key(child), SIDE))
         answers = iter(t.read_many(requests))
         for name, kind in part:
             child = prefix + name

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from zarrfs.backends.base import DATA, SIDE, Txn
+from zarrfs.backends.base import DATA, SIDE, Get, HasPrefix, Read, Size, Txn
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.sidedata import ENTRY, LINK_MARK, Attrs, attr_key, entry_key
 
@@ -78,9 +78,9 @@ class Lookups:
         skips two of five)."""
         if self.driver.batched or key == "":
             return self._probe_many(t, [key])[0]
-        size, data_below = t.read_many([("size", key, DATA), ("prefix", key + "/", DATA)])
+        size, data_below = t.read_many([Size(key, DATA), HasPrefix(key + "/", DATA)])
         if size is None and not data_below:
-            side = [("get", entry_key(key), SIDE), ("prefix", ENTRY + key + "/", SIDE)]
+            side = [Get(entry_key(key), SIDE), HasPrefix(ENTRY + key + "/", SIDE)]
             mark, side_below = t.read_many(side)
             if mark is None and not side_below:
                 return None
@@ -93,17 +93,17 @@ class Lookups:
     ) -> list[tuple[int, int, str, bytes | None] | None]:
         """:meth:`_probe` of several keys in one batch of reads; the batch also reads the data
         keys ``also``, for the transaction to answer again without a round trip."""
-        requests: list[tuple[str, str, str]] = [("get", k, DATA) for k in also]
+        requests: list[Read] = [Get(k, DATA) for k in also]
         for key in keys:
             if key == "":
-                requests.append(("get", attr_key(key), SIDE))
+                requests.append(Get(attr_key(key), SIDE))
             else:
                 requests += [
-                    ("size", key, DATA),
-                    ("prefix", key + "/", DATA),
-                    ("get", entry_key(key), SIDE),
-                    ("prefix", ENTRY + key + "/", SIDE),
-                    ("get", attr_key(key), SIDE),
+                    Size(key, DATA),
+                    HasPrefix(key + "/", DATA),
+                    Get(entry_key(key), SIDE),
+                    HasPrefix(ENTRY + key + "/", SIDE),
+                    Get(attr_key(key), SIDE),
                 ]
         answers = t.read_many(requests)
         out: list[tuple[int, int, str, bytes | None] | None] = []

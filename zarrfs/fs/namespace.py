@@ -18,7 +18,7 @@ import stat
 import time
 from typing import Any
 
-from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, Txn
+from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, Get, HasPrefix, Txn
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.listing import FOLDER_BATCH, Listings
 from zarrfs.fs.lookups import DIR, FILE, LINK, Lookups, Node
@@ -165,9 +165,9 @@ class Tree(Listings, Lookups):
             return
         marked, data_below, side_below = t.read_many(
             [
-                ("get", entry_key(parent), SIDE),
-                ("prefix", parent + "/", DATA),
-                ("prefix", ENTRY + parent + "/", SIDE),
+                Get(entry_key(parent), SIDE),
+                HasPrefix(parent + "/", DATA),
+                HasPrefix(ENTRY + parent + "/", SIDE),
             ]
         )
         if marked is None and not data_below and not side_below:
