@@ -1148,3 +1148,72 @@ def test_zarr2_environment_is_real(zarr2_python):
     out = zarr2env.run(zarr2_python, "import zarr, sys; print(zarr.__version__, sys.prefix)")
     assert out.startswith("2.18."), out
     assert os.path.realpath(out.split()[1]) != os.path.realpath(sys.prefix)
+
+
+# --- drivers beyond one machine, and DBM ------------------------------------------------------
+
+
+class TestPostgres(_Conformance):
+    """``postgresql://``, on the session's PostgreSQL server; a fresh table per test."""
+
+    @pytest.fixture
+    def url(self, postgres_server):
+        return postgres_server.url(table=f"t{uuid.uuid4().hex[:12]}")
+
+    def test_layout_is_sqlitestore_shaped(self, driver, url, postgres_server):
+        driver.put("a/.zarray", b"{}")
+        driver.put("a", b"side", SIDE)
+        table = url.rsplit("table=", 1)[1]
+        with postgres_server.connect() as conn:
+            rows = conn.execute(f'SELECT k, v FROM "{table}" ORDER BY k').fetchall()
+            assert rows == [("a/.zarray", b"{}")]
+            cols = conn.execute(
+                "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = %s"
+                " ORDER BY ordinal_position",
+                (table,),
+            ).fetchall()
+            assert cols == [("k", "text"), ("v", "bytea")]
+            assert conn.execute(f'SELECT k FROM "{table}_side"').fetchall() == [("a",)]
+
+    def test_password_file_and_no_password_in_messages(self, postgres_server, tmp_path):
+        secret = tmp_path / "pw"
+        secret.write_text("s3cret\n")
+        url = postgres_server.url(table="pw", password_file=str(secret))
+        d = open_driver(url)  # trust authentication: any password is accepted, it must not show
+        assert "s3cret" not in d.where
+        d.close()
+
+    def test_a_table_of_another_collation_lists_in_byte_order(self, postgres_server):
+        table = f"t{uuid.uuid4().hex[:12]}"
+        with postgres_server.connect() as conn:
+            # ICU's root collation sorts "_" and capitals unlike bytes
+            conn.execute(f'CREATE TABLE "{table}" (k text COLLATE "und-x-icu" PRIMARY KEY, v bytea)')
+        d = open_driver(postgres_server.url(table=table))
+        for key in ("a/B", "a/b", "a/_", "a/Z", "a-1"):
+            d.put(key, b"")
+        assert [k for k, _ in d.scan("a", None)] == sorted(["a/B", "a/b", "a/_", "a/Z", "a-1"])
+        d.close()
+
+
+class TestDBM(_Conformance):
+    """``dbm://``: the files of zarr-python 2's DBMStore (whichever dbm module this Python has)."""
+
+    multiprocess = False  # one process at a time: DBM files have no transactions to share
+
+    @pytest.fixture
+    def url(self, tmp_path):
+        return f"dbm://{tmp_path}/db"
+
+    def test_reopen_sees_what_was_written_and_the_side_file_is_apart(self, tmp_path):
+        import dbm
+
+        url = f"dbm://{tmp_path}/x"
+        d = open_driver(url)
+        d.put("a/.zgroup", b"{}")
+        d.put("a/.zgroup", b"attrs", SIDE)
+        d.close()
+        with dbm.open(str(tmp_path / "x"), "r") as raw:  # what zarr-python 2's DBMStore opens
+            assert list(raw.keys()) == [b"a/.zgroup"]
+        d = open_driver(url)
+        assert d.get("a/.zgroup") == b"{}" and d.get("a/.zgroup", SIDE) == b"attrs"
+        d.close()

@@ -209,8 +209,11 @@ def setup_logging(level: str, log_file: str | None, foreground: bool, mountpoint
         where = "stderr" if foreground else ""
     handler.setFormatter(logging.Formatter("%(asctime)s zarrfs[%(process)d] %(levelname)s %(message)s"))
     global repeats
-    repeats = RepeatFilter()
-    repeats.attach(handler)
+    repeats = None
+    if getattr(logging, level.upper(), logging.INFO) > logging.DEBUG:
+        # At debug level every line is asked for; otherwise a burst becomes a count.
+        repeats = RepeatFilter()
+        repeats.attach(handler)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
