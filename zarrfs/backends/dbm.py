@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ._util import check_options, parse_file_url
-from .base import DATA, KEYS, SIDE, SIZES, Driver, Fetch, Space, Txn, UnavailableError
+from .base import DATA, KEYS, SIDE, SIZES, Driver, Fetch, MissingDatabaseError, Space, Txn, UnavailableError
 
 _MISSING = object()
 
@@ -111,7 +111,7 @@ class DBMDriver(Driver):
         path, options = parse_file_url(url)
         check_options(url, options, set())
         if readonly and not _exists(path):
-            raise UnavailableError(f"{path}: no such DBM database")
+            raise MissingDatabaseError(f"{path}: no such DBM database")
         flag = "r" if readonly else "c"
         self.path = path
         data = _File(path, flag)

@@ -16,6 +16,10 @@ class UnavailableError(BackendError):
     """The database cannot be reached (a dead Redis, a vanished file)."""
 
 
+class MissingDatabaseError(UnavailableError):
+    """The database (a table, a file) does not exist, and opening it read-only does not make it."""
+
+
 class StorageFullError(BackendError):
     """The database has no room left for the write (a full disk, LMDB map or Redis maxmemory)."""
 

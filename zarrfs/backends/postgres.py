@@ -39,6 +39,7 @@ from .base import (
     Driver,
     Fetch,
     Get,
+    MissingDatabaseError,
     ReadOnlyError,
     RetryableError,
     Size,
@@ -207,26 +208,11 @@ class PostgresDriver(Driver):
             (self.table,),
         ).fetchone()
         if row is None:
-            raise UnavailableError(f"{self.where}: no table {self.table!r} (open it writable to create it)")
+            raise MissingDatabaseError(f"{self.where}: no table {self.table!r} (open it writable to make it)")
         collate = sql.SQL("") if row[0] in ("C", "POSIX") else sql.SQL(' COLLATE "C"')
         self.queries: dict[Any, Any] = {"collate": collate}
         for space, name in tables.items():
-            t = sql.Identifier(name)
-            self.queries.update(
-                {
-                    ("table", space): t,
-                    ("get", space): sql.SQL("SELECT v FROM {} WHERE k = %s").format(t),
-                    ("size", space): sql.SQL("SELECT octet_length(v) FROM {} WHERE k = %s").format(t),
-                    ("read", space): sql.SQL("SELECT substring(v from %s for %s) FROM {} WHERE k = %s").format(t),
-                    ("prefix", space): sql.SQL("SELECT 1 FROM {} WHERE k >= %s{} AND k < %s{} LIMIT 1").format(
-                        t, collate, collate
-                    ),
-                    ("put", space): sql.SQL(
-                        "INSERT INTO {} (k, v) VALUES (%s, %b) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
-                    ).format(t),
-                    ("delete", space): sql.SQL("DELETE FROM {} WHERE k = %s").format(t),
-                }
-            )
+            self.queries.update({(what, space): q for what, q in _queries(name, collate).items()})
 
     @contextmanager
     def _begin(self, write: bool) -> Iterator[Txn]:
@@ -262,6 +248,24 @@ class PostgresDriver(Driver):
         """Close the connection."""
         with self._lock:
             self._drop()
+
+
+def _queries(table: str, collate: Any) -> dict[str, Any]:
+    """The statements of one table, by what they do."""
+    t = sql.Identifier(table)
+    return {
+        "table": t,
+        "get": sql.SQL("SELECT v FROM {} WHERE k = %s").format(t),
+        "size": sql.SQL("SELECT octet_length(v) FROM {} WHERE k = %s").format(t),
+        "read": sql.SQL("SELECT substring(v from %s for %s) FROM {} WHERE k = %s").format(t),
+        "prefix": sql.SQL("SELECT 1 FROM {} WHERE k >= %s{} AND k < %s{} LIMIT 1").format(
+            t, collate, collate
+        ),
+        "put": sql.SQL(
+            "INSERT INTO {} (k, v) VALUES (%s, %b) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
+        ).format(t),
+        "delete": sql.SQL("DELETE FROM {} WHERE k = %s").format(t),
+    }
 
 
 def _compare(op: str, collate: Any) -> Any:

@@ -34,7 +34,12 @@ _table: dict[str, str] = {
     "dbm": "zarrfs.backends.dbm:DBMDriver",
 }
 # Import name of a dependency -> the distribution to ``pip install`` when it is missing.
-_pip_names: dict[str, str] = {"lmdb": "lmdb", "redis": "redis", "hiredis": "hiredis", "psycopg": "psycopg[binary]"}
+_pip_names: dict[str, str] = {
+    "lmdb": "lmdb",
+    "redis": "redis",
+    "hiredis": "hiredis",
+    "psycopg": "psycopg[binary]",
+}
 # Scheme -> the distribution that provides a registered driver's dependencies, when given.
 _scheme_pip: dict[str, str] = {}
 
