@@ -4,11 +4,10 @@ Data keys live in the environment's main, unnamed database, exactly as zarr-pyth
 ``LMDBStore`` writes them. A folder (``data.mdb`` + ``lock.mdb``, zarr's default) or, when the
 path is an existing regular file, a single-file environment (``subdir=False``).
 
-Side data lives in a second environment, because a named database would itself be a record of
-the main database and so show up in ``LMDBStore.keys()``: ``<dir>/zarrfs-side.mdb`` next to
-``data.mdb`` for a folder, ``<file>.zarrfs-side`` for a single file. It is created on the first
-side write. A write transaction takes the data environment's write lock first and the side's
-second, always in that order, so writers cannot deadlock.
+Side data lives in a second environment (a named database would be a record of the main one,
+listed by ``LMDBStore.keys()``): ``<dir>/zarrfs-side.mdb`` beside ``data.mdb``, or
+``<file>.zarrfs-side``, made at the first side write. A write transaction locks the data
+environment, then the side's, always in that order, so writers cannot deadlock.
 
 Two environments make two commits; one transaction still has one outcome. The side commits
 first, and the transaction keeps the side values it overwrote; then the data commits. If the
@@ -335,7 +334,19 @@ class LMDBDriver(Driver):
         if self._closed:
             return
         self._closed = True
+        if self._prealloc is not None:
+            self._give_back_reserve()
         environments.release(self._key)
         self.side.close()
         if self._prealloc is not None:
             self._prealloc.close()
+
+    def _give_back_reserve(self) -> None:
+        # Under LMDB's writer lock (a write transaction, aborted), which every process takes
+        # before it grows the file: the truncation to the file's own size cannot cut a write.
+        with self.write_lock, translated(self.path):
+            txn = self.env.begin(write=True)
+            try:
+                self._prealloc.release()
+            finally:
+                txn.abort()
