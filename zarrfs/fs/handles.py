@@ -1,13 +1,12 @@
 """Open files: buffered writes committed all-or-nothing, and stable reads.
 
-Every open file handle points at the shared :class:`FileState` of its key, so two descriptors of
-one file see each other's writes, as POSIX requires; the state of a file with hard links is
-the state of each of its names, and its commit stores the content under every name. Writes go
-to a :class:`SpillBuffer`; the whole content is committed to the database in one transaction on
-``flush`` (each ``close``), ``fsync`` and ``release``. Until then the database, and every
-other reader of it, sees the old value; a reader never sees half a value. A file made with
-``create`` exists only in this table until its first commit, so create + write + close is one
-transaction.
+Every open file handle points at the shared :class:`FileState` of its key (of each name of a
+file with hard links), so two descriptors of one file see each other's writes, as POSIX
+requires. Writes go to a :class:`SpillBuffer`; the whole content is committed to the database,
+under every name, in one transaction on ``flush`` (each ``close``), ``fsync`` and ``release``.
+Until then the database, and every other reader of it, sees the old value; a reader never sees
+half a value. A file made with ``create`` exists only in this table until its first commit, so
+create + write + close is one transaction.
 
 Temporary files (``*.partial`` from zarr-python, ``*.__lock`` from tensorstore, written and
 then renamed onto a key) are not
@@ -141,6 +140,8 @@ class HandleTable:
         state = self.states.get(key)
         if state is None or not (state.dirty or state.created):
             return None
+        if state.linked and (stored := self.tree.find(key)) is not None:  # its names, as stored
+            return Node(FILE, state.size, state.attrs or stored.attrs, "", stored.nlink, stored.group)
         return self._shown(state)
 
     def open_node(self, fh: int) -> Node | None:
@@ -155,8 +156,7 @@ class HandleTable:
 
     # ------------------------------------------------------------------ open / create
     def open(self, key: str, flags: int, linked: bool | None = None) -> int:
-        """Open an existing file; O_TRUNC empties it (stored at the next commit). ``linked``
-        False: the caller knows the file has no other name (no need to ask the database)."""
+        """Open an existing file; O_TRUNC empties it. ``linked`` False: it has no other names."""
         writable = (flags & os.O_ACCMODE) != os.O_RDONLY
         if writable and self.readonly:
             raise FsError(errno.EROFS, key)
