@@ -102,7 +102,11 @@ class Lookups:
 
     def _probe_many(self, t: Txn, keys: list[str], also: Sequence[str] = ()) -> list[Probe | None]:
         """:meth:`_probe` of several keys in one batch of reads; the batch also reads the data
-        keys ``also``, for the transaction to answer again without a round trip."""
+        keys ``also``, for the transaction to answer again without a round trip. Where a batch
+        is one read, it reads each key's link-group pointer too; elsewhere (LMDB) only the
+        pointers of the files found are read, after."""
+        batched = self.driver.batched
+        per_key = 6 if batched else 5
         requests: list[tuple[str, str, str]] = [("get", k, DATA) for k in also]
         for key in keys:
             if key == "":
@@ -114,10 +118,11 @@ class Lookups:
                     ("get", entry_key(key), SIDE),
                     ("prefix", ENTRY + key + "/", SIDE),
                     ("get", attr_key(key), SIDE),
-                    ("get", pointer_key(key), SIDE),
                 ]
+                if batched:
+                    requests.append(("get", pointer_key(key), SIDE))
         answers = t.read_many(requests)
-        out: list[tuple[int, int, str, bytes | None] | None] = []
+        out: list[Probe | None] = []
         i = len(also)
         for key in keys:
             if key == "":
@@ -126,9 +131,10 @@ class Lookups:
             else:
                 found = self._judge(key, *answers[i : i + 5])
                 if found is not None and found[0] == FILE:
-                    found = (*found[:4], answers[i + 5])
+                    pointer = answers[i + 5] if batched else t.get(pointer_key(key), SIDE)
+                    found = (*found[:4], pointer)
                 out.append(found)
-                i += 6
+                i += per_key
         return out
 
     def _judge(self, key: str, size, data_below, mark, side_below, raw_attrs):
