@@ -204,6 +204,8 @@ class Tree(Listings, Lookups, LinkGroups):
                     raise FsError(errno.EISDIR if found[0] == DIR else errno.EEXIST, key)
                 if found is None:
                     self.hooks.check_name(t, key, FILE)
+                    # A pointer left by a writer that deleted the key must not link the new file.
+                    t.delete(pointer_key(key), SIDE)
                 else:
                     pointer = found[4]
             elif linked:

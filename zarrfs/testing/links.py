@@ -171,3 +171,14 @@ class LinkConformance:
         node = tree.lookup("ln2")
         assert (node.kind, node.target, node.nlink) == (LINK, "target", 1)
         assert tree.lookup("ln").kind == LINK and tree.find("ln2").kind != FILE
+
+    def test_a_new_file_at_a_name_deleted_behind_our_back_is_not_linked(self, tree):
+        ops = _ops(tree)
+        tree.commit("a", b"v", None, create=True)
+        ops.link("a", "b")
+        tree.driver.transact(lambda t: [t.delete("a"), t.delete("b")])  # the group's records stay
+        tree.commit("a", b"1", None, create=True)
+        tree.commit("b", b"2", None, create=True)
+        assert _nlinks(tree, "a", "b") == [1, 1]
+        _write(ops, "a", b"x")
+        assert tree.driver.get("b") == b"2"
