@@ -1,11 +1,12 @@
 """Open files: buffered writes committed all-or-nothing, and stable reads.
 
-Every open file handle points at the shared :class:`FileState` of its key, so two descriptors of
-one file see each other's writes, as POSIX requires. Writes go to a :class:`SpillBuffer`; the
-whole content is committed to the database in one transaction on ``flush`` (each ``close``),
-``fsync`` and ``release``. Until then the database, and every other reader of it, sees the old
-value; a reader never sees half a value. A file made with ``create`` exists only in this table
-until its first commit, so create + write + close is one transaction.
+Every open file handle points at the shared :class:`FileState` of its key (of each name of a
+file with hard links), so two descriptors of one file see each other's writes, as POSIX
+requires. Writes go to a :class:`SpillBuffer`; the whole content is committed to the database,
+under every name, in one transaction on ``flush`` (each ``close``), ``fsync`` and ``release``.
+Until then the database, and every other reader of it, sees the old value; a reader never sees
+half a value. A file made with ``create`` exists only in this table until its first commit, so
+create + write + close is one transaction.
 
 Temporary files (``*.partial`` from zarr-python, ``*.__lock`` from tensorstore, written and
 then renamed onto a key) are not
@@ -20,15 +21,14 @@ from __future__ import annotations
 
 import errno
 import logging
-import mmap
 import os
 import stat
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.namespace import FILE, Node, Tree
+from zarrfs.fs.pagecache import Stored, last_page
 from zarrfs.fs.sidedata import Attrs
 from zarrfs.fs.spill import DEFAULT_SPILL, SpillBuffer
 
@@ -46,30 +46,6 @@ def is_deferrable(key: str) -> bool:
     return key.endswith((".partial", ".__lock"))
 
 
-PAGE = mmap.PAGESIZE
-
-
-class Stored(NamedTuple):
-    """What a commit stored: ``size`` and ``mtime`` decide whether the kernel's cached pages of
-    the file still hold; ``tail`` is the content of its last, partial page, given only when no
-    descriptor of the file is open any more (see :func:`_tail`), else empty."""
-
-    size: int
-    mtime: int
-    tail: bytes = b""
-
-
-def _tail(buffer: SpillBuffer) -> bytes:
-    # The kernel marks a page it wrote through as up to date only when the write covered all of
-    # it: the last page of a file whose size is not a multiple of the page size would be read
-    # back from the database at the file's next read, unless it is handed to the kernel. The
-    # kernel takes it under the page's lock; with no descriptor open, no request that could
-    # hold that lock (a READ, a WRITE) is waiting for the daemon, so it can be handed over
-    # before the reply, without a thread.
-    cut = buffer.size % PAGE
-    return bytes(buffer.read(buffer.size - cut, cut)) if cut else b""
-
-
 @dataclass
 class FileState:
     """What the mount knows about one open key: pending content and attributes."""
@@ -82,6 +58,7 @@ class FileState:
     created: bool = False
     orphan: bool = False
     failed: bool = False
+    linked: bool = False  # the file has hard links: the table holds it under each name
     stored: Stored | None = None  # what the last commit stored, while nothing changed since
     handles: set[int] = field(default_factory=set)
 
@@ -138,6 +115,8 @@ class HandleTable:
         state = self.states.get(key)
         if state is None or not (state.dirty or state.created):
             return None
+        if state.linked and (stored := self.tree.find(key)) is not None:  # its names, as stored
+            return Node(FILE, state.size, state.attrs or stored.attrs, "", stored.nlink, stored.group)
         return self._shown(state)
 
     def open_node(self, fh: int) -> Node | None:
@@ -151,13 +130,13 @@ class HandleTable:
         return Node(FILE, state.size, state.attrs or self.tree.default_attrs(FILE))
 
     # ------------------------------------------------------------------ open / create
-    def open(self, key: str, flags: int) -> int:
-        """Open an existing file; O_TRUNC empties it (stored at the next commit)."""
+    def open(self, key: str, flags: int, linked: bool | None = None) -> int:
+        """Open an existing file; O_TRUNC empties it. ``linked`` False: it has no other names."""
         writable = (flags & os.O_ACCMODE) != os.O_RDONLY
         if writable and self.readonly:
             raise FsError(errno.EROFS, key)
         # The kernel looked the name up just before, so there is no need to ask again.
-        state = self.states.get(key) or FileState(key)
+        state = self.states.get(key) or self._state_of_names(key, linked)
         # A held temporary file opened again is no longer only held: it is held again, or
         # stored, when its last descriptor closes.
         self.deferred.pop(key, None)
@@ -166,6 +145,30 @@ class HandleTable:
             self._ensure_buffer(state, empty=True)
             self._touch(state)
         return fh
+
+    def _state_of_names(self, key: str, linked: bool | None) -> FileState:
+        """The state of ``key``, not open under that name: another name's (hard links), or new."""
+        names = self.tree.link_names(key) if linked is not False else []
+        state = next((self.states[n] for n in names if n in self.states), None) or FileState(key)
+        state.linked = bool(names)
+        for name in names:
+            self.states.setdefault(name, state)
+        return state
+
+    def _names_of(self, state: FileState) -> list[str]:
+        """The keys under which the table holds ``state``."""
+        if not state.linked:
+            return [state.key] if self.states.get(state.key) is state else []
+        return [k for k, s in self.states.items() if s is state]
+
+    def _drop_name(self, key: str) -> None:
+        """Name ``key`` is gone: its open file keeps its other names, or is orphaned."""
+        state = self.states.pop(key, None)
+        others = self._names_of(state) if state is not None and state.linked else []
+        if others:
+            state.key = others[0] if state.key == key else state.key
+        elif state is not None:
+            state.orphan = True
 
     def create(self, key: str, mode: int, flags: int, uid: int, gid: int) -> int:
         """Create a new file, visible through this mount at once and stored at its first commit."""
@@ -250,7 +253,7 @@ class HandleTable:
             raise FsError(errno.EROFS, key)
         state = self._handle(fh).state if fh is not None else self.states.get(key)
         if state is None:
-            state = FileState(key)
+            state = FileState(key, linked=bool(self.tree.link_names(key)))
             try:
                 self._ensure_buffer(state).truncate(length)
                 self._touch(state)
@@ -268,7 +271,7 @@ class HandleTable:
             return None
         assert state.buffer is not None
         try:
-            self.tree.commit(state.key, state.buffer.view(), state.attrs, create=state.created)
+            self.tree.commit(state.key, state.buffer.view(), state.attrs, state.created, linked=state.linked)
         except Exception:
             state.failed = True
             raise
@@ -311,7 +314,7 @@ class HandleTable:
             if not state.failed:
                 stored = self._commit(state) or state.stored
                 if stored is not None and not state.handles and not state.orphan and state.buffer:
-                    return stored._replace(tail=_tail(state.buffer))
+                    return stored._replace(tail=last_page(state.buffer))
                 return stored
         except Exception as exc:  # release cannot report errors; flush already did
             log.error("commit of %s at release failed: %s", state.key, exc)
@@ -341,8 +344,8 @@ class HandleTable:
     def _forget(self, state: FileState) -> None:
         if state.buffer is not None:
             state.buffer.close()
-        if self.states.get(state.key) is state:
-            del self.states[state.key]
+        for name in self._names_of(state):
+            del self.states[name]
         if self.deferred.get(state.key) is state:
             del self.deferred[state.key]
 
@@ -370,25 +373,19 @@ class HandleTable:
             if s.created and not s.orphan and k.startswith(prefix) and "/" not in k[len(prefix) :]
         )
 
-    def store_as(self, src: str, dst: str, exclusive: bool, keep_source: bool) -> Stored:
-        """Store the unstored file ``src`` at ``dst`` in one transaction: a rename
-        (``keep_source`` false) or a link (true) of a held temporary file. Returns what was
-        stored (with the last page only for a rename of a file nobody has open)."""
+    def store_as(self, src: str, dst: str, exclusive: bool) -> Stored:
+        """Store the unstored file ``src`` at ``dst`` in one transaction: the rename of a held
+        temporary file. Returns what was stored (with the last page only for a file nobody
+        has open)."""
         state = self.states[src]
         assert state.buffer is not None and state.attrs is not None
         attrs = Attrs(**vars(state.attrs))
-        self.tree.commit(
-            dst, state.buffer.view(), attrs, create=True, exclusive=exclusive, replace=not keep_source
-        )
+        self.tree.commit(dst, state.buffer.view(), attrs, create=True, exclusive=exclusive, replace=True)
         stored = Stored(state.size, attrs.mtime)
-        if keep_source:
-            return stored
         state.stored = stored
         if not state.handles:
-            stored = stored._replace(tail=_tail(state.buffer))
-        replaced = self.states.pop(dst, None)
-        if replaced is not None:
-            replaced.orphan = True
+            stored = stored._replace(tail=last_page(state.buffer))
+        self._drop_name(dst)
         del self.states[src]
         self.deferred.pop(src, None)
         state.key = dst
@@ -402,10 +399,18 @@ class HandleTable:
     # ------------------------------------------------------------------ namespace changes
     def settle(self, key: str) -> None:
         """Commit pending content under ``key`` (the file or anything in the folder) before a
-        rename or link moves it."""
+        rename or link moves it; a held temporary file stored so is held no more."""
         for k, state in list(self.states.items()):
             if k == key or k.startswith(key + "/"):
                 self._commit(state)
+                if self.deferred.get(k) is state and not state.handles:
+                    self._forget(state)
+
+    def linked(self, src: str, dst: str) -> None:
+        """``dst`` is a hard link of ``src``: a file open under ``src`` is open under both."""
+        if src in self.states:
+            self.states[dst] = self.states[src]
+            self.states[dst].linked = True
 
     def set_attrs(self, key: str, **changes: int | None) -> bool:
         """Apply mode/owner/times to a file not yet stored; False when the key has no such file
@@ -439,6 +444,9 @@ class HandleTable:
         state = self.states.get(key)
         if state is None:
             return False
+        if state.linked and len(self._names_of(state)) > 1:
+            self._drop_name(key)  # the file lives on under its other names
+            return False
         if state.buffer is None and state.snapshot is None and not state.created:
             try:
                 if self.tree.stored_size(key) <= SNAPSHOT_LIMIT:
@@ -463,9 +471,7 @@ class HandleTable:
             for k, _ in under:
                 del self.states[k]
         if not exchange:
-            dropped = self.states.pop(dst, None)
-            if dropped is not None:
-                dropped.orphan = True
+            self._drop_name(dst)
         for new_key, state in moved:
             state.key = new_key
             state.snapshot = None if state.buffer is None else state.snapshot

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from zarrfs.backends.base import DATA, KEYS, SIDE, SIZES, VALUES, Get, Read, Size, Txn, prefix_stop
 from zarrfs.fs.errors import FsError
+from zarrfs.fs.hardlinks import pointer_key
 from zarrfs.fs.lookups import DIR, FILE, LINK, Node
 from zarrfs.fs.sidedata import ENTRY, LINK_MARK, attr_key, entry_key
 
@@ -309,6 +310,8 @@ class Listings:
             elif kind == LINK:
                 requests.append(Get(entry_key(child), SIDE))
             requests.append(Get(attr_key(child), SIDE))
+            if kind == FILE:
+                requests.append(Get(pointer_key(child), SIDE))
         answers = iter(t.read_many(requests))
         for name, kind in part:
             child = prefix + name
@@ -320,9 +323,10 @@ class Listings:
                 target = bytes(mark[1:]).decode("utf-8", "surrogateescape")
                 size = len(target.encode("utf-8", "surrogateescape"))
             raw = next(answers)
+            pointer = next(answers) if kind == FILE else None
             if size is None:  # gone between the listing and the read
                 continue
-            into[name] = self._node_from(t, child, kind, size, target, raw)
+            into[name] = self._node_from(t, child, kind, size, target, raw, pointer)
 
 
 class DirListing:

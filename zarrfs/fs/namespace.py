@@ -19,7 +19,9 @@ import time
 from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, Get, HasPrefix, Txn
+from zarrfs.fs import hardlinks
 from zarrfs.fs.errors import FsError
+from zarrfs.fs.hardlinks import POINTER, LinkGroups, pointer_key
 from zarrfs.fs.listing import FOLDER_BATCH, Listings
 from zarrfs.fs.lookups import DIR, FILE, LINK, Lookups, Node
 from zarrfs.fs.sidedata import DIR_MARK, ENTRY, EPOCH, LINK_MARK, Attrs, attr_key, entry_key
@@ -99,7 +101,7 @@ class _Recording:
         return getattr(self._txn, name)
 
 
-class Tree(Listings, Lookups):
+class Tree(Listings, Lookups, LinkGroups):
     """The filesystem over one driver: lookups, listings and every namespace change.
 
     ``uid``/``gid``/``umask`` give the attributes of nodes that have none recorded.
@@ -181,18 +183,23 @@ class Tree(Listings, Lookups):
         create: bool = False,
         exclusive: bool = False,
         replace: bool = False,
+        linked: bool = False,
     ) -> None:
         """Store the content of a file written through the mount, with its attributes, in one
         transaction; the format layer may refuse it (nothing is stored then).
 
         ``create``: the file may be new here (its folder must exist, a folder or symlink in the
-        way is an error); ``exclusive``: it must be new (EEXIST otherwise), as for ``link`` or
-        ``RENAME_NOREPLACE``; ``replace``: a symlink in the way is replaced, as a rename does."""
+        way is an error; a new file replaces a name of a linked file: that name leaves the
+        group); ``exclusive``: it must be new (EEXIST otherwise), as for ``link`` or
+        ``RENAME_NOREPLACE``; ``replace``: a symlink in the way is replaced, as a rename does.
+        ``linked``: the file had hard links when it was opened; the content is then stored
+        under every name its group has now."""
 
         # Remote: what the format layer will read comes in the probe's round trip.
         also = self.hooks.reads(key) if (create or exclusive) and self.driver.remote else ()
 
         def run(t: Txn) -> None:
+            pointer = None
             if create or exclusive:
                 found = self._probe_in_folder(t, key, also)
                 if found is not None and replace and not exclusive and found[0] not in (FILE, DIR):
@@ -202,11 +209,24 @@ class Tree(Listings, Lookups):
                     raise FsError(errno.EISDIR if found[0] == DIR else errno.EEXIST, key)
                 if found is None:
                     self.hooks.check_name(t, key, FILE)
-            stored = self.hooks.store(t, key, value)
-            t.put(key, stored)
-            if attrs is not None:
-                t.put(attr_key(key), attrs.pack(), SIDE)
-            self._changed(t, key, stored)
+                    # A pointer left by a writer that deleted the key must not link the new file.
+                    t.delete(pointer_key(key), SIDE)
+                else:
+                    pointer = found[4]
+            elif linked:
+                pointer = t.get(pointer_key(key), SIDE)
+            names = [key]
+            group = hardlinks.load(t, key, pointer)
+            if group is not None and (create or exclusive):
+                hardlinks.leave(t, group, key)  # a new file in its place: not linked
+            elif group is not None:
+                names = group.names
+            for name in names:
+                stored = self.hooks.store(t, name, value)
+                t.put(name, stored)
+                if attrs is not None:
+                    t.put(attr_key(name), attrs.pack(), SIDE)
+                self._changed(t, name, stored)
 
         self._write(run)
 
@@ -250,24 +270,28 @@ class Tree(Listings, Lookups):
 
         self._write(run)
 
-    def unlink(self, key: str) -> None:
-        """Remove the file or symlink at ``key`` (EISDIR for a folder)."""
+    def unlink(self, key: str) -> list[str]:
+        """Remove the file or symlink at ``key`` (EISDIR for a folder). Returns the other
+        names of the file, when it had hard links."""
 
-        def run(t: Txn) -> None:
+        def run(t: Txn) -> list[str]:
             found = self._probe(t, key)
             if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
             if found[0] == DIR:
                 raise FsError(errno.EISDIR, key)
+            left: list[str] = []
             if found[0] == FILE:
                 t.delete(key)
                 self._changed(t, key, None)
+                left = self._unlinked(t, key, found)
             else:
                 t.delete(entry_key(key), SIDE)
             t.delete(attr_key(key), SIDE)
             self._keep_parent(t, key)
+            return left
 
-        self._write(run)
+        return self._write(run)
 
     def rmdir(self, key: str) -> None:
         """Remove the empty folder at ``key`` (ENOTEMPTY, ENOTDIR, ENOENT as POSIX says)."""
@@ -316,13 +340,16 @@ class Tree(Listings, Lookups):
             if mtime is not None:
                 attrs.mtime = mtime
             attrs.ctime = self._now()
-            t.put(attr_key(key), attrs.pack(), SIDE)
+            group = hardlinks.load(t, key, found[4]) if found[0] == FILE else None
+            # The names of a linked file share their attributes: each has the same record.
+            hardlinks.put_attrs(t, group.names if group is not None else [key], attrs.pack())
 
         self._write(run)
 
     # ------------------------------------------------------------------ rename / link
-    def _subtree(self, t: Txn, key: str) -> list[tuple[str, str, bytes]]:
-        """Every record of the node at ``key`` and below: (space, key, value)."""
+    def _subtree(self, t: Txn, key: str, found: Any) -> list[tuple[str, str, bytes]]:
+        """Every record of the node at ``key`` and below: (space, key, value); ``found`` is
+        what the probe found at ``key`` (a file's link-group pointer comes with it)."""
         records: list[tuple[str, str, bytes]] = []
         value = t.get(key)
         if value is not None:
@@ -335,11 +362,17 @@ class Tree(Listings, Lookups):
             records.extend(
                 (SIDE, k, v) for k, v in t.scan_prefix(side_prefix + key + "/", space=SIDE, fetch=VALUES)
             )
+        if found[0] == DIR:  # the link-group pointers of the files below
+            records.extend(
+                (SIDE, k, v) for k, v in t.scan_prefix(POINTER + key + "/", space=SIDE, fetch=VALUES)
+            )
+        elif found[4] is not None:
+            records.append((SIDE, pointer_key(key), found[4]))
         return records
 
     @staticmethod
     def _moved(record_key: str, src: str, dst: str) -> str:
-        for side_prefix in (ENTRY, "a:"):
+        for side_prefix in (ENTRY, "a:", POINTER):
             if record_key.startswith(side_prefix):
                 return side_prefix + dst + record_key[len(side_prefix) + len(src) :]
         return dst + record_key[len(src) :]
@@ -361,29 +394,33 @@ class Tree(Listings, Lookups):
             if space == DATA:
                 self._changed(t, new, v)
 
-    def rename(self, src: str, dst: str, flags: int = 0) -> None:
+    def rename(self, src: str, dst: str, flags: int = 0) -> bool:
         """Move a file or a whole folder atomically, replacing an existing target atomically;
-        honours RENAME_NOREPLACE and RENAME_EXCHANGE."""
+        honours RENAME_NOREPLACE and RENAME_EXCHANGE. Onto another name of the same file, a
+        rename does nothing (POSIX): then False is returned."""
         if src == dst:
-            return
+            return False
         if not src or not dst:
             raise FsError(errno.EBUSY, "the root folder")
         if dst.startswith(src + "/") or (flags & RENAME_EXCHANGE and src.startswith(dst + "/")):
             raise FsError(errno.EINVAL, f"cannot move {src} into itself")
 
-        def run(t: Txn) -> None:
+        def run(t: Txn) -> bool:
             s, d, parent = self._probe_many(t, [src, dst, dst.rpartition("/")[0]])
             if s is None:
                 raise FsError(errno.ENOENT, src, quiet=True)
+            if self._same_file(t, src, dst, s, d):
+                return False
             if flags & RENAME_EXCHANGE:
                 if d is None:
                     raise FsError(errno.ENOENT, dst, quiet=True)
-                a, b = self._subtree(t, src), self._subtree(t, dst)
+                a, b = self._subtree(t, src, s), self._subtree(t, dst, d)
                 self._remove(t, a)
                 self._remove(t, b)
                 self._place(t, a, src, dst)
                 self._place(t, b, dst, src)
-                return
+                self._regroup(t, [(a, src, dst, s), (b, dst, src, d)])
+                return True
             if d is not None:
                 if flags & RENAME_NOREPLACE:
                     raise FsError(errno.EEXIST, dst)
@@ -393,21 +430,27 @@ class Tree(Listings, Lookups):
                     raise FsError(errno.EISDIR, dst)
                 if d[0] == DIR and self._has_children(t, dst):
                     raise FsError(errno.ENOTEMPTY, dst)
-                self._remove(t, self._subtree(t, dst))
+                if d[0] == FILE:
+                    self._unlinked(t, dst, d)
+                self._remove(t, self._subtree(t, dst, d))
             else:
                 self._folder_check(parent, dst)
                 self.hooks.check_name(t, dst, s[0])
-            records = self._subtree(t, src)
+            records = self._subtree(t, src, s)
             self._remove(t, records)
             self._place(t, records, src, dst)
+            self._regroup(t, [(records, src, dst, s)])
             self._keep_parent(t, src)
+            return True
 
-        self._write(run)
+        return self._write(run)
 
     def link(self, src: str, dst: str) -> None:
-        """``link(src, dst)``: a new file ``dst`` with the content of ``src``; EEXIST, atomically,
-        when ``dst`` exists (zarr-python 3 creates metadata this way). A key/value store has no
-        hard links, so this is a copy that is taken in one transaction."""
+        """``link(src, dst)``: a hard link, a new name ``dst`` of the file ``src``, in one
+        transaction; EEXIST, atomically, when ``dst`` exists (zarr-python 3 creates metadata
+        this way). The value is stored under the new name too (every name is a Zarr key), and
+        the link group of :mod:`zarrfs.fs.hardlinks` makes the names one file. A symlink is
+        copied (a new symlink with the same target)."""
 
         def run(t: Txn) -> None:
             s, d, parent = self._probe_many(t, [src, dst, dst.rpartition("/")[0]])
@@ -419,8 +462,15 @@ class Tree(Listings, Lookups):
                 raise FsError(errno.EEXIST, dst)
             self._folder_check(parent, dst)
             self.hooks.check_name(t, dst, s[0])
-            records = [r for r in self._subtree(t, src) if r[1] in (src, entry_key(src), attr_key(src))]
-            self._place(t, records, src, dst)
+            if s[0] != FILE:
+                records = [r for r in self._subtree(t, src, s) if r[1] in (entry_key(src), attr_key(src))]
+                self._place(t, records, src, dst)
+                return
+            value = self.hooks.arrive(t, dst, t.get(src), src)
+            t.put(dst, value)
+            self._changed(t, dst, value)
+            group = hardlinks.join(t, hardlinks.load(t, src, s[4]), src, dst)
+            self._touch_group(group.names, s[3], t)
 
         self._write(run)
 
