@@ -30,7 +30,7 @@ from zarrfs.urls import PASSWORD_ENV, MountFailure, redis_secret, resolve_url, s
 
 READY = b"ready\n"
 START_TIMEOUT = 60.0
-COMMANDS = ("mount", "umount", "status", "check", "copy", "reindex")
+COMMANDS = ("mount", "umount", "status", "check", "copy", "consolidate", "reindex")
 
 def _fail(message: str, status: int = 1) -> int:
     print(f"zarrfs: {message}", file=sys.stderr)
@@ -368,6 +368,20 @@ def cmd_copy(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_consolidate(args: argparse.Namespace) -> int:
+    """``zarrfs consolidate URL|FOLDER``: rebuild the stale consolidated documents."""
+    from zarrfs.tools.consolidate import consolidate
+
+    try:
+        where = args.location if "://" in args.location else os.path.abspath(args.location)
+        where = redis_secret(resolve_url(where)) if "://" in where else where
+        found, changed = consolidate(where)
+    except (UsageError, MountFailure, BackendError, OSError, ValueError) as exc:
+        return _fail(str(exc), _status_of(exc))
+    print(f"{found} consolidated document(s), rebuilt {changed}", file=sys.stderr)
+    return 0
+
+
 def cmd_reindex(args: argparse.Namespace) -> int:
     """``zarrfs reindex URL``: rebuild a Redis database's listing index from its keyspace
     (after another client, such as zarr-python 2's ``RedisStore``, added or removed keys)."""
@@ -460,6 +474,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="check the Zarr metadata and chunk keys of what is copied first; copy nothing if one is wrong",
     )
     copy.set_defaults(func=cmd_copy)
+
+    cons = sub.add_parser("consolidate", help="rebuild the stale consolidated metadata documents",
+                          epilog=URLS_HELP + "\n" + EXIT_HELP, formatter_class=raw)
+    cons.add_argument("location", metavar="URL|FOLDER", help="a database URL, or a folder (a mount too)")
+    cons.set_defaults(func=cmd_consolidate)
 
     reindex = sub.add_parser("reindex", help="rebuild a Redis database's listing index from its keys",
                              epilog=URLS_HELP + "\n" + EXIT_HELP, formatter_class=raw)

@@ -83,14 +83,21 @@ class _Recording:
     """A transaction as the hooks see it: every data key they write is noted, so that the
     kernel's caches of those files can be dropped after the commit."""
 
-    def __init__(self, txn: Txn, into: set[str]) -> None:
+    def __init__(self, txn: Txn, into: set[str], defaults: Any) -> None:
         self._txn = txn
         self._into = into
+        self._defaults = defaults  # the attributes of a file without a record
 
     def put(self, key: str, value: Any, space: str = DATA) -> None:
+        self._txn.put(key, value, space)
         if space == DATA:
             self._into.add(key)
-        self._txn.put(key, value, space)
+            # A document rewritten on the side is a changed file: its mtime moves (tools that
+            # sync by mtime, the kernel's page-cache stamp), its owner and mode stay.
+            raw = self._txn.get(attr_key(key), SIDE)
+            attrs = (Attrs.unpack(raw) if raw is not None else None) or self._defaults(FILE)
+            attrs.mtime = attrs.ctime = time.time_ns()
+            self._txn.put(attr_key(key), attrs.pack(), SIDE)
 
     def delete(self, key: str, space: str = DATA) -> None:
         if space == DATA:
@@ -155,7 +162,7 @@ class Tree(Listings, Lookups, LinkGroups):
         return result
 
     def _changed(self, t: Txn, key: str, value: Any) -> None:
-        self.hooks.changed(_Recording(t, self._side_effects), key, value)
+        self.hooks.changed(_Recording(t, self._side_effects, self.default_attrs), key, value)
 
     def _now(self) -> int:
         return time.time_ns()
