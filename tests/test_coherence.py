@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import statistics
+import subprocess
 import time
 from pathlib import Path
 
@@ -77,12 +78,14 @@ def test_close_to_open(feed_url, mount_factory):
     """A file closed on one mount, then opened on another, shows the new content at once."""
     a = mount_factory(feed_url, ["create"], name="a")
     b = mount_factory(feed_url, [], name="b")
-    (a.path / "f").write_bytes(b"old")
-    seen_after(lambda: read(b.path / "f") == b"old", time.monotonic())
+    (a.path / "f").write_bytes(b"old00")
+    seen_after(lambda: read(b.path / "f") == b"old00", time.monotonic())
     for i in range(20):
-        data = b"new%d" % i * (i % 3 + 1)
+        # The same size each time: only the open's look at the stamp tells the pages are old.
+        data = b"new%02d" % i
         (a.path / "f").write_bytes(data)
         assert (b.path / "f").read_bytes() == data  # no wait at all
+        assert (b.path / "f").read_bytes() == data  # the kernel's pages kept now
 
 
 def test_warm_caches_cost_no_requests(feed_url, mount_factory):
@@ -105,3 +108,78 @@ def requests_of(m) -> int:
     from zarrfs.control import query
 
     return sum(query(str(m.path))["requests"].values())
+
+
+def test_redis_client_not_zarrfs_listed_without_reindex(request, tmp_path, mount_factory):
+    """Keys a plain Redis client adds or deletes show in listings at once (no reindex)."""
+    import redis
+
+    url = make_url("redis", tmp_path, request)
+    m = mount_factory(url, ["create"])
+    (m.path / "g").mkdir()
+    (m.path / "g" / "mine").write_bytes(b"1")
+    prefix = url.rpartition("prefix=")[2]
+    client = redis.Redis.from_url(url.partition("?")[0])
+    assert os.listdir(m.path / "g") == ["mine"]
+    client.set(f"{prefix}:g/theirs", b"22")
+    t = time.monotonic()
+    latency = seen_after(lambda: sorted(os.listdir(m.path / "g")) == ["mine", "theirs"], t)
+    assert (m.path / "g" / "theirs").read_bytes() == b"22"
+    client.delete(f"{prefix}:g/theirs")
+    t = time.monotonic()
+    latency = max(latency, seen_after(lambda: os.listdir(m.path / "g") == ["mine"], t))
+    assert not (m.path / "g" / "theirs").exists()
+    assert latency < 4 * BOUND
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "sqlite"])
+def test_writer_without_a_log_beside_a_mount(kind, request, tmp_path, mount_factory):
+    """A writer that keeps no change log (zarr-python 2's LMDBStore / SQLiteStore: the raw
+    database, written in this process) is seen too: "something changed", the mount rescans."""
+    url = make_url(kind, tmp_path, request)
+    m = mount_factory(url, ["create"])
+    (m.path / "a").mkdir()
+    (m.path / "a" / "k").write_bytes(b"zarrfs")
+    assert (m.path / "a" / "k").read_bytes() == b"zarrfs"
+    assert not (m.path / "a" / "new").exists()
+    if kind == "lmdb":
+        import lmdb
+
+        env = lmdb.open(str(tmp_path / "db.lmdb"), max_dbs=0)
+        with env.begin(write=True) as txn:  # what LMDBStore.__setitem__ does
+            txn.put(b"a/k", b"store!")
+            txn.put(b"a/new", b"1")
+        env.close()
+    else:
+        import sqlite3
+
+        conn = sqlite3.connect(tmp_path / "db.sqlite")  # what SQLiteStore does
+        conn.execute("REPLACE INTO zarr VALUES (?, ?)", ("a/k", b"store!"))
+        conn.execute("REPLACE INTO zarr VALUES (?, ?)", ("a/new", b"1"))
+        conn.commit()
+        conn.close()
+    t = time.monotonic()
+    latency = seen_after(lambda: read(m.path / "a" / "k") == b"store!", t)
+    assert (m.path / "a" / "new").read_bytes() == b"1"
+    assert sorted(os.listdir(m.path / "a")) == ["k", "new"]
+    assert latency < 4 * BOUND
+
+
+def test_mount_stays_up_when_its_peer_is_killed(feed_url, mount_factory):
+    a = mount_factory(feed_url, ["create"], name="a")
+    b = mount_factory(feed_url, [], name="b")
+    (a.path / "f").write_bytes(b"before")
+    seen_after(lambda: read(b.path / "f") == b"before", time.monotonic())
+    from zarrfs.control import query
+
+    os.kill(query(str(a.path))["pid"], signal.SIGKILL)
+    (b.path / "f").write_bytes(b"after")
+    (b.path / "g").mkdir()
+    assert (b.path / "f").read_bytes() == b"after"
+    assert sorted(os.listdir(b.path)) == ["f", "g"]
+    c = mount_factory(feed_url, [], name="c")
+    assert (c.path / "f").read_bytes() == b"after"
+    (c.path / "f").write_bytes(b"from c")
+    t = time.monotonic()
+    assert seen_after(lambda: read(b.path / "f") == b"from c", t) < 4 * BOUND
+    subprocess.run(["fusermount3", "-u", "-z", str(a.path)], check=False)
