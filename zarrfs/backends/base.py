@@ -390,7 +390,7 @@ class Driver(ABC):
     # -- the change feed (optional): what other writers changed ----------------------------------
     #: Seconds between two looks at :meth:`changes` while the daemon is idle; a driver whose
     #: feed wakes the daemon through :meth:`feed_fileno` is looked at when that fd is readable.
-    feed_interval = 0.01
+    feed_interval = 0.02
 
     def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
         """What other writers (other mounts, other processes, this process's other drivers)
