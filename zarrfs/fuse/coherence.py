@@ -15,9 +15,8 @@ and each folder above it, of what the kernel holds:
 
 The loop polls between requests, and every open polls first, so a file closed on one mount and
 then opened on another shows the new content (close-to-open): an open never trusts a stamp
-older than the last commit the feed shows. The notifications of an idle poll are queued for the
-notifying thread; those of an open are written before the open is answered (bounded, as in
-:mod:`zarrfs.fuse.notify`).
+older than the last commit the feed shows. The notifications are written before the next
+request is served (bounded, as in :mod:`zarrfs.fuse.notify`).
 
 The names answered "no such file" are remembered (up to :data:`NEGATIVES`; past that, such
 answers are cached for the short time only) because the kernel's negative entries hold no node
@@ -71,9 +70,10 @@ class Coherence:
         self.negatives.add(key)
         return long
 
-    def poll(self, wait: bool = False) -> None:
-        """Ask the feed; drop what changed from the kernel's caches (``wait``: before the
-        current request is answered)."""
+    def poll(self) -> None:
+        """Ask the feed; drop what changed from the kernel's caches before the next request
+        is served (bounded, see :mod:`zarrfs.fuse.notify`): a client that saw one change (a
+        file's new content) must not meet an older state of another name afterwards."""
         self.polls += 1
         keys = self.watcher.poll()
         if keys is not None and not keys:
@@ -82,10 +82,7 @@ class Coherence:
         if not notes or not self.session._inval_ok:
             return
         self.dropped += len(notes)
-        if wait:
-            self.session.invalidator.send(notes)
-        else:
-            self.session.invalidator.post(notes)
+        self.session.invalidator.send(notes)
 
     def notes(self, keys: list[str]) -> list[bytes]:
         """The notifications for ``keys`` changed (see the module docstring)."""

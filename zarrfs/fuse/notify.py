@@ -67,11 +67,6 @@ class Invalidator:
         self._queue.put((notes, done))
         done.wait(WAIT)
 
-    def post(self, notes: list[bytes]) -> None:
-        """Queue ``notes`` and return at once (nobody waits for them: changes by others)."""
-        if self._thread is not None:
-            self._queue.put((notes, threading.Event()))
-
     def stop(self) -> None:
         """Stop the thread (unmount)."""
         if self._thread is not None:

@@ -380,7 +380,7 @@ class Session(Dispatcher):
         flags = k.OPEN_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]
         key = self._key(head.nodeid)
         if self.coherence is not None:  # close-to-open: what others committed, first
-            self.coherence.poll(wait=True)
+            self.coherence.poll()
         fh = self.ops.open(key, flags)
         inode = self.inodes.get(head.nodeid)
         keep = inode is not None and self.pages.opened(inode, self.ops.find, key)
