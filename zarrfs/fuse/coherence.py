@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from zarrfs.fs.changes import ChangeWatcher, folders_of
+from zarrfs.fs.api import ChangeWatcher, folders_of
 from zarrfs.fuse import abi as k
 
 if TYPE_CHECKING:
