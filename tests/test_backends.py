@@ -161,7 +161,7 @@ class TestSQLite(_Conformance):
         try:
             sql = dict(conn.execute("SELECT name, sql FROM sqlite_master WHERE type='table'").fetchall())
             assert sql["zarr"] == "CREATE TABLE zarr(k TEXT PRIMARY KEY, v BLOB)"
-            assert set(sql) == {"zarr", "zarrfs_side"}
+            assert set(sql) == {"zarr", "zarrfs_side", "zarrfs_changes"}  # the change log (sqlite_feed)
             assert conn.execute("SELECT k, typeof(k), typeof(v) FROM zarr").fetchall() == [
                 ("k", "text", "blob")
             ]

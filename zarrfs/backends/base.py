@@ -389,6 +389,25 @@ class Driver(ABC):
         """One-shot :meth:`Txn.scan`, returned as a list (bound it with ``limit``)."""
         return self.transact(lambda t: list(t.scan(start, stop, **kwargs)), write=False)
 
+    # -- the change feed (optional): what other writers changed ----------------------------------
+    #: Seconds between two looks at :meth:`changes` while the daemon is idle; a driver whose
+    #: feed wakes the daemon through :meth:`feed_fileno` is looked at when that fd is readable.
+    feed_interval = 0.02
+
+    def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
+        """What other writers (other mounts, other processes, this process's other drivers)
+        committed since the cursor ``since``: ``(cursor, records)``, ``records`` being the
+        ``(space, key)`` pairs they changed, or None: something changed, not known what (the
+        caller rescans what it caches). ``since=None`` starts: the current cursor and ``[]``.
+        This driver's own commits are left out. Drivers without a feed raise
+        :class:`NotImplementedError` (the mount then keeps short cache times)."""
+        raise NotImplementedError
+
+    def feed_fileno(self) -> int | None:
+        """A descriptor that becomes readable when :meth:`changes` has something (a socket the
+        database pushes to), or None: the feed is polled every :attr:`feed_interval`."""
+        return None
+
     def sync(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Make every committed transaction durable (``fsync`` of a file calls this).
 

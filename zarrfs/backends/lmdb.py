@@ -36,6 +36,7 @@ import lmdb
 from ._util import Preallocator, check_options, parse_bool, parse_file_url, parse_size, statvfs
 from .base import DATA, KEYS, SIDE, SIZES, Driver, Fetch, HasPrefix, Size, Space, Txn, check_space, encode_key
 from .lmdb_env import KnownSizes, SideEnvironment, environments, translate, translated
+from .lmdb_feed import Own, changes, record
 
 SIDE_IN_FOLDER = "zarrfs-side.mdb"
 SIDE_FILE_SUFFIX = ".zarrfs-side"
@@ -155,8 +156,8 @@ class LMDBTxn(Txn):
                 found = cur.set_range(lo) if lo else cur.first()
                 while found:
                     raw = bytes(cur.key())
-                    if hi is not None and raw >= hi:
-                        return
+                    if (hi is not None and raw >= hi) or raw[:1] == b"\xff":
+                        return  # 0xFF: the change log (lmdb_feed), last in key order
                     if fetch is KEYS:
                         x = None
                     elif fetch is SIZES:
@@ -232,12 +233,23 @@ class LMDBTxn(Txn):
             self._driver.write_lock.release()
 
     def _finish(self, commit: bool) -> None:
-        side, self._side = self._side, None
         if not commit:
+            side, self._side = self._side, None
             self._data.abort()
             if side is not None:
                 side.abort()
             return
+        try:
+            logged = record(self) if self._driver.log_changes else None
+        except BaseException as exc:
+            side, self._side = self._side, None
+            self._data.abort()
+            if side is not None:
+                side.abort()
+            if isinstance(exc, lmdb.Error):
+                raise translate(exc, self.where) from exc
+            raise
+        side, self._side = self._side, None  # record() may have begun it
         try:
             if side is not None:
                 side.commit()
@@ -256,6 +268,8 @@ class LMDBTxn(Txn):
             raise
         if self._changes:
             self._driver.known.committed(self._id + 1, self._changes)
+        if logged is not None:
+            self._driver.own.add(logged)
 
 
 class LMDBDriver(Driver):
@@ -284,6 +298,9 @@ class LMDBDriver(Driver):
         self.side = SideEnvironment(side_path, readonly, self._env_options)
         self._closed = False
         self.known = KnownSizes()
+        # Every write keeps a change log for the other mounts (lmdb_feed); own: its entries.
+        self.log_changes = not readonly
+        self.own = Own()
 
     def side_env(self, create: bool) -> lmdb.Environment | None:
         """Return the side environment, opening it on first use; ``None`` when it does not
@@ -314,6 +331,11 @@ class LMDBDriver(Driver):
         if write and self._prealloc is not None:
             self._prealloc.grow()
         return LMDBTxn(self, write)
+
+    def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
+        """What other writers committed since ``since`` (see ``lmdb_feed``)."""
+        with translated(self.path):
+            return changes(self, since)
 
     def sync(self) -> None:
         """Force committed transactions of both environments to disk."""

@@ -7,8 +7,8 @@ results into replies; an exception raised here becomes the caller's errno there,
 
 This module is the one door of the filesystem for the protocol layer: what
 :mod:`zarrfs.fuse` needs of :mod:`zarrfs.fs` (nodes and their kinds, rename flags, what a
-commit stored, the errno mapping, the page cache policy) is re-exported here, so that the
-modules behind it can be rearranged without touching the protocol.
+commit stored, the errno mapping, the page cache policy, the change feed) is re-exported here,
+so that the modules behind it can be rearranged without touching the protocol.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 
+from zarrfs.fs.changes import ChangeWatcher, folders_of
 from zarrfs.fs.errors import FsError, is_quiet, to_errno
 from zarrfs.fs.handles import HandleTable, Stored
 from zarrfs.fs.listing import DirListing
@@ -173,6 +174,7 @@ class Operations:
 
 
 __all__ = [
+    "ChangeWatcher",
     "DIR",
     "FILE",
     "LINK",
@@ -185,6 +187,7 @@ __all__ = [
     "PageCache",
     "Pages",
     "Stored",
+    "folders_of",
     "is_quiet",
     "to_errno",
 ]

@@ -102,6 +102,15 @@ class FolderCache:
         self._misses.clear()
         self._quiet_until = self.clock() + self.ttl
 
+    def forget(self, folders: set[str] | None = None) -> None:
+        """Drop the snapshots of ``folders`` (None: all): another writer changed names in them
+        (:mod:`zarrfs.fs.changes`). Unlike :meth:`clear`, snapshots are made again at once."""
+        if folders is None:
+            self._snapshots.clear()
+            return
+        for folder in folders:
+            self._snapshots.pop(folder, None)
+
 
 class _Snapshot:
     """One folder read whole: when, what (None: too large or not worth it), lookups answered."""

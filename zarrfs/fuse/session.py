@@ -68,6 +68,7 @@ class Session(Dispatcher):
         self.agreed: Agreed | None = None  # the protocol version and features INIT settled
         self._inval_ok = self._store_ok = False  # notifications the agreed version has
         self.invalidator = Invalidator(fd)
+        self.coherence = None  # a fuse.coherence.Coherence when the driver has a change feed
         ops.on_keys_changed(self.keys_changed)
         handlers: dict[int, Handler] = {
             k.LOOKUP: self._lookup,
@@ -234,6 +235,8 @@ class Session(Dispatcher):
                 self._reply_error(head, errno.ENOENT)
             else:  # node ID 0: the kernel caches "no such file" for the entry timeout
                 ns, nns = self.negative_valid
+                if self.coherence is not None:  # remembered, to be dropped when it appears
+                    ns, nns = self.coherence.negative_time(key, (ns, nns))
                 self._send(
                     k.ENTRY_REPLY.pack(k.ENTRY_REPLY.size, 0, head.unique, 0, 0, ns, 0, nns, 0, *_ZERO_ATTR)
                 )
@@ -381,6 +384,8 @@ class Session(Dispatcher):
     def _open(self, head: Header, buf: memoryview) -> None:
         flags = k.OPEN_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]
         key = self._key(head.nodeid)
+        if self.coherence is not None:  # close-to-open: what others committed, first
+            self.coherence.poll()
         inode = self.inodes.get(head.nodeid)
         # A file the kernel knows without hard links needs no look for its other names.
         fh = self.ops.open(key, flags, None if inode is None or inode.group else False)
