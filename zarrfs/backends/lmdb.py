@@ -51,6 +51,7 @@ from .base import (
     BackendError,
     Driver,
     InvalidKeyError,
+    KeyTooLongError,
     ReadOnlyError,
     RetryableError,
     StorageFullError,
@@ -249,7 +250,7 @@ class LMDBTxn(Txn):
     def _key(self, key: str) -> bytes:
         raw = encode_key(key)
         if len(raw) > self._max_key:
-            raise InvalidKeyError(f"key of {len(raw)} bytes is longer than LMDB's {self._max_key}")
+            raise KeyTooLongError(f"key of {len(raw)} bytes is longer than LMDB's {self._max_key}")
         return raw
 
     def _value(self, key: str, space: str) -> Any:
@@ -514,7 +515,7 @@ class LMDBDriver(Driver):
     def _one_shot(self, key: str, space: str) -> tuple[bytes, lmdb.Environment | None]:
         raw = encode_key(key)
         if len(raw) > self.max_key_size:
-            raise InvalidKeyError(f"key of {len(raw)} bytes is longer than LMDB's {self.max_key_size}")
+            raise KeyTooLongError(f"key of {len(raw)} bytes is longer than LMDB's {self.max_key_size}")
         return raw, self._env_for(space)
 
     # One-shot reads skip the Txn object: getattr calls size() on every lookup.

@@ -26,6 +26,7 @@ from zarrfs.fs.namespace import DIR, FILE, LINK, RENAME_EXCHANGE, RENAME_NOREPLA
 from zarrfs.fs.pagecache import PageCache, Pages
 
 NOW = "now"  # a time to set to the present (UTIME_NOW)
+NAME_MAX = 255  # bytes in one name (statfs's f_namemax), as ext4 and XFS allow
 
 
 class Operations:
@@ -98,9 +99,17 @@ class Operations:
         """Close a folder."""
         self.dirs.pop(fh, None)
 
-    def mkdir(self, key: str, mode: int) -> None:
-        """Make a folder (kept while empty)."""
-        self.tree.mkdir(key, mode)
+    def mkdir(self, key: str, mode: int, uid: int | None = None, gid: int | None = None) -> None:
+        """Make a folder (kept while empty), owned by the caller."""
+        self.tree.mkdir(key, mode, uid, gid)
+
+    def mknod(self, key: str, mode: int, rdev: int, uid: int, gid: int) -> None:
+        """Make a file of the type in ``mode``: a regular file (empty, stored at once), or a
+        FIFO, device or socket (side data, like a symlink)."""
+        if stat.S_ISREG(mode):
+            self.release(self.create(key, mode, os.O_WRONLY | os.O_CREAT | os.O_EXCL, uid, gid))
+        else:
+            self.tree.mknod(key, mode, rdev, uid, gid)
 
     def rmdir(self, key: str) -> None:
         """Remove an empty folder."""
@@ -111,6 +120,11 @@ class Operations:
         """Remove a file or symlink (open descriptors keep what they hold)."""
         if not self.handles.unlinked(key):
             self.tree.unlink(key)
+
+    def check_name(self, name: bytes) -> None:
+        """ENAMETOOLONG for a name longer than NAME_MAX (255 bytes), as local filesystems say."""
+        if len(name) > NAME_MAX:
+            raise FsError(errno.ENAMETOOLONG, f"a name of {len(name)} bytes", quiet=True)
 
     def rename(self, src: str, dst: str, flags: int = 0) -> Stored | None:
         """Move a file or folder, atomically, honouring RENAME_NOREPLACE / RENAME_EXCHANGE.
@@ -155,6 +169,16 @@ class Operations:
         """Bytes of an open file."""
         return self.handles.read(fh, size, offset)
 
+    def fallocate(self, fh: int, offset: int, length: int, mode: int) -> None:
+        """Grow an open file to ``offset + length`` (mode 0); other modes are EOPNOTSUPP."""
+        self.handles.fallocate(fh, offset, length, mode)
+
+    def open_handles(self, key: str) -> set[int]:
+        """The handles open on ``key``: the live set, which empties as they are released (the
+        session keeps it to answer ``fstat`` of a file unlinked while open)."""
+        state = self.handles.states.get(key)
+        return state.handles if state is not None else set()
+
     def write(self, fh: int, data: bytes | memoryview, offset: int) -> int:
         """Buffer a write (``data`` is copied)."""
         return self.handles.write(fh, data, offset)
@@ -177,6 +201,7 @@ __all__ = [
     "DIR",
     "FILE",
     "LINK",
+    "NAME_MAX",
     "NOW",
     "RENAME_EXCHANGE",
     "RENAME_NOREPLACE",

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from zarrfs.fs.entries import inherit_group
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.namespace import FILE, Node, Tree
 from zarrfs.fs.sidedata import Attrs
@@ -83,6 +84,7 @@ class FileState:
     orphan: bool = False
     failed: bool = False
     stored: Stored | None = None  # what the last commit stored, while nothing changed since
+    born: int | None = None  # when a file made here was created (its folder changed then)
     handles: set[int] = field(default_factory=set)
 
     @property
@@ -148,7 +150,8 @@ class HandleTable:
         return self._shown(state)
 
     def _shown(self, state: FileState) -> Node:
-        return Node(FILE, state.size, state.attrs or self.tree.default_attrs(FILE))
+        attrs = state.attrs or self.tree.default_attrs(FILE)
+        return Node(FILE, state.size, attrs, nlink=0 if state.orphan else 1)  # fstat after unlink: 0
 
     # ------------------------------------------------------------------ open / create
     def open(self, key: str, flags: int) -> int:
@@ -171,14 +174,17 @@ class HandleTable:
         existing = self.states.get(key)
         if existing is not None and not existing.orphan:
             return self.open(key, flags | os.O_TRUNC)
-        self.tree.check_create(key)
+        folder = self.tree.check_create(key)
         now = time.time_ns()
+        attrs = Attrs(FILE | stat.S_IMODE(mode), uid, gid, now, now, now)
+        inherit_group(attrs, folder)
         state = FileState(
             key,
             buffer=SpillBuffer(threshold=self.spill_threshold),
-            attrs=Attrs(FILE | stat.S_IMODE(mode), uid, gid, now, now, now),
+            attrs=attrs,
             dirty=True,
             created=True,
+            born=now,
         )
         return self._add(state, flags)
 
@@ -241,6 +247,21 @@ class HandleTable:
         self._touch(state)
         return len(data)
 
+    def fallocate(self, fh: int, offset: int, length: int, mode: int) -> None:
+        """``posix_fallocate``: the file grows to ``offset + length`` (zeros), stored at the next
+        commit like a write; a key/value store reserves no space: other modes are EOPNOTSUPP."""
+        handle = self._handle(fh)
+        if mode:
+            raise FsError(errno.EOPNOTSUPP, f"{handle.state.key}: fallocate mode {mode:#x}")
+        if not handle.writable:
+            raise FsError(errno.EBADF, handle.state.key)
+        if offset < 0 or length <= 0:
+            raise FsError(errno.EINVAL, f"{handle.state.key}: fallocate {offset}+{length}")
+        buffer = self._ensure_buffer(handle.state)
+        if buffer.size < offset + length:
+            buffer.truncate(offset + length)
+            self._touch(handle.state)
+
     def truncate(self, key: str, length: int, fh: int | None = None) -> None:
         """Cut or extend a file; an unopened file is changed in its own transaction."""
         if self.readonly:
@@ -265,7 +286,7 @@ class HandleTable:
             return None
         assert state.buffer is not None
         try:
-            self.tree.commit(state.key, state.buffer.view(), state.attrs, create=state.created)
+            self.tree.commit(state.key, state.buffer.view(), state.attrs, state.created, added=state.born)
         except Exception:
             state.failed = True
             raise
@@ -374,7 +395,15 @@ class HandleTable:
         state = self.states[src]
         assert state.buffer is not None and state.attrs is not None
         attrs = Attrs(**vars(state.attrs))
-        self.tree.commit(dst, state.buffer.view(), attrs, create=True, exclusive=exclusive)
+        self.tree.commit(
+            dst,
+            state.buffer.view(),
+            attrs,
+            create=True,
+            exclusive=exclusive,
+            added=time.time_ns() if keep_source else None,
+            renamed_from=None if keep_source else src,
+        )
         stored = Stored(state.size, attrs.mtime)
         if keep_source:
             return stored
@@ -427,6 +456,7 @@ class HandleTable:
             value = changes.get(name)
             if value is not None:
                 setattr(attrs, name, value)
+        attrs.ctime = time.time_ns()
 
     def unlinked(self, key: str) -> bool:
         """Detach open state from a removed key; True when the file existed only here.

@@ -22,21 +22,26 @@ from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, Txn
 from zarrfs.fs.errors import FsError
-from zarrfs.fs.sidedata import ENTRY, LINK_MARK, Attrs, attr_key, entry_key
+from zarrfs.fs.sidedata import ENTRY, LINK_MARK, SPECIAL_MARK, Attrs, attr_key, entry_key, read_special
 
 log = logging.getLogger("zarrfs.fs.namespace")
 
 FILE, DIR, LINK = stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK
+_SIZED = (FILE, DIR, LINK)
 
 
 @dataclass
 class Node:
-    """What is at a key: its kind (FILE, DIR or LINK), size in bytes and attributes."""
+    """What is at a key: its kind (FILE, DIR, LINK or a special file's type bits), size in
+    bytes, attributes, a symlink's target, a device's number and the count of names (0 for
+    an open file whose name was removed)."""
 
     kind: int
     size: int
     attrs: Attrs
     target: str = ""
+    rdev: int = 0
+    nlink: int = 1
 
 
 class Lookups:
@@ -73,7 +78,8 @@ class Lookups:
 
     def _probe(self, t: Txn, key: str) -> tuple[int, int, str, bytes | None] | None:
         """(kind, stored size, link target, raw attributes) of ``key``, or None when nothing
-        is there. One batch of reads where a batch costs one read (a round trip to Redis, one
+        is there; for a special file the size slot holds its device number (it has no size).
+        One batch of reads where a batch costs one read (a round trip to Redis, one
         SQLite statement); on LMDB, only the reads the answer needs (a file or a missing name
         skips two of five)."""
         if self.driver.batched or key == "":
@@ -132,6 +138,8 @@ class Lookups:
         if mark is not None and mark[:1] == LINK_MARK:
             target = bytes(mark[1:]).decode("utf-8", "surrogateescape")
             return LINK, len(target.encode("utf-8", "surrogateescape")), target, raw_attrs
+        if mark is not None and mark[:1] == SPECIAL_MARK:
+            return (*read_special(mark), "", raw_attrs)
         if mark is not None or side_below:
             return DIR, 0, "", raw_attrs
         return None
@@ -141,9 +149,17 @@ class Lookups:
     ) -> tuple[int, int, str, bytes | None] | None:
         """:meth:`_probe` of ``key``, and in the same batch a check that its parent is a folder
         (ENOENT / ENOTDIR otherwise), as every call that makes a name needs."""
+        return self._probe_with_folder(t, key, also)[1]
+
+    def _probe_with_folder(
+        self, t: Txn, key: str, also: Sequence[str] = ()
+    ) -> tuple[tuple[int, int, str, bytes | None], tuple[int, int, str, bytes | None] | None]:
+        """:meth:`_probe_in_folder`, with the probe of the folder too (its attributes say who
+        owns a new entry and are changed by it)."""
         parent, found = self._probe_many(t, [key.rpartition("/")[0], key], also)
         self._folder_check(parent, key)
-        return found
+        assert parent is not None
+        return parent, found
 
     @staticmethod
     def _folder_check(parent: tuple | None, key: str) -> None:
@@ -171,6 +187,8 @@ class Lookups:
             attrs = self.default_attrs(kind)
         elif stat.S_IFMT(attrs.mode) != kind:
             attrs = attrs.with_type(kind)
+        if kind not in _SIZED:  # a special file: the size slot held its device number
+            return Node(kind, 0, attrs, target, size)
         return Node(kind, size, attrs, target)
 
     def _node(self, t: Txn, key: str) -> Node:

@@ -4,8 +4,10 @@
 A path is a key (``/grp/arr/0.0`` is ``grp/arr/0.0``); folders derive from key prefixes and
 side markers (:mod:`zarrfs.fs.lookups`). A :class:`Tree` is three parts: lookups
 (:class:`zarrfs.fs.lookups.Lookups`), listings (:class:`zarrfs.fs.listing.Listings`) and the
-writes here (commit, mkdir, symlink, unlink, rmdir, set_attrs, rename, link), with
+writes here (commit, unlink, rmdir, set_attrs, rename, link), with
 :class:`Hooks`, where the format layer plugs in.
+Making side entries (folders, symlinks, special files), the owner of a new node and the times
+of a folder a name is added to or removed from are in :mod:`zarrfs.fs.entries`.
 
 Everything here is one driver transaction per call; nothing here knows about FUSE, so it imports
 and tests without a mount. POSIX conditions are raised as :class:`zarrfs.fs.errors.FsError`.
@@ -19,10 +21,11 @@ import time
 from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, Txn
+from zarrfs.fs.entries import Entries
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.listing import FOLDER_BATCH, Listings
 from zarrfs.fs.lookups import DIR, FILE, LINK, Lookups, Node
-from zarrfs.fs.sidedata import DIR_MARK, ENTRY, EPOCH, LINK_MARK, Attrs, attr_key, entry_key
+from zarrfs.fs.sidedata import DIR_MARK, ENTRY, EPOCH, Attrs, attr_key, entry_key
 
 # Names other modules import from here (their home is zarrfs.fs.lookups / zarrfs.fs.listing).
 __all__ = [
@@ -99,7 +102,7 @@ class _Recording:
         return getattr(self._txn, name)
 
 
-class Tree(Listings, Lookups):
+class Tree(Entries, Listings, Lookups):
     """The filesystem over one driver: lookups, listings and every namespace change.
 
     ``uid``/``gid``/``umask`` give the attributes of nodes that have none recorded.
@@ -128,6 +131,10 @@ class Tree(Listings, Lookups):
         self._side_effects: set[str] = set()
         self._hidden_logged: set[str] = set()
         self.epoch = self._load_epoch()
+        # The longest key the database holds (LMDB: 511 bytes), less the side prefix ("a:")
+        # of a node's attributes: a longer path is refused with ENAMETOOLONG before it is made.
+        limit = getattr(driver, "max_key_size", None)
+        self.key_limit: int | None = limit - len(ENTRY) if limit else None
 
     def _load_epoch(self) -> int:
         """The time of nodes without attributes, fixed at the first mount (see sidedata)."""
@@ -174,21 +181,31 @@ class Tree(Listings, Lookups):
             t.put(entry_key(parent), DIR_MARK, SIDE)
 
     def commit(
-        self, key: str, value: Any, attrs: Attrs | None, create: bool = False, exclusive: bool = False
+        self,
+        key: str,
+        value: Any,
+        attrs: Attrs | None,
+        create: bool = False,
+        exclusive: bool = False,
+        added: int | None = None,
+        renamed_from: str | None = None,
     ) -> None:
         """Store the content of a file written through the mount, with its attributes, in one
         transaction; the format layer may refuse it (nothing is stored then).
 
         ``create``: the file may be new here (its folder must exist, a folder or symlink in the
         way is an error); ``exclusive``: it must be new (EEXIST otherwise), as for ``link`` or
-        ``RENAME_NOREPLACE``."""
+        ``RENAME_NOREPLACE``. ``added``: when the file was made; if it turns out new, its folder's
+        times change (see :meth:`_folder_changed`). ``renamed_from``: the file was an unstored
+        file of that name, renamed here: both folders' times change."""
 
         # Remote: what the format layer will read comes in the probe's round trip.
         also = self.hooks.reads(key) if (create or exclusive) and self.driver.remote else ()
 
         def run(t: Txn) -> None:
+            folder = found = None
             if create or exclusive:
-                found = self._probe_in_folder(t, key, also)
+                folder, found = self._probe_with_folder(t, key, also)
                 if found is not None and (exclusive or found[0] != FILE):
                     raise FsError(errno.EISDIR if found[0] == DIR else errno.EEXIST, key)
                 if found is None:
@@ -198,54 +215,27 @@ class Tree(Listings, Lookups):
             if attrs is not None:
                 t.put(attr_key(key), attrs.pack(), SIDE)
             self._changed(t, key, stored)
-
-        self._write(run)
-
-    def check_create(self, key: str) -> None:
-        """Raise unless the name ``key`` is valid for a new file. The kernel has just looked up
-        the name and its folder; the commit checks both again in its own transaction."""
-        self.driver.transact(lambda t: self.hooks.check_name(t, key, FILE), write=False)
-
-    def mkdir(self, key: str, mode: int) -> None:
-        """Make an empty folder that persists (EEXIST if taken, ENOENT/ENOTDIR for the parent)."""
-
-        def run(t: Txn) -> None:
-            if not key or self._probe_in_folder(t, key) is not None:
-                raise FsError(errno.EEXIST, key)
-            self.hooks.check_name(t, key, DIR)
-            now = self._now()
-            t.put(entry_key(key), DIR_MARK, SIDE)
-            t.put(attr_key(key), self._new_attrs(DIR, mode, now).pack(), SIDE)
-
-        self._write(run)
-
-    def _new_attrs(self, kind: int, mode: int, now: int, uid: int | None = None, gid: int | None = None):
-        return Attrs(
-            kind | stat.S_IMODE(mode),
-            self.uid if uid is None else uid,
-            self.gid if gid is None else gid,
-            now,
-            now,
-            now,
-        )
-
-    def symlink(self, target: str, key: str, uid: int | None = None, gid: int | None = None) -> None:
-        """Make a symlink at ``key`` pointing to ``target`` (kept as side data: not a Zarr key)."""
-
-        def run(t: Txn) -> None:
-            if self._probe_in_folder(t, key) is not None:
-                raise FsError(errno.EEXIST, key)
-            now = self._now()
-            t.put(entry_key(key), LINK_MARK + target.encode("utf-8", "surrogateescape"), SIDE)
-            t.put(attr_key(key), self._new_attrs(LINK, 0o777, now, uid, gid).pack(), SIDE)
+            if folder is None:
+                return
+            where = key.rpartition("/")[0]
+            if renamed_from is not None:
+                now = self._now()
+                self._folder_changed(t, where, folder[3], now)
+                source = renamed_from.rpartition("/")[0]
+                if source != where:
+                    self._folder_changed(t, source, t.get(attr_key(source), SIDE), now)
+            elif found is None and added is not None:
+                self._folder_changed(t, where, folder[3], self._now(), since=added)
 
         self._write(run)
 
     def unlink(self, key: str) -> None:
         """Remove the file or symlink at ``key`` (EISDIR for a folder)."""
 
+        where = key.rpartition("/")[0]
+
         def run(t: Txn) -> None:
-            found = self._probe(t, key)
+            found, folder = self._probe_many(t, [key, where])
             if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
             if found[0] == DIR:
@@ -257,25 +247,29 @@ class Tree(Listings, Lookups):
                 t.delete(entry_key(key), SIDE)
             t.delete(attr_key(key), SIDE)
             self._keep_parent(t, key)
+            self._folder_changed(t, where, folder[3] if folder else None, self._now())
 
         self._write(run)
 
     def rmdir(self, key: str) -> None:
         """Remove the empty folder at ``key`` (ENOTEMPTY, ENOTDIR, ENOENT as POSIX says)."""
 
+        if not key:
+            raise FsError(errno.EBUSY, "the root folder")
+        where = key.rpartition("/")[0]
+
         def run(t: Txn) -> None:
-            found = self._probe(t, key)
+            found, folder = self._probe_many(t, [key, where])
             if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
             if found[0] != DIR:
                 raise FsError(errno.ENOTDIR, key)
-            if not key:
-                raise FsError(errno.EBUSY, "the root folder")
             if self._has_children(t, key):
                 raise FsError(errno.ENOTEMPTY, key, quiet=True)
             t.delete(entry_key(key), SIDE)
             t.delete(attr_key(key), SIDE)
             self._keep_parent(t, key)
+            self._folder_changed(t, where, folder[3] if folder else None, self._now())
 
         self._write(run)
 
@@ -362,10 +356,14 @@ class Tree(Listings, Lookups):
         if dst.startswith(src + "/") or (flags & RENAME_EXCHANGE and src.startswith(dst + "/")):
             raise FsError(errno.EINVAL, f"cannot move {src} into itself")
 
+        self.check_length(dst)
+        here, there = src.rpartition("/")[0], dst.rpartition("/")[0]
+
         def run(t: Txn) -> None:
-            s, d, parent = self._probe_many(t, [src, dst, dst.rpartition("/")[0]])
+            s, d, parent, source = self._probe_many(t, [src, dst, there, here])
             if s is None:
                 raise FsError(errno.ENOENT, src, quiet=True)
+            now = self._now()
             if flags & RENAME_EXCHANGE:
                 if d is None:
                     raise FsError(errno.ENOENT, dst, quiet=True)
@@ -374,6 +372,7 @@ class Tree(Listings, Lookups):
                 self._remove(t, b)
                 self._place(t, a, src, dst)
                 self._place(t, b, dst, src)
+                self._folders_changed(t, (here, source), (there, parent), now)
                 return
             if d is not None:
                 if flags & RENAME_NOREPLACE:
@@ -392,6 +391,10 @@ class Tree(Listings, Lookups):
             self._remove(t, records)
             self._place(t, records, src, dst)
             self._keep_parent(t, src)
+            moved = (Attrs.unpack(s[3]) if s[3] is not None else None) or self.default_attrs(s[0])
+            moved.ctime = now  # as Linux's filesystems do: the node changed
+            t.put(attr_key(dst), moved.with_type(s[0]).pack(), SIDE)
+            self._folders_changed(t, (here, source), (there, parent), now)
 
         self._write(run)
 
@@ -399,6 +402,8 @@ class Tree(Listings, Lookups):
         """``link(src, dst)``: a new file ``dst`` with the content of ``src``; EEXIST, atomically,
         when ``dst`` exists (zarr-python 3 creates metadata this way). A key/value store has no
         hard links, so this is a copy that is taken in one transaction."""
+
+        self.check_length(dst)
 
         def run(t: Txn) -> None:
             s, d, parent = self._probe_many(t, [src, dst, dst.rpartition("/")[0]])
@@ -412,6 +417,7 @@ class Tree(Listings, Lookups):
             self.hooks.check_name(t, dst, s[0])
             records = [r for r in self._subtree(t, src) if r[1] in (src, entry_key(src), attr_key(src))]
             self._place(t, records, src, dst)
+            self._folder_changed(t, dst.rpartition("/")[0], parent[3], self._now())
 
         self._write(run)
 
@@ -431,3 +437,4 @@ class Tree(Listings, Lookups):
             "f_favail": 1 << 31,
             "f_namemax": 255,
         }
+
