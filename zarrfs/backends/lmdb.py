@@ -243,8 +243,10 @@ class LMDBTxn(Txn):
             env = self._driver.side_env(create=self._write)
             if env is None:
                 return None
-            with _translated(self._driver.path):
+            try:  # not _translated: a context manager costs more than the begin (hot path)
                 self._side = env.begin(write=self._write, buffers=True)
+            except lmdb.Error as exc:
+                raise _translate(exc, self._driver.path) from exc
         return self._side
 
     def _key(self, key: str) -> bytes:

@@ -69,11 +69,14 @@ class Entries:
         """A name was added to or removed from ``folder`` (attribute record ``raw``): its mtime
         and ctime become ``now``. With ``since`` (a file made then, stored only now), not when
         the folder changed after that: a ``touch`` of the folder in between stands."""
-        attrs = (Attrs.unpack(raw) if raw is not None else None) or self.default_attrs(DIR)
-        if since is not None and attrs.ctime > since:
+        attrs = Attrs.unpack(raw) if raw is not None else None
+        if attrs is None:
+            attrs = self.default_attrs(DIR)
+        elif since is not None and attrs.ctime > since:
             return
         attrs.mtime = attrs.ctime = now
-        t.put(attr_key(folder), attrs.with_type(DIR).pack(), SIDE)
+        attrs.mode = DIR | stat.S_IMODE(attrs.mode)
+        t.put(attr_key(folder), attrs.pack(), SIDE)
 
     def _make(self, key: str, kind: int, mode: int, mark: bytes, uid: int | None, gid: int | None) -> None:
         """Make a side entry (folder, symlink, special file) at ``key``, owned by ``uid``/``gid``
