@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import json
 import os
 import shutil
 import socket
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from mounting import needs_fuse
+from mounting import needs_fuse, zarrfs
 
 from zarrfs.backends import open_driver
 
@@ -94,6 +95,8 @@ def test_special_files_are_side_entries_that_stat_list_rename_and_persist(db_url
     assert os.read(r, 100) == b"through the pipe"
     os.close(w)
     os.close(r)
+    served = json.loads(zarrfs("status", str(m.path), "--json").stdout)["requests"]
+    assert "open" not in served and "read" not in served, served
     os.chmod(m.path / "fifo", 0o604)
     os.chown(m.path / "chr", 12, 34)
     os.mkdir(m.path / "d")
