@@ -22,6 +22,8 @@ from __future__ import annotations
 import errno
 import os
 import random
+import stat
+import time
 
 import pytest
 
@@ -304,6 +306,41 @@ class FilesystemConformance:
             tree.driver.close()  # and after a remount
             tree = Tree(open_driver(driver_url), uid=1000, gid=1000)
         tree.driver.close()
+
+    def test_special_files_are_side_entries_listed_and_looked_up(self, tree):
+        tree.mkdir("a", 0o2775, 5, 6)  # setgid: its group passes on
+        tree.mknod("a/c", stat.S_IFCHR | 0o600, os.makedev(1, 3), 7, 8)
+        tree.mknod("a/p", stat.S_IFIFO | 0o644, 0, 7, 8)
+        assert names(tree, "a") == [("c", stat.S_IFCHR), ("p", stat.S_IFIFO)]
+        nodes = tree.folder_nodes("a", 100)
+        for node in (nodes["c"], tree.find("a/c")):
+            assert (node.kind, node.rdev, node.size, node.attrs.uid, node.attrs.gid) == (
+                stat.S_IFCHR,
+                os.makedev(1, 3),
+                0,
+                7,
+                6,
+            )
+        assert tree.driver.transact(lambda t: list(t.scan_prefix("")), write=False) == []
+        assert errno_of(lambda: tree.mknod("a/d", stat.S_IFDIR | 0o755)) == errno.EINVAL
+
+    def test_a_name_added_or_removed_changes_its_folder(self, tree):
+        tree.mkdir("d", 0o755)
+        stamps = []
+        for change in (
+            lambda: tree.mkdir("d/s", 0o755),
+            lambda: tree.symlink("x", "d/l"),
+            lambda: tree.rename("d/l", "d/m"),
+            lambda: tree.unlink("d/m"),
+            lambda: tree.rmdir("d/s"),
+            lambda: tree.commit("d/f", b"1", None, create=True, added=time.time_ns()),
+        ):
+            change()
+            stamps.append(tree.find("d").attrs.mtime)
+        assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps)
+        tree.set_attrs("d", mtime=1)  # after the file below was made: its commit leaves it
+        tree.commit("d/g", b"1", None, create=True, added=time.time_ns() - 10**9)
+        assert tree.find("d").attrs.mtime == 1
 
     def test_unstored_files_are_listed_once(self, tree):
         """Files created through the mount and not stored yet come after the stored entries;
