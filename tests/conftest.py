@@ -134,7 +134,7 @@ def zarr2_python() -> str:
 
 # --- mounts: real FUSE mounts through the zarrfs command line (tests/mounting.py) --------------
 
-from mounting import db_url, fuse_required, mount_factory, mounted  # noqa: E402,F401
+from mounting import db_url, fuse_required, mount_factory, mounted, zarr2_db_url  # noqa: E402,F401
 
 # --- the FUSE session without a mount: make_ops, make_wire, wire (tests/session_wire.py) -------
 from session_wire import make_ops, make_wire, wire  # noqa: E402,F401

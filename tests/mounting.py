@@ -105,7 +105,7 @@ class Mount:
         self.stop()
 
 
-DRIVERS = ["lmdb", "sqlite", "redis"]
+DRIVERS = ["lmdb", "sqlite", "redis", "postgres"]
 
 
 def make_url(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
@@ -118,12 +118,20 @@ def make_url(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
         base = request.getfixturevalue("redis_url")
         sep = "&" if "?" in base else "?"
         return f"{base}{sep}prefix=t{uuid.uuid4().hex[:12]}"
+    if kind == "postgres":
+        return request.getfixturevalue("postgres_server").url(table=f"t{uuid.uuid4().hex[:12]}")
     raise ValueError(kind)
 
 
 @pytest.fixture(params=DRIVERS)
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh database URL, once per driver."""
+    return make_url(request.param, tmp_path, request)
+
+
+@pytest.fixture(params=["lmdb", "sqlite", "redis"])
+def zarr2_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database URL of each driver that zarr-python 2 has a store class for."""
     return make_url(request.param, tmp_path, request)
 
 

@@ -482,15 +482,17 @@ print(json.dumps(out))
 
 
 @pytest.mark.slow
-def test_database_written_by_zarr2_store_classes_mounts(db_url, mount_factory, zarr2_python, tmp_path):
+def test_database_written_by_zarr2_store_classes_mounts(
+    zarr2_db_url, mount_factory, zarr2_python, tmp_path
+):
     data = sample_data()
     npz = tmp_path / "data.npz"
     np.savez(npz, **data)
-    kind, where = db_location(db_url)
+    kind, where = db_location(zarr2_db_url)
     keys = json.loads(run_zarr2(zarr2_python, ZARR2_WRITE_DB, kind, where, str(npz)))
     assert "sub/u1/2/1/1" in keys and "f8/.zarray" in keys
 
-    m = mount_factory(db_url)  # the database exists: no -o create
+    m = mount_factory(zarr2_db_url)  # the database exists: no -o create
     root = m.path
     assert files_under(root) == set(keys)  # one file per key, and nothing else
     g = zarr.open_group(root, mode="r")
@@ -509,12 +511,12 @@ def test_database_written_by_zarr2_store_classes_mounts(db_url, mount_factory, z
 
 @pytest.mark.slow
 def test_hierarchy_written_through_mount_opens_with_zarr2_store_classes(
-    db_url, mount_factory, zarr2_python, tmp_path
+    zarr2_db_url, mount_factory, zarr2_python, tmp_path
 ):
     data = sample_data()
     npz = tmp_path / "data.npz"
     np.savez(npz, **data)
-    m = mount_factory(db_url, ["create"])
+    m = mount_factory(zarr2_db_url, ["create"])
     g = zarr.open_group(m.path, mode="a", zarr_format=2, attributes={"title": "through the mount"})
     g.create_array("f8", data=data["f8"], chunks=(5, 4), fill_value=np.nan)
     g.create_array("i4", data=data["i4"], chunks=(10,), compressors=numcodecs.Blosc(cname="lz4"))
@@ -531,7 +533,7 @@ def test_hierarchy_written_through_mount_opens_with_zarr2_store_classes(
     keys = files_under(m.path)
     m.stop()
 
-    kind, where = db_location(db_url)
+    kind, where = db_location(zarr2_db_url)
     out = json.loads(run_zarr2(zarr2_python, ZARR2_READ_DB, kind, where, str(npz)))
     assert set(out["keys"]) == keys
     assert not any(k.startswith(("gone/0", "gone/1", "empty-folder")) for k in out["keys"])

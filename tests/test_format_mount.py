@@ -658,8 +658,8 @@ def assert_mount_shows(path: Path, want: bytes) -> None:
 
 def sibling_url(url: str) -> str:
     """Another fresh database of the same kind as ``url``."""
-    if url.startswith("redis"):
-        return url + "x"  # the key prefix is the last query parameter
+    if url.startswith(("redis", "postgres")):
+        return url + "x"  # the key prefix or table name is the last query parameter
     return url.replace("/db.", "/db2.")
 
 

@@ -13,10 +13,10 @@ from mounting import needs_fuse
 
 from zarrfs.backends import open_driver
 from zarrfs.cli import _daemon_pids
-from zarrfs.daemon import MountOptions, UsageError, parse_options
 from zarrfs.fuse.channel import option_string
 from zarrfs.fuse.loop import DEFAULT_SPIN_US
 from zarrfs.fuse.tuning import DEFAULT_READAHEAD_KIB, keep_freed_memory, mount_device
+from zarrfs.options import MountOptions, UsageError, parse_options
 from zarrfs.spin import next_window
 
 

@@ -329,3 +329,28 @@ def test_folders_named_as_prefixes_of_their_siblings_are_listed_once(mounted, mo
     again = mount_factory(mounted.url, [], name="again")
     assert sorted(os.listdir(again.path / "g")) == expected
     assert sorted(zarr.open_group(again.path / "g", mode="r").group_keys()) == sorted(names)
+
+
+def test_a_held_temporary_file_reopened_and_unlinked_stays_usable(mounted):
+    """A closed ``*.partial`` is held by the daemon until its rename; opened again and then
+    unlinked, its open descriptor goes on working, as an unlinked file's does."""
+    p = mounted.path / "a.partial"
+    p.write_bytes(b"abc")
+    fd = os.open(p, os.O_RDWR)
+    try:
+        os.unlink(p)
+        os.ftruncate(fd, 10)
+        assert os.pwrite(fd, b"xy", 1) == 2
+        assert os.pread(fd, 20, 0) == b"axy" + bytes(7)
+    finally:
+        os.close(fd)
+    assert not p.exists() and "a.partial" not in os.listdir(mounted.path)
+
+
+def test_a_held_temporary_file_renamed_onto_a_symlink_replaces_it(mounted):
+    root = mounted.path
+    os.symlink("nowhere", root / "u")
+    (root / "c.partial").write_bytes(b"abc")
+    os.rename(root / "c.partial", root / "u")
+    assert not os.path.islink(root / "u") and (root / "u").read_bytes() == b"abc"
+    assert sorted(os.listdir(root)) == ["u"]

@@ -22,7 +22,7 @@ from mounting import make_url, needs_fuse
 from zarrfs.backends import open_driver
 from zarrfs.cli import _daemon_pids
 from zarrfs.control import socket_path
-from zarrfs.daemon import default_log_file
+from zarrfs.logs import default_log_file
 
 pytestmark = needs_fuse
 

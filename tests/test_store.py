@@ -62,6 +62,12 @@ class TestSQLite(_DatabaseStoreTests):
         return {"url": f"sqlite://{tmp_path}/db.sqlite"}
 
 
+class TestPostgres(_DatabaseStoreTests):
+    @pytest.fixture
+    def store_kwargs(self, postgres_server) -> dict:
+        return {"url": postgres_server.url(table=f"s{uuid.uuid4().hex[:12]}")}
+
+
 class TestRedis(_DatabaseStoreTests):
     @pytest.fixture
     def store_kwargs(self, redis_url) -> dict:

@@ -21,85 +21,16 @@ import time
 
 from zarrfs import __version__
 from zarrfs.backends.base import BackendError
-from zarrfs.daemon import (
-    PASSWORD_ENV,
-    MountFailure,
-    UsageError,
-    open_database,
-    parse_options,
-    redis_secret,
-    resolve_url,
-    serve,
-    setup_logging,
-    shown_url,
-    url_password,
-)
+from zarrfs.daemon import open_database, serve
 from zarrfs.fuse.channel import MountError
+from zarrfs.helptext import DESCRIPTION, EXIT_HELP, OPTIONS_HELP, URLS_HELP
+from zarrfs.logs import setup_logging
+from zarrfs.options import UsageError, parse_options
+from zarrfs.urls import PASSWORD_ENV, MountFailure, redis_secret, resolve_url, shown_url, url_password
 
 READY = b"ready\n"
 START_TIMEOUT = 60.0
 COMMANDS = ("mount", "umount", "status", "check", "copy", "reindex")
-
-DESCRIPTION = (
-    "Mount a key/value database (LMDB, SQLite, Redis) as a folder that behaves like a Zarr "
-    "DirectoryStore."
-)
-
-URLS_HELP = """\
-database URLs:
-  lmdb:///abs/path/db.lmdb    LMDB (the default: a bare path is an LMDB path too)
-  sqlite:///abs/path/db.sqlite
-                              SQLite
-  redis://[user[:password]@]host:port/db?prefix=zarr
-                              Redis over TCP (rediss://... over TLS)
-  unix:///path/redis.sock?db=0&prefix=zarr
-                              Redis over a unix socket
-  memory://name               in-process, for tests
-  Relative paths are resolved against the current folder. A Redis password may also come
-  from ?password_file=PATH or the environment variable ZARRFS_PASSWORD (else REDISCLI_AUTH,
-  as redis-cli reads it); it never shows in ps, the mount table, the logs or zarrfs status.
-"""
-
-OPTIONS_HELP = """\
-mount options (-o OPT[,OPT...]):
-  ro, rw                      read-only (writes fail with EROFS) or read-write (default)
-  create                      create the database if it does not exist
-  validate=strict|warn|off    Zarr metadata and chunk-key checks on commit (strict)
-  view=raw|decoded            decoded: chunks show as their decoded bytes (raw)
-  consolidate=auto|live|off   keep consolidated metadata in step (auto)
-  cache_timeout=SECONDS       kernel entry/attribute/negative cache lifetime (1); or
-  entry_timeout=, attr_timeout=, negative_timeout=   one of them alone
-  dir_cache=SECONDS           lifetime of a busy folder's snapshot (cache_timeout; 0 = off)
-  spill=BYTES                 an open file's buffer size before it spills to disk (64 MiB)
-  spin=MICROSECONDS           request loop polling before it sleeps (200; 0 = never)
-  readahead=KiB               kernel read-ahead of the mount (1024; 0 = leave it)
-  uid=N, gid=N                owner shown for files and folders with none recorded
-                              (default: the user who mounts)
-  umask=OCTAL                 permission bits removed from files and folders with no
-                              recorded mode (022)
-  allow_other                 let every user in; turns on default_permissions
-  allow_root                  let root in besides the owner; turns on default_permissions
-  no_default_permissions      with allow_other/allow_root: no permission checks by the kernel
-  default_permissions, fsname=, subtype=, auto_unmount, noexec, exec, nosuid, nodev,
-  noatime, nodiratime, sync, async, dirsync, max_read=, blksize=, context=..., debug
-                              handed to libfuse
-  defaults, _netdev, auto, noauto, user, users, nouser, owner, group, nofail, dev, suid,
-  atime, relatime, x-*, comment=
-                              ignored (fstab and mount(8) options; the mount is always
-                              nodev,nosuid)
-"""
-
-EXIT_HELP = """\
-exit status:
-  0  success
-  1  failure: the database, the mountpoint or the mount (missing, busy, refused, not
-     mounted, unreachable); check: problems found
-  2  usage: unknown command or option, missing argument, bad option value
-
-/etc/fstab:  URL  MOUNTPOINT  fuse.zarrfs  defaults,_netdev[,opts]  0  0
-  (mount.fuse3 runs "zarrfs URL MOUNTPOINT -o OPTS", which is "zarrfs mount ...")
-"""
-
 
 def _fail(message: str, status: int = 1) -> int:
     print(f"zarrfs: {message}", file=sys.stderr)
@@ -360,26 +291,9 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def _counts(figures: dict[str, int] | None) -> str:
-    if figures is None:
-        return "not counted by this daemon"
-    if not figures:
-        return "none"
-    ordered = sorted(figures.items(), key=lambda kv: (-kv[1], kv[0]))
-    return ", ".join(f"{name} {count}" for name, count in ordered)
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     """``zarrfs status [MOUNTPOINT]``: the zarrfs mounts, or one mount's live figures."""
-    from zarrfs.control import query
+    from zarrfs.control import query, render_status
 
     mounts = [(mp, source, options) for mp, fstype, source, options in _mounts() if fstype == "fuse.zarrfs"]
     if args.mountpoint is None:
@@ -404,31 +318,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
-    db = doc.get("database") or {}
-    if "bytes" in db:
-        size = f"{_size(db['bytes'])} ({_size(db['disk_bytes'])} on disk)"
-    elif "keys" in db:
-        size = f"{db['keys']} Redis keys, {_size(db.get('used_memory') or 0)} used by the server"
-    else:
-        size = db.get("error", "size unknown")
-    cache = doc.get("folder_snapshots")
-    snapshots = (
-        "off"
-        if cache is None
-        else f"{cache['held']} held, {cache['built']} built (lifetime {cache['lifetime']:g} s)"
-    )
-    mode = "read-only" if doc["readonly"] else "read-write"
-    rows = [
-        ("mountpoint", doc["mountpoint"]),
-        ("database", f"{doc['url']}: {size}"),
-        ("daemon", f"pid {doc['pid']}, up {doc['uptime']:g} s, {mode}"),
-        ("open files", str(doc["open_files"])),
-        ("snapshots", snapshots),
-        ("requests", _counts(doc.get("requests"))),
-        ("errors", _counts(doc.get("errors"))),
-    ]
-    for name, value in rows:
-        print(f"{name:<11} {value}")
+    print(render_status(doc))
     return 0
 
 
@@ -452,7 +342,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_copy(args: argparse.Namespace) -> int:
-    """``zarrfs copy SOURCE DEST``: folder -> database, database -> folder or database."""
+    """``zarrfs copy SOURCE DEST``: between folders and databases, key for key."""
+    from zarrfs.control import size_text
     from zarrfs.tools.copy import CopyError, copy
 
     progress = args.progress if args.progress is not None else sys.stderr.isatty()
@@ -461,10 +352,19 @@ def cmd_copy(args: argparse.Namespace) -> int:
         dest = args.dest if "://" in args.dest else os.path.abspath(args.dest)
         source = redis_secret(resolve_url(source)) if "://" in source else source
         dest = redis_secret(resolve_url(dest)) if "://" in dest else dest
-        count, size = copy(source, dest, progress=progress, validate=args.validate)
+        done = copy(
+            source,
+            dest,
+            if_exists=args.if_exists,
+            dry_run=args.dry_run,
+            progress=progress and not args.dry_run,
+            validate=args.validate,
+        )
     except (UsageError, MountFailure, CopyError, BackendError, OSError, ValueError) as exc:
         return _fail(str(exc), _status_of(exc))
-    print(f"copied {count} keys ({_size(size)})", file=sys.stderr)
+    verb = "would copy" if args.dry_run else "copied"
+    skipped = f", skipped {done.skipped} that exist there" if done.skipped else ""
+    print(f"{verb} {done.keys} keys ({size_text(done.bytes)}){skipped}", file=sys.stderr)
     return 0
 
 
@@ -550,6 +450,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--progress", action=argparse.BooleanOptionalAction, default=None,
         help="show a progress bar (default: when stderr is a terminal)",
     )
+    copy.add_argument(
+        "--if-exists", choices=("replace", "skip", "raise"), default="replace",
+        help="keys the destination has: overwrite them (default), keep them, or copy nothing (raise)",
+    )
+    copy.add_argument("--dry-run", action="store_true", help="say what would be copied; write nothing")
     copy.add_argument(
         "--validate", action="store_true",
         help="check the Zarr metadata and chunk keys of what is copied first; copy nothing if one is wrong",

@@ -33,7 +33,7 @@ def runtime_folder() -> str:
 
 def socket_path(mountpoint: str) -> str:
     """The status socket of the mount at ``mountpoint`` (an absolute, resolved path)."""
-    from zarrfs.daemon import escape_path
+    from zarrfs.logs import escape_path
 
     folder = runtime_folder()
     path = os.path.join(folder, escape_path(mountpoint) + ".sock")
@@ -63,9 +63,9 @@ def _copy(mapping: Any) -> dict[str, Any]:
     return {}
 
 
-def database_size(url: str, driver: Any) -> dict[str, Any]:
+def databasesize_text(url: str, driver: Any) -> dict[str, Any]:
     """What the database holds: bytes on disk for a file database, keys and memory for Redis."""
-    from zarrfs.daemon import database_path
+    from zarrfs.urls import database_path
 
     path = database_path(url)
     if path is not None:
@@ -152,7 +152,7 @@ class ControlServer:
                 "built": cache.builds,
                 "lifetime": cache.ttl,
             },
-            "database": database_size(self.url, self.driver),
+            "database": databasesize_text(self.url, self.driver),
         }
 
     def _serve(self) -> None:
@@ -179,3 +179,49 @@ class ControlServer:
         except OSError:
             pass
         self.sock.close()
+
+
+def size_text(n: float) -> str:
+    """A byte count for people: ``3.1 MiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _counts(figures: dict[str, int] | None) -> str:
+    if figures is None:
+        return "not counted by this daemon"
+    if not figures:
+        return "none"
+    ordered = sorted(figures.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{name} {count}" for name, count in ordered)
+
+
+def render_status(doc: dict) -> str:
+    """The lines ``zarrfs status MOUNTPOINT`` prints for a daemon's answer ``doc``."""
+    db = doc.get("database") or {}
+    if "bytes" in db:
+        size = f"{size_text(db['bytes'])} ({size_text(db['disk_bytes'])} on disk)"
+    elif "keys" in db:
+        size = f"{db['keys']} Redis keys, {size_text(db.get('used_memory') or 0)} used by the server"
+    else:
+        size = db.get("error", "size unknown")
+    cache = doc.get("folder_snapshots")
+    snapshots = (
+        "off"
+        if cache is None
+        else f"{cache['held']} held, {cache['built']} built (lifetime {cache['lifetime']:g} s)"
+    )
+    mode = "read-only" if doc["readonly"] else "read-write"
+    rows = [
+        ("mountpoint", doc["mountpoint"]),
+        ("database", f"{doc['url']}: {size}"),
+        ("daemon", f"pid {doc['pid']}, up {doc['uptime']:g} s, {mode}"),
+        ("open files", str(doc["open_files"])),
+        ("snapshots", snapshots),
+        ("requests", _counts(doc.get("requests"))),
+        ("errors", _counts(doc.get("errors"))),
+    ]
+    return "\n".join(f"{name:<11} {value}" for name, value in rows)

@@ -1,4 +1,9 @@
-"""Rate-limited log lines: a burst of the same failure (every request of a mount while its
+"""Where the daemon logs, and rate-limited lines.
+
+A background daemon logs to ``--log-file``, else syslog, else a file named after its
+mountpoint (:func:`default_log_file`); SIGHUP reopens the file (:func:`reopen_logs`).
+
+Rate-limited lines: a burst of the same failure (every request of a mount while its
 database is down) becomes a few lines and a count, not hundreds of lines.
 
 A line's kind is its logger, level and format string (``record.msg`` before the arguments are
@@ -11,10 +16,16 @@ one line saying how many were left out, quoting the last of them.
 from __future__ import annotations
 
 import logging
+import logging.handlers
+import os
+import sys
 import threading
 import time
 
-__all__ = ["RepeatFilter"]
+log = logging.getLogger("zarrfs")
+
+#: The filter of the handler set up by :func:`setup_logging` (flushed at unmount).
+repeats: RepeatFilter | None = None
 
 
 class _Kind:
@@ -108,3 +119,102 @@ class RepeatFilter(logging.Filter):
 
 class _Summary(logging.LogRecord):
     """The "left out" line of a kind, which :class:`RepeatFilter` always lets through."""
+
+
+
+def escape_path(path: str) -> str:
+    """A file name for ``path``, as ``systemd-escape --path`` makes it (``/mnt/a-b`` ->
+    ``mnt-a\\x2db``; ``/`` -> ``-``)."""
+    trimmed = os.path.normpath(path).strip("/")
+    if not trimmed:
+        return "-"
+    out = []
+    for i, ch in enumerate(trimmed):
+        if ch == "/":
+            out.append("-")
+        elif ch.isalnum() and ch.isascii() or ch in "_:" or (ch == "." and i > 0):
+            out.append(ch)
+        else:
+            out.extend(f"\\x{b:02x}" for b in ch.encode())
+    return "".join(out)
+
+
+def state_folder() -> str:
+    """Where a background daemon keeps its log when there is no syslog: ``/var/log/zarrfs``
+    for root, ``$XDG_STATE_HOME/zarrfs`` (``~/.local/state/zarrfs``) for a user."""
+    if os.geteuid() == 0:
+        return "/var/log/zarrfs"
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "zarrfs")
+
+
+def default_log_file(mountpoint: str) -> str:
+    """The log file of a background mount without syslog."""
+    return os.path.join(state_folder(), escape_path(mountpoint) + ".log")
+
+
+class ReopenableFileHandler(logging.FileHandler):
+    """A log file that is opened again, by name, before the first line after SIGHUP (so
+    logrotate can move it away)."""
+
+    reopen = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.reopen:
+            self.reopen = False
+            if self.stream is not None:
+                stream, self.stream = self.stream, None
+                stream.close()
+        super().emit(record)
+
+
+def reopen_logs() -> None:
+    """SIGHUP: reopen the log file before the next line; say so in the new file."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, ReopenableFileHandler):
+            handler.reopen = True
+            log.info("log file reopened (SIGHUP)")
+
+
+def _syslog() -> logging.Handler | None:
+    if not os.path.exists("/dev/log"):
+        return None
+    try:
+        return logging.handlers.SysLogHandler(address="/dev/log")
+    except OSError:  # a socket nobody listens on
+        return None
+
+
+def setup_logging(level: str, log_file: str | None, foreground: bool, mountpoint: str | None = None) -> str:
+    """Log to ``log_file``, else stderr in the foreground, else syslog, else the default log
+    file of ``mountpoint`` (:func:`default_log_file`). Returns where the log goes."""
+    handler: logging.Handler | None = None
+    where = ""
+    if not log_file and not foreground:
+        handler = _syslog()
+        where = "syslog"
+        if handler is None and mountpoint is not None:
+            log_file = default_log_file(mountpoint)
+            try:
+                os.makedirs(os.path.dirname(log_file), mode=0o700, exist_ok=True)
+            except OSError:
+                log_file = None
+    if handler is None and log_file:
+        try:
+            handler, where = ReopenableFileHandler(log_file), log_file
+        except OSError:
+            handler = None
+    if handler is None:
+        handler = logging.StreamHandler(sys.stderr) if foreground else logging.NullHandler()
+        where = "stderr" if foreground else ""
+    handler.setFormatter(logging.Formatter("%(asctime)s zarrfs[%(process)d] %(levelname)s %(message)s"))
+    global repeats
+    repeats = None
+    if getattr(logging, level.upper(), logging.INFO) > logging.DEBUG:
+        # At debug level every line is asked for; otherwise a burst becomes a count.
+        repeats = RepeatFilter()
+        repeats.attach(handler)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    return where

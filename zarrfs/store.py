@@ -37,8 +37,19 @@ from zarr.abc.store import (
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
 from zarrfs.backends import open_driver
-from zarrfs.backends.base import DATA, KEYS, SIDE, SIZES, Driver, Txn, UnavailableError, prefix_stop
+from zarrfs.backends.base import (
+    DATA,
+    KEYS,
+    SIDE,
+    SIZES,
+    Driver,
+    MissingDatabaseError,
+    Txn,
+    UnavailableError,
+    prefix_stop,
+)
 from zarrfs.backends.registry import normalize_url
+from zarrfs.fs.hardlinks import POINTER, pointer_key
 from zarrfs.fs.sidedata import ATTR, ENTRY, Attrs, attr_key
 
 __all__ = ["DatabaseStore"]
@@ -120,11 +131,14 @@ class DatabaseStore(Store):
     def _open_driver(self) -> Driver:
         try:
             return open_driver(self.url, readonly=self.read_only)
-        except UnavailableError:
-            # A read-only store of a file database that does not exist is an empty store, as
-            # a read-only LocalStore of a missing folder is; nothing is created.
+        except UnavailableError as exc:
+            # A read-only store of a database that does not exist is an empty store, as a
+            # read-only LocalStore of a missing folder is; nothing is created.
             scheme, url = normalize_url(self.url)
-            if self.read_only and scheme in ("lmdb", "sqlite") and not os.path.exists(urlsplit(url).path):
+            missing = isinstance(exc, MissingDatabaseError) or (
+                scheme in ("lmdb", "sqlite") and not os.path.exists(urlsplit(url).path)
+            )
+            if self.read_only and missing:
                 return open_driver("memory://", readonly=True)
             raise
 
@@ -239,6 +253,7 @@ class DatabaseStore(Store):
         def run(t: Txn) -> None:
             t.delete(key)
             t.delete(attr_key(key), SIDE)
+            t.delete(pointer_key(key), SIDE)  # no longer a name of a file with hard links
 
         self._write(run)
 
@@ -252,7 +267,8 @@ class DatabaseStore(Store):
         below = prefix + "/" if prefix else ""
 
         def run(t: Txn) -> None:
-            for space, start in ((DATA, below), (SIDE, ATTR + below), (SIDE, ENTRY + below)):
+            side = [(SIDE, prefix + below) for prefix in (ATTR, ENTRY, POINTER)]
+            for space, start in [(DATA, below), *side]:
                 doomed = [k for k, _ in t.scan(start, prefix_stop(start), space=space)]
                 for k in doomed:
                     t.delete(k, space)

@@ -3,7 +3,22 @@
 ``open_driver(url)`` picks a driver by the URL's scheme; see ``registry`` and ``base``.
 """
 
-from .base import DATA, KEYS, SIDE, SIZES, VALUES, Driver, Txn
+from .base import DATA, KEYS, SIDE, SIZES, VALUES, Driver, Fetch, Get, HasPrefix, Size, Space, Txn
 from .registry import open_driver, register
 
-__all__ = ["DATA", "SIDE", "KEYS", "SIZES", "VALUES", "Driver", "Txn", "open_driver", "register"]
+__all__ = [
+    "DATA",
+    "SIDE",
+    "KEYS",
+    "SIZES",
+    "VALUES",
+    "Driver",
+    "Fetch",
+    "Get",
+    "HasPrefix",
+    "Size",
+    "Space",
+    "Txn",
+    "open_driver",
+    "register",
+]

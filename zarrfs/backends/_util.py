@@ -1,68 +1,15 @@
-"""Small helpers shared by the drivers (value buffers, key decoding, buffered-write merging)."""
+"""Small helpers shared by the drivers (URL options, buffered-write merging, file space)."""
 
 from __future__ import annotations
 
 import ctypes
 import errno
-import logging
 import os
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from .base import BackendError, InvalidKeyError
-
-log = logging.getLogger("zarrfs.backends")
-
-
-def as_buffer(value: Any) -> bytes | memoryview:
-    """Return ``value`` as ``bytes`` or a flat byte ``memoryview``, copying only when the object
-    is not contiguous (an ``mmap`` of a spill file stays uncopied)."""
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        # str has no buffer protocol, but a clear message beats memoryview's TypeError.
-        raise TypeError("values must be bytes-like, not str")
-    view = memoryview(value)
-    if view.format == "B" and view.ndim == 1 and view.contiguous:
-        return view
-    if view.c_contiguous:
-        return view.cast("B")
-    return view.tobytes()
-
-
-def decode_key(raw: bytes, where: str) -> str | None:
-    """Return the ``str`` of a key read from the database, or ``None`` (and a warning) when its
-    bytes are not UTF-8: such a key can be neither a Zarr key nor addressed through the API."""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        log.warning("%s: skipping key %r, which is not valid UTF-8", where, raw)
-        return None
-
-
-def is_utf8(raw: bytes) -> bool:
-    """Whether ``raw`` decodes as UTF-8 (a key the API can address)."""
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
-def encode_bound(bound: str | None) -> bytes | None:
-    """Encode a scan bound; ``""`` is a valid bound (unlike a key), ``None`` means unbounded."""
-    if bound is None:
-        return None
-    try:
-        return bound.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidKeyError(f"scan bound {bound!r} is not valid UTF-8") from exc
-
-
-def empty_range(start: bytes, stop: bytes | None, limit: int | None) -> bool:
-    """Return whether a scan of ``[start, stop)`` with ``limit`` can yield nothing at all."""
-    return (stop is not None and stop <= start) or (limit is not None and limit <= 0)
+from .base import BackendError
 
 
 def merge_buffered(
@@ -168,19 +115,24 @@ def statvfs(path: str) -> dict[str, int]:
 
 
 FALLOC_FL_KEEP_SIZE = 1
-PREALLOCATE_MIN = 64 << 20
-PREALLOCATE_MAX = 1 << 30
+PREALLOCATE_MIN = 8 << 20
+PREALLOCATE_MAX = 256 << 20
 
 
 class Preallocator:
     """Keeps disk blocks reserved ahead of the end of a growing database file.
 
-    Extending a file costs its filesystem a block allocation per write: on ext4 here, a commit
-    that appends 2 MiB to an LMDB file took 5.9 ms, and 0.6 ms when the blocks past its end
-    were reserved beforehand (``scripts/bench.py``'s zarr write is made of such commits).
+    Extending a file costs its filesystem a block allocation per write, which on ext4 costs an
+    appending commit several times what the same commit costs into blocks reserved beforehand
+    (``scripts/bench.py``'s zarr write is made of such commits; see docs/performance.md).
     ``fallocate(FALLOC_FL_KEEP_SIZE)`` reserves them without changing the file's size, so the
-    database sees nothing. The reserve is an eighth of the file, 64 MiB to 1 GiB, never more
-    than a quarter of the free space; where the filesystem cannot reserve, nothing is done.
+    database sees nothing. The reserve is an eighth of the file, 8 to 256 MiB, never more than
+    a quarter of the free space; where the filesystem cannot reserve, nothing is done. What is
+    still unused is given back by :meth:`release` (a truncation to the file's own size, which
+frees the blocks past its end), so a database
+    written by another program, such as zarr-python 2's ``LMDBStore``, keeps no more blocks
+    than its own writes took: the caller holds the database's writer lock meanwhile, since the
+    release truncates the file to the size it has, which must not race another writer's growth.
 
     The file stays open from the first reservation until :meth:`close`. Not for SQLite: closing
     any descriptor of a file drops every POSIX lock the process holds on it, and SQLite locks
@@ -218,6 +170,17 @@ class Preallocator:
                 self._fallocate = None  # this filesystem cannot: stop trying
             return  # (no room: the database's own writes will say so)
         self.reserved_to = max(end, self.reserved_to)
+
+    def release(self) -> None:
+        """Give back the unused reserve; the caller holds the database's writer lock (nobody
+        may grow the file meanwhile)."""
+        if self._fd is None or self.reserved_to == 0:
+            return
+        try:
+            os.ftruncate(self._fd, os.fstat(self._fd).st_size)  # the same size: frees the reserve
+            self.reserved_to = 0
+        except OSError:
+            pass  # the blocks stay reserved: only disk space
 
     def close(self) -> None:
         """Close the file (after the database was closed)."""

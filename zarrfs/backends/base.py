@@ -1,11 +1,11 @@
 """The driver interface: the smallest transactional key/value API the filesystem needs.
 
-Contract (every driver honours it; ``tests/test_backends.py`` checks it against each one):
+Contract (every driver honours it; :class:`zarrfs.testing.DriverConformance` checks it):
 
-* Two key spaces. ``DATA`` holds the Zarr keys and their values exactly as zarr-python 2's
-  ``LMDBStore`` / ``SQLiteStore`` / ``RedisStore`` hold them. ``SIDE`` holds the filesystem's
-  bookkeeping (mtimes, modes, empty folders, symlinks) somewhere those classes never list or
-  delete. Side data is advisory: it never makes a Zarr key appear or vanish.
+* Two key spaces, :class:`Space`. ``DATA`` holds the Zarr keys and their values exactly as
+  zarr-python 2's ``LMDBStore`` / ``SQLiteStore`` / ``RedisStore`` hold them. ``SIDE`` holds the
+  filesystem's bookkeeping (mtimes, modes, empty folders, symlinks) somewhere those classes never
+  list or delete. Side data is advisory: it never makes a Zarr key appear or vanish.
 * Keys are ``str``. They are stored as their UTF-8 bytes; a key that cannot be encoded
   (lone surrogates) or is empty raises :class:`InvalidKeyError`, never a mangled key.
   Order is the byte order of the UTF-8 encoding, which equals Python's ``str`` order.
@@ -21,11 +21,21 @@ Contract (every driver honours it; ``tests/test_backends.py`` checks it against 
 * ``scan(start, stop)`` yields ``(key, x)`` pairs for ``start <= key < stop`` in key order,
   where ``x`` is ``None`` (``fetch=KEYS``), the value's size (``SIZES``) or the value
   (``VALUES``). The iterator is valid only inside its transaction.
-* Errors are the exception classes below, so one table (``zarrfs.fs.errors``) maps them to errno.
+* Errors are the exception classes of ``errors`` (importable from here too), so one table
+  (``zarrfs.fs.errors``) maps them to errno.
+
+Layering (the shape of JuiceFS's ``tkv``): the public methods of :class:`Txn` check everything
+once (key, space, write mode, scan bounds, limit, fetch mode, batch requests; the checks and the
+vocabulary live in ``checks``), decode scanned keys, and call the driver's primitives, which
+work on bytes only: ``_get``, ``_put``, ``_delete``, ``_scan``, and optionally ``_size``,
+``_read``, ``_has_prefix`` and ``_read_many`` where the database answers them cheaper than the
+defaults. A driver implements :meth:`Driver._begin`; :meth:`Driver.transact` is the one retry
+loop.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from abc import ABC, abstractmethod
@@ -33,148 +43,285 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
-DATA = "data"
-SIDE = "side"
+from .checks import (
+    DATA,
+    KEYS,
+    READS,
+    SIDE,
+    SIZES,
+    SPACES,
+    VALUES,
+    Fetch,
+    Get,
+    HasPrefix,
+    Read,
+    Size,
+    Space,
+    as_buffer,
+    bytes_stop,
+    check_fetch,
+    check_space,
+    encode_bound,
+    encode_key,
+    legacy_read,
+    prefix_stop,
+)
+from .errors import (
+    BackendError,
+    DriverNotFoundError,
+    InvalidKeyError,
+    KeyTooLongError,
+    MissingDatabaseError,
+    ReadOnlyError,
+    RetryableError,
+    StorageFullError,
+    UnavailableError,
+)
 
-KEYS = "keys"
-SIZES = "sizes"
-VALUES = "values"
+log = logging.getLogger("zarrfs.backends")
 
 T = TypeVar("T")
 
-
-class BackendError(Exception):
-    """Base class of every error a driver raises."""
-
-
-class RetryableError(BackendError):
-    """A conflict or a busy database: running the transaction again may succeed."""
-
-
-class UnavailableError(BackendError):
-    """The database cannot be reached (a dead Redis, a vanished file)."""
-
-
-class StorageFullError(BackendError):
-    """The database has no room left for the write (a full disk, LMDB map or Redis maxmemory)."""
-
-
-class ReadOnlyError(BackendError):
-    """A write was attempted on a driver opened read-only."""
-
-
-class InvalidKeyError(BackendError, ValueError):
-    """A key that the database cannot hold exactly (empty, or not encodable as UTF-8)."""
-
-
-class KeyTooLongError(InvalidKeyError):
-    """A key longer than the database can hold (LMDB's 511 bytes): the path is too long."""
-
-
-class DriverNotFoundError(BackendError, LookupError):
-    """No driver is registered for a URL's scheme, or its dependency is not installed."""
-
-
-def encode_key(key: str) -> bytes:
-    """Return the UTF-8 bytes of ``key``; raise :class:`InvalidKeyError` if it has none."""
-    if not key:
-        raise InvalidKeyError("empty key")
-    try:
-        return key.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidKeyError(f"key {key!r} is not valid UTF-8") from exc
+# The names drivers and callers import from here (defined in .checks and .errors).
+__all__ = [
+    "DATA",
+    "KEYS",
+    "SIDE",
+    "SIZES",
+    "VALUES",
+    "BackendError",
+    "Driver",
+    "DriverNotFoundError",
+    "Fetch",
+    "Get",
+    "HasPrefix",
+    "InvalidKeyError",
+    "KeyTooLongError",
+    "MissingDatabaseError",
+    "Read",
+    "ReadOnlyError",
+    "RetryableError",
+    "Size",
+    "Space",
+    "StorageFullError",
+    "Txn",
+    "UnavailableError",
+    "as_buffer",
+    "bytes_stop",
+    "check_fetch",
+    "check_space",
+    "encode_bound",
+    "encode_key",
+    "prefix_stop",
+]
 
 
-def prefix_stop(prefix: str) -> str | None:
-    """Return the smallest string greater than every string starting with ``prefix``.
-
-    ``scan(prefix, prefix_stop(prefix))`` then yields exactly the keys under ``prefix``;
-    ``None`` means "no upper bound" (an empty prefix).
-    """
-    while prefix:
-        last = prefix[-1]
-        if ord(last) < 0x10FFFF:
-            nxt = chr(ord(last) + 1)
-            if 0xD800 <= ord(nxt) <= 0xDFFF:  # skip the surrogate block, which UTF-8 cannot hold
-                nxt = "\ue000"
-            return prefix[:-1] + nxt
-        prefix = prefix[:-1]
-    return None
+# -- transactions ----------------------------------------------------------------------------------
 
 
 class Txn(ABC):
-    """One transaction: reads see the transaction's own writes; see the module docstring."""
+    """One transaction: reads see the transaction's own writes; see the module docstring.
 
-    @abstractmethod
-    def get(self, key: str, space: str = DATA) -> bytes | None:
+    The public methods check their arguments and call the driver's byte-level primitives (the
+    ``_`` methods), which may then assume a valid ``bytes`` key, a :class:`Space`, a write
+    transaction for writes and a non-empty scan range."""
+
+    def __init__(self, write: bool, where: str, max_key: int | None = None) -> None:
+        #: Whether this transaction may write.
+        self.write = write
+        #: The database, as messages name it.
+        self.where = where
+        #: Longest key in UTF-8 bytes the database holds (None: no limit).
+        self.max_key = max_key
+
+    # -- the public API: checks, then a primitive ---------------------------------------------------
+    # get and size run on every lookup: their checks are inlined (the same as encode_key and
+    # check_space, which they fall back on to raise).
+    def get(self, key: str, space: Space = DATA) -> bytes | None:
         """Return the value of ``key``, or ``None`` when it does not exist."""
+        sp = SPACES.get(space) or check_space(space)
+        try:
+            raw = key.encode("utf-8")
+        except UnicodeEncodeError:
+            raw = b""
+        if not raw or (self.max_key is not None and len(raw) > self.max_key):
+            encode_key(key, self.max_key)  # raises
+        return self._get(raw, sp)
 
-    def size(self, key: str, space: str = DATA) -> int | None:
+    def size(self, key: str, space: Space = DATA) -> int | None:
         """Return the length of the value of ``key`` (``None`` if absent), without fetching it
         where the database allows."""
-        value = self.get(key, space)
-        return None if value is None else len(value)
+        sp = SPACES.get(space) or check_space(space)
+        try:
+            raw = key.encode("utf-8")
+        except UnicodeEncodeError:
+            raw = b""
+        if not raw or (self.max_key is not None and len(raw) > self.max_key):
+            encode_key(key, self.max_key)  # raises
+        return self._size(raw, sp)
 
-    def read(self, key: str, offset: int, length: int, space: str = DATA) -> bytes | None:
+    def read(self, key: str, offset: int, length: int, space: Space = DATA) -> bytes | None:
         """Return ``length`` bytes of the value of ``key`` from ``offset`` (fewer at its end)."""
-        value = self.get(key, space)
-        return None if value is None else bytes(value[offset : offset + length])
+        raw, sp = encode_key(key, self.max_key), check_space(space)
+        if offset < 0:
+            raise ValueError(f"negative offset {offset}")
+        return self._read(raw, offset, max(length, 0), sp)
 
-    @abstractmethod
-    def put(self, key: str, value: Any, space: str = DATA) -> None:
+    def exists(self, key: str, space: Space = DATA) -> bool:
+        """Return whether ``key`` exists."""
+        return self.size(key, space) is not None
+
+    def put(self, key: str, value: Any, space: Space = DATA) -> None:
         """Set ``key`` to the bytes of ``value`` (any buffer-protocol object). The caller
         leaves ``value`` unchanged until the transaction ends: a driver may send it then."""
+        raw, sp = encode_key(key, self.max_key), check_space(space)
+        if not self.write:
+            raise ReadOnlyError("write in a read-only transaction")
+        self._put(raw, as_buffer(value), sp)
 
-    @abstractmethod
-    def delete(self, key: str, space: str = DATA) -> None:
+    def delete(self, key: str, space: Space = DATA) -> None:
         """Remove ``key``; removing a missing key is not an error."""
+        raw, sp = encode_key(key, self.max_key), check_space(space)
+        if not self.write:
+            raise ReadOnlyError("write in a read-only transaction")
+        self._delete(raw, sp)
 
-    @abstractmethod
     def scan(
         self,
         start: str = "",
         stop: str | None = None,
         *,
-        space: str = DATA,
-        fetch: str = KEYS,
+        space: Space = DATA,
+        fetch: Fetch = KEYS,
         limit: int | None = None,
     ) -> Iterator[tuple[str, Any]]:
         """Yield ``(key, x)`` for ``start <= key < stop`` in key order (``stop=None``: no bound);
-        ``x`` is ``None``, the size or the value according to ``fetch``; at most ``limit``."""
-
-    def read_many(self, requests: Sequence[tuple[str, str, str]]) -> list[Any]:
-        """Answer several independent reads together: one round trip where the database is
-        remote. Each request is ``(op, key, space)``: ``"size"`` gives the value's size or
-        ``None``, ``"get"`` the value or ``None``, ``"prefix"`` whether any key starts with
-        ``key``. This default answers them one by one."""
-        out: list[Any] = []
-        for op, key, space in requests:
-            if op == "size":
-                out.append(self.size(key, space))
-            elif op == "get":
-                out.append(self.get(key, space))
-            elif op == "prefix":
-                out.append(next(iter(self.scan_prefix(key, space=space, limit=1)), None) is not None)
-            else:
-                raise ValueError(f"unknown read {op!r}")
-        return out
+        ``x`` is ``None``, the size or the value according to ``fetch``; at most ``limit``.
+        A stored key that is not UTF-8 (no Zarr key, and no API call could address it) is
+        skipped with a warning."""
+        sp, mode = check_space(space), check_fetch(fetch)
+        lo = encode_bound(start)
+        hi = None if stop is None else encode_bound(stop)
+        if limit is not None:
+            if not isinstance(limit, int):
+                raise TypeError(f"limit must be an int, not {type(limit).__name__}")
+            if limit <= 0:
+                return iter(())
+        if hi is not None and hi <= lo:
+            return iter(())
+        return self._decoded(self._scan(lo, hi, sp, mode, limit), limit)
 
     def scan_prefix(self, prefix: str, **kwargs: Any) -> Iterator[tuple[str, Any]]:
         """``scan`` of exactly the keys that start with ``prefix``."""
         return self.scan(prefix, prefix_stop(prefix), **kwargs)
 
-    def exists(self, key: str, space: str = DATA) -> bool:
-        """Return whether ``key`` exists."""
-        return self.size(key, space) is not None
+    def read_many(self, requests: Sequence[Read]) -> list[Any]:
+        """Answer several independent reads together: one round trip where the database is
+        remote. Each request is a :class:`Size`, :class:`Get` or :class:`HasPrefix`; the
+        answers come in the same order (the older ``(op, key, space)`` tuples, with ``op``
+        ``"size"``, ``"get"`` or ``"prefix"``, are read as those)."""
+        max_key = self.max_key
+        plan: list[tuple[type, bytes, Space]] = []
+        for request in requests:
+            kind = type(request)
+            if kind not in READS:
+                request = legacy_read(request)
+                kind = type(request)
+            plan.append((kind, encode_key(request[0], max_key), check_space(request[1])))
+        return self._read_many(plan) if plan else []
+
+    def _decoded(self, rows: Iterator[tuple[bytes, Any]], limit: int | None) -> Iterator[tuple[str, Any]]:
+        count = 0
+        try:
+            for raw, x in rows:
+                try:
+                    key = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    log.warning("%s: skipping key %r, which is not valid UTF-8", self.where, raw)
+                    continue
+                yield key, x
+                count += 1
+                if limit is not None and count >= limit:
+                    return
+        finally:
+            close = getattr(rows, "close", None)
+            if close is not None:
+                close()  # now, not when collected: a driver's cursor is released at once
+
+    # -- the primitives a driver implements ----------------------------------------------------------
+    @abstractmethod
+    def _get(self, raw: bytes, space: Space) -> bytes | None:
+        """The value of ``raw`` or ``None``."""
+
+    @abstractmethod
+    def _put(self, raw: bytes, value: bytes | memoryview, space: Space) -> None:
+        """Set ``raw`` (a write transaction; ``value`` stays unchanged until it ends)."""
+
+    @abstractmethod
+    def _delete(self, raw: bytes, space: Space) -> None:
+        """Remove ``raw`` if present (a write transaction)."""
+
+    @abstractmethod
+    def _scan(
+        self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int | None
+    ) -> Iterator[tuple[bytes, Any]]:
+        """Yield ``(raw key, x)`` for ``lo <= key < hi`` (``hi`` None: no bound, otherwise
+        above ``lo``) in byte order, this transaction's own writes included. ``limit`` is how
+        many the caller wants at most, for sizing reads ahead; a caller that skips a key that
+        is not UTF-8 pulls more, so yield as long as pulled. The caller may write between two
+        pulls."""
+
+    # -- optional fast paths -----------------------------------------------------------------------
+    def _size(self, raw: bytes, space: Space) -> int | None:
+        """The size of ``raw``'s value or ``None``; by default from the value."""
+        value = self._get(raw, space)
+        return None if value is None else len(value)
+
+    def _read(self, raw: bytes, offset: int, length: int, space: Space) -> bytes | None:
+        """``length`` bytes of ``raw``'s value from ``offset`` (``length`` >= 0, ``offset``
+        >= 0), or ``None``; by default from the value."""
+        value = self._get(raw, space)
+        return None if value is None else bytes(value[offset : offset + length])
+
+    def _has_prefix(self, raw: bytes, space: Space) -> bool:
+        """Whether a key (one that is UTF-8) starts with ``raw``; by default a scan."""
+        rows = self._scan(raw, bytes_stop(raw), space, KEYS, 1)
+        try:
+            for key, _ in rows:
+                try:
+                    key.decode("utf-8")
+                except UnicodeDecodeError:
+                    continue  # not a key to the API: scan skips it, so must this
+                return True
+            return False
+        finally:
+            close = getattr(rows, "close", None)
+            if close is not None:
+                close()
+
+    def _read_many(self, plan: list[tuple[type, bytes, Space]]) -> list[Any]:
+        """Answer checked requests ``(Size | Get | HasPrefix, raw key, space)`` in order; by
+        default one by one. Override where a batch costs about one read."""
+        out: list[Any] = []
+        for kind, raw, space in plan:
+            if kind is Size:
+                out.append(self._size(raw, space))
+            elif kind is Get:
+                out.append(self._get(raw, space))
+            else:
+                out.append(self._has_prefix(raw, space))
+        return out
+
+
+# -- drivers ---------------------------------------------------------------------------------------
 
 
 class Driver(ABC):
     """A key/value database seen through the :class:`Txn` API.
 
-    Subclasses implement :meth:`_begin` (and may override the one-shot helpers with faster
-    paths, which must behave exactly like the transactional ones). ``retryable`` lists the
-    exception types that mean "run the transaction again"; drivers translate their database's
-    own errors into the classes of this module.
+    Subclasses implement :meth:`_begin`, returning a :class:`Txn` subclass that implements the
+    byte-level primitives. ``retryable`` failures are raised as :class:`RetryableError`;
+    drivers translate their database's own errors into the classes of this module.
     """
 
     #: URL schemes this driver serves, e.g. ``("lmdb",)``.
@@ -197,7 +344,7 @@ class Driver(ABC):
     @abstractmethod
     def _begin(self, write: bool) -> AbstractContextManager[Txn]:
         """Return a context manager yielding a :class:`Txn` that commits on a normal exit and
-        rolls back when the block raises."""
+        rolls back when the block raises (a :class:`Txn` may be its own)."""
 
     def transact(self, fn: Callable[[Txn], T], write: bool = True) -> T:
         """Run ``fn(txn)`` in one transaction and return its result; commit on success, roll
@@ -205,35 +352,36 @@ class Driver(ABC):
         if write and self.readonly:
             raise ReadOnlyError(f"{self.url} is opened read-only")
         delay = self.backoff
-        for attempt in range(self.max_attempts):
+        attempt = 1
+        while True:
             try:
                 with self._begin(write) as txn:
                     return fn(txn)
             except RetryableError:
-                if attempt == self.max_attempts - 1:
+                if attempt >= self.max_attempts:
                     raise
-                time.sleep(random.uniform(0, delay))
-                delay = min(delay * 2, 0.5)
-        raise AssertionError("unreachable")
+            time.sleep(random.uniform(0, delay))
+            delay = min(delay * 2, 0.5)
+            attempt += 1
 
-    # One-shot helpers: each is one transaction. Drivers may override them with faster paths.
-    def get(self, key: str, space: str = DATA) -> bytes | None:
+    # One-shot helpers: each is one transaction.
+    def get(self, key: str, space: Space = DATA) -> bytes | None:
         """One-shot :meth:`Txn.get`."""
         return self.transact(lambda t: t.get(key, space), write=False)
 
-    def size(self, key: str, space: str = DATA) -> int | None:
+    def size(self, key: str, space: Space = DATA) -> int | None:
         """One-shot :meth:`Txn.size`."""
         return self.transact(lambda t: t.size(key, space), write=False)
 
-    def read(self, key: str, offset: int, length: int, space: str = DATA) -> bytes | None:
+    def read(self, key: str, offset: int, length: int, space: Space = DATA) -> bytes | None:
         """One-shot :meth:`Txn.read`."""
         return self.transact(lambda t: t.read(key, offset, length, space), write=False)
 
-    def put(self, key: str, value: Any, space: str = DATA) -> None:
+    def put(self, key: str, value: Any, space: Space = DATA) -> None:
         """One-shot :meth:`Txn.put`."""
         self.transact(lambda t: t.put(key, value, space))
 
-    def delete(self, key: str, space: str = DATA) -> None:
+    def delete(self, key: str, space: Space = DATA) -> None:
         """One-shot :meth:`Txn.delete`."""
         self.transact(lambda t: t.delete(key, space))
 

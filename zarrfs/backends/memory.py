@@ -13,8 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ._util import as_buffer, empty_range, encode_bound
-from .base import DATA, KEYS, SIDE, SIZES, Driver, ReadOnlyError, Txn, encode_key
+from .base import DATA, KEYS, SIDE, SIZES, Driver, Fetch, Space, Txn
 
 
 class _Space:
@@ -48,55 +47,32 @@ _named: dict[str, _Store] = {}
 _named_lock = threading.Lock()
 
 
-def _space_of(store: _Store, space: str) -> _Space:
-    try:
-        return store.spaces[space]
-    except KeyError:
-        raise ValueError(f"unknown key space {space!r}") from None
-
-
 class MemoryTxn(Txn):
     """A transaction on a :class:`_Store`; see the module docstring."""
 
-    def __init__(self, store: _Store, write: bool) -> None:
+    def __init__(self, store: _Store, write: bool, where: str) -> None:
+        super().__init__(write, where)
         self._store = store
-        self._write = write
         self.undo: list[tuple[_Space, bytes, bytes | None]] = []
 
-    def get(self, key: str, space: str = DATA) -> bytes | None:
-        """Return the value of ``key`` or ``None``."""
-        return _space_of(self._store, space).values.get(encode_key(key))
+    def _get(self, raw: bytes, space: Space) -> bytes | None:
+        return self._store.spaces[space].values.get(raw)
 
-    def put(self, key: str, value: Any, space: str = DATA) -> None:
-        """Set ``key`` (copying the value: the caller may reuse its buffer)."""
-        self._change(space, encode_key(key), bytes(as_buffer(value)))
+    def _put(self, raw: bytes, value: bytes | memoryview, space: Space) -> None:
+        self._change(space, raw, bytes(value))  # a copy: the caller may reuse its buffer
 
-    def delete(self, key: str, space: str = DATA) -> None:
-        """Remove ``key`` if present."""
-        self._change(space, encode_key(key), None)
+    def _delete(self, raw: bytes, space: Space) -> None:
+        self._change(space, raw, None)
 
-    def _change(self, space: str, key: bytes, value: bytes | None) -> None:
-        if not self._write:
-            raise ReadOnlyError("write in a read-only transaction")
-        sp = _space_of(self._store, space)
+    def _change(self, space: Space, key: bytes, value: bytes | None) -> None:
+        sp = self._store.spaces[space]
         self.undo.append((sp, key, sp.values.get(key)))
         sp.set(key, value)
 
-    def scan(
-        self,
-        start: str = "",
-        stop: str | None = None,
-        *,
-        space: str = DATA,
-        fetch: str = KEYS,
-        limit: int | None = None,
-    ) -> Iterator[tuple[str, Any]]:
-        """Yield keys of ``[start, stop)`` in order; tolerates writes made while iterating."""
-        sp = _space_of(self._store, space)
-        lo, hi = encode_bound(start), encode_bound(stop)
-        if empty_range(lo, hi, limit):
-            return
-        count = 0
+    def _scan(
+        self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int | None
+    ) -> Iterator[tuple[bytes, Any]]:
+        sp = self._store.spaces[space]
         # Re-locate the position after every yield so the caller may change the store meanwhile.
         i = bisect.bisect_left(sp.keys, lo)
         while i < len(sp.keys):
@@ -104,11 +80,7 @@ class MemoryTxn(Txn):
             if hi is not None and key >= hi:
                 return
             value = sp.values[key]
-            x = None if fetch == KEYS else len(value) if fetch == SIZES else value
-            yield key.decode("utf-8"), x
-            count += 1
-            if limit is not None and count >= limit:
-                return
+            yield key, None if fetch is KEYS else len(value) if fetch is SIZES else value
             i = bisect.bisect_right(sp.keys, key)
 
 
@@ -130,7 +102,7 @@ class MemoryDriver(Driver):
     @contextmanager
     def _begin(self, write: bool) -> Iterator[Txn]:
         with self._store.lock:
-            txn = MemoryTxn(self._store, write)
+            txn = MemoryTxn(self._store, write, self.url)
             try:
                 yield txn
             except BaseException:

@@ -21,6 +21,7 @@ ENTRY_POINT_GROUP = "zarrfs.backends"
 
 _LMDB = "zarrfs.backends.lmdb:LMDBDriver"
 _REDIS = "zarrfs.backends.redis:RedisDriver"
+_POSTGRES = "zarrfs.backends.postgres:PostgresDriver"
 _table: dict[str, str] = {
     "lmdb": _LMDB,
     "sqlite": "zarrfs.backends.sqlite:SQLiteDriver",
@@ -28,9 +29,17 @@ _table: dict[str, str] = {
     "rediss": _REDIS,
     "unix": _REDIS,
     "memory": "zarrfs.backends.memory:MemoryDriver",
+    "postgresql": _POSTGRES,
+    "postgres": _POSTGRES,
+    "dbm": "zarrfs.backends.dbm:DBMDriver",
 }
 # Import name of a dependency -> the distribution to ``pip install`` when it is missing.
-_pip_names: dict[str, str] = {"lmdb": "lmdb", "redis": "redis", "hiredis": "hiredis"}
+_pip_names: dict[str, str] = {
+    "lmdb": "lmdb",
+    "redis": "redis",
+    "hiredis": "hiredis",
+    "psycopg": "psycopg[binary]",
+}
 # Scheme -> the distribution that provides a registered driver's dependencies, when given.
 _scheme_pip: dict[str, str] = {}
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from zarrfs.backends.base import Get
+
 from .arrays import ArrayInfo, info_from_node
 from .consolidated import (
     CachedDoc,
@@ -67,7 +69,7 @@ def _get_many(txn: Any):
     read_many = getattr(txn, "read_many", None)
     if read_many is None:
         return None
-    return lambda keys: read_many([("get", k, "data") for k in keys])
+    return lambda keys: read_many([Get(k) for k in keys])
 
 
 class FormatHooks:

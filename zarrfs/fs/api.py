@@ -130,23 +130,21 @@ class Operations:
         """Move a file or folder, atomically, honouring RENAME_NOREPLACE / RENAME_EXCHANGE.
         A held temporary file is stored by its rename: then what was stored is returned."""
         if self.handles.unstored(src) is not None and not flags & RENAME_EXCHANGE:
-            return self.handles.store_as(
-                src, dst, exclusive=bool(flags & RENAME_NOREPLACE), keep_source=False
-            )
+            return self.handles.store_as(src, dst, exclusive=bool(flags & RENAME_NOREPLACE))
         self.handles.settle(src)
         if flags & RENAME_EXCHANGE:
             self.handles.settle(dst)
-        self.tree.rename(src, dst, flags)
+        if not self.tree.rename(src, dst, flags):
+            return None  # two names of one file: nothing moved
         self.handles.renamed(src, dst, exchange=bool(flags & RENAME_EXCHANGE))
         return None
 
     def link(self, src: str, dst: str) -> None:
-        """A second name for a file (a copy in a key/value store); EEXIST when ``dst`` exists."""
-        if self.handles.unstored(src) is not None:
-            self.handles.store_as(src, dst, exclusive=True, keep_source=True)
-            return
+        """A hard link: ``dst`` becomes another name of the file ``src`` (its pending content
+        is stored first); EEXIST when ``dst`` exists."""
         self.handles.settle(src)
         self.tree.link(src, dst)
+        self.handles.linked(src, dst)
 
     def symlink(self, target: str, key: str, uid: int, gid: int) -> None:
         """Make a symlink at ``key`` pointing to ``target``."""
@@ -161,9 +159,10 @@ class Operations:
         """Create and open a file; stored at its first commit."""
         return self.handles.create(key, mode | stat.S_IFREG, flags, uid, gid)
 
-    def open(self, key: str, flags: int = os.O_RDONLY) -> int:
-        """Open a file."""
-        return self.handles.open(key, flags)
+    def open(self, key: str, flags: int = os.O_RDONLY, linked: bool | None = None) -> int:
+        """Open a file. ``linked`` False: the caller knows it has no other names (hard links),
+        so they need not be looked up."""
+        return self.handles.open(key, flags, linked)
 
     def read(self, fh: int, size: int, offset: int) -> bytes | memoryview:
         """Bytes of an open file."""

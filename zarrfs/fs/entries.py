@@ -119,6 +119,22 @@ class Entries:
             raise FsError(errno.EINVAL, f"{key}: mknod of type {stat.S_IFMT(mode):o}")
         self._make(key, stat.S_IFMT(mode), mode, special_mark(mode, rdev), uid, gid)
 
+    def _commit_folders(
+        self, t: Txn, key: str, folder: Any, found: Any, added: int | None, renamed_from: str | None
+    ) -> None:
+        """The folder times a commit of ``key`` changes (``folder`` and ``found``: the probes of
+        its folder and of the name before): a held file renamed from ``renamed_from`` changes
+        both folders; a file made at ``added`` and new here changes its own."""
+        where = key.rpartition("/")[0]
+        if renamed_from is not None:
+            now = self._now()
+            self._folder_changed(t, where, folder[3], now)
+            source = renamed_from.rpartition("/")[0]
+            if source != where:
+                self._folder_changed(t, source, t.get(attr_key(source), SIDE), now)
+        elif found is None and added is not None:
+            self._folder_changed(t, where, folder[3], self._now(), since=added)
+
     def _folders_changed(self, t: Txn, source: tuple, target: tuple, now: int) -> None:
         """The folders a rename took a name from and put one in: ``(key, probe)`` each."""
         for where, probe in (source, target) if source[0] != target[0] else (target,):

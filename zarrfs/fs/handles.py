@@ -1,11 +1,12 @@
 """Open files: buffered writes committed all-or-nothing, and stable reads.
 
-Every open file handle points at the shared :class:`FileState` of its key, so two descriptors of
-one file see each other's writes, as POSIX requires. Writes go to a :class:`SpillBuffer`; the
-whole content is committed to the database in one transaction on ``flush`` (each ``close``),
-``fsync`` and ``release``. Until then the database, and every other reader of it, sees the old
-value; a reader never sees half a value. A file made with ``create`` exists only in this table
-until its first commit, so create + write + close is one transaction.
+Every open file handle points at the shared :class:`FileState` of its key (of each name of a
+file with hard links), so two descriptors of one file see each other's writes, as POSIX
+requires. Writes go to a :class:`SpillBuffer`; the whole content is committed to the database,
+under every name, in one transaction on ``flush`` (each ``close``), ``fsync`` and ``release``.
+Until then the database, and every other reader of it, sees the old value; a reader never sees
+half a value. A file made with ``create`` exists only in this table until its first commit, so
+create + write + close is one transaction.
 
 Temporary files (``*.partial`` from zarr-python, ``*.__lock`` from tensorstore, written and
 then renamed onto a key) are not
@@ -20,23 +21,21 @@ from __future__ import annotations
 
 import errno
 import logging
-import mmap
 import os
 import stat
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from zarrfs.fs.entries import inherit_group
 from zarrfs.fs.errors import FsError
+from zarrfs.fs.handlenames import SNAPSHOT_LIMIT, OpenNames
 from zarrfs.fs.namespace import FILE, Node, Tree
+from zarrfs.fs.pagecache import Stored, last_page
 from zarrfs.fs.sidedata import Attrs
 from zarrfs.fs.spill import DEFAULT_SPILL, SpillBuffer
 
 log = logging.getLogger("zarrfs.fs.handles")
 
-# Values larger than this are read by range instead of being held whole by an open handle.
-SNAPSHOT_LIMIT = 64 << 20
 # Closed temporary files held for a rename; past this many bytes the oldest are stored.
 DEFERRED_LIMIT = 256 << 20
 
@@ -45,30 +44,6 @@ def is_deferrable(key: str) -> bool:
     """Whether a new file at ``key`` is a temporary file that is about to be renamed
     (zarr-python's ``*.partial``, tensorstore's ``*.__lock``)."""
     return key.endswith((".partial", ".__lock"))
-
-
-PAGE = mmap.PAGESIZE
-
-
-class Stored(NamedTuple):
-    """What a commit stored: ``size`` and ``mtime`` decide whether the kernel's cached pages of
-    the file still hold; ``tail`` is the content of its last, partial page, given only when no
-    descriptor of the file is open any more (see :func:`_tail`), else empty."""
-
-    size: int
-    mtime: int
-    tail: bytes = b""
-
-
-def _tail(buffer: SpillBuffer) -> bytes:
-    # The kernel marks a page it wrote through as up to date only when the write covered all of
-    # it: the last page of a file whose size is not a multiple of the page size would be read
-    # back from the database at the file's next read, unless it is handed to the kernel. The
-    # kernel takes it under the page's lock; with no descriptor open, no request that could
-    # hold that lock (a READ, a WRITE) is waiting for the daemon, so it can be handed over
-    # before the reply, without a thread.
-    cut = buffer.size % PAGE
-    return bytes(buffer.read(buffer.size - cut, cut)) if cut else b""
 
 
 @dataclass
@@ -83,6 +58,7 @@ class FileState:
     created: bool = False
     orphan: bool = False
     failed: bool = False
+    linked: bool = False  # the file has hard links: the table holds it under each name
     stored: Stored | None = None  # what the last commit stored, while nothing changed since
     born: int | None = None  # when a file made here was created (its folder changed then)
     handles: set[int] = field(default_factory=set)
@@ -108,8 +84,8 @@ class Handle:
         return (self.flags & os.O_ACCMODE) != os.O_RDONLY
 
 
-class HandleTable:
-    """All open files of a mount."""
+class HandleTable(OpenNames):
+    """All open files of a mount (what namespace changes do to them: :class:`OpenNames`)."""
 
     def __init__(self, tree: Tree, spill_threshold: int = DEFAULT_SPILL, readonly: bool = False) -> None:
         self.tree = tree
@@ -140,6 +116,8 @@ class HandleTable:
         state = self.states.get(key)
         if state is None or not (state.dirty or state.created):
             return None
+        if state.linked and (stored := self.tree.find(key)) is not None:  # its names, as stored
+            return Node(FILE, state.size, state.attrs or stored.attrs, "", stored.nlink, stored.group)
         return self._shown(state)
 
     def open_node(self, fh: int) -> Node | None:
@@ -154,18 +132,45 @@ class HandleTable:
         return Node(FILE, state.size, attrs, nlink=0 if state.orphan else 1)  # fstat after unlink: 0
 
     # ------------------------------------------------------------------ open / create
-    def open(self, key: str, flags: int) -> int:
-        """Open an existing file; O_TRUNC empties it (stored at the next commit)."""
+    def open(self, key: str, flags: int, linked: bool | None = None) -> int:
+        """Open an existing file; O_TRUNC empties it. ``linked`` False: it has no other names."""
         writable = (flags & os.O_ACCMODE) != os.O_RDONLY
         if writable and self.readonly:
             raise FsError(errno.EROFS, key)
         # The kernel looked the name up just before, so there is no need to ask again.
-        state = self.states.get(key) or FileState(key)
+        state = self.states.get(key) or self._state_of_names(key, linked)
+        # A held temporary file opened again is no longer only held: it is held again, or
+        # stored, when its last descriptor closes.
+        self.deferred.pop(key, None)
         fh = self._add(state, flags)
         if writable and flags & os.O_TRUNC:
             self._ensure_buffer(state, empty=True)
             self._touch(state)
         return fh
+
+    def _state_of_names(self, key: str, linked: bool | None) -> FileState:
+        """The state of ``key``, not open under that name: another name's (hard links), or new."""
+        names = self.tree.link_names(key) if linked is not False else []
+        state = next((self.states[n] for n in names if n in self.states), None) or FileState(key)
+        state.linked = bool(names)
+        for name in names:
+            self.states.setdefault(name, state)
+        return state
+
+    def _names_of(self, state: FileState) -> list[str]:
+        """The keys under which the table holds ``state``."""
+        if not state.linked:
+            return [state.key] if self.states.get(state.key) is state else []
+        return [k for k, s in self.states.items() if s is state]
+
+    def _drop_name(self, key: str) -> None:
+        """Name ``key`` is gone: its open file keeps its other names, or is orphaned."""
+        state = self.states.pop(key, None)
+        others = self._names_of(state) if state is not None and state.linked else []
+        if others:
+            state.key = others[0] if state.key == key else state.key
+        elif state is not None:
+            state.orphan = True
 
     def create(self, key: str, mode: int, flags: int, uid: int, gid: int) -> int:
         """Create a new file, visible through this mount at once and stored at its first commit."""
@@ -268,7 +273,7 @@ class HandleTable:
             raise FsError(errno.EROFS, key)
         state = self._handle(fh).state if fh is not None else self.states.get(key)
         if state is None:
-            state = FileState(key)
+            state = FileState(key, linked=bool(self.tree.link_names(key)))
             try:
                 self._ensure_buffer(state).truncate(length)
                 self._touch(state)
@@ -286,7 +291,14 @@ class HandleTable:
             return None
         assert state.buffer is not None
         try:
-            self.tree.commit(state.key, state.buffer.view(), state.attrs, state.created, added=state.born)
+            self.tree.commit(
+                state.key,
+                state.buffer.view(),
+                state.attrs,
+                state.created,
+                linked=state.linked,
+                added=state.born,
+            )
         except Exception:
             state.failed = True
             raise
@@ -329,7 +341,7 @@ class HandleTable:
             if not state.failed:
                 stored = self._commit(state) or state.stored
                 if stored is not None and not state.handles and not state.orphan and state.buffer:
-                    return stored._replace(tail=_tail(state.buffer))
+                    return stored._replace(tail=last_page(state.buffer))
                 return stored
         except Exception as exc:  # release cannot report errors; flush already did
             log.error("commit of %s at release failed: %s", state.key, exc)
@@ -359,8 +371,8 @@ class HandleTable:
     def _forget(self, state: FileState) -> None:
         if state.buffer is not None:
             state.buffer.close()
-        if self.states.get(state.key) is state:
-            del self.states[state.key]
+        for name in self._names_of(state):
+            del self.states[name]
         if self.deferred.get(state.key) is state:
             del self.deferred[state.key]
 
@@ -388,10 +400,10 @@ class HandleTable:
             if s.created and not s.orphan and k.startswith(prefix) and "/" not in k[len(prefix) :]
         )
 
-    def store_as(self, src: str, dst: str, exclusive: bool, keep_source: bool) -> Stored:
-        """Store the unstored file ``src`` at ``dst`` in one transaction: a rename
-        (``keep_source`` false) or a link (true) of a held temporary file. Returns what was
-        stored (with the last page only for a rename of a file nobody has open)."""
+    def store_as(self, src: str, dst: str, exclusive: bool) -> Stored:
+        """Store the unstored file ``src`` at ``dst`` in one transaction: the rename of a held
+        temporary file. Returns what was stored (with the last page only for a file nobody
+        has open)."""
         state = self.states[src]
         assert state.buffer is not None and state.attrs is not None
         attrs = Attrs(**vars(state.attrs))
@@ -401,18 +413,14 @@ class HandleTable:
             attrs,
             create=True,
             exclusive=exclusive,
-            added=time.time_ns() if keep_source else None,
-            renamed_from=None if keep_source else src,
+            replace=True,
+            renamed_from=src,
         )
         stored = Stored(state.size, attrs.mtime)
-        if keep_source:
-            return stored
         state.stored = stored
         if not state.handles:
-            stored = stored._replace(tail=_tail(state.buffer))
-        replaced = self.states.pop(dst, None)
-        if replaced is not None:
-            replaced.orphan = True
+            stored = stored._replace(tail=last_page(state.buffer))
+        self._drop_name(dst)
         del self.states[src]
         self.deferred.pop(src, None)
         state.key = dst
@@ -422,76 +430,3 @@ class HandleTable:
         else:
             self._forget(state)
         return stored
-
-    # ------------------------------------------------------------------ namespace changes
-    def settle(self, key: str) -> None:
-        """Commit pending content under ``key`` (the file or anything in the folder) before a
-        rename or link moves it."""
-        for k, state in list(self.states.items()):
-            if k == key or k.startswith(key + "/"):
-                self._commit(state)
-
-    def set_attrs(self, key: str, **changes: int | None) -> bool:
-        """Apply mode/owner/times to a file not yet stored; False when the key has no such file
-        (the tree then changes the stored attributes)."""
-        state = self.states.get(key)
-        if state is None or not state.created:
-            if state is not None and state.attrs is not None:
-                self._apply(state.attrs, changes)  # keep the pending record in step
-            return False
-        assert state.attrs is not None
-        self._apply(state.attrs, changes)
-        return True
-
-    @staticmethod
-    def _apply(attrs: Attrs, changes: dict[str, int | None]) -> None:
-        mode = changes.get("mode")
-        if mode is not None:
-            attrs.mode = stat.S_IFMT(attrs.mode) | stat.S_IMODE(mode)
-        for name in ("uid", "gid"):
-            value = changes.get(name)
-            if value is not None and value != -1:
-                setattr(attrs, name, value)
-        for name in ("atime", "mtime"):
-            value = changes.get(name)
-            if value is not None:
-                setattr(attrs, name, value)
-        attrs.ctime = time.time_ns()
-
-    def unlinked(self, key: str) -> bool:
-        """Detach open state from a removed key; True when the file existed only here.
-        Descriptors still open go on reading what the file held."""
-        state = self.states.get(key)
-        if state is None:
-            return False
-        if state.buffer is None and state.snapshot is None and not state.created:
-            try:
-                if self.tree.stored_size(key) <= SNAPSHOT_LIMIT:
-                    state.snapshot = self.tree.read_value(key)
-            except FsError:
-                pass  # already gone
-        del self.states[key]
-        state.orphan = True
-        if self.deferred.pop(key, None) is not None:
-            self._forget(state)
-        return state.created
-
-    def renamed(self, src: str, dst: str, exchange: bool = False) -> None:
-        """Open files follow a rename (of the file or of a folder holding it); with
-        ``exchange`` (RENAME_EXCHANGE) those under ``dst`` move to ``src`` as well, else an
-        open file replaced at ``dst`` is orphaned."""
-        moves = [(src, dst), (dst, src)] if exchange else [(src, dst)]
-        moved = []
-        for a, b in moves:
-            under = [(k, s) for k, s in self.states.items() if k == a or k.startswith(a + "/")]
-            moved += [(b + k[len(a) :], s) for k, s in under]
-            for k, _ in under:
-                del self.states[k]
-        if not exchange:
-            dropped = self.states.pop(dst, None)
-            if dropped is not None:
-                dropped.orphan = True
-        for new_key, state in moved:
-            state.key = new_key
-            state.snapshot = None if state.buffer is None else state.snapshot
-            self.states[new_key] = state

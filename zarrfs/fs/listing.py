@@ -26,8 +26,9 @@ import re
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from zarrfs.backends.base import DATA, KEYS, SIDE, SIZES, VALUES, Txn, prefix_stop
+from zarrfs.backends.base import DATA, KEYS, SIDE, SIZES, VALUES, Get, Read, Size, Txn, prefix_stop
 from zarrfs.fs.errors import FsError
+from zarrfs.fs.hardlinks import pointer_key
 from zarrfs.fs.lookups import DIR, FILE, LINK, Node
 from zarrfs.fs.sidedata import ENTRY, LINK_MARK, SPECIAL_MARK, attr_key, entry_key, read_special
 
@@ -302,14 +303,16 @@ class Listings:
     def _read_nodes(self, t: Txn, prefix: str, part: list, sizes: dict | None, into: dict) -> None:
         """The nodes of ``part`` (name, kind) into ``into``: sizes, link targets and
         attributes in one batch of reads."""
-        requests: list[tuple[str, str, str]] = []
+        requests: list[Read] = []
         for name, kind in part:
             child = prefix + name
             if kind == FILE and sizes is None:
-                requests.append(("size", child, DATA))
-            elif kind != FILE and kind != DIR:  # a symlink's target, a device's number
-                requests.append(("get", entry_key(child), SIDE))
-            requests.append(("get", attr_key(child), SIDE))
+                requests.append(Size(child, DATA))
+            elif kind not in (FILE, DIR):  # a symlink's target, a device's number
+                requests.append(Get(entry_key(child), SIDE))
+            requests.append(Get(attr_key(child), SIDE))
+            if kind == FILE:
+                requests.append(Get(pointer_key(child), SIDE))
         answers = iter(t.read_many(requests))
         for name, kind in part:
             child = prefix + name
@@ -323,9 +326,10 @@ class Listings:
             elif kind != DIR:  # a special file: _node_from takes its device number as size
                 size = read_special(next(answers) or SPECIAL_MARK)[1]
             raw = next(answers)
+            pointer = next(answers) if kind == FILE else None
             if size is None:  # gone between the listing and the read
                 continue
-            into[name] = self._node_from(t, child, kind, size, target, raw)
+            into[name] = self._node_from(t, child, kind, size, target, raw, pointer)
 
 
 class DirListing:

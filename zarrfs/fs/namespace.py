@@ -7,7 +7,8 @@ side markers (:mod:`zarrfs.fs.lookups`). A :class:`Tree` is three parts: lookups
 writes here (commit, unlink, rmdir, set_attrs, rename, link), with
 :class:`Hooks`, where the format layer plugs in.
 Making side entries (folders, symlinks, special files), the owner of a new node and the times
-of a folder a name is added to or removed from are in :mod:`zarrfs.fs.entries`.
+of a folder a name is added to or removed from are in :mod:`zarrfs.fs.entries`; the
+bookkeeping of hard links in :mod:`zarrfs.fs.hardlinks`.
 
 Everything here is one driver transaction per call; nothing here knows about FUSE, so it imports
 and tests without a mount. POSIX conditions are raised as :class:`zarrfs.fs.errors.FsError`.
@@ -20,9 +21,11 @@ import stat
 import time
 from typing import Any
 
-from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, Txn
+from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, Get, HasPrefix, Txn
+from zarrfs.fs import hardlinks
 from zarrfs.fs.entries import Entries
 from zarrfs.fs.errors import FsError
+from zarrfs.fs.hardlinks import POINTER, LinkGroups, pointer_key
 from zarrfs.fs.listing import FOLDER_BATCH, Listings
 from zarrfs.fs.lookups import DIR, FILE, LINK, Lookups, Node
 from zarrfs.fs.sidedata import DIR_MARK, ENTRY, EPOCH, Attrs, attr_key, entry_key
@@ -102,7 +105,7 @@ class _Recording:
         return getattr(self._txn, name)
 
 
-class Tree(Entries, Listings, Lookups):
+class Tree(Entries, Listings, Lookups, LinkGroups):
     """The filesystem over one driver: lookups, listings and every namespace change.
 
     ``uid``/``gid``/``umask`` give the attributes of nodes that have none recorded.
@@ -172,9 +175,9 @@ class Tree(Entries, Listings, Lookups):
             return
         marked, data_below, side_below = t.read_many(
             [
-                ("get", entry_key(parent), SIDE),
-                ("prefix", parent + "/", DATA),
-                ("prefix", ENTRY + parent + "/", SIDE),
+                Get(entry_key(parent), SIDE),
+                HasPrefix(parent + "/", DATA),
+                HasPrefix(ENTRY + parent + "/", SIDE),
             ]
         )
         if marked is None and not data_below and not side_below:
@@ -187,6 +190,8 @@ class Tree(Entries, Listings, Lookups):
         attrs: Attrs | None,
         create: bool = False,
         exclusive: bool = False,
+        replace: bool = False,
+        linked: bool = False,
         added: int | None = None,
         renamed_from: str | None = None,
     ) -> None:
@@ -194,62 +199,77 @@ class Tree(Entries, Listings, Lookups):
         transaction; the format layer may refuse it (nothing is stored then).
 
         ``create``: the file may be new here (its folder must exist, a folder or symlink in the
-        way is an error); ``exclusive``: it must be new (EEXIST otherwise), as for ``link`` or
-        ``RENAME_NOREPLACE``. ``added``: when the file was made; if it turns out new, its folder's
-        times change (see :meth:`_folder_changed`). ``renamed_from``: the file was an unstored
-        file of that name, renamed here: both folders' times change."""
+        way is an error; a new file replaces a name of a linked file: that name leaves the
+        group); ``exclusive``: it must be new (EEXIST otherwise), as for ``link`` or
+        ``RENAME_NOREPLACE``; ``replace``: a symlink in the way is replaced, as a rename does.
+        ``linked``: the file had hard links when it was opened; the content is then stored
+        under every name its group has now (their folders do not change: no name is added).
+        ``added``: when the file was made; if it turns out new, its folder's times change (see
+        :meth:`_folder_changed`). ``renamed_from``: the file was an unstored file of that name,
+        renamed here: both folders' times change."""
 
         # Remote: what the format layer will read comes in the probe's round trip.
         also = self.hooks.reads(key) if (create or exclusive) and self.driver.remote else ()
 
         def run(t: Txn) -> None:
-            folder = found = None
+            pointer = folder = found = None
             if create or exclusive:
                 folder, found = self._probe_with_folder(t, key, also)
+                if found is not None and replace and not exclusive and found[0] not in (FILE, DIR):
+                    t.delete(entry_key(key), SIDE)  # the symlink the rename replaces
+                    found = None
                 if found is not None and (exclusive or found[0] != FILE):
                     raise FsError(errno.EISDIR if found[0] == DIR else errno.EEXIST, key)
                 if found is None:
                     self.hooks.check_name(t, key, FILE)
-            stored = self.hooks.store(t, key, value)
-            t.put(key, stored)
-            if attrs is not None:
-                t.put(attr_key(key), attrs.pack(), SIDE)
-            self._changed(t, key, stored)
-            if folder is None:
-                return
-            where = key.rpartition("/")[0]
-            if renamed_from is not None:
-                now = self._now()
-                self._folder_changed(t, where, folder[3], now)
-                source = renamed_from.rpartition("/")[0]
-                if source != where:
-                    self._folder_changed(t, source, t.get(attr_key(source), SIDE), now)
-            elif found is None and added is not None:
-                self._folder_changed(t, where, folder[3], self._now(), since=added)
+                    # A pointer left by a writer that deleted the key must not link the new file.
+                    t.delete(pointer_key(key), SIDE)
+                else:
+                    pointer = found[4]
+            elif linked:
+                pointer = t.get(pointer_key(key), SIDE)
+            names = [key]
+            if create or exclusive:
+                if pointer is not None:  # a new file in its place: that name is not linked
+                    self._unlinked(t, key, found)
+            elif (group := hardlinks.load(t, key, pointer)) is not None:
+                names = group.names
+            for name in names:
+                stored = self.hooks.store(t, name, value)
+                t.put(name, stored)
+                if attrs is not None:
+                    t.put(attr_key(name), attrs.pack(), SIDE)
+                self._changed(t, name, stored)
+            if folder is not None:
+                self._commit_folders(t, key, folder, found, added, renamed_from)
 
         self._write(run)
 
-    def unlink(self, key: str) -> None:
-        """Remove the file or symlink at ``key`` (EISDIR for a folder)."""
+    def unlink(self, key: str) -> list[str]:
+        """Remove the file or symlink at ``key`` (EISDIR for a folder). Returns the other
+        names of the file, when it had hard links."""
 
         where = key.rpartition("/")[0]
 
-        def run(t: Txn) -> None:
+        def run(t: Txn) -> list[str]:
             found, folder = self._probe_many(t, [key, where])
             if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
             if found[0] == DIR:
                 raise FsError(errno.EISDIR, key)
+            left: list[str] = []
             if found[0] == FILE:
                 t.delete(key)
                 self._changed(t, key, None)
+                left = self._unlinked(t, key, found)
             else:
                 t.delete(entry_key(key), SIDE)
             t.delete(attr_key(key), SIDE)
             self._keep_parent(t, key)
             self._folder_changed(t, where, folder[3] if folder else None, self._now())
+            return left
 
-        self._write(run)
+        return self._write(run)
 
     def rmdir(self, key: str) -> None:
         """Remove the empty folder at ``key`` (ENOTEMPTY, ENOTDIR, ENOENT as POSIX says)."""
@@ -301,13 +321,16 @@ class Tree(Entries, Listings, Lookups):
             if mtime is not None:
                 attrs.mtime = mtime
             attrs.ctime = self._now()
-            t.put(attr_key(key), attrs.pack(), SIDE)
+            group = hardlinks.load(t, key, found[4]) if found[0] == FILE else None
+            # The names of a linked file share their attributes: each has the same record.
+            hardlinks.put_attrs(t, group.names if group is not None else [key], attrs.pack())
 
         self._write(run)
 
     # ------------------------------------------------------------------ rename / link
-    def _subtree(self, t: Txn, key: str) -> list[tuple[str, str, bytes]]:
-        """Every record of the node at ``key`` and below: (space, key, value)."""
+    def _subtree(self, t: Txn, key: str, found: Any) -> list[tuple[str, str, bytes]]:
+        """Every record of the node at ``key`` and below: (space, key, value); ``found`` is
+        what the probe found at ``key`` (a file's link-group pointer comes with it)."""
         records: list[tuple[str, str, bytes]] = []
         value = t.get(key)
         if value is not None:
@@ -320,11 +343,17 @@ class Tree(Entries, Listings, Lookups):
             records.extend(
                 (SIDE, k, v) for k, v in t.scan_prefix(side_prefix + key + "/", space=SIDE, fetch=VALUES)
             )
+        if found[0] == DIR:  # the link-group pointers of the files below
+            records.extend(
+                (SIDE, k, v) for k, v in t.scan_prefix(POINTER + key + "/", space=SIDE, fetch=VALUES)
+            )
+        elif found[4] is not None:
+            records.append((SIDE, pointer_key(key), found[4]))
         return records
 
     @staticmethod
     def _moved(record_key: str, src: str, dst: str) -> str:
-        for side_prefix in (ENTRY, "a:"):
+        for side_prefix in (ENTRY, "a:", POINTER):
             if record_key.startswith(side_prefix):
                 return side_prefix + dst + record_key[len(side_prefix) + len(src) :]
         return dst + record_key[len(src) :]
@@ -346,11 +375,12 @@ class Tree(Entries, Listings, Lookups):
             if space == DATA:
                 self._changed(t, new, v)
 
-    def rename(self, src: str, dst: str, flags: int = 0) -> None:
+    def rename(self, src: str, dst: str, flags: int = 0) -> bool:
         """Move a file or a whole folder atomically, replacing an existing target atomically;
-        honours RENAME_NOREPLACE and RENAME_EXCHANGE."""
+        honours RENAME_NOREPLACE and RENAME_EXCHANGE. Onto another name of the same file, a
+        rename does nothing (POSIX): then False is returned."""
         if src == dst:
-            return
+            return False
         if not src or not dst:
             raise FsError(errno.EBUSY, "the root folder")
         if dst.startswith(src + "/") or (flags & RENAME_EXCHANGE and src.startswith(dst + "/")):
@@ -359,21 +389,24 @@ class Tree(Entries, Listings, Lookups):
         self.check_length(dst)
         here, there = src.rpartition("/")[0], dst.rpartition("/")[0]
 
-        def run(t: Txn) -> None:
+        def run(t: Txn) -> bool:
             s, d, parent, source = self._probe_many(t, [src, dst, there, here])
             if s is None:
                 raise FsError(errno.ENOENT, src, quiet=True)
+            if self._same_file(t, src, dst, s, d):
+                return False
             now = self._now()
             if flags & RENAME_EXCHANGE:
                 if d is None:
                     raise FsError(errno.ENOENT, dst, quiet=True)
-                a, b = self._subtree(t, src), self._subtree(t, dst)
+                a, b = self._subtree(t, src, s), self._subtree(t, dst, d)
                 self._remove(t, a)
                 self._remove(t, b)
                 self._place(t, a, src, dst)
                 self._place(t, b, dst, src)
+                self._regroup(t, [(a, src, dst, s), (b, dst, src, d)])
                 self._folders_changed(t, (here, source), (there, parent), now)
-                return
+                return True
             if d is not None:
                 if flags & RENAME_NOREPLACE:
                     raise FsError(errno.EEXIST, dst)
@@ -383,25 +416,32 @@ class Tree(Entries, Listings, Lookups):
                     raise FsError(errno.EISDIR, dst)
                 if d[0] == DIR and self._has_children(t, dst):
                     raise FsError(errno.ENOTEMPTY, dst)
-                self._remove(t, self._subtree(t, dst))
+                if d[0] == FILE:
+                    self._unlinked(t, dst, d)
+                self._remove(t, self._subtree(t, dst, d))
             else:
                 self._folder_check(parent, dst)
                 self.hooks.check_name(t, dst, s[0])
-            records = self._subtree(t, src)
+            records = self._subtree(t, src, s)
             self._remove(t, records)
             self._place(t, records, src, dst)
-            self._keep_parent(t, src)
             moved = (Attrs.unpack(s[3]) if s[3] is not None else None) or self.default_attrs(s[0])
             moved.ctime = now  # as Linux's filesystems do: the node changed
             t.put(attr_key(dst), moved.with_type(s[0]).pack(), SIDE)
+            self._regroup(t, [(records, src, dst, s)])
+            self._keep_parent(t, src)
             self._folders_changed(t, (here, source), (there, parent), now)
+            return True
 
-        self._write(run)
+        return self._write(run)
 
     def link(self, src: str, dst: str) -> None:
-        """``link(src, dst)``: a new file ``dst`` with the content of ``src``; EEXIST, atomically,
-        when ``dst`` exists (zarr-python 3 creates metadata this way). A key/value store has no
-        hard links, so this is a copy that is taken in one transaction."""
+        """``link(src, dst)``: a hard link, a new name ``dst`` of the file ``src``, in one
+        transaction; EEXIST, atomically, when ``dst`` exists (zarr-python 3 creates metadata
+        this way). The value is stored under the new name too (every name is a Zarr key), and
+        the link group of :mod:`zarrfs.fs.hardlinks` makes the names one file. A symlink is
+        copied (a new symlink with the same target). The new name's folder changes and so
+        does the file (its ctime, on every name)."""
 
         self.check_length(dst)
 
@@ -415,8 +455,15 @@ class Tree(Entries, Listings, Lookups):
                 raise FsError(errno.EEXIST, dst)
             self._folder_check(parent, dst)
             self.hooks.check_name(t, dst, s[0])
-            records = [r for r in self._subtree(t, src) if r[1] in (src, entry_key(src), attr_key(src))]
-            self._place(t, records, src, dst)
+            if s[0] != FILE:
+                records = [r for r in self._subtree(t, src, s) if r[1] in (entry_key(src), attr_key(src))]
+                self._place(t, records, src, dst)
+            else:
+                value = self.hooks.arrive(t, dst, t.get(src), src)
+                t.put(dst, value)
+                self._changed(t, dst, value)
+                group = hardlinks.join(t, hardlinks.load(t, src, s[4]), src, dst)
+                self._touch_group(group.names, s[3], t)
             self._folder_changed(t, dst.rpartition("/")[0], parent[3], self._now())
 
         self._write(run)
@@ -437,4 +484,3 @@ class Tree(Entries, Listings, Lookups):
             "f_favail": 1 << 31,
             "f_namemax": 255,
         }
-

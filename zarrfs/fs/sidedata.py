@@ -1,6 +1,6 @@
 """The filesystem's bookkeeping in the driver's SIDE space, and how it is encoded.
 
-Three kinds of side record, each under its own one-letter prefix so that a range scan of one kind
+Kinds of side record, each under its own one-letter prefix so that a range scan of one kind
 under a folder never sees the others:
 
 * ``a:<key>``: attributes of a file, folder, symlink or special file (mode, uid, gid, atime,
@@ -10,6 +10,8 @@ under a folder never sees the others:
   FIFO, a character or block device, a socket), so that zarr-python never sees one.
 * ``epoch``: the time given to keys that have no attributes yet, fixed at the first mount so
   that it does not change between mounts (``rsync`` compares mtimes).
+* ``h:<key>`` and ``g:<id>``: hard links, the link group of a name and the names of a group
+  (:mod:`zarrfs.fs.hardlinks`).
 """
 
 from __future__ import annotations

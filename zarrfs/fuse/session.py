@@ -173,7 +173,7 @@ class Session(Dispatcher):
         )
 
     def _entry_values(self, key: str, node: Node) -> tuple:
-        nodeid, inode = self.inodes.remember(key, node.kind)
+        nodeid, inode = self.inodes.remember(key, node.kind, node.group)
         self.pages.shown(inode, node)
         es, ens = self.entry_valid
         ats, atns = self.attr_valid
@@ -376,7 +376,12 @@ class Session(Dispatcher):
         src = self._key(k.LINK_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0])
         dst = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE + k.LINK_IN.size, head.len))
         self.ops.link(src, dst)
-        self._reply_entry(head.unique, dst)
+        node = self.ops.find(dst)
+        if node is None:
+            raise FsError(errno.ENOENT, dst, quiet=True)
+        # The kernel's inode of the source is the inode of the new name: same node ID.
+        self.inodes.linked(k.LINK_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0], node.group)
+        self._send(k.ENTRY_REPLY.pack(k.ENTRY_REPLY.size, 0, head.unique, *self._entry_values(dst, node)))
 
     # ------------------------------------------------------------------ files
     def _create(self, head: Header, buf: memoryview) -> None:
@@ -393,8 +398,9 @@ class Session(Dispatcher):
     def _open(self, head: Header, buf: memoryview) -> None:
         flags = k.OPEN_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]
         key = self._key(head.nodeid)
-        fh = self.ops.open(key, flags)
         inode = self.inodes.get(head.nodeid)
+        # A file the kernel knows without hard links needs no look for its other names.
+        fh = self.ops.open(key, flags, None if inode is None or inode.group else False)
         keep = inode is not None and self.pages.opened(inode, self.ops.find, key)
         open_flags = k.FOPEN_KEEP_CACHE if keep else 0
         if flags & os.O_ACCMODE == os.O_RDONLY:

@@ -14,7 +14,7 @@ The class name does not start with ``Test``, so pytest does not collect the base
 only its subclasses. Everything goes through :class:`zarrfs.fs.namespace.Tree` and
 :class:`zarrfs.fs.listing.DirListing` (the filesystem without FUSE): folders derived from keys,
 listings (exact for every name, across batches and resumptions), mkdir markers, symlinks,
-rename and link, attributes, open files.
+rename and link, attributes, open files; hard links (:mod:`zarrfs.testing.links`).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from zarrfs.fs.handles import HandleTable
 from zarrfs.fs.listing import DirListing
 from zarrfs.fs.namespace import DIR, FILE, LINK, RENAME_EXCHANGE, RENAME_NOREPLACE, Tree
 from zarrfs.fs.sidedata import DIR_MARK, LINK_MARK, entry_key
+from zarrfs.testing.links import LinkConformance
 
 
 def put(tree: Tree, *keys: str, value: bytes = b"v") -> None:
@@ -84,7 +85,7 @@ def _expected_children(keys: list[str], folder: str) -> set[str]:
     return {k[len(prefix) :].partition("/")[0] for k in keys if k.startswith(prefix) and len(k) > len(prefix)}
 
 
-class FilesystemConformance:
+class FilesystemConformance(LinkConformance):
     """Filesystem semantics over one driver; subclasses provide the ``driver_url`` fixture (a
     fresh, empty database for each test)."""
 
@@ -210,7 +211,7 @@ class FilesystemConformance:
         assert errno_of(lambda: tree.rename("d", "d/x")) == errno.EINVAL
         assert errno_of(lambda: tree.rename("nope", "z")) == errno.ENOENT
 
-    def test_link_copies_or_fails_with_eexist(self, tree):
+    def test_link_stores_the_new_name_or_fails_with_eexist(self, tree):
         put(tree, "tmp", value=b"meta")
         tree.link("tmp", "zarr.json")
         assert tree.driver.get("zarr.json") == b"meta"

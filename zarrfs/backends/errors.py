@@ -1,0 +1,40 @@
+"""The exceptions of the driver interface: every driver raises these, so one table
+(``zarrfs.fs.errors``) maps them to errno values."""
+
+from __future__ import annotations
+
+
+class BackendError(Exception):
+    """Base class of every error a driver raises."""
+
+
+class RetryableError(BackendError):
+    """A conflict or a busy database: running the transaction again may succeed."""
+
+
+class UnavailableError(BackendError):
+    """The database cannot be reached (a dead Redis, a vanished file)."""
+
+
+class MissingDatabaseError(UnavailableError):
+    """The database (a table, a file) does not exist, and opening it read-only does not make it."""
+
+
+class StorageFullError(BackendError):
+    """The database has no room left for the write (a full disk, LMDB map or Redis maxmemory)."""
+
+
+class ReadOnlyError(BackendError):
+    """A write was attempted on a driver opened read-only."""
+
+
+class InvalidKeyError(BackendError, ValueError):
+    """A key that the database cannot hold exactly (empty, or not encodable as UTF-8)."""
+
+
+class KeyTooLongError(InvalidKeyError):
+    """A key longer than the database can hold (LMDB's 511 bytes): the path is too long."""
+
+
+class DriverNotFoundError(BackendError, LookupError):
+    """No driver is registered for a URL's scheme, or its dependency is not installed."""

@@ -1,0 +1,61 @@
+"""The text of ``zarrfs --help``: URL schemes, mount options, exit statuses."""
+
+DESCRIPTION = (
+    "Mount a key/value database (LMDB, SQLite, Redis) as a folder that behaves like a Zarr "
+    "DirectoryStore."
+)
+
+URLS_HELP = """\
+database URLs:
+  lmdb:///abs/path/db.lmdb    LMDB (the default: a bare path is an LMDB path too)
+  sqlite:///abs/path/db.sqlite
+                              SQLite
+  redis://[user[:password]@]host:port/db?prefix=zarr
+                              Redis over TCP (rediss://... over TLS)
+  unix:///path/redis.sock?db=0&prefix=zarr
+                              Redis over a unix socket
+  memory://name               in-process, for tests
+  Relative paths are resolved against the current folder. A Redis password may also come
+  from ?password_file=PATH or the environment variable ZARRFS_PASSWORD (else REDISCLI_AUTH,
+  as redis-cli reads it); it never shows in ps, the mount table, the logs or zarrfs status.
+"""
+
+OPTIONS_HELP = """\
+mount options (-o OPT[,OPT...]):
+  ro, rw                      read-only (writes fail with EROFS) or read-write (default)
+  create                      create the database if it does not exist
+  validate=strict|warn|off    Zarr metadata and chunk-key checks on commit (strict)
+  view=raw|decoded            decoded: chunks show as their decoded bytes (raw)
+  consolidate=auto|live|off   keep consolidated metadata in step (auto)
+  cache_timeout=SECONDS       kernel entry/attribute/negative cache lifetime (1); or
+  entry_timeout=, attr_timeout=, negative_timeout=   one of them alone
+  dir_cache=SECONDS           lifetime of a busy folder's snapshot (cache_timeout; 0 = off)
+  spill=BYTES                 an open file's buffer size before it spills to disk (64 MiB)
+  spin=MICROSECONDS           request loop polling before it sleeps (200; 0 = never)
+  readahead=KiB               kernel read-ahead of the mount (1024; 0 = leave it)
+  uid=N, gid=N                owner shown for files and folders with none recorded
+                              (default: the user who mounts)
+  umask=OCTAL                 permission bits removed from files and folders with no
+                              recorded mode (022)
+  allow_other                 let every user in; turns on default_permissions
+  allow_root                  let root in besides the owner; turns on default_permissions
+  no_default_permissions      with allow_other/allow_root: no permission checks by the kernel
+  default_permissions, fsname=, subtype=, auto_unmount, noexec, exec, nosuid, nodev,
+  noatime, nodiratime, sync, async, dirsync, max_read=, blksize=, context=..., debug
+                              handed to libfuse
+  defaults, _netdev, auto, noauto, user, users, nouser, owner, group, nofail, dev, suid,
+  atime, relatime, x-*, comment=
+                              ignored (fstab and mount(8) options; the mount is always
+                              nodev,nosuid)
+"""
+
+EXIT_HELP = """\
+exit status:
+  0  success
+  1  failure: the database, the mountpoint or the mount (missing, busy, refused, not
+     mounted, unreachable); check: problems found
+  2  usage: unknown command or option, missing argument, bad option value
+
+/etc/fstab:  URL  MOUNTPOINT  fuse.zarrfs  defaults,_netdev[,opts]  0  0
+  (mount.fuse3 runs "zarrfs URL MOUNTPOINT -o OPTS", which is "zarrfs mount ...")
+"""

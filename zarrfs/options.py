@@ -1,0 +1,144 @@
+"""Mount options: the ``-o`` words of ``zarrfs mount`` (and of an fstab line) parsed into
+:class:`MountOptions`; a bad or unknown one is a :class:`UsageError` (exit status 2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from zarrfs.fs.spill import DEFAULT_SPILL
+from zarrfs.fuse.loop import DEFAULT_SPIN_US
+from zarrfs.fuse.tuning import DEFAULT_READAHEAD_KIB
+
+VALIDATE_MODES = ("strict", "warn", "off")
+VIEWS = ("raw", "decoded")
+CONSOLIDATE_MODES = ("auto", "live", "off")
+
+# Options that /etc/fstab, mount(8) and mount.fuse3 add and that mean nothing to this mount:
+# ignored, as sshfs does. ``dev`` and ``suid`` are among them: a zarrfs mount is always
+# ``nodev,nosuid`` (libfuse's default).
+IGNORED_OPTIONS = frozenset(
+    {"defaults", "auto", "noauto", "user", "users", "nouser", "owner", "group", "_netdev", "nofail"}
+    | {"dev", "suid", "atime", "relatime", "strictatime", "lazytime", "loop"}
+)
+IGNORED_PREFIXES = ("x-", "comment=", "helper=")
+# Options handed to libfuse's mount as they are (libfuse3's mount and session option tables).
+LIBFUSE_OPTIONS = frozenset(
+    {"allow_other", "default_permissions", "fsname", "subtype", "max_read", "blksize", "auto_unmount"}
+    | {"context", "fscontext", "defcontext", "rootcontext", "exec", "noexec", "nosuid", "nodev"}
+    | {"sync", "async", "dirsync", "noatime", "nodiratime", "debug"}
+)
+
+class UsageError(Exception):
+    """A bad command line or mount option: reported as one line, exit status 2."""
+
+
+@dataclass
+class MountOptions:
+    """Options of one mount: zarrfs' own, and the rest passed through to libfuse's mount."""
+
+    readonly: bool = False
+    validate: str = "strict"
+    view: str = "raw"
+    consolidate: str = "auto"
+    cache_timeout: float = 1.0
+    spill: int = DEFAULT_SPILL
+    create: bool = False
+    spin: float = DEFAULT_SPIN_US
+    readahead: int = DEFAULT_READAHEAD_KIB
+    # The kernel's cache times; each defaults to cache_timeout.
+    entry_timeout: float | None = None
+    attr_timeout: float | None = None
+    negative_timeout: float | None = None
+    # Seconds a snapshot of a busy folder answers lookups (zarrfs.fs.foldercache); defaults to
+    # cache_timeout, 0 turns snapshots off.
+    dir_cache: float | None = None
+    # Access: allow_root lets root in besides the mount's owner (checked by the daemon, the
+    # kernel is told allow_other); allow_other/allow_root turn default_permissions on unless
+    # no_default_permissions.
+    allow_root: bool = False
+    no_default_permissions: bool = False
+    # Owner and permission bits shown for nodes that have none recorded (sshfs' uid/gid/umask).
+    uid: int | None = None
+    gid: int | None = None
+    umask: int | None = None
+    fuse: dict[str, Any] = field(default_factory=dict)
+
+    def seconds(self, name: str) -> float:
+        """One of the cache times above: its own value, or ``cache_timeout``."""
+        value = getattr(self, name)
+        return self.cache_timeout if value is None else value
+
+
+def parse_options(words: list[str]) -> MountOptions:
+    """Parse ``-o`` option words (each may hold several, comma-separated); an unknown option
+    or a bad value is a :class:`UsageError`."""
+    opts = MountOptions()
+    for word in words:
+        for item in filter(None, word.split(",")):
+            name, has_value, value = item.partition("=")
+            if name == "ro":
+                opts.readonly = True
+            elif name == "rw":
+                opts.readonly = False
+            elif name == "validate":
+                opts.validate = _choice(name, value, VALIDATE_MODES)
+            elif name == "view":
+                opts.view = _choice(name, value, VIEWS)
+            elif name == "consolidate":
+                opts.consolidate = _choice(name, value, CONSOLIDATE_MODES)
+            elif name in ("cache_timeout", "entry_timeout", "attr_timeout", "negative_timeout", "dir_cache"):
+                seconds = _number(name, value, float)
+                if seconds < 0:
+                    raise UsageError(f"-o {name}= takes seconds, 0 or more (got {value!r})")
+                setattr(opts, name, seconds)
+            elif name == "spill":
+                opts.spill = _number(name, value, int)
+            elif name == "create":
+                opts.create = True
+            elif name == "readahead":
+                opts.readahead = _number(name, value, int)
+                if opts.readahead < 0:
+                    raise UsageError(f"-o readahead= takes KiB, 0 or more (got {value!r})")
+            elif name == "spin":
+                opts.spin = _number(name, value, float)
+                if opts.spin < 0:
+                    raise UsageError(f"-o spin= takes microseconds, 0 or more (got {value!r})")
+            elif name in ("uid", "gid"):
+                number = _number(name, value, int)
+                if not 0 <= number < 2**32 - 1:
+                    raise UsageError(f"-o {name}= takes a numeric id (got {value!r})")
+                setattr(opts, name, number)
+            elif name == "umask":
+                try:
+                    opts.umask = int(value, 8)
+                except ValueError:
+                    opts.umask = -1
+                if not 0 <= opts.umask <= 0o777:
+                    raise UsageError(f"-o umask= takes octal permission bits such as 022 (got {value!r})")
+            elif name == "allow_root":
+                opts.allow_root = True
+            elif name == "no_default_permissions":
+                opts.no_default_permissions = True
+            elif item in IGNORED_OPTIONS or item.startswith(IGNORED_PREFIXES):
+                continue
+            elif name in LIBFUSE_OPTIONS:
+                opts.fuse[name] = value if has_value else True
+            else:
+                raise UsageError(f"unknown mount option -o {item} (see zarrfs --help)")
+    if opts.allow_root and opts.fuse.get("allow_other"):
+        raise UsageError("-o allow_root and -o allow_other exclude each other")
+    return opts
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise UsageError(f"-o {name}= takes one of {', '.join(allowed)} (got {value!r})")
+    return value
+
+
+def _number(name: str, value: str, kind: type) -> Any:
+    try:
+        return kind(value)
+    except ValueError:
+        raise UsageError(f"-o {name}= takes a number (got {value!r})") from None
