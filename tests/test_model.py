@@ -44,12 +44,9 @@ from mounting import DRIVERS, Mount, make_url, needs_fuse
 
 pytestmark = [*needs_fuse, pytest.mark.slow]
 
-# PENDING: hard links are copies today (st_nlink stays 1, a write through one name does not show
-# through the other). While this is False the native side turns each new hard link into a copy
-# right after ``link`` succeeds (same content, mode and mtime), so everything else still
-# compares strictly; set it to True once the mount shares hard links, and the native side keeps
-# real hard links (link counts and sharing are then compared too).
-HARDLINKS_SHARE = False
+# Hard links are shared on the mount: the native side keeps real hard links, and link counts
+# and sharing (a write through one name shows through the others) are compared strictly.
+HARDLINKS_SHARE = True
 
 OPTIONS = ["create", "validate=off", "consolidate=off"]
 
@@ -182,8 +179,6 @@ class ModelMachine(RuleBasedStateMachine):
         self.work = work
         self.native = work / "native"
         self.native.mkdir()
-        self.scratch = work / "scratch"  # same filesystem as native: copies renamed into it
-        self.scratch.mkdir()
         self.url = type(self).new_url(work)
         self.mount = Mount(self.url, work / "mnt", OPTIONS)
         self.mount.start()
@@ -259,19 +254,6 @@ class ModelMachine(RuleBasedStateMachine):
         lines = [line for line in self.mount.log_text().splitlines() if " ERROR " in line or "Error" in line]
         return ("\ndaemon log:\n" + "\n".join(lines[-10:])) if lines else ""
 
-    def unshare_link(self, dst: str) -> None:
-        """HARDLINKS_SHARE off: make the native hard link ``dst`` a copy (see the constant)."""
-        p = self.native / dst
-        st_ = os.lstat(p)
-        tmp = self.scratch / "copy"
-        if stat.S_ISLNK(st_.st_mode):
-            os.symlink(os.readlink(p), tmp)
-        else:
-            shutil.copyfile(p, tmp, follow_symlinks=False)
-            os.chmod(tmp, stat.S_IMODE(st_.st_mode))
-            os.utime(tmp, ns=(st_.st_atime_ns, st_.st_mtime_ns))
-        os.rename(tmp, p)
-
     # ------------------------------------------------------------------ rules: namespace
 
     @rule(data=st.data(), content=st.binary(max_size=300), exclusive=st.booleans())
@@ -326,12 +308,10 @@ class ModelMachine(RuleBasedStateMachine):
     def link(self, data, follow):
         src = self.any_path(data)
         dst = self.new_path(data)
-        result = self.both(
+        self.both(
             f"os.link({src!r}, {dst!r}, follow_symlinks={follow})",
             lambda root: os.link(root / src, root / dst, follow_symlinks=follow),
         )
-        if result[0] == "ok" and not HARDLINKS_SHARE:
-            self.unshare_link(dst)
 
     @rule(data=st.data())
     def symlink(self, data):

@@ -381,6 +381,32 @@ def test_an_open_file_keeps_its_attributes_after_its_unlink(mounted):
     assert not f.exists()
 
 
+def test_an_unlinked_open_file_takes_fchmod_fchown_and_futimens(mounted):
+    """The kernel sends them as SETATTRs of the node without a handle: the node's handles
+    answer (a file read-only opened keeps its mode too)."""
+    f = mounted.path / "f"
+    f.write_bytes(b"x")
+    os.chmod(f, 0o600)
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        os.unlink(f)
+        assert stat.S_IMODE(os.fstat(fd).st_mode) == 0o600
+        os.fchmod(fd, 0o640)
+        os.fchown(fd, 1234, 5678)
+        os.utime(fd, ns=(10**18, 2 * 10**18))
+        st = os.fstat(fd)
+        assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns, st.st_nlink) == (
+            0o640,
+            1234,
+            5678,
+            2 * 10**18,
+            0,
+        )
+    finally:
+        os.close(fd)
+    assert os.listdir(mounted.path) == []
+
+
 # ---------------------------------------------------------------------- 5. fallocate
 def test_fallocate_grows_a_file_with_zeros_stored_at_close(mounted):
     f = mounted.path / "f"

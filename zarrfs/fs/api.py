@@ -64,14 +64,25 @@ class Operations:
         """``statvfs`` figures of the storage behind the mount."""
         return self.tree.statfs()
 
-    def set_attrs(self, key: str, **changes: int | str | None) -> None:
-        """Change mode, owner or times (``None`` leaves one as it is, :data:`NOW` is now)."""
+    @staticmethod
+    def _times(changes: dict) -> dict:
+        """``changes`` with :data:`NOW` times made the time now (in place)."""
         now = time.time_ns()
         for name in ("atime", "mtime"):
             if changes.get(name) == NOW:
                 changes[name] = now
-        if not self.handles.set_attrs(key, **changes):
+        return changes
+
+    def set_attrs(self, key: str, **changes: int | str | None) -> None:
+        """Change mode, owner or times (``None`` leaves one as it is, :data:`NOW` is now)."""
+        if not self.handles.set_attrs(key, **self._times(changes)):
             self.tree.set_attrs(key, **changes)
+
+    def set_open_attrs(self, fh: int, **changes: int | str | None) -> None:
+        """:meth:`set_attrs` of the file open as ``fh``: ``fchmod``, ``fchown``, ``futimens``
+        of a file whose name may be gone (then only its descriptors see the change)."""
+        if not self.handles.set_open_attrs(fh, self._times(changes)):
+            self.set_attrs(self.handles.handles[fh].state.key, **changes)
 
     def truncate(self, key: str, length: int, fh: int | None = None) -> None:
         """Cut or extend a file, open (``fh``) or not."""
@@ -112,7 +123,9 @@ class Operations:
             self.tree.mknod(key, mode, rdev, uid, gid)
 
     def rmdir(self, key: str) -> None:
-        """Remove an empty folder."""
+        """Remove an empty folder (a file created here and not stored yet is in it)."""
+        if self.handles.unstored_names(key):
+            raise FsError(errno.ENOTEMPTY, key, quiet=True)
         self.tree.rmdir(key)
 
     # ------------------------------------------------------------------ names
@@ -132,8 +145,10 @@ class Operations:
         if self.handles.unstored(src) is not None and not flags & RENAME_EXCHANGE:
             return self.handles.store_as(src, dst, exclusive=bool(flags & RENAME_NOREPLACE))
         self.handles.settle(src)
-        if flags & RENAME_EXCHANGE:
-            self.handles.settle(dst)
+        if flags & RENAME_EXCHANGE or self.handles.unstored_names(dst):
+            self.handles.settle(dst)  # a folder holding an unstored file is not empty
+        if not flags & RENAME_EXCHANGE:
+            self.handles.replacing(dst)
         if not self.tree.rename(src, dst, flags):
             return None  # two names of one file: nothing moved
         self.handles.renamed(src, dst, exchange=bool(flags & RENAME_EXCHANGE))

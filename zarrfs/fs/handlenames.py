@@ -29,6 +29,7 @@ class OpenNames:
     _forget: Any
     _names_of: Any
     _drop_name: Any
+    _handle: Any
 
     def settle(self, key: str) -> None:
         """Commit pending content under ``key`` (the file or anything in the folder) before a
@@ -44,6 +45,36 @@ class OpenNames:
         if src in self.states:
             self.states[dst] = self.states[src]
             self.states[dst].linked = True
+
+    def _keep(self, state: Any, key: str) -> None:
+        """The open file ``state`` is about to lose its name ``key`` (unlinked, or replaced by
+        a rename): keep what its descriptors read, the value and the attributes."""
+        if state.attrs is None:
+            state.attrs = self.tree.lookup_attrs(key)
+        if state.buffer is None and state.snapshot is None and not state.created:
+            try:
+                if self.tree.stored_size(key) <= SNAPSHOT_LIMIT:
+                    state.snapshot = self.tree.read_value(key)
+            except FsError:
+                pass  # already gone
+
+    def replacing(self, key: str) -> None:
+        """A rename is about to replace ``key``: a file open there keeps what it holds (unless
+        it lives on under another name, a hard link)."""
+        state = self.states.get(key)
+        if state is not None and not (state.linked and len(self._names_of(state)) > 1):
+            self._keep(state, key)
+
+    def set_open_attrs(self, fh: int, changes: dict[str, int | None]) -> bool:
+        """Apply mode/owner/times to the file open as ``fh`` when its name is gone (its
+        descriptors see them; nothing is stored); False when it has a name."""
+        state = self._handle(fh).state
+        if not state.orphan:
+            return False
+        if state.attrs is None:
+            state.attrs = self.tree.default_attrs(stat.S_IFREG)
+        self._apply(state.attrs, changes)
+        return True
 
     def set_attrs(self, key: str, **changes: int | None) -> bool:
         """Apply mode/owner/times to a file not yet stored; False when the key has no such file
@@ -81,12 +112,7 @@ class OpenNames:
         if state.linked and len(self._names_of(state)) > 1:
             self._drop_name(key)  # the file lives on under its other names
             return False
-        if state.buffer is None and state.snapshot is None and not state.created:
-            try:
-                if self.tree.stored_size(key) <= SNAPSHOT_LIMIT:
-                    state.snapshot = self.tree.read_value(key)
-            except FsError:
-                pass  # already gone
+        self._keep(state, key)
         del self.states[key]
         state.orphan = True
         if self.deferred.pop(key, None) is not None and not state.handles:

@@ -20,6 +20,7 @@ protocol.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 from collections.abc import Callable
@@ -285,28 +286,25 @@ class Session(Dispatcher):
         )
         handle = fh if valid & k.FATTR_FH else None
         key = self.inodes.key(head.nodeid)
-        if key is None:
+        if key is None:  # a file unlinked while open (fchmod comes without a handle)
+            handle = next(iter(self._orphans.get(head.nodeid, ())), None) if handle is None else handle
             if handle is None:
                 raise FsError(errno.ENOENT, f"node {head.nodeid} is gone", quiet=True)
-            if valid & k.FATTR_SIZE:
-                self.ops.truncate("", size, handle)
+            set_attrs = functools.partial(self.ops.set_open_attrs, handle)
         else:
-            ops = self.ops
-            # The order of chmod, chown, truncate, utimens: explicit times are set last.
-            if valid & k.FATTR_MODE:
-                ops.set_attrs(key, mode=mode)
-            if valid & (k.FATTR_UID | k.FATTR_GID):
-                ops.set_attrs(
-                    key, uid=uid if valid & k.FATTR_UID else None, gid=gid if valid & k.FATTR_GID else None
-                )
-            if valid & k.FATTR_SIZE:
-                ops.truncate(key, size, handle)
-            if valid & (k.FATTR_ATIME | k.FATTR_MTIME):
-                ops.set_attrs(
-                    key,
-                    atime=_time(valid, k.FATTR_ATIME, k.FATTR_ATIME_NOW, atime, atimens),
-                    mtime=_time(valid, k.FATTR_MTIME, k.FATTR_MTIME_NOW, mtime, mtimens),
-                )
+            set_attrs = functools.partial(self.ops.set_attrs, key)
+        # The order of chmod, chown, truncate, utimens: explicit times are set last.
+        if valid & k.FATTR_MODE:
+            set_attrs(mode=mode)
+        if valid & (k.FATTR_UID | k.FATTR_GID):
+            set_attrs(uid=uid if valid & k.FATTR_UID else None, gid=gid if valid & k.FATTR_GID else None)
+        if valid & k.FATTR_SIZE:
+            self.ops.truncate(key or "", size, handle)
+        if valid & (k.FATTR_ATIME | k.FATTR_MTIME):
+            set_attrs(
+                atime=_time(valid, k.FATTR_ATIME, k.FATTR_ATIME_NOW, atime, atimens),
+                mtime=_time(valid, k.FATTR_MTIME, k.FATTR_MTIME_NOW, mtime, mtimens),
+            )
         node = None if key is None else self.ops.find(key)
         if node is None and handle is not None:
             node = self.ops.find_open(handle)

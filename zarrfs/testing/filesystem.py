@@ -30,11 +30,12 @@ import pytest
 from zarrfs.backends import open_driver
 from zarrfs.backends.base import SIDE
 from zarrfs.fs import listing as listing_module
+from zarrfs.fs.api import Operations
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.handles import HandleTable
 from zarrfs.fs.listing import DirListing
 from zarrfs.fs.namespace import DIR, FILE, LINK, RENAME_EXCHANGE, RENAME_NOREPLACE, Tree
-from zarrfs.fs.sidedata import DIR_MARK, LINK_MARK, entry_key
+from zarrfs.fs.sidedata import DIR_MARK, LINK_MARK, attr_key, entry_key
 from zarrfs.testing.links import LinkConformance
 
 
@@ -355,6 +356,46 @@ class FilesystemConformance(LinkConformance):
             ("new", FILE),
             ("zz", FILE),
         ]
+
+    def test_a_folder_holding_a_temporary_file_is_not_empty(self, tree):
+        """A held temporary file (``*.partial``, stored at its rename) is in its folder: rmdir
+        and a rename onto the folder fail as for a stored file."""
+        ops = Operations(tree, HandleTable(tree))
+        tree.mkdir("d", 0o755)
+        tree.mkdir("e", 0o755)
+        ops.release(ops.create("d/x.partial", 0o644, os.O_WRONLY | os.O_CREAT, 0, 0))
+        assert tree.find("d/x.partial") is None  # held, not stored
+        assert errno_of(lambda: ops.rmdir("d")) == errno.ENOTEMPTY
+        assert errno_of(lambda: ops.rename("e", "d")) == errno.ENOTEMPTY
+        ops.rename("d/x.partial", "d/x")
+        assert tree.driver.get("d/x") == b"" and names(tree, "") == [("d", DIR), ("e", DIR)]
+
+    def test_an_unlinked_open_file_keeps_and_changes_its_attributes(self, tree):
+        ops = Operations(tree, HandleTable(tree))
+        tree.commit("f", b"v", None, create=True)
+        tree.set_attrs("f", mode=0o600, uid=7, gid=8)
+        fh = ops.open("f", os.O_RDONLY)
+        ops.unlink("f")
+        node = ops.find_open(fh)
+        assert (stat.S_IMODE(node.attrs.mode), node.attrs.uid, node.nlink) == (0o600, 7, 0)
+        ops.set_open_attrs(fh, mode=0o640, gid=9, mtime=5)
+        node = ops.find_open(fh)
+        assert (stat.S_IMODE(node.attrs.mode), node.attrs.gid, node.attrs.mtime) == (0o640, 9, 5)
+        ops.release(fh)
+        assert tree.find("f") is None and tree.driver.get(attr_key("f"), SIDE) is None
+
+    def test_an_open_file_replaced_by_a_rename_keeps_its_content(self, tree):
+        ops = Operations(tree, HandleTable(tree))
+        tree.commit("a", b"old", None, create=True)
+        tree.set_attrs("a", mode=0o600)
+        fh = ops.open("a", os.O_RDONLY)  # nothing read yet
+        tree.commit("b", b"new", None, create=True)
+        ops.rename("b", "a")
+        assert bytes(ops.read(fh, 10, 0)) == b"old"
+        node = ops.find_open(fh)
+        assert (node.nlink, stat.S_IMODE(node.attrs.mode)) == (0, 0o600)
+        ops.release(fh)
+        assert tree.driver.get("a") == b"new"
 
     @pytest.mark.parametrize("seed", range(6))
     def test_random_folders_are_listed_exactly(self, tree, monkeypatch, seed):
