@@ -26,7 +26,9 @@ import stat
 import time
 from dataclasses import dataclass, field
 
+from zarrfs.fs.entries import inherit_group
 from zarrfs.fs.errors import FsError
+from zarrfs.fs.handlenames import SNAPSHOT_LIMIT, OpenNames
 from zarrfs.fs.namespace import FILE, Node, Tree
 from zarrfs.fs.pagecache import Stored, last_page
 from zarrfs.fs.sidedata import Attrs
@@ -34,8 +36,6 @@ from zarrfs.fs.spill import DEFAULT_SPILL, SpillBuffer
 
 log = logging.getLogger("zarrfs.fs.handles")
 
-# Values larger than this are read by range instead of being held whole by an open handle.
-SNAPSHOT_LIMIT = 64 << 20
 # Closed temporary files held for a rename; past this many bytes the oldest are stored.
 DEFERRED_LIMIT = 256 << 20
 
@@ -60,6 +60,7 @@ class FileState:
     failed: bool = False
     linked: bool = False  # the file has hard links: the table holds it under each name
     stored: Stored | None = None  # what the last commit stored, while nothing changed since
+    born: int | None = None  # when a file made here was created (its folder changed then)
     handles: set[int] = field(default_factory=set)
 
     @property
@@ -83,8 +84,8 @@ class Handle:
         return (self.flags & os.O_ACCMODE) != os.O_RDONLY
 
 
-class HandleTable:
-    """All open files of a mount."""
+class HandleTable(OpenNames):
+    """All open files of a mount (what namespace changes do to them: :class:`OpenNames`)."""
 
     def __init__(self, tree: Tree, spill_threshold: int = DEFAULT_SPILL, readonly: bool = False) -> None:
         self.tree = tree
@@ -127,7 +128,8 @@ class HandleTable:
         return self._shown(state)
 
     def _shown(self, state: FileState) -> Node:
-        return Node(FILE, state.size, state.attrs or self.tree.default_attrs(FILE))
+        attrs = state.attrs or self.tree.default_attrs(FILE)
+        return Node(FILE, state.size, attrs, nlink=0 if state.orphan else 1)  # fstat after unlink: 0
 
     # ------------------------------------------------------------------ open / create
     def open(self, key: str, flags: int, linked: bool | None = None) -> int:
@@ -177,14 +179,17 @@ class HandleTable:
         existing = self.states.get(key)
         if existing is not None and not existing.orphan:
             return self.open(key, flags | os.O_TRUNC)
-        self.tree.check_create(key)
+        folder = self.tree.check_create(key)
         now = time.time_ns()
+        attrs = Attrs(FILE | stat.S_IMODE(mode), uid, gid, now, now, now)
+        inherit_group(attrs, folder)
         state = FileState(
             key,
             buffer=SpillBuffer(threshold=self.spill_threshold),
-            attrs=Attrs(FILE | stat.S_IMODE(mode), uid, gid, now, now, now),
+            attrs=attrs,
             dirty=True,
             created=True,
+            born=now,
         )
         return self._add(state, flags)
 
@@ -247,6 +252,21 @@ class HandleTable:
         self._touch(state)
         return len(data)
 
+    def fallocate(self, fh: int, offset: int, length: int, mode: int) -> None:
+        """``posix_fallocate``: the file grows to ``offset + length`` (zeros), stored at the next
+        commit like a write; a key/value store reserves no space: other modes are EOPNOTSUPP."""
+        handle = self._handle(fh)
+        if mode:
+            raise FsError(errno.EOPNOTSUPP, f"{handle.state.key}: fallocate mode {mode:#x}")
+        if not handle.writable:
+            raise FsError(errno.EBADF, handle.state.key)
+        if offset < 0 or length <= 0:
+            raise FsError(errno.EINVAL, f"{handle.state.key}: fallocate {offset}+{length}")
+        buffer = self._ensure_buffer(handle.state)
+        if buffer.size < offset + length:
+            buffer.truncate(offset + length)
+            self._touch(handle.state)
+
     def truncate(self, key: str, length: int, fh: int | None = None) -> None:
         """Cut or extend a file; an unopened file is changed in its own transaction."""
         if self.readonly:
@@ -271,7 +291,14 @@ class HandleTable:
             return None
         assert state.buffer is not None
         try:
-            self.tree.commit(state.key, state.buffer.view(), state.attrs, state.created, linked=state.linked)
+            self.tree.commit(
+                state.key,
+                state.buffer.view(),
+                state.attrs,
+                state.created,
+                linked=state.linked,
+                added=state.born,
+            )
         except Exception:
             state.failed = True
             raise
@@ -380,7 +407,15 @@ class HandleTable:
         state = self.states[src]
         assert state.buffer is not None and state.attrs is not None
         attrs = Attrs(**vars(state.attrs))
-        self.tree.commit(dst, state.buffer.view(), attrs, create=True, exclusive=exclusive, replace=True)
+        self.tree.commit(
+            dst,
+            state.buffer.view(),
+            attrs,
+            create=True,
+            exclusive=exclusive,
+            replace=True,
+            renamed_from=src,
+        )
         stored = Stored(state.size, attrs.mtime)
         state.stored = stored
         if not state.handles:
@@ -395,84 +430,3 @@ class HandleTable:
         else:
             self._forget(state)
         return stored
-
-    # ------------------------------------------------------------------ namespace changes
-    def settle(self, key: str) -> None:
-        """Commit pending content under ``key`` (the file or anything in the folder) before a
-        rename or link moves it; a held temporary file stored so is held no more."""
-        for k, state in list(self.states.items()):
-            if k == key or k.startswith(key + "/"):
-                self._commit(state)
-                if self.deferred.get(k) is state and not state.handles:
-                    self._forget(state)
-
-    def linked(self, src: str, dst: str) -> None:
-        """``dst`` is a hard link of ``src``: a file open under ``src`` is open under both."""
-        if src in self.states:
-            self.states[dst] = self.states[src]
-            self.states[dst].linked = True
-
-    def set_attrs(self, key: str, **changes: int | None) -> bool:
-        """Apply mode/owner/times to a file not yet stored; False when the key has no such file
-        (the tree then changes the stored attributes)."""
-        state = self.states.get(key)
-        if state is None or not state.created:
-            if state is not None and state.attrs is not None:
-                self._apply(state.attrs, changes)  # keep the pending record in step
-            return False
-        assert state.attrs is not None
-        self._apply(state.attrs, changes)
-        return True
-
-    @staticmethod
-    def _apply(attrs: Attrs, changes: dict[str, int | None]) -> None:
-        mode = changes.get("mode")
-        if mode is not None:
-            attrs.mode = stat.S_IFMT(attrs.mode) | stat.S_IMODE(mode)
-        for name in ("uid", "gid"):
-            value = changes.get(name)
-            if value is not None and value != -1:
-                setattr(attrs, name, value)
-        for name in ("atime", "mtime"):
-            value = changes.get(name)
-            if value is not None:
-                setattr(attrs, name, value)
-
-    def unlinked(self, key: str) -> bool:
-        """Detach open state from a removed key; True when the file existed only here.
-        Descriptors still open go on reading what the file held."""
-        state = self.states.get(key)
-        if state is None:
-            return False
-        if state.linked and len(self._names_of(state)) > 1:
-            self._drop_name(key)  # the file lives on under its other names
-            return False
-        if state.buffer is None and state.snapshot is None and not state.created:
-            try:
-                if self.tree.stored_size(key) <= SNAPSHOT_LIMIT:
-                    state.snapshot = self.tree.read_value(key)
-            except FsError:
-                pass  # already gone
-        del self.states[key]
-        state.orphan = True
-        if self.deferred.pop(key, None) is not None and not state.handles:
-            self._forget(state)
-        return state.created
-
-    def renamed(self, src: str, dst: str, exchange: bool = False) -> None:
-        """Open files follow a rename (of the file or of a folder holding it); with
-        ``exchange`` (RENAME_EXCHANGE) those under ``dst`` move to ``src`` as well, else an
-        open file replaced at ``dst`` is orphaned."""
-        moves = [(src, dst), (dst, src)] if exchange else [(src, dst)]
-        moved = []
-        for a, b in moves:
-            under = [(k, s) for k, s in self.states.items() if k == a or k.startswith(a + "/")]
-            moved += [(b + k[len(a) :], s) for k, s in under]
-            for k, _ in under:
-                del self.states[k]
-        if not exchange:
-            self._drop_name(dst)
-        for new_key, state in moved:
-            state.key = new_key
-            state.snapshot = None if state.buffer is None else state.snapshot
-            self.states[new_key] = state

@@ -24,11 +24,12 @@ from zarrfs.backends.base import DATA, SIDE, Get, HasPrefix, Read, Size, Txn
 from zarrfs.fs import hardlinks
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.hardlinks import pointer_key
-from zarrfs.fs.sidedata import ENTRY, LINK_MARK, Attrs, attr_key, entry_key
+from zarrfs.fs.sidedata import ENTRY, LINK_MARK, SPECIAL_MARK, Attrs, attr_key, entry_key, read_special
 
 log = logging.getLogger("zarrfs.fs.namespace")
 
 FILE, DIR, LINK = stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK
+_SIZED = (FILE, DIR, LINK)
 
 #: What a probe finds at a key: (kind, stored size, link target, raw attributes, raw
 #: link-group pointer of a file).
@@ -37,8 +38,10 @@ Probe = tuple[int, int, str, "bytes | None", "bytes | None"]
 
 @dataclass
 class Node:
-    """What is at a key: its kind (FILE, DIR or LINK), size in bytes and attributes; for a
-    file with hard links, its number of names and the id of their link group."""
+    """What is at a key: its kind (FILE, DIR, LINK or a special file's type bits), size in
+    bytes, attributes, a symlink's target, the count of names (0 for an open file whose name
+    was removed) and, for a file with hard links, the id of their link group; a special file's
+    device number."""
 
     kind: int
     size: int
@@ -46,6 +49,7 @@ class Node:
     target: str = ""
     nlink: int = 1
     group: str = ""
+    rdev: int = 0
 
 
 class Lookups:
@@ -82,9 +86,10 @@ class Lookups:
 
     def _probe(self, t: Txn, key: str) -> Probe | None:
         """(kind, stored size, link target, raw attributes, link-group pointer) of ``key``, or
-        None when nothing is there. One batch of reads where a batch costs one read (a round
-        trip to Redis, one SQLite statement); on LMDB, only the reads the answer needs (a file
-        or a missing name skips two of six, a folder or symlink the pointer)."""
+        None when nothing is there; for a special file the size slot holds its device number
+        (it has no size). One batch of reads where a batch costs one read (a round trip to
+        Redis, one SQLite statement); on LMDB, only the reads the answer needs (a file or a
+        missing name skips two of six, a folder, symlink or special file the pointer)."""
         if self.driver.batched or key == "":
             return self._probe_many(t, [key])[0]
         size, data_below = t.read_many([Size(key, DATA), HasPrefix(key + "/", DATA)])
@@ -152,6 +157,8 @@ class Lookups:
         if mark is not None and mark[:1] == LINK_MARK:
             target = bytes(mark[1:]).decode("utf-8", "surrogateescape")
             return LINK, len(target.encode("utf-8", "surrogateescape")), target, raw_attrs, None
+        if mark is not None and mark[:1] == SPECIAL_MARK:
+            return (*read_special(mark), "", raw_attrs, None)
         if mark is not None or side_below:
             return DIR, 0, "", raw_attrs, None
         return None
@@ -159,9 +166,17 @@ class Lookups:
     def _probe_in_folder(self, t: Txn, key: str, also: Sequence[str] = ()) -> Probe | None:
         """:meth:`_probe` of ``key``, and in the same batch a check that its parent is a folder
         (ENOENT / ENOTDIR otherwise), as every call that makes a name needs."""
+        return self._probe_with_folder(t, key, also)[1]
+
+    def _probe_with_folder(
+        self, t: Txn, key: str, also: Sequence[str] = ()
+    ) -> tuple[Probe, Probe | None]:
+        """:meth:`_probe_in_folder`, with the probe of the folder too (its attributes say who
+        owns a new entry and are changed by it)."""
         parent, found = self._probe_many(t, [key.rpartition("/")[0], key], also)
         self._folder_check(parent, key)
-        return found
+        assert parent is not None
+        return parent, found
 
     @staticmethod
     def _folder_check(parent: tuple | None, key: str) -> None:
@@ -195,6 +210,8 @@ class Lookups:
             attrs = self.default_attrs(kind)
         elif stat.S_IFMT(attrs.mode) != kind:
             attrs = attrs.with_type(kind)
+        if kind not in _SIZED:  # a special file: the size slot held its device number
+            return Node(kind, 0, attrs, target, rdev=size)
         return Node(kind, size, attrs, target, nlink, gid)
 
     def _node(self, t: Txn, key: str) -> Node:

@@ -4,8 +4,11 @@
 A path is a key (``/grp/arr/0.0`` is ``grp/arr/0.0``); folders derive from key prefixes and
 side markers (:mod:`zarrfs.fs.lookups`). A :class:`Tree` is three parts: lookups
 (:class:`zarrfs.fs.lookups.Lookups`), listings (:class:`zarrfs.fs.listing.Listings`) and the
-writes here (commit, mkdir, symlink, unlink, rmdir, set_attrs, rename, link), with
+writes here (commit, unlink, rmdir, set_attrs, rename, link), with
 :class:`Hooks`, where the format layer plugs in.
+Making side entries (folders, symlinks, special files), the owner of a new node and the times
+of a folder a name is added to or removed from are in :mod:`zarrfs.fs.entries`; the
+bookkeeping of hard links in :mod:`zarrfs.fs.hardlinks`.
 
 Everything here is one driver transaction per call; nothing here knows about FUSE, so it imports
 and tests without a mount. POSIX conditions are raised as :class:`zarrfs.fs.errors.FsError`.
@@ -20,11 +23,12 @@ from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, Get, HasPrefix, Txn
 from zarrfs.fs import hardlinks
+from zarrfs.fs.entries import Entries
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.hardlinks import POINTER, LinkGroups, pointer_key
 from zarrfs.fs.listing import FOLDER_BATCH, Listings
 from zarrfs.fs.lookups import DIR, FILE, LINK, Lookups, Node
-from zarrfs.fs.sidedata import DIR_MARK, ENTRY, EPOCH, LINK_MARK, Attrs, attr_key, entry_key
+from zarrfs.fs.sidedata import DIR_MARK, ENTRY, EPOCH, Attrs, attr_key, entry_key
 
 # Names other modules import from here (their home is zarrfs.fs.lookups / zarrfs.fs.listing).
 __all__ = [
@@ -108,7 +112,7 @@ class _Recording:
         return getattr(self._txn, name)
 
 
-class Tree(Listings, Lookups, LinkGroups):
+class Tree(Entries, Listings, Lookups, LinkGroups):
     """The filesystem over one driver: lookups, listings and every namespace change.
 
     ``uid``/``gid``/``umask`` give the attributes of nodes that have none recorded.
@@ -137,6 +141,10 @@ class Tree(Listings, Lookups, LinkGroups):
         self._side_effects: set[str] = set()
         self._hidden_logged: set[str] = set()
         self.epoch = self._load_epoch()
+        # The longest key the database holds (LMDB: 511 bytes), less the side prefix ("a:")
+        # of a node's attributes: a longer path is refused with ENAMETOOLONG before it is made.
+        limit = getattr(driver, "max_key_size", None)
+        self.key_limit: int | None = limit - len(ENTRY) if limit else None
 
     def _load_epoch(self) -> int:
         """The time of nodes without attributes, fixed at the first mount (see sidedata)."""
@@ -191,6 +199,8 @@ class Tree(Listings, Lookups, LinkGroups):
         exclusive: bool = False,
         replace: bool = False,
         linked: bool = False,
+        added: int | None = None,
+        renamed_from: str | None = None,
     ) -> None:
         """Store the content of a file written through the mount, with its attributes, in one
         transaction; the format layer may refuse it (nothing is stored then).
@@ -200,15 +210,18 @@ class Tree(Listings, Lookups, LinkGroups):
         group); ``exclusive``: it must be new (EEXIST otherwise), as for ``link`` or
         ``RENAME_NOREPLACE``; ``replace``: a symlink in the way is replaced, as a rename does.
         ``linked``: the file had hard links when it was opened; the content is then stored
-        under every name its group has now."""
+        under every name its group has now (their folders do not change: no name is added).
+        ``added``: when the file was made; if it turns out new, its folder's times change (see
+        :meth:`_folder_changed`). ``renamed_from``: the file was an unstored file of that name,
+        renamed here: both folders' times change."""
 
         # Remote: what the format layer will read comes in the probe's round trip.
         also = self.hooks.reads(key) if (create or exclusive) and self.driver.remote else ()
 
         def run(t: Txn) -> None:
-            pointer = None
+            pointer = folder = found = None
             if create or exclusive:
-                found = self._probe_in_folder(t, key, also)
+                folder, found = self._probe_with_folder(t, key, also)
                 if found is not None and replace and not exclusive and found[0] not in (FILE, DIR):
                     t.delete(entry_key(key), SIDE)  # the symlink the rename replaces
                     found = None
@@ -223,10 +236,10 @@ class Tree(Listings, Lookups, LinkGroups):
             elif linked:
                 pointer = t.get(pointer_key(key), SIDE)
             names = [key]
-            group = hardlinks.load(t, key, pointer)
-            if group is not None and (create or exclusive):
-                hardlinks.leave(t, group, key)  # a new file in its place: not linked
-            elif group is not None:
+            if create or exclusive:
+                if pointer is not None:  # a new file in its place: that name is not linked
+                    self._unlinked(t, key, found)
+            elif (group := hardlinks.load(t, key, pointer)) is not None:
                 names = group.names
             for name in names:
                 stored = self.hooks.store(t, name, value)
@@ -234,46 +247,8 @@ class Tree(Listings, Lookups, LinkGroups):
                 if attrs is not None:
                     t.put(attr_key(name), attrs.pack(), SIDE)
                 self._changed(t, name, stored)
-
-        self._write(run)
-
-    def check_create(self, key: str) -> None:
-        """Raise unless the name ``key`` is valid for a new file. The kernel has just looked up
-        the name and its folder; the commit checks both again in its own transaction."""
-        self.driver.transact(lambda t: self.hooks.check_name(t, key, FILE), write=False)
-
-    def mkdir(self, key: str, mode: int) -> None:
-        """Make an empty folder that persists (EEXIST if taken, ENOENT/ENOTDIR for the parent)."""
-
-        def run(t: Txn) -> None:
-            if not key or self._probe_in_folder(t, key) is not None:
-                raise FsError(errno.EEXIST, key)
-            self.hooks.check_name(t, key, DIR)
-            now = self._now()
-            t.put(entry_key(key), DIR_MARK, SIDE)
-            t.put(attr_key(key), self._new_attrs(DIR, mode, now).pack(), SIDE)
-
-        self._write(run)
-
-    def _new_attrs(self, kind: int, mode: int, now: int, uid: int | None = None, gid: int | None = None):
-        return Attrs(
-            kind | stat.S_IMODE(mode),
-            self.uid if uid is None else uid,
-            self.gid if gid is None else gid,
-            now,
-            now,
-            now,
-        )
-
-    def symlink(self, target: str, key: str, uid: int | None = None, gid: int | None = None) -> None:
-        """Make a symlink at ``key`` pointing to ``target`` (kept as side data: not a Zarr key)."""
-
-        def run(t: Txn) -> None:
-            if self._probe_in_folder(t, key) is not None:
-                raise FsError(errno.EEXIST, key)
-            now = self._now()
-            t.put(entry_key(key), LINK_MARK + target.encode("utf-8", "surrogateescape"), SIDE)
-            t.put(attr_key(key), self._new_attrs(LINK, 0o777, now, uid, gid).pack(), SIDE)
+            if folder is not None:
+                self._commit_folders(t, key, folder, found, added, renamed_from)
 
         self._write(run)
 
@@ -281,8 +256,10 @@ class Tree(Listings, Lookups, LinkGroups):
         """Remove the file or symlink at ``key`` (EISDIR for a folder). Returns the other
         names of the file, when it had hard links."""
 
+        where = key.rpartition("/")[0]
+
         def run(t: Txn) -> list[str]:
-            found = self._probe(t, key)
+            found, folder = self._probe_many(t, [key, where])
             if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
             if found[0] == DIR:
@@ -296,6 +273,7 @@ class Tree(Listings, Lookups, LinkGroups):
                 t.delete(entry_key(key), SIDE)
             t.delete(attr_key(key), SIDE)
             self._keep_parent(t, key)
+            self._folder_changed(t, where, folder[3] if folder else None, self._now())
             return left
 
         return self._write(run)
@@ -303,19 +281,22 @@ class Tree(Listings, Lookups, LinkGroups):
     def rmdir(self, key: str) -> None:
         """Remove the empty folder at ``key`` (ENOTEMPTY, ENOTDIR, ENOENT as POSIX says)."""
 
+        if not key:
+            raise FsError(errno.EBUSY, "the root folder")
+        where = key.rpartition("/")[0]
+
         def run(t: Txn) -> None:
-            found = self._probe(t, key)
+            found, folder = self._probe_many(t, [key, where])
             if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
             if found[0] != DIR:
                 raise FsError(errno.ENOTDIR, key)
-            if not key:
-                raise FsError(errno.EBUSY, "the root folder")
             if self._has_children(t, key):
                 raise FsError(errno.ENOTEMPTY, key, quiet=True)
             t.delete(entry_key(key), SIDE)
             t.delete(attr_key(key), SIDE)
             self._keep_parent(t, key)
+            self._folder_changed(t, where, folder[3] if folder else None, self._now())
 
         self._write(run)
 
@@ -412,12 +393,16 @@ class Tree(Listings, Lookups, LinkGroups):
         if dst.startswith(src + "/") or (flags & RENAME_EXCHANGE and src.startswith(dst + "/")):
             raise FsError(errno.EINVAL, f"cannot move {src} into itself")
 
+        self.check_length(dst)
+        here, there = src.rpartition("/")[0], dst.rpartition("/")[0]
+
         def run(t: Txn) -> bool:
-            s, d, parent = self._probe_many(t, [src, dst, dst.rpartition("/")[0]])
+            s, d, parent, source = self._probe_many(t, [src, dst, there, here])
             if s is None:
                 raise FsError(errno.ENOENT, src, quiet=True)
             if self._same_file(t, src, dst, s, d):
                 return False
+            now = self._now()
             if flags & RENAME_EXCHANGE:
                 if d is None:
                     raise FsError(errno.ENOENT, dst, quiet=True)
@@ -427,6 +412,7 @@ class Tree(Listings, Lookups, LinkGroups):
                 self._place(t, a, src, dst)
                 self._place(t, b, dst, src)
                 self._regroup(t, [(a, src, dst, s), (b, dst, src, d)])
+                self._folders_changed(t, (here, source), (there, parent), now)
                 return True
             if d is not None:
                 if flags & RENAME_NOREPLACE:
@@ -446,8 +432,12 @@ class Tree(Listings, Lookups, LinkGroups):
             records = self._subtree(t, src, s)
             self._remove(t, records)
             self._place(t, records, src, dst)
+            moved = (Attrs.unpack(s[3]) if s[3] is not None else None) or self.default_attrs(s[0])
+            moved.ctime = now  # as Linux's filesystems do: the node changed
+            t.put(attr_key(dst), moved.with_type(s[0]).pack(), SIDE)
             self._regroup(t, [(records, src, dst, s)])
             self._keep_parent(t, src)
+            self._folders_changed(t, (here, source), (there, parent), now)
             return True
 
         return self._write(run)
@@ -457,7 +447,10 @@ class Tree(Listings, Lookups, LinkGroups):
         transaction; EEXIST, atomically, when ``dst`` exists (zarr-python 3 creates metadata
         this way). The value is stored under the new name too (every name is a Zarr key), and
         the link group of :mod:`zarrfs.fs.hardlinks` makes the names one file. A symlink is
-        copied (a new symlink with the same target)."""
+        copied (a new symlink with the same target). The new name's folder changes and so
+        does the file (its ctime, on every name)."""
+
+        self.check_length(dst)
 
         def run(t: Txn) -> None:
             s, d, parent = self._probe_many(t, [src, dst, dst.rpartition("/")[0]])
@@ -472,12 +465,13 @@ class Tree(Listings, Lookups, LinkGroups):
             if s[0] != FILE:
                 records = [r for r in self._subtree(t, src, s) if r[1] in (entry_key(src), attr_key(src))]
                 self._place(t, records, src, dst)
-                return
-            value = self.hooks.arrive(t, dst, t.get(src), src)
-            t.put(dst, value)
-            self._changed(t, dst, value)
-            group = hardlinks.join(t, hardlinks.load(t, src, s[4]), src, dst)
-            self._touch_group(group.names, s[3], t)
+            else:
+                value = self.hooks.arrive(t, dst, t.get(src), src)
+                t.put(dst, value)
+                self._changed(t, dst, value)
+                group = hardlinks.join(t, hardlinks.load(t, src, s[4]), src, dst)
+                self._touch_group(group.names, s[3], t)
+            self._folder_changed(t, dst.rpartition("/")[0], parent[3], self._now())
 
         self._write(run)
 

@@ -56,6 +56,7 @@ CREATE = 35
 INTERRUPT = 36
 DESTROY = 38
 BATCH_FORGET = 42
+FALLOCATE = 43
 RENAME2 = 45
 
 # INIT flags (fuse_init_in.flags / fuse_init_out.flags).
@@ -137,6 +138,7 @@ FLUSH_IN = struct.Struct("<QIIQ")
 READ_IN = struct.Struct("<QQIIQII")
 WRITE_IN = struct.Struct("<QQIIQII")
 FSYNC_IN = struct.Struct("<QII")
+FALLOCATE_IN = struct.Struct("<QQQII")  # fh, offset, length, mode
 DIRENT = struct.Struct("<QQII")
 NOTIFY_INVAL_INODE_OUT = struct.Struct("<IiQ" + "Qqq")
 NOTIFY_INVAL_ENTRY_OUT = struct.Struct("<IiQ" + "QII")
@@ -205,6 +207,7 @@ OPCODES: dict[int, Opcode] = {
     DESTROY: Opcode("destroy"),
     BATCH_FORGET: Opcode("batch_forget", BATCH_FORGET_IN.size, answered=False),  # and the list
     RENAME2: Opcode("rename2", RENAME2_IN.size, 2),
+    FALLOCATE: Opcode("fallocate", FALLOCATE_IN.size),
 }
 OPCODE_NAMES = {code: op.name for code, op in OPCODES.items()}
 # Opcodes index lists of this length; larger ones (CUSE_INIT is 4096) share the last slot.

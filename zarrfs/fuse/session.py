@@ -20,12 +20,12 @@ protocol.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
-import stat
 from collections.abc import Callable
 
-from zarrfs.fs.api import DIR, NOW, RENAME_EXCHANGE, FsError, Node, Operations, PageCache, Stored
+from zarrfs.fs.api import DIR, NAME_MAX, NOW, RENAME_EXCHANGE, FsError, Node, Operations, PageCache, Stored
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.abi import Header
 from zarrfs.fuse.dispatch import Dispatcher, Handler
@@ -69,6 +69,9 @@ class Session(Dispatcher):
         self._inval_ok = self._store_ok = False  # notifications the agreed version has
         self.invalidator = Invalidator(fd)
         self.coherence = None  # a fuse.coherence.Coherence when the driver has a change feed
+        # Node ID -> the handles open on a file unlinked while open (a live set): what answers
+        # its fstat, which the kernel sends as a GETATTR of the node without a handle.
+        self._orphans: dict[int, set[int]] = {}
         ops.on_keys_changed(self.keys_changed)
         handlers: dict[int, Handler] = {
             k.LOOKUP: self._lookup,
@@ -100,6 +103,7 @@ class Session(Dispatcher):
             k.DESTROY: self._destroy,
             k.BATCH_FORGET: self._batch_forget,
             k.RENAME2: self._rename2,
+            k.FALLOCATE: self._fallocate,
         }
         super().__init__(fd, handlers)
 
@@ -120,6 +124,8 @@ class Session(Dispatcher):
         parent = None if inode is None else inode.key
         if parent is None:
             raise FsError(errno.ENOENT, f"node {nodeid} is gone", quiet=True)
+        if len(name) > NAME_MAX:
+            self.ops.check_name(name)
         text = name.decode("utf-8", "surrogateescape")
         return parent + "/" + text if parent else text
 
@@ -147,7 +153,8 @@ class Session(Dispatcher):
         at, atn = divmod(a.atime, NS)
         mt, mtn = divmod(a.mtime, NS)
         ct, ctn = divmod(a.ctime, NS)
-        # nlink 1 for folders too: it tells find(1) not to guess subfolder counts from it.
+        # nlink 1 for folders too: it tells find(1) not to guess subfolder counts from it. An
+        # open file whose name is gone has 0.
         return (
             nodeid,
             size,
@@ -162,7 +169,7 @@ class Session(Dispatcher):
             node.nlink,
             a.uid,
             a.gid,
-            0,
+            node.rdev,
             BLKSIZE,
             0,
         )
@@ -263,9 +270,18 @@ class Session(Dispatcher):
         node = None if key is None else self.ops.find(key)
         if node is None and flags & k.GETATTR_FH:
             node = self.ops.find_open(fh)
+        if node is None and key is None and self._orphans:
+            node = self._orphan(head.nodeid)
         if node is None:
             raise FsError(errno.ENOENT, key or f"node {head.nodeid}", quiet=True)
         self._reply_attr(head.unique, head.nodeid, node)
+
+    def _orphan(self, nodeid: int) -> Node | None:
+        """What an open file unlinked while open shows, through any handle still open on it."""
+        for fh in self._orphans.get(nodeid, ()):
+            return self.ops.find_open(fh)
+        self._orphans.pop(nodeid, None)  # every handle closed: the file is gone
+        return None
 
     def _setattr(self, head: Header, buf: memoryview) -> None:
         (valid, _, fh, size, _, atime, mtime, _, atimens, mtimens, _, mode, _, uid, gid, _) = (
@@ -273,28 +289,25 @@ class Session(Dispatcher):
         )
         handle = fh if valid & k.FATTR_FH else None
         key = self.inodes.key(head.nodeid)
-        if key is None:
+        if key is None:  # a file unlinked while open (fchmod comes without a handle)
+            handle = next(iter(self._orphans.get(head.nodeid, ())), None) if handle is None else handle
             if handle is None:
                 raise FsError(errno.ENOENT, f"node {head.nodeid} is gone", quiet=True)
-            if valid & k.FATTR_SIZE:
-                self.ops.truncate("", size, handle)
+            set_attrs = functools.partial(self.ops.set_open_attrs, handle)
         else:
-            ops = self.ops
-            # The order of chmod, chown, truncate, utimens: explicit times are set last.
-            if valid & k.FATTR_MODE:
-                ops.set_attrs(key, mode=mode)
-            if valid & (k.FATTR_UID | k.FATTR_GID):
-                ops.set_attrs(
-                    key, uid=uid if valid & k.FATTR_UID else None, gid=gid if valid & k.FATTR_GID else None
-                )
-            if valid & k.FATTR_SIZE:
-                ops.truncate(key, size, handle)
-            if valid & (k.FATTR_ATIME | k.FATTR_MTIME):
-                ops.set_attrs(
-                    key,
-                    atime=_time(valid, k.FATTR_ATIME, k.FATTR_ATIME_NOW, atime, atimens),
-                    mtime=_time(valid, k.FATTR_MTIME, k.FATTR_MTIME_NOW, mtime, mtimens),
-                )
+            set_attrs = functools.partial(self.ops.set_attrs, key)
+        # The order of chmod, chown, truncate, utimens: explicit times are set last.
+        if valid & k.FATTR_MODE:
+            set_attrs(mode=mode)
+        if valid & (k.FATTR_UID | k.FATTR_GID):
+            set_attrs(uid=uid if valid & k.FATTR_UID else None, gid=gid if valid & k.FATTR_GID else None)
+        if valid & k.FATTR_SIZE:
+            self.ops.truncate(key or "", size, handle)
+        if valid & (k.FATTR_ATIME | k.FATTR_MTIME):
+            set_attrs(
+                atime=_time(valid, k.FATTR_ATIME, k.FATTR_ATIME_NOW, atime, atimens),
+                mtime=_time(valid, k.FATTR_MTIME, k.FATTR_MTIME_NOW, mtime, mtimens),
+            )
         node = None if key is None else self.ops.find(key)
         if node is None and handle is not None:
             node = self.ops.find_open(handle)
@@ -313,23 +326,25 @@ class Session(Dispatcher):
         self._reply_entry(head.unique, key)
 
     def _mknod(self, head: Header, buf: memoryview) -> None:
-        mode = k.MKNOD_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]
+        mode, rdev = k.MKNOD_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:2]
         key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE + k.MKNOD_IN.size, head.len))
-        if not stat.S_ISREG(mode):
-            raise FsError(errno.EPERM, f"{key}: only regular files, folders and symlinks are stored")
-        fh = self.ops.create(key, mode, os.O_WRONLY | os.O_CREAT | os.O_EXCL, head.uid, head.gid)
-        self.ops.release(fh)
+        self.ops.mknod(key, mode, rdev, head.uid, head.gid)
         self._reply_entry(head.unique, key)
 
     def _mkdir(self, head: Header, buf: memoryview) -> None:
         mode = k.MKDIR_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]
         key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE + k.MKDIR_IN.size, head.len))
-        self.ops.mkdir(key, mode)
+        self.ops.mkdir(key, mode, head.uid, head.gid)
         self._reply_entry(head.unique, key)
 
     def _unlink(self, head: Header, buf: memoryview) -> None:
         key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE, head.len))
+        handles = self.ops.open_handles(key)
         self.ops.unlink(key)
+        nodeid = self.inodes.ids.get(key)
+        if handles and nodeid is not None:
+            self._orphans = {n: h for n, h in self._orphans.items() if h}  # drop closed ones
+            self._orphans[nodeid] = handles
         self.inodes.detach(key)
         self._reply_ok(head.unique)
 
@@ -406,6 +421,11 @@ class Session(Dispatcher):
             raise k.Malformed(f"a write of {size} bytes in a request of {head.len}")
         written = self.ops.write(fh, buf[k.WRITE_DATA : k.WRITE_DATA + size], offset)
         self._send(k.WRITE_REPLY.pack(k.WRITE_REPLY.size, 0, head.unique, written, 0))
+
+    def _fallocate(self, head: Header, buf: memoryview) -> None:
+        fh, offset, length, mode = k.FALLOCATE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:4]
+        self.ops.fallocate(fh, offset, length, mode)
+        self._reply_ok(head.unique)
 
     def _flush(self, head: Header, buf: memoryview) -> None:
         self._stored(head.nodeid, self.ops.flush(k.FLUSH_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]))

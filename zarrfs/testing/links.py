@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
+import time
 
 import pytest
 
@@ -182,3 +184,44 @@ class LinkConformance:
         assert _nlinks(tree, "a", "b") == [1, 1]
         _write(ops, "a", b"x")
         assert tree.driver.get("b") == b"2"
+
+    def test_links_change_folder_times_and_ctimes(self, tree):
+        ops = _ops(tree)
+        for folder in ("d", "e"):
+            tree.mkdir(folder, 0o755)
+        tree.commit("d/a", b"v", None, create=True, added=time.time_ns())
+
+        def times(*keys):
+            return [(tree.find(k).attrs.mtime, tree.find(k).attrs.ctime) for k in keys]
+
+        before = times("d", "e", "d/a")
+        time.sleep(0.002)
+        ops.link("d/a", "e/b")  # the new name's folder and the file change; not the source's
+        after = times("d", "e", "d/a")
+        assert after[0] == before[0] and after[1] > before[1]
+        assert after[2][0] == before[2][0] and after[2][1] > before[2][1]
+        assert times("e/b") == [after[2]]  # one file: one record under each name
+        _write(ops, "e/b", b"w")  # a commit of a linked file adds no name
+        assert times("d", "e") == after[:2] and tree.driver.get("d/a") == b"w"
+        time.sleep(0.002)
+        ops.unlink("e/b")
+        gone = times("d", "e", "d/a")
+        assert gone[0] == after[0] and gone[1] > after[1] and gone[2][1] > after[2][1]
+        assert _nlinks(tree, "d/a") == [1] and _link_records(tree) == []
+
+    def test_listing_shows_links_and_device_numbers_together(self, tree):
+        ops = _ops(tree)
+        tree.mkdir("d", 0o755)
+        tree.commit("d/a", b"v", None, create=True)
+        tree.mknod("d/c", stat.S_IFCHR | 0o600, os.makedev(1, 3))
+        ops.link("d/a", "d/b")
+        ops.link("d/c", "d/c2")  # a special file is copied, as a symlink is
+        nodes = tree.folder_nodes("d", 100)
+        assert {n: (x.kind, x.nlink, x.rdev) for n, x in nodes.items()} == {
+            "a": (FILE, 2, 0),
+            "b": (FILE, 2, 0),
+            "c": (stat.S_IFCHR, 1, os.makedev(1, 3)),
+            "c2": (stat.S_IFCHR, 1, os.makedev(1, 3)),
+        }
+        assert nodes["a"].group == tree.find("d/b").group != ""
+        assert tree.find("d/c2").rdev == os.makedev(1, 3)
