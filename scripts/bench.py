@@ -231,6 +231,15 @@ def run_driver(kind: str, args, work: Path, redis: RedisServer | None, data, out
         url, store_url = f"lmdb://{work}/bench.lmdb", f"lmdb://{work}/store.lmdb"
     elif kind == "sqlite":
         url, store_url = f"sqlite://{work}/bench.sqlite", f"sqlite://{work}/store.sqlite"
+    elif kind in ("cluster", "postgres"):
+        # a server of the caller's: --cluster redis+cluster://h:p,.../  --postgres postgresql://...
+        base = getattr(args, kind)
+        if not base:
+            raise SystemExit(f"--drivers {kind} needs --{kind} URL")
+        name = "prefix" if kind == "cluster" else "table"
+        sep = "&" if "?" in base else "?"
+        tag = f"b{os.getpid()}"
+        url, store_url = f"{base}{sep}{name}={tag}bench", f"{base}{sep}{name}={tag}store"
     else:
         assert redis is not None
         url, store_url = redis.url("bench"), redis.url("store")
@@ -352,6 +361,8 @@ def main() -> int:
     parser.add_argument("--small-files", type=int, default=20000)
     parser.add_argument("--ls-entries", type=int, default=100000)
     parser.add_argument("--workdir", default=None, help="where to put the databases (default: a temp folder)")
+    parser.add_argument("--cluster", default=None, help="a redis+cluster:// URL, for --drivers cluster")
+    parser.add_argument("--postgres", default=None, help="a postgresql:// URL, for --drivers postgres")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="zarrfs-bench-", dir=args.workdir))

@@ -148,12 +148,17 @@ class RedisCluster:
         return Client(host="127.0.0.1", port=self.ports[0])
 
 
-def start_redis_cluster(workdir: str, masters: int = 3) -> RedisCluster:
-    """Start ``masters`` cluster-enabled redis-servers and join them into one cluster."""
+def start_redis_cluster(
+    workdir: str, masters: int = 3, replicas: int = 0, node_timeout_ms: int | None = None
+) -> RedisCluster:
+    """Start ``masters`` cluster-enabled redis-servers (and ``replicas`` replicas of each) and
+    join them into one cluster. ``node_timeout_ms``: how long a silent master takes to be
+    failed over (Redis' default is 15 s)."""
     exe, cli = shutil.which("redis-server"), shutil.which("redis-cli")
     if exe is None or cli is None:
         pytest.fail("redis-server and redis-cli are needed (apt-get install redis-server)")
-    ports = _cluster_ports(masters)
+    ports = _cluster_ports(masters * (1 + replicas))
+    extra = ["--cluster-node-timeout", str(node_timeout_ms)] if node_timeout_ms else []
     procs = []
     for port in ports:
         node = os.path.join(workdir, str(port))
@@ -164,7 +169,7 @@ def start_redis_cluster(workdir: str, masters: int = 3) -> RedisCluster:
                 [
                     exe, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
                     "--cluster-config-file", os.path.join(node, "nodes.conf"), "--save", "",
-                    "--appendonly", "no", "--dir", node, "--logfile", log,
+                    "--appendonly", "no", "--dir", node, "--logfile", log, *extra,
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.STDOUT,
@@ -173,7 +178,7 @@ def start_redis_cluster(workdir: str, masters: int = 3) -> RedisCluster:
     for port, proc in zip(ports, procs, strict=True):
         _wait(lambda port=port: _answers(port), f"redis-server {port}", proc)
     res = subprocess.run(
-        [cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports), "--cluster-replicas", "0",
+        [cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports), "--cluster-replicas", str(replicas),
          "--cluster-yes"],
         capture_output=True,
         text=True,

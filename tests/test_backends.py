@@ -1240,3 +1240,64 @@ class TestDBM(_Conformance):
         d = open_driver(url)
         assert d.get("a/.zgroup") == b"{}" and d.get("a/.zgroup", SIDE) == b"attrs"
         d.close()
+
+
+class TestRedisCluster(_Conformance):
+    """``redis+cluster://``, on the session's three-master Redis Cluster; one prefix per test.
+    Resharding and failover while a driver works: ``tests/test_cluster.py``."""
+
+    @pytest.fixture
+    def url(self, redis_cluster):
+        return redis_cluster.url(prefix=f"t{uuid.uuid4().hex[:12]}")
+
+    def fill_to_exhaustion(self, url):
+        return _RedisFull(url)
+
+    def test_layout_is_one_hash_tag(self, driver, redis_cluster):
+        driver.put("a/b", b"v")
+        driver.put("a/b", b"s", SIDE)
+        p = driver.prefix
+        assert p.startswith("{") and p.endswith("}")
+        node = driver.client  # the master owning the hierarchy's slot holds all of it
+        names = sorted(node.keys(f"*{p}*"))
+        assert names == sorted(f"{n}{p}{k}".encode() for n, k in [
+            ("", ":a/b"), ("zarrfs.side.", ":a/b"), ("zarrfs.index.", ""), ("zarrfs.sideindex.", ""),
+        ])
+        assert {node.execute_command("CLUSTER", "KEYSLOT", n) for n in names} == {driver.slot}
+        assert node.get(f"{p}:a/b") == b"v"
+
+    def test_a_prefix_holding_a_hash_tag_is_kept(self, redis_cluster):
+        tag = f"z{uuid.uuid4().hex[:8]}"
+        with open_driver(redis_cluster.url(prefix=tag)) as bare:
+            bare.put("k", b"1")
+        # what a zarr-python 2 RedisStore(prefix="{tag}") on a cluster client reads
+        assert redis_cluster.client().get(f"{{{tag}}}:k") == b"1"
+        with open_driver(redis_cluster.url(prefix=f"%7B{tag}%7D")) as braced:
+            assert braced.prefix == f"{{{tag}}}" and braced.get("k") == b"1"
+
+    def test_hierarchies_spread_over_the_masters(self, redis_cluster):
+        nodes: dict[str, str] = {}
+        for i in range(64):
+            d = open_driver(redis_cluster.url(prefix=f"spread{i}"))
+            try:
+                if d.node not in nodes:
+                    d.put("x/.zgroup", b"{}")
+                    nodes[d.node] = d.prefix
+            finally:
+                d.close()
+            if len(nodes) == 3:
+                break
+        assert len(nodes) == 3
+        for node, prefix in nodes.items():
+            host, port = node.rsplit(":", 1)
+            import redis
+
+            assert redis.Redis(host=host, port=int(port)).get(f"{prefix}:x/.zgroup") == b"{}"
+
+    def test_valkey_schemes_are_redis(self, redis_server):
+        url = redis_server.url(0, prefix=f"v{uuid.uuid4().hex[:8]}").replace("redis://", "valkey://")
+        with open_driver(url) as d:
+            d.put("k", b"v")
+        assert redis_server.client(0).get(f"{d.prefix}:k") == b"v"
+        assert registry.driver_class("valkeys").__name__ == "RedisDriver"
+        assert registry.driver_class("valkey+cluster").__name__ == "RedisClusterDriver"

@@ -24,7 +24,7 @@ from typing import Any
 from zarrfs import logs
 from zarrfs.backends import open_driver
 from zarrfs.backends.base import BackendError, Driver
-from zarrfs.fs.api import Operations
+from zarrfs.fs.api import LockTable, Operations
 from zarrfs.fs.changes import ChangeWatcher, has_feed
 from zarrfs.fs.foldercache import FolderCache
 from zarrfs.fs.handles import HandleTable
@@ -146,7 +146,10 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
         if opts.seconds("dir_cache") > 0:
             tree.folder_cache = FolderCache(opts.seconds("dir_cache"))
         handles = HandleTable(tree, spill_threshold=opts.spill, readonly=opts.readonly)
-        operations = Operations(tree, handles)
+        # Locks live in the database, shared by every mount of it; a read-only mount leaves
+        # them to the kernel (it could not record them).
+        locks = None if opts.readonly else LockTable(driver)
+        operations = Operations(tree, handles, locks)
         resolved = os.path.realpath(mountpoint)  # now, while it is a plain folder
 
         def ready() -> None:

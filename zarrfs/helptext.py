@@ -14,6 +14,9 @@ database URLs:
                               Redis over TCP (rediss://... over TLS)
   unix:///path/redis.sock?db=0&prefix=zarr
                               Redis over a unix socket
+  redis+cluster://host:port,host:port/?prefix=zarr
+                              Redis Cluster: one hierarchy per hash tag {prefix}
+  valkey://, valkeys://, valkey+cluster://   Valkey, the same as the redis schemes
   memory://name               in-process, for tests
   Relative paths are resolved against the current folder. A Redis password may also come
   from ?password_file=PATH or the environment variable ZARRFS_PASSWORD (else REDISCLI_AUTH,

@@ -18,6 +18,10 @@ class MountFailure(Exception):
 PASSWORD_ENV = ("ZARRFS_PASSWORD", "REDISCLI_AUTH")
 SECRET_QUERY = ("password", "password_file")
 FILE_SCHEMES = ("lmdb", "sqlite")
+# The Redis-protocol schemes, whose password may come from a file or the environment.
+REDIS_SCHEMES = ("redis", "rediss", "unix", "valkey", "valkeys") + tuple(
+    f"{s}+cluster" for s in ("redis", "rediss", "valkey", "valkeys")
+)
 _NO_SECRETS = ("", "lmdb", "sqlite", "memory")
 
 
@@ -67,7 +71,7 @@ def redis_secret(url: str, environ: dict[str, str] | None = None) -> str:
     (``$ZARRFS_PASSWORD``, then ``$REDISCLI_AUTH``) is added to it when the URL has none of
     its own. Other URLs come back as they are."""
     parts = urlsplit(url)
-    if parts.scheme.lower() not in ("redis", "rediss", "unix"):
+    if parts.scheme.lower() not in REDIS_SCHEMES:
         return url
     environ = os.environ if environ is None else environ
     query = parse_qsl(parts.query, keep_blank_values=True)

@@ -1,5 +1,6 @@
 """Redis driver: ``redis://[:password@]host:port/db?prefix=zarr``, ``rediss://...``,
-``unix:///path/to/sock?db=0&prefix=zarr``; other query options go to redis-py.
+``unix:///path/to/sock?db=0&prefix=zarr``, ``valkey://``/``valkeys://`` (Valkey speaks the
+same protocol); other query options go to redis-py. Redis Cluster: ``redis_cluster``.
 
 Data keys are plain strings ``"{prefix}:{key}"``, exactly as zarr-python 2's ``RedisStore``
 writes them. Everything else lives outside the pattern ``{prefix}:*`` that ``RedisStore`` lists:
@@ -267,7 +268,7 @@ class RedisTxn(IndexScans, Txn):
 class RedisDriver(Driver):
     """Driver for Redis; see the module docstring."""
 
-    schemes = ("redis", "rediss", "unix")
+    schemes = ("redis", "rediss", "unix", "valkey", "valkeys")
     remote = True
     batched = True
     # Optimistic transactions conflict more often than lock-based ones.
@@ -281,7 +282,8 @@ class RedisDriver(Driver):
         self.prefix = prefixes[-1] if prefixes else "zarr"
         rest = urlencode([(k, v) for k, v in query if k != "prefix"])
         # Not urlunsplit: it drops the "//" of "unix:///path" (empty netloc), which redis-py needs.
-        client_url = f"{parts.scheme}://{parts.netloc}{parts.path}" + (f"?{rest}" if rest else "")
+        scheme = {"valkey": "redis", "valkeys": "rediss"}.get(parts.scheme.lower(), parts.scheme)
+        client_url = f"{scheme}://{parts.netloc}{parts.path}" + (f"?{rest}" if rest else "")
         safe_netloc = parts.netloc.rpartition("@")[2]
         self.where = f"{parts.scheme}://{safe_netloc}{parts.path} prefix={self.prefix}"
         p = self.prefix.encode("utf-8")

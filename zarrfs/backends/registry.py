@@ -21,6 +21,7 @@ ENTRY_POINT_GROUP = "zarrfs.backends"
 
 _LMDB = "zarrfs.backends.lmdb:LMDBDriver"
 _REDIS = "zarrfs.backends.redis:RedisDriver"
+_CLUSTER = "zarrfs.backends.redis_cluster:RedisClusterDriver"
 _POSTGRES = "zarrfs.backends.postgres:PostgresDriver"
 _table: dict[str, str] = {
     "lmdb": _LMDB,
@@ -28,6 +29,12 @@ _table: dict[str, str] = {
     "redis": _REDIS,
     "rediss": _REDIS,
     "unix": _REDIS,
+    "valkey": _REDIS,
+    "valkeys": _REDIS,
+    "redis+cluster": _CLUSTER,
+    "rediss+cluster": _CLUSTER,
+    "valkey+cluster": _CLUSTER,
+    "valkeys+cluster": _CLUSTER,
     "memory": "zarrfs.backends.memory:MemoryDriver",
     "postgresql": _POSTGRES,
     "postgres": _POSTGRES,

@@ -23,6 +23,7 @@ from zarrfs.fs.changes import ChangeWatcher, folders_of
 from zarrfs.fs.errors import FsError, is_quiet, to_errno
 from zarrfs.fs.handles import HandleTable, Stored
 from zarrfs.fs.listing import DirListing
+from zarrfs.fs.locks import UNLCK, Lock, LockTable, Waiters
 from zarrfs.fs.namespace import DIR, FILE, LINK, RENAME_EXCHANGE, RENAME_NOREPLACE, Node, Tree
 from zarrfs.fs.pagecache import PageCache, Pages
 
@@ -33,11 +34,15 @@ NAME_MAX = 255  # bytes in one name (statfs's f_namemax), as ext4 and XFS allow
 class Operations:
     """Filesystem calls over a :class:`Tree` and its :class:`HandleTable`."""
 
-    def __init__(self, tree: Tree, handles: HandleTable) -> None:
+    def __init__(self, tree: Tree, handles: HandleTable, locks: LockTable | None = None) -> None:
         self.tree = tree
         self.handles = handles
         self.dirs: dict[int, DirListing] = {}
         self._next_dir = 1
+        #: File locks held in the database (None: the kernel keeps them, for this mount only).
+        self.locks = locks
+        self._waiters: Waiters | None = None
+        self._lockers: dict[int, set[tuple[str, int]]] = {}  # fh -> (key, owner) that locked
 
     def on_keys_changed(self, callback: Callable[[list[str]], None] | None) -> None:
         """Have ``callback(keys)`` called when a call changed keys other than the ones it
@@ -47,9 +52,60 @@ class Operations:
         self.tree.on_side_effects = callback
 
     def destroy(self) -> None:
-        """The end of the mount: store open files, close the database."""
+        """The end of the mount: store open files, drop this mount's locks, close the database."""
         self.handles.commit_all()
+        if self._waiters is not None:
+            self._waiters.stop()
+        if self.locks is not None:
+            self.locks.release_all()
         self.tree.driver.close()
+
+    # ------------------------------------------------------------------ locks
+    def start_locks(self, answer: Callable[[int, int], None]) -> None:
+        """Begin serving waiting lock requests: ``answer(request, errno)`` is called (from
+        another thread) when one is granted (0) or ends otherwise."""
+        if self.locks is not None and self._waiters is None:
+            self._waiters = Waiters(self.locks, answer)
+
+    def getlk(self, key: str, owner: int, start: int, end: int, type: int, flock: bool) -> Lock | None:
+        """The lock that would block this one, or None."""
+        assert self.locks is not None
+        return self.locks.test(key, owner, start, end, type, flock)
+
+    def setlk(
+        self, key: str, fh: int, owner: int, start: int, end: int, type: int, pid: int, flock: bool,
+        wait: int | None = None,
+    ) -> bool | None:
+        """Take or release a lock: True when done, False when another owner's lock conflicts;
+        with ``wait`` (a request ID) a conflicting request is kept and answered later through
+        the callback of :meth:`start_locks`, and None is returned."""
+        assert self.locks is not None
+        args = (key, owner, start, end, type, pid, flock)
+        if type != UNLCK:
+            self._lockers.setdefault(fh, set()).add((key, owner))
+        if self.locks.set(*args):
+            return True
+        if wait is None or self._waiters is None:
+            return False
+        self._waiters.wait(wait, args)
+        return None
+
+    def interrupt(self, request: int) -> None:
+        """The caller of ``request`` was interrupted: a lock it waits for is not waited for."""
+        if self._waiters is not None:
+            self._waiters.cancel(request)
+
+    def _unlock(self, fh: int, owner: int | None) -> None:
+        # A close: the POSIX locks of ``owner`` (FLUSH), or every lock taken through ``fh``
+        # (its last RELEASE, which is all a read-only file, closed without FLUSH, sends).
+        pairs = self._lockers.get(fh)
+        if not pairs or self.locks is None:
+            return
+        for key, who in list(pairs):
+            if owner is None or who == owner:
+                self.locks.release(key, who, None if owner is None else False)
+        if owner is None:
+            del self._lockers[fh]
 
     # ------------------------------------------------------------------ attributes
     def find(self, key: str) -> Node | None:
@@ -153,6 +209,12 @@ class Operations:
         if not self.tree.rename(src, dst, flags):
             return None  # two names of one file: nothing moved
         self.handles.renamed(src, dst, exchange=bool(flags & RENAME_EXCHANGE))
+        if self.locks is not None and not flags & RENAME_EXCHANGE and src in self.locks.keys:
+            self.locks.renamed(src, dst)  # locks belong to the open file, whatever its name
+            for pairs in self._lockers.values():
+                for key, owner in [p for p in pairs if p[0] == src]:
+                    pairs.discard((key, owner))
+                    pairs.add((dst, owner))
         return None
 
     def link(self, src: str, dst: str) -> None:
@@ -199,17 +261,26 @@ class Operations:
         return self.handles.write(fh, data, offset)
 
     # flush, fsync and release return what they stored (Stored), if anything.
-    def flush(self, fh: int) -> Stored | None:
-        """A ``close``: commit the file's pending content."""
-        return self.handles.flush(fh)
+    def flush(self, fh: int, lock_owner: int | None = None) -> Stored | None:
+        """A ``close``: commit the file's pending content; the POSIX locks of ``lock_owner``
+        taken through this file are released."""
+        try:
+            return self.handles.flush(fh)
+        finally:
+            if lock_owner is not None and fh in self._lockers:
+                self._unlock(fh, lock_owner)
 
     def fsync(self, fh: int) -> Stored | None:
         """Commit and make durable."""
         return self.handles.fsync(fh)
 
     def release(self, fh: int) -> Stored | None:
-        """The last close of an open file."""
-        return self.handles.release(fh)
+        """The last close of an open file (and of the locks taken through it)."""
+        try:
+            return self.handles.release(fh)
+        finally:
+            if fh in self._lockers:
+                self._unlock(fh, None)
 
 
 __all__ = [
@@ -222,6 +293,8 @@ __all__ = [
     "RENAME_EXCHANGE",
     "RENAME_NOREPLACE",
     "FsError",
+    "Lock",
+    "LockTable",
     "Node",
     "Operations",
     "PageCache",

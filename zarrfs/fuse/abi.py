@@ -47,6 +47,9 @@ STATFS = 17
 RELEASE = 18
 FSYNC = 20
 FLUSH = 25
+GETLK = 31
+SETLK = 32
+SETLKW = 33
 INIT = 26
 OPENDIR = 27
 READDIR = 28
@@ -71,6 +74,14 @@ MAX_PAGES = 1 << 22
 # a file's pages whenever it sees a new mtime, also after writes through the mount, whose
 # pages are right; the session decides at each open instead (FOPEN_KEEP_CACHE).
 WANTED = ASYNC_READ | ATOMIC_O_TRUNC | BIG_WRITES | ASYNC_DIO | PARALLEL_DIROPS | MAX_PAGES
+# Asked for too when the mount keeps locks in the database: the kernel then sends fcntl record
+# locks (GETLK/SETLK/SETLKW) and flock (SETLK/SETLKW with LK_FLOCK) instead of keeping them.
+POSIX_LOCKS = 1 << 1
+FLOCK_LOCKS = 1 << 10
+LOCKS = POSIX_LOCKS | FLOCK_LOCKS
+LK_FLOCK = 1 << 0  # fuse_lk_in.lk_flags: a flock lock
+RELEASE_FLOCK_UNLOCK = 1 << 1  # fuse_release_in.release_flags
+F_RDLCK, F_WRLCK, F_UNLCK = 0, 1, 2  # fuse_file_lock.type: Linux's values
 
 # SETATTR valid bits.
 FATTR_MODE = 1 << 0
@@ -139,6 +150,8 @@ READ_IN = struct.Struct("<QQIIQII")
 WRITE_IN = struct.Struct("<QQIIQII")
 FSYNC_IN = struct.Struct("<QII")
 FALLOCATE_IN = struct.Struct("<QQQII")  # fh, offset, length, mode
+LK_IN = struct.Struct("<QQQQIIII")  # fh, owner, fuse_file_lock (start end type pid), lk_flags, padding
+LK_REPLY = struct.Struct("<IiQ" + "QQII")  # header, fuse_lk_out (start end type pid)
 DIRENT = struct.Struct("<QQII")
 NOTIFY_INVAL_INODE_OUT = struct.Struct("<IiQ" + "Qqq")
 NOTIFY_INVAL_ENTRY_OUT = struct.Struct("<IiQ" + "QII")
@@ -196,6 +209,9 @@ OPCODES: dict[int, Opcode] = {
     RELEASE: Opcode("release", RELEASE_IN.size),
     FSYNC: Opcode("fsync", FSYNC_IN.size),
     FLUSH: Opcode("flush", FLUSH_IN.size),
+    GETLK: Opcode("getlk", LK_IN.size),
+    SETLK: Opcode("setlk", LK_IN.size),
+    SETLKW: Opcode("setlkw", LK_IN.size),
     # Only the version is required: a kernel too old to be served hears so, not EINVAL.
     INIT: Opcode("init", INIT_VERSION.size),
     OPENDIR: Opcode("opendir", OPEN_IN.size),

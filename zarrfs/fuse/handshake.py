@@ -36,11 +36,13 @@ class Agreed(NamedTuple):
         return self.minor >= k.NOTIFY_STORE_MINOR
 
 
-def negotiate(body: bytes | memoryview, unique: int, max_write: int) -> tuple[Agreed, bytes]:
+def negotiate(
+    body: bytes | memoryview, unique: int, max_write: int, wanted: int = k.WANTED
+) -> tuple[Agreed, bytes]:
     """The agreement and the packed INIT reply (header included) for the INIT request whose
-    arguments are ``body`` and whose ID is ``unique``. Raises :class:`Refused` for a kernel
-    zarrfs cannot serve, :class:`~zarrfs.fuse.abi.Malformed` for a request too short for the
-    version it names."""
+    arguments are ``body`` and whose ID is ``unique``; ``wanted``: the features asked for.
+    Raises :class:`Refused` for a kernel zarrfs cannot serve, :class:`~zarrfs.fuse.abi.Malformed`
+    for a request too short for the version it names."""
     major, minor = k.INIT_VERSION.unpack_from(body)
     if major != k.MAJOR or minor < k.MIN_MINOR:
         raise Refused(
@@ -50,7 +52,7 @@ def negotiate(body: bytes | memoryview, unique: int, max_write: int) -> tuple[Ag
     if len(body) < k.INIT_IN.size:  # every kernel since 7.6 sends readahead and flags
         raise k.Malformed(f"an INIT of {len(body)} bytes for FUSE {major}.{minor}")
     readahead, offered = k.INIT_IN.unpack_from(body)[2:]
-    agreed = Agreed(min(minor, k.MINOR), offered & k.WANTED)
+    agreed = Agreed(min(minor, k.MINOR), offered & wanted)
     if agreed.minor < k.INIT_REPLY_MINOR:
         reply = k.INIT_REPLY_22.pack(
             k.INIT_REPLY_22.size, 0, unique, k.MAJOR, agreed.minor, readahead, agreed.flags, 0, 0, max_write

@@ -31,6 +31,7 @@ from zarrfs.fuse.abi import Header
 from zarrfs.fuse.dispatch import Dispatcher, Handler
 from zarrfs.fuse.handshake import Agreed, Refused, negotiate
 from zarrfs.fuse.inodes import InodeTable
+from zarrfs.fuse.lockreq import LockRequests
 from zarrfs.fuse.notify import Invalidator, invalidations
 
 log = logging.getLogger("zarrfs.fuse.session")
@@ -43,7 +44,7 @@ NS = 1_000_000_000
 _name = k.name
 
 
-class Session(Dispatcher):
+class Session(LockRequests, Dispatcher):
     """Serves one mount's requests. ``timeouts`` are the kernel's cache times in seconds for
     names, attributes and missing names; ``on_init`` runs once the kernel has applied INIT."""
 
@@ -93,6 +94,9 @@ class Session(Dispatcher):
             k.RELEASE: self._release,
             k.FSYNC: self._fsync,
             k.FLUSH: self._flush,
+            k.GETLK: self._getlk,
+            k.SETLK: self._setlk,
+            k.SETLKW: self._setlkw,
             k.INIT: self._init,
             k.OPENDIR: self._opendir,
             k.READDIR: self._readdir,
@@ -197,7 +201,8 @@ class Session(Dispatcher):
     # ------------------------------------------------------------------ session
     def _init(self, head: Header, buf: memoryview) -> None:
         try:
-            agreed, reply = negotiate(buf[k.IN_HEADER_SIZE : head.len], head.unique, MAX_WRITE)
+            wanted = k.WANTED | self.lock_flags
+            agreed, reply = negotiate(buf[k.IN_HEADER_SIZE : head.len], head.unique, MAX_WRITE, wanted)
         except Refused as exc:
             log.error("%s", exc)
             self._reply_error(head, errno.EPROTO)
@@ -208,15 +213,14 @@ class Session(Dispatcher):
         self._inval_ok, self._store_ok = agreed.inval, agreed.store
         self.initialized = True
         self.invalidator.start()
+        if agreed.flags & k.LOCKS:
+            self.start_locks()
         if self.on_init is not None:
             on_init, self.on_init = self.on_init, None
             on_init()
 
     def _destroy(self, head: Header, buf: memoryview) -> None:
         self._reply_ok(head.unique)
-
-    def _interrupt(self, head: Header, buf: memoryview) -> None:
-        pass  # never answered: every request runs to its end, and its reply ends the wait
 
     def close(self) -> None:
         """Stop sending notifications (the mount is ending)."""
@@ -428,7 +432,8 @@ class Session(Dispatcher):
         self._reply_ok(head.unique)
 
     def _flush(self, head: Header, buf: memoryview) -> None:
-        self._stored(head.nodeid, self.ops.flush(k.FLUSH_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]))
+        fh, _, _, lock_owner = k.FLUSH_IN.unpack_from(buf, k.IN_HEADER_SIZE)
+        self._stored(head.nodeid, self.ops.flush(fh, lock_owner))
         self._reply_ok(head.unique)
 
     def _fsync(self, head: Header, buf: memoryview) -> None:

@@ -1,0 +1,234 @@
+"""The Redis Cluster driver while the cluster changes under it: a hierarchy's slot moved to
+another master (``MOVED``/``ASK``/``TRYAGAIN`` while it moves), a manual failover, and a master
+killed and replaced by its replica. A writer thread runs transactions throughout; each one
+increments a counter and adds a key in one commit, so the counter must always equal the number
+of keys (no commit half applied), and every commit reported done must be there afterwards (when
+Redis kept it: after a master is killed, only what reached its replica)."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import uuid
+
+import pytest
+import redis
+from servers import start_redis_cluster, stop_redis_cluster
+
+from zarrfs.backends.base import BackendError
+from zarrfs.backends.registry import open_driver
+
+
+def _step(t) -> int:
+    n = int(t.get("count") or b"0")
+    t.put(f"k/{n:06d}", b"x")
+    t.put("count", str(n + 1).encode())
+    return n
+
+
+class Writer(threading.Thread):
+    """Commits :func:`_step` until stopped; records what committed and what failed."""
+
+    def __init__(self, driver) -> None:
+        super().__init__(daemon=True)
+        self.driver = driver
+        self.done: list[int] = []
+        self.errors: list[tuple[float, BackendError]] = []
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            try:
+                self.done.append(self.driver.transact(_step))
+            except BackendError as exc:
+                self.errors.append((time.monotonic(), exc))
+                time.sleep(0.05)
+
+    def wait_for(self, count: int, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.done) < count:
+            assert time.monotonic() < deadline, f"only {len(self.done)} commits; errors {self.errors[-3:]}"
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(60)
+
+
+def _consistent(driver, done: list[int]) -> int:
+    keys = [k for k, _ in driver.scan("k/", "k0")]
+    count = int(driver.get("count") or b"0")
+    assert count == len(keys) and keys == [f"k/{n:06d}" for n in range(count)]
+    return count
+
+
+def _node(port: int) -> redis.Redis:
+    return redis.Redis(host="127.0.0.1", port=port)
+
+
+def _myid(port: int) -> str:
+    return _node(port).execute_command("CLUSTER", "MYID").decode()
+
+
+def move_slot(slot: int, src: int, dst: int, ports: list[int], pause: float = 0.02) -> int:
+    """Move ``slot`` from the master on port ``src`` to the one on ``dst`` as ``redis-cli
+    --cluster reshard`` does (IMPORTING, MIGRATING, MIGRATE in batches, SETSLOT NODE
+    everywhere), pausing between batches so that a writer works while the slot is half moved."""
+    src_id, dst_id = _myid(src), _myid(dst)
+    _node(dst).execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+    _node(src).execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+    moved = 0
+    while keys := _node(src).execute_command("CLUSTER", "GETKEYSINSLOT", slot, 5):
+        _node(src).execute_command("MIGRATE", "127.0.0.1", dst, "", 0, 5000, "KEYS", *keys)
+        moved += len(keys)
+        time.sleep(pause)
+    for port in ports:
+        _node(port).execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+    return moved
+
+
+def test_a_moved_slot_is_followed(redis_cluster):
+    d = open_driver(redis_cluster.url(prefix=f"mv{uuid.uuid4().hex[:8]}"))
+    writer = Writer(d)
+    try:
+        src = int(d.node.rsplit(":", 1)[1])
+        dst = next(p for p in redis_cluster.ports if p != src)
+        writer.start()
+        writer.wait_for(50)
+        moved = move_slot(d.slot, src, dst, redis_cluster.ports)
+        before = len(writer.done)
+        writer.wait_for(before + 50)
+        writer.stop()
+        assert moved >= 50
+        assert d.node == f"127.0.0.1:{dst}"
+        assert writer.errors == []  # MOVED, ASK and TRYAGAIN are retried, not failed
+        assert _consistent(d, writer.done) == len(writer.done)
+        assert _node(dst).get(f"{d.prefix}:count") == str(len(writer.done)).encode()
+        assert _node(src).dbsize() == 0 or not _node(src).keys(f"*{d.prefix}*")
+    finally:
+        writer.stop()
+        d.close()
+
+
+@pytest.fixture(scope="module")
+def replicated_cluster():
+    """Three masters with a replica each; a silent master is failed over after 1 s."""
+    workdir = tempfile.mkdtemp(prefix="zarrfs-cluster-r-")
+    cluster = start_redis_cluster(workdir, replicas=1, node_timeout_ms=1000)
+    try:
+        yield cluster
+    finally:
+        stop_redis_cluster(cluster)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _replica_of(cluster, master_port: int) -> int:
+    master_id = _myid(master_port)
+    deadline = time.monotonic() + 30
+    while True:
+        for port in cluster.ports:
+            info = _node(port).info("replication")
+            if info.get("role") == "slave" and info.get("master_link_status") == "up":
+                if _node(port).execute_command("CLUSTER", "MYID").decode() != master_id and int(
+                    info["master_port"]
+                ) == master_port:
+                    return port
+        assert time.monotonic() < deadline, "no replica in sync"
+        time.sleep(0.1)
+
+
+def test_manual_failover(replicated_cluster):
+    c = replicated_cluster
+    d = open_driver(c.url(prefix=f"fo{uuid.uuid4().hex[:8]}"))
+    writer = Writer(d)
+    try:
+        master = int(d.node.rsplit(":", 1)[1])
+        replica = _replica_of(c, master)
+        writer.start()
+        writer.wait_for(50)
+        _node(replica).execute_command("CLUSTER", "FAILOVER")  # waits for the replica to catch up
+        deadline = time.monotonic() + 30
+        while _node(replica).info("replication")["role"] != "master":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        writer.wait_for(len(writer.done) + 50)
+        writer.stop()
+        assert d.node == f"127.0.0.1:{replica}"
+        assert _consistent(d, writer.done) == len(writer.done)  # nothing lost
+    finally:
+        writer.stop()
+        d.close()
+
+
+def test_killed_master_is_replaced(replicated_cluster):
+    c = replicated_cluster
+    d = open_driver(c.url(prefix=f"kill{uuid.uuid4().hex[:8]}"))
+    writer = Writer(d)
+    try:
+        master = int(d.node.rsplit(":", 1)[1])
+        replica = _replica_of(c, master)
+        writer.start()
+        writer.wait_for(50)
+        kept = len(writer.done)
+        # What the replica has acknowledged is what a failover keeps.
+        _node(master).execute_command("WAIT", 1, 5000)
+        process = c.processes[c.ports.index(master)]
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        killed = time.monotonic()
+        writer.wait_for(len(writer.done) + 50, timeout=60)
+        writer.stop()
+        recovered = time.monotonic() - killed
+        assert d.node == f"127.0.0.1:{replica}"
+        assert writer.errors, "a dead master fails the calls that reach it"
+        assert all(isinstance(e, BackendError) for _, e in writer.errors)
+        count = _consistent(d, writer.done)
+        assert count >= kept
+        assert recovered < 30
+    finally:
+        writer.stop()
+        d.close()
+
+
+# --- mounts of the cluster (the whole mount suite: ZARRFS_TEST_CLUSTER=1, see mounting.py) ------
+
+
+@pytest.fixture
+def cluster_mount(redis_cluster, mount_factory):
+    return mount_factory(redis_cluster.url(prefix=f"m{uuid.uuid4().hex[:8]}"), ["create"])
+
+
+def test_mount_posix_basics(cluster_mount):
+    import os
+
+    root = cluster_mount.path
+    (root / "g" / "sub").mkdir(parents=True)
+    (root / "g" / "a.txt").write_bytes(b"hello")
+    os.rename(root / "g" / "a.txt", root / "g" / "sub" / "b.txt")
+    os.symlink("sub/b.txt", root / "g" / "link")
+    assert sorted(os.listdir(root / "g")) == ["link", "sub"]
+    assert (root / "g" / "link").read_bytes() == b"hello"
+    os.rename(root / "g", root / "h")  # a whole folder: one transaction on the slot
+    assert (root / "h" / "sub" / "b.txt").read_bytes() == b"hello"
+    os.unlink(root / "h" / "sub" / "b.txt")
+    assert os.listdir(root / "h" / "sub") == []
+
+
+def test_mount_zarr3_and_xarray(cluster_mount, redis_cluster):
+    import numpy as np
+    import xarray as xr
+    import zarr
+
+    root = cluster_mount.path
+    z = zarr.open_array(root / "a", mode="w", shape=(64, 64), chunks=(16, 16), dtype="f4")
+    z[:] = np.arange(64 * 64, dtype="f4").reshape(64, 64)
+    assert (zarr.open_array(root / "a", mode="r")[:] == z[:]).all()
+    ds = xr.Dataset({"t": (("y", "x"), np.ones((8, 4)))}, coords={"x": np.arange(4)})
+    ds.to_zarr(root / "ds", mode="w", consolidated=True)
+    assert xr.open_zarr(root / "ds", consolidated=True).load().identical(ds)
+    # every key of the hierarchy is on the master owning the prefix's slot
+    prefix = cluster_mount.url.split("prefix=")[1]
+    assert redis_cluster.client().exists(f"{{{prefix}}}:a/zarr.json")

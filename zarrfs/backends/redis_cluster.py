@@ -1,0 +1,223 @@
+"""Redis Cluster driver: ``redis+cluster://[user[:password]@]host:port,host:port/?prefix=zarr``
+(``rediss+cluster://`` over TLS; ``valkey+cluster://`` is the same for Valkey). The hosts are
+where to start: the cluster's map of slots is read from any of them (``CLUSTER SLOTS``).
+
+**Layout: one hierarchy, one hash tag.** Redis Cluster has no transaction across hash slots, so
+every key of one hierarchy — its data keys, its side data and both listing indexes — carries the
+same hash tag, the prefix: data keys are ``{<prefix>}:<key>``, side keys
+``zarrfs.side.{<prefix>}:<key>``, the indexes ``zarrfs.index.{<prefix>}`` and
+``zarrfs.sideindex.{<prefix>}``. This is the single-server layout of
+:mod:`zarrfs.backends.redis` with the prefix written in braces, so everything else (optimistic
+``WATCH``/``MULTI``/``EXEC`` transactions, the index, the round trips) is that driver's. A prefix
+that already holds a hash tag (``{zarr}``, ``run{7}``) is used as it is, so a zarr-python 2
+``RedisStore`` with ``prefix="{zarr}"`` on a cluster client reads and writes the same keys as
+``redis+cluster://…/?prefix={zarr}`` (and as ``?prefix=zarr``, which means ``{zarr}``).
+
+Every command of a hierarchy goes to the one master that owns its slot, over the same per-thread
+links as on a single server, and every commit is one ``MULTI``/``EXEC`` on that slot. Different
+hierarchies (prefixes) land on different slots and so spread over the masters.
+
+**The trade-off.** One hierarchy lives on one shard: its size and its load are bounded by one
+master. Spreading one hierarchy over shards (a tag per array, or per chunk) would need what Redis
+Cluster does not offer: a transaction across slots. A commit that renames a folder or writes
+data, index and side data together would then need a protocol of its own — a lock on the
+hierarchy, or per key, taken on one slot, then a two-phase write (intents recorded, applied on
+every slot, then cleared, with recovery of a writer that dies between the phases). Readers
+would have to honour the intents. JuiceFS keeps a volume's metadata under one tag for the same
+reason.
+
+**Moved slots and failover.** A ``MOVED`` or ``ASK`` reply (a slot being resharded),
+``CLUSTERDOWN`` or ``TRYAGAIN`` makes the transaction run again (``RetryableError``) after the
+slot map is read again; ``ASK`` is not followed to the importing node (a transaction spans
+several round trips there), the retry waits for the migration to end. A lost connection (a
+master that died) fails the call (``UnavailableError``, EIO through a mount) and marks the map
+stale, so the next transaction, once the cluster has promoted a replica, goes to the new master.
+What the promoted replica had received is what survives, as with any Redis failover.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import redis
+from redis.cluster import ClusterNode, RedisCluster
+
+from .base import DATA, SIDE, BackendError, Driver, RetryableError, UnavailableError
+from .redis import RedisDriver, RedisTxn
+from .redis_index import ensure_index
+from .redis_link import Link, Links, translate
+
+__all__ = ["RedisClusterDriver", "hash_tagged"]
+
+# Error replies that mean "this slot is not (or not only) here now": route again and retry.
+_REROUTE = re.compile(r"(?:^|: )(MOVED|ASK|CLUSTERDOWN|TRYAGAIN)\b")
+
+
+def hash_tag(name: str) -> str | None:
+    """The hash tag Redis Cluster hashes ``name`` by: the text between the first ``{`` and the
+    first ``}`` after it, when that is not empty; ``None`` when the whole name is hashed."""
+    start = name.find("{")
+    if start < 0:
+        return None
+    end = name.find("}", start + 1)
+    return name[start + 1 : end] if end > start + 1 else None
+
+
+def hash_tagged(prefix: str) -> str:
+    """The prefix as keys carry it: as given when it holds a hash tag, else in braces. Anything
+    appended to it (``:key``) then never changes the tag, whatever the key holds."""
+    if hash_tag(prefix) is not None:
+        return prefix
+    tagged = "{" + prefix + "}"
+    if hash_tag(tagged) is None:  # empty, or starting with "}": no tag can be made of it
+        raise ValueError(f"prefix {prefix!r} cannot be made a Redis Cluster hash tag")
+    return tagged
+
+
+class RedisClusterTxn(RedisTxn):
+    """A :class:`RedisTxn` whose failures caused by the slot map (a moved slot, a dead master)
+    mark the driver's route stale; those of a moved slot are retried."""
+
+    _d: RedisClusterDriver
+
+    def _query(self, names: list[bytes], *commands: tuple[Any, ...]) -> list[Any]:
+        try:
+            return super()._query(names, *commands)
+        except BackendError as exc:
+            raise self._d.rerouted(exc, self._link) from exc
+
+    def _commit(self, link: Link) -> None:
+        try:
+            super()._commit(link)
+        except BackendError as exc:
+            raise self._d.rerouted(exc, link) from exc
+
+
+class RedisClusterDriver(RedisDriver):
+    """Driver for Redis Cluster (and Valkey in cluster mode); see the module docstring."""
+
+    schemes = ("redis+cluster", "rediss+cluster", "valkey+cluster", "valkeys+cluster")
+
+    def __init__(self, url: str, readonly: bool = False) -> None:
+        Driver.__init__(self, url, readonly)
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        prefixes = [v for k, v in query if k == "prefix"]
+        try:
+            self.prefix = hash_tagged(prefixes[-1] if prefixes else "zarr")
+        except ValueError as exc:
+            raise BackendError(f"{parts.scheme}: {exc}") from None
+        userinfo, _, hosts = parts.netloc.rpartition("@")
+        self.where = f"{parts.scheme}://{hosts}{parts.path} prefix={self.prefix}"
+        p = self.prefix.encode("utf-8")
+        self.data_prefix = p + b":"
+        self.side_prefix = b"zarrfs.side." + p + b":"
+        self.index = {DATA: b"zarrfs.index." + p, SIDE: b"zarrfs.sideindex." + p}
+        self._prefixes = {DATA: self.data_prefix, SIDE: self.side_prefix}
+        self._options = self._connection_options(parts.scheme, userinfo, query)
+        nodes = []
+        for host in filter(None, hosts.split(",")):
+            name, _, port = host.rpartition(":")
+            nodes.append(ClusterNode(name.strip("[]") or "127.0.0.1", int(port or 6379)))
+        if not nodes:
+            raise BackendError(f"{self.where}: the URL names no cluster node")
+        self._lock = threading.Lock()
+        self._stale = False
+        self._old_pools: list[redis.ConnectionPool] = []
+        self.pool = None  # type: ignore[assignment]
+        try:
+            self.cluster = RedisCluster(startup_nodes=nodes, **self._options)
+            self._route()
+        except Exception as exc:
+            raise translate(exc, self.where) from exc
+        self._links = Links(self)
+        self.indexed = ensure_index(self)
+
+    @staticmethod
+    def _connection_options(scheme: str, userinfo: str, query: list[tuple[str, str]]) -> dict[str, Any]:
+        """Keyword arguments for every connection: credentials, TLS, bounded timeouts (a FUSE
+        call must fail rather than hang on a dead master), RESP2 (see ``redis_link.Link``)."""
+        user, _, password = userinfo.partition(":")
+        options: dict[str, Any] = {
+            "socket_connect_timeout": 10, "socket_timeout": 120, "socket_keepalive": True, "protocol": 2,
+        }
+        if user:
+            options["username"] = unquote(user)
+        if password:
+            options["password"] = unquote(password)
+        for key, value in query:
+            if key in ("password", "username"):
+                options[key] = value
+        if scheme.startswith(("rediss", "valkeys")):
+            options["ssl"] = True
+        return options
+
+    def _route(self) -> None:
+        """Point the driver's pool (and with it every new link) at the master owning the slot
+        of the hierarchy's hash tag, reading the cluster's slot map again when it is stale."""
+        with self._lock:
+            if self.pool is not None and not self._stale:
+                return
+            if self._stale:
+                self.cluster.nodes_manager.initialize()
+            slot = self.cluster.keyslot(self.index[DATA])
+            node = self.cluster.nodes_manager.get_node_from_slot(slot)
+            old = self.pool
+            if old is None or (old.connection_kwargs["host"], old.connection_kwargs["port"]) != (
+                node.host,
+                node.port,
+            ):
+                kwargs = dict(self._options)
+                if kwargs.pop("ssl", False):
+                    kwargs["connection_class"] = redis.SSLConnection
+                self.pool = redis.ConnectionPool(host=node.host, port=node.port, **kwargs)
+                self.client = redis.Redis(connection_pool=self.pool)
+                if old is not None:
+                    self._old_pools.append(old)  # links still on it are dropped as they come back
+            self.slot, self.node = slot, f"{node.host}:{node.port}"
+            self._stale = False
+
+    def rerouted(self, exc: BackendError, link: Link) -> BackendError:
+        """What to raise for ``exc``: a moved slot becomes a retry after the slot map is read
+        again; a lost connection stays an error but the map is read again next time."""
+        if isinstance(exc, UnavailableError):
+            self._stale = True
+            link.broken = True
+            return exc
+        m = _REROUTE.search(str(exc))
+        if m is None:
+            return exc
+        self._stale = True
+        link.broken = True  # replies of a queued MULTI may be left: never reuse the connection
+        return RetryableError(f"{self.where}: {m.group(1)}: slot {self.slot} is moving; retried")
+
+    def _acquire(self) -> Link:
+        if self._stale:
+            try:
+                self._route()
+            except Exception as exc:
+                raise translate(exc, self.where) from exc
+        try:
+            link = self._links.acquire()
+            if link.pool is not self.pool:  # made before the slot moved: to the old master
+                link.broken = True
+                self._links.release(link)
+                link = self._links.acquire()
+        except UnavailableError:
+            self._stale = True  # the master is unreachable: maybe failed over by now
+            raise
+        return link
+
+    def _begin(self, write: bool) -> RedisClusterTxn:
+        return RedisClusterTxn(self, write)
+
+    def close(self) -> None:
+        """Close every connection: the links, the pools of earlier routes, the cluster client."""
+        super().close()
+        for pool in self._old_pools:
+            pool.disconnect()
+        self.cluster.close()
+

@@ -1,0 +1,77 @@
+"""The lock requests of the session: GETLK, SETLK and SETLKW (``fcntl`` record locks, and
+``flock`` when ``lk_flags`` holds ``LK_FLOCK``), answered from the lock table of
+:class:`~zarrfs.fs.api.Operations`, which keeps them in the database.
+
+The request thread never waits for a lock: a SETLKW that conflicts is handed to the table's
+waiters and left unanswered; its reply is written later from their thread (one ``write`` of a
+whole reply, which ``/dev/fuse`` takes from any thread), or EINTR when the kernel interrupts it.
+"""
+
+from __future__ import annotations
+
+import errno
+
+from zarrfs.fs.api import FsError, Operations
+from zarrfs.fuse import abi as k
+from zarrfs.fuse.abi import Header
+
+
+class LockRequests:
+    """Handlers mixed into :class:`~zarrfs.fuse.session.Session`."""
+
+    # It uses the session's ops, _key, _send and _reply_ok (it comes first among the bases,
+    # so it must not define them).
+    ops: Operations
+
+    @property
+    def lock_flags(self) -> int:
+        """The INIT flags to ask for: lock requests only when the database keeps locks."""
+        return k.LOCKS if self.ops.locks is not None else 0
+
+    def start_locks(self) -> None:
+        """Called once INIT is answered: waiting requests may be answered from now on."""
+        self.ops.start_locks(self._lock_answered)
+
+    def _lock_args(self, head: Header, buf: memoryview) -> tuple:
+        if self.ops.locks is None:
+            raise FsError(errno.ENOSYS, "locks are not kept by this mount", quiet=True)
+        fh, owner, start, end, type_, pid, lk_flags, _ = k.LK_IN.unpack_from(buf, k.IN_HEADER_SIZE)
+        return self._key(head.nodeid), fh, owner, start, end, type_, pid, bool(lk_flags & k.LK_FLOCK)
+
+    def _getlk(self, head: Header, buf: memoryview) -> None:
+        key, _, owner, start, end, type_, _, flock = self._lock_args(head, buf)
+        lock = self.ops.getlk(key, owner, start, end, type_, flock)
+        if lock is None:
+            reply = (start, end, k.F_UNLCK, 0)
+        else:
+            reply = (lock.start, lock.end, lock.type, lock.pid)
+        self._send(k.LK_REPLY.pack(k.LK_REPLY.size, 0, head.unique, *reply))
+
+    def _setlk(self, head: Header, buf: memoryview, wait: bool = False) -> None:
+        key, fh, owner, start, end, type_, pid, flock = self._lock_args(head, buf)
+        done = self.ops.setlk(key, fh, owner, start, end, type_, pid, flock, head.unique if wait else None)
+        if done:
+            self._reply_ok(head.unique)
+        elif done is False:
+            raise FsError(errno.EAGAIN, f"{key}: locked by another owner", quiet=True)
+        # None: kept waiting; answered by _lock_answered
+
+    def _setlkw(self, head: Header, buf: memoryview) -> None:
+        self._setlk(head, buf, wait=True)
+
+    def _interrupt(self, head: Header, buf: memoryview) -> None:
+        # Only a waiting lock request can be interrupted: every other request runs to its end,
+        # and its reply ends the wait.
+        self.ops.interrupt(k.INTERRUPT_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0])
+
+    def _lock_answered(self, unique: int, code: int) -> None:
+        try:
+            if code:
+                self._send(k.OUT_HEADER.pack(k.OUT_HEADER_SIZE, -code, unique))
+            else:
+                self._reply_ok(unique)
+        except OSError:  # the mount is gone: nobody waits any more
+            pass
+
+
+__all__ = ["LockRequests"]
