@@ -11,6 +11,9 @@ apart than ``spin`` it halves after each of them, down to nothing, and it is ful
 soon as a request follows within ``spin``; an idle mount sleeps and costs no CPU.
 ``-o spin=0`` turns spinning off; ``scripts/bench_loop.py`` measures the choice.
 
+Requests that arrived while a request waited on a server (read by the driver's wait, see
+``interrupts``) are served first, in order, before ``/dev/fuse`` is read again.
+
 SIGINT, SIGTERM and SIGHUP end the loop between two requests (never inside one), whichever
 thread of the process the signal reaches: the signal wakes a sleeping loop through Python's
 wakeup fd.
@@ -26,6 +29,7 @@ import select
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from zarrfs.spin import next_window
@@ -48,8 +52,10 @@ class Loop:
         handle: Callable[[memoryview], None],
         buffer_size: int,
         spin_us: float = DEFAULT_SPIN_US,
+        pending: deque[bytes] | None = None,
     ) -> None:
         self.fd = fd
+        self.pending: deque[bytes] = deque() if pending is None else pending
         self.handle = handle
         self.buffer_size = buffer_size
         self.spin = spin_us / 1e6
@@ -85,7 +91,12 @@ class Loop:
         fd = self.fd
         longest = window = self.spin
         last = clock()
+        pending = self.pending
         while not self.stopping:
+            if pending:  # read while a request waited on a server: theirs is the first turn
+                handle(memoryview(pending.popleft()))
+                last = clock()
+                continue
             try:
                 n = readv(fd, bufs)
             except BlockingIOError:

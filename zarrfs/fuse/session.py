@@ -100,7 +100,7 @@ class Session(Dispatcher):
             k.BATCH_FORGET: self._batch_forget,
             k.RENAME2: self._rename2,
         }
-        super().__init__(fd, handlers)
+        super().__init__(fd, handlers, BUFFER_SIZE)
 
     # ------------------------------------------------------------------ helpers
     def _describe(self, head: Header) -> str:
