@@ -56,7 +56,9 @@ def open_database(url: str, opts: MountOptions, hint: bool = True) -> Driver:
         if not os.path.isdir(parent):
             raise MountFailure(f"cannot create the database {path}: the folder {parent} does not exist")
     try:
-        return open_driver(url, readonly=opts.readonly)
+        driver = open_driver(url, readonly=opts.readonly)
+        driver.set_timeout(opts.timeout)
+        return driver
     except BackendError:
         raise
     except Exception as exc:  # a driver's own error type, OSError...: one line, no traceback
@@ -180,7 +182,8 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
     handle = session.handle
     if opts.allow_root:
         handle = owner_and_root_only(handle, channel.fd, os.getuid())
-    loop = _Loop(channel.fd, handle, BUFFER_SIZE, opts.spin, **idle)
+    loop = _Loop(channel.fd, handle, BUFFER_SIZE, opts.spin, pending=session.watch.pending, **idle)
+    driver.watch = session.watch  # a driver waiting on a server notices interrupts
     try:
         try:
             control = ControlServer(resolved, shown, driver, session, handles, tree, opts)

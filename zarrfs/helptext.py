@@ -37,6 +37,7 @@ mount options (-o OPT[,OPT...]):
   feed=0                      do not follow other writers' changes (short cache times)
   spill=BYTES                 an open file's buffer size before it spills to disk (64 MiB)
   spin=MICROSECONDS           request loop polling before it sleeps (200; 0 = never)
+  timeout=SECONDS             longest wait on a database server; then ETIMEDOUT (10)
   readahead=KiB               kernel read-ahead of the mount (1024; 0 = leave it)
   uid=N, gid=N                owner shown for files and folders with none recorded
                               (default: the user who mounts)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from zarrfs.backends.base import DEFAULT_TIMEOUT
 from zarrfs.fs.spill import DEFAULT_SPILL
 from zarrfs.fuse.loop import DEFAULT_SPIN_US
 from zarrfs.fuse.tuning import DEFAULT_READAHEAD_KIB
@@ -55,6 +56,8 @@ class MountOptions:
     spill: int = DEFAULT_SPILL
     create: bool = False
     spin: float = DEFAULT_SPIN_US
+    # Seconds a call may wait on a database server before it fails with ETIMEDOUT.
+    timeout: float = DEFAULT_TIMEOUT
     readahead: int = DEFAULT_READAHEAD_KIB
     # The kernel's cache times; each defaults to cache_timeout.
     entry_timeout: float | None = None
@@ -110,6 +113,10 @@ def parse_options(words: list[str]) -> MountOptions:
                 setattr(opts, name, seconds)
             elif name == "feed":
                 opts.use_feed = _choice(name, value, ("0", "1")) == "1"
+            elif name == "timeout":
+                opts.timeout = _number(name, value, float)
+                if not opts.timeout > 0:
+                    raise UsageError(f"-o timeout= takes seconds, more than 0 (got {value!r})")
             elif name == "spill":
                 opts.spill = _number(name, value, int)
             elif name == "create":

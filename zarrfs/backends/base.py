@@ -69,11 +69,13 @@ from .checks import (
 from .errors import (
     BackendError,
     DriverNotFoundError,
+    InterruptedCallError,
     InvalidKeyError,
     KeyTooLongError,
     MissingDatabaseError,
     ReadOnlyError,
     RetryableError,
+    StalledError,
     StorageFullError,
     UnavailableError,
 )
@@ -82,9 +84,13 @@ log = logging.getLogger("zarrfs.backends")
 
 T = TypeVar("T")
 
+#: Seconds a call may wait on a server by default (``-o timeout=``).
+DEFAULT_TIMEOUT = 10.0
+
 # The names drivers and callers import from here (defined in .checks and .errors).
 __all__ = [
     "DATA",
+    "DEFAULT_TIMEOUT",
     "KEYS",
     "SIDE",
     "SIZES",
@@ -95,6 +101,7 @@ __all__ = [
     "Fetch",
     "Get",
     "HasPrefix",
+    "InterruptedCallError",
     "InvalidKeyError",
     "KeyTooLongError",
     "MissingDatabaseError",
@@ -103,6 +110,7 @@ __all__ = [
     "RetryableError",
     "Size",
     "Space",
+    "StalledError",
     "StorageFullError",
     "Txn",
     "UnavailableError",
@@ -337,9 +345,23 @@ class Driver(ABC):
     #: First back-off in seconds; doubles each attempt, with full jitter.
     backoff = 0.005
 
+    #: Seconds a call may wait on a server before it fails with :class:`StalledError`
+    #: (``-o timeout=``): the request loop is one thread, so this bounds how long a stalled
+    #: server holds every other request. Drivers of local files have nothing to wait for.
+    timeout: float = DEFAULT_TIMEOUT
+    #: What a driver waiting on a server polls besides its socket: an object with ``fileno()``
+    #: (readable when requests arrive) and ``check()`` (raises :class:`InterruptedCallError`
+    #: when the request being served was interrupted); see ``zarrfs.fuse.interrupts``.
+    watch: Any = None
+
     def __init__(self, url: str, readonly: bool = False) -> None:
         self.url = url
         self.readonly = readonly
+
+    def set_timeout(self, seconds: float) -> None:
+        """Bound every later wait on the server to ``seconds`` (a remote driver also applies
+        it to the connections it holds)."""
+        self.timeout = seconds
 
     @abstractmethod
     def _begin(self, write: bool) -> AbstractContextManager[Txn]:

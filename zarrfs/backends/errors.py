@@ -16,6 +16,21 @@ class UnavailableError(BackendError):
     """The database cannot be reached (a dead Redis, a vanished file)."""
 
 
+class StalledError(UnavailableError):
+    """The server did not answer within the mount's ``timeout`` (paused, partitioned,
+    overloaded): the call fails with ETIMEDOUT rather than holding the mount. The connection is
+    dropped and the next call opens a new one. A commit that stalls has an unknown outcome:
+    the server may still apply it when it comes back."""
+
+
+class InterruptedCallError(BackendError):
+    """The request waiting on the database was interrupted (its caller got a signal and the
+    kernel sent FUSE_INTERRUPT): the call fails with EINTR. Like a stall, it drops the
+    connection, and an interrupted commit has an unknown outcome."""
+
+    quiet = True  # the caller asked for it: not worth a log line
+
+
 class MissingDatabaseError(UnavailableError):
     """The database (a table, a file) does not exist, and opening it read-only does not make it."""
 

@@ -44,6 +44,7 @@ from .base import (
     RetryableError,
     Size,
     Space,
+    StalledError,
     StorageFullError,
     Txn,
     UnavailableError,
@@ -190,7 +191,7 @@ class PostgresDriver(Driver):
 
     def _connect(self) -> None:
         try:
-            self.conn = psycopg.connect(autocommit=True, connect_timeout=10, **self._params)
+            self.conn = psycopg.connect(autocommit=True, **{**self._bounds(), **self._params})
         except psycopg.Error as exc:
             raise UnavailableError(f"{self.where}: {_reason(exc)}") from None
         tables = {DATA: self.table, Space.SIDE: self.table + "_side"}
@@ -214,6 +215,30 @@ class PostgresDriver(Driver):
         for space, name in tables.items():
             self.queries.update({(what, space): q for what, q in _queries(name, collate).items()})
 
+    def _bounds(self) -> dict[str, Any]:
+        """libpq settings that bound a wait on the server to about ``timeout`` (``-o
+        timeout=``): the connect, a statement the server runs (``statement_timeout``, lock
+        waits included), data the server does not acknowledge (``tcp_user_timeout``) and a
+        silent connection (keepalives: a partition). A server that is paused but whose kernel
+        still answers (``SIGSTOP``) is not noticed by these; the Redis driver's own wait is."""
+        seconds = self.timeout
+        idle = max(1, int(seconds / 2))
+        return {
+            "connect_timeout": max(2, int(seconds + 0.999)),  # libpq: whole seconds, 2 at least
+            "options": f"-c statement_timeout={int(seconds * 1000)}",
+            "keepalives": 1,
+            "keepalives_idle": idle,
+            "keepalives_interval": max(1, int(seconds / 6)),
+            "keepalives_count": 3,
+            "tcp_user_timeout": int(seconds * 1000),
+        }
+
+    def set_timeout(self, seconds: float) -> None:
+        """Bound later waits to ``seconds``: the connection is made again with the new bounds."""
+        super().set_timeout(seconds)
+        with self._lock:
+            self._drop()
+
     @contextmanager
     def _begin(self, write: bool) -> Iterator[Txn]:
         with self._lock:
@@ -226,6 +251,8 @@ class PostgresDriver(Driver):
                     yield PostgresTxn(self, write)
             except _RETRY as exc:
                 raise RetryableError(f"{self.where}: {_reason(exc)}") from None
+            except pgerr.QueryCanceled as exc:  # statement_timeout
+                raise StalledError(f"{self.where}: {_reason(exc)} (-o timeout=)") from None
             except _FULL as exc:
                 raise StorageFullError(f"{self.where}: {_reason(exc)}") from None
             except pgerr.ReadOnlySqlTransaction as exc:

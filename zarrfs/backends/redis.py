@@ -44,6 +44,7 @@ The connections live in ``redis_link``, the index and the scans that read it in
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -56,6 +57,13 @@ from .base import DATA, SIDE, BackendError, Driver, HasPrefix, RetryableError, S
 from .redis_feed import RedisFeed
 from .redis_index import IndexScans, ensure_index, reindex, scan_keyspace
 from .redis_link import BIG_ARG, SPIN, Link, Links, translate, translated
+
+# Arguments that turn off redis-py's CLIENT SETINFO handshake (redis-py 8 names it driver_info).
+_NO_SETINFO: dict[str, Any] = (
+    {"driver_info": None}
+    if importlib.util.find_spec("redis.driver_info") is not None
+    else {"lib_name": None, "lib_version": None}
+)
 
 # Link is also reachable as _Link, the name tests patch to count round trips.
 _Link = Link
@@ -294,18 +302,36 @@ class RedisDriver(Driver):
         self._links = Links(self)
         self.feed: RedisFeed | None = None  # started by the first changes() (a mount's)
         try:
-            # Bounded timeouts: a FUSE call must fail (EIO) rather than hang on a dead server.
+            # Bounded timeouts: a FUSE call must fail (ETIMEDOUT) rather than hang on a paused
+            # or unreachable server, for ``timeout`` at most (see set_timeout).
             tcp = {"socket_keepalive": True} if parts.scheme != "unix" else {}
             # RESP2 unless the URL asks otherwise: no push messages among the replies, and the
-            # links parse it with hiredis directly (see redis_link.Link).
+            # links parse it with hiredis directly (see redis_link.Link). No CLIENT SETINFO: a
+            # new connection sends nothing before its first command, so that command's wait
+            # (which notices interrupts) is the only one.
             self.pool = redis.ConnectionPool.from_url(
-                client_url, socket_connect_timeout=10, socket_timeout=120, protocol=2, **tcp
+                client_url,
+                socket_connect_timeout=self.timeout,
+                socket_timeout=self.timeout,
+                protocol=2,
+                **tcp,
+                **_NO_SETINFO,
             )
             self.client = redis.Redis(connection_pool=self.pool)
             self.client.ping()
         except Exception as exc:
             raise translate(exc, self.where) from exc
         self.indexed = ensure_index(self)
+
+    def set_timeout(self, seconds: float) -> None:
+        """Bound the waits of later calls, and of the connections held now, to ``seconds``."""
+        super().set_timeout(seconds)
+        self.pool.connection_kwargs.update(socket_timeout=seconds, socket_connect_timeout=seconds)
+        pool = self.pool  # its lists are private: read defensively
+        for conn in [*getattr(pool, "_available_connections", ()), *getattr(pool, "_in_use_connections", ())]:
+            conn.socket_timeout = conn.socket_connect_timeout = seconds
+            if conn._sock is not None:
+                conn._sock.settimeout(seconds)
 
     def name(self, space: Space, raw: bytes) -> bytes:
         """The Redis key that holds ``raw`` in ``space``."""

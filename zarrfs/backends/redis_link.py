@@ -21,7 +21,14 @@ except ImportError:  # pragma: no cover - hiredis is a dependency on CPython
 
 from zarrfs.spin import next_window
 
-from .base import BackendError, ReadOnlyError, RetryableError, StorageFullError, UnavailableError
+from .base import (
+    BackendError,
+    ReadOnlyError,
+    RetryableError,
+    StalledError,
+    StorageFullError,
+    UnavailableError,
+)
 
 if TYPE_CHECKING:
     from .redis import RedisDriver
@@ -49,7 +56,9 @@ def translate(exc: Exception, what: str) -> BackendError:
         isinstance(exc, rexc.ResponseError) and msg.startswith("READONLY")
     ):
         return ReadOnlyError(f"{what}: {exc}")
-    if isinstance(exc, (rexc.ConnectionError, rexc.TimeoutError, OSError)):
+    if isinstance(exc, (rexc.TimeoutError, TimeoutError)):  # a socket timeout: a send, a connect
+        return StalledError(f"{what}: no answer within the timeout: {exc}")
+    if isinstance(exc, (rexc.ConnectionError, OSError)):
         return UnavailableError(f"{what}: {exc}")
     return BackendError(f"{what}: {exc}")
 
@@ -129,6 +138,12 @@ class Link:
             self.reader = hiredis.Reader(replyError=rexc.ResponseError)
             self.buf = bytearray(1 << 18)
             self.spin = SPIN
+            self.sock.settimeout(driver.timeout)  # sends and a TLS record's rest: bounded too
+            # Polled for a reply, with the request loop's /dev/fuse once the driver has one
+            # (the daemon gives it after the driver opened, see _wait).
+            self.poller = select.poll()
+            self.poller.register(self.sock, select.POLLIN)
+            self.watch: Any = None
 
     def usable(self) -> bool:
         """Whether this link can serve a new transaction (checks an idle socket for a close)."""
@@ -189,7 +204,10 @@ class Link:
         return replies
 
     def _receive(self, sock: Any, buf: bytearray) -> int:
-        """``recv_into`` that first polls the socket for up to ``spin`` seconds.
+        """``recv_into`` that first polls the socket for up to ``spin`` seconds, then sleeps
+        until the reply comes, the driver's ``timeout`` passes (:class:`StalledError`), or the
+        request being served is interrupted (the driver's ``watch``, see
+        :mod:`zarrfs.fuse.interrupts`, raises :class:`InterruptedCallError`).
 
         A reply from a server on the same machine comes back quickly, but a thread that sleeps
         for it pays about as much again to be woken on another CPU (docs/performance.md). So
@@ -213,9 +231,32 @@ class Link:
                         return got
             finally:
                 sock.settimeout(timeout)
-        got = sock.recv_into(buf)
+        got = self._wait(sock, buf, start)
         self.spin = next_window(self.spin, clock() - start, SPIN)
         return got
+
+    def _wait(self, sock: Any, buf: bytearray, start: float) -> int:
+        """Sleep until the socket is readable, then read it; the loop's requests that come
+        meanwhile are queued by the watch, an INTERRUPT of the request being served ends the
+        wait. Never longer than the driver's ``timeout``: a paused or partitioned server holds
+        the single request thread, and so the whole mount, for that long at most."""
+        if isinstance(sock, ssl.SSLSocket) and sock.pending():
+            return sock.recv_into(buf)  # decrypted bytes already held: poll would not see them
+        deadline = start + self.driver.timeout
+        sock_fd = sock.fileno()
+        if self.watch is not self.driver.watch:
+            self.watch = self.driver.watch
+            self.poller.register(self.watch.fileno(), select.POLLIN)
+        while True:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                raise StalledError(
+                    f"{self.driver.where}: no reply within {self.driver.timeout:g} s (-o timeout=)"
+                )
+            for fd, _events in self.poller.poll(left * 1000 + 1):
+                if fd == sock_fd:
+                    return sock.recv_into(buf)
+                self.watch.check()  # raises when this request was interrupted
 
     def _call_slow(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
         conn = self.conn

@@ -37,6 +37,8 @@ _TABLE: list[tuple[type[BaseException], int]] = [
     (base.InvalidKeyError, errno.EINVAL),
     (base.ReadOnlyError, errno.EROFS),
     (base.StorageFullError, errno.ENOSPC),
+    (base.StalledError, errno.ETIMEDOUT),
+    (base.InterruptedCallError, errno.EINTR),
     (base.UnavailableError, errno.EIO),
     (base.RetryableError, errno.EAGAIN),
     (base.DriverNotFoundError, errno.ENODEV),

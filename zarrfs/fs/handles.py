@@ -196,16 +196,35 @@ class HandleTable(OpenNames):
     # ------------------------------------------------------------------ data
     def _ensure_buffer(self, state: FileState, empty: bool = False) -> SpillBuffer:
         if state.buffer is None:
-            initial = (
-                b"" if empty else (state.snapshot if state.snapshot is not None else self._load(state.key))
-            )
-            state.buffer = SpillBuffer(initial, self.spill_threshold)
+            if not empty and state.snapshot is None and self._large(state.key):
+                state.buffer = self._load_in_pieces(state.key)
+            else:
+                snapshot = state.snapshot
+                initial = b"" if empty else (snapshot if snapshot is not None else self._load(state.key))
+                state.buffer = SpillBuffer(initial, self.spill_threshold)
             state.snapshot = None
         elif empty:
             state.buffer.truncate(0)
         if state.attrs is None:
             state.attrs = self.tree.lookup_attrs(state.key)
         return state.buffer
+
+    def _large(self, key: str) -> bool:
+        """Whether the stored value at ``key`` is read into a buffer in pieces: it would spill,
+        and what is shown is what is stored (no view that decodes it)."""
+        return not self.tree.hooks_transform and self.tree.stored_size(key) > self.spill_threshold
+
+    def _load_in_pieces(self, key: str) -> SpillBuffer:
+        """A buffer holding the value at ``key``, read by ranges in one read transaction (one
+        version of it) into the buffer's file: a large file opened for writing is not held
+        in memory."""
+        buffer = SpillBuffer(threshold=self.spill_threshold)
+        try:
+            self.tree.driver.transact(lambda t: buffer.load(lambda o, n: t.read(key, o, n)), write=False)
+        except BaseException:
+            buffer.close()
+            raise
+        return buffer
 
     def _load(self, key: str) -> bytes:
         try:

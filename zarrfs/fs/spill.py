@@ -10,6 +10,7 @@ from __future__ import annotations
 import mmap
 import os
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 DEFAULT_SPILL = 64 << 20
@@ -19,6 +20,7 @@ DEFAULT_SPILL = 64 << 20
 POOL_BYTES = 32 << 20
 POOL_EACH = 8 << 20
 _GRAIN = 64 << 10  # capacities are multiples of this
+LOAD_PIECE = 8 << 20  # bytes read per step by SpillBuffer.load
 
 _pool: list[bytearray] = []
 _pooled = 0
@@ -65,12 +67,16 @@ class SpillBuffer:
     def __init__(self, initial: Any = b"", threshold: int = DEFAULT_SPILL) -> None:
         self.threshold = threshold
         self._size = len(initial)
-        self._mem: bytearray | None = _take(self._size)
-        self._mem[: self._size] = initial
         self._file: Any = None
         self._map: mmap.mmap | None = None
+        self._mem: bytearray | None = None
         if self._size > threshold:
-            self._spill()
+            # Straight to the file: a copy in memory first would double a large file's cost.
+            self._file = tempfile.TemporaryFile(prefix="zarrfs-", buffering=0)
+            self._file.write(initial)
+            return
+        self._mem = _take(self._size)
+        self._mem[: self._size] = initial
 
     @property
     def size(self) -> int:
@@ -125,6 +131,15 @@ class SpillBuffer:
             os.pwrite(self._file.fileno(), data, offset)
         self._size = max(self._size, end)
         return n
+
+    def load(self, read: Callable[[int, int], Any]) -> None:
+        """Replace the content with the pieces ``read(offset, LOAD_PIECE)`` returns, until one
+        is empty or None: a large stored value comes into the file without being held whole."""
+        self.truncate(0)
+        offset = 0
+        while piece := read(offset, LOAD_PIECE):
+            self.write(offset, piece)
+            offset += len(piece)
 
     def compact(self) -> None:
         """Give back room far beyond the content (a small file kept a while after its close

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from zarrfs.fs.api import is_quiet, to_errno
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.abi import Header
+from zarrfs.fuse.interrupts import Watch
 
 log = logging.getLogger("zarrfs.fuse.dispatch")
 
@@ -37,8 +38,11 @@ class Dispatcher:
     one for each opcode of :data:`~zarrfs.fuse.abi.OPCODES`); others get ENOSYS. A handler
     answers, or raises: the exception becomes the error reply."""
 
-    def __init__(self, fd: int, handlers: Mapping[int, Handler]) -> None:
+    def __init__(self, fd: int, handlers: Mapping[int, Handler], buffer_size: int = 2 << 20) -> None:
         self.fd = fd
+        # Requests and interrupts that arrive while a handler waits on a server (see
+        # zarrfs.fuse.interrupts): the loop serves its queue, the driver polls it.
+        self.watch = Watch(fd, buffer_size)
         assert handlers.keys() == k.OPCODES.keys()
         # Lists indexed by opcode (slot _TABLE for any larger one): the dispatch indexes them.
         self._handlers: list[Handler] = [self._unknown] * (_TABLE + 1)
@@ -69,6 +73,7 @@ class Dispatcher:
         if op >= _TABLE:
             op = _TABLE
         self._requests[op] += 1
+        self.watch.unique = head.unique
         try:
             length = head.len
             if length < self._min_len[op] or length > len(buf):

@@ -11,6 +11,9 @@ apart than ``spin`` it halves after each of them, down to nothing, and it is ful
 soon as a request follows within ``spin``; an idle mount sleeps and costs no CPU.
 ``-o spin=0`` turns spinning off; ``scripts/bench_loop.py`` measures the choice.
 
+Requests that arrived while a request waited on a server (read by the driver's wait, see
+``interrupts``) are served first, in order, before ``/dev/fuse`` is read again.
+
 SIGINT, SIGTERM and SIGHUP end the loop between two requests (never inside one), whichever
 thread of the process the signal reaches: the signal wakes a sleeping loop through Python's
 wakeup fd.
@@ -26,6 +29,7 @@ import select
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from zarrfs.spin import next_window
@@ -51,8 +55,10 @@ class Loop:
         idle: Callable[[], None] | None = None,
         idle_interval: float = 0.01,
         idle_fd: int | None = None,
+        pending: deque[bytes] | None = None,
     ) -> None:
         self.fd = fd
+        self.pending: deque[bytes] = deque() if pending is None else pending
         self.handle = handle
         self.buffer_size = buffer_size
         self.spin = spin_us / 1e6
@@ -99,7 +105,12 @@ class Loop:
         # A sleeping loop wakes for the idle work only if there is some to do.
         sleep_ms = IDLE_POLL_MS if idle is None or self.idle_fd is not None else max(1, int(interval * 1000))
         idle_at = last
+        pending = self.pending
         while not self.stopping:
+            if pending:  # read while a request waited on a server: theirs is the first turn
+                handle(memoryview(pending.popleft()))
+                last = clock()
+                continue
             try:
                 n = readv(fd, bufs)
             except BlockingIOError:

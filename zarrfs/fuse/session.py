@@ -109,7 +109,7 @@ class Session(LockRequests, Dispatcher):
             k.RENAME2: self._rename2,
             k.FALLOCATE: self._fallocate,
         }
-        super().__init__(fd, handlers)
+        super().__init__(fd, handlers, BUFFER_SIZE)
 
     # ------------------------------------------------------------------ helpers
     def _describe(self, head: Header) -> str:

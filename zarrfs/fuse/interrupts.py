@@ -1,0 +1,94 @@
+"""Requests that arrive while the request thread waits on a server, and FUSE_INTERRUPT.
+
+The daemon serves requests from one thread (``loop``). When a request waits on a remote server
+(a Redis reply), that thread sleeps in the driver, and the kernel may meanwhile send more
+requests, among them ``FUSE_INTERRUPT``: the caller of the waiting request got a signal. A
+:class:`Watch` lets the driver's wait notice them without a second thread: the driver polls
+the watch's descriptor (``/dev/fuse``) next to its socket, and when it is readable calls
+:meth:`Watch.check`, which reads what arrived:
+
+* an INTERRUPT of the request being served raises
+  :class:`~zarrfs.backends.errors.InterruptedCallError`, which ends the driver's call (its
+  connection is dropped) and becomes the request's reply, ``EINTR``;
+* an INTERRUPT of a request read but not served yet answers that request ``EINTR`` at once
+  and drops it (it has done nothing yet);
+* any other request is copied into :attr:`Watch.pending`, which the loop serves, in order,
+  before it reads ``/dev/fuse`` again.
+
+Interrupts of requests already answered are ignored, as the kernel allows. The dispatcher
+records which request it is serving (:attr:`Watch.unique`) as it starts each one.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+from collections import deque
+
+from zarrfs.backends.errors import InterruptedCallError
+from zarrfs.fuse import abi as k
+
+_OPCODE_UNIQUE = struct.Struct("<IIQ")  # len, opcode, unique: the start of every request
+
+
+class Watch:
+    """What arrived on ``fd`` while a request was being served; see the module docstring."""
+
+    def __init__(self, fd: int, buffer_size: int) -> None:
+        self.fd = fd
+        self.buffer_size = buffer_size
+        self.unique = 0  # the request being served (set by the dispatcher)
+        self.pending: deque[bytes] = deque()
+        self._buf: bytearray | None = None  # a request buffer of its own, made when first needed
+
+    def fileno(self) -> int:
+        """The descriptor to poll: ``/dev/fuse``."""
+        return self.fd
+
+    def check(self) -> None:
+        """Read every request that is waiting; raise :class:`InterruptedCallError` when one is
+        an INTERRUPT of the request being served (or when the mount is gone)."""
+        if self._buf is None:
+            self._buf = bytearray(self.buffer_size)
+        buf = self._buf
+        interrupted = gone = False
+        while True:
+            try:
+                n = os.readv(self.fd, [buf])
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.ENOENT:  # a request interrupted before it was read
+                    continue
+                gone = True  # ENODEV: unmounted; the loop sees it too and ends
+                break
+            if n == 0:
+                gone = True
+                break
+            if n < k.IN_HEADER_SIZE:
+                continue  # the loop would refuse it too; nothing to answer to
+            _len, opcode, _unique = _OPCODE_UNIQUE.unpack_from(buf)
+            if opcode == k.INTERRUPT and n >= k.IN_HEADER_SIZE + k.INTERRUPT_IN.size:
+                (target,) = k.INTERRUPT_IN.unpack_from(buf, k.IN_HEADER_SIZE)
+                if target == self.unique:
+                    interrupted = True
+                else:
+                    self._cancel_pending(target)
+            else:
+                self.pending.append(bytes(memoryview(buf)[:n]))
+        if interrupted:
+            raise InterruptedCallError("interrupted by the caller (FUSE_INTERRUPT)")
+        if gone:
+            raise InterruptedCallError("the mount is gone")
+
+    def _cancel_pending(self, target: int) -> None:
+        """Answer the queued request ``target`` with EINTR and drop it (not served yet)."""
+        for i, data in enumerate(self.pending):
+            if _OPCODE_UNIQUE.unpack_from(data)[2] == target:
+                del self.pending[i]
+                try:
+                    os.write(self.fd, k.OUT_HEADER.pack(k.OUT_HEADER_SIZE, -errno.EINTR, target))
+                except OSError:
+                    pass  # gone meanwhile
+                return
