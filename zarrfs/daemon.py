@@ -196,6 +196,8 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
             control.close()
         session.close()
         channel.close()
+        # The mount is gone: the last commits wait on the server without watching /dev/fuse.
+        driver.watch = None
         operations.destroy()
     if loop.stop_signal is not None:
         log.info("unmounted %s on signal %s", mountpoint, signal.Signals(loop.stop_signal).name)

@@ -342,9 +342,14 @@ class RedisDriver(Driver):
         once one is started."""
         link = self._links.acquire()
         feed = self.feed
-        if feed is not None and getattr(link, "tracked", None) != feed.cid:
+        if feed is not None and not feed.lost and getattr(link, "tracked", None) != feed.cid:
             try:
                 feed.track(link)
+            except BackendError as exc:
+                # The feed's client is gone (a restarted server): the feed reconnects at its
+                # next look (reporting "something changed") and links track into it then.
+                feed.lost = True
+                log.info("%s: change feed to be renewed: %s", self.where, exc)
             except BaseException:
                 self._links.release(link)
                 raise

@@ -45,7 +45,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
-from .base import DATA, SIDE, BackendError, Driver, RetryableError, UnavailableError
+from .base import DATA, SIDE, BackendError, Driver, RetryableError, Space, UnavailableError
 from .redis import RedisDriver, RedisTxn
 from .redis_index import ensure_index
 from .redis_link import Link, Links, translate
@@ -100,6 +100,13 @@ class RedisClusterDriver(RedisDriver):
     """Driver for Redis Cluster (and Valkey in cluster mode); see the module docstring."""
 
     schemes = ("redis+cluster", "rediss+cluster", "valkey+cluster", "valkeys+cluster")
+    #: No change feed yet: a cluster's invalidations come from each master separately (one
+    #: tracking connection per node would be needed), so its mounts keep short cache times.
+    feed = None
+
+    def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
+        """No feed (see :attr:`feed`)."""
+        raise NotImplementedError
 
     def __init__(self, url: str, readonly: bool = False) -> None:
         Driver.__init__(self, url, readonly)

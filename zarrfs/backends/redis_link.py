@@ -245,8 +245,11 @@ class Link:
         deadline = start + self.driver.timeout
         sock_fd = sock.fileno()
         if self.watch is not self.driver.watch:
+            if self.watch is not None:  # the mount ended (or changed): stop watching its fd
+                self.poller.unregister(self.watch.fileno())
             self.watch = self.driver.watch
-            self.poller.register(self.watch.fileno(), select.POLLIN)
+            if self.watch is not None:
+                self.poller.register(self.watch.fileno(), select.POLLIN)
         while True:
             left = deadline - time.perf_counter()
             if left <= 0:
@@ -256,7 +259,8 @@ class Link:
             for fd, _events in self.poller.poll(left * 1000 + 1):
                 if fd == sock_fd:
                     return sock.recv_into(buf)
-                self.watch.check()  # raises when this request was interrupted
+                if self.watch is not None:
+                    self.watch.check()  # raises when this request was interrupted
 
     def _call_slow(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
         conn = self.conn
