@@ -147,9 +147,15 @@ class Operations:
         """Create and open a file; stored at its first commit."""
         return self.handles.create(key, mode | stat.S_IFREG, flags, uid, gid)
 
-    def open(self, key: str, flags: int = os.O_RDONLY) -> int:
-        """Open a file."""
-        return self.handles.open(key, flags)
+    def open(self, key: str, flags: int = os.O_RDONLY, kept: tuple[int, int] | None = None) -> int:
+        """Open a file; ``kept`` is the (size, mtime) of the version whose pages the kernel
+        holds, if any (see :meth:`HandleTable.open`)."""
+        return self.handles.open(key, flags, kept)
+
+    def opened(self, fh: int) -> tuple[Node | None, bool]:
+        """The file as its open found it in the database (None: pending content of this
+        mount), and whether the descriptor must bypass the kernel's page cache."""
+        return self.handles.opened(fh)
 
     def read(self, fh: int, size: int, offset: int) -> bytes | memoryview:
         """Bytes of an open file."""

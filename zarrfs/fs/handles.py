@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from zarrfs.fs.errors import FsError
+from zarrfs.fs.lookups import stamp_of
 from zarrfs.fs.namespace import FILE, Node, Tree
 from zarrfs.fs.sidedata import Attrs
 from zarrfs.fs.spill import DEFAULT_SPILL, SpillBuffer
@@ -84,6 +85,11 @@ class FileState:
     failed: bool = False
     stored: Stored | None = None  # what the last commit stored, while nothing changed since
     handles: set[int] = field(default_factory=set)
+    # The stored version its descriptors read (size, mtime: stamp_of), fixed at the first open.
+    version: tuple[int, int] | None = None
+    # Read outside the kernel's page cache, which holds pages of an older version that
+    # descriptors still open read.
+    private: bool = False
 
     @property
     def size(self) -> int:
@@ -99,6 +105,7 @@ class Handle:
 
     state: FileState
     flags: int
+    seen: Node | None = None  # the file as the open found it in the database
 
     @property
     def writable(self) -> bool:
@@ -151,18 +158,39 @@ class HandleTable:
         return Node(FILE, state.size, state.attrs or self.tree.default_attrs(FILE))
 
     # ------------------------------------------------------------------ open / create
-    def open(self, key: str, flags: int) -> int:
-        """Open an existing file; O_TRUNC empties it (stored at the next commit)."""
+    def open(self, key: str, flags: int, kept: tuple[int, int] | None = None) -> int:
+        """Open an existing file; O_TRUNC empties it (stored at the next commit).
+
+        Unless this mount has pending content for it, the open reads the file's version from
+        the database (not from a cache), and with it its content when the kernel holds no
+        pages of that version (``kept`` is the stamp of the version it holds) and it is at
+        most :data:`SNAPSHOT_LIMIT` bytes: the descriptor reads that version until it is
+        closed, whoever replaces the file meanwhile (see :meth:`read`)."""
         writable = (flags & os.O_ACCMODE) != os.O_RDONLY
         if writable and self.readonly:
             raise FsError(errno.EROFS, key)
-        # The kernel looked the name up just before, so there is no need to ask again.
-        state = self.states.get(key) or FileState(key)
+        state = self.states.get(key)
         # A held temporary file opened again is no longer only held: it is held again, or
         # stored, when its last descriptor closes.
         self.deferred.pop(key, None)
+        seen = None
+        truncating = writable and flags & os.O_TRUNC
+        if not truncating and (state is None or (state.buffer is None and not state.created)):
+            seen, value = self.tree.version(key, kept, SNAPSHOT_LIMIT)
+            if seen is not None and seen.kind == FILE:
+                version = stamp_of(seen)
+                if state is not None and state.version not in (None, version):
+                    # Descriptors of an older version are open: they keep it, and the kernel's
+                    # cache keeps its pages; this version is read outside that cache.
+                    state = FileState(key, private=True)
+                state = state or FileState(key)
+                state.version = version
+                if state.snapshot is None:
+                    state.snapshot = value
+        state = state or FileState(key)
         fh = self._add(state, flags)
-        if writable and flags & os.O_TRUNC:
+        self.handles[fh].seen = seen
+        if truncating:
             self._ensure_buffer(state, empty=True)
             self._touch(state)
         return fh
@@ -214,12 +242,28 @@ class HandleTable:
         assert state.attrs is not None
         state.attrs.mtime = state.attrs.ctime = now
 
+    def opened(self, fh: int) -> tuple[Node | None, bool]:
+        """What an open found in the database (None when it had pending content here), and
+        whether the descriptor must read outside the kernel's page cache (another version's
+        descriptors are open)."""
+        handle = self._handle(fh)
+        return handle.seen, handle.state.private
+
     def read(self, fh: int, size: int, offset: int) -> bytes | memoryview:
-        """Read from the pending content, or from a snapshot of the value taken at first read.
-        Returns a view where it can (no copy), valid until the file next changes."""
+        """Read from the pending content, or from the version the file had at its first open:
+        a snapshot (taken at the open, or at the first read when the kernel held the pages
+        then), or, for a value above :data:`SNAPSHOT_LIMIT`, ranges read each with a check of
+        the version, which fails with ESTALE when the file was replaced since: a descriptor
+        never reads parts of two versions. Returns a view where it can (no copy), valid until
+        the file next changes."""
         state = self._handle(fh).state
         if state.buffer is not None:
             return state.buffer.read(offset, size)
+        version = state.version
+        if state.snapshot is None and version is not None:
+            if not self.tree.hooks_transform and (offset > 0 or version[0] > SNAPSHOT_LIMIT):
+                return self.tree.read_version(state.key, version, offset, size)
+            state.snapshot = self.tree.read_version(state.key, version)
         if state.snapshot is None:
             # A read that does not start at the beginning reads just its range: the kernel
             # fetching the last, partial page of a file whose other pages it holds, or a
@@ -442,7 +486,10 @@ class HandleTable:
         if state.buffer is None and state.snapshot is None and not state.created:
             try:
                 if self.tree.stored_size(key) <= SNAPSHOT_LIMIT:
-                    state.snapshot = self.tree.read_value(key)
+                    version = state.version
+                    state.snapshot = (
+                        self.tree.read_value(key) if version is None else self.tree.read_version(key, version)
+                    )
             except FsError:
                 pass  # already gone
         del self.states[key]

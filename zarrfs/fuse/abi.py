@@ -83,6 +83,7 @@ FATTR_ATIME_NOW = 1 << 7
 FATTR_MTIME_NOW = 1 << 8
 
 GETATTR_FH = 1 << 0
+FOPEN_DIRECT_IO = 1 << 0
 FOPEN_KEEP_CACHE = 1 << 1
 # Linux >= 5.16 (protocol 7.35) sends no FLUSH at the close of such a file; older kernels
 # ignore the bit and send it as before.

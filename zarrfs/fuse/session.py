@@ -376,10 +376,18 @@ class Session(Dispatcher):
     def _open(self, head: Header, buf: memoryview) -> None:
         flags = k.OPEN_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]
         key = self._key(head.nodeid)
-        fh = self.ops.open(key, flags)
         inode = self.inodes.get(head.nodeid)
-        keep = inode is not None and self.pages.opened(inode, self.ops.find, key)
-        open_flags = k.FOPEN_KEEP_CACHE if keep else 0
+        # The version whose pages the kernel holds: the open reads no content when the
+        # file is still that version.
+        kept = inode.stamp if inode is not None and inode.cache_ok else None
+        fh = self.ops.open(key, flags, kept)
+        seen, private = self.ops.opened(fh)
+        if private:
+            # The kernel's pages are another version's, which descriptors still read.
+            open_flags = k.FOPEN_DIRECT_IO
+        else:
+            keep = inode is not None and self.pages.opened(inode, self.ops.find, key, seen)
+            open_flags = k.FOPEN_KEEP_CACHE if keep else 0
         if flags & os.O_ACCMODE == os.O_RDONLY:
             # Its close has nothing to store: spare the reader that round trip.
             open_flags |= k.FOPEN_NOFLUSH
