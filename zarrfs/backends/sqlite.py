@@ -42,7 +42,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import sqlite_sql as sq
-from ._util import check_options, parse_bool, parse_file_url, statvfs
+from ._util import Reserve, check_options, parse_bool, parse_file_url, statvfs
 from .base import (
     DATA,
     KEYS,
@@ -69,12 +69,15 @@ class SQLiteTxn(Txn):
     """One SQLite transaction on the calling thread's connection; also its own context manager
     (leaving the block commits, or rolls back when the block raised)."""
 
+    value_limit = "SQLite's SQLITE_LIMIT_LENGTH, less room for the key"
+
     #: Rows fetched per statement while scanning, by fetch mode (values can be large).
     batch = {KEYS: 1024, SIZES: 1024}
     value_batch = 16
 
     def __init__(self, driver: SQLiteDriver, conn: sqlite3.Connection, write: bool) -> None:
         super().__init__(write, driver.path)
+        self.max_value = driver.max_value
         self._driver = driver
         self._conn = conn
         # A read transaction runs its first statement on its own (autocommit: a statement is
@@ -280,6 +283,12 @@ class SQLiteDriver(Driver):
         self.tables: set[str] = set()
         self.tables, wal = prepare(self._conn(), path, readonly)
         self.batches = BatchStatements(self.tables)
+        # A row (key and value) may not exceed the connection's length limit (SQLITE_MAX_LENGTH,
+        # 10**9 by default, at most 2**31 - 1); keys are short, 4 KiB leaves room for them.
+        length = getattr(sqlite3, "SQLITE_LIMIT_LENGTH", None)
+        limit = self._conn().getlimit(length) if length is not None else 10**9
+        self.max_value = limit - 4096
+        self.reserve = None if readonly else Reserve(path + ".zarrfs-reserve")
         if not readonly and wal:
             self._checkpointer = Checkpointer(path, self.timeout, self.checkpoint_lock)
 
@@ -296,7 +305,14 @@ class SQLiteDriver(Driver):
         return conn
 
     def _begin(self, write: bool) -> SQLiteTxn:
+        if write and self.reserve is not None:
+            self.reserve.again()
         return SQLiteTxn(self, self._conn(), write)
+
+    def free_reserve(self) -> bool:
+        """Free the disk room kept for removals on a full disk (see ``_util.Reserve``): SQLite
+        records a delete in the WAL, which may need to grow."""
+        return self.reserve is not None and self.reserve.free()
 
     def committed(self, written: int) -> None:
         """A write transaction committed about ``written`` bytes: tell the checkpointer."""

@@ -36,6 +36,7 @@ _TABLE: list[tuple[type[BaseException], int]] = [
     (base.InvalidKeyError, errno.EINVAL),
     (base.ReadOnlyError, errno.EROFS),
     (base.StorageFullError, errno.ENOSPC),
+    (base.ValueTooLargeError, errno.EFBIG),
     (base.UnavailableError, errno.EIO),
     (base.RetryableError, errno.EAGAIN),
     (base.DriverNotFoundError, errno.ENODEV),

@@ -18,7 +18,7 @@ import stat
 import time
 from typing import Any
 
-from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, Get, HasPrefix, Txn
+from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, Get, HasPrefix, StorageFullError, Txn
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.listing import FOLDER_BATCH, Listings
 from zarrfs.fs.lookups import DIR, FILE, LINK, Lookups, Node
@@ -250,10 +250,19 @@ class Tree(Listings, Lookups):
 
         self._write(run)
 
+    def _removing(self, run: Any) -> None:
+        """Run a removal; on a full store, again without keeping the folder it empties: the
+        folder's mark is a write a full store may refuse, and removing must stay possible
+        (the emptied folder then goes, as ``rm -r`` would take it next)."""
+        try:
+            self._write(run)
+        except StorageFullError:
+            self._write(lambda t: run(t, keep=False))
+
     def unlink(self, key: str) -> None:
         """Remove the file or symlink at ``key`` (EISDIR for a folder)."""
 
-        def run(t: Txn) -> None:
+        def run(t: Txn, keep: bool = True) -> None:
             found = self._probe(t, key)
             if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
@@ -265,14 +274,15 @@ class Tree(Listings, Lookups):
             else:
                 t.delete(entry_key(key), SIDE)
             t.delete(attr_key(key), SIDE)
-            self._keep_parent(t, key)
+            if keep:
+                self._keep_parent(t, key)
 
-        self._write(run)
+        self._removing(run)
 
     def rmdir(self, key: str) -> None:
         """Remove the empty folder at ``key`` (ENOTEMPTY, ENOTDIR, ENOENT as POSIX says)."""
 
-        def run(t: Txn) -> None:
+        def run(t: Txn, keep: bool = True) -> None:
             found = self._probe(t, key)
             if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
@@ -284,9 +294,10 @@ class Tree(Listings, Lookups):
                 raise FsError(errno.ENOTEMPTY, key, quiet=True)
             t.delete(entry_key(key), SIDE)
             t.delete(attr_key(key), SIDE)
-            self._keep_parent(t, key)
+            if keep:
+                self._keep_parent(t, key)
 
-        self._write(run)
+        self._removing(run)
 
     def set_attrs(
         self,
