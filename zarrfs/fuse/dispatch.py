@@ -75,9 +75,9 @@ class Dispatcher:
                 raise k.Malformed(f"length {length}: {self._min_len[op]} at least, {len(buf)} read")
             self._handlers[op](head, buf)
         except Exception as exc:
-            self._failed(head, op, exc)
+            self._failed(head, op, exc, buf)
 
-    def _failed(self, head: Header, op: int, exc: Exception) -> None:
+    def _failed(self, head: Header, op: int, exc: Exception, buf: memoryview | None = None) -> None:
         # One log line at most, never a traceback: a malformed request says what was wrong
         # with it, an error of a call what the caller hears (unless routine).
         what = self._names[op]
@@ -92,7 +92,7 @@ class Dispatcher:
             if not is_quiet(exc):
                 level = logging.WARNING if isinstance(exc, OSError) else logging.ERROR
                 reason = errno.errorcode.get(code, code)
-                log.log(level, "%s %s: %s (%s)", what, self._describe(head), reason, exc)
+                log.log(level, "%s %s: %s (%s)", what, self._describe(head, buf), reason, exc)
         if self._answered[op]:
             self._reply_error(head, code)
         else:
@@ -107,7 +107,7 @@ class Dispatcher:
             "errors": {names[op]: n for op, n in enumerate(self._errors) if n},
         }
 
-    def _describe(self, head: Header) -> str:
+    def _describe(self, head: Header, buf: memoryview | None = None) -> str:
         """What a request was about, for a log line (a subclass knows more than the ID)."""
         return f"node {head.nodeid}"
 

@@ -41,6 +41,19 @@ BUFFER_SIZE = MAX_WRITE + 4096  # a request with its headers
 NS = 1_000_000_000
 
 _name = k.name
+# Where the (first) name of a request about a name in a folder starts.
+_NAMED = {
+    k.LOOKUP: k.IN_HEADER_SIZE,
+    k.UNLINK: k.IN_HEADER_SIZE,
+    k.RMDIR: k.IN_HEADER_SIZE,
+    k.SYMLINK: k.IN_HEADER_SIZE,
+    k.MKNOD: k.IN_HEADER_SIZE + k.MKNOD_IN.size,
+    k.MKDIR: k.IN_HEADER_SIZE + k.MKDIR_IN.size,
+    k.CREATE: k.IN_HEADER_SIZE + k.CREATE_IN.size,
+    k.RENAME: k.IN_HEADER_SIZE + k.RENAME_IN.size,
+    k.RENAME2: k.IN_HEADER_SIZE + k.RENAME2_IN.size,
+    k.LINK: k.IN_HEADER_SIZE + k.LINK_IN.size,
+}
 
 
 class Session(Dispatcher):
@@ -103,9 +116,21 @@ class Session(Dispatcher):
         super().__init__(fd, handlers)
 
     # ------------------------------------------------------------------ helpers
-    def _describe(self, head: Header) -> str:
+    def _describe(self, head: Header, buf: memoryview | None = None) -> str:
+        # A request about a name in a folder (a lookup, a create, an unlink) names the file,
+        # not only the folder it is sent for.
         key = self.inodes.key(head.nodeid)
-        return "/" + key if key is not None else f"node {head.nodeid}"
+        where = "/" + key if key is not None else f"node {head.nodeid}"
+        at = _NAMED.get(head.opcode)
+        if at is None or buf is None:
+            return where
+        try:
+            two = head.opcode in (k.SYMLINK, k.RENAME, k.RENAME2)
+            raw = k.names(buf, at, head.len)[0] if two else _name(buf, at, head.len)
+            name = raw.decode("utf-8", "backslashreplace")
+        except Exception:  # a malformed request: the folder is all there is to say
+            return where
+        return where.rstrip("/") + "/" + name
 
     def _key(self, nodeid: int) -> str:
         key = self.inodes.key(nodeid)
