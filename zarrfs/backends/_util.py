@@ -191,7 +191,7 @@ class Reserve:
     eighth of the free space, taken with ``posix_fallocate`` (all or nothing); made again, at
     most every ``retry`` seconds, once the disk has room."""
 
-    def __init__(self, path: str, size: int = 4 << 20, retry: float = 10.0) -> None:
+    def __init__(self, path: str, size: int = 1 << 20, retry: float = 10.0) -> None:
         self.path = path
         self.size = size
         self.retry = retry

@@ -373,6 +373,7 @@ class Driver(ABC):
         delay = self.backoff
         attempt = 1
         txn: Txn | None = None
+        freed = False
         while True:
             try:
                 with self._begin(write) as txn:
@@ -383,8 +384,9 @@ class Driver(ABC):
             except StorageFullError:
                 # Cleanup must stay possible on a full store: a small transaction (an unlink,
                 # a truncation) may use the room kept in reserve, once.
-                if txn is None or txn.put_bytes > RESERVE_FOR or not self.free_reserve():
+                if freed or txn is None or txn.put_bytes > RESERVE_FOR or not self.free_reserve():
                     raise
+                freed = True
                 log.warning("%s: full; the room kept in reserve for removals is used", self.url)
                 continue
             time.sleep(random.uniform(0, delay))

@@ -35,6 +35,7 @@ stored as TEXT, exactly as ``SQLiteStore`` stores them, compared in the primary-
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
@@ -62,6 +63,7 @@ from .base import (
 from .sqlite_checkpoint import Checkpointer, checkpoint
 from .sqlite_sql import PAGE_SIZE, TABLES, BatchStatements, blob, connect, prepare, translate, translated
 
+log = logging.getLogger("zarrfs.backends.sqlite")
 __all__ = ["PAGE_SIZE", "SQLiteDriver", "SQLiteTxn"]
 
 
@@ -288,7 +290,9 @@ class SQLiteDriver(Driver):
         length = getattr(sqlite3, "SQLITE_LIMIT_LENGTH", None)
         limit = self._conn().getlimit(length) if length is not None else 10**9
         self.max_value = limit - 4096
-        self.reserve = None if readonly else Reserve(path + ".zarrfs-reserve")
+        # SQLite needs more than LMDB: the commits still in the WAL may need the database file
+        # to grow when they are checkpointed, and a delete appends to the WAL until then.
+        self.reserve = None if readonly else Reserve(path + ".zarrfs-reserve", 4 << 20)
         if not readonly and wal:
             self._checkpointer = Checkpointer(path, self.timeout, self.checkpoint_lock)
 
@@ -310,9 +314,23 @@ class SQLiteDriver(Driver):
         return SQLiteTxn(self, self._conn(), write)
 
     def free_reserve(self) -> bool:
-        """Free the disk room kept for removals on a full disk (see ``_util.Reserve``): SQLite
-        records a delete in the WAL, which may need to grow."""
-        return self.reserve is not None and self.reserve.free()
+        """Make room for a removal on a full disk: SQLite records a delete in the WAL, which
+        grows until a checkpoint. Free the room kept in reserve (``_util.Reserve``), and
+        once it is gone, copy the WAL into the database and truncate it (a delete frees
+        pages inside the database, so the copy needs no new room): its blocks are free then."""
+        if self.readonly:
+            return False
+        if self.reserve is not None and self.reserve.free():
+            return True
+        try:
+            with self.checkpoint_lock, translated(self.path):
+                busy = self._conn().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        except Exception as exc:
+            log.warning("%s: checkpoint on a full disk failed: %s", self.path, exc)
+            return False
+        if busy:
+            log.warning("%s: checkpoint on a full disk busy", self.path)
+        return not busy
 
     def committed(self, written: int) -> None:
         """A write transaction committed about ``written`` bytes: tell the checkpointer."""
