@@ -41,6 +41,7 @@ def test_every_kind_of_problem_is_reported():
         "name.backslash",
         "zarray.order",
         "zattrs.array-dimensions-length",
+        "zmetadata.stale",  # an error: a reader trusting the document sees other metadata
     } == rules(found)
     assert "key.temporary" in rules(found, "warning")
     # .zmetadata no longer matches: b/.zarray is missing from it, a/.zattrs differs
@@ -80,7 +81,7 @@ def test_consolidated_in_a_subgroup():
     store["sub/.zmetadata"] = dumps_consolidated(build_consolidated(inner))
     found = run(store)
     assert [p for p in found if p.key == "sub/.zmetadata"] == []
-    assert "zmetadata.stale" in rules(found, "warning")  # the root one misses the sub entries
+    assert "zmetadata.stale" in rules(found)  # an error: the root one misses the sub entries
 
 
 def test_v3_consolidated():
@@ -95,7 +96,7 @@ def test_v3_consolidated():
     store.put_json("g/b/zarr.json", V3_ARRAY)
     store["g/a/c/9/0"] = b"bad"
     found = run(store)
-    assert rules(found) == {"chunk-key.out-of-grid"}
+    assert rules(found) == {"chunk-key.out-of-grid", "zarr.json.consolidated-stale"}
     stale = [p.value for p in found if p.rule == "zarr.json.consolidated-stale"]
     assert stale == ["consolidated metadata is stale: 'g/b' is missing from it"]
 

@@ -79,3 +79,24 @@ def test_inode_table_exchanged():
     only = t.remember("only", FILE)[0]
     t.exchanged("only", "unknown")  # the kernel never looked the other name up
     assert t.key(only) == "unknown" and "only" not in t.ids
+
+
+def test_the_names_of_a_linked_file_share_one_node():
+    t = InodeTable(DIR)
+    a, node = t.remember("a", FILE)
+    t.linked(a, "g1")  # the reply to LINK: the new name is the source's node
+    assert t.remember("b", FILE, "g1") == (a, node) and t.remember("d/c", FILE, "g1")[0] == a
+    assert (node.key, node.aliases, node.lookups) == ("a", {"b", "d/c"}, 3)
+    t.detach("a")  # unlink of the node's own name: it keeps the others
+    assert node.key in ("b", "d/c") and t.key(a) is not None and "a" not in t.ids
+    t.moved("d", "e")
+    assert t.ids["e/c"] == a and "d/c" not in t.ids and "e/c" in {node.key, *node.aliases}
+    t.detach("b")
+    t.detach("e/c")
+    assert t.key(a) is None  # every name gone: the node names nothing
+    t.forget(a, 3)
+    assert t.get(a) is None and t.groups == {} and not {"a", "b", "e/c"} & set(t.ids)
+    fresh, _ = t.remember("x", FILE, "g2")  # after a remount: the first name met gives the ID
+    assert t.remember("y", FILE, "g2")[0] == fresh and t.groups == {"g2": fresh}
+    t.forget(fresh, 2)
+    assert t.ids == {"": k.ROOT_ID} and t.groups == {}

@@ -30,7 +30,7 @@ from zarrfs.urls import PASSWORD_ENV, MountFailure, redis_secret, resolve_url, s
 
 READY = b"ready\n"
 START_TIMEOUT = 60.0
-COMMANDS = ("mount", "umount", "status", "check", "copy", "reindex")
+COMMANDS = ("mount", "umount", "status", "check", "copy", "consolidate", "reindex")
 
 def _fail(message: str, status: int = 1) -> int:
     print(f"zarrfs: {message}", file=sys.stderr)
@@ -342,7 +342,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_copy(args: argparse.Namespace) -> int:
-    """``zarrfs copy SOURCE DEST``: folder -> database, database -> folder or database."""
+    """``zarrfs copy SOURCE DEST``: between folders and databases, key for key."""
+    from zarrfs.control import size_text
     from zarrfs.tools.copy import CopyError, copy
 
     progress = args.progress if args.progress is not None else sys.stderr.isatty()
@@ -351,12 +352,33 @@ def cmd_copy(args: argparse.Namespace) -> int:
         dest = args.dest if "://" in args.dest else os.path.abspath(args.dest)
         source = redis_secret(resolve_url(source)) if "://" in source else source
         dest = redis_secret(resolve_url(dest)) if "://" in dest else dest
-        count, size = copy(source, dest, progress=progress, validate=args.validate)
+        done = copy(
+            source,
+            dest,
+            if_exists=args.if_exists,
+            dry_run=args.dry_run,
+            progress=progress and not args.dry_run,
+            validate=args.validate,
+        )
     except (UsageError, MountFailure, CopyError, BackendError, OSError, ValueError) as exc:
         return _fail(str(exc), _status_of(exc))
-    from zarrfs.control import size_text
+    verb = "would copy" if args.dry_run else "copied"
+    skipped = f", skipped {done.skipped} that exist there" if done.skipped else ""
+    print(f"{verb} {done.keys} keys ({size_text(done.bytes)}){skipped}", file=sys.stderr)
+    return 0
 
-    print(f"copied {count} keys ({size_text(size)})", file=sys.stderr)
+
+def cmd_consolidate(args: argparse.Namespace) -> int:
+    """``zarrfs consolidate URL|FOLDER``: rebuild the stale consolidated documents."""
+    from zarrfs.tools.consolidate import consolidate
+
+    try:
+        where = args.location if "://" in args.location else os.path.abspath(args.location)
+        where = redis_secret(resolve_url(where)) if "://" in where else where
+        found, changed = consolidate(where)
+    except (UsageError, MountFailure, BackendError, OSError, ValueError) as exc:
+        return _fail(str(exc), _status_of(exc))
+    print(f"{found} consolidated document(s), rebuilt {changed}", file=sys.stderr)
     return 0
 
 
@@ -443,10 +465,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="show a progress bar (default: when stderr is a terminal)",
     )
     copy.add_argument(
+        "--if-exists", choices=("replace", "skip", "raise"), default="replace",
+        help="keys the destination has: overwrite them (default), keep them, or copy nothing (raise)",
+    )
+    copy.add_argument("--dry-run", action="store_true", help="say what would be copied; write nothing")
+    copy.add_argument(
         "--validate", action="store_true",
         help="check the Zarr metadata and chunk keys of what is copied first; copy nothing if one is wrong",
     )
     copy.set_defaults(func=cmd_copy)
+
+    cons = sub.add_parser("consolidate", help="rebuild the stale consolidated metadata documents",
+                          epilog=URLS_HELP + "\n" + EXIT_HELP, formatter_class=raw)
+    cons.add_argument("location", metavar="URL|FOLDER", help="a database URL, or a folder (a mount too)")
+    cons.set_defaults(func=cmd_consolidate)
 
     reindex = sub.add_parser("reindex", help="rebuild a Redis database's listing index from its keys",
                              epilog=URLS_HELP + "\n" + EXIT_HELP, formatter_class=raw)

@@ -25,11 +25,13 @@ from zarrfs import logs
 from zarrfs.backends import open_driver
 from zarrfs.backends.base import BackendError, Driver
 from zarrfs.fs.api import Operations
+from zarrfs.fs.changes import ChangeWatcher, has_feed
 from zarrfs.fs.foldercache import FolderCache
 from zarrfs.fs.handles import HandleTable
 from zarrfs.fs.namespace import Hooks, Tree
 from zarrfs.fuse import abi
 from zarrfs.fuse.channel import Channel
+from zarrfs.fuse.coherence import Coherence
 from zarrfs.fuse.loop import Loop
 from zarrfs.fuse.session import BUFFER_SIZE, Session
 from zarrfs.fuse.tuning import keep_freed_memory, set_readahead
@@ -140,6 +142,7 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
             umask=0o022 if opts.umask is None else opts.umask,
             hooks=make_hooks(opts),
         )
+        opts.feed = opts.use_feed and has_feed(driver)
         if opts.seconds("dir_cache") > 0:
             tree.folder_cache = FolderCache(opts.seconds("dir_cache"))
         handles = HandleTable(tree, spill_threshold=opts.spill, readonly=opts.readonly)
@@ -165,10 +168,16 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
         negative_timeout=opts.seconds("negative_timeout"),
         on_init=ready,
     )
+    idle = {}
+    if opts.feed:
+        watcher = ChangeWatcher(tree)
+        session.coherence = Coherence(session, watcher)
+        idle = {"idle": session.coherence.poll, "idle_interval": watcher.interval}
+        idle["idle_fd"] = watcher.fileno()
     handle = session.handle
     if opts.allow_root:
         handle = owner_and_root_only(handle, channel.fd, os.getuid())
-    loop = _Loop(channel.fd, handle, BUFFER_SIZE, opts.spin)
+    loop = _Loop(channel.fd, handle, BUFFER_SIZE, opts.spin, **idle)
     try:
         try:
             control = ControlServer(resolved, shown, driver, session, handles, tree, opts)

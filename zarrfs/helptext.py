@@ -27,9 +27,11 @@ mount options (-o OPT[,OPT...]):
   validate=strict|warn|off    Zarr metadata and chunk-key checks on commit (strict)
   view=raw|decoded            decoded: chunks show as their decoded bytes (raw)
   consolidate=auto|live|off   keep consolidated metadata in step (auto)
-  cache_timeout=SECONDS       kernel entry/attribute/negative cache lifetime (1); or
+  cache_timeout=SECONDS       kernel entry/attribute/negative cache lifetime (3600 when
+                              the database has a change feed, else 1); or
   entry_timeout=, attr_timeout=, negative_timeout=   one of them alone
-  dir_cache=SECONDS           lifetime of a busy folder's snapshot (cache_timeout; 0 = off)
+  dir_cache=SECONDS           lifetime of a busy folder's snapshot (cache_timeout, or 1; 0 = off)
+  feed=0                      do not follow other writers' changes (short cache times)
   spill=BYTES                 an open file's buffer size before it spills to disk (64 MiB)
   spin=MICROSECONDS           request loop polling before it sleeps (200; 0 = never)
   readahead=KiB               kernel read-ahead of the mount (1024; 0 = leave it)

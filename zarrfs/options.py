@@ -29,6 +29,10 @@ LIBFUSE_OPTIONS = frozenset(
     | {"sync", "async", "dirsync", "noatime", "nodiratime", "debug"}
 )
 
+SHORT_CACHE = 1.0  # seconds the kernel keeps names and attributes without a change feed
+FEED_CACHE = 3600.0  # ... and with one
+
+
 class UsageError(Exception):
     """A bad command line or mount option: reported as one line, exit status 2."""
 
@@ -41,7 +45,13 @@ class MountOptions:
     validate: str = "strict"
     view: str = "raw"
     consolidate: str = "auto"
-    cache_timeout: float = 1.0
+    # The kernel's cache time: an hour when the driver has a change feed (the mount then drops
+    # what others change, zarrfs.fuse.coherence), else a second; -o cache_timeout= sets it.
+    cache_timeout: float | None = None
+    # Whether to follow the driver's change feed (-o feed=0: no, short cache times).
+    use_feed: bool = True
+    # Set by the daemon: the feed is followed.
+    feed: bool = False
     spill: int = DEFAULT_SPILL
     create: bool = False
     spin: float = DEFAULT_SPIN_US
@@ -67,7 +77,13 @@ class MountOptions:
     def seconds(self, name: str) -> float:
         """One of the cache times above: its own value, or ``cache_timeout``."""
         value = getattr(self, name)
-        return self.cache_timeout if value is None else value
+        if value is not None:
+            return value
+        if self.cache_timeout is not None:
+            return self.cache_timeout
+        if name == "dir_cache":  # snapshots are for bursts: a second, feed or not
+            return SHORT_CACHE
+        return FEED_CACHE if self.feed else SHORT_CACHE
 
 
 def parse_options(words: list[str]) -> MountOptions:
@@ -92,6 +108,8 @@ def parse_options(words: list[str]) -> MountOptions:
                 if seconds < 0:
                     raise UsageError(f"-o {name}= takes seconds, 0 or more (got {value!r})")
                 setattr(opts, name, seconds)
+            elif name == "feed":
+                opts.use_feed = _choice(name, value, ("0", "1")) == "1"
             elif name == "spill":
                 opts.spill = _number(name, value, int)
             elif name == "create":

@@ -49,6 +49,7 @@ from zarrfs.backends.base import (
     prefix_stop,
 )
 from zarrfs.backends.registry import normalize_url
+from zarrfs.fs.hardlinks import POINTER, pointer_key
 from zarrfs.fs.sidedata import ATTR, ENTRY, Attrs, attr_key
 
 __all__ = ["DatabaseStore"]
@@ -252,6 +253,7 @@ class DatabaseStore(Store):
         def run(t: Txn) -> None:
             t.delete(key)
             t.delete(attr_key(key), SIDE)
+            t.delete(pointer_key(key), SIDE)  # no longer a name of a file with hard links
 
         self._write(run)
 
@@ -265,7 +267,8 @@ class DatabaseStore(Store):
         below = prefix + "/" if prefix else ""
 
         def run(t: Txn) -> None:
-            for space, start in ((DATA, below), (SIDE, ATTR + below), (SIDE, ENTRY + below)):
+            side = [(SIDE, prefix + below) for prefix in (ATTR, ENTRY, POINTER)]
+            for space, start in [(DATA, below), *side]:
                 doomed = [k for k, _ in t.scan(start, prefix_stop(start), space=space)]
                 for k in doomed:
                     t.delete(k, space)

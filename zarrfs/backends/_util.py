@@ -116,8 +116,8 @@ def statvfs(path: str) -> dict[str, int]:
 
 
 FALLOC_FL_KEEP_SIZE = 1
-PREALLOCATE_MIN = 64 << 20
-PREALLOCATE_MAX = 1 << 30
+PREALLOCATE_MIN = 8 << 20
+PREALLOCATE_MAX = 256 << 20
 
 
 class Preallocator:
@@ -127,8 +127,13 @@ class Preallocator:
     appending commit several times what the same commit costs into blocks reserved beforehand
     (``scripts/bench.py``'s zarr write is made of such commits; see docs/performance.md).
     ``fallocate(FALLOC_FL_KEEP_SIZE)`` reserves them without changing the file's size, so the
-    database sees nothing. The reserve is an eighth of the file, 64 MiB to 1 GiB, never more
-    than a quarter of the free space; where the filesystem cannot reserve, nothing is done.
+    database sees nothing. The reserve is an eighth of the file, 8 to 256 MiB, never more than
+    a quarter of the free space; where the filesystem cannot reserve, nothing is done. What is
+    still unused is given back by :meth:`release` (a truncation to the file's own size, which
+frees the blocks past its end), so a database
+    written by another program, such as zarr-python 2's ``LMDBStore``, keeps no more blocks
+    than its own writes took: the caller holds the database's writer lock meanwhile, since the
+    release truncates the file to the size it has, which must not race another writer's growth.
 
     The file stays open from the first reservation until :meth:`close`. Not for SQLite: closing
     any descriptor of a file drops every POSIX lock the process holds on it, and SQLite locks
@@ -166,6 +171,17 @@ class Preallocator:
                 self._fallocate = None  # this filesystem cannot: stop trying
             return  # (no room: the database's own writes will say so)
         self.reserved_to = max(end, self.reserved_to)
+
+    def release(self) -> None:
+        """Give back the unused reserve; the caller holds the database's writer lock (nobody
+        may grow the file meanwhile)."""
+        if self._fd is None or self.reserved_to == 0:
+            return
+        try:
+            os.ftruncate(self._fd, os.fstat(self._fd).st_size)  # the same size: frees the reserve
+            self.reserved_to = 0
+        except OSError:
+            pass  # the blocks stay reserved: only disk space
 
     def close(self) -> None:
         """Close the file (after the database was closed)."""

@@ -70,6 +70,7 @@ from .errors import (
     BackendError,
     DriverNotFoundError,
     InvalidKeyError,
+    KeyTooLongError,
     MissingDatabaseError,
     ReadOnlyError,
     RetryableError,
@@ -98,6 +99,7 @@ __all__ = [
     "Get",
     "HasPrefix",
     "InvalidKeyError",
+    "KeyTooLongError",
     "MissingDatabaseError",
     "Read",
     "ReadOnlyError",
@@ -422,6 +424,25 @@ class Driver(ABC):
         """Free room kept in reserve so that removals succeed on a full store; whether any
         was freed (then the failed transaction runs again). None by default."""
         return False
+
+    # -- the change feed (optional): what other writers changed ----------------------------------
+    #: Seconds between two looks at :meth:`changes` while the daemon is idle; a driver whose
+    #: feed wakes the daemon through :meth:`feed_fileno` is looked at when that fd is readable.
+    feed_interval = 0.02
+
+    def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
+        """What other writers (other mounts, other processes, this process's other drivers)
+        committed since the cursor ``since``: ``(cursor, records)``, ``records`` being the
+        ``(space, key)`` pairs they changed, or None: something changed, not known what (the
+        caller rescans what it caches). ``since=None`` starts: the current cursor and ``[]``.
+        This driver's own commits are left out. Drivers without a feed raise
+        :class:`NotImplementedError` (the mount then keeps short cache times)."""
+        raise NotImplementedError
+
+    def feed_fileno(self) -> int | None:
+        """A descriptor that becomes readable when :meth:`changes` has something (a socket the
+        database pushes to), or None: the feed is polled every :attr:`feed_interval`."""
+        return None
 
     def sync(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Make every committed transaction durable (``fsync`` of a file calls this).

@@ -7,7 +7,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, NamedTuple
 
-from .errors import InvalidKeyError
+from .errors import InvalidKeyError, KeyTooLongError
 
 
 class Space(str, Enum):
@@ -95,7 +95,7 @@ def encode_key(key: str, max_key: int | None = None) -> bytes:
     except UnicodeEncodeError as exc:
         raise InvalidKeyError(f"key {key!r} is not valid UTF-8") from exc
     if max_key is not None and len(raw) > max_key:
-        raise InvalidKeyError(f"key of {len(raw)} bytes is longer than the database's {max_key}")
+        raise KeyTooLongError(f"key of {len(raw)} bytes is longer than the database's {max_key}")
     return raw
 
 

@@ -36,5 +36,9 @@ class InvalidKeyError(BackendError, ValueError):
     """A key that the database cannot hold exactly (empty, or not encodable as UTF-8)."""
 
 
+class KeyTooLongError(InvalidKeyError):
+    """A key longer than the database can hold (LMDB's 511 bytes): the path is too long."""
+
+
 class DriverNotFoundError(BackendError, LookupError):
     """No driver is registered for a URL's scheme, or its dependency is not installed."""

@@ -4,11 +4,10 @@ Data keys live in the environment's main, unnamed database, exactly as zarr-pyth
 ``LMDBStore`` writes them. A folder (``data.mdb`` + ``lock.mdb``, zarr's default) or, when the
 path is an existing regular file, a single-file environment (``subdir=False``).
 
-Side data lives in a second environment, because a named database would itself be a record of
-the main database and so show up in ``LMDBStore.keys()``: ``<dir>/zarrfs-side.mdb`` next to
-``data.mdb`` for a folder, ``<file>.zarrfs-side`` for a single file. It is created on the first
-side write. A write transaction takes the data environment's write lock first and the side's
-second, always in that order, so writers cannot deadlock.
+Side data lives in a second environment (a named database would be a record of the main one,
+listed by ``LMDBStore.keys()``): ``<dir>/zarrfs-side.mdb`` beside ``data.mdb``, or
+``<file>.zarrfs-side``, made at the first side write. A write transaction locks the data
+environment, then the side's, always in that order, so writers cannot deadlock.
 
 Two environments make two commits; one transaction still has one outcome. The side commits
 first, and the transaction keeps the side values it overwrote; then the data commits. If the
@@ -37,6 +36,7 @@ import lmdb
 from ._util import Preallocator, Reserve, check_options, parse_bool, parse_file_url, parse_size, statvfs
 from .base import DATA, KEYS, SIDE, SIZES, Driver, Fetch, HasPrefix, Size, Space, Txn, check_space, encode_key
 from .lmdb_env import KnownSizes, SideEnvironment, environments, translate, translated
+from .lmdb_feed import Own, changes, record
 
 SIDE_IN_FOLDER = "zarrfs-side.mdb"
 SIDE_FILE_SUFFIX = ".zarrfs-side"
@@ -163,8 +163,8 @@ class LMDBTxn(Txn):
                 found = cur.set_range(lo) if lo else cur.first()
                 while found:
                     raw = bytes(cur.key())
-                    if hi is not None and raw >= hi:
-                        return
+                    if (hi is not None and raw >= hi) or raw[:1] == b"\xff":
+                        return  # 0xFF: the change log (lmdb_feed), last in key order
                     if fetch is KEYS:
                         x = None
                     elif fetch is SIZES:
@@ -240,12 +240,23 @@ class LMDBTxn(Txn):
             self._driver.write_lock.release()
 
     def _finish(self, commit: bool) -> None:
-        side, self._side = self._side, None
         if not commit:
+            side, self._side = self._side, None
             self._data.abort()
             if side is not None:
                 side.abort()
             return
+        try:
+            logged = record(self) if self._driver.log_changes else None
+        except BaseException as exc:
+            side, self._side = self._side, None
+            self._data.abort()
+            if side is not None:
+                side.abort()
+            if isinstance(exc, lmdb.Error):
+                raise translate(exc, self.where) from exc
+            raise
+        side, self._side = self._side, None  # record() may have begun it
         try:
             if side is not None:
                 side.commit()
@@ -264,6 +275,8 @@ class LMDBTxn(Txn):
             raise
         if self._changes:
             self._driver.known.committed(self._id + 1, self._changes)
+        if logged is not None:
+            self._driver.own.add(logged)
 
 
 class LMDBDriver(Driver):
@@ -294,6 +307,10 @@ class LMDBDriver(Driver):
         self.known = KnownSizes()
         reserve = os.path.join(path, RESERVE_IN_FOLDER) if self.subdir else path + RESERVE_SUFFIX
         self.reserve = None if readonly else Reserve(reserve)
+
+        # Every write keeps a change log for the other mounts (lmdb_feed); own: its entries.
+        self.log_changes = not readonly
+        self.own = Own()
 
     def side_env(self, create: bool) -> lmdb.Environment | None:
         """Return the side environment, opening it on first use; ``None`` when it does not
@@ -331,6 +348,11 @@ class LMDBDriver(Driver):
         """Free the disk room kept for removals on a full disk (see ``_util.Reserve``)."""
         return self.reserve is not None and self.reserve.free()
 
+    def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
+        """What other writers committed since ``since`` (see ``lmdb_feed``)."""
+        with translated(self.path):
+            return changes(self, since)
+
     def sync(self) -> None:
         """Force committed transactions of both environments to disk."""
         with translated(self.path):
@@ -350,7 +372,19 @@ class LMDBDriver(Driver):
         if self._closed:
             return
         self._closed = True
+        if self._prealloc is not None:
+            self._give_back_reserve()
         environments.release(self._key)
         self.side.close()
         if self._prealloc is not None:
             self._prealloc.close()
+
+    def _give_back_reserve(self) -> None:
+        # Under LMDB's writer lock (a write transaction, aborted), which every process takes
+        # before it grows the file: the truncation to the file's own size cannot cut a write.
+        with self.write_lock, translated(self.path):
+            txn = self.env.begin(write=True)
+            try:
+                self._prealloc.release()
+            finally:
+                txn.abort()

@@ -42,6 +42,7 @@ The connections live in ``redis_link``, the index and the scans that read it in
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -52,6 +53,7 @@ from ._util import DELETED
 from .base import (
     DATA,
     SIDE,
+    BackendError,
     Driver,
     HasPrefix,
     RetryableError,
@@ -61,11 +63,13 @@ from .base import (
     Txn,
     bytes_stop,
 )
+from .redis_feed import RedisFeed
 from .redis_index import IndexScans, ensure_index, reindex, scan_keyspace
 from .redis_link import BIG_ARG, SPIN, Link, Links, translate, translated
 
 # Link is also reachable as _Link, the name tests patch to count round trips.
 _Link = Link
+log = logging.getLogger("zarrfs.backends.redis")
 __all__ = ["SPIN", "RedisDriver", "RedisTxn"]
 
 
@@ -331,6 +335,7 @@ class RedisDriver(Driver):
         self.index = {DATA: b"zarrfs.index." + p, SIDE: b"zarrfs.sideindex." + p}
         self._prefixes = {DATA: self.data_prefix, SIDE: self.side_prefix}
         self._links = Links(self)
+        self.feed: RedisFeed | None = None  # started by the first changes() (a mount's)
         try:
             # Bounded timeouts: a FUSE call must fail (EIO) rather than hang on a dead server.
             tcp = {"socket_keepalive": True} if parts.scheme != "unix" else {}
@@ -360,8 +365,37 @@ class RedisDriver(Driver):
         return self._prefixes[space] + raw
 
     def _acquire(self) -> Link:
-        """The calling thread's link (see :meth:`Links.acquire`)."""
-        return self._links.acquire()
+        """The calling thread's link (see :meth:`Links.acquire`), tracked into the change feed
+        once one is started."""
+        link = self._links.acquire()
+        feed = self.feed
+        if feed is not None and getattr(link, "tracked", None) != feed.cid:
+            try:
+                feed.track(link)
+            except BaseException:
+                self._links.release(link)
+                raise
+        return link
+
+    def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
+        """What other clients changed since the last call (see ``redis_feed``); the first
+        call starts the feed. The cursor only counts calls: the server pushes."""
+        if self.feed is None:
+            try:
+                self.feed = RedisFeed(self)
+            except BackendError as exc:
+                log.warning("%s: no change feed (CLIENT TRACKING needs Redis 6): %s", self.where, exc)
+                raise NotImplementedError from exc
+            # The server reports to the feed once a connection tracks into it: this thread's.
+            self._release(self._acquire())
+        if since is None:
+            self.feed.changes()  # nothing from before counts
+            return 0, []
+        return since + 1, self.feed.changes()
+
+    def feed_fileno(self) -> int | None:
+        """The feed connection's socket (readable when the server pushed changes)."""
+        return None if self.feed is None else self.feed.fileno()
 
     def _release(self, link: Link) -> None:
         self._links.release(link)
@@ -398,4 +432,6 @@ class RedisDriver(Driver):
     def close(self) -> None:
         """Close the connection pool (and with it every thread's link)."""
         self._links.closed = True
+        if self.feed is not None:
+            self.feed.close()
         self.pool.disconnect()

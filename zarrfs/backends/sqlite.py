@@ -42,6 +42,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from . import sqlite_feed
 from . import sqlite_sql as sq
 from ._util import Reserve, check_options, parse_bool, parse_file_url, statvfs
 from .base import (
@@ -87,6 +88,7 @@ class SQLiteTxn(Txn):
         self._begun = write
         self._first: tuple[str, Any, list[Any]] | None = None
         self._written = 0  # bytes this write transaction puts in the WAL, roughly
+        self._log_from: int | None = None  # the last change-log id before its first change
         if write:
             try:
                 conn.execute("BEGIN IMMEDIATE")
@@ -105,6 +107,9 @@ class SQLiteTxn(Txn):
         if not self._begun:
             return
         try:
+            logged = None
+            if self._log_from is not None:
+                logged = (self._log_from, conn.execute(sqlite_feed.LAST_ID).fetchone()[0])
             conn.execute("COMMIT")
         except BaseException as err:
             if conn.in_transaction:
@@ -114,6 +119,8 @@ class SQLiteTxn(Txn):
             raise
         if self.write:
             self._driver.committed(self._written)
+        if logged is not None:
+            self._driver.own.add(*logged)
 
     def _has(self, space: Space) -> bool:
         return TABLES[space] in self._driver.tables
@@ -220,7 +227,13 @@ class SQLiteTxn(Txn):
                 out.append(value)
         return out
 
+    def _note_log(self) -> None:
+        # Where this transaction's change-log entries start, so that its own feed skips them.
+        if self._log_from is None and self._driver.logged:
+            self._log_from = self._one(sqlite_feed.LAST_ID, ())[0]
+
     def _put(self, raw: bytes, value: bytes | memoryview, space: Space) -> None:
+        self._note_log()
         try:
             self._conn.execute(sq.PUT[space], (raw, value))
         except sqlite3.Error as exc:
@@ -228,6 +241,7 @@ class SQLiteTxn(Txn):
         self._written += len(value) + PAGE_SIZE  # the value, and at least its leaf page
 
     def _delete(self, raw: bytes, space: Space) -> None:
+        self._note_log()
         try:
             self._conn.execute(sq.DELETE[space], (raw,))
         except sqlite3.Error as exc:
@@ -293,6 +307,13 @@ class SQLiteDriver(Driver):
         # SQLite needs more than LMDB: the commits still in the WAL may need the database file
         # to grow when they are checkpointed, and a delete appends to the WAL until then.
         self.reserve = None if readonly else Reserve(path + ".zarrfs-reserve", 4 << 20)
+
+        # The change log (sqlite_feed): triggers, and the id ranges of this driver's entries.
+        self.own = sqlite_feed.Own()
+        self.logged = False
+        if not readonly:
+            with translated(path):
+                self.logged = sqlite_feed.install(self._conn(), self.tables)
         if not readonly and wal:
             self._checkpointer = Checkpointer(path, self.timeout, self.checkpoint_lock)
 
@@ -351,6 +372,12 @@ class SQLiteDriver(Driver):
         except sqlite3.Error as exc:
             raise translate(exc, self.path) from exc
         return None if row is None else row[0]
+
+    def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
+        """What other writers committed since ``since`` (see ``sqlite_feed``), asked on the
+        calling thread's connection."""
+        with translated(self.path):
+            return sqlite_feed.changes(self, self._conn(), since)
 
     def sync(self) -> None:
         """With ``sync=1`` (``synchronous=FULL``) every commit is already durable; otherwise

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .consolidated import is_consolidated_key, v3_entry
-from .errors import Problem, warning
+from .errors import Problem, error, warning
 from .json_docs import parse_json_or_none
 from .keys import ZARR_JSON, ZGROUP, ZMETADATA, is_metadata_key, is_temporary, split_key, validate_name
 from .nodes import Getter
@@ -51,7 +51,8 @@ def _canonical(doc: Any) -> str:
 def _compare(
     doc_key: str, rule: str, consolidated: dict[str, Any], actual: dict[str, Any]
 ) -> Iterator[Problem]:
-    """Warnings for entries of a consolidated map that differ from the documents in the store."""
+    """Errors for entries of a consolidated map that differ from the documents in the store
+    (a reader that trusts the document sees other metadata than the store holds)."""
     found = []
     for k in sorted(set(consolidated) | set(actual)):
         if k not in actual:
@@ -61,9 +62,9 @@ def _compare(
         elif _canonical(consolidated[k]) != _canonical(actual[k]):
             found.append(f"entry {k!r} differs from the stored document")
     for message in found[:MAX_REPORTED_PER_DOCUMENT]:
-        yield warning(doc_key, rule, f"consolidated metadata is stale: {message}")
+        yield error(doc_key, rule, f"consolidated metadata is stale: {message}")
     if len(found) > MAX_REPORTED_PER_DOCUMENT:
-        yield warning(doc_key, rule, f"... and {len(found) - MAX_REPORTED_PER_DOCUMENT} more stale entries")
+        yield error(doc_key, rule, f"... and {len(found) - MAX_REPORTED_PER_DOCUMENT} more stale entries")
 
 
 def _v2_entry(key: str, doc: Any) -> Any:
@@ -74,7 +75,7 @@ def _v2_entry(key: str, doc: Any) -> Any:
     return doc
 
 
-def _consolidated_findings(documents: dict[str, Any]) -> Iterator[Problem]:
+def consolidated_findings(documents: dict[str, Any]) -> Iterator[Problem]:
     """Compare every consolidated document against the metadata documents seen."""
     for key, doc in documents.items():
         prefix, name = split_key(key)
@@ -111,7 +112,7 @@ def check_items(items: Iterable[tuple[str, bytes | None]], get: Getter) -> Itera
 
     ``items`` yields ``(key, value)`` for every key; values are read for metadata keys only, so
     the rest may come as ``None``. ``get`` reads any key. Yields errors and warnings as
-    found, then warnings for consolidated metadata that no longer matches the documents.
+    found, then errors for consolidated metadata that no longer matches the documents.
     """
     get = _memoized(get)
     documents: dict[str, Any] = {}
@@ -129,7 +130,7 @@ def check_items(items: Iterable[tuple[str, bytes | None]], get: Getter) -> Itera
                     documents[key] = doc
         else:
             yield from validate_data_key(key, get)
-    yield from _consolidated_findings(documents)
+    yield from consolidated_findings(documents)
 
 
 def check_database(driver: Any, batch: int = 10_000) -> Iterator[Problem]:

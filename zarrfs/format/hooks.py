@@ -52,6 +52,7 @@ from .keys import (
     validate_name,
 )
 from .nodes import ARRAY, candidate_keys, enclosing_node
+from .reconsolidate import is_document_key, is_stale, rebuilt
 from .validate import validate_data_key, validate_metadata
 
 log = logging.getLogger("zarrfs.format")
@@ -89,6 +90,8 @@ class FormatHooks:
         # The tree asks this to know that shown bytes differ from stored bytes.
         self.transforms = view == "decoded"
         self._docs: dict[str, tuple[bytes, CachedDoc]] = {}
+        # Consolidated documents known to match the hierarchy, by the bytes they had then.
+        self._verified: dict[str, bytes] = {}
         self._infos: dict[str, tuple[Any, ArrayInfo]] = {}
 
     # ------------------------------------------------------------------ validation
@@ -121,8 +124,10 @@ class FormatHooks:
         return [k for prefix in ancestors(split_key(key)[0]) for k in candidate_keys(prefix)]
 
     def store(self, txn: Any, key: str, value: Any) -> Any:
-        """Validate bytes written through a file; in the decoded view, encode chunks."""
+        """Validate bytes written through a file; in the decoded view, encode chunks; a
+        consolidated document is made true (see :meth:`_trusted`)."""
         self._validate_value(txn, key, value)
+        value = self._trusted(txn, key, value)
         if self.transforms:
             info = self._chunk_array(txn, key)
             if info is not None:
@@ -134,6 +139,7 @@ class FormatHooks:
         bytes that arrive on a chunk from a file that was not a chunk (a program's temporary
         file) are the decoded bytes it wrote: encode them, as a write in place would be."""
         self._validate_value(txn, key, value)
+        value = self._trusted(txn, key, value)
         if self.transforms and source:
             info = self._chunk_array(txn, key)
             if info is not None and self._chunk_array(txn, source) is None:
@@ -222,10 +228,24 @@ class FormatHooks:
         return raw, doc
 
     def _update(self, txn: Any, doc_key: str, rel: str, value: bytes | None, v3: bool) -> bool:
-        """Apply one change to the consolidated document at ``doc_key``; True if there is one."""
+        """Apply one change to the consolidated document at ``doc_key``; True if there is one.
+        A document not known to be true (first seen, or rewritten by someone else) is checked
+        against the hierarchy first, and rebuilt from it instead of patched when stale."""
         loaded = self._load(txn, doc_key)
         if loaded is None:
             return False
+        if self._verified.get(doc_key) != loaded[0]:
+            raw = bytes(loaded[0])
+            keys = self._keys_below(txn, doc_key)
+            if is_stale(doc_key, raw, keys, txn.get):
+                new_raw = rebuilt(doc_key, raw, keys, txn.get)
+                if new_raw is None:
+                    return False
+                log.info("%s: consolidated metadata was stale; rebuilt from the hierarchy", doc_key)
+                txn.put(doc_key, new_raw)
+                self._docs.pop(doc_key, None)
+                self._verified[doc_key] = new_raw
+                return True
         _, doc = loaded
         if v3 and not isinstance(doc.get("consolidated_metadata"), dict):
             return False
@@ -241,8 +261,39 @@ class FormatHooks:
             raw = loaded[0]
         if len(self._docs) >= _CACHE_LIMIT:
             self._docs.clear()
+            self._verified.clear()
         self._docs[doc_key] = (raw, doc)
+        self._verified[doc_key] = raw
         return True
+
+    # ------------------------------------------------------------------ trusted documents
+    @staticmethod
+    def _keys_below(txn: Any, doc_key: str) -> list[str]:
+        folder = split_key(doc_key)[0]
+        return [k for k, _ in txn.scan_prefix(folder + "/" if folder else "")]
+
+    def _trusted(self, txn: Any, key: str, value: Any) -> Any:
+        """A consolidated document written by a client, as the hierarchy says it should be:
+        a client writing back an outdated copy (zarr-python 3 rewriting a group's
+        ``zarr.json`` to change its attributes) cannot make it stale. Unchanged bytes when
+        the document is true."""
+        if self.consolidate == "off" or not is_document_key(key):
+            return value
+        raw = bytes(value)
+        if split_key(key)[1] == ZARR_JSON:
+            doc = parse_json_or_none(raw) if b"consolidated_metadata" in raw else None
+            if not isinstance(doc, dict) or not isinstance(doc.get("consolidated_metadata"), dict):
+                return value  # a node's own document, no consolidated map in it
+        keys = self._keys_below(txn, key)
+        if not is_stale(key, raw, keys, txn.get):
+            self._verified[key] = raw
+            return value
+        new_raw = rebuilt(key, raw, keys, txn.get)
+        if new_raw is None:
+            return value
+        log.info("%s: the consolidated metadata written was stale; stored as the hierarchy holds it", key)
+        self._verified[key] = new_raw
+        return new_raw
 
     def _create_root(self, txn: Any, v3: bool) -> None:
         """``consolidate=live``: give a root group its consolidated document, built once from

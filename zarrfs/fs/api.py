@@ -7,8 +7,8 @@ results into replies; an exception raised here becomes the caller's errno there,
 
 This module is the one door of the filesystem for the protocol layer: what
 :mod:`zarrfs.fuse` needs of :mod:`zarrfs.fs` (nodes and their kinds, rename flags, what a
-commit stored, the errno mapping, the page cache policy) is re-exported here, so that the
-modules behind it can be rearranged without touching the protocol.
+commit stored, the errno mapping, the page cache policy, the change feed) is re-exported here,
+so that the modules behind it can be rearranged without touching the protocol.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 
+from zarrfs.fs.changes import ChangeWatcher, folders_of
 from zarrfs.fs.errors import FsError, is_quiet, to_errno
 from zarrfs.fs.handles import HandleTable, Stored
 from zarrfs.fs.listing import DirListing
@@ -26,6 +27,7 @@ from zarrfs.fs.namespace import DIR, FILE, LINK, RENAME_EXCHANGE, RENAME_NOREPLA
 from zarrfs.fs.pagecache import PageCache, Pages
 
 NOW = "now"  # a time to set to the present (UTIME_NOW)
+NAME_MAX = 255  # bytes in one name (statfs's f_namemax), as ext4 and XFS allow
 
 
 class Operations:
@@ -63,14 +65,25 @@ class Operations:
         """``statvfs`` figures of the storage behind the mount."""
         return self.tree.statfs()
 
-    def set_attrs(self, key: str, **changes: int | str | None) -> None:
-        """Change mode, owner or times (``None`` leaves one as it is, :data:`NOW` is now)."""
+    @staticmethod
+    def _times(changes: dict) -> dict:
+        """``changes`` with :data:`NOW` times made the time now (in place)."""
         now = time.time_ns()
         for name in ("atime", "mtime"):
             if changes.get(name) == NOW:
                 changes[name] = now
-        if not self.handles.set_attrs(key, **changes):
+        return changes
+
+    def set_attrs(self, key: str, **changes: int | str | None) -> None:
+        """Change mode, owner or times (``None`` leaves one as it is, :data:`NOW` is now)."""
+        if not self.handles.set_attrs(key, **self._times(changes)):
             self.tree.set_attrs(key, **changes)
+
+    def set_open_attrs(self, fh: int, **changes: int | str | None) -> None:
+        """:meth:`set_attrs` of the file open as ``fh``: ``fchmod``, ``fchown``, ``futimens``
+        of a file whose name may be gone (then only its descriptors see the change)."""
+        if not self.handles.set_open_attrs(fh, self._times(changes)):
+            self.set_attrs(self.handles.handles[fh].state.key, **changes)
 
     def truncate(self, key: str, length: int, fh: int | None = None) -> None:
         """Cut or extend a file, open (``fh``) or not."""
@@ -98,12 +111,22 @@ class Operations:
         """Close a folder."""
         self.dirs.pop(fh, None)
 
-    def mkdir(self, key: str, mode: int) -> None:
-        """Make a folder (kept while empty)."""
-        self.tree.mkdir(key, mode)
+    def mkdir(self, key: str, mode: int, uid: int | None = None, gid: int | None = None) -> None:
+        """Make a folder (kept while empty), owned by the caller."""
+        self.tree.mkdir(key, mode, uid, gid)
+
+    def mknod(self, key: str, mode: int, rdev: int, uid: int, gid: int) -> None:
+        """Make a file of the type in ``mode``: a regular file (empty, stored at once), or a
+        FIFO, device or socket (side data, like a symlink)."""
+        if stat.S_ISREG(mode):
+            self.release(self.create(key, mode, os.O_WRONLY | os.O_CREAT | os.O_EXCL, uid, gid))
+        else:
+            self.tree.mknod(key, mode, rdev, uid, gid)
 
     def rmdir(self, key: str) -> None:
-        """Remove an empty folder."""
+        """Remove an empty folder (a file created here and not stored yet is in it)."""
+        if self.handles.unstored_names(key):
+            raise FsError(errno.ENOTEMPTY, key, quiet=True)
         self.tree.rmdir(key)
 
     # ------------------------------------------------------------------ names
@@ -112,27 +135,32 @@ class Operations:
         if not self.handles.unlinked(key):
             self.tree.unlink(key)
 
+    def check_name(self, name: bytes) -> None:
+        """ENAMETOOLONG for a name longer than NAME_MAX (255 bytes), as local filesystems say."""
+        if len(name) > NAME_MAX:
+            raise FsError(errno.ENAMETOOLONG, f"a name of {len(name)} bytes", quiet=True)
+
     def rename(self, src: str, dst: str, flags: int = 0) -> Stored | None:
         """Move a file or folder, atomically, honouring RENAME_NOREPLACE / RENAME_EXCHANGE.
         A held temporary file is stored by its rename: then what was stored is returned."""
         if self.handles.unstored(src) is not None and not flags & RENAME_EXCHANGE:
-            return self.handles.store_as(
-                src, dst, exclusive=bool(flags & RENAME_NOREPLACE), keep_source=False
-            )
+            return self.handles.store_as(src, dst, exclusive=bool(flags & RENAME_NOREPLACE))
         self.handles.settle(src)
-        if flags & RENAME_EXCHANGE:
-            self.handles.settle(dst)
-        self.tree.rename(src, dst, flags)
+        if flags & RENAME_EXCHANGE or self.handles.unstored_names(dst):
+            self.handles.settle(dst)  # a folder holding an unstored file is not empty
+        if not flags & RENAME_EXCHANGE:
+            self.handles.replacing(dst)
+        if not self.tree.rename(src, dst, flags):
+            return None  # two names of one file: nothing moved
         self.handles.renamed(src, dst, exchange=bool(flags & RENAME_EXCHANGE))
         return None
 
     def link(self, src: str, dst: str) -> None:
-        """A second name for a file (a copy in a key/value store); EEXIST when ``dst`` exists."""
-        if self.handles.unstored(src) is not None:
-            self.handles.store_as(src, dst, exclusive=True, keep_source=True)
-            return
+        """A hard link: ``dst`` becomes another name of the file ``src`` (its pending content
+        is stored first); EEXIST when ``dst`` exists."""
         self.handles.settle(src)
         self.tree.link(src, dst)
+        self.handles.linked(src, dst)
 
     def symlink(self, target: str, key: str, uid: int, gid: int) -> None:
         """Make a symlink at ``key`` pointing to ``target``."""
@@ -147,10 +175,17 @@ class Operations:
         """Create and open a file; stored at its first commit."""
         return self.handles.create(key, mode | stat.S_IFREG, flags, uid, gid)
 
-    def open(self, key: str, flags: int = os.O_RDONLY, kept: tuple[int, int] | None = None) -> int:
-        """Open a file; ``kept`` is the (size, mtime) of the version whose pages the kernel
-        holds, if any (see :meth:`HandleTable.open`)."""
-        return self.handles.open(key, flags, kept)
+    def open(
+        self,
+        key: str,
+        flags: int = os.O_RDONLY,
+        linked: bool | None = None,
+        kept: tuple[int, int] | None = None,
+    ) -> int:
+        """Open a file. ``linked`` False: the caller knows it has no other names (hard links),
+        so they need not be looked up; ``kept`` is the (size, mtime) of the version whose
+        pages the kernel holds, if any (see :meth:`HandleTable.open`)."""
+        return self.handles.open(key, flags, linked, kept)
 
     def opened(self, fh: int) -> tuple[Node | None, bool]:
         """The file as its open found it in the database (None: pending content of this
@@ -160,6 +195,16 @@ class Operations:
     def read(self, fh: int, size: int, offset: int) -> bytes | memoryview:
         """Bytes of an open file."""
         return self.handles.read(fh, size, offset)
+
+    def fallocate(self, fh: int, offset: int, length: int, mode: int) -> None:
+        """Grow an open file to ``offset + length`` (mode 0); other modes are EOPNOTSUPP."""
+        self.handles.fallocate(fh, offset, length, mode)
+
+    def open_handles(self, key: str) -> set[int]:
+        """The handles open on ``key``: the live set, which empties as they are released (the
+        session keeps it to answer ``fstat`` of a file unlinked while open)."""
+        state = self.handles.states.get(key)
+        return state.handles if state is not None else set()
 
     def write(self, fh: int, data: bytes | memoryview, offset: int) -> int:
         """Buffer a write (``data`` is copied)."""
@@ -180,9 +225,11 @@ class Operations:
 
 
 __all__ = [
+    "ChangeWatcher",
     "DIR",
     "FILE",
     "LINK",
+    "NAME_MAX",
     "NOW",
     "RENAME_EXCHANGE",
     "RENAME_NOREPLACE",
@@ -192,6 +239,7 @@ __all__ = [
     "PageCache",
     "Pages",
     "Stored",
+    "folders_of",
     "is_quiet",
     "to_errno",
 ]

@@ -33,6 +33,7 @@ def _format_error_types() -> tuple[type[BaseException], ...]:
 
 # Ordered: the first matching class wins, so subclasses come before their bases.
 _TABLE: list[tuple[type[BaseException], int]] = [
+    (base.KeyTooLongError, errno.ENAMETOOLONG),
     (base.InvalidKeyError, errno.EINVAL),
     (base.ReadOnlyError, errno.EROFS),
     (base.StorageFullError, errno.ENOSPC),

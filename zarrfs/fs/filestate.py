@@ -1,39 +1,16 @@
 """What the open-file table (:mod:`zarrfs.fs.handles`) keeps: one :class:`FileState` per open
-key, shared by its descriptors (:class:`Handle`), and what a commit stored (:class:`Stored`)."""
+file, shared by its descriptors (:class:`Handle`) and, for a file with hard links, by its
+names. What a commit stored is a :class:`zarrfs.fs.pagecache.Stored`."""
 
 from __future__ import annotations
 
-import mmap
 import os
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from zarrfs.fs.namespace import Node
+from zarrfs.fs.pagecache import Stored
 from zarrfs.fs.sidedata import Attrs
 from zarrfs.fs.spill import SpillBuffer
-
-PAGE = mmap.PAGESIZE
-
-
-class Stored(NamedTuple):
-    """What a commit stored: ``size`` and ``mtime`` decide whether the kernel's cached pages of
-    the file still hold; ``tail`` is the content of its last, partial page, given only when no
-    descriptor of the file is open any more (see :func:`_tail`), else empty."""
-
-    size: int
-    mtime: int
-    tail: bytes = b""
-
-
-def _tail(buffer: SpillBuffer) -> bytes:
-    # The kernel marks a page it wrote through as up to date only when the write covered all of
-    # it: the last page of a file whose size is not a multiple of the page size would be read
-    # back from the database at the file's next read, unless it is handed to the kernel. The
-    # kernel takes it under the page's lock; with no descriptor open, no request that could
-    # hold that lock (a READ, a WRITE) is waiting for the daemon, so it can be handed over
-    # before the reply, without a thread.
-    cut = buffer.size % PAGE
-    return bytes(buffer.read(buffer.size - cut, cut)) if cut else b""
 
 
 @dataclass
@@ -48,7 +25,9 @@ class FileState:
     created: bool = False
     orphan: bool = False
     failed: bool = False
+    linked: bool = False  # the file has hard links: the table holds it under each name
     stored: Stored | None = None  # what the last commit stored, while nothing changed since
+    born: int | None = None  # when a file made here was created (its folder changed then)
     handles: set[int] = field(default_factory=set)
     # The stored version its descriptors read (size, mtime: stamp_of), fixed at the first open.
     version: tuple[int, int] | None = None

@@ -1,11 +1,10 @@
 """Snapshots of busy folders, so that a burst of lookups in one folder costs one listing.
 
 Every ``stat`` of a name the kernel has not cached is a lookup, and on a remote database a
-lookup is a round trip (about 30 us to a local Redis here, which caps a ``stat`` loop near
-10,000/s). When one folder gets :data:`HOT` lookups within the time to live, the folder is
-read once, names with sizes and attributes (one batch of reads), and further lookups in it are
-answered from that snapshot until it is ``ttl`` seconds old. rclone's directory cache and
-gcsfuse's stat cache make the same trade.
+lookup is a round trip (which caps a ``stat`` loop: see docs/performance.md). When one folder
+gets :data:`HOT` lookups within the time to live, the folder is read once, names with sizes and
+attributes (one batch of reads), and further lookups in it are answered from that snapshot
+until it is ``ttl`` seconds old. rclone's directory cache and gcsfuse's stat cache make the same trade.
 
 What it means for coherence: a change made through this mount drops every snapshot at once
 (the tree calls :meth:`FolderCache.clear` after each write transaction), so the mount's own
@@ -102,6 +101,15 @@ class FolderCache:
             del self._snapshots[folder]
         self._misses.clear()
         self._quiet_until = self.clock() + self.ttl
+
+    def forget(self, folders: set[str] | None = None) -> None:
+        """Drop the snapshots of ``folders`` (None: all): another writer changed names in them
+        (:mod:`zarrfs.fs.changes`). Unlike :meth:`clear`, snapshots are made again at once."""
+        if folders is None:
+            self._snapshots.clear()
+            return
+        for folder in folders:
+            self._snapshots.pop(folder, None)
 
 
 class _Snapshot:

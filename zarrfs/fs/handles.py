@@ -1,11 +1,12 @@
 """Open files: buffered writes committed all-or-nothing, and stable reads.
 
-Every open file handle points at the shared :class:`FileState` of its key, so two descriptors of
-one file see each other's writes, as POSIX requires. Writes go to a :class:`SpillBuffer`; the
-whole content is committed to the database in one transaction on ``flush`` (each ``close``),
-``fsync`` and ``release``. Until then the database, and every other reader of it, sees the old
-value; a reader never sees half a value. A file made with ``create`` exists only in this table
-until its first commit, so create + write + close is one transaction.
+Every open file handle points at the shared :class:`FileState` of its key (of each name of a
+file with hard links), so two descriptors of one file see each other's writes, as POSIX
+requires. Writes go to a :class:`SpillBuffer`; the whole content is committed to the database,
+under every name, in one transaction on ``flush`` (each ``close``), ``fsync`` and ``release``.
+Until then the database, and every other reader of it, sees the old value; a reader never sees
+half a value. A file made with ``create`` exists only in this table until its first commit, so
+create + write + close is one transaction.
 
 Temporary files (``*.partial`` from zarr-python, ``*.__lock`` from tensorstore, written and
 then renamed onto a key) are not
@@ -24,17 +25,18 @@ import os
 import stat
 import time
 
+from zarrfs.fs.entries import inherit_group
 from zarrfs.fs.errors import FsError
-from zarrfs.fs.filestate import FileState, Handle, Stored, _tail
+from zarrfs.fs.filestate import FileState, Handle
+from zarrfs.fs.handlenames import SNAPSHOT_LIMIT, OpenNames
 from zarrfs.fs.lookups import stamp_of
 from zarrfs.fs.namespace import FILE, Node, Tree
+from zarrfs.fs.pagecache import Stored, last_page
 from zarrfs.fs.sidedata import Attrs
 from zarrfs.fs.spill import DEFAULT_SPILL, SpillBuffer
 
 log = logging.getLogger("zarrfs.fs.handles")
 
-# Values larger than this are read by range instead of being held whole by an open handle.
-SNAPSHOT_LIMIT = 64 << 20
 # Closed temporary files held for a rename; past this many bytes the oldest are stored.
 DEFERRED_LIMIT = 256 << 20
 
@@ -45,8 +47,8 @@ def is_deferrable(key: str) -> bool:
     return key.endswith((".partial", ".__lock"))
 
 
-class HandleTable:
-    """All open files of a mount."""
+class HandleTable(OpenNames):
+    """All open files of a mount (what namespace changes do to them: :class:`OpenNames`)."""
 
     def __init__(self, tree: Tree, spill_threshold: int = DEFAULT_SPILL, readonly: bool = False) -> None:
         self.tree = tree
@@ -77,6 +79,8 @@ class HandleTable:
         state = self.states.get(key)
         if state is None or not (state.dirty or state.created):
             return None
+        if state.linked and (stored := self.tree.find(key)) is not None:  # its names, as stored
+            return Node(FILE, state.size, state.attrs or stored.attrs, "", stored.nlink, stored.group)
         return self._shown(state)
 
     def open_node(self, fh: int) -> Node | None:
@@ -87,11 +91,15 @@ class HandleTable:
         return self._shown(state)
 
     def _shown(self, state: FileState) -> Node:
-        return Node(FILE, state.size, state.attrs or self.tree.default_attrs(FILE))
+        attrs = state.attrs or self.tree.default_attrs(FILE)
+        return Node(FILE, state.size, attrs, nlink=0 if state.orphan else 1)  # fstat after unlink: 0
 
     # ------------------------------------------------------------------ open / create
-    def open(self, key: str, flags: int, kept: tuple[int, int] | None = None) -> int:
-        """Open an existing file; O_TRUNC empties it (stored at the next commit).
+    def open(
+        self, key: str, flags: int, linked: bool | None = None, kept: tuple[int, int] | None = None
+    ) -> int:
+        """Open an existing file; O_TRUNC empties it (stored at the next commit). ``linked``
+        False: it has no other names.
 
         Unless this mount has pending content for it, the open reads the file's version from
         the database (not from a cache), and with it its content when the kernel holds no
@@ -101,31 +109,54 @@ class HandleTable:
         writable = (flags & os.O_ACCMODE) != os.O_RDONLY
         if writable and self.readonly:
             raise FsError(errno.EROFS, key)
-        state = self.states.get(key)
+        # The kernel looked the name up just before, so there is no need to ask again.
+        state = self.states.get(key) or self._state_of_names(key, linked)
         # A held temporary file opened again is no longer only held: it is held again, or
         # stored, when its last descriptor closes.
         self.deferred.pop(key, None)
         seen = None
         truncating = writable and flags & os.O_TRUNC
-        if not truncating and (state is None or (state.buffer is None and not state.created)):
+        if not truncating and state.buffer is None and not state.created:
             seen, value = self.tree.version(key, kept, SNAPSHOT_LIMIT)
             if seen is not None and seen.kind == FILE:
                 version = stamp_of(seen)
-                if state is not None and state.version not in (None, version):
+                if state.version not in (None, version):
                     # Descriptors of an older version are open: they keep it, and the kernel's
                     # cache keeps its pages; this version is read outside that cache.
                     state = FileState(key, private=True)
-                state = state or FileState(key)
                 state.version = version
                 if state.snapshot is None:
                     state.snapshot = value
-        state = state or FileState(key)
         fh = self._add(state, flags)
         self.handles[fh].seen = seen
         if truncating:
             self._ensure_buffer(state, empty=True)
             self._touch(state)
         return fh
+
+    def _state_of_names(self, key: str, linked: bool | None) -> FileState:
+        """The state of ``key``, not open under that name: another name's (hard links), or new."""
+        names = self.tree.link_names(key) if linked is not False else []
+        state = next((self.states[n] for n in names if n in self.states), None) or FileState(key)
+        state.linked = bool(names)
+        for name in names:
+            self.states.setdefault(name, state)
+        return state
+
+    def _names_of(self, state: FileState) -> list[str]:
+        """The keys under which the table holds ``state``."""
+        if not state.linked:
+            return [state.key] if self.states.get(state.key) is state else []
+        return [k for k, s in self.states.items() if s is state]
+
+    def _drop_name(self, key: str) -> None:
+        """Name ``key`` is gone: its open file keeps its other names, or is orphaned."""
+        state = self.states.pop(key, None)
+        others = self._names_of(state) if state is not None and state.linked else []
+        if others:
+            state.key = others[0] if state.key == key else state.key
+        elif state is not None:
+            state.orphan = True
 
     def create(self, key: str, mode: int, flags: int, uid: int, gid: int) -> int:
         """Create a new file, visible through this mount at once and stored at its first commit."""
@@ -134,14 +165,17 @@ class HandleTable:
         existing = self.states.get(key)
         if existing is not None and not existing.orphan:
             return self.open(key, flags | os.O_TRUNC)
-        self.tree.check_create(key)
+        folder = self.tree.check_create(key)
         now = time.time_ns()
+        attrs = Attrs(FILE | stat.S_IMODE(mode), uid, gid, now, now, now)
+        inherit_group(attrs, folder)
         state = FileState(
             key,
             buffer=SpillBuffer(threshold=self.spill_threshold),
-            attrs=Attrs(FILE | stat.S_IMODE(mode), uid, gid, now, now, now),
+            attrs=attrs,
             dirty=True,
             created=True,
+            born=now,
         )
         return self._add(state, flags)
 
@@ -220,13 +254,28 @@ class HandleTable:
         self._touch(state)
         return len(data)
 
+    def fallocate(self, fh: int, offset: int, length: int, mode: int) -> None:
+        """``posix_fallocate``: the file grows to ``offset + length`` (zeros), stored at the next
+        commit like a write; a key/value store reserves no space: other modes are EOPNOTSUPP."""
+        handle = self._handle(fh)
+        if mode:
+            raise FsError(errno.EOPNOTSUPP, f"{handle.state.key}: fallocate mode {mode:#x}")
+        if not handle.writable:
+            raise FsError(errno.EBADF, handle.state.key)
+        if offset < 0 or length <= 0:
+            raise FsError(errno.EINVAL, f"{handle.state.key}: fallocate {offset}+{length}")
+        buffer = self._ensure_buffer(handle.state)
+        if buffer.size < offset + length:
+            buffer.truncate(offset + length)
+            self._touch(handle.state)
+
     def truncate(self, key: str, length: int, fh: int | None = None) -> None:
         """Cut or extend a file; an unopened file is changed in its own transaction."""
         if self.readonly:
             raise FsError(errno.EROFS, key)
         state = self._handle(fh).state if fh is not None else self.states.get(key)
         if state is None:
-            state = FileState(key)
+            state = FileState(key, linked=bool(self.tree.link_names(key)))
             try:
                 self._ensure_buffer(state).truncate(length)
                 self._touch(state)
@@ -244,7 +293,14 @@ class HandleTable:
             return None
         assert state.buffer is not None
         try:
-            self.tree.commit(state.key, state.buffer.view(), state.attrs, create=state.created)
+            self.tree.commit(
+                state.key,
+                state.buffer.view(),
+                state.attrs,
+                state.created,
+                linked=state.linked,
+                added=state.born,
+            )
         except Exception:
             state.failed = True
             raise
@@ -287,7 +343,7 @@ class HandleTable:
             if not state.failed:
                 stored = self._commit(state) or state.stored
                 if stored is not None and not state.handles and not state.orphan and state.buffer:
-                    return stored._replace(tail=_tail(state.buffer))
+                    return stored._replace(tail=last_page(state.buffer))
                 return stored
         except Exception as exc:  # release cannot report errors; flush already did
             log.error("commit of %s at release failed: %s", state.key, exc)
@@ -317,8 +373,8 @@ class HandleTable:
     def _forget(self, state: FileState) -> None:
         if state.buffer is not None:
             state.buffer.close()
-        if self.states.get(state.key) is state:
-            del self.states[state.key]
+        for name in self._names_of(state):
+            del self.states[name]
         if self.deferred.get(state.key) is state:
             del self.deferred[state.key]
 
@@ -346,25 +402,27 @@ class HandleTable:
             if s.created and not s.orphan and k.startswith(prefix) and "/" not in k[len(prefix) :]
         )
 
-    def store_as(self, src: str, dst: str, exclusive: bool, keep_source: bool) -> Stored:
-        """Store the unstored file ``src`` at ``dst`` in one transaction: a rename
-        (``keep_source`` false) or a link (true) of a held temporary file. Returns what was
-        stored (with the last page only for a rename of a file nobody has open)."""
+    def store_as(self, src: str, dst: str, exclusive: bool) -> Stored:
+        """Store the unstored file ``src`` at ``dst`` in one transaction: the rename of a held
+        temporary file. Returns what was stored (with the last page only for a file nobody
+        has open)."""
         state = self.states[src]
         assert state.buffer is not None and state.attrs is not None
         attrs = Attrs(**vars(state.attrs))
         self.tree.commit(
-            dst, state.buffer.view(), attrs, create=True, exclusive=exclusive, replace=not keep_source
+            dst,
+            state.buffer.view(),
+            attrs,
+            create=True,
+            exclusive=exclusive,
+            replace=True,
+            renamed_from=src,
         )
         stored = Stored(state.size, attrs.mtime)
-        if keep_source:
-            return stored
         state.stored = stored
         if not state.handles:
-            stored = stored._replace(tail=_tail(state.buffer))
-        replaced = self.states.pop(dst, None)
-        if replaced is not None:
-            replaced.orphan = True
+            stored = stored._replace(tail=last_page(state.buffer))
+        self._drop_name(dst)
         del self.states[src]
         self.deferred.pop(src, None)
         state.key = dst
@@ -374,78 +432,3 @@ class HandleTable:
         else:
             self._forget(state)
         return stored
-
-    # ------------------------------------------------------------------ namespace changes
-    def settle(self, key: str) -> None:
-        """Commit pending content under ``key`` (the file or anything in the folder) before a
-        rename or link moves it."""
-        for k, state in list(self.states.items()):
-            if k == key or k.startswith(key + "/"):
-                self._commit(state)
-
-    def set_attrs(self, key: str, **changes: int | None) -> bool:
-        """Apply mode/owner/times to a file not yet stored; False when the key has no such file
-        (the tree then changes the stored attributes)."""
-        state = self.states.get(key)
-        if state is None or not state.created:
-            if state is not None and state.attrs is not None:
-                self._apply(state.attrs, changes)  # keep the pending record in step
-            return False
-        assert state.attrs is not None
-        self._apply(state.attrs, changes)
-        return True
-
-    @staticmethod
-    def _apply(attrs: Attrs, changes: dict[str, int | None]) -> None:
-        mode = changes.get("mode")
-        if mode is not None:
-            attrs.mode = stat.S_IFMT(attrs.mode) | stat.S_IMODE(mode)
-        for name in ("uid", "gid"):
-            value = changes.get(name)
-            if value is not None and value != -1:
-                setattr(attrs, name, value)
-        for name in ("atime", "mtime"):
-            value = changes.get(name)
-            if value is not None:
-                setattr(attrs, name, value)
-
-    def unlinked(self, key: str) -> bool:
-        """Detach open state from a removed key; True when the file existed only here.
-        Descriptors still open go on reading what the file held."""
-        state = self.states.get(key)
-        if state is None:
-            return False
-        if state.buffer is None and state.snapshot is None and not state.created:
-            try:
-                if self.tree.stored_size(key) <= SNAPSHOT_LIMIT:
-                    version = state.version
-                    state.snapshot = (
-                        self.tree.read_value(key) if version is None else self.tree.read_version(key, version)
-                    )
-            except FsError:
-                pass  # already gone
-        del self.states[key]
-        state.orphan = True
-        if self.deferred.pop(key, None) is not None and not state.handles:
-            self._forget(state)
-        return state.created
-
-    def renamed(self, src: str, dst: str, exchange: bool = False) -> None:
-        """Open files follow a rename (of the file or of a folder holding it); with
-        ``exchange`` (RENAME_EXCHANGE) those under ``dst`` move to ``src`` as well, else an
-        open file replaced at ``dst`` is orphaned."""
-        moves = [(src, dst), (dst, src)] if exchange else [(src, dst)]
-        moved = []
-        for a, b in moves:
-            under = [(k, s) for k, s in self.states.items() if k == a or k.startswith(a + "/")]
-            moved += [(b + k[len(a) :], s) for k, s in under]
-            for k, _ in under:
-                del self.states[k]
-        if not exchange:
-            dropped = self.states.pop(dst, None)
-            if dropped is not None:
-                dropped.orphan = True
-        for new_key, state in moved:
-            state.key = new_key
-            state.snapshot = None if state.buffer is None else state.snapshot
-            self.states[new_key] = state

@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 from zarrfs.backends.base import DATA, KEYS, SIDE, SIZES, VALUES, Get, Read, Size, Txn, prefix_stop
 from zarrfs.fs.errors import FsError
+from zarrfs.fs.hardlinks import pointer_key
 from zarrfs.fs.lookups import DIR, FILE, LINK, Node
-from zarrfs.fs.sidedata import ENTRY, LINK_MARK, attr_key, entry_key
+from zarrfs.fs.sidedata import ENTRY, LINK_MARK, SPECIAL_MARK, attr_key, entry_key, read_special
 
 if TYPE_CHECKING:
     from zarrfs.fs.namespace import Tree
@@ -214,7 +215,8 @@ def _named(scope: _Batch, prefix: str, k: str, v: Any, name: str, below: bool, f
     if below:
         yield name, DIR
     elif scope.space == SIDE:
-        yield name, LINK if v[:1] == LINK_MARK else DIR
+        mark = v[:1]
+        yield name, LINK if mark == LINK_MARK else read_special(v)[0] if mark == SPECIAL_MARK else DIR
     elif scope.below(k + "/"):
         hidden(k)
         yield name, DIR
@@ -306,9 +308,11 @@ class Listings:
             child = prefix + name
             if kind == FILE and sizes is None:
                 requests.append(Size(child, DATA))
-            elif kind == LINK:
+            elif kind not in (FILE, DIR):  # a symlink's target, a device's number
                 requests.append(Get(entry_key(child), SIDE))
             requests.append(Get(attr_key(child), SIDE))
+            if kind == FILE:
+                requests.append(Get(pointer_key(child), SIDE))
         answers = iter(t.read_many(requests))
         for name, kind in part:
             child = prefix + name
@@ -319,10 +323,13 @@ class Listings:
                 mark = next(answers) or LINK_MARK
                 target = bytes(mark[1:]).decode("utf-8", "surrogateescape")
                 size = len(target.encode("utf-8", "surrogateescape"))
+            elif kind != DIR:  # a special file: _node_from takes its device number as size
+                size = read_special(next(answers) or SPECIAL_MARK)[1]
             raw = next(answers)
+            pointer = next(answers) if kind == FILE else None
             if size is None:  # gone between the listing and the read
                 continue
-            into[name] = self._node_from(t, child, kind, size, target, raw)
+            into[name] = self._node_from(t, child, kind, size, target, raw, pointer)
 
 
 class DirListing:

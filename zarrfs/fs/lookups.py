@@ -21,22 +21,35 @@ from dataclasses import dataclass
 from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, Get, HasPrefix, Read, Size, Txn
+from zarrfs.fs import hardlinks
 from zarrfs.fs.errors import FsError
-from zarrfs.fs.sidedata import ENTRY, LINK_MARK, Attrs, attr_key, entry_key
+from zarrfs.fs.hardlinks import pointer_key
+from zarrfs.fs.sidedata import ENTRY, LINK_MARK, SPECIAL_MARK, Attrs, attr_key, entry_key, read_special
 
 log = logging.getLogger("zarrfs.fs.namespace")
 
 FILE, DIR, LINK = stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK
+_SIZED = (FILE, DIR, LINK)
+
+#: What a probe finds at a key: (kind, stored size, link target, raw attributes, raw
+#: link-group pointer of a file).
+Probe = tuple[int, int, str, "bytes | None", "bytes | None"]
 
 
 @dataclass
 class Node:
-    """What is at a key: its kind (FILE, DIR or LINK), size in bytes and attributes."""
+    """What is at a key: its kind (FILE, DIR, LINK or a special file's type bits), size in
+    bytes, attributes, a symlink's target, the count of names (0 for an open file whose name
+    was removed) and, for a file with hard links, the id of their link group; a special file's
+    device number."""
 
     kind: int
     size: int
     attrs: Attrs
     target: str = ""
+    nlink: int = 1
+    group: str = ""
+    rdev: int = 0
 
 
 def stamp_of(node: Node) -> tuple[int, int]:
@@ -77,11 +90,12 @@ class Lookups:
             return True
         return side and next(iter(t.scan_prefix(ENTRY + prefix, space=SIDE, limit=1)), None) is not None
 
-    def _probe(self, t: Txn, key: str) -> tuple[int, int, str, bytes | None] | None:
-        """(kind, stored size, link target, raw attributes) of ``key``, or None when nothing
-        is there. One batch of reads where a batch costs one read (a round trip to Redis, one
-        SQLite statement); on LMDB, only the reads the answer needs (a file or a missing name
-        skips two of five)."""
+    def _probe(self, t: Txn, key: str) -> Probe | None:
+        """(kind, stored size, link target, raw attributes, link-group pointer) of ``key``, or
+        None when nothing is there; for a special file the size slot holds its device number
+        (it has no size). One batch of reads where a batch costs one read (a round trip to
+        Redis, one SQLite statement); on LMDB, only the reads the answer needs (a file or a
+        missing name skips two of six, a folder, symlink or special file the pointer)."""
         if self.driver.batched or key == "":
             return self._probe_many(t, [key])[0]
         size, data_below = t.read_many([Size(key, DATA), HasPrefix(key + "/", DATA)])
@@ -92,13 +106,18 @@ class Lookups:
                 return None
         else:
             mark, side_below = None, False
-        return self._judge(key, size, data_below, mark, side_below, t.get(attr_key(key), SIDE))
+        found = self._judge(key, size, data_below, mark, side_below, t.get(attr_key(key), SIDE))
+        if found is not None and found[0] == FILE:
+            return (*found[:4], t.get(pointer_key(key), SIDE))
+        return found
 
-    def _probe_many(
-        self, t: Txn, keys: list[str], also: Sequence[str] = ()
-    ) -> list[tuple[int, int, str, bytes | None] | None]:
+    def _probe_many(self, t: Txn, keys: list[str], also: Sequence[str] = ()) -> list[Probe | None]:
         """:meth:`_probe` of several keys in one batch of reads; the batch also reads the data
-        keys ``also``, for the transaction to answer again without a round trip."""
+        keys ``also``, for the transaction to answer again without a round trip. Where a batch
+        is one read, it reads each key's link-group pointer too; elsewhere (LMDB) only the
+        pointers of the files found are read, after."""
+        batched = self.driver.batched
+        per_key = 6 if batched else 5
         requests: list[Read] = [Get(k, DATA) for k in also]
         for key in keys:
             if key == "":
@@ -111,45 +130,59 @@ class Lookups:
                     HasPrefix(ENTRY + key + "/", SIDE),
                     Get(attr_key(key), SIDE),
                 ]
+                if batched:
+                    requests.append(Get(pointer_key(key), SIDE))
         answers = t.read_many(requests)
-        out: list[tuple[int, int, str, bytes | None] | None] = []
+        out: list[Probe | None] = []
         i = len(also)
         for key in keys:
             if key == "":
-                out.append((DIR, 0, "", answers[i]))
+                out.append((DIR, 0, "", answers[i], None))
                 i += 1
             else:
-                out.append(self._judge(key, *answers[i : i + 5]))
-                i += 5
+                found = self._judge(key, *answers[i : i + 5])
+                if found is not None and found[0] == FILE:
+                    pointer = answers[i + 5] if batched else t.get(pointer_key(key), SIDE)
+                    found = (*found[:4], pointer)
+                out.append(found)
+                i += per_key
         return out
 
     def _judge(self, key: str, size, data_below, mark, side_below, raw_attrs):
-        """What a probe's five answers say is at ``key``. Data keys win over side entries (a
-        key, or keys below it, over a symlink's or folder's marker of the same name), as they
-        do in listings, and as the probe that reads the side only when the data has nothing
-        must agree."""
+        """What a probe's first five answers say is at ``key`` (its pointer is read after).
+        Data keys win over side entries (a key, or keys below it, over a symlink's or folder's
+        marker of the same name), as they do in listings, and as the probe that reads the side
+        only when the data has nothing must agree."""
         if size is not None:
             if not data_below:
-                return FILE, size, "", raw_attrs
+                return FILE, size, "", raw_attrs, None
             self._log_hidden(key)
-            return DIR, 0, "", raw_attrs
+            return DIR, 0, "", raw_attrs, None
         if data_below:
-            return DIR, 0, "", raw_attrs
+            return DIR, 0, "", raw_attrs, None
         if mark is not None and mark[:1] == LINK_MARK:
             target = bytes(mark[1:]).decode("utf-8", "surrogateescape")
-            return LINK, len(target.encode("utf-8", "surrogateescape")), target, raw_attrs
+            return LINK, len(target.encode("utf-8", "surrogateescape")), target, raw_attrs, None
+        if mark is not None and mark[:1] == SPECIAL_MARK:
+            return (*read_special(mark), "", raw_attrs, None)
         if mark is not None or side_below:
-            return DIR, 0, "", raw_attrs
+            return DIR, 0, "", raw_attrs, None
         return None
 
-    def _probe_in_folder(
-        self, t: Txn, key: str, also: Sequence[str] = ()
-    ) -> tuple[int, int, str, bytes | None] | None:
+    def _probe_in_folder(self, t: Txn, key: str, also: Sequence[str] = ()) -> Probe | None:
         """:meth:`_probe` of ``key``, and in the same batch a check that its parent is a folder
         (ENOENT / ENOTDIR otherwise), as every call that makes a name needs."""
+        return self._probe_with_folder(t, key, also)[1]
+
+    def _probe_with_folder(
+        self, t: Txn, key: str, also: Sequence[str] = ()
+    ) -> tuple[Probe, Probe | None]:
+        """:meth:`_probe_in_folder`, with the probe of the folder too (its attributes say who
+        owns a new entry and are changed by it)."""
         parent, found = self._probe_many(t, [key.rpartition("/")[0], key], also)
         self._folder_check(parent, key)
-        return found
+        assert parent is not None
+        return parent, found
 
     @staticmethod
     def _folder_check(parent: tuple | None, key: str) -> None:
@@ -169,15 +202,23 @@ class Lookups:
             return None
         return self._node_from(t, key, *found)
 
-    def _node_from(self, t: Txn, key: str, kind: int, size: int, target: str, raw: bytes | None) -> Node:
+    def _node_from(
+        self, t: Txn, key: str, kind: int, size: int, target: str, raw: bytes | None, pointer=None
+    ) -> Node:
+        nlink, gid = 1, ""
         if kind == FILE:
             size = self.hooks.shown_size(t, key, size)
+            group = hardlinks.load(t, key, pointer)
+            if group is not None and len(group.names) > 1:
+                nlink, gid = len(group.names), group.gid
         attrs = Attrs.unpack(raw) if raw is not None else None
         if attrs is None:
             attrs = self.default_attrs(kind)
         elif stat.S_IFMT(attrs.mode) != kind:
             attrs = attrs.with_type(kind)
-        return Node(kind, size, attrs, target)
+        if kind not in _SIZED:  # a special file: the size slot held its device number
+            return Node(kind, 0, attrs, target, rdev=size)
+        return Node(kind, size, attrs, target, nlink, gid)
 
     def _node(self, t: Txn, key: str) -> Node:
         node = self._find(t, key)
@@ -245,6 +286,16 @@ class Lookups:
             if value is None:
                 raise FsError(errno.ESTALE, f"{key} was replaced since it was opened")
             return self.hooks.shown_value(t, key, value)
+
+        return self.driver.transact(run, write=False)
+
+    def link_names(self, key: str) -> list[str]:
+        """Every name of the file at ``key`` (``key`` among them) when it has hard links,
+        else an empty list."""
+
+        def run(t: Txn) -> list[str]:
+            group = hardlinks.load(t, key, t.get(pointer_key(key), SIDE))
+            return group.names if group is not None and len(group.names) > 1 else []
 
         return self.driver.transact(run, write=False)
 

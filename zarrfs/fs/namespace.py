@@ -4,8 +4,11 @@
 A path is a key (``/grp/arr/0.0`` is ``grp/arr/0.0``); folders derive from key prefixes and
 side markers (:mod:`zarrfs.fs.lookups`). A :class:`Tree` is three parts: lookups
 (:class:`zarrfs.fs.lookups.Lookups`), listings (:class:`zarrfs.fs.listing.Listings`) and the
-writes here (commit, mkdir, symlink, unlink, rmdir, set_attrs, rename, link), with
+writes here (commit, unlink, rmdir, set_attrs, rename, link), with
 :class:`Hooks`, where the format layer plugs in.
+Making side entries (folders, symlinks, special files), the owner of a new node and the times
+of a folder a name is added to or removed from are in :mod:`zarrfs.fs.entries`; the
+bookkeeping of hard links in :mod:`zarrfs.fs.hardlinks`.
 
 Everything here is one driver transaction per call; nothing here knows about FUSE, so it imports
 and tests without a mount. POSIX conditions are raised as :class:`zarrfs.fs.errors.FsError`.
@@ -18,11 +21,14 @@ import stat
 import time
 from typing import Any
 
-from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, Get, HasPrefix, StorageFullError, Txn
+from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, Txn
+from zarrfs.fs import hardlinks
+from zarrfs.fs.entries import Entries
 from zarrfs.fs.errors import FsError
+from zarrfs.fs.hardlinks import POINTER, LinkGroups, pointer_key
 from zarrfs.fs.listing import FOLDER_BATCH, Listings
 from zarrfs.fs.lookups import DIR, FILE, LINK, Lookups, Node
-from zarrfs.fs.sidedata import DIR_MARK, ENTRY, EPOCH, LINK_MARK, Attrs, attr_key, entry_key
+from zarrfs.fs.sidedata import ENTRY, EPOCH, Attrs, attr_key, entry_key
 
 # Names other modules import from here (their home is zarrfs.fs.lookups / zarrfs.fs.listing).
 __all__ = [
@@ -81,14 +87,21 @@ class _Recording:
     """A transaction as the hooks see it: every data key they write is noted, so that the
     kernel's caches of those files can be dropped after the commit."""
 
-    def __init__(self, txn: Txn, into: set[str]) -> None:
+    def __init__(self, txn: Txn, into: set[str], defaults: Any) -> None:
         self._txn = txn
         self._into = into
+        self._defaults = defaults  # the attributes of a file without a record
 
     def put(self, key: str, value: Any, space: str = DATA) -> None:
+        self._txn.put(key, value, space)
         if space == DATA:
             self._into.add(key)
-        self._txn.put(key, value, space)
+            # A document rewritten on the side is a changed file: its mtime moves (tools that
+            # sync by mtime, the kernel's page-cache stamp), its owner and mode stay.
+            raw = self._txn.get(attr_key(key), SIDE)
+            attrs = (Attrs.unpack(raw) if raw is not None else None) or self._defaults(FILE)
+            attrs.mtime = attrs.ctime = time.time_ns()
+            self._txn.put(attr_key(key), attrs.pack(), SIDE)
 
     def delete(self, key: str, space: str = DATA) -> None:
         if space == DATA:
@@ -99,7 +112,7 @@ class _Recording:
         return getattr(self._txn, name)
 
 
-class Tree(Listings, Lookups):
+class Tree(Entries, Listings, Lookups, LinkGroups):
     """The filesystem over one driver: lookups, listings and every namespace change.
 
     ``uid``/``gid``/``umask`` give the attributes of nodes that have none recorded.
@@ -128,6 +141,10 @@ class Tree(Listings, Lookups):
         self._side_effects: set[str] = set()
         self._hidden_logged: set[str] = set()
         self.epoch = self._load_epoch()
+        # The longest key the database holds (LMDB: 511 bytes), less the side prefix ("a:")
+        # of a node's attributes: a longer path is refused with ENAMETOOLONG before it is made.
+        limit = getattr(driver, "max_key_size", None)
+        self.key_limit: int | None = limit - len(ENTRY) if limit else None
 
     def _load_epoch(self) -> int:
         """The time of nodes without attributes, fixed at the first mount (see sidedata)."""
@@ -153,25 +170,10 @@ class Tree(Listings, Lookups):
         return result
 
     def _changed(self, t: Txn, key: str, value: Any) -> None:
-        self.hooks.changed(_Recording(t, self._side_effects), key, value)
+        self.hooks.changed(_Recording(t, self._side_effects, self.default_attrs), key, value)
 
     def _now(self) -> int:
         return time.time_ns()
-
-    def _keep_parent(self, t: Txn, key: str) -> None:
-        """After ``key`` left its folder, keep the folder (POSIX: only rmdir removes one)."""
-        parent = key.rpartition("/")[0]
-        if not parent:
-            return
-        marked, data_below, side_below = t.read_many(
-            [
-                Get(entry_key(parent), SIDE),
-                HasPrefix(parent + "/", DATA),
-                HasPrefix(ENTRY + parent + "/", SIDE),
-            ]
-        )
-        if marked is None and not data_below and not side_below:
-            t.put(entry_key(parent), DIR_MARK, SIDE)
 
     def commit(
         self,
@@ -181,20 +183,30 @@ class Tree(Listings, Lookups):
         create: bool = False,
         exclusive: bool = False,
         replace: bool = False,
+        linked: bool = False,
+        added: int | None = None,
+        renamed_from: str | None = None,
     ) -> None:
         """Store the content of a file written through the mount, with its attributes, in one
         transaction; the format layer may refuse it (nothing is stored then).
 
         ``create``: the file may be new here (its folder must exist, a folder or symlink in the
-        way is an error); ``exclusive``: it must be new (EEXIST otherwise), as for ``link`` or
-        ``RENAME_NOREPLACE``; ``replace``: a symlink in the way is replaced, as a rename does."""
+        way is an error; a new file replaces a name of a linked file: that name leaves the
+        group); ``exclusive``: it must be new (EEXIST otherwise), as for ``link`` or
+        ``RENAME_NOREPLACE``; ``replace``: a symlink in the way is replaced, as a rename does.
+        ``linked``: the file had hard links when it was opened; the content is then stored
+        under every name its group has now (their folders do not change: no name is added).
+        ``added``: when the file was made; if it turns out new, its folder's times change (see
+        :meth:`_folder_changed`). ``renamed_from``: the file was an unstored file of that name,
+        renamed here: both folders' times change."""
 
         # Remote: what the format layer will read comes in the probe's round trip.
         also = self.hooks.reads(key) if (create or exclusive) and self.driver.remote else ()
 
         def run(t: Txn) -> None:
+            pointer = folder = found = None
             if create or exclusive:
-                found = self._probe_in_folder(t, key, also)
+                folder, found = self._probe_with_folder(t, key, also)
                 if found is not None and replace and not exclusive and found[0] not in (FILE, DIR):
                     t.delete(entry_key(key), SIDE)  # the symlink the rename replaces
                     found = None
@@ -202,100 +214,76 @@ class Tree(Listings, Lookups):
                     raise FsError(errno.EISDIR if found[0] == DIR else errno.EEXIST, key)
                 if found is None:
                     self.hooks.check_name(t, key, FILE)
-            stored = self.hooks.store(t, key, value)
-            t.put(key, stored)
-            if attrs is not None:
-                t.put(attr_key(key), attrs.pack(), SIDE)
-            self._changed(t, key, stored)
+                    # A pointer left by a writer that deleted the key must not link the new file.
+                    t.delete(pointer_key(key), SIDE)
+                else:
+                    pointer = found[4]
+            elif linked:
+                pointer = t.get(pointer_key(key), SIDE)
+            names = [key]
+            if create or exclusive:
+                if pointer is not None:  # a new file in its place: that name is not linked
+                    self._unlinked(t, key, found)
+            elif (group := hardlinks.load(t, key, pointer)) is not None:
+                names = group.names
+            for name in names:
+                stored = self.hooks.store(t, name, value)
+                t.put(name, stored)
+                if attrs is not None:
+                    t.put(attr_key(name), attrs.pack(), SIDE)
+                self._changed(t, name, stored)
+            if folder is not None:
+                self._commit_folders(t, key, folder, found, added, renamed_from)
 
         self._write(run)
 
-    def check_create(self, key: str) -> None:
-        """Raise unless the name ``key`` is valid for a new file. The kernel has just looked up
-        the name and its folder; the commit checks both again in its own transaction."""
-        self.driver.transact(lambda t: self.hooks.check_name(t, key, FILE), write=False)
+    def unlink(self, key: str) -> list[str]:
+        """Remove the file or symlink at ``key`` (EISDIR for a folder). Returns the other
+        names of the file, when it had hard links."""
 
-    def mkdir(self, key: str, mode: int) -> None:
-        """Make an empty folder that persists (EEXIST if taken, ENOENT/ENOTDIR for the parent)."""
+        where = key.rpartition("/")[0]
 
-        def run(t: Txn) -> None:
-            if not key or self._probe_in_folder(t, key) is not None:
-                raise FsError(errno.EEXIST, key)
-            self.hooks.check_name(t, key, DIR)
-            now = self._now()
-            t.put(entry_key(key), DIR_MARK, SIDE)
-            t.put(attr_key(key), self._new_attrs(DIR, mode, now).pack(), SIDE)
-
-        self._write(run)
-
-    def _new_attrs(self, kind: int, mode: int, now: int, uid: int | None = None, gid: int | None = None):
-        return Attrs(
-            kind | stat.S_IMODE(mode),
-            self.uid if uid is None else uid,
-            self.gid if gid is None else gid,
-            now,
-            now,
-            now,
-        )
-
-    def symlink(self, target: str, key: str, uid: int | None = None, gid: int | None = None) -> None:
-        """Make a symlink at ``key`` pointing to ``target`` (kept as side data: not a Zarr key)."""
-
-        def run(t: Txn) -> None:
-            if self._probe_in_folder(t, key) is not None:
-                raise FsError(errno.EEXIST, key)
-            now = self._now()
-            t.put(entry_key(key), LINK_MARK + target.encode("utf-8", "surrogateescape"), SIDE)
-            t.put(attr_key(key), self._new_attrs(LINK, 0o777, now, uid, gid).pack(), SIDE)
-
-        self._write(run)
-
-    def _removing(self, run: Any) -> None:
-        """Run a removal; on a full store, again without keeping the folder it empties: the
-        folder's mark is a write a full store may refuse, and removing must stay possible
-        (the emptied folder then goes, as ``rm -r`` would take it next)."""
-        try:
-            self._write(run)
-        except StorageFullError:
-            self._write(lambda t: run(t, keep=False))
-
-    def unlink(self, key: str) -> None:
-        """Remove the file or symlink at ``key`` (EISDIR for a folder)."""
-
-        def run(t: Txn, keep: bool = True) -> None:
-            found = self._probe(t, key)
+        def run(t: Txn, keep: bool = True) -> list[str]:
+            found, folder = self._probe_many(t, [key, where])
             if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
             if found[0] == DIR:
                 raise FsError(errno.EISDIR, key)
+            left: list[str] = []
             if found[0] == FILE:
                 t.delete(key)
                 self._changed(t, key, None)
+                left = self._unlinked(t, key, found)
             else:
                 t.delete(entry_key(key), SIDE)
             t.delete(attr_key(key), SIDE)
-            if keep:
+            if keep:  # writes a full store may refuse (see _removing)
                 self._keep_parent(t, key)
+                self._folder_changed(t, where, folder[3] if folder else None, self._now())
+            return left
 
-        self._removing(run)
+        return self._removing(run)
 
     def rmdir(self, key: str) -> None:
         """Remove the empty folder at ``key`` (ENOTEMPTY, ENOTDIR, ENOENT as POSIX says)."""
 
+        if not key:
+            raise FsError(errno.EBUSY, "the root folder")
+        where = key.rpartition("/")[0]
+
         def run(t: Txn, keep: bool = True) -> None:
-            found = self._probe(t, key)
+            found, folder = self._probe_many(t, [key, where])
             if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
             if found[0] != DIR:
                 raise FsError(errno.ENOTDIR, key)
-            if not key:
-                raise FsError(errno.EBUSY, "the root folder")
             if self._has_children(t, key):
                 raise FsError(errno.ENOTEMPTY, key, quiet=True)
             t.delete(entry_key(key), SIDE)
             t.delete(attr_key(key), SIDE)
-            if keep:
+            if keep:  # writes a full store may refuse (see _removing)
                 self._keep_parent(t, key)
+                self._folder_changed(t, where, folder[3] if folder else None, self._now())
 
         self._removing(run)
 
@@ -327,13 +315,16 @@ class Tree(Listings, Lookups):
             if mtime is not None:
                 attrs.mtime = mtime
             attrs.ctime = self._now()
-            t.put(attr_key(key), attrs.pack(), SIDE)
+            group = hardlinks.load(t, key, found[4]) if found[0] == FILE else None
+            # The names of a linked file share their attributes: each has the same record.
+            hardlinks.put_attrs(t, group.names if group is not None else [key], attrs.pack())
 
         self._write(run)
 
     # ------------------------------------------------------------------ rename / link
-    def _subtree(self, t: Txn, key: str) -> list[tuple[str, str, bytes]]:
-        """Every record of the node at ``key`` and below: (space, key, value)."""
+    def _subtree(self, t: Txn, key: str, found: Any) -> list[tuple[str, str, bytes]]:
+        """Every record of the node at ``key`` and below: (space, key, value); ``found`` is
+        what the probe found at ``key`` (a file's link-group pointer comes with it)."""
         records: list[tuple[str, str, bytes]] = []
         value = t.get(key)
         if value is not None:
@@ -346,11 +337,17 @@ class Tree(Listings, Lookups):
             records.extend(
                 (SIDE, k, v) for k, v in t.scan_prefix(side_prefix + key + "/", space=SIDE, fetch=VALUES)
             )
+        if found[0] == DIR:  # the link-group pointers of the files below
+            records.extend(
+                (SIDE, k, v) for k, v in t.scan_prefix(POINTER + key + "/", space=SIDE, fetch=VALUES)
+            )
+        elif found[4] is not None:
+            records.append((SIDE, pointer_key(key), found[4]))
         return records
 
     @staticmethod
     def _moved(record_key: str, src: str, dst: str) -> str:
-        for side_prefix in (ENTRY, "a:"):
+        for side_prefix in (ENTRY, "a:", POINTER):
             if record_key.startswith(side_prefix):
                 return side_prefix + dst + record_key[len(side_prefix) + len(src) :]
         return dst + record_key[len(src) :]
@@ -372,29 +369,38 @@ class Tree(Listings, Lookups):
             if space == DATA:
                 self._changed(t, new, v)
 
-    def rename(self, src: str, dst: str, flags: int = 0) -> None:
+    def rename(self, src: str, dst: str, flags: int = 0) -> bool:
         """Move a file or a whole folder atomically, replacing an existing target atomically;
-        honours RENAME_NOREPLACE and RENAME_EXCHANGE."""
+        honours RENAME_NOREPLACE and RENAME_EXCHANGE. Onto another name of the same file, a
+        rename does nothing (POSIX): then False is returned."""
         if src == dst:
-            return
+            return False
         if not src or not dst:
             raise FsError(errno.EBUSY, "the root folder")
         if dst.startswith(src + "/") or (flags & RENAME_EXCHANGE and src.startswith(dst + "/")):
             raise FsError(errno.EINVAL, f"cannot move {src} into itself")
 
-        def run(t: Txn) -> None:
-            s, d, parent = self._probe_many(t, [src, dst, dst.rpartition("/")[0]])
+        self.check_length(dst)
+        here, there = src.rpartition("/")[0], dst.rpartition("/")[0]
+
+        def run(t: Txn) -> bool:
+            s, d, parent, source = self._probe_many(t, [src, dst, there, here])
             if s is None:
                 raise FsError(errno.ENOENT, src, quiet=True)
+            if self._same_file(t, src, dst, s, d):
+                return False
+            now = self._now()
             if flags & RENAME_EXCHANGE:
                 if d is None:
                     raise FsError(errno.ENOENT, dst, quiet=True)
-                a, b = self._subtree(t, src), self._subtree(t, dst)
+                a, b = self._subtree(t, src, s), self._subtree(t, dst, d)
                 self._remove(t, a)
                 self._remove(t, b)
                 self._place(t, a, src, dst)
                 self._place(t, b, dst, src)
-                return
+                self._regroup(t, [(a, src, dst, s), (b, dst, src, d)])
+                self._folders_changed(t, (here, source), (there, parent), now)
+                return True
             if d is not None:
                 if flags & RENAME_NOREPLACE:
                     raise FsError(errno.EEXIST, dst)
@@ -404,21 +410,34 @@ class Tree(Listings, Lookups):
                     raise FsError(errno.EISDIR, dst)
                 if d[0] == DIR and self._has_children(t, dst):
                     raise FsError(errno.ENOTEMPTY, dst)
-                self._remove(t, self._subtree(t, dst))
+                if d[0] == FILE:
+                    self._unlinked(t, dst, d)
+                self._remove(t, self._subtree(t, dst, d))
             else:
                 self._folder_check(parent, dst)
                 self.hooks.check_name(t, dst, s[0])
-            records = self._subtree(t, src)
+            records = self._subtree(t, src, s)
             self._remove(t, records)
             self._place(t, records, src, dst)
+            moved = (Attrs.unpack(s[3]) if s[3] is not None else None) or self.default_attrs(s[0])
+            moved.ctime = now  # as Linux's filesystems do: the node changed
+            t.put(attr_key(dst), moved.with_type(s[0]).pack(), SIDE)
+            self._regroup(t, [(records, src, dst, s)])
             self._keep_parent(t, src)
+            self._folders_changed(t, (here, source), (there, parent), now)
+            return True
 
-        self._write(run)
+        return self._write(run)
 
     def link(self, src: str, dst: str) -> None:
-        """``link(src, dst)``: a new file ``dst`` with the content of ``src``; EEXIST, atomically,
-        when ``dst`` exists (zarr-python 3 creates metadata this way). A key/value store has no
-        hard links, so this is a copy that is taken in one transaction."""
+        """``link(src, dst)``: a hard link, a new name ``dst`` of the file ``src``, in one
+        transaction; EEXIST, atomically, when ``dst`` exists (zarr-python 3 creates metadata
+        this way). The value is stored under the new name too (every name is a Zarr key), and
+        the link group of :mod:`zarrfs.fs.hardlinks` makes the names one file. A symlink is
+        copied (a new symlink with the same target). The new name's folder changes and so
+        does the file (its ctime, on every name)."""
+
+        self.check_length(dst)
 
         def run(t: Txn) -> None:
             s, d, parent = self._probe_many(t, [src, dst, dst.rpartition("/")[0]])
@@ -430,8 +449,16 @@ class Tree(Listings, Lookups):
                 raise FsError(errno.EEXIST, dst)
             self._folder_check(parent, dst)
             self.hooks.check_name(t, dst, s[0])
-            records = [r for r in self._subtree(t, src) if r[1] in (src, entry_key(src), attr_key(src))]
-            self._place(t, records, src, dst)
+            if s[0] != FILE:
+                records = [r for r in self._subtree(t, src, s) if r[1] in (entry_key(src), attr_key(src))]
+                self._place(t, records, src, dst)
+            else:
+                value = self.hooks.arrive(t, dst, t.get(src), src)
+                t.put(dst, value)
+                self._changed(t, dst, value)
+                group = hardlinks.join(t, hardlinks.load(t, src, s[4]), src, dst)
+                self._touch_group(group.names, s[3], t)
+            self._folder_changed(t, dst.rpartition("/")[0], parent[3], self._now())
 
         self._write(run)
 

@@ -15,15 +15,17 @@ of each file lives in a :class:`Pages` (the session's inodes are ``Pages``).
 
 from __future__ import annotations
 
+import mmap
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from zarrfs.fs.namespace import FILE, Node
+from zarrfs.fs.spill import SpillBuffer
 
 
 class Stamped(Protocol):
-    """What a commit reports (:class:`zarrfs.fs.handles.Stored` is one)."""
+    """What a commit reports (:class:`Stored` is one)."""
 
     size: int
     mtime: int
@@ -69,7 +71,7 @@ class PageCache:
         The kernel marks a page it wrote through as up to date only when the write covered all
         of it; a partial last page would be read back from the database at the next read of the
         file (a Zarr chunk's last page, most of the time). The commit gives that page only once
-        no descriptor of the file is open (see ``handles._tail``), so no request of ours can hold
+        no descriptor of the file is open (see :func:`last_page`), so no request of ours can hold
         the page's lock while the kernel takes it."""
         pages.stamp = (stored.size, stored.mtime)
         pages.stamp_time = self.clock()
@@ -99,3 +101,28 @@ class PageCache:
 
 
 __all__ = ["PageCache", "Pages", "Stamped"]
+
+
+PAGE = mmap.PAGESIZE
+
+
+class Stored(NamedTuple):
+    """What a commit stored: ``size`` and ``mtime`` decide whether the kernel's cached pages of
+    the file still hold; ``tail`` is the content of its last, partial page, given only when no
+    descriptor of the file is open any more (see :func:`last_page`), else empty."""
+
+    size: int
+    mtime: int
+    tail: bytes = b""
+
+
+def last_page(buffer: SpillBuffer) -> bytes:
+    """The content of the last, partial page of ``buffer`` (empty for whole pages)."""
+    # The kernel marks a page it wrote through as up to date only when the write covered all of
+    # it: the last page of a file whose size is not a multiple of the page size would be read
+    # back from the database at the file's next read, unless it is handed to the kernel. The
+    # kernel takes it under the page's lock; with no descriptor open, no request that could
+    # hold that lock (a READ, a WRITE) is waiting for the daemon, so it can be handed over
+    # before the reply, without a thread.
+    cut = buffer.size % PAGE
+    return bytes(buffer.read(buffer.size - cut, cut)) if cut else b""

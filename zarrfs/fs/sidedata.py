@@ -1,14 +1,17 @@
 """The filesystem's bookkeeping in the driver's SIDE space, and how it is encoded.
 
-Three kinds of side record, each under its own one-letter prefix so that a range scan of one kind
+Kinds of side record, each under its own one-letter prefix so that a range scan of one kind
 under a folder never sees the others:
 
-* ``a:<key>``: attributes of a file, folder or symlink (mode, uid, gid, atime, mtime, ctime).
-  Advisory: a key without one gets defaults.
+* ``a:<key>``: attributes of a file, folder, symlink or special file (mode, uid, gid, atime,
+  mtime, ctime). Advisory: a key without one gets defaults.
 * ``e:<key>``: an entry that is not a Zarr key: ``d`` for a folder made with ``mkdir`` (so it
-  survives while empty), ``l<target>`` for a symlink.
+  survives while empty), ``l<target>`` for a symlink, ``s<type><rdev>`` for a special file (a
+  FIFO, a character or block device, a socket), so that zarr-python never sees one.
 * ``epoch``: the time given to keys that have no attributes yet, fixed at the first mount so
   that it does not change between mounts (``rsync`` compares mtimes).
+* ``h:<key>`` and ``g:<id>``: hard links, the link group of a name and the names of a group
+  (:mod:`zarrfs.fs.hardlinks`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,12 @@ EPOCH = "epoch"
 
 DIR_MARK = b"d"
 LINK_MARK = b"l"
+SPECIAL_MARK = b"s"
+
+#: The file types kept as special entries (``mknod``, ``mkfifo``, a socket's ``bind``).
+SPECIAL_TYPES = (stat.S_IFIFO, stat.S_IFCHR, stat.S_IFBLK, stat.S_IFSOCK)
+
+_SPECIAL_RECORD = struct.Struct("<IQ")  # file-type bits, device number
 
 _ATTR_RECORD = struct.Struct("<IIIqqq")
 
@@ -70,3 +79,18 @@ def attr_key(key: str) -> str:
 def entry_key(key: str) -> str:
     """Side key of the non-Zarr entry (empty folder, symlink) at ``key``."""
     return ENTRY + key
+
+
+def special_mark(kind: int, rdev: int) -> bytes:
+    """The entry marker of a special file of type ``kind`` (file-type bits) and device ``rdev``."""
+    return SPECIAL_MARK + _SPECIAL_RECORD.pack(stat.S_IFMT(kind), rdev)
+
+
+def read_special(mark: bytes) -> tuple[int, int]:
+    """``(kind, rdev)`` of a special file's entry marker; a marker this version cannot read
+    shows as a FIFO (harmless to open, never a device)."""
+    body = bytes(mark[1:])
+    if len(body) != _SPECIAL_RECORD.size:
+        return stat.S_IFIFO, 0
+    kind, rdev = _SPECIAL_RECORD.unpack(body)
+    return (kind, rdev) if kind in SPECIAL_TYPES else (stat.S_IFIFO, 0)

@@ -56,6 +56,7 @@ CREATE = 35
 INTERRUPT = 36
 DESTROY = 38
 BATCH_FORGET = 42
+FALLOCATE = 43
 RENAME2 = 45
 
 # INIT flags (fuse_init_in.flags / fuse_init_out.flags).
@@ -138,6 +139,7 @@ FLUSH_IN = struct.Struct("<QIIQ")
 READ_IN = struct.Struct("<QQIIQII")
 WRITE_IN = struct.Struct("<QQIIQII")
 FSYNC_IN = struct.Struct("<QII")
+FALLOCATE_IN = struct.Struct("<QQQII")  # fh, offset, length, mode
 DIRENT = struct.Struct("<QQII")
 NOTIFY_INVAL_INODE_OUT = struct.Struct("<IiQ" + "Qqq")
 NOTIFY_INVAL_ENTRY_OUT = struct.Struct("<IiQ" + "QII")
@@ -206,6 +208,7 @@ OPCODES: dict[int, Opcode] = {
     DESTROY: Opcode("destroy"),
     BATCH_FORGET: Opcode("batch_forget", BATCH_FORGET_IN.size, answered=False),  # and the list
     RENAME2: Opcode("rename2", RENAME2_IN.size, 2),
+    FALLOCATE: Opcode("fallocate", FALLOCATE_IN.size),
 }
 OPCODE_NAMES = {code: op.name for code, op in OPCODES.items()}
 # Opcodes index lists of this length; larger ones (CUSE_INIT is 4096) share the last slot.
@@ -274,3 +277,32 @@ def names(buf, start: int, end: int, count: int = 2) -> list[bytes]:
     if len(parts) != count:
         raise Malformed(f"{len(parts)} names where {count} belong")
     return parts
+
+
+# Where the (first) name of a request about a name in a folder starts.
+_NAMED = {
+    LOOKUP: IN_HEADER_SIZE,
+    UNLINK: IN_HEADER_SIZE,
+    RMDIR: IN_HEADER_SIZE,
+    SYMLINK: IN_HEADER_SIZE,
+    MKNOD: IN_HEADER_SIZE + MKNOD_IN.size,
+    MKDIR: IN_HEADER_SIZE + MKDIR_IN.size,
+    CREATE: IN_HEADER_SIZE + CREATE_IN.size,
+    RENAME: IN_HEADER_SIZE + RENAME_IN.size,
+    RENAME2: IN_HEADER_SIZE + RENAME2_IN.size,
+    LINK: IN_HEADER_SIZE + LINK_IN.size,
+}
+
+
+def request_name(opcode: int, buf, end: int) -> str | None:
+    """The (first) name a request about a name in a folder carries (a lookup, a create, an
+    unlink), for log lines; None for other requests, or a malformed one."""
+    at = _NAMED.get(opcode)
+    if at is None:
+        return None
+    try:
+        two = opcode in (SYMLINK, RENAME, RENAME2)
+        raw = names(buf, at, end)[0] if two else name(buf, at, end)
+    except Exception:  # a malformed request: the folder is all there is to say
+        return None
+    return raw.decode("utf-8", "backslashreplace")

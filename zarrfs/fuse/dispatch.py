@@ -108,8 +108,15 @@ class Dispatcher:
         }
 
     def _describe(self, head: Header, buf: memoryview | None = None) -> str:
-        """What a request was about, for a log line (a subclass knows more than the ID)."""
-        return f"node {head.nodeid}"
+        """What a request was about, for a log line: the node's path (a subclass knows it,
+        :meth:`_path`), and for a request about a name in a folder (a lookup, a create, an
+        unlink) the file's name too, not only the folder's."""
+        where = self._path(head.nodeid)
+        name = None if buf is None else k.request_name(head.opcode, buf, head.len)
+        return where if name is None else where.rstrip("/") + "/" + name
+
+    def _path(self, nodeid: int) -> str:
+        return f"node {nodeid}"
 
     def _send(self, data) -> None:
         try:

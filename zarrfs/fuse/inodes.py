@@ -5,6 +5,8 @@ looked up (or created) and lives until the kernel forgets it: each reply that gi
 a node ID counts one lookup, and FORGET takes counts back. One key has one node ID at a time,
 so a file keeps its inode number while the kernel remembers it. Node IDs are never reused
 (a 64-bit counter), so a stale ID can never name another file.
+The names of a file with hard links (one link group, :mod:`zarrfs.fs.hardlinks`) share one
+node ID: the kernel sees one inode, whichever name it looks up.
 
 A rename moves the keys of a node and of every node below it; an unlink detaches the node
 (the kernel may still hold it open). Pure bookkeeping: no FUSE, no database. Each node is also
@@ -22,9 +24,11 @@ from zarrfs.fuse.abi import ROOT_ID
 
 class Inode(Pages):
     """One node the kernel holds: its key (None once unlinked), kind (the file-type bits) and
-    lookup count; as :class:`Pages`, what decides whether its cached pages may be kept."""
+    lookup count; as :class:`Pages`, what decides whether its cached pages may be kept. A file
+    with hard links has its link group's id and, besides ``key``, its other names the kernel
+    looked up (``aliases``)."""
 
-    __slots__ = ("key", "kind", "lookups")
+    __slots__ = ("aliases", "group", "key", "kind", "lookups")
 
     def __init__(self, key: str | None, kind: int) -> None:
         # Pages' fields set here rather than by its __init__: one call less for each new node.
@@ -34,6 +38,8 @@ class Inode(Pages):
         self.key = key
         self.kind = kind
         self.lookups = 0
+        self.group = ""
+        self.aliases: set[str] | None = None
 
 
 class InodeTable:
@@ -44,6 +50,7 @@ class InodeTable:
         root.lookups = 1  # the kernel never forgets the root
         self.nodes: dict[int, Inode] = {ROOT_ID: root}
         self.ids: dict[str, int] = {"": ROOT_ID}
+        self.groups: dict[str, int] = {}  # link group id -> node ID
         self._next = ROOT_ID + 1
 
     def __len__(self) -> int:
@@ -58,11 +65,21 @@ class InodeTable:
         node = self.nodes.get(nodeid)
         return None if node is None else node.key
 
-    def remember(self, key: str, kind: int) -> tuple[int, Inode]:
+    def remember(self, key: str, kind: int, group: str = "") -> tuple[int, Inode]:
         """The node ID for ``key`` (a new one the first time, or when the kind changed), counted
-        as one more lookup by the kernel."""
+        as one more lookup by the kernel. A file of link group ``group`` gets the node ID of
+        the group's other names, if the kernel holds one."""
         nodeid = self.ids.get(key)
         node = None if nodeid is None else self.nodes[nodeid]
+        if node is None and group:
+            nodeid = self.groups.get(group)
+            node = None if nodeid is None else self.nodes.get(nodeid)
+            if node is not None and node.kind == kind and node.key is not None:
+                node.aliases = node.aliases or set()
+                node.aliases.add(key)
+                self.ids[key] = nodeid
+            else:
+                node = None
         if node is None or node.kind != kind:
             if node is not None:
                 node.key = None  # the kernel's old inode of another type: detached
@@ -71,8 +88,29 @@ class InodeTable:
             node = Inode(key, kind)
             self.nodes[nodeid] = node
             self.ids[key] = nodeid
+        if group and node.group != group:
+            self.linked(nodeid, group)
         node.lookups += 1
         return nodeid, node
+
+    def linked(self, nodeid: int, group: str) -> None:
+        """The file of node ``nodeid`` is of link group ``group``: a lookup of another of its
+        names gives the same node ID (as the reply to LINK must)."""
+        node = self.nodes.get(nodeid)
+        if node is not None and node.key is not None and group:
+            node.group = group
+            self.groups[group] = nodeid
+
+    def _unname(self, nodeid: int, key: str) -> None:
+        """``key`` (out of :attr:`ids` already) no longer names node ``nodeid``: a file
+        keeps its other names; else the node names nothing."""
+        node = self.nodes[nodeid]
+        if not node.aliases:
+            node.key = None
+        elif node.key == key:
+            node.key = node.aliases.pop()
+        else:
+            node.aliases.discard(key)
 
     def forget(self, nodeid: int, count: int) -> None:
         """The kernel dropped ``count`` lookups of a node; at zero the node is gone."""
@@ -84,12 +122,18 @@ class InodeTable:
             del self.nodes[nodeid]
             if node.key is not None and self.ids.get(node.key) == nodeid:
                 del self.ids[node.key]
+            if node.group:
+                for name in node.aliases or ():
+                    if self.ids.get(name) == nodeid:
+                        del self.ids[name]
+                if self.groups.get(node.group) == nodeid:
+                    del self.groups[node.group]
 
     def detach(self, key: str) -> None:
         """The file or folder at ``key`` was removed: its node (if any) names nothing now."""
         nodeid = self.ids.pop(key, None)
         if nodeid is not None:
-            self.nodes[nodeid].key = None
+            self._unname(nodeid, key)
 
     def moved(self, src: str, dst: str) -> None:
         """``src`` (and everything under it) is now ``dst``; a node at ``dst`` was replaced."""
@@ -109,8 +153,13 @@ class InodeTable:
             new = dst + k[len(src) :]
             stale = self.ids.pop(new, None)
             if stale is not None:
-                self.nodes[stale].key = None
-            self.nodes[nodeid].key = new
+                self._unname(stale, new)
+            node = self.nodes[nodeid]
+            if node.key == k or not node.aliases:
+                node.key = new
+            else:  # another name of a file with hard links
+                node.aliases.discard(k)
+                node.aliases.add(new)
             self.ids[new] = nodeid
 
     def exchanged(self, a: str, b: str) -> None:

@@ -48,6 +48,9 @@ class Loop:
         handle: Callable[[memoryview], None],
         buffer_size: int,
         spin_us: float = DEFAULT_SPIN_US,
+        idle: Callable[[], None] | None = None,
+        idle_interval: float = 0.01,
+        idle_fd: int | None = None,
     ) -> None:
         self.fd = fd
         self.handle = handle
@@ -55,6 +58,11 @@ class Loop:
         self.spin = spin_us / 1e6
         self.stopping = False
         self.stop_signal: int | None = None
+        # Work between requests (the change feed): every idle_interval, also under load, and
+        # when idle_fd becomes readable.
+        self.idle = idle
+        self.idle_interval = idle_interval
+        self.idle_fd = idle_fd
 
     def stop(self, signum: int | None = None, _frame=None) -> None:
         """End the loop after the request being answered (a signal handler)."""
@@ -69,6 +77,8 @@ class Loop:
         poller = select.poll()
         poller.register(fd, select.POLLIN)
         poller.register(wake_r, select.POLLIN)
+        if self.idle_fd is not None:
+            poller.register(self.idle_fd, select.POLLIN)
         restore = self._catch_signals(wake_w)
         try:
             self._serve(poller, wake_r)
@@ -85,16 +95,23 @@ class Loop:
         fd = self.fd
         longest = window = self.spin
         last = clock()
+        idle, interval = self.idle, self.idle_interval
+        # A sleeping loop wakes for the idle work only if there is some to do.
+        sleep_ms = IDLE_POLL_MS if idle is None or self.idle_fd is not None else max(1, int(interval * 1000))
+        idle_at = last
         while not self.stopping:
             try:
                 n = readv(fd, bufs)
             except BlockingIOError:
                 if clock() - last > window:
-                    poller.poll(IDLE_POLL_MS)
+                    poller.poll(sleep_ms)
                     _drain(wake_r)
                     now = clock()
                     window = next_window(window, now - last, longest)
                     last = now
+                    if idle is not None:
+                        idle()
+                        idle_at = now
                 continue
             except OSError as exc:
                 if exc.errno == errno.ENOENT:  # a request interrupted before it was read
@@ -106,6 +123,9 @@ class Loop:
                 return
             handle(view[:n])
             last = clock()
+            if idle is not None and last - idle_at > interval:
+                idle()
+                idle_at = last
 
     def _catch_signals(self, wake_w: int) -> Callable[[], None]:
         if threading.current_thread() is not threading.main_thread():

@@ -20,12 +20,12 @@ protocol.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
-import stat
 from collections.abc import Callable
 
-from zarrfs.fs.api import DIR, NOW, RENAME_EXCHANGE, FsError, Node, Operations, PageCache, Stored
+from zarrfs.fs.api import DIR, NAME_MAX, NOW, RENAME_EXCHANGE, FsError, Node, Operations, PageCache, Stored
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.abi import Header
 from zarrfs.fuse.dispatch import Dispatcher, Handler
@@ -41,20 +41,6 @@ BUFFER_SIZE = MAX_WRITE + 4096  # a request with its headers
 NS = 1_000_000_000
 
 _name = k.name
-# Where the (first) name of a request about a name in a folder starts.
-_NAMED = {
-    k.LOOKUP: k.IN_HEADER_SIZE,
-    k.UNLINK: k.IN_HEADER_SIZE,
-    k.RMDIR: k.IN_HEADER_SIZE,
-    k.SYMLINK: k.IN_HEADER_SIZE,
-    k.MKNOD: k.IN_HEADER_SIZE + k.MKNOD_IN.size,
-    k.MKDIR: k.IN_HEADER_SIZE + k.MKDIR_IN.size,
-    k.CREATE: k.IN_HEADER_SIZE + k.CREATE_IN.size,
-    k.RENAME: k.IN_HEADER_SIZE + k.RENAME_IN.size,
-    k.RENAME2: k.IN_HEADER_SIZE + k.RENAME2_IN.size,
-    k.LINK: k.IN_HEADER_SIZE + k.LINK_IN.size,
-}
-
 
 class Session(Dispatcher):
     """Serves one mount's requests. ``timeouts`` are the kernel's cache times in seconds for
@@ -81,6 +67,10 @@ class Session(Dispatcher):
         self.agreed: Agreed | None = None  # the protocol version and features INIT settled
         self._inval_ok = self._store_ok = False  # notifications the agreed version has
         self.invalidator = Invalidator(fd)
+        self.coherence = None  # a fuse.coherence.Coherence when the driver has a change feed
+        # Node ID -> the handles open on a file unlinked while open (a live set): what answers
+        # its fstat, which the kernel sends as a GETATTR of the node without a handle.
+        self._orphans: dict[int, set[int]] = {}
         ops.on_keys_changed(self.keys_changed)
         handlers: dict[int, Handler] = {
             k.LOOKUP: self._lookup,
@@ -112,25 +102,14 @@ class Session(Dispatcher):
             k.DESTROY: self._destroy,
             k.BATCH_FORGET: self._batch_forget,
             k.RENAME2: self._rename2,
+            k.FALLOCATE: self._fallocate,
         }
         super().__init__(fd, handlers)
 
     # ------------------------------------------------------------------ helpers
-    def _describe(self, head: Header, buf: memoryview | None = None) -> str:
-        # A request about a name in a folder (a lookup, a create, an unlink) names the file,
-        # not only the folder it is sent for.
-        key = self.inodes.key(head.nodeid)
-        where = "/" + key if key is not None else f"node {head.nodeid}"
-        at = _NAMED.get(head.opcode)
-        if at is None or buf is None:
-            return where
-        try:
-            two = head.opcode in (k.SYMLINK, k.RENAME, k.RENAME2)
-            raw = k.names(buf, at, head.len)[0] if two else _name(buf, at, head.len)
-            name = raw.decode("utf-8", "backslashreplace")
-        except Exception:  # a malformed request: the folder is all there is to say
-            return where
-        return where.rstrip("/") + "/" + name
+    def _path(self, nodeid: int) -> str:
+        key = self.inodes.key(nodeid)
+        return "/" + key if key is not None else f"node {nodeid}"
 
     def _key(self, nodeid: int) -> str:
         key = self.inodes.key(nodeid)
@@ -144,6 +123,8 @@ class Session(Dispatcher):
         parent = None if inode is None else inode.key
         if parent is None:
             raise FsError(errno.ENOENT, f"node {nodeid} is gone", quiet=True)
+        if len(name) > NAME_MAX:
+            self.ops.check_name(name)
         text = name.decode("utf-8", "surrogateescape")
         return parent + "/" + text if parent else text
 
@@ -171,7 +152,8 @@ class Session(Dispatcher):
         at, atn = divmod(a.atime, NS)
         mt, mtn = divmod(a.mtime, NS)
         ct, ctn = divmod(a.ctime, NS)
-        # nlink 1 for folders too: it tells find(1) not to guess subfolder counts from it.
+        # nlink 1 for folders too: it tells find(1) not to guess subfolder counts from it. An
+        # open file whose name is gone has 0.
         return (
             nodeid,
             size,
@@ -183,16 +165,16 @@ class Session(Dispatcher):
             mtn,
             ctn,
             a.mode,
-            1,
+            node.nlink,
             a.uid,
             a.gid,
-            0,
+            node.rdev,
             BLKSIZE,
             0,
         )
 
     def _entry_values(self, key: str, node: Node) -> tuple:
-        nodeid, inode = self.inodes.remember(key, node.kind)
+        nodeid, inode = self.inodes.remember(key, node.kind, node.group)
         self.pages.shown(inode, node)
         es, ens = self.entry_valid
         ats, atns = self.attr_valid
@@ -259,6 +241,8 @@ class Session(Dispatcher):
                 self._reply_error(head, errno.ENOENT)
             else:  # node ID 0: the kernel caches "no such file" for the entry timeout
                 ns, nns = self.negative_valid
+                if self.coherence is not None:  # remembered, to be dropped when it appears
+                    ns, nns = self.coherence.negative_time(key, (ns, nns))
                 self._send(
                     k.ENTRY_REPLY.pack(k.ENTRY_REPLY.size, 0, head.unique, 0, 0, ns, 0, nns, 0, *_ZERO_ATTR)
                 )
@@ -285,9 +269,18 @@ class Session(Dispatcher):
         node = None if key is None else self.ops.find(key)
         if node is None and flags & k.GETATTR_FH:
             node = self.ops.find_open(fh)
+        if node is None and key is None and self._orphans:
+            node = self._orphan(head.nodeid)
         if node is None:
             raise FsError(errno.ENOENT, key or f"node {head.nodeid}", quiet=True)
         self._reply_attr(head.unique, head.nodeid, node)
+
+    def _orphan(self, nodeid: int) -> Node | None:
+        """What an open file unlinked while open shows, through any handle still open on it."""
+        for fh in self._orphans.get(nodeid, ()):
+            return self.ops.find_open(fh)
+        self._orphans.pop(nodeid, None)  # every handle closed: the file is gone
+        return None
 
     def _setattr(self, head: Header, buf: memoryview) -> None:
         (valid, _, fh, size, _, atime, mtime, _, atimens, mtimens, _, mode, _, uid, gid, _) = (
@@ -295,28 +288,25 @@ class Session(Dispatcher):
         )
         handle = fh if valid & k.FATTR_FH else None
         key = self.inodes.key(head.nodeid)
-        if key is None:
+        if key is None:  # a file unlinked while open (fchmod comes without a handle)
+            handle = next(iter(self._orphans.get(head.nodeid, ())), None) if handle is None else handle
             if handle is None:
                 raise FsError(errno.ENOENT, f"node {head.nodeid} is gone", quiet=True)
-            if valid & k.FATTR_SIZE:
-                self.ops.truncate("", size, handle)
+            set_attrs = functools.partial(self.ops.set_open_attrs, handle)
         else:
-            ops = self.ops
-            # The order of chmod, chown, truncate, utimens: explicit times are set last.
-            if valid & k.FATTR_MODE:
-                ops.set_attrs(key, mode=mode)
-            if valid & (k.FATTR_UID | k.FATTR_GID):
-                ops.set_attrs(
-                    key, uid=uid if valid & k.FATTR_UID else None, gid=gid if valid & k.FATTR_GID else None
-                )
-            if valid & k.FATTR_SIZE:
-                ops.truncate(key, size, handle)
-            if valid & (k.FATTR_ATIME | k.FATTR_MTIME):
-                ops.set_attrs(
-                    key,
-                    atime=_time(valid, k.FATTR_ATIME, k.FATTR_ATIME_NOW, atime, atimens),
-                    mtime=_time(valid, k.FATTR_MTIME, k.FATTR_MTIME_NOW, mtime, mtimens),
-                )
+            set_attrs = functools.partial(self.ops.set_attrs, key)
+        # The order of chmod, chown, truncate, utimens: explicit times are set last.
+        if valid & k.FATTR_MODE:
+            set_attrs(mode=mode)
+        if valid & (k.FATTR_UID | k.FATTR_GID):
+            set_attrs(uid=uid if valid & k.FATTR_UID else None, gid=gid if valid & k.FATTR_GID else None)
+        if valid & k.FATTR_SIZE:
+            self.ops.truncate(key or "", size, handle)
+        if valid & (k.FATTR_ATIME | k.FATTR_MTIME):
+            set_attrs(
+                atime=_time(valid, k.FATTR_ATIME, k.FATTR_ATIME_NOW, atime, atimens),
+                mtime=_time(valid, k.FATTR_MTIME, k.FATTR_MTIME_NOW, mtime, mtimens),
+            )
         node = None if key is None else self.ops.find(key)
         if node is None and handle is not None:
             node = self.ops.find_open(handle)
@@ -335,23 +325,25 @@ class Session(Dispatcher):
         self._reply_entry(head.unique, key)
 
     def _mknod(self, head: Header, buf: memoryview) -> None:
-        mode = k.MKNOD_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]
+        mode, rdev = k.MKNOD_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:2]
         key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE + k.MKNOD_IN.size, head.len))
-        if not stat.S_ISREG(mode):
-            raise FsError(errno.EPERM, f"{key}: only regular files, folders and symlinks are stored")
-        fh = self.ops.create(key, mode, os.O_WRONLY | os.O_CREAT | os.O_EXCL, head.uid, head.gid)
-        self.ops.release(fh)
+        self.ops.mknod(key, mode, rdev, head.uid, head.gid)
         self._reply_entry(head.unique, key)
 
     def _mkdir(self, head: Header, buf: memoryview) -> None:
         mode = k.MKDIR_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]
         key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE + k.MKDIR_IN.size, head.len))
-        self.ops.mkdir(key, mode)
+        self.ops.mkdir(key, mode, head.uid, head.gid)
         self._reply_entry(head.unique, key)
 
     def _unlink(self, head: Header, buf: memoryview) -> None:
         key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE, head.len))
+        handles = self.ops.open_handles(key)
         self.ops.unlink(key)
+        nodeid = self.inodes.ids.get(key)
+        if handles and nodeid is not None:
+            self._orphans = {n: h for n, h in self._orphans.items() if h}  # drop closed ones
+            self._orphans[nodeid] = handles
         self.inodes.detach(key)
         self._reply_ok(head.unique)
 
@@ -384,7 +376,12 @@ class Session(Dispatcher):
         src = self._key(k.LINK_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0])
         dst = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE + k.LINK_IN.size, head.len))
         self.ops.link(src, dst)
-        self._reply_entry(head.unique, dst)
+        node = self.ops.find(dst)
+        if node is None:
+            raise FsError(errno.ENOENT, dst, quiet=True)
+        # The kernel's inode of the source is the inode of the new name: same node ID.
+        self.inodes.linked(k.LINK_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0], node.group)
+        self._send(k.ENTRY_REPLY.pack(k.ENTRY_REPLY.size, 0, head.unique, *self._entry_values(dst, node)))
 
     # ------------------------------------------------------------------ files
     def _create(self, head: Header, buf: memoryview) -> None:
@@ -401,14 +398,16 @@ class Session(Dispatcher):
     def _open(self, head: Header, buf: memoryview) -> None:
         flags = k.OPEN_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]
         key = self._key(head.nodeid)
+        if self.coherence is not None:  # close-to-open: what others committed, first
+            self.coherence.poll()
         inode = self.inodes.get(head.nodeid)
-        # The version whose pages the kernel holds: the open reads no content when the
-        # file is still that version.
+        # kept: the version whose pages the kernel holds (the open reads no content when the
+        # file is still that version); a file known without hard links needs no look for its
+        # other names.
         kept = inode.stamp if inode is not None and inode.cache_ok else None
-        fh = self.ops.open(key, flags, kept)
+        fh = self.ops.open(key, flags, None if inode is None or inode.group else False, kept)
         seen, private = self.ops.opened(fh)
-        if private:
-            # The kernel's pages are another version's, which descriptors still read.
+        if private:  # the kernel's pages are another version's, which descriptors still read
             open_flags = k.FOPEN_DIRECT_IO
         else:
             keep = inode is not None and self.pages.opened(inode, self.ops.find, key, seen)
@@ -428,6 +427,11 @@ class Session(Dispatcher):
             raise k.Malformed(f"a write of {size} bytes in a request of {head.len}")
         written = self.ops.write(fh, buf[k.WRITE_DATA : k.WRITE_DATA + size], offset)
         self._send(k.WRITE_REPLY.pack(k.WRITE_REPLY.size, 0, head.unique, written, 0))
+
+    def _fallocate(self, head: Header, buf: memoryview) -> None:
+        fh, offset, length, mode = k.FALLOCATE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:4]
+        self.ops.fallocate(fh, offset, length, mode)
+        self._reply_ok(head.unique)
 
     def _flush(self, head: Header, buf: memoryview) -> None:
         self._stored(head.nodeid, self.ops.flush(k.FLUSH_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]))

@@ -14,7 +14,7 @@ The class name does not start with ``Test``, so pytest does not collect the base
 only its subclasses. Everything goes through :class:`zarrfs.fs.namespace.Tree` and
 :class:`zarrfs.fs.listing.DirListing` (the filesystem without FUSE): folders derived from keys,
 listings (exact for every name, across batches and resumptions), mkdir markers, symlinks,
-rename and link, attributes, open files.
+rename and link, attributes, open files; hard links (:mod:`zarrfs.testing.links`).
 """
 
 from __future__ import annotations
@@ -22,17 +22,21 @@ from __future__ import annotations
 import errno
 import os
 import random
+import stat
+import time
 
 import pytest
 
 from zarrfs.backends import open_driver
 from zarrfs.backends.base import SIDE
 from zarrfs.fs import listing as listing_module
+from zarrfs.fs.api import Operations
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.handles import HandleTable
 from zarrfs.fs.listing import DirListing
 from zarrfs.fs.namespace import DIR, FILE, LINK, RENAME_EXCHANGE, RENAME_NOREPLACE, Tree
-from zarrfs.fs.sidedata import DIR_MARK, LINK_MARK, entry_key
+from zarrfs.fs.sidedata import DIR_MARK, LINK_MARK, attr_key, entry_key
+from zarrfs.testing.links import LinkConformance
 
 
 def put(tree: Tree, *keys: str, value: bytes = b"v") -> None:
@@ -82,7 +86,7 @@ def _expected_children(keys: list[str], folder: str) -> set[str]:
     return {k[len(prefix) :].partition("/")[0] for k in keys if k.startswith(prefix) and len(k) > len(prefix)}
 
 
-class FilesystemConformance:
+class FilesystemConformance(LinkConformance):
     """Filesystem semantics over one driver; subclasses provide the ``driver_url`` fixture (a
     fresh, empty database for each test)."""
 
@@ -208,7 +212,7 @@ class FilesystemConformance:
         assert errno_of(lambda: tree.rename("d", "d/x")) == errno.EINVAL
         assert errno_of(lambda: tree.rename("nope", "z")) == errno.ENOENT
 
-    def test_link_copies_or_fails_with_eexist(self, tree):
+    def test_link_stores_the_new_name_or_fails_with_eexist(self, tree):
         put(tree, "tmp", value=b"meta")
         tree.link("tmp", "zarr.json")
         assert tree.driver.get("zarr.json") == b"meta"
@@ -305,6 +309,41 @@ class FilesystemConformance:
             tree = Tree(open_driver(driver_url), uid=1000, gid=1000)
         tree.driver.close()
 
+    def test_special_files_are_side_entries_listed_and_looked_up(self, tree):
+        tree.mkdir("a", 0o2775, 5, 6)  # setgid: its group passes on
+        tree.mknod("a/c", stat.S_IFCHR | 0o600, os.makedev(1, 3), 7, 8)
+        tree.mknod("a/p", stat.S_IFIFO | 0o644, 0, 7, 8)
+        assert names(tree, "a") == [("c", stat.S_IFCHR), ("p", stat.S_IFIFO)]
+        nodes = tree.folder_nodes("a", 100)
+        for node in (nodes["c"], tree.find("a/c")):
+            assert (node.kind, node.rdev, node.size, node.attrs.uid, node.attrs.gid) == (
+                stat.S_IFCHR,
+                os.makedev(1, 3),
+                0,
+                7,
+                6,
+            )
+        assert tree.driver.transact(lambda t: list(t.scan_prefix("")), write=False) == []
+        assert errno_of(lambda: tree.mknod("a/d", stat.S_IFDIR | 0o755)) == errno.EINVAL
+
+    def test_a_name_added_or_removed_changes_its_folder(self, tree):
+        tree.mkdir("d", 0o755)
+        stamps = []
+        for change in (
+            lambda: tree.mkdir("d/s", 0o755),
+            lambda: tree.symlink("x", "d/l"),
+            lambda: tree.rename("d/l", "d/m"),
+            lambda: tree.unlink("d/m"),
+            lambda: tree.rmdir("d/s"),
+            lambda: tree.commit("d/f", b"1", None, create=True, added=time.time_ns()),
+        ):
+            change()
+            stamps.append(tree.find("d").attrs.mtime)
+        assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps)
+        tree.set_attrs("d", mtime=1)  # after the file below was made: its commit leaves it
+        tree.commit("d/g", b"1", None, create=True, added=time.time_ns() - 10**9)
+        assert tree.find("d").attrs.mtime == 1
+
     def test_unstored_files_are_listed_once(self, tree):
         """Files created through the mount and not stored yet come after the stored entries;
         one stored meanwhile (or by another writer) is listed once, as stored."""
@@ -317,6 +356,46 @@ class FilesystemConformance:
             ("new", FILE),
             ("zz", FILE),
         ]
+
+    def test_a_folder_holding_a_temporary_file_is_not_empty(self, tree):
+        """A held temporary file (``*.partial``, stored at its rename) is in its folder: rmdir
+        and a rename onto the folder fail as for a stored file."""
+        ops = Operations(tree, HandleTable(tree))
+        tree.mkdir("d", 0o755)
+        tree.mkdir("e", 0o755)
+        ops.release(ops.create("d/x.partial", 0o644, os.O_WRONLY | os.O_CREAT, 0, 0))
+        assert tree.find("d/x.partial") is None  # held, not stored
+        assert errno_of(lambda: ops.rmdir("d")) == errno.ENOTEMPTY
+        assert errno_of(lambda: ops.rename("e", "d")) == errno.ENOTEMPTY
+        ops.rename("d/x.partial", "d/x")
+        assert tree.driver.get("d/x") == b"" and names(tree, "") == [("d", DIR), ("e", DIR)]
+
+    def test_an_unlinked_open_file_keeps_and_changes_its_attributes(self, tree):
+        ops = Operations(tree, HandleTable(tree))
+        tree.commit("f", b"v", None, create=True)
+        tree.set_attrs("f", mode=0o600, uid=7, gid=8)
+        fh = ops.open("f", os.O_RDONLY)
+        ops.unlink("f")
+        node = ops.find_open(fh)
+        assert (stat.S_IMODE(node.attrs.mode), node.attrs.uid, node.nlink) == (0o600, 7, 0)
+        ops.set_open_attrs(fh, mode=0o640, gid=9, mtime=5)
+        node = ops.find_open(fh)
+        assert (stat.S_IMODE(node.attrs.mode), node.attrs.gid, node.attrs.mtime) == (0o640, 9, 5)
+        ops.release(fh)
+        assert tree.find("f") is None and tree.driver.get(attr_key("f"), SIDE) is None
+
+    def test_an_open_file_replaced_by_a_rename_keeps_its_content(self, tree):
+        ops = Operations(tree, HandleTable(tree))
+        tree.commit("a", b"old", None, create=True)
+        tree.set_attrs("a", mode=0o600)
+        fh = ops.open("a", os.O_RDONLY)  # nothing read yet
+        tree.commit("b", b"new", None, create=True)
+        ops.rename("b", "a")
+        assert bytes(ops.read(fh, 10, 0)) == b"old"
+        node = ops.find_open(fh)
+        assert (node.nlink, stat.S_IMODE(node.attrs.mode)) == (0, 0o600)
+        ops.release(fh)
+        assert tree.driver.get("a") == b"new"
 
     @pytest.mark.parametrize("seed", range(6))
     def test_random_folders_are_listed_exactly(self, tree, monkeypatch, seed):

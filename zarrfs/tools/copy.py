@@ -1,5 +1,15 @@
-"""``zarrfs copy``: move a hierarchy between a plain folder (a DirectoryStore) and a database,
-or between two databases, key for key, without a mount.
+"""``zarrfs copy`` and :func:`zarrfs.copy`: a hierarchy from one place to another, key for key
+and byte for byte (chunks are never decoded; consolidated metadata is copied as the key it
+is), without a mount. zarr-python 3 has no ``copy_store``; this is one.
+
+Either end is a folder (a DirectoryStore), a database URL (any zarrfs driver), or, from Python,
+any zarr-python 3 store. Between folders and databases the copy uses the driver directly:
+reads in batches, writes of 256 keys or 64 MiB per transaction, and files written by a few
+threads. A zarr store end goes through its async API, several keys at a time.
+
+``if_exists``: ``replace`` (the default) overwrites keys the destination has, ``skip`` keeps
+them, ``raise`` copies nothing when any key to copy exists there (checked before the first
+write). ``dry_run`` counts what would be copied and skipped and writes nothing.
 
 A missing source is an error before anything is created at the destination. ``validate`` runs
 the format layer's whole-store checks (:func:`zarrfs.format.check.check_items`, as ``zarrfs
@@ -11,13 +21,18 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from zarrfs.backends.base import SIZES, VALUES, Driver
+from zarrfs.backends.base import KEYS, SIZES, VALUES, Driver
 
 BATCH = 256  # keys per read batch and per write transaction
 BATCH_BYTES = 64 << 20  # and at most this much data per write transaction
+WORKERS = 4  # threads writing files, or keys in flight to a zarr store
+IF_EXISTS = ("replace", "skip", "raise")
 
 
 class CopyError(Exception):
@@ -139,60 +154,223 @@ class _Progress:
             self.bar.close()
 
 
-def copy(source: str, dest: str, progress: bool = False, validate: bool = False) -> tuple[int, int]:
-    """Copy every key of ``source`` to ``dest``; return how many keys and bytes were copied."""
+@dataclass
+class Copied:
+    """What a copy did (or, with ``dry_run``, would do): keys and bytes copied, keys skipped."""
+
+    keys: int = 0
+    bytes: int = 0
+    skipped: int = 0
+
+
+class _Folder:
+    """A folder end: files are keys."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.root, *key.split("/"))
+
+    def items(self) -> Iterator[tuple[str, bytes]]:
+        return folder_items(self.root)
+
+    def keys(self) -> Iterator[str]:
+        return (k for k, _ in _folder_files(self.root))
+
+    def exists(self, keys: list[str]) -> list[bool]:
+        return [os.path.isfile(self._path(k)) for k in keys]
+
+    def write(self, batch: list[tuple[str, bytes]]) -> None:
+        def one(item: tuple[str, bytes]) -> None:
+            path = self._path(item[0])
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "wb") as fh:
+                fh.write(item[1])
+
+        # File writes release the GIL: a few threads keep the disk busy.
+        with ThreadPoolExecutor(WORKERS) as pool:
+            list(pool.map(one, batch))
+
+    def close(self) -> None:
+        pass
+
+
+class _Database:
+    """A database end, through its driver: batched reads, a transaction per batch of writes."""
+
+    def __init__(self, driver: Driver) -> None:
+        self.driver = driver
+
+    def items(self) -> Iterator[tuple[str, bytes]]:
+        return database_items(self.driver)
+
+    def keys(self) -> Iterator[str]:
+        return (k for k, _ in database_items(self.driver, KEYS))
+
+    def exists(self, keys: list[str]) -> list[bool]:
+        return self.driver.transact(lambda t: [t.size(k) is not None for k in keys], write=False)
+
+    def write(self, batch: list[tuple[str, bytes]]) -> None:
+        self.driver.transact(lambda t: [t.put(k, v) for k, v in batch])
+
+    def close(self) -> None:
+        self.driver.close()
+
+
+class _Store:
+    """A zarr-python 3 store end, through its async API (several keys at a time)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def _run(self, coro):
+        from zarr.core.sync import sync
+
+        return sync(coro)
+
+    def keys(self) -> list[str]:
+        async def listed() -> list[str]:
+            return sorted([k async for k in self.store.list()])
+
+        return self._run(listed())
+
+    def items(self) -> Iterator[tuple[str, bytes]]:
+        from zarr.core.buffer import default_buffer_prototype
+
+        proto = default_buffer_prototype()
+        names = self.keys()
+        for start in range(0, len(names), BATCH):
+            part = names[start : start + BATCH]
+            values = self._run(_gather([self.store.get(k, proto) for k in part]))
+            for key, value in zip(part, values, strict=True):
+                if value is not None:
+                    yield key, value.to_bytes()
+
+    def exists(self, keys: list[str]) -> list[bool]:
+        return self._run(_gather([self.store.exists(k) for k in keys]))
+
+    def write(self, batch: list[tuple[str, bytes]]) -> None:
+        from zarr.core.buffer import default_buffer_prototype
+
+        buf = default_buffer_prototype().buffer
+        self._run(_gather([self.store.set(k, buf.from_bytes(v)) for k, v in batch]))
+
+    def close(self) -> None:
+        pass
+
+
+async def _gather(coros: list) -> list:
+    import asyncio
+
+    sem = asyncio.Semaphore(WORKERS * 4)
+
+    async def one(c):
+        async with sem:
+            return await c
+
+    return await asyncio.gather(*(one(c) for c in coros))
+
+
+def _open_end(location: Any, source: bool) -> Any:
     from zarrfs.daemon import open_database
     from zarrfs.options import parse_options
 
-    src_driver = _open_source(source)
-    count = size = 0
+    if not isinstance(location, str):  # a zarr-python 3 store
+        return _Store(location)
+    if source:
+        driver = _open_source(location)
+        return _Folder(location) if driver is None else _Database(driver)
+    if is_url(location):
+        return _Database(open_database(location, parse_options(["create"])))
+    return _Folder(location)
+
+
+def _batches(items: Iterable[tuple[str, bytes]]) -> Iterator[list[tuple[str, bytes]]]:
+    pending: list[tuple[str, bytes]] = []
+    pending_bytes = 0
+    for item in items:
+        pending.append(item)
+        pending_bytes += len(item[1])
+        if len(pending) >= BATCH or pending_bytes >= BATCH_BYTES:
+            yield pending
+            pending, pending_bytes = [], 0
+    if pending:
+        yield pending
+
+
+def copy(
+    source: Any,
+    dest: Any,
+    *,
+    if_exists: str = "replace",
+    dry_run: bool = False,
+    progress: bool = False,
+    validate: bool = False,
+) -> Copied:
+    """Copy every key of ``source`` to ``dest`` (each a folder, a database URL or a zarr-python 3
+    store) and say what was copied; see the module docstring for ``if_exists`` and ``dry_run``."""
+    if if_exists not in IF_EXISTS:
+        raise ValueError(f"if_exists must be one of {', '.join(IF_EXISTS)}, got {if_exists!r}")
+    src = _open_end(source, source=True)
+    result = Copied()
     try:
-        if validate:
-            _validate(source, src_driver)
-        bar = _Progress(progress, *(_measure(source, src_driver) if progress else (0, 0)))
-        items = database_items(src_driver) if src_driver else folder_items(source)
+        driver = src.driver if isinstance(src, _Database) else None
+        if validate and isinstance(source, str):
+            _validate(source, driver)
+        if if_exists == "raise":
+            _refuse_existing(src, dest)
+        # A dry run opens the destination only to ask what it holds, and creates nothing.
+        dst = None if dry_run and not _exists_at_all(dest) else _open_end(dest, source=False)
+        measured = _measure(source, driver) if progress and isinstance(source, str) else (0, 0)
+        bar = _Progress(progress, *measured)
         try:
-            if is_url(dest):
-                with open_database(dest, parse_options(["create"])) as driver:
-                    pending: list[tuple[str, bytes]] = []
-                    pending_bytes = 0
-
-                    def flush() -> None:
-                        nonlocal count, size, pending, pending_bytes
-                        batch = pending
-                        driver.transact(lambda t: [t.put(k, v) for k, v in batch])
-                        count += len(batch)
-                        size += pending_bytes
-                        bar.advance(count, pending_bytes)
-                        pending, pending_bytes = [], 0
-
-                    for item in items:
-                        pending.append(item)
-                        pending_bytes += len(item[1])
-                        if len(pending) >= BATCH or pending_bytes >= BATCH_BYTES:
-                            flush()
-                    flush()
-            else:
-                made: set[str] = set()
-                done = 0
-                for key, value in items:
-                    path = os.path.join(dest, *key.split("/"))
-                    folder = os.path.dirname(path)
-                    if folder not in made:
-                        Path(folder).mkdir(parents=True, exist_ok=True)
-                        made.add(folder)
-                    with open(path, "wb") as fh:
-                        fh.write(value)
-                    count += 1
-                    size += len(value)
-                    done += len(value)
-                    if count % BATCH == 0:
-                        bar.advance(count, done)
-                        done = 0
-                bar.advance(count, done)
+            for batch in _batches(src.items()):
+                if if_exists == "skip" and dst is not None:
+                    there = dst.exists([k for k, _ in batch])
+                    result.skipped += sum(there)
+                    batch = [item for item, t in zip(batch, there, strict=True) if not t]
+                if batch and not dry_run:
+                    dst.write(batch)
+                result.keys += len(batch)
+                done = sum(len(v) for _, v in batch)
+                result.bytes += done
+                bar.advance(result.keys, done)
         finally:
             bar.close()
+            if dst is not None:
+                dst.close()
     finally:
-        if src_driver:
-            src_driver.close()
-    return count, size
+        src.close()
+    return result
+
+
+def _exists_at_all(dest: Any) -> bool:
+    """Whether a destination folder or file database is there already (a dry run creates none)."""
+    from zarrfs.urls import database_path
+
+    if not isinstance(dest, str):
+        return True
+    path = database_path(dest) if is_url(dest) else dest
+    return path is None or os.path.exists(path)
+
+
+def _refuse_existing(src: Any, dest: Any) -> None:
+    """``if_exists="raise"``: fail before any write when a key to copy is at the destination."""
+    if not _exists_at_all(dest):
+        return
+    dst = _open_end(dest, source=False)
+    try:
+        for batch in _batches((k, b"") for k in src.keys()):
+            keys = [k for k, _ in batch]
+            found = [k for k, there in zip(keys, dst.exists(keys), strict=True) if there]
+            if found:
+                raise CopyError(
+                    f"{len(found)} key(s) to copy exist at the destination, the first: {found[0]};"
+                    " nothing was copied (--if-exists skip or replace)"
+                )
+    finally:
+        dst.close()
+
+
+__all__ = ["Copied", "CopyError", "copy"]

@@ -1,0 +1,185 @@
+"""Several mounts (and other writers) on one database: each change shows on the others within
+the feed's bound, measured, never slept over; and the kernel's caches stay warm in between.
+
+Every wait here polls with a deadline and asserts the latency it measured.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from mounting import make_url, needs_fuse
+
+pytestmark = needs_fuse
+
+FEED_DRIVERS = ["lmdb", "sqlite", "redis"]
+BOUND = 0.05  # seconds: a change anywhere shows on every mount of the machine within this
+DEADLINE = 5.0  # seconds before a wait gives up (the assertion on the latency says the rest)
+
+
+@pytest.fixture(params=FEED_DRIVERS)
+def feed_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database of each driver with a change feed."""
+    return make_url(request.param, tmp_path, request)
+
+
+def seen_after(check, since: float) -> float:
+    """Seconds from ``since`` until ``check()`` holds (polled); fails at the deadline."""
+    while True:
+        try:
+            if check():
+                return time.monotonic() - since
+        except OSError:
+            pass
+        if time.monotonic() - since > DEADLINE:
+            raise AssertionError(f"not seen within {DEADLINE} s")
+        time.sleep(0.001)
+
+
+def read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def test_writes_through_one_mount_show_on_two_others(feed_url, mount_factory):
+    a = mount_factory(feed_url, ["create"], name="a")
+    b = mount_factory(feed_url, [], name="b")
+    c = mount_factory(feed_url, [], name="c")
+    # The kernel caches on b and c: a cached "no such file", a listing's names, attributes.
+    assert not (b.path / "g").exists() and not (c.path / "g").exists()
+    latencies = []
+    (a.path / "g").mkdir()
+    t = time.monotonic()
+    latencies += [seen_after(lambda m=m: (m.path / "g").is_dir(), t) for m in (b, c)]
+    for i in range(5):
+        data = f"v{i}".encode() * (i + 1)
+        (a.path / "g" / "f").write_bytes(data)  # closed: committed
+        t = time.monotonic()
+        for m in (b, c):
+            latencies.append(seen_after(lambda m=m, d=data: read(m.path / "g" / "f") == d, t))
+            assert (m.path / "g" / "f").stat().st_size == len(data)
+            assert sorted(os.listdir(m.path / "g")) == ["f"]
+    (a.path / "g" / "f").unlink()
+    t = time.monotonic()
+    latencies += [seen_after(lambda m=m: not (m.path / "g" / "f").exists(), t) for m in (b, c)]
+    assert statistics.median(latencies) < BOUND, latencies
+    assert max(latencies) < 4 * BOUND, latencies
+
+
+def test_close_to_open(feed_url, mount_factory):
+    """A file closed on one mount, then opened on another, shows the new content at once."""
+    a = mount_factory(feed_url, ["create"], name="a")
+    b = mount_factory(feed_url, [], name="b")
+    (a.path / "f").write_bytes(b"old00")
+    seen_after(lambda: read(b.path / "f") == b"old00", time.monotonic())
+    for i in range(20):
+        # The same size each time: only the open's look at the stamp tells the pages are old.
+        data = b"new%02d" % i
+        (a.path / "f").write_bytes(data)
+        assert (b.path / "f").read_bytes() == data  # no wait at all
+        assert (b.path / "f").read_bytes() == data  # the kernel's pages kept now
+
+
+def test_warm_caches_cost_no_requests(feed_url, mount_factory):
+    """With a feed the kernel keeps names and attributes: a second stat pass sends nothing."""
+    a = mount_factory(feed_url, ["create"], name="a")
+    for i in range(50):
+        (a.path / f"f{i}").write_bytes(b"x")
+    b = mount_factory(feed_url, [], name="b")
+    names = [b.path / f"f{i}" for i in range(50)]
+    for p in names:
+        p.stat()
+    before = requests_of(b)
+    for p in names:
+        p.stat()
+    assert requests_of(b) == before
+
+
+def requests_of(m) -> int:
+    """Requests the daemon answered so far (its status socket)."""
+    from zarrfs.control import query
+
+    return sum(query(str(m.path))["requests"].values())
+
+
+def test_redis_client_not_zarrfs_listed_without_reindex(request, tmp_path, mount_factory):
+    """Keys a plain Redis client adds or deletes show in listings at once (no reindex)."""
+    import redis
+
+    url = make_url("redis", tmp_path, request)
+    m = mount_factory(url, ["create"])
+    (m.path / "g").mkdir()
+    (m.path / "g" / "mine").write_bytes(b"1")
+    prefix = url.rpartition("prefix=")[2]
+    client = redis.Redis.from_url(url.partition("?")[0])
+    assert os.listdir(m.path / "g") == ["mine"]
+    client.set(f"{prefix}:g/theirs", b"22")
+    t = time.monotonic()
+    latency = seen_after(lambda: sorted(os.listdir(m.path / "g")) == ["mine", "theirs"], t)
+    assert (m.path / "g" / "theirs").read_bytes() == b"22"
+    client.delete(f"{prefix}:g/theirs")
+    t = time.monotonic()
+    latency = max(latency, seen_after(lambda: os.listdir(m.path / "g") == ["mine"], t))
+    assert not (m.path / "g" / "theirs").exists()
+    assert latency < 4 * BOUND
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "sqlite"])
+def test_writer_without_a_log_beside_a_mount(kind, request, tmp_path, mount_factory):
+    """A writer that keeps no change log (zarr-python 2's LMDBStore / SQLiteStore: the raw
+    database, written in this process) is seen too: "something changed", the mount rescans."""
+    url = make_url(kind, tmp_path, request)
+    m = mount_factory(url, ["create"])
+    (m.path / "a").mkdir()
+    (m.path / "a" / "k").write_bytes(b"zarrfs")
+    assert (m.path / "a" / "k").read_bytes() == b"zarrfs"
+    assert not (m.path / "a" / "new").exists()
+    if kind == "lmdb":
+        import lmdb
+
+        env = lmdb.open(str(tmp_path / "db.lmdb"), max_dbs=0)
+        with env.begin(write=True) as txn:  # what LMDBStore.__setitem__ does
+            txn.put(b"a/k", b"store!")
+            txn.put(b"a/new", b"1")
+        env.close()
+    else:
+        import sqlite3
+
+        conn = sqlite3.connect(tmp_path / "db.sqlite")  # what SQLiteStore does
+        conn.execute("REPLACE INTO zarr VALUES (?, ?)", ("a/k", b"store!"))
+        conn.execute("REPLACE INTO zarr VALUES (?, ?)", ("a/new", b"1"))
+        conn.commit()
+        conn.close()
+    t = time.monotonic()
+    latency = seen_after(lambda: read(m.path / "a" / "k") == b"store!", t)
+    assert (m.path / "a" / "new").read_bytes() == b"1"
+    assert sorted(os.listdir(m.path / "a")) == ["k", "new"]
+    assert latency < 4 * BOUND
+
+
+def test_mount_stays_up_when_its_peer_is_killed(feed_url, mount_factory):
+    a = mount_factory(feed_url, ["create"], name="a")
+    b = mount_factory(feed_url, [], name="b")
+    (a.path / "f").write_bytes(b"before")
+    seen_after(lambda: read(b.path / "f") == b"before", time.monotonic())
+    from zarrfs.control import query
+
+    os.kill(query(str(a.path))["pid"], signal.SIGKILL)
+    (b.path / "f").write_bytes(b"after")
+    (b.path / "g").mkdir()
+    assert (b.path / "f").read_bytes() == b"after"
+    assert sorted(os.listdir(b.path)) == ["f", "g"]
+    c = mount_factory(feed_url, [], name="c")
+    assert (c.path / "f").read_bytes() == b"after"
+    (c.path / "f").write_bytes(b"from c")
+    t = time.monotonic()
+    assert seen_after(lambda: read(b.path / "f") == b"from c", t) < 4 * BOUND
+    subprocess.run(["fusermount3", "-u", "-z", str(a.path)], check=False)

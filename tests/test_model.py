@@ -1,0 +1,498 @@
+"""A model test: random operations applied to a mount and to a native folder side by side.
+
+A hypothesis ``RuleBasedStateMachine`` creates, writes, truncates, renames, links, symlinks,
+removes, chmods and utimes files and folders, keeps a few descriptors open across steps (writes
+through one, reads through another), and unmounts and mounts again in the middle; after every
+step the whole tree of the mount is compared with a native folder's (under pytest's ``tmp_path``):
+the names of every folder (exact, duplicates counted), each entry's type, permission bits, size,
+content, link count, symlink target, and mtime where one was set explicitly. A call that fails
+natively must fail on the mount with the same errno, and one that succeeds must succeed.
+
+Every driver (LMDB, SQLite, Redis) runs the machine on a fresh database per example. CI runs
+the defaults below (derandomized, so every run tries the same examples; about a minute per
+driver); more, and fresh examples each run, locally with::
+
+    ZARRFS_MODEL_SEED=any ZARRFS_MODEL_EXAMPLES=100 ZARRFS_MODEL_STEPS=60 pytest tests/test_model.py
+
+A failure lists the example's operations as Python calls on paths relative to the root, and the
+daemon's error lines. Failures are not shrunk unless ``ZARRFS_MODEL_SHRINK=1`` (shrinking mounts
+and unmounts hundreds of times: minutes).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import itertools
+import os
+import shutil
+import stat
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, note, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from mounting import DRIVERS, Mount, make_url, needs_fuse
+
+pytestmark = [*needs_fuse, pytest.mark.slow]
+
+# Hard links are shared on the mount: the native side keeps real hard links, and link counts
+# and sharing (a write through one name shows through the others) are compared strictly.
+HARDLINKS_SHARE = True
+
+OPTIONS = ["create", "validate=off", "consolidate=off"]
+
+# For exploring past a bug that is already known, locally only (CI sets neither):
+# ZARRFS_MODEL_TOLERATE=dup,dirmtime,unlinkedfd forgives repeated names in a listing, folder
+# mtimes, and errors from calls on a descriptor of a file unlinked since it was opened;
+# ``setgid`` forgives folders' set-group-ID bit (inherited natively from a set-group-ID parent);
+# ``special`` leaves out the names of temporary files (``*.partial``, ``*.__lock``).
+TOLERATE = set(filter(None, os.environ.get("ZARRFS_MODEL_TOLERATE", "").split(",")))
+
+# Names: short, from an alphabet with characters that sort before '/' (' ', '!', '-', '.'),
+# after it, and beyond ASCII, so collisions and prefixes (``a`` and ``a-b``) are common. Two
+# names that the daemon treats as temporary files (held until renamed) join them.
+ALPHABET = " !-.0_~abé日😀"
+NAMES = st.text(ALPHABET, min_size=1, max_size=4).filter(lambda s: s not in (".", ".."))
+SPECIAL_NAMES = ["a.partial", "b.__lock"]
+MAX_DEPTH = 3
+MAX_FDS = 4
+
+# Explicit times are drawn before this (2001..2009); anything the clock sets is after it.
+EXPLICIT_BEFORE_NS = 1_300_000_000 * 10**9
+TIMES = st.integers(min_value=1_000_000_000 * 10**9, max_value=1_260_000_000 * 10**9)
+
+FILE_MODES = [0o644, 0o600, 0o755, 0o444, 0o000, 0o4755, 0o2711, 0o1644]
+DIR_MODES = [0o755, 0o700, 0o555, 0o777, 0o1777, 0o2755]
+OFFSETS = st.one_of(
+    st.integers(0, 64),
+    st.sampled_from([4090, 4095, 4096, 4097, 8191, 8192, 12000, 70000]),
+)
+DATA = st.binary(min_size=1, max_size=40)
+LENGTHS = st.one_of(st.integers(0, 64), st.sampled_from([4095, 4096, 4097, 9000, 70000]))
+OPEN_FLAGS = {
+    "O_RDONLY": os.O_RDONLY,
+    "O_WRONLY": os.O_WRONLY,
+    "O_RDWR": os.O_RDWR,
+    "O_RDWR|O_CREAT": os.O_RDWR | os.O_CREAT,
+    "O_WRONLY|O_CREAT|O_TRUNC": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+    "O_RDWR|O_APPEND": os.O_RDWR | os.O_APPEND,
+}
+
+_libc = ctypes.CDLL(None, use_errno=True)
+AT_FDCWD = -100
+RENAME_FLAGS = {"0": 0, "RENAME_NOREPLACE": 1, "RENAME_EXCHANGE": 2}
+
+
+def renameat2(old: Path, new: Path, flags: int) -> None:
+    if flags == 0:
+        os.rename(old, new)
+        return
+    if _libc.renameat2(AT_FDCWD, os.fsencode(old), AT_FDCWD, os.fsencode(new), flags) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+def join(rel: str, name: str) -> str:
+    return f"{rel}/{name}" if rel else name
+
+
+def depth(rel: str) -> int:
+    return len(rel.split("/")) if rel else 0
+
+
+def describe(root: Path, tolerate: frozenset = frozenset()) -> tuple[dict[str, list[str]], dict[str, tuple]]:
+    """(sorted listing of every folder, attributes of every entry) of the tree at ``root``,
+    without following symlinks. Folders are keyed by relative path ('' is the root)."""
+    listings: dict[str, list[str]] = {}
+    entries: dict[str, tuple] = {}
+
+    def mtime(st_: os.stat_result) -> object:
+        return st_.st_mtime_ns if st_.st_mtime_ns < EXPLICIT_BEFORE_NS else "now"
+
+    def walk(rel: str) -> None:
+        names = sorted(os.listdir(root / rel if rel else root))
+        if "dup" in tolerate:
+            names = sorted(set(names))
+        listings[rel] = names
+        for name in dict.fromkeys(names):
+            path = join(rel, name)
+            st_ = os.lstat(root / path)
+            mode = stat.S_IMODE(st_.st_mode)
+            if stat.S_ISDIR(st_.st_mode):
+                if "setgid" in tolerate:
+                    mode &= ~stat.S_ISGID
+                entries[path] = ("dir", oct(mode), "-" if "dirmtime" in tolerate else mtime(st_))
+                walk(path)
+            elif stat.S_ISLNK(st_.st_mode):
+                target = os.readlink(root / path)
+                entries[path] = ("symlink", target, st_.st_size)
+            elif stat.S_ISREG(st_.st_mode):
+                with open(root / path, "rb") as fh:
+                    content = fh.read()
+                entries[path] = ("file", oct(mode), st_.st_size, content, st_.st_nlink, mtime(st_))
+            else:
+                entries[path] = ("other", stat.S_IFMT(st_.st_mode), oct(mode))
+
+    st_root = os.stat(root)
+    root_mtime = "-" if "dirmtime" in tolerate else mtime(st_root)
+    entries[""] = ("dir", oct(stat.S_IMODE(st_root.st_mode)), root_mtime)
+    walk("")
+    return listings, entries
+
+
+def unlinked(fd: int) -> bool:
+    try:
+        return os.fstat(fd).st_nlink == 0
+    except OSError:
+        return False
+
+
+def outcome(fn, *args):
+    """('ok', result) or ('err', errno name) of ``fn(*args)``."""
+    try:
+        return ("ok", fn(*args))
+    except OSError as exc:
+        return ("err", errno.errorcode.get(exc.errno, exc.errno))
+
+
+class ModelMachine(RuleBasedStateMachine):
+    """Configured by :func:`machine_for` (a subclass per driver, with ``new_url`` and ``base``)."""
+
+    new_url = None  # () -> a fresh database URL
+    base: Path
+    counter = itertools.count()
+
+    def __init__(self) -> None:
+        super().__init__()
+        n = next(self.counter)
+        work = self.base / f"ex{n}"
+        work.mkdir(parents=True)
+        self.work = work
+        self.native = work / "native"
+        self.native.mkdir()
+        self.url = type(self).new_url(work)
+        self.mount = Mount(self.url, work / "mnt", OPTIONS)
+        self.mount.start()
+        os.chmod(self.native, stat.S_IMODE(os.stat(self.mount.path).st_mode))
+        self.fds: list[tuple[int, int, str, str]] = []  # (native fd, mount fd, path, flags)
+        self.mounts = 1
+
+    # ------------------------------------------------------------------ helpers
+
+    def paths(self, kinds: str = "fdl") -> list[str]:
+        """Existing entries of the native tree ('f' file, 'd' folder, 'l' symlink), root excluded."""
+        out = []
+        for dirpath, dirnames, filenames in os.walk(self.native):
+            rel = os.path.relpath(dirpath, self.native)
+            rel = "" if rel == "." else rel
+            for name in dirnames + filenames:
+                p = join(rel, name)
+                mode = os.lstat(self.native / p).st_mode
+                kind = "d" if stat.S_ISDIR(mode) else "l" if stat.S_ISLNK(mode) else "f"
+                if kind in kinds:
+                    out.append(p)
+        return sorted(out)
+
+    def folders(self, max_depth: int = MAX_DEPTH - 1) -> list[str]:
+        return [""] + [p for p in self.paths("d") if depth(p) <= max_depth]
+
+    def new_path(self, data) -> str:
+        """A path in an existing folder: a new name, a prefix-extension of a sibling, a sibling."""
+        parent = data.draw(st.sampled_from(self.folders()), label="parent")
+        siblings = sorted(os.listdir(self.native / parent if parent else self.native))
+        choices = [NAMES] if "special" in TOLERATE else [NAMES, st.sampled_from(SPECIAL_NAMES)]
+        if siblings:
+            choices.append(
+                st.tuples(st.sampled_from(siblings), st.text(ALPHABET, min_size=1, max_size=2)).map(
+                    lambda t: t[0] + t[1]
+                )
+            )
+            choices.append(st.sampled_from(siblings))
+        name = data.draw(st.one_of(*choices), label="name")
+        return join(parent, name)
+
+    def any_path(self, data, kinds: str = "fdl") -> str:
+        """An existing entry (of ``kinds``) most of the time, else a new or missing path."""
+        existing = self.paths(kinds)
+        if existing and data.draw(st.integers(0, 3), label="existing?") > 0:
+            return data.draw(st.sampled_from(existing), label="path")
+        return self.new_path(data)
+
+    def both(self, text: str, fn):
+        """Apply ``fn(root)`` to the native folder and to the mount; the outcomes must agree
+        (same errno when native fails). Returns the native outcome."""
+        note(text)
+        native = outcome(fn, self.native)
+        mounted = outcome(fn, self.mount.path)
+        if native[0] == "err" or mounted[0] == "err":
+            assert mounted == native, f"{text}: mount {mounted}, native {native}{self.log_errors()}"
+        return native
+
+    def fd_both(self, text: str, i: int, fn):
+        nfd, mfd, path, flags = self.fds[i]
+        note(f"{text}   # fd{i} = open({path!r}, {flags})")
+        native = outcome(fn, nfd)
+        mounted = outcome(fn, mfd)
+        if "unlinkedfd" in TOLERATE and mounted[0] == "err" and native[0] == "ok" and unlinked(nfd):
+            return native
+        assert mounted == native, (
+            f"{text} on fd{i} ({path!r}, {flags}): mount {mounted}, native {native}{self.log_errors()}"
+        )
+        return native
+
+    def log_errors(self) -> str:
+        """The daemon's error lines so far, for a failure's message."""
+        lines = [line for line in self.mount.log_text().splitlines() if " ERROR " in line or "Error" in line]
+        return ("\ndaemon log:\n" + "\n".join(lines[-10:])) if lines else ""
+
+    # ------------------------------------------------------------------ rules: namespace
+
+    @rule(data=st.data(), content=st.binary(max_size=300), exclusive=st.booleans())
+    def create_file(self, data, content, exclusive):
+        path = self.new_path(data) if data.draw(st.booleans(), label="new?") else self.any_path(data)
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
+
+        def op(root):
+            fd = os.open(root / path, flags, 0o666)
+            try:
+                os.write(fd, content)
+            finally:
+                os.close(fd)
+
+        fl = "O_WRONLY|O_CREAT|" + ("O_EXCL" if exclusive else "O_TRUNC")
+        self.both(f"write_new({path!r}, {fl}, {content!r})", op)
+
+    @rule(data=st.data(), offset=OFFSETS, content=DATA)
+    def write_at(self, data, offset, content):
+        path = self.any_path(data, "fl")
+
+        def op(root):
+            fd = os.open(root / path, os.O_WRONLY)
+            try:
+                os.pwrite(fd, content, offset)
+            finally:
+                os.close(fd)
+
+        self.both(f"pwrite({path!r}, {content!r}, {offset})", op)
+
+    @rule(data=st.data(), length=LENGTHS)
+    def truncate(self, data, length):
+        path = self.any_path(data, "fl")
+        self.both(f"os.truncate({path!r}, {length})", lambda root: os.truncate(root / path, length))
+
+    @rule(data=st.data(), flags=st.sampled_from(sorted(RENAME_FLAGS)))
+    def rename(self, data, flags):
+        src = self.any_path(data)
+        kind = data.draw(st.sampled_from(["new", "file", "dir", "any"]), label="dst kind")
+        if kind == "new":
+            dst = self.new_path(data)
+        else:
+            dst = self.any_path(data, {"file": "fl", "dir": "d", "any": "fdl"}[kind])
+        if depth(dst) > MAX_DEPTH:
+            dst = self.new_path(data)
+        self.both(
+            f"renameat2({src!r}, {dst!r}, {flags})",
+            lambda root: renameat2(root / src, root / dst, RENAME_FLAGS[flags]),
+        )
+
+    @rule(data=st.data(), follow=st.booleans())
+    def link(self, data, follow):
+        src = self.any_path(data)
+        dst = self.new_path(data)
+        self.both(
+            f"os.link({src!r}, {dst!r}, follow_symlinks={follow})",
+            lambda root: os.link(root / src, root / dst, follow_symlinks=follow),
+        )
+
+    @rule(data=st.data())
+    def symlink(self, data):
+        path = self.new_path(data)
+        parent = os.path.dirname(path)
+        # Targets stay inside the tree: an entry relative to the link's folder, or a name.
+        existing = self.paths()
+        options = [NAMES]
+        if existing:
+            options.append(st.sampled_from(existing).map(lambda p: os.path.relpath(p, parent or ".")))
+        target = data.draw(st.one_of(*options), label="target")
+        self.both(f"os.symlink({target!r}, {path!r})", lambda root: os.symlink(target, root / path))
+
+    @rule(data=st.data())
+    def unlink(self, data):
+        path = self.any_path(data)
+        self.both(f"os.unlink({path!r})", lambda root: os.unlink(root / path))
+
+    @rule(data=st.data(), mode=st.sampled_from([0o777, 0o755, 0o700]))
+    def mkdir(self, data, mode):
+        path = self.new_path(data)
+        self.both(f"os.mkdir({path!r}, {oct(mode)})", lambda root: os.mkdir(root / path, mode))
+
+    @rule(data=st.data())
+    def rmdir(self, data):
+        path = self.any_path(data)
+        self.both(f"os.rmdir({path!r})", lambda root: os.rmdir(root / path))
+
+    @rule(data=st.data(), mode=st.sampled_from(sorted(set(FILE_MODES + DIR_MODES))))
+    def chmod(self, data, mode):
+        path = self.any_path(data)
+        self.both(f"os.chmod({path!r}, {oct(mode)})", lambda root: os.chmod(root / path, mode))
+
+    @rule(data=st.data(), atime=TIMES, mtime=TIMES)
+    def utimens(self, data, atime, mtime):
+        path = self.any_path(data)
+        self.both(
+            f"os.utime({path!r}, ns=({atime}, {mtime}))",
+            lambda root: os.utime(root / path, ns=(atime, mtime)),
+        )
+
+    # Once per example at most: a remount costs what a hundred other steps do.
+    @precondition(lambda self: self.mounts < 2)
+    @rule()
+    def remount(self):
+        note(f"# remount (closing {len(self.fds)} descriptors first)")
+        self.close_all()
+        self.mount.stop()
+        assert not self.mount.mounted()
+        self.mount.options = [o for o in OPTIONS if o != "create"]
+        self.mount.start()
+        self.mounts += 1
+
+    # ------------------------------------------------------------------ rules: open descriptors
+
+    @precondition(lambda self: len(self.fds) < MAX_FDS)
+    @rule(data=st.data(), flags=st.sampled_from(sorted(OPEN_FLAGS)))
+    def open_fd(self, data, flags):
+        path = self.any_path(data, "fl") if data.draw(st.booleans(), label="file?") else self.any_path(data)
+        text = f"fd{len(self.fds)} = os.open({path!r}, {flags})"
+        note(text)
+        native = outcome(os.open, self.native / path, OPEN_FLAGS[flags], 0o666)
+        mounted = outcome(os.open, self.mount.path / path, OPEN_FLAGS[flags], 0o666)
+        if native[0] == "ok" and mounted[0] == "ok":
+            self.fds.append((native[1], mounted[1], path, flags))
+            return
+        for kind, fd in (native, mounted):
+            if kind == "ok":
+                os.close(fd)
+        assert mounted == native, f"{text}: mount {mounted}, native {native}{self.log_errors()}"
+
+    @precondition(lambda self: self.fds)
+    @rule(data=st.data(), offset=OFFSETS, content=DATA)
+    def fd_write(self, data, offset, content):
+        i = data.draw(st.integers(0, len(self.fds) - 1), label="fd")
+        self.fd_both(f"os.pwrite(fd{i}, {content!r}, {offset})", i, lambda fd: os.pwrite(fd, content, offset))
+
+    @precondition(lambda self: self.fds)
+    @rule(data=st.data(), offset=OFFSETS, size=st.sampled_from([1, 10, 100, 5000, 100000]))
+    def fd_read(self, data, offset, size):
+        i = data.draw(st.integers(0, len(self.fds) - 1), label="fd")
+        self.fd_both(f"os.pread(fd{i}, {size}, {offset})", i, lambda fd: os.pread(fd, size, offset))
+
+    @precondition(lambda self: self.fds)
+    @rule(data=st.data(), length=LENGTHS)
+    def fd_truncate(self, data, length):
+        i = data.draw(st.integers(0, len(self.fds) - 1), label="fd")
+        self.fd_both(f"os.ftruncate(fd{i}, {length})", i, lambda fd: os.ftruncate(fd, length))
+
+    @precondition(lambda self: self.fds)
+    @rule(data=st.data())
+    def fd_fstat(self, data):
+        i = data.draw(st.integers(0, len(self.fds) - 1), label="fd")
+
+        def op(fd):
+            st_ = os.fstat(fd)
+            size = st_.st_size if stat.S_ISREG(st_.st_mode) else None
+            return (stat.S_IFMT(st_.st_mode), oct(stat.S_IMODE(st_.st_mode)), size)
+
+        self.fd_both(f"os.fstat(fd{i})", i, op)
+
+    @precondition(lambda self: self.fds)
+    @rule(data=st.data(), mode=st.sampled_from(FILE_MODES))
+    def fd_chmod(self, data, mode):
+        i = data.draw(st.integers(0, len(self.fds) - 1), label="fd")
+        self.fd_both(f"os.fchmod(fd{i}, {oct(mode)})", i, lambda fd: os.fchmod(fd, mode))
+
+    @precondition(lambda self: self.fds)
+    @rule(data=st.data())
+    def fd_fsync(self, data):
+        i = data.draw(st.integers(0, len(self.fds) - 1), label="fd")
+        self.fd_both(f"os.fsync(fd{i})", i, os.fsync)
+
+    @precondition(lambda self: self.fds)
+    @rule(data=st.data())
+    def fd_close(self, data):
+        i = data.draw(st.integers(0, len(self.fds) - 1), label="fd")
+        self.fd_both(f"os.close(fd{i})", i, os.close)
+        del self.fds[i]
+        note(f"# descriptors renumbered: {[f'fd{j}={p!r}' for j, (_, _, p, _) in enumerate(self.fds)]}")
+
+    def close_all(self) -> None:
+        while self.fds:
+            i = len(self.fds) - 1
+            self.fd_both(f"os.close(fd{i})", i, os.close)
+            del self.fds[i]
+
+    # ------------------------------------------------------------------ the comparison
+
+    @invariant()
+    def same_tree(self):
+        n_list, n_entries = describe(self.native, frozenset(TOLERATE))
+        m_list, m_entries = describe(self.mount.path, frozenset(TOLERATE))
+        for folder, names in m_list.items():
+            dups = sorted(n for n, c in Counter(names).items() if c > 1)
+            assert not dups, f"listing of {folder!r} on the mount repeats {dups}: {names}"
+        problems = []
+        for folder in sorted(set(n_list) | set(m_list)):
+            if n_list.get(folder) != m_list.get(folder):
+                mine, theirs = m_list.get(folder), n_list.get(folder)
+                problems.append(f"listdir({folder!r}): mount {mine}, native {theirs}")
+        for path in sorted(set(n_entries) | set(m_entries)):
+            if n_entries.get(path) != m_entries.get(path):
+                problems.append(f"{path!r}: mount {m_entries.get(path)}, native {n_entries.get(path)}")
+        assert not problems, "trees differ:\n" + "\n".join(problems[:20]) + self.log_errors()
+
+    def teardown(self):
+        try:
+            for nfd, mfd, _, _ in self.fds:
+                for fd in (nfd, mfd):
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            self.fds = []
+            self.mount.stop()
+            self.mount.assert_clean_log()
+        finally:
+            self.mount.stop()
+            shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _settings() -> settings:
+    examples = int(os.environ.get("ZARRFS_MODEL_EXAMPLES", "15"))
+    steps = int(os.environ.get("ZARRFS_MODEL_STEPS", "35"))
+    return settings(
+        max_examples=examples,
+        stateful_step_count=steps,
+        deadline=None,
+        database=None,
+        derandomize="ZARRFS_MODEL_SEED" not in os.environ,
+        suppress_health_check=list(HealthCheck),
+        print_blob=True,
+        phases=[p for p in Phase if p != Phase.shrink or os.environ.get("ZARRFS_MODEL_SHRINK") == "1"],
+    )
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_mount_behaves_like_a_local_folder(driver, tmp_path, request):
+    def new_url(work: Path) -> str:
+        return make_url(driver, work, request)
+
+    machine = type(f"Model_{driver}", (ModelMachine,), {"new_url": staticmethod(new_url), "base": tmp_path})
+    run_state_machine_as_test(machine, settings=_settings())

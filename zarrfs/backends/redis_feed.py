@@ -1,0 +1,153 @@
+"""The Redis driver's change feed: the server's client-side-caching invalidations.
+
+Redis 6 and later tell a client which keys others modify (``CLIENT TRACKING``). A mount opens
+one more connection, subscribes it to ``__redis__:invalidate``, and has every link it writes
+through track in broadcast mode, redirected to that connection, for the data and side key
+prefixes, without its own changes (``CLIENT TRACKING ON REDIRECT <id> BCAST PREFIX ... NOLOOP``).
+The server then pushes, after each command that modifies keys under those prefixes, the names
+it modified, whoever the writer: another zarrfs mount on this machine or another, zarr-python's
+``RedisStore``, ``redis-cli``. No server setting is needed (keyspace notifications would need
+``notify-keyspace-events``, which a managed server may refuse, and would report the mount's own
+writes as well); ``FLUSHDB``/``FLUSHALL`` come as "everything" (None). The server writes the
+invalidation before the writer's reply, so on one machine a change is in this socket before its
+writer learns it committed: close-to-open holds across mounts.
+
+A data key written by a client that is not zarrfs is not in the listing index (see
+``redis_index``): a writable mount puts the keys it hears of in the index, or takes them out,
+as they now exist or not (one round trip per batch), so they list without ``zarrfs reindex``.
+
+A server older than 6, or one refusing ``CLIENT TRACKING``: no feed (the mount keeps short cache
+times, as before). A lost feed connection is reopened at the next look, and reported as
+"something changed" (what happened meanwhile is not known); links then track to the new one.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from .base import DATA, SIDE, Space
+from .redis_link import translated
+
+if TYPE_CHECKING:
+    from .redis import RedisDriver
+    from .redis_link import Link
+
+log = logging.getLogger("zarrfs.backends.redis")
+
+CHANNEL = b"__redis__:invalidate"
+
+
+class RedisFeed:
+    """The connection the server pushes invalidations to, and the links tracking into it."""
+
+    def __init__(self, driver: RedisDriver) -> None:
+        self.driver = driver
+        self.conn: Any = None
+        self.cid: int | None = None
+        self.lost = False
+        self._connect()
+
+    def _connect(self) -> None:
+        d = self.driver
+        with translated(d.where):
+            conn = d.pool.make_connection()
+            conn.connect()
+            conn.send_command("CLIENT", "ID")
+            self.cid = int(conn.read_response())
+            conn.send_command("SUBSCRIBE", CHANNEL)
+            conn.read_response()
+        self.conn = conn
+
+    def fileno(self) -> int | None:
+        """The socket's descriptor: readable when the server pushed something."""
+        sock = getattr(self.conn, "_sock", None)
+        return None if sock is None else sock.fileno()
+
+    def track(self, link: Link) -> None:
+        """Have ``link``'s writes reported to every other client, not to this one."""
+        d = self.driver
+        link.checked(
+            [
+                ("CLIENT", "TRACKING", "ON", "REDIRECT", self.cid, "BCAST")
+                + ("PREFIX", d.data_prefix, "PREFIX", d.side_prefix, "NOLOOP")
+            ]
+        )
+        link.tracked = self.cid
+
+    def changes(self) -> list[tuple[Space, str]] | None:
+        """What the server pushed since the last call (None: "everything", or not known)."""
+        if self.lost:
+            try:
+                self._connect()
+            except Exception as exc:  # still away: the requests say so
+                log.debug("%s: change feed not back: %s", self.driver.where, exc)
+                return None
+            self.lost = False
+            return None
+        d = self.driver
+        names: list[bytes] = []
+        everything = False
+        try:
+            conn = self.conn
+            while conn.can_read(timeout=0):
+                message = conn.read_response()
+                if not isinstance(message, list) or len(message) < 3 or message[0] != b"message":
+                    continue
+                if message[2] is None:
+                    everything = True
+                else:
+                    names.extend(message[2])
+        except Exception as exc:
+            log.warning("%s: change feed lost (%s); reconnecting", d.where, exc)
+            self.lost = True
+            try:
+                self.conn.disconnect()
+            except Exception:
+                pass
+            return None
+        if everything:
+            return None
+        records: list[tuple[Space, str]] = []
+        data: list[bytes] = []
+        cut_data, cut_side = len(d.data_prefix), len(d.side_prefix)
+        for name in names:
+            if name.startswith(d.data_prefix):
+                data.append(name[cut_data:])
+                records.append((DATA, name[cut_data:].decode("utf-8", "surrogateescape")))
+            elif name.startswith(d.side_prefix):
+                records.append((SIDE, name[cut_side:].decode("utf-8", "surrogateescape")))
+        if data and not d.readonly and d.indexed:
+            self._index(data)
+        return records
+
+    def _index(self, raws: list[bytes]) -> None:
+        """Make the listing index agree with what exists of ``raws`` now (keys written by
+        clients that keep no index)."""
+        d = self.driver
+        index = d.index[DATA]
+        with translated(d.where):
+            pipe = d.client.pipeline(transaction=True)
+            for raw in raws:
+                pipe.exists(d.data_prefix + raw)
+                pipe.zscore(index, raw)
+            answers = pipe.execute()
+            pairs = list(zip(raws, answers[::2], answers[1::2], strict=True))
+            add = [raw for raw, exists, score in pairs if exists and score is None]
+            gone = [raw for raw, exists, score in pairs if not exists and score is not None]
+            if add or gone:
+                pipe = d.client.pipeline(transaction=False)
+                if add:
+                    pipe.zadd(index, dict.fromkeys(add, 0))
+                if gone:
+                    pipe.zrem(index, *gone)
+                pipe.execute()
+
+    def close(self) -> None:
+        """Close the feed's connection."""
+        if self.conn is not None:
+            try:
+                self.conn.disconnect()
+            except Exception:
+                pass
+            self.conn = None

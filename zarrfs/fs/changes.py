@@ -1,0 +1,89 @@
+"""Changes made behind the mount's back, from the driver's change feed, as keys of the tree.
+
+Another mount of the same database, zarr-python writing to the same LMDB file, a second
+machine on one Redis: :meth:`zarrfs.backends.base.Driver.changes` says what they committed.
+:class:`ChangeWatcher` asks it (the daemon's request loop calls :meth:`ChangeWatcher.poll`
+between requests, every ``driver.feed_interval`` while idle, or when the feed's descriptor wakes
+it), turns its records into the keys of the files and folders they touch (a side record
+``a:<key>`` or ``e:<key>`` is ``<key>``'s attributes or entry), and drops what the tree itself
+caches of them (folder snapshots). The caller drops what the kernel caches.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from zarrfs.backends.base import DATA, BackendError
+from zarrfs.fs.sidedata import ATTR, ENTRY
+
+log = logging.getLogger("zarrfs.fs.changes")
+
+
+def has_feed(driver: object) -> bool:
+    """Whether ``driver`` tells of other writers' changes (see ``Driver.changes``)."""
+    try:
+        driver.changes(None)  # type: ignore[attr-defined]
+    except NotImplementedError:
+        return False
+    return True
+
+
+class ChangeWatcher:
+    """The tree's view of its driver's change feed."""
+
+    def __init__(self, tree) -> None:
+        self.tree = tree
+        self.driver = tree.driver
+        self.interval = self.driver.feed_interval
+        self.cursor, _ = self.driver.changes(None)
+        self.failing = False
+        self.last = time.monotonic()
+
+    def fileno(self) -> int | None:
+        """The feed's descriptor (readable when it has news), or None: polled."""
+        return self.driver.feed_fileno()
+
+    def poll(self) -> list[str] | None:
+        """The keys changed by others since the last poll (often none), with their folders'
+        snapshots dropped; None: something changed, not known what (every snapshot dropped)."""
+        self.last = time.monotonic()
+        try:
+            self.cursor, records = self.driver.changes(self.cursor)
+        except BackendError as exc:  # the database is away: the requests will say so
+            if not self.failing:
+                log.warning("change feed: %s", exc)
+            self.failing = True
+            return []
+        if self.failing:
+            log.info("change feed back")
+            self.failing = False
+        cache = self.tree.folder_cache
+        if records is None:
+            if cache is not None:
+                cache.forget()
+            return None
+        if not records:
+            return []
+        keys = set()
+        for space, key in records:
+            if space is DATA:
+                keys.add(key)
+            elif key.startswith((ATTR, ENTRY)):
+                keys.add(key[2:])
+        if cache is not None and keys:
+            cache.forget(folders_of(keys))
+        return sorted(keys)
+
+
+def folders_of(keys: set[str]) -> set[str]:
+    """Every folder above ``keys`` (a new key can make its folders appear, a removed one make
+    them vanish), the root ``""`` included."""
+    folders: set[str] = set()
+    for key in keys:
+        while key:
+            key = key.rpartition("/")[0]
+            if key in folders:
+                break
+            folders.add(key)
+    return folders

@@ -1,0 +1,177 @@
+"""New names and what they change: making folders, symlinks and special files, who owns a new
+node, the times of the folder a name is added to or removed from, and the length of a path.
+
+:class:`Entries` is the part of :class:`zarrfs.fs.namespace.Tree` that makes side entries
+(folders made with ``mkdir``, symlinks, FIFOs, devices, sockets: never Zarr keys, so
+zarr-python's stores do not see them), and the helpers the other writes share. POSIX says a
+new node is owned by its caller, takes the group of a setgid folder (a new folder its setgid
+bit too), and that adding or removing a name changes the folder's mtime and ctime: each call
+does it in its own transaction, from the probe it makes anyway (one more record written).
+A removal, and what it leaves, keeps an emptied folder (only rmdir removes one); on a full
+store it writes neither the folder's times nor its mark.
+"""
+
+from __future__ import annotations
+
+import errno
+import stat
+from typing import Any
+
+from zarrfs.backends.base import DATA, SIDE, Get, HasPrefix, StorageFullError, Txn
+from zarrfs.fs.errors import FsError
+from zarrfs.fs.lookups import DIR, FILE, LINK
+from zarrfs.fs.sidedata import (
+    DIR_MARK,
+    ENTRY,
+    LINK_MARK,
+    SPECIAL_TYPES,
+    Attrs,
+    attr_key,
+    entry_key,
+    special_mark,
+)
+
+
+class Entries:
+    """New side entries and folder times of a :class:`zarrfs.fs.namespace.Tree` (which
+    provides ``driver``, ``hooks``, ``uid``, ``gid``, the probes, ``_write`` and ``_now``)."""
+
+    driver: Any
+    hooks: Any
+    uid: int
+    gid: int
+    key_limit: int | None
+    _write: Any
+    _now: Any
+    _probe_with_folder: Any
+    default_attrs: Any
+
+    def check_length(self, key: str) -> None:
+        """ENAMETOOLONG for a path longer than the database's keys can be."""
+        if self.key_limit is not None and len(key.encode("utf-8", "surrogateescape")) > self.key_limit:
+            raise FsError(errno.ENAMETOOLONG, f"{key[:40]}...: longer than the database's keys can be")
+
+    def check_create(self, key: str) -> Attrs | None:
+        """Raise unless the name ``key`` is valid for a new file; return its folder's recorded
+        attributes (None when it has none), which say the new file's group. The kernel has just
+        looked up the name and its folder; the commit checks both again in its own
+        transaction."""
+        self.check_length(key)
+        folder = attr_key(key.rpartition("/")[0])
+
+        def run(t: Txn) -> Attrs | None:
+            self.hooks.check_name(t, key, FILE)
+            raw = t.get(folder, SIDE)
+            return None if raw is None else Attrs.unpack(raw)
+
+        return self.driver.transact(run, write=False)
+
+    def _keep_parent(self, t: Txn, key: str) -> None:
+        """After ``key`` left its folder, keep the folder (POSIX: only rmdir removes one)."""
+        parent = key.rpartition("/")[0]
+        if not parent:
+            return
+        marked, data_below, side_below = t.read_many(
+            [
+                Get(entry_key(parent), SIDE),
+                HasPrefix(parent + "/", DATA),
+                HasPrefix(ENTRY + parent + "/", SIDE),
+            ]
+        )
+        if marked is None and not data_below and not side_below:
+            t.put(entry_key(parent), DIR_MARK, SIDE)
+
+    def _removing(self, run: Any) -> Any:
+        """Run a removal; on a full store, again without keeping the folder it empties nor
+        changing its times: those are writes a full store may refuse, and removing must stay
+        possible (the emptied folder then goes, as ``rm -r`` would take it next)."""
+        try:
+            return self._write(run)
+        except StorageFullError:
+            return self._write(lambda t: run(t, keep=False))
+
+    def _folder_changed(
+        self, t: Txn, folder: str, raw: bytes | None, now: int, since: int | None = None
+    ) -> None:
+        """A name was added to or removed from ``folder`` (attribute record ``raw``): its mtime
+        and ctime become ``now``. With ``since`` (a file made then, stored only now), not when
+        the folder changed after that: a ``touch`` of the folder in between stands."""
+        attrs = Attrs.unpack(raw) if raw is not None else None
+        if attrs is None:
+            attrs = self.default_attrs(DIR)
+        elif since is not None and attrs.ctime > since:
+            return
+        attrs.mtime = attrs.ctime = now
+        attrs.mode = DIR | stat.S_IMODE(attrs.mode)
+        t.put(attr_key(folder), attrs.pack(), SIDE)
+
+    def _make(self, key: str, kind: int, mode: int, mark: bytes, uid: int | None, gid: int | None) -> None:
+        """Make a side entry (folder, symlink, special file) at ``key``, owned by ``uid``/``gid``
+        (the mount's owner when None) or the group of a setgid folder, in one transaction."""
+        self.check_length(key)
+
+        def run(t: Txn) -> None:
+            if not key:
+                raise FsError(errno.EEXIST, key)
+            folder, found = self._probe_with_folder(t, key)
+            if found is not None:
+                raise FsError(errno.EEXIST, key)
+            if kind == DIR:
+                self.hooks.check_name(t, key, DIR)
+            now = self._now()
+            attrs = Attrs(kind | stat.S_IMODE(mode), self.uid, self.gid, now, now, now)
+            attrs.uid = self.uid if uid is None else uid
+            attrs.gid = self.gid if gid is None else gid
+            inherit_group(attrs, Attrs.unpack(folder[3]) if folder[3] is not None else None)
+            t.put(entry_key(key), mark, SIDE)
+            t.put(attr_key(key), attrs.pack(), SIDE)
+            self._folder_changed(t, key.rpartition("/")[0], folder[3], now)
+
+        self._write(run)
+
+    def mkdir(self, key: str, mode: int, uid: int | None = None, gid: int | None = None) -> None:
+        """Make an empty folder that persists (EEXIST if taken, ENOENT/ENOTDIR for the parent)."""
+        self._make(key, DIR, mode, DIR_MARK, uid, gid)
+
+    def symlink(self, target: str, key: str, uid: int | None = None, gid: int | None = None) -> None:
+        """Make a symlink at ``key`` pointing to ``target`` (kept as side data: not a Zarr key)."""
+        self._make(key, LINK, 0o777, LINK_MARK + target.encode("utf-8", "surrogateescape"), uid, gid)
+
+    def mknod(
+        self, key: str, mode: int, rdev: int = 0, uid: int | None = None, gid: int | None = None
+    ) -> None:
+        """Make a FIFO, device or socket at ``key`` (``mode`` holds its type), kept as side data
+        like a symlink: never a Zarr key, so zarr-python's stores do not see it."""
+        if stat.S_IFMT(mode) not in SPECIAL_TYPES:
+            raise FsError(errno.EINVAL, f"{key}: mknod of type {stat.S_IFMT(mode):o}")
+        self._make(key, stat.S_IFMT(mode), mode, special_mark(mode, rdev), uid, gid)
+
+    def _commit_folders(
+        self, t: Txn, key: str, folder: Any, found: Any, added: int | None, renamed_from: str | None
+    ) -> None:
+        """The folder times a commit of ``key`` changes (``folder`` and ``found``: the probes of
+        its folder and of the name before): a held file renamed from ``renamed_from`` changes
+        both folders; a file made at ``added`` and new here changes its own."""
+        where = key.rpartition("/")[0]
+        if renamed_from is not None:
+            now = self._now()
+            self._folder_changed(t, where, folder[3], now)
+            source = renamed_from.rpartition("/")[0]
+            if source != where:
+                self._folder_changed(t, source, t.get(attr_key(source), SIDE), now)
+        elif found is None and added is not None:
+            self._folder_changed(t, where, folder[3], self._now(), since=added)
+
+    def _folders_changed(self, t: Txn, source: tuple, target: tuple, now: int) -> None:
+        """The folders a rename took a name from and put one in: ``(key, probe)`` each."""
+        for where, probe in (source, target) if source[0] != target[0] else (target,):
+            self._folder_changed(t, where, probe[3] if probe else None, now)
+
+
+def inherit_group(attrs: Attrs, folder: Attrs | None) -> None:
+    """A new node in a setgid folder (of attributes ``folder``, None when it has none recorded)
+    takes the folder's group, and a new folder its setgid bit as well (as ext4 does)."""
+    if folder is not None and folder.mode & stat.S_ISGID:
+        attrs.gid = folder.gid
+        if stat.S_ISDIR(attrs.mode):
+            attrs.mode |= stat.S_ISGID

@@ -1,0 +1,141 @@
+"""What namespace changes do to open files: a rename or link settles their pending content
+first, open descriptors follow a rename, an unlinked file stays readable (and ``fstat``-able)
+through its descriptors, and attribute changes reach a file not stored yet.
+
+:class:`OpenNames` is the part of :class:`zarrfs.fs.handles.HandleTable` that does it.
+"""
+
+from __future__ import annotations
+
+import stat
+import time
+from typing import Any
+
+from zarrfs.fs.errors import FsError
+from zarrfs.fs.sidedata import Attrs
+
+# Values larger than this are read by range instead of being held whole by an open handle.
+SNAPSHOT_LIMIT = 64 << 20
+
+
+class OpenNames:
+    """Open files across namespace changes, for :class:`zarrfs.fs.handles.HandleTable` (which
+    provides ``tree``, ``states``, ``deferred`` and the helpers used here)."""
+
+    tree: Any
+    states: dict[str, Any]
+    deferred: dict[str, Any]
+    _commit: Any
+    _forget: Any
+    _names_of: Any
+    _drop_name: Any
+    _handle: Any
+
+    def settle(self, key: str) -> None:
+        """Commit pending content under ``key`` (the file or anything in the folder) before a
+        rename or link moves it; a held temporary file stored so is held no more."""
+        for k, state in list(self.states.items()):
+            if k == key or k.startswith(key + "/"):
+                self._commit(state)
+                if self.deferred.get(k) is state and not state.handles:
+                    self._forget(state)
+
+    def linked(self, src: str, dst: str) -> None:
+        """``dst`` is a hard link of ``src``: a file open under ``src`` is open under both."""
+        if src in self.states:
+            self.states[dst] = self.states[src]
+            self.states[dst].linked = True
+
+    def _keep(self, state: Any, key: str) -> None:
+        """The open file ``state`` is about to lose its name ``key`` (unlinked, or replaced by
+        a rename): keep what its descriptors read, the value and the attributes."""
+        if state.attrs is None:
+            state.attrs = self.tree.lookup_attrs(key)
+        if state.buffer is None and state.snapshot is None and not state.created:
+            try:
+                if self.tree.stored_size(key) <= SNAPSHOT_LIMIT:
+                    version = state.version
+                    state.snapshot = (
+                        self.tree.read_value(key) if version is None else self.tree.read_version(key, version)
+                    )
+            except FsError:
+                pass  # already gone
+
+    def replacing(self, key: str) -> None:
+        """A rename is about to replace ``key``: a file open there keeps what it holds (unless
+        it lives on under another name, a hard link)."""
+        state = self.states.get(key)
+        if state is not None and not (state.linked and len(self._names_of(state)) > 1):
+            self._keep(state, key)
+
+    def set_open_attrs(self, fh: int, changes: dict[str, int | None]) -> bool:
+        """Apply mode/owner/times to the file open as ``fh`` when its name is gone (its
+        descriptors see them; nothing is stored); False when it has a name."""
+        state = self._handle(fh).state
+        if not state.orphan:
+            return False
+        if state.attrs is None:
+            state.attrs = self.tree.default_attrs(stat.S_IFREG)
+        self._apply(state.attrs, changes)
+        return True
+
+    def set_attrs(self, key: str, **changes: int | None) -> bool:
+        """Apply mode/owner/times to a file not yet stored; False when the key has no such file
+        (the tree then changes the stored attributes)."""
+        state = self.states.get(key)
+        if state is None or not state.created:
+            if state is not None and state.attrs is not None:
+                self._apply(state.attrs, changes)  # keep the pending record in step
+            return False
+        assert state.attrs is not None
+        self._apply(state.attrs, changes)
+        return True
+
+    @staticmethod
+    def _apply(attrs: Attrs, changes: dict[str, int | None]) -> None:
+        mode = changes.get("mode")
+        if mode is not None:
+            attrs.mode = stat.S_IFMT(attrs.mode) | stat.S_IMODE(mode)
+        for name in ("uid", "gid"):
+            value = changes.get(name)
+            if value is not None and value != -1:
+                setattr(attrs, name, value)
+        for name in ("atime", "mtime"):
+            value = changes.get(name)
+            if value is not None:
+                setattr(attrs, name, value)
+        attrs.ctime = time.time_ns()
+
+    def unlinked(self, key: str) -> bool:
+        """Detach open state from a removed key; True when the file existed only here.
+        Descriptors still open go on reading what the file held."""
+        state = self.states.get(key)
+        if state is None:
+            return False
+        if state.linked and len(self._names_of(state)) > 1:
+            self._drop_name(key)  # the file lives on under its other names
+            return False
+        self._keep(state, key)
+        del self.states[key]
+        state.orphan = True
+        if self.deferred.pop(key, None) is not None and not state.handles:
+            self._forget(state)
+        return state.created
+
+    def renamed(self, src: str, dst: str, exchange: bool = False) -> None:
+        """Open files follow a rename (of the file or of a folder holding it); with
+        ``exchange`` (RENAME_EXCHANGE) those under ``dst`` move to ``src`` as well, else an
+        open file replaced at ``dst`` is orphaned."""
+        moves = [(src, dst), (dst, src)] if exchange else [(src, dst)]
+        moved = []
+        for a, b in moves:
+            under = [(k, s) for k, s in self.states.items() if k == a or k.startswith(a + "/")]
+            moved += [(b + k[len(a) :], s) for k, s in under]
+            for k, _ in under:
+                del self.states[k]
+        if not exchange:
+            self._drop_name(dst)
+        for new_key, state in moved:
+            state.key = new_key
+            state.snapshot = None if state.buffer is None else state.snapshot
+            self.states[new_key] = state

@@ -1,0 +1,185 @@
+"""Hard links: several names of one file, kept in the SIDE space.
+
+Every name of a linked file stays an ordinary data key holding the whole value (zarr-python 2's
+store classes read any of them); what makes them one file is bookkeeping in two side records:
+
+* ``h:<key>``: the id of the link group of the file at ``key`` (a pointer, one per name);
+* ``g:<id>``: the names of the group, NUL-separated (no key holds a NUL).
+
+A group's names are written together: a commit stores the value under each name, and the
+attribute records (``a:<name>``) of the names are kept in step, all in the transaction of the
+change. Every namespace change keeps the records exact in its own transaction.
+
+Data keys win over these records, as over every side record: a file exists iff its key
+exists. A name of the record whose key is gone (deleted by zarr-python 2, which knows nothing
+of links) is simply not a member, and a pointer whose group does not name its key is ignored.
+A group left with one name is dissolved: that file is a plain file again.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from zarrfs.backends.base import DATA, SIDE, Size, Txn
+from zarrfs.fs.sidedata import Attrs, attr_key
+
+POINTER = "h:"
+GROUP = "g:"
+_SEP = "\0"
+
+
+def pointer_key(key: str) -> str:
+    """Side key of the link-group pointer of the file at ``key``."""
+    return POINTER + key
+
+
+def group_key(gid: str) -> str:
+    """Side key of the names of link group ``gid``."""
+    return GROUP + gid
+
+
+@dataclass
+class Group:
+    """A link group as one transaction read it: its id and the names whose keys exist."""
+
+    gid: str
+    names: list[str]
+
+
+def _unpack(raw: bytes) -> list[str]:
+    return [n for n in bytes(raw).decode("utf-8", "surrogateescape").split(_SEP) if n]
+
+
+def _pack(names: list[str]) -> bytes:
+    return _SEP.join(names).encode("utf-8", "surrogateescape")
+
+
+def load(t: Txn, key: str, pointer: bytes | None) -> Group | None:
+    """The group of the file at ``key`` whose pointer record (``h:<key>``, read by the caller
+    in its own batch) is ``pointer``; None when it has none, or a stale one. Two reads, and
+    only for a linked file: the group's names, then which of their keys exist."""
+    if pointer is None:
+        return None
+    gid = bytes(pointer).decode("ascii", "replace")
+    raw = t.get(group_key(gid), SIDE)
+    names = _unpack(raw) if raw is not None else []
+    if key not in names:
+        return None
+    sizes = t.read_many([Size(n, DATA) for n in names])
+    return Group(gid, [n for n, size in zip(names, sizes, strict=True) if size is not None or n == key])
+
+
+def write(t: Txn, group: Group) -> None:
+    """Store ``group``'s names; a group of one name or none is dissolved."""
+    if len(group.names) > 1:
+        t.put(group_key(group.gid), _pack(group.names), SIDE)
+        for name in group.names:
+            t.put(pointer_key(name), group.gid.encode(), SIDE)
+        return
+    t.delete(group_key(group.gid), SIDE)
+    for name in group.names:
+        t.delete(pointer_key(name), SIDE)
+
+
+def join(t: Txn, group: Group | None, src: str, dst: str) -> Group:
+    """Add the new name ``dst`` to the group of ``src`` (a new group when it has none)."""
+    if group is None:
+        group = Group(os.urandom(8).hex(), [src])
+    group.names.append(dst)
+    write(t, group)
+    return group
+
+
+def leave(t: Txn, group: Group, key: str) -> list[str]:
+    """Take ``key`` out of its group (unlinked, or replaced by a rename); the names left."""
+    t.delete(pointer_key(key), SIDE)
+    group.names = [n for n in group.names if n != key]
+    write(t, group)
+    return group.names
+
+
+def renamed(t: Txn, moves: list[tuple[str, str, bytes]]) -> list[Group]:
+    """Follow names that moved in this transaction: ``(old, new, pointer)`` for each pointer
+    record a rename carried from ``old`` to ``new`` (a file, or the files of a folder; both
+    sides of an exchange at once). Returns the groups changed."""
+    by_group: dict[str, dict[str, str]] = {}
+    for old, new, pointer in moves:
+        by_group.setdefault(bytes(pointer).decode("ascii", "replace"), {})[old] = new
+    changed = []
+    for gid, mapping in by_group.items():
+        raw = t.get(group_key(gid), SIDE)
+        names = _unpack(raw) if raw is not None else []
+        for old, new in mapping.items():
+            if old not in names:  # a stale pointer moved with its file: drop it
+                t.delete(pointer_key(new), SIDE)
+        group = Group(gid, [mapping.get(n, n) for n in names])
+        sizes = t.read_many([Size(n, DATA) for n in group.names])
+        group.names = [n for n, size in zip(group.names, sizes, strict=True) if size is not None]
+        write(t, group)
+        changed.append(group)
+    return changed
+
+
+def put_attrs(t: Txn, names: list[str], raw: bytes) -> None:
+    """Write one attribute record to every name of a group (attributes are kept in step)."""
+    for name in names:
+        t.put(attr_key(name), raw, SIDE)
+
+
+class LinkGroups:
+    """The link-group steps of :class:`zarrfs.fs.namespace.Tree`'s namespace changes, each
+    inside the change's transaction. ``found`` is what a probe found at a name: (kind, size,
+    target, raw attributes, raw pointer)."""
+
+    # Provided by Lookups and Tree.
+    default_attrs: Callable[[int], Attrs]
+    _now: Callable[[], int]
+    _moved: Callable[[str, str, str], str]
+
+    def _unlinked(self, t: Txn, key: str, found: Any) -> list[str]:
+        """The name ``key`` of a file is gone (unlinked, or replaced by a rename): it leaves
+        its link group, whose other names get a new ctime. Returns those names."""
+        if found[4] is None:
+            return []
+        group = load(t, key, found[4])
+        if group is None:
+            t.delete(pointer_key(key), SIDE)  # a stale pointer
+            return []
+        left = leave(t, group, key)
+        self._touch_group(left, found[3], t)
+        return left
+
+    def _touch_group(self, names: list[str], raw: bytes | None, t: Txn) -> None:
+        """A new ctime for every name of a linked file (a name was added, removed or moved)."""
+        attrs = (Attrs.unpack(raw) if raw is not None else None) or self.default_attrs(stat.S_IFREG)
+        attrs.ctime = self._now()
+        put_attrs(t, names, attrs.with_type(stat.S_IFREG).pack())
+
+    def _regroup(self, t: Txn, moved: list[tuple[list, str, str, Any]]) -> None:
+        """Link groups follow the names a rename moved: ``(records, src, dst, found)`` for each
+        subtree placed from ``src`` to ``dst``. The names of a moved linked file get a new
+        ctime (a folder's move leaves the files in it as they are)."""
+        moves = [
+            (k[len(POINTER) :], self._moved(k, src, dst)[len(POINTER) :], v)
+            for records, src, dst, _ in moved
+            for space, k, v in records
+            if space == SIDE and k.startswith(POINTER)
+        ]
+        if not moves:
+            return
+        groups = {g.gid: g for g in renamed(t, moves)}
+        for *_, found in moved:
+            group = groups.get(bytes(found[4]).decode("ascii", "replace")) if found[4] else None
+            if group is not None and len(group.names) > 1:
+                self._touch_group(group.names, found[3], t)
+
+    def _same_file(self, t: Txn, src: str, dst: str, s: Any, d: Any) -> bool:
+        """Whether ``src`` and ``dst`` are names of one file (hard links)."""
+        if s[0] != stat.S_IFREG or d is None or d[0] != stat.S_IFREG or s[4] is None or s[4] != d[4]:
+            return False
+        group = load(t, src, s[4])
+        return group is not None and dst in group.names

@@ -1,0 +1,130 @@
+"""Keeping the kernel's caches right when other writers change the database.
+
+With a change feed (:mod:`zarrfs.fs.changes`) the mount learns of every other writer's commit
+within a poll, so the kernel may keep names and attributes for long (``cache_timeout``
+defaults to an hour then): :class:`Coherence` drops exactly what changed. For each changed key
+and each folder above it, of what the kernel holds:
+
+* a node: its attributes and pages (``NOTIFY_INVAL_INODE``), and what the page-cache policy
+  remembers of it (the next open looks at the file again and drops the kernel's pages); its
+  entry too (``NOTIFY_INVAL_ENTRY``) when the key is gone or is now of another kind, so the
+  next lookup asks;
+* a cached "no such file" (the mount answered a lookup of it with ENOENT): its entry.
+
+"Something changed, not known what" drops every node's attributes and pages and every entry.
+
+The loop polls between requests, and every open polls first, so a file closed on one mount and
+then opened on another shows the new content (close-to-open): an open never trusts a stamp
+older than the last commit the feed shows. The notifications are written before the next
+request is served (bounded, as in :mod:`zarrfs.fuse.notify`).
+
+The names answered "no such file" are remembered (up to :data:`NEGATIVES`; past that, such
+answers are cached for the short time only) because the kernel's negative entries hold no node
+and could not be found again.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from zarrfs.fs.api import ChangeWatcher, folders_of
+from zarrfs.fuse import abi as k
+
+if TYPE_CHECKING:
+    from zarrfs.fuse.session import Session
+
+log = logging.getLogger("zarrfs.fuse.coherence")
+
+NEGATIVES = 1 << 16
+SHORT_NEGATIVE = (1, 0)  # seconds, nanoseconds: a "no such file" not remembered
+
+
+def inval_inode(nodeid: int) -> bytes:
+    """The notification dropping a node's attributes and pages."""
+    return k.NOTIFY_INVAL_INODE_OUT.pack(40, k.NOTIFY_INVAL_INODE, 0, nodeid, 0, 0)
+
+
+def inval_entry(parent_id: int, name: str) -> bytes:
+    """The notification dropping the entry ``name`` of folder ``parent_id``."""
+    raw = name.encode("utf-8", "surrogateescape")
+    size = k.NOTIFY_INVAL_ENTRY_OUT.size + len(raw) + 1
+    return k.NOTIFY_INVAL_ENTRY_OUT.pack(size, k.NOTIFY_INVAL_ENTRY, 0, parent_id, len(raw), 0) + raw + b"\0"
+
+
+class Coherence:
+    """One mount's link between the change feed and the kernel's caches."""
+
+    def __init__(self, session: Session, watcher: ChangeWatcher) -> None:
+        self.session = session
+        self.watcher = watcher
+        self.negatives: set[str] = set()
+        self.polls = 0
+        self.dropped = 0  # notifications sent
+
+    def negative_time(self, key: str, long: tuple[int, int]) -> tuple[int, int]:
+        """How long the kernel may cache "no such file" for ``key``: ``long`` when the name
+        is remembered (and so can be dropped), the short time past :data:`NEGATIVES`."""
+        if len(self.negatives) >= NEGATIVES and key not in self.negatives:
+            return min(long, SHORT_NEGATIVE)
+        self.negatives.add(key)
+        return long
+
+    def poll(self) -> None:
+        """Ask the feed; drop what changed from the kernel's caches before the next request
+        is served (bounded, see :mod:`zarrfs.fuse.notify`): a client that saw one change (a
+        file's new content) must not meet an older state of another name afterwards."""
+        self.polls += 1
+        keys = self.watcher.poll()
+        if keys is not None and not keys:
+            return
+        notes = self.everything() if keys is None else self.notes(keys)
+        if not notes or not self.session._inval_ok:
+            return
+        self.dropped += len(notes)
+        self.session.invalidator.send(notes)
+
+    def notes(self, keys: list[str]) -> list[bytes]:
+        """The notifications for ``keys`` changed (see the module docstring)."""
+        inodes = self.session.inodes
+        ids, nodes, find = inodes.ids, inodes.nodes, self.session.ops.find
+        negatives = self.negatives
+        notes: list[bytes] = []
+        targets = set(keys)
+        targets |= folders_of(targets)
+        for key in sorted(targets):
+            nodeid = ids.get(key)
+            entry = False
+            if nodeid is not None:
+                inode = nodes[nodeid]
+                inode.stamp, inode.stamp_time, inode.cache_ok = None, 0.0, False
+                notes.append(inval_inode(nodeid))
+                if key:
+                    node = find(key)
+                    entry = node is None or node.kind != inode.kind
+            elif key in negatives:
+                negatives.discard(key)
+                entry = True
+            if entry:
+                parent, _, name = key.rpartition("/")
+                parent_id = ids.get(parent)
+                if parent_id is not None:
+                    notes.append(inval_entry(parent_id, name))
+        return notes
+
+    def everything(self) -> list[bytes]:
+        """The notifications dropping every node's attributes and pages and every entry."""
+        ids, nodes = self.session.inodes.ids, self.session.inodes.nodes
+        notes: list[bytes] = []
+        for nodeid in ids.values():
+            inode = nodes[nodeid]
+            inode.stamp, inode.stamp_time, inode.cache_ok = None, 0.0, False
+            notes.append(inval_inode(nodeid))
+        for key in list(ids) + list(self.negatives):
+            if key:
+                parent, _, name = key.rpartition("/")
+                parent_id = ids.get(parent)
+                if parent_id is not None:
+                    notes.append(inval_entry(parent_id, name))
+        self.negatives.clear()
+        return notes
