@@ -369,9 +369,14 @@ class RedisDriver(Driver):
         once one is started."""
         link = self._links.acquire()
         feed = self.feed
-        if feed is not None and getattr(link, "tracked", None) != feed.cid:
+        if feed is not None and not feed.lost and getattr(link, "tracked", None) != feed.cid:
             try:
                 feed.track(link)
+            except BackendError:
+                if link.broken:  # the server is away: so is the transaction
+                    self._links.release(link)
+                    raise
+                feed.drop()  # it refused the redirect (see redis_feed): untracked
             except BaseException:
                 self._links.release(link)
                 raise
