@@ -59,8 +59,11 @@ def zarrfs(*args: str, check: bool = True, timeout: float = 120) -> subprocess.C
 class Mount:
     """A database mounted at a fresh folder; ``path`` is the mountpoint."""
 
-    def __init__(self, url: str, where: Path, options: list[str] | None = None) -> None:
+    def __init__(
+        self, url: str, where: Path, options: list[str] | None = None, log_level: str = "debug"
+    ) -> None:
         self.url = url
+        self.log_level = log_level
         self.path = where
         self.options = list(options or [])
         self.log = where.parent / f"{where.name}.log"
@@ -68,7 +71,7 @@ class Mount:
     def start(self) -> Mount:
         """Mount and return only when the mount is ready."""
         self.path.mkdir(parents=True, exist_ok=True)
-        args = ["mount", self.url, str(self.path), "--log-file", str(self.log), "--log-level", "debug"]
+        args = ["mount", self.url, str(self.path), "--log-file", str(self.log), "--log-level", self.log_level]
         for opt in self.options:
             args += ["-o", opt]
         zarrfs(*args)

@@ -78,7 +78,8 @@ class TestLMDBFolder(_Conformance):
         driver.put("k", b"v")
         driver.put("k", b"s", SIDE)
         names = sorted(os.listdir(tmp_path / "db.lmdb"))
-        assert names == ["data.mdb", "lock.mdb", "zarrfs-side.mdb", "zarrfs-side.mdb-lock"]
+        # zarrfs-reserve: disk room kept for removals on a full disk (_util.Reserve)
+        assert names == ["data.mdb", "lock.mdb", "zarrfs-reserve", "zarrfs-side.mdb", "zarrfs-side.mdb-lock"]
 
     def test_bare_path_means_lmdb(self, tmp_path, monkeypatch):
         monkeypatch.chdir(tmp_path)
@@ -138,6 +139,7 @@ class TestLMDBFile(_Conformance):
         assert sorted(os.listdir(tmp_path)) == [
             "single.mdb",
             "single.mdb-lock",
+            "single.mdb.zarrfs-reserve",
             "single.mdb.zarrfs-side",
             "single.mdb.zarrfs-side-lock",
         ]

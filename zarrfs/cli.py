@@ -460,10 +460,8 @@ def build_parser() -> argparse.ArgumentParser:
                           epilog=URLS_HELP + "\n" + EXIT_HELP, formatter_class=raw)
     copy.add_argument("source", metavar="SOURCE", help="a folder, or a database URL")
     copy.add_argument("dest", metavar="DEST", help="a folder, or a database URL (created if missing)")
-    copy.add_argument(
-        "--progress", action=argparse.BooleanOptionalAction, default=None,
-        help="show a progress bar (default: when stderr is a terminal)",
-    )
+    copy.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                      help="show a progress bar (default: when stderr is a terminal)")
     copy.add_argument(
         "--if-exists", choices=("replace", "skip", "raise"), default="replace",
         help="keys the destination has: overwrite them (default), keep them, or copy nothing (raise)",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -197,3 +198,53 @@ def _libc_fallocate():
     func.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
     func.restype = ctypes.c_int
     return func
+
+
+class Reserve:
+    """Disk room kept next to a database file, freed when a small transaction (a removal)
+    finds the disk full, so cleanup stays possible (see ``Driver.transact``): SQLite's WAL and
+    LMDB's copy-on-write pages need room to record even a delete. ``size`` bytes, at most an
+    eighth of the free space, taken with ``posix_fallocate`` (all or nothing); made again, at
+    most every ``retry`` seconds, once the disk has room."""
+
+    def __init__(self, path: str, size: int = 1 << 20, retry: float = 10.0) -> None:
+        self.path = path
+        self.size = size
+        self.retry = retry
+        self._next = 0.0
+        self.make()
+
+    def make(self) -> None:
+        """Take the room, unless it is taken or the disk has too little."""
+        self._next = time.monotonic() + self.retry
+        try:
+            if os.path.exists(self.path):
+                return
+            st = os.statvfs(os.path.dirname(self.path) or ".")
+            size = min(self.size, st.f_bavail * st.f_frsize // 8)
+            if size <= 0:
+                return
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError:
+                os.close(fd)
+                os.unlink(self.path)
+                return
+            os.close(fd)
+        except OSError:
+            pass  # a reserve is a convenience: a folder we cannot write to has none
+
+    def again(self) -> None:
+        """Before a write: make the room again if it was freed and the retry time has come."""
+        if time.monotonic() >= self._next:
+            self.make()
+
+    def free(self) -> bool:
+        """Free the room; whether there was any."""
+        try:
+            os.unlink(self.path)
+        except OSError:
+            return False
+        self._next = time.monotonic() + self.retry
+        return True

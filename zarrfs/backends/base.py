@@ -78,11 +78,14 @@ from .errors import (
     StalledError,
     StorageFullError,
     UnavailableError,
+    ValueTooLargeError,
 )
 
 log = logging.getLogger("zarrfs.backends")
 
 T = TypeVar("T")
+#: Bytes a transaction may put and still use a driver's reserve on a full store.
+RESERVE_FOR = 64 << 10
 
 #: Seconds a call may wait on a server by default (``-o timeout=``).
 DEFAULT_TIMEOUT = 10.0
@@ -114,6 +117,7 @@ __all__ = [
     "StorageFullError",
     "Txn",
     "UnavailableError",
+    "ValueTooLargeError",
     "as_buffer",
     "bytes_stop",
     "check_fetch",
@@ -133,6 +137,14 @@ class Txn(ABC):
     The public methods check their arguments and call the driver's byte-level primitives (the
     ``_`` methods), which may then assume a valid ``bytes`` key, a :class:`Space`, a write
     transaction for writes and a non-empty scan range."""
+
+    #: Largest value in bytes the database holds in one record (None: no limit of its own),
+    #: and what that limit is, for the message of :class:`ValueTooLargeError`.
+    max_value: int | None = None
+    value_limit = ""
+    #: Bytes this write transaction put: a small one (deletes, a truncation, attributes) may
+    #: use the room a driver keeps in reserve on a full disk (see :meth:`Driver.transact`).
+    put_bytes = 0
 
     def __init__(self, write: bool, where: str, max_key: int | None = None) -> None:
         #: Whether this transaction may write.
@@ -185,7 +197,16 @@ class Txn(ABC):
         raw, sp = encode_key(key, self.max_key), check_space(space)
         if not self.write:
             raise ReadOnlyError("write in a read-only transaction")
-        self._put(raw, as_buffer(value), sp)
+        buf = as_buffer(value)
+        size = len(buf)
+        limit = self.max_value
+        if limit is not None and size > limit:
+            # Checked before anything is sent: a server would refuse it, or reset the link.
+            raise ValueTooLargeError(
+                f"{key}: {size} bytes, above the limit of {limit} bytes ({self.value_limit})"
+            )
+        self.put_bytes += size
+        self._put(raw, buf, sp)
 
     def delete(self, key: str, space: Space = DATA) -> None:
         """Remove ``key``; removing a missing key is not an error."""
@@ -375,6 +396,8 @@ class Driver(ABC):
             raise ReadOnlyError(f"{self.url} is opened read-only")
         delay = self.backoff
         attempt = 1
+        txn: Txn | None = None
+        freed = False
         while True:
             try:
                 with self._begin(write) as txn:
@@ -382,6 +405,14 @@ class Driver(ABC):
             except RetryableError:
                 if attempt >= self.max_attempts:
                     raise
+            except StorageFullError:
+                # Cleanup must stay possible on a full store: a small transaction (an unlink,
+                # a truncation) may use the room kept in reserve, once.
+                if freed or txn is None or txn.put_bytes > RESERVE_FOR or not self.free_reserve():
+                    raise
+                freed = True
+                log.warning("%s: full; the room kept in reserve for removals is used", self.url)
+                continue
             time.sleep(random.uniform(0, delay))
             delay = min(delay * 2, 0.5)
             attempt += 1
@@ -410,6 +441,11 @@ class Driver(ABC):
     def scan(self, start: str = "", stop: str | None = None, **kwargs: Any) -> list[tuple[str, Any]]:
         """One-shot :meth:`Txn.scan`, returned as a list (bound it with ``limit``)."""
         return self.transact(lambda t: list(t.scan(start, stop, **kwargs)), write=False)
+
+    def free_reserve(self) -> bool:
+        """Free room kept in reserve so that removals succeed on a full store; whether any
+        was freed (then the failed transaction runs again). None by default."""
+        return False
 
     # -- the change feed (optional): what other writers changed ----------------------------------
     #: Seconds between two looks at :meth:`changes` while the daemon is idle; a driver whose

@@ -39,6 +39,10 @@ class StorageFullError(BackendError):
     """The database has no room left for the write (a full disk, LMDB map or Redis maxmemory)."""
 
 
+class ValueTooLargeError(BackendError):
+    """A value larger than the database can hold in one record (checked before it is sent)."""
+
+
 class ReadOnlyError(BackendError):
     """A write was attempted on a driver opened read-only."""
 

@@ -33,13 +33,15 @@ from typing import Any
 
 import lmdb
 
-from ._util import Preallocator, check_options, parse_bool, parse_file_url, parse_size, statvfs
+from ._util import Preallocator, Reserve, check_options, parse_bool, parse_file_url, parse_size, statvfs
 from .base import DATA, KEYS, SIDE, SIZES, Driver, Fetch, HasPrefix, Size, Space, Txn, check_space, encode_key
 from .lmdb_env import KnownSizes, SideEnvironment, environments, translate, translated
 from .lmdb_feed import Own, changes, record
 
 SIDE_IN_FOLDER = "zarrfs-side.mdb"
 SIDE_FILE_SUFFIX = ".zarrfs-side"
+RESERVE_IN_FOLDER = "zarrfs-reserve"
+RESERVE_SUFFIX = ".zarrfs-reserve"
 _NONE: dict[Any, Any] = {}  # what a read transaction changed: nothing (never written to)
 
 
@@ -47,9 +49,14 @@ class LMDBTxn(Txn):
     """One transaction over the data environment and, lazily, the side environment; its own
     context manager (leaving the block commits, or aborts when the block raised)."""
 
+    # A node records a value's size in 32 bits.
+    max_value = 0xFFFFFFFF
+    value_limit = "LMDB's largest value"
+
     def __init__(self, driver: LMDBDriver, write: bool) -> None:
         # Txn.__init__ inlined, and no tables for a read: one of these is made per lookup.
         self.write, self.where, self.max_key = write, driver.path, driver.max_key_size
+        self.put_bytes = 0
         self._driver = driver
         if write:
             driver.write_lock.acquire()
@@ -298,6 +305,9 @@ class LMDBDriver(Driver):
         self.side = SideEnvironment(side_path, readonly, self._env_options)
         self._closed = False
         self.known = KnownSizes()
+        reserve = os.path.join(path, RESERVE_IN_FOLDER) if self.subdir else path + RESERVE_SUFFIX
+        self.reserve = None if readonly else Reserve(reserve)
+
         # Every write keeps a change log for the other mounts (lmdb_feed); own: its entries.
         self.log_changes = not readonly
         self.own = Own()
@@ -330,7 +340,13 @@ class LMDBDriver(Driver):
     def _begin(self, write: bool) -> LMDBTxn:
         if write and self._prealloc is not None:
             self._prealloc.grow()
+            if self.reserve is not None:
+                self.reserve.again()
         return LMDBTxn(self, write)
+
+    def free_reserve(self) -> bool:
+        """Free the disk room kept for removals on a full disk (see ``_util.Reserve``)."""
+        return self.reserve is not None and self.reserve.free()
 
     def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
         """What other writers committed since ``since`` (see ``lmdb_feed``)."""

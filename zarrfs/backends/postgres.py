@@ -76,6 +76,10 @@ def _bound(raw: bytes) -> tuple[str, bool]:
 class PostgresTxn(Txn):
     """One SQL transaction on the driver's connection; see the module docstring."""
 
+    # A bytea field holds at most 1 GiB, its 4-byte header included.
+    max_value = (1 << 30) - 5
+    value_limit = "PostgreSQL's largest bytea field"
+
     def __init__(self, driver: PostgresDriver, write: bool) -> None:
         super().__init__(write, driver.where)
         self._conn = driver.conn

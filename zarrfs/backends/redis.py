@@ -41,7 +41,6 @@ The connections live in ``redis_link``, the index and the scans that read it in
 ``redis_index``.
 """
 
-
 from __future__ import annotations
 
 import importlib.util
@@ -53,7 +52,19 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 import redis
 
 from ._util import DELETED
-from .base import DATA, SIDE, BackendError, Driver, HasPrefix, RetryableError, Size, Space, Txn, bytes_stop
+from .base import (
+    DATA,
+    SIDE,
+    BackendError,
+    Driver,
+    HasPrefix,
+    RetryableError,
+    Size,
+    Space,
+    StorageFullError,
+    Txn,
+    bytes_stop,
+)
 from .redis_feed import RedisFeed
 from .redis_index import IndexScans, ensure_index, reindex, scan_keyspace
 from .redis_link import BIG_ARG, SPIN, Link, Links, translate, translated
@@ -75,8 +86,11 @@ class RedisTxn(IndexScans, Txn):
     """An optimistic transaction; see the module docstring. Also its own context manager:
     leaving the block commits, or drops the writes when the block raised."""
 
+    value_limit = "Redis's proto-max-bulk-len"
+
     def __init__(self, driver: RedisDriver, write: bool) -> None:
         super().__init__(write, driver.where)
+        self.max_value = driver.max_value
         self._d = driver
         self._link = driver._acquire()
         self._pending: dict[tuple[Space, bytes], Any] = {}
@@ -262,7 +276,14 @@ class RedisTxn(IndexScans, Txn):
         replies = link.call(commands, big=big)
         for reply in replies[:-1]:
             if isinstance(reply, Exception):  # refused while queueing, e.g. OOM
-                raise translate(reply, d.where)
+                error = translate(reply, d.where)
+                if isinstance(error, StorageFullError) and not added:
+                    # Over maxmemory, Redis refuses every command queued in a MULTI, even a
+                    # DEL; a script may still delete. Removals then win over a concurrent
+                    # change of the same keys (no WATCH): cleanup stays possible.
+                    link.checked([_removal(deleted, removed)])
+                    return
+                raise error
         result = replies[-1]
         if result is None:
             raise RetryableError(f"{d.where}: write conflict (a watched key changed)")
@@ -271,6 +292,30 @@ class RedisTxn(IndexScans, Txn):
         for reply in result:
             if isinstance(reply, Exception):
                 raise translate(reply, d.where)
+
+
+# Deletes KEYS[1..ARGV[1]], then, for each further key (a sorted set), removes the number of
+# members ARGV gives next, listed after it.
+_REMOVE = """
+local n = tonumber(ARGV[1])
+for i = 1, n do redis.call('DEL', KEYS[i]) end
+local j = 2
+for i = n + 1, #KEYS do
+  local count = tonumber(ARGV[j])
+  for m = 1, count do redis.call('ZREM', KEYS[i], ARGV[j + m]) end
+  j = j + count + 1
+end
+return 0
+"""
+
+
+def _removal(deleted: list[bytes], removed: dict[bytes, list[bytes]]) -> tuple[Any, ...]:
+    """The EVAL of :data:`_REMOVE` for these deletes and index removals."""
+    keys = [*deleted, *removed]
+    argv: list[Any] = [len(deleted)]
+    for members in removed.values():
+        argv += [len(members), *members]
+    return ("EVAL", _REMOVE, len(keys), *keys, *argv)
 
 
 class RedisDriver(Driver):
@@ -322,6 +367,16 @@ class RedisDriver(Driver):
         except Exception as exc:
             raise translate(exc, self.where) from exc
         self.indexed = ensure_index(self)
+        self.max_value = self._bulk_limit()
+
+    def _bulk_limit(self) -> int:
+        """The largest argument the server takes (``proto-max-bulk-len``; a larger one resets
+        the connection): its setting, or the default, 512 MB, where CONFIG is not allowed."""
+        try:
+            found = self.client.config_get("proto-max-bulk-len")
+            return int(next(iter(found.values())))
+        except Exception:
+            return 512 << 20
 
     def set_timeout(self, seconds: float) -> None:
         """Bound the waits of later calls, and of the connections held now, to ``seconds``."""
@@ -345,11 +400,11 @@ class RedisDriver(Driver):
         if feed is not None and not feed.lost and getattr(link, "tracked", None) != feed.cid:
             try:
                 feed.track(link)
-            except BackendError as exc:
-                # The feed's client is gone (a restarted server): the feed reconnects at its
-                # next look (reporting "something changed") and links track into it then.
-                feed.lost = True
-                log.info("%s: change feed to be renewed: %s", self.where, exc)
+            except BackendError:
+                if link.broken:  # the server is away: so is the transaction
+                    self._links.release(link)
+                    raise
+                feed.drop()  # it refused the redirect (see redis_feed): untracked
             except BaseException:
                 self._links.release(link)
                 raise

@@ -19,6 +19,9 @@ as they now exist or not (one round trip per batch), so they list without ``zarr
 A server older than 6, or one refusing ``CLIENT TRACKING``: no feed (the mount keeps short cache
 times, as before). A lost feed connection is reopened at the next look, and reported as
 "something changed" (what happened meanwhile is not known); links then track to the new one.
+A link that cannot track into the feed (a restarted server no longer knows the feed's client
+ID, and refuses the redirect) takes the feed for lost and serves its transaction untracked: a
+write never fails for the feed's sake.
 """
 
 from __future__ import annotations
@@ -50,13 +53,20 @@ class RedisFeed:
 
     def _connect(self) -> None:
         d = self.driver
-        with translated(d.where):
-            conn = d.pool.make_connection()
-            conn.connect()
-            conn.send_command("CLIENT", "ID")
-            self.cid = int(conn.read_response())
-            conn.send_command("SUBSCRIBE", CHANNEL)
-            conn.read_response()
+        # A connection of its own, outside the pool: the pool counts every connection it makes
+        # against its limit until it is given back, and attempts made while the server is away
+        # would use that up ("Too many connections") for good.
+        conn = d.pool.connection_class(**d.pool.connection_kwargs)
+        try:
+            with translated(d.where):
+                conn.connect()
+                conn.send_command("CLIENT", "ID")
+                self.cid = int(conn.read_response())
+                conn.send_command("SUBSCRIBE", CHANNEL)
+                conn.read_response()
+        except BaseException:
+            conn.disconnect()
+            raise
         self.conn = conn
 
     def fileno(self) -> int | None:
@@ -100,11 +110,7 @@ class RedisFeed:
                     names.extend(message[2])
         except Exception as exc:
             log.warning("%s: change feed lost (%s); reconnecting", d.where, exc)
-            self.lost = True
-            try:
-                self.conn.disconnect()
-            except Exception:
-                pass
+            self.drop()
             return None
         if everything:
             return None
@@ -142,6 +148,16 @@ class RedisFeed:
                 if gone:
                     pipe.zrem(index, *gone)
                 pipe.execute()
+
+    def drop(self) -> None:
+        """Take the feed for lost (reopened at the next look, which reports "something
+        changed"): its connection failed, or the server no longer knows its client ID (it
+        restarted), so that links cannot track into it."""
+        self.lost = True
+        try:
+            self.conn.disconnect()
+        except Exception:
+            pass
 
     def close(self) -> None:
         """Close the feed's connection."""

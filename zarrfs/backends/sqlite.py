@@ -35,6 +35,7 @@ stored as TEXT, exactly as ``SQLiteStore`` stores them, compared in the primary-
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
@@ -43,7 +44,7 @@ from typing import Any
 
 from . import sqlite_feed
 from . import sqlite_sql as sq
-from ._util import check_options, parse_bool, parse_file_url, statvfs
+from ._util import Reserve, check_options, parse_bool, parse_file_url, statvfs
 from .base import (
     DATA,
     KEYS,
@@ -63,6 +64,7 @@ from .base import (
 from .sqlite_checkpoint import Checkpointer, checkpoint
 from .sqlite_sql import PAGE_SIZE, TABLES, BatchStatements, blob, connect, prepare, translate, translated
 
+log = logging.getLogger("zarrfs.backends.sqlite")
 __all__ = ["PAGE_SIZE", "SQLiteDriver", "SQLiteTxn"]
 
 
@@ -70,12 +72,15 @@ class SQLiteTxn(Txn):
     """One SQLite transaction on the calling thread's connection; also its own context manager
     (leaving the block commits, or rolls back when the block raised)."""
 
+    value_limit = "SQLite's SQLITE_LIMIT_LENGTH, less room for the key"
+
     #: Rows fetched per statement while scanning, by fetch mode (values can be large).
     batch = {KEYS: 1024, SIZES: 1024}
     value_batch = 16
 
     def __init__(self, driver: SQLiteDriver, conn: sqlite3.Connection, write: bool) -> None:
         super().__init__(write, driver.path)
+        self.max_value = driver.max_value
         self._driver = driver
         self._conn = conn
         # A read transaction runs its first statement on its own (autocommit: a statement is
@@ -294,6 +299,15 @@ class SQLiteDriver(Driver):
         self.tables: set[str] = set()
         self.tables, wal = prepare(self._conn(), path, readonly)
         self.batches = BatchStatements(self.tables)
+        # A row (key and value) may not exceed the connection's length limit (SQLITE_MAX_LENGTH,
+        # 10**9 by default, at most 2**31 - 1); keys are short, 4 KiB leaves room for them.
+        length = getattr(sqlite3, "SQLITE_LIMIT_LENGTH", None)
+        limit = self._conn().getlimit(length) if length is not None else 10**9
+        self.max_value = limit - 4096
+        # SQLite needs more than LMDB: the commits still in the WAL may need the database file
+        # to grow when they are checkpointed, and a delete appends to the WAL until then.
+        self.reserve = None if readonly else Reserve(path + ".zarrfs-reserve", 4 << 20)
+
         # The change log (sqlite_feed): triggers, and the id ranges of this driver's entries.
         self.own = sqlite_feed.Own()
         self.logged = False
@@ -316,7 +330,28 @@ class SQLiteDriver(Driver):
         return conn
 
     def _begin(self, write: bool) -> SQLiteTxn:
+        if write and self.reserve is not None:
+            self.reserve.again()
         return SQLiteTxn(self, self._conn(), write)
+
+    def free_reserve(self) -> bool:
+        """Make room for a removal on a full disk: SQLite records a delete in the WAL, which
+        grows until a checkpoint. Free the room kept in reserve (``_util.Reserve``), and
+        once it is gone, copy the WAL into the database and truncate it (a delete frees
+        pages inside the database, so the copy needs no new room): its blocks are free then."""
+        if self.readonly:
+            return False
+        if self.reserve is not None and self.reserve.free():
+            return True
+        try:
+            with self.checkpoint_lock, translated(self.path):
+                busy = self._conn().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        except Exception as exc:
+            log.warning("%s: checkpoint on a full disk failed: %s", self.path, exc)
+            return False
+        if busy:
+            log.warning("%s: checkpoint on a full disk busy", self.path)
+        return not busy
 
     def committed(self, written: int) -> None:
         """A write transaction committed about ``written`` bytes: tell the checkpointer."""

@@ -22,6 +22,7 @@ from .base import (
     Size,
     StorageFullError,
     UnavailableError,
+    ValueTooLargeError,
 )
 
 TABLES = {DATA: "zarr", SIDE: "zarrfs_side"}
@@ -67,7 +68,7 @@ def translate(exc: sqlite3.Error, what: str) -> BackendError:
     if primary == _FULL or "disk is full" in low:
         return StorageFullError(f"{what}: {msg}")
     if primary == _TOOBIG or "too big" in low:
-        return StorageFullError(f"{what}: value larger than SQLite's SQLITE_MAX_LENGTH: {msg}")
+        return ValueTooLargeError(f"{what}: value larger than SQLite's SQLITE_MAX_LENGTH: {msg}")
     if primary == _READONLY or "readonly" in low:
         return ReadOnlyError(f"{what}: {msg}")
     if primary == _CANTOPEN or "unable to open" in low:

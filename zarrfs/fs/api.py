@@ -237,10 +237,22 @@ class Operations:
         """Create and open a file; stored at its first commit."""
         return self.handles.create(key, mode | stat.S_IFREG, flags, uid, gid)
 
-    def open(self, key: str, flags: int = os.O_RDONLY, linked: bool | None = None) -> int:
+    def open(
+        self,
+        key: str,
+        flags: int = os.O_RDONLY,
+        linked: bool | None = None,
+        kept: tuple[int, int] | None = None,
+    ) -> int:
         """Open a file. ``linked`` False: the caller knows it has no other names (hard links),
-        so they need not be looked up."""
-        return self.handles.open(key, flags, linked)
+        so they need not be looked up; ``kept`` is the (size, mtime) of the version whose
+        pages the kernel holds, if any (see :meth:`HandleTable.open`)."""
+        return self.handles.open(key, flags, linked, kept)
+
+    def opened(self, fh: int) -> tuple[Node | None, bool]:
+        """The file as its open found it in the database (None: pending content of this
+        mount), and whether the descriptor must bypass the kernel's page cache."""
+        return self.handles.opened(fh)
 
     def read(self, fh: int, size: int, offset: int) -> bytes | memoryview:
         """Bytes of an open file."""

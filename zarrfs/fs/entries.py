@@ -7,6 +7,8 @@ zarr-python's stores do not see them), and the helpers the other writes share. P
 new node is owned by its caller, takes the group of a setgid folder (a new folder its setgid
 bit too), and that adding or removing a name changes the folder's mtime and ctime: each call
 does it in its own transaction, from the probe it makes anyway (one more record written).
+A removal, and what it leaves, keeps an emptied folder (only rmdir removes one); on a full
+store it writes neither the folder's times nor its mark.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ import errno
 import stat
 from typing import Any
 
-from zarrfs.backends.base import SIDE, Txn
+from zarrfs.backends.base import DATA, SIDE, Get, HasPrefix, StorageFullError, Txn
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.lookups import DIR, FILE, LINK
 from zarrfs.fs.sidedata import (
     DIR_MARK,
+    ENTRY,
     LINK_MARK,
     SPECIAL_TYPES,
     Attrs,
@@ -62,6 +65,30 @@ class Entries:
             return None if raw is None else Attrs.unpack(raw)
 
         return self.driver.transact(run, write=False)
+
+    def _keep_parent(self, t: Txn, key: str) -> None:
+        """After ``key`` left its folder, keep the folder (POSIX: only rmdir removes one)."""
+        parent = key.rpartition("/")[0]
+        if not parent:
+            return
+        marked, data_below, side_below = t.read_many(
+            [
+                Get(entry_key(parent), SIDE),
+                HasPrefix(parent + "/", DATA),
+                HasPrefix(ENTRY + parent + "/", SIDE),
+            ]
+        )
+        if marked is None and not data_below and not side_below:
+            t.put(entry_key(parent), DIR_MARK, SIDE)
+
+    def _removing(self, run: Any) -> Any:
+        """Run a removal; on a full store, again without keeping the folder it empties nor
+        changing its times: those are writes a full store may refuse, and removing must stay
+        possible (the emptied folder then goes, as ``rm -r`` would take it next)."""
+        try:
+            return self._write(run)
+        except StorageFullError:
+            return self._write(lambda t: run(t, keep=False))
 
     def _folder_changed(
         self, t: Txn, folder: str, raw: bytes | None, now: int, since: int | None = None

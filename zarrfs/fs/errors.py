@@ -39,6 +39,7 @@ _TABLE: list[tuple[type[BaseException], int]] = [
     (base.StorageFullError, errno.ENOSPC),
     (base.StalledError, errno.ETIMEDOUT),
     (base.InterruptedCallError, errno.EINTR),
+    (base.ValueTooLargeError, errno.EFBIG),
     (base.UnavailableError, errno.EIO),
     (base.RetryableError, errno.EAGAIN),
     (base.DriverNotFoundError, errno.ENODEV),

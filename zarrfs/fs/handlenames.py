@@ -54,7 +54,10 @@ class OpenNames:
         if state.buffer is None and state.snapshot is None and not state.created:
             try:
                 if self.tree.stored_size(key) <= SNAPSHOT_LIMIT:
-                    state.snapshot = self.tree.read_value(key)
+                    version = state.version
+                    state.snapshot = (
+                        self.tree.read_value(key) if version is None else self.tree.read_version(key, version)
+                    )
             except FsError:
                 pass  # already gone
 

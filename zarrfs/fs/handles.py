@@ -24,11 +24,12 @@ import logging
 import os
 import stat
 import time
-from dataclasses import dataclass, field
 
 from zarrfs.fs.entries import inherit_group
 from zarrfs.fs.errors import FsError
+from zarrfs.fs.filestate import FileState, Handle
 from zarrfs.fs.handlenames import SNAPSHOT_LIMIT, OpenNames
+from zarrfs.fs.lookups import stamp_of
 from zarrfs.fs.namespace import FILE, Node, Tree
 from zarrfs.fs.pagecache import Stored, last_page
 from zarrfs.fs.sidedata import Attrs
@@ -44,44 +45,6 @@ def is_deferrable(key: str) -> bool:
     """Whether a new file at ``key`` is a temporary file that is about to be renamed
     (zarr-python's ``*.partial``, tensorstore's ``*.__lock``)."""
     return key.endswith((".partial", ".__lock"))
-
-
-@dataclass
-class FileState:
-    """What the mount knows about one open key: pending content and attributes."""
-
-    key: str
-    buffer: SpillBuffer | None = None
-    snapshot: bytes | None = None
-    attrs: Attrs | None = None
-    dirty: bool = False
-    created: bool = False
-    orphan: bool = False
-    failed: bool = False
-    linked: bool = False  # the file has hard links: the table holds it under each name
-    stored: Stored | None = None  # what the last commit stored, while nothing changed since
-    born: int | None = None  # when a file made here was created (its folder changed then)
-    handles: set[int] = field(default_factory=set)
-
-    @property
-    def size(self) -> int:
-        """The size the file has now, pending writes included."""
-        if self.buffer is not None:
-            return self.buffer.size
-        return len(self.snapshot or b"")
-
-
-@dataclass
-class Handle:
-    """One open file description."""
-
-    state: FileState
-    flags: int
-
-    @property
-    def writable(self) -> bool:
-        """Whether it was opened for writing."""
-        return (self.flags & os.O_ACCMODE) != os.O_RDONLY
 
 
 class HandleTable(OpenNames):
@@ -132,8 +95,17 @@ class HandleTable(OpenNames):
         return Node(FILE, state.size, attrs, nlink=0 if state.orphan else 1)  # fstat after unlink: 0
 
     # ------------------------------------------------------------------ open / create
-    def open(self, key: str, flags: int, linked: bool | None = None) -> int:
-        """Open an existing file; O_TRUNC empties it. ``linked`` False: it has no other names."""
+    def open(
+        self, key: str, flags: int, linked: bool | None = None, kept: tuple[int, int] | None = None
+    ) -> int:
+        """Open an existing file; O_TRUNC empties it (stored at the next commit). ``linked``
+        False: it has no other names.
+
+        Unless this mount has pending content for it, the open reads the file's version from
+        the database (not from a cache), and with it its content when the kernel holds no
+        pages of that version (``kept`` is the stamp of the version it holds) and it is at
+        most :data:`SNAPSHOT_LIMIT` bytes: the descriptor reads that version until it is
+        closed, whoever replaces the file meanwhile (see :meth:`read`)."""
         writable = (flags & os.O_ACCMODE) != os.O_RDONLY
         if writable and self.readonly:
             raise FsError(errno.EROFS, key)
@@ -142,8 +114,22 @@ class HandleTable(OpenNames):
         # A held temporary file opened again is no longer only held: it is held again, or
         # stored, when its last descriptor closes.
         self.deferred.pop(key, None)
+        seen = None
+        truncating = writable and flags & os.O_TRUNC
+        if not truncating and state.buffer is None and not state.created:
+            seen, value = self.tree.version(key, kept, SNAPSHOT_LIMIT)
+            if seen is not None and seen.kind == FILE:
+                version = stamp_of(seen)
+                if state.version not in (None, version):
+                    # Descriptors of an older version are open: they keep it, and the kernel's
+                    # cache keeps its pages; this version is read outside that cache.
+                    state = FileState(key, private=True)
+                state.version = version
+                if state.snapshot is None:
+                    state.snapshot = value
         fh = self._add(state, flags)
-        if writable and flags & os.O_TRUNC:
+        self.handles[fh].seen = seen
+        if truncating:
             self._ensure_buffer(state, empty=True)
             self._touch(state)
         return fh
@@ -241,12 +227,28 @@ class HandleTable(OpenNames):
         assert state.attrs is not None
         state.attrs.mtime = state.attrs.ctime = now
 
+    def opened(self, fh: int) -> tuple[Node | None, bool]:
+        """What an open found in the database (None when it had pending content here), and
+        whether the descriptor must read outside the kernel's page cache (another version's
+        descriptors are open)."""
+        handle = self._handle(fh)
+        return handle.seen, handle.state.private
+
     def read(self, fh: int, size: int, offset: int) -> bytes | memoryview:
-        """Read from the pending content, or from a snapshot of the value taken at first read.
-        Returns a view where it can (no copy), valid until the file next changes."""
+        """Read from the pending content, or from the version the file had at its first open:
+        a snapshot (taken at the open, or at the first read when the kernel held the pages
+        then), or, for a value above :data:`SNAPSHOT_LIMIT`, ranges read each with a check of
+        the version, which fails with ESTALE when the file was replaced since: a descriptor
+        never reads parts of two versions. Returns a view where it can (no copy), valid until
+        the file next changes."""
         state = self._handle(fh).state
         if state.buffer is not None:
             return state.buffer.read(offset, size)
+        version = state.version
+        if state.snapshot is None and version is not None:
+            if not self.tree.hooks_transform and (offset > 0 or version[0] > SNAPSHOT_LIMIT):
+                return self.tree.read_version(state.key, version, offset, size)
+            state.snapshot = self.tree.read_version(state.key, version)
         if state.snapshot is None:
             # A read that does not start at the beginning reads just its range: the kernel
             # fetching the last, partial page of a file whose other pages it holds, or a

@@ -52,6 +52,12 @@ class Node:
     rdev: int = 0
 
 
+def stamp_of(node: Node) -> tuple[int, int]:
+    """What tells two versions of a file apart: its size and its mtime (every commit through a
+    mount records a new mtime, in nanoseconds)."""
+    return node.size, node.attrs.mtime
+
+
 class Lookups:
     """Lookups of a :class:`zarrfs.fs.namespace.Tree`, which provides the attributes used here
     (``driver``, ``hooks``, ``uid``, ``gid``, ``umask``, ``epoch``, ``folder_cache``) and
@@ -243,6 +249,42 @@ class Lookups:
             value = t.get(key)
             if value is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
+            return self.hooks.shown_value(t, key, value)
+
+        return self.driver.transact(run, write=False)
+
+    def version(self, key: str, kept: tuple[int, int] | None, limit: int) -> tuple[Node | None, bytes | None]:
+        """The file at ``key`` as it is now, for an open: its node and, in the same
+        transaction, its content when that is at most ``limit`` bytes and its stamp is not
+        ``kept`` (the kernel holds that version's pages, and may never ask for them)."""
+
+        def run(t: Txn) -> tuple[Node | None, bytes | None]:
+            node = self._find(t, key)
+            if node is None or node.kind != FILE or stamp_of(node) == kept:
+                return node, None
+            if node.size > limit or self.hooks_transform:
+                # A decoded view decodes at the first read, which may refuse it (EINVAL):
+                # the open itself succeeds, as it did before it read anything.
+                return node, None
+            value = t.get(key)
+            return node, None if value is None else self.hooks.shown_value(t, key, value)
+
+        return self.driver.transact(run, write=False)
+
+    def read_version(self, key: str, stamp: tuple[int, int], offset: int = 0, size: int = -1) -> bytes:
+        """Bytes of the file at ``key`` (all of it, as shown, when ``size`` is negative; else a
+        stored range) if it is still the version ``stamp``; ESTALE when it was replaced: a
+        descriptor never reads from two versions."""
+
+        def run(t: Txn) -> bytes:
+            node = self._find(t, key)
+            if node is None or node.kind != FILE or stamp_of(node) != stamp:
+                raise FsError(errno.ESTALE, f"{key} was replaced since it was opened")
+            if size >= 0:
+                return t.read(key, offset, size) or b""
+            value = t.get(key)
+            if value is None:
+                raise FsError(errno.ESTALE, f"{key} was replaced since it was opened")
             return self.hooks.shown_value(t, key, value)
 
         return self.driver.transact(run, write=False)

@@ -21,14 +21,14 @@ import stat
 import time
 from typing import Any
 
-from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, Get, HasPrefix, Txn
+from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, Txn
 from zarrfs.fs import hardlinks
 from zarrfs.fs.entries import Entries
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.hardlinks import POINTER, LinkGroups, pointer_key
 from zarrfs.fs.listing import FOLDER_BATCH, Listings
 from zarrfs.fs.lookups import DIR, FILE, LINK, Lookups, Node
-from zarrfs.fs.sidedata import DIR_MARK, ENTRY, EPOCH, Attrs, attr_key, entry_key
+from zarrfs.fs.sidedata import ENTRY, EPOCH, Attrs, attr_key, entry_key
 
 # Names other modules import from here (their home is zarrfs.fs.lookups / zarrfs.fs.listing).
 __all__ = [
@@ -175,21 +175,6 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
     def _now(self) -> int:
         return time.time_ns()
 
-    def _keep_parent(self, t: Txn, key: str) -> None:
-        """After ``key`` left its folder, keep the folder (POSIX: only rmdir removes one)."""
-        parent = key.rpartition("/")[0]
-        if not parent:
-            return
-        marked, data_below, side_below = t.read_many(
-            [
-                Get(entry_key(parent), SIDE),
-                HasPrefix(parent + "/", DATA),
-                HasPrefix(ENTRY + parent + "/", SIDE),
-            ]
-        )
-        if marked is None and not data_below and not side_below:
-            t.put(entry_key(parent), DIR_MARK, SIDE)
-
     def commit(
         self,
         key: str,
@@ -258,7 +243,7 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
 
         where = key.rpartition("/")[0]
 
-        def run(t: Txn) -> list[str]:
+        def run(t: Txn, keep: bool = True) -> list[str]:
             found, folder = self._probe_many(t, [key, where])
             if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
@@ -272,11 +257,12 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
             else:
                 t.delete(entry_key(key), SIDE)
             t.delete(attr_key(key), SIDE)
-            self._keep_parent(t, key)
-            self._folder_changed(t, where, folder[3] if folder else None, self._now())
+            if keep:  # writes a full store may refuse (see _removing)
+                self._keep_parent(t, key)
+                self._folder_changed(t, where, folder[3] if folder else None, self._now())
             return left
 
-        return self._write(run)
+        return self._removing(run)
 
     def rmdir(self, key: str) -> None:
         """Remove the empty folder at ``key`` (ENOTEMPTY, ENOTDIR, ENOENT as POSIX says)."""
@@ -285,7 +271,7 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
             raise FsError(errno.EBUSY, "the root folder")
         where = key.rpartition("/")[0]
 
-        def run(t: Txn) -> None:
+        def run(t: Txn, keep: bool = True) -> None:
             found, folder = self._probe_many(t, [key, where])
             if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
@@ -295,10 +281,11 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
                 raise FsError(errno.ENOTEMPTY, key, quiet=True)
             t.delete(entry_key(key), SIDE)
             t.delete(attr_key(key), SIDE)
-            self._keep_parent(t, key)
-            self._folder_changed(t, where, folder[3] if folder else None, self._now())
+            if keep:  # writes a full store may refuse (see _removing)
+                self._keep_parent(t, key)
+                self._folder_changed(t, where, folder[3] if folder else None, self._now())
 
-        self._write(run)
+        self._removing(run)
 
     def set_attrs(
         self,

@@ -80,13 +80,19 @@ class PageCache:
             return None
         return stored.size - len(stored.tail), stored.tail
 
-    def opened(self, pages: Pages, find: Callable[[str], Node | None], key: str) -> bool:
-        """Whether an open of the file at ``key`` may keep the kernel's pages of it. When the
-        kernel's attributes may have expired, the file is looked at again (``find(key)``): it
-        may have been changed behind the mount. Whatever the answer, the pages the kernel
-        reads from now on are the content seen here, so the open after this one may keep them
-        unless the file changes again."""
-        if self.clock() - pages.stamp_time > self.attr_timeout:
+    def opened(
+        self, pages: Pages, find: Callable[[str], Node | None], key: str, seen: Node | None = None
+    ) -> bool:
+        """Whether an open of the file at ``key`` may keep the kernel's pages of it. ``seen``
+        is the file as the open read it from the database: the decision is made on it, never
+        on attributes the kernel was given earlier (another mount may have replaced the file
+        within the attribute timeout). Without it (content pending in this mount), when the
+        kernel's attributes may have expired, the file is looked at again (``find(key)``).
+        Whatever the answer, the pages the kernel reads from now on are the content seen
+        here, so the open after this one may keep them unless the file changes again."""
+        if seen is not None:
+            self.shown(pages, seen)
+        elif self.clock() - pages.stamp_time > self.attr_timeout:
             node = find(key)
             if node is not None:
                 self.shown(pages, node)

@@ -95,6 +95,7 @@ FATTR_ATIME_NOW = 1 << 7
 FATTR_MTIME_NOW = 1 << 8
 
 GETATTR_FH = 1 << 0
+FOPEN_DIRECT_IO = 1 << 0
 FOPEN_KEEP_CACHE = 1 << 1
 # Linux >= 5.16 (protocol 7.35) sends no FLUSH at the close of such a file; older kernels
 # ignore the bit and send it as before.
@@ -292,3 +293,32 @@ def names(buf, start: int, end: int, count: int = 2) -> list[bytes]:
     if len(parts) != count:
         raise Malformed(f"{len(parts)} names where {count} belong")
     return parts
+
+
+# Where the (first) name of a request about a name in a folder starts.
+_NAMED = {
+    LOOKUP: IN_HEADER_SIZE,
+    UNLINK: IN_HEADER_SIZE,
+    RMDIR: IN_HEADER_SIZE,
+    SYMLINK: IN_HEADER_SIZE,
+    MKNOD: IN_HEADER_SIZE + MKNOD_IN.size,
+    MKDIR: IN_HEADER_SIZE + MKDIR_IN.size,
+    CREATE: IN_HEADER_SIZE + CREATE_IN.size,
+    RENAME: IN_HEADER_SIZE + RENAME_IN.size,
+    RENAME2: IN_HEADER_SIZE + RENAME2_IN.size,
+    LINK: IN_HEADER_SIZE + LINK_IN.size,
+}
+
+
+def request_name(opcode: int, buf, end: int) -> str | None:
+    """The (first) name a request about a name in a folder carries (a lookup, a create, an
+    unlink), for log lines; None for other requests, or a malformed one."""
+    at = _NAMED.get(opcode)
+    if at is None:
+        return None
+    try:
+        two = opcode in (SYMLINK, RENAME, RENAME2)
+        raw = names(buf, at, end)[0] if two else name(buf, at, end)
+    except Exception:  # a malformed request: the folder is all there is to say
+        return None
+    return raw.decode("utf-8", "backslashreplace")

@@ -80,9 +80,9 @@ class Dispatcher:
                 raise k.Malformed(f"length {length}: {self._min_len[op]} at least, {len(buf)} read")
             self._handlers[op](head, buf)
         except Exception as exc:
-            self._failed(head, op, exc)
+            self._failed(head, op, exc, buf)
 
-    def _failed(self, head: Header, op: int, exc: Exception) -> None:
+    def _failed(self, head: Header, op: int, exc: Exception, buf: memoryview | None = None) -> None:
         # One log line at most, never a traceback: a malformed request says what was wrong
         # with it, an error of a call what the caller hears (unless routine).
         what = self._names[op]
@@ -97,7 +97,7 @@ class Dispatcher:
             if not is_quiet(exc):
                 level = logging.WARNING if isinstance(exc, OSError) else logging.ERROR
                 reason = errno.errorcode.get(code, code)
-                log.log(level, "%s %s: %s (%s)", what, self._describe(head), reason, exc)
+                log.log(level, "%s %s: %s (%s)", what, self._describe(head, buf), reason, exc)
         if self._answered[op]:
             self._reply_error(head, code)
         else:
@@ -112,9 +112,16 @@ class Dispatcher:
             "errors": {names[op]: n for op, n in enumerate(self._errors) if n},
         }
 
-    def _describe(self, head: Header) -> str:
-        """What a request was about, for a log line (a subclass knows more than the ID)."""
-        return f"node {head.nodeid}"
+    def _describe(self, head: Header, buf: memoryview | None = None) -> str:
+        """What a request was about, for a log line: the node's path (a subclass knows it,
+        :meth:`_path`), and for a request about a name in a folder (a lookup, a create, an
+        unlink) the file's name too, not only the folder's."""
+        where = self._path(head.nodeid)
+        name = None if buf is None else k.request_name(head.opcode, buf, head.len)
+        return where if name is None else where.rstrip("/") + "/" + name
+
+    def _path(self, nodeid: int) -> str:
+        return f"node {nodeid}"
 
     def _send(self, data) -> None:
         try:

@@ -1,20 +1,11 @@
 """The FUSE session: kernel requests in, :class:`~zarrfs.fs.api.Operations` calls, replies out.
 
-zarrfs answers the kernel itself rather than through libfuse's callbacks: a request is parsed
-with :mod:`struct` straight from the buffer it was read into, node IDs become store keys
-through the :class:`~zarrfs.fuse.inodes.InodeTable`, and each reply is one packed ``bytes`` written
-to ``/dev/fuse``. No call from C back into Python per request, no path rebuilt by libfuse for
-each call: what a request costs beyond the loop is the work of the call itself
-(``scripts/python_floor.py --session`` measures the rest).
-
-Each request goes through one table (:meth:`Session.handle`): its opcode picks its handler,
-after a check that it holds the input struct and the names of its type
-(:data:`zarrfs.fuse.abi.OPCODES`); a request that does not is refused with EINVAL. Every
-exception a call raises becomes the errno of the reply here, through
-:func:`zarrfs.fs.api.to_errno`, with one log line unless it is routine (a missing name).
-Whether an open keeps the kernel's cached pages, and which pages are handed to the kernel after
-a commit, is decided by :class:`zarrfs.fs.api.PageCache`; this module only says it in the
-protocol.
+A request is parsed with :mod:`struct` straight from the buffer it was read into (no callbacks
+from C, no path rebuilt per call), checked against its opcode's entry in
+:data:`zarrfs.fuse.abi.OPCODES` (EINVAL when short), and answered with one packed reply. Node
+IDs become store keys through :class:`~zarrfs.fuse.inodes.InodeTable`; exceptions become the
+reply's errno through :func:`zarrfs.fs.api.to_errno` (one log line unless routine); the page
+cache decisions are :class:`zarrfs.fs.api.PageCache`'s, this module only says them.
 """
 
 from __future__ import annotations
@@ -112,9 +103,9 @@ class Session(LockRequests, Dispatcher):
         super().__init__(fd, handlers, BUFFER_SIZE)
 
     # ------------------------------------------------------------------ helpers
-    def _describe(self, head: Header) -> str:
-        key = self.inodes.key(head.nodeid)
-        return "/" + key if key is not None else f"node {head.nodeid}"
+    def _path(self, nodeid: int) -> str:
+        key = self.inodes.key(nodeid)
+        return "/" + key if key is not None else f"node {nodeid}"
 
     def _key(self, nodeid: int) -> str:
         key = self.inodes.key(nodeid)
@@ -406,10 +397,17 @@ class Session(LockRequests, Dispatcher):
         if self.coherence is not None:  # close-to-open: what others committed, first
             self.coherence.poll()
         inode = self.inodes.get(head.nodeid)
-        # A file the kernel knows without hard links needs no look for its other names.
-        fh = self.ops.open(key, flags, None if inode is None or inode.group else False)
-        keep = inode is not None and self.pages.opened(inode, self.ops.find, key)
-        open_flags = k.FOPEN_KEEP_CACHE if keep else 0
+        # kept: the version whose pages the kernel holds (the open reads no content when the
+        # file is still that version); a file known without hard links needs no look for its
+        # other names.
+        kept = inode.stamp if inode is not None and inode.cache_ok else None
+        fh = self.ops.open(key, flags, None if inode is None or inode.group else False, kept)
+        seen, private = self.ops.opened(fh)
+        if private:  # the kernel's pages are another version's, which descriptors still read
+            open_flags = k.FOPEN_DIRECT_IO
+        else:
+            keep = inode is not None and self.pages.opened(inode, self.ops.find, key, seen)
+            open_flags = k.FOPEN_KEEP_CACHE if keep else 0
         if flags & os.O_ACCMODE == os.O_RDONLY:
             # Its close has nothing to store: spare the reader that round trip.
             open_flags |= k.FOPEN_NOFLUSH

@@ -1,0 +1,136 @@
+"""A full store: a database on a small tmpfs filled through the mount, and a redis-server with
+a small maxmemory. The close that does not fit fails with ENOSPC and stores nothing; what was
+closed before is all there after a remount; and cleanup (unlink, rmdir, truncate to 0) works
+on the full store."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import subprocess
+
+import pytest
+from conftest import start_redis, stop_redis
+from mounting import Mount, needs_fuse
+
+from zarrfs.backends import open_driver
+
+pytestmark = needs_fuse
+
+CHUNK = 200_000
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 12 MiB tmpfs (root only)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    where = tmp_path / "disk"
+    where.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(where)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr.decode().strip()}")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def _fill(root, prefix: str, limit: int = 400, size: int = CHUNK) -> tuple[dict[str, str], str]:
+    """Write files until a close fails; the closed files' digests and the failed name."""
+    kept: dict[str, str] = {}
+    for i in range(limit):
+        name = f"{prefix}{i}"
+        data = os.urandom(size)
+        fd = os.open(root / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data)
+        except OSError:
+            os.close(fd)
+            raise
+        try:
+            os.close(fd)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+            return kept, name
+        kept[name] = hashlib.sha256(data).hexdigest()
+    raise AssertionError(f"{limit} files of {CHUNK} bytes fit")
+
+
+def _check(root, kept: dict[str, str], failed: str) -> None:
+    assert not (root / failed).exists()
+    for name, digest in kept.items():
+        assert hashlib.sha256((root / name).read_bytes()).hexdigest() == digest, name
+
+
+def _cleanup(root, kept: dict[str, str]) -> None:
+    names = list(kept)
+    os.truncate(root / names[0], 0)
+    kept[names[0]] = hashlib.sha256(b"").hexdigest()
+    for name in names[1:4]:
+        os.unlink(root / name)
+        del kept[name]
+    os.rmdir(root / "empty")
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "sqlite"])
+def test_a_full_disk(kind, small_disk, tmp_path):
+    url = f"lmdb://{small_disk}/db.lmdb" if kind == "lmdb" else f"sqlite://{small_disk}/db.sqlite"
+    m = Mount(url, tmp_path / "mnt", ["create", "validate=off"])
+    with m:
+        (m.path / "empty").mkdir()
+        kept, failed = _fill(m.path, "f")
+        _check(m.path, kept, failed)
+        _cleanup(m.path, kept)  # on the full disk
+    with Mount(url, tmp_path / "mnt", ["validate=off"]) as again:
+        _check(again.path, kept, failed)
+        assert not (again.path / "empty").exists()
+        log = [
+            line for line in again.log_text().splitlines() + m.log_text().splitlines() if " ERROR " in line
+        ]
+    assert any("ENOSPC" in line for line in log)
+    assert not any("EIO" in line for line in log), log
+
+
+def test_a_full_lmdb_map(tmp_path):
+    url = f"lmdb://{tmp_path}/small.lmdb?map_size={4 << 20}"
+    with Mount(url, tmp_path / "mnt", ["create", "validate=off"]) as m:
+        (m.path / "empty").mkdir()
+        kept, failed = _fill(m.path, "f")
+        _check(m.path, kept, failed)
+        _cleanup(m.path, kept)
+    with Mount(url, tmp_path / "mnt", ["validate=off"]) as again:
+        _check(again.path, kept, failed)
+
+
+def test_redis_maxmemory(tmp_path):
+    server = start_redis(str(tmp_path))
+    try:
+        client = server.client()
+        client.config_set("maxmemory", str(client.info("memory")["used_memory"] + (2 << 20)))
+        client.config_set("maxmemory-policy", "noeviction")
+        url = server.url(0, prefix="full")
+        driver = open_driver(url)
+        driver.put("d/only", b"1")  # a folder made by a key alone: no mark of its own
+        driver.close()
+        with Mount(url, tmp_path / "mnt", ["create", "validate=off"]) as m:
+            (m.path / "empty").mkdir()
+            kept, failed = _fill(m.path, "f", limit=5000, size=2000)
+            _check(m.path, kept, failed)
+            # Over the limit for good (as after a lowered maxmemory), not only for the next write.
+            client.config_set("maxmemory", str(client.info("memory")["used_memory"] - (256 << 10)))
+            # Redis refuses every write that may add memory: a truncation stores a value.
+            with pytest.raises(OSError) as info:
+                os.truncate(m.path / next(iter(kept)), 0)
+            assert info.value.errno == errno.ENOSPC
+            for name in list(kept)[1:4]:
+                os.unlink(m.path / name)
+                del kept[name]
+            os.rmdir(m.path / "empty")
+            # The last file of a folder: the folder's mark is a write Redis refuses now.
+            os.unlink(m.path / "d" / "only")
+        with Mount(url, tmp_path / "mnt", ["validate=off"]) as again:
+            _check(again.path, kept, failed)
+    finally:
+        stop_redis(server)
