@@ -100,6 +100,8 @@ class RedisClusterDriver(RedisDriver):
     """Driver for Redis Cluster (and Valkey in cluster mode); see the module docstring."""
 
     schemes = ("redis+cluster", "rediss+cluster", "valkey+cluster", "valkeys+cluster")
+    #: The largest value sent: proto-max-bulk-len's default (the masters are not each asked).
+    max_value = 512 << 20
     #: No change feed yet: a cluster's invalidations come from each master separately (one
     #: tracking connection per node would be needed), so its mounts keep short cache times.
     feed = None
