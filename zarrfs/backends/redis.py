@@ -37,44 +37,34 @@ transaction a scan keeps the range of the index it read, so a scan inside it (a 
 whether a listed key also has children) is answered as of that read without a round trip, and
 paging through a range reads ahead in growing batches.
 
-The connections live in ``redis_link``, the index and the scans that read it in
-``redis_index``.
+The URL and the names of the keys live in ``redis_url``, the connections in ``redis_link``,
+the index and the scans that read it in ``redis_index``, the commit in ``redis_commit``, the
+change feed in ``redis_feed``.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
-
-import redis
 
 from ._util import DELETED
-from .base import (
-    DATA,
-    SIDE,
-    BackendError,
-    Driver,
-    HasPrefix,
-    RetryableError,
-    Size,
-    Space,
-    StorageFullError,
-    Txn,
-    bytes_stop,
-)
-from .redis_feed import RedisFeed
+from .base import DATA, Driver, HasPrefix, Size, Space, Txn, bytes_stop
+from .redis_commit import commit
+from .redis_feed import RedisFeed, feed_changes, tracked
 from .redis_index import IndexScans, ensure_index, reindex, scan_keyspace
-from .redis_link import BIG_ARG, SPIN, Link, Links, translate, translated
-
-# Arguments that turn off redis-py's CLIENT SETINFO handshake (redis-py 8 names it driver_info).
-_NO_SETINFO: dict[str, Any] = (
-    {"driver_info": None}
-    if importlib.util.find_spec("redis.driver_info") is not None
-    else {"lib_name": None, "lib_version": None}
+from .redis_link import (
+    BIG_ARG,
+    SPIN,
+    Link,
+    Links,
+    bulk_limit,
+    open_pool,
+    set_pool_timeout,
+    translate,
+    translated,
 )
+from .redis_url import name_keys, parse_url
 
 # Link is also reachable as _Link, the name tests patch to count round trips.
 _Link = Link
@@ -251,71 +241,8 @@ class RedisTxn(IndexScans, Txn):
             self._d._release(link)
 
     def _commit(self, link: Link) -> None:
-        d = self._d
-        commands: list[tuple[Any, ...]] = [("MULTI",)]
-        added: dict[bytes, list[Any]] = {}
-        removed: dict[bytes, list[bytes]] = {}
-        deleted: list[bytes] = []
-        big = False  # only then is the encoding worth splitting around values
-        for (space, raw), value in self._pending.items():
-            name, index = d.name(space, raw), d.index[space]
-            if value is DELETED:
-                deleted.append(name)
-                removed.setdefault(index, []).append(raw)
-            else:
-                commands.append(("SET", name, value))
-                added.setdefault(index, []).extend((0, raw))
-                big = big or len(value) > BIG_ARG
-        if deleted:
-            commands.append(("DEL", *deleted))
-        for index, members in removed.items():
-            commands.append(("ZREM", index, *members))
-        for index, scored in added.items():
-            commands.append(("ZADD", index, *scored))
-        commands.append(("EXEC",))
-        replies = link.call(commands, big=big)
-        for reply in replies[:-1]:
-            if isinstance(reply, Exception):  # refused while queueing, e.g. OOM
-                error = translate(reply, d.where)
-                if isinstance(error, StorageFullError) and not added:
-                    # Over maxmemory, Redis refuses every command queued in a MULTI, even a
-                    # DEL; a script may still delete. Removals then win over a concurrent
-                    # change of the same keys (no WATCH): cleanup stays possible.
-                    link.checked([_removal(deleted, removed)])
-                    return
-                raise error
-        result = replies[-1]
-        if result is None:
-            raise RetryableError(f"{d.where}: write conflict (a watched key changed)")
-        if isinstance(result, Exception):
-            raise translate(result, d.where)
-        for reply in result:
-            if isinstance(reply, Exception):
-                raise translate(reply, d.where)
-
-
-# Deletes KEYS[1..ARGV[1]], then, for each further key (a sorted set), removes the number of
-# members ARGV gives next, listed after it.
-_REMOVE = """
-local n = tonumber(ARGV[1])
-for i = 1, n do redis.call('DEL', KEYS[i]) end
-local j = 2
-for i = n + 1, #KEYS do
-  local count = tonumber(ARGV[j])
-  for m = 1, count do redis.call('ZREM', KEYS[i], ARGV[j + m]) end
-  j = j + count + 1
-end
-return 0
-"""
-
-
-def _removal(deleted: list[bytes], removed: dict[bytes, list[bytes]]) -> tuple[Any, ...]:
-    """The EVAL of :data:`_REMOVE` for these deletes and index removals."""
-    keys = [*deleted, *removed]
-    argv: list[Any] = [len(deleted)]
-    for members in removed.values():
-        argv += [len(members), *members]
-    return ("EVAL", _REMOVE, len(keys), *keys, *argv)
+        """Send the buffered writes (see ``redis_commit``)."""
+        commit(self._d, link, self._pending)
 
 
 class RedisDriver(Driver):
@@ -329,64 +256,21 @@ class RedisDriver(Driver):
 
     def __init__(self, url: str, readonly: bool = False) -> None:
         super().__init__(url, readonly)
-        parts = urlsplit(url)
-        query = parse_qsl(parts.query, keep_blank_values=True)
-        prefixes = [v for k, v in query if k == "prefix"]
-        self.prefix = prefixes[-1] if prefixes else "zarr"
-        rest = urlencode([(k, v) for k, v in query if k != "prefix"])
-        # Not urlunsplit: it drops the "//" of "unix:///path" (empty netloc), which redis-py needs.
-        scheme = {"valkey": "redis", "valkeys": "rediss"}.get(parts.scheme.lower(), parts.scheme)
-        client_url = f"{scheme}://{parts.netloc}{parts.path}" + (f"?{rest}" if rest else "")
-        safe_netloc = parts.netloc.rpartition("@")[2]
-        self.where = f"{parts.scheme}://{safe_netloc}{parts.path} prefix={self.prefix}"
-        p = self.prefix.encode("utf-8")
-        self.data_prefix = p + b":"
-        self.side_prefix = b"zarrfs.side." + p + b":"
-        self.index = {DATA: b"zarrfs.index." + p, SIDE: b"zarrfs.sideindex." + p}
-        self._prefixes = {DATA: self.data_prefix, SIDE: self.side_prefix}
+        parsed = parse_url(url)
+        name_keys(self, parsed, parsed.prefix)
         self._links = Links(self)
         self.feed: RedisFeed | None = None  # started by the first changes() (a mount's)
         try:
-            # Bounded timeouts: a FUSE call must fail (ETIMEDOUT) rather than hang on a paused
-            # or unreachable server, for ``timeout`` at most (see set_timeout).
-            tcp = {"socket_keepalive": True} if parts.scheme != "unix" else {}
-            # RESP2 unless the URL asks otherwise: no push messages among the replies, and the
-            # links parse it with hiredis directly (see redis_link.Link). No CLIENT SETINFO: a
-            # new connection sends nothing before its first command, so that command's wait
-            # (which notices interrupts) is the only one.
-            self.pool = redis.ConnectionPool.from_url(
-                client_url,
-                socket_connect_timeout=self.timeout,
-                socket_timeout=self.timeout,
-                protocol=2,
-                **tcp,
-                **_NO_SETINFO,
-            )
-            self.client = redis.Redis(connection_pool=self.pool)
-            self.client.ping()
+            self.pool, self.client = open_pool(parsed, self.timeout)
         except Exception as exc:
             raise translate(exc, self.where) from exc
         self.indexed = ensure_index(self)
-        self.max_value = self._bulk_limit()
-
-    def _bulk_limit(self) -> int:
-        """The largest argument the server takes (``proto-max-bulk-len``; a larger one resets
-        the connection): its setting, or the default, 512 MB, where CONFIG is not allowed."""
-        try:
-            found = self.client.config_get("proto-max-bulk-len")
-            return int(next(iter(found.values())))
-        except Exception:
-            return 512 << 20
+        self.max_value = bulk_limit(self.client)
 
     def set_timeout(self, seconds: float) -> None:
         """Bound the waits of later calls, and of the connections held now, to ``seconds``."""
         super().set_timeout(seconds)
-        self.pool.connection_kwargs.update(socket_timeout=seconds, socket_connect_timeout=seconds)
-        pool = self.pool  # its lists are private: read defensively
-        for conn in [*getattr(pool, "_available_connections", ()), *getattr(pool, "_in_use_connections", ())]:
-            conn.socket_timeout = conn.socket_connect_timeout = seconds
-            if conn._sock is not None:
-                conn._sock.settimeout(seconds)
+        set_pool_timeout(self.pool, seconds)
 
     def name(self, space: Space, raw: bytes) -> bytes:
         """The Redis key that holds ``raw`` in ``space``."""
@@ -394,37 +278,13 @@ class RedisDriver(Driver):
 
     def _acquire(self) -> Link:
         """The calling thread's link (see :meth:`Links.acquire`), tracked into the change feed
-        once one is started."""
-        link = self._links.acquire()
-        feed = self.feed
-        if feed is not None and not feed.lost and getattr(link, "tracked", None) != feed.cid:
-            try:
-                feed.track(link)
-            except BackendError:
-                if link.broken:  # the server is away: so is the transaction
-                    self._links.release(link)
-                    raise
-                feed.drop()  # it refused the redirect (see redis_feed): untracked
-            except BaseException:
-                self._links.release(link)
-                raise
-        return link
+        once one is started (see ``redis_feed.tracked``)."""
+        return tracked(self, self._links.acquire())
 
     def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
         """What other clients changed since the last call (see ``redis_feed``); the first
         call starts the feed. The cursor only counts calls: the server pushes."""
-        if self.feed is None:
-            try:
-                self.feed = RedisFeed(self)
-            except BackendError as exc:
-                log.warning("%s: no change feed (CLIENT TRACKING needs Redis 6): %s", self.where, exc)
-                raise NotImplementedError from exc
-            # The server reports to the feed once a connection tracks into it: this thread's.
-            self._release(self._acquire())
-        if since is None:
-            self.feed.changes()  # nothing from before counts
-            return 0, []
-        return since + 1, self.feed.changes()
+        return feed_changes(self, since)
 
     def feed_fileno(self) -> int | None:
         """The feed connection's socket (readable when the server pushed changes)."""

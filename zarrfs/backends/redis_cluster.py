@@ -40,15 +40,16 @@ from __future__ import annotations
 import re
 import threading
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
-from .base import DATA, SIDE, BackendError, Driver, RetryableError, Space, UnavailableError
+from .base import DATA, BackendError, Driver, RetryableError, Space, UnavailableError
 from .redis import RedisDriver, RedisTxn
 from .redis_index import ensure_index
 from .redis_link import Link, Links, translate
+from .redis_url import name_keys, parse_url
 
 __all__ = ["RedisClusterDriver", "hash_tagged"]
 
@@ -112,23 +113,14 @@ class RedisClusterDriver(RedisDriver):
 
     def __init__(self, url: str, readonly: bool = False) -> None:
         Driver.__init__(self, url, readonly)
-        parts = urlsplit(url)
-        query = parse_qsl(parts.query, keep_blank_values=True)
-        prefixes = [v for k, v in query if k == "prefix"]
+        parsed = parse_url(url)
         try:
-            self.prefix = hash_tagged(prefixes[-1] if prefixes else "zarr")
+            name_keys(self, parsed, hash_tagged(parsed.prefix))
         except ValueError as exc:
-            raise BackendError(f"{parts.scheme}: {exc}") from None
-        userinfo, _, hosts = parts.netloc.rpartition("@")
-        self.where = f"{parts.scheme}://{hosts}{parts.path} prefix={self.prefix}"
-        p = self.prefix.encode("utf-8")
-        self.data_prefix = p + b":"
-        self.side_prefix = b"zarrfs.side." + p + b":"
-        self.index = {DATA: b"zarrfs.index." + p, SIDE: b"zarrfs.sideindex." + p}
-        self._prefixes = {DATA: self.data_prefix, SIDE: self.side_prefix}
-        self._options = self._connection_options(parts.scheme, userinfo, query)
+            raise BackendError(f"{parsed.scheme}: {exc}") from None
+        self._options = self._connection_options(parsed.scheme, parsed.userinfo, parsed.query)
         nodes = []
-        for host in filter(None, hosts.split(",")):
+        for host in filter(None, parsed.hosts.split(",")):
             name, _, port = host.rpartition(":")
             nodes.append(ClusterNode(name.strip("[]") or "127.0.0.1", int(port or 6379)))
         if not nodes:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from .base import DATA, SIDE, Space
+from .base import DATA, SIDE, BackendError, Space
 from .redis_link import translated
 
 if TYPE_CHECKING:
@@ -167,3 +167,40 @@ class RedisFeed:
             except Exception:
                 pass
             self.conn = None
+
+
+def tracked(d: RedisDriver, link: Link) -> Link:
+    """``link``, just acquired by ``d``, made to track into ``d``'s change feed if one is
+    started and the link does not yet; a link the server refuses to redirect leaves the feed
+    for lost (see :meth:`RedisFeed.drop`) and serves untracked."""
+    feed = d.feed
+    if feed is not None and not feed.lost and getattr(link, "tracked", None) != feed.cid:
+        try:
+            feed.track(link)
+        except BackendError:
+            if link.broken:  # the server is away: so is the transaction
+                d._release(link)
+                raise
+            feed.drop()  # it refused the redirect: untracked
+        except BaseException:
+            d._release(link)
+            raise
+    return link
+
+
+def feed_changes(d: RedisDriver, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
+    """:meth:`RedisDriver.changes`: the first call starts ``d``'s feed (NotImplementedError
+    where the server has no ``CLIENT TRACKING``). The cursor only counts calls: the server
+    pushes."""
+    if d.feed is None:
+        try:
+            d.feed = RedisFeed(d)
+        except BackendError as exc:
+            log.warning("%s: no change feed (CLIENT TRACKING needs Redis 6): %s", d.where, exc)
+            raise NotImplementedError from exc
+        # The server reports to the feed once a connection tracks into it: this thread's.
+        d._release(d._acquire())
+    if since is None:
+        d.feed.changes()  # nothing from before counts
+        return 0, []
+    return since + 1, d.feed.changes()

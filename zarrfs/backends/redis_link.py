@@ -1,8 +1,10 @@
-"""The Redis driver's connections: one link per thread, replies parsed by hiredis straight
-from the socket, and the translation of Redis errors."""
+"""The Redis driver's connections: the pool opened to a server (bounded timeouts, the server's
+largest value), one link per thread, replies parsed by hiredis straight from the socket, and the
+translation of Redis errors."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import select
 import ssl
@@ -12,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+import redis
 import redis.exceptions as rexc
 
 try:  # the C reply parser redis-py also uses; without it replies go through redis-py
@@ -32,10 +35,18 @@ from .base import (
 
 if TYPE_CHECKING:
     from .redis import RedisDriver
+    from .redis_url import RedisURL
 
 BIG_ARG = 1 << 16  # arguments longer than this are sent as they are, not copied into a buffer
 IDLE_CHECK = 1.0  # seconds: a connection idle longer is checked for a close by the server
 SPIN = 100e-6  # seconds a link polls for a reply before it sleeps (see Link._receive)
+
+# Arguments that turn off redis-py's CLIENT SETINFO handshake (redis-py 8 names it driver_info).
+_NO_SETINFO: dict[str, Any] = (
+    {"driver_info": None}
+    if importlib.util.find_spec("redis.driver_info") is not None
+    else {"lib_name": None, "lib_version": None}
+)
 
 # Error replies by their first word (hiredis hands them over as plain ResponseError).
 _RETRYABLE_REPLIES = ("LOADING", "TRYAGAIN", "BUSY", "MASTERDOWN")
@@ -61,6 +72,48 @@ def translate(exc: Exception, what: str) -> BackendError:
     if isinstance(exc, (rexc.ConnectionError, OSError)):
         return UnavailableError(f"{what}: {exc}")
     return BackendError(f"{what}: {exc}")
+
+
+def open_pool(url: RedisURL, timeout: float) -> tuple[redis.ConnectionPool, redis.Redis]:
+    """The connection pool for ``url`` and a client on it, whose first ``PING`` has answered.
+
+    Bounded timeouts: a FUSE call must fail (ETIMEDOUT) rather than hang on a paused or
+    unreachable server, for ``timeout`` at most (see :func:`set_pool_timeout`). RESP2 unless
+    the URL asks otherwise: no push messages among the replies, and the links parse it with
+    hiredis directly (see :class:`Link`). No ``CLIENT SETINFO``: a new connection sends nothing
+    before its first command, so that command's wait (which notices interrupts) is the only one."""
+    tcp = {"socket_keepalive": True} if url.scheme != "unix" else {}
+    pool = redis.ConnectionPool.from_url(
+        url.client_url(),
+        socket_connect_timeout=timeout,
+        socket_timeout=timeout,
+        protocol=2,
+        **tcp,
+        **_NO_SETINFO,
+    )
+    client = redis.Redis(connection_pool=pool)
+    client.ping()
+    return pool, client
+
+
+def set_pool_timeout(pool: redis.ConnectionPool, seconds: float) -> None:
+    """Bound the waits of ``pool``'s later connections, and of those it holds now, to ``seconds``."""
+    pool.connection_kwargs.update(socket_timeout=seconds, socket_connect_timeout=seconds)
+    # The pool's lists are private: read defensively.
+    for conn in [*getattr(pool, "_available_connections", ()), *getattr(pool, "_in_use_connections", ())]:
+        conn.socket_timeout = conn.socket_connect_timeout = seconds
+        if conn._sock is not None:
+            conn._sock.settimeout(seconds)
+
+
+def bulk_limit(client: redis.Redis) -> int:
+    """The largest argument the server takes (``proto-max-bulk-len``; a larger one resets the
+    connection): its setting, or the default, 512 MB, where CONFIG is not allowed."""
+    try:
+        found = client.config_get("proto-max-bulk-len")
+        return int(next(iter(found.values())))
+    except Exception:
+        return 512 << 20
 
 
 # A link kept by a thread must not be used by a process forked from it (the socket is shared).
@@ -288,7 +341,6 @@ class Link:
             self.conn.disconnect()
         finally:
             self.pool.release(self.conn)
-
 
 
 class Links:

@@ -31,6 +31,9 @@ the bound on the WAL.
 
 Keys are bound as their UTF-8 bytes and cast to TEXT in the statement (``CAST(? AS TEXT)``):
 stored as TEXT, exactly as ``SQLiteStore`` stores them, compared in the primary-key index.
+
+The statements and the connections live in ``sqlite_sql``, the checkpoints in
+``sqlite_checkpoint``, the change feed in ``sqlite_feed``.
 """
 
 from __future__ import annotations
@@ -51,18 +54,14 @@ from .base import (
     SIZES,
     Driver,
     Fetch,
-    Get,
-    HasPrefix,
     RetryableError,
     Space,
     Txn,
-    UnavailableError,
-    bytes_stop,
     check_space,
     encode_key,
 )
-from .sqlite_checkpoint import Checkpointer, checkpoint
-from .sqlite_sql import PAGE_SIZE, TABLES, BatchStatements, blob, connect, prepare, translate, translated
+from .sqlite_checkpoint import Checkpointer, checkpoint, truncate
+from .sqlite_sql import PAGE_SIZE, TABLES, BatchStatements, Connections, blob, prepare, translate, translated
 
 log = logging.getLogger("zarrfs.backends.sqlite")
 __all__ = ["PAGE_SIZE", "SQLiteDriver", "SQLiteTxn"]
@@ -202,30 +201,10 @@ class SQLiteTxn(Txn):
     def _read_many(self, plan: list[tuple[type, bytes, Space]]) -> list[Any]:
         # All the reads as scalar subqueries of one statement (one statement costs less than
         # the five a lookup would otherwise run); the statement text is built once per shape.
-        params: list[bytes] = []
-        shape: list[tuple[type, Space, bool]] = []
-        for kind, raw, space in plan:
-            params.append(raw)
-            stop = None
-            if kind is HasPrefix:
-                stop = bytes_stop(raw)
-                if stop is not None:
-                    params.append(stop)
-            shape.append((kind, space, kind is HasPrefix and stop is None))
-        sql, keep, big = self._driver.batches.get(tuple(shape))
-        if len(keep) != len(params):
-            params = [params[i] for i in keep]
+        sql, params, big = self._driver.batches.bind(plan)
         row = self._one(sql, params, lazy=not big)
         assert row is not None
-        out: list[Any] = []
-        for (kind, _, _), value in zip(shape, row, strict=True):
-            if kind is HasPrefix:
-                out.append(value is not None)
-            elif kind is Get:
-                out.append(value if value is None or type(value) is bytes else blob(value))
-            else:
-                out.append(value)
-        return out
+        return sq.answers(plan, row)
 
     def _note_log(self) -> None:
         # Where this transaction's change-log entries start, so that its own feed skips them.
@@ -289,45 +268,24 @@ class SQLiteDriver(Driver):
         self.path = path
         self.timeout = float(options.get("timeout", "10"))
         self.synchronous = "FULL" if parse_bool("sync", options.get("sync", "0")) else "NORMAL"
-        self._local = threading.local()
-        self._conns: list[sqlite3.Connection] = []
-        self._conns_lock = threading.Lock()
-        self._closed = False
+        self.conns = Connections(url, path, readonly, self.timeout, self.synchronous, self.autocheckpoint)
+        self._conn = self.conns.get  # the calling thread's connection
         self._checkpointer: Checkpointer | None = None
         #: Held while this driver checkpoints (background or sync), so the two never collide.
         self.checkpoint_lock = threading.Lock()
         self.tables: set[str] = set()
         self.tables, wal = prepare(self._conn(), path, readonly)
         self.batches = BatchStatements(self.tables)
-        # A row (key and value) may not exceed the connection's length limit (SQLITE_MAX_LENGTH,
-        # 10**9 by default, at most 2**31 - 1); keys are short, 4 KiB leaves room for them.
-        length = getattr(sqlite3, "SQLITE_LIMIT_LENGTH", None)
-        limit = self._conn().getlimit(length) if length is not None else 10**9
-        self.max_value = limit - 4096
+        self.max_value = sq.max_value(self._conn())
         # SQLite needs more than LMDB: the commits still in the WAL may need the database file
         # to grow when they are checkpointed, and a delete appends to the WAL until then.
         self.reserve = None if readonly else Reserve(path + ".zarrfs-reserve", 4 << 20)
 
-        # The change log (sqlite_feed): triggers, and the id ranges of this driver's entries.
-        self.own = sqlite_feed.Own()
-        self.logged = False
-        if not readonly:
-            with translated(path):
-                self.logged = sqlite_feed.install(self._conn(), self.tables)
+        # The change log (sqlite_feed): the id ranges of this driver's entries, and whether
+        # the triggers are there.
+        self.own, self.logged = sqlite_feed.start(self._conn(), path, self.tables, readonly)
         if not readonly and wal:
             self._checkpointer = Checkpointer(path, self.timeout, self.checkpoint_lock)
-
-    def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            return conn
-        if self._closed:
-            raise UnavailableError(f"{self.url} is closed")
-        conn = connect(self.path, self.readonly, self.timeout, self.synchronous, self.autocheckpoint)
-        with self._conns_lock:
-            self._conns.append(conn)
-        self._local.conn = conn
-        return conn
 
     def _begin(self, write: bool) -> SQLiteTxn:
         if write and self.reserve is not None:
@@ -343,15 +301,7 @@ class SQLiteDriver(Driver):
             return False
         if self.reserve is not None and self.reserve.free():
             return True
-        try:
-            with self.checkpoint_lock, translated(self.path):
-                busy = self._conn().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
-        except Exception as exc:
-            log.warning("%s: checkpoint on a full disk failed: %s", self.path, exc)
-            return False
-        if busy:
-            log.warning("%s: checkpoint on a full disk busy", self.path)
-        return not busy
+        return truncate(self._conn, self.path, self.checkpoint_lock)
 
     def committed(self, written: int) -> None:
         """A write transaction committed about ``written`` bytes: tell the checkpointer."""
@@ -391,15 +341,8 @@ class SQLiteDriver(Driver):
 
     def close(self) -> None:
         """Stop the background checkpoint and close every thread's connection."""
-        self._closed = True
+        self.conns.closed = True  # no new connection meanwhile
         checkpointer, self._checkpointer = self._checkpointer, None
         if checkpointer is not None:
             checkpointer.stop()
-        with self._conns_lock:
-            conns, self._conns = self._conns, []
-        for conn in conns:
-            try:
-                conn.close()
-            except sqlite3.Error:
-                pass
-        self._local = threading.local()
+        self.conns.close()

@@ -1,4 +1,5 @@
-"""The SQLite driver's background WAL checkpointer."""
+"""The SQLite driver's WAL checkpoints: the one ``sync()`` waits for, the background
+checkpointer, and the truncating one that frees room on a full disk."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 
 from .base import RetryableError
 from .sqlite_sql import translated
@@ -24,6 +26,22 @@ def checkpoint(conn: sqlite3.Connection, path: str, lock: threading.Lock, timeou
             if time.monotonic() > deadline:
                 raise RetryableError(f"{path}: the WAL stayed busy, not synced")
             time.sleep(0.002)
+
+
+def truncate(conn: Callable[[], sqlite3.Connection], path: str, lock: threading.Lock) -> bool:
+    """Copy the WAL into the database and truncate it, on the connection ``conn()`` returns, to
+    make room for a removal on a full disk (a delete frees pages inside the database, so the
+    copy needs no new room: the WAL's blocks are free then). Whether it was done (not when
+    busy, nor on an error)."""
+    try:
+        with lock, translated(path):
+            busy = conn().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+    except Exception as exc:
+        log.warning("%s: checkpoint on a full disk failed: %s", path, exc)
+        return False
+    if busy:
+        log.warning("%s: checkpoint on a full disk busy", path)
+    return not busy
 
 
 class Checkpointer:

@@ -24,6 +24,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from .base import DATA, SIDE, Space
+from .sqlite_sql import translated
 
 if TYPE_CHECKING:
     from .sqlite import SQLiteDriver
@@ -55,6 +56,15 @@ def install(conn: sqlite3.Connection, tables: set[str]) -> bool:
             for event in _EVENTS:
                 conn.execute(_trigger(table, event))
     return installed(conn)
+
+
+def start(conn: sqlite3.Connection, path: str, tables: set[str], readonly: bool) -> tuple[Own, bool]:
+    """What a driver keeps of the log: the id ranges of its own entries (none yet), and whether
+    the log and every trigger are there (:func:`install`-ed first unless ``readonly``)."""
+    if readonly:
+        return Own(), False
+    with translated(path):
+        return Own(), install(conn, tables)
 
 
 def installed(conn: sqlite3.Connection) -> bool:

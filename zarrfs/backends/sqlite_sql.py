@@ -1,8 +1,11 @@
-"""The SQLite driver's statements, connections and error translation."""
+"""The SQLite driver's statements (lookups, scans, the one statement of a ``read_many``
+batch), its connections (one per thread) and their setup, the largest value a row takes, and
+the translation of SQLite errors."""
 
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -20,9 +23,11 @@ from .base import (
     ReadOnlyError,
     RetryableError,
     Size,
+    Space,
     StorageFullError,
     UnavailableError,
     ValueTooLargeError,
+    bytes_stop,
 )
 
 TABLES = {DATA: "zarr", SIDE: "zarrfs_side"}
@@ -115,6 +120,55 @@ def connect(path: str, readonly: bool, timeout: float, synchronous: str, autoche
     return conn
 
 
+class Connections:
+    """A driver's connections: one per thread, made by :func:`connect` at its first use and
+    kept, all closed by :meth:`close` (a thread asking afterwards gets UnavailableError)."""
+
+    def __init__(
+        self, url: str, path: str, readonly: bool, timeout: float, synchronous: str, autocheckpoint: int
+    ) -> None:
+        self.url = url
+        self.args = (path, readonly, timeout, synchronous, autocheckpoint)
+        self.closed = False
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+
+    def get(self) -> sqlite3.Connection:
+        """The calling thread's connection."""
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn
+        if self.closed:
+            raise UnavailableError(f"{self.url} is closed")
+        conn = connect(*self.args)
+        with self._lock:
+            self._all.append(conn)
+        self._local.conn = conn
+        return conn
+
+    def close(self) -> None:
+        """Close every thread's connection."""
+        self.closed = True
+        with self._lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
+        self._local = threading.local()
+
+
+def max_value(conn: sqlite3.Connection) -> int:
+    """The largest value a row takes: a row (key and value) may not exceed the connection's
+    length limit (SQLITE_MAX_LENGTH, 10**9 by default, at most 2**31 - 1); keys are short,
+    4 KiB leaves room for them."""
+    length = getattr(sqlite3, "SQLITE_LIMIT_LENGTH", None)
+    limit = conn.getlimit(length) if length is not None else 10**9
+    return limit - 4096
+
+
 class BatchStatements:
     """The statements answering :meth:`~zarrfs.backends.base.Txn.read_many` batches: every read
     a scalar subquery of one ``SELECT``, built once per shape of batch."""
@@ -160,6 +214,38 @@ class BatchStatements:
         if len(self.cache) < self.LIMIT:
             self.cache[shape] = found
         return found
+
+    def bind(self, plan: list[tuple[type, bytes, Space]]) -> tuple[str, list[bytes], bool]:
+        """For a ``read_many`` plan (``(kind, raw key, space)`` per read): the statement, its
+        parameters, and whether it reads data values (which can be large)."""
+        params: list[bytes] = []
+        shape: list[tuple[type, Space, bool]] = []
+        for kind, raw, space in plan:
+            params.append(raw)
+            stop = None
+            if kind is HasPrefix:
+                stop = bytes_stop(raw)
+                if stop is not None:
+                    params.append(stop)
+            shape.append((kind, space, kind is HasPrefix and stop is None))
+        sql, keep, big = self.get(tuple(shape))
+        if len(keep) != len(params):
+            params = [params[i] for i in keep]
+        return sql, params, big
+
+
+def answers(plan: list[tuple[type, bytes, Space]], row: tuple[Any, ...]) -> list[Any]:
+    """The answers of a ``read_many`` plan, from the row its statement (:meth:`BatchStatements.bind`)
+    returned."""
+    out: list[Any] = []
+    for (kind, _, _), value in zip(plan, row, strict=True):
+        if kind is HasPrefix:
+            out.append(value is not None)
+        elif kind is Get:
+            out.append(value if value is None or type(value) is bytes else blob(value))
+        else:
+            out.append(value)
+    return out
 
 
 def prepare(conn: sqlite3.Connection, path: str, readonly: bool) -> tuple[set[str], bool]:
