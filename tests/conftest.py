@@ -89,6 +89,24 @@ def start_redis(workdir: str, port: int | None = None) -> RedisServer:
             time.sleep(0.05)
 
 
+def record_redis_calls(monkeypatch, driver=None, unwatch: bool = False) -> list[list[str]]:
+    """Have the Redis driver's links record every call they send for ``driver`` (for any
+    driver when None) as the names of its commands, with, when ``unwatch``, the ``UNWATCH`` a
+    link owes in front; return the list they append to (one entry per round trip)."""
+    from zarrfs.backends import redis as redis_driver
+
+    sent: list[list[str]] = []
+    call = redis_driver._Link.call
+
+    def counting(link, commands, big=False):
+        if driver is None or link.driver is driver:
+            sent.append(["UNWATCH"] * (unwatch and link.unwatch) + [c[0] for c in commands])
+        return call(link, commands, big)
+
+    monkeypatch.setattr(redis_driver._Link, "call", counting)
+    return sent
+
+
 def stop_redis(server: RedisServer) -> None:
     """Stop a server started by :func:`start_redis`."""
     server.process.terminate()
@@ -99,16 +117,22 @@ def stop_redis(server: RedisServer) -> None:
         server.process.wait()
 
 
-@pytest.fixture(scope="session")
-def redis_server():
-    """A ``redis-server`` for the whole session (tests isolate by key prefix)."""
-    workdir = tempfile.mkdtemp(prefix="zarrfs-redis-")
-    server = start_redis(workdir)
+def session_server(prefix: str, start, stop):
+    """The body of a session fixture: ``start(workdir)`` in a fresh temporary folder, yield
+    what it returns, then ``stop`` it and remove the folder."""
+    workdir = tempfile.mkdtemp(prefix=prefix)
+    server = start(workdir)
     try:
         yield server
     finally:
-        stop_redis(server)
+        stop(server)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """A ``redis-server`` for the whole session (tests isolate by key prefix)."""
+    yield from session_server("zarrfs-redis-", start_redis, stop_redis)
 
 
 @pytest.fixture(scope="session")
@@ -147,13 +171,7 @@ def postgres_server():
     """A PostgreSQL cluster for the whole session (tests isolate by table name)."""
     from servers import start_postgres, stop_postgres
 
-    workdir = tempfile.mkdtemp(prefix="zarrfs-pg-")
-    server = start_postgres(workdir)
-    try:
-        yield server
-    finally:
-        stop_postgres(server)
-        shutil.rmtree(workdir, ignore_errors=True)
+    yield from session_server("zarrfs-pg-", start_postgres, stop_postgres)
 
 
 @pytest.fixture(scope="session")
@@ -161,10 +179,4 @@ def redis_cluster():
     """A three-master Redis Cluster for the whole session (tests isolate by key prefix)."""
     from servers import start_redis_cluster, stop_redis_cluster
 
-    workdir = tempfile.mkdtemp(prefix="zarrfs-cluster-")
-    cluster = start_redis_cluster(workdir)
-    try:
-        yield cluster
-    finally:
-        stop_redis_cluster(cluster)
-        shutil.rmtree(workdir, ignore_errors=True)
+    yield from session_server("zarrfs-cluster-", start_redis_cluster, stop_redis_cluster)

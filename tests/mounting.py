@@ -108,6 +108,31 @@ class Mount:
         self.stop()
 
 
+# --- what tests do through a mount, and what the database holds behind it --------------------
+
+
+def write(path, data: bytes) -> None:
+    """Create or truncate the file at ``path`` and write ``data`` (one open, one close)."""
+    with open(path, "wb") as fh:
+        fh.write(data)
+
+
+def read(path) -> bytes:
+    """The whole content of the file at ``path``."""
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def stored(url: str, key: str) -> bytes | None:
+    """The value the database holds at ``key``, read in-process with a read-only driver
+    (behind the mount and the kernel's caches)."""
+    from zarrfs.backends import open_driver
+
+    with open_driver(url, readonly=True) as driver:
+        value = driver.get(key)
+    return None if value is None else bytes(value)
+
+
 # The Redis Cluster driver passes every test of this list too, but adds minutes to the suite:
 # ZARRFS_TEST_CLUSTER=1 includes it; tests/test_cluster.py mounts it for a focused set.
 DRIVERS = ["lmdb", "sqlite", "redis", "postgres"]

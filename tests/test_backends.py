@@ -18,6 +18,7 @@ import uuid
 import numpy as np
 import pytest
 import zarr2env
+from conftest import record_redis_calls
 
 from zarrfs.backends import registry
 from zarrfs.backends.base import (
@@ -646,17 +647,7 @@ class TestRedis(_Conformance):
             other.close()
 
     def test_round_trips(self, driver, url, monkeypatch):
-        from zarrfs.backends import redis as redis_driver
-
-        sent = []
-        call = redis_driver._Link.call
-
-        def counting(link, commands, big=False):
-            if link.driver is driver:
-                sent.append(["UNWATCH"] * link.unwatch + [c[0] for c in commands])
-            return call(link, commands, big)
-
-        monkeypatch.setattr(redis_driver._Link, "call", counting)
+        sent = record_redis_calls(monkeypatch, driver, unwatch=True)
         driver.put("f/a", b"1")
         probe = [("size", "f/a", DATA), ("prefix", "f/a/", DATA), ("get", "a:f/a", SIDE)]
         sent.clear()
@@ -695,17 +686,7 @@ class TestRedis(_Conformance):
             other.close()
 
     def test_write_transaction_reads_a_value_once_and_a_change_still_retries(self, driver, url, monkeypatch):
-        from zarrfs.backends import redis as redis_driver
-
-        sent = []
-        call = redis_driver._Link.call
-
-        def counting(link, commands, big=False):
-            if link.driver is driver:
-                sent.append([c[0] for c in commands])
-            return call(link, commands, big)
-
-        monkeypatch.setattr(redis_driver._Link, "call", counting)
+        sent = record_redis_calls(monkeypatch, driver)
         driver.put("w/a", b"1")
         other = open_driver(url)
         try:
@@ -1004,10 +985,11 @@ def test_redis_listing_touches_only_the_listed_folder(redis_server):
 
 # --- zarr-python 2.18 interoperability ----------------------------------------------------------
 
-ZARR2_WRITE = r"""
+# The store of argv[1] (its kind) at argv[2] (a path, or "host,port,db,prefix" for Redis).
+ZARR2_STORE = r"""
 import json, sys, warnings
 warnings.simplefilter("ignore")
-import numcodecs, numpy as np, zarr
+import zarr
 kind, target = sys.argv[1], sys.argv[2]
 if kind == "lmdb":
     store = zarr.LMDBStore(target)
@@ -1018,6 +1000,10 @@ elif kind == "sqlite":
 else:
     host, port, db, prefix = target.split(",")
     store = zarr.RedisStore(prefix=prefix, host=host, port=int(port), db=int(db))
+"""
+
+ZARR2_WRITE = ZARR2_STORE + r"""
+import numcodecs, numpy as np
 root = zarr.group(store=store, overwrite=True)
 root.attrs["title"] = "zarrfs interop"
 a = root.create_dataset("blosc", shape=(100, 37), chunks=(16, 16), dtype="f8",
@@ -1041,20 +1027,7 @@ if hasattr(store, "close"):
     store.close()
 """
 
-ZARR2_READ = r"""
-import json, sys, warnings
-warnings.simplefilter("ignore")
-import zarr
-kind, target = sys.argv[1], sys.argv[2]
-if kind == "lmdb":
-    store = zarr.LMDBStore(target)
-elif kind == "lmdb-file":
-    store = zarr.LMDBStore(target, subdir=False)
-elif kind == "sqlite":
-    store = zarr.SQLiteStore(target)
-else:
-    host, port, db, prefix = target.split(",")
-    store = zarr.RedisStore(prefix=prefix, host=host, port=int(port), db=int(db))
+ZARR2_READ = ZARR2_STORE + r"""
 out = {"keys": sorted(store.keys()), "arrays": {}}
 root = zarr.open_consolidated(store, mode="r") if ".zmetadata" in store else zarr.open_group(store, mode="r")
 out["attrs"] = dict(root.attrs)

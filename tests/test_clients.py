@@ -79,6 +79,15 @@ def compressors_for(zarr_format: int) -> list:
     ]
 
 
+def saved_sample(folder: Path) -> tuple[dict[str, np.ndarray], Path]:
+    """:func:`sample_data`, and the ``.npz`` file in ``folder`` it was saved to (for another
+    interpreter to load)."""
+    data = sample_data()
+    npz = folder / "data.npz"
+    np.savez(npz, **data)
+    return data, npz
+
+
 def sample_data() -> dict[str, np.ndarray]:
     """Arrays with edge chunks, NaNs, negative ints and booleans."""
     rng = np.random.default_rng(42)
@@ -289,9 +298,7 @@ print(json.dumps({"ok": True, "zarr": zarr.__version__}))
 
 @pytest.mark.slow
 def test_zarr2_directory_stores(mounted, zarr2_python, tmp_path):
-    data = sample_data()
-    npz = tmp_path / "data.npz"
-    np.savez(npz, **data)
+    data, npz = saved_sample(tmp_path)
     base = mounted.path / "z2"
     out = json.loads(run_zarr2(zarr2_python, ZARR2_DIRECTORY_STORES, str(base), str(npz)))
     assert out["ok"] and out["zarr"].startswith("2.18")
@@ -485,9 +492,7 @@ print(json.dumps(out))
 def test_database_written_by_zarr2_store_classes_mounts(
     zarr2_db_url, mount_factory, zarr2_python, tmp_path
 ):
-    data = sample_data()
-    npz = tmp_path / "data.npz"
-    np.savez(npz, **data)
+    data, npz = saved_sample(tmp_path)
     kind, where = db_location(zarr2_db_url)
     keys = json.loads(run_zarr2(zarr2_python, ZARR2_WRITE_DB, kind, where, str(npz)))
     assert "sub/u1/2/1/1" in keys and "f8/.zarray" in keys
@@ -513,9 +518,7 @@ def test_database_written_by_zarr2_store_classes_mounts(
 def test_hierarchy_written_through_mount_opens_with_zarr2_store_classes(
     zarr2_db_url, mount_factory, zarr2_python, tmp_path
 ):
-    data = sample_data()
-    npz = tmp_path / "data.npz"
-    np.savez(npz, **data)
+    data, npz = saved_sample(tmp_path)
     m = mount_factory(zarr2_db_url, ["create"])
     g = zarr.open_group(m.path, mode="a", zarr_format=2, attributes={"title": "through the mount"})
     g.create_array("f8", data=data["f8"], chunks=(5, 4), fill_value=np.nan)

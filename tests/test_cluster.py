@@ -7,15 +7,15 @@ Redis kept it: after a master is killed, only what reached its replica)."""
 
 from __future__ import annotations
 
-import shutil
 import signal
-import tempfile
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 
 import pytest
 import redis
+from conftest import session_server
 from servers import start_redis_cluster, stop_redis_cluster
 
 from zarrfs.backends.base import BackendError
@@ -58,6 +58,20 @@ class Writer(threading.Thread):
         self.join(60)
 
 
+@contextmanager
+def writing(cluster, name: str):
+    """A driver on a fresh prefix ``name…`` of ``cluster``, a :class:`Writer` on it (not started)
+    and the port of the master holding the prefix; the writer is stopped and the driver closed
+    at the end."""
+    d = open_driver(cluster.url(prefix=f"{name}{uuid.uuid4().hex[:8]}"))
+    writer = Writer(d)
+    try:
+        yield d, writer, int(d.node.rsplit(":", 1)[1])
+    finally:
+        writer.stop()
+        d.close()
+
+
 def _consistent(driver, done: list[int]) -> int:
     keys = [k for k, _ in driver.scan("k/", "k0")]
     count = int(driver.get("count") or b"0")
@@ -91,10 +105,7 @@ def move_slot(slot: int, src: int, dst: int, ports: list[int], pause: float = 0.
 
 
 def test_a_moved_slot_is_followed(redis_cluster):
-    d = open_driver(redis_cluster.url(prefix=f"mv{uuid.uuid4().hex[:8]}"))
-    writer = Writer(d)
-    try:
-        src = int(d.node.rsplit(":", 1)[1])
+    with writing(redis_cluster, "mv") as (d, writer, src):
         dst = next(p for p in redis_cluster.ports if p != src)
         writer.start()
         writer.wait_for(50)
@@ -108,21 +119,15 @@ def test_a_moved_slot_is_followed(redis_cluster):
         assert _consistent(d, writer.done) == len(writer.done)
         assert _node(dst).get(f"{d.prefix}:count") == str(len(writer.done)).encode()
         assert _node(src).dbsize() == 0 or not _node(src).keys(f"*{d.prefix}*")
-    finally:
-        writer.stop()
-        d.close()
 
 
 @pytest.fixture(scope="module")
 def replicated_cluster():
     """Three masters with a replica each; a silent master is failed over after 1 s."""
-    workdir = tempfile.mkdtemp(prefix="zarrfs-cluster-r-")
-    cluster = start_redis_cluster(workdir, replicas=1, node_timeout_ms=1000)
-    try:
-        yield cluster
-    finally:
-        stop_redis_cluster(cluster)
-        shutil.rmtree(workdir, ignore_errors=True)
+    def start(workdir: str):
+        return start_redis_cluster(workdir, replicas=1, node_timeout_ms=1000)
+
+    yield from session_server("zarrfs-cluster-r-", start, stop_redis_cluster)
 
 
 def _replica_of(cluster, master_port: int) -> int:
@@ -142,10 +147,7 @@ def _replica_of(cluster, master_port: int) -> int:
 
 def test_manual_failover(replicated_cluster):
     c = replicated_cluster
-    d = open_driver(c.url(prefix=f"fo{uuid.uuid4().hex[:8]}"))
-    writer = Writer(d)
-    try:
-        master = int(d.node.rsplit(":", 1)[1])
+    with writing(c, "fo") as (d, writer, master):
         replica = _replica_of(c, master)
         writer.start()
         writer.wait_for(50)
@@ -158,17 +160,11 @@ def test_manual_failover(replicated_cluster):
         writer.stop()
         assert d.node == f"127.0.0.1:{replica}"
         assert _consistent(d, writer.done) == len(writer.done)  # nothing lost
-    finally:
-        writer.stop()
-        d.close()
 
 
 def test_killed_master_is_replaced(replicated_cluster):
     c = replicated_cluster
-    d = open_driver(c.url(prefix=f"kill{uuid.uuid4().hex[:8]}"))
-    writer = Writer(d)
-    try:
-        master = int(d.node.rsplit(":", 1)[1])
+    with writing(c, "kill") as (d, writer, master):
         replica = _replica_of(c, master)
         writer.start()
         writer.wait_for(50)
@@ -188,9 +184,6 @@ def test_killed_master_is_replaced(replicated_cluster):
         count = _consistent(d, writer.done)
         assert count >= kept
         assert recovered < 30
-    finally:
-        writer.stop()
-        d.close()
 
 
 # --- mounts of the cluster (the whole mount suite: ZARRFS_TEST_CLUSTER=1, see mounting.py) ------

@@ -12,16 +12,11 @@ import sys
 
 import pytest
 import zarr
-from mounting import needs_fuse
+from mounting import needs_fuse, stored
 
 from zarrfs.backends import open_driver
 
 pytestmark = needs_fuse
-
-
-def stored(url: str, key: str) -> bytes | None:
-    with open_driver(url, readonly=True) as d:
-        return d.get(key)
 
 
 def entries(url: str, key: str = ".zmetadata") -> dict:

@@ -26,7 +26,7 @@ import xarray as xr
 import zarr
 import zarr.codecs
 from format_cases import V1_META, V2_ARRAY, V3_ARRAY, with_
-from mounting import needs_fuse
+from mounting import needs_fuse, stored
 
 from zarrfs.backends import open_driver
 
@@ -51,13 +51,6 @@ def put(root: Path, key: str, value: bytes) -> None:
     path = root / key
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(value)
-
-
-def stored(url: str, key: str) -> bytes | None:
-    """The value the database holds at ``key``, read in-process with the driver."""
-    with open_driver(url, readonly=True) as driver:
-        value = driver.get(key)
-    return None if value is None else bytes(value)
 
 
 def mount_value(root: Path, key: str) -> bytes | None:

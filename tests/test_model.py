@@ -237,6 +237,10 @@ class ModelMachine(RuleBasedStateMachine):
             assert mounted == native, f"{text}: mount {mounted}, native {native}{self.log_errors()}"
         return native
 
+    def pick_fd(self, data) -> int:
+        """Draw one of the open descriptors (its index in ``fds``)."""
+        return data.draw(st.integers(0, len(self.fds) - 1), label="fd")
+
     def fd_both(self, text: str, i: int, fn):
         nfd, mfd, path, flags = self.fds[i]
         note(f"{text}   # fd{i} = open({path!r}, {flags})")
@@ -386,25 +390,25 @@ class ModelMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.fds)
     @rule(data=st.data(), offset=OFFSETS, content=DATA)
     def fd_write(self, data, offset, content):
-        i = data.draw(st.integers(0, len(self.fds) - 1), label="fd")
+        i = self.pick_fd(data)
         self.fd_both(f"os.pwrite(fd{i}, {content!r}, {offset})", i, lambda fd: os.pwrite(fd, content, offset))
 
     @precondition(lambda self: self.fds)
     @rule(data=st.data(), offset=OFFSETS, size=st.sampled_from([1, 10, 100, 5000, 100000]))
     def fd_read(self, data, offset, size):
-        i = data.draw(st.integers(0, len(self.fds) - 1), label="fd")
+        i = self.pick_fd(data)
         self.fd_both(f"os.pread(fd{i}, {size}, {offset})", i, lambda fd: os.pread(fd, size, offset))
 
     @precondition(lambda self: self.fds)
     @rule(data=st.data(), length=LENGTHS)
     def fd_truncate(self, data, length):
-        i = data.draw(st.integers(0, len(self.fds) - 1), label="fd")
+        i = self.pick_fd(data)
         self.fd_both(f"os.ftruncate(fd{i}, {length})", i, lambda fd: os.ftruncate(fd, length))
 
     @precondition(lambda self: self.fds)
     @rule(data=st.data())
     def fd_fstat(self, data):
-        i = data.draw(st.integers(0, len(self.fds) - 1), label="fd")
+        i = self.pick_fd(data)
 
         def op(fd):
             st_ = os.fstat(fd)
@@ -416,19 +420,19 @@ class ModelMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.fds)
     @rule(data=st.data(), mode=st.sampled_from(FILE_MODES))
     def fd_chmod(self, data, mode):
-        i = data.draw(st.integers(0, len(self.fds) - 1), label="fd")
+        i = self.pick_fd(data)
         self.fd_both(f"os.fchmod(fd{i}, {oct(mode)})", i, lambda fd: os.fchmod(fd, mode))
 
     @precondition(lambda self: self.fds)
     @rule(data=st.data())
     def fd_fsync(self, data):
-        i = data.draw(st.integers(0, len(self.fds) - 1), label="fd")
+        i = self.pick_fd(data)
         self.fd_both(f"os.fsync(fd{i})", i, os.fsync)
 
     @precondition(lambda self: self.fds)
     @rule(data=st.data())
     def fd_close(self, data):
-        i = data.draw(st.integers(0, len(self.fds) - 1), label="fd")
+        i = self.pick_fd(data)
         self.fd_both(f"os.close(fd{i})", i, os.close)
         del self.fds[i]
         note(f"# descriptors renumbered: {[f'fd{j}={p!r}' for j, (_, _, p, _) in enumerate(self.fds)]}")

@@ -8,14 +8,9 @@ import os
 
 import pytest
 from conftest import start_redis, stop_redis
-from mounting import needs_fuse
+from mounting import needs_fuse, write
 
 pytestmark = needs_fuse
-
-
-def write(path, data: bytes) -> None:
-    with open(path, "wb") as fh:
-        fh.write(data)
 
 
 def test_full_lmdb_map_is_enospc_and_the_daemon_stays_up(tmp_path, mount_factory):

@@ -10,21 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
-from mounting import needs_fuse
+from mounting import needs_fuse, read, write
 
 from zarrfs.backends import open_driver
 
 pytestmark = needs_fuse
-
-
-def write(path, data: bytes) -> None:
-    with open(path, "wb") as fh:
-        fh.write(data)
-
-
-def read(path) -> bytes:
-    with open(path, "rb") as fh:
-        return fh.read()
 
 
 def stored(url: str, *keys: str) -> list[bytes | None]:

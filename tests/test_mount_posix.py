@@ -9,7 +9,7 @@ import os
 import stat
 
 import pytest
-from mounting import needs_fuse
+from mounting import needs_fuse, read, write
 
 from zarrfs.backends import open_driver
 
@@ -27,16 +27,6 @@ def renameat2(old: str, new: str, flags: int) -> None:
     if _libc.renameat2(AT_FDCWD, old.encode(), AT_FDCWD, new.encode(), flags) != 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
-
-
-def write(path, data: bytes) -> None:
-    with open(path, "wb") as fh:
-        fh.write(data)
-
-
-def read(path) -> bytes:
-    with open(path, "rb") as fh:
-        return fh.read()
 
 
 def resident(path) -> list[bool]:

@@ -14,7 +14,7 @@ import sys
 import time
 
 from conftest import start_redis, stop_redis
-from mounting import needs_fuse
+from mounting import needs_fuse, write
 
 pytestmark = needs_fuse
 
@@ -55,11 +55,6 @@ def timed_stat(path, alarm: float = 0.0, limit: float = 20.0) -> tuple[str, floa
         raise AssertionError(f"stat of {path} still waiting after {limit} s") from None
     what, seconds = out.split()
     return what, float(seconds)
-
-
-def write(path, data: bytes) -> None:
-    with open(path, "wb") as fh:
-        fh.write(data)
 
 
 def test_a_stalled_server_is_etimedout_within_the_timeout_and_the_mount_recovers(tmp_path, mount_factory):

@@ -8,6 +8,7 @@ import errno
 import uuid
 
 import pytest
+from conftest import record_redis_calls
 
 from zarrfs.backends import open_driver
 from zarrfs.fs.errors import to_errno
@@ -54,7 +55,6 @@ def test_spill_buffer_random_access():
 def test_new_file_on_redis_commits_in_two_round_trips(redis_server, monkeypatch):
     """The probe of the name and its folder and the metadata the format layer validates
     against travel in one round trip; MULTI/EXEC is the other."""
-    from zarrfs.backends import redis as redis_driver
     from zarrfs.format.hooks import FormatHooks
 
     driver = open_driver(redis_server.url(0, prefix=f"rt{uuid.uuid4().hex[:8]}"))
@@ -68,14 +68,7 @@ def test_new_file_on_redis_commits_in_two_round_trips(redis_server, monkeypatch)
         tree.commit("g/.zgroup", b'{"zarr_format": 2}', None, create=True)
         tree.mkdir("g/a", 0o755)
         tree.commit("g/a/.zarray", zarray, None, create=True)
-        sent = []
-        call = redis_driver._Link.call
-
-        def counting(link, commands, big=False):
-            sent.append([c[0] for c in commands])
-            return call(link, commands, big)
-
-        monkeypatch.setattr(redis_driver._Link, "call", counting)
+        sent = record_redis_calls(monkeypatch)
         tree.commit("g/a/1", b"\0" * 8, None, create=True)
         assert len(sent) == 2, sent
         assert sent[1][0] == "MULTI"

@@ -6,6 +6,8 @@ pages of the two."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from mounting import make_url, needs_fuse
@@ -21,6 +23,22 @@ def _put(path, byte: int) -> None:
         fh.write(bytes([byte]) * SIZE)
 
 
+@contextmanager
+def _opened(path) -> Iterator[int]:
+    """A read-only descriptor of ``path``, closed at the end."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _two_mounts(kind, tmp_path, request, mount_factory):
+    """A writer mount ``a`` (``-o create``) and a reader mount ``b`` of one fresh database."""
+    url = make_url(kind, tmp_path, request)
+    return mount_factory(url, ["create"]), mount_factory(url)
+
+
 def _whole(fd: int) -> set[int]:
     data = os.pread(fd, SIZE, 0)
     assert len(data) == SIZE
@@ -29,66 +47,45 @@ def _whole(fd: int) -> set[int]:
 
 @pytest.mark.parametrize("kind", ["lmdb", "sqlite", "redis"])
 def test_a_descriptor_reads_the_version_it_opened(kind, tmp_path, request, mount_factory):
-    url = make_url(kind, tmp_path, request)
-    a = mount_factory(url, ["create"])
-    b = mount_factory(url)
+    a, b = _two_mounts(kind, tmp_path, request, mount_factory)
     for i in range(8):
         old, new = 2 * i + 1, 2 * i + 2
         _put(a.path / "f", old)
-        fd = os.open(b.path / "f", os.O_RDONLY)
-        try:
+        with _opened(b.path / "f") as fd:
             # The first read is near the end (the kernel asks for that range alone).
             assert set(os.pread(fd, PAGE, SIZE - PAGE)) == {old}
             _put(a.path / "f", new)  # same size, another value
             assert _whole(fd) == {old}, f"round {i}: pages of two versions"
-        finally:
-            os.close(fd)
 
 
 @pytest.mark.parametrize("kind", ["lmdb", "sqlite", "redis"])
 def test_an_open_after_a_change_reads_the_new_version_whole(kind, tmp_path, request, mount_factory):
-    url = make_url(kind, tmp_path, request)
-    a = mount_factory(url, ["create"])
-    b = mount_factory(url)
+    a, b = _two_mounts(kind, tmp_path, request, mount_factory)
     for i in range(8):
         old, new = 2 * i + 1, 2 * i + 2
         _put(a.path / "g", old)
-        fd = os.open(b.path / "g", os.O_RDONLY)
-        try:
+        with _opened(b.path / "g") as fd:
             assert _whole(fd) == {old}
             # The kernel drops half of the pages it cached (memory pressure would, too).
             os.posix_fadvise(fd, SIZE // 2, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
         _put(a.path / "g", new)  # within the attribute timeout of mount b
-        fd = os.open(b.path / "g", os.O_RDONLY)
-        try:
+        with _opened(b.path / "g") as fd:
             assert _whole(fd) == {new}, f"round {i}: pages of two versions"
-        finally:
-            os.close(fd)
 
 
 @pytest.mark.parametrize("kind", ["lmdb", "redis"])
 def test_two_descriptors_of_two_versions_on_one_mount(kind, tmp_path, request, mount_factory):
-    url = make_url(kind, tmp_path, request)
-    a = mount_factory(url, ["create"])
-    b = mount_factory(url)
+    a, b = _two_mounts(kind, tmp_path, request, mount_factory)
     for i in range(4):
         old, new = 2 * i + 1, 2 * i + 2
         _put(a.path / "h", old)
-        first = os.open(b.path / "h", os.O_RDONLY)
-        try:
+        with _opened(b.path / "h") as first:
             assert set(os.pread(first, PAGE, 0)) == {old}
             _put(a.path / "h", new)
-            second = os.open(b.path / "h", os.O_RDONLY)
-            try:
+            with _opened(b.path / "h") as second:
                 assert _whole(second) == {new}
                 assert _whole(first) == {old}
                 assert _whole(second) == {new}
-            finally:
-                os.close(second)
-        finally:
-            os.close(first)
 
 
 def test_a_large_value_replaced_under_a_descriptor_fails_with_estale(monkeypatch):
