@@ -121,3 +121,39 @@ def test_copy_tools_preserve_hard_links(mounted, tmp_path, tool):
     subprocess.run(["cp", "-a", str(tmp_path / "copy"), str(back)], check=True)
     assert inode_groups(back) == expected
     assert stored(mounted.url, "back/one", "back/g/one-again") == [b"1", b"1"]
+
+
+def test_hard_links_of_symlinks_and_special_files_are_one_node(mounted, mount_factory):
+    """``link`` of a FIFO, a device or a symlink (``linkat`` without following it) makes a
+    second name of the same node, as on a local disk: one inode, nlink counting the names,
+    owner shared, kept across a remount."""
+    root = mounted.path
+    os.mkfifo(root / "p")
+    os.mknod(root / "c", 0o600 | 0o020000, os.makedev(1, 3))
+    os.symlink("target", root / "s")
+    for name in ("p", "c", "s"):
+        os.link(root / name, root / f"{name}2", follow_symlinks=False)
+        os.link(root / name, root / f"{name}3", follow_symlinks=False)
+        os.chown(root / f"{name}3", 65534, 65533, follow_symlinks=False)
+    os.unlink(root / "p3")
+
+    def seen(path: Path) -> dict[str, tuple[int, int, int, int]]:
+        out = {}
+        for name in ("p", "p2", "c", "c2", "c3", "s", "s2", "s3"):
+            st = os.lstat(path / name)
+            out[name] = (st.st_nlink, st.st_uid, st.st_gid, st.st_rdev)
+        return out
+
+    expected = {
+        "p": (2, 65534, 65533, 0),
+        "p2": (2, 65534, 65533, 0),
+        **{n: (3, 65534, 65533, os.makedev(1, 3)) for n in ("c", "c2", "c3")},
+        **{n: (3, 65534, 65533, 0) for n in ("s", "s2", "s3")},
+    }
+    assert seen(root) == expected
+    assert os.lstat(root / "c").st_ino == os.lstat(root / "c3").st_ino
+    assert os.lstat(root / "s2").st_ino == os.lstat(root / "s").st_ino != os.lstat(root / "p").st_ino
+    assert os.readlink(root / "s3") == "target"
+    mounted.stop()
+    mounted.start()
+    assert seen(root) == expected

@@ -7,6 +7,7 @@ import errno
 import mmap
 import os
 import stat
+import subprocess
 
 import pytest
 from mounting import needs_fuse, read, write
@@ -344,3 +345,20 @@ def test_a_held_temporary_file_renamed_onto_a_symlink_replaces_it(mounted):
     os.rename(root / "c.partial", root / "u")
     assert not os.path.islink(root / "u") and (root / "u").read_bytes() == b"abc"
     assert sorted(os.listdir(root)) == ["u"]
+
+
+def test_a_folder_reports_nlink_1_and_find_still_walks_every_folder(mounted):
+    """A folder is a key prefix, not a stored entry: counting its subfolders for ``st_nlink``
+    would cost a scan of everything below it at every ``stat``. It reports 1, Linux's
+    "not counted" (as pjdfstest's rename/24.t notes for btrfs), and tools then do not guess
+    from it: GNU find's leaf optimisation (nlink - 2 subfolders) stays off and every folder is
+    walked. The files inside count as usual."""
+    root = mounted.path
+    for path in ("a/b/c", "a/d", "a/e/f/g", "h"):
+        os.makedirs(root / path)
+    (root / "a" / "b" / "c" / "0.0").write_bytes(b"x")
+    assert {os.lstat(root / p).st_nlink for p in ("a", "a/b", "a/e/f", "h")} == {1}
+    out = subprocess.run(["find", str(root), "-type", "d"], capture_output=True, text=True, check=True)
+    found = sorted(os.path.relpath(line, root) for line in out.stdout.split())
+    assert found == [".", "a", "a/b", "a/b/c", "a/d", "a/e", "a/e/f", "a/e/f/g", "h"]
+    assert os.lstat(root / "a" / "b" / "c" / "0.0").st_nlink == 1

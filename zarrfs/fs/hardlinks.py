@@ -1,7 +1,9 @@
 """Hard links: several names of one file, kept in the SIDE space.
 
 Every name of a linked file stays an ordinary data key holding the whole value (zarr-python 2's
-store classes read any of them); what makes them one file is bookkeeping in two side records:
+store classes read any of them); every name of a linked symlink or special file (a FIFO, a
+device, a socket) is its own entry record, as for one name. What makes the names one node is
+bookkeeping in two side records:
 
 * ``h:<key>``: the id of the link group of the file at ``key`` (a pointer, one per name);
 * ``g:<id>``: the names of the group, NUL-separated (no key holds a NUL).
@@ -11,9 +13,10 @@ attribute records (``a:<name>``) of the names are kept in step, all in the trans
 change. Every namespace change keeps the records exact in its own transaction.
 
 Data keys win over these records, as over every side record: a file exists iff its key
-exists. A name of the record whose key is gone (deleted by zarr-python 2, which knows nothing
-of links) is simply not a member, and a pointer whose group does not name its key is ignored.
-A group left with one name is dissolved: that file is a plain file again.
+exists (a symlink or special file iff its entry record does). A name of the record whose key
+is gone (deleted by zarr-python 2, which knows nothing of links) is simply not a member, and a
+pointer whose group does not name its key is ignored. A group left with one name is dissolved:
+that file is a plain file again.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from zarrfs.backends.base import DATA, SIDE, Size, Txn
-from zarrfs.fs.sidedata import Attrs, attr_key
+from zarrfs.backends.base import DATA, SIDE, Get, Read, Size, Txn
+from zarrfs.fs.sidedata import LINK_MARK, SPECIAL_MARK, Attrs, attr_key, entry_key
 
 POINTER = "h:"
 GROUP = "g:"
@@ -58,6 +61,21 @@ def _pack(names: list[str]) -> bytes:
     return _SEP.join(names).encode("utf-8", "surrogateescape")
 
 
+def _present(t: Txn, names: list[str]) -> list[str]:
+    """Those of ``names`` that exist: as a data key (a file) or as the entry record of a
+    symlink or special file; one batch of reads."""
+    requests: list[Read] = []
+    for name in names:
+        requests += [Size(name, DATA), Get(entry_key(name), SIDE)]
+    answers = t.read_many(requests)
+    return [
+        name
+        for i, name in enumerate(names)
+        if answers[2 * i] is not None
+        or (answers[2 * i + 1] is not None and answers[2 * i + 1][:1] in (LINK_MARK, SPECIAL_MARK))
+    ]
+
+
 def load(t: Txn, key: str, pointer: bytes | None) -> Group | None:
     """The group of the file at ``key`` whose pointer record (``h:<key>``, read by the caller
     in its own batch) is ``pointer``; None when it has none, or a stale one. Two reads, and
@@ -69,8 +87,8 @@ def load(t: Txn, key: str, pointer: bytes | None) -> Group | None:
     names = _unpack(raw) if raw is not None else []
     if key not in names:
         return None
-    sizes = t.read_many([Size(n, DATA) for n in names])
-    return Group(gid, [n for n, size in zip(names, sizes, strict=True) if size is not None or n == key])
+    present = set(_present(t, names))
+    return Group(gid, [n for n in names if n in present or n == key])
 
 
 def write(t: Txn, group: Group) -> None:
@@ -116,9 +134,7 @@ def renamed(t: Txn, moves: list[tuple[str, str, bytes]]) -> list[Group]:
         for old, new in mapping.items():
             if old not in names:  # a stale pointer moved with its file: drop it
                 t.delete(pointer_key(new), SIDE)
-        group = Group(gid, [mapping.get(n, n) for n in names])
-        sizes = t.read_many([Size(n, DATA) for n in group.names])
-        group.names = [n for n, size in zip(group.names, sizes, strict=True) if size is not None]
+        group = Group(gid, _present(t, [mapping.get(n, n) for n in names]))
         write(t, group)
         changed.append(group)
     return changed
@@ -141,8 +157,8 @@ class LinkGroups:
     _moved: Callable[[str, str, str], str]
 
     def _unlinked(self, t: Txn, key: str, found: Any) -> list[str]:
-        """The name ``key`` of a file is gone (unlinked, or replaced by a rename): it leaves
-        its link group, whose other names get a new ctime. Returns those names."""
+        """The name ``key`` of a node that is not a folder is gone (unlinked, or replaced by a
+        rename): it leaves its link group, whose other names get a new ctime. Returns those names."""
         if found[4] is None:
             return []
         group = load(t, key, found[4])
@@ -150,14 +166,15 @@ class LinkGroups:
             t.delete(pointer_key(key), SIDE)  # a stale pointer
             return []
         left = leave(t, group, key)
-        self._touch_group(left, found[3], t)
+        self._touch_group(left, found[3], t, found[0])
         return left
 
-    def _touch_group(self, names: list[str], raw: bytes | None, t: Txn) -> None:
-        """A new ctime for every name of a linked file (a name was added, removed or moved)."""
-        attrs = (Attrs.unpack(raw) if raw is not None else None) or self.default_attrs(stat.S_IFREG)
+    def _touch_group(self, names: list[str], raw: bytes | None, t: Txn, kind: int = stat.S_IFREG) -> None:
+        """A new ctime for every name of a linked node of type ``kind`` (a name was added,
+        removed or moved)."""
+        attrs = (Attrs.unpack(raw) if raw is not None else None) or self.default_attrs(kind)
         attrs.ctime = self._now()
-        put_attrs(t, names, attrs.with_type(stat.S_IFREG).pack())
+        put_attrs(t, names, attrs.with_type(kind).pack())
 
     def _regroup(self, t: Txn, moved: list[tuple[list, str, str, Any]]) -> None:
         """Link groups follow the names a rename moved: ``(records, src, dst, found)`` for each
@@ -175,11 +192,11 @@ class LinkGroups:
         for *_, found in moved:
             group = groups.get(bytes(found[4]).decode("ascii", "replace")) if found[4] else None
             if group is not None and len(group.names) > 1:
-                self._touch_group(group.names, found[3], t)
+                self._touch_group(group.names, found[3], t, found[0])
 
     def _same_file(self, t: Txn, src: str, dst: str, s: Any, d: Any) -> bool:
-        """Whether ``src`` and ``dst`` are names of one file (hard links)."""
-        if s[0] != stat.S_IFREG or d is None or d[0] != stat.S_IFREG or s[4] is None or s[4] != d[4]:
+        """Whether ``src`` and ``dst`` are names of one node (hard links)."""
+        if d is None or s[0] != d[0] or s[0] == stat.S_IFDIR or s[4] is None or s[4] != d[4]:
             return False
         group = load(t, src, s[4])
         return group is not None and dst in group.names

@@ -311,7 +311,7 @@ class Listings:
             elif kind not in (FILE, DIR):  # a symlink's target, a device's number
                 requests.append(Get(entry_key(child), SIDE))
             requests.append(Get(attr_key(child), SIDE))
-            if kind == FILE:
+            if kind != DIR:
                 requests.append(Get(pointer_key(child), SIDE))
         answers = iter(t.read_many(requests))
         for name, kind in part:
@@ -326,7 +326,7 @@ class Listings:
             elif kind != DIR:  # a special file: _node_from takes its device number as size
                 size = read_special(next(answers) or SPECIAL_MARK)[1]
             raw = next(answers)
-            pointer = next(answers) if kind == FILE else None
+            pointer = next(answers) if kind != DIR else None
             if size is None:  # gone between the listing and the read
                 continue
             into[name] = self._node_from(t, child, kind, size, target, raw, pointer)

@@ -107,7 +107,7 @@ class Lookups:
         else:
             mark, side_below = None, False
         found = self._judge(key, size, data_below, mark, side_below, t.get(attr_key(key), SIDE))
-        if found is not None and found[0] == FILE:
+        if found is not None and found[0] != DIR:
             return (*found[:4], t.get(pointer_key(key), SIDE))
         return found
 
@@ -141,7 +141,7 @@ class Lookups:
                 i += 1
             else:
                 found = self._judge(key, *answers[i : i + 5])
-                if found is not None and found[0] == FILE:
+                if found is not None and found[0] != DIR:
                     pointer = answers[i + 5] if batched else t.get(pointer_key(key), SIDE)
                     found = (*found[:4], pointer)
                 out.append(found)
@@ -208,6 +208,7 @@ class Lookups:
         nlink, gid = 1, ""
         if kind == FILE:
             size = self.hooks.shown_size(t, key, size)
+        if kind != DIR:
             group = hardlinks.load(t, key, pointer)
             if group is not None and len(group.names) > 1:
                 nlink, gid = len(group.names), group.gid
@@ -217,7 +218,7 @@ class Lookups:
         elif stat.S_IFMT(attrs.mode) != kind:
             attrs = attrs.with_type(kind)
         if kind not in _SIZED:  # a special file: the size slot held its device number
-            return Node(kind, 0, attrs, target, rdev=size)
+            return Node(kind, 0, attrs, target, nlink, gid, rdev=size)
         return Node(kind, size, attrs, target, nlink, gid)
 
     def _node(self, t: Txn, key: str) -> Node:

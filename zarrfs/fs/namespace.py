@@ -208,6 +208,7 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
             if create or exclusive:
                 folder, found = self._probe_with_folder(t, key, also)
                 if found is not None and replace and not exclusive and found[0] not in (FILE, DIR):
+                    self._unlinked(t, key, found)
                     t.delete(entry_key(key), SIDE)  # the symlink the rename replaces
                     found = None
                 if found is not None and (exclusive or found[0] != FILE):
@@ -249,13 +250,12 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
                 raise FsError(errno.ENOENT, key, quiet=True)
             if found[0] == DIR:
                 raise FsError(errno.EISDIR, key)
-            left: list[str] = []
             if found[0] == FILE:
                 t.delete(key)
                 self._changed(t, key, None)
-                left = self._unlinked(t, key, found)
             else:
                 t.delete(entry_key(key), SIDE)
+            left = self._unlinked(t, key, found)
             t.delete(attr_key(key), SIDE)
             if keep:  # writes a full store may refuse (see _removing)
                 self._keep_parent(t, key)
@@ -315,8 +315,8 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
             if mtime is not None:
                 attrs.mtime = mtime
             attrs.ctime = self._now()
-            group = hardlinks.load(t, key, found[4]) if found[0] == FILE else None
-            # The names of a linked file share their attributes: each has the same record.
+            group = hardlinks.load(t, key, found[4]) if found[0] != DIR else None
+            # The names of a linked node share their attributes: each has the same record.
             hardlinks.put_attrs(t, group.names if group is not None else [key], attrs.pack())
 
         self._write(run)
@@ -410,7 +410,7 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
                     raise FsError(errno.EISDIR, dst)
                 if d[0] == DIR and self._has_children(t, dst):
                     raise FsError(errno.ENOTEMPTY, dst)
-                if d[0] == FILE:
+                if d[0] != DIR:
                     self._unlinked(t, dst, d)
                 self._remove(t, self._subtree(t, dst, d))
             else:
@@ -433,9 +433,9 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
         """``link(src, dst)``: a hard link, a new name ``dst`` of the file ``src``, in one
         transaction; EEXIST, atomically, when ``dst`` exists (zarr-python 3 creates metadata
         this way). The value is stored under the new name too (every name is a Zarr key), and
-        the link group of :mod:`zarrfs.fs.hardlinks` makes the names one file. A symlink is
-        copied (a new symlink with the same target). The new name's folder changes and so
-        does the file (its ctime, on every name)."""
+        the link group of :mod:`zarrfs.fs.hardlinks` makes the names one file. A symlink or
+        special file gets an entry record under the new name, in the same link group. The new
+        name's folder changes and so does the file (its ctime, on every name)."""
 
         self.check_length(dst)
 
@@ -449,15 +449,15 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
                 raise FsError(errno.EEXIST, dst)
             self._folder_check(parent, dst)
             self.hooks.check_name(t, dst, s[0])
-            if s[0] != FILE:
+            if s[0] != FILE:  # a symlink or special file: the new name's own entry record
                 records = [r for r in self._subtree(t, src, s) if r[1] in (entry_key(src), attr_key(src))]
                 self._place(t, records, src, dst)
             else:
                 value = self.hooks.arrive(t, dst, t.get(src), src)
                 t.put(dst, value)
                 self._changed(t, dst, value)
-                group = hardlinks.join(t, hardlinks.load(t, src, s[4]), src, dst)
-                self._touch_group(group.names, s[3], t)
+            group = hardlinks.join(t, hardlinks.load(t, src, s[4]), src, dst)
+            self._touch_group(group.names, s[3], t, s[0])
             self._folder_changed(t, dst.rpartition("/")[0], parent[3], self._now())
 
         self._write(run)

@@ -21,7 +21,7 @@ from zarrfs.backends.base import SIDE
 from zarrfs.fs.api import Operations
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.handles import HandleTable
-from zarrfs.fs.namespace import FILE, LINK, RENAME_EXCHANGE, Tree
+from zarrfs.fs.namespace import FILE, RENAME_EXCHANGE, Tree
 
 
 def _ops(tree: Tree) -> Operations:
@@ -166,13 +166,36 @@ class LinkConformance:
         ops.unlink("a")
         assert [k for k, _ in tree.driver.scan("")] == []
 
-    def test_link_of_a_symlink_copies_it(self, tree):
+    @pytest.mark.parametrize("kind", ["symlink", "fifo", "char"])
+    def test_a_symlink_or_special_file_has_real_hard_links(self, tree, kind):
         ops = _ops(tree)
-        tree.symlink("target", "ln")
-        ops.link("ln", "ln2")
-        node = tree.lookup("ln2")
-        assert (node.kind, node.target, node.nlink) == (LINK, "target", 1)
-        assert tree.lookup("ln").kind == LINK and tree.find("ln2").kind != FILE
+        if kind == "symlink":
+            tree.symlink("target", "n")
+        elif kind == "fifo":
+            tree.mknod("n", stat.S_IFIFO | 0o644, 0)
+        else:
+            tree.mknod("n", stat.S_IFCHR | 0o600, os.makedev(1, 3))
+        first = tree.lookup("n")
+        ops.link("n", "n2")
+        ops.link("n2", "n3")
+        a, b, c = (tree.lookup(k) for k in ("n", "n2", "n3"))
+        assert {a.nlink, b.nlink, c.nlink} == {3} and a.group and a.group == b.group == c.group
+        assert (b.kind, b.target, b.rdev) == (first.kind, first.target, first.rdev)
+        tree.set_attrs("n3", uid=65534, gid=65533)  # shared by every name
+        assert {(tree.lookup(k).attrs.uid, tree.lookup(k).attrs.gid) for k in ("n", "n2")} == {(65534, 65533)}
+        ctime = tree.lookup("n").attrs.ctime
+        time.sleep(0.01)
+        ops.unlink("n")
+        assert _nlinks(tree, "n2", "n3") == [2, 2] and tree.lookup("n2").attrs.ctime > ctime
+        tree.rename("n3", "m")  # the group follows the moved name
+        assert _nlinks(tree, "n2", "m") == [2, 2]
+        assert tree.rename("m", "n2") is False  # onto another name of the same node: nothing
+        tree.mknod("x", stat.S_IFIFO | 0o644, 0)
+        tree.rename("x", "m")  # a rename onto one name takes it out of the group
+        assert _nlinks(tree, "n2", "m") == [1, 1] and tree.lookup("n2").kind == first.kind
+        ops.unlink("n2")
+        ops.unlink("m")
+        assert [k for k, _ in tree.driver.scan("", space=SIDE) if k.startswith(("h:", "g:"))] == []
 
     def test_a_new_file_at_a_name_deleted_behind_our_back_is_not_linked(self, tree):
         ops = _ops(tree)
@@ -215,13 +238,13 @@ class LinkConformance:
         tree.commit("d/a", b"v", None, create=True)
         tree.mknod("d/c", stat.S_IFCHR | 0o600, os.makedev(1, 3))
         ops.link("d/a", "d/b")
-        ops.link("d/c", "d/c2")  # a special file is copied, as a symlink is
+        ops.link("d/c", "d/c2")  # a special file's names are one node too
         nodes = tree.folder_nodes("d", 100)
         assert {n: (x.kind, x.nlink, x.rdev) for n, x in nodes.items()} == {
             "a": (FILE, 2, 0),
             "b": (FILE, 2, 0),
-            "c": (stat.S_IFCHR, 1, os.makedev(1, 3)),
-            "c2": (stat.S_IFCHR, 1, os.makedev(1, 3)),
+            "c": (stat.S_IFCHR, 2, os.makedev(1, 3)),
+            "c2": (stat.S_IFCHR, 2, os.makedev(1, 3)),
         }
         assert nodes["a"].group == tree.find("d/b").group != ""
         assert tree.find("d/c2").rdev == os.makedev(1, 3)
