@@ -186,7 +186,7 @@ def test_killed_master_is_replaced(replicated_cluster):
         assert recovered < 30
 
 
-# --- mounts of the cluster (the whole mount suite: ZARRFS_TEST_CLUSTER=1, see mounting.py) ------
+# --- mounts of the cluster (the whole mount suite runs on it too: DRIVERS in mounting.py) -------
 
 
 @pytest.fixture
