@@ -159,6 +159,16 @@ class SpillBuffer:
             return memoryview(self._mem)[offset : offset + size]
         return os.pread(self._file.fileno(), size, offset)
 
+    def readinto(self, offset: int, into: memoryview) -> int:
+        """Copy bytes from ``offset`` into ``into`` (a file's part being stored); the count
+        copied. From the temporary file by ``preadv``: nothing goes through a map, whose
+        touched pages would count in the daemon's resident memory."""
+        if self._mem is not None:
+            n = max(0, min(len(into), self._size - offset))
+            into[:n] = memoryview(self._mem)[offset : offset + n]
+            return n
+        return os.preadv(self._file.fileno(), [into], offset)
+
     def truncate(self, length: int) -> None:
         """Cut or zero-extend to ``length`` bytes."""
         if self._mem is not None and length > self.threshold:
