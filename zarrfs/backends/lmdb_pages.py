@@ -6,7 +6,9 @@ the kernel needs the memory. Reading a 4 GiB file would so show 4 GiB resident. 
 that read large values count what they copy (:func:`touched`); past :data:`BUDGET` bytes the
 maps of the driver's environments get ``madvise(MADV_DONTNEED)``: the mapping is read-only
 and shared (``writemap`` is off), so the next access maps the page again from the page cache,
-with the same bytes. Nothing is lost but the mapping itself.
+with the same bytes. Nothing is lost but the mapping itself. The maps are found in
+``/proc/self/maps`` by their data file (``env.info()``'s ``map_addr`` is 0 unless LMDB was
+asked for a fixed address).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import os
 import sys
 from typing import Any
 
@@ -67,15 +70,36 @@ def touched(driver: Any, nbytes: int) -> None:
     release(driver)
 
 
+def _data_file(env: Any) -> str | None:
+    try:
+        path = env.path()
+        subdir = env.flags()["subdir"]
+    except Exception:  # a closed environment
+        return None
+    return os.path.realpath(os.path.join(path, "data.mdb") if subdir else path)
+
+
+def _mappings(files: set[str]) -> list[tuple[int, int]]:
+    """``(start, end)`` of this process's mappings of ``files``."""
+    found = []
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and fields[5].rstrip("\n") in files:
+                    start, end = fields[0].split("-")
+                    found.append((int(start, 16), int(end, 16)))
+    except OSError:
+        pass
+    return found
+
+
 def release(driver: Any) -> None:
     """Drop every page of ``driver``'s maps from the process's resident set."""
     madvise = _libc_madvise()
     if not madvise:
         return
-    for env in _environments(driver):
-        try:
-            info = env.info()
-        except Exception:  # a closed environment
-            continue
-        if madvise(info["map_addr"], info["map_size"], MADV_DONTNEED) != 0:
+    files = {f for env in _environments(driver) if (f := _data_file(env)) is not None}
+    for start, end in _mappings(files):
+        if madvise(start, end - start, MADV_DONTNEED) != 0:
             log.debug("madvise of the LMDB map failed: errno %d", ctypes.get_errno())
