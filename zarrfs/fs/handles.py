@@ -212,7 +212,7 @@ class HandleTable(OpenNames):
         """A buffer holding the value at ``key``, read by ranges in one read transaction (one
         version of it) into the buffer's file: a large file opened for writing is not held
         in memory."""
-        buffer = SpillBuffer(threshold=self.spill_threshold)
+        buffer = SpillBuffer(threshold=self.spill_threshold, on_disk=True)  # it will spill
         try:
             self.tree.driver.transact(lambda t: buffer.load(parts.reader(t, key)), write=False)
         except BaseException:
