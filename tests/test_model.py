@@ -48,7 +48,8 @@ pytestmark = [*needs_fuse, pytest.mark.slow]
 # and sharing (a write through one name shows through the others) are compared strictly.
 HARDLINKS_SHARE = True
 
-OPTIONS = ["create", "validate=off", "consolidate=off"]
+# parts_above: files above 5000 bytes are stored in parts of 5000 (zarrfs.fs.parts), so parts are exercised.
+OPTIONS = ["create", "validate=off", "consolidate=off", "parts_above=5000"]
 
 # For exploring past a bug that is already known, locally only (CI sets neither):
 # ZARRFS_MODEL_TOLERATE=dup,dirmtime,unlinkedfd forgives repeated names in a listing, folder

@@ -66,11 +66,8 @@ def _hide_secrets(secrets: list[str]) -> None:
 
 
 def _read_fd(fd: int) -> str:
-    chunks = []
-    while chunk := os.read(fd, 65536):
-        chunks.append(chunk)
-    os.close(fd)
-    return b"".join(chunks).decode()
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read().decode()
 
 
 def _mounts() -> list[tuple[str, str, str, str]]:
@@ -323,20 +320,24 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """``zarrfs check URL``: validate every metadata and chunk key offline."""
+    """``zarrfs check URL``: validate every metadata and chunk key offline, find orphan parts."""
+    from itertools import chain
+
     from zarrfs.format.check import check_database
+    from zarrfs.tools.orphans import report
 
     try:
         url = redis_secret(resolve_url(args.url))
-        driver = open_database(url, parse_options(["ro"]), hint=False)
+        driver = open_database(url, parse_options([] if args.repair else ["ro"]), hint=False)
     except (UsageError, MountFailure, BackendError, ValueError) as exc:
         return _fail(str(exc), _status_of(exc))
     with driver:
         problems = 0
-        for problem in check_database(driver):
-            if problem.severity == "error" or args.warnings:
-                print(f"{problem.severity}: {problem.key}: {problem.rule}: {problem.value}")
-            problems += problem.severity == "error"
+        found = ((p.severity, p.key, f"{p.rule}: {p.value}") for p in check_database(driver))
+        for severity, key, text in chain(found, report(driver, args.repair)):
+            if severity != "warning" or args.warnings:
+                print(f"{severity}: {key}: {text}")
+            problems += severity == "error"
     print(f"{problems} problem(s) found" if problems else "no problems found", file=sys.stderr)
     return 1 if problems else 0
 
@@ -383,8 +384,8 @@ def cmd_consolidate(args: argparse.Namespace) -> int:
 
 
 def cmd_reindex(args: argparse.Namespace) -> int:
-    """``zarrfs reindex URL``: rebuild a Redis database's listing index from its keyspace
-    (after another client, such as zarr-python 2's ``RedisStore``, added or removed keys)."""
+    """``zarrfs reindex URL``: rebuild a Redis database's listing index from its keyspace (after
+    another client, zarr-python 2's ``RedisStore`` say, added or removed keys)."""
     try:
         url = redis_secret(resolve_url(args.url))
         driver = open_database(url, parse_options([]), hint=False)
@@ -412,10 +413,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``zarrfs``."""
     raw = argparse.RawDescriptionHelpFormatter
-    parser = _Parser(
-        prog="zarrfs", description=DESCRIPTION, epilog=URLS_HELP + "\n" + OPTIONS_HELP + "\n" + EXIT_HELP,
-        formatter_class=raw,
-    )
+    epilog = URLS_HELP + "\n" + OPTIONS_HELP + "\n" + EXIT_HELP
+    parser = _Parser(prog="zarrfs", description=DESCRIPTION, epilog=epilog, formatter_class=raw)
     parser.add_argument("--version", action="version", version=f"zarrfs {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
@@ -454,6 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
                            epilog=URLS_HELP + "\n" + EXIT_HELP, formatter_class=raw)
     check.add_argument("url", metavar="URL")
     check.add_argument("--warnings", action="store_true", help="print warnings too")
+    check.add_argument("--repair", action="store_true", help="delete the parts no file references")
     check.set_defaults(func=cmd_check)
 
     copy = sub.add_parser("copy", help="copy every key between a folder and a database (or two databases)",

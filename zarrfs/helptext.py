@@ -36,6 +36,7 @@ mount options (-o OPT[,OPT...]):
   dir_cache=SECONDS           lifetime of a busy folder's snapshot (cache_timeout, or 1; 0 = off)
   feed=0                      do not follow other writers' changes (short cache times)
   spill=BYTES                 an open file's buffer size before it spills to disk (64 MiB)
+  parts_above=BYTES           files larger than this are stored in parts (64M; K/M/G suffixes)
   spin=MICROSECONDS           request loop polling before it sleeps (200; 0 = never)
   timeout=SECONDS             longest wait on a database server; then ETIMEDOUT (10)
   readahead=KiB               kernel read-ahead of the mount (1024; 0 = leave it)

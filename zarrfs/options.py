@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zarrfs.backends.base import DEFAULT_TIMEOUT
+from zarrfs.fs.parts import DEFAULT_ABOVE
 from zarrfs.fs.spill import DEFAULT_SPILL
 from zarrfs.fuse.loop import DEFAULT_SPIN_US
 from zarrfs.fuse.tuning import DEFAULT_READAHEAD_KIB
@@ -54,6 +55,8 @@ class MountOptions:
     # Set by the daemon: the feed is followed.
     feed: bool = False
     spill: int = DEFAULT_SPILL
+    # Files larger than this are stored in parts (zarrfs.fs.parts).
+    parts_above: int = DEFAULT_ABOVE
     create: bool = False
     spin: float = DEFAULT_SPIN_US
     # Seconds a call may wait on a database server before it fails with ETIMEDOUT.
@@ -119,6 +122,8 @@ def parse_options(words: list[str]) -> MountOptions:
                     raise UsageError(f"-o timeout= takes seconds, more than 0 (got {value!r})")
             elif name == "spill":
                 opts.spill = _number(name, value, int)
+            elif name == "parts_above":
+                opts.parts_above = _size(name, value)
             elif name == "create":
                 opts.create = True
             elif name == "readahead":
@@ -160,6 +165,15 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise UsageError(f"-o {name}= takes one of {', '.join(allowed)} (got {value!r})")
     return value
+
+
+def _size(name: str, value: str) -> int:
+    """A size in bytes, with an optional K, M or G suffix (powers of 1024)."""
+    scale = 1 << (10 * (" KMG".index(value[-1].upper()))) if value[-1:].upper() in ("K", "M", "G") else 1
+    size = _number(name, value[:-1] if scale > 1 else value, int) * scale
+    if size < 1:
+        raise UsageError(f"-o {name}= takes a size in bytes, 1 or more (got {value!r})")
+    return size
 
 
 def _number(name: str, value: str, kind: type) -> Any:

@@ -49,6 +49,7 @@ from zarrfs.backends.base import (
     prefix_stop,
 )
 from zarrfs.backends.registry import normalize_url
+from zarrfs.fs import parts
 from zarrfs.fs.hardlinks import POINTER, pointer_key
 from zarrfs.fs.sidedata import ATTR, ENTRY, Attrs, attr_key
 
@@ -198,7 +199,7 @@ class DatabaseStore(Store):
 
     async def getsize(self, key: str) -> int:
         """The size of the value of ``key``; ``FileNotFoundError`` when there is none."""
-        size = self._read(lambda t: t.size(key))
+        size = self._read(lambda t: parts.size_of(t, key))
         if size is None:
             raise FileNotFoundError(key)
         return size
@@ -245,6 +246,8 @@ class DatabaseStore(Store):
         if attrs is None:
             attrs = Attrs(stat.S_IFREG | (0o666 & ~_UMASK), os.getuid(), os.getgid(), now, now, now)
         attrs.mtime = attrs.ctime = now
+        # A value stored in parts by a mount is replaced: its parts are orphans for zarrfs check.
+        attrs.parted = None
         t.put(attr_key(key), attrs.pack(), SIDE)
 
     def delete_sync(self, key: str) -> None:
@@ -334,21 +337,22 @@ class DatabaseStore(Store):
 
 
 def _read_range(t: Txn, key: str, byte_range: ByteRequest | None) -> bytes | None:
-    """The bytes of ``byte_range`` of the value of ``key`` (all of it for ``None``)."""
+    """The bytes of ``byte_range`` of the value of ``key`` (all of it for ``None``); a value a
+    mount stored in parts (zarrfs.fs.parts) is read from its parts."""
     if byte_range is None:
-        return t.get(key)
+        return parts.whole(t, key, t.get(key))
     if not isinstance(byte_range, (RangeByteRequest, OffsetByteRequest, SuffixByteRequest)):
         raise TypeError(f"Unexpected byte_range, got {byte_range!r}")  # zarr's wording
     if isinstance(byte_range, RangeByteRequest):
-        return t.read(key, byte_range.start, max(0, byte_range.end - byte_range.start))
-    size = t.size(key)
+        return parts.read(t, key, byte_range.start, max(0, byte_range.end - byte_range.start))
+    size = parts.size_of(t, key)
     if size is None:
         return None
     if isinstance(byte_range, OffsetByteRequest):
         start = byte_range.offset
     else:
         start = max(0, size - byte_range.suffix)
-    return t.read(key, start, max(0, size - start))
+    return parts.read(t, key, start, max(0, size - start))
 
 
 def _as_bytes(value: Buffer, what: str) -> bytes:

@@ -116,6 +116,10 @@ class FormatHooks:
         else:
             self._judge(validate_data_key(key, txn.get, _get_many(txn)))
 
+    def whole(self, key: str) -> bool:
+        """Whether a value at ``key`` is read whole here (metadata): never stored in parts."""
+        return is_metadata_key(key)
+
     def reads(self, key: str) -> list[str]:
         """The metadata documents validating a new chunk or data file at ``key`` reads (those
         of its enclosing folders); nothing for metadata, which is rare and read differently."""

@@ -167,6 +167,22 @@ class Entries:
         for where, probe in (source, target) if source[0] != target[0] else (target,):
             self._folder_changed(t, where, probe[3] if probe else None, now)
 
+    def statfs(self) -> dict[str, int]:
+        """Block and inode counts for ``statvfs``: the real free space behind the database."""
+        info = self.driver.statfs() or {"total": 1 << 40, "free": 1 << 40}
+        bsize = 4096
+        return {
+            "f_bsize": bsize,
+            "f_frsize": bsize,
+            "f_blocks": info["total"] // bsize,
+            "f_bfree": info["free"] // bsize,
+            "f_bavail": info["free"] // bsize,
+            "f_files": 1 << 32,
+            "f_ffree": 1 << 31,
+            "f_favail": 1 << 31,
+            "f_namemax": 255,
+        }
+
 
 def inherit_group(attrs: Attrs, folder: Attrs | None) -> None:
     """A new node in a setgid folder (of attributes ``folder``, None when it has none recorded)

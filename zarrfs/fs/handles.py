@@ -25,6 +25,7 @@ import os
 import stat
 import time
 
+from zarrfs.fs import parts
 from zarrfs.fs.entries import inherit_group
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.filestate import FileState, Handle
@@ -50,8 +51,15 @@ def is_deferrable(key: str) -> bool:
 class HandleTable(OpenNames):
     """All open files of a mount (what namespace changes do to them: :class:`OpenNames`)."""
 
-    def __init__(self, tree: Tree, spill_threshold: int = DEFAULT_SPILL, readonly: bool = False) -> None:
+    def __init__(
+        self,
+        tree: Tree,
+        spill_threshold: int = DEFAULT_SPILL,
+        readonly: bool = False,
+        parts_above: int = parts.DEFAULT_ABOVE,
+    ) -> None:
         self.tree = tree
+        self.parting = parts.Parting(tree, parts_above)  # large files are stored in parts
         self.spill_threshold = spill_threshold
         self.readonly = readonly
         self.states: dict[str, FileState] = {}
@@ -204,9 +212,9 @@ class HandleTable(OpenNames):
         """A buffer holding the value at ``key``, read by ranges in one read transaction (one
         version of it) into the buffer's file: a large file opened for writing is not held
         in memory."""
-        buffer = SpillBuffer(threshold=self.spill_threshold)
+        buffer = SpillBuffer(threshold=self.spill_threshold, on_disk=True)  # it will spill
         try:
-            self.tree.driver.transact(lambda t: buffer.load(lambda o, n: t.read(key, o, n)), write=False)
+            self.tree.driver.transact(lambda t: buffer.load(parts.reader(t, key)), write=False)
         except BaseException:
             buffer.close()
             raise
@@ -296,13 +304,13 @@ class HandleTable(OpenNames):
         if state is None:
             state = FileState(key, linked=bool(self.tree.link_names(key)))
             try:
-                self._ensure_buffer(state).truncate(length)
+                self._ensure_buffer(state, empty=length == 0).truncate(length)
                 self._touch(state)
                 self._commit(state)
             finally:
                 state.buffer.close() if state.buffer else None
             return
-        self._ensure_buffer(state).truncate(length)
+        self._ensure_buffer(state, empty=length == 0).truncate(length)
         self._touch(state)
 
     # ------------------------------------------------------------------ commit
@@ -312,9 +320,9 @@ class HandleTable(OpenNames):
             return None
         assert state.buffer is not None
         try:
-            self.tree.commit(
+            self.parting.commit(
                 state.key,
-                state.buffer.view(),
+                state.buffer,
                 state.attrs,
                 state.created,
                 linked=state.linked,
@@ -428,9 +436,9 @@ class HandleTable(OpenNames):
         state = self.states[src]
         assert state.buffer is not None and state.attrs is not None
         attrs = Attrs(**vars(state.attrs))
-        self.tree.commit(
+        self.parting.commit(
             dst,
-            state.buffer.view(),
+            state.buffer,
             attrs,
             create=True,
             exclusive=exclusive,

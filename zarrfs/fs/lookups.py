@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, Get, HasPrefix, Read, Size, Txn
-from zarrfs.fs import hardlinks
+from zarrfs.fs import hardlinks, parts
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.hardlinks import pointer_key
 from zarrfs.fs.sidedata import ENTRY, LINK_MARK, SPECIAL_MARK, Attrs, attr_key, entry_key, read_special
@@ -206,13 +206,20 @@ class Lookups:
         self, t: Txn, key: str, kind: int, size: int, target: str, raw: bytes | None, pointer=None
     ) -> Node:
         nlink, gid = 1, ""
+        attrs = Attrs.unpack(raw) if raw is not None else None
+        if attrs is not None and attrs.parted is not None:
+            # Stored in parts (zarrfs.fs.parts) while the key holds a manifest's size; else
+            # someone else rewrote the key, and the file is what they wrote.
+            if kind == FILE and size == parts.MANIFEST_SIZE:
+                size = attrs.parted.size
+            else:
+                attrs.parted = None
         if kind == FILE:
             size = self.hooks.shown_size(t, key, size)
         if kind != DIR:
             group = hardlinks.load(t, key, pointer)
             if group is not None and len(group.names) > 1:
                 nlink, gid = len(group.names), group.gid
-        attrs = Attrs.unpack(raw) if raw is not None else None
         if attrs is None:
             attrs = self.default_attrs(kind)
         elif stat.S_IFMT(attrs.mode) != kind:
@@ -247,7 +254,7 @@ class Lookups:
         """The whole content of the file at ``key`` as it is shown."""
 
         def run(t: Txn) -> bytes:
-            value = t.get(key)
+            value = parts.whole(t, key, t.get(key))
             if value is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
             return self.hooks.shown_value(t, key, value)
@@ -267,7 +274,7 @@ class Lookups:
                 # A decoded view decodes at the first read, which may refuse it (EINVAL):
                 # the open itself succeeds, as it did before it read anything.
                 return node, None
-            value = t.get(key)
+            value = parts.whole(t, key, t.get(key))
             return node, None if value is None else self.hooks.shown_value(t, key, value)
 
         return self.driver.transact(run, write=False)
@@ -282,8 +289,8 @@ class Lookups:
             if node is None or node.kind != FILE or stamp_of(node) != stamp:
                 raise FsError(errno.ESTALE, f"{key} was replaced since it was opened")
             if size >= 0:
-                return t.read(key, offset, size) or b""
-            value = t.get(key)
+                return parts.read(t, key, offset, size, node.attrs.parted) or b""
+            value = parts.whole(t, key, t.get(key))
             if value is None:
                 raise FsError(errno.ESTALE, f"{key} was replaced since it was opened")
             return self.hooks.shown_value(t, key, value)
@@ -310,12 +317,12 @@ class Lookups:
         return bool(getattr(self.hooks, "transforms", False))
 
     def stored_size(self, key: str) -> int:
-        """The stored size of the value at ``key`` (0 when absent)."""
-        return self.driver.size(key) or 0
+        """The stored size of the value at ``key`` (0 when absent; a parted value's total)."""
+        return self.driver.transact(lambda t: parts.size_of(t, key), write=False) or 0
 
     def read_range(self, key: str, offset: int, size: int) -> bytes:
         """Stored bytes of ``key`` from ``offset``, without fetching the whole value."""
-        return self.driver.read(key, offset, size) or b""
+        return self.driver.transact(lambda t: parts.read(t, key, offset, size), write=False) or b""
 
     def readlink(self, key: str) -> str:
         """The target of the symlink at ``key``."""

@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, Txn
-from zarrfs.fs import hardlinks
+from zarrfs.fs import hardlinks, parts
 from zarrfs.fs.entries import Entries
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.hardlinks import POINTER, LinkGroups, pointer_key
@@ -139,6 +139,7 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
         #: Snapshots of busy folders for :meth:`find` (a FolderCache), or None.
         self.folder_cache: Any = None
         self._side_effects: set[str] = set()
+        self._garbage: list = []  # parts a write leaves unused (see zarrfs.fs.parts)
         self._hidden_logged: set[str] = set()
         self.epoch = self._load_epoch()
         # The longest key the database holds (LMDB: 511 bytes), less the side prefix ("a:")
@@ -158,13 +159,21 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
 
     # ------------------------------------------------------------------ writes
     def _write(self, run: Any) -> Any:
-        """Run a write transaction; then report keys the hooks changed on the side."""
+        """Run a write transaction; then report keys the hooks changed on the side, and delete
+        the parts it left unused (each part in its own transaction: zarrfs.fs.parts)."""
         self._side_effects = touched = set()
+
+        def attempt(t: Txn) -> Any:
+            self._garbage = []
+            return run(t)
+
         try:
-            result = self.driver.transact(run)
+            result = self.driver.transact(attempt)
         finally:
             if self.folder_cache is not None:
                 self.folder_cache.clear()
+        garbage, self._garbage = self._garbage, []
+        parts.free(self.driver, {p.id: p for p in garbage if p is not None}.values())
         if touched and self.on_side_effects is not None:
             self.on_side_effects(sorted(touched))
         return result
@@ -186,6 +195,7 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
         linked: bool = False,
         added: int | None = None,
         renamed_from: str | None = None,
+        parted: Any = None,
     ) -> None:
         """Store the content of a file written through the mount, with its attributes, in one
         transaction; the format layer may refuse it (nothing is stored then).
@@ -198,10 +208,13 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
         under every name its group has now (their folders do not change: no name is added).
         ``added``: when the file was made; if it turns out new, its folder's times change (see
         :meth:`_folder_changed`). ``renamed_from``: the file was an unstored file of that name,
-        renamed here: both folders' times change."""
+        renamed here: both folders' times change. ``parted``: ``value`` is the manifest of
+        these parts (:mod:`zarrfs.fs.parts`); the parts of the version replaced are freed."""
 
         # Remote: what the format layer will read comes in the probe's round trip.
         also = self.hooks.reads(key) if (create or exclusive) and self.driver.remote else ()
+        hint = attrs.parted if attrs is not None else None  # the version this one replaces
+        record = None if attrs is None else Attrs(**{**vars(attrs), "parted": parted}).pack()
 
         def run(t: Txn) -> None:
             pointer = folder = found = None
@@ -223,20 +236,27 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
                 pointer = t.get(pointer_key(key), SIDE)
             names = [key]
             if create or exclusive:
-                if pointer is not None:  # a new file in its place: that name is not linked
-                    self._unlinked(t, key, found)
-            elif (group := hardlinks.load(t, key, pointer)) is not None:
-                names = group.names
+                # A new file in its place: that name is not linked; its parts go with its last name.
+                if found is not None and (pointer is None or not self._unlinked(t, key, found)):
+                    self._garbage.append(parts.parted_of(found[3]))
+            else:
+                if (group := hardlinks.load(t, key, pointer)) is not None:
+                    names = group.names
+                if hint is not None:
+                    self._garbage.append(parts.parted_of(t.get(attr_key(key), SIDE)))
             for name in names:
                 stored = self.hooks.store(t, name, value)
                 t.put(name, stored)
-                if attrs is not None:
-                    t.put(attr_key(name), attrs.pack(), SIDE)
+                if record is not None:
+                    t.put(attr_key(name), record, SIDE)
                 self._changed(t, name, stored)
+            self._garbage = [p for p in self._garbage if p != parted]
             if folder is not None:
                 self._commit_folders(t, key, folder, found, added, renamed_from)
 
         self._write(run)
+        if attrs is not None:
+            attrs.parted = parted
 
     def unlink(self, key: str) -> list[str]:
         """Remove the file or symlink at ``key`` (EISDIR for a folder). Returns the other
@@ -256,6 +276,8 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
             else:
                 t.delete(entry_key(key), SIDE)
             left = self._unlinked(t, key, found)
+            if found[0] == FILE and not left:
+                self._garbage.append(parts.parted_of(found[3]))
             t.delete(attr_key(key), SIDE)
             if keep:  # writes a full store may refuse (see _removing)
                 self._keep_parent(t, key)
@@ -410,8 +432,8 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
                     raise FsError(errno.EISDIR, dst)
                 if d[0] == DIR and self._has_children(t, dst):
                     raise FsError(errno.ENOTEMPTY, dst)
-                if d[0] != DIR:
-                    self._unlinked(t, dst, d)
+                if d[0] != DIR and not self._unlinked(t, dst, d) and d[0] == FILE:
+                    self._garbage.append(parts.parted_of(d[3]))
                 self._remove(t, self._subtree(t, dst, d))
             else:
                 self._folder_check(parent, dst)
@@ -461,20 +483,3 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
             self._folder_changed(t, dst.rpartition("/")[0], parent[3], self._now())
 
         self._write(run)
-
-    # ------------------------------------------------------------------ filesystem
-    def statfs(self) -> dict[str, int]:
-        """Block and inode counts for ``statvfs``: the real free space behind the database."""
-        info = self.driver.statfs() or {"total": 1 << 40, "free": 1 << 40}
-        bsize = 4096
-        return {
-            "f_bsize": bsize,
-            "f_frsize": bsize,
-            "f_blocks": info["total"] // bsize,
-            "f_bfree": info["free"] // bsize,
-            "f_bavail": info["free"] // bsize,
-            "f_files": 1 << 32,
-            "f_ffree": 1 << 31,
-            "f_favail": 1 << 31,
-            "f_namemax": 255,
-        }

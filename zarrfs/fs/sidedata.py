@@ -12,6 +12,8 @@ under a folder never sees the others:
   that it does not change between mounts (``rsync`` compares mtimes).
 * ``h:<key>`` and ``g:<id>``: hard links, the link group of a name and the names of a group
   (:mod:`zarrfs.fs.hardlinks`).
+* ``p:<id>/<n>``: part ``n`` of a value stored in parts (:mod:`zarrfs.fs.parts`); the file's
+  ``a:`` record then ends with the value's manifest (:mod:`zarrfs.fs.manifest`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from __future__ import annotations
 import stat
 import struct
 from dataclasses import dataclass
+
+from zarrfs.fs.manifest import MANIFEST_SIZE, Parted
 
 ATTR = "a:"
 ENTRY = "e:"
@@ -38,7 +42,8 @@ _ATTR_RECORD = struct.Struct("<IIIqqq")
 
 @dataclass
 class Attrs:
-    """Mode (including the file-type bits), owner and times in nanoseconds of one node."""
+    """Mode (including the file-type bits), owner and times in nanoseconds of one node; for a
+    file stored in parts, the manifest of its parts (``parted``)."""
 
     mode: int
     uid: int
@@ -46,17 +51,23 @@ class Attrs:
     atime: int
     mtime: int
     ctime: int
+    parted: Parted | None = None
 
     def pack(self) -> bytes:
         """Encode for the side space."""
-        return _ATTR_RECORD.pack(self.mode, self.uid, self.gid, self.atime, self.mtime, self.ctime)
+        raw = _ATTR_RECORD.pack(self.mode, self.uid, self.gid, self.atime, self.mtime, self.ctime)
+        return raw if self.parted is None else raw + self.parted.manifest()
 
     @classmethod
     def unpack(cls, raw: bytes) -> Attrs | None:
         """Decode a side record; ``None`` for a record this version cannot read."""
-        if len(raw) != _ATTR_RECORD.size:
+        base = _ATTR_RECORD.size
+        if len(raw) == base:
+            return cls(*_ATTR_RECORD.unpack(raw))
+        parted = Parted.parse(raw[base:]) if len(raw) == base + MANIFEST_SIZE else None
+        if parted is None:
             return None
-        return cls(*_ATTR_RECORD.unpack(raw))
+        return cls(*_ATTR_RECORD.unpack(raw[:base]), parted=parted)
 
     def with_type(self, type_bits: int) -> Attrs:
         """The same attributes with the file-type bits of ``type_bits`` (a node's kind wins over
@@ -68,6 +79,7 @@ class Attrs:
             self.atime,
             self.mtime,
             self.ctime,
+            self.parted,
         )
 
 

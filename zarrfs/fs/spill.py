@@ -62,15 +62,16 @@ def _viewed(mem: bytearray) -> bool:
 class SpillBuffer:
     """The content of one file being written: random-access writes, truncation, and a view of
     the whole for committing. Kept in memory up to ``threshold`` bytes, then in an unlinked
-    temporary file, so one 4 GiB file does not need 4 GiB of RAM."""
+    temporary file, so one 4 GiB file does not need 4 GiB of RAM (``on_disk``: there from the
+    start, for content known to be large)."""
 
-    def __init__(self, initial: Any = b"", threshold: int = DEFAULT_SPILL) -> None:
+    def __init__(self, initial: Any = b"", threshold: int = DEFAULT_SPILL, on_disk: bool = False) -> None:
         self.threshold = threshold
         self._size = len(initial)
         self._file: Any = None
         self._map: mmap.mmap | None = None
         self._mem: bytearray | None = None
-        if self._size > threshold:
+        if self._size > threshold or on_disk:
             # Straight to the file: a copy in memory first would double a large file's cost.
             self._file = tempfile.TemporaryFile(prefix="zarrfs-", buffering=0)
             self._file.write(initial)
@@ -158,6 +159,16 @@ class SpillBuffer:
         if self._mem is not None:
             return memoryview(self._mem)[offset : offset + size]
         return os.pread(self._file.fileno(), size, offset)
+
+    def readinto(self, offset: int, into: memoryview) -> int:
+        """Copy bytes from ``offset`` into ``into`` (a file's part being stored); the count
+        copied. From the temporary file by ``preadv``: nothing goes through a map, whose
+        touched pages would count in the daemon's resident memory."""
+        if self._mem is not None:
+            n = max(0, min(len(into), self._size - offset))
+            into[:n] = memoryview(self._mem)[offset : offset + n]
+            return n
+        return os.preadv(self._file.fileno(), [into], offset)
 
     def truncate(self, length: int) -> None:
         """Cut or zero-extend to ``length`` bytes."""

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from zarrfs.backends.base import KEYS, SIZES, VALUES, Driver
+from zarrfs.fs import parts
+from zarrfs.fs.manifest import MAGIC, MANIFEST_SIZE
 
 BATCH = 256  # keys per read batch and per write transaction
 BATCH_BYTES = 64 << 20  # and at most this much data per write transaction
@@ -203,7 +205,11 @@ class _Database:
         self.driver = driver
 
     def items(self) -> Iterator[tuple[str, bytes]]:
-        return database_items(self.driver)
+        # A value a mount stored in parts comes whole (zarrfs.fs.parts), read in one transaction.
+        for key, value in database_items(self.driver):
+            if len(value) == MANIFEST_SIZE and value.startswith(MAGIC):
+                value = self.driver.transact(lambda t, k=key, v=value: parts.whole(t, k, v), write=False)
+            yield key, value
 
     def keys(self) -> Iterator[str]:
         return (k for k, _ in database_items(self.driver, KEYS))
@@ -212,7 +218,14 @@ class _Database:
         return self.driver.transact(lambda t: [t.size(k) is not None for k in keys], write=False)
 
     def write(self, batch: list[tuple[str, bytes]]) -> None:
-        self.driver.transact(lambda t: [t.put(k, v) for k, v in batch])
+        # A value above the database's largest is stored in parts, as a mount stores it.
+        limit = self.driver.transact(lambda t: t.max_value, write=False)
+        whole = [(k, v) for k, v in batch if limit is None or len(v) <= limit]
+        if whole:
+            self.driver.transact(lambda t: [t.put(k, v) for k, v in whole])
+        for key, value in batch:
+            if limit is not None and len(value) > limit:
+                parts.put_value(self.driver, key, value, parts.part_size(parts.DEFAULT_ABOVE, limit))
 
     def close(self) -> None:
         self.driver.close()

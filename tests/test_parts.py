@@ -1,0 +1,138 @@
+"""Files stored in parts (zarrfs.fs.parts), in-process over each file driver and Redis: the
+manifest under the data key, sizes, reads by range, rename, hard links, unlink, truncation,
+orphans found and removed by ``zarrfs check``, the zarr-python 3 store and ``zarrfs copy``."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+from zarrfs.backends import open_driver
+from zarrfs.backends.base import KEYS, SIDE
+from zarrfs.fs.api import Operations
+from zarrfs.fs.handles import HandleTable
+from zarrfs.fs.manifest import MAGIC, MANIFEST_SIZE, PART
+from zarrfs.fs.namespace import Tree
+from zarrfs.tools.orphans import find_orphans
+
+ABOVE = 10_000  # parts of 10 000 bytes
+
+
+@pytest.fixture(params=["memory", "lmdb", "sqlite", "redis"])
+def driver(request, tmp_path):
+    url = {
+        "memory": lambda: f"memory://{uuid.uuid4().hex}",
+        "lmdb": lambda: f"lmdb://{tmp_path}/t.lmdb",
+        "sqlite": lambda: f"sqlite://{tmp_path}/t.sqlite",
+        "redis": lambda: request.getfixturevalue("redis_server").url(0, prefix=f"p{uuid.uuid4().hex[:8]}"),
+    }[request.param]()
+    d = open_driver(url)
+    yield d
+    d.close()
+
+
+@pytest.fixture
+def ops(driver):
+    tree = Tree(driver)
+    return Operations(tree, HandleTable(tree, spill_threshold=4096, parts_above=ABOVE))
+
+
+def parts_of(driver) -> list[str]:
+    return [k for k, _ in driver.scan(PART, PART[:-1] + chr(ord(PART[-1]) + 1), space=SIDE, fetch=KEYS)]
+
+
+def write(ops, key: str, data: bytes, offset: int = 0, create: bool = True) -> None:
+    fh = ops.create(key, 0o644, os.O_WRONLY, 0, 0) if create else ops.open(key, os.O_WRONLY)
+    for start in range(0, len(data), 4096):
+        ops.write(fh, data[start : start + 4096], offset + start)
+    ops.flush(fh)
+    ops.release(fh)
+
+
+def read(ops, key: str) -> bytes:
+    fh = ops.open(key, os.O_RDONLY)
+    out = bytearray()
+    while piece := ops.read(fh, 3000, len(out)):
+        out += piece
+    ops.release(fh)
+    return bytes(out)
+
+
+def test_a_large_file_is_a_manifest_and_parts(ops, driver):
+    data = os.urandom(35_000)
+    write(ops, "big", data)
+    stored = driver.get("big")
+    assert len(stored) == MANIFEST_SIZE and stored.startswith(MAGIC)
+    assert len(parts_of(driver)) == 4
+    assert ops.tree.lookup("big").size == 35_000
+    assert ops.tree.folder_nodes("", 100)["big"].size == 35_000
+    assert read(ops, "big") == data
+    assert ops.tree.read_value("big") == data
+    assert ops.tree.read_range("big", 9_990, 30) == data[9_990:10_020]
+    write(ops, "small", b"x" * 100)
+    assert driver.get("small") == b"x" * 100  # small files stay ordinary keys
+
+
+def test_rewrite_in_the_middle_replaces_the_parts(ops, driver):
+    data = bytearray(os.urandom(35_000))
+    write(ops, "big", bytes(data))
+    before = set(parts_of(driver))
+    write(ops, "big", b"Z" * 5000, offset=12_000, create=False)
+    data[12_000:17_000] = b"Z" * 5000
+    assert read(ops, "big") == bytes(data)
+    after = set(parts_of(driver))
+    assert len(after) == 4 and not (after & before)  # the old version's parts are gone
+
+
+def test_rename_link_unlink_and_truncate(ops, driver):
+    data = os.urandom(25_000)
+    write(ops, "a", data)
+    ops.tree.mkdir("d", 0o755)
+    ops.tree.rename("a", "d/b")
+    assert read(ops, "d/b") == data and len(parts_of(driver)) == 3
+    ops.tree.link("d/b", "c")
+    assert read(ops, "c") == data and ops.tree.lookup("c").nlink == 2
+    ops.tree.unlink("d/b")
+    assert read(ops, "c") == data and len(parts_of(driver)) == 3  # one name left: parts kept
+    ops.handles.truncate("c", 0)
+    assert ops.tree.lookup("c").size == 0 and parts_of(driver) == []
+    write(ops, "e", data)
+    write(ops, "f", b"small")
+    ops.tree.rename("f", "e")  # the replaced file's parts go
+    assert parts_of(driver) == [] and read(ops, "e") == b"small"
+    write(ops, "g", data)
+    ops.tree.unlink("g")
+    assert parts_of(driver) == []
+
+
+def test_a_writer_that_is_not_zarrfs_wins(ops, driver):
+    write(ops, "big", os.urandom(25_000))
+    driver.put("big", b"theirs")
+    assert ops.tree.lookup("big").size == 6 and read(ops, "big") == b"theirs"
+
+
+def test_orphans_are_reported_and_removed(ops, driver):
+    from zarrfs.fs import parts
+
+    write(ops, "big", os.urandom(25_000))
+    orphan = parts.store(driver, 30_000, lambda offset, into: len(into), ABOVE)  # as a crash leaves
+    found = find_orphans(driver)
+    assert [p.id for p in found.orphans] == [orphan.id] and found.parts == 6
+    find_orphans(driver, repair=True)
+    assert find_orphans(driver).orphans == [] and len(parts_of(driver)) == 3
+
+
+def test_store_and_copy_read_parted_values(ops, driver, tmp_path):
+    from zarrfs.store import DatabaseStore
+    from zarrfs.tools.copy import copy
+
+    data = os.urandom(25_000)
+    write(ops, "big", data)
+    if driver.url.startswith("memory"):
+        return
+    store = DatabaseStore(driver.url, read_only=True)
+    assert store.get_sync("big").to_bytes() == data
+    copy(driver.url, str(tmp_path / "out"))
+    assert (tmp_path / "out" / "big").read_bytes() == data
