@@ -201,6 +201,8 @@ class PostgresDriver(Driver):
     def _connect(self) -> None:
         try:
             self.conn = WatchedConnection.connect(autocommit=True, **{**self.bounds(), **self.params})
+        except pgerr.ConnectionTimeout as exc:  # connect_timeout: a server that does not answer
+            raise StalledError(f"{self.where}: {_reason(exc)} (-o timeout=)") from None
         except psycopg.Error as exc:
             raise UnavailableError(f"{self.where}: {_reason(exc)}") from None
         self.conn.driver = self  # its waits honour watch and timeout (postgres_wait)
