@@ -243,6 +243,19 @@ class RedisClusterDriver(RedisDriver):
         except Exception as exc:
             raise translate(exc, self.where) from exc
 
+    def check_route(self) -> None:
+        """Ask the master the driver is on for the slot (one ``EXISTS``): a ``MOVED`` reply
+        points the driver at the new owner (see ``redis_cluster_feed``)."""
+        link = self._acquire()
+        try:
+            link.checked([("EXISTS", self.index[DATA])])
+        except BackendError as exc:
+            self.rerouted(exc, link)  # a moved slot or a lost master: the route is stale
+        finally:
+            self._release(link)
+        if self._stale:
+            self.route()
+
     def mark_stale(self) -> None:
         """Have the next transaction read the slot map again (a master may have failed)."""
         self._stale = True

@@ -17,7 +17,10 @@ connected to the master that owns the slot, with three additions.
 * Its descriptor keeps one number across reconnects (:class:`.feed_fd.FeedFd`).
 
 A slot moved away by resharding deletes its keys from the old master: the feed hears them all
-as changed; the mount's next request meets ``MOVED`` and moves the feed along.
+as changed. A mount that makes no request of its own would not learn of the move (and not
+hear the new master): every :data:`CHECK` seconds the feed asks the master it is on for the
+slot (one ``EXISTS``), and a ``MOVED`` reply moves it along (reported as "something
+changed").
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ log = logging.getLogger("zarrfs.backends.redis")
 
 #: Seconds between two attempts to make a lost feed connection again.
 RETRY = 0.5
+#: Seconds between two checks that the feed's master still owns the slot.
+CHECK = 1.0
 
 
 class ClusterFeed(RedisFeed):
@@ -49,6 +54,7 @@ class ClusterFeed(RedisFeed):
         self.fd = FeedFd()
         self.pool: Any = None
         self.retry_at = 0.0
+        self.check_at = time.monotonic() + CHECK
         try:
             super().__init__(driver)
         except BaseException:
@@ -90,8 +96,34 @@ class ClusterFeed(RedisFeed):
                 return []
             self.lost = False
             log.info("%s: change feed back on %s", self.driver.where, self.driver.node)
+            try:  # the master reports to the feed once a connection tracks into it
+                self.driver._release(self.driver._acquire())
+            except BackendError as exc:
+                log.debug("%s: %s", self.driver.where, exc)
             return None
+        now = time.monotonic()
+        if now >= self.check_at:
+            self.check_at = now + CHECK
+            try:
+                self.driver.check_route()
+            except BackendError as exc:
+                log.debug("%s: route check: %s", self.driver.where, exc)
+            if self.driver.pool is not self.pool:  # the slot moved: follow it
+                log.info("%s: the slot moved to %s; change feed moved", self.driver.where, self.driver.node)
+                self.drop()
+                self.retry_at = 0.0
+                return self.changes()
         return super().changes()
+
+    def _index(self, raws: list[bytes]) -> None:
+        """See :meth:`RedisFeed._index`; a master that no longer owns the slot (the keys
+        heard were moved away) has the feed moved at once."""
+        try:
+            super()._index(raws)
+        except BackendError as exc:
+            log.debug("%s: %s", self.driver.where, exc)
+            self.driver.mark_stale()
+            self.check_at = 0.0
 
     def drop(self) -> None:
         """Take the feed for lost (see :meth:`RedisFeed.drop`)."""
