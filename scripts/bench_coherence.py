@@ -57,3 +57,39 @@ def percentiles(ms: list[float]) -> tuple[float, float]:
     """Median and 99th percentile."""
     ordered = sorted(ms)
     return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+
+
+def main() -> None:
+    """``python scripts/bench_coherence.py URL``: mount the database twice (the first mount
+    creates it) and print how soon a file written through one shows on the other."""
+    import argparse
+    import sys
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    parser.add_argument("url", help="a database URL (a fresh table or prefix)")
+    parser.add_argument("--rounds", type=int, default=200)
+    args = parser.parse_args()
+    here = Path(__file__).resolve().parent.parent
+
+    def zarrfs(*words: str) -> None:
+        subprocess.run([sys.executable, "-m", "zarrfs", *words], check=True, cwd=here)
+
+    with tempfile.TemporaryDirectory(prefix="zarrfs-seen-") as work:
+        a, b = Path(work, "a"), Path(work, "b")
+        a.mkdir()
+        b.mkdir()
+        zarrfs("mount", args.url, str(a), "-o", "create", "--log-file", f"{work}/a.log")
+        try:
+            zarrfs("mount", args.url, str(b), "--log-file", f"{work}/b.log")
+            try:
+                median, p99 = percentiles(seen_after(a, b, rounds=args.rounds))
+            finally:
+                zarrfs("umount", str(b))
+        finally:
+            zarrfs("umount", str(a))
+    print(f"seen: median {median:.2f} ms, p99 {p99:.2f} ms ({args.rounds} rounds; target <= 50 / 200)")
+
+
+if __name__ == "__main__":
+    main()

@@ -18,7 +18,7 @@ from mounting import make_url, needs_fuse
 
 pytestmark = needs_fuse
 
-FEED_DRIVERS = ["lmdb", "sqlite", "redis"]
+FEED_DRIVERS = ["lmdb", "sqlite", "redis", "postgres"]
 BOUND = 0.05  # seconds: a change anywhere shows on every mount of the machine within this
 DEADLINE = 5.0  # seconds before a wait gives up (the assertion on the latency says the rest)
 

@@ -30,6 +30,7 @@ import psycopg
 from psycopg import errors as pgerr
 from psycopg import sql
 
+from . import postgres_feed
 from ._util import check_options
 from .base import (
     DATA,
@@ -39,6 +40,7 @@ from .base import (
     Driver,
     Fetch,
     Get,
+    InterruptedCallError,
     MissingDatabaseError,
     ReadOnlyError,
     RetryableError,
@@ -50,6 +52,12 @@ from .base import (
     UnavailableError,
     prefix_stop,
 )
+from .postgres_sql import bound as _bound
+from .postgres_sql import compare as _compare
+from .postgres_sql import queries as _queries
+from .postgres_sql import reason as _reason
+from .postgres_sql import text as _text
+from .postgres_wait import WatchedConnection
 
 BATCH = 512  # rows per round trip of a streaming scan
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,50}$")
@@ -59,18 +67,6 @@ _LIBPQ_OPTIONS = {
 }
 _RETRY = (pgerr.SerializationFailure, pgerr.DeadlockDetected, pgerr.LockNotAvailable)
 _FULL = (pgerr.DiskFull, pgerr.OutOfMemory, pgerr.ProgramLimitExceeded)
-
-
-def _text(raw: bytes) -> str:
-    return raw.decode("utf-8")
-
-
-def _bound(raw: bytes) -> tuple[str, bool]:
-    """A scan bound as text PostgreSQL can hold: keys never contain NUL, so a bound ``s\\0...``
-    is the same as "just above ``s``". Returns ``(text, strict)``."""
-    text = raw.decode("utf-8")
-    cut = text.find("\0")
-    return (text, False) if cut < 0 else (text[:cut], True)
 
 
 class PostgresTxn(Txn):
@@ -84,6 +80,8 @@ class PostgresTxn(Txn):
         super().__init__(write, driver.where)
         self._conn = driver.conn
         self._q = driver.queries
+        #: What this transaction wrote, announced at its commit (see ``postgres_feed``).
+        self.changed: list[tuple[Space, str]] = []
 
     def _one(self, name: str, space: Space, *params: Any):
         return self._conn.execute(self._q[name, space], params, binary=True).fetchone()
@@ -105,10 +103,14 @@ class PostgresTxn(Txn):
         return self._one("prefix", space, prefix, prefix_stop(prefix)) is not None
 
     def _put(self, raw: bytes, value: bytes | memoryview, space: Space) -> None:
-        self._conn.execute(self._q["put", space], (_text(raw), value), binary=True)
+        key = _text(raw)
+        self._conn.execute(self._q["put", space], (key, value), binary=True)
+        self.changed.append((space, key))
 
     def _delete(self, raw: bytes, space: Space) -> None:
-        self._conn.execute(self._q["delete", space], (_text(raw),))
+        key = _text(raw)
+        self._conn.execute(self._q["delete", space], (key,))
+        self.changed.append((space, key))
 
     def _read_many(self, plan: list[tuple[type, bytes, Space]]) -> list[Any]:
         cursors = []
@@ -178,7 +180,7 @@ class PostgresDriver(Driver):
         self.where = f"postgresql://{parts.username + '@' if parts.username else ''}{host or ''}" + (
             f":{parts.port}" if parts.port else ""
         ) + f"{parts.path}?table={table}"
-        self._params = {
+        self.params = {
             "host": host,
             "port": parts.port,
             "user": unquote(parts.username) if parts.username else None,
@@ -186,8 +188,11 @@ class PostgresDriver(Driver):
             "dbname": unquote(parts.path.lstrip("/")) or None,
             **options,
         }
-        self._params = {k: v for k, v in self._params.items() if v is not None}
+        self.params = {k: v for k, v in self.params.items() if v is not None}
         self.table = table
+        self.channel = postgres_feed.channel(table)
+        self.writer = postgres_feed.new_writer()  # names this driver's commits in the feed
+        self.feed: postgres_feed.PostgresFeed | None = None  # started by the first changes()
         self._lock = threading.RLock()
         self.conn: Any = None
         with self._lock:
@@ -195,9 +200,12 @@ class PostgresDriver(Driver):
 
     def _connect(self) -> None:
         try:
-            self.conn = psycopg.connect(autocommit=True, **{**self._bounds(), **self._params})
+            self.conn = WatchedConnection.connect(autocommit=True, **{**self.bounds(), **self.params})
+        except pgerr.ConnectionTimeout as exc:  # connect_timeout: a server that does not answer
+            raise StalledError(f"{self.where}: {_reason(exc)} (-o timeout=)") from None
         except psycopg.Error as exc:
             raise UnavailableError(f"{self.where}: {_reason(exc)}") from None
+        self.conn.driver = self  # its waits honour watch and timeout (postgres_wait)
         tables = {DATA: self.table, Space.SIDE: self.table + "_side"}
         if not self.readonly:
             for name in tables.values():
@@ -219,7 +227,7 @@ class PostgresDriver(Driver):
         for space, name in tables.items():
             self.queries.update({(what, space): q for what, q in _queries(name, collate).items()})
 
-    def _bounds(self) -> dict[str, Any]:
+    def bounds(self) -> dict[str, Any]:
         """libpq settings that bound a wait on the server to about ``timeout`` (``-o
         timeout=``): the connect, a statement the server runs (``statement_timeout``, lock
         waits included), data the server does not acknowledge (``tcp_user_timeout``) and a
@@ -246,13 +254,21 @@ class PostgresDriver(Driver):
     @contextmanager
     def _begin(self, write: bool) -> Iterator[Txn]:
         with self._lock:
-            if self.conn is None or self.conn.closed:
+            if self.conn is None or self.conn.gone():
+                self._drop()
                 self._connect()
             level = "SERIALIZABLE" if write else "REPEATABLE READ READ ONLY"
             try:
                 with self.conn.transaction():
                     self.conn.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
-                    yield PostgresTxn(self, write)
+                    txn = PostgresTxn(self, write)
+                    yield txn
+                    if txn.changed:  # delivered at the commit, if it commits
+                        notes = postgres_feed.payloads(self.writer, txn.changed)
+                        self.conn.execute(postgres_feed.NOTIFY, (self.channel, notes))
+            except (InterruptedCallError, StalledError):  # the connection was closed (postgres_wait)
+                self._drop()
+                raise
             except _RETRY as exc:
                 raise RetryableError(f"{self.where}: {_reason(exc)}") from None
             except pgerr.QueryCanceled as exc:  # statement_timeout
@@ -275,36 +291,26 @@ class PostgresDriver(Driver):
             pass
         self.conn = None
 
+    def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
+        """What other zarrfs writers committed since the last call (see ``postgres_feed``);
+        the first call starts the feed. The cursor only counts calls: the server pushes."""
+        if self.feed is None:
+            self.feed = postgres_feed.PostgresFeed(self)
+        if since is None:
+            self.feed.changes()  # nothing from before counts
+            return 0, []
+        return since + 1, self.feed.changes()
+
+    def feed_fileno(self) -> int | None:
+        """The listening connection's socket (readable when notifications came)."""
+        return None if self.feed is None else self.feed.fileno()
+
     def close(self) -> None:
-        """Close the connection."""
+        """Close the connections."""
         with self._lock:
             self._drop()
-
-
-def _queries(table: str, collate: Any) -> dict[str, Any]:
-    """The statements of one table, by what they do."""
-    t = sql.Identifier(table)
-    return {
-        "table": t,
-        "get": sql.SQL("SELECT v FROM {} WHERE k = %s").format(t),
-        "size": sql.SQL("SELECT octet_length(v) FROM {} WHERE k = %s").format(t),
-        "read": sql.SQL("SELECT substring(v from %s for %s) FROM {} WHERE k = %s").format(t),
-        "prefix": sql.SQL("SELECT 1 FROM {} WHERE k >= %s{} AND k < %s{} LIMIT 1").format(
-            t, collate, collate
-        ),
-        "put": sql.SQL(
-            "INSERT INTO {} (k, v) VALUES (%s, %b) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
-        ).format(t),
-        "delete": sql.SQL("DELETE FROM {} WHERE k = %s").format(t),
-    }
-
-
-def _compare(op: str, collate: Any) -> Any:
-    return sql.SQL("k {} %s{}").format(sql.SQL(op), collate)
-
-
-def _reason(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if self.feed is not None:
+                self.feed.close()
 
 
 __all__ = ["PostgresDriver"]

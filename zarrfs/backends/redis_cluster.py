@@ -37,6 +37,7 @@ What the promoted replica had received is what survives, as with any Redis failo
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from typing import Any
@@ -47,11 +48,14 @@ from redis.cluster import ClusterNode, RedisCluster
 
 from .base import DATA, BackendError, Driver, RetryableError, Space, UnavailableError
 from .redis import RedisDriver, RedisTxn
+from .redis_cluster_feed import ClusterFeed
 from .redis_index import ensure_index
 from .redis_link import Link, Links, translate
 from .redis_url import name_keys, parse_url
 
 __all__ = ["RedisClusterDriver", "hash_tagged"]
+
+log = logging.getLogger("zarrfs.backends.redis")
 
 # Error replies that mean "this slot is not (or not only) here now": route again and retry.
 _REROUTE = re.compile(r"(?:^|: )(MOVED|ASK|CLUSTERDOWN|TRYAGAIN)\b")
@@ -97,19 +101,47 @@ class RedisClusterTxn(RedisTxn):
             raise self._d.rerouted(exc, link) from exc
 
 
+class ClusterLinks(Links):
+    """The driver's links, always to the master owning the slot: a stale slot map is read
+    again first, and a link to an earlier master is dropped. The single-server driver's
+    ``_acquire`` then tracks it into the change feed."""
+
+    driver: RedisClusterDriver
+
+    def acquire(self) -> Link:
+        """The calling thread's link to the slot's master; see :meth:`Links.acquire`."""
+        d = self.driver
+        if d._stale:
+            d.route()
+        try:
+            link = super().acquire()
+            if link.pool is not d.pool:  # made before the slot moved: to the old master
+                link.broken = True
+                self.release(link)
+                link = super().acquire()
+        except UnavailableError:
+            d._stale = True  # the master is unreachable: maybe failed over by now
+            raise
+        return link
+
+
 class RedisClusterDriver(RedisDriver):
     """Driver for Redis Cluster (and Valkey in cluster mode); see the module docstring."""
 
     schemes = ("redis+cluster", "rediss+cluster", "valkey+cluster", "valkeys+cluster")
     #: The largest value sent: proto-max-bulk-len's default (the masters are not each asked).
     max_value = 512 << 20
-    #: No change feed yet: a cluster's invalidations come from each master separately (one
-    #: tracking connection per node would be needed), so its mounts keep short cache times.
-    feed = None
-
     def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
-        """No feed (see :attr:`feed`)."""
-        raise NotImplementedError
+        """What other clients changed since the last call, as on one server, heard on the
+        master that owns the hierarchy's slot (see ``redis_cluster_feed``)."""
+        if self.feed is None:
+            try:
+                self.feed = ClusterFeed(self)
+            except BackendError as exc:
+                log.warning("%s: no change feed (CLIENT TRACKING needs Redis 6): %s", self.where, exc)
+                raise NotImplementedError from exc
+            self._release(self._acquire())  # the server reports once a connection tracks
+        return RedisDriver.changes(self, since)
 
     def __init__(self, url: str, readonly: bool = False) -> None:
         Driver.__init__(self, url, readonly)
@@ -134,7 +166,8 @@ class RedisClusterDriver(RedisDriver):
             self._route()
         except Exception as exc:
             raise translate(exc, self.where) from exc
-        self._links = Links(self)
+        self._links = ClusterLinks(self)
+        self.feed: ClusterFeed | None = None  # started by the first changes() (a mount's)
         self.indexed = ensure_index(self)
 
     @staticmethod
@@ -195,22 +228,29 @@ class RedisClusterDriver(RedisDriver):
         link.broken = True  # replies of a queued MULTI may be left: never reuse the connection
         return RetryableError(f"{self.where}: {m.group(1)}: slot {self.slot} is moving; retried")
 
-    def _acquire(self) -> Link:
-        if self._stale:
-            try:
-                self._route()
-            except Exception as exc:
-                raise translate(exc, self.where) from exc
+    def route(self) -> None:
+        """Point the driver at the slot's master now, reading the slot map again if stale."""
         try:
-            link = self._links.acquire()
-            if link.pool is not self.pool:  # made before the slot moved: to the old master
-                link.broken = True
-                self._links.release(link)
-                link = self._links.acquire()
-        except UnavailableError:
-            self._stale = True  # the master is unreachable: maybe failed over by now
-            raise
-        return link
+            self._route()
+        except Exception as exc:
+            raise translate(exc, self.where) from exc
+
+    def check_route(self) -> None:
+        """Ask the master the driver is on for the slot (one ``EXISTS``): a ``MOVED`` reply
+        points the driver at the new owner (see ``redis_cluster_feed``)."""
+        link = self._acquire()
+        try:
+            link.checked([("EXISTS", self.index[DATA])])
+        except BackendError as exc:
+            self.rerouted(exc, link)  # a moved slot or a lost master: the route is stale
+        finally:
+            self._release(link)
+        if self._stale:
+            self.route()
+
+    def mark_stale(self) -> None:
+        """Have the next transaction read the slot map again (a master may have failed)."""
+        self._stale = True
 
     def _begin(self, write: bool) -> RedisClusterTxn:
         return RedisClusterTxn(self, write)

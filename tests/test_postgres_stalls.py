@@ -1,0 +1,138 @@
+"""A PostgreSQL server that stops answering (``SIGSTOP``): the calls waiting on it fail with
+ETIMEDOUT within ``-o timeout=``, a caller that gets a signal meanwhile gets EINTR at once, and
+the mount works again without a remount (as ``test_stalls.py`` checks for Redis).
+
+Two stalls: the whole server paused (the postmaster and every backend: a new connection waits
+too), and only the backend serving the mount's connection (a stuck session: the next request
+is served on a new connection at once). Each test starts a server of its own."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import signal
+import tempfile
+import time
+
+import pytest
+from mounting import needs_fuse
+from servers import start_postgres, stop_postgres
+from test_stalls import timed_stat, write
+
+pytestmark = needs_fuse
+
+
+@pytest.fixture
+def own_postgres():
+    """A PostgreSQL server of this test alone (it is paused)."""
+    workdir = tempfile.mkdtemp(prefix="zarrfs-pg-stall-")
+    server = start_postgres(workdir)
+    try:
+        yield server
+    finally:
+        cont(server_pids(server))
+        stop_postgres(server)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def server_pids(server) -> list[int]:
+    """The postmaster and its children."""
+    with open(os.path.join(server.datadir, "postmaster.pid")) as fh:
+        main = int(fh.readline())
+    pids = [main]
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    ppid = int(fh.read().rpartition(")")[2].split()[1])
+            except OSError:
+                continue
+            if ppid == main:
+                pids.append(int(entry))
+    return pids
+
+
+def cont(pids: list[int]) -> None:
+    """Let stopped processes run again (those still there)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+def mount_backends(server, table: str) -> list[int]:
+    """The backends serving the mount's transactions (not its feed's LISTEN, not ours)."""
+    with server.connect() as conn:
+        rows = conn.execute(
+            "SELECT pid, query FROM pg_stat_activity WHERE backend_type = 'client backend'"
+            " AND pid <> pg_backend_pid()"
+        ).fetchall()
+    pids = [pid for pid, query in rows if not query.startswith("LISTEN")]
+    assert pids, rows
+    return pids
+
+
+def test_a_paused_server_is_etimedout_within_the_timeout_and_the_mount_recovers(own_postgres, mount_factory):
+    m = mount_factory(own_postgres.url(table="stall"), ["create", "cache_timeout=0", "timeout=2"])
+    write(m.path / "before", b"1")
+    pids = server_pids(own_postgres)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        # The first waits on its connection; the next one on a new connection's connect.
+        for name in ("missing", "before"):
+            what, seconds = timed_stat(m.path / name)
+            assert what == str(errno.ETIMEDOUT), (name, what)
+            assert seconds < 6, seconds
+    finally:
+        cont(pids)
+    assert (m.path / "before").read_bytes() == b"1"  # no remount
+    write(m.path / "after", b"2")
+    assert (m.path / "after").read_bytes() == b"2"
+    assert "ETIMEDOUT" in m.log_text()
+
+
+def test_a_stuck_backend_is_etimedout_and_the_next_request_is_served(own_postgres, mount_factory):
+    m = mount_factory(own_postgres.url(table="stuck"), ["create", "cache_timeout=0", "timeout=2"])
+    write(m.path / "before", b"1")
+    stuck = mount_backends(own_postgres, "stuck")
+    for pid in stuck:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        what, seconds = timed_stat(m.path / "missing")
+        assert what == str(errno.ETIMEDOUT) and seconds < 4, (what, seconds)
+        start = time.monotonic()
+        assert (m.path / "before").read_bytes() == b"1"  # a new connection, still stopped the old
+        write(m.path / "after", b"2")
+        assert time.monotonic() - start < 1.5
+    finally:
+        cont(stuck)
+    assert (m.path / "after").read_bytes() == b"2"
+
+
+def test_a_call_waiting_on_a_stuck_backend_is_interrupted_with_eintr(own_postgres, mount_factory):
+    m = mount_factory(own_postgres.url(table="intr"), ["create", "cache_timeout=60", "timeout=60"])
+    write(m.path / "cached", b"1")
+    os.stat(m.path / "cached")
+    stopped: list[int] = []
+    try:
+        for name in ("missing-1", "missing-2"):
+            assert not (m.path / f"warm-{name}").exists()  # on the connection now in use
+            stuck = [pid for pid in mount_backends(own_postgres, "intr") if pid not in stopped]
+            for pid in stuck:
+                os.kill(pid, signal.SIGSTOP)
+            stopped += stuck
+            start = time.monotonic()
+            what, seconds = timed_stat(m.path / name, alarm=0.5)
+            assert what == "alarm", (name, what)  # EINTR: the signal handler ran
+            assert seconds < 5 and time.monotonic() - start < 15, seconds
+            assert os.stat(m.path / "cached").st_size == 1  # served meanwhile
+        what, seconds = timed_stat(m.path / "missing-3")
+        assert what == str(errno.ENOENT) and seconds < 2, (what, seconds)  # a new connection
+    finally:
+        cont(stopped)
+    write(m.path / "missing-3", b"22")
+    assert (m.path / "missing-3").read_bytes() == b"22"
+    assert (m.path / "cached").read_bytes() == b"1"

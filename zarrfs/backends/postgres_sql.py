@@ -1,0 +1,48 @@
+"""The PostgreSQL driver's statements and small conversions (see :mod:`.postgres`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import sql
+
+
+def text(raw: bytes) -> str:
+    """A key as PostgreSQL's text (keys are UTF-8)."""
+    return raw.decode("utf-8")
+
+
+def bound(raw: bytes) -> tuple[str, bool]:
+    """A scan bound as text PostgreSQL can hold: keys never contain NUL, so a bound ``s\\0...``
+    is the same as "just above ``s``". Returns ``(text, strict)``."""
+    text = raw.decode("utf-8")
+    cut = text.find("\0")
+    return (text, False) if cut < 0 else (text[:cut], True)
+
+
+def queries(table: str, collate: Any) -> dict[str, Any]:
+    """The statements of one table, by what they do."""
+    t = sql.Identifier(table)
+    return {
+        "table": t,
+        "get": sql.SQL("SELECT v FROM {} WHERE k = %s").format(t),
+        "size": sql.SQL("SELECT octet_length(v) FROM {} WHERE k = %s").format(t),
+        "read": sql.SQL("SELECT substring(v from %s for %s) FROM {} WHERE k = %s").format(t),
+        "prefix": sql.SQL("SELECT 1 FROM {} WHERE k >= %s{} AND k < %s{} LIMIT 1").format(
+            t, collate, collate
+        ),
+        "put": sql.SQL(
+            "INSERT INTO {} (k, v) VALUES (%s, %b) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
+        ).format(t),
+        "delete": sql.SQL("DELETE FROM {} WHERE k = %s").format(t),
+    }
+
+
+def compare(op: str, collate: Any) -> Any:
+    """``k <op> %s``, in byte order."""
+    return sql.SQL("k {} %s{}").format(sql.SQL(op), collate)
+
+
+def reason(exc: BaseException) -> str:
+    """The first line of an error's message, for ours."""
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
