@@ -136,3 +136,29 @@ def test_store_and_copy_read_parted_values(ops, driver, tmp_path):
     assert store.get_sync("big").to_bytes() == data
     copy(driver.url, str(tmp_path / "out"))
     assert (tmp_path / "out" / "big").read_bytes() == data
+
+
+def test_a_commit_whose_parts_a_repair_deleted_fails_and_stores_nothing(ops, driver):
+    """``zarrfs check --repair`` beside a writing mount may take the parts of a commit in
+    progress for orphans: that commit then fails (EIO) instead of storing a manifest whose
+    parts are gone, and the file keeps its version."""
+    import errno
+
+    from zarrfs.fs.errors import FsError
+
+    old = os.urandom(25_000)
+    write(ops, "big", old)
+    tree = ops.tree
+    real_commit = tree.commit
+
+    def commit_after_a_repair(*args, **kwargs):
+        find_orphans(driver, repair=True)  # the new parts are not referenced yet
+        return real_commit(*args, **kwargs)
+
+    tree.commit = commit_after_a_repair
+    with pytest.raises(FsError) as failed:
+        write(ops, "big", os.urandom(30_000), create=False)
+    assert failed.value.errno == errno.EIO
+    tree.commit = real_commit
+    fresh = Operations(Tree(driver), HandleTable(Tree(driver), spill_threshold=4096, parts_above=ABOVE))
+    assert read(fresh, "big") == old and len(parts_of(driver)) == 3

@@ -218,6 +218,8 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
 
         def run(t: Txn) -> None:
             pointer = folder = found = None
+            if parted is not None:
+                parts.check_present(t, key, parted)
             if create or exclusive:
                 folder, found = self._probe_with_folder(t, key, also)
                 if found is not None and replace and not exclusive and found[0] not in (FILE, DIR):

@@ -36,7 +36,7 @@ from dataclasses import replace
 from typing import Any
 
 from zarrfs.backends import lmdb_pages
-from zarrfs.backends.base import DATA, SIDE, Txn
+from zarrfs.backends.base import DATA, SIDE, Size, Txn
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.manifest import MANIFEST_SIZE, Parted, new_id
 from zarrfs.fs.sidedata import Attrs, attr_key
@@ -139,6 +139,16 @@ def reader(t: Txn, key: str) -> Callable[[int, int], bytes | None]:
     return lambda offset, size: read_parts(t, found, offset, size)
 
 
+def check_present(t: Txn, key: str, parted: Parted) -> None:
+    """In the commit of ``parted`` at ``key``: every part is there (EIO otherwise: a
+    ``zarrfs check --repair`` running beside the mount took them for orphans), so a file is
+    never stored with parts missing. One batch of size reads."""
+    sizes = t.read_many([Size(parted.key(n), SIDE) for n in range(parted.count)])
+    missing = sum(1 for size in sizes if size is None)
+    if missing:
+        raise FsError(errno.EIO, f"{key}: {missing} of its {parted.count} parts vanished before the commit")
+
+
 # ---------------------------------------------------------------------- writing (own transactions)
 def store(driver: Any, size: int, readinto: Callable[[int, memoryview], int], part: int) -> Parted:
     """Write the parts of a new version of ``size`` bytes, each in its own transaction;
@@ -195,6 +205,7 @@ def put_value(driver: Any, key: str, value: Any, part: int = PART_SIZE) -> None:
     parted = store(driver, len(view), fill, part)
 
     def run(t: Txn) -> Parted | None:
+        check_present(t, key, parted)
         raw = t.get(attr_key(key), SIDE)
         attrs = Attrs.unpack(raw) if raw is not None else None
         old = attrs.parted if attrs is not None else None
