@@ -57,6 +57,10 @@ from .lmdb_scan import scan
 
 SIDE_IN_FOLDER = "zarrfs-side.mdb"
 SIDE_FILE_SUFFIX = ".zarrfs-side"
+# The largest value a commit can write: its pages (a 16-byte header, then the value) in one
+# write(2) of at most 0x7FFFF000 bytes (Linux's limit; LMDB's pages are the system's).
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+MAX_VALUE = 0x7FFFF000 // _PAGE * _PAGE - 16
 _NONE: dict[Any, Any] = {}  # what a read transaction changed: nothing (never written to)
 
 
@@ -64,9 +68,10 @@ class LMDBTxn(Txn):
     """One transaction over the data environment and, lazily, the side environment; its own
     context manager (leaving the block commits, or aborts when the block raised)."""
 
-    # A node records a value's size in 32 bits.
-    max_value = 0xFFFFFFFF
-    value_limit = "LMDB's largest value"
+    # A node records a value's size in 32 bits, but a commit writes a value's pages in one
+    # write(2), which Linux ends at 0x7FFFF000 bytes: LMDB takes the short write for EIO.
+    max_value = MAX_VALUE
+    value_limit = "LMDB's largest value: its pages in one write"
 
     def __init__(self, driver: LMDBDriver, write: bool) -> None:
         # Txn.__init__ inlined, and no tables for a read: one of these is made per lookup.

@@ -18,6 +18,12 @@ keys do; names that share those bytes sort by digest, so a scan gathers each suc
 sorts it by the whole key (:func:`rows`), and ``lmdb_scan`` merges that stream with the
 environment's own keys.
 
+Costs: a key that fits costs nothing more to read or write. A scan, and a prefix that no key
+that fits has, look once per transaction whether the space has long keys (a seek in the side
+environment). A scan holds one group in memory at a time: the names, not the values, of the
+long keys that share their first :data:`PREFIX` bytes (a folder deeper than that lists its
+entries as one group, each time a listing resumes within it).
+
 Every write goes through the transaction's side transaction, and the transaction records what
 it overwrote (``before``), so the commit order of the driver (side first, put back if the data
 commit fails) gives a long key the outcome of its transaction.
