@@ -15,11 +15,10 @@ where it is, byte for byte, so ``LMDBStore`` sees exactly the data keys that fit
 has no key limit of its own (``max_key_size`` is None): scans merge both stores in key order.
 
 Two environments make two commits; one transaction still has one outcome (``lmdb_commit``):
-the side commits first, and the data commit that fails puts the side records back. A kill
-between the two commits can leave side data one transaction ahead of the data; side data is
-advisory (a mark of a folder or an mtime with no file behind it is ignored). Values of long
-data keys are side records too: they are written by the same side commit, and so put back the
-same way.
+the side commits first, and a data commit that fails puts the side records back, long keys'
+included. A kill between the two commits can leave the side one transaction ahead of the data:
+side data is advisory (a mark of a folder or an mtime with no file behind it is ignored), and
+the long data keys of that transaction are there without its keys that fit.
 
 Like ``LMDBStore`` (``sync=False``), commits are not forced to disk one by one: a crash of the
 process can never corrupt or lose a committed transaction (the kernel holds its pages). A crash
@@ -57,8 +56,9 @@ from .lmdb_scan import scan
 
 SIDE_IN_FOLDER = "zarrfs-side.mdb"
 SIDE_FILE_SUFFIX = ".zarrfs-side"
-# The largest value a commit can write: its pages (a 16-byte header, then the value) in one
-# write(2) of at most 0x7FFFF000 bytes (Linux's limit; LMDB's pages are the system's).
+# The largest value a commit can write. A node records a value's size in 32 bits, but a commit
+# writes a value's pages (a 16-byte header, then the value) in one write(2), which Linux ends
+# at 0x7FFFF000 bytes, and LMDB takes the short write for EIO (LMDB's pages are the system's).
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 MAX_VALUE = 0x7FFFF000 // _PAGE * _PAGE - 16
 _NONE: dict[Any, Any] = {}  # what a read transaction changed: nothing (never written to)
@@ -68,8 +68,6 @@ class LMDBTxn(Txn):
     """One transaction over the data environment and, lazily, the side environment; its own
     context manager (leaving the block commits, or aborts when the block raised)."""
 
-    # A node records a value's size in 32 bits, but a commit writes a value's pages in one
-    # write(2), which Linux ends at 0x7FFFF000 bytes: LMDB takes the short write for EIO.
     max_value = MAX_VALUE
     value_limit = "LMDB's largest value: its pages in one write"
 
@@ -200,14 +198,15 @@ class LMDBTxn(Txn):
             self._changes[raw] = None
 
     def _any_long(self, space: Space) -> bool:
-        """Whether ``space`` has long keys (looked up once per transaction)."""
+        """Whether ``space`` has long keys (looked up once per transaction; the caller
+        translates ``lmdb`` errors)."""
         seen = self._long_any
         if seen is None:
             seen = self._long_any = {}
-        if space not in seen:
-            with translated(self.where):
-                seen[space] = lmdb_long.any_in(self._txn(SIDE, False), space)
-        return seen[space]
+        known = seen.get(space)
+        if known is None:
+            known = seen[space] = self._driver.long_keys.any_in(self._txn(SIDE, False), space, self.write)
+        return known
 
     def _scan(
         self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int | None
@@ -215,20 +214,20 @@ class LMDBTxn(Txn):
         return scan(self, lo, hi, space, fetch)  # merged with the long keys: see lmdb_scan
 
     def _has_prefix(self, raw: bytes, space: Space) -> bool:
-        txn = self._txn(space, False)
-        if txn is not None and len(raw) <= self._fit:
-            with translated(self.where), txn.cursor() as cur:
-                first = bytes(cur.key()) if cur.set_range(raw) else None
-            if first is not None and first.startswith(raw):
-                try:
-                    first.decode("utf-8")
-                except UnicodeDecodeError:  # not a key (scan skips it): scan decides
-                    return super()._has_prefix(raw, space)
-                return True
-        if not self._any_long(space):
-            return False
-        with translated(self.where):
-            return lmdb_long.has_prefix(self._txn(SIDE, False), raw, space)
+        try:
+            txn = self._txn(space, False)
+            if txn is not None and len(raw) <= self._fit:
+                with txn.cursor() as cur:
+                    first = bytes(cur.key()) if cur.set_range(raw) else None
+                if first is not None and first.startswith(raw):
+                    try:
+                        first.decode("utf-8")
+                    except UnicodeDecodeError:  # not a key (scan skips it): scan decides
+                        return super()._has_prefix(raw, space)
+                    return True
+            return self._any_long(space) and lmdb_long.has_prefix(self._txn(SIDE, False), raw, space)
+        except lmdb.Error as exc:
+            raise translate(exc, self.where) from exc
 
     def _read_many(self, plan: list[tuple[type, bytes, Space]]) -> list[Any]:
         # Straight on LMDB, without a method call per read: a lookup makes five of these.
@@ -293,6 +292,7 @@ class LMDBDriver(Driver):
         self.side = SideEnvironment(side_path, readonly, side_options)
         self._closed = False
         self.known = KnownSizes()
+        self.long_keys = lmdb_long.Presence()
 
         # Every write keeps a change log for the other mounts (lmdb_feed); own: its entries.
         self.log_changes = not readonly

@@ -120,6 +120,28 @@ def any_in(side: lmdb.Transaction | None, space: Space) -> bool:
         return cur.set_range(area) and bytes(cur.key()).startswith(area)
 
 
+class Presence:
+    """Whether a space has long keys, kept per snapshot of the side environment: a read
+    transaction of a snapshot already looked at asks no cursor (a lookup's prefix misses)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[Space, tuple[int, bool]] = {}
+
+    def any_in(self, side: lmdb.Transaction | None, space: Space, write: bool) -> bool:
+        """:func:`any_in` of ``side`` (a write transaction's own writes are not kept)."""
+        if side is None:
+            return False
+        if write:
+            return any_in(side, space)
+        sid = side.id()
+        seen = self._seen.get(space)
+        if seen is not None and seen[0] == sid:
+            return seen[1]
+        found = any_in(side, space)
+        self._seen[space] = (sid, found)
+        return found
+
+
 def has_prefix(side: lmdb.Transaction | None, raw: bytes, space: Space) -> bool:
     """Whether a long key of ``space`` starts with ``raw``."""
     if side is None:
