@@ -287,8 +287,7 @@ class LMDBDriver(Driver):
         self.write_lock = environments.write_lock(self._key)
         self.room = None if readonly else DiskRoom(path, self.subdir)
         side_path = os.path.join(path, SIDE_IN_FOLDER) if self.subdir else path + SIDE_FILE_SUFFIX
-        # Long data keys put their values here: the side map is at least the data's.
-        side_options = {**self._env_options, "map_size": max(SIDE_MAP_SIZE, self.map_size)}
+        side_options = {**self._env_options, "map_size": SIDE_MAP_SIZE}  # long keys' values too
         self.side = SideEnvironment(side_path, readonly, side_options)
         self._closed = False
         self.known = KnownSizes()

@@ -24,7 +24,9 @@ from .base import (
 )
 
 MAX_READERS = 512
-# Side data is small (a few dozen bytes per file); the map is only address space.
+# Side data is small (a few dozen bytes per file); the map is only address space (a process
+# maps every environment it opens: as large as the data's, it halved how many fit). The values
+# of keys over LMDB's key limit (lmdb_long) share it.
 SIDE_MAP_SIZE = 2**36
 RESERVE_IN_FOLDER = "zarrfs-reserve"
 RESERVE_SUFFIX = ".zarrfs-reserve"

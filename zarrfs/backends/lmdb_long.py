@@ -22,7 +22,9 @@ Costs: a key that fits costs nothing more to read or write. A scan, and a prefix
 that fits has, look once per transaction whether the space has long keys (a seek in the side
 environment). A scan holds one group in memory at a time: the names, not the values, of the
 long keys that share their first :data:`PREFIX` bytes (a folder deeper than that lists its
-entries as one group, each time a listing resumes within it).
+entries as one group, each time a listing resumes within it). The values of long keys share
+the side environment's map (``lmdb_env.SIDE_MAP_SIZE``, 64 GiB): past it, a write of one is
+:class:`StorageFullError`, however large the data environment's map.
 
 Every write goes through the transaction's side transaction, and the transaction records what
 it overwrote (``before``), so the commit order of the driver (side first, put back if the data
