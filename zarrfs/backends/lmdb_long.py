@@ -80,12 +80,12 @@ def size(side: lmdb.Transaction | None, raw: bytes, space: Space) -> int | None:
     return None if name is None else _SIZE.unpack_from(name)[0]
 
 
-def _remember(side: lmdb.Transaction, key: bytes, before: dict[bytes, bytes | None]) -> bytes | None:
-    old = side.get(key)
-    old = None if old is None else bytes(old)
+def _remember(side: lmdb.Transaction, key: bytes, before: dict[bytes, bytes | None]) -> None:
+    # What to put back if the data commit fails (a copy of the old value: a rewrite of a large
+    # value under a long key holds both in memory until the commit).
     if key not in before:
-        before[key] = old
-    return old
+        old = side.get(key)
+        before[key] = None if old is None else bytes(old)
 
 
 def put(
