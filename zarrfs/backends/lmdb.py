@@ -9,12 +9,16 @@ listed by ``LMDBStore.keys()``): ``<dir>/zarrfs-side.mdb`` beside ``data.mdb``, 
 ``<file>.zarrfs-side``, made at the first side write. A write transaction locks the data
 environment, then the side's, always in that order, so writers cannot deadlock.
 
-Two environments make two commits; one transaction still has one outcome. The side commits
-first, and the transaction keeps the side values it overwrote; then the data commits. If the
-data commit fails (a full disk), the side records are put back as they were and the error is
-raised: committed data implies committed side data, and a failed commit leaves nothing new. A
-kill between the two commits can leave side data one transaction ahead of the data; side data
-is advisory (a mark of a folder or an mtime with no file behind it is ignored).
+Keys longer than LMDB's limit (``env.max_key_size()``, 511 bytes), of either space, are held in
+the side environment under a prefix no UTF-8 key has (``lmdb_long``); a key that fits stays
+where it is, byte for byte, so ``LMDBStore`` sees exactly the data keys that fit. The driver
+has no key limit of its own (``max_key_size`` is None): scans merge both stores in key order.
+
+Two environments make two commits; one transaction still has one outcome (``lmdb_commit``):
+the side commits first, and a data commit that fails puts the side records back, long keys'
+included. A kill between the two commits can leave the side one transaction ahead of the data:
+side data is advisory (a mark of a folder or an mtime with no file behind it is ignored), and
+the long data keys of that transaction are there without its keys that fit.
 
 Like ``LMDBStore`` (``sync=False``), commits are not forced to disk one by one: a crash of the
 process can never corrupt or lose a committed transaction (the kernel holds its pages). A crash
@@ -33,15 +37,30 @@ from typing import Any
 
 import lmdb
 
-from ._util import Preallocator, Reserve, check_options, parse_bool, parse_file_url, parse_size, statvfs
-from .base import DATA, KEYS, SIDE, SIZES, Driver, Fetch, HasPrefix, Size, Space, Txn, check_space, encode_key
-from .lmdb_env import KnownSizes, SideEnvironment, environments, translate, translated
-from .lmdb_feed import Own, changes, record
+from . import lmdb_long
+from ._util import check_options, parse_bool, parse_file_url, parse_size, statvfs
+from .base import DATA, SIDE, Driver, Fetch, HasPrefix, Size, Space, Txn, check_space, encode_key
+from .lmdb_commit import finish
+from .lmdb_env import (
+    SIDE_MAP_SIZE,
+    DiskRoom,
+    KnownSizes,
+    SideEnvironment,
+    bare_size,
+    environments,
+    translate,
+    translated,
+)
+from .lmdb_feed import Own, changes
+from .lmdb_scan import scan
 
 SIDE_IN_FOLDER = "zarrfs-side.mdb"
 SIDE_FILE_SUFFIX = ".zarrfs-side"
-RESERVE_IN_FOLDER = "zarrfs-reserve"
-RESERVE_SUFFIX = ".zarrfs-reserve"
+# The largest value a commit can write. A node records a value's size in 32 bits, but a commit
+# writes a value's pages (a 16-byte header, then the value) in one write(2), which Linux ends
+# at 0x7FFFF000 bytes, and LMDB takes the short write for EIO (LMDB's pages are the system's).
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+MAX_VALUE = 0x7FFFF000 // _PAGE * _PAGE - 16
 _NONE: dict[Any, Any] = {}  # what a read transaction changed: nothing (never written to)
 
 
@@ -49,15 +68,16 @@ class LMDBTxn(Txn):
     """One transaction over the data environment and, lazily, the side environment; its own
     context manager (leaving the block commits, or aborts when the block raised)."""
 
-    # A node records a value's size in 32 bits.
-    max_value = 0xFFFFFFFF
-    value_limit = "LMDB's largest value"
+    max_value = MAX_VALUE
+    value_limit = "LMDB's largest value: its pages in one write"
 
     def __init__(self, driver: LMDBDriver, write: bool) -> None:
         # Txn.__init__ inlined, and no tables for a read: one of these is made per lookup.
-        self.write, self.where, self.max_key = write, driver.path, driver.max_key_size
+        # No key limit: a key longer than ``fit`` goes to the long-key store.
+        self.write, self.where, self.max_key = write, driver.path, None
         self.put_bytes = 0
         self._driver = driver
+        self._fit = driver.key_fit
         if write:
             driver.write_lock.acquire()
         try:
@@ -73,9 +93,13 @@ class LMDBTxn(Txn):
         # transaction the one it follows (for keys it has not changed itself).
         self._id = self._data.id() - 1 if write else self._data.id()
         self._changes: dict[bytes, int | None] = {} if write else _NONE
-        # Side values as they were before this transaction first changed them (None: absent),
-        # to put back if the data commit fails after the side commit.
+        # Side records as they were before this transaction first changed them (None: absent),
+        # to put back if the data commit fails after the side commit; long keys' included.
         self._side_before: dict[bytes, bytes | None] = {} if write else _NONE
+        # Long keys this transaction changed, as the change log names them (b"d"/b"s" + key).
+        self._long_changed: dict[bytes, None] = {} if write else _NONE
+        self._long_any: dict[Space, bool] | None = None  # per space: whether it has long keys
+        self._writes = 0  # writes so far: a scan seeks again after the caller wrote
 
     def __enter__(self) -> LMDBTxn:
         return self
@@ -88,11 +112,13 @@ class LMDBTxn(Txn):
             return None
         return self._driver.known.get(self._id, raw)
 
-    def _txn(self, space: Space) -> lmdb.Transaction | None:
+    def _txn(self, space: Space, create: bool = True) -> lmdb.Transaction | None:
+        """The transaction of ``space``'s environment; for the side, None when the environment
+        does not exist (a write transaction makes it, when ``create``)."""
         if space is DATA:
             return self._data
         if self._side is None:
-            env = self._driver.side_env(create=self.write)
+            env = self._driver.side.env(create and self.write)
             if env is None:
                 return None
             with translated(self.where):
@@ -101,11 +127,11 @@ class LMDBTxn(Txn):
 
     def _value(self, raw: bytes, space: Space) -> Any:
         """The value of ``raw`` as a buffer into the map (valid in this transaction), or None."""
-        txn = self._txn(space)
-        if txn is None:
-            return None
         try:
-            return txn.get(raw)
+            if len(raw) > self._fit:
+                return lmdb_long.value(self._txn(SIDE, False), raw, space)
+            txn = self._txn(space, False)
+            return None if txn is None else txn.get(raw)
         except lmdb.Error as exc:
             raise translate(exc, self.where) from exc
 
@@ -115,6 +141,9 @@ class LMDBTxn(Txn):
 
     def _size(self, raw: bytes, space: Space) -> int | None:
         # buffers=True: len() of a pointer into the map, nothing copied.
+        if len(raw) > self._fit:
+            with translated(self.where):
+                return lmdb_long.size(self._txn(SIDE, False), raw, space)
         known = self._known(raw, space)
         if known is not None:
             return known
@@ -126,6 +155,9 @@ class LMDBTxn(Txn):
         return None if value is None else bytes(value[offset : offset + length])
 
     def _put(self, raw: bytes, value: bytes | memoryview, space: Space) -> None:
+        self._writes += 1
+        if len(raw) > self._fit:
+            return self._put_long(raw, value, space)
         txn = self._txn(space)
         assert txn is not None  # a write transaction creates the side environment
         with translated(self.where):
@@ -137,7 +169,22 @@ class LMDBTxn(Txn):
             n = len(value)
             self._changes[raw] = n if n >= KnownSizes.LARGE else None
 
+    def _put_long(self, raw: bytes, value: bytes | memoryview, space: Space) -> None:
+        side = self._txn(SIDE)
+        assert side is not None
+        with translated(self.where):
+            lmdb_long.put(side, raw, value, space, self._side_before)
+        self._long_changed[(b"d" if space is DATA else b"s") + raw] = None
+        self._long_any = {**(self._long_any or {}), space: True}
+
     def _delete(self, raw: bytes, space: Space) -> None:
+        self._writes += 1
+        if len(raw) > self._fit:
+            side = self._txn(SIDE, False)
+            with translated(self.where):
+                if side is not None and lmdb_long.delete(side, raw, space, self._side_before):
+                    self._long_changed[(b"d" if space is DATA else b"s") + raw] = None
+            return
         txn = self._txn(space)
         assert txn is not None
         with translated(self.where):
@@ -150,67 +197,52 @@ class LMDBTxn(Txn):
         if found and space is DATA:  # a delete of nothing changes nothing (no new commit)
             self._changes[raw] = None
 
+    def _any_long(self, space: Space) -> bool:
+        """Whether ``space`` has long keys (looked up once per transaction; the caller
+        translates ``lmdb`` errors)."""
+        seen = self._long_any
+        if seen is None:
+            seen = self._long_any = {}
+        known = seen.get(space)
+        if known is None:
+            known = seen[space] = self._driver.long_keys.any_in(self._txn(SIDE, False), space, self.write)
+        return known
+
     def _scan(
         self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int | None
     ) -> Iterator[tuple[bytes, Any]]:
-        txn = self._txn(space)
-        if txn is None:
-            return
-        write, known = self.write, self._known
-        try:
-            cur = txn.cursor()
-            try:
-                found = cur.set_range(lo) if lo else cur.first()
-                while found:
-                    raw = bytes(cur.key())
-                    if (hi is not None and raw >= hi) or raw[:1] == b"\xff":
-                        return  # 0xFF: the change log (lmdb_feed), last in key order
-                    if fetch is KEYS:
-                        x = None
-                    elif fetch is SIZES:
-                        x = known(raw, space)
-                        if x is None:
-                            x = len(cur.value())
-                    else:
-                        x = bytes(cur.value())
-                    yield raw, x
-                    if write:
-                        # The caller may have written while we were suspended: seek again from
-                        # the last key instead of trusting the cursor's position.
-                        found = cur.set_range(raw)
-                        if found and bytes(cur.key()) == raw:
-                            found = cur.next()
-                    else:
-                        found = cur.next()
-            finally:
-                cur.close()
-        except lmdb.Error as exc:
-            raise translate(exc, self.where) from exc
+        return scan(self, lo, hi, space, fetch)  # merged with the long keys: see lmdb_scan
 
     def _has_prefix(self, raw: bytes, space: Space) -> bool:
-        txn = self._txn(space)
-        if txn is None:
-            return False
-        with txn.cursor() as cur:
-            first = bytes(cur.key()) if cur.set_range(raw) else None
-        if first is None or not first.startswith(raw):
-            return False
         try:
-            first.decode("utf-8")
-        except UnicodeDecodeError:  # not a key (scan skips it): scan decides whether one follows
-            return super()._has_prefix(raw, space)
-        return True
+            txn = self._txn(space, False)
+            if txn is not None and len(raw) <= self._fit:
+                with txn.cursor() as cur:
+                    first = bytes(cur.key()) if cur.set_range(raw) else None
+                if first is not None and first.startswith(raw):
+                    try:
+                        first.decode("utf-8")
+                    except UnicodeDecodeError:  # not a key (scan skips it): scan decides
+                        return super()._has_prefix(raw, space)
+                    return True
+            return self._any_long(space) and lmdb_long.has_prefix(self._txn(SIDE, False), raw, space)
+        except lmdb.Error as exc:
+            raise translate(exc, self.where) from exc
 
     def _read_many(self, plan: list[tuple[type, bytes, Space]]) -> list[Any]:
         # Straight on LMDB, without a method call per read: a lookup makes five of these.
         out: list[Any] = []
         append = out.append
-        data = self._data
+        data, fit = self._data, self._fit
         try:
             for kind, raw, space in plan:
-                txn = data if space is DATA else self._txn(space)
-                if txn is None:
-                    append(False if kind is HasPrefix else None)
+                txn = data if space is DATA else self._txn(space, False)
+                if kind is HasPrefix:
+                    append(self._has_prefix(raw, space))
+                elif len(raw) > fit:
+                    append(self._size(raw, space) if kind is Size else self._get(raw, space))
+                elif txn is None:
+                    append(None)
                 elif kind is Size:
                     known = self._known(raw, space)
                     if known is not None:
@@ -218,8 +250,6 @@ class LMDBTxn(Txn):
                         continue
                     value = txn.get(raw)
                     append(None if value is None else len(value))
-                elif kind is HasPrefix:
-                    append(self._has_prefix(raw, space))
                 else:
                     value = txn.get(raw)
                     append(None if value is None else bytes(value))
@@ -228,61 +258,16 @@ class LMDBTxn(Txn):
         return out
 
     def finish(self, ok: bool) -> None:
-        """Commit (side first, then data) or abort both."""
-        if not self.write:
-            self._data.abort()
-            if self._side is not None:
-                self._side.abort()
-            return
-        try:
-            self._finish(ok)
-        finally:
-            self._driver.write_lock.release()
-
-    def _finish(self, commit: bool) -> None:
-        if not commit:
-            side, self._side = self._side, None
-            self._data.abort()
-            if side is not None:
-                side.abort()
-            return
-        try:
-            logged = record(self) if self._driver.log_changes else None
-        except BaseException as exc:
-            side, self._side = self._side, None
-            self._data.abort()
-            if side is not None:
-                side.abort()
-            if isinstance(exc, lmdb.Error):
-                raise translate(exc, self.where) from exc
-            raise
-        side, self._side = self._side, None  # record() may have begun it
-        try:
-            if side is not None:
-                side.commit()
-        except BaseException as exc:
-            self._data.abort()
-            if isinstance(exc, lmdb.Error):
-                raise translate(exc, self.where) from exc
-            raise
-        try:
-            self._data.commit()
-        except BaseException as exc:
-            if self._side_before:
-                self._driver.side.restore(self._side_before)
-            if isinstance(exc, lmdb.Error):
-                raise translate(exc, self.where) from exc
-            raise
-        if self._changes:
-            self._driver.known.committed(self._id + 1, self._changes)
-        if logged is not None:
-            self._driver.own.add(logged)
+        """Commit (side first, then data; see ``lmdb_commit``) or abort both."""
+        finish(self, ok)
 
 
 class LMDBDriver(Driver):
     """Driver for LMDB environments; see the module docstring."""
 
     schemes = ("lmdb",)
+    #: No key limit: keys over LMDB's (``key_fit``) go to the long-key store (``lmdb_long``).
+    max_key_size: int | None = None
 
     def __init__(self, url: str, readonly: bool = False) -> None:
         super().__init__(url, readonly)
@@ -297,56 +282,40 @@ class LMDBDriver(Driver):
         self._key, self.env = environments.acquire(
             path, self.subdir, readonly, map_size=self.map_size, meminit=False, **self._env_options
         )
-        self.max_key_size = self.env.max_key_size()
+        #: The longest key LMDB holds (511 bytes); longer ones are held in ``lmdb_long``.
+        self.key_fit = self.env.max_key_size()
         self.write_lock = environments.write_lock(self._key)
-        data_file = os.path.join(path, "data.mdb") if self.subdir else path
-        self._prealloc = None if readonly else Preallocator(data_file)
+        self.room = None if readonly else DiskRoom(path, self.subdir)
         side_path = os.path.join(path, SIDE_IN_FOLDER) if self.subdir else path + SIDE_FILE_SUFFIX
-        self.side = SideEnvironment(side_path, readonly, self._env_options)
+        side_options = {**self._env_options, "map_size": SIDE_MAP_SIZE}  # long keys' values too
+        self.side = SideEnvironment(side_path, readonly, side_options)
         self._closed = False
         self.known = KnownSizes()
-        reserve = os.path.join(path, RESERVE_IN_FOLDER) if self.subdir else path + RESERVE_SUFFIX
-        self.reserve = None if readonly else Reserve(reserve)
+        self.long_keys = lmdb_long.Presence()
 
         # Every write keeps a change log for the other mounts (lmdb_feed); own: its entries.
         self.log_changes = not readonly
         self.own = Own()
-
-    def side_env(self, create: bool) -> lmdb.Environment | None:
-        """Return the side environment, opening it on first use; ``None`` when it does not
-        exist and ``create`` is false (nothing was ever written there)."""
-        return self.side.env(create)
 
     # The one-shot size skips the Txn object and the retry loop: the mount asks a file's stored
     # size before each read of it, and this path measurably halves the call's cost
     # (docs/performance.md). It runs the same checks; get and read gained nothing this way.
     def size(self, key: str, space: Space = DATA) -> int | None:
         """One-shot :meth:`Txn.size` in a bare read transaction."""
-        raw, sp = encode_key(key, self.max_key_size), check_space(space)
+        raw, sp = encode_key(key), check_space(space)
+        if len(raw) > self.key_fit:
+            return super().size(key, sp)  # a long key: through a transaction
         env = self.env if sp is DATA else self.side.env(False)
-        if env is None:
-            return None
-        try:
-            with env.begin(buffers=True) as txn:
-                if sp is DATA:
-                    known = self.known.get(txn.id(), raw)
-                    if known is not None:
-                        return known
-                value = txn.get(raw)
-                return None if value is None else len(value)
-        except lmdb.Error as exc:
-            raise translate(exc, self.path) from exc
+        return None if env is None else bare_size(env, raw, self.known if sp is DATA else None, self.path)
 
     def _begin(self, write: bool) -> LMDBTxn:
-        if write and self._prealloc is not None:
-            self._prealloc.grow()
-            if self.reserve is not None:
-                self.reserve.again()
+        if write and self.room is not None:
+            self.room.before_write()
         return LMDBTxn(self, write)
 
     def free_reserve(self) -> bool:
         """Free the disk room kept for removals on a full disk (see ``_util.Reserve``)."""
-        return self.reserve is not None and self.reserve.free()
+        return self.room is not None and self.room.free()
 
     def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
         """What other writers committed since ``since`` (see ``lmdb_feed``)."""
@@ -372,19 +341,9 @@ class LMDBDriver(Driver):
         if self._closed:
             return
         self._closed = True
-        if self._prealloc is not None:
-            self._give_back_reserve()
+        if self.room is not None:
+            self.room.give_back(self.env, self.write_lock, self.path)
         environments.release(self._key)
         self.side.close()
-        if self._prealloc is not None:
-            self._prealloc.close()
-
-    def _give_back_reserve(self) -> None:
-        # Under LMDB's writer lock (a write transaction, aborted), which every process takes
-        # before it grows the file: the truncation to the file's own size cannot cut a write.
-        with self.write_lock, translated(self.path):
-            txn = self.env.begin(write=True)
-            try:
-                self._prealloc.release()
-            finally:
-                txn.abort()
+        if self.room is not None:
+            self.room.close()

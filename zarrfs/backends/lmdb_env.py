@@ -1,4 +1,5 @@
-"""LMDB plumbing shared by the LMDB driver: error translation and process-wide environments."""
+"""LMDB plumbing shared by the LMDB driver: error translation, process-wide environments, the
+side environment, the sizes of committed values and the disk room kept around the data file."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import lmdb
 
+from ._util import Preallocator, Reserve
 from .base import (
     BackendError,
     InvalidKeyError,
@@ -22,8 +24,12 @@ from .base import (
 )
 
 MAX_READERS = 512
-# Side data is small (a few dozen bytes per file); the map is only address space.
+# Side data is small (a few dozen bytes per file); the map is only address space (a process
+# maps every environment it opens: as large as the data's, it halved how many fit). The values
+# of keys over LMDB's key limit (lmdb_long) share it.
 SIDE_MAP_SIZE = 2**36
+RESERVE_IN_FOLDER = "zarrfs-reserve"
+RESERVE_SUFFIX = ".zarrfs-reserve"
 
 log = logging.getLogger("zarrfs.backends.lmdb")
 
@@ -141,7 +147,8 @@ environments = Environments()
 
 class SideEnvironment:
     """The environment of a driver's side data, opened on first use (created by the first side
-    write), and put back after a data commit that failed behind its side commit."""
+    write), and put back after a data commit that failed behind its side commit. ``options``
+    are ``lmdb.open``'s (``map_size`` defaults to :data:`SIDE_MAP_SIZE`)."""
 
     def __init__(self, path: str, readonly: bool, options: dict[str, Any]) -> None:
         self.path = path
@@ -160,9 +167,8 @@ class SideEnvironment:
             if self._env is None:
                 if not os.path.exists(self.path) and (not create or self.readonly):
                     return None
-                self._key, self._env = environments.acquire(
-                    self.path, False, self.readonly, map_size=SIDE_MAP_SIZE, meminit=False, **self.options
-                )
+                options = {"map_size": SIDE_MAP_SIZE, "meminit": False, **self.options}
+                self._key, self._env = environments.acquire(self.path, False, self.readonly, **options)
             return self._env
 
     def restore(self, before: dict[bytes, bytes | None]) -> None:
@@ -231,3 +237,53 @@ class KnownSizes:
             else:
                 self.sizes[raw] = size
         self.txnid = txnid
+
+
+def bare_size(env: lmdb.Environment, raw: bytes, known: KnownSizes | None, what: str) -> int | None:
+    """The size of the value of ``raw`` (a key that fits) in a read transaction of its own,
+    from ``known`` when it knows it (data keys)."""
+    try:
+        with env.begin(buffers=True) as txn:
+            if known is not None:
+                size = known.get(txn.id(), raw)
+                if size is not None:
+                    return size
+            value = txn.get(raw)
+            return None if value is None else len(value)
+    except lmdb.Error as exc:
+        raise translate(exc, what) from exc
+
+
+class DiskRoom:
+    """The disk room a writable driver keeps around its data file: blocks reserved ahead of
+    the file's end (``_util.Preallocator``) and a reserve freed for removals on a full disk
+    (``_util.Reserve``), beside the file (``zarrfs-reserve`` in a folder environment,
+    ``<file>.zarrfs-reserve`` beside a single file)."""
+
+    def __init__(self, path: str, subdir: bool) -> None:
+        self.prealloc = Preallocator(os.path.join(path, "data.mdb") if subdir else path)
+        self.reserve = Reserve(os.path.join(path, RESERVE_IN_FOLDER) if subdir else path + RESERVE_SUFFIX)
+
+    def before_write(self) -> None:
+        """Call before a write transaction begins: grow the blocks ahead, make the reserve again."""
+        self.prealloc.grow()
+        self.reserve.again()
+
+    def free(self) -> bool:
+        """Free the reserve; whether there was any."""
+        return self.reserve.free()
+
+    def give_back(self, env: lmdb.Environment, write_lock: Any, what: str) -> None:
+        """Give back the blocks reserved ahead. Under LMDB's writer lock (a write transaction,
+        aborted), which every process takes before it grows the file: the truncation to the
+        file's own size cannot cut a write."""
+        with write_lock, translated(what):
+            txn = env.begin(write=True)
+            try:
+                self.prealloc.release()
+            finally:
+                txn.abort()
+
+    def close(self) -> None:
+        """Close the data file (after the environment was closed)."""
+        self.prealloc.close()

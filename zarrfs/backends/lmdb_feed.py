@@ -33,8 +33,9 @@ from .base import DATA, SIDE, Space
 if TYPE_CHECKING:
     from .lmdb import LMDBDriver, LMDBTxn
 
-# Log entries sort after every key (no UTF-8 key starts with 0xFF, so no API call can name
-# them), and a scan of the side space stops at them (LMDBTxn._scan).
+# Log entries sort after every key and after the long-key store (0xFE, lmdb_long): no UTF-8 key
+# starts with 0xFF, so no API call can name them, and a scan stops before 0xFE (lmdb_scan).
+# An entry names a long key itself, never the records that hold it.
 LOG = b"\xfflog:"
 KEEP = 4096  # entries of the log kept
 MAX_PAYLOAD = 1 << 16  # a commit changing more keys than fit logs "something changed"
@@ -50,7 +51,10 @@ def _entry(sid: int) -> bytes:
 def record(txn: LMDBTxn) -> int | None:
     """Put the log entry of the write transaction ``txn`` (called before its side commit);
     returns its side commit number, or None when the transaction changed nothing."""
-    changed = [b"d" + raw for raw in txn._changes] + [b"s" + raw for raw in txn._side_before]
+    # Side records of long keys (0xFE, lmdb_long) are logged as the keys they hold.
+    changed = [b"d" + raw for raw in txn._changes]
+    changed += [b"s" + raw for raw in txn._side_before if raw[:1] != b"\xfe"]
+    changed += txn._long_changed
     if not changed:
         return None
     side = txn._txn(SIDE)
