@@ -12,7 +12,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "zarrfs"
 MODULE_LIMIT = 500  # lines, below
 DRIVER_LIMIT = 350  # lines, at most
-DRIVERS = ["sqlite", "redis", "redis_cluster", "dbm", "memory"]
+DRIVERS = ["lmdb", "sqlite", "redis", "redis_cluster", "postgres", "dbm", "memory"]
 
 
 def lines(path: Path) -> int:

@@ -52,7 +52,7 @@ class InvalidKeyError(BackendError, ValueError):
 
 
 class KeyTooLongError(InvalidKeyError):
-    """A key longer than the database can hold (LMDB's 511 bytes): the path is too long."""
+    """A key longer than the database can hold: the path is too long."""
 
 
 class DriverNotFoundError(BackendError, LookupError):

@@ -37,7 +37,7 @@ from typing import Any
 
 import lmdb
 
-from . import lmdb_long
+from . import lmdb_long, lmdb_pages
 from ._util import check_options, parse_bool, parse_file_url, parse_size, statvfs
 from .base import DATA, SIDE, Driver, Fetch, HasPrefix, Size, Space, Txn, check_space, encode_key
 from .lmdb_commit import finish
@@ -137,7 +137,7 @@ class LMDBTxn(Txn):
 
     def _get(self, raw: bytes, space: Space) -> bytes | None:
         value = self._value(raw, space)
-        return None if value is None else bytes(value)
+        return None if value is None else lmdb_pages.copied(self._driver, value)
 
     def _size(self, raw: bytes, space: Space) -> int | None:
         # buffers=True: len() of a pointer into the map, nothing copied.
@@ -152,7 +152,7 @@ class LMDBTxn(Txn):
 
     def _read(self, raw: bytes, offset: int, length: int, space: Space) -> bytes | None:
         value = self._value(raw, space)  # copy only the range out of the map
-        return None if value is None else bytes(value[offset : offset + length])
+        return None if value is None else lmdb_pages.copied(self._driver, value[offset : offset + length])
 
     def _put(self, raw: bytes, value: bytes | memoryview, space: Space) -> None:
         self._writes += 1
@@ -163,7 +163,7 @@ class LMDBTxn(Txn):
         with translated(self.where):
             if space is SIDE and raw not in self._side_before:
                 old = txn.get(raw)
-                self._side_before[raw] = None if old is None else bytes(old)
+                self._side_before[raw] = None if old is None else lmdb_pages.copied(self._driver, old)
             txn.put(raw, value)
         if space is DATA:
             n = len(value)
@@ -192,7 +192,7 @@ class LMDBTxn(Txn):
                 old = txn.get(raw)
                 if old is None:
                     return
-                self._side_before[raw] = bytes(old)
+                self._side_before[raw] = lmdb_pages.copied(self._driver, old)
             found = txn.delete(raw)
         if found and space is DATA:  # a delete of nothing changes nothing (no new commit)
             self._changes[raw] = None

@@ -2,8 +2,9 @@
 
 py-lmdb returns values as slices of the environment's memory map; every page a copy out of
 the map touches stays in the process's resident set (file-backed, but VmRSS counts it) until
-the kernel needs the memory. Reading a 4 GiB file would so show 4 GiB resident. The callers
-that read large values count what they copy (:func:`touched`); past :data:`BUDGET` bytes the
+the kernel needs the memory. Reading a 4 GiB file would so show 4 GiB resident. The driver
+copies values out of the maps through :func:`copied`, which counts large copies
+(:func:`touched`); past :data:`BUDGET` bytes the
 maps of the driver's environments get ``madvise(MADV_DONTNEED)``: the mapping is read-only
 and shared (``writemap`` is off), so the next access maps the page again from the page cache,
 with the same bytes. Nothing is lost but the mapping itself. The maps are found in
@@ -56,6 +57,19 @@ def _environments(driver: Any) -> list[Any]:
         if isinstance(env, lmdb.Environment):
             envs.append(env)
     return envs
+
+
+#: Copies smaller than this are not counted (a lookup's small values: a dict update each).
+COUNTED = 64 << 10
+
+
+def copied(driver: Any, view: Any) -> bytes:
+    """``bytes(view)`` of a slice of ``driver``'s maps; a large copy is counted for
+    :func:`touched`."""
+    data = bytes(view)
+    if len(data) >= COUNTED:
+        touched(driver, len(data))
+    return data
 
 
 def touched(driver: Any, nbytes: int) -> None:

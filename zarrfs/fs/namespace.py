@@ -142,7 +142,7 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
         self._garbage: list = []  # parts a write leaves unused (see zarrfs.fs.parts)
         self._hidden_logged: set[str] = set()
         self.epoch = self._load_epoch()
-        # The longest key the database holds (LMDB: 511 bytes), less the side prefix ("a:")
+        # The longest key the database holds, if it has a limit, less the side prefix ("a:")
         # of a node's attributes: a longer path is refused with ENAMETOOLONG before it is made.
         limit = getattr(driver, "max_key_size", None)
         self.key_limit: int | None = limit - len(ENTRY) if limit else None

@@ -35,8 +35,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
-from zarrfs.backends import lmdb_pages
-from zarrfs.backends.base import DATA, SIDE, Size, Txn
+from zarrfs.backends.base import DATA, KEYS, SIDE, Txn
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.manifest import MANIFEST_SIZE, Parted, new_id
 from zarrfs.fs.sidedata import Attrs, attr_key
@@ -89,14 +88,7 @@ def read_parts(t: Txn, parted: Parted, offset: int, size: int) -> bytes:
             raise FsError(errno.EIO, f"part {n} of a value stored in parts ({parted.id}) is missing")
         pieces.append(piece)
         offset += len(piece)
-    data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-    lmdb_pages.touched(t_driver(t), len(data))
-    return data
-
-
-def t_driver(t: Txn) -> Any:
-    """The driver of a transaction, where the driver keeps it (LMDB's does)."""
-    return getattr(t, "_driver", None)
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 def read(t: Txn, key: str, offset: int, size: int, parted: Parted | None | bool = False) -> bytes | None:
@@ -105,18 +97,13 @@ def read(t: Txn, key: str, offset: int, size: int, parted: Parted | None | bool 
     found = current(t, key, parted=parted) if parted is not None else None
     if found is not None:
         return read_parts(t, found, offset, size)
-    data = t.read(key, offset, size)
-    if data:
-        lmdb_pages.touched(t_driver(t), len(data))
-    return data
+    return t.read(key, offset, size)
 
 
 def whole(t: Txn, key: str, value: Any) -> Any:
     """The value of ``key`` whose data key holds ``value``: assembled from its parts when it
     is parted."""
     if value is None or len(value) != MANIFEST_SIZE:
-        if value is not None and len(value) > lmdb_pages.BUDGET // 4:
-            lmdb_pages.touched(t_driver(t), len(value))
         return value
     found = current(t, key, value)
     return value if found is None else read_parts(t, found, 0, found.size)
@@ -142,9 +129,11 @@ def reader(t: Txn, key: str) -> Callable[[int, int], bytes | None]:
 def check_present(t: Txn, key: str, parted: Parted) -> None:
     """In the commit of ``parted`` at ``key``: every part is there (EIO otherwise: a
     ``zarrfs check --repair`` running beside the mount took them for orphans), so a file is
-    never stored with parts missing. One batch of size reads."""
-    sizes = t.read_many([Size(parted.key(n), SIDE) for n in range(parted.count)])
-    missing = sum(1 for size in sizes if size is None)
+    never stored with parts missing. A scan of their keys: asking the sizes of large values
+    in a write transaction makes LMDB page them in."""
+    prefix = parted.key(0).rpartition("/")[0] + "/"
+    present = {k for k, _ in t.scan_prefix(prefix, space=SIDE, fetch=KEYS)}
+    missing = sum(1 for n in range(parted.count) if parted.key(n) not in present)
     if missing:
         raise FsError(errno.EIO, f"{key}: {missing} of its {parted.count} parts vanished before the commit")
 
@@ -168,7 +157,6 @@ def store(driver: Any, size: int, readinto: Callable[[int, memoryview], int], pa
                 got += step
             driver.transact(lambda t, n=n, view=view: t.put(parted.key(n), view, SIDE))
             done = n + 1
-            lmdb_pages.touched(driver, len(view))
     except BaseException:
         free(driver, [parted], upto=done)
         raise
@@ -187,7 +175,6 @@ def free(driver: Any, versions: Iterable[Parted], upto: int | None = None) -> No
             for n in range(count):
                 key = parted.key(n)
                 driver.transact(lambda t, key=key: t.delete(key, SIDE))
-                lmdb_pages.touched(driver, parted.length(n))
         except Exception as exc:
             log.error("parts of %s not deleted (zarrfs check --repair deletes them): %s", parted.id, exc)
 
