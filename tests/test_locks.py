@@ -213,3 +213,25 @@ def test_a_waiting_lock_is_interrupted(tmp_path, mount_factory):
     fcntl.flock(third, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the interrupted request holds nothing
     for fd in (first, second, third):
         os.close(fd)
+
+
+def test_an_idle_mount_renews_its_lease_without_spinning():
+    """With nobody waiting for a lock, the waiters' thread sleeps until the lease is due, renews
+    it, and sleeps again (it once looped without sleeping or renewing once a renewal was due:
+    a core busy and the GIL contended by every idle mount)."""
+    driver = open_driver(f"memory://locks-{uuid.uuid4().hex}")
+    table = LockTable(driver, mount="m", lease=0.2)  # renewed every 0.05 s
+    renewals = []
+    renew = table.renew
+    table.renew = lambda: renewals.append(time.monotonic()) or renew()
+    waiters = Waiters(table, lambda request, code: None)
+    try:
+        started, cpu = time.monotonic(), time.process_time()
+        while time.monotonic() - started < 1.0:  # this thread sleeps; the waiters' one runs
+            time.sleep(0.05)
+        busy = time.process_time()
+    finally:
+        waiters.stop()
+        driver.close()
+    assert len(renewals) >= 5, renewals
+    assert busy - cpu < 0.5, f"{busy - cpu:.2f} s of CPU in 1 s idle"

@@ -272,8 +272,11 @@ class Waiters:
                     return
                 now = time.monotonic()
                 due = [r for r, w in self.waiting.items() if w[1] <= now]
-                if not due:
-                    nexts = [w[1] for w in self.waiting.values()] + [self._renewed + renew_every]
+                renew_at = self._renewed + renew_every
+                if not due and now < renew_at:
+                    # Sleep until a waiter's retry or the lease renewal is due (both handled
+                    # below the lock: a renewal due with nobody waiting must not loop here).
+                    nexts = [w[1] for w in self.waiting.values()] + [renew_at]
                     changed.wait(max(0.0, min(nexts) - now))
                     # Woken by a release of this mount: every waiter tries at once.
                     for w in self.waiting.values():
