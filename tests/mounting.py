@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -190,3 +191,18 @@ def mount_factory(tmp_path: Path):
 def mounted(db_url: str, mount_factory) -> Mount:
     """A fresh database of each driver, mounted (created on first mount)."""
     return mount_factory(db_url, ["create"])
+
+
+def drained(driver, cursor, want, deadline: float = 5.0):
+    """Look at ``driver``'s feed until it holds ``want`` records (or None); what it got."""
+    got: list = []
+    start = time.monotonic()
+    while time.monotonic() - start < deadline:
+        cursor, records = driver.changes(cursor)
+        if records is None:
+            return None
+        got += records
+        if len(got) >= want:
+            return got
+        time.sleep(0.001)
+    return got

@@ -9,7 +9,7 @@ import time
 import uuid
 
 import pytest
-from mounting import make_url
+from mounting import drained, make_url
 from test_coherence import (  # noqa: F401 - collected here, on the cluster
     test_close_to_open,
     test_mount_stays_up_when_its_peer_is_killed,
@@ -25,21 +25,6 @@ from zarrfs.backends.registry import open_driver
 def feed_url(request: pytest.FixtureRequest, tmp_path) -> str:
     """A fresh prefix on the session's cluster (the coherence tests' database here)."""
     return make_url("cluster", tmp_path, request)
-
-
-def drained(driver, cursor, want, deadline: float = 5.0):
-    """Look at ``driver``'s feed until it holds ``want`` records (or None); what it got."""
-    got: list = []
-    start = time.monotonic()
-    while time.monotonic() - start < deadline:
-        cursor, records = driver.changes(cursor)
-        if records is None:
-            return None
-        got += records
-        if len(got) >= want:
-            return got
-        time.sleep(0.001)
-    return got
 
 
 def test_the_feed_hears_other_drivers_and_plain_cluster_clients(redis_cluster, feed_url):

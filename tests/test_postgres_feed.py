@@ -12,6 +12,7 @@ import tempfile
 import time
 
 import pytest
+from mounting import drained
 from servers import _demote, start_postgres, stop_postgres
 from test_coherence import BOUND, read, seen_after
 
@@ -43,21 +44,6 @@ def test_payloads_name_the_writer_and_the_keys_and_fit_the_limit():
 
 
 # -- drivers ---------------------------------------------------------------------------------------
-
-
-def drained(driver, cursor, want, deadline: float = 5.0):
-    """Look at ``driver``'s feed until it holds ``want`` records (or None); what it got."""
-    got: list = []
-    start = time.monotonic()
-    while time.monotonic() - start < deadline:
-        cursor, records = driver.changes(cursor)
-        if records is None:
-            return None
-        got += records
-        if len(got) >= want:
-            return got
-        time.sleep(0.001)
-    return got
 
 
 def test_commits_are_announced_to_other_drivers_only_when_they_commit(postgres_server):
