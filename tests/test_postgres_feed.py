@@ -6,12 +6,11 @@ Latencies are measured by polling with a deadline, never slept over."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import tempfile
 import time
 
 import pytest
+from conftest import session_server
 from mounting import drained
 from servers import _demote, start_postgres, stop_postgres
 from test_coherence import BOUND, read, seen_after
@@ -102,13 +101,7 @@ def test_a_writer_that_is_not_zarrfs_announces_as_documented(postgres_server):
 @pytest.fixture
 def own_postgres():
     """A PostgreSQL server of this test alone (it is restarted)."""
-    workdir = tempfile.mkdtemp(prefix="zarrfs-pg-restart-")
-    server = start_postgres(workdir)
-    try:
-        yield server
-    finally:
-        stop_postgres(server)
-        shutil.rmtree(workdir, ignore_errors=True)
+    yield from session_server("zarrfs-pg-restart-", start_postgres, stop_postgres)
 
 
 def restart(server) -> None:

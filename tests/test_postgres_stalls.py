@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import signal
-import tempfile
 import time
 
 import pytest
+from conftest import session_server
 from mounting import needs_fuse
 from servers import start_postgres, stop_postgres
 from test_stalls import timed_stat, write
@@ -26,14 +25,12 @@ pytestmark = needs_fuse
 @pytest.fixture
 def own_postgres():
     """A PostgreSQL server of this test alone (it is paused)."""
-    workdir = tempfile.mkdtemp(prefix="zarrfs-pg-stall-")
-    server = start_postgres(workdir)
-    try:
-        yield server
-    finally:
+
+    def stop(server):
         cont(server_pids(server))
         stop_postgres(server)
-        shutil.rmtree(workdir, ignore_errors=True)
+
+    yield from session_server("zarrfs-pg-stall-", start_postgres, stop)
 
 
 def server_pids(server) -> list[int]:
