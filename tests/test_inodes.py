@@ -16,15 +16,40 @@ def test_inode_table_remember_and_forget():
     b, _ = t.remember("b", DIR)
     assert b == a + 1 and t.key(b) == "b"
     t.forget(a, 1)
-    assert t.key(a) == "a"
-    t.forget(a, 1)
-    assert t.get(a) is None and "a" not in t.ids and t.key(a) is None
-    t.forget(a, 1)  # an unknown ID: nothing happens
+    assert t.key(a) == "a" and t.held("a") == a
+    t.forget(a, 1)  # forgotten by the kernel: kept idle, for its inode number
+    assert t.held("a") is None and t.key(a) == "a" and node.lookups == 0
+    t.forget(a, 1)  # nothing more to forget
     t.forget(k.ROOT_ID, 100)
     assert t.get(k.ROOT_ID).lookups == 1
+    assert t.remember("a", FILE) == (a, node) and node.lookups == 1  # the same ID again
+    t.detach("a")
+    t.forget(a, 1)  # nameless: gone
+    assert t.get(a) is None and "a" not in t.ids
     assert t.remember("a", FILE)[0] == b + 1  # a new ID, never an old one
     many = [t.remember(f"k{i}", FILE)[0] for i in range(20)]
     assert many == list(range(b + 2, b + 22))
+
+
+def test_a_forgotten_node_keeps_its_id_across_renames_until_too_many_are_idle(monkeypatch):
+    from zarrfs.fuse import inodes
+
+    monkeypatch.setattr(inodes, "IDLE_NODES", 3)
+    t = InodeTable(DIR)
+    d, _ = t.remember("d", DIR)
+    f, _ = t.remember("d/f", FILE)
+    t.forget(f, 1)
+    t.forget(d, 1)
+    t.moved("d", "e")  # renamed while the kernel held neither
+    assert t.remember("e/f", FILE)[0] == f and t.remember("e", DIR)[0] == d
+    t.forget(f, 1)
+    t.detach("e/f")  # removed while forgotten: the node goes
+    assert t.get(f) is None and len(t.idle) == 0
+    ids = [t.remember(f"x{i}", FILE)[0] for i in range(5)]
+    for i in ids:
+        t.forget(i, 1)
+    assert list(t.idle) == ids[2:] and t.get(ids[0]) is None and "x0" not in t.ids
+    assert t.remember("x4", FILE)[0] == ids[4] and t.remember("x0", FILE)[0] not in ids
 
 
 def test_inode_table_detach():
@@ -98,5 +123,9 @@ def test_the_names_of_a_linked_file_share_one_node():
     assert t.get(a) is None and t.groups == {} and not {"a", "b", "e/c"} & set(t.ids)
     fresh, _ = t.remember("x", FILE, "g2")  # after a remount: the first name met gives the ID
     assert t.remember("y", FILE, "g2")[0] == fresh and t.groups == {"g2": fresh}
-    t.forget(fresh, 2)
-    assert t.ids == {"": k.ROOT_ID} and t.groups == {}
+    t.forget(fresh, 2)  # forgotten, kept idle with both names and its group
+    assert t.held("x") is None and t.remember("y", FILE, "g2")[0] == fresh
+    t.forget(fresh, 1)
+    t.detach("x")
+    t.detach("y")
+    assert t.ids == {"": k.ROOT_ID} and t.groups == {} and t.get(fresh) is None

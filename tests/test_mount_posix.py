@@ -362,3 +362,23 @@ def test_a_folder_reports_nlink_1_and_find_still_walks_every_folder(mounted):
     found = sorted(os.path.relpath(line, root) for line in out.stdout.split())
     assert found == [".", "a", "a/b", "a/b/c", "a/d", "a/e", "a/e/f", "a/e/f/g", "h"]
     assert os.lstat(root / "a" / "b" / "c" / "0.0").st_nlink == 1
+
+
+@pytest.mark.skipif(not os.access("/proc/sys/vm/drop_caches", os.W_OK), reason="needs root")
+def test_an_inode_number_survives_the_kernel_forgetting_the_node(mounted):
+    """The kernel forgets nodes under memory pressure (here: ``drop_caches``); a file looked up
+    again keeps its inode number, across a rename too, as on a local disk (pjdfstest's
+    rename/00 compares them; ``tar`` and ``rsync -H`` pair hard links by them)."""
+    root = mounted.path
+    (root / "d").mkdir()
+    (root / "d" / "f").write_bytes(b"x")
+    os.mkfifo(root / "d" / "p")
+    before = {name: os.lstat(root / "d" / name).st_ino for name in ("f", "p")}
+    folder = os.lstat(root / "d").st_ino
+    with open("/proc/sys/vm/drop_caches", "w") as fh:
+        fh.write("2")  # dentries and inodes: the kernel FORGETs the mount's nodes
+    os.rename(root / "d" / "f", root / "d" / "g")
+    with open("/proc/sys/vm/drop_caches", "w") as fh:
+        fh.write("2")
+    after = {name: os.lstat(root / "d" / new).st_ino for name, new in (("f", "g"), ("p", "p"))}
+    assert after == before and os.lstat(root / "d").st_ino == folder

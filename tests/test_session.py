@@ -18,11 +18,11 @@ from zarrfs.options import MountOptions
 
 
 # ---------------------------------------------------------------------- names and attributes
-def test_lookup_counts_and_forget_drops_the_node(make_wire):
+def test_lookup_counts_and_forget_leaves_the_node_idle(make_wire):
     wire = make_wire(entry_timeout=2.5, attr_timeout=0.75)
     wire.put_file(k.ROOT_ID, "f", b"0123456789", mode=0o640)
     wire.send(k.FORGET, wire.inodes.ids["f"], k.FORGET_IN.pack(1))  # the CREATE's count
-    assert "f" not in wire.inodes.ids
+    assert wire.inodes.held("f") is None
 
     first = wire.lookup(k.ROOT_ID, "f")
     assert first.nodeid > k.ROOT_ID and first.generation == 0
@@ -45,12 +45,12 @@ def test_lookup_counts_and_forget_drops_the_node(make_wire):
     )
     wire.send(k.BATCH_FORGET, 0, batch)
     assert wire.messages() == []
-    assert wire.inodes.get(first.nodeid) is None and wire.inodes.get(other.nodeid) is None
-    assert "f" not in wire.inodes.ids and "d" not in wire.inodes.ids
-    assert wire.fails(k.GETATTR, first.nodeid, k.GETATTR_IN.pack(0, 0, 0)) == errno.ENOENT
+    assert wire.inodes.held("f") is None and wire.inodes.held("d") is None
+    assert wire.inodes.get(first.nodeid).lookups == 0 == wire.inodes.get(other.nodeid).lookups
+    assert wire.fails(k.GETATTR, other.nodeid + 100, k.GETATTR_IN.pack(0, 0, 0)) == errno.ENOENT
 
-    again = wire.lookup(k.ROOT_ID, "f")  # node IDs are never reused
-    assert again.nodeid > other.nodeid > first.nodeid
+    again = wire.lookup(k.ROOT_ID, "f")  # forgotten, not gone: the same node ID (inode number)
+    assert again.nodeid == first.nodeid and again.attr.ino == first.attr.ino
     assert wire.inodes.get(again.nodeid).lookups == 1
 
 

@@ -87,13 +87,13 @@ class Coherence:
     def notes(self, keys: list[str]) -> list[bytes]:
         """The notifications for ``keys`` changed (see the module docstring)."""
         inodes = self.session.inodes
-        ids, nodes, find = inodes.ids, inodes.nodes, self.session.ops.find
+        held, nodes, find = inodes.held, inodes.nodes, self.session.ops.find
         negatives = self.negatives
         notes: list[bytes] = []
         targets = set(keys)
         targets |= folders_of(targets)
         for key in sorted(targets):
-            nodeid = ids.get(key)
+            nodeid = held(key)
             entry = False
             if nodeid is not None:
                 inode = nodes[nodeid]
@@ -107,23 +107,25 @@ class Coherence:
                 entry = True
             if entry:
                 parent, _, name = key.rpartition("/")
-                parent_id = ids.get(parent)
+                parent_id = held(parent)
                 if parent_id is not None:
                     notes.append(inval_entry(parent_id, name))
         return notes
 
     def everything(self) -> list[bytes]:
         """The notifications dropping every node's attributes and pages and every entry."""
-        ids, nodes = self.session.inodes.ids, self.session.inodes.nodes
+        inodes = self.session.inodes
+        ids, nodes, held = inodes.ids, inodes.nodes, inodes.held
         notes: list[bytes] = []
         for nodeid in ids.values():
             inode = nodes[nodeid]
-            inode.stamp, inode.stamp_time, inode.cache_ok = None, 0.0, False
-            notes.append(inval_inode(nodeid))
+            if inode.lookups:  # the kernel holds nothing of a node it forgot
+                inode.stamp, inode.stamp_time, inode.cache_ok = None, 0.0, False
+                notes.append(inval_inode(nodeid))
         for key in list(ids) + list(self.negatives):
             if key:
                 parent, _, name = key.rpartition("/")
-                parent_id = ids.get(parent)
+                parent_id = held(parent)
                 if parent_id is not None:
                     notes.append(inval_entry(parent_id, name))
         self.negatives.clear()

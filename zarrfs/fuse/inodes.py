@@ -1,10 +1,13 @@
 """The inode table: which store key each node ID the kernel holds stands for.
 
 The kernel names files by node ID, the store by key. A node ID is handed out when a name is
-looked up (or created) and lives until the kernel forgets it: each reply that gives the kernel
-a node ID counts one lookup, and FORGET takes counts back. One key has one node ID at a time,
-so a file keeps its inode number while the kernel remembers it. Node IDs are never reused
-(a 64-bit counter), so a stale ID can never name another file.
+looked up (or created): each reply that gives the kernel a node ID counts one lookup, and
+FORGET takes counts back. A node the kernel forgot (its cache evicted it: memory pressure,
+``drop_caches``) is kept, idle, while it names a key, up to :data:`IDLE_NODES` of them (the
+oldest go first): looked up again, the file gets its node ID and so its inode number back,
+renames followed meanwhile, as a local disk's inode numbers stay while the file lives. One
+key has one node ID at a time. Node IDs are never reused (a 64-bit counter), so a stale ID
+can never name another file.
 The names of a file with hard links (one link group, :mod:`zarrfs.fs.hardlinks`) share one
 node ID: the kernel sees one inode, whichever name it looks up.
 
@@ -17,9 +20,13 @@ lives on the node, so it goes when the kernel forgets the node.
 from __future__ import annotations
 
 import stat
+from collections import OrderedDict
 
 from zarrfs.fs.api import Pages
 from zarrfs.fuse.abi import ROOT_ID
+
+#: Forgotten nodes kept for their inode numbers (about 200 bytes each).
+IDLE_NODES = 65536
 
 
 class Inode(Pages):
@@ -51,6 +58,7 @@ class InodeTable:
         self.nodes: dict[int, Inode] = {ROOT_ID: root}
         self.ids: dict[str, int] = {"": ROOT_ID}
         self.groups: dict[str, int] = {}  # link group id -> node ID
+        self.idle: OrderedDict[int, None] = OrderedDict()  # forgotten, kept: oldest first
         self._next = ROOT_ID + 1
 
     def __len__(self) -> int:
@@ -59,6 +67,11 @@ class InodeTable:
     def get(self, nodeid: int) -> Inode | None:
         """The node with this ID, or None for one the table does not know."""
         return self.nodes.get(nodeid)
+
+    def held(self, key: str) -> int | None:
+        """The node ID of ``key`` if the kernel holds that node (not one it forgot)."""
+        nodeid = self.ids.get(key)
+        return None if nodeid is None or nodeid in self.idle else nodeid
 
     def key(self, nodeid: int) -> str | None:
         """The key of a node; None when the ID is unknown or its file was unlinked."""
@@ -90,6 +103,8 @@ class InodeTable:
             self.ids[key] = nodeid
         if group and node.group != group:
             self.linked(nodeid, group)
+        if not node.lookups:
+            self.idle.pop(nodeid, None)
         node.lookups += 1
         return nodeid, node
 
@@ -107,6 +122,8 @@ class InodeTable:
         node = self.nodes[nodeid]
         if not node.aliases:
             node.key = None
+            if not node.lookups and self.idle.pop(nodeid, False) is None:
+                self._drop(nodeid, node)  # forgotten by the kernel, and now nameless
         elif node.key == key:
             node.key = node.aliases.pop()
         else:
@@ -118,16 +135,29 @@ class InodeTable:
         if node is None or nodeid == ROOT_ID:
             return
         node.lookups -= count
-        if node.lookups <= 0:
-            del self.nodes[nodeid]
-            if node.key is not None and self.ids.get(node.key) == nodeid:
-                del self.ids[node.key]
-            if node.group:
-                for name in node.aliases or ():
-                    if self.ids.get(name) == nodeid:
-                        del self.ids[name]
-                if self.groups.get(node.group) == nodeid:
-                    del self.groups[node.group]
+        if node.lookups > 0:
+            return
+        node.lookups = 0
+        if node.key is None:
+            self._drop(nodeid, node)
+            return
+        # The kernel's inode is gone, and with it its cached pages: nothing of them to keep.
+        node.stamp, node.stamp_time, node.cache_ok = None, 0.0, False
+        self.idle[nodeid] = None
+        while len(self.idle) > IDLE_NODES:
+            old, _ = self.idle.popitem(last=False)
+            self._drop(old, self.nodes[old])
+
+    def _drop(self, nodeid: int, node: Inode) -> None:
+        del self.nodes[nodeid]
+        if node.key is not None and self.ids.get(node.key) == nodeid:
+            del self.ids[node.key]
+        if node.group:
+            for name in node.aliases or ():
+                if self.ids.get(name) == nodeid:
+                    del self.ids[name]
+            if self.groups.get(node.group) == nodeid:
+                del self.groups[node.group]
 
     def detach(self, key: str) -> None:
         """The file or folder at ``key`` was removed: its node (if any) names nothing now."""

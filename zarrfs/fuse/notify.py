@@ -18,6 +18,7 @@ import logging
 import os
 import queue
 import threading
+from collections.abc import Callable
 
 from zarrfs.fuse import abi as k
 
@@ -26,17 +27,17 @@ log = logging.getLogger("zarrfs.fuse.notify")
 WAIT = 0.1  # seconds a request waits for its notifications before it is answered anyway
 
 
-def invalidations(keys: list[str], ids: dict[str, int]) -> list[bytes]:
+def invalidations(keys: list[str], held: Callable[[str], int | None]) -> list[bytes]:
     """The notifications that drop what the kernel caches of ``keys``: the attributes and pages
-    of each the kernel holds a node of (``ids``: key -> node ID), and the entry of each name in
-    a folder it holds (also a cached "no such file")."""
+    of each the kernel holds a node of (``held``: key -> node ID, or None), and the entry of
+    each name in a folder it holds (also a cached "no such file")."""
     notes = []
     for key in keys:
-        nodeid = ids.get(key)
+        nodeid = held(key)
         if nodeid is not None:
             notes.append(k.NOTIFY_INVAL_INODE_OUT.pack(40, k.NOTIFY_INVAL_INODE, 0, nodeid, 0, 0))
         parent, _, name = key.rpartition("/")
-        parent_id = ids.get(parent)
+        parent_id = held(parent)
         if parent_id is not None:
             raw = name.encode("utf-8", "surrogateescape")
             size = k.NOTIFY_INVAL_ENTRY_OUT.size + len(raw) + 1

@@ -130,7 +130,7 @@ class Session(LockRequests, Dispatcher):
         if nodeid is None or stored is None:
             return
         inode = self.inodes.get(nodeid)
-        if inode is None:
+        if inode is None or not inode.lookups:  # unknown, or forgotten by the kernel
             return
         tail = self.pages.stored(inode, stored)
         if tail is not None and self._store_ok:
@@ -224,7 +224,7 @@ class Session(LockRequests, Dispatcher):
         kernel whose version has no such notifications."""
         if not self._inval_ok:
             return
-        notes = invalidations(keys, self.inodes.ids)
+        notes = invalidations(keys, self.inodes.held)
         if notes:
             self.invalidator.send(notes)
 
