@@ -115,7 +115,7 @@ class Lookups:
         """:meth:`_probe` of several keys in one batch of reads; the batch also reads the data
         keys ``also``, for the transaction to answer again without a round trip. Where a batch
         is one read, it reads each key's link-group pointer too; elsewhere (LMDB) only the
-        pointers of the files found are read, after."""
+        pointers of what was found and is not a folder are read, after."""
         batched = self.driver.batched
         per_key = 6 if batched else 5
         requests: list[Read] = [Get(k, DATA) for k in also]
@@ -318,6 +318,9 @@ class Lookups:
 
     def stored_size(self, key: str) -> int:
         """The stored size of the value at ``key`` (0 when absent; a parted value's total)."""
+        size = self.driver.size(key)  # the driver's one-shot size: no transaction object
+        if size != parts.MANIFEST_SIZE:
+            return size or 0
         return self.driver.transact(lambda t: parts.size_of(t, key), write=False) or 0
 
     def read_range(self, key: str, offset: int, size: int) -> bytes:
