@@ -170,8 +170,19 @@ class Wire:
         return reply.error
 
     # -------------------------------------------------------------- requests
-    def init(self, major: int = 7, minor: int = 31, readahead: int = 128 << 10, flags: int = 0) -> Reply:
-        return self.call(k.INIT, 0, k.INIT_IN.pack(major, minor, readahead, flags))
+    def init(
+        self,
+        major: int = 7,
+        minor: int = 31,
+        readahead: int = 128 << 10,
+        flags: int = 0,
+        flags2: int | None = None,
+    ) -> Reply:
+        if flags2 is None:
+            return self.call(k.INIT, 0, k.INIT_IN.pack(major, minor, readahead, flags))
+        # A 7.36+ kernel: a second word of flags, announced by INIT_EXT, in a 64-byte struct.
+        body = k.INIT_IN_EXT.pack(major, minor, readahead, flags | k.INIT_EXT, flags2) + bytes(44)
+        return self.call(k.INIT, 0, body)
 
     def lookup(self, parent: int, name: str) -> SimpleNamespace:
         return entry_of(self.ok(k.LOOKUP, parent, z(name)))

@@ -6,6 +6,7 @@ import ctypes
 import errno
 import mmap
 import os
+import re
 import stat
 import subprocess
 
@@ -13,6 +14,7 @@ import pytest
 from mounting import needs_fuse, read, write
 
 from zarrfs.backends import open_driver
+from zarrfs.fuse import abi as k
 
 pytestmark = needs_fuse
 
@@ -112,6 +114,38 @@ def test_a_written_file_is_cached_whole_last_page_too(mounted):
         fh.seek(4100)
         fh.write(b"zz")
     assert read(root / "f") == data[:4100] + b"zz" + data[4102:5000]
+
+
+def direct_io_mappable(m) -> bool:
+    """Whether the kernel agreed to map files read past its page cache (the daemon's log)."""
+    found = re.search(r"FUSE 7\.\d+ agreed with the kernel, flags (0x[0-9a-f]+)", m.log_text())
+    assert found, "the debug log names the agreed flags"
+    return bool(int(found.group(1), 16) & k.DIRECT_IO_ALLOW_MMAP)
+
+
+def test_a_file_read_once_through_a_fresh_mount_leaves_the_page_cache_alone(db_url, mount_factory):
+    """A first reading goes past the kernel's page cache (the content crosses memory once),
+    a second one caches the file, and a mapping of a file opened for the first time works;
+    ``-o direct_above=off`` caches at once."""
+    data = os.urandom(300_000)
+    first = mount_factory(db_url, ["create"])
+    write(first.path / "c", data)
+    first.stop()
+    m = mount_factory(db_url, [])
+    if not direct_io_mappable(m):
+        pytest.skip("this kernel cannot map files opened with FOPEN_DIRECT_IO (FUSE 7.39)")
+    assert read(m.path / "c") == data
+    assert not any(resident(m.path / "c"))
+    assert read(m.path / "c") == data
+    assert all(resident(m.path / "c"))
+    m.stop()
+    m = mount_factory(db_url, [])
+    with open(m.path / "c", "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        assert mapped[:] == data
+    m.stop()
+    m = mount_factory(db_url, ["direct_above=off"])
+    assert read(m.path / "c") == data
+    assert all(resident(m.path / "c"))
 
 
 def test_sharded_style_range_reads(mounted):

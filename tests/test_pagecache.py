@@ -82,3 +82,29 @@ def test_a_commit_through_the_mount_keeps_the_pages_and_hands_over_the_partial_l
     assert policy.opened(pages, never, "f") is True
     policy.shown(pages, node(7, 7))  # then another client's commit
     assert policy.opened(pages, never, "f") is False
+
+
+def test_only_a_first_read_only_open_of_a_large_file_goes_past_the_page_cache():
+    policy = PageCache(attr_timeout=1.0, clock=Clock(), direct_above=64 << 10)
+    big, small = node(64 << 10, 1), node((64 << 10) - 1, 1)
+    assert policy.direct(False, big, readonly=True)
+    assert not policy.direct(True, big, readonly=True)  # the kernel holds its pages: use them
+    assert not policy.direct(False, big, readonly=False)  # writes go through the page cache
+    assert not policy.direct(False, small, readonly=True)  # metadata: read again and again
+    assert not policy.direct(False, None, readonly=True)  # content pending in this mount
+    assert not policy.direct(False, node(1 << 20, 1, DIR), readonly=True)
+    assert not PageCache(1.0, direct_above=None).direct(False, big, readonly=True)
+
+
+def test_a_file_read_past_the_cache_is_cached_from_its_second_open():
+    """Read once: no pages kept; read again: its pages are kept from then on."""
+    clock = Clock()
+    policy, pages = PageCache(attr_timeout=1.0, clock=clock, direct_above=1), Pages()
+    f = node(4096, 7)
+    kept = policy.opened(pages, never, "f", f)
+    assert policy.direct(kept, f, readonly=True)
+    kept = policy.opened(pages, never, "f", f)
+    assert kept and not policy.direct(kept, f, readonly=True)
+    changed = node(4096, 8)  # another writer: the next open is a first reading again
+    kept = policy.opened(pages, never, "f", changed)
+    assert policy.direct(kept, changed, readonly=True)

@@ -8,6 +8,7 @@ import os
 
 from session_wire import release_storing, stores, z
 
+from zarrfs.fs.api import DIRECT_ABOVE
 from zarrfs.fuse import abi as k
 
 
@@ -29,6 +30,46 @@ def test_open_keeps_the_cache_only_while_the_file_is_unchanged(make_wire):
     fh, flags = wire.open(f.nodeid)
     assert not flags & k.FOPEN_KEEP_CACHE
     assert wire.read(f.nodeid, fh) == b"three"
+    wire.release(f.nodeid, fh)
+
+
+def test_a_first_read_only_open_of_a_large_file_goes_past_the_page_cache(make_wire):
+    """On a kernel that can map such files (7.39, DIRECT_IO_ALLOW_MMAP), a large file none of
+    whose pages the kernel holds is read past its page cache on that open; the next open
+    caches it. Writers, small files and kernels without the flag keep the page cache."""
+    wire = make_wire(attr_timeout=60)
+    assert wire.init(minor=39, flags=k.MAX_PAGES, flags2=k.DIRECT_IO_ALLOW_MMAP >> 32).error == 0
+    assert wire.session.agreed.direct_io_mmap
+    big = os.urandom(DIRECT_ABOVE)
+    wire.ops.tree.commit("big", big, None)
+    wire.ops.tree.commit("small", b"{}", None)
+    f = wire.lookup(k.ROOT_ID, "big")
+    fh, flags = wire.open(f.nodeid)
+    assert flags & k.FOPEN_DIRECT_IO and not flags & k.FOPEN_KEEP_CACHE
+    assert wire.read(f.nodeid, fh, size=4096, offset=4096) == big[4096:8192]
+    wire.release(f.nodeid, fh)
+    fh, flags = wire.open(f.nodeid)
+    assert flags & k.FOPEN_KEEP_CACHE and not flags & k.FOPEN_DIRECT_IO
+    wire.release(f.nodeid, fh)
+    wire.ops.tree.commit("big", big + b"+", None)
+    assert wire.getattr(f.nodeid).size == len(big) + 1
+    fh, flags = wire.open(f.nodeid, os.O_RDWR)  # a writer: through the cache
+    assert not flags & (k.FOPEN_DIRECT_IO | k.FOPEN_KEEP_CACHE)
+    wire.release(f.nodeid, fh)
+    s = wire.lookup(k.ROOT_ID, "small")
+    fh, flags = wire.open(s.nodeid)
+    assert not flags & k.FOPEN_DIRECT_IO
+    wire.release(s.nodeid, fh)
+
+
+def test_without_mappable_direct_io_every_open_uses_the_page_cache(make_wire):
+    wire = make_wire(attr_timeout=60)
+    assert wire.init(minor=39, flags=k.MAX_PAGES).error == 0  # flags2 not offered
+    assert not wire.session.agreed.direct_io_mmap
+    wire.ops.tree.commit("big", bytes(1 << 20), None)
+    f = wire.lookup(k.ROOT_ID, "big")
+    fh, flags = wire.open(f.nodeid)
+    assert not flags & k.FOPEN_DIRECT_IO
     wire.release(f.nodeid, fh)
 
 

@@ -74,7 +74,9 @@ def test_opcodes_and_flags_are_the_kernels():
     assert (k.FATTR_MODE, k.FATTR_SIZE, k.FATTR_MTIME, k.FATTR_FH, k.FATTR_MTIME_NOW) == (1, 8, 32, 64, 256)
     assert (k.FOPEN_KEEP_CACHE, k.FOPEN_NOFLUSH) == (2, 32)
     # Not AUTO_INVAL_DATA (1 << 12): pages written through the mount stay valid after a commit.
-    assert k.WANTED == (1 << 0) | (1 << 3) | (1 << 5) | (1 << 15) | (1 << 18) | (1 << 22)
+    # DIRECT_IO_ALLOW_MMAP is flags2's bit 4, announced by INIT_EXT (1 << 30).
+    assert k.WANTED == (1 << 0) | (1 << 3) | (1 << 5) | (1 << 15) | (1 << 18) | (1 << 22) | (1 << 36)
+    assert k.INIT_EXT == 1 << 30 and k.FOPEN_DIRECT_IO == 1
 
 
 def test_dirent_records_pad_to_eight_bytes():
@@ -106,7 +108,7 @@ def test_init_answers_with_our_version_and_the_wanted_flags(make_wire):
     calls = []
     wire = make_wire(on_init=lambda: calls.append(1))
     offered = (1 << 32) - 1 & ~k.ATOMIC_O_TRUNC  # everything but one wanted flag
-    reply = wire.init(7, 36, 256 << 10, offered)
+    reply = wire.init(7, 40, 256 << 10, offered)  # a newer kernel: our version
     assert reply.error == 0
     v = k.INIT_REPLY.unpack(reply.raw)
     major, minor, readahead, flags, _, _, max_write, time_gran, max_pages = v[3:12]
@@ -160,6 +162,22 @@ def test_init_agrees_on_the_older_minor_in_its_reply_layout(make_wire, kernel, a
     if size == 64:
         time_gran, max_pages = k.INIT_REPLY.unpack(reply.raw)[10:12]
         assert (time_gran, max_pages) == (1, 0)  # no MAX_PAGES offered: the kernel's own limit
+
+
+def test_init_reads_and_answers_the_second_word_of_flags(make_wire):
+    """From 7.36 the kernel offers more features in flags2 (INIT_EXT in flags says so); the
+    reply grants them in its own flags2. DIRECT_IO_ALLOW_MMAP is asked only at 7.39 on."""
+    for minor, granted in ((39, True), (38, False)):
+        wire = make_wire()
+        offered2 = (k.DIRECT_IO_ALLOW_MMAP >> 32) | (1 << 9)  # and one zarrfs does not want
+        reply = wire.init(7, minor, 64 << 10, k.ASYNC_READ | k.AUTO_INVAL_DATA, flags2=offered2)
+        assert reply.error == 0
+        fields = k.INIT_REPLY.unpack(reply.raw)
+        flags, flags2 = fields[6], fields[13]
+        assert flags == k.ASYNC_READ | (k.INIT_EXT if granted else 0)
+        assert flags2 == ((k.DIRECT_IO_ALLOW_MMAP >> 32) if granted else 0)
+        assert wire.session.agreed.direct_io_mmap is granted
+        assert wire.session.agreed.flags == k.ASYNC_READ | (k.DIRECT_IO_ALLOW_MMAP if granted else 0)
 
 
 def test_init_too_short_for_the_version_it_names_is_einval(make_wire):

@@ -173,6 +173,7 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
         negative_timeout=opts.seconds("negative_timeout"),
         on_init=ready,
     )
+    session.pages.direct_above = opts.direct_above
     idle = {}
     if opts.feed:
         watcher = ChangeWatcher(tree)

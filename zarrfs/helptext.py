@@ -40,6 +40,8 @@ mount options (-o OPT[,OPT...]):
   spin=MICROSECONDS           request loop polling before it sleeps (200; 0 = never)
   timeout=SECONDS             longest wait on a database server; then ETIMEDOUT (10)
   readahead=KiB               kernel read-ahead of the mount (1024; 0 = leave it)
+  direct_above=BYTES          a file this large read for the first time skips the page cache
+                              (64K; off = never)
   uid=N, gid=N                owner shown for files and folders with none recorded
                               (default: the user who mounts)
   umask=OCTAL                 permission bits removed from files and folders with no

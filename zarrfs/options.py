@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zarrfs.backends.base import DEFAULT_TIMEOUT
+from zarrfs.fs.pagecache import DIRECT_ABOVE
 from zarrfs.fs.parts import DEFAULT_ABOVE
 from zarrfs.fs.spill import DEFAULT_SPILL
 from zarrfs.fuse.loop import DEFAULT_SPIN_US
@@ -57,6 +58,9 @@ class MountOptions:
     spill: int = DEFAULT_SPILL
     # Files larger than this are stored in parts (zarrfs.fs.parts).
     parts_above: int = DEFAULT_ABOVE
+    # A file at least this large, opened read-only while the kernel holds none of its pages,
+    # is read past the page cache on that open (zarrfs.fs.pagecache); None: never.
+    direct_above: int | None = DIRECT_ABOVE
     create: bool = False
     spin: float = DEFAULT_SPIN_US
     # Seconds a call may wait on a database server before it fails with ETIMEDOUT.
@@ -124,6 +128,8 @@ def parse_options(words: list[str]) -> MountOptions:
                 opts.spill = _number(name, value, int)
             elif name == "parts_above":
                 opts.parts_above = _size(name, value)
+            elif name == "direct_above":
+                opts.direct_above = None if value == "off" else _size(name, value)
             elif name == "create":
                 opts.create = True
             elif name == "readahead":

@@ -25,7 +25,7 @@ from zarrfs.fs.handles import HandleTable, Stored
 from zarrfs.fs.listing import DirListing
 from zarrfs.fs.locks import UNLCK, Lock, LockTable, Waiters
 from zarrfs.fs.namespace import DIR, FILE, LINK, RENAME_EXCHANGE, RENAME_NOREPLACE, Node, Tree
-from zarrfs.fs.pagecache import PageCache, Pages
+from zarrfs.fs.pagecache import DIRECT_ABOVE, PageCache, Pages
 
 NOW = "now"  # a time to set to the present (UTIME_NOW)
 NAME_MAX = 255  # bytes in one name (statfs's f_namemax), as ext4 and XFS allow
@@ -298,6 +298,7 @@ class Operations:
 __all__ = [
     "ChangeWatcher",
     "DIR",
+    "DIRECT_ABOVE",
     "FILE",
     "LINK",
     "NAME_MAX",

@@ -11,6 +11,15 @@ be handed to the kernel too, which then never needs to read the file back.
 :class:`PageCache` decides; :mod:`zarrfs.fuse.session` turns its decisions into the protocol
 (``FOPEN_KEEP_CACHE`` in an open's reply, a ``NOTIFY_STORE`` notification). What it remembers
 of each file lives in a :class:`Pages` (the session's inodes are ``Pages``).
+
+A file the kernel holds no pages of, opened read-only, is read past the page cache on that
+open (``FOPEN_DIRECT_IO``, :meth:`PageCache.direct`) when it is at least ``direct_above``
+bytes: a chunk read once through a fresh mount then crosses memory once, from the database
+into the reader's buffer, instead of into pages the kernel must first allocate and then copy
+out again (docs/performance.md has what each costs). The next open of the same version keeps
+the page cache as before, so a file read twice is cached from its second reading on: what is
+read once never crowds the cache, what is read again stays in it. Small files (metadata,
+read again and again) always go through the cache.
 """
 
 from __future__ import annotations
@@ -22,6 +31,9 @@ from typing import NamedTuple, Protocol
 
 from zarrfs.fs.namespace import FILE, Node
 from zarrfs.fs.spill import SpillBuffer
+
+#: Files from this size on are read past the page cache at a first reading (-o direct_above=).
+DIRECT_ABOVE = 64 << 10
 
 
 class Stamped(Protocol):
@@ -49,9 +61,29 @@ class PageCache:
     """The page cache policy of one mount. ``attr_timeout`` is how long the kernel trusts the
     attributes it was given: an open after that looks at the file again before it decides."""
 
-    def __init__(self, attr_timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        attr_timeout: float,
+        clock: Callable[[], float] = time.monotonic,
+        direct_above: int | None = DIRECT_ABOVE,
+    ) -> None:
         self.attr_timeout = attr_timeout
         self.clock = clock
+        self.direct_above = direct_above
+
+    def direct(self, kept: bool, seen: Node | None, readonly: bool) -> bool:
+        """Whether an open reads past the kernel's page cache: a read-only open that may not
+        keep the kernel's pages (``kept`` False: it holds none of this version) of a file
+        found in the database (``seen``; None when this mount has content pending for it) of
+        at least :attr:`direct_above` bytes. None turns it off."""
+        return (
+            not kept
+            and readonly
+            and self.direct_above is not None
+            and seen is not None
+            and seen.kind == FILE
+            and seen.size >= self.direct_above
+        )
 
     def shown(self, pages: Pages, node: Node) -> None:
         """The kernel was given ``node``'s attributes (a lookup, a getattr). A changed size or

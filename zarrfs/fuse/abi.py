@@ -10,8 +10,11 @@ follow that, which the session checks before a request reaches its handler.
 
 The layouts are those of every protocol version from :data:`MIN_MINOR` to :data:`MINOR`:
 each request struct zarrfs reads and each reply it writes has kept its size since 7.12 (the
-umask of CREATE and MKNOD), except the INIT reply, which is shorter below 7.23
-(:data:`INIT_REPLY_22`). The kernel adapts to the minor version given in the INIT reply.
+umask of CREATE and MKNOD), except INIT's: the reply is shorter below 7.23
+(:data:`INIT_REPLY_22`), and from 7.36 the request carries a second word of flags
+(:data:`INIT_IN_EXT`, present when the kernel sets :data:`INIT_EXT`). Later additions reuse
+padding or come with features zarrfs does not ask for. The kernel adapts to the minor version
+given in the INIT reply.
 Nothing here does I/O.
 """
 
@@ -23,7 +26,7 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 MAJOR = 7
-MINOR = 31  # the newest minor whose layouts zarrfs writes
+MINOR = 39  # the newest minor whose layouts zarrfs writes
 MIN_MINOR = 12  # the oldest minor it serves: see the module's docstring
 ROOT_ID = 1
 
@@ -70,10 +73,18 @@ AUTO_INVAL_DATA = 1 << 12
 ASYNC_DIO = 1 << 15
 PARALLEL_DIROPS = 1 << 18
 MAX_PAGES = 1 << 22
+INIT_EXT = 1 << 30  # the flags go on in fuse_init_in.flags2 / fuse_init_out.flags2 (7.36)
+# 64-bit features: bit 32 on is flags2's bit 0.
+DIRECT_IO_ALLOW_MMAP = 1 << 36  # a file opened with FOPEN_DIRECT_IO may be mmap()ed (7.39)
+DIRECT_IO_ALLOW_MMAP_MINOR = 39
 # What zarrfs asks for when the kernel offers it. Not AUTO_INVAL_DATA: the kernel would drop
 # a file's pages whenever it sees a new mtime, also after writes through the mount, whose
 # pages are right; the session decides at each open instead (FOPEN_KEEP_CACHE).
-WANTED = ASYNC_READ | ATOMIC_O_TRUNC | BIG_WRITES | ASYNC_DIO | PARALLEL_DIROPS | MAX_PAGES
+# DIRECT_IO_ALLOW_MMAP: a file read past the page cache (FOPEN_DIRECT_IO, see
+# zarrfs.fs.pagecache) can still be mapped; without it mmap(MAP_SHARED) would fail (ENODEV).
+WANTED = (
+    ASYNC_READ | ATOMIC_O_TRUNC | BIG_WRITES | ASYNC_DIO | PARALLEL_DIROPS | MAX_PAGES | DIRECT_IO_ALLOW_MMAP
+)
 # Asked for too when the mount keeps locks in the database: the kernel then sends fcntl record
 # locks (GETLK/SETLK/SETLKW) and flock (SETLK/SETLKW with LK_FLOCK) instead of keeping them.
 POSIX_LOCKS = 1 << 1
@@ -131,6 +142,7 @@ INIT_REPLY_22 = struct.Struct("<IiQ" + "IIIIHHI")
 INIT_REPLY_MINOR = 23  # the first minor that takes INIT_REPLY
 
 INIT_IN = struct.Struct("<IIII")  # major, minor, max_readahead, flags (7.36 on: more after)
+INIT_IN_EXT = struct.Struct("<IIIII")  # ... and flags2 (7.36 on, with INIT_EXT in flags)
 INIT_VERSION = struct.Struct("<II")  # major, minor: all an INIT before 7.6 holds
 INTERRUPT_IN = struct.Struct("<Q")
 FORGET_IN = struct.Struct("<Q")

@@ -31,6 +31,11 @@ class Agreed(NamedTuple):
         return self.minor >= k.NOTIFY_INVAL_MINOR
 
     @property
+    def direct_io_mmap(self) -> bool:
+        """Whether a file opened with FOPEN_DIRECT_IO may still be mapped."""
+        return bool(self.flags & k.DIRECT_IO_ALLOW_MMAP)
+
+    @property
     def store(self) -> bool:
         """Whether the kernel takes NOTIFY_STORE (pages handed to it)."""
         return self.minor >= k.NOTIFY_STORE_MINOR
@@ -52,10 +57,16 @@ def negotiate(
     if len(body) < k.INIT_IN.size:  # every kernel since 7.6 sends readahead and flags
         raise k.Malformed(f"an INIT of {len(body)} bytes for FUSE {major}.{minor}")
     readahead, offered = k.INIT_IN.unpack_from(body)[2:]
-    agreed = Agreed(min(minor, k.MINOR), offered & wanted)
+    if offered & k.INIT_EXT and len(body) >= k.INIT_IN_EXT.size:
+        offered |= k.INIT_IN_EXT.unpack_from(body)[4] << 32
+    agreed_minor = min(minor, k.MINOR)
+    if agreed_minor < k.DIRECT_IO_ALLOW_MMAP_MINOR:
+        wanted &= ~k.DIRECT_IO_ALLOW_MMAP
+    agreed = Agreed(agreed_minor, offered & wanted & ~k.INIT_EXT)
+    low, high = agreed.flags & 0xFFFFFFFF, agreed.flags >> 32
     if agreed.minor < k.INIT_REPLY_MINOR:
         reply = k.INIT_REPLY_22.pack(
-            k.INIT_REPLY_22.size, 0, unique, k.MAJOR, agreed.minor, readahead, agreed.flags, 0, 0, max_write
+            k.INIT_REPLY_22.size, 0, unique, k.MAJOR, agreed.minor, readahead, low, 0, 0, max_write
         )
     else:
         reply = k.INIT_REPLY.pack(
@@ -65,15 +76,15 @@ def negotiate(
             k.MAJOR,
             agreed.minor,
             readahead,
-            agreed.flags,
+            low | (k.INIT_EXT if high else 0),
             0,  # max_background: the kernel's default
             0,  # congestion_threshold: the kernel's default
             max_write,
             1,  # time_gran: nanoseconds
             # max_pages: a WRITE of max_write bytes; without MAX_PAGES the kernel's 32 pages.
             max_write // 4096 if agreed.flags & k.MAX_PAGES else 0,
-            0,
-            0,
+            0,  # map_alignment
+            high,  # flags2
         )
     return agreed, reply
 

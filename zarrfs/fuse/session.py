@@ -58,7 +58,7 @@ class Session(LockRequests, Dispatcher):
         self.on_init = on_init
         self.initialized = False
         self.agreed: Agreed | None = None  # the protocol version and features INIT settled
-        self._inval_ok = self._store_ok = False  # notifications the agreed version has
+        self._inval_ok = self._store_ok = self._direct_ok = False  # what the agreed version has
         self.invalidator = Invalidator(fd)
         self.coherence = None  # a fuse.coherence.Coherence when the driver has a change feed
         # Node ID -> the handles open on a file unlinked while open (a live set): what answers
@@ -201,7 +201,7 @@ class Session(LockRequests, Dispatcher):
         self._send(reply)
         log.debug("FUSE %d.%d agreed with the kernel, flags %#x", k.MAJOR, agreed.minor, agreed.flags)
         self.agreed = agreed
-        self._inval_ok, self._store_ok = agreed.inval, agreed.store
+        self._inval_ok, self._store_ok, self._direct_ok = agreed.inval, agreed.store, agreed.direct_io_mmap
         self.initialized = True
         self.invalidator.start()
         if agreed.flags & k.LOCKS:
@@ -408,6 +408,9 @@ class Session(LockRequests, Dispatcher):
         else:
             keep = inode is not None and self.pages.opened(inode, self.ops.find, key, seen)
             open_flags = k.FOPEN_KEEP_CACHE if keep else 0
+            # Past the page cache only where a mapping of the file still works (_direct_ok).
+            if self._direct_ok and self.pages.direct(keep, seen, flags & os.O_ACCMODE == os.O_RDONLY):
+                open_flags = k.FOPEN_DIRECT_IO
         if flags & os.O_ACCMODE == os.O_RDONLY:
             # Its close has nothing to store: spare the reader that round trip.
             open_flags |= k.FOPEN_NOFLUSH
