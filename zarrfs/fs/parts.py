@@ -37,7 +37,7 @@ from typing import Any
 
 from zarrfs.backends.base import DATA, KEYS, SIDE, Txn
 from zarrfs.fs.errors import FsError
-from zarrfs.fs.manifest import MANIFEST_SIZE, Parted, new_id
+from zarrfs.fs.manifest import MAGIC, MANIFEST_SIZE, Parted, new_id
 from zarrfs.fs.sidedata import Attrs, attr_key
 
 log = logging.getLogger("zarrfs.fs.parts")
@@ -93,11 +93,37 @@ def read_parts(t: Txn, parted: Parted, offset: int, size: int) -> bytes:
 
 def read(t: Txn, key: str, offset: int, size: int, parted: Parted | None | bool = False) -> bytes | None:
     """Stored bytes of ``key`` from ``offset`` (a parted value's as well); None when absent.
-    ``parted``: what the file's attribute record says (None: not parted), when a probe read it."""
+    ``parted``: what the file's attribute record says (None: not parted), when a probe read it.
+
+    Without it, the range is read first and the manifest looked for only when what came back
+    may be a manifest's: an ordinary value costs one read (one round trip on a server)."""
+    if parted is False and size >= 0:
+        got = t.read(key, offset, size)
+        if got is None or size == 0 or not may_be_manifest(got, offset, size):
+            return got
+        # A short read of the whole value: the value itself, no second read for it.
+        whole_value = got if offset == 0 and len(got) == MANIFEST_SIZE < size else None
+        found = current(t, key, whole_value)
+        return got if found is None else read_parts(t, found, offset, size)
     found = current(t, key, parted=parted) if parted is not None else None
     if found is not None:
         return read_parts(t, found, offset, size)
     return t.read(key, offset, size)
+
+
+def may_be_manifest(got: bytes, offset: int, size: int) -> bool:
+    """Whether ``got``, what a read of ``size`` bytes from ``offset`` returned, may be from a
+    value of exactly :data:`MANIFEST_SIZE` bytes that starts with the manifest's magic."""
+    n = len(got)
+    if n == size:  # the value goes on at least to the range's end
+        fits = offset + size <= MANIFEST_SIZE
+    elif n:  # a short read ends where the value ends
+        fits = offset + n == MANIFEST_SIZE
+    else:  # nothing from ``offset``: the value ends at or before it
+        fits = offset >= MANIFEST_SIZE
+    head = MAGIC[offset:]
+    k = min(len(head), n)
+    return fits and bytes(got[:k]) == head[:k]
 
 
 def whole(t: Txn, key: str, value: Any) -> Any:
