@@ -267,3 +267,40 @@ def test_the_store_deletes_the_parts_of_a_value_it_replaces(ops, driver):
     assert find_orphans(driver).orphans == []
     assert len(parts_of(driver)) == 3
     assert read(ops, "other") == data and read(ops, "a") == b"small" and read(ops, "linked") == b"small"
+
+
+def test_copy_streams_a_parted_value_part_by_part(ops, driver, tmp_path):
+    """``zarrfs copy`` reads a parted value a part at a time and writes it so: to a folder, and
+    to a database as parts of the same size; the copy never holds the value whole (traced
+    allocations stay far below its size). A copy over parted values at the destination frees
+    their parts."""
+    import tracemalloc
+
+    from zarrfs.tools.copy import copy
+
+    if driver.url.startswith("memory"):
+        return
+    data = os.urandom(4 << 20)
+    write(ops, "big", data)
+    assert len(parts_of(driver)) == 420
+    dest = f"sqlite://{tmp_path}/dest.sqlite"
+    tracemalloc.start()
+    try:
+        copy(driver.url, str(tmp_path / "out"))
+        copy(driver.url, dest)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (tmp_path / "out" / "big").read_bytes() == data
+    assert peak < len(data) // 4, peak
+    copied = open_driver(dest)
+    try:
+        assert copied.get("big").startswith(MAGIC) and len(parts_of(copied)) == 420
+        assert Tree(copied).read_value("big") == data
+        copy(str(tmp_path / "out"), dest)  # whole values over the parted one
+        assert parts_of(copied) == [] and find_orphans(copied).orphans == []
+        assert Tree(copied).read_value("big") == data
+        copy(driver.url, dest)  # and parts over it again
+        assert len(parts_of(copied)) == 420 and find_orphans(copied).orphans == []
+    finally:
+        copied.close()

@@ -229,13 +229,22 @@ def put_value(driver: Any, key: str, value: Any, part: int = PART_SIZE) -> None:
         into[:n] = view[offset : offset + n]
         return n
 
-    parted = store(driver, len(view), fill, part)
+    put_parts(driver, key, len(view), fill, part)
+
+
+def put_parts(
+    driver: Any, key: str, size: int, readinto: Callable[[int, memoryview], int], part: int
+) -> None:
+    """Store the ``size`` bytes that ``readinto`` gives (as for :func:`store`) at ``key`` in
+    parts, part by part, then the commit of the manifest with an attribute record saying so;
+    the parts of the version replaced are freed after it (``zarrfs copy``)."""
+    parted = store(driver, size, readinto, part)
 
     def run(t: Txn) -> Parted | None:
         check_present(t, key, parted)
         raw = t.get(attr_key(key), SIDE)
         attrs = Attrs.unpack(raw) if raw is not None else None
-        old = attrs.parted if attrs is not None else None
+        old = let_go(t, key, raw)
         t.put(key, parted.manifest(), DATA)
         if attrs is not None:
             t.put(attr_key(key), replace(attrs, parted=parted).pack(), SIDE)
