@@ -162,3 +162,145 @@ def test_a_commit_whose_parts_a_repair_deleted_fails_and_stores_nothing(ops, dri
     tree.commit = real_commit
     fresh = Operations(Tree(driver), HandleTable(Tree(driver), spill_threshold=4096, parts_above=ABOVE))
     assert read(fresh, "big") == old and len(parts_of(driver)) == 3
+
+
+def count_reads(monkeypatch, driver) -> list[str]:
+    """Have every transaction of ``driver`` record the reads it is asked for (the real driver
+    answers them); return the list they append to."""
+    calls: list[str] = []
+    transact = driver.transact
+
+    def counting(fn, *args, **kwargs):
+        def run(t):
+            for name in ("get", "size", "read", "read_many", "scan"):
+                real = getattr(t, name)
+
+                def counted(*a, _real=real, _name=name, **k):
+                    calls.append(_name)
+                    return _real(*a, **k)
+
+                setattr(t, name, counted)
+            return fn(t)
+
+        return transact(run, *args, **kwargs)
+
+    monkeypatch.setattr(driver, "transact", counting)
+    return calls
+
+
+def test_a_range_of_an_ordinary_value_is_one_read(ops, driver, monkeypatch, request):
+    from conftest import record_redis_calls
+
+    data = os.urandom(5000)
+    write(ops, "plain", data)
+    calls = count_reads(monkeypatch, driver)
+    sent = record_redis_calls(monkeypatch, driver) if "redis" in request.node.callspec.id else None
+    assert ops.tree.read_range("plain", 100, 200) == data[100:300]
+    assert calls == ["read"]
+    if sent is not None:
+        assert len(sent) == 1, sent  # one round trip
+    calls.clear()
+    assert ops.tree.read_range("plain", 4990, 100) == data[4990:]  # a short read, not 49 bytes
+    assert ops.tree.read_range("plain", 0, 0) == b""
+    assert calls == ["read"] * 2
+    calls.clear()
+    # Nothing past the end: a parted file's manifest ends there too, so its size is asked.
+    assert ops.tree.read_range("plain", 9000, 100) == b""
+    assert calls == ["read", "size"]
+
+
+def test_ranges_of_parted_and_manifest_sized_values(ops, driver):
+    data = os.urandom(35_000)
+    write(ops, "big", data)
+    for offset, size in [
+        (0, 10),
+        (0, 49),
+        (0, 4096),
+        (20, 29),
+        (40, 20),
+        (49, 100),
+        (9_990, 30),
+        (34_990, 100),
+        (35_000, 10),
+        (40_000, 100),
+        (0, 0),
+    ]:
+        assert ops.tree.read_range("big", offset, size) == data[offset : offset + size], (offset, size)
+    # Values of a manifest's size that are not one: ordinary bytes, the magic, a manifest
+    # whose attribute record does not name it (another writer copied it), shown as they are.
+    other = os.urandom(MANIFEST_SIZE)
+    manifest = driver.get("big")
+    fake = MAGIC + os.urandom(MANIFEST_SIZE - len(MAGIC))
+    for key, value in [("o", other), ("m", fake), ("copy", manifest)]:
+        driver.put(key, value)
+        for offset, size in [(0, 10), (0, 49), (0, 100), (5, 44), (20, 100), (48, 1), (49, 10), (60, 5)]:
+            assert ops.tree.read_range(key, offset, size) == value[offset : offset + size], (key, offset)
+    assert ops.tree.read_range("missing", 0, 10) == b""
+
+
+def test_the_store_deletes_the_parts_of_a_value_it_replaces(ops, driver):
+    """``DatabaseStore`` writing or deleting over a file a mount stored in parts deletes its
+    parts after the commit, as a mount does: ``zarrfs check`` finds no orphans; the parts a hard
+    link's other name still holds stay."""
+    import asyncio
+
+    from zarr.core.buffer import default_buffer_prototype
+
+    from zarrfs.store import DatabaseStore
+
+    if driver.url.startswith("memory"):
+        return  # a memory database is the driver's own: a store would open another
+    data = os.urandom(25_000)
+    ops.tree.mkdir("d", 0o755)
+    for key in ("a", "b", "c", "d/x", "d/y", "linked"):
+        write(ops, key, data)
+    ops.tree.link("linked", "other")
+    assert len(parts_of(driver)) == 18
+    store = DatabaseStore(driver.url)
+    small = default_buffer_prototype().buffer.from_bytes(b"small")
+    store.set_sync("a", small)
+    store.delete_sync("b")
+    asyncio.run(store._set_many([("c", small)]))
+    asyncio.run(store.delete_dir("d"))
+    store.set_sync("linked", small)  # "other" still holds the manifest
+    store.close()
+    assert find_orphans(driver).orphans == []
+    assert len(parts_of(driver)) == 3
+    assert read(ops, "other") == data and read(ops, "a") == b"small" and read(ops, "linked") == b"small"
+
+
+def test_copy_streams_a_parted_value_part_by_part(ops, driver, tmp_path):
+    """``zarrfs copy`` reads a parted value a part at a time and writes it so: to a folder, and
+    to a database as parts of the same size; the copy never holds the value whole (traced
+    allocations stay far below its size). A copy over parted values at the destination frees
+    their parts."""
+    import tracemalloc
+
+    from zarrfs.tools.copy import copy
+
+    if driver.url.startswith("memory"):
+        return
+    data = os.urandom(4 << 20)
+    write(ops, "big", data)
+    assert len(parts_of(driver)) == 420
+    dest = f"sqlite://{tmp_path}/dest.sqlite"
+    tracemalloc.start()
+    try:
+        copy(driver.url, str(tmp_path / "out"))
+        copy(driver.url, dest)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (tmp_path / "out" / "big").read_bytes() == data
+    assert peak < len(data) // 4, peak
+    copied = open_driver(dest)
+    try:
+        assert copied.get("big").startswith(MAGIC) and len(parts_of(copied)) == 420
+        assert Tree(copied).read_value("big") == data
+        copy(str(tmp_path / "out"), dest)  # whole values over the parted one
+        assert parts_of(copied) == [] and find_orphans(copied).orphans == []
+        assert Tree(copied).read_value("big") == data
+        copy(driver.url, dest)  # and parts over it again
+        assert len(parts_of(copied)) == 420 and find_orphans(copied).orphans == []
+    finally:
+        copied.close()

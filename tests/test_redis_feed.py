@@ -231,3 +231,26 @@ def test_an_idle_mount_stays_coherent_across_a_restart(tmp_path, mount_factory):
         assert "change feed lost" in b.log_text() and "change feed back" in b.log_text()
     finally:
         stop_redis(server)
+
+
+def test_a_feed_whose_first_connection_fails_releases_its_descriptors(tmp_path):
+    """A feed that cannot make its first connection is not made, and leaves no descriptor
+    behind (``FeedFd.first``, shared by the Redis and PostgreSQL feeds)."""
+    from zarrfs.backends.base import UnavailableError
+    from zarrfs.backends.feed_fd import FeedFd
+
+    server = start_redis(str(tmp_path))
+    driver = open_driver(server.url(0, prefix="gone"))
+    try:
+        shut_down(server)
+        before = len(os.listdir("/proc/self/fd"))
+        for _ in range(3):
+            with pytest.raises(UnavailableError):
+                redis_feed.RedisFeed(driver)
+        assert len(os.listdir("/proc/self/fd")) == before
+    finally:
+        driver.close()
+    fd = FeedFd()
+    fd.first(lambda: None)  # a first connection that succeeds keeps the number
+    assert fd.fd is not None and os.fstat(fd.fd)
+    fd.close()

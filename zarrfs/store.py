@@ -6,7 +6,9 @@ mount takes (LMDB, SQLite, Redis, third-party drivers), with the database layout
 written here mounts as it is, and what a mount or zarr-python 2 wrote reads here.
 
 Each ``set`` is one transaction that also records the file's attributes (mtime now), as a write
-through a mount does, so a mount of the same database sees the change as a changed file.
+through a mount does, so a mount of the same database sees the change as a changed file. A value
+a mount stored in parts (``zarrfs.fs.parts``) that a ``set`` or a delete replaces has its parts
+deleted after that commit, as a mount does (each part in its own transaction).
 ``set_if_not_exists`` checks and writes in one transaction, and ``delete_dir`` removes a whole
 prefix, with the side records of what it removes, in one. Listings stream from the driver's
 ordered scans in batches, each batch its own read transaction, so a prefix of millions of keys
@@ -42,6 +44,7 @@ from zarrfs.backends.base import (
     KEYS,
     SIDE,
     SIZES,
+    VALUES,
     Driver,
     MissingDatabaseError,
     Txn,
@@ -166,6 +169,19 @@ class DatabaseStore(Store):
         with self._lock:
             return self._db().transact(fn)
 
+    def _write_freeing(self, fn):
+        """:meth:`_write` of ``fn(t, freed)``, which appends to ``freed`` the parts its changes
+        let go of (``parts.let_go``); they are deleted after the commit."""
+        freed: list[Any] = []
+
+        def run(t: Txn) -> Any:
+            freed.clear()  # a transaction run again finds them again
+            return fn(t, freed)
+
+        result = self._write(run)
+        parts.free(self._db(), [p for p in freed if p is not None])
+        return result
+
     # ------------------------------------------------------------------ reads
     def get_sync(
         self,
@@ -214,7 +230,7 @@ class DatabaseStore(Store):
     def set_sync(self, key: str, value: Buffer) -> None:
         """Store ``value`` at ``key`` (one transaction, with the file's attribute record)."""
         data = _as_bytes(value, "set")
-        self._write(lambda t: self._put(t, key, data))
+        self._write_freeing(lambda t, freed: self._put(t, key, data, freed))
 
     async def set(self, key: str, value: Buffer) -> None:
         """Store ``value`` at ``key`` (one transaction, with the file's attribute record)."""
@@ -226,50 +242,56 @@ class DatabaseStore(Store):
 
         def run(t: Txn) -> None:
             if t.size(key) is None:
-                self._put(t, key, data)
+                self._put(t, key, data, [])
 
         self._write(run)
 
     async def _set_many(self, values: Iterable[tuple[str, Buffer]]) -> None:
         items = [(k, _as_bytes(v, "set")) for k, v in values]
-        self._write(lambda t: [self._put(t, k, v) for k, v in items])
+        self._write_freeing(lambda t, freed: [self._put(t, k, v, freed) for k, v in items])
 
-    def _put(self, t: Txn, key: str, value: bytes) -> None:
+    def _put(self, t: Txn, key: str, value: bytes, freed: list[Any]) -> None:
         if self._hooks is not None:
             if t.size(key) is None:
                 self._hooks.check_name(t, key, stat.S_IFREG)
             value = self._hooks.store(t, key, value)
+        raw = t.get(attr_key(key), SIDE)
+        freed.append(parts.let_go(t, key, raw))
         t.put(key, value)
         now = time.time_ns()
-        raw = t.get(attr_key(key), SIDE)
         attrs = Attrs.unpack(raw) if raw is not None else None
         if attrs is None:
             attrs = Attrs(stat.S_IFREG | (0o666 & ~_UMASK), os.getuid(), os.getgid(), now, now, now)
         attrs.mtime = attrs.ctime = now
-        # A value stored in parts by a mount is replaced: its parts are orphans for zarrfs check.
-        attrs.parted = None
+        attrs.parted = None  # stored whole
         t.put(attr_key(key), attrs.pack(), SIDE)
 
     def delete_sync(self, key: str) -> None:
         """Remove ``key`` (and its attribute record); a missing key is no error."""
 
-        def run(t: Txn) -> None:
+        def run(t: Txn, freed: list[Any]) -> None:
+            freed.append(parts.let_go(t, key, t.get(attr_key(key), SIDE)))
             t.delete(key)
             t.delete(attr_key(key), SIDE)
             t.delete(pointer_key(key), SIDE)  # no longer a name of a file with hard links
 
-        self._write(run)
+        self._write_freeing(run)
 
     async def delete(self, key: str) -> None:
         """Remove ``key`` (and its attribute record); a missing key is no error."""
         self.delete_sync(key)
 
     async def delete_dir(self, prefix: str) -> None:
-        """Remove every key under ``prefix`` and their side records, in one transaction."""
+        """Remove every key under ``prefix`` and their side records, in one transaction (then
+        the parts of the values a mount stored in parts there)."""
         prefix = prefix.rstrip("/")
         below = prefix + "/" if prefix else ""
 
-        def run(t: Txn) -> None:
+        def run(t: Txn, freed: list[Any]) -> None:
+            records = ATTR + below
+            scanned = t.scan(records, prefix_stop(records), space=SIDE, fetch=VALUES)
+            for k, raw in [(k, raw) for k, raw in scanned if parts.parted_of(raw) is not None]:
+                freed.append(parts.let_go(t, k[len(ATTR) :], raw))
             side = [(SIDE, prefix + below) for prefix in (ATTR, ENTRY, POINTER)]
             for space, start in [(DATA, below), *side]:
                 doomed = [k for k, _ in t.scan(start, prefix_stop(start), space=space)]
@@ -278,7 +300,7 @@ class DatabaseStore(Store):
             if prefix:
                 t.delete(ENTRY + prefix, SIDE)  # the folder's own marker, if it was made empty
 
-        self._write(run)
+        self._write_freeing(run)
 
     async def clear(self) -> None:
         """Remove every key of the database (and every side record of its files and folders)."""
@@ -359,4 +381,3 @@ def _as_bytes(value: Buffer, what: str) -> bytes:
     if not isinstance(value, Buffer):
         raise TypeError(f"DatabaseStore.{what}(): value must be a Buffer, not {type(value).__name__}")
     return value.to_bytes()
-

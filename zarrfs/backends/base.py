@@ -405,7 +405,9 @@ class Driver(ABC):
             except RetryableError:
                 if attempt >= self.max_attempts:
                     raise
-            except StorageFullError:
+            except StorageFullError as exc:
+                if self.make_room(exc):
+                    continue  # a map grown, say: at once, and as often as it can grow
                 # Cleanup must stay possible on a full store: a small transaction (an unlink,
                 # a truncation) may use the room kept in reserve, once.
                 if freed or txn is None or txn.put_bytes > RESERVE_FOR or not self.free_reserve():
@@ -441,6 +443,12 @@ class Driver(ABC):
     def scan(self, start: str = "", stop: str | None = None, **kwargs: Any) -> list[tuple[str, Any]]:
         """One-shot :meth:`Txn.scan`, returned as a list (bound it with ``limit``)."""
         return self.transact(lambda t: list(t.scan(start, stop, **kwargs)), write=False)
+
+    def make_room(self, exc: BaseException) -> bool:
+        """Make room for a transaction that failed with ``exc`` (a :class:`StorageFullError`)
+        where the database can grow, such as LMDB's map; whether it may run again. Never by
+        default."""
+        return False
 
     def free_reserve(self) -> bool:
         """Free room kept in reserve so that removals succeed on a full store; whether any

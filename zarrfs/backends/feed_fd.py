@@ -12,6 +12,7 @@ every ``feed_interval`` only while it handles requests, or after its idle poll).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 
 class FeedFd:
@@ -20,6 +21,16 @@ class FeedFd:
     def __init__(self) -> None:
         self._r, self._w = os.pipe2(os.O_CLOEXEC)
         self.fd: int | None = os.dup(self._r)
+
+    def first(self, connect: Callable[[], None]) -> None:
+        """Run ``connect``, the feed's first connection (which points this number at its
+        socket); when it fails the descriptors are released and the error raised: the feed
+        is not made."""
+        try:
+            connect()
+        except BaseException:
+            self.close()
+            raise
 
     def point(self, fd: int) -> None:
         """Make the number stand for ``fd`` (a connection's socket), from now on."""

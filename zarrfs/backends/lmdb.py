@@ -1,4 +1,5 @@
-"""LMDB driver: ``lmdb:///abs/path/db.lmdb[?map_size=2**40&sync=0]`` (or a bare path).
+"""LMDB driver: ``lmdb:///abs/path/db.lmdb[?map_size=2**40&map_max=&side_map_size=&sync=0]``
+(or a bare path); the maps grow on demand up to their bounds (``lmdb_grow``).
 
 Data keys live in the environment's main, unnamed database, exactly as zarr-python 2's
 ``LMDBStore`` writes them. A folder (``data.mdb`` + ``lock.mdb``, zarr's default) or, when the
@@ -41,17 +42,9 @@ from . import lmdb_long, lmdb_pages
 from ._util import check_options, parse_bool, parse_file_url, parse_size, statvfs
 from .base import DATA, SIDE, Driver, Fetch, HasPrefix, Size, Space, Txn, check_space, encode_key
 from .lmdb_commit import finish
-from .lmdb_env import (
-    SIDE_MAP_SIZE,
-    DiskRoom,
-    KnownSizes,
-    SideEnvironment,
-    bare_size,
-    environments,
-    translate,
-    translated,
-)
+from .lmdb_env import DiskRoom, KnownSizes, SideEnvironment, bare_size, environments, translate, translated
 from .lmdb_feed import Own, changes
+from .lmdb_grow import OPTIONS, Maps, gate
 from .lmdb_scan import scan
 
 SIDE_IN_FOLDER = "zarrfs-side.mdb"
@@ -78,11 +71,13 @@ class LMDBTxn(Txn):
         self.put_bytes = 0
         self._driver = driver
         self._fit = driver.key_fit
+        gate.enter(self)  # no map is resized while the transaction is open (lmdb_grow)
         if write:
             driver.write_lock.acquire()
         try:
             self._data = driver.env.begin(write=write, buffers=True)
         except BaseException as exc:
+            gate.leave(self)
             if write:
                 driver.write_lock.release()
             if isinstance(exc, lmdb.Error):
@@ -121,7 +116,7 @@ class LMDBTxn(Txn):
             env = self._driver.side.env(create and self.write)
             if env is None:
                 return None
-            with translated(self.where):
+            with translated(self.where, SIDE):
                 self._side = env.begin(write=self.write, buffers=True)
         return self._side
 
@@ -160,7 +155,7 @@ class LMDBTxn(Txn):
             return self._put_long(raw, value, space)
         txn = self._txn(space)
         assert txn is not None  # a write transaction creates the side environment
-        with translated(self.where):
+        with translated(self.where, space):
             if space is SIDE and raw not in self._side_before:
                 old = txn.get(raw)
                 self._side_before[raw] = None if old is None else lmdb_pages.copied(self._driver, old)
@@ -172,7 +167,7 @@ class LMDBTxn(Txn):
     def _put_long(self, raw: bytes, value: bytes | memoryview, space: Space) -> None:
         side = self._txn(SIDE)
         assert side is not None
-        with translated(self.where):
+        with translated(self.where, SIDE):
             lmdb_long.put(side, raw, value, space, self._side_before)
         self._long_changed[(b"d" if space is DATA else b"s") + raw] = None
         self._long_any = {**(self._long_any or {}), space: True}
@@ -181,13 +176,13 @@ class LMDBTxn(Txn):
         self._writes += 1
         if len(raw) > self._fit:
             side = self._txn(SIDE, False)
-            with translated(self.where):
+            with translated(self.where, SIDE):
                 if side is not None and lmdb_long.delete(side, raw, space, self._side_before):
                     self._long_changed[(b"d" if space is DATA else b"s") + raw] = None
             return
         txn = self._txn(space)
         assert txn is not None
-        with translated(self.where):
+        with translated(self.where, space):
             if space is SIDE and raw not in self._side_before:
                 old = txn.get(raw)
                 if old is None:
@@ -272,7 +267,7 @@ class LMDBDriver(Driver):
     def __init__(self, url: str, readonly: bool = False) -> None:
         super().__init__(url, readonly)
         path, options = parse_file_url(url)
-        check_options(url, options, {"map_size", "sync"})
+        check_options(url, options, {"map_size", "sync", *OPTIONS})
         self.path = path
         self.map_size = parse_size("map_size", options.get("map_size", str(2**40)))
         sync = parse_bool("sync", options.get("sync", "0"))
@@ -287,8 +282,10 @@ class LMDBDriver(Driver):
         self.write_lock = environments.write_lock(self._key)
         self.room = None if readonly else DiskRoom(path, self.subdir)
         side_path = os.path.join(path, SIDE_IN_FOLDER) if self.subdir else path + SIDE_FILE_SUFFIX
-        side_options = {**self._env_options, "map_size": SIDE_MAP_SIZE}  # long keys' values too
-        self.side = SideEnvironment(side_path, readonly, side_options)
+        self.maps = Maps(self, options)
+        self.side = SideEnvironment(
+            side_path, readonly, {**self._env_options, "map_size": self.maps.side_size}
+        )
         self._closed = False
         self.known = KnownSizes()
         self.long_keys = lmdb_long.Presence()
@@ -313,6 +310,10 @@ class LMDBDriver(Driver):
             self.room.before_write()
         return LMDBTxn(self, write)
 
+    def make_room(self, exc: BaseException) -> bool:
+        """Grow the map a transaction found full (see ``lmdb_grow``)."""
+        return self.maps.grow(exc)
+
     def free_reserve(self) -> bool:
         """Free the disk room kept for removals on a full disk (see ``_util.Reserve``)."""
         return self.room is not None and self.room.free()
@@ -332,7 +333,7 @@ class LMDBDriver(Driver):
         """The filesystem's space, capped by what the LMDB map can still hold."""
         fs = statvfs(self.folder)
         info, stat = self.env.info(), self.env.stat()
-        map_size = info["map_size"]
+        map_size = max(info["map_size"], self.maps.data_max)  # the map grows up to it
         used = (info["last_pgno"] + 1) * stat["psize"]
         return {"total": min(fs["total"], map_size), "free": max(0, min(fs["free"], map_size - used))}
 

@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING
 
 import lmdb
 
+from .base import DATA, SIDE
 from .lmdb_env import translate
 from .lmdb_feed import record
+from .lmdb_grow import gate
 
 if TYPE_CHECKING:
     from .lmdb import LMDBTxn
@@ -23,16 +25,20 @@ if TYPE_CHECKING:
 
 def finish(txn: LMDBTxn, ok: bool) -> None:
     """Commit ``txn`` (side first, then data) when ``ok``, else abort both; a write transaction
-    releases the driver's write lock either way."""
-    if not txn.write:
-        txn._data.abort()
-        if txn._side is not None:
-            txn._side.abort()
-        return
+    releases the driver's write lock either way, and the transaction leaves ``lmdb_grow``'s
+    gate."""
     try:
-        _finish(txn, ok)
+        if not txn.write:
+            txn._data.abort()
+            if txn._side is not None:
+                txn._side.abort()
+            return
+        try:
+            _finish(txn, ok)
+        finally:
+            txn._driver.write_lock.release()
     finally:
-        txn._driver.write_lock.release()
+        gate.leave(txn)
 
 
 def _abort(txn: LMDBTxn) -> None:
@@ -52,7 +58,7 @@ def _finish(txn: LMDBTxn, commit: bool) -> None:
     except BaseException as exc:
         _abort(txn)
         if isinstance(exc, lmdb.Error):
-            raise translate(exc, txn.where) from exc
+            raise translate(exc, txn.where, SIDE) from exc
         raise
     side, txn._side = txn._side, None  # record() may have begun it
     try:
@@ -61,7 +67,7 @@ def _finish(txn: LMDBTxn, commit: bool) -> None:
     except BaseException as exc:
         txn._data.abort()
         if isinstance(exc, lmdb.Error):
-            raise translate(exc, txn.where) from exc
+            raise translate(exc, txn.where, SIDE) from exc
         raise
     try:
         txn._data.commit()
@@ -69,7 +75,7 @@ def _finish(txn: LMDBTxn, commit: bool) -> None:
         if txn._side_before:
             driver.side.restore(txn._side_before)
         if isinstance(exc, lmdb.Error):
-            raise translate(exc, txn.where) from exc
+            raise translate(exc, txn.where, DATA) from exc
         raise
     if txn._changes:
         driver.known.committed(txn._id + 1, txn._changes)

@@ -15,19 +15,19 @@ import lmdb
 
 from ._util import Preallocator, Reserve
 from .base import (
+    DATA,
+    SIDE,
     BackendError,
     InvalidKeyError,
     ReadOnlyError,
     RetryableError,
+    Space,
     StorageFullError,
     UnavailableError,
 )
+from .lmdb_grow import SIDE_MAP_SIZE, MapTooSmall, gate
 
 MAX_READERS = 512
-# Side data is small (a few dozen bytes per file); the map is only address space (a process
-# maps every environment it opens: as large as the data's, it halved how many fit). The values
-# of keys over LMDB's key limit (lmdb_long) share it.
-SIDE_MAP_SIZE = 2**36
 RESERVE_IN_FOLDER = "zarrfs-reserve"
 RESERVE_SUFFIX = ".zarrfs-reserve"
 
@@ -54,12 +54,16 @@ def _disk_full(path: str) -> bool:
     return st.f_bavail * st.f_frsize < FULL_BELOW
 
 
-def translate(exc: lmdb.Error, what: str) -> BackendError:
+def translate(exc: lmdb.Error, what: str, space: Space = DATA) -> BackendError:
     """The driver interface's exception for an ``lmdb`` exception: a full map or disk
     (``MDB_MAP_FULL``, ``ENOSPC``, ``EDQUOT``, a short write to a full disk) is
-    :class:`StorageFullError`."""
+    :class:`StorageFullError`; a full map, or one another process grew, of ``space``'s
+    environment is a :class:`MapTooSmall`, which the driver may grow (``lmdb_grow``)."""
     if isinstance(exc, lmdb.MapFullError):
-        return StorageFullError(f"{what}: the LMDB map is full (open with a larger ?map_size=)")
+        which, option = ("map", "map_size") if space is DATA else ("side map", "map_max")
+        return MapTooSmall(f"{what}: the LMDB {which} is full (open with a larger ?{option}=)", space)
+    if isinstance(exc, lmdb.MapResizedError):
+        return MapTooSmall(f"{what}: another process grew the LMDB map", space, adopt=True)
     if isinstance(exc, lmdb.ReadonlyError):
         return ReadOnlyError(f"{what}: {exc}")
     if isinstance(exc, lmdb.BadValsizeError):
@@ -75,13 +79,14 @@ def translate(exc: lmdb.Error, what: str) -> BackendError:
 
 
 @contextmanager
-def translated(what: str) -> Iterator[None]:
-    """Turn ``lmdb`` exceptions into the driver interface's classes (hot paths use a plain
-    ``try`` with :func:`translate` instead: a context manager per key costs more than LMDB)."""
+def translated(what: str, space: Space = DATA) -> Iterator[None]:
+    """Turn ``lmdb`` exceptions (of ``space``'s environment) into the driver interface's
+    classes (hot paths use a plain ``try`` with :func:`translate` instead: a context manager
+    per key costs more than LMDB)."""
     try:
         yield
     except lmdb.Error as exc:
-        raise translate(exc, what) from exc
+        raise translate(exc, what, space) from exc
 
 
 class Environments:
@@ -148,7 +153,9 @@ environments = Environments()
 class SideEnvironment:
     """The environment of a driver's side data, opened on first use (created by the first side
     write), and put back after a data commit that failed behind its side commit. ``options``
-    are ``lmdb.open``'s (``map_size`` defaults to :data:`SIDE_MAP_SIZE`)."""
+    are ``lmdb.open``'s (``map_size`` defaults to :data:`SIDE_MAP_SIZE`). Side data is small (a
+    few dozen bytes per file), but the parts of large files and the values of long keys
+    (``lmdb_long``) live here too: the map grows on demand (``lmdb_grow``)."""
 
     def __init__(self, path: str, readonly: bool, options: dict[str, Any]) -> None:
         self.path = path
@@ -241,17 +248,22 @@ class KnownSizes:
 
 def bare_size(env: lmdb.Environment, raw: bytes, known: KnownSizes | None, what: str) -> int | None:
     """The size of the value of ``raw`` (a key that fits) in a read transaction of its own,
-    from ``known`` when it knows it (data keys)."""
-    try:
-        with env.begin(buffers=True) as txn:
-            if known is not None:
-                size = known.get(txn.id(), raw)
-                if size is not None:
-                    return size
-            value = txn.get(raw)
-            return None if value is None else len(value)
-    except lmdb.Error as exc:
-        raise translate(exc, what) from exc
+    from ``known`` when it knows it (data keys). A map another process grew is adopted."""
+    for attempt in (1, 2):
+        try:
+            with gate.held(), env.begin(buffers=True) as txn:
+                if known is not None:
+                    size = known.get(txn.id(), raw)
+                    if size is not None:
+                        return size
+                value = txn.get(raw)
+                return None if value is None else len(value)
+        except lmdb.MapResizedError as exc:
+            if attempt == 2 or not gate.resize(env, 0):
+                raise translate(exc, what, DATA if known is not None else SIDE) from exc
+        except lmdb.Error as exc:
+            raise translate(exc, what) from exc
+    return None  # not reached
 
 
 class DiskRoom:
@@ -277,7 +289,7 @@ class DiskRoom:
         """Give back the blocks reserved ahead. Under LMDB's writer lock (a write transaction,
         aborted), which every process takes before it grows the file: the truncation to the
         file's own size cannot cut a write."""
-        with write_lock, translated(what):
+        with write_lock, gate.held(), translated(what):
             txn = env.begin(write=True)
             try:
                 self.prealloc.release()

@@ -29,6 +29,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from .base import DATA, SIDE, Space
+from .lmdb_grow import gate
 
 if TYPE_CHECKING:
     from .lmdb import LMDBDriver, LMDBTxn
@@ -105,7 +106,7 @@ def changes(driver: LMDBDriver, since: Any) -> tuple[Any, list[tuple[Space, str]
     reached = side0  # the last side commit taken
     waiting = False  # stopped at an entry whose data commit is still to come
     if side_env is not None and side_id > side0:
-        with side_env.begin(buffers=False) as txn, txn.cursor() as cur:
+        with gate.held(), side_env.begin(buffers=False) as txn, txn.cursor() as cur:
             found = cur.set_range(_entry(side0 + 1))
             while found:
                 key = cur.key()

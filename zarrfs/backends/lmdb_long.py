@@ -23,8 +23,8 @@ that fits has, look once per transaction whether the space has long keys (a seek
 environment). A scan holds one group in memory at a time: the names, not the values, of the
 long keys that share their first :data:`PREFIX` bytes (a folder deeper than that lists its
 entries as one group, each time a listing resumes within it). The values of long keys share
-the side environment's map (``lmdb_env.SIDE_MAP_SIZE``, 64 GiB): past it, a write of one is
-:class:`StorageFullError`, however large the data environment's map.
+the side environment's map, which grows on demand up to its bound (``lmdb_grow``): past it, a
+write of one is :class:`StorageFullError`.
 
 Every write goes through the transaction's side transaction, and the transaction records what
 it overwrote (``before``), so the commit order of the driver (side first, put back if the data

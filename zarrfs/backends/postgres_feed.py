@@ -123,11 +123,7 @@ class PostgresFeed:
         self.fd = FeedFd()
         self.conn: Any = None
         self.retry_at = 0.0
-        try:
-            self._connect()
-        except BaseException:
-            self.fd.close()
-            raise
+        self.fd.first(self._connect)
 
     def _connect(self) -> None:
         d = self.driver

@@ -71,11 +71,7 @@ class RedisFeed:
         self.everything = False
         self.lock = threading.Lock()  # one reader of the connection at a time
         self.fd = FeedFd()
-        try:
-            self._connect()
-        except BaseException:
-            self.fd.close()
-            raise
+        self.fd.first(self._connect)
 
     def _connect(self) -> None:
         d = self.driver

@@ -36,8 +36,9 @@ from dataclasses import replace
 from typing import Any
 
 from zarrfs.backends.base import DATA, KEYS, SIDE, Txn
+from zarrfs.fs import hardlinks
 from zarrfs.fs.errors import FsError
-from zarrfs.fs.manifest import MANIFEST_SIZE, Parted, new_id
+from zarrfs.fs.manifest import MAGIC, MANIFEST_SIZE, Parted, new_id
 from zarrfs.fs.sidedata import Attrs, attr_key
 
 log = logging.getLogger("zarrfs.fs.parts")
@@ -77,6 +78,19 @@ def current(t: Txn, key: str, value: Any = None, parted: Parted | None | bool = 
     return parted if parted is not None and parted.manifest() == bytes(value) else None
 
 
+def let_go(t: Txn, key: str, raw_attrs: bytes | None) -> Parted | None:
+    """The parts that the value at ``key`` lets go of when a writer that is not a mount (the
+    zarr-python 3 store) overwrites or deletes it; ``raw_attrs``: its attribute record, both
+    read before the change, in its transaction. Its version when the data key holds the
+    manifest the record names and no other name of a hard link group holds it (the parts go
+    with the last name, as through a mount); :func:`free` them after the commit."""
+    parted = parted_of(raw_attrs)
+    if parted is None or current(t, key, parted=parted) is None:
+        return None
+    group = hardlinks.load(t, key, t.get(hardlinks.pointer_key(key), SIDE))
+    return parted if group is None or len(group.names) <= 1 else None
+
+
 def read_parts(t: Txn, parted: Parted, offset: int, size: int) -> bytes:
     """``size`` bytes (fewer at the end) from ``offset`` of a parted value."""
     end = min(parted.size, offset + size) if size >= 0 else parted.size
@@ -93,11 +107,37 @@ def read_parts(t: Txn, parted: Parted, offset: int, size: int) -> bytes:
 
 def read(t: Txn, key: str, offset: int, size: int, parted: Parted | None | bool = False) -> bytes | None:
     """Stored bytes of ``key`` from ``offset`` (a parted value's as well); None when absent.
-    ``parted``: what the file's attribute record says (None: not parted), when a probe read it."""
+    ``parted``: what the file's attribute record says (None: not parted), when a probe read it.
+
+    Without it, the range is read first and the manifest looked for only when what came back
+    may be a manifest's: an ordinary value costs one read (one round trip on a server)."""
+    if parted is False and size >= 0:
+        got = t.read(key, offset, size)
+        if got is None or size == 0 or not may_be_manifest(got, offset, size):
+            return got
+        # A short read of the whole value: the value itself, no second read for it.
+        whole_value = got if offset == 0 and len(got) == MANIFEST_SIZE < size else None
+        found = current(t, key, whole_value)
+        return got if found is None else read_parts(t, found, offset, size)
     found = current(t, key, parted=parted) if parted is not None else None
     if found is not None:
         return read_parts(t, found, offset, size)
     return t.read(key, offset, size)
+
+
+def may_be_manifest(got: bytes, offset: int, size: int) -> bool:
+    """Whether ``got``, what a read of ``size`` bytes from ``offset`` returned, may be from a
+    value of exactly :data:`MANIFEST_SIZE` bytes that starts with the manifest's magic."""
+    n = len(got)
+    if n == size:  # the value goes on at least to the range's end
+        fits = offset + size <= MANIFEST_SIZE
+    elif n:  # a short read ends where the value ends
+        fits = offset + n == MANIFEST_SIZE
+    else:  # nothing from ``offset``: the value ends at or before it
+        fits = offset >= MANIFEST_SIZE
+    head = MAGIC[offset:]
+    k = min(len(head), n)
+    return fits and bytes(got[:k]) == head[:k]
 
 
 def whole(t: Txn, key: str, value: Any) -> Any:
@@ -189,13 +229,22 @@ def put_value(driver: Any, key: str, value: Any, part: int = PART_SIZE) -> None:
         into[:n] = view[offset : offset + n]
         return n
 
-    parted = store(driver, len(view), fill, part)
+    put_parts(driver, key, len(view), fill, part)
+
+
+def put_parts(
+    driver: Any, key: str, size: int, readinto: Callable[[int, memoryview], int], part: int
+) -> None:
+    """Store the ``size`` bytes that ``readinto`` gives (as for :func:`store`) at ``key`` in
+    parts, part by part, then the commit of the manifest with an attribute record saying so;
+    the parts of the version replaced are freed after it (``zarrfs copy``)."""
+    parted = store(driver, size, readinto, part)
 
     def run(t: Txn) -> Parted | None:
         check_present(t, key, parted)
         raw = t.get(attr_key(key), SIDE)
         attrs = Attrs.unpack(raw) if raw is not None else None
-        old = attrs.parted if attrs is not None else None
+        old = let_go(t, key, raw)
         t.put(key, parted.manifest(), DATA)
         if attrs is not None:
             t.put(attr_key(key), replace(attrs, parted=parted).pack(), SIDE)

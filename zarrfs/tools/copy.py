@@ -11,6 +11,12 @@ threads. A zarr store end goes through its async API, several keys at a time.
 them, ``raise`` copies nothing when any key to copy exists there (checked before the first
 write). ``dry_run`` counts what would be copied and skipped and writes nothing.
 
+A value a mount stored in parts (:mod:`zarrfs.fs.parts`) is read part by part, each part in a
+read transaction of its own, and written to a folder part by part, or to a database in parts
+of the same size (never above its largest value): the copy never holds it whole (a zarr-python
+3 store end takes whole values only). Such a value replaced at the source during the copy
+fails it (its old parts are gone), never copies a mix of two versions.
+
 A missing source is an error before anything is created at the destination. ``validate`` runs
 the format layer's whole-store checks (:func:`zarrfs.format.check.check_items`, as ``zarrfs
 check``) over the source first and copies nothing if they find an error. ``progress`` shows a
@@ -27,9 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zarrfs.backends.base import KEYS, SIZES, VALUES, Driver
+from zarrfs.backends.base import KEYS, SIDE, SIZES, VALUES, Driver, Get
 from zarrfs.fs import parts
 from zarrfs.fs.manifest import MAGIC, MANIFEST_SIZE
+from zarrfs.fs.sidedata import attr_key
 
 BATCH = 256  # keys per read batch and per write transaction
 BATCH_BYTES = 64 << 20  # and at most this much data per write transaction
@@ -165,6 +172,44 @@ class Copied:
     skipped: int = 0
 
 
+class _Parted:
+    """A value a mount stored in parts at the source: its size, and its bytes read a part at a
+    time (each part in a read transaction of its own), never whole."""
+
+    def __init__(self, driver: Driver, parted: Any) -> None:
+        self.driver = driver
+        self.parted = parted
+
+    def __len__(self) -> int:
+        return self.parted.size
+
+    def readinto(self, offset: int, view: memoryview) -> int:
+        """Fill ``view`` with the bytes from ``offset`` (fewer at the end): ``parts.store``'s
+        source."""
+        size = min(len(view), self.parted.part - offset % self.parted.part)  # within one part
+        piece = self.driver.transact(lambda t: parts.read_parts(t, self.parted, offset, size), write=False)
+        view[: len(piece)] = piece
+        return len(piece)
+
+    def pieces(self) -> Iterator[bytes]:
+        """The bytes, a part at a time."""
+        buffer = bytearray(min(self.parted.part, self.parted.size))
+        for n in range(self.parted.count):
+            view = memoryview(buffer)[: self.parted.length(n)]
+            got = 0
+            while got < len(view):
+                got += self.readinto(n * self.parted.part + got, view[got:])
+            yield view
+
+    def to_bytes(self) -> bytes:
+        """The whole value (for an end that takes whole values only)."""
+        return b"".join(bytes(piece) for piece in self.pieces())
+
+
+def _whole(value: Any) -> Any:
+    return value.to_bytes() if isinstance(value, _Parted) else value
+
+
 class _Folder:
     """A folder end: files are keys."""
 
@@ -183,16 +228,24 @@ class _Folder:
     def exists(self, keys: list[str]) -> list[bool]:
         return [os.path.isfile(self._path(k)) for k in keys]
 
-    def write(self, batch: list[tuple[str, bytes]]) -> None:
-        def one(item: tuple[str, bytes]) -> None:
+    def write(self, batch: list[tuple[str, Any]]) -> None:
+        def one(item: tuple[str, Any]) -> None:
             path = self._path(item[0])
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             with open(path, "wb") as fh:
-                fh.write(item[1])
+                if isinstance(item[1], _Parted):
+                    for piece in item[1].pieces():
+                        fh.write(piece)
+                else:
+                    fh.write(item[1])
 
-        # File writes release the GIL: a few threads keep the disk busy.
+        # File writes release the GIL: a few threads keep the disk busy. Parted values are
+        # read from the source in this thread (a driver's connection is not shared).
         with ThreadPoolExecutor(WORKERS) as pool:
-            list(pool.map(one, batch))
+            list(pool.map(one, [item for item in batch if not isinstance(item[1], _Parted)]))
+        for item in batch:
+            if isinstance(item[1], _Parted):
+                one(item)
 
     def close(self) -> None:
         pass
@@ -204,11 +257,14 @@ class _Database:
     def __init__(self, driver: Driver) -> None:
         self.driver = driver
 
-    def items(self) -> Iterator[tuple[str, bytes]]:
-        # A value a mount stored in parts comes whole (zarrfs.fs.parts), read in one transaction.
+    def items(self) -> Iterator[tuple[str, Any]]:
+        # A value a mount stored in parts (zarrfs.fs.parts) comes as a _Parted, read later.
         for key, value in database_items(self.driver):
             if len(value) == MANIFEST_SIZE and value.startswith(MAGIC):
-                value = self.driver.transact(lambda t, k=key, v=value: parts.whole(t, k, v), write=False)
+                found = self.driver.transact(lambda t, k=key, v=value: parts.current(t, k, v), write=False)
+                if found is not None:
+                    yield key, _Parted(self.driver, found)
+                    continue
             yield key, value
 
     def keys(self) -> Iterator[str]:
@@ -217,18 +273,37 @@ class _Database:
     def exists(self, keys: list[str]) -> list[bool]:
         return self.driver.transact(lambda t: [t.size(k) is not None for k in keys], write=False)
 
-    def write(self, batch: list[tuple[str, bytes]]) -> None:
-        # A value above the database's largest is stored in parts, as a mount stores it.
+    def write(self, batch: list[tuple[str, Any]]) -> None:
+        # A value above the database's largest is stored in parts, as a mount stores it; so is
+        # a value stored in parts at the source, streamed in parts of the same size.
         limit = self.driver.transact(lambda t: t.max_value, write=False)
-        whole = [(k, v) for k, v in batch if limit is None or len(v) <= limit]
+        parted = [(k, v) for k, v in batch if isinstance(v, _Parted)]
+        whole = [
+            (k, v) for k, v in batch if not isinstance(v, _Parted) and (limit is None or len(v) <= limit)
+        ]
         if whole:
-            self.driver.transact(lambda t: [t.put(k, v) for k, v in whole])
+            parts.free(self.driver, self.driver.transact(lambda t: _put_whole(t, whole)))
+        for key, value in parted:
+            part = min(value.parted.part, limit or value.parted.part)
+            parts.put_parts(self.driver, key, len(value), value.readinto, part)
         for key, value in batch:
-            if limit is not None and len(value) > limit:
+            if not isinstance(value, _Parted) and limit is not None and len(value) > limit:
                 parts.put_value(self.driver, key, value, parts.part_size(parts.DEFAULT_ABOVE, limit))
 
     def close(self) -> None:
         self.driver.close()
+
+
+def _put_whole(t: Any, items: list[tuple[str, Any]]) -> list[Any]:
+    """Put ``items``; the parts that values a mount stored in parts there let go of (freed
+    after the commit, as a mount frees them)."""
+    records = t.read_many([Get(attr_key(k), SIDE) for k, _ in items])
+    freed = [
+        parts.let_go(t, k, raw) for (k, _), raw in zip(items, records, strict=True) if parts.parted_of(raw)
+    ]
+    for k, v in items:
+        t.put(k, v)
+    return [p for p in freed if p is not None]
 
 
 class _Store:
@@ -267,7 +342,7 @@ class _Store:
         from zarr.core.buffer import default_buffer_prototype
 
         buf = default_buffer_prototype().buffer
-        self._run(_gather([self.store.set(k, buf.from_bytes(v)) for k, v in batch]))
+        self._run(_gather([self.store.set(k, buf.from_bytes(_whole(v))) for k, v in batch]))
 
     def close(self) -> None:
         pass
