@@ -16,18 +16,16 @@ where it is, byte for byte, so ``LMDBStore`` sees exactly the data keys that fit
 has no key limit of its own (``max_key_size`` is None): scans merge both stores in key order.
 
 Two environments make two commits; one transaction still has one outcome (``lmdb_commit``):
-the side commits first, and a data commit that fails puts the side records back, long keys'
-included. A kill between the two commits can leave the side one transaction ahead of the data:
-side data is advisory (a mark of a folder or an mtime with no file behind it is ignored), and
-the long data keys of that transaction are there without its keys that fit.
+the side commits first, a data commit that fails puts the side records back. A kill between
+the two can leave the side one transaction ahead: side data is advisory (a folder's mark or an
+mtime with no file behind it is ignored), and that transaction's long data keys are there
+without its keys that fit.
 
 Like ``LMDBStore`` (``sync=False``), commits are not forced to disk one by one: a crash of the
-process can never corrupt or lose a committed transaction (the kernel holds its pages). A crash
-of the machine can lose the last ones, and, as LMDB documents for ``MDB_NOSYNC``, can corrupt
-the environment on a filesystem that writes pages out of order (ext4 may) when the crash
-comes before the kernel has written them back. ``Driver.sync()`` (a file's ``fsync``) is the
-barrier, as on any filesystem: what was committed before it survives a crash of the machine;
-``?sync=1`` forces every commit to disk instead, at a cost of an fsync per file written.
+process never loses a committed transaction (the kernel holds its pages); a crash of the
+machine can lose the last ones and, as LMDB documents for ``MDB_NOSYNC``, corrupt the
+environment on a filesystem that writes pages out of order. ``Driver.sync()`` (a file's
+``fsync``) is the barrier; ``?sync=1`` forces every commit to disk (an fsync per file written).
 """
 
 from __future__ import annotations
@@ -45,15 +43,11 @@ from .lmdb_commit import finish
 from .lmdb_env import DiskRoom, KnownSizes, SideEnvironment, bare_size, environments, translate, translated
 from .lmdb_feed import Own, changes
 from .lmdb_grow import OPTIONS, Maps, gate
+from .lmdb_hold import Holder
 from .lmdb_scan import scan
 
 SIDE_IN_FOLDER = "zarrfs-side.mdb"
 SIDE_FILE_SUFFIX = ".zarrfs-side"
-# The largest value a commit can write. A node records a value's size in 32 bits, but a commit
-# writes a value's pages (a 16-byte header, then the value) in one write(2), which Linux ends
-# at 0x7FFFF000 bytes, and LMDB takes the short write for EIO (LMDB's pages are the system's).
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-MAX_VALUE = 0x7FFFF000 // _PAGE * _PAGE - 16
 _NONE: dict[Any, Any] = {}  # what a read transaction changed: nothing (never written to)
 
 
@@ -61,7 +55,7 @@ class LMDBTxn(Txn):
     """One transaction over the data environment and, lazily, the side environment; its own
     context manager (leaving the block commits, or aborts when the block raised)."""
 
-    max_value = MAX_VALUE
+    max_value = lmdb_pages.MAX_VALUE
     value_limit = "LMDB's largest value: its pages in one write"
 
     def __init__(self, driver: LMDBDriver, write: bool) -> None:
@@ -283,6 +277,7 @@ class LMDBDriver(Driver):
         self.room = None if readonly else DiskRoom(path, self.subdir)
         side_path = os.path.join(path, SIDE_IN_FOLDER) if self.subdir else path + SIDE_FILE_SUFFIX
         self.maps = Maps(self, options)
+        self.holder = Holder(self)  # values read in place (lmdb_hold)
         self.side = SideEnvironment(
             side_path, readonly, {**self._env_options, "map_size": self.maps.side_size}
         )
@@ -294,9 +289,8 @@ class LMDBDriver(Driver):
         self.log_changes = not readonly
         self.own = Own()
 
-    # The one-shot size skips the Txn object and the retry loop: the mount asks a file's stored
-    # size before each read of it, and this path measurably halves the call's cost
-    # (docs/performance.md). It runs the same checks; get and read gained nothing this way.
+    # The one-shot size skips the Txn object and the retry loop: the mount asks a file's size
+    # before each read of it; this measurably halves the call (docs/performance.md).
     def size(self, key: str, space: Space = DATA) -> int | None:
         """One-shot :meth:`Txn.size` in a bare read transaction."""
         raw, sp = encode_key(key), check_space(space)
@@ -306,12 +300,15 @@ class LMDBDriver(Driver):
         return None if env is None else bare_size(env, raw, self.known if sp is DATA else None, self.path)
 
     def _begin(self, write: bool) -> LMDBTxn:
-        if write and self.room is not None:
-            self.room.before_write()
+        if write:  # held readers make LMDB grow the file rather than reuse pages (lmdb_hold)
+            self.holder.tidy()
+            if self.room is not None:
+                self.room.before_write()
         return LMDBTxn(self, write)
 
     def make_room(self, exc: BaseException) -> bool:
-        """Grow the map a transaction found full (see ``lmdb_grow``)."""
+        """Grow the map a transaction found full (see ``lmdb_grow``; held readers let go)."""
+        self.holder.let_go_all()
         return self.maps.grow(exc)
 
     def free_reserve(self) -> bool:
@@ -320,6 +317,7 @@ class LMDBDriver(Driver):
 
     def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
         """What other writers committed since ``since`` (see ``lmdb_feed``)."""
+        self.holder.tidy()
         with translated(self.path):
             return changes(self, since)
 
@@ -342,6 +340,7 @@ class LMDBDriver(Driver):
         if self._closed:
             return
         self._closed = True
+        self.holder.let_go_all()
         if self.room is not None:
             self.room.give_back(self.env, self.write_lock, self.path)
         environments.release(self._key)

@@ -24,6 +24,11 @@ from typing import Any
 log = logging.getLogger("zarrfs.backends.lmdb")
 
 BUDGET = 32 << 20
+# The largest value a commit can write. A node records a value's size in 32 bits, but a commit
+# writes a value's pages (a 16-byte header, then the value) in one write(2), which Linux ends
+# at 0x7FFFF000 bytes, and LMDB takes the short write for EIO (LMDB's pages are the system's).
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+MAX_VALUE = 0x7FFFF000 // _PAGE * _PAGE - 16
 MADV_DONTNEED = 4
 
 _pending: dict[int, int] = {}

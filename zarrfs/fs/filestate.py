@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
+from zarrfs.backends.held import Held
 from zarrfs.fs.namespace import Node
 from zarrfs.fs.pagecache import Stored
 from zarrfs.fs.sidedata import Attrs
@@ -19,7 +21,8 @@ class FileState:
 
     key: str
     buffer: SpillBuffer | None = None
-    snapshot: bytes | None = None
+    # The stored content its descriptors read (see :attr:`snapshot`).
+    held: Held | None = None
     attrs: Attrs | None = None
     dirty: bool = False
     created: bool = False
@@ -34,6 +37,17 @@ class FileState:
     # Read outside the kernel's page cache, which holds pages of an older version that
     # descriptors still open read.
     private: bool = False
+
+    @property
+    def snapshot(self) -> Any:
+        """The stored content the descriptors read (a view or bytes), or None."""
+        return None if self.held is None else self.held.data
+
+    @snapshot.setter
+    def snapshot(self, value: Held | bytes | None) -> None:
+        if self.held is not None and self.held is not value:
+            self.held.release()
+        self.held = value if value is None or isinstance(value, Held) else Held(value)
 
     @property
     def size(self) -> int:

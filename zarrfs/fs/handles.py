@@ -134,7 +134,9 @@ class HandleTable(OpenNames):
                     state = FileState(key, private=True)
                 state.version = version
                 if state.snapshot is None:
-                    state.snapshot = value
+                    state.snapshot, value = value, None
+            if value is not None:  # the descriptors read what they took earlier
+                value.release()
         fh = self._add(state, flags)
         self.handles[fh].seen = seen
         if truncating:
@@ -400,6 +402,7 @@ class HandleTable(OpenNames):
     def _forget(self, state: FileState) -> None:
         if state.buffer is not None:
             state.buffer.close()
+        state.snapshot = None  # a value held in place lets its transaction go
         for name in self._names_of(state):
             del self.states[name]
         if self.deferred.get(state.key) is state:

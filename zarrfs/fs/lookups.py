@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, Get, HasPrefix, Read, Size, Txn
+from zarrfs.backends.held import Held, View, hold
 from zarrfs.fs import hardlinks, parts
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.hardlinks import pointer_key
@@ -261,12 +262,13 @@ class Lookups:
 
         return self.driver.transact(run, write=False)
 
-    def version(self, key: str, kept: tuple[int, int] | None, limit: int) -> tuple[Node | None, bytes | None]:
+    def version(self, key: str, kept: tuple[int, int] | None, limit: int) -> tuple[Node | None, Held | None]:
         """The file at ``key`` as it is now, for an open: its node and, in the same
         transaction, its content when that is at most ``limit`` bytes and its stamp is not
-        ``kept`` (the kernel holds that version's pages, and may never ask for them)."""
+        ``kept`` (the kernel holds that version's pages, and may never ask for them); the
+        content is held in place where the driver can (``backends.held``): release it."""
 
-        def run(t: Txn) -> tuple[Node | None, bytes | None]:
+        def run(t: Txn, view: View) -> tuple[Node | None, Any]:
             node = self._find(t, key)
             if node is None or node.kind != FILE or stamp_of(node) == kept:
                 return node, None
@@ -274,10 +276,12 @@ class Lookups:
                 # A decoded view decodes at the first read, which may refuse it (EINVAL):
                 # the open itself succeeds, as it did before it read anything.
                 return node, None
-            value = parts.whole(t, key, t.get(key))
-            return node, None if value is None else self.hooks.shown_value(t, key, value)
+            value = view(key)  # shown as stored: no transforming hooks here
+            if value is not None and len(value) == parts.MANIFEST_SIZE:
+                value = parts.whole(t, key, bytes(value))  # a parted file's manifest, maybe
+            return node, value
 
-        return self.driver.transact(run, write=False)
+        return hold(self.driver, run)
 
     def read_version(self, key: str, stamp: tuple[int, int], offset: int = 0, size: int = -1) -> bytes:
         """Bytes of the file at ``key`` (all of it, as shown, when ``size`` is negative; else a

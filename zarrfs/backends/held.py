@@ -1,0 +1,71 @@
+"""Values read in place: what an open file's descriptors read, without a copy where the driver
+can give one (LMDB: a read transaction kept open, whose pages LMDB does not reuse meanwhile).
+
+An open takes the file's content with it (its descriptors read that version whoever replaces
+the file, see ``zarrfs.fs.handles``). Copied out of LMDB's memory map, that copy was a large
+part of the daemon's work in a fresh mount's read (docs/performance.md); a view of the map
+costs nothing, but is valid only while its transaction is open. A driver that can hold such
+transactions has a ``holder`` (``lmdb_hold.Holder``), which bounds how many it holds and for
+how long and copies a value out when it lets its transaction go. Other drivers' values are
+copies already (a database client's bytes) and are simply kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .base import Driver, Txn
+
+T = TypeVar("T")
+
+#: ``view(key)``: the value of ``key`` as :func:`hold` keeps it (a view, or bytes).
+View = Callable[[str], Any]
+
+
+class Held:
+    """A value kept for as long as descriptors read it: :attr:`data` is a view of the
+    database's pages while a transaction holds them, else bytes (a driver without views, or
+    once :meth:`let_go` copied it)."""
+
+    __slots__ = ("data", "_end")
+
+    def __init__(self, data: Any, end: Callable[[Held], None] | None = None) -> None:
+        self.data = data
+        self._end = end
+
+    @property
+    def held(self) -> bool:
+        """Whether a transaction still holds the value's pages."""
+        return self._end is not None
+
+    def let_go(self) -> None:
+        """Keep a copy and end the transaction (the driver's bound on holding one)."""
+        if self._end is not None:
+            self.data = bytes(self.data)
+            self._finish()
+
+    def release(self) -> None:
+        """Nobody reads the value any more: end the transaction, keep nothing."""
+        if self._end is not None:
+            self.data = b""  # the view goes before its transaction does
+            self._finish()
+
+    def _finish(self) -> None:
+        end, self._end = self._end, None
+        assert end is not None
+        end(self)
+
+
+def hold(driver: Driver, fn: Callable[[Txn, View], tuple[T, Any]]) -> tuple[T, Held | None]:
+    """Run ``fn(txn, view)`` in a read transaction; it returns ``(result, value)`` with
+    ``value`` from ``view(key)`` (or None). Returns ``result`` and the value as a
+    :class:`Held` (None for None): in place where the driver can hold it, else a copy."""
+    holder = getattr(driver, "holder", None)
+    if holder is not None:
+        return holder.hold(fn)
+    result, value = driver.transact(lambda t: fn(t, t.get), write=False)
+    return result, None if value is None else Held(value)
+
+
+__all__ = ["Held", "View", "hold"]
