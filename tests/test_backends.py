@@ -766,6 +766,27 @@ class TestRedis(_Conformance):
         assert driver.get("k") == b"v"
         assert driver.transact(lambda t: t.read_many([("get", "k", DATA)]), write=False) == [b"v"]
 
+    def test_a_large_value_is_received_into_its_own_buffer(self, driver, monkeypatch):
+        """A lone reply of a large value is read straight into one buffer (not through
+        hiredis): exact at, below and above the threshold, whatever the socket hands over at a
+        time, and the link goes on serving the next calls."""
+        from zarrfs.backends import redis_link
+
+        limit = redis_link.BIG_REPLY
+        values = {f"v{n}": os.urandom(n) for n in (limit - 1, limit, limit + 1, 3 * limit + 5, 0)}
+        for key, value in values.items():
+            driver.put(key, value)
+        taken = []
+        real = redis_link.Link._bulk
+        monkeypatch.setattr(redis_link.Link, "_bulk", lambda self, *a: taken.append(a[-1]) or real(self, *a))
+        for key, value in values.items():
+            assert driver.get(key) == value
+            assert driver.read(key, 1, 10) == value[1:11]
+        assert taken == [limit, limit + 1, 3 * limit + 5]
+        assert driver.get("missing") is None and driver.transact(
+            lambda t: t.read_many([("get", "v0", DATA), ("get", f"v{limit}", DATA)]), write=False
+        ) == [b"", values[f"v{limit}"]]
+
     def test_stale_entries_are_not_listed_from_an_earlier_scan(self, driver, redis_server):
         for k in ("t/1", "t/2", "t/3", "t/2/x"):
             driver.put(k, b"x")

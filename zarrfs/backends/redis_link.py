@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from .redis_url import RedisURL
 
 BIG_ARG = 1 << 16  # arguments longer than this are sent as they are, not copied into a buffer
+# A lone reply this large is read into a buffer of its own: hiredis would copy it twice more.
+BIG_REPLY = 1 << 18
 IDLE_CHECK = 1.0  # seconds: a connection idle longer is checked for a close by the server
 SPIN = 100e-6  # seconds a link polls for a reply before it sleeps (see Link._receive)
 
@@ -127,6 +129,21 @@ def _forked() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)
+
+
+def _big_bulk(buf: bytearray, got: int) -> tuple[int, int] | None:
+    """``(start, size)`` when the ``got`` bytes in ``buf`` begin a bulk reply (``$size``) of at
+    least :data:`BIG_REPLY` bytes whose data starts at ``start``, else None."""
+    if got < 4 or buf[0] != 0x24:  # "$"
+        return None
+    end = buf.find(b"\r\n", 1, min(got, 24))
+    if end < 0:
+        return None
+    try:
+        size = int(buf[1:end])
+    except ValueError:
+        return None
+    return (end + 2, size) if size >= BIG_REPLY else None
 
 
 def _arg(a: Any) -> bytes | memoryview:
@@ -245,6 +262,14 @@ class Link:
         n = len(commands)
         replies: list[Any] = []
         reader, buf = self.reader, self.buf
+        if n == 1:  # a lone reply may be a large value: received straight into its own buffer
+            got = self._receive(sock, buf)
+            big = _big_bulk(buf, got)
+            if big is not None:
+                return [self._bulk(sock, buf, got, *big)]
+            if not got:
+                raise rexc.ConnectionError("the server closed the connection")
+            reader.feed(buf, 0, got)
         while len(replies) < n:
             reply = reader.gets()
             if reply is False:
@@ -256,7 +281,25 @@ class Link:
                 replies.append(reply)
         return replies
 
-    def _receive(self, sock: Any, buf: bytearray) -> int:
+    def _bulk(self, sock: Any, buf: bytearray, got: int, start: int, size: int) -> bytearray:
+        """The value of a bulk reply of ``size`` bytes whose first ``got`` bytes are in
+        ``buf`` (its data from ``start``): read into a buffer of its own, copied once."""
+        value = bytearray(size + 2)  # and the reply's closing CRLF
+        have = min(got - start, size + 2)
+        value[:have] = memoryview(buf)[start : start + have]
+        view = memoryview(value)
+        while have < size + 2:
+            more = self._receive(sock, view[have:])
+            if not more:
+                raise rexc.ConnectionError("the server closed the connection")
+            have += more
+        view.release()
+        if got - start > size + 2 or value[size:] != b"\r\n":
+            raise rexc.InvalidResponse("a bulk reply of another length than it said")
+        del value[size:]
+        return value
+
+    def _receive(self, sock: Any, buf: Any) -> int:
         """``recv_into`` that first polls the socket for up to ``spin`` seconds, then sleeps
         until the reply comes, the driver's ``timeout`` passes (:class:`StalledError`), or the
         request being served is interrupted (the driver's ``watch``, see
