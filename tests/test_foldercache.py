@@ -139,6 +139,38 @@ def test_snapshot_of_a_folder_read_in_several_batches(tree):
     assert all(nodes[f"{i:04d}"].size == i % 7 for i in range(1500))
 
 
+def test_a_large_folder_read_by_ranges_answers_what_each_lookup_answers(tree, monkeypatch):
+    """On SQLite the side records of a batch of children are read as ranges (fewer statements):
+    attributes, hard links and a symlink as find() sees them; a folder whose subfolders hold
+    many records is read name by name instead, with the same answers."""
+    from zarrfs.fs import listing
+
+    names = [f"{i:03d}" for i in range(100)]
+    tree.driver.transact(lambda t: [t.put(f"g/{n}", b"x" * int(n)) for n in names])
+    tree.driver.transact(lambda t: [t.put(f"g/050x/sub{i:03d}", b"y") for i in range(300)])
+    for n in names[::7]:
+        tree.set_attrs(f"g/{n}", mode=0o600 + int(n) % 64)
+    for i in range(300):
+        tree.set_attrs(f"g/050x/sub{i:03d}", mode=0o640 if i % 7 == 0 else 0o644)
+    tree.link("g/003", "g/zz-link")
+    tree.symlink("../003", "g/symlink", 1000, 1000)
+    ranged = []
+    real = listing.Listings._side_ranges
+    monkeypatch.setattr(
+        listing.Listings, "_side_ranges", lambda self, *a: ranged.append(real(self, *a)) or ranged[-1]
+    )
+    for folder in ("g", "g/050x"):
+        expected = {name: tree.find(f"{folder}/{name}") for name in tree.folder_nodes(folder, 1000) or {}}
+        assert tree.folder_nodes(folder, limit=1000) == expected and len(expected) > 100
+    assert expected["sub014"].attrs.mode & 0o777 == 0o640
+    taken = [r is not None for r in ranged]
+    if tree.driver.batched and not tree.driver.remote:  # SQLite
+        # g: its subfolder's 300 records fill the range: name by name; g/050x: by ranges.
+        assert taken == [False, False, True, True]
+    else:
+        assert not any(taken)
+
+
 def test_find_through_the_cache_and_own_writes_drop_it(tree):
     tree.driver.transact(lambda t: [t.put(f"f/{i}", b"v") for i in range(50)])
     tree.folder_cache = cache = FolderCache(ttl=60.0, hot=4)

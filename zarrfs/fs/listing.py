@@ -28,14 +28,15 @@ from typing import TYPE_CHECKING, Any
 
 from zarrfs.backends.base import DATA, KEYS, SIDE, SIZES, VALUES, Get, Read, Size, Txn, prefix_stop
 from zarrfs.fs.errors import FsError
-from zarrfs.fs.hardlinks import pointer_key
+from zarrfs.fs.hardlinks import POINTER, pointer_key
 from zarrfs.fs.lookups import DIR, FILE, LINK, Node
-from zarrfs.fs.sidedata import ENTRY, LINK_MARK, SPECIAL_MARK, attr_key, entry_key, read_special
+from zarrfs.fs.sidedata import ATTR, ENTRY, LINK_MARK, SPECIAL_MARK, attr_key, entry_key, read_special
 
 if TYPE_CHECKING:
     from zarrfs.fs.namespace import Tree
 
 SCAN_BATCH = 256  # keys per scan of a folder's keys
+RANGED_FROM = 64  # children of a batch from which SQLite reads their side records as ranges
 FOLDER_BATCH = 512  # children per batch of reads when a whole folder is read (SQLite: < 2000 columns)
 FIRST_BATCH = 128  # entries of the first window of a readdir; each next one is 4 times larger
 MAX_BATCH = 4096
@@ -302,7 +303,9 @@ class Listings:
 
     def _read_nodes(self, t: Txn, prefix: str, part: list, sizes: dict | None, into: dict) -> None:
         """The nodes of ``part`` (name, kind) into ``into``: sizes, link targets and
-        attributes in one batch of reads."""
+        attributes in one batch of reads (attributes and link-group pointers by two range
+        reads where those cost less, see :meth:`_side_ranges`)."""
+        ranged = self._side_ranges(t, prefix, part)
         requests: list[Read] = []
         for name, kind in part:
             child = prefix + name
@@ -310,10 +313,11 @@ class Listings:
                 requests.append(Size(child, DATA))
             elif kind not in (FILE, DIR):  # a symlink's target, a device's number
                 requests.append(Get(entry_key(child), SIDE))
-            requests.append(Get(attr_key(child), SIDE))
-            if kind != DIR:
-                requests.append(Get(pointer_key(child), SIDE))
-        answers = iter(t.read_many(requests))
+            if ranged is None:
+                requests.append(Get(attr_key(child), SIDE))
+                if kind != DIR:
+                    requests.append(Get(pointer_key(child), SIDE))
+        answers = iter(t.read_many(requests) if requests else ())
         for name, kind in part:
             child = prefix + name
             size, target = 0, ""
@@ -325,11 +329,37 @@ class Listings:
                 size = len(target.encode("utf-8", "surrogateescape"))
             elif kind != DIR:  # a special file: _node_from takes its device number as size
                 size = read_special(next(answers) or SPECIAL_MARK)[1]
-            raw = next(answers)
-            pointer = next(answers) if kind != DIR else None
+            if ranged is None:
+                raw = next(answers)
+                pointer = next(answers) if kind != DIR else None
+            else:
+                raw, pointer = ranged[0].get(child), ranged[1].get(child) if kind != DIR else None
             if size is None:  # gone between the listing and the read
                 continue
             into[name] = self._node_from(t, child, kind, size, target, raw, pointer)
+
+    def _side_ranges(self, t: Txn, prefix: str, part: list) -> tuple[dict, dict] | None:
+        """The attribute records and link-group pointers of ``part``'s names, by key, read as
+        two ranges of the side space: on SQLite a batch of point reads is one statement whose
+        every sub-query seeks the index, while a range is one seek and then a step per row.
+        None where point reads cost less (other drivers, a small part) or when the ranges hold
+        too many other records (a subfolder's descendants): each name is then read alone."""
+        if self.driver.remote or not self.driver.batched or len(part) < RANGED_FROM:
+            return None
+        names = [prefix + name for name, _ in part]
+        wanted, first, last = set(names), min(names), max(names)
+        most = 2 * len(part)
+        found: list[dict] = []
+        for mark in (ATTR, POINTER):
+            records: dict[str, Any] = {}
+            rows = t.scan(mark + first, mark + last + "\0", space=SIDE, fetch=VALUES, limit=most + 1)
+            for n, (key, value) in enumerate(rows):
+                if n >= most:
+                    return None
+                if key[len(mark) :] in wanted:
+                    records[key[len(mark) :]] = value
+            found.append(records)
+        return found[0], found[1]
 
 
 class DirListing:
