@@ -766,6 +766,26 @@ class TestRedis(_Conformance):
         assert driver.get("k") == b"v"
         assert driver.transact(lambda t: t.read_many([("get", "k", DATA)]), write=False) == [b"v"]
 
+    def test_the_gets_of_a_batch_of_reads_are_one_mget(self, driver, monkeypatch):
+        """A batch of reads sends its GETs as one MGET (a folder's snapshot reads two records
+        per child), answers in the plan's order; a lone GET stays a GET."""
+        from zarrfs.backends import redis_link
+
+        driver.put("a", b"1")
+        driver.put("c", b"333", SIDE)
+        sent = []
+        real = redis_link.Link.call
+        monkeypatch.setattr(
+            redis_link.Link, "call", lambda self, cmds, *a: sent.append(cmds) or real(self, cmds, *a)
+        )
+        plan = [("get", "a", DATA), ("size", "a", DATA), ("get", "b", DATA), ("get", "c", SIDE)]
+        assert driver.transact(lambda t: t.read_many(plan), write=False) == [b"1", 1, None, b"333"]
+        ops = [c[0] for cmds in sent for c in cmds]
+        assert ops.count("MGET") == 1 and "GET" not in ops
+        sent.clear()
+        assert driver.transact(lambda t: t.read_many([("get", "c", SIDE)]), write=False) == [b"333"]
+        assert [c[0] for cmds in sent for c in cmds].count("GET") == 1
+
     def test_a_large_value_is_received_into_its_own_buffer(self, driver, monkeypatch):
         """A lone reply of a large value is read straight into one buffer (not through
         hiredis): exact at, below and above the threshold, whatever the socket hands over at a

@@ -158,6 +158,7 @@ class RedisTxn(IndexScans, Txn):
         names: list[bytes] = []
         # per request: (0, answer) | (1, reply index[, seen key]) | (2, reply index, hidden)
         plan_out: list[tuple[Any, ...]] = []
+        gets: list[bytes] = []
         for kind, raw, space in plan:
             if kind is not HasPrefix:
                 name = d.name(space, raw)
@@ -175,9 +176,9 @@ class RedisTxn(IndexScans, Txn):
                 if kind is Size:
                     plan_out.append((1, len(commands)))
                     commands += [("EXISTS", name), ("STRLEN", name)]
-                else:
-                    plan_out.append((1, len(commands), (space, raw)))
-                    commands.append(("GET", name))
+                else:  # every GET of the plan goes in one MGET, at the end
+                    plan_out.append((3, len(gets), (space, raw)))
+                    gets.append(name)
                 continue
             if space is DATA and not d.indexed:
                 return super()._read_many(plan)
@@ -200,20 +201,23 @@ class RedisTxn(IndexScans, Txn):
             high = b"(" + hi if hi is not None else b"+"
             plan_out.append((2, len(commands), hidden))
             commands.append(("ZRANGEBYLEX", index, b"[" + raw, high, "LIMIT", 0, 1 + len(hidden)))
+        if gets:  # a lone GET stays one: its large value is received straight (redis_link)
+            commands.append(("MGET", *gets) if len(gets) > 1 else ("GET", gets[0]))
         replies = self._query(names, *commands) if commands else []
+        got = (replies[-1] if len(gets) > 1 else replies[-1:]) if gets else []
         out: list[Any] = []
         for step in plan_out:
             if step[0] == 0:
                 out.append(step[1])
                 continue
-            i = step[1]
-            op = commands[i][0]
-            if op == "EXISTS":
-                out.append(replies[i + 1] if replies[i] else None)
-            elif op == "GET":
-                out.append(replies[i])
+            if step[0] == 3:
+                out.append(got[step[1]])
                 if self.write:
-                    self._seen[step[2]] = replies[i]
+                    self._seen[step[2]] = got[step[1]]
+                continue
+            i = step[1]
+            if commands[i][0] == "EXISTS":
+                out.append(replies[i + 1] if replies[i] else None)
             else:
                 out.append(any(m not in step[2] for m in replies[i]))
         return out
