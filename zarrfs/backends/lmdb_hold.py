@@ -36,8 +36,7 @@ class Holder:
 
     def __init__(self, driver: Any) -> None:
         self.driver = driver
-        self.since: dict[Held, float] = {}  # oldest first
-        self.txns: dict[Held, Any] = {}
+        self.since: dict[Held, tuple[float, Any]] = {}  # when, and its transaction; oldest first
         self.thread: int | None = None
 
     def hold(self, fn: Callable[[Any, View], tuple[T, Any]]) -> tuple[T, Held | None]:
@@ -47,15 +46,12 @@ class Holder:
             txn = driver._begin(False)
         except (RetryableError, StorageFullError):  # the retrying path copes
             return self._copied(fn)
-        viewed: list[Any] = []
 
         def view(key: str) -> Any:
             raw = encode_key(key)
             if len(raw) > driver.key_fit:
                 return txn.get(key)  # a long key's value lives in the side environment: a copy
-            value = txn._value(raw, DATA)
-            viewed.append(value)
-            return value
+            return txn._value(raw, DATA)  # a view of the map (copies come as bytes)
 
         try:
             result, value = fn(txn, view)
@@ -64,15 +60,14 @@ class Holder:
             if isinstance(exc, (RetryableError, StorageFullError)):
                 return self._copied(fn)
             raise
-        if value is None or len(value) < SMALLEST or not any(value is v for v in viewed):
-            kept = None if value is None else Held(value if isinstance(value, bytes) else bytes(value))
+        if not isinstance(value, memoryview) or len(value) < SMALLEST:
+            kept = None if value is None else Held(bytes(value))
             txn.__exit__(None, None, None)
             return result, kept
         lmdb_pages.touched(driver, len(value))  # its pages will be in the process's resident set
         held = Held(value, self._end)
         self.thread = threading.get_ident()
-        self.since[held] = time.monotonic()
-        self.txns[held] = txn
+        self.since[held] = (time.monotonic(), txn)
         self.tidy()
         return result, held
 
@@ -81,10 +76,8 @@ class Holder:
         return result, None if value is None else Held(value)
 
     def _end(self, held: Held) -> None:
-        self.since.pop(held, None)
-        txn = self.txns.pop(held, None)
-        if txn is not None:
-            txn.__exit__(None, None, None)
+        _, txn = self.since.pop(held)
+        txn.__exit__(None, None, None)
 
     def _mine(self) -> bool:
         return self.thread is None or self.thread == threading.get_ident()
@@ -94,7 +87,7 @@ class Holder:
         if not self.since or not self._mine():
             return
         now = time.monotonic()
-        for held, since in list(self.since.items()):
+        for held, (since, _) in list(self.since.items()):
             if now - since > SECONDS or len(self.since) > MOST:
                 held.let_go()
 
