@@ -135,6 +135,8 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
     shown = shown_url(url)
     keep_freed_memory()
     driver = open_database(url, opts)
+    if driver.readonly:  # a driver that holds one version (a zip archive, an Icechunk tag)
+        opts.readonly = True
     control = None
     try:
         tree = Tree(
