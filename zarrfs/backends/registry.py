@@ -40,6 +40,7 @@ _table: dict[str, str] = {
     "postgres": _POSTGRES,
     "dbm": "zarrfs.backends.dbm:DBMDriver",
     "zip": "zarrfs.backends.zip:ZipDriver",
+    "icechunk": "zarrfs.backends.icechunk:IcechunkDriver",
 }
 # Import name of a dependency -> the distribution to ``pip install`` when it is missing.
 _pip_names: dict[str, str] = {
