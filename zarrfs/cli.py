@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from zarrfs import __version__
+from zarrfs import __version__, commit
 from zarrfs.backends.base import BackendError
 from zarrfs.daemon import open_database, serve
 from zarrfs.fuse.channel import MountError
@@ -290,7 +290,7 @@ def _zombie(pid: int) -> bool:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """``zarrfs status [MOUNTPOINT]``: the zarrfs mounts, or one mount's live figures."""
-    from zarrfs.control import query, render_status
+    from zarrfs.control import NoAnswer, ask, render_status
 
     mounts = [(mp, source, options) for mp, fstype, source, options in _mounts() if fstype == "fuse.zarrfs"]
     if args.mountpoint is None:
@@ -308,10 +308,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             return _fail(f"{mountpoint} does not exist")
         return _fail(f"{mountpoint} is not a zarrfs mount")
     try:
-        doc = query(os.path.realpath(mountpoint))
-    except (OSError, ValueError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        return _fail(f"the daemon of {mountpoint} does not answer ({reason})")
+        doc = ask(mountpoint)
+    except NoAnswer as exc:
+        return _fail(str(exc))
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
@@ -403,34 +402,6 @@ def cmd_reindex(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_commit(args: argparse.Namespace) -> int:
-    """``zarrfs commit MOUNTPOINT -m MESSAGE``: what a mount of an Icechunk branch holds becomes
-    a commit (files still open for writing join at their close)."""
-    from zarrfs.control import query
-
-    mountpoint = os.path.abspath(args.mountpoint)
-    if not _mounted(mountpoint):
-        return _fail(f"{mountpoint} is not a zarrfs mount")
-    request = {"op": "commit", "message": args.message, "rebase": args.rebase, "branch": args.branch}
-    try:
-        answer = query(os.path.realpath(mountpoint), timeout=600, request=request)
-    except (OSError, ValueError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        return _fail(f"the daemon of {mountpoint} does not answer ({reason})")
-    if "error" in answer:
-        return _fail(answer["error"])
-    aside = answer.get("kept_aside") or []
-    if aside:
-        print(f"not committed: {len(aside)} file(s) that are not Zarr v3 keys: {', '.join(aside[:5])}",
-              file=sys.stderr)
-    if answer.get("snapshot") is None:
-        print(f"nothing to commit on {answer['branch']}", file=sys.stderr)
-    else:
-        print(answer["snapshot"])
-        print(f"committed to {answer['branch']}", file=sys.stderr)
-    return 0
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse, with its usage errors as one line (exit status 2)."""
 
@@ -477,16 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(func=cmd_status)
 
-    commit = sub.add_parser("commit", help="commit what a mount of an Icechunk branch holds",
-                            epilog=EXIT_HELP, formatter_class=raw)
-    commit.add_argument("mountpoint", metavar="MOUNTPOINT")
-    commit.add_argument("-m", "--message", required=True, help="the commit message")
-    commit.add_argument("--rebase", action="store_true",
-                        help="put the writes on top of commits made elsewhere meanwhile")
-    commit.add_argument("--branch", metavar="NAME",
-                        help="commit to a new branch NAME, made where the mount's session began")
-    commit.set_defaults(func=cmd_commit)
-
+    commit.add_parser(sub, raw)
     check = sub.add_parser("check", help="validate the Zarr metadata and chunk keys of a database",
                            epilog=URLS_HELP + "\n" + EXIT_HELP, formatter_class=raw)
     check.add_argument("url", metavar="URL")

@@ -60,6 +60,19 @@ def query(mountpoint: str, timeout: float = 5.0, request: dict[str, Any] | None 
     return json.loads(b"".join(chunks))
 
 
+class NoAnswer(Exception):
+    """The daemon of a mount does not answer on its socket: one line saying so."""
+
+
+def ask(mountpoint: str, request: dict[str, Any] | None = None, timeout: float = 5.0) -> dict[str, Any]:
+    """:func:`query` for the command line: the mountpoint as given, a failure as :class:`NoAnswer`."""
+    try:
+        return query(os.path.realpath(mountpoint), timeout, request)
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise NoAnswer(f"the daemon of {mountpoint} does not answer ({reason})") from None
+
+
 def _copy(mapping: Any) -> dict[str, Any]:
     for _ in range(10):  # the serving thread may add a key meanwhile
         try:
@@ -256,9 +269,9 @@ def version_text(version: dict[str, Any]) -> str:
         return text + (f", {len(aside)} file(s) not Zarr v3 keys kept in memory only" if aside else "")
     if version.get("kind") == "snapshot":
         name = f" {version['name']}" if version.get("name") else ""
-        limit = f" of at most {version['limit']:g} s" if version.get("limit") else ""
+        limit = f"held at most {version['limit']:g} s" if version.get("limit") else "held without a limit"
         return (
-            f"snapshot{name} taken {version['age']:g} s ago (held{limit}); "
+            f"snapshot{name} taken {version['age']:g} s ago ({limit}); "
             f"it costs the writers: {version['cost']}"
         )
     return json.dumps(version)

@@ -46,6 +46,11 @@ log = logging.getLogger("zarrfs")
 def open_database(url: str, opts: MountOptions, hint: bool = True) -> Driver:
     """Open the driver for ``url``; a missing file-based database is an error unless
     ``-o create`` (``hint``: name that option in the error)."""
+    if opts.snapshot is not None:  # refused before anything is opened
+        from zarrfs.backends.registry import driver_class, normalize_url
+        from zarrfs.backends.snapshot import SnapshotDriver
+
+        SnapshotDriver.check(driver_class(normalize_url(url)[0]))
     path = database_path(url)
     if path is not None and not os.path.exists(path):
         if not opts.create:
@@ -63,6 +68,38 @@ def open_database(url: str, opts: MountOptions, hint: bool = True) -> Driver:
         raise
     except Exception as exc:  # a driver's own error type, OSError...: one line, no traceback
         raise BackendError(f"cannot open the database {shown_url(url)}: {reason(exc)}") from exc
+
+
+def hold_snapshot(driver: Driver, opts: MountOptions) -> Driver:
+    """``driver`` behind a :class:`SnapshotDriver` holding the state of now (``-o snapshot``)."""
+    from zarrfs.backends.snapshot import SnapshotDriver
+
+    try:
+        return SnapshotDriver(driver, opts.snapshot or None, opts.snapshot_hold or None)
+    except BaseException:
+        driver.close()
+        raise
+
+
+def end_snapshot_at_its_limit(driver: Driver, mountpoint: str) -> threading.Timer | None:
+    """A timer that unmounts a snapshot mount when its state reaches ``-o snapshot_hold=``
+    (reads would fail with ESTALE from then on), with a line in the log saying why."""
+    expires_in = getattr(driver, "expires_in", None)
+    seconds = expires_in() if callable(expires_in) else None
+    if seconds is None:
+        return None
+
+    def end() -> None:
+        log.error(
+            "%s: the snapshot was held %g s, the limit of -o snapshot_hold=: unmounting "
+            "(mount it again for a snapshot of now, or raise the limit)", mountpoint, driver.limit
+        )
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    timer = threading.Timer(seconds, end)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def make_hooks(opts: MountOptions) -> Hooks:
@@ -135,6 +172,8 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
     shown = shown_url(url)
     keep_freed_memory()
     driver = open_database(url, opts)
+    if opts.snapshot is not None:
+        driver = hold_snapshot(driver, opts)
     if driver.readonly:  # a driver that holds one version (a zip archive, an Icechunk tag)
         opts.readonly = True
     control = None
@@ -187,6 +226,7 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
         handle = owner_and_root_only(handle, channel.fd, os.getuid())
     loop = _Loop(channel.fd, handle, BUFFER_SIZE, opts.spin, pending=session.watch.pending, **idle)
     driver.watch = session.watch  # a driver waiting on a server notices interrupts
+    limit = end_snapshot_at_its_limit(driver, mountpoint)
     try:
         try:
             control = ControlServer(resolved, shown, driver, session, handles, tree, opts)
@@ -195,6 +235,8 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
             log.warning("no status socket for %s: %s", mountpoint, reason(exc))
         loop.run()
     finally:
+        if limit is not None:
+            limit.cancel()
         if control is not None:
             control.close()
         session.close()

@@ -69,6 +69,7 @@ from .checks import (
 from .errors import (
     BackendError,
     DriverNotFoundError,
+    ExpiredError,
     InterruptedCallError,
     InvalidKeyError,
     KeyTooLongError,
@@ -101,6 +102,7 @@ __all__ = [
     "BackendError",
     "Driver",
     "DriverNotFoundError",
+    "ExpiredError",
     "Fetch",
     "Get",
     "HasPrefix",

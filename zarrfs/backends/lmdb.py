@@ -36,7 +36,7 @@ from typing import Any
 
 import lmdb
 
-from . import lmdb_long, lmdb_pages
+from . import lmdb_long, lmdb_pages, lmdb_snapshot
 from ._util import check_options, parse_bool, parse_file_url, parse_size, statvfs
 from .base import DATA, SIDE, Driver, Fetch, HasPrefix, Size, Space, Txn, check_space, encode_key
 from .lmdb_commit import finish
@@ -255,6 +255,7 @@ class LMDBDriver(Driver):
     """Driver for LMDB environments; see the module docstring."""
 
     schemes = ("lmdb",)
+    snapshot = lmdb_snapshot.hold  # -o snapshot: the state of now, held
     #: No key limit: keys over LMDB's (``key_fit``) go to the long-key store (``lmdb_long``).
     max_key_size: int | None = None
 

@@ -58,6 +58,7 @@ from .postgres_sql import queries as _queries
 from .postgres_sql import reason as _reason
 from .postgres_sql import text as _text
 from .postgres_wait import WatchedConnection
+from .snapshot import HeldState
 
 BATCH = 512  # rows per round trip of a streaming scan
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,50}$")
@@ -209,6 +210,9 @@ class PostgresDriver(Driver):
         tables = {DATA: self.table, Space.SIDE: self.table + "_side"}
         if not self.readonly:
             for name in tables.values():
+                # Made once: an ALTER TABLE waits for every transaction that read the table.
+                if self.conn.execute("SELECT to_regclass(%s)", (f'"{name}"',)).fetchone()[0] is not None:
+                    continue
                 self.conn.execute(
                     sql.SQL(
                         'CREATE TABLE IF NOT EXISTS {} (k text COLLATE "C" PRIMARY KEY, v bytea);'
@@ -254,11 +258,9 @@ class PostgresDriver(Driver):
     @contextmanager
     def _begin(self, write: bool) -> Iterator[Txn]:
         with self._lock:
-            if self.conn is None or self.conn.gone():
-                self._drop()
-                self._connect()
+            self._ready()
             level = "SERIALIZABLE" if write else "REPEATABLE READ READ ONLY"
-            try:
+            with self._errors():
                 with self.conn.transaction():
                     self.conn.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
                     txn = PostgresTxn(self, write)
@@ -266,22 +268,50 @@ class PostgresDriver(Driver):
                     if txn.changed:  # delivered at the commit, if it commits
                         notes = postgres_feed.payloads(self.writer, txn.changed)
                         self.conn.execute(postgres_feed.NOTIFY, (self.channel, notes))
-            except (InterruptedCallError, StalledError):  # the connection was closed (postgres_wait)
-                self._drop()
+
+    def _ready(self) -> None:
+        if self.conn is None or self.conn.gone():
+            self._drop()
+            self._connect()
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """The server's errors as the classes of ``errors``."""
+        try:
+            yield
+        except (InterruptedCallError, StalledError):  # the connection was closed (postgres_wait)
+            self._drop()
+            raise
+        except _RETRY as exc:
+            raise RetryableError(f"{self.where}: {_reason(exc)}") from None
+        except pgerr.QueryCanceled as exc:  # statement_timeout
+            raise StalledError(f"{self.where}: {_reason(exc)} (-o timeout=)") from None
+        except _FULL as exc:
+            raise StorageFullError(f"{self.where}: {_reason(exc)}") from None
+        except pgerr.ReadOnlySqlTransaction as exc:
+            raise ReadOnlyError(f"{self.where}: {_reason(exc)}") from None
+        except psycopg.OperationalError as exc:
+            self._drop()
+            raise UnavailableError(f"{self.where}: {_reason(exc)}") from None
+        except psycopg.Error as exc:
+            raise BackendError(f"{self.where}: {_reason(exc)}") from None
+
+    def snapshot(self, name: str | None) -> HeldState:
+        """Hold the state of now, or the exported snapshot ``name`` (``-o snapshot=NAME``): a
+        ``REPEATABLE READ`` transaction kept open (no statement timeout), exported to join."""
+        with self._lock, self._errors():
+            self._ready()
+            conn = self.conn
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET statement_timeout = 0")
+            try:
+                if name:
+                    conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(name)))
+                exported = conn.execute("SELECT pg_export_snapshot()").fetchone()[0]
+            except BaseException:
+                conn.execute("ROLLBACK")
                 raise
-            except _RETRY as exc:
-                raise RetryableError(f"{self.where}: {_reason(exc)}") from None
-            except pgerr.QueryCanceled as exc:  # statement_timeout
-                raise StalledError(f"{self.where}: {_reason(exc)} (-o timeout=)") from None
-            except _FULL as exc:
-                raise StorageFullError(f"{self.where}: {_reason(exc)}") from None
-            except pgerr.ReadOnlySqlTransaction as exc:
-                raise ReadOnlyError(f"{self.where}: {_reason(exc)}") from None
-            except psycopg.OperationalError as exc:
-                self._drop()
-                raise UnavailableError(f"{self.where}: {_reason(exc)}") from None
-            except psycopg.Error as exc:
-                raise BackendError(f"{self.where}: {_reason(exc)}") from None
+        cost = "PostgreSQL cannot vacuum rows this transaction may see: dead rows stay in the tables"
+        return HeldState(PostgresTxn(self, False), conn.rollback, cost, exported, self._errors)
 
     def _drop(self) -> None:
         try:

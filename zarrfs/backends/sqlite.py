@@ -45,7 +45,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from . import sqlite_feed
+from . import sqlite_feed, sqlite_snapshot
 from . import sqlite_sql as sq
 from ._util import Reserve, check_options, parse_bool, parse_file_url, statvfs
 from .base import (
@@ -83,7 +83,7 @@ class SQLiteTxn(Txn):
         self._driver = driver
         self._conn = conn
         # A read transaction runs its first statement on its own (autocommit: a statement is
-        # atomic) and begins at the second; see _begin_now. Most are a single lookup.
+        # atomic) and begins at the second; see begin_now. Most are a single lookup.
         self._begun = write
         self._first: tuple[str, Any, list[Any]] | None = None
         self._written = 0  # bytes this write transaction puts in the WAL, roughly
@@ -124,7 +124,7 @@ class SQLiteTxn(Txn):
     def _has(self, space: Space) -> bool:
         return TABLES[space] in self._driver.tables
 
-    def _begin_now(self) -> None:
+    def begin_now(self) -> None:
         """Begin the read transaction (its snapshot) before a statement that is not its first,
         or that may return large values. The first statement, run before on its own, is run
         again: if its answer changed, the transaction has seen two states of the database and
@@ -146,7 +146,7 @@ class SQLiteTxn(Txn):
         values, which are not worth running twice: the transaction begins before them."""
         if not self._begun:
             if not lazy or self._first is not None:
-                self._begin_now()
+                self.begin_now()
             else:
                 try:
                     rows = self._conn.execute(sql, params).fetchall()
@@ -257,6 +257,7 @@ class SQLiteDriver(Driver):
     """Driver for SQLite databases; see the module docstring."""
 
     schemes = ("sqlite",)
+    snapshot = sqlite_snapshot.hold  # -o snapshot: the state of now, held
     batched = True  # read_many is one statement
     #: SQLite's own automatic checkpoint (pages of WAL), the bound behind the background one.
     autocheckpoint = 8192
@@ -274,7 +275,7 @@ class SQLiteDriver(Driver):
         #: Held while this driver checkpoints (background or sync), so the two never collide.
         self.checkpoint_lock = threading.Lock()
         self.tables: set[str] = set()
-        self.tables, wal = prepare(self._conn(), path, readonly)
+        self.tables, self.wal = prepare(self._conn(), path, readonly)
         self.batches = BatchStatements(self.tables)
         self.max_value = sq.max_value(self._conn())
         # SQLite needs more than LMDB: the commits still in the WAL may need the database file
@@ -284,7 +285,7 @@ class SQLiteDriver(Driver):
         # The change log (sqlite_feed): the id ranges of this driver's entries, and whether
         # the triggers are there.
         self.own, self.logged = sqlite_feed.start(self._conn(), path, self.tables, readonly)
-        if not readonly and wal:
+        if not readonly and self.wal:
             self._checkpointer = Checkpointer(path, self.timeout, self.checkpoint_lock)
 
     def _begin(self, write: bool) -> SQLiteTxn:

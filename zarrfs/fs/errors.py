@@ -41,6 +41,7 @@ _TABLE: list[tuple[type[BaseException], int]] = [
     (base.InterruptedCallError, errno.EINTR),
     (base.ValueTooLargeError, errno.EFBIG),
     (base.UnavailableError, errno.EIO),
+    (base.ExpiredError, errno.ESTALE),
     (base.RetryableError, errno.EAGAIN),
     (base.DriverNotFoundError, errno.ENODEV),
     (base.BackendError, errno.EIO),
