@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import SIDE
-from .errors import BackendError
-from .snapshot import HeldState
+from ..base import SIDE
+from ..errors import BackendError
+from ..snapshot import HeldState
 
 COST = "LMDB cannot reuse the pages this reader sees: writers grow the file instead"
 

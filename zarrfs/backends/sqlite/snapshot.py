@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import BackendError
-from .snapshot import HeldState
+from ..errors import BackendError
+from ..snapshot import HeldState
 
 COST = "SQLite cannot checkpoint the WAL past this reader: the -wal file grows while it is held"
 
