@@ -10,11 +10,13 @@ import subprocess
 
 import numpy as np
 import pytest
-from mounting import needs_fuse, zarrfs
+from mounting import zarrfs
+
+from zarrfs.backends import open_driver
+from zarrfs.backends.base import InvalidKeyError
+from zarrfs.testing import DriverConformance
 
 icechunk = pytest.importorskip("icechunk")
-
-pytestmark = needs_fuse
 
 
 def _repo(path):
@@ -34,6 +36,8 @@ def _commit(mount, *args: str):
     return zarrfs("commit", str(mount.path), *args, check=False)
 
 
+@pytest.mark.usefixtures("fuse_required")
+@pytest.mark.mount
 def test_write_commit_tag_and_read_the_tag_through_a_new_mount(tmp_path, mount_factory):
     import tensorstore as ts
     import zarr
@@ -80,6 +84,8 @@ def test_write_commit_tag_and_read_the_tag_through_a_new_mount(tmp_path, mount_f
     np.testing.assert_array_equal(zarr.open_array(str(latest.path / "x"), mode="r")[:], data)
 
 
+@pytest.mark.usefixtures("fuse_required")
+@pytest.mark.mount
 def test_a_commit_made_elsewhere_is_a_conflict_that_says_what_to_do(tmp_path, mount_factory):
     import zarr
 
@@ -108,6 +114,8 @@ def test_a_commit_made_elsewhere_is_a_conflict_that_says_what_to_do(tmp_path, mo
     assert on_b.tolist() == [0, 2] and on_main.tolist() == [1, 0]
 
 
+@pytest.mark.usefixtures("fuse_required")
+@pytest.mark.mount
 def test_writes_to_other_chunks_are_rebased_on_a_moved_branch(tmp_path, mount_factory):
     import zarr
 
@@ -125,6 +133,8 @@ def test_writes_to_other_chunks_are_rebased_on_a_moved_branch(tmp_path, mount_fa
     assert (arr[0, 0], arr[7, 7]) == (1, 9)
 
 
+@pytest.mark.usefixtures("fuse_required")
+@pytest.mark.mount
 def test_unmount_commits_what_was_not_committed_and_says_so(tmp_path, mount_factory):
     import zarr
 
@@ -139,3 +149,39 @@ def test_unmount_commits_what_was_not_committed_and_says_so(tmp_path, mount_fact
     assert "uncommitted writes committed to 'main'" in m.log_text()
     arr = zarr.open_array(_repo(repo_path).readonly_session(branch="main").store, path="x", mode="r")
     np.testing.assert_array_equal(arr[:], data)
+
+
+class TestIcechunkConformance(DriverConformance):
+    """The driver kit on a branch of a new repository. Its keys are not Zarr v3 keys, so
+    Icechunk keeps them aside in memory (see the driver): what that cannot give is declared."""
+
+    memory = "names that are not Zarr v3 keys are kept in memory, for the life of the driver"
+    cannot = {
+        "test_reopen_keeps_data": memory,
+        "test_read_only": memory + " (another driver does not see them)",
+        "test_processes_increment_exactly": memory,
+        "test_killed_writer_leaves_a_consistent_database": memory,
+    }
+
+    @pytest.fixture
+    def url(self, tmp_path):
+        return f"icechunk://{tmp_path}/repo?branch=main"
+
+    @pytest.fixture
+    def driver(self, url):
+        d = open_driver(url)
+        yield d
+        d.close()
+
+
+def test_the_driver_stores_zarr_v3_keys_in_the_session_and_commits_them(tmp_path):
+    url = f"icechunk://{tmp_path}/repo?branch=main"
+    group = b'{"zarr_format": 3, "node_type": "group", "attributes": {}}'
+    with open_driver(url) as d:
+        d.transact(lambda t: (t.put("zarr.json", group), t.put("scratch.tmp", b"x")))
+        assert d.get("zarr.json") == group and d.get("scratch.tmp") == b"x"
+        assert d.commit("group")["kept_aside"] == ["scratch.tmp"]
+        with pytest.raises(InvalidKeyError):
+            d.put(".zgroup", b"{}")
+    with open_driver(f"icechunk://{tmp_path}/repo?branch=main", readonly=True) as again:
+        assert again.scan() == [("zarr.json", None)] and again.get("zarr.json") == group

@@ -15,6 +15,7 @@ from mounting import zarrfs
 
 from zarrfs.backends import open_driver
 from zarrfs.backends.base import ReadOnlyError
+from zarrfs.testing import DriverConformance
 
 ZARR2_WRITE = r"""
 import sys, numpy as np, zarr
@@ -135,3 +136,32 @@ print(zarr.open_array(zarr.ZipStore(sys.argv[1], mode="r"), path="x", mode="r")[
     result = zarrfs("copy", str(folder), f"zip://{tmp_path}/out.zip", check=False)
     assert result.returncode != 0 and "read-only" in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+class TestZipConformance(DriverConformance):
+    """The driver kit on a new archive (written as ``zarrfs copy`` writes one); what an
+    archive cannot do is declared, with the reason."""
+
+    removes = "an archive only grows: a key cannot be removed"
+    cannot = {
+        "test_get_put_delete": removes,
+        "test_read_your_writes": removes,
+        "test_write_while_scanning": removes,
+        "test_side_data_is_separate": removes,
+        "test_read_many": removes,
+        "test_read_many_in_a_write_transaction": removes,
+        "test_read_only": "an archive being written has no directory until it is closed",
+        "test_reopen_keeps_data": "side data is kept in memory, not in the archive",
+        "test_processes_increment_exactly": "an archive being written is one process's file",
+        "test_killed_writer_leaves_a_consistent_database": "an archive being written is one process's file",
+    }
+
+    @pytest.fixture
+    def url(self, tmp_path):
+        return f"zip://{tmp_path}/new.zip"
+
+    @pytest.fixture
+    def driver(self, url):
+        d = open_driver(url)
+        yield d
+        d.close()
