@@ -23,6 +23,7 @@ store = zarr.ZipStore(sys.argv[1], mode="w")
 root = zarr.group(store=store)
 a = root.create_dataset("x", shape=(12, 10), chunks=(5, 4), dtype="i4")
 a[:] = np.arange(120, dtype="i4").reshape(12, 10)
+a.attrs["_ARRAY_DIMENSIONS"] = ["row", "col"]
 root.attrs["made_by"] = "zarr 2"
 zarr.consolidate_metadata(store)
 store.close()
@@ -94,6 +95,10 @@ def test_zarr2_zipstore_read_through_the_mount_by_zarr2_and_zarr3(tmp_path, moun
     arr = zarr.open_array(str(m.path / "x"), mode="r", zarr_format=2)
     np.testing.assert_array_equal(arr[:], want)
     assert sorted(os.listdir(m.path)) == [".zattrs", ".zgroup", ".zmetadata", "x"]
+    # netCDF-C reads the Zarr v2 archive through the mount too (it reads no Zarr v3).
+    netcdf = pytest.importorskip("netCDF4")
+    with netcdf.Dataset(f"file://{m.path}#mode=zarr,file") as ds:
+        np.testing.assert_array_equal(ds["x"][:], want)
 
 
 def test_the_last_of_two_members_of_one_name_wins(tmp_path):
