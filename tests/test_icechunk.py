@@ -11,6 +11,7 @@ import subprocess
 import numpy as np
 import pytest
 from mounting import zarrfs
+from zarr.core.sync import sync
 
 from zarrfs.backends import open_driver
 from zarrfs.backends.base import InvalidKeyError
@@ -145,10 +146,15 @@ def test_unmount_commits_what_was_not_committed_and_says_so(tmp_path, mount_fact
     with pytest.raises(OSError) as err:  # Icechunk holds Zarr v3 only
         (m.path / ".zgroup").write_bytes(b'{"zarr_format": 2}')
     assert err.value.errno == errno.EINVAL
+    (m.path / "y").mkdir()
+    with pytest.raises(OSError) as err:  # the format layer validates what a branch mount writes
+        (m.path / "y" / "zarr.json").write_bytes(b'{"zarr_format": 3, "node_type": "array"}')
+    assert err.value.errno == errno.EINVAL
     m.stop()
     assert "uncommitted writes committed to 'main'" in m.log_text()
-    arr = zarr.open_array(_repo(repo_path).readonly_session(branch="main").store, path="x", mode="r")
-    np.testing.assert_array_equal(arr[:], data)
+    session = _repo(repo_path).readonly_session(branch="main")
+    np.testing.assert_array_equal(zarr.open_array(session.store, path="x", mode="r")[:], data)
+    assert not sync(session.store.exists("y/zarr.json"))
 
 
 class TestIcechunkConformance(DriverConformance):
