@@ -191,3 +191,18 @@ def test_the_driver_stores_zarr_v3_keys_in_the_session_and_commits_them(tmp_path
             d.put(".zgroup", b"{}")
     with open_driver(f"icechunk://{tmp_path}/repo?branch=main", readonly=True) as again:
         assert again.scan() == [("zarr.json", None)] and again.get("zarr.json") == group
+
+
+def test_copy_a_folder_into_a_new_repository_and_back(tmp_path):
+    import zarr
+
+    folder = tmp_path / "src"
+    data = np.arange(30, dtype="f4").reshape(5, 6)
+    _write_array(folder, data)
+    zarrfs("copy", str(folder), f"icechunk://{tmp_path}/repo?branch=main")
+    repo = _repo(tmp_path / "repo")
+    assert [c.message for c in repo.ancestry(branch="main")][0].startswith("written through zarrfs")
+    arr = zarr.open_array(repo.readonly_session(branch="main").store, path="x", mode="r")
+    np.testing.assert_array_equal(arr[:], data)
+    zarrfs("copy", f"icechunk://{tmp_path}/repo?branch=main", str(tmp_path / "back"))
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "back" / "x"), mode="r")[:], data)
