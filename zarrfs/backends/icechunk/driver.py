@@ -277,8 +277,10 @@ class IcechunkDriver(Driver):
         """Commit what the session holds to the branch (``rebase``: on top of commits made
         elsewhere meanwhile), or to the new branch ``branch`` made at the session's start;
         the mount goes on with a new session of the branch committed to."""
-        if self.readonly or self.branch is None:
+        if self.branch is None:
             raise BackendError(f"{self.path}: a tag or a snapshot is read-only: there is nothing to commit")
+        if self.readonly:
+            raise BackendError(f"{self.path}: branch {self.branch!r} opened read-only: nothing to commit")
         with self.lock:
             aside = sorted(raw.decode() for raw in self.scratch)
             if not self.session.has_uncommitted_changes:
