@@ -17,6 +17,9 @@ database URLs:
   redis+cluster://host:port,host:port/?prefix=zarr
                               Redis Cluster: one hierarchy per hash tag {prefix}
   valkey://, valkeys://, valkey+cluster://   Valkey, the same as the redis schemes
+  zip:///abs/path/data.zip    a zarr-python 2 or 3 ZipStore archive, read-only
+  icechunk:///abs/path/repo?branch=main   (or ?tag=NAME, ?snapshot=ID)
+                              an Icechunk repository; a branch commits with zarrfs commit
   memory://name               in-process, for tests
   Relative paths are resolved against the current folder. A Redis password may also come
   from ?password_file=PATH or the environment variable ZARRFS_PASSWORD (else REDISCLI_AUTH,
@@ -46,6 +49,9 @@ mount options (-o OPT[,OPT...]):
                               (default: the user who mounts)
   umask=OCTAL                 permission bits removed from files and folders with no
                               recorded mode (022)
+  snapshot, snapshot=NAME     one committed state of an LMDB, SQLite or PostgreSQL database,
+                              read-only (NAME: a PostgreSQL exported snapshot)
+  snapshot_hold=SECONDS       longest a snapshot is held, then unmounted (3600; 0 = no limit)
   allow_other                 let every user in; turns on default_permissions
   allow_root                  let root in besides the owner; turns on default_permissions
   no_default_permissions      with allow_other/allow_root: no permission checks by the kernel
