@@ -14,7 +14,7 @@ import zarr2env
 from mounting import zarrfs
 
 from zarrfs.backends import open_driver
-from zarrfs.backends.base import ReadOnlyError
+from zarrfs.backends.base import BackendError, ReadOnlyError
 from zarrfs.testing import DriverConformance
 from zarrfs.testing.filesystem import FilesystemConformance
 
@@ -117,6 +117,19 @@ def test_the_last_of_two_members_of_one_name_wins(tmp_path):
         assert d.read("c", 3, 4) == b"3456"
         with pytest.raises(ReadOnlyError):
             d.put("a/b", b"x")
+
+
+def test_a_damaged_member_is_an_error_not_data(tmp_path):
+    path = tmp_path / "d.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("a", b"0123456789" * 10)
+    raw = path.read_bytes()
+    at = raw.index(b"0123456789")
+    path.write_bytes(raw[:at] + b"X" + raw[at + 1 :])
+    with open_driver(f"zip://{path}") as d:
+        assert d.read("a", 20, 5) == b"01234"  # a range cannot be checked
+        with pytest.raises(BackendError, match="does not match"):
+            d.get("a")
 
 
 def test_copy_to_a_zip_and_back(tmp_path, zarr2_python):

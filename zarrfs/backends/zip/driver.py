@@ -3,9 +3,10 @@
 
 An archive that exists is read-only: a zip file cannot replace or remove a member in place. Its
 central directory is read once, at open, into a sorted index (members read later by offset);
-when a name occurs twice, the last member wins, as ``zipfile`` and zarr-python read it. Byte
-ranges of a stored (uncompressed) member are read by seeking into it; a compressed one is
-inflated up to the range's end.
+when a name occurs twice, the last member wins, as ``zipfile`` and zarr-python read it. A
+stored (uncompressed) member, as ``ZipStore`` writes them, is read with one ``pread`` at its
+data's offset (its local header read once), a whole one checked against its CRC; a compressed
+one goes through ``zipfile``, inflated up to the range's end.
 
 A missing archive opened writable (``zarrfs copy`` to a zip) is created and only grows: each
 committed transaction appends its values as stored members, and removing a key fails with
@@ -16,8 +17,10 @@ and is kept in memory, for the life of the driver.
 from __future__ import annotations
 
 import os
+import struct
 import threading
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -29,6 +32,9 @@ from ..keyindex import KeyIndex
 from ..overlay import OverlayTxn
 
 T = TypeVar("T")
+#: A local file header: signature, version, flags, method, time, date, CRC, sizes, lengths of
+#: the name and of the extra field.
+LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
 
 
 class ZipTxn(OverlayTxn):
@@ -53,10 +59,13 @@ class ZipDriver(Driver):
         self.lock = threading.RLock()
         self.data = KeyIndex()  # name (UTF-8) -> ZipInfo
         self.side = KeyIndex()  # side key -> value, in memory
+        self.offsets: dict[int, int] = {}  # a member's header offset -> where its data starts
+        self.fd: int | None = None  # the archive, for reads of stored members by offset
         if os.path.exists(path):
             self.readonly = True  # members cannot be replaced in place
             try:
                 self.zip = zipfile.ZipFile(path, "r")
+                self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             except (OSError, zipfile.BadZipFile) as exc:
                 raise BackendError(f"{path}: not a zip archive ({exc})") from None
             for info in self.zip.infolist():
@@ -109,13 +118,34 @@ class ZipDriver(Driver):
         return self._read_member(info, offset, length)
 
     def _read_member(self, info: zipfile.ZipInfo, offset: int, length: int) -> bytes:
+        length = max(0, min(length, info.file_size - offset))
         try:
+            if info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 1 and self.fd is not None:
+                data = os.pread(self.fd, length, self._data_offset(info) + offset)
+                if len(data) != length or (
+                    offset == 0 and length == info.file_size and zlib.crc32(data) != info.CRC
+                ):
+                    raise zipfile.BadZipFile("member data does not match the directory")
+                return data
             with self.zip.open(info) as member:
                 if offset:
                     member.seek(offset)
-                return member.read(max(0, min(length, info.file_size - offset)))
+                return member.read(length)
         except (OSError, zipfile.BadZipFile, EOFError) as exc:
             raise BackendError(f"{self.path}: {info.filename}: {exc}") from None
+
+    def _data_offset(self, info: zipfile.ZipInfo) -> int:
+        """Where a member's data starts: after its local header, whose name and extra field
+        may differ in length from the directory's (read once, then kept)."""
+        start = self.offsets.get(info.header_offset)
+        if start is None:
+            header = os.pread(self.fd, LOCAL_HEADER.size, info.header_offset)
+            if len(header) != LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
+                raise zipfile.BadZipFile("bad local header")
+            name_length, extra_length = LOCAL_HEADER.unpack(header)[-2:]
+            start = info.header_offset + LOCAL_HEADER.size + name_length + extra_length
+            self.offsets[info.header_offset] = start
+        return start
 
     def apply(self, writes: dict[tuple[Space, bytes], Any]) -> None:
         """Append a committed transaction's values to the archive (side data: in memory)."""
@@ -148,6 +178,9 @@ class ZipDriver(Driver):
         """Close the archive (one being written gets its central directory now)."""
         with self.lock:
             self.zip.close()
+            if self.fd is not None:
+                os.close(self.fd)
+                self.fd = None
 
 
 __all__ = ["ZipDriver"]
