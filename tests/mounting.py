@@ -155,6 +155,8 @@ def make_url(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
         return request.getfixturevalue("postgres_server").url(table=f"t{uuid.uuid4().hex[:12]}")
     if kind == "cluster":
         return request.getfixturevalue("redis_cluster").url(prefix=f"t{uuid.uuid4().hex[:12]}")
+    if kind == "spread":  # one hierarchy's chunks over every master (?spread=1)
+        return request.getfixturevalue("redis_cluster").url(prefix=f"t{uuid.uuid4().hex[:12]}", spread="1")
     raise ValueError(kind)
 
 
