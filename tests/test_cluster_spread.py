@@ -211,3 +211,70 @@ def test_slots_moved_during_spread_writes_lose_nothing(redis_cluster):
         for key, value in done.items():
             assert r.transact(lambda t, k=key: parts.whole(t, k, t.get(k)), write=False) == value
     d.close()
+
+
+@pytest.fixture(scope="module")
+def replicated():
+    """Three masters with a replica each; a silent master is failed over after 1 s."""
+
+    def start(workdir: str):
+        return start_redis_cluster(workdir, replicas=1, node_timeout_ms=1000)
+
+    yield from session_server("zarrfs-cluster-sr-", start, stop_redis_cluster)
+
+
+def test_a_master_failed_over_during_reads_loses_nothing(replicated):
+    from test_cluster import _node, _replica_of
+
+    url = replicated.url(prefix=_prefix("fo"), spread="1")
+    d = open_driver(url)
+    values = {f"c/{i}": os.urandom(6000 + i) for i in range(60)}
+    for key, value in values.items():
+        parts.put_value(d, key, value, 4096)
+    for port in replicated.ports:  # every write reached the replicas before the failover
+        if _node(port).info("replication")["role"] == "master":
+            _node(port).execute_command("WAIT", 1, 5000)
+    wrong: list[str] = []
+    errors: list[Exception] = []
+    rounds = [0]
+    halt = threading.Event()
+
+    def reader() -> None:
+        while not halt.is_set():
+            for key, value in values.items():
+                try:
+                    got = d.transact(lambda t, k=key: parts.whole(t, k, t.get(k)), write=False)
+                except BackendError as exc:  # a call may fail while the master changes, never lie
+                    errors.append(exc)
+                    continue
+                if got != value:
+                    wrong.append(key)
+            rounds[0] += 1
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    try:
+        victim = next(p for p in replicated.ports if _node(p).info("replication")["role"] == "master"
+                      and _node(p).info("replication").get("connected_slaves", 0))
+        replica = _replica_of(replicated, victim)
+        seen = rounds[0]
+        deadline = time.monotonic() + 60
+        while rounds[0] < seen + 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        _node(replica).execute_command("CLUSTER", "FAILOVER")
+        while _node(replica).info("replication")["role"] != "master":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        seen = rounds[0]
+        while rounds[0] < seen + 2:
+            assert time.monotonic() < deadline and t.is_alive()
+            time.sleep(0.01)
+    finally:
+        halt.set()
+        t.join(60)
+    assert wrong == []
+    with open_driver(url, readonly=True) as r:
+        for key, value in values.items():
+            assert r.transact(lambda t, k=key: parts.whole(t, k, t.get(k)), write=False) == value
+    d.close()

@@ -44,6 +44,7 @@ from .keys import (
     ZGROUP,
     ZMETADATA,
     ancestors,
+    becomes_metadata,
     is_metadata_key,
     is_temporary,
     join_key,
@@ -117,8 +118,9 @@ class FormatHooks:
             self._judge(validate_data_key(key, txn.get, _get_many(txn)))
 
     def whole(self, key: str) -> bool:
-        """Whether a value at ``key`` is read whole here (metadata): never stored in parts."""
-        return is_metadata_key(key)
+        """Whether a value at ``key`` is read whole here (metadata, and the temporary files
+        that become metadata): never stored in parts."""
+        return is_metadata_key(key) or becomes_metadata(key)
 
     def reads(self, key: str) -> list[str]:
         """The metadata documents validating a new chunk or data file at ``key`` reads (those

@@ -17,14 +17,12 @@ Every command of a hierarchy goes to the one master that owns its slot, over the
 links as on a single server, and every commit is one ``MULTI``/``EXEC`` on that slot. Different
 hierarchies (prefixes) land on different slots and so spread over the masters.
 
-**The trade-off.** One hierarchy lives on one shard: its size and its load are bounded by one
-master. Spreading one hierarchy over shards (a tag per array, or per chunk) would need what Redis
-Cluster does not offer: a transaction across slots. A commit that renames a folder or writes
-data, index and side data together would then need a protocol of its own — a lock on the
-hierarchy, or per key, taken on one slot, then a two-phase write (intents recorded, applied on
-every slot, then cleared, with recovery of a writer that dies between the phases). Readers
-would have to honour the intents. JuiceFS keeps a volume's metadata under one tag for the same
-reason.
+**The trade-off, and ``?spread=1``.** By default one hierarchy lives on one shard: its size and
+load are bounded by one master, and zarr-python 2's ``RedisStore`` reads it. With ``spread=1``
+the values the filesystem stores as parts (``PARTS``; every chunk, ``?spread_above=`` aside)
+get hash tags of their own and spread over every master, while each commit stays one
+``MULTI``/``EXEC`` on the home slot (see ``spread``): no protocol across slots is needed,
+because parts never change and only a committed manifest names them.
 
 **Moved slots and failover.** A ``MOVED`` or ``ASK`` reply (a slot being resharded),
 ``CLUSTERDOWN`` or ``TRYAGAIN`` makes the transaction run again (``RetryableError``) after the
