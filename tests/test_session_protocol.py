@@ -81,12 +81,12 @@ def test_opcodes_and_flags_are_the_kernels():
 
 def test_dirent_records_pad_to_eight_bytes():
     for name, total in ((b"a", 32), (b"abcdefgh", 32), (b"abcdefghi", 40), (b"", 24)):
-        record = k.dirents([(name.decode(), FILE, 5)], 4096)
+        record = k.dirents([(name.decode(), FILE, 5, 77)], 4096)
         assert len(record) == total
-        assert k.DIRENT.unpack_from(record) == (k.UNKNOWN_INO, 5, len(name), 8)
+        assert k.DIRENT.unpack_from(record) == (77, 5, len(name), 8)
         assert record[24 : 24 + len(name)] == name and set(record[24 + len(name) :]) <= {0}
-    assert k.DIRENT.unpack_from(k.dirents([("d", DIR, 1)], 4096))[3] == 4  # DT_DIR
-    assert k.DIRENT.unpack_from(k.dirents([("l", stat.S_IFLNK, 1)], 4096))[3] == 10  # DT_LNK
+    assert k.DIRENT.unpack_from(k.dirents([("d", DIR, 1, 2)], 4096))[3] == 4  # DT_DIR
+    assert k.DIRENT.unpack_from(k.dirents([("l", stat.S_IFLNK, 1, 3)], 4096))[3] == 10  # DT_LNK
 
 
 def test_names_split_nul_terminated_names():

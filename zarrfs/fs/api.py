@@ -24,7 +24,16 @@ from zarrfs.fs.errors import FsError, is_quiet, to_errno
 from zarrfs.fs.handles import HandleTable, Stored
 from zarrfs.fs.listing import DirListing
 from zarrfs.fs.locks import UNLCK, Lock, LockTable, Waiters
-from zarrfs.fs.namespace import DIR, FILE, LINK, RENAME_EXCHANGE, RENAME_NOREPLACE, Node, Tree
+from zarrfs.fs.namespace import (
+    DIR,
+    FILE,
+    LINK,
+    RENAME_EXCHANGE,
+    RENAME_NOREPLACE,
+    Node,
+    Tree,
+    check_rename_flags,
+)
 from zarrfs.fs.pagecache import DIRECT_ABOVE, PageCache, Pages
 
 NOW = "now"  # a time to set to the present (UTIME_NOW)
@@ -198,7 +207,9 @@ class Operations:
 
     def rename(self, src: str, dst: str, flags: int = 0) -> Stored | None:
         """Move a file or folder, atomically, honouring RENAME_NOREPLACE / RENAME_EXCHANGE.
-        A held temporary file is stored by its rename: then what was stored is returned."""
+        A held temporary file is stored by its rename: then what was stored is returned.
+        Other flags (RENAME_WHITEOUT) are EINVAL: the rename is not done."""
+        check_rename_flags(src, flags)
         if self.handles.unstored(src) is not None and not flags & RENAME_EXCHANGE:
             return self.handles.store_as(src, dst, exclusive=bool(flags & RENAME_NOREPLACE))
         self.handles.settle(src)

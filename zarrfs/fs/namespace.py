@@ -41,10 +41,18 @@ __all__ = [
     "Hooks",
     "Node",
     "Tree",
+    "check_rename_flags",
 ]
 
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
+
+
+def check_rename_flags(src: str, flags: int) -> None:
+    """EINVAL for rename flags not done here: RENAME_WHITEOUT (which overlayfs asks of its
+    upper layer), any later flag, and NOREPLACE with EXCHANGE."""
+    if flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE) or flags == RENAME_NOREPLACE | RENAME_EXCHANGE:
+        raise FsError(errno.EINVAL, f"rename of {src} with flags {flags:#x}")
 
 
 class Hooks:
@@ -395,8 +403,9 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
 
     def rename(self, src: str, dst: str, flags: int = 0) -> bool:
         """Move a file or a whole folder atomically, replacing an existing target atomically;
-        honours RENAME_NOREPLACE and RENAME_EXCHANGE. Onto another name of the same file, a
-        rename does nothing (POSIX): then False is returned."""
+        honours RENAME_NOREPLACE and RENAME_EXCHANGE; other flags (RENAME_WHITEOUT) are EINVAL.
+        Onto another name of the same file, a rename does nothing (POSIX): then False is returned."""
+        check_rename_flags(src, flags)
         if src == dst:
             return False
         if not src or not dst:

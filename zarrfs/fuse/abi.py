@@ -119,7 +119,6 @@ NOTIFY_INVAL_ENTRY = 3
 NOTIFY_STORE = 4
 
 # d_ino of listed entries: the inode number is known only once the name is looked up.
-UNKNOWN_INO = 0xFFFFFFFF
 
 IN_HEADER = struct.Struct("<IIQQIIIHH")  # the fields of Header
 OUT_HEADER = struct.Struct("<IiQ")  # len, error, unique
@@ -263,21 +262,21 @@ def split_time(seconds: float) -> tuple[int, int]:
 _PADS = [b"\0" * i for i in range(8)]
 
 
-def dirents(entries: Iterable[tuple[str, int, int]], size: int) -> bytes:
-    """``fuse_dirent`` records (each padded to 8 bytes) of ``(name, kind, next offset)``
-    entries, as many as fit in ``size`` bytes; the entries are taken one by one, so a listing
-    produces only what fits (the next READDIR resumes at the last offset sent)."""
+def dirents(entries: Iterable[tuple[str, int, int, int]], size: int) -> bytes:
+    """``fuse_dirent`` records (each padded to 8 bytes) of ``(name, kind, next offset, inode
+    number)`` entries, as many as fit in ``size`` bytes; the entries are taken one by one, so a
+    listing produces only what fits (the next READDIR resumes at the last offset sent)."""
     parts: list[bytes] = []
     append = parts.append
     used = 0
     pack = DIRENT.pack
-    for name, kind, offset in entries:
+    for name, kind, offset, ino in entries:
         raw = name.encode("utf-8", "surrogateescape")
         n = len(raw)
         length = (DIRENT.size + n + 7) & ~7
         if used + length > size:
             break
-        append(pack(UNKNOWN_INO, offset, n, stat.S_IFMT(kind) >> 12))
+        append(pack(ino, offset, n, stat.S_IFMT(kind) >> 12))
         append(raw)
         append(_PADS[-n & 7])
         used += length

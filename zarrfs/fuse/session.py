@@ -450,20 +450,10 @@ class Session(LockRequests, Dispatcher):
 
     def _statfs(self, head: Header, buf: memoryview) -> None:
         s = self.ops.statfs()
+        figures = (s[f] for f in ("f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_bsize"))
         self._send(
             k.STATFS_REPLY.pack(
-                k.STATFS_REPLY.size,
-                0,
-                head.unique,
-                s["f_blocks"],
-                s["f_bfree"],
-                s["f_bavail"],
-                s["f_files"],
-                s["f_ffree"],
-                s["f_bsize"],
-                s["f_namemax"],
-                s["f_frsize"],
-                0,
+                k.STATFS_REPLY.size, 0, head.unique, *figures, s["f_namemax"], s["f_frsize"], 0
             )
         )
 
@@ -474,7 +464,8 @@ class Session(LockRequests, Dispatcher):
 
     def _readdir(self, head: Header, buf: memoryview) -> None:
         fh, offset, size = k.READ_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
-        self._reply_data(head.unique, k.dirents(self.ops.readdir(fh, offset), size))
+        entries = self.inodes.numbered(self._key(head.nodeid), head.nodeid, self.ops.readdir(fh, offset))
+        self._reply_data(head.unique, k.dirents(entries, size))
 
     def _releasedir(self, head: Header, buf: memoryview) -> None:
         self.ops.releasedir(k.RELEASE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0])

@@ -1,0 +1,108 @@
+"""What real programs (CPython's tests, fsstress, tar, rsync, overlayfs) ask of a mount beyond
+the POSIX suites, through real mounts of every driver."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+
+import pytest
+from mounting import needs_fuse, read, write
+
+pytestmark = needs_fuse
+
+_libc = ctypes.CDLL(None, use_errno=True)
+AT_FDCWD = -100
+RENAME_WHITEOUT = 4
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 1, 2
+
+
+def _check(result: int) -> None:
+    if result != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+def renameat2(old, new, flags: int) -> None:
+    _check(_libc.renameat2(AT_FDCWD, os.fsencode(old), AT_FDCWD, os.fsencode(new), flags))
+
+
+def fallocate(fd: int, mode: int, offset: int, length: int) -> None:
+    _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+    _check(_libc.fallocate(fd, mode, offset, length))
+
+
+def test_what_the_mount_does_not_do_is_refused_never_ignored(mounted):
+    root = mounted.path
+    write(root / "a", b"alpha")
+    # RENAME_WHITEOUT (overlayfs) would leave a whiteout at the old name: not done, so EINVAL
+    # and nothing moved.
+    with pytest.raises(OSError) as exc:
+        renameat2(root / "a", root / "b", RENAME_WHITEOUT)
+    assert exc.value.errno == errno.EINVAL
+    assert read(root / "a") == b"alpha" and not os.path.exists(root / "b")
+    # fallocate: only mode 0 (grow) is done; punching a hole or keeping the size is refused.
+    fd = os.open(root / "a", os.O_RDWR)
+    try:
+        for mode in (FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE):
+            with pytest.raises(OSError) as exc:
+                fallocate(fd, mode, 0, 4096)
+            assert exc.value.errno == errno.EOPNOTSUPP
+        fallocate(fd, 0, 0, 8)
+        assert os.fstat(fd).st_size == 8
+    finally:
+        os.close(fd)
+    assert read(root / "a") == b"alpha\0\0\0"
+    # O_TMPFILE: refused (no nameless file), never a file with a name.
+    with pytest.raises(OSError) as exc:
+        os.open(root, os.O_TMPFILE | os.O_RDWR, 0o600)
+    assert exc.value.errno in (errno.EOPNOTSUPP, errno.EISDIR)
+    assert sorted(os.listdir(root)) == ["a"]
+    # copy_file_range: done by the kernel's read and write, so the bytes arrive.
+    src, dst = os.open(root / "a", os.O_RDONLY), os.open(root / "c", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        assert os.copy_file_range(src, dst, 8, offset_src=0, offset_dst=3) == 8
+    finally:
+        os.close(src)
+        os.close(dst)
+    assert read(root / "c") == b"\0\0\0alpha\0\0\0"
+    # An ioctl the mount does not know: refused.
+    import fcntl
+
+    fd = os.open(root / "a", os.O_RDONLY)
+    try:
+        with pytest.raises(OSError) as exc:
+            fcntl.ioctl(fd, 0x80086601, b"\0" * 8)  # FS_IOC_GETFLAGS
+        assert exc.value.errno in (errno.ENOTTY, errno.ENOSYS, errno.EOPNOTSUPP)
+    finally:
+        os.close(fd)
+
+
+def test_readdir_gives_the_inode_numbers_stat_gives(mounted):
+    root = mounted.path
+    os.makedirs(root / "d/sub")
+    for i in range(50):
+        write(root / f"d/f{i}", b"x")
+    os.symlink("f0", root / "d/link")
+    # A fresh listing (nothing of it looked up yet by this process) and stat after it.
+    listed = {e.name: e.inode() for e in os.scandir(root / "d")}
+    assert len(listed) == 52
+    for name, ino in listed.items():
+        assert os.lstat(root / "d" / name).st_ino == ino, name
+    assert len(set(listed.values())) == 52
+    assert os.stat(root / "d").st_ino == os.stat(root / "d/sub/..").st_ino
+
+
+def test_paths_a_thousand_folders_deep(mounted):
+    root = mounted.path
+    deep = os.path.join(*["d"] * 1000)
+    for level in range(1, 1001):
+        os.mkdir(root / os.path.join(*["d"] * level))
+    write(root / deep / "0.0", b"bottom")  # stored at its close
+    assert read(root / deep / "0.0") == b"bottom"
+    assert os.listdir(root / deep) == ["0.0"]
+    os.rename(root / deep / "0.0", root / deep / "1.0")
+    assert read(root / deep / "1.0") == b"bottom"
+    os.unlink(root / deep / "1.0")
+    assert os.listdir(root / deep) == []
