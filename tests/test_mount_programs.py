@@ -8,7 +8,7 @@ import errno
 import os
 
 import pytest
-from mounting import needs_fuse, read, write
+from mounting import needs_fuse, read, stored, write
 
 pytestmark = needs_fuse
 
@@ -106,3 +106,50 @@ def test_paths_a_thousand_folders_deep(mounted):
     assert read(root / deep / "1.0") == b"bottom"
     os.unlink(root / deep / "1.0")
     assert os.listdir(root / deep) == []
+
+
+def test_any_name_posix_allows(mounted):
+    root = os.fsencode(mounted.path)
+    latin1, raw, back = b"caf\xe9.txt", b"\xff\xfe\x80", b"a\\b"
+    longest = b"\xe9" * 255
+    for name in (latin1, raw, back, longest):
+        write(os.path.join(root, name), name)
+    os.mkdir(os.path.join(root, b"d\xe9"))
+    write(os.path.join(root, b"d\xe9", raw), b"inside")
+    # Listings give the bytes back; each name opens its own file.
+    assert sorted(os.listdir(root)) == sorted([latin1, raw, back, longest, b"d\xe9"])
+    assert os.listdir(os.path.join(root, b"d\xe9")) == [raw]
+    for name in (latin1, raw, back, longest):
+        assert read(os.path.join(root, name)) == name
+    # The key is UTF-8 text (zarr-python 2 and every database can hold and list it): each
+    # byte that is not UTF-8 is U+EF80 + (byte - 0x80).
+    assert stored(mounted.url, "caf\uefe9.txt") == latin1
+    assert stored(mounted.url, "d\uefe9/\uefff\ueffe\uef80") == b"inside"
+    os.rename(os.path.join(root, latin1), os.path.join(root, b"\xe9t\xe9"))
+    assert read(os.path.join(root, b"\xe9t\xe9")) == latin1
+    # A name that is not there is ENOENT, whatever its bytes; one holding a character kept
+    # for such bytes cannot be made (EILSEQ); a longer name is ENAMETOOLONG.
+    kept = "x\uef80".encode()
+    for name in (b"nope\xe9", b"\xc3", kept, "x\udc80".encode("utf-8", "surrogatepass")):
+        with pytest.raises(FileNotFoundError):
+            os.stat(os.path.join(root, name))
+    with pytest.raises(OSError) as exc:
+        write(os.path.join(root, kept), b"x")
+    assert exc.value.errno == errno.EILSEQ
+    with pytest.raises(OSError) as exc:
+        write(os.path.join(root, b"\xe9" * 256), b"x")
+    assert exc.value.errno == errno.ENAMETOOLONG
+    os.unlink(os.path.join(root, raw))
+    assert raw not in os.listdir(root)
+
+
+def test_a_backslash_is_refused_only_inside_a_zarr_node(mounted):
+    root = mounted.path
+    os.makedirs(root / "plain")
+    write(root / "plain/a\\b", b"1")  # a zip's or a Windows tool's name
+    assert os.listdir(root / "plain") == ["a\\b"]
+    os.makedirs(root / "grp")
+    write(root / "grp/.zgroup", b'{"zarr_format": 2}')
+    with pytest.raises(OSError) as exc:
+        write(root / "grp/a\\b", b"1")  # zarr-python 2 would read it as grp/a/b
+    assert exc.value.errno == errno.EINVAL

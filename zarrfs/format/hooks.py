@@ -104,9 +104,16 @@ class FormatHooks:
             log.warning("%s", p)
 
     def check_name(self, txn: Any, key: str, kind: int) -> None:
-        """Refuse a new file or folder name that no Zarr client could address."""
+        """Refuse a new file or folder name that no Zarr client could address. A backslash
+        matters only inside a Zarr node (zarr-python 2 reads it as ``/``): outside one, a name
+        is any name a folder can hold (a zip's ``a\\b``)."""
         if self.validate != "off":
-            self._judge(validate_name(key))
+            problems = validate_name(key)
+            if any(p.rule == "name.backslash" for p in problems) and (
+                enclosing_node(key, txn.get, _get_many(txn)) is None
+            ):
+                problems = [p for p in problems if p.rule != "name.backslash"]
+            self._judge(problems)
 
     def _validate_value(self, txn: Any, key: str, value: Any) -> None:
         if self.validate == "off":

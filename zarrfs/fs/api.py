@@ -24,6 +24,7 @@ from zarrfs.fs.errors import FsError, is_quiet, to_errno
 from zarrfs.fs.handles import HandleTable, Stored
 from zarrfs.fs.listing import DirListing
 from zarrfs.fs.locks import UNLCK, Lock, LockTable, Waiters
+from zarrfs.fs.names import NAME_MAX, key_text, name_bytes
 from zarrfs.fs.namespace import (
     DIR,
     FILE,
@@ -37,7 +38,6 @@ from zarrfs.fs.namespace import (
 from zarrfs.fs.pagecache import DIRECT_ABOVE, PageCache, Pages
 
 NOW = "now"  # a time to set to the present (UTIME_NOW)
-NAME_MAX = 255  # bytes in one name (statfs's f_namemax), as ext4 and XFS allow
 
 
 class Operations:
@@ -200,11 +200,6 @@ class Operations:
         if not self.handles.unlinked(key):
             self.tree.unlink(key)
 
-    def check_name(self, name: bytes) -> None:
-        """ENAMETOOLONG for a name longer than NAME_MAX (255 bytes), as local filesystems say."""
-        if len(name) > NAME_MAX:
-            raise FsError(errno.ENAMETOOLONG, f"a name of {len(name)} bytes", quiet=True)
-
     def rename(self, src: str, dst: str, flags: int = 0) -> Stored | None:
         """Move a file or folder, atomically, honouring RENAME_NOREPLACE / RENAME_EXCHANGE.
         A held temporary file is stored by its rename: then what was stored is returned.
@@ -326,5 +321,7 @@ __all__ = [
     "Stored",
     "folders_of",
     "is_quiet",
+    "key_text",
+    "name_bytes",
     "to_errno",
 ]

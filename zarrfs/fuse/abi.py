@@ -25,6 +25,8 @@ import struct
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from zarrfs.fs.api import name_bytes
+
 MAJOR = 7
 MINOR = 39  # the newest minor whose layouts zarrfs writes
 MIN_MINOR = 12  # the oldest minor it serves: see the module's docstring
@@ -271,7 +273,7 @@ def dirents(entries: Iterable[tuple[str, int, int, int]], size: int) -> bytes:
     used = 0
     pack = DIRENT.pack
     for name, kind, offset, ino in entries:
-        raw = name.encode("utf-8", "surrogateescape")
+        raw = name_bytes(name)
         n = len(raw)
         length = (DIRENT.size + n + 7) & ~7
         if used + length > size:

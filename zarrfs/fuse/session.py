@@ -16,7 +16,7 @@ import logging
 import os
 from collections.abc import Callable
 
-from zarrfs.fs.api import DIR, NAME_MAX, NOW, RENAME_EXCHANGE, FsError, Node, Operations, PageCache, Stored
+from zarrfs.fs.api import DIR, NOW, RENAME_EXCHANGE, FsError, Node, Operations, PageCache, Stored, key_text
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.abi import Header
 from zarrfs.fuse.dispatch import Dispatcher, Handler
@@ -119,9 +119,7 @@ class Session(LockRequests, Dispatcher):
         parent = None if inode is None else inode.key
         if parent is None:
             raise FsError(errno.ENOENT, f"node {nodeid} is gone", quiet=True)
-        if len(name) > NAME_MAX:
-            self.ops.check_name(name)
-        text = name.decode("utf-8", "surrogateescape")
+        text = key_text(name)
         return parent + "/" + text if parent else text
 
     def _stored(self, nodeid: int | None, stored: Stored | None) -> None:
@@ -230,7 +228,12 @@ class Session(LockRequests, Dispatcher):
 
     # ------------------------------------------------------------------ names
     def _lookup(self, head: Header, buf: memoryview) -> None:
-        key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE, head.len))
+        try:
+            key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE, head.len))
+        except FsError as exc:  # a name no file can have (EILSEQ) is not there
+            if exc.errno != errno.EILSEQ:
+                raise
+            raise FsError(errno.ENOENT, str(exc), quiet=True) from None
         node = self.ops.find(key)
         if node is None:
             if self.negative_valid == (0, 0):
