@@ -153,3 +153,92 @@ def test_a_backslash_is_refused_only_inside_a_zarr_node(mounted):
     with pytest.raises(OSError) as exc:
         write(root / "grp/a\\b", b"1")  # zarr-python 2 would read it as grp/a/b
     assert exc.value.errno == errno.EINVAL
+
+
+def test_extended_attributes_are_kept(mounted):
+    root = mounted.path
+    os.makedirs(root / "d")
+    write(root / "d/f", b"data")
+    f = root / "d/f"
+    assert os.listxattr(f) == []
+    with pytest.raises(OSError) as exc:
+        os.getxattr(f, "user.missing")
+    assert exc.value.errno == errno.ENODATA
+    os.setxattr(f, "user.mime", b"text/plain")
+    os.setxattr(f, "user.empty", b"")
+    os.setxattr(root / "d", "user.folder", b"\0\xff")
+    os.setxattr(f, "trusted.t", b"root only")  # the tests run as root
+    assert sorted(os.listxattr(f)) == ["trusted.t", "user.empty", "user.mime"]
+    assert os.getxattr(f, "user.mime") == b"text/plain" and os.getxattr(f, "user.empty") == b""
+    assert os.getxattr(root / "d", "user.folder") == b"\0\xff"
+    # XATTR_CREATE / XATTR_REPLACE
+    with pytest.raises(FileExistsError):
+        os.setxattr(f, "user.mime", b"x", os.XATTR_CREATE)
+    with pytest.raises(OSError) as exc:
+        os.setxattr(f, "user.new", b"x", os.XATTR_REPLACE)
+    assert exc.value.errno == errno.ENODATA
+    os.setxattr(f, "user.mime", b"text/csv", os.XATTR_REPLACE)
+    # ext4's limits: all of a node's attributes in one 4 KiB block (ENOSPC), a value of 64 KiB
+    # at most (E2BIG), a name of 255 bytes at most (ERANGE).
+    os.setxattr(f, "user.big", b"v" * 3900)
+    with pytest.raises(OSError) as exc:
+        os.setxattr(f, "user.big2", b"v" * 200)
+    assert exc.value.errno == errno.ENOSPC
+    os.removexattr(f, "user.big")
+    with pytest.raises(OSError) as exc:
+        os.setxattr(f, "user.huge", b"v" * 65537)
+    assert exc.value.errno == errno.E2BIG
+    with pytest.raises(OSError) as exc:
+        os.setxattr(f, "user." + "n" * 251, b"v")
+    assert exc.value.errno == errno.ERANGE
+    # POSIX ACLs are not kept: refused, as on a filesystem mounted noacl.
+    with pytest.raises(OSError) as exc:
+        os.setxattr(f, "system.posix_acl_access", b"\2\0\0\0")
+    assert exc.value.errno == errno.EOPNOTSUPP
+    # Kept by rename (of the file and of its folder), by hard links, gone with the file.
+    os.rename(f, root / "d/g")
+    os.rename(root / "d", root / "e")
+    assert os.getxattr(root / "e/g", "user.mime") == b"text/csv"
+    assert os.getxattr(root / "e", "user.folder") == b"\0\xff"
+    os.link(root / "e/g", root / "e/h")
+    os.setxattr(root / "e/h", "user.both", b"1")
+    assert os.getxattr(root / "e/g", "user.both") == b"1"
+    os.unlink(root / "e/g")
+    assert os.getxattr(root / "e/h", "user.mime") == b"text/csv"
+    os.removexattr(root / "e/h", "user.mime")
+    with pytest.raises(OSError) as exc:
+        os.removexattr(root / "e/h", "user.mime")
+    assert exc.value.errno == errno.ENODATA
+    os.unlink(root / "e/h")
+    write(root / "e/h", b"new")
+    assert os.listxattr(root / "e/h") == []
+    # A file open and not stored yet: set through its descriptor, and kept.
+    fd = os.open(root / "e/new", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        assert os.listxattr(fd) == []
+        os.write(fd, b"x")
+        os.setxattr(fd, "user.early", b"1")
+    finally:
+        os.close(fd)
+    assert os.getxattr(root / "e/new", "user.early") == b"1" and read(root / "e/new") == b"x"
+
+
+def test_zarrfs_copy_carries_extended_attributes(db_url, mount_factory, tmp_path):
+    import zarrfs
+
+    src = tmp_path / "src"
+    os.makedirs(src / "grp/arr")
+    write(src / "grp/arr/0.0", b"chunk")
+    try:
+        os.setxattr(src / "grp/arr/0.0", "user.checksum", b"abc")
+        os.setxattr(src / "grp", "user.note", b"folder")
+    except OSError as exc:
+        pytest.skip(f"the test folder keeps no extended attributes: {exc}")
+    zarrfs.copy(str(src), db_url)  # folder -> database
+    out = tmp_path / "out"
+    zarrfs.copy(db_url, str(out))  # database -> folder
+    assert os.getxattr(out / "grp/arr/0.0", "user.checksum") == b"abc"
+    assert os.getxattr(out / "grp", "user.note") == b"folder"
+    m = mount_factory(db_url)
+    assert os.getxattr(m.path / "grp/arr/0.0", "user.checksum") == b"abc"
+    assert os.getxattr(m.path / "grp", "user.note") == b"folder"

@@ -238,6 +238,29 @@ class Operations:
         """The target of a symlink."""
         return self.tree.readlink(key)
 
+    # ------------------------------------------------------------------ extended attributes
+    def getxattr(self, key: str, name: bytes) -> bytes:
+        """The value of one extended attribute; ENODATA when the node has none of that name."""
+        value = self.xattrs(key).get(name)
+        if value is None:
+            raise FsError(errno.ENODATA, f"{key}: {name!r}", quiet=True)
+        return value
+
+    def listxattr(self, key: str) -> list[bytes]:
+        """The names of a node's extended attributes."""
+        return sorted(self.xattrs(key))
+
+    def xattrs(self, key: str) -> dict[bytes, bytes]:
+        """Every extended attribute of ``key`` (a file not stored yet has none)."""
+        return {} if self.handles.unstored(key) is not None else self.tree.xattrs(key)
+
+    def setxattr(self, key: str, name: bytes, value: bytes | None, flags: int = 0) -> None:
+        """Set (or, with ``value`` None, remove) an extended attribute (see
+        :mod:`zarrfs.fs.xattrs`); an open file's pending content is stored first."""
+        if key in self.handles.states:
+            self.handles.settle(key)
+        self.tree.set_xattr(key, name, value, flags)
+
     # ------------------------------------------------------------------ files
     def create(self, key: str, mode: int, flags: int, uid: int, gid: int) -> int:
         """Create and open a file; stored at its first commit."""

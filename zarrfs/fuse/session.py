@@ -24,6 +24,7 @@ from zarrfs.fuse.handshake import Agreed, Refused, negotiate
 from zarrfs.fuse.inodes import InodeTable
 from zarrfs.fuse.lockreq import LockRequests
 from zarrfs.fuse.notify import Invalidator, invalidations
+from zarrfs.fuse.xattrreq import XattrRequests
 
 log = logging.getLogger("zarrfs.fuse.session")
 
@@ -35,7 +36,7 @@ NS = 1_000_000_000
 _name = k.name
 
 
-class Session(LockRequests, Dispatcher):
+class Session(LockRequests, XattrRequests, Dispatcher):
     """Serves one mount's requests. ``timeouts`` are the kernel's cache times in seconds for
     names, attributes and missing names; ``on_init`` runs once the kernel has applied INIT."""
 
@@ -99,6 +100,10 @@ class Session(LockRequests, Dispatcher):
             k.BATCH_FORGET: self._batch_forget,
             k.RENAME2: self._rename2,
             k.FALLOCATE: self._fallocate,
+            k.GETXATTR: self._getxattr,
+            k.LISTXATTR: self._listxattr,
+            k.SETXATTR: self._setxattr,
+            k.REMOVEXATTR: self._removexattr,
         }
         super().__init__(fd, handlers, BUFFER_SIZE)
 
