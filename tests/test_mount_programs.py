@@ -242,3 +242,37 @@ def test_zarrfs_copy_carries_extended_attributes(db_url, mount_factory, tmp_path
     m = mount_factory(db_url)
     assert os.getxattr(m.path / "grp/arr/0.0", "user.checksum") == b"abc"
     assert os.getxattr(m.path / "grp", "user.note") == b"folder"
+
+
+def _hierarchy(root) -> None:
+    """A consolidated zarr v2 hierarchy as zarr-python writes it (two arrays in a group)."""
+    import json
+
+    zarray = {
+        "zarr_format": 2, "shape": [4], "chunks": [2], "dtype": "<i4", "compressor": None,
+        "fill_value": 0, "order": "C", "filters": None,
+    }  # fmt: skip
+    docs = {".zgroup": {"zarr_format": 2}, "a/.zarray": zarray, "b/.zarray": zarray, "b/.zattrs": {"x": 1}}
+    for key, doc in docs.items():
+        os.makedirs(os.path.dirname(os.path.join(root, key)), exist_ok=True)
+        write(os.path.join(root, key), json.dumps(doc, indent=4, sort_keys=True).encode())
+    consolidated = {"metadata": docs, "zarr_consolidated_format": 1}
+    write(os.path.join(root, ".zmetadata"), json.dumps(consolidated, indent=1).encode())
+    write(os.path.join(root, "a/0"), b"\0" * 8)
+    os.utime(os.path.join(root, ".zmetadata"), ns=(1_000_000_000, 1_000_000_000))
+
+
+@pytest.mark.parametrize("tool", ["cp", "rsync"])
+def test_copying_a_hierarchy_in_keeps_its_consolidated_metadata(mounted, tmp_path, tool):
+    import subprocess
+
+    src = tmp_path / "src"
+    _hierarchy(src)
+    dst = mounted.path / "h"
+    if tool == "cp":
+        subprocess.run(["cp", "-a", str(src), str(dst)], check=True)
+    else:
+        subprocess.run(["rsync", "-a", f"{src}/", f"{dst}/"], check=True)
+    assert read(dst / ".zmetadata") == read(src / ".zmetadata")
+    assert os.stat(dst / ".zmetadata").st_mtime_ns == 1_000_000_000
+    assert read(dst / "b/.zattrs") == read(src / "b/.zattrs")

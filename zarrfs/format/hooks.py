@@ -248,7 +248,7 @@ class FormatHooks:
         if self._verified.get(doc_key) != loaded[0]:
             raw = bytes(loaded[0])
             keys = self._keys_below(txn, doc_key)
-            if is_stale(doc_key, raw, keys, txn.get):
+            if is_stale(doc_key, raw, keys, txn.get, ahead=True):
                 new_raw = rebuilt(doc_key, raw, keys, txn.get)
                 if new_raw is None:
                     return False
@@ -296,7 +296,7 @@ class FormatHooks:
             if not isinstance(doc, dict) or not isinstance(doc.get("consolidated_metadata"), dict):
                 return value  # a node's own document, no consolidated map in it
         keys = self._keys_below(txn, key)
-        if not is_stale(key, raw, keys, txn.get):
+        if not is_stale(key, raw, keys, txn.get, ahead=True):  # kept byte for byte
             self._verified[key] = raw
             return value
         new_raw = rebuilt(key, raw, keys, txn.get)
