@@ -149,6 +149,7 @@ class Txn(ABC):
     #: The key spaces the primitives receive: PARTS folded into SIDE, unless a driver keeps
     #: them apart (``OWN_SPACES``).
     spaces: dict[Any, Space] = SPACES
+    most_reads: int | None = None  # reads one _read_many call takes at most (None: any number)
     #: Bytes this write transaction put: a small one (deletes, a truncation, attributes) may
     #: use the room a driver keeps in reserve on a full disk (see :meth:`Driver.transact`).
     put_bytes = 0
@@ -264,7 +265,8 @@ class Txn(ABC):
                 request = legacy_read(request)
                 kind = type(request)
             plan.append((kind, encode_key(request[0], max_key), check_space(request[1], self.spaces)))
-        return self._read_many(plan) if plan else []
+        step = self.most_reads or len(plan) or 1  # a long batch (a deep path's) goes in pieces
+        return [a for i in range(0, len(plan), step) for a in self._read_many(plan[i : i + step])]
 
     def _decoded(self, rows: Iterator[tuple[bytes, Any]], limit: int | None) -> Iterator[tuple[str, Any]]:
         count = 0

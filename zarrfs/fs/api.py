@@ -24,11 +24,20 @@ from zarrfs.fs.errors import FsError, is_quiet, to_errno
 from zarrfs.fs.handles import HandleTable, Stored
 from zarrfs.fs.listing import DirListing
 from zarrfs.fs.locks import UNLCK, Lock, LockTable, Waiters
-from zarrfs.fs.namespace import DIR, FILE, LINK, RENAME_EXCHANGE, RENAME_NOREPLACE, Node, Tree
+from zarrfs.fs.names import NAME_MAX, key_text, name_bytes
+from zarrfs.fs.namespace import (
+    DIR,
+    FILE,
+    LINK,
+    RENAME_EXCHANGE,
+    RENAME_NOREPLACE,
+    Node,
+    Tree,
+    check_rename_flags,
+)
 from zarrfs.fs.pagecache import DIRECT_ABOVE, PageCache, Pages
 
 NOW = "now"  # a time to set to the present (UTIME_NOW)
-NAME_MAX = 255  # bytes in one name (statfs's f_namemax), as ext4 and XFS allow
 
 
 class Operations:
@@ -191,14 +200,11 @@ class Operations:
         if not self.handles.unlinked(key):
             self.tree.unlink(key)
 
-    def check_name(self, name: bytes) -> None:
-        """ENAMETOOLONG for a name longer than NAME_MAX (255 bytes), as local filesystems say."""
-        if len(name) > NAME_MAX:
-            raise FsError(errno.ENAMETOOLONG, f"a name of {len(name)} bytes", quiet=True)
-
     def rename(self, src: str, dst: str, flags: int = 0) -> Stored | None:
         """Move a file or folder, atomically, honouring RENAME_NOREPLACE / RENAME_EXCHANGE.
-        A held temporary file is stored by its rename: then what was stored is returned."""
+        A held temporary file is stored by its rename: then what was stored is returned.
+        Other flags (RENAME_WHITEOUT) are EINVAL: the rename is not done."""
+        check_rename_flags(src, flags)
         if self.handles.unstored(src) is not None and not flags & RENAME_EXCHANGE:
             return self.handles.store_as(src, dst, exclusive=bool(flags & RENAME_NOREPLACE))
         self.handles.settle(src)
@@ -231,6 +237,29 @@ class Operations:
     def readlink(self, key: str) -> str:
         """The target of a symlink."""
         return self.tree.readlink(key)
+
+    # ------------------------------------------------------------------ extended attributes
+    def getxattr(self, key: str, name: bytes) -> bytes:
+        """The value of one extended attribute; ENODATA when the node has none of that name."""
+        value = self.xattrs(key).get(name)
+        if value is None:
+            raise FsError(errno.ENODATA, f"{key}: {name!r}", quiet=True)
+        return value
+
+    def listxattr(self, key: str) -> list[bytes]:
+        """The names of a node's extended attributes."""
+        return sorted(self.xattrs(key))
+
+    def xattrs(self, key: str) -> dict[bytes, bytes]:
+        """Every extended attribute of ``key`` (a file not stored yet has none)."""
+        return {} if self.handles.unstored(key) is not None else self.tree.xattrs(key)
+
+    def setxattr(self, key: str, name: bytes, value: bytes | None, flags: int = 0) -> None:
+        """Set (or, with ``value`` None, remove) an extended attribute (see
+        :mod:`zarrfs.fs.xattrs`); an open file's pending content is stored first."""
+        if key in self.handles.states:
+            self.handles.settle(key)
+        self.tree.set_xattr(key, name, value, flags)
 
     # ------------------------------------------------------------------ files
     def create(self, key: str, mode: int, flags: int, uid: int, gid: int) -> int:
@@ -315,5 +344,7 @@ __all__ = [
     "Stored",
     "folders_of",
     "is_quiet",
+    "key_text",
+    "name_bytes",
     "to_errno",
 ]

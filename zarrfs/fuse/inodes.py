@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import stat
 from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 
 from zarrfs.fs.api import Pages
 from zarrfs.fuse.abi import ROOT_ID
@@ -84,6 +85,11 @@ class InodeTable:
         the group's other names, if the kernel holds one."""
         nodeid = self.ids.get(key)
         node = None if nodeid is None else self.nodes[nodeid]
+        if node is not None and group and not node.lookups and not node.group and group in self.groups:
+            # Numbered by a listing before its link group was known: the group's node wins.
+            self.idle.pop(nodeid, None)
+            self._drop(nodeid, node)
+            node = None
         if node is None and group:
             nodeid = self.groups.get(group)
             node = None if nodeid is None else self.nodes.get(nodeid)
@@ -107,6 +113,38 @@ class InodeTable:
             self.idle.pop(nodeid, None)
         node.lookups += 1
         return nodeid, node
+
+    def number(self, key: str, kind: int) -> int:
+        """The inode number a listing shows for ``key`` (``d_ino``): its node ID, or a new one
+        kept idle like a forgotten node, so that the lookup that follows gives the same
+        number (unless :data:`IDLE_NODES` newer ones pushed it out)."""
+        nodeid = self.ids.get(key)
+        if nodeid is not None and self.nodes[nodeid].kind == kind:
+            return nodeid
+        nodeid = self._next
+        self._next += 1
+        if key in self.ids:
+            self._unname(self.ids.pop(key), key)
+        self.nodes[nodeid] = Inode(key, kind)
+        self.ids[key] = nodeid
+        self.idle[nodeid] = None
+        while len(self.idle) > IDLE_NODES:
+            old, _ = self.idle.popitem(last=False)
+            self._drop(old, self.nodes[old])
+        return nodeid
+
+    def numbered(self, key: str, nodeid: int, entries: Iterable[tuple[str, int, int]]) -> Iterator[tuple]:
+        """The ``(name, kind, offset)`` entries of a listing of folder ``key`` (node ``nodeid``)
+        with their inode numbers, those ``stat`` gives (``d_ino``)."""
+        prefix = key + "/" if key else ""
+        number = self.number
+        for name, kind, offset in entries:
+            if name == ".":
+                yield name, kind, offset, nodeid
+            elif name == "..":
+                yield name, kind, offset, (self.ids.get(key.rpartition("/")[0]) if key else None) or ROOT_ID
+            else:
+                yield name, kind, offset, number(prefix + name, kind)
 
     def linked(self, nodeid: int, group: str) -> None:
         """The file of node ``nodeid`` is of link group ``group``: a lookup of another of its
