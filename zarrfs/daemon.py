@@ -164,7 +164,7 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
         driver.close()
         raise
     # libfuse's auto_unmount misses some deaths of the daemon; a watcher of our own does not.
-    watcher = deadmount.watch(resolved) if opts.fuse.get("auto_unmount") else None
+    unmounter = deadmount.watch(resolved) if opts.fuse.get("auto_unmount") else None
     session = Session(
         operations,
         channel.fd,
@@ -198,8 +198,8 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
             control.close()
         session.close()
         channel.close()
-        if watcher is not None:
-            watcher.stdin.close()  # unmounted: the watcher sees the mount gone and ends
+        if unmounter is not None:
+            unmounter.stdin.close()  # unmounted: the watcher sees the mount gone and ends
         # The mount is gone: the last commits wait on the server without watching /dev/fuse.
         driver.watch = None
         operations.destroy()

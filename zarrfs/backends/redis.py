@@ -64,7 +64,7 @@ from .redis_link import (
     translate,
     translated,
 )
-from .redis_url import name_keys, parse_url
+from .redis_url import check_query, name_keys, parse_url, redis_py_options
 
 # Link is also reachable as _Link, the name tests patch to count round trips.
 _Link = Link
@@ -262,6 +262,7 @@ class RedisDriver(Driver):
         super().__init__(url, readonly)
         parsed = parse_url(url)
         name_keys(self, parsed, parsed.prefix)
+        check_query(parsed, redis_py_options())
         self._links = Links(self)
         self.feed: RedisFeed | None = None  # started by the first changes() (a mount's)
         try:

@@ -51,7 +51,7 @@ from .redis import RedisDriver, RedisTxn
 from .redis_cluster_feed import ClusterFeed
 from .redis_index import ensure_index
 from .redis_link import Link, Links, translate
-from .redis_url import name_keys, parse_url
+from .redis_url import check_query, name_keys, parse_url
 
 __all__ = ["RedisClusterDriver", "hash_tagged"]
 
@@ -150,6 +150,7 @@ class RedisClusterDriver(RedisDriver):
             name_keys(self, parsed, hash_tagged(parsed.prefix))
         except ValueError as exc:
             raise BackendError(f"{parsed.scheme}: {exc}") from None
+        check_query(parsed, set())
         self._options = self._connection_options(parsed.scheme, parsed.userinfo, parsed.query)
         nodes = []
         for host in filter(None, parsed.hosts.split(",")):

@@ -62,6 +62,7 @@ from .base import (
 )
 from .sqlite_checkpoint import Checkpointer, checkpoint, truncate
 from .sqlite_sql import PAGE_SIZE, TABLES, BatchStatements, Connections, blob, prepare, translate, translated
+from .writer_wait import begin_sqlite_write
 
 log = logging.getLogger("zarrfs.backends.sqlite")
 __all__ = ["PAGE_SIZE", "SQLiteDriver", "SQLiteTxn"]
@@ -89,8 +90,8 @@ class SQLiteTxn(Txn):
         self._written = 0  # bytes this write transaction puts in the WAL, roughly
         self._log_from: int | None = None  # the last change-log id before its first change
         if write:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
+            try:  # a lock another program holds: logged, bounded by -o timeout= (writer_wait)
+                begin_sqlite_write(conn, driver.path, driver.timeout, int(driver.conns.args[2] * 1000))
             except sqlite3.Error as exc:
                 raise translate(exc, driver.path) from exc
 
