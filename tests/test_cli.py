@@ -429,3 +429,39 @@ def test_bench_workdir_that_does_not_exist_is_one_line(tmp_path):
     assert result.returncode in (1, 2), result
     assert "Traceback" not in result.stderr and str(tmp_path / "absent") in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+ERROR_PATHS = [
+    [], ["-x"], ["frobnicate"], ["help"],
+    ["mount"], ["mount", "db.lmdb"], ["mount", "absent.lmdb", "nodir"], ["mount", "absent.lmdb", "m"],
+    ["mount", "lmdb://", "m"], ["mount", "bogus://x", "m"], ["mount", "redis://127.0.0.1:1/0", "m"],
+    ["mount", "db.lmdb", "m", "-o", "timeout=0"], ["mount", "db.lmdb", "m", "-o", "uid=x"],
+    ["mount", "notes.txt", "m"], ["mount", "db.lmdb", "notes.txt"],
+    ["mount", "absent.lmdb", "m", "-o", "ro,create"],
+    ["mount", "sqlite://notes.txt", "m"], ["mount", "lmdb://db.lmdb?bogus=1", "m"],
+    ["umount"], ["umount", "nodir"], ["umount", "m"], ["umount", "notes.txt"],
+    ["status", "nodir"], ["status", "m"], ["status", "a", "b"],
+    ["check"], ["check", "absent.lmdb"], ["check", "sqlite://"], ["check", "redis://127.0.0.1:1/0"],
+    ["check", "m"], ["check", "notes.txt"], ["check", "bogus://x"],
+    ["copy", "absent", "out"], ["copy", "m", "bogus://x"], ["copy", "notes.txt", "out"],
+    ["copy", "m", "lmdb://notes.txt"], ["copy", "m", "out", "--if-exists", "maybe"],
+    ["consolidate", "absent"], ["consolidate", "redis://127.0.0.1:1/0"], ["consolidate", "notes.txt"],
+    ["reindex", "absent.lmdb"], ["reindex", "m"], ["reindex", "redis://127.0.0.1:1/0"],
+    ["reindex", "db.lmdb"],
+]
+
+
+def test_every_error_path_of_every_command_is_one_line(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "notes.txt").write_text("text")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "k").write_bytes(b"v")
+    assert zarrfs("copy", str(src), "lmdb://db.lmdb", cwd=tmp_path).returncode == 0
+    for args in ERROR_PATHS:
+        result = zarrfs(*args, cwd=tmp_path)
+        assert result.returncode in (1, 2), (args, result.returncode, result.stderr)
+        assert "Traceback" not in result.stderr and "Error:" not in result.stderr.split(": ", 1)[0], args
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("zarrfs"), (args, result.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["db.lmdb", "m", "notes.txt", "src"]

@@ -6,8 +6,8 @@ mount before the kernel has noticed the daemon is gone, and it dies with ``pkill
 (its command line names the mount's type). This watcher runs in a session of its own with a
 command line that names nothing of the mount: it holds the read end of a pipe whose write end
 only the daemon has; when that end closes (the daemon exited, however) it waits until the
-mountpoint either stops being a mount (a normal unmount) or says ``ENOTCONN`` (the daemon is
-gone), and then detaches it (``fusermount3 -u -z``, or ``umount -l`` where that is missing).
+mountpoint either stops being a mount (a normal unmount) or its ``statfs`` says ``ENOTCONN``
+(the daemon is gone), and then detaches it (``fusermount3 -u -z``, or ``umount -l`` where that is missing).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ mountpoint = os.fsdecode(said.split(b"\n")[0])
 deadline = time.monotonic() + 60
 while time.monotonic() < deadline:
     try:
-        os.stat(mountpoint)
         if not os.path.ismount(mountpoint):
             break
+        os.statvfs(mountpoint)  # asks the daemon (a stat may be answered from the kernel's cache)
     except OSError as exc:
         if exc.errno in (errno.ENOTCONN, errno.ECONNABORTED):
             tool = shutil.which("fusermount3") or shutil.which("fusermount")

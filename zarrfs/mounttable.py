@@ -112,7 +112,7 @@ def _zarrfsmounts() -> list[tuple[str, str, str]]:
 
 def _alive(mountpoint: str) -> bool:
     """Whether the daemon of the mount at ``mountpoint`` is there: its status socket answers,
-    or, without one, its root can be looked at (a dead daemon's mount says ENOTCONN)."""
+    or, without one, its statfs is answered (a dead daemon's mount says ENOTCONN)."""
     import errno
     import socket
 
@@ -127,7 +127,7 @@ def _alive(mountpoint: str) -> bool:
             if exc.errno == errno.ECONNREFUSED:  # the socket of a daemon that was killed
                 return False
     try:
-        os.stat(mountpoint)
+        os.statvfs(mountpoint)  # asks the daemon (a stat may be answered from the kernel's cache)
     except OSError as exc:
         return exc.errno not in (errno.ENOTCONN, errno.ECONNABORTED)
     return True
