@@ -465,3 +465,55 @@ def test_every_error_path_of_every_command_is_one_line(tmp_path):
         lines = result.stderr.splitlines()
         assert len(lines) == 1 and lines[0].startswith("zarrfs"), (args, result.stderr)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["db.lmdb", "m", "notes.txt", "src"]
+
+
+def test_man_page_and_completion_are_generated_from_the_parser(tmp_path):
+    import shutil
+
+    from zarrfs.cli import build_parser
+    from zarrfs.manpage import subcommands
+
+    page = subprocess.run([sys.executable, "-m", "zarrfs.manpage"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": CHECKOUT}, check=True).stdout
+    for name, sub in subcommands(build_parser()).items():
+        assert f".SS zarrfs {name}" in page, name
+        for action in sub._actions:
+            for flag in action.option_strings:
+                if action.help != "==SUPPRESS==" and flag not in ("-h", "--help"):
+                    assert flag.replace("-", "\\-") in page, (name, flag)
+    assert "postgresql://" in page and "NOTIFY_SOCKET" in page
+    if shutil.which("man") and shutil.which("groff"):
+        (tmp_path / "zarrfs.1").write_text(page)
+        shown = subprocess.run(["man", "--warnings", "-l", str(tmp_path / "zarrfs.1")], capture_output=True,
+                               text=True, env={**os.environ, "MANWIDTH": "100"})
+        assert shown.returncode == 0 and "zarrfs umount" in shown.stdout and shown.stderr == "", shown.stderr
+    script = subprocess.run([sys.executable, "-m", "zarrfs.completion", "bash"], capture_output=True,
+                            text=True, env={**os.environ, "PYTHONPATH": CHECKOUT}, check=True).stdout
+    (tmp_path / "zarrfs.bash").write_text(script)
+    probe = (
+        f'source {tmp_path}/zarrfs.bash; t() {{ COMP_WORDS=("$@"); COMP_CWORD=$((${{#COMP_WORDS[@]}}-1));'
+        ' COMPREPLY=(); _zarrfs; echo "${COMPREPLY[*]}"; }; t zarrfs co; t zarrfs mount db m -o create,val;'
+        " t zarrfs copy --if-exists s; t zarrfs mount --log-l"
+    )
+    said = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True).stdout
+    said = said.splitlines()
+    assert said == ["copy consolidate", "create,validate=", "skip", "--log-level"], said
+    zsh = subprocess.run([sys.executable, "-m", "zarrfs.completion", "zsh"], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": CHECKOUT}, check=True).stdout
+    assert zsh.startswith("#compdef zarrfs") and "bashcompinit" in zsh
+
+
+def test_the_store_extra_brings_zarr_3_and_setup_installs_man_completion_and_offers_the_path():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11
+
+    with open(os.path.join(CHECKOUT, "pyproject.toml"), "rb") as fh:
+        project = tomllib.load(fh)["project"]
+    assert any(dep.startswith("zarr>=3") for dep in project["optional-dependencies"]["store"])
+    assert "PostgreSQL" in project["description"] and "DBM" in project["description"]
+    with open(os.path.join(CHECKOUT, "scripts", "setup.sh")) as fh:
+        setup = fh.read()
+    for word in ("zarrfs.manpage", "zarrfs.completion bash", "zarrfs.completion zsh", "--on-path",
+                 "/usr/local/bin/zarrfs"):
+        assert word in setup, word
+    check = subprocess.run(["bash", "-n", os.path.join(CHECKOUT, "scripts", "setup.sh")], capture_output=True)
+    assert check.returncode == 0, check.stderr
