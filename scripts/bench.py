@@ -374,6 +374,9 @@ def main() -> int:
     parser.add_argument("--cluster", default=None, help="a redis+cluster:// URL, for --drivers cluster")
     parser.add_argument("--postgres", default=None, help="a postgresql:// URL, for --drivers postgres")
     args = parser.parse_args()
+    if args.workdir is not None and not os.path.isdir(args.workdir):
+        where = os.path.abspath(args.workdir)
+        parser.exit(2, f"bench.py: --workdir {where} is not a folder (create it first)\n")
 
     work = Path(tempfile.mkdtemp(prefix="zarrfs-bench-", dir=args.workdir))
     data = sample_array(args.array_mib)

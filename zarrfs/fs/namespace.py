@@ -20,7 +20,7 @@ import stat
 import time
 from typing import Any
 
-from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, Txn
+from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, StalledError, Txn
 from zarrfs.fs import hardlinks, parts
 from zarrfs.fs.entries import Entries
 from zarrfs.fs.errors import FsError
@@ -162,7 +162,10 @@ class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
             return int(raw)
         now = time.time_ns()
         if not self.driver.readonly:
-            self.driver.put(EPOCH, str(now).encode(), SIDE)
+            try:
+                self.driver.put(EPOCH, str(now).encode(), SIDE)
+            except StalledError:  # another program holds the write lock: the next mount records it
+                pass
         return now
 
     # ------------------------------------------------------------------ writes

@@ -64,7 +64,7 @@ from .link import (
     translate,
     translated,
 )
-from .url import name_keys, parse_url
+from .url import check_query, name_keys, parse_url, redis_py_options
 
 log = logging.getLogger("zarrfs.backends.redis")
 __all__ = ["SPIN", "RedisDriver", "RedisTxn"]
@@ -263,6 +263,7 @@ class RedisDriver(Driver):
         if any(k in ("spread", "spread_above") for k, _ in parsed.query):
             raise BackendError(f"{self.where}: spread=1 spreads a hierarchy over the masters of a Redis"
                                " Cluster: use a redis+cluster:// URL, or drop spread=1")
+        check_query(parsed, redis_py_options())
         self._links = Links(self)
         self.feed: RedisFeed | None = None  # started by the first changes() (a mount's)
         try:

@@ -65,7 +65,7 @@ from ..base import (
 from ..redis.driver import RedisDriver, RedisTxn
 from ..redis.index import ensure_index
 from ..redis.link import Link, Links, translate
-from ..redis.url import name_keys, parse_url
+from ..redis.url import check_query, name_keys, parse_url
 from .feed import ClusterFeed
 from .spread import SpreadParts
 
@@ -288,6 +288,7 @@ class RedisClusterDriver(RedisDriver):
             name_keys(self, parsed, hash_tagged(parsed.prefix))
         except ValueError as exc:
             raise BackendError(f"{parsed.scheme}: {exc}") from None
+        check_query(parsed, {"spread", "spread_above"})
         self._options = self._connection_options(parsed.scheme, parsed.userinfo, parsed.query)
         nodes = []
         for host in filter(None, parsed.hosts.split(",")):

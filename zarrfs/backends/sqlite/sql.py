@@ -4,6 +4,7 @@ the translation of SQLite errors."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -103,8 +104,11 @@ def connect(path: str, readonly: bool, timeout: float, synchronous: str, autoche
     and TEXT values read as bytes, a busy timeout."""
     with translated(path):
         if readonly:
+            # On read-only media nobody writes, and the WAL's shared memory cannot be made:
+            # immutable=1 reads the file as it is, without locks.
+            frozen = "&immutable=1" if os.statvfs(os.path.dirname(path) or ".").f_flag & os.ST_RDONLY else ""
             conn = sqlite3.connect(
-                f"file:{quote(path)}?mode=ro",
+                f"file:{quote(path)}?mode=ro{frozen}",
                 uri=True,
                 isolation_level=None,
                 check_same_thread=False,
