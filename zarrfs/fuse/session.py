@@ -19,6 +19,7 @@ from collections.abc import Callable
 from zarrfs.fs.api import DIR, NAME_MAX, NOW, RENAME_EXCHANGE, FsError, Node, Operations, PageCache, Stored
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.abi import Header
+from zarrfs.fuse.dirreq import DirRequests
 from zarrfs.fuse.dispatch import Dispatcher, Handler
 from zarrfs.fuse.handshake import Agreed, Refused, negotiate
 from zarrfs.fuse.inodes import InodeTable
@@ -35,7 +36,7 @@ NS = 1_000_000_000
 _name = k.name
 
 
-class Session(LockRequests, Dispatcher):
+class Session(DirRequests, LockRequests, Dispatcher):
     """Serves one mount's requests. ``timeouts`` are the kernel's cache times in seconds for
     names, attributes and missing names; ``on_init`` runs once the kernel has applied INIT."""
 
@@ -91,6 +92,7 @@ class Session(LockRequests, Dispatcher):
             k.INIT: self._init,
             k.OPENDIR: self._opendir,
             k.READDIR: self._readdir,
+            k.READDIRPLUS: self._readdirplus,
             k.RELEASEDIR: self._releasedir,
             k.FSYNCDIR: self._fsyncdir,
             k.CREATE: self._create,
@@ -468,20 +470,9 @@ class Session(LockRequests, Dispatcher):
         )
 
     # ------------------------------------------------------------------ folders
-    def _opendir(self, head: Header, buf: memoryview) -> None:
-        fh = self.ops.opendir(self._key(head.nodeid))
-        self._send(k.OPEN_REPLY.pack(k.OPEN_REPLY.size, 0, head.unique, fh, 0, 0))
-
     def _readdir(self, head: Header, buf: memoryview) -> None:
         fh, offset, size = k.READ_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
         self._reply_data(head.unique, k.dirents(self.ops.readdir(fh, offset), size))
-
-    def _releasedir(self, head: Header, buf: memoryview) -> None:
-        self.ops.releasedir(k.RELEASE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0])
-        self._reply_ok(head.unique)
-
-    def _fsyncdir(self, head: Header, buf: memoryview) -> None:
-        self._reply_ok(head.unique)
 
 
 _ZERO_ATTR = (0,) * 16
