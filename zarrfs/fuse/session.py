@@ -25,6 +25,7 @@ from zarrfs.fuse.handshake import Agreed, Refused, negotiate
 from zarrfs.fuse.inodes import InodeTable
 from zarrfs.fuse.lockreq import LockRequests
 from zarrfs.fuse.notify import Invalidator, invalidations
+from zarrfs.fuse.tuning import give_back_memory
 
 log = logging.getLogger("zarrfs.fuse.session")
 
@@ -260,6 +261,8 @@ class Session(DirRequests, LockRequests, Dispatcher):
         forget = self.inodes.forget
         for nodeid, n in k.FORGET_ONE.iter_unpack(buf[at : at + count * k.FORGET_ONE.size]):
             forget(nodeid, n)
+        if self.inodes.shrunk():
+            give_back_memory()
 
     def _getattr(self, head: Header, buf: memoryview) -> None:
         flags, _, fh = k.GETATTR_IN.unpack_from(buf, k.IN_HEADER_SIZE)
