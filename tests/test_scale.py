@@ -24,7 +24,7 @@ pytestmark = [*needs_fuse, pytest.mark.slow]
 
 SMALL, LARGE = 100_000, 300_000
 VALUE = b"v" * 700
-PER_NODE = 512  # bytes the daemon may keep per node ID the kernel holds (measured: ~270)
+PER_NODE = 256  # bytes the daemon may keep per node ID the kernel holds (measured: ~200)
 CONSTANT = 48 << 20  # batches, windows, the LMDB map's budget of resident pages, the heap's slack
 IDLE = 65536 * 600  # forgotten nodes kept for their inode numbers (fuse/inodes.py IDLE_NODES)
 
