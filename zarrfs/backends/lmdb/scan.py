@@ -1,9 +1,9 @@
 """Scans of the LMDB driver: an environment's own keys merged with the long-key store's.
 
 A scan of a space yields, in byte order, the keys its environment holds (those that fit LMDB's
-key limit) and the long keys of that space (``lmdb_long``, held in the side environment). The
+key limit) and the long keys of that space (``longkeys``, held in the side environment). The
 two streams are merged; keys from 0xFE on are the long-key store's records and the change log
-(``lmdb_feed``), never keys, so a scan ends there.
+(``feed``), never keys, so a scan ends there.
 
 The caller of a write transaction may write between two pulls. Cursors are not trusted after a
 write: when the transaction wrote since the last pull, both streams are opened again after the
@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import lmdb
 
-from . import lmdb_long, lmdb_pages
-from .base import KEYS, SIDE, SIZES, Fetch, Space
-from .lmdb_env import translate
+from ..base import KEYS, SIDE, SIZES, Fetch, Space
+from . import longkeys, pages
+from .environments import translate
 
 if TYPE_CHECKING:
-    from .lmdb import LMDBTxn
+    from .driver import LMDBTxn
 
 
 COUNT_EVERY = 1024  # rows between two counts of the pages a scan spanned
@@ -35,8 +35,8 @@ def scan(
     txn: LMDBTxn, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch
 ) -> Iterator[tuple[bytes, Any]]:
     """``Txn._scan`` for LMDB: ``(key, x)`` for the keys of ``space`` in ``[lo, hi)``."""
-    if hi is None or hi > lmdb_long.MARK:
-        hi = lmdb_long.MARK  # from 0xFE on: the long-key store and the change log, no keys
+    if hi is None or hi > longkeys.MARK:
+        hi = longkeys.MARK  # from 0xFE on: the long-key store and the change log, no keys
     try:
         own = txn._txn(space, False)
         long = txn._any_long(space)
@@ -48,7 +48,7 @@ def scan(
             if long:
                 side = txn._txn(SIDE, False)
                 assert side is not None
-                rows = merged(rows, lmdb_long.rows(side, lo, hi, space, fetch))
+                rows = merged(rows, longkeys.rows(side, lo, hi, space, fetch))
             try:
                 for raw, x in rows:
                     yield raw, x
@@ -83,7 +83,7 @@ def cursor_rows(
     small value lives in its key's leaf page, so listing a folder of a million 1 KB chunks
     maps a GiB. What the rows span (a key, and its value up to a page: a larger value lives
     on pages of its own, which a scan does not read) is counted for ``driver``'s
-    :func:`lmdb_pages.touched`, every :data:`COUNT_EVERY` rows and at the end."""
+    :func:`pages.touched`, every :data:`COUNT_EVERY` rows and at the end."""
     spanned = rows = 0
     try:
         with txn.cursor() as cur:
@@ -105,13 +105,13 @@ def cursor_rows(
                 spanned += len(raw) + (n if n < SPANNED_VALUE else 16)
                 rows += 1
                 if rows == COUNT_EVERY and driver is not None:
-                    lmdb_pages.touched(driver, spanned)
+                    pages.touched(driver, spanned)
                     spanned = rows = 0
                 yield raw, x
                 found = cur.next()
     finally:
         if spanned and driver is not None:
-            lmdb_pages.touched(driver, spanned)
+            pages.touched(driver, spanned)
 
 
 def merged(a: Iterator[tuple[bytes, Any]], b: Iterator[tuple[bytes, Any]]) -> Iterator[tuple[bytes, Any]]:
