@@ -19,11 +19,13 @@ from collections.abc import Callable
 from zarrfs.fs.api import DIR, NOW, RENAME_EXCHANGE, FsError, Node, Operations, PageCache, Stored, key_text
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.abi import Header
+from zarrfs.fuse.dirreq import DirRequests
 from zarrfs.fuse.dispatch import Dispatcher, Handler
 from zarrfs.fuse.handshake import Agreed, Refused, negotiate
 from zarrfs.fuse.inodes import InodeTable
 from zarrfs.fuse.lockreq import LockRequests
 from zarrfs.fuse.notify import Invalidator, invalidations
+from zarrfs.fuse.tuning import give_back_memory
 from zarrfs.fuse.xattrreq import XattrRequests
 
 log = logging.getLogger("zarrfs.fuse.session")
@@ -36,7 +38,7 @@ NS = 1_000_000_000
 _name = k.name
 
 
-class Session(LockRequests, XattrRequests, Dispatcher):
+class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
     """Serves one mount's requests. ``timeouts`` are the kernel's cache times in seconds for
     names, attributes and missing names; ``on_init`` runs once the kernel has applied INIT."""
 
@@ -92,6 +94,7 @@ class Session(LockRequests, XattrRequests, Dispatcher):
             k.INIT: self._init,
             k.OPENDIR: self._opendir,
             k.READDIR: self._readdir,
+            k.READDIRPLUS: self._readdirplus,
             k.RELEASEDIR: self._releasedir,
             k.FSYNCDIR: self._fsyncdir,
             k.CREATE: self._create,
@@ -266,6 +269,8 @@ class Session(LockRequests, XattrRequests, Dispatcher):
         forget = self.inodes.forget
         for nodeid, n in k.FORGET_ONE.iter_unpack(buf[at : at + count * k.FORGET_ONE.size]):
             forget(nodeid, n)
+        if self.inodes.shrunk():
+            give_back_memory()
 
     def _getattr(self, head: Header, buf: memoryview) -> None:
         flags, _, fh = k.GETATTR_IN.unpack_from(buf, k.IN_HEADER_SIZE)
@@ -466,21 +471,10 @@ class Session(LockRequests, XattrRequests, Dispatcher):
         )
 
     # ------------------------------------------------------------------ folders
-    def _opendir(self, head: Header, buf: memoryview) -> None:
-        fh = self.ops.opendir(self._key(head.nodeid))
-        self._send(k.OPEN_REPLY.pack(k.OPEN_REPLY.size, 0, head.unique, fh, 0, 0))
-
     def _readdir(self, head: Header, buf: memoryview) -> None:
         fh, offset, size = k.READ_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
         entries = self.inodes.numbered(self._key(head.nodeid), head.nodeid, self.ops.readdir(fh, offset))
         self._reply_data(head.unique, k.dirents(entries, size))
-
-    def _releasedir(self, head: Header, buf: memoryview) -> None:
-        self.ops.releasedir(k.RELEASE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0])
-        self._reply_ok(head.unique)
-
-    def _fsyncdir(self, head: Header, buf: memoryview) -> None:
-        self._reply_ok(head.unique)
 
 
 _ZERO_ATTR = (0,) * 16
