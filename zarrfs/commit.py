@@ -9,6 +9,7 @@ import os
 import sys
 
 from zarrfs.helptext import EXIT_HELP
+from zarrfs.oneline import fail
 
 
 def run(args: argparse.Namespace) -> int:
@@ -17,14 +18,14 @@ def run(args: argparse.Namespace) -> int:
 
     mountpoint = os.path.abspath(args.mountpoint)
     if not os.path.ismount(mountpoint):
-        return _fail(f"{mountpoint} is not a mountpoint")
+        return fail(f"{mountpoint} is not a mountpoint")
     request = {"op": "commit", "message": args.message, "rebase": args.rebase, "branch": args.branch}
     try:
         answer = ask(mountpoint, request, timeout=600)
     except NoAnswer as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     if "error" in answer:
-        return _fail(answer["error"])
+        return fail(answer["error"])
     aside = answer.get("kept_aside") or []
     if aside:
         names = ", ".join(aside[:5]) + (", ..." if len(aside) > 5 else "")
@@ -35,11 +36,6 @@ def run(args: argparse.Namespace) -> int:
         print(answer["snapshot"])
         print(f"zarrfs: committed to {answer['branch']}", file=sys.stderr)
     return 0
-
-
-def _fail(message: str) -> int:
-    print(f"zarrfs: {message}", file=sys.stderr)
-    return 1
 
 
 def add_parser(sub: argparse._SubParsersAction, formatter_class: type) -> None:
