@@ -42,6 +42,7 @@ class Inode(Pages):
         self.stamp = None
         self.stamp_time = 0.0
         self.cache_ok = False
+        self.bare = False
         self.key = key
         self.kind = kind
         self.lookups = 0
