@@ -15,6 +15,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from mounting import make_url, needs_fuse
@@ -34,6 +35,16 @@ def mounts(mount_factory, url: str, n: int) -> list:
     """``n`` mounts of the database at ``url``, each served by its own daemon."""
     first = mount_factory(url, ["create"])
     return [first] + [mount_factory(url) for _ in range(n - 1)]
+
+
+def shown(*paths, deadline: float = 20.0) -> None:
+    """Wait until every path exists: a file made through one mount shows on the others once
+    their change feed brings its name (within a poll)."""
+    end = time.monotonic() + deadline
+    for path in paths:
+        while not os.path.exists(path):
+            assert time.monotonic() < end, f"{path} never showed"
+            time.sleep(0.01)
 
 
 def ofd_lock(fd: int, kind: int) -> None:
@@ -65,6 +76,7 @@ def test_each_mount_appends_a_line_under_a_lock(url, mount_factory):
     for how, append in cases:
         name = f"{how}-{'append' if append else 'seek'}"
         (ms[0].path / name).write_bytes(b"one\n")
+        shown(*(m.path / name for m in ms))
         flags = os.O_RDWR | (os.O_APPEND if append else 0)
         fds = [os.open(m.path / name, flags) for m in ms[::-1]][::-1]
         try:
@@ -87,6 +99,7 @@ def test_a_lock_shows_the_size_and_content_of_the_newest_version(url, mount_fact
     content and size mount A committed meanwhile (its kernel's cached pages and size dropped)."""
     a, b = mounts(mount_factory, url, 2)
     (a.path / "f").write_bytes(b"0" * 100)
+    shown(b.path / "f")
     fd = os.open(b.path / "f", os.O_RDWR)
     try:
         assert os.pread(fd, 200, 0) == b"0" * 100
@@ -161,6 +174,7 @@ def test_processes_on_two_mounts_append_under_locks(url, how, mount_factory):
     descriptor each for the whole run: every line is there once, none mangled."""
     ms = mounts(mount_factory, url, 2)
     (ms[0].path / "log").write_bytes(b"")
+    shown(*(m.path / "log" for m in ms))
     n = 60
     names = [f"p{i}" for i in range(len(ms))]
     run_all(
@@ -177,6 +191,7 @@ def test_processes_on_two_mounts_append_under_locks(url, how, mount_factory):
 def test_processes_on_three_mounts_append_under_flock(kind, tmp_path, request, mount_factory):
     ms = mounts(mount_factory, make_url(kind, tmp_path, request), 3)
     (ms[0].path / "log").write_bytes(b"")
+    shown(*(m.path / "log" for m in ms))
     n = 50
     names = [f"p{i}" for i in range(len(ms))]
     run_all(
@@ -212,6 +227,7 @@ def test_an_sqlite_database_on_the_mount_written_from_two_mounts(url, mount_fact
     con.execute("CREATE TABLE t(who TEXT, i INTEGER)")
     con.commit()
     con.close()
+    shown(b.path / "rows.db")
     n = 40
     run_all(
         [
@@ -237,6 +253,7 @@ def test_a_commit_keeps_bytes_another_mount_committed_since_the_open(url, mount_
     are there, and the size is the larger of the two."""
     a, b = mounts(mount_factory, url, 2)
     (a.path / "f").write_bytes(b"." * 20)
+    shown(b.path / "f")
     fa = os.open(a.path / "f", os.O_RDWR)
     fb = os.open(b.path / "f", os.O_RDWR)
     os.pwrite(fa, b"AAAA", 0)
@@ -254,10 +271,12 @@ def test_a_rewrite_from_empty_replaces_the_whole_file(url, mount_factory):
     another mount committed since the open; an ``O_APPEND`` write lands at the newest end."""
     a, b = mounts(mount_factory, url, 2)
     (a.path / "f").write_bytes(b"old content\n")
+    shown(b.path / "f")
     fb = os.open(b.path / "f", os.O_WRONLY | os.O_TRUNC)
     fapp = os.open(a.path / "g", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.write(fapp, b"1\n")
     os.close(fapp)
+    shown(b.path / "g")
     fapp = os.open(b.path / "g", os.O_WRONLY | os.O_APPEND)
     (a.path / "f").write_bytes(b"a longer content from mount a\n")
     with open(a.path / "g", "ab") as f:
@@ -281,6 +300,7 @@ def test_a_readers_close_publishes_no_unfinished_write(url, mount_factory):
     a, b = mounts(mount_factory, url, 2)
     old = b"x" * 100_000
     (a.path / "f").write_bytes(old)
+    shown(b.path / "f")
     with open(a.path / "f", "r+b") as w:
         w.truncate(0)
         w.write(b"HALF")
@@ -301,6 +321,7 @@ def test_a_small_file_reads_its_version_until_closed(url, size, mount_factory):
     a, b = mounts(mount_factory, url, 2)
     first, second = b"1" * size, b"2" * size
     (a.path / "f").write_bytes(first)
+    shown(b.path / "f")
     assert (b.path / "f").read_bytes() == first
     fd = os.open(b.path / "f", os.O_RDONLY)
     try:

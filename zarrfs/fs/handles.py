@@ -257,6 +257,7 @@ class HandleTable(OpenNames):
         onto, the newest stored version, with this mount's pending changes laid on it."""
         if not state.stale:
             return state
+        state = self._join(state)
         state.stale = False
         if self.tree.folder_cache is not None:  # lookups answer from the database from now
             self.tree.folder_cache.clear()
@@ -292,6 +293,26 @@ class HandleTable(OpenNames):
             state.attrs = self.tree.lookup_attrs(state.key)
         state.stored = None
         return state
+
+    def _join(self, state: FileState) -> FileState:
+        """One state again for a file whose descriptors of two versions are open here (a newer
+        version opened while descriptors of an older one read it): a lock brings them all to
+        the newest, so they share pending writes and what a lookup shows, as POSIX has it."""
+        current = self.states.get(state.key)
+        if current is None or current is state or state.orphan or state.linked or current.linked:
+            return state
+        keep, drop = (current, state) if current.dirty and not state.dirty else (state, current)
+        if drop.dirty:
+            self._commit(drop)
+        for fh in drop.handles:
+            self.handles[fh].state = keep
+            keep.handles.add(fh)
+        drop.handles.clear()
+        self._forget(drop)
+        self.states[keep.key] = keep
+        keep.private = False  # the kernel's pages of the file were dropped with the lock
+        keep.stale = True
+        return keep
 
     def commit_key(self, key: str, fh: int | None = None) -> Stored | None:
         """Commit the file at ``key`` (or open as ``fh``), as ``fsync`` does: a lock on it is
