@@ -32,6 +32,12 @@ log = logging.getLogger("zarrfs.fs.namespace")
 FILE, DIR, LINK = stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK
 _SIZED = (FILE, DIR, LINK)
 
+#: The largest value an open reads in the same batch as its probe, on a driver where a batch is one
+#: round trip, when this mount last saw the file at most this large (see :meth:`Lookups.version`).
+SPECULATE = 4 << 20
+#: Files whose last seen size :class:`Lookups` remembers (the table is emptied when full).
+SIZE_HINTS = 4096
+
 #: What a probe finds at a key: (kind, stored size, link target, raw attributes, raw
 #: link-group pointer of a file).
 Probe = tuple[int, int, str, "bytes | None", "bytes | None"]
@@ -72,6 +78,7 @@ class Lookups:
     epoch: int
     folder_cache: Any
     _hidden_logged: set[str]
+    _size_hints: dict[str, int]
 
     def default_attrs(self, kind: int) -> Attrs:
         """Attributes of a node that has no side record."""
@@ -117,6 +124,12 @@ class Lookups:
         keys ``also``, for the transaction to answer again without a round trip. Where a batch
         is one read, it reads each key's link-group pointer too; elsewhere (LMDB) only the
         pointers of what was found and is not a folder are read, after."""
+        return self._probe_many_reading(t, keys, also)[1]
+
+    def _probe_many_reading(
+        self, t: Txn, keys: list[str], also: Sequence[str] = ()
+    ) -> tuple[list[Any], list[Probe | None]]:
+        """:meth:`_probe_many`, and the values of ``also`` it read."""
         batched = self.driver.batched
         per_key = 6 if batched else 5
         requests: list[Read] = [Get(k, DATA) for k in also]
@@ -147,7 +160,7 @@ class Lookups:
                     found = (*found[:4], pointer)
                 out.append(found)
                 i += per_key
-        return out
+        return answers[: len(also)], out
 
     def _judge(self, key: str, size, data_below, mark, side_below, raw_attrs):
         """What a probe's first five answers say is at ``key`` (its pointer is read after).
@@ -201,7 +214,17 @@ class Lookups:
         found = self._probe(t, key)
         if found is None:
             return None
-        return self._node_from(t, key, *found)
+        return self._remember(key, self._node_from(t, key, *found))
+
+    def _remember(self, key: str, node: Node) -> Node:
+        """Note the size of the file ``node`` at ``key``: a hint for its next open (see
+        :meth:`version`), never an answer."""
+        if node.kind == FILE:
+            hints = self._size_hints
+            if len(hints) >= SIZE_HINTS:
+                hints.clear()
+            hints[key] = node.size
+        return node
 
     def _node_from(
         self, t: Txn, key: str, kind: int, size: int, target: str, raw: bytes | None, pointer=None
@@ -244,7 +267,8 @@ class Lookups:
             folder, _, name = key.rpartition("/")
             nodes = cache.snapshot(folder, lambda limit: self.folder_nodes(folder, limit))
             if nodes is not None:
-                return nodes.get(name)
+                node = nodes.get(name)
+                return None if node is None else self._remember(key, node)
         return self.driver.transact(lambda t: self._find(t, key), write=False)
 
     def lookup(self, key: str) -> Node:
@@ -266,9 +290,31 @@ class Lookups:
         """The file at ``key`` as it is now, for an open: its node and, in the same
         transaction, its content when that is at most ``limit`` bytes and its stamp is not
         ``kept`` (the kernel holds that version's pages, and may never ask for them); the
-        content is held in place where the driver can (``backends.held``): release it."""
+        content is held in place where the driver can (``backends.held``): release it.
+
+        Where a batch of reads is one round trip, a file this mount last saw (a lookup, a
+        folder's snapshot) at most :data:`SPECULATE` bytes large has its value read in the
+        same batch as its probe: an open costs one round trip, not two. The size seen is only a
+        hint: what the probe finds decides, and a value that turns out larger than ``limit``
+        is dropped."""
+        hint = self._size_hints.get(key)
+        speculate = (
+            kept is None
+            and hint is not None
+            and hint <= min(limit, SPECULATE)
+            and self.driver.batched
+            and not self.hooks_transform
+        )
 
         def run(t: Txn, view: View) -> tuple[Node | None, Any]:
+            if speculate:
+                (value,), (found,) = self._probe_many_reading(t, [key], [key])
+                node = None if found is None else self._remember(key, self._node_from(t, key, *found))
+                if node is None or node.kind != FILE or node.size > limit:
+                    return node, None
+                if value is not None and len(value) == parts.MANIFEST_SIZE:
+                    value = parts.whole(t, key, bytes(value))
+                return node, value
             node = self._find(t, key)
             if node is None or node.kind != FILE or stamp_of(node) == kept:
                 return node, None

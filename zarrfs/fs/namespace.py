@@ -141,6 +141,7 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
         self._side_effects: set[str] = set()
         self._garbage: list = []  # parts a write leaves unused (see zarrfs.fs.parts)
         self._hidden_logged: set[str] = set()
+        self._size_hints: dict[str, int] = {}  # key -> size last seen (Lookups.version)
         self.epoch = self._load_epoch()
         # The longest key the database holds, if it has a limit, less the side prefix ("a:")
         # of a node's attributes: a longer path is refused with ENAMETOOLONG before it is made.
