@@ -80,16 +80,21 @@ def start_redis(work: Path) -> tuple[subprocess.Popen, int]:
             time.sleep(0.05)
 
 
-def run_threads(count: int, items: list, work: Callable[[int, list], None], prepare=None) -> float:
+def run_threads(
+    count: int, items: list, work: Callable[[int, list], None], prepare=None, on_start=None
+) -> float:
     """Seconds for ``count`` threads to do ``work(thread, share)`` over ``items`` split
-    round-robin (each first calls ``prepare()``, untimed: a client connects)."""
+    round-robin (each first calls ``prepare()``, untimed: a client connects; then
+    ``on_start()`` runs, before any work)."""
     shares = [items[i::count] for i in range(count)]
+    ready = threading.Barrier(count + 1)
     start = threading.Barrier(count + 1)
     errors: list[BaseException] = []
 
     def body(i: int) -> None:
         if prepare is not None:
             prepare()
+        ready.wait()
         start.wait()
         try:
             work(i, shares[i])
@@ -99,6 +104,9 @@ def run_threads(count: int, items: list, work: Callable[[int, list], None], prep
     threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
     for t in threads:
         t.start()
+    ready.wait()
+    if on_start is not None:
+        on_start()
     start.wait()
     t0 = time.perf_counter()
     for t in threads:
@@ -123,11 +131,13 @@ class Client:
                 import redis
 
                 c = redis.Redis.from_url(self.address)
+                c.ping()  # connected now, not at the first timed command
             elif self.kind == "cluster":
                 from redis.cluster import RedisCluster
 
                 host, port = self.address.split(":")
                 c = RedisCluster(host=host, port=int(port))
+                c.get("bench:0")  # connected to the node that holds the keys
             else:
                 import psycopg
 
@@ -226,8 +236,7 @@ def measure(kind: str, direct_url: str, proxied_url: str, client: Client, proxy:
 
     for threads in (1, 4, 16):
         secs, trips = timed_mount(lambda t=threads: run_threads(t, order, read_files(mnt / "a")))
-        proxy.reset()
-        csecs = run_threads(threads, order, client_gets, client.conn)
+        csecs = run_threads(threads, order, client_gets, client.conn, proxy.reset)
         ctrips = proxy.round_trips()
         rows.append((f"read, {threads} readers", len(names) / secs, len(names) / csecs, trips / len(names),
                      ctrips / len(names)))
@@ -247,14 +256,12 @@ def measure(kind: str, direct_url: str, proxied_url: str, client: Client, proxy:
             return run_threads(threads, wnames, write_files)
 
         secs, trips = timed_mount(body)
-        proxy.reset()
-        csecs = run_threads(threads, wnames, client_sets, client.conn)
+        csecs = run_threads(threads, wnames, client_sets, client.conn, proxy.reset)
         ctrips = proxy.round_trips()
         rows.append((f"write, {threads} writers", len(names) / secs, len(names) / csecs, trips / len(names),
                      ctrips / len(names)))
     secs, trips = timed_mount(lambda: run_threads(1, names, read_files(mnt / "seq")))
-    proxy.reset()
-    csecs = run_threads(1, names, client_gets, client.conn)
+    csecs = run_threads(1, names, client_gets, client.conn, proxy.reset)
     rows.append(("read in grid order, 1 reader", len(names) / secs, len(names) / csecs, trips / len(names),
                  proxy.round_trips() / len(names)))
     return rows
@@ -342,7 +349,7 @@ def tables_reset(kind: str, direct: str) -> None:
 
         url = direct.split("?")[0]
         with psycopg.connect(url, autocommit=True) as c:
-            for t in ("nb", "bench_kv"):
+            for t in ("nb", "nb_side", "bench_kv"):
                 c.execute(f"DROP TABLE IF EXISTS {t} CASCADE")
     elif kind == "redis":
         import redis

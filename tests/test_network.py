@@ -12,6 +12,7 @@ forwarding (a server that stops answering, made without a clock).
 from __future__ import annotations
 
 import errno
+import json
 import os
 import threading
 
@@ -142,3 +143,55 @@ def test_postgres_that_stops_answering_mid_commit_times_out_with_nothing_half_do
     _commit_stalls(m, proxy, b"old" * 1000, b"new" * 3000)
     write(m.path / "after", b"1")
     assert read(m.path / "after") == b"1"
+
+
+def _array(m, names: list[str], size: int) -> dict[str, bytes]:
+    """A Zarr v2 array ``a`` of one row of ``len(names)`` chunks of ``size`` bytes."""
+    (m.path / "a").mkdir()
+    meta = {
+        "zarr_format": 2, "shape": [1, size * len(names)], "chunks": [1, size], "dtype": "|u1",
+        "compressor": None, "fill_value": 0, "order": "C", "filters": None,
+    }
+    write(m.path / "a" / ".zarray", json.dumps(meta).encode())
+    values = {n: os.urandom(size) for n in names}
+    for n, v in values.items():
+        write(m.path / "a" / n, v)
+    return values
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+def test_chunks_read_in_grid_order_are_read_ahead(redis_server, proxy, mount_factory):
+    direct, proxied = _proxied_redis(redis_server, proxy, f"ra{os.getpid()}")
+    names = [f"0.{i}" for i in range(27)]
+    values = _array(mount_factory(direct, ["create"]), names, CHUNK)
+    m = mount_factory(proxied, [])
+    os.stat(m.path / "a")
+    proxy.reset()
+    for n in names:
+        assert read(m.path / "a" / n) == values[n]
+    trips = proxy.round_trips() / len(names)
+    assert trips <= 0.6, trips  # about one round trip for every nine chunks
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+def test_a_chunk_read_ahead_is_never_older_than_what_the_mount_shows(redis_server, proxy, mount_factory):
+    import time
+
+    direct, proxied = _proxied_redis(redis_server, proxy, f"rs{os.getpid()}")
+    names = [f"0.{i}" for i in range(12)]
+    writer = mount_factory(direct, ["create"])
+    values = _array(writer, names, 1000)
+    reader = mount_factory(proxied, [])
+    for n in names[:3]:  # the third is read with the next eight
+        assert read(reader.path / "a" / n) == values[n]
+    new = b"new" * 700
+    write(writer.path / "a" / "0.6", new)  # another mount changes a chunk read ahead
+    deadline = time.monotonic() + 30
+    while os.stat(reader.path / "a" / "0.6").st_size != len(new):
+        assert time.monotonic() < deadline, "the change never showed through the reader"
+        time.sleep(0.02)
+    assert read(reader.path / "a" / "0.6") == new
+    for n in names[3:6] + names[7:]:
+        assert read(reader.path / "a" / n) == values[n]

@@ -22,6 +22,7 @@ from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, Get, HasPrefix, Read, Size, Txn
 from zarrfs.backends.held import Held, View, hold
+from zarrfs.format.arrays import find_array
 from zarrfs.fs import hardlinks, parts
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.hardlinks import pointer_key
@@ -67,7 +68,8 @@ def stamp_of(node: Node) -> tuple[int, int]:
 
 class Lookups:
     """Lookups of a :class:`zarrfs.fs.namespace.Tree`, which provides the attributes used here
-    (``driver``, ``hooks``, ``uid``, ``gid``, ``umask``, ``epoch``, ``folder_cache``) and
+    (``driver``, ``hooks``, ``uid``, ``gid``, ``umask``, ``epoch``, ``folder_cache``,
+    ``readahead``) and
     ``folder_nodes`` (from :class:`zarrfs.fs.listing.Listings`)."""
 
     driver: Any
@@ -77,6 +79,7 @@ class Lookups:
     umask: int
     epoch: int
     folder_cache: Any
+    readahead: Any
     _hidden_logged: set[str]
     _size_hints: dict[str, int]
 
@@ -262,6 +265,11 @@ class Lookups:
         """The node at ``key``, or None when there is none (the lookup of every ``stat``: a
         missing name is common and costs no exception). Answered from a snapshot of the
         folder when :attr:`folder_cache` has one (see :mod:`zarrfs.fs.foldercache`)."""
+        ahead = self.readahead
+        if ahead is not None:
+            node = ahead.node(key)
+            if node is not None:
+                return node
         cache = self.folder_cache
         if cache is not None and key:
             folder, _, name = key.rpartition("/")
@@ -297,6 +305,20 @@ class Lookups:
         same batch as its probe: an open costs one round trip, not two. The size seen is only a
         hint: what the probe finds decides, and a value that turns out larger than ``limit``
         is dropped."""
+        ahead = self.readahead
+        if ahead is not None and self.driver.batched and not self.hooks_transform:
+            hit = ahead.take(key)
+            if hit is None:
+                more = ahead.plan(key)
+                if more:
+                    found = self.versions([key, *more], min(limit, ahead.max_value))
+                    ahead.keep((k, n, v) for k, (n, v) in zip(more, found[1:], strict=True))
+                    hit = found[0] if found[0][1] is not None else None
+            if hit is not None:
+                node, value = hit
+                if stamp_of(node) == kept:
+                    return node, None
+                return node, Held(value)
         hint = self._size_hints.get(key)
         speculate = (
             kept is None
@@ -329,6 +351,26 @@ class Lookups:
 
         return hold(self.driver, run)
 
+    def versions(self, keys: list[str], limit: int) -> list[tuple[Node | None, bytes | None]]:
+        """The files at ``keys`` as they are now, in one batch of reads (one round trip where a
+        batch is one): each one's node and, when it is a file of at most ``limit`` bytes, its
+        content (bytes)."""
+
+        def run(t: Txn) -> list[tuple[Node | None, bytes | None]]:
+            values, probes = self._probe_many_reading(t, keys, keys)
+            out: list[tuple[Node | None, bytes | None]] = []
+            for key, value, found in zip(keys, values, probes, strict=True):
+                node = None if found is None else self._remember(key, self._node_from(t, key, *found))
+                if node is None or node.kind != FILE or node.size > limit or value is None:
+                    out.append((node, None))
+                    continue
+                if len(value) == parts.MANIFEST_SIZE:
+                    value = parts.whole(t, key, bytes(value))
+                out.append((node, None if value is None else bytes(value)))
+            return out
+
+        return self.driver.transact(run, write=False)
+
     def read_version(self, key: str, stamp: tuple[int, int], offset: int = 0, size: int = -1) -> bytes:
         """Bytes of the file at ``key`` (all of it, as shown, when ``size`` is negative; else a
         stored range) if it is still the version ``stamp``; ESTALE when it was replaced: a
@@ -346,6 +388,16 @@ class Lookups:
             return self.hooks.shown_value(t, key, value)
 
         return self.driver.transact(run, write=False)
+
+    def array_of(self, key: str) -> Any:
+        """The Zarr array enclosing ``key`` (:class:`zarrfs.format.arrays.ArrayInfo`), or None;
+        its metadata read in as few batches as its folders' depth allows."""
+
+        def get_many(keys: list[str]) -> list[Any]:
+            return self.driver.transact(lambda t: t.read_many([Get(k) for k in keys]), write=False)
+
+        found = find_array(key, lambda k: get_many([k])[0], get_many)
+        return None if found is None else found[1]
 
     def link_names(self, key: str) -> list[str]:
         """Every name of the file at ``key`` (``key`` among them) when it has hard links,
