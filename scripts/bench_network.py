@@ -332,7 +332,11 @@ def main() -> int:
                     tables_reset(kind, direct)
                     proxy.set_rtt(rtt)
                     measured = measure_pg(client) if kind == "postgres" else proxy.measure(via)
-                    rows = measure(kind, direct, proxied, client, proxy, rtt, args, work)
+                    try:
+                        rows = measure(kind, direct, proxied, client, proxy, rtt, args, work)
+                    except (OSError, subprocess.CalledProcessError) as exc:  # the others still run
+                        print(f"\n{kind}, round trip {rtt:g} ms: failed: {exc}")
+                        continue
                     print_rows(f"{kind}, round trip {rtt:g} ms asked, {measured:.2f} ms measured, "
                                f"{args.chunks} chunks of 64 KiB", rows)
     finally:
