@@ -4,7 +4,8 @@ forwarding (a server that stops answering, made without a clock).
 
 * a fresh chunk read through a mount of Redis costs at most two round trips (lookup; open and
   content in one pipeline), counted at the proxy;
-* a PostgreSQL transaction sends its BEGIN with its first reads and its writes with its COMMIT;
+* a PostgreSQL transaction sends its BEGIN with its first reads and its writes with its COMMIT,
+  and with the change feed a reading transaction's COMMIT goes with the next transaction;
 * a server that stops answering in the middle of a commit gives ETIMEDOUT after ``-o timeout=``,
   and the file is afterwards either what it was or what was written, never a mix.
 """
@@ -15,9 +16,11 @@ import errno
 import json
 import os
 import threading
+import time
 
 import pytest
 from mounting import read, write
+from psycopg.pq import TransactionStatus
 
 from zarrfs.backends import open_driver
 from zarrfs.backends.base import SIDE, Get, HasPrefix, Size
@@ -90,6 +93,18 @@ def test_a_postgres_transaction_sends_begin_with_its_reads_and_writes_with_its_c
         proxy.reset()
         driver.transact(lambda t: None, write=False)
         assert proxy.round_trips() == 0
+        # With the change feed running, a reading transaction's COMMIT goes with the next one.
+        driver.changes(None)
+        read = lambda: driver.transact(lambda t: t.read_many([Get("a"), Size("b/c")]), write=False)  # noqa: E731
+        proxy.reset()
+        assert read() == [b"12", 1] and read() == [b"12", 1]
+        assert proxy.round_trips() == 2
+        assert driver.conn.info.transaction_status == TransactionStatus.INTRANS
+        deadline = time.monotonic() + 30
+        while driver.conn.info.transaction_status != TransactionStatus.IDLE:  # the feed's poll ends it
+            assert time.monotonic() < deadline, "the last reading transaction was never ended"
+            driver.changes(0)
+            time.sleep(0.05)
         # Read-your-writes: a read after a write in the same transaction sees it.
         assert driver.transact(lambda t: (t.put("d", b"4"), t.get("d"))[1]) == b"4"
     with open_driver(direct) as d:
@@ -177,8 +192,6 @@ def test_chunks_read_in_grid_order_are_read_ahead(redis_server, proxy, mount_fac
 @pytest.mark.mount
 @pytest.mark.usefixtures("fuse_required")
 def test_a_chunk_read_ahead_is_never_older_than_what_the_mount_shows(redis_server, proxy, mount_factory):
-    import time
-
     direct, proxied = _proxied_redis(redis_server, proxy, f"rs{os.getpid()}")
     names = [f"0.{i}" for i in range(12)]
     writer = mount_factory(direct, ["create"])

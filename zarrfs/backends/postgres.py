@@ -18,6 +18,10 @@ with the first read, writes (and the ``NOTIFY`` of the change feed) with the ``C
 batch of reads (:meth:`Txn.read_many`) is one pipeline however many: a transaction that reads
 one batch and writes costs two round trips (it cost four and one more per write), and one
 that does nothing costs none. The server runs the statements in the order they were made.
+With the change feed running, a reading transaction's ``COMMIT`` goes with the next
+transaction's first statements, or after :data:`DEFER` seconds from the feed's poll between
+requests (so an idle mount holds no transaction open longer than that and a poll interval): a
+lookup or an open then costs one round trip.
 
 Credentials come from the URL, ``?password_file=PATH``, or libpq's own ``PGPASSWORD`` and
 ``~/.pgpass``; the password is never part of a message (``where`` is the URL without it).
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -63,6 +68,7 @@ _LIBPQ_OPTIONS = {
     "sslmode", "sslrootcert", "sslcert", "sslkey", "connect_timeout",
     "application_name", "host",
 }
+DEFER = 0.1  # seconds a reading transaction's COMMIT may wait for the next statement
 _RETRY = (pgerr.SerializationFailure, pgerr.DeadlockDetected, pgerr.LockNotAvailable)
 _FULL = (pgerr.DiskFull, pgerr.OutOfMemory, pgerr.ProgramLimitExceeded)
 
@@ -109,6 +115,9 @@ class PostgresDriver(Driver):
         # The tables are made (and their storage set) by the first connection only: ALTER TABLE
         # waits for every transaction on the table, an abandoned one's too (postgres_wait).
         self._made = False
+        # When the last reading transaction ended without its COMMIT (sent with the next
+        # statement, or by _settle), or None.
+        self._deferred: float | None = None
         with self._lock:
             self._connect()
 
@@ -178,10 +187,17 @@ class PostgresDriver(Driver):
                 self._connect()
             level = "SERIALIZABLE" if write else "REPEATABLE READ READ ONLY"
             txn = PostgresTxn(self, write, f"BEGIN ISOLATION LEVEL {level}")
+            deferred, self._deferred = self._deferred, None
+            if deferred is not None:  # the last reading transaction ends first
+                txn.queued.insert(0, ("COMMIT", None))
             try:
                 try:
                     yield txn
-                    if txn.begun or txn.changed:
+                    if not (txn.begun or txn.changed):
+                        self._deferred = deferred  # nothing was sent: still to end
+                    elif not write and self.feed is not None:
+                        self._deferred = time.monotonic()  # ended with what comes next
+                    else:
                         if txn.changed:  # delivered at the commit, if it commits
                             notes = postgres_feed.payloads(self.writer, txn.changed)
                             txn.queued.append((postgres_feed.NOTIFY, (self.channel, notes)))
@@ -207,6 +223,19 @@ class PostgresDriver(Driver):
             except psycopg.Error as exc:
                 raise BackendError(f"{self.where}: {_reason(exc)}") from None
 
+    def _settle(self) -> None:
+        """End a reading transaction whose COMMIT waits for the next one, if it has waited
+        :data:`DEFER` seconds (the change feed's polls call this between requests)."""
+        if self._deferred is None or time.monotonic() - self._deferred < DEFER:
+            return
+        with self._lock:
+            self._deferred = None
+            try:
+                if self.conn is not None and not self.conn.closed:
+                    self.conn.execute("COMMIT")
+            except (psycopg.Error, InterruptedCallError, StalledError):
+                self._drop()  # the next transaction makes a new connection
+
     def _roll_back(self) -> None:
         """End a transaction that failed, if the connection is still in one."""
         conn = self.conn
@@ -225,12 +254,14 @@ class PostgresDriver(Driver):
         except psycopg.Error:
             pass
         self.conn = None
+        self._deferred = None
 
     def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
         """What other zarrfs writers committed since the last call (see ``postgres_feed``);
         the first call starts the feed. The cursor only counts calls: the server pushes."""
         if self.feed is None:
             self.feed = postgres_feed.PostgresFeed(self)
+        self._settle()
         if since is None:
             self.feed.changes()  # nothing from before counts
             return 0, []
