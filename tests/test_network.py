@@ -61,11 +61,14 @@ def test_a_fresh_chunk_read_costs_at_most_two_round_trips(redis_server, proxy, m
         write(m.path / "a" / n, values[n])
     m.stop()
     m2 = mount_factory(proxied, [])
-    os.stat(m2.path / "a")  # the folder's own lookup is not a chunk read's
-    proxy.reset()
-    for n in names:
+    # What happens once per folder (its lookup, the look for an array's metadata at the second
+    # open, for reading ahead) is not a chunk read's.
+    for n in names[:2]:
         assert read(m2.path / "a" / n) == values[n]
-    trips = proxy.round_trips() / len(names)
+    proxy.reset()
+    for n in names[2:]:
+        assert read(m2.path / "a" / n) == values[n]
+    trips = proxy.round_trips() / (len(names) - 2)
     assert trips <= 2.0, trips
 
 
