@@ -334,7 +334,7 @@ def main() -> int:
                     measured = measure_pg(client) if kind == "postgres" else proxy.measure(via)
                     try:
                         rows = measure(kind, direct, proxied, client, proxy, rtt, args, work)
-                    except (OSError, subprocess.CalledProcessError) as exc:  # the others still run
+                    except Exception as exc:  # noqa: BLE001 - reported; the other rows still run
                         print(f"\n{kind}, round trip {rtt:g} ms: failed: {exc}")
                         continue
                     print_rows(f"{kind}, round trip {rtt:g} ms asked, {measured:.2f} ms measured, "
