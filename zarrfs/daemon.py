@@ -30,6 +30,7 @@ from zarrfs.fs.changes import ChangeWatcher, has_feed
 from zarrfs.fs.foldercache import FolderCache
 from zarrfs.fs.handles import HandleTable
 from zarrfs.fs.namespace import Hooks, Tree
+from zarrfs.fs.readahead import Readahead
 from zarrfs.fuse import abi
 from zarrfs.fuse.channel import Channel
 from zarrfs.fuse.coherence import Coherence
@@ -186,6 +187,8 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
         opts.feed = opts.use_feed and has_feed(driver)
         if opts.seconds("dir_cache") > 0:
             tree.folder_cache = FolderCache(opts.seconds("dir_cache"), entries=opts.dir_cache_entries)
+        if opts.feed and opts.chunks_ahead > 0 and driver.remote and driver.batched:
+            tree.readahead = Readahead(tree.array_of, depth=opts.chunks_ahead)
         handles = HandleTable(tree, opts.spill, opts.readonly, opts.parts_above)
         # Locks live in the database, shared by every mount of it; a read-only mount leaves
         # them to the kernel (it could not record them).

@@ -70,6 +70,9 @@ class MountOptions:
     # Seconds a call may wait on a database server before it fails with ETIMEDOUT.
     timeout: float = DEFAULT_TIMEOUT
     readahead: int = DEFAULT_READAHEAD_KIB
+    # Chunks of a Zarr array read ahead of a reader in grid order (zarrfs.fs.readahead), on a
+    # database server with a change feed; 0: none.
+    chunks_ahead: int = 8
     # The kernel's cache times; each defaults to cache_timeout.
     entry_timeout: float | None = None
     attr_timeout: float | None = None
@@ -146,6 +149,10 @@ def parse_options(words: list[str]) -> MountOptions:
                 opts.direct_above = None if value == "off" else _size(name, value)
             elif name == "create":
                 opts.create = True
+            elif name == "chunks_ahead":
+                opts.chunks_ahead = _number(name, value, int)
+                if opts.chunks_ahead < 0:
+                    raise UsageError(f"-o chunks_ahead= takes a number of chunks, 0 or more (got {value!r})")
             elif name == "nonempty":
                 opts.nonempty = True
             elif name == "readahead":

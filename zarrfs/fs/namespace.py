@@ -146,9 +146,12 @@ class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
         self.on_side_effects: Any = None
         #: Snapshots of busy folders for :meth:`find` (a FolderCache), or None.
         self.folder_cache: Any = None
+        #: Chunks read ahead of a reader in grid order (a Readahead), or None.
+        self.readahead: Any = None
         self._side_effects: set[str] = set()
         self._garbage: list = []  # parts a write leaves unused (see zarrfs.fs.parts)
         self._hidden_logged: set[str] = set()
+        self._size_hints: dict[str, int] = {}  # key -> size last seen (Lookups.version)
         self.epoch = self._load_epoch()
         # The longest key the database holds, if it has a limit, less the side prefix ("a:")
         # of a node's attributes: a longer path is refused with ENAMETOOLONG before it is made.
@@ -183,6 +186,8 @@ class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
         finally:
             if self.folder_cache is not None:
                 self.folder_cache.clear()
+            if self.readahead is not None:
+                self.readahead.forget()
         garbage, self._garbage = self._garbage, []
         parts.free(self.driver, {p.id: p for p in garbage if p is not None}.values())
         if touched and self.on_side_effects is not None:
