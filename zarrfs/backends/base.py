@@ -361,8 +361,11 @@ class Driver(ABC):
     #: trip, one SQL statement): then callers ask for what they may need in one batch rather
     #: than in steps that stop early.
     batched = False
-    #: How often :meth:`transact` runs a function that keeps failing with ``RetryableError``.
+    #: How often :meth:`transact` runs a function that keeps failing with ``RetryableError``
+    #: at least; under contention it goes on retrying for :attr:`retry_for` seconds (None: the
+    #: :attr:`timeout`), so a busy machine slows conflicting writers down instead of failing them.
     max_attempts = 10
+    retry_for: float | None = None
     #: First back-off in seconds; doubles each attempt, with full jitter.
     backoff = 0.005
 
@@ -391,11 +394,13 @@ class Driver(ABC):
 
     def transact(self, fn: Callable[[Txn], T], write: bool = True) -> T:
         """Run ``fn(txn)`` in one transaction and return its result; commit on success, roll
-        back on error, rerun on :class:`RetryableError` with bounded, jittered back-off."""
+        back on error, rerun on :class:`RetryableError` with jittered back-off, at least
+        :attr:`max_attempts` times and for up to :attr:`timeout` seconds."""
         if write and self.readonly:
             raise ReadOnlyError(f"{self.url} is opened read-only")
         delay = self.backoff
         attempt = 1
+        give_up = time.monotonic() + (self.timeout if self.retry_for is None else self.retry_for)
         txn: Txn | None = None
         freed = False
         while True:
@@ -403,7 +408,7 @@ class Driver(ABC):
                 with self._begin(write) as txn:
                     return fn(txn)
             except RetryableError:
-                if attempt >= self.max_attempts:
+                if attempt >= self.max_attempts and time.monotonic() >= give_up:
                     raise
             except StorageFullError as exc:
                 if self.make_room(exc):

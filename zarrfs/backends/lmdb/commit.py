@@ -2,9 +2,9 @@
 
 The side environment commits first, and the transaction keeps the side records it overwrote
 (``LMDBTxn._side_before``: side keys, and the records of long keys of either space, see
-``lmdb_long``); then the data commits. If the data commit fails (a full disk), the side
+``longkeys``); then the data commits. If the data commit fails (a full disk), the side
 records are put back as they were and the error is raised: committed data implies committed
-side data, and a failed commit leaves nothing new. The change log entry (``lmdb_feed``) is put
+side data, and a failed commit leaves nothing new. The change log entry (``feed``) is put
 in the side commit.
 """
 
@@ -14,18 +14,18 @@ from typing import TYPE_CHECKING
 
 import lmdb
 
-from .base import DATA, SIDE
-from .lmdb_env import translate
-from .lmdb_feed import record
-from .lmdb_grow import gate
+from ..base import DATA, SIDE
+from .environments import translate
+from .feed import record
+from .maps import gate
 
 if TYPE_CHECKING:
-    from .lmdb import LMDBTxn
+    from .driver import LMDBTxn
 
 
 def finish(txn: LMDBTxn, ok: bool) -> None:
     """Commit ``txn`` (side first, then data) when ``ok``, else abort both; a write transaction
-    releases the driver's write lock either way, and the transaction leaves ``lmdb_grow``'s
+    releases the driver's write lock either way, and the transaction leaves ``maps``'s
     gate."""
     try:
         if not txn.write:

@@ -28,7 +28,7 @@ from typing import Any
 import psycopg
 from psycopg.waiting import READY_R, READY_W, Wait
 
-from .errors import InterruptedCallError, StalledError
+from ..errors import InterruptedCallError, StalledError
 
 log = logging.getLogger("zarrfs.backends.postgres")
 

@@ -9,12 +9,12 @@ import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ._util import DELETED, merge_buffered
-from .base import DATA, KEYS, SIZES, Fetch, Space
-from .redis_link import translated
+from .._util import DELETED, merge_buffered
+from ..base import DATA, KEYS, SIZES, Fetch, Space
+from .link import translated
 
 if TYPE_CHECKING:
-    from .redis import RedisDriver
+    from .driver import RedisDriver
 
 log = logging.getLogger("zarrfs.backends.redis")
 

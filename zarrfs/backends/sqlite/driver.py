@@ -25,15 +25,15 @@ corrupts a committed transaction; a crash of the machine may lose the last ones)
 ``Driver.sync()`` (a file's ``fsync``) checkpoints the WAL, which syncs it; ``?sync=1`` makes
 every commit durable on its own (``synchronous=FULL``). Checkpoints run in a background thread
 (a commit never waits for the WAL to be copied into the database and synced): once commits
-pause, or during a burst once it has written enough to be worth one (``sqlite_checkpoint``);
+pause, or during a burst once it has written enough to be worth one (``checkpoint``);
 SQLite's own automatic checkpoint stays on the writers' connections, at a higher threshold, as
 the bound on the WAL.
 
 Keys are bound as their UTF-8 bytes and cast to TEXT in the statement (``CAST(? AS TEXT)``):
 stored as TEXT, exactly as ``SQLiteStore`` stores them, compared in the primary-key index.
 
-The statements and the connections live in ``sqlite_sql``, the checkpoints in
-``sqlite_checkpoint``, the change feed in ``sqlite_feed``.
+The statements and the connections live in ``sql``, the checkpoints in
+``checkpoint``, the change feed in ``feed``.
 """
 
 from __future__ import annotations
@@ -45,10 +45,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from . import sqlite_feed
-from . import sqlite_sql as sq
-from ._util import Reserve, check_options, parse_bool, parse_file_url, statvfs
-from .base import (
+from .._util import Reserve, check_options, parse_bool, parse_file_url, statvfs
+from ..base import (
     DATA,
     KEYS,
     SIZES,
@@ -60,9 +58,11 @@ from .base import (
     check_space,
     encode_key,
 )
-from .sqlite_checkpoint import Checkpointer, checkpoint, truncate
-from .sqlite_sql import PAGE_SIZE, TABLES, BatchStatements, Connections, blob, prepare, translate, translated
-from .writer_wait import begin_sqlite_write
+from ..writer_wait import begin_sqlite_write
+from . import feed
+from . import sql as sq
+from .checkpoint import Checkpointer, checkpoint, truncate
+from .sql import PAGE_SIZE, TABLES, BatchStatements, Connections, blob, prepare, translate, translated
 
 log = logging.getLogger("zarrfs.backends.sqlite")
 __all__ = ["PAGE_SIZE", "SQLiteDriver", "SQLiteTxn"]
@@ -109,7 +109,7 @@ class SQLiteTxn(Txn):
         try:
             logged = None
             if self._log_from is not None:
-                logged = (self._log_from, conn.execute(sqlite_feed.LAST_ID).fetchone()[0])
+                logged = (self._log_from, conn.execute(feed.LAST_ID).fetchone()[0])
             conn.execute("COMMIT")
         except BaseException as err:
             if conn.in_transaction:
@@ -210,7 +210,7 @@ class SQLiteTxn(Txn):
     def _note_log(self) -> None:
         # Where this transaction's change-log entries start, so that its own feed skips them.
         if self._log_from is None and self._driver.logged:
-            self._log_from = self._one(sqlite_feed.LAST_ID, ())[0]
+            self._log_from = self._one(feed.LAST_ID, ())[0]
 
     def _put(self, raw: bytes, value: bytes | memoryview, space: Space) -> None:
         self._note_log()
@@ -282,9 +282,9 @@ class SQLiteDriver(Driver):
         # to grow when they are checkpointed, and a delete appends to the WAL until then.
         self.reserve = None if readonly else Reserve(path + ".zarrfs-reserve", 4 << 20)
 
-        # The change log (sqlite_feed): the id ranges of this driver's entries, and whether
+        # The change log (feed): the id ranges of this driver's entries, and whether
         # the triggers are there.
-        self.own, self.logged = sqlite_feed.start(self._conn(), path, self.tables, readonly)
+        self.own, self.logged = feed.start(self._conn(), path, self.tables, readonly)
         if not readonly and wal:
             self._checkpointer = Checkpointer(path, self.timeout, self.checkpoint_lock)
 
@@ -325,10 +325,10 @@ class SQLiteDriver(Driver):
         return None if row is None else row[0]
 
     def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
-        """What other writers committed since ``since`` (see ``sqlite_feed``), asked on the
+        """What other writers committed since ``since`` (see ``feed``), asked on the
         calling thread's connection."""
         with translated(self.path):
-            return sqlite_feed.changes(self, self._conn(), since)
+            return feed.changes(self, self._conn(), since)
 
     def sync(self) -> None:
         """With ``sync=1`` (``synchronous=FULL``) every commit is already durable; otherwise

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._util import DELETED
-from .base import RetryableError, Space, StorageFullError
-from .redis_link import BIG_ARG, translate
+from .._util import DELETED
+from ..base import RetryableError, Space, StorageFullError
+from .link import BIG_ARG, translate
 
 if TYPE_CHECKING:
-    from .redis import RedisDriver
-    from .redis_link import Link
+    from .driver import RedisDriver
+    from .link import Link
 
 
 def commit(d: RedisDriver, link: Link, pending: dict[tuple[Space, bytes], Any]) -> None:

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import quote
 
-from .base import (
+from ..base import (
     DATA,
     KEYS,
     SIDE,

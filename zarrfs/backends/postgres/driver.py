@@ -30,9 +30,8 @@ import psycopg
 from psycopg import errors as pgerr
 from psycopg import sql
 
-from . import postgres_feed
-from ._util import check_options
-from .base import (
+from .._util import check_options
+from ..base import (
     DATA,
     KEYS,
     SIZES,
@@ -52,12 +51,13 @@ from .base import (
     UnavailableError,
     prefix_stop,
 )
-from .postgres_sql import bound as _bound
-from .postgres_sql import compare as _compare
-from .postgres_sql import queries as _queries
-from .postgres_sql import reason as _reason
-from .postgres_sql import text as _text
-from .postgres_wait import WatchedConnection
+from . import feed
+from .connection import WatchedConnection
+from .sql import bound as _bound
+from .sql import compare as _compare
+from .sql import queries as _queries
+from .sql import reason as _reason
+from .sql import text as _text
 
 BATCH = 512  # rows per round trip of a streaming scan
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,50}$")
@@ -80,7 +80,7 @@ class PostgresTxn(Txn):
         super().__init__(write, driver.where)
         self._conn = driver.conn
         self._q = driver.queries
-        #: What this transaction wrote, announced at its commit (see ``postgres_feed``).
+        #: What this transaction wrote, announced at its commit (see ``feed``).
         self.changed: list[tuple[Space, str]] = []
 
     def _one(self, name: str, space: Space, *params: Any):
@@ -190,9 +190,9 @@ class PostgresDriver(Driver):
         }
         self.params = {k: v for k, v in self.params.items() if v is not None}
         self.table = table
-        self.channel = postgres_feed.channel(table)
-        self.writer = postgres_feed.new_writer()  # names this driver's commits in the feed
-        self.feed: postgres_feed.PostgresFeed | None = None  # started by the first changes()
+        self.channel = feed.channel(table)
+        self.writer = feed.new_writer()  # names this driver's commits in the feed
+        self.feed: feed.PostgresFeed | None = None  # started by the first changes()
         self._lock = threading.RLock()
         self.conn: Any = None
         with self._lock:
@@ -205,7 +205,7 @@ class PostgresDriver(Driver):
             raise StalledError(f"{self.where}: {_reason(exc)} (-o timeout=)") from None
         except psycopg.Error as exc:
             raise UnavailableError(f"{self.where}: {_reason(exc)}") from None
-        self.conn.driver = self  # its waits honour watch and timeout (postgres_wait)
+        self.conn.driver = self  # its waits honour watch and timeout (connection)
         tables = {DATA: self.table, Space.SIDE: self.table + "_side"}
         if not self.readonly:
             for name in tables.values():
@@ -264,9 +264,9 @@ class PostgresDriver(Driver):
                     txn = PostgresTxn(self, write)
                     yield txn
                     if txn.changed:  # delivered at the commit, if it commits
-                        notes = postgres_feed.payloads(self.writer, txn.changed)
-                        self.conn.execute(postgres_feed.NOTIFY, (self.channel, notes))
-            except (InterruptedCallError, StalledError):  # the connection was closed (postgres_wait)
+                        notes = feed.payloads(self.writer, txn.changed)
+                        self.conn.execute(feed.NOTIFY, (self.channel, notes))
+            except (InterruptedCallError, StalledError):  # the connection was closed (connection)
                 self._drop()
                 raise
             except _RETRY as exc:
@@ -292,10 +292,10 @@ class PostgresDriver(Driver):
         self.conn = None
 
     def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
-        """What other zarrfs writers committed since the last call (see ``postgres_feed``);
+        """What other zarrfs writers committed since the last call (see ``feed``);
         the first call starts the feed. The cursor only counts calls: the server pushes."""
         if self.feed is None:
-            self.feed = postgres_feed.PostgresFeed(self)
+            self.feed = feed.PostgresFeed(self)
         if since is None:
             self.feed.changes()  # nothing from before counts
             return 0, []

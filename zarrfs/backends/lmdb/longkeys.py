@@ -6,7 +6,7 @@ byte (a data key in the data environment's main database, as zarr-python 2's ``L
 writes it; a side key in the side environment). A longer key, of either space, is held in the
 *side* environment (never the data environment: every record of its main database is a key to
 ``LMDBStore.keys()``), as two records under a prefix no UTF-8 key can start with (0xFE; the
-change log of ``lmdb_feed`` is 0xFF, after it):
+change log of ``feed`` is 0xFF, after it):
 
 * the name ``0xFE tag "k" <first PREFIX bytes of the key> <digest of the key>``, whose value is
   the value's size (8 bytes, big-endian) and the whole key: scans and sizes read these only;
@@ -15,7 +15,7 @@ change log of ``lmdb_feed`` is 0xFF, after it):
 ``tag`` is ``d`` for a data key, ``s`` for a side key; the digest is BLAKE2b of 32 bytes, so the
 name's key is 475 bytes long. Names sort by the first :data:`PREFIX` bytes of their keys as the
 keys do; names that share those bytes sort by digest, so a scan gathers each such group and
-sorts it by the whole key (:func:`rows`), and ``lmdb_scan`` merges that stream with the
+sorts it by the whole key (:func:`rows`), and ``scan`` merges that stream with the
 environment's own keys.
 
 Costs: a key that fits costs nothing more to read or write. A scan, and a prefix that no key
@@ -23,7 +23,7 @@ that fits has, look once per transaction whether the space has long keys (a seek
 environment). A scan holds one group in memory at a time: the names, not the values, of the
 long keys that share their first :data:`PREFIX` bytes (a folder deeper than that lists its
 entries as one group, each time a listing resumes within it). The values of long keys share
-the side environment's map, which grows on demand up to its bound (``lmdb_grow``): past it, a
+the side environment's map, which grows on demand up to its bound (``maps``): past it, a
 write of one is :class:`StorageFullError`.
 
 Every write goes through the transaction's side transaction, and the transaction records what
@@ -40,7 +40,7 @@ from typing import Any
 
 import lmdb
 
-from .base import DATA, KEYS, SIZES, Fetch, Space
+from ..base import DATA, KEYS, SIZES, Fetch, Space
 
 #: The first byte of every record of the store (no UTF-8 text holds 0xFE).
 MARK = b"\xfe"

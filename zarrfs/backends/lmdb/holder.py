@@ -4,7 +4,7 @@ an open file's content is a view of the memory map rather than a copy of it.
 LMDB does not reuse a page that an open read transaction may still see: while one is held,
 writers (this process or another) grow the file instead. So the holder bounds them: at most
 :data:`MOST` at once and each for at most :data:`SECONDS`; past either, or before a map is
-resized (which needs no transaction open, ``lmdb_grow``), a value is copied out and its
+resized (which needs no transaction open, ``maps``), a value is copied out and its
 transaction ended. Those checks run on the thread that made the holds (the mount's request
 thread), at each new hold, at each write transaction and at each look at the change feed,
 because only that thread reads the views: a copy made on another thread could race a read.
@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from . import lmdb_pages
-from .base import DATA, RetryableError, StorageFullError, encode_key
-from .held import Held, View
+from ..base import DATA, RetryableError, StorageFullError, encode_key
+from ..held import Held, View
+from . import pages
 
 T = TypeVar("T")
 
@@ -64,7 +64,7 @@ class Holder:
             kept = None if value is None else Held(bytes(value))
             txn.__exit__(None, None, None)
             return result, kept
-        lmdb_pages.touched(driver, len(value))  # its pages will be in the process's resident set
+        pages.touched(driver, len(value))  # its pages will be in the process's resident set
         held = Held(value, self._end)
         self.thread = threading.get_ident()
         self.since[held] = (time.monotonic(), txn)

@@ -2,7 +2,7 @@
 
 An LMDB environment's map is a fixed span of address space: a write transaction that needs more
 pages fails with ``MDB_MAP_FULL``. The side environment holds the parts of large files
-(``zarrfs.fs.parts``) and the values of long keys (``lmdb_long``), so its map starts at
+(``zarrfs.fs.parts``) and the values of long keys (``longkeys``), so its map starts at
 ``?side_map_size=`` (64 GiB) and doubles on demand up to ``?map_max=``, or the data map's
 size when that is larger; the data map starts at ``?map_size=`` (1 TiB) and grows up to
 ``?map_max=`` (by default its own size: a full data map stays ``ENOSPC``, as documented, and a
@@ -28,8 +28,8 @@ from typing import Any
 
 import lmdb
 
-from ._util import parse_size
-from .base import DATA, Space, StorageFullError
+from .._util import parse_size
+from ..base import DATA, Space, StorageFullError
 
 log = logging.getLogger("zarrfs.backends.lmdb")
 

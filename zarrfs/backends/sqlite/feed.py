@@ -23,11 +23,11 @@ import sqlite3
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from .base import DATA, SIDE, Space
-from .sqlite_sql import translated
+from ..base import DATA, SIDE, Space
+from .sql import translated
 
 if TYPE_CHECKING:
-    from .sqlite import SQLiteDriver
+    from .driver import SQLiteDriver
 
 KEEP = 8192  # log entries kept
 BATCH = 20000  # entries read at one look; more than that is "something changed"

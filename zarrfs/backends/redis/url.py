@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from .base import DATA, SIDE, BackendError
+from ..base import DATA, SIDE, BackendError
 
 if TYPE_CHECKING:
-    from .redis import RedisDriver
+    from .driver import RedisDriver
 
 #: The prefix of the keys when the URL gives none (zarr-python 2's ``RedisStore`` default).
 DEFAULT_PREFIX = "zarr"

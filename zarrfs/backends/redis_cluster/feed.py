@@ -29,12 +29,12 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from .base import BackendError, Space
-from .redis_feed import RETRY, RedisFeed
+from ..base import BackendError, Space
+from ..redis.feed import RETRY, RedisFeed
 
 if TYPE_CHECKING:
-    from .redis_cluster import RedisClusterDriver
-    from .redis_link import Link
+    from ..redis.link import Link
+    from .driver import RedisClusterDriver
 
 log = logging.getLogger("zarrfs.backends.redis")
 

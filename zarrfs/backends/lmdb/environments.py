@@ -13,8 +13,8 @@ from typing import Any
 
 import lmdb
 
-from ._util import Preallocator, Reserve
-from .base import (
+from .._util import Preallocator, Reserve
+from ..base import (
     DATA,
     SIDE,
     BackendError,
@@ -25,8 +25,8 @@ from .base import (
     StorageFullError,
     UnavailableError,
 )
-from .lmdb_grow import SIDE_MAP_SIZE, MapTooSmall, gate
-from .writer_wait import LMDBWriterLock
+from ..writer_wait import LMDBWriterLock
+from .maps import SIDE_MAP_SIZE, MapTooSmall, gate
 
 MAX_READERS = 512
 RESERVE_IN_FOLDER = "zarrfs-reserve"
@@ -59,7 +59,7 @@ def translate(exc: lmdb.Error, what: str, space: Space = DATA) -> BackendError:
     """The driver interface's exception for an ``lmdb`` exception: a full map or disk
     (``MDB_MAP_FULL``, ``ENOSPC``, ``EDQUOT``, a short write to a full disk) is
     :class:`StorageFullError`; a full map, or one another process grew, of ``space``'s
-    environment is a :class:`MapTooSmall`, which the driver may grow (``lmdb_grow``)."""
+    environment is a :class:`MapTooSmall`, which the driver may grow (``maps``)."""
     if isinstance(exc, lmdb.MapFullError):
         which, option = ("map", "map_size") if space is DATA else ("side map", "map_max")
         return MapTooSmall(f"{what}: the LMDB {which} is full (open with a larger ?{option}=)", space)
@@ -182,7 +182,7 @@ class SideEnvironment:
     write), and put back after a data commit that failed behind its side commit. ``options``
     are ``lmdb.open``'s (``map_size`` defaults to :data:`SIDE_MAP_SIZE`). Side data is small (a
     few dozen bytes per file), but the parts of large files and the values of long keys
-    (``lmdb_long``) live here too: the map grows on demand (``lmdb_grow``)."""
+    (``longkeys``) live here too: the map grows on demand (``maps``)."""
 
     def __init__(self, path: str, readonly: bool, options: dict[str, Any]) -> None:
         self.path = path

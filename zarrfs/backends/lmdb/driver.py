@@ -1,5 +1,5 @@
 """LMDB driver: ``lmdb:///abs/path/db.lmdb[?map_size=2**40&map_max=&side_map_size=&sync=0]``
-(or a bare path); the maps grow on demand up to their bounds (``lmdb_grow``).
+(or a bare path); the maps grow on demand up to their bounds (``maps``).
 
 Data keys live in the environment's main, unnamed database, exactly as zarr-python 2's
 ``LMDBStore`` writes them. A folder (``data.mdb`` + ``lock.mdb``, zarr's default) or, when the
@@ -11,11 +11,11 @@ listed by ``LMDBStore.keys()``): ``<dir>/zarrfs-side.mdb`` beside ``data.mdb``, 
 environment, then the side's, always in that order, so writers cannot deadlock.
 
 Keys longer than LMDB's limit (``env.max_key_size()``, 511 bytes), of either space, are held in
-the side environment under a prefix no UTF-8 key has (``lmdb_long``); a key that fits stays
+the side environment under a prefix no UTF-8 key has (``longkeys``); a key that fits stays
 where it is, byte for byte, so ``LMDBStore`` sees exactly the data keys that fit. The driver
 has no key limit of its own (``max_key_size`` is None): scans merge both stores in key order.
 
-Two environments make two commits; one transaction still has one outcome (``lmdb_commit``):
+Two environments make two commits; one transaction still has one outcome (``commit``):
 the side commits first, a data commit that fails puts the side records back. A kill between
 the two can leave the side one transaction ahead: side data is advisory (a folder's mark or an
 mtime with no file behind it is ignored), and that transaction's long data keys are there
@@ -36,15 +36,23 @@ from typing import Any
 
 import lmdb
 
-from . import lmdb_long, lmdb_pages
-from ._util import check_options, parse_bool, parse_file_url, parse_size, statvfs
-from .base import DATA, SIDE, Driver, Fetch, HasPrefix, Size, Space, Txn, check_space, encode_key
-from .lmdb_commit import finish
-from .lmdb_env import DiskRoom, KnownSizes, SideEnvironment, bare_size, environments, translate, translated
-from .lmdb_feed import Own, changes
-from .lmdb_grow import OPTIONS, Maps, gate
-from .lmdb_hold import Holder
-from .lmdb_scan import scan
+from .._util import check_options, parse_bool, parse_file_url, parse_size, statvfs
+from ..base import DATA, SIDE, Driver, Fetch, HasPrefix, Size, Space, Txn, check_space, encode_key
+from . import longkeys, pages
+from .commit import finish
+from .environments import (
+    DiskRoom,
+    KnownSizes,
+    SideEnvironment,
+    bare_size,
+    environments,
+    translate,
+    translated,
+)
+from .feed import Own, changes
+from .holder import Holder
+from .maps import OPTIONS, Maps, gate
+from .scan import scan
 
 SIDE_IN_FOLDER = "zarrfs-side.mdb"
 SIDE_FILE_SUFFIX = ".zarrfs-side"
@@ -55,7 +63,7 @@ class LMDBTxn(Txn):
     """One transaction over the data environment and, lazily, the side environment; its own
     context manager (leaving the block commits, or aborts when the block raised)."""
 
-    max_value = lmdb_pages.MAX_VALUE
+    max_value = pages.MAX_VALUE
     value_limit = "LMDB's largest value: its pages in one write"
 
     def __init__(self, driver: LMDBDriver, write: bool) -> None:
@@ -66,7 +74,7 @@ class LMDBTxn(Txn):
         self._fit = driver.key_fit
         if write:  # another program's writer: logged, bounded by -o timeout= (writer_wait)
             driver.write_lock.writer.wait(driver.path, driver.timeout)
-        gate.enter(self)  # no map is resized while the transaction is open (lmdb_grow)
+        gate.enter(self)  # no map is resized while the transaction is open (maps)
         if write:
             driver.write_lock.acquire()
         try:
@@ -119,7 +127,7 @@ class LMDBTxn(Txn):
         """The value of ``raw`` as a buffer into the map (valid in this transaction), or None."""
         try:
             if len(raw) > self._fit:
-                return lmdb_long.value(self._txn(SIDE, False), raw, space)
+                return longkeys.value(self._txn(SIDE, False), raw, space)
             txn = self._txn(space, False)
             return None if txn is None else txn.get(raw)
         except lmdb.Error as exc:
@@ -127,13 +135,13 @@ class LMDBTxn(Txn):
 
     def _get(self, raw: bytes, space: Space) -> bytes | None:
         value = self._value(raw, space)
-        return None if value is None else lmdb_pages.copied(self._driver, value)
+        return None if value is None else pages.copied(self._driver, value)
 
     def _size(self, raw: bytes, space: Space) -> int | None:
         # buffers=True: len() of a pointer into the map, nothing copied.
         if len(raw) > self._fit:
             with translated(self.where):
-                return lmdb_long.size(self._txn(SIDE, False), raw, space)
+                return longkeys.size(self._txn(SIDE, False), raw, space)
         known = self._known(raw, space)
         if known is not None:
             return known
@@ -142,7 +150,7 @@ class LMDBTxn(Txn):
 
     def _read(self, raw: bytes, offset: int, length: int, space: Space) -> bytes | None:
         value = self._value(raw, space)  # copy only the range out of the map
-        return None if value is None else lmdb_pages.copied(self._driver, value[offset : offset + length])
+        return None if value is None else pages.copied(self._driver, value[offset : offset + length])
 
     def _put(self, raw: bytes, value: bytes | memoryview, space: Space) -> None:
         self._writes += 1
@@ -153,7 +161,7 @@ class LMDBTxn(Txn):
         with translated(self.where, space):
             if space is SIDE and raw not in self._side_before:
                 old = txn.get(raw)
-                self._side_before[raw] = None if old is None else lmdb_pages.copied(self._driver, old)
+                self._side_before[raw] = None if old is None else pages.copied(self._driver, old)
             txn.put(raw, value)
         if space is DATA:
             n = len(value)
@@ -163,7 +171,7 @@ class LMDBTxn(Txn):
         side = self._txn(SIDE)
         assert side is not None
         with translated(self.where, SIDE):
-            lmdb_long.put(side, raw, value, space, self._side_before)
+            longkeys.put(side, raw, value, space, self._side_before)
         self._long_changed[(b"d" if space is DATA else b"s") + raw] = None
         self._long_any = {**(self._long_any or {}), space: True}
 
@@ -172,7 +180,7 @@ class LMDBTxn(Txn):
         if len(raw) > self._fit:
             side = self._txn(SIDE, False)
             with translated(self.where, SIDE):
-                if side is not None and lmdb_long.delete(side, raw, space, self._side_before):
+                if side is not None and longkeys.delete(side, raw, space, self._side_before):
                     self._long_changed[(b"d" if space is DATA else b"s") + raw] = None
             return
         txn = self._txn(space)
@@ -182,7 +190,7 @@ class LMDBTxn(Txn):
                 old = txn.get(raw)
                 if old is None:
                     return
-                self._side_before[raw] = lmdb_pages.copied(self._driver, old)
+                self._side_before[raw] = pages.copied(self._driver, old)
             found = txn.delete(raw)
         if found and space is DATA:  # a delete of nothing changes nothing (no new commit)
             self._changes[raw] = None
@@ -201,7 +209,7 @@ class LMDBTxn(Txn):
     def _scan(
         self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int | None
     ) -> Iterator[tuple[bytes, Any]]:
-        return scan(self, lo, hi, space, fetch)  # merged with the long keys: see lmdb_scan
+        return scan(self, lo, hi, space, fetch)  # merged with the long keys: see scan
 
     def _has_prefix(self, raw: bytes, space: Space) -> bool:
         try:
@@ -215,7 +223,7 @@ class LMDBTxn(Txn):
                     except UnicodeDecodeError:  # not a key (scan skips it): scan decides
                         return super()._has_prefix(raw, space)
                     return True
-            return self._any_long(space) and lmdb_long.has_prefix(self._txn(SIDE, False), raw, space)
+            return self._any_long(space) and longkeys.has_prefix(self._txn(SIDE, False), raw, space)
         except lmdb.Error as exc:
             raise translate(exc, self.where) from exc
 
@@ -248,7 +256,7 @@ class LMDBTxn(Txn):
         return out
 
     def finish(self, ok: bool) -> None:
-        """Commit (side first, then data; see ``lmdb_commit``) or abort both."""
+        """Commit (side first, then data; see ``commit``) or abort both."""
         finish(self, ok)
 
 
@@ -256,7 +264,7 @@ class LMDBDriver(Driver):
     """Driver for LMDB environments; see the module docstring."""
 
     schemes = ("lmdb",)
-    #: No key limit: keys over LMDB's (``key_fit``) go to the long-key store (``lmdb_long``).
+    #: No key limit: keys over LMDB's (``key_fit``) go to the long-key store (``longkeys``).
     max_key_size: int | None = None
 
     def __init__(self, url: str, readonly: bool = False) -> None:
@@ -272,21 +280,21 @@ class LMDBDriver(Driver):
         self._key, self.env = environments.acquire(
             path, self.subdir, readonly, map_size=self.map_size, meminit=False, **self._env_options
         )
-        #: The longest key LMDB holds (511 bytes); longer ones are held in ``lmdb_long``.
+        #: The longest key LMDB holds (511 bytes); longer ones are held in ``longkeys``.
         self.key_fit = self.env.max_key_size()
         self.write_lock = environments.write_lock(self._key)
         self.room = None if readonly else DiskRoom(path, self.subdir)
         side_path = os.path.join(path, SIDE_IN_FOLDER) if self.subdir else path + SIDE_FILE_SUFFIX
         self.maps = Maps(self, options)
-        self.holder = Holder(self)  # values read in place (lmdb_hold)
+        self.holder = Holder(self)  # values read in place (holder)
         self.side = SideEnvironment(
             side_path, readonly, {**self._env_options, "map_size": self.maps.side_size}
         )
         self._closed = False
         self.known = KnownSizes()
-        self.long_keys = lmdb_long.Presence()
+        self.long_keys = longkeys.Presence()
 
-        # Every write keeps a change log for the other mounts (lmdb_feed); own: its entries.
+        # Every write keeps a change log for the other mounts (feed); own: its entries.
         self.log_changes = not readonly
         self.own = Own()
 
@@ -301,14 +309,14 @@ class LMDBDriver(Driver):
         return None if env is None else bare_size(env, raw, self.known if sp is DATA else None, self.path)
 
     def _begin(self, write: bool) -> LMDBTxn:
-        if write:  # held readers make LMDB grow the file rather than reuse pages (lmdb_hold)
+        if write:  # held readers make LMDB grow the file rather than reuse pages (holder)
             self.holder.tidy()
             if self.room is not None:
                 self.room.before_write()
         return LMDBTxn(self, write)
 
     def make_room(self, exc: BaseException) -> bool:
-        """Grow the map a transaction found full (see ``lmdb_grow``; held readers let go)."""
+        """Grow the map a transaction found full (see ``maps``; held readers let go)."""
         self.holder.let_go_all()
         return self.maps.grow(exc)
 
@@ -317,7 +325,7 @@ class LMDBDriver(Driver):
         return self.room is not None and self.room.free()
 
     def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
-        """What other writers committed since ``since`` (see ``lmdb_feed``)."""
+        """What other writers committed since ``since`` (see ``feed``)."""
         self.holder.tidy()
         with translated(self.path):
             return changes(self, since)

@@ -13,7 +13,7 @@ invalidation before the writer's reply, so on one machine a change is in this so
 writer learns it committed: close-to-open holds across mounts.
 
 A data key written by a client that is not zarrfs is not in the listing index (see
-``redis_index``): a writable mount puts the keys it hears of in the index, or takes them out,
+``index``): a writable mount puts the keys it hears of in the index, or takes them out,
 as they now exist or not (one round trip per batch), so they list without ``zarrfs reindex``.
 
 A server older than 6, or one refusing ``CLIENT TRACKING``: no feed (the mount keeps short cache
@@ -41,13 +41,13 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from .base import DATA, SIDE, BackendError, Space
-from .feed_fd import FeedFd
-from .redis_link import translated
+from ..base import DATA, SIDE, BackendError, Space
+from ..feed_fd import FeedFd
+from .link import translated
 
 if TYPE_CHECKING:
-    from .redis import RedisDriver
-    from .redis_link import Link
+    from .driver import RedisDriver
+    from .link import Link
 
 log = logging.getLogger("zarrfs.backends.redis")
 

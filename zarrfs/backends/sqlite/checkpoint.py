@@ -9,8 +9,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from .base import RetryableError
-from .sqlite_sql import translated
+from ..base import RetryableError
+from .sql import translated
 
 log = logging.getLogger("zarrfs.backends.sqlite")
 

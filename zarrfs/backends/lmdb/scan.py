@@ -1,9 +1,9 @@
 """Scans of the LMDB driver: an environment's own keys merged with the long-key store's.
 
 A scan of a space yields, in byte order, the keys its environment holds (those that fit LMDB's
-key limit) and the long keys of that space (``lmdb_long``, held in the side environment). The
+key limit) and the long keys of that space (``longkeys``, held in the side environment). The
 two streams are merged; keys from 0xFE on are the long-key store's records and the change log
-(``lmdb_feed``), never keys, so a scan ends there.
+(``feed``), never keys, so a scan ends there.
 
 The caller of a write transaction may write between two pulls. Cursors are not trusted after a
 write: when the transaction wrote since the last pull, both streams are opened again after the
@@ -17,20 +17,20 @@ from typing import TYPE_CHECKING, Any
 
 import lmdb
 
-from . import lmdb_long
-from .base import KEYS, SIDE, SIZES, Fetch, Space
-from .lmdb_env import translate
+from ..base import KEYS, SIDE, SIZES, Fetch, Space
+from . import longkeys
+from .environments import translate
 
 if TYPE_CHECKING:
-    from .lmdb import LMDBTxn
+    from .driver import LMDBTxn
 
 
 def scan(
     txn: LMDBTxn, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch
 ) -> Iterator[tuple[bytes, Any]]:
     """``Txn._scan`` for LMDB: ``(key, x)`` for the keys of ``space`` in ``[lo, hi)``."""
-    if hi is None or hi > lmdb_long.MARK:
-        hi = lmdb_long.MARK  # from 0xFE on: the long-key store and the change log, no keys
+    if hi is None or hi > longkeys.MARK:
+        hi = longkeys.MARK  # from 0xFE on: the long-key store and the change log, no keys
     try:
         own = txn._txn(space, False)
         long = txn._any_long(space)
@@ -42,7 +42,7 @@ def scan(
             if long:
                 side = txn._txn(SIDE, False)
                 assert side is not None
-                rows = merged(rows, lmdb_long.rows(side, lo, hi, space, fetch))
+                rows = merged(rows, longkeys.rows(side, lo, hi, space, fetch))
             try:
                 for raw, x in rows:
                     yield raw, x

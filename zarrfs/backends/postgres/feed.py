@@ -43,12 +43,12 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
-from .base import DATA, SIDE, Space, UnavailableError
-from .feed_fd import FeedFd
-from .postgres_sql import reason
+from ..base import DATA, SIDE, Space, UnavailableError
+from ..feed_fd import FeedFd
+from .sql import reason
 
 if TYPE_CHECKING:
-    from .postgres import PostgresDriver
+    from .driver import PostgresDriver
 
 log = logging.getLogger("zarrfs.backends.postgres")
 

@@ -37,9 +37,9 @@ transaction a scan keeps the range of the index it read, so a scan inside it (a 
 whether a listed key also has children) is answered as of that read without a round trip, and
 paging through a range reads ahead in growing batches.
 
-The URL and the names of the keys live in ``redis_url``, the connections in ``redis_link``,
-the index and the scans that read it in ``redis_index``, the commit in ``redis_commit``, the
-change feed in ``redis_feed``.
+The URL and the names of the keys live in ``url``, the connections in ``link``,
+the index and the scans that read it in ``index``, the commit in ``commit``, the
+change feed in ``feed``.
 """
 
 from __future__ import annotations
@@ -48,12 +48,12 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from ._util import DELETED
-from .base import DATA, Driver, HasPrefix, Size, Space, Txn, bytes_stop
-from .redis_commit import commit
-from .redis_feed import RedisFeed, feed_changes, tracked
-from .redis_index import IndexScans, ensure_index, reindex, scan_keyspace
-from .redis_link import (
+from .._util import DELETED
+from ..base import DATA, Driver, HasPrefix, Size, Space, Txn, bytes_stop
+from .commit import commit
+from .feed import RedisFeed, feed_changes, tracked
+from .index import IndexScans, ensure_index, reindex, scan_keyspace
+from .link import (
     BIG_ARG,
     SPIN,
     Link,
@@ -64,10 +64,8 @@ from .redis_link import (
     translate,
     translated,
 )
-from .redis_url import check_query, name_keys, parse_url, redis_py_options
+from .url import check_query, name_keys, parse_url, redis_py_options
 
-# Link is also reachable as _Link, the name tests patch to count round trips.
-_Link = Link
 log = logging.getLogger("zarrfs.backends.redis")
 __all__ = ["SPIN", "RedisDriver", "RedisTxn"]
 
@@ -201,7 +199,7 @@ class RedisTxn(IndexScans, Txn):
             high = b"(" + hi if hi is not None else b"+"
             plan_out.append((2, len(commands), hidden))
             commands.append(("ZRANGEBYLEX", index, b"[" + raw, high, "LIMIT", 0, 1 + len(hidden)))
-        if gets:  # a lone GET stays one: its large value is received straight (redis_link)
+        if gets:  # a lone GET stays one: its large value is received straight (link)
             commands.append(("MGET", *gets) if len(gets) > 1 else ("GET", gets[0]))
         replies = self._query(names, *commands) if commands else []
         got = (replies[-1] if len(gets) > 1 else replies[-1:]) if gets else []
@@ -245,7 +243,7 @@ class RedisTxn(IndexScans, Txn):
             self._d._release(link)
 
     def _commit(self, link: Link) -> None:
-        """Send the buffered writes (see ``redis_commit``)."""
+        """Send the buffered writes (see ``commit``)."""
         commit(self._d, link, self._pending)
 
 
@@ -283,11 +281,11 @@ class RedisDriver(Driver):
 
     def _acquire(self) -> Link:
         """The calling thread's link (see :meth:`Links.acquire`), tracked into the change feed
-        once one is started (see ``redis_feed.tracked``)."""
+        once one is started (see ``feed.tracked``)."""
         return tracked(self, self._links.acquire())
 
     def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
-        """What other clients changed since the last call (see ``redis_feed``); the first
+        """What other clients changed since the last call (see ``feed``); the first
         call starts the feed. The cursor only counts calls: the server pushes."""
         return feed_changes(self, since)
 
@@ -306,7 +304,7 @@ class RedisDriver(Driver):
             self._release(link)
 
     def scan_keyspace(self):
-        """The data keys found by ``SCAN MATCH {prefix}:*`` (see ``redis_index``)."""
+        """The data keys found by ``SCAN MATCH {prefix}:*`` (see ``index``)."""
         return scan_keyspace(self)
 
     def reindex(self, prune: bool = True) -> int:

@@ -28,14 +28,14 @@ import struct
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from .base import DATA, SIDE, Space
-from .lmdb_grow import gate
+from ..base import DATA, SIDE, Space
+from .maps import gate
 
 if TYPE_CHECKING:
-    from .lmdb import LMDBDriver, LMDBTxn
+    from .driver import LMDBDriver, LMDBTxn
 
-# Log entries sort after every key and after the long-key store (0xFE, lmdb_long): no UTF-8 key
-# starts with 0xFF, so no API call can name them, and a scan stops before 0xFE (lmdb_scan).
+# Log entries sort after every key and after the long-key store (0xFE, longkeys): no UTF-8 key
+# starts with 0xFF, so no API call can name them, and a scan stops before 0xFE (scan).
 # An entry names a long key itself, never the records that hold it.
 LOG = b"\xfflog:"
 KEEP = 4096  # entries of the log kept
@@ -52,7 +52,7 @@ def _entry(sid: int) -> bytes:
 def record(txn: LMDBTxn) -> int | None:
     """Put the log entry of the write transaction ``txn`` (called before its side commit);
     returns its side commit number, or None when the transaction changed nothing."""
-    # Side records of long keys (0xFE, lmdb_long) are logged as the keys they hold.
+    # Side records of long keys (0xFE, longkeys) are logged as the keys they hold.
     changed = [b"d" + raw for raw in txn._changes]
     changed += [b"s" + raw for raw in txn._side_before if raw[:1] != b"\xfe"]
     changed += txn._long_changed

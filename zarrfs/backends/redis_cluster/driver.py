@@ -46,12 +46,12 @@ from urllib.parse import unquote
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
-from .base import DATA, BackendError, Driver, RetryableError, Space, UnavailableError
-from .redis import RedisDriver, RedisTxn
-from .redis_cluster_feed import ClusterFeed
-from .redis_index import ensure_index
-from .redis_link import Link, Links, translate
-from .redis_url import check_query, name_keys, parse_url
+from ..base import DATA, BackendError, Driver, RetryableError, Space, UnavailableError
+from ..redis.driver import RedisDriver, RedisTxn
+from ..redis.index import ensure_index
+from ..redis.link import Link, Links, translate
+from ..redis.url import check_query, name_keys, parse_url
+from .feed import ClusterFeed
 
 __all__ = ["RedisClusterDriver", "hash_tagged"]
 
@@ -133,7 +133,7 @@ class RedisClusterDriver(RedisDriver):
     max_value = 512 << 20
     def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
         """What other clients changed since the last call, as on one server, heard on the
-        master that owns the hierarchy's slot (see ``redis_cluster_feed``)."""
+        master that owns the hierarchy's slot (see ``feed``)."""
         if self.feed is None:
             try:
                 self.feed = ClusterFeed(self)
@@ -174,7 +174,7 @@ class RedisClusterDriver(RedisDriver):
     @staticmethod
     def _connection_options(scheme: str, userinfo: str, query: list[tuple[str, str]]) -> dict[str, Any]:
         """Keyword arguments for every connection: credentials, TLS, bounded timeouts (a FUSE
-        call must fail rather than hang on a dead master), RESP2 (see ``redis_link.Link``)."""
+        call must fail rather than hang on a dead master), RESP2 (see ``redis.link.Link``)."""
         user, _, password = userinfo.partition(":")
         options: dict[str, Any] = {
             "socket_connect_timeout": 10, "socket_timeout": 120, "socket_keepalive": True, "protocol": 2,
@@ -238,7 +238,7 @@ class RedisClusterDriver(RedisDriver):
 
     def check_route(self) -> None:
         """Ask the master the driver is on for the slot (one ``EXISTS``): a ``MOVED`` reply
-        points the driver at the new owner (see ``redis_cluster_feed``)."""
+        points the driver at the new owner (see ``feed``)."""
         link = self._acquire()
         try:
             link.checked([("EXISTS", self.index[DATA])])

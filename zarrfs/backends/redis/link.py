@@ -24,7 +24,7 @@ except ImportError:  # pragma: no cover - hiredis is a dependency on CPython
 
 from zarrfs.spin import next_window
 
-from .base import (
+from ..base import (
     BackendError,
     ReadOnlyError,
     RetryableError,
@@ -34,8 +34,8 @@ from .base import (
 )
 
 if TYPE_CHECKING:
-    from .redis import RedisDriver
-    from .redis_url import RedisURL
+    from .driver import RedisDriver
+    from .url import RedisURL
 
 BIG_ARG = 1 << 16  # arguments longer than this are sent as they are, not copied into a buffer
 # A lone reply this large is read into a buffer of its own: hiredis would copy it twice more.
