@@ -144,7 +144,7 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
         )
         opts.feed = opts.use_feed and has_feed(driver)
         if opts.seconds("dir_cache") > 0:
-            tree.folder_cache = FolderCache(opts.seconds("dir_cache"))
+            tree.folder_cache = FolderCache(opts.seconds("dir_cache"), entries=opts.dir_cache_entries)
         handles = HandleTable(tree, opts.spill, opts.readonly, opts.parts_above)
         # Locks live in the database, shared by every mount of it; a read-only mount leaves
         # them to the kernel (it could not record them).

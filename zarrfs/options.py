@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zarrfs.backends.base import DEFAULT_TIMEOUT
+from zarrfs.fs.foldercache import ENTRIES as DIR_CACHE_ENTRIES
 from zarrfs.fs.pagecache import DIRECT_ABOVE
 from zarrfs.fs.parts import DEFAULT_ABOVE
 from zarrfs.fs.spill import DEFAULT_SPILL
@@ -75,6 +76,8 @@ class MountOptions:
     # Seconds a snapshot of a busy folder answers lookups (zarrfs.fs.foldercache); defaults to
     # cache_timeout, 0 turns snapshots off.
     dir_cache: float | None = None
+    # Entries the snapshots of busy folders hold together (zarrfs.fs.foldercache).
+    dir_cache_entries: int = DIR_CACHE_ENTRIES
     # Access: allow_root lets root in besides the mount's owner (checked by the daemon, the
     # kernel is told allow_other); allow_other/allow_root turn default_permissions on unless
     # no_default_permissions.
@@ -126,6 +129,10 @@ def parse_options(words: list[str]) -> MountOptions:
                 opts.timeout = _number(name, value, float)
                 if not opts.timeout > 0:
                     raise UsageError(f"-o timeout= takes seconds, more than 0 (got {value!r})")
+            elif name == "dir_cache_entries":
+                opts.dir_cache_entries = _number(name, value, int)
+                if opts.dir_cache_entries < 0:
+                    raise UsageError(f"-o {name}= takes a count of entries, 0 or more (got {value!r})")
             elif name == "spill":
                 opts.spill = _size(name, value)
             elif name == "parts_above":

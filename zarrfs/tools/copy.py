@@ -1,6 +1,7 @@
 """``zarrfs copy`` and :func:`zarrfs.copy`: a hierarchy from one place to another, key for key
 and byte for byte (chunks are never decoded; consolidated metadata is copied as the key it
-is), without a mount. zarr-python 3 has no ``copy_store``; this is one.
+is), without a mount, with the extended attributes of files and folders
+(:mod:`zarrfs.tools.xattrcopy`). zarr-python 3 has no ``copy_store``; this is one.
 
 Either end is a folder (a DirectoryStore), a database URL (any zarrfs driver), or, from Python,
 any zarr-python 3 store. Between folders and databases the copy uses the driver directly:
@@ -39,6 +40,7 @@ from zarrfs.backends.base import KEYS, SIDE, SIZES, VALUES, Driver, Get
 from zarrfs.fs import parts
 from zarrfs.fs.manifest import MAGIC, MANIFEST_SIZE
 from zarrfs.fs.sidedata import attr_key
+from zarrfs.tools import xattrcopy
 
 BATCH = 256  # keys per read batch and per write transaction
 BATCH_BYTES = 64 << 20  # and at most this much data per write transaction
@@ -441,11 +443,13 @@ def copy(
         measured = _measure(source, driver) if progress and isinstance(source, str) else (0, 0)
         bar = _Progress(progress, *measured)
         try:
+            skipped: set[str] = set()
             for batch in _batches(src.items()):
                 if if_exists == "skip" and dst is not None:
                     sizes = dst.sizes([k for k, _ in batch])
                     whole = [size == len(v) for (_, v), size in zip(batch, sizes, strict=True)]
                     result.skipped += sum(whole)
+                    skipped.update(item[0] for item, w in zip(batch, whole, strict=True) if w)
                     # What is there already counts on the bar too, so that it ends at 100%.
                     there = sum(len(v) for (_, v), w in zip(batch, whole, strict=True) if w)
                     bar.advance(result.keys + result.skipped, there)
@@ -456,6 +460,8 @@ def copy(
                 done = sum(len(v) for _, v in batch)
                 result.bytes += done
                 bar.advance(result.keys + result.skipped, done)
+            if not dry_run:
+                _carry_xattrs(src, dst, skipped)
         finally:
             bar.close()
             if dst is not None:
@@ -463,6 +469,21 @@ def copy(
     finally:
         src.close()
     return result
+
+
+def _carry_xattrs(src: Any, dst: Any, skipped: set[str]) -> None:
+    """The extended attributes of what was copied, between folders and databases."""
+    if isinstance(src, _Folder):
+        found = xattrcopy.folder_xattrs(src.root)
+    elif isinstance(src, _Database):
+        found = xattrcopy.database_xattrs(src.driver)
+    else:
+        return
+    items = [(k, x) for k, x in found if k not in skipped]
+    if items and isinstance(dst, _Folder):
+        xattrcopy.put_folder_xattrs(dst.root, items)
+    elif items and isinstance(dst, _Database):
+        xattrcopy.put_database_xattrs(dst.driver, items)
 
 
 def _exists_at_all(dest: Any) -> bool:

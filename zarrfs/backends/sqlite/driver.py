@@ -73,6 +73,7 @@ class SQLiteTxn(Txn):
     (leaving the block commits, or rolls back when the block raised)."""
 
     value_limit = "SQLite's SQLITE_LIMIT_LENGTH, less room for the key"
+    most_reads = sq.BATCH_READS
 
     #: Rows fetched per statement while scanning, by fetch mode (values can be large).
     batch = {KEYS: 1024, SIZES: 1024}

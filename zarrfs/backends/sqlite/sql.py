@@ -173,6 +173,11 @@ def max_value(conn: sqlite3.Connection) -> int:
     return limit - 4096
 
 
+#: Reads in one batch statement: a result row holds at most SQLITE_MAX_COLUMN (2,000) columns,
+#: and a statement 999 parameters in older builds (a read binds at most two).
+BATCH_READS = 400
+
+
 class BatchStatements:
     """The statements answering :meth:`~zarrfs.backends.base.Txn.read_many` batches: every read
     a scalar subquery of one ``SELECT``, built once per shape of batch."""
