@@ -30,7 +30,7 @@ from zarrfs.fs.changes import ChangeWatcher, has_feed
 from zarrfs.fs.foldercache import FolderCache
 from zarrfs.fs.handles import HandleTable
 from zarrfs.fs.namespace import Hooks, Tree
-from zarrfs.fs.readahead import Readahead
+from zarrfs.fs.readahead import DEFAULT_CHUNKS_AHEAD, Readahead
 from zarrfs.fuse import abi
 from zarrfs.fuse.channel import Channel
 from zarrfs.fuse.coherence import Coherence
@@ -187,8 +187,11 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
         opts.feed = opts.use_feed and has_feed(driver)
         if opts.seconds("dir_cache") > 0:
             tree.folder_cache = FolderCache(opts.seconds("dir_cache"), entries=opts.dir_cache_entries)
-        if opts.feed and opts.chunks_ahead > 0 and driver.remote and driver.batched:
-            tree.readahead = Readahead(tree.array_of, depth=opts.chunks_ahead)
+        ahead = opts.chunks_ahead
+        if ahead is None:  # by default only where a read ahead is as new as an open's read
+            ahead = DEFAULT_CHUNKS_AHEAD if driver.feed_before_reply else 0
+        if opts.feed and ahead > 0 and driver.remote and driver.batched:
+            tree.readahead = Readahead(tree.array_of, depth=ahead)
         handles = HandleTable(tree, opts.spill, opts.readonly, opts.parts_above)
         # Locks live in the database, shared by every mount of it; a read-only mount leaves
         # them to the kernel (it could not record them).

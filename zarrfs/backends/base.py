@@ -370,6 +370,10 @@ class Driver(ABC):
     #: trip, one SQL statement): then callers ask for what they may need in one batch rather
     #: than in steps that stop early.
     batched = False
+    #: Whether the change feed tells of a commit before the committing client hears it
+    #: answered (Redis pushes invalidations first): then what a mount read ahead, dropped when
+    #: the feed names it, is as new as a read at open would be, and it reads ahead by default.
+    feed_before_reply = False
     #: Files larger than this many bytes are best stored in parts (``PARTS``) on this
     #: database, whatever the mount's ``-o parts_above=`` (None: the mount decides); a Redis
     #: Cluster spreading a hierarchy over its masters parts every chunk.

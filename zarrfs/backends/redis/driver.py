@@ -253,6 +253,7 @@ class RedisDriver(Driver):
     schemes = ("redis", "rediss", "unix", "valkey", "valkeys")
     remote = True
     batched = True
+    feed_before_reply = True
     # Optimistic transactions conflict more often than lock-based ones.
     max_attempts = 25
 
