@@ -69,6 +69,12 @@ class Invalidator:
         self._queue.put((notes, done))
         done.wait(WAIT)
 
+    def post(self, notes: list[bytes]) -> None:
+        """Write ``notes`` without waiting for them (nothing the caller answers depends on
+        them)."""
+        if self._thread is not None:
+            self._queue.put((notes, threading.Event()))
+
     def stop(self) -> None:
         """Stop the thread (unmount)."""
         if self._thread is not None:
