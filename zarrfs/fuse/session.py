@@ -132,8 +132,8 @@ class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
         return parent + "/" + text if parent else text
 
     def _stored(self, nodeid: int | None, stored: Stored | None) -> None:
-        # Content written through this mount was stored: the policy records it, and may hand
-        # the kernel the file's last partial page.
+        # Content stored through this mount: the policy records it, and may hand the kernel
+        # the file's last partial page.
         if nodeid is None or stored is None:
             return
         inode = self.inodes.get(nodeid)
@@ -180,6 +180,8 @@ class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
         )
 
     def _entry_values(self, key: str, node: Node) -> tuple:
+        if self.coherence is not None:  # a name found or made is no longer a missing one
+            self.coherence.created(key)
         nodeid, inode = self.inodes.remember(key, node.kind, node.group)
         self.pages.shown(inode, node)
         es, ens = self.entry_valid
@@ -468,17 +470,14 @@ class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
     def _statfs(self, head: Header, buf: memoryview) -> None:
         s = self.ops.statfs()
         figures = (s[f] for f in ("f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_bsize"))
-        self._send(
-            k.STATFS_REPLY.pack(
-                k.STATFS_REPLY.size, 0, head.unique, *figures, s["f_namemax"], s["f_frsize"], 0
-            )
-        )
+        tail = (s["f_namemax"], s["f_frsize"], 0)
+        self._send(k.STATFS_REPLY.pack(k.STATFS_REPLY.size, 0, head.unique, *figures, *tail))
 
     # ------------------------------------------------------------------ folders
     def _readdir(self, head: Header, buf: memoryview) -> None:
         fh, offset, size = k.READ_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
-        entries = self.inodes.numbered(self._key(head.nodeid), head.nodeid, self.ops.readdir(fh, offset))
-        self._reply_data(head.unique, k.dirents(entries, size))
+        listed = self.inodes.numbered(self._key(head.nodeid), head.nodeid, self.ops.readdir(fh, offset))
+        self._reply_data(head.unique, k.dirents(listed, size))
 
 
 _ZERO_ATTR = (0,) * 16
