@@ -93,17 +93,17 @@ def record_redis_calls(monkeypatch, driver=None, unwatch: bool = False) -> list[
     """Have the Redis driver's links record every call they send for ``driver`` (for any
     driver when None) as the names of its commands, with, when ``unwatch``, the ``UNWATCH`` a
     link owes in front; return the list they append to (one entry per round trip)."""
-    from zarrfs.backends import redis as redis_driver
+    from zarrfs.backends.redis.link import Link
 
     sent: list[list[str]] = []
-    call = redis_driver._Link.call
+    call = Link.call
 
     def counting(link, commands, big=False):
         if driver is None or link.driver is driver:
             sent.append(["UNWATCH"] * (unwatch and link.unwatch) + [c[0] for c in commands])
         return call(link, commands, big)
 
-    monkeypatch.setattr(redis_driver._Link, "call", counting)
+    monkeypatch.setattr(Link, "call", counting)
     return sent
 
 

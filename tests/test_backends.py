@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import zarr2env
 from conftest import record_redis_calls
+from mounting import unavailable
 
 from zarrfs.backends import registry
 from zarrfs.backends.base import (
@@ -28,7 +29,6 @@ from zarrfs.backends.base import (
     SIZES,
     VALUES,
     DriverNotFoundError,
-    RetryableError,
     StorageFullError,
     prefix_stop,
 )
@@ -65,7 +65,7 @@ class TestMemory(_Conformance):
 class TestLMDBFolder(_Conformance):
     """An LMDB folder environment (``data.mdb`` + ``lock.mdb``), zarr's default."""
 
-    max_key = None  # longer keys than LMDB holds go to the long-key store (lmdb_long)
+    max_key = None  # longer keys than LMDB holds go to the long-key store (lmdb.longkeys)
     side_commits_with_data = False
 
     @pytest.fixture
@@ -117,7 +117,7 @@ class TestLMDBFolder(_Conformance):
 class TestLMDBFile(_Conformance):
     """A single-file LMDB environment (``subdir=False``)."""
 
-    max_key = None  # longer keys than LMDB holds go to the long-key store (lmdb_long)
+    max_key = None  # longer keys than LMDB holds go to the long-key store (lmdb.longkeys)
     side_commits_with_data = False
 
     @pytest.fixture
@@ -164,7 +164,7 @@ class TestSQLite(_Conformance):
         try:
             sql = dict(conn.execute("SELECT name, sql FROM sqlite_master WHERE type='table'").fetchall())
             assert sql["zarr"] == "CREATE TABLE zarr(k TEXT PRIMARY KEY, v BLOB)"
-            assert set(sql) == {"zarr", "zarrfs_side", "zarrfs_changes"}  # the change log (sqlite_feed)
+            assert set(sql) == {"zarr", "zarrfs_side", "zarrfs_changes"}  # the change log (sqlite.feed)
             assert conn.execute("SELECT k, typeof(k), typeof(v) FROM zarr").fetchall() == [
                 ("k", "text", "blob")
             ]
@@ -248,17 +248,19 @@ class TestSQLite(_Conformance):
         # Checkpointed during the burst: the values committed up to it are in the database.
         assert db.stat().st_size >= before + 64 * 1024
 
-    def test_lock_held_by_another_connection_is_retryable(self, driver, tmp_path):
+    def test_lock_held_by_another_connection_is_waited_for_then_times_out(self, driver, tmp_path, caplog):
         import sqlite3
+
+        from zarrfs.backends.base import StalledError
 
         other = sqlite3.connect(tmp_path / "x.db", isolation_level=None)
         other.execute("BEGIN IMMEDIATE")
         try:
             d = open_driver(f"sqlite://{tmp_path}/x.db?timeout=0.2")
-            d.max_attempts = 2
-            d.backoff = 0.001
-            with pytest.raises(RetryableError):
+            d.set_timeout(0.6)  # -o timeout=: the bound of the wait, said in the log past 0.5 s
+            with pytest.raises(StalledError, match="holds the database's write lock"):
                 d.put("k", b"v")
+            assert "waiting up to 0.6 s" in caplog.text
             d.close()
         finally:
             other.execute("ROLLBACK")
@@ -268,7 +270,7 @@ class TestSQLite(_Conformance):
 def test_sqlite_new_database_gets_large_pages_and_an_old_one_keeps_its_own(tmp_path):
     import sqlite3
 
-    from zarrfs.backends.sqlite import PAGE_SIZE
+    from zarrfs.backends.sqlite.sql import PAGE_SIZE
 
     d = open_driver(f"sqlite://{tmp_path}/new.db")
     d.put("a/0", b"x" * 300_000)
@@ -494,12 +496,12 @@ def _tmpfs(path, size: str):
     import subprocess
 
     if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs to fill needs root")
+        unavailable("mounting a small tmpfs to fill needs root")
     path.mkdir()
     command = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]
     done = subprocess.run(command, capture_output=True)
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr.decode(errors='replace').strip()}")
+        unavailable(f"cannot mount a tmpfs: {done.stderr.decode(errors='replace').strip()}")
 
 
 @pytest.mark.parametrize("big", [DATA, SIDE])
@@ -712,7 +714,7 @@ class TestRedis(_Conformance):
             other.close()
 
     def test_reply_polling_window_adapts(self, driver):
-        from zarrfs.backends.redis import SPIN
+        from zarrfs.backends.redis.link import SPIN
 
         link = driver._acquire()
         try:
@@ -735,7 +737,7 @@ class TestRedis(_Conformance):
 
         A busy machine can delay every reply for a while (a CI run once saw 50 PINGs in a row
         slower than the window), so this keeps trying for seconds, not for a count."""
-        from zarrfs.backends.redis import SPIN
+        from zarrfs.backends.redis.link import SPIN
 
         deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline:
@@ -757,7 +759,7 @@ class TestRedis(_Conformance):
         assert driver.get("n/b") == b"2"
 
     def test_reconnects_after_the_server_closed_an_idle_connection(self, driver, redis_server, monkeypatch):
-        from zarrfs.backends import redis_link
+        from zarrfs.backends.redis import link as redis_link
 
         driver.put("k", b"v")
         (cid,) = driver._oneshot([("CLIENT", "ID")])
@@ -769,7 +771,7 @@ class TestRedis(_Conformance):
     def test_the_gets_of_a_batch_of_reads_are_one_mget(self, driver, monkeypatch):
         """A batch of reads sends its GETs as one MGET (a folder's snapshot reads two records
         per child), answers in the plan's order; a lone GET stays a GET."""
-        from zarrfs.backends import redis_link
+        from zarrfs.backends.redis import link as redis_link
 
         driver.put("a", b"1")
         driver.put("c", b"333", SIDE)
@@ -790,7 +792,7 @@ class TestRedis(_Conformance):
         """A lone reply of a large value is read straight into one buffer (not through
         hiredis): exact at, below and above the threshold, whatever the socket hands over at a
         time, and the link goes on serving the next calls."""
-        from zarrfs.backends import redis_link
+        from zarrfs.backends.redis import link as redis_link
 
         limit = redis_link.BIG_REPLY
         values = {f"v{n}": os.urandom(n) for n in (limit - 1, limit, limit + 1, 3 * limit + 5, 0)}

@@ -1,4 +1,4 @@
-"""The Redis Cluster change feed (``zarrfs.backends.redis_cluster_feed``): the coherence tests of
+"""The Redis Cluster change feed (``zarrfs.backends.redis_cluster.feed``): the coherence tests of
 ``test_coherence.py`` on one cluster prefix, a writer that is not zarrfs, and the feed
 following a failover to the promoted replica. Latencies are measured, never slept over."""
 

@@ -1,4 +1,4 @@
-"""The LMDB driver's maps grow when a transaction finds one full (zarrfs.backends.lmdb_grow):
+"""The LMDB driver's maps grow when a transaction finds one full (zarrfs.backends.lmdb.maps):
 the side map (parts of large files, long keys) up to ``?map_max=`` or the data map's size, the
 data map only up to ``?map_max=``; a map another process grew is adopted."""
 
@@ -25,7 +25,7 @@ def test_the_side_map_grows_for_a_value_larger_than_it(tmp_path):
         driver.put("big", value, SIDE)
         assert driver.get("big", SIDE) == value
         assert driver.side.env(False).info()["map_size"] >= 5 * MIB
-        long_key = "k" * 600  # held in the side environment too (lmdb_long)
+        long_key = "k" * 600  # held in the side environment too (lmdb.longkeys)
         driver.put(long_key, value)
         assert driver.get(long_key) == value
 

@@ -1,4 +1,4 @@
-"""Values read in place on LMDB (zarrfs.backends.lmdb_hold): an open file's content is a view of
+"""Values read in place on LMDB (zarrfs.backends.lmdb.holder): an open file's content is a view of
 the memory map, held by a read transaction that keeps it the version read however the
 database changes meanwhile, bounded in number and time, and let go (copied out) before a map
 grows; the open-file table lets go of it at the last close."""
@@ -9,8 +9,9 @@ import os
 
 import pytest
 
-from zarrfs.backends import lmdb_hold, open_driver
+from zarrfs.backends import open_driver
 from zarrfs.backends.held import Held, hold
+from zarrfs.backends.lmdb import holder as lmdb_hold
 from zarrfs.fs.handles import HandleTable
 from zarrfs.fs.namespace import Tree
 

@@ -1,5 +1,5 @@
 """LMDB keys longer than LMDB's key limit (511 bytes): held in the side environment
-(``zarrfs.backends.lmdb_long``), transparently, while the keys that fit stay where zarr-python 2's
+(``zarrfs.backends.lmdb.longkeys``), transparently, while the keys that fit stay where zarr-python 2's
 ``LMDBStore`` reads them."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from zarrfs.backends import open_driver
 from zarrfs.backends.base import DATA, KEYS, SIDE, SIZES, VALUES, HasPrefix, Size, StorageFullError
 from zarrfs.backends.checks import prefix_stop
 
-MARK = b"\xfe"  # the first byte of the long-key store's records (zarrfs.backends.lmdb_long)
+MARK = b"\xfe"  # the first byte of the long-key store's records (zarrfs.backends.lmdb.longkeys)
 
 SPACES = [DATA, SIDE]
 

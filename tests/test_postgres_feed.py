@@ -1,4 +1,4 @@
-"""The PostgreSQL change feed (``zarrfs.backends.postgres_feed``): what a commit announces, what
+"""The PostgreSQL change feed (``zarrfs.backends.postgres.feed``): what a commit announces, what
 a listener makes of it, and mounts that stay coherent across a server restart.
 
 Latencies are measured by polling with a deadline, never slept over."""
@@ -15,8 +15,8 @@ from mounting import drained
 from servers import _demote, start_postgres, stop_postgres
 from test_coherence import BOUND, read, seen_after
 
-from zarrfs.backends import postgres_feed
 from zarrfs.backends.base import DATA, SIDE, RetryableError
+from zarrfs.backends.postgres import feed as postgres_feed
 from zarrfs.backends.registry import open_driver
 
 # -- payloads --------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The Redis change feed (``zarrfs.backends.redis_feed``) across a redis-server restart: the feed
+"""The Redis change feed (``zarrfs.backends.redis.feed``) across a redis-server restart: the feed
 comes back, says "something changed" once, has a connection track into it at once (a mount that
 makes no request of its own hears the others again), keeps the descriptor the request loop
 watches, and retries at a bounded rate while the server is away.
@@ -16,8 +16,8 @@ import pytest
 from conftest import start_redis, stop_redis
 from test_coherence import BOUND, read, seen_after
 
-from zarrfs.backends import redis_feed
 from zarrfs.backends.base import DATA
+from zarrfs.backends.redis import feed as redis_feed
 from zarrfs.backends.registry import open_driver
 
 DEADLINE = 10.0

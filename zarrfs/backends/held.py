@@ -5,7 +5,7 @@ An open takes the file's content with it (its descriptors read that version whoe
 the file, see ``zarrfs.fs.handles``). Copied out of LMDB's memory map, that copy was a large
 part of the daemon's work in a fresh mount's read (docs/performance.md); a view of the map
 costs nothing, but is valid only while its transaction is open. A driver that can hold such
-transactions has a ``holder`` (``lmdb_hold.Holder``), which bounds how many it holds and for
+transactions has a ``holder`` (``lmdb.holder.Holder``), which bounds how many it holds and for
 how long and copies a value out when it lets its transaction go. Other drivers' values are
 copies already (a database client's bytes) and are simply kept.
 """

@@ -21,6 +21,8 @@ from zarrfs.backends.base import (
 )
 from zarrfs.backends.registry import open_driver
 
+from .claims import Claims
+
 __all__ = ["TransactionConformance", "increment", "keys_of"]
 
 
@@ -68,7 +70,7 @@ def _write_forever(url: str) -> None:
         driver.transact(fn)
 
 
-class TransactionConformance:
+class TransactionConformance(Claims):
     """The tests of transactions, a part of :class:`zarrfs.testing.DriverConformance`, which
     documents the fixtures, the class attributes and ``fill_to_exhaustion`` they use."""
 
@@ -204,6 +206,7 @@ class TransactionConformance:
     def test_retry_is_bounded(self, driver):
         driver.backoff = 0.0001
         driver.max_attempts = 4
+        driver.retry_for = 0
         calls = []
 
         def fn(t):
@@ -213,6 +216,23 @@ class TransactionConformance:
         with pytest.raises(RetryableError):
             driver.transact(fn)
         assert len(calls) == 4
+
+    def test_retries_go_on_while_the_timeout_allows(self, driver):
+        """Contention on a busy machine can outlast a fixed number of attempts: a transaction
+        keeps retrying for its timeout, so conflicting writers slow down rather than fail."""
+        driver.backoff = 0.0001
+        driver.max_attempts = 4
+        driver.retry_for = 600
+        calls = []
+
+        def fn(t):
+            calls.append(1)
+            if len(calls) <= 12:
+                raise RetryableError("still conflicting")
+            return "done"
+
+        assert driver.transact(fn) == "done"
+        assert len(calls) == 13
 
     def test_threads_increment_exactly(self, driver):
         n_threads, n = 4, 40

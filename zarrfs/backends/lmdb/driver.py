@@ -1,0 +1,360 @@
+"""LMDB driver: ``lmdb:///abs/path/db.lmdb[?map_size=2**40&map_max=&side_map_size=&sync=0]``
+(or a bare path); the maps grow on demand up to their bounds (``maps``).
+
+Data keys live in the environment's main, unnamed database, exactly as zarr-python 2's
+``LMDBStore`` writes them. A folder (``data.mdb`` + ``lock.mdb``, zarr's default) or, when the
+path is an existing regular file, a single-file environment (``subdir=False``).
+
+Side data lives in a second environment (a named database would be a record of the main one,
+listed by ``LMDBStore.keys()``): ``<dir>/zarrfs-side.mdb`` beside ``data.mdb``, or
+``<file>.zarrfs-side``, made at the first side write. A write transaction locks the data
+environment, then the side's, always in that order, so writers cannot deadlock.
+
+Keys longer than LMDB's limit (``env.max_key_size()``, 511 bytes), of either space, are held in
+the side environment under a prefix no UTF-8 key has (``longkeys``); a key that fits stays
+where it is, byte for byte, so ``LMDBStore`` sees exactly the data keys that fit. The driver
+has no key limit of its own (``max_key_size`` is None): scans merge both stores in key order.
+
+Two environments make two commits; one transaction still has one outcome (``commit``):
+the side commits first, a data commit that fails puts the side records back. A kill between
+the two can leave the side one transaction ahead: side data is advisory (a folder's mark or an
+mtime with no file behind it is ignored), and that transaction's long data keys are there
+without its keys that fit.
+
+Like ``LMDBStore`` (``sync=False``), commits are not forced to disk one by one: a crash of the
+process never loses a committed transaction (the kernel holds its pages); a crash of the
+machine can lose the last ones and, as LMDB documents for ``MDB_NOSYNC``, corrupt the
+environment on a filesystem that writes pages out of order. ``Driver.sync()`` (a file's
+``fsync``) is the barrier; ``?sync=1`` forces every commit to disk (an fsync per file written).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import lmdb
+
+from .._util import check_options, parse_bool, parse_file_url, parse_size, statvfs
+from ..base import DATA, SIDE, Driver, Fetch, HasPrefix, Size, Space, Txn, check_space, encode_key
+from . import longkeys, pages
+from .commit import finish
+from .environments import (
+    DiskRoom,
+    KnownSizes,
+    SideEnvironment,
+    bare_size,
+    environments,
+    translate,
+    translated,
+)
+from .feed import Own, changes
+from .holder import Holder
+from .maps import OPTIONS, Maps, gate
+from .scan import scan
+from .snapshot import hold as hold_snapshot
+
+SIDE_IN_FOLDER = "zarrfs-side.mdb"
+SIDE_FILE_SUFFIX = ".zarrfs-side"
+_NONE: dict[Any, Any] = {}  # what a read transaction changed: nothing (never written to)
+
+
+class LMDBTxn(Txn):
+    """One transaction over the data environment and, lazily, the side environment; its own
+    context manager (leaving the block commits, or aborts when the block raised)."""
+
+    max_value = pages.MAX_VALUE
+    value_limit = "LMDB's largest value: its pages in one write"
+
+    def __init__(self, driver: LMDBDriver, write: bool) -> None:
+        # Txn.__init__ inlined, no tables for a read (one is made per lookup), no key limit.
+        self.write, self.where, self.max_key = write, driver.path, None
+        self.put_bytes = 0
+        self._driver = driver
+        self._fit = driver.key_fit
+        if write:  # another program's writer: logged, bounded by -o timeout= (writer_wait)
+            driver.write_lock.writer.wait(driver.path, driver.timeout)
+        gate.enter(self)  # no map is resized while the transaction is open (maps)
+        if write:
+            driver.write_lock.acquire()
+        try:
+            self._data = driver.env.begin(write=write, buffers=True)
+        except BaseException as exc:
+            gate.leave(self)
+            if write:
+                driver.write_lock.release()
+            if isinstance(exc, lmdb.Error):
+                raise translate(exc, driver.path) from exc
+            raise
+        self._side: lmdb.Transaction | None = None
+        # The commit whose sizes KnownSizes may answer for: this snapshot's, or for a write
+        # transaction the one it follows (for keys it has not changed itself).
+        self._id = self._data.id() - 1 if write else self._data.id()
+        self._changes: dict[bytes, int | None] = {} if write else _NONE
+        # Side records as they were before this transaction first changed them (None: absent),
+        # to put back if the data commit fails after the side commit; long keys' included.
+        self._side_before: dict[bytes, bytes | None] = {} if write else _NONE
+        # Long keys this transaction changed, as the change log names them (b"d"/b"s" + key).
+        self._long_changed: dict[bytes, None] = {} if write else _NONE
+        self._long_any: dict[Space, bool] | None = None  # per space: whether it has long keys
+        self._writes = 0  # writes so far: a scan seeks again after the caller wrote
+
+    def __enter__(self) -> LMDBTxn:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.finish(exc_type is None)
+
+    def _known(self, raw: bytes, space: Space) -> int | None:
+        if space is not DATA or raw in self._changes:
+            return None
+        return self._driver.known.get(self._id, raw)
+
+    def _txn(self, space: Space, create: bool = True) -> lmdb.Transaction | None:
+        """The transaction of ``space``'s environment; for the side, None when the environment
+        does not exist (a write transaction makes it, when ``create``)."""
+        if space is DATA:
+            return self._data
+        if self._side is None:
+            env = self._driver.side.env(create and self.write)
+            if env is None:
+                return None
+            with translated(self.where, SIDE):
+                self._side = env.begin(write=self.write, buffers=True)
+        return self._side
+
+    def _value(self, raw: bytes, space: Space) -> Any:
+        """The value of ``raw`` as a buffer into the map (valid in this transaction), or None."""
+        try:
+            if len(raw) > self._fit:
+                return longkeys.value(self._txn(SIDE, False), raw, space)
+            txn = self._txn(space, False)
+            return None if txn is None else txn.get(raw)
+        except lmdb.Error as exc:
+            raise translate(exc, self.where) from exc
+
+    def _get(self, raw: bytes, space: Space) -> bytes | None:
+        value = self._value(raw, space)
+        return None if value is None else pages.copied(self._driver, value)
+
+    def _size(self, raw: bytes, space: Space) -> int | None:
+        # buffers=True: len() of a pointer into the map, nothing copied.
+        if len(raw) > self._fit:
+            with translated(self.where):
+                return longkeys.size(self._txn(SIDE, False), raw, space)
+        known = self._known(raw, space)
+        if known is not None:
+            return known
+        value = self._value(raw, space)
+        return None if value is None else len(value)
+
+    def _read(self, raw: bytes, offset: int, length: int, space: Space) -> bytes | None:
+        value = self._value(raw, space)  # copy only the range out of the map
+        return None if value is None else pages.copied(self._driver, value[offset : offset + length])
+
+    def _put(self, raw: bytes, value: bytes | memoryview, space: Space) -> None:
+        self._writes += 1
+        if len(raw) > self._fit:
+            return self._put_long(raw, value, space)
+        txn = self._txn(space)
+        assert txn is not None  # a write transaction creates the side environment
+        with translated(self.where, space):
+            if space is SIDE and raw not in self._side_before:
+                old = txn.get(raw)
+                self._side_before[raw] = None if old is None else pages.copied(self._driver, old)
+            txn.put(raw, value)
+        if space is DATA:
+            n = len(value)
+            self._changes[raw] = n if n >= KnownSizes.LARGE else None
+
+    def _put_long(self, raw: bytes, value: bytes | memoryview, space: Space) -> None:
+        side = self._txn(SIDE)
+        assert side is not None
+        with translated(self.where, SIDE):
+            longkeys.put(side, raw, value, space, self._side_before)
+        self._long_changed[(b"d" if space is DATA else b"s") + raw] = None
+        self._long_any = {**(self._long_any or {}), space: True}
+
+    def _delete(self, raw: bytes, space: Space) -> None:
+        self._writes += 1
+        if len(raw) > self._fit:
+            side = self._txn(SIDE, False)
+            with translated(self.where, SIDE):
+                if side is not None and longkeys.delete(side, raw, space, self._side_before):
+                    self._long_changed[(b"d" if space is DATA else b"s") + raw] = None
+            return
+        txn = self._txn(space)
+        assert txn is not None
+        with translated(self.where, space):
+            if space is SIDE and raw not in self._side_before:
+                old = txn.get(raw)
+                if old is None:
+                    return
+                self._side_before[raw] = pages.copied(self._driver, old)
+            found = txn.delete(raw)
+        if found and space is DATA:  # a delete of nothing changes nothing (no new commit)
+            self._changes[raw] = None
+
+    def _any_long(self, space: Space) -> bool:
+        """Whether ``space`` has long keys (looked up once per transaction; the caller
+        translates ``lmdb`` errors)."""
+        seen = self._long_any
+        if seen is None:
+            seen = self._long_any = {}
+        known = seen.get(space)
+        if known is None:
+            known = seen[space] = self._driver.long_keys.any_in(self._txn(SIDE, False), space, self.write)
+        return known
+
+    def _scan(
+        self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int | None
+    ) -> Iterator[tuple[bytes, Any]]:
+        return scan(self, lo, hi, space, fetch)  # merged with the long keys: see scan
+
+    def _has_prefix(self, raw: bytes, space: Space) -> bool:
+        try:
+            txn = self._txn(space, False)
+            if txn is not None and len(raw) <= self._fit:
+                with txn.cursor() as cur:
+                    first = bytes(cur.key()) if cur.set_range(raw) else None
+                if first is not None and first.startswith(raw):
+                    try:
+                        first.decode("utf-8")
+                    except UnicodeDecodeError:  # not a key (scan skips it): scan decides
+                        return super()._has_prefix(raw, space)
+                    return True
+            return self._any_long(space) and longkeys.has_prefix(self._txn(SIDE, False), raw, space)
+        except lmdb.Error as exc:
+            raise translate(exc, self.where) from exc
+
+    def _read_many(self, plan: list[tuple[type, bytes, Space]]) -> list[Any]:
+        # Straight on LMDB, without a method call per read: a lookup makes five of these.
+        out: list[Any] = []
+        append = out.append
+        data, fit = self._data, self._fit
+        try:
+            for kind, raw, space in plan:
+                txn = data if space is DATA else self._txn(space, False)
+                if kind is HasPrefix:
+                    append(self._has_prefix(raw, space))
+                elif len(raw) > fit:
+                    append(self._size(raw, space) if kind is Size else self._get(raw, space))
+                elif txn is None:
+                    append(None)
+                elif kind is Size:
+                    known = self._known(raw, space)
+                    if known is not None:
+                        append(known)
+                        continue
+                    value = txn.get(raw)
+                    append(None if value is None else len(value))
+                else:
+                    value = txn.get(raw)
+                    append(None if value is None else bytes(value))
+        except lmdb.Error as exc:
+            raise translate(exc, self.where) from exc
+        return out
+
+    def finish(self, ok: bool) -> None:
+        """Commit (side first, then data; see ``commit``) or abort both."""
+        finish(self, ok)
+
+
+class LMDBDriver(Driver):
+    """Driver for LMDB environments; see the module docstring."""
+
+    schemes = ("lmdb",)
+    snapshot = hold_snapshot  # -o snapshot: the state of now, held
+    #: No key limit: keys over LMDB's (``key_fit``) go to the long-key store (``longkeys``).
+    max_key_size: int | None = None
+
+    def __init__(self, url: str, readonly: bool = False) -> None:
+        super().__init__(url, readonly)
+        path, options = parse_file_url(url)
+        check_options(url, options, {"map_size", "sync", *OPTIONS})
+        self.path = path
+        self.map_size = parse_size("map_size", options.get("map_size", str(2**40)))
+        sync = parse_bool("sync", options.get("sync", "0"))
+        self._env_options = {"sync": sync, "metasync": sync, "map_async": False, "writemap": False}
+        self.subdir = not os.path.isfile(path)
+        self.folder = path if self.subdir else os.path.dirname(path)
+        self._key, self.env = environments.acquire(
+            path, self.subdir, readonly, map_size=self.map_size, meminit=False, **self._env_options
+        )
+        #: The longest key LMDB holds (511 bytes); longer ones are held in ``longkeys``.
+        self.key_fit = self.env.max_key_size()
+        self.write_lock = environments.write_lock(self._key)
+        self.room = None if readonly else DiskRoom(path, self.subdir)
+        side_path = os.path.join(path, SIDE_IN_FOLDER) if self.subdir else path + SIDE_FILE_SUFFIX
+        self.maps = Maps(self, options)
+        self.holder = Holder(self)  # values read in place (holder)
+        self.side = SideEnvironment(
+            side_path, readonly, {**self._env_options, "map_size": self.maps.side_size}
+        )
+        self._closed = False
+        self.known = KnownSizes()
+        self.long_keys = longkeys.Presence()
+
+        # Every write keeps a change log for the other mounts (feed); own: its entries.
+        self.log_changes = not readonly
+        self.own = Own()
+
+    # The one-shot size skips the Txn object and the retry loop: the mount asks a file's size
+    # before each read of it; this measurably halves the call (docs/performance.md).
+    def size(self, key: str, space: Space = DATA) -> int | None:
+        """One-shot :meth:`Txn.size` in a bare read transaction."""
+        raw, sp = encode_key(key), check_space(space)
+        if len(raw) > self.key_fit:
+            return super().size(key, sp)  # a long key: through a transaction
+        env = self.env if sp is DATA else self.side.env(False)
+        return None if env is None else bare_size(env, raw, self.known if sp is DATA else None, self.path)
+
+    def _begin(self, write: bool) -> LMDBTxn:
+        if write:  # held readers make LMDB grow the file rather than reuse pages (holder)
+            self.holder.tidy()
+            if self.room is not None:
+                self.room.before_write()
+        return LMDBTxn(self, write)
+
+    def make_room(self, exc: BaseException) -> bool:
+        """Grow the map a transaction found full (see ``maps``; held readers let go)."""
+        self.holder.let_go_all()
+        return self.maps.grow(exc)
+
+    def free_reserve(self) -> bool:
+        """Free the disk room kept for removals on a full disk (see ``_util.Reserve``)."""
+        return self.room is not None and self.room.free()
+
+    def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
+        """What other writers committed since ``since`` (see ``feed``)."""
+        self.holder.tidy()
+        with translated(self.path):
+            return changes(self, since)
+
+    def sync(self) -> None:
+        """Force committed transactions of both environments to disk."""
+        with translated(self.path):
+            self.env.sync(True)
+            self.side.sync()
+
+    def statfs(self) -> dict[str, int] | None:
+        """The filesystem's space, capped by what the LMDB map can still hold."""
+        fs = statvfs(self.folder)
+        info, stat = self.env.info(), self.env.stat()
+        map_size = max(info["map_size"], self.maps.data_max)  # the map grows up to it
+        used = (info["last_pgno"] + 1) * stat["psize"]
+        return {"total": min(fs["total"], map_size), "free": max(0, min(fs["free"], map_size - used))}
+
+    def close(self) -> None:
+        """Release both environments (closed when no other driver in the process uses them)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.holder.let_go_all()
+        if self.room is not None:
+            self.room.give_back(self.env, self.write_lock, self.path)
+        environments.release(self._key)
+        self.side.close()
+        if self.room is not None:
+            self.room.close()

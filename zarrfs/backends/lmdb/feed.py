@@ -1,0 +1,143 @@
+"""The LMDB driver's change feed: which keys other writers changed, from the environments'
+commit numbers and a change log kept in the side environment.
+
+LMDB numbers every commit (``env.info()["last_txnid"]``, read from the lock file's shared
+memory: a microsecond, no transaction), so a mount learns that *somebody* committed by
+comparing two numbers. What they changed is in the log: every zarrfs write transaction puts,
+in the same side commit as its side records, one entry ``\\xfflog:<side commit number, hex>``
+holding the number its data commit gets (0: it changed no data) and the keys it changed. The log
+keeps the last :data:`KEEP` entries (each commit deletes the one :data:`KEEP` before it).
+
+A reader walks the entries after its cursor:
+
+* every data commit number after its cursor must be named by an entry, else a writer that
+  keeps no log committed (zarr-python's ``LMDBStore``, an older zarrfs): then "something
+  changed" (None), and the caller rescans what it holds;
+* side commit numbers without an entry (the log trimmed past the cursor, a side commit put
+  back after a failed data commit) are also "something changed";
+* the side commit comes first, so an entry can name a data commit that has not happened yet: the
+  reader stops before it and takes it at its next look, when the data is there to be read (a
+  writer killed between its two commits leaves an entry that the next data commit, anybody's,
+  fulfils: the keys are re-read then, which costs a lookup, not a stale view);
+* the driver's own entries are skipped: the mount knows what it wrote.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from ..base import DATA, SIDE, Space
+from .maps import gate
+
+if TYPE_CHECKING:
+    from .driver import LMDBDriver, LMDBTxn
+
+# Log entries sort after every key and after the long-key store (0xFE, longkeys): no UTF-8 key
+# starts with 0xFF, so no API call can name them, and a scan stops before 0xFE (scan).
+# An entry names a long key itself, never the records that hold it.
+LOG = b"\xfflog:"
+KEEP = 4096  # entries of the log kept
+MAX_PAYLOAD = 1 << 16  # a commit changing more keys than fit logs "something changed"
+EVERYTHING = b"*"
+_HEAD = struct.Struct(">Q")
+_SPACE = {b"d": DATA, b"s": SIDE}
+
+
+def _entry(sid: int) -> bytes:
+    return LOG + b"%016x" % sid
+
+
+def record(txn: LMDBTxn) -> int | None:
+    """Put the log entry of the write transaction ``txn`` (called before its side commit);
+    returns its side commit number, or None when the transaction changed nothing."""
+    # Side records of long keys (0xFE, longkeys) are logged as the keys they hold.
+    changed = [b"d" + raw for raw in txn._changes]
+    changed += [b"s" + raw for raw in txn._side_before if raw[:1] != b"\xfe"]
+    changed += txn._long_changed
+    if not changed:
+        return None
+    side = txn._txn(SIDE)
+    assert side is not None  # a write transaction creates the side environment
+    sid = side.id()  # a write transaction's number is the one its commit gets
+    data_next = txn._data.id() if txn._changes else 0
+    payload = b"\0".join(changed)
+    if len(payload) > MAX_PAYLOAD:
+        payload = EVERYTHING
+    side.put(_entry(sid), _HEAD.pack(data_next) + payload)
+    if sid > KEEP:
+        side.delete(_entry(sid - KEEP))
+    return sid
+
+
+class Own:
+    """Side commit numbers of this driver's own entries (the last :data:`KEEP` of them)."""
+
+    def __init__(self) -> None:
+        self._order: deque[int] = deque()
+        self._set: set[int] = set()
+
+    def add(self, sid: int) -> None:
+        """This driver committed entry ``sid``."""
+        self._order.append(sid)
+        self._set.add(sid)
+        if len(self._order) > KEEP:
+            self._set.discard(self._order.popleft())
+
+    def __contains__(self, sid: int) -> bool:
+        return sid in self._set
+
+
+def changes(driver: LMDBDriver, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
+    """:meth:`Driver.changes` for LMDB (see the module docstring). The cursor is the pair of
+    commit numbers ``(data, side)`` seen last."""
+    data_id = driver.env.info()["last_txnid"]
+    side_env = driver.side.env(False)
+    side_id = 0 if side_env is None else side_env.info()["last_txnid"]
+    if since is None:
+        return (data_id, side_id), []
+    data0, side0 = since
+    if data_id == data0 and side_id == side0:
+        return since, []
+    records: list[tuple[Space, str]] = []
+    unknown = False
+    covered: set[int] = set()
+    reached = side0  # the last side commit taken
+    waiting = False  # stopped at an entry whose data commit is still to come
+    if side_env is not None and side_id > side0:
+        with gate.held(), side_env.begin(buffers=False) as txn, txn.cursor() as cur:
+            found = cur.set_range(_entry(side0 + 1))
+            while found:
+                key = cur.key()
+                if not key.startswith(LOG):
+                    break
+                sid = int(key[len(LOG) :], 16)
+                if sid > side_id:
+                    break
+                value = cur.value()
+                (data_next,) = _HEAD.unpack_from(value)
+                if data_next > data_id:
+                    waiting = True  # its data commit is still to come: taken at the next look
+                    break
+                if sid != reached + 1:
+                    unknown = True  # commits without an entry (trimmed, or put back)
+                reached = sid
+                if data_next:
+                    covered.add(data_next)
+                if sid not in driver.own:
+                    payload = value[_HEAD.size :]
+                    if payload == EVERYTHING:
+                        unknown = True
+                    elif not unknown:
+                        for item in payload.split(b"\0"):
+                            records.append((_SPACE[item[:1]], item[1:].decode("utf-8", "surrogateescape")))
+                found = cur.next()
+    if not waiting and reached < side_id:
+        unknown, reached = True, side_id  # side commits with no entry (a commit put back)
+    # Data commits that no entry names: a writer that keeps no log.
+    for n in range(data0 + 1, data_id + 1):
+        if n not in covered:
+            unknown = True
+            break
+    return (data_id, reached), (None if unknown else records)

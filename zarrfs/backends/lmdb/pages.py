@@ -1,0 +1,161 @@
+"""Releasing the pages of LMDB's memory maps that reads touched.
+
+py-lmdb returns values as slices of the environment's memory map; every page a copy out of
+the map touches stays in the process's resident set (file-backed, but VmRSS counts it) until
+the kernel needs the memory. Reading a 4 GiB file would so show 4 GiB resident. The driver
+copies values out of the maps through :func:`copied`, which counts large copies
+(:func:`touched`); past :data:`BUDGET` bytes the
+maps of the driver's environments get ``madvise(MADV_DONTNEED)``: the mapping is read-only
+and shared (``writemap`` is off), so the next access maps the page again from the page cache,
+with the same bytes. Nothing is lost but the mapping itself. The maps are found in
+``/proc/self/maps`` by their data file (``env.info()``'s ``map_addr`` is 0 unless LMDB was
+asked for a fixed address).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+import sys
+from typing import Any
+
+log = logging.getLogger("zarrfs.backends.lmdb")
+
+BUDGET = 32 << 20
+# The largest value a commit can write. A node records a value's size in 32 bits, but a commit
+# writes a value's pages (a 16-byte header, then the value) in one write(2), which Linux ends
+# at 0x7FFFF000 bytes, and LMDB takes the short write for EIO (LMDB's pages are the system's).
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+MAX_VALUE = 0x7FFFF000 // _PAGE * _PAGE - 16
+MADV_DONTNEED = 4
+
+_pending: dict[int, int] = {}
+_madvise: Any = None
+
+
+def _libc_madvise() -> Any:
+    global _madvise
+    if _madvise is None:
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            _madvise = libc.madvise
+            _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        except (OSError, AttributeError):
+            _madvise = False
+    return _madvise
+
+
+def _environments(driver: Any) -> list[Any]:
+    lmdb = sys.modules.get("lmdb")
+    if lmdb is None:
+        return []
+    envs = []
+    env = getattr(driver, "env", None)
+    if isinstance(env, lmdb.Environment):
+        envs.append(env)
+    side = getattr(driver, "side", None)
+    side_env = getattr(side, "env", None)
+    if callable(side_env):
+        env = side_env(False)
+        if isinstance(env, lmdb.Environment):
+            envs.append(env)
+    return envs
+
+
+#: Copies smaller than this are not counted (a lookup's small values: a dict update each).
+COUNTED = 64 << 10
+
+
+def copied(driver: Any, view: Any) -> bytes:
+    """``bytes(view)`` of a slice of ``driver``'s maps; a large copy is counted for
+    :func:`touched`."""
+    data = bytes(view)
+    if len(data) >= COUNTED:
+        touched(driver, len(data))
+    return data
+
+
+def touched(driver: Any, nbytes: int) -> None:
+    """``nbytes`` were copied out of ``driver``'s maps (nothing happens for other drivers):
+    release the maps' pages once :data:`BUDGET` bytes were."""
+    key = id(driver)
+    pending = _pending.get(key, 0) + nbytes
+    if pending < BUDGET:
+        _pending[key] = pending
+        return
+    _pending[key] = 0
+    release(driver)
+
+
+_baseline: dict[int, int] = {}
+
+
+def _resident_file() -> int | None:
+    """The process's resident pages of mapped files, in bytes (``/proc/self/statm``'s shared
+    field: files and shared memory), or None where there is no such file."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[2]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+#: Rows scanned between two looks at the process's resident file pages (a look reads /proc).
+LOOK_EVERY = 1024
+_rows: dict[int, int] = {}
+
+
+def scanned(driver: Any, rows: int) -> None:
+    """A scan of ``driver``'s maps passed ``rows`` rows. Every :data:`LOOK_EVERY` rows, the
+    maps' pages are released once the process's resident file pages grew :data:`BUDGET` bytes
+    past what they were at the first look (a scan's rows give no sizes to count: reading a
+    value to learn its size could read it from disk)."""
+    key = id(driver)
+    passed = _rows.get(key, 0) + rows
+    if passed < LOOK_EVERY:
+        _rows[key] = passed
+        return
+    _rows[key] = 0
+    resident = _resident_file()
+    if resident is None:
+        return
+    base = _baseline.setdefault(key, resident)
+    if resident - base > BUDGET:
+        release(driver)
+
+
+def _data_file(env: Any) -> str | None:
+    try:
+        path = env.path()
+        subdir = env.flags()["subdir"]
+    except Exception:  # a closed environment
+        return None
+    return os.path.realpath(os.path.join(path, "data.mdb") if subdir else path)
+
+
+def _mappings(files: set[str]) -> list[tuple[int, int]]:
+    """``(start, end)`` of this process's mappings of ``files``."""
+    found = []
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and fields[5].rstrip("\n") in files:
+                    start, end = fields[0].split("-")
+                    found.append((int(start, 16), int(end, 16)))
+    except OSError:
+        pass
+    return found
+
+
+def release(driver: Any) -> None:
+    """Drop every page of ``driver``'s maps from the process's resident set."""
+    madvise = _libc_madvise()
+    if not madvise:
+        return
+    files = {f for env in _environments(driver) if (f := _data_file(env)) is not None}
+    for start, end in _mappings(files):
+        if madvise(start, end - start, MADV_DONTNEED) != 0:
+            log.debug("madvise of the LMDB map failed: errno %d", ctypes.get_errno())

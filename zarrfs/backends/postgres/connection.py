@@ -1,0 +1,112 @@
+"""How the PostgreSQL driver waits on its server: bounded by ``-o timeout=``, and interruptible.
+
+psycopg runs every exchange with the server (a statement, a pipeline, ``COMMIT``) as a
+generator that says which readiness of the socket it needs next, and a ``wait`` function that
+sleeps until the socket has it. :class:`WatchedConnection` replaces that wait with one that also
+polls the driver's ``watch`` (``/dev/fuse`` while mounted, see :mod:`zarrfs.fuse.interrupts`),
+as the Redis driver's links do:
+
+* requests that arrive meanwhile are queued by ``watch.check()`` (the loop serves them next);
+* a ``FUSE_INTERRUPT`` of the request being served makes ``watch.check()`` raise
+  :class:`InterruptedCallError` (EINTR);
+* no progress within the driver's ``timeout`` raises :class:`StalledError` (ETIMEDOUT). The
+  server's ``statement_timeout`` bounds what it runs (a lock wait, a long scan); this bounds a
+  server that does not answer at all (a paused process, a partition).
+
+Either way the statement is cancelled (a cancel request on a connection of its own, bounded
+to :data:`CANCEL_WAIT` seconds) and the connection is closed: its state is not known. The
+driver makes a new one for the next transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import time
+from typing import Any
+
+import psycopg
+from psycopg.waiting import READY_R, READY_W, Wait
+
+from ..errors import InterruptedCallError, StalledError
+
+log = logging.getLogger("zarrfs.backends.postgres")
+
+#: Seconds a cancel request may take before the connection is closed without it.
+CANCEL_WAIT = 1.0
+_EVENTS = {Wait.R: select.POLLIN, Wait.W: select.POLLOUT, Wait.RW: select.POLLIN | select.POLLOUT}
+_BAD = select.POLLERR | select.POLLHUP | select.POLLNVAL
+
+
+class WatchedConnection(psycopg.Connection):
+    """A psycopg connection whose waits honour its driver's ``watch`` and ``timeout``; see the
+    module docstring. ``driver`` is set right after connecting."""
+
+    driver: Any = None
+
+    def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+        """Run ``gen`` (psycopg's protocol generator) to its end; see the module docstring.
+        A caller's own ``timeout`` (psycopg's, raising its ``_WaitTimeout``) keeps psycopg's
+        wait."""
+        driver = self.driver
+        if driver is None or timeout is not None:
+            return super().wait(gen, interval, timeout)
+        fd = self.pgconn.socket
+        watch = driver.watch
+        poller = select.poll()
+        watch_fd = None
+        if watch is not None:
+            watch_fd = watch.fileno()
+            poller.register(watch_fd, select.POLLIN)
+        try:
+            state = next(gen)
+            poller.register(fd, _EVENTS[state])
+            deadline = time.monotonic() + driver.timeout
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._abandon(driver)
+                    raise StalledError(f"{driver.where}: no reply within {driver.timeout:g} s (-o timeout=)")
+                ready = 0
+                for got_fd, events in poller.poll(left * 1000 + 1):
+                    if got_fd == fd:
+                        ready = (READY_R if events & (select.POLLIN | _BAD) else 0) | (
+                            READY_W if events & select.POLLOUT else 0
+                        )
+                    elif watch is not None:
+                        try:
+                            watch.check()  # raises when this request was interrupted
+                        except InterruptedCallError:
+                            self._abandon(driver)
+                            raise
+                if ready:
+                    state = gen.send(ready)
+                    poller.modify(fd, _EVENTS[state])
+                    deadline = time.monotonic() + driver.timeout  # progress: a new bound
+        except StopIteration as stop:
+            return stop.value
+
+    def gone(self) -> bool:
+        """Whether the server closed this idle connection (it restarted, or ended the
+        session): a closed socket reads as an end of file, found without waiting, so that a
+        transaction starts on a new connection rather than failing on this one."""
+        if self.closed:
+            return True
+        poller = select.poll()
+        poller.register(self.pgconn.socket, select.POLLIN)
+        for _ in range(4):  # a notice, or the server's last words, then the end of file
+            if not poller.poll(0):
+                return False
+            try:
+                self.pgconn.consume_input()
+            except psycopg.OperationalError:
+                return True
+        return self.closed
+
+    def _abandon(self, driver: Any) -> None:
+        """Cancel what the server runs for this connection (bounded) and close it."""
+        try:
+            self.cancel_safe(timeout=CANCEL_WAIT)
+        except Exception as exc:  # noqa: BLE001 - best effort: the connection is closed anyway
+            log.debug("%s: cancel failed: %s", driver.where, exc)
+        self.pgconn.finish()

@@ -1,0 +1,315 @@
+"""PostgreSQL: ``postgresql://user@host:port/db?table=zarr`` (``postgres://`` too), psycopg 3.
+
+The table has the shape of zarr-python 2's ``SQLiteStore``, ``(k text primary key, v bytea)``,
+so a hierarchy is one row per Zarr key; side data lives in a table of its own (``{table}_side``)
+that no Zarr client lists. New tables get the ``C`` collation on ``k`` (byte order, the order
+every zarrfs driver lists in, served by the primary key's index) and ``EXTERNAL`` storage on
+``v`` (Zarr chunks are compressed already; uncompressed TOAST lets ``substring`` fetch just a
+byte range). A table made by someone else with another collation is read with ``COLLATE "C"``
+in each query: right, but without the index.
+
+One zarrfs transaction is one SQL transaction: reads run ``REPEATABLE READ READ ONLY`` (every
+read of a listing sees one snapshot), writes ``SERIALIZABLE``; a serialization failure or
+deadlock is :class:`RetryableError`, so the base's retry loop runs the transaction again.
+
+Round trips: a statement whose answer is not needed yet waits in the transaction's queue and
+goes out in one pipeline with the next one whose answer is. ``BEGIN ISOLATION LEVEL ...`` goes
+with the first read, writes (and the ``NOTIFY`` of the change feed) with the ``COMMIT``, and a
+batch of reads (:meth:`Txn.read_many`) is one pipeline however many: a transaction that reads
+one batch and writes costs two round trips (it cost four and one more per write), and one
+that does nothing costs none. The server runs the statements in the order they were made.
+With the change feed running, a reading transaction's ``COMMIT`` goes with the next
+transaction's first statements, or after :data:`DEFER` seconds from the feed's poll between
+requests (so an idle mount holds no transaction open longer than that and a poll interval): a
+lookup or an open then costs one round trip.
+
+Credentials come from the URL, ``?password_file=PATH``, or libpq's own ``PGPASSWORD`` and
+``~/.pgpass``; the password is never part of a message (``where`` is the URL without it).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import psycopg
+from psycopg import errors as pgerr
+from psycopg import sql
+from psycopg.pq import TransactionStatus
+
+from .._util import check_options
+from ..base import (
+    DATA,
+    BackendError,
+    Driver,
+    InterruptedCallError,
+    MissingDatabaseError,
+    ReadOnlyError,
+    RetryableError,
+    Space,
+    StalledError,
+    StorageFullError,
+    Txn,
+    UnavailableError,
+)
+from ..snapshot import HeldState
+from . import feed
+from .connection import WatchedConnection
+from .sql import queries as _queries
+from .sql import reason as _reason
+from .txn import PostgresTxn
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,50}$")
+_LIBPQ_OPTIONS = {
+    "sslmode", "sslrootcert", "sslcert", "sslkey", "connect_timeout",
+    "application_name", "host",
+}
+DEFER = 0.1  # seconds a reading transaction's COMMIT may wait for the next statement
+_RETRY = (pgerr.SerializationFailure, pgerr.DeadlockDetected, pgerr.LockNotAvailable)
+_FULL = (pgerr.DiskFull, pgerr.OutOfMemory, pgerr.ProgramLimitExceeded)
+
+
+class PostgresDriver(Driver):
+    """Driver for ``postgresql://`` URLs; see the module docstring."""
+
+    schemes = ("postgresql", "postgres")
+    remote = True
+    batched = True
+
+    def __init__(self, url: str, readonly: bool = False) -> None:
+        super().__init__(url, readonly)
+        parts = urlsplit(url)
+        options = dict(parse_qsl(parts.query, keep_blank_values=True))
+        check_options(url, options, {"table", "password_file"} | _LIBPQ_OPTIONS)
+        table = options.pop("table", "zarr")
+        if not _NAME.match(table):
+            raise BackendError(f"table name {table!r} is not a plain SQL identifier")
+        password = unquote(parts.password) if parts.password else None
+        password_file = options.pop("password_file", None)
+        if password_file is not None:
+            with open(password_file, encoding="utf-8") as fh:
+                password = fh.readline().rstrip("\r\n")
+        host = parts.hostname or options.pop("host", None)
+        self.where = f"postgresql://{parts.username + '@' if parts.username else ''}{host or ''}" + (
+            f":{parts.port}" if parts.port else ""
+        ) + f"{parts.path}?table={table}"
+        self.params = {
+            "host": host,
+            "port": parts.port,
+            "user": unquote(parts.username) if parts.username else None,
+            "password": password,
+            "dbname": unquote(parts.path.lstrip("/")) or None,
+            **options,
+        }
+        self.params = {k: v for k, v in self.params.items() if v is not None}
+        self.table = table
+        self.channel = feed.channel(table)
+        self.writer = feed.new_writer()  # names this driver's commits in the feed
+        self.feed: feed.PostgresFeed | None = None  # started by the first changes()
+        self._lock = threading.RLock()
+        self.conn: Any = None
+        # The tables are made (and their storage set) by the first connection only: ALTER TABLE
+        # waits for every transaction on the table, an abandoned one's too (connection).
+        self._made = False
+        # When the last reading transaction ended without its COMMIT (sent with the next
+        # statement, or by _settle), or None.
+        self._deferred: float | None = None
+        with self._lock:
+            self._connect()
+
+    def _connect(self) -> None:
+        try:
+            # No server-side prepared statements: one made in a pipeline that then failed is
+            # gone on the server while psycopg's cache still names it.
+            self.conn = WatchedConnection.connect(
+                autocommit=True, prepare_threshold=None, **{**self.bounds(), **self.params}
+            )
+        except pgerr.ConnectionTimeout as exc:  # connect_timeout: a server that does not answer
+            raise StalledError(f"{self.where}: {_reason(exc)} (-o timeout=)") from None
+        except psycopg.Error as exc:
+            raise UnavailableError(f"{self.where}: {_reason(exc)}") from None
+        self.conn.driver = self  # its waits honour watch and timeout (connection)
+        tables = {DATA: self.table, Space.SIDE: self.table + "_side"}
+        if not self.readonly and not self._made:
+            for name in tables.values():
+                # Made once: an ALTER TABLE waits for every transaction that read the table.
+                if self.conn.execute("SELECT to_regclass(%s)", (f'"{name}"',)).fetchone()[0] is not None:
+                    continue
+                self.conn.execute(
+                    sql.SQL(
+                        'CREATE TABLE IF NOT EXISTS {} (k text COLLATE "C" PRIMARY KEY, v bytea);'
+                        " ALTER TABLE {} ALTER COLUMN v SET STORAGE EXTERNAL"
+                    ).format(sql.Identifier(name), sql.Identifier(name))
+                )
+            self._made = True
+        row = self.conn.execute(
+            "SELECT collation_name FROM information_schema.columns"
+            " WHERE table_name = %s AND column_name = 'k'",
+            (self.table,),
+        ).fetchone()
+        if row is None:
+            raise MissingDatabaseError(f"{self.where}: no table {self.table!r} (open it writable to make it)")
+        collate = sql.SQL("") if row[0] in ("C", "POSIX") else sql.SQL(' COLLATE "C"')
+        self.queries: dict[Any, Any] = {"collate": collate}
+        for space, name in tables.items():
+            self.queries.update({(what, space): q for what, q in _queries(name, collate).items()})
+
+    def bounds(self) -> dict[str, Any]:
+        """libpq settings that bound a wait on the server to about ``timeout`` (``-o
+        timeout=``): the connect, a statement the server runs (``statement_timeout``, lock
+        waits included), data the server does not acknowledge (``tcp_user_timeout``) and a
+        silent connection (keepalives: a partition). A server that is paused but whose kernel
+        still answers (``SIGSTOP``) is not noticed by these; the Redis driver's own wait is."""
+        seconds = self.timeout
+        idle = max(1, int(seconds / 2))
+        return {
+            "connect_timeout": max(2, int(seconds + 0.999)),  # libpq: whole seconds, 2 at least
+            "options": f"-c statement_timeout={int(seconds * 1000)}",
+            "keepalives": 1,
+            "keepalives_idle": idle,
+            "keepalives_interval": max(1, int(seconds / 6)),
+            "keepalives_count": 3,
+            "tcp_user_timeout": int(seconds * 1000),
+        }
+
+    def set_timeout(self, seconds: float) -> None:
+        """Bound later waits to ``seconds``: the connection is made again with the new bounds."""
+        super().set_timeout(seconds)
+        with self._lock:
+            self._drop()
+
+    @contextmanager
+    def _begin(self, write: bool) -> Iterator[Txn]:
+        with self._lock:
+            self._ready()
+            level = "SERIALIZABLE" if write else "REPEATABLE READ READ ONLY"
+            with self._errors():
+                txn = PostgresTxn(self, write, f"BEGIN ISOLATION LEVEL {level}")
+                deferred, self._deferred = self._deferred, None
+                if deferred is not None:  # the last reading transaction ends first
+                    txn.queued.insert(0, ("COMMIT", None))
+                try:
+                    yield txn
+                    if not (txn.begun or txn.changed):
+                        self._deferred = deferred  # nothing was sent: still to end
+                    elif not write and self.feed is not None:
+                        self._deferred = time.monotonic()  # ended with what comes next
+                    else:
+                        if txn.changed:  # delivered at the commit, if it commits
+                            notes = feed.payloads(self.writer, txn.changed)
+                            txn.queued.append((feed.NOTIFY, (self.channel, notes)))
+                        txn.queued.append(("COMMIT", None))
+                        txn.exchange()
+                except BaseException:
+                    self._roll_back()
+                    raise
+
+    def _ready(self) -> None:
+        if self.conn is None or self.conn.gone():
+            self._drop()
+            self._connect()
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """The server's errors as the classes of ``errors``."""
+        try:
+            yield
+        except (InterruptedCallError, StalledError):  # the connection was closed (connection)
+            self._drop()
+            raise
+        except _RETRY as exc:
+            raise RetryableError(f"{self.where}: {_reason(exc)}") from None
+        except pgerr.QueryCanceled as exc:  # statement_timeout
+            raise StalledError(f"{self.where}: {_reason(exc)} (-o timeout=)") from None
+        except _FULL as exc:
+            raise StorageFullError(f"{self.where}: {_reason(exc)}") from None
+        except pgerr.ReadOnlySqlTransaction as exc:
+            raise ReadOnlyError(f"{self.where}: {_reason(exc)}") from None
+        except psycopg.OperationalError as exc:
+            self._drop()
+            raise UnavailableError(f"{self.where}: {_reason(exc)}") from None
+        except psycopg.Error as exc:
+            raise BackendError(f"{self.where}: {_reason(exc)}") from None
+
+    def snapshot(self, name: str | None) -> HeldState:
+        """Hold the state of now, or the exported snapshot ``name`` (``-o snapshot=NAME``): a
+        ``REPEATABLE READ`` transaction kept open (no statement timeout), exported to join."""
+        with self._lock, self._errors():
+            self._ready()
+            conn = self.conn
+            if self._deferred is not None:  # a reading transaction still open: ended first
+                self._deferred = None
+                conn.execute("COMMIT")
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET statement_timeout = 0")
+            try:
+                if name:
+                    conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(name)))
+                exported = conn.execute("SELECT pg_export_snapshot()").fetchone()[0]
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        cost = "PostgreSQL cannot vacuum rows this transaction may see: dead rows stay in the tables"
+        return HeldState(PostgresTxn(self, False, None), conn.rollback, cost, exported, self._errors)
+
+    def _settle(self) -> None:
+        """End a reading transaction whose COMMIT waits for the next one, if it has waited
+        :data:`DEFER` seconds (the change feed's polls call this between requests)."""
+        if self._deferred is None or time.monotonic() - self._deferred < DEFER:
+            return
+        with self._lock:
+            self._deferred = None
+            try:
+                if self.conn is not None and not self.conn.closed:
+                    self.conn.execute("COMMIT")
+            except (psycopg.Error, InterruptedCallError, StalledError):
+                self._drop()  # the next transaction makes a new connection
+
+    def _roll_back(self) -> None:
+        """End a transaction that failed, if the connection is still in one."""
+        conn = self.conn
+        if conn is None or conn.closed:
+            return
+        if conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+            try:
+                conn.execute("ROLLBACK")
+            except psycopg.Error:
+                self._drop()
+
+    def _drop(self) -> None:
+        try:
+            if self.conn is not None:
+                self.conn.close()
+        except psycopg.Error:
+            pass
+        self.conn = None
+        self._deferred = None
+
+    def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
+        """What other zarrfs writers committed since the last call (see ``feed``);
+        the first call starts the feed. The cursor only counts calls: the server pushes."""
+        if self.feed is None:
+            self.feed = feed.PostgresFeed(self)
+        self._settle()
+        if since is None:
+            self.feed.changes()  # nothing from before counts
+            return 0, []
+        return since + 1, self.feed.changes()
+
+    def feed_fileno(self) -> int | None:
+        """The listening connection's socket (readable when notifications came)."""
+        return None if self.feed is None else self.feed.fileno()
+
+    def close(self) -> None:
+        """Close the connections."""
+        with self._lock:
+            self._drop()
+            if self.feed is not None:
+                self.feed.close()
+
+
+__all__ = ["PostgresDriver"]

@@ -1,0 +1,188 @@
+"""The PostgreSQL driver's change feed: ``NOTIFY`` at each commit, one ``LISTEN`` per mount.
+
+**Announcing.** Every write transaction of a zarrfs driver (a mount, ``zarrfs copy``, a script
+using the driver) that changed keys calls ``pg_notify`` just before it commits, on the channel
+``zarrfs.<table>`` (:func:`channel`). PostgreSQL delivers a notification when, and only if, its
+transaction commits, so only committed changes are announced, and a serialization failure that
+reruns the transaction announces nothing. The payload (:func:`payloads`) is JSON naming the
+writer (a random ID per driver, so that a mount leaves out its own commits) and the changed
+keys, ``{"w": ID, "d": [data keys], "s": [side keys]}``. A payload holds at most
+:data:`PAYLOAD` bytes (the server's limit is 8000): the keys of a large commit are spread over
+up to :data:`MAX_PAYLOADS` notifications; past that, one ``{"w": ID, "all": 1}`` says
+"something changed, rescan".
+
+**Listening.** A mount's feed (:class:`PostgresFeed`) is an autocommit connection of its own that
+``LISTEN``s on the channel. Its socket is the feed's descriptor (:class:`.feed_fd.FeedFd`: one
+number across reconnects); a look reads what arrived without blocking (``PQconsumeInput``). A
+lost connection (a server restart, a network failure) reports "something changed" (None)
+once; the feed is made again at later looks, at most every :data:`RETRY` seconds (the
+notifications sent meanwhile are lost: the caches were dropped when it was lost, and again
+when it is back).
+
+Notifications are per database, and the channel is named by the table only: two hierarchies
+of the same table name in two schemas of one database hear each other (a spurious drop of
+cached names, never a stale one).
+
+**Writers that are not zarrfs.** PostgreSQL has no zarr-python store, so the writers of a table
+are zarrfs drivers, which announce. Another SQL client writing the table is not heard: a
+mount then serves names and attributes from the kernel's cache for up to ``cache_timeout``.
+Such a writer should end its transaction with the same announcement, e.g. for a
+rescan of every mount: ``SELECT pg_notify('zarrfs.<table>', '{"w": "sql", "all": 1}')``, or
+name its keys: ``'{"w": "sql", "d": ["a/.zarray", "a/0.0"]}'``. The mount is then as coherent
+for it as for another mount (``-o feed=0`` instead keeps short cache times).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import sql
+
+from ..base import DATA, SIDE, Space, UnavailableError
+from ..feed_fd import FeedFd
+from .sql import reason
+
+if TYPE_CHECKING:
+    from .driver import PostgresDriver
+
+log = logging.getLogger("zarrfs.backends.postgres")
+
+#: Bytes of one notification's payload at most (PostgreSQL refuses 8000 and more).
+PAYLOAD = 7900
+#: Notifications one commit sends at most; a commit of more keys says "rescan" instead.
+MAX_PAYLOADS = 16
+#: Seconds between two attempts to make a lost feed connection again.
+RETRY = 0.5
+#: The statement a write transaction ends with (channel, payloads).
+NOTIFY = "SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p"
+
+
+def channel(table: str) -> str:
+    """The notification channel of a table's hierarchy."""
+    return f"zarrfs.{table}"
+
+
+def new_writer() -> str:
+    """A writer ID for one driver."""
+    return uuid.uuid4().hex[:16]
+
+
+def payloads(writer: str, changed: list[tuple[Space, str]]) -> list[str]:
+    """The payloads announcing ``changed`` (in order, repeats dropped): each under
+    :data:`PAYLOAD` bytes, at most :data:`MAX_PAYLOADS`, else one "rescan"."""
+    head = f'{{"w": {json.dumps(writer)}'
+    out: list[str] = []
+    lists: dict[str, list[str]] = {"d": [], "s": []}
+    size = len(head) + 20
+    for space, key in dict.fromkeys(changed):
+        item = json.dumps(key)  # ASCII: its length is its size in bytes, whatever the encoding
+        if size + len(item) + 2 > PAYLOAD:
+            if not any(lists.values()) or len(out) + 1 >= MAX_PAYLOADS:
+                return [head + ', "all": 1}']
+            out.append(_payload(head, lists))
+            lists = {"d": [], "s": []}
+            size = len(head) + 20
+        lists["d" if space is DATA else "s"].append(item)
+        size += len(item) + 2
+    if any(lists.values()):
+        out.append(_payload(head, lists))
+    return out
+
+
+def _payload(head: str, lists: dict[str, list[str]]) -> str:
+    parts = [head] + [f'"{name}": [{", ".join(items)}]' for name, items in lists.items() if items]
+    return ", ".join(parts) + "}"
+
+
+def records(payload: str, writer: str) -> list[tuple[Space, str]] | None:
+    """The ``(space, key)`` pairs a payload announces; ``[]`` for this driver's own commits,
+    None for "rescan" (or a payload that is not understood)."""
+    try:
+        note = json.loads(payload)
+        if note["w"] == writer:
+            return []
+        if note.get("all"):
+            return None
+        return [(DATA, str(k)) for k in note.get("d", ())] + [(SIDE, str(k)) for k in note.get("s", ())]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        log.debug("rescan for a notification not understood: %.200r", payload)
+        return None
+
+
+class PostgresFeed:
+    """The mount's listening connection; see the module docstring."""
+
+    def __init__(self, driver: PostgresDriver) -> None:
+        self.driver = driver
+        self.channel = channel(driver.table)
+        self.fd = FeedFd()
+        self.conn: Any = None
+        self.retry_at = 0.0
+        self.fd.first(self._connect)
+
+    def _connect(self) -> None:
+        d = self.driver
+        params = {**d.bounds(), **d.params, "connect_timeout": 2}
+        try:
+            conn = psycopg.connect(autocommit=True, **params)
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+        except psycopg.Error as exc:
+            raise UnavailableError(f"{d.where}: change feed: {reason(exc)}") from None
+        self.conn = conn
+        self.fd.point(conn.fileno())
+
+    def fileno(self) -> int | None:
+        """The descriptor the loop polls: readable when notifications came."""
+        return self.fd.fd
+
+    def changes(self) -> list[tuple[Space, str]] | None:
+        """What other writers announced since the last call (None: "rescan")."""
+        if self.conn is None:
+            now = time.monotonic()
+            if now < self.retry_at:
+                return []
+            try:
+                self._connect()
+            except UnavailableError as exc:
+                self.retry_at = now + RETRY
+                log.debug("%s", exc)
+                return []
+            log.info("%s: change feed back", self.driver.where)
+            return None  # what happened while it was away is not known
+        pgconn = self.conn.pgconn
+        out: list[tuple[Space, str]] = []
+        everything = False
+        try:
+            pgconn.consume_input()  # what arrived; never waits (libpq's socket is non-blocking)
+            while (note := pgconn.notifies()) is not None:
+                got = records(note.extra.decode("utf-8", "replace"), self.driver.writer)
+                if got is None:
+                    everything = True
+                elif not everything:
+                    out.extend(got)
+        except psycopg.Error as exc:
+            log.warning("%s: change feed lost (%s); reconnecting", self.driver.where, reason(exc))
+            self.drop()
+            return None
+        return None if everything else out
+
+    def drop(self) -> None:
+        """Close the connection (made again at a later look)."""
+        self.fd.park()
+        conn, self.conn = self.conn, None
+        self.retry_at = time.monotonic() + RETRY
+        if conn is not None:
+            try:
+                conn.close()
+            except psycopg.Error:
+                pass
+
+    def close(self) -> None:
+        """Close the connection and the descriptor."""
+        self.drop()
+        self.fd.close()

@@ -1,0 +1,337 @@
+"""Redis driver: ``redis://[:password@]host:port/db?prefix=zarr``, ``rediss://...``,
+``unix:///path/to/sock?db=0&prefix=zarr``, ``valkey://``/``valkeys://`` (Valkey speaks the
+same protocol); other query options go to redis-py. Redis Cluster: ``redis_cluster``.
+
+Data keys are plain strings ``"{prefix}:{key}"``, exactly as zarr-python 2's ``RedisStore``
+writes them. Everything else lives outside the pattern ``{prefix}:*`` that ``RedisStore`` lists:
+
+* ``zarrfs.index.{prefix}``: a sorted set of the data keys (all scores 0, read with
+  ``ZRANGEBYLEX``), so a listing touches only the keys it returns, never the whole keyspace. It
+  is updated in the same ``MULTI``/``EXEC`` as the data. The empty member ``""`` (no key is
+  empty) marks an index known to be complete; a database written by ``RedisStore`` has no
+  index, so when the marker is missing the index is rebuilt with ``SCAN MATCH {prefix}:*``.
+  Keeping the marker inside the set means deleting the set also deletes the marker.
+  ``RedisStore`` does not maintain the index: keys it deletes leave stale entries (scans
+  check existence and drop them, with one multi-key ``EXISTS`` per batch;
+  :meth:`RedisDriver.reindex` prunes them; a ``prefix`` read of :meth:`Txn.read_many`, which
+  must stay one round trip, trusts the index); keys it adds while the index exists are not
+  listed until :meth:`RedisDriver.reindex`.
+* ``zarrfs.side.{prefix}:{key}``: side values, with their own index
+  ``zarrfs.sideindex.{prefix}``.
+
+Transactions are optimistic. A write transaction reads from the server, ``WATCH``-ing every key
+it reads (and the index when it scans), buffers its writes (its own reads and scans see them),
+and commits them in one ``MULTI``/``EXEC``; a watched key changed by someone else aborts the
+``EXEC`` and the transaction is retried (:class:`RetryableError`). Because the index is watched
+by scans, a write transaction that scans conflicts with any concurrent creation of a new key;
+re-setting an existing key does not touch the index. Read-only transactions do not watch:
+each read sees the latest committed state (read committed, not a snapshot).
+
+Round trips are what a transaction costs, so each thread keeps one connection across its
+transactions (no pool checkout per transaction) and parses replies with hiredis straight from
+the socket: a read-only transaction costs one round trip per read or read batch and nothing to
+begin or end; a write transaction's ``read_many`` sends its ``WATCH`` in the same pipeline as
+the reads, and its commit is one ``MULTI``/``EXEC`` round trip (an ``UNWATCH`` owed by a
+transaction that ends without ``EXEC`` rides on the connection's next call). In a read-only
+transaction a scan keeps the range of the index it read, so a scan inside it (a listing asking
+whether a listed key also has children) is answered as of that read without a round trip, and
+paging through a range reads ahead in growing batches.
+
+The URL and the names of the keys live in ``url``, the connections in ``link``,
+the index and the scans that read it in ``index``, the commit in ``commit``, the
+change feed in ``feed``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from .._util import DELETED
+from ..base import DATA, BackendError, Driver, HasPrefix, Size, Space, Txn, bytes_stop
+from .commit import commit
+from .feed import RedisFeed, feed_changes, tracked
+from .index import IndexScans, ensure_index, reindex, scan_keyspace
+from .link import (
+    BIG_ARG,
+    SPIN,
+    Link,
+    Links,
+    bulk_limit,
+    open_pool,
+    set_pool_timeout,
+    translate,
+    translated,
+)
+from .url import check_query, name_keys, parse_url, redis_py_options
+
+log = logging.getLogger("zarrfs.backends.redis")
+__all__ = ["SPIN", "RedisDriver", "RedisTxn"]
+
+
+class RedisTxn(IndexScans, Txn):
+    """An optimistic transaction; see the module docstring. Also its own context manager:
+    leaving the block commits, or drops the writes when the block raised."""
+
+    value_limit = "Redis's proto-max-bulk-len"
+
+    def __init__(self, driver: RedisDriver, write: bool) -> None:
+        super().__init__(write, driver.where)
+        self.max_value = driver.max_value
+        self._d = driver
+        self._link = driver._acquire()
+        self._pending: dict[tuple[Space, bytes], Any] = {}
+        self._watched: set[bytes] = set()
+        # Write transactions: values already read. They are WATCHed, so they stay right until
+        # EXEC (or EXEC fails and the transaction runs again): a second read costs nothing.
+        self._seen: dict[tuple[Space, bytes], bytes | None] = {}
+        self._windows: dict[Space, tuple[Any, ...]] = {}  # see IndexScans
+        self._ahead: dict[Space, int] = {}
+
+    def __enter__(self) -> RedisTxn:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.finish(exc_type is None)
+
+    # -- reads ------------------------------------------------------------------------------
+    def _watch(self, names: list[bytes]) -> list[tuple[Any, ...]]:
+        """The WATCH command to send before reading ``names`` (none in read-only txns)."""
+        if not self.write:
+            return []
+        fresh = [n for n in names if n not in self._watched]
+        if not fresh:
+            return []
+        self._watched.update(fresh)
+        return [("WATCH", *fresh)]
+
+    def _query(self, names: list[bytes], *commands: tuple[Any, ...]) -> list[Any]:
+        watch = self._watch(names) if self.write else []
+        if watch:
+            return self._link.checked([*watch, *commands])[1:]
+        return self._link.checked(commands)
+
+    def _get(self, raw: bytes, space: Space) -> bytes | None:
+        # This transaction's pending write, if any, answers.
+        pending = self._pending.get((space, raw))
+        if pending is not None:
+            return None if pending is DELETED else bytes(pending)
+        if (space, raw) in self._seen:
+            return self._seen[(space, raw)]
+        name = self._d.name(space, raw)
+        value = self._query([name], ("GET", name))[0]
+        if self.write:
+            self._seen[(space, raw)] = value
+        return value
+
+    def _size(self, raw: bytes, space: Space) -> int | None:
+        # STRLEN; EXISTS tells an empty value from an absent one.
+        pending = self._pending.get((space, raw))
+        if pending is not None:
+            return None if pending is DELETED else len(pending)
+        name = self._d.name(space, raw)
+        exists, size = self._query([name], ("EXISTS", name), ("STRLEN", name))
+        return size if exists else None
+
+    def _read(self, raw: bytes, offset: int, length: int, space: Space) -> bytes | None:
+        pending = self._pending.get((space, raw))
+        if pending is not None:
+            return None if pending is DELETED else bytes(pending[offset : offset + length])
+        name = self._d.name(space, raw)
+        if length == 0:
+            return b"" if self._query([name], ("EXISTS", name))[0] else None
+        exists, data = self._query([name], ("EXISTS", name), ("GETRANGE", name, offset, offset + length - 1))
+        return data if exists else None
+
+    def _read_many(self, plan: list[tuple[type, bytes, Space]]) -> list[Any]:
+        # All the reads in one pipeline (one round trip), in a write transaction too: the names
+        # read (the index, for a prefix) are WATCHed in the same pipeline, and this
+        # transaction's pending writes answer or correct what the server says. A prefix read
+        # takes the first index entry in the range, skipping as many more as there are pending
+        # deletes in it; a pending put in the range answers it without the server.
+        d = self._d
+        pending = self._pending
+        commands: list[tuple[Any, ...]] = []
+        names: list[bytes] = []
+        # per request: (0, answer) | (1, reply index[, seen key]) | (2, reply index, hidden)
+        plan_out: list[tuple[Any, ...]] = []
+        gets: list[bytes] = []
+        for kind, raw, space in plan:
+            if kind is not HasPrefix:
+                name = d.name(space, raw)
+                mine = pending.get((space, raw)) if pending else None
+                if mine is None and (space, raw) in self._seen:
+                    mine = self._seen[(space, raw)]
+                    mine = DELETED if mine is None else mine
+                if mine is not None:
+                    if mine is DELETED:
+                        plan_out.append((0, None))
+                    else:
+                        plan_out.append((0, len(mine) if kind is Size else bytes(mine)))
+                    continue
+                names.append(name)
+                if kind is Size:
+                    plan_out.append((1, len(commands)))
+                    commands += [("EXISTS", name), ("STRLEN", name)]
+                else:  # every GET of the plan goes in one MGET, at the end
+                    plan_out.append((3, len(gets), (space, raw)))
+                    gets.append(name)
+                continue
+            if space is DATA and not d.indexed:
+                return super()._read_many(plan)
+            hidden: set[bytes] = set()
+            if pending:
+                put = False
+                for (sp, r), v in pending.items():
+                    if sp is space and r.startswith(raw):
+                        if v is DELETED:
+                            hidden.add(r)
+                        else:
+                            put = True
+                            break
+                if put:
+                    plan_out.append((0, True))
+                    continue
+            index = d.index[space]
+            names.append(index)
+            hi = bytes_stop(raw)
+            high = b"(" + hi if hi is not None else b"+"
+            plan_out.append((2, len(commands), hidden))
+            commands.append(("ZRANGEBYLEX", index, b"[" + raw, high, "LIMIT", 0, 1 + len(hidden)))
+        if gets:  # a lone GET stays one: its large value is received straight (link)
+            commands.append(("MGET", *gets) if len(gets) > 1 else ("GET", gets[0]))
+        replies = self._query(names, *commands) if commands else []
+        got = (replies[-1] if len(gets) > 1 else replies[-1:]) if gets else []
+        out: list[Any] = []
+        for step in plan_out:
+            if step[0] == 0:
+                out.append(step[1])
+                continue
+            if step[0] == 3:
+                out.append(got[step[1]])
+                if self.write:
+                    self._seen[step[2]] = got[step[1]]
+                continue
+            i = step[1]
+            if commands[i][0] == "EXISTS":
+                out.append(replies[i + 1] if replies[i] else None)
+            else:
+                out.append(any(m not in step[2] for m in replies[i]))
+        return out
+
+    # -- writes (buffered until commit) -----------------------------------------------------
+    def _put(self, raw: bytes, value: bytes | memoryview, space: Space) -> None:
+        # Not copied when large: it stays unchanged until the transaction ends (see Txn.put),
+        # and a chunk of MiB is sent from the caller's buffer.
+        self._pending[(space, raw)] = value if len(value) > BIG_ARG else bytes(value)
+
+    def _delete(self, raw: bytes, space: Space) -> None:
+        self._pending[(space, raw)] = DELETED
+
+    # -- commit -------------------------------------------------------------------------------
+    def finish(self, ok: bool) -> None:
+        """Commit the buffered writes in one ``MULTI``/``EXEC`` (one round trip), or drop them."""
+        link = self._link
+        try:
+            if not ok or not self._pending:
+                if self._watched:
+                    link.unwatch = True  # sent in front of the link's next call
+                return
+            self._commit(link)
+        finally:
+            self._d._release(link)
+
+    def _commit(self, link: Link) -> None:
+        """Send the buffered writes (see ``commit``)."""
+        commit(self._d, link, self._pending)
+
+
+class RedisDriver(Driver):
+    """Driver for Redis; see the module docstring."""
+
+    schemes = ("redis", "rediss", "unix", "valkey", "valkeys")
+    remote = True
+    batched = True
+    feed_before_reply = True
+    # Optimistic transactions conflict more often than lock-based ones.
+    max_attempts = 25
+
+    def __init__(self, url: str, readonly: bool = False) -> None:
+        super().__init__(url, readonly)
+        parsed = parse_url(url)
+        name_keys(self, parsed, parsed.prefix)
+        if any(k in ("spread", "spread_above") for k, _ in parsed.query):
+            raise BackendError(f"{self.where}: spread=1 spreads a hierarchy over the masters of a Redis"
+                               " Cluster: use a redis+cluster:// URL, or drop spread=1")
+        check_query(parsed, redis_py_options())
+        self._links = Links(self)
+        self.feed: RedisFeed | None = None  # started by the first changes() (a mount's)
+        try:
+            self.pool, self.client = open_pool(parsed, self.timeout)
+        except Exception as exc:
+            raise translate(exc, self.where) from exc
+        self.indexed = ensure_index(self)
+        self.max_value = bulk_limit(self.client)
+
+    def set_timeout(self, seconds: float) -> None:
+        """Bound the waits of later calls, and of the connections held now, to ``seconds``."""
+        super().set_timeout(seconds)
+        set_pool_timeout(self.pool, seconds)
+
+    def name(self, space: Space, raw: bytes) -> bytes:
+        """The Redis key that holds ``raw`` in ``space``."""
+        return self._prefixes[space] + raw
+
+    def _acquire(self) -> Link:
+        """The calling thread's link (see :meth:`Links.acquire`), tracked into the change feed
+        once one is started (see ``feed.tracked``)."""
+        return tracked(self, self._links.acquire())
+
+    def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
+        """What other clients changed since the last call (see ``feed``); the first
+        call starts the feed. The cursor only counts calls: the server pushes."""
+        return feed_changes(self, since)
+
+    def feed_fileno(self) -> int | None:
+        """The feed connection's socket (readable when the server pushed changes)."""
+        return None if self.feed is None else self.feed.fileno()
+
+    def _release(self, link: Link) -> None:
+        self._links.release(link)
+
+    def _oneshot(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        link = self._acquire()
+        try:
+            return link.checked(commands)
+        finally:
+            self._release(link)
+
+    def scan_keyspace(self):
+        """The data keys found by ``SCAN MATCH {prefix}:*`` (see ``index``)."""
+        return scan_keyspace(self)
+
+    def reindex(self, prune: bool = True) -> int:
+        """Add every ``{prefix}:*`` string key to the index (keys another client such as
+        ``RedisStore`` wrote), then, with ``prune``, drop entries whose key is gone. Returns the
+        number of keys found. Safe while other writers run."""
+        return reindex(self, prune)
+
+    def _begin(self, write: bool) -> RedisTxn:
+        return RedisTxn(self, write)
+
+    def statfs(self) -> dict[str, int] | None:
+        """``maxmemory`` (or the server's RAM when unlimited) and what ``used_memory`` leaves."""
+        with translated(self.where):
+            info = self.client.info("memory")
+        total = int(info.get("maxmemory") or 0) or int(info.get("total_system_memory") or 0)
+        if not total:
+            return None
+        return {"total": total, "free": max(0, total - int(info.get("used_memory") or 0))}
+
+    def close(self) -> None:
+        """Close the connection pool (and with it every thread's link)."""
+        self._links.closed = True
+        if self.feed is not None:
+            self.feed.close()
+        self.pool.disconnect()

@@ -1,0 +1,285 @@
+"""The Redis driver's change feed: the server's client-side-caching invalidations.
+
+Redis 6 and later tell a client which keys others modify (``CLIENT TRACKING``). A mount opens
+one more connection, subscribes it to ``__redis__:invalidate``, and has every link it writes
+through track in broadcast mode, redirected to that connection, for the data and side key
+prefixes, without its own changes (``CLIENT TRACKING ON REDIRECT <id> BCAST PREFIX ... NOLOOP``).
+The server then pushes, after each command that modifies keys under those prefixes, the names
+it modified, whoever the writer: another zarrfs mount on this machine or another, zarr-python's
+``RedisStore``, ``redis-cli``. No server setting is needed (keyspace notifications would need
+``notify-keyspace-events``, which a managed server may refuse, and would report the mount's own
+writes as well); ``FLUSHDB``/``FLUSHALL`` come as "everything" (None). The server writes the
+invalidation before the writer's reply, so on one machine a change is in this socket before its
+writer learns it committed: close-to-open holds across mounts.
+
+A data key written by a client that is not zarrfs is not in the listing index (see
+``index``): a writable mount puts the keys it hears of in the index, or takes them out,
+as they now exist or not (one round trip per batch), so they list without ``zarrfs reindex``.
+
+A server older than 6, or one refusing ``CLIENT TRACKING``: no feed (the mount keeps short cache
+times, as before).
+
+**A lost feed** (a server restart, a network failure): reported as "something changed" (None)
+once; made again at later looks, at most every :data:`RETRY` seconds, and reported as
+"something changed" again when it is back (what happened meanwhile is not known). A connection
+tracks into the new feed at once, so that an idle mount hears others again without waiting for a
+request of its own; the other links track into it at their next transaction. The feed's
+descriptor keeps one number across reconnects (:class:`.feed_fd.FeedFd`): the request loop
+registers it once. A link tracks into the feed it was made for only (a token per feed
+connection, not the client ID: a restarted server numbers its clients from 1 again), and a
+link about to track first has the feed read what the server sent, so that a feed cut by a
+restart is found lost rather than named by a stale client ID (which the new server may have
+given to another client). A link that cannot track into the feed (the server refuses the
+redirect) takes the feed for lost and serves its transaction untracked: a write never fails for
+the feed's sake.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..base import DATA, SIDE, BackendError, Space
+from ..feed_fd import FeedFd
+from .link import translated
+
+if TYPE_CHECKING:
+    from .driver import RedisDriver
+    from .link import Link
+
+log = logging.getLogger("zarrfs.backends.redis")
+
+CHANNEL = b"__redis__:invalidate"
+#: Seconds between two attempts to make a lost feed connection again.
+RETRY = 0.5
+
+
+class RedisFeed:
+    """The connection the server pushes invalidations to, and the links tracking into it."""
+
+    def __init__(self, driver: RedisDriver) -> None:
+        self.driver = driver
+        self.conn: Any = None
+        self.cid: int | None = None
+        self.token: object = None  # this connection's, in the links tracking into it
+        self.lost = False
+        self.unknown = False  # lost since the last look: report "something changed"
+        self.retry_at = 0.0
+        self.names: list[bytes] = []  # heard, not yet reported
+        self.everything = False
+        self.lock = threading.Lock()  # one reader of the connection at a time
+        self.fd = FeedFd()
+        self.fd.first(self._connect)
+
+    def _connect(self) -> None:
+        d = self.driver
+        # A connection of its own, outside the pool: the pool counts every connection it makes
+        # against its limit until it is given back, and attempts made while the server is away
+        # would use that up ("Too many connections") for good.
+        conn = d.pool.connection_class(**d.pool.connection_kwargs)
+        try:
+            with translated(d.where):
+                conn.connect()
+                conn.send_command("CLIENT", "ID")
+                cid = int(conn.read_response())
+                conn.send_command("SUBSCRIBE", CHANNEL)
+                conn.read_response()
+        except BaseException:
+            conn.disconnect()
+            raise
+        self.conn, self.cid, self.token = conn, cid, object()
+        self.names, self.everything = [], False
+        self.fd.point(conn._sock.fileno())
+
+    def fileno(self) -> int | None:
+        """One descriptor number for whichever connection the feed has now: readable when the
+        server pushed something (or closed it)."""
+        return self.fd.fd
+
+    def track(self, link: Link) -> None:
+        """Have ``link``'s writes reported to every other client, not to this one. A link that
+        tracked into an earlier feed connection (the server did not restart: only the feed's
+        connection was lost) stops first: the server refuses the same prefixes twice."""
+        d = self.driver
+        off = [("CLIENT", "TRACKING", "OFF")] if getattr(link, "tracked", None) is not None else []
+        link.checked(
+            [
+                *off,
+                ("CLIENT", "TRACKING", "ON", "REDIRECT", self.cid, "BCAST")
+                + ("PREFIX", d.data_prefix, "PREFIX", d.side_prefix, "NOLOOP"),
+            ]
+        )
+        link.tracked = self.token
+
+    def track_now(self) -> None:
+        """Have this thread's link track into the feed now (the server reports to the feed
+        only once a connection tracks into it). A link from before a restart fails: a new one
+        is made."""
+        for attempt in (1, 2):
+            try:
+                self.driver._release(self.driver._acquire())
+                return
+            except BackendError as exc:
+                if attempt == 2:
+                    raise
+                log.debug("%s: %s", self.driver.where, exc)
+
+    def _read(self) -> None:
+        """Take in what the server pushed (kept until reported); a connection that failed
+        (a restart closed it) drops the feed."""
+        try:
+            conn = self.conn
+            while conn.can_read(timeout=0):
+                message = conn.read_response()
+                if not isinstance(message, list) or len(message) < 3 or message[0] != b"message":
+                    continue
+                if message[2] is None:
+                    self.everything = True
+                else:
+                    self.names.extend(message[2])
+        except Exception as exc:
+            log.warning("%s: change feed lost (%s); reconnecting", self.driver.where, exc)
+            self.drop()
+
+    def check(self) -> None:
+        """Find out whether the feed still lives before a link tracks into it: what the server
+        pushed is read (and kept), a closed connection drops the feed. Skipped while another
+        thread reads it (a look at the feed, which reads it anyway)."""
+        if not self.lost and self.lock.acquire(blocking=False):
+            try:
+                self._read()
+            finally:
+                self.lock.release()
+
+    def changes(self) -> list[tuple[Space, str]] | None:
+        """What the server pushed since the last call (None: "everything", or not known)."""
+        with self.lock:
+            return self._changes()
+
+    def _changes(self) -> list[tuple[Space, str]] | None:
+        if self.lost:
+            news, self.unknown = self.unknown, False
+            now = time.monotonic()
+            if now < self.retry_at:
+                return None if news else []
+            self.retry_at = now + RETRY
+            try:
+                self._connect()
+            except BackendError as exc:  # still away: the requests say so
+                log.debug("%s: change feed not back: %s", self.driver.where, exc)
+                return None if news else []
+            self.lost = False
+            log.info("%s: change feed back", self.driver.where)
+            try:
+                self.track_now()
+            except BackendError as exc:
+                log.debug("%s: %s", self.driver.where, exc)
+            return None
+        self._read()
+        if self.lost:
+            self.unknown = False
+            return None
+        names, everything = self.names, self.everything
+        self.names, self.everything = [], False
+        if everything:
+            return None
+        d = self.driver
+        records: list[tuple[Space, str]] = []
+        data: list[bytes] = []
+        cut_data, cut_side = len(d.data_prefix), len(d.side_prefix)
+        for name in names:
+            if name.startswith(d.data_prefix):
+                data.append(name[cut_data:])
+                records.append((DATA, name[cut_data:].decode("utf-8", "surrogateescape")))
+            elif name.startswith(d.side_prefix):
+                records.append((SIDE, name[cut_side:].decode("utf-8", "surrogateescape")))
+        if data and not d.readonly and d.indexed:
+            self._index(data)
+        return records
+
+    def _index(self, raws: list[bytes]) -> None:
+        """Make the listing index agree with what exists of ``raws`` now (keys written by
+        clients that keep no index)."""
+        d = self.driver
+        index = d.index[DATA]
+        with translated(d.where):
+            pipe = d.client.pipeline(transaction=True)
+            for raw in raws:
+                pipe.exists(d.data_prefix + raw)
+                pipe.zscore(index, raw)
+            answers = pipe.execute()
+            pairs = list(zip(raws, answers[::2], answers[1::2], strict=True))
+            add = [raw for raw, exists, score in pairs if exists and score is None]
+            gone = [raw for raw, exists, score in pairs if not exists and score is not None]
+            if add or gone:
+                pipe = d.client.pipeline(transaction=False)
+                if add:
+                    pipe.zadd(index, dict.fromkeys(add, 0))
+                if gone:
+                    pipe.zrem(index, *gone)
+                pipe.execute()
+
+    def drop(self) -> None:
+        """Take the feed for lost (made again at a later look; see the module docstring): its
+        connection failed, or the server no longer knows its client ID (it restarted), so that
+        links cannot track into it."""
+        self.fd.park()
+        if not self.lost:
+            self.lost = self.unknown = True
+            self.retry_at = time.monotonic() + RETRY
+        self.names, self.everything = [], False
+        try:
+            self.conn.disconnect()
+        except Exception:
+            pass
+
+    def close(self) -> None:
+        """Close the feed's connection and descriptor."""
+        if self.conn is not None:
+            try:
+                self.conn.disconnect()
+            except Exception:
+                pass
+            self.conn = None
+        self.fd.close()
+
+
+def tracked(d: RedisDriver, link: Link) -> Link:
+    """``link``, just acquired by ``d``, made to track into ``d``'s change feed if one is
+    started and the link does not yet; a link the server refuses to redirect leaves the feed
+    for lost (see :meth:`RedisFeed.drop`) and serves untracked."""
+    feed = d.feed
+    if feed is not None and not feed.lost and getattr(link, "tracked", None) is not feed.token:
+        feed.check()
+        if feed.lost:
+            return link
+        try:
+            feed.track(link)
+        except BackendError:
+            if link.broken:  # the server is away: so is the transaction
+                d._release(link)
+                raise
+            feed.drop()  # it refused the redirect: untracked
+        except BaseException:
+            d._release(link)
+            raise
+    return link
+
+
+def feed_changes(d: RedisDriver, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
+    """:meth:`RedisDriver.changes`: the first call starts ``d``'s feed (NotImplementedError
+    where the server has no ``CLIENT TRACKING``). The cursor only counts calls: the server
+    pushes."""
+    if d.feed is None:
+        try:
+            d.feed = RedisFeed(d)
+        except BackendError as exc:
+            log.warning("%s: no change feed (CLIENT TRACKING needs Redis 6): %s", d.where, exc)
+            raise NotImplementedError from exc
+        d.feed.track_now()
+    if since is None:
+        d.feed.changes()  # nothing from before counts
+        return 0, []
+    return since + 1, d.feed.changes()

@@ -1,0 +1,252 @@
+"""The Redis driver's listing index: a sorted set of the keys per space, its upkeep, and the
+scans that read it (see the module docstring of ``zarrfs.backends.redis``)."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from .._util import DELETED, merge_buffered
+from ..base import DATA, KEYS, SIZES, Fetch, Space
+from .link import translated
+
+if TYPE_CHECKING:
+    from .driver import RedisDriver
+
+log = logging.getLogger("zarrfs.backends.redis")
+
+COMPLETE = b""  # index member meaning "this index lists every data key"
+BATCH = 1000  # index members read per ZRANGEBYLEX
+VALUE_BATCH = 16  # values per first MGET: values can be many MiB each
+VALUE_BYTES = 4 << 20  # MGET batches grow while the values they return stay below this
+_GLOB_SPECIAL = b"*?[]\\"
+
+
+def _glob_escape(raw: bytes) -> bytes:
+    return b"".join(b"\\" + bytes([c]) if c in _GLOB_SPECIAL else bytes([c]) for c in raw)
+
+
+def scan_keyspace(d: RedisDriver) -> Iterator[bytes]:
+    """Yield the data keys (without prefix) found by ``SCAN MATCH {prefix}:*`` (string keys
+    only; ``SCAN`` may repeat a key)."""
+    match = _glob_escape(d.data_prefix) + b"*"
+    cut = len(d.data_prefix)
+    with translated(d.where):
+        for name in d.client.scan_iter(match=match, count=10000, _type="string"):
+            yield name[cut:]
+
+
+def ensure_index(d: RedisDriver) -> bool:
+    """Whether the data index is complete, rebuilding it when it is not (unless read-only)."""
+    with translated(d.where):
+        if d.client.zscore(d.index[DATA], COMPLETE) is not None:
+            return True
+    if d.readonly:
+        log.warning("%s: no key index and opened read-only: every listing scans the keyspace", d.where)
+        return False
+    reindex(d, prune=False)
+    return True
+
+
+def reindex(d: RedisDriver, prune: bool = True) -> int:
+    """Add every ``{prefix}:*`` string key to the index (keys another client such as
+    ``RedisStore`` wrote), then, with ``prune``, drop entries whose key is gone. Returns the
+    number of keys found. Safe while other writers run."""
+    index = d.index[DATA]
+    found = 0
+    batch: list[bytes] = []
+    with translated(d.where):
+        for member in scan_keyspace(d):
+            batch.append(member)
+            if len(batch) >= 10000:
+                d.client.zadd(index, dict.fromkeys(batch, 0))
+                found += len(batch)
+                batch = []
+        if batch:
+            d.client.zadd(index, dict.fromkeys(batch, 0))
+            found += len(batch)
+        if prune:
+            _prune(d, index)
+        d.client.zadd(index, {COMPLETE: 0})
+    return found
+
+
+# Removes an index entry only if its key is absent, atomically: removing it after a separate
+# check could unlist a key another writer created in between.
+_PRUNE = """
+local removed = 0
+for i = 2, #ARGV do
+    if redis.call('EXISTS', ARGV[1] .. ARGV[i]) == 0 then
+        removed = removed + redis.call('ZREM', KEYS[1], ARGV[i])
+    end
+end
+return removed
+"""
+
+
+def _prune(d: RedisDriver, index: bytes) -> None:
+    script = d.client.register_script(_PRUNE)
+    low = b"("
+    while True:
+        batch = d.client.zrangebylex(index, low, b"+", start=0, num=BATCH)
+        if not batch:
+            return
+        script(keys=[index], args=[d.data_prefix, *batch])
+        low = b"(" + batch[-1]
+
+
+def _covers(window: tuple[Any, ...], lo: bytes, hi: bytes | None) -> bool:
+    """Whether ``[lo, hi)`` lies inside the index range a window covers."""
+    start, included, end, end_included = window[:4]
+    if lo < start or (lo == start and not included):
+        return False
+    if end is None:
+        return True
+    if hi is None:
+        return False
+    return hi <= end + b"\0" if end_included else hi <= end
+
+
+def _continues(window: tuple[Any, ...], lo: bytes) -> bool:
+    """Whether a range starting at ``lo`` starts inside a window and goes on past its end."""
+    start, included, end = window[:3]
+    if lo < start or (lo == start and not included) or end is None:
+        return False
+    return lo <= end if window[3] else lo < end
+
+
+def _within(members: list[bytes], lo: bytes, hi: bytes | None) -> Iterator[tuple[bytes, None]]:
+    i = bisect.bisect_left(members, lo)
+    j = len(members) if hi is None else bisect.bisect_left(members, hi)
+    return ((m, None) for m in members[i:j])
+
+
+class IndexScans:
+    """The scans of :class:`~zarrfs.backends.redis.RedisTxn`: ranges of the index, the keys in
+    them checked for existence (or sized, or fetched), merged with the transaction's pending
+    writes. Uses the transaction's ``_d`` (driver), ``_query``, ``_pending``, ``write``, and,
+    in a read-only one, ``_windows``/``_ahead``: per space, the last range of the index a KEYS
+    scan read and the keys in it that exist, which answers a scan inside that range again (the
+    check of a listed key for children of the same name lands there) without a round trip."""
+
+    _d: RedisDriver
+    _pending: dict[tuple[Space, bytes], Any]
+    _windows: dict[Space, tuple[Any, ...]]
+    _ahead: dict[Space, int]
+    write: bool
+
+    def _query(self, names: list[bytes], *commands: tuple[Any, ...]) -> list[Any]:
+        raise NotImplementedError
+
+    def _scan(
+        self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int | None
+    ) -> Iterator[tuple[bytes, Any]]:
+        pending = sorted(
+            (raw, v)
+            for (sp, raw), v in self._pending.items()
+            if sp is space and raw >= lo and (hi is None or raw < hi)
+        )
+        mine = [
+            (raw, v if v is DELETED else None if fetch is KEYS else len(v) if fetch is SIZES else bytes(v))
+            for raw, v in pending
+        ]
+        hidden = sum(1 for _, v in pending if v is DELETED)
+        first = BATCH if limit is None else min(BATCH, limit + hidden + 1)
+        window = self._windows.get(space) if fetch is KEYS and not self.write else None
+        if window is None:
+            stored = self._stored(space, lo, hi, fetch, first)
+        elif _covers(window, lo, hi):
+            stored = _within(window[4], lo, hi)
+        elif _continues(window, lo):
+            # Paging through a range (a listing): the rest of the window, then read ahead,
+            # more each time, in fewer round trips than the pages.
+            start, included, end, end_included, members = window
+            ahead = min(BATCH, 2 * self._ahead.get(space, first))
+            self._ahead[space] = ahead
+            head = _within(members, lo, end + b"\0" if end_included else end)
+            stored = itertools.chain(head, self._stored(space, end, hi, fetch, ahead, after=end_included))
+        else:
+            stored = self._stored(space, lo, hi, fetch, first)
+        yield from merge_buffered(stored, mine, None) if mine else stored
+
+    def _members(
+        self, space: Space, lo: bytes, hi: bytes | None, first: int, after: bool = False
+    ) -> Iterator[tuple[list[bytes], Any]]:
+        """Yield batches of index members in ``[lo, hi)`` (``(lo, hi)`` with ``after``), in
+        order, each with the range of the index it covers (``None`` when not known):
+        ``(start, start included, end, end included)``, ``end`` None for no bound."""
+        index = self._d.index[space]
+        if space is DATA and not self._d.indexed:
+            # Read-only and no index to read: list the whole keyspace (slow, but correct).
+            members = [
+                m
+                for m in scan_keyspace(self._d)
+                if (m > lo if after else m >= lo) and (hi is None or m < hi)
+            ]
+            members.sort()
+            for i in range(0, len(members), BATCH):
+                yield members[i : i + BATCH], None
+            return
+        low = b"(" + lo if after or not lo else b"[" + lo  # "(" + "" skips the COMPLETE marker
+        high = b"(" + hi if hi is not None else b"+"
+        start, included = lo, not after
+        n = first
+        while True:
+            (batch,) = self._query([index], ("ZRANGEBYLEX", index, low, high, "LIMIT", 0, n))
+            if len(batch) < n:
+                yield batch, (start, included, hi, False)
+                return
+            yield batch, (start, included, batch[-1], True)
+            low = b"(" + batch[-1]
+            start, included = batch[-1], False
+            n = BATCH
+
+    def _stored(
+        self, space: Space, lo: bytes, hi: bytes | None, fetch: Fetch, first: int, after: bool = False
+    ) -> Iterator[tuple[bytes, Any]]:
+        """Index members that still exist (a stale entry, whose key another writer deleted, is
+        dropped: found by one multi-key ``EXISTS`` per batch, or with the sizes or values)."""
+        value_batch = VALUE_BATCH
+        for batch, covered in self._members(space, lo, hi, first, after):
+            if not batch:
+                if covered is not None and fetch is KEYS and not self.write:
+                    self._windows[space] = (*covered, batch)
+                continue
+            names = [self._d.name(space, m) for m in batch]
+            if fetch is KEYS:
+                # One EXISTS counts the batch's keys that exist: all of them, but for stale entries.
+                (count,) = self._query([], ("EXISTS", *names))
+                if count != len(names):
+                    found = self._query([], *(("EXISTS", n) for n in names))
+                    batch = [m for m, e in zip(batch, found, strict=True) if e]
+                if covered is not None and not self.write:
+                    self._windows[space] = (*covered, batch)
+                yield from ((m, None) for m in batch)
+            elif fetch is SIZES:
+                sizes = self._query(names, *(("STRLEN", n) for n in names))
+                # STRLEN is 0 for a missing key and for an empty value alike: ask EXISTS for those.
+                zero = [i for i, s in enumerate(sizes) if s == 0]
+                if zero:
+                    exists = self._query([], *(("EXISTS", names[i]) for i in zero))
+                    for i, e in zip(zero, exists, strict=True):
+                        if not e:
+                            sizes[i] = None
+                yield from ((m, s) for m, s in zip(batch, sizes, strict=True) if s is not None)
+            else:
+                i = 0
+                while i < len(names):
+                    part = names[i : i + value_batch]
+                    (values,) = self._query(part, ("MGET", *part))
+                    yield from (
+                        (m, v) for m, v in zip(batch[i : i + len(part)], values, strict=True) if v is not None
+                    )
+                    i += len(part)
+                    # Small values (markers, metadata): fetch more per round trip next time.
+                    total = sum(len(v) for v in values if v is not None)
+                    if total * 4 < VALUE_BYTES:
+                        value_batch = min(BATCH, value_batch * 4)
+                    elif total > VALUE_BYTES:
+                        value_batch = max(1, value_batch // 4)

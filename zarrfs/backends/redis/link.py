@@ -1,0 +1,460 @@
+"""The Redis driver's connections: the pool opened to a server (bounded timeouts, the server's
+largest value), one link per thread, replies parsed by hiredis straight from the socket, and the
+translation of Redis errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import select
+import ssl
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import redis
+import redis.exceptions as rexc
+
+try:  # the C reply parser redis-py also uses; without it replies go through redis-py
+    import hiredis
+except ImportError:  # pragma: no cover - hiredis is a dependency on CPython
+    hiredis = None
+
+from zarrfs.spin import next_window
+
+from ..base import (
+    BackendError,
+    ReadOnlyError,
+    RetryableError,
+    StalledError,
+    StorageFullError,
+    UnavailableError,
+)
+
+if TYPE_CHECKING:
+    from .driver import RedisDriver
+    from .url import RedisURL
+
+BIG_ARG = 1 << 16  # arguments longer than this are sent as they are, not copied into a buffer
+# A lone reply this large is read into a buffer of its own: hiredis would copy it twice more.
+BIG_REPLY = 1 << 18
+IDLE_CHECK = 1.0  # seconds: a connection idle longer is checked for a close by the server
+SPIN = 100e-6  # seconds a link polls for a reply before it sleeps (see Link._receive)
+
+# Arguments that turn off redis-py's CLIENT SETINFO handshake (redis-py 8 names it driver_info).
+_NO_SETINFO: dict[str, Any] = (
+    {"driver_info": None}
+    if importlib.util.find_spec("redis.driver_info") is not None
+    else {"lib_name": None, "lib_version": None}
+)
+
+# Error replies by their first word (hiredis hands them over as plain ResponseError).
+_RETRYABLE_REPLIES = ("LOADING", "TRYAGAIN", "BUSY", "MASTERDOWN")
+
+
+def translate(exc: Exception, what: str) -> BackendError:
+    """Map a redis-py exception (or an error reply) to the driver interface's classes."""
+    if isinstance(exc, BackendError):
+        return exc
+    msg = str(exc)
+    if isinstance(exc, rexc.OutOfMemoryError) or msg.startswith("OOM"):
+        return StorageFullError(f"{what}: Redis is out of memory (maxmemory): {exc}")
+    if isinstance(exc, (rexc.BusyLoadingError, rexc.TryAgainError, rexc.WatchError)) or (
+        isinstance(exc, rexc.ResponseError) and msg.startswith(_RETRYABLE_REPLIES)
+    ):
+        return RetryableError(f"{what}: {exc}")
+    if isinstance(exc, rexc.ReadOnlyError) or (
+        isinstance(exc, rexc.ResponseError) and msg.startswith("READONLY")
+    ):
+        return ReadOnlyError(f"{what}: {exc}")
+    if isinstance(exc, rexc.AuthenticationError) or msg.startswith(("NOAUTH", "WRONGPASS")):
+        return UnavailableError(
+            f"{what}: {exc.__class__.__name__ if not msg else msg.rstrip('.')}: the server wants a "
+            "password: give it with ?password_file=PATH or $ZARRFS_PASSWORD (see zarrfs --help)"
+        )
+    if isinstance(exc, (rexc.TimeoutError, TimeoutError)):  # a socket timeout: a send, a connect
+        return StalledError(f"{what}: no answer within the timeout: {exc}")
+    if isinstance(exc, (rexc.ConnectionError, OSError)):
+        return UnavailableError(f"{what}: {exc}")
+    return BackendError(f"{what}: {exc}")
+
+
+def open_pool(url: RedisURL, timeout: float) -> tuple[redis.ConnectionPool, redis.Redis]:
+    """The connection pool for ``url`` and a client on it, whose first ``PING`` has answered.
+
+    Bounded timeouts: a FUSE call must fail (ETIMEDOUT) rather than hang on a paused or
+    unreachable server, for ``timeout`` at most (see :func:`set_pool_timeout`). RESP2 unless
+    the URL asks otherwise: no push messages among the replies, and the links parse it with
+    hiredis directly (see :class:`Link`). No ``CLIENT SETINFO``: a new connection sends nothing
+    before its first command, so that command's wait (which notices interrupts) is the only one."""
+    tcp = {"socket_keepalive": True} if url.scheme != "unix" else {}
+    pool = redis.ConnectionPool.from_url(
+        url.client_url(),
+        socket_connect_timeout=timeout,
+        socket_timeout=timeout,
+        protocol=2,
+        **tcp,
+        **_NO_SETINFO,
+    )
+    client = redis.Redis(connection_pool=pool)
+    client.ping()
+    return pool, client
+
+
+def set_pool_timeout(pool: redis.ConnectionPool, seconds: float) -> None:
+    """Bound the waits of ``pool``'s later connections, and of those it holds now, to ``seconds``."""
+    pool.connection_kwargs.update(socket_timeout=seconds, socket_connect_timeout=seconds)
+    # The pool's lists are private: read defensively.
+    for conn in [*getattr(pool, "_available_connections", ()), *getattr(pool, "_in_use_connections", ())]:
+        conn.socket_timeout = conn.socket_connect_timeout = seconds
+        if conn._sock is not None:
+            conn._sock.settimeout(seconds)
+
+
+def bulk_limit(client: redis.Redis) -> int:
+    """The largest argument the server takes (``proto-max-bulk-len``; a larger one resets the
+    connection): its setting, or the default, 512 MB, where CONFIG is not allowed."""
+    try:
+        found = client.config_get("proto-max-bulk-len")
+        return int(next(iter(found.values())))
+    except Exception:
+        return 512 << 20
+
+
+# A link kept by a thread must not be used by a process forked from it (the socket is shared).
+_fork_generation = 0
+
+
+def _forked() -> None:
+    global _fork_generation
+    _fork_generation += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
+def _big_bulk(buf: bytearray, got: int) -> tuple[int, int] | None:
+    """``(start, size)`` when the ``got`` bytes in ``buf`` begin a bulk reply (``$size``) of at
+    least :data:`BIG_REPLY` bytes whose data starts at ``start``, else None."""
+    if got < 4 or buf[0] != 0x24:  # "$"
+        return None
+    end = buf.find(b"\r\n", 1, min(got, 24))
+    if end < 0:
+        return None
+    try:
+        size = int(buf[1:end])
+    except ValueError:
+        return None
+    return (end + 2, size) if size >= BIG_REPLY else None
+
+
+def _arg(a: Any) -> bytes | memoryview:
+    if isinstance(a, (bytes, memoryview)):
+        return a
+    if isinstance(a, str):
+        return a.encode("utf-8")
+    if isinstance(a, int):
+        return b"%d" % a
+    return memoryview(a)
+
+
+def _pack_big(commands: Sequence[tuple[Any, ...]]) -> list[bytes | memoryview]:
+    """The RESP encoding of ``commands`` as few buffers, with long values (chunks of MiB) as
+    buffers of their own rather than copied into one."""
+    out: list[bytes | memoryview] = []
+    small: list[bytes] = []
+    for cmd in commands:
+        if all(not isinstance(a, (bytes, memoryview)) or len(a) <= BIG_ARG for a in cmd):
+            small.append(hiredis.pack_command(cmd))
+            continue
+        small.append(b"*%d\r\n" % len(cmd))
+        for a in cmd:
+            a = _arg(a)
+            if len(a) > BIG_ARG:
+                small.append(b"$%d\r\n" % len(a))
+                out.append(b"".join(small))
+                out.append(a)
+                small = [b"\r\n"]
+            else:
+                small.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    if small:
+        out.append(b"".join(small))
+    return out
+
+
+class Link:
+    """One connection held by one thread across its transactions (no pool round trip per
+    transaction). Commands of a call are sent in one write and every reply is read (one round
+    trip); replies are parsed by hiredis straight from the socket.
+
+    ``unwatch`` defers the ``UNWATCH`` that a write transaction ending without ``EXEC`` owes:
+    it goes in front of the next call on this connection instead of costing a round trip."""
+
+    def __init__(self, driver: RedisDriver) -> None:
+        self.driver = driver
+        self.pool = driver.pool
+        try:
+            self.conn = self.pool.get_connection()
+        except Exception as exc:
+            raise translate(exc, driver.where) from exc
+        self.generation = _fork_generation
+        self.busy = False
+        self.extra = False
+        self.broken = False
+        self.unwatch = False
+        self.used = time.monotonic()
+        protocol = getattr(self.conn, "protocol", 2)
+        self.sock = getattr(self.conn, "_sock", None)
+        self.fast = hiredis is not None and self.sock is not None and str(protocol) == "2"
+        if self.fast:
+            self.reader = hiredis.Reader(replyError=rexc.ResponseError)
+            self.buf = bytearray(1 << 18)
+            self.spin = SPIN
+            self.sock.settimeout(driver.timeout)  # sends and a TLS record's rest: bounded too
+            # Polled for a reply, with the request loop's /dev/fuse once the driver has one
+            # (the daemon gives it after the driver opened, see _wait).
+            self.poller = select.poll()
+            self.poller.register(self.sock, select.POLLIN)
+            self.watch: Any = None
+
+    def usable(self) -> bool:
+        """Whether this link can serve a new transaction (checks an idle socket for a close)."""
+        if self.broken or self.generation != _fork_generation:
+            return False
+        now = time.monotonic()
+        if now - self.used > IDLE_CHECK:
+            sock = self.sock if self.fast else getattr(self.conn, "_sock", None)
+            try:
+                if sock is None or select.select([sock], [], [], 0)[0]:
+                    return False  # closed by the server (or stray data): reconnect
+            except (OSError, ValueError):
+                return False
+        self.used = now
+        return True
+
+    def call(self, commands: Sequence[tuple[Any, ...]], big: bool = False) -> list[Any]:
+        """Send ``commands`` pipelined; return their replies (error replies as exceptions).
+        ``big``: some arguments may be long values (a commit), sent without copying them."""
+        if self.unwatch:
+            commands = [("UNWATCH",), *commands]
+        try:
+            if self.fast:
+                replies = self._call_fast(commands, big)
+            else:
+                replies = self._call_slow(commands)
+        except BaseException as exc:
+            # Replies may be left unread (even on KeyboardInterrupt): never reuse the socket.
+            self.broken = True
+            if isinstance(exc, Exception):
+                raise translate(exc, self.driver.where) from exc
+            raise
+        if self.unwatch:
+            self.unwatch = False
+            del replies[0]
+        return replies
+
+    def _call_fast(self, commands: Sequence[tuple[Any, ...]], big: bool) -> list[Any]:
+        sock = self.sock
+        if big:
+            for piece in _pack_big(commands):
+                sock.sendall(piece)
+        else:
+            pack = hiredis.pack_command
+            sock.sendall(b"".join([pack(c) for c in commands]))
+        n = len(commands)
+        replies: list[Any] = []
+        reader, buf = self.reader, self.buf
+        if n == 1:  # a lone reply may be a large value: received straight into its own buffer
+            got = self._receive(sock, buf)
+            big = _big_bulk(buf, got)
+            if big is not None:
+                return [self._bulk(sock, buf, got, *big)]
+            if not got:
+                raise rexc.ConnectionError("the server closed the connection")
+            reader.feed(buf, 0, got)
+        while len(replies) < n:
+            reply = reader.gets()
+            if reply is False:
+                got = self._receive(sock, buf)
+                if not got:
+                    raise rexc.ConnectionError("the server closed the connection")
+                reader.feed(buf, 0, got)
+            else:
+                replies.append(reply)
+        return replies
+
+    def _bulk(self, sock: Any, buf: bytearray, got: int, start: int, size: int) -> bytearray:
+        """The value of a bulk reply of ``size`` bytes whose first ``got`` bytes are in
+        ``buf`` (its data from ``start``): read into a buffer of its own, copied once."""
+        value = bytearray(size + 2)  # and the reply's closing CRLF
+        have = min(got - start, size + 2)
+        value[:have] = memoryview(buf)[start : start + have]
+        view = memoryview(value)
+        while have < size + 2:
+            more = self._receive(sock, view[have:])
+            if not more:
+                raise rexc.ConnectionError("the server closed the connection")
+            have += more
+        view.release()
+        if got - start > size + 2 or value[size:] != b"\r\n":
+            raise rexc.InvalidResponse("a bulk reply of another length than it said")
+        del value[size:]
+        return value
+
+    def _receive(self, sock: Any, buf: Any) -> int:
+        """``recv_into`` that first polls the socket for up to ``spin`` seconds, then sleeps
+        until the reply comes, the driver's ``timeout`` passes (:class:`StalledError`), or the
+        request being served is interrupted (the driver's ``watch``, see
+        :mod:`zarrfs.fuse.interrupts`, raises :class:`InterruptedCallError`).
+
+        A reply from a server on the same machine comes back quickly, but a thread that sleeps
+        for it pays about as much again to be woken on another CPU (docs/performance.md). So
+        the link polls for a short while before it sleeps. The window adapts as the request loop's
+        does: a reply that came within :data:`SPIN` makes it full again, a slower one (a remote
+        server, a large value) halves it, down to never spinning."""
+        clock = time.perf_counter
+        start = clock()
+        if self.spin:
+            timeout = sock.gettimeout()
+            sock.settimeout(0.0)
+            try:
+                while True:
+                    try:
+                        got = sock.recv_into(buf)
+                    except (BlockingIOError, ssl.SSLWantReadError):
+                        if clock() - start > self.spin:
+                            break
+                    else:
+                        self.spin = SPIN
+                        return got
+            finally:
+                sock.settimeout(timeout)
+        got = self._wait(sock, buf, start)
+        self.spin = next_window(self.spin, clock() - start, SPIN)
+        return got
+
+    def _wait(self, sock: Any, buf: bytearray, start: float) -> int:
+        """Sleep until the socket is readable, then read it; the loop's requests that come
+        meanwhile are queued by the watch, an INTERRUPT of the request being served ends the
+        wait. Never longer than the driver's ``timeout``: a paused or partitioned server holds
+        the single request thread, and so the whole mount, for that long at most."""
+        if isinstance(sock, ssl.SSLSocket) and sock.pending():
+            return sock.recv_into(buf)  # decrypted bytes already held: poll would not see them
+        deadline = start + self.driver.timeout
+        sock_fd = sock.fileno()
+        if self.watch is not self.driver.watch:
+            if self.watch is not None:  # the mount ended (or changed): stop watching its fd
+                self.poller.unregister(self.watch.fileno())
+            self.watch = self.driver.watch
+            if self.watch is not None:
+                self.poller.register(self.watch.fileno(), select.POLLIN)
+        while True:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                raise StalledError(
+                    f"{self.driver.where}: no reply within {self.driver.timeout:g} s (-o timeout=)"
+                )
+            for fd, _events in self.poller.poll(left * 1000 + 1):
+                if fd == sock_fd:
+                    return sock.recv_into(buf)
+                if self.watch is not None:
+                    self.watch.check()  # raises when this request was interrupted
+
+    def _call_slow(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        conn = self.conn
+        conn.send_packed_command(conn.pack_commands(commands))
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(conn.read_response())
+            except rexc.ResponseError as exc:
+                replies.append(exc)
+        return replies
+
+    def checked(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """:meth:`call`, raising the first error reply."""
+        replies = self.call(commands)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise translate(reply, self.driver.where)
+        return replies
+
+    def close(self) -> None:
+        """Disconnect and give the connection back to the pool."""
+        self.broken = True
+        try:
+            self.conn.disconnect()
+        finally:
+            self.pool.release(self.conn)
+
+
+class Links:
+    """A driver's links: one per thread, kept across its transactions."""
+
+    def __init__(self, driver: RedisDriver) -> None:
+        self.driver = driver
+        self.closed = False
+        self._local = threading.local()
+
+    def acquire(self) -> Link:
+        """The calling thread's link, or a link of its own for a transaction started while the
+        thread's link is in use (a one-shot helper called inside a transaction)."""
+        if self.closed:
+            raise UnavailableError(f"{self.driver.where}: the driver is closed")
+        link = getattr(self._local, "link", None)
+        if link is not None and not link.busy and link.usable():
+            link.busy = True
+            return link
+        if link is not None and link.busy:
+            extra = Link(self.driver)
+            extra.busy = True
+            extra.extra = True
+            return extra
+        if link is not None:
+            self.drop(link)
+        link = Link(self.driver)
+        link.busy = True
+        self._local.link = link
+        return link
+
+    def release(self, link: Link) -> None:
+        """Give ``link`` back after a transaction (an extra link goes back to the pool)."""
+        link.busy = False
+        if link.extra:
+            if link.unwatch and not link.broken:
+                try:
+                    link.call([])  # sends the owed UNWATCH
+                except BackendError:
+                    pass
+            if link.broken:
+                link.conn.disconnect()
+            link.pool.release(link.conn)
+        elif link.broken:
+            self.drop(link)
+
+    def drop(self, link: Link) -> None:
+        """Close a broken link and forget it."""
+        if getattr(self._local, "link", None) is link:
+            self._local.link = None
+        if link.generation != _fork_generation:
+            return  # the parent process's socket: leave it to the parent
+        try:
+            link.close()
+        except Exception:  # noqa: BLE001 - a dead connection may fail to close cleanly
+            pass
+
+
+@contextmanager
+def translated(where: str) -> Iterator[None]:
+    """Turn redis-py exceptions (and socket errors) into the driver interface's classes."""
+    try:
+        yield
+    except BackendError:
+        raise
+    except Exception as exc:
+        if isinstance(exc, (rexc.RedisError, OSError)):
+            raise translate(exc, where) from exc
+        raise

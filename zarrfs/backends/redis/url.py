@@ -1,0 +1,94 @@
+"""What a Redis URL names, for both Redis drivers (``redis`` and ``redis_cluster``): the
+server or the cluster's starting nodes, the credentials, the ``prefix`` option and the other
+query options; and the names of the keys a prefix gives (data, side data, the two indexes)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+from ..base import DATA, SIDE, BackendError
+
+if TYPE_CHECKING:
+    from .driver import RedisDriver
+
+#: The prefix of the keys when the URL gives none (zarr-python 2's ``RedisStore`` default).
+DEFAULT_PREFIX = "zarr"
+
+
+class RedisURL(NamedTuple):
+    """A Redis URL taken apart (see :func:`parse_url`)."""
+
+    scheme: str
+    userinfo: str  # "user:password", or "" (still quoted as in the URL)
+    hosts: str  # the netloc without the credentials: "host:port", "h1:p1,h2:p2", or ""
+    netloc: str  # as in the URL, credentials included
+    path: str
+    query: list[tuple[str, str]]  # the query options but ``prefix``, in their order
+    prefix: str  # the last ``prefix`` option, else :data:`DEFAULT_PREFIX`
+
+    def client_url(self) -> str:
+        """The URL for redis-py: ``valkey``/``valkeys`` spelled ``redis``/``rediss``, without
+        the ``prefix`` option. Not ``urlunsplit``: it drops the ``//`` of ``unix:///path``
+        (empty netloc), which redis-py needs."""
+        scheme = {"valkey": "redis", "valkeys": "rediss"}.get(self.scheme.lower(), self.scheme)
+        rest = urlencode(self.query)
+        return f"{scheme}://{self.netloc}{self.path}" + (f"?{rest}" if rest else "")
+
+    def where(self, prefix: str) -> str:
+        """How errors and logs name the database: the URL without credentials, and the prefix."""
+        return f"{self.scheme}://{self.hosts}{self.path} prefix={prefix}"
+
+
+def parse_url(url: str) -> RedisURL:
+    """Take a ``redis://``, ``unix://``, ``valkey://`` or ``…+cluster://`` URL apart."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    prefixes = [v for k, v in query if k == "prefix"]
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    return RedisURL(
+        scheme=parts.scheme,
+        userinfo=userinfo,
+        hosts=hosts,
+        netloc=parts.netloc,
+        path=parts.path,
+        query=[(k, v) for k, v in query if k != "prefix"],
+        prefix=prefixes[-1] if prefixes else DEFAULT_PREFIX,
+    )
+
+
+def check_query(url: RedisURL, known: set[str]) -> None:
+    """Refuse the query options of ``url`` that are not in ``known`` (``prefix`` always is), as
+    the file drivers do: a typo must not be ignored, nor reach redis-py as a keyword argument."""
+    unknown = sorted({k for k, _ in url.query} - known - {"password", "username"})
+    if unknown:
+        raise BackendError(
+            f"{url.where(url.prefix)}: unknown option(s) {', '.join(unknown)}; known: "
+            f"{', '.join(sorted(known | {'prefix', 'password', 'password_file', 'username'}))}"
+        )
+
+
+def redis_py_options() -> set[str]:
+    """The query options redis-py's ``from_url`` takes: those it parses, and the keyword
+    arguments of its connection classes (TCP, TLS, unix socket)."""
+    import inspect
+
+    import redis.connection as rc
+
+    names = set(getattr(rc, "URL_QUERY_ARGUMENT_PARSERS", {}))
+    for cls in (rc.AbstractConnection, rc.Connection, rc.SSLConnection, rc.UnixDomainSocketConnection):
+        names |= {p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "kwargs")}
+    return names
+
+
+def name_keys(d: RedisDriver, url: RedisURL, prefix: str) -> None:
+    """Give driver ``d`` its ``prefix``, its ``where`` and the names its keys take: data keys
+    ``{prefix}:{key}``, side keys ``zarrfs.side.{prefix}:{key}``, the indexes
+    ``zarrfs.index.{prefix}`` and ``zarrfs.sideindex.{prefix}``."""
+    d.prefix = prefix
+    d.where = url.where(prefix)
+    p = prefix.encode("utf-8")
+    d.data_prefix = p + b":"
+    d.side_prefix = b"zarrfs.side." + p + b":"
+    d.index = {DATA: b"zarrfs.index." + p, SIDE: b"zarrfs.sideindex." + p}
+    d._prefixes = {DATA: d.data_prefix, SIDE: d.side_prefix}

@@ -1,0 +1,100 @@
+"""The Redis Cluster driver's change feed: the single-server feed, on the master of the slot.
+
+Every key of a hierarchy carries one hash tag (see :mod:`.redis_cluster`), so one master holds
+all of them, and its client-side-caching invalidations (``CLIENT TRACKING ... BCAST``, see
+:mod:`.redis_feed`) cover every writer of the hierarchy: other mounts, zarr-python's
+``RedisStore`` on a cluster client, ``redis-cli -c``. No pub/sub and no keyspace notifications
+(which a cluster delivers per node) are needed: :class:`ClusterFeed` is :class:`RedisFeed`
+connected to the master that owns the slot, with these additions.
+
+* The links track into it only when they are connections to that same master: a client ID is
+  a number of one server, and a redirect to it on another master would name some other
+  client. A link made after the slot moved (``MOVED``, a failover) finds the feed on the old
+  master: the feed is dropped, and made again at the next look on the new one (reported as
+  "something changed").
+* A lost feed (its master died) is made again, as on a single server at most every
+  :data:`RETRY` seconds, and an attempt that fails marks the slot map stale, so the next one
+  follows the promoted replica.
+
+A slot moved away by resharding deletes its keys from the old master: the feed hears them all
+as changed. A mount that makes no request of its own would not learn of the move (and not
+hear the new master): every :data:`CHECK` seconds the feed asks the master it is on for the
+slot (one ``EXISTS``), and a ``MOVED`` reply moves it along (reported as "something
+changed").
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..base import BackendError, Space
+from ..redis.feed import RETRY, RedisFeed
+
+if TYPE_CHECKING:
+    from ..redis.link import Link
+    from .driver import RedisClusterDriver
+
+log = logging.getLogger("zarrfs.backends.redis")
+
+__all__ = ["CHECK", "RETRY", "ClusterFeed"]
+
+#: Seconds between two checks that the feed's master still owns the slot.
+CHECK = 1.0
+
+
+class ClusterFeed(RedisFeed):
+    """:class:`RedisFeed` on the master owning the hierarchy's slot; see the module docstring."""
+
+    driver: RedisClusterDriver
+
+    def __init__(self, driver: RedisClusterDriver) -> None:
+        self.pool: Any = None
+        self.check_at = time.monotonic() + CHECK
+        super().__init__(driver)
+
+    def _connect(self) -> None:
+        d = self.driver
+        try:
+            d.route()
+            super()._connect()
+        except BackendError:
+            d.mark_stale()  # maybe failed over: read the slot map again
+            raise
+        self.pool = d.pool
+        log.debug("%s: change feed on %s", d.where, d.node)
+
+    def track(self, link: Link) -> None:
+        """Track ``link`` into the feed when both are on the same master; otherwise the feed
+        moves (dropped here, made again on the link's master at the next look)."""
+        if link.pool is not self.pool:
+            self.drop()
+            self.retry_at = 0.0  # at the next look
+            return
+        super().track(link)
+
+    def _changes(self) -> list[tuple[Space, str]] | None:
+        """What the master pushed since the last call; see :meth:`RedisFeed.changes`."""
+        now = time.monotonic()
+        if not self.lost and now >= self.check_at:
+            self.check_at = now + CHECK
+            try:
+                self.driver.check_route()
+            except BackendError as exc:
+                log.debug("%s: route check: %s", self.driver.where, exc)
+            if self.driver.pool is not self.pool:  # the slot moved: follow it at once
+                log.info("%s: the slot moved to %s; change feed moved", self.driver.where, self.driver.node)
+                self.drop()
+                self.retry_at = 0.0  # made again now
+        return super()._changes()
+
+    def _index(self, raws: list[bytes]) -> None:
+        """See :meth:`RedisFeed._index`; a master that no longer owns the slot (the keys
+        heard were moved away) has the feed moved at once."""
+        try:
+            super()._index(raws)
+        except BackendError as exc:
+            log.debug("%s: %s", self.driver.where, exc)
+            self.driver.mark_stale()
+            self.check_at = 0.0

@@ -1,0 +1,352 @@
+"""SQLite driver: ``sqlite:///abs/path/x.db[?timeout=10&sync=0]`` (``sqlite:////abs`` works too).
+
+Data is the table zarr-python 2's ``SQLiteStore`` creates, ``zarr(k TEXT PRIMARY KEY, v BLOB)``;
+side data is a second table, ``zarrfs_side``, which ``SQLiteStore`` never reads or drops.
+
+Listings are exact ranges ``k >= ? AND k < ?`` (the primary-key index, binary collation, which
+is UTF-8 byte order), never ``LIKE``, which is case-insensitive and treats ``_`` as a wildcard.
+Ranges are read in batches that each restart after the last key, so no statement stays open
+across a ``yield`` and the caller may write while iterating.
+
+One connection per thread, WAL journal (readers never block the writer), a busy timeout, and
+``BEGIN IMMEDIATE`` for write transactions so that two writers queue on the lock at the start
+instead of failing with SQLITE_BUSY at their first write; a lock that stays busy past the
+timeout becomes :class:`RetryableError`.
+
+A read transaction runs its first statement on its own (one statement is atomic) and issues
+``BEGIN`` only before a second one, which is when it needs a snapshot; most read transactions
+(a lookup is one statement) then cost no ``BEGIN``/``COMMIT``. The first statement is run again
+after the ``BEGIN``: if its answer changed, the transaction is retried, so everything a read
+transaction returns still comes from one state of the database. Statements that can return
+large values begin the transaction first instead of running twice.
+
+Commits run with ``synchronous=NORMAL`` (in WAL mode a crash of the process never loses or
+corrupts a committed transaction; a crash of the machine may lose the last ones) and
+``Driver.sync()`` (a file's ``fsync``) checkpoints the WAL, which syncs it; ``?sync=1`` makes
+every commit durable on its own (``synchronous=FULL``). Checkpoints run in a background thread
+(a commit never waits for the WAL to be copied into the database and synced): once commits
+pause, or during a burst once it has written enough to be worth one (``checkpoint``);
+SQLite's own automatic checkpoint stays on the writers' connections, at a higher threshold, as
+the bound on the WAL.
+
+Keys are bound as their UTF-8 bytes and cast to TEXT in the statement (``CAST(? AS TEXT)``):
+stored as TEXT, exactly as ``SQLiteStore`` stores them, compared in the primary-key index.
+
+The statements and the connections live in ``sql``, the checkpoints in
+``checkpoint``, the change feed in ``feed``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from .._util import Reserve, check_options, parse_bool, parse_file_url, statvfs
+from ..base import (
+    DATA,
+    KEYS,
+    SIZES,
+    Driver,
+    Fetch,
+    RetryableError,
+    Space,
+    Txn,
+    check_space,
+    encode_key,
+)
+from ..writer_wait import begin_sqlite_write
+from . import feed
+from . import sql as sq
+from .checkpoint import Checkpointer, checkpoint, truncate
+from .snapshot import hold as hold_snapshot
+from .sql import PAGE_SIZE, TABLES, BatchStatements, Connections, blob, prepare, translate, translated
+
+log = logging.getLogger("zarrfs.backends.sqlite")
+__all__ = ["PAGE_SIZE", "SQLiteDriver", "SQLiteTxn"]
+
+
+class SQLiteTxn(Txn):
+    """One SQLite transaction on the calling thread's connection; also its own context manager
+    (leaving the block commits, or rolls back when the block raised)."""
+
+    value_limit = "SQLite's SQLITE_LIMIT_LENGTH, less room for the key"
+    most_reads = sq.BATCH_READS
+
+    #: Rows fetched per statement while scanning, by fetch mode (values can be large).
+    batch = {KEYS: 1024, SIZES: 1024}
+    value_batch = 16
+
+    def __init__(self, driver: SQLiteDriver, conn: sqlite3.Connection, write: bool) -> None:
+        super().__init__(write, driver.path)
+        self.max_value = driver.max_value
+        self._driver = driver
+        self._conn = conn
+        # A read transaction runs its first statement on its own (autocommit: a statement is
+        # atomic) and begins at the second; see begin_now. Most are a single lookup.
+        self._begun = write
+        self._first: tuple[str, Any, list[Any]] | None = None
+        self._written = 0  # bytes this write transaction puts in the WAL, roughly
+        self._log_from: int | None = None  # the last change-log id before its first change
+        if write:
+            try:  # a lock another program holds: logged, bounded by -o timeout= (writer_wait)
+                begin_sqlite_write(conn, driver.path, driver.timeout, int(driver.conns.args[2] * 1000))
+            except sqlite3.Error as exc:
+                raise translate(exc, driver.path) from exc
+
+    def __enter__(self) -> SQLiteTxn:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        conn = self._conn
+        if exc_type is not None:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            return
+        if not self._begun:
+            return
+        try:
+            logged = None
+            if self._log_from is not None:
+                logged = (self._log_from, conn.execute(feed.LAST_ID).fetchone()[0])
+            conn.execute("COMMIT")
+        except BaseException as err:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if isinstance(err, sqlite3.Error):
+                raise translate(err, self.where) from err
+            raise
+        if self.write:
+            self._driver.committed(self._written)
+        if logged is not None:
+            self._driver.own.add(*logged)
+
+    def _has(self, space: Space) -> bool:
+        return TABLES[space] in self._driver.tables
+
+    def begin_now(self) -> None:
+        """Begin the read transaction (its snapshot) before a statement that is not its first,
+        or that may return large values. The first statement, run before on its own, is run
+        again: if its answer changed, the transaction has seen two states of the database and
+        is retried (RetryableError); otherwise everything it read belongs to this snapshot."""
+        conn = self._conn
+        try:
+            conn.execute("BEGIN")
+            self._begun = True
+            if self._first is not None:
+                sql, params, rows = self._first
+                self._first = None
+                if conn.execute(sql, params).fetchall() != rows:
+                    raise RetryableError(f"{self.where}: changed between two reads of a transaction")
+        except sqlite3.Error as exc:
+            raise translate(exc, self.where) from exc
+
+    def _rows(self, sql: str, params: Any, lazy: bool = True) -> list[Any]:
+        """The rows of one statement. ``lazy=False`` for statements that may return large
+        values, which are not worth running twice: the transaction begins before them."""
+        if not self._begun:
+            if not lazy or self._first is not None:
+                self.begin_now()
+            else:
+                try:
+                    rows = self._conn.execute(sql, params).fetchall()
+                except sqlite3.Error as exc:
+                    raise translate(exc, self.where) from exc
+                self._first = (sql, params, rows)
+                return rows
+        try:
+            return self._conn.execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise translate(exc, self.where) from exc
+
+    def _one(self, sql: str, params: Any, lazy: bool = True) -> tuple[Any, ...] | None:
+        rows = self._rows(sql, params, lazy)
+        return rows[0] if rows else None
+
+    def _get(self, raw: bytes, space: Space) -> bytes | None:
+        if not self._has(space):
+            return None
+        # Data values can be large; side values are small records.
+        row = self._one(sq.GET[space], (raw,), lazy=space is not DATA)
+        return None if row is None else blob(row[0])
+
+    def _size(self, raw: bytes, space: Space) -> int | None:
+        # length(v) reads no value pages of a BLOB.
+        if not self._has(space):
+            return None
+        row = self._one(sq.SIZE_OF[space], (raw,))
+        return None if row is None else row[0]
+
+    def _read(self, raw: bytes, offset: int, length: int, space: Space) -> bytes | None:
+        # Through SQLite's incremental blob I/O where possible.
+        if not self._has(space):
+            return None
+        # The transaction begins first: the blob is opened by the rowid this reads.
+        row = self._one(sq.LOCATE[space], (raw,), lazy=False)
+        if row is None:
+            return None
+        rowid, kind, size = row
+        if offset >= (size or 0) or length == 0:
+            return b""
+        table = TABLES[space]
+        if kind == b"blob" and hasattr(self._conn, "blobopen"):
+            with translated(self.where), self._conn.blobopen(table, "v", rowid, readonly=True) as blob:
+                blob.seek(offset)
+                return blob.read(length)
+        row = self._one(
+            f"SELECT substr(CAST(v AS BLOB), ?, ?) FROM {table} WHERE rowid = ?", (offset + 1, length, rowid)
+        )
+        return blob(row[0]) if row else b""
+
+    def _read_many(self, plan: list[tuple[type, bytes, Space]]) -> list[Any]:
+        # All the reads as scalar subqueries of one statement (one statement costs less than
+        # the five a lookup would otherwise run); the statement text is built once per shape.
+        sql, params, big = self._driver.batches.bind(plan)
+        row = self._one(sql, params, lazy=not big)
+        assert row is not None
+        return sq.answers(plan, row)
+
+    def _note_log(self) -> None:
+        # Where this transaction's change-log entries start, so that its own feed skips them.
+        if self._log_from is None and self._driver.logged:
+            self._log_from = self._one(feed.LAST_ID, ())[0]
+
+    def _put(self, raw: bytes, value: bytes | memoryview, space: Space) -> None:
+        self._note_log()
+        try:
+            self._conn.execute(sq.PUT[space], (raw, value))
+        except sqlite3.Error as exc:
+            raise translate(exc, self.where) from exc
+        self._written += len(value) + PAGE_SIZE  # the value, and at least its leaf page
+
+    def _delete(self, raw: bytes, space: Space) -> None:
+        self._note_log()
+        try:
+            self._conn.execute(sq.DELETE[space], (raw,))
+        except sqlite3.Error as exc:
+            raise translate(exc, self.where) from exc
+        self._written += PAGE_SIZE
+
+    def _scan(
+        self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int | None
+    ) -> Iterator[tuple[bytes, Any]]:
+        # A batch of rows per statement, each restarting after the last key: no statement
+        # stays open across a yield, so the caller may write while iterating.
+        if not self._has(space):
+            return
+        first, more = sq.scan_statements(TABLES[space], fetch, hi is not None)
+        batch = self.batch.get(fetch, self.value_batch)
+        sql, bound, wanted = first, lo, limit
+        while True:
+            n = min(batch, wanted) if wanted is not None and wanted > 0 else batch
+            rows = self._rows(sql, (bound, n) if hi is None else (bound, hi, n), fetch is not Fetch.VALUES)
+            if fetch is SIZES:
+                if any(x is None for _, x in rows):
+                    rows = [(k, 0 if x is None else x) for k, x in rows]
+            elif fetch is not KEYS:
+                rows = [(k, x if type(x) is bytes else blob(x)) for k, x in rows]
+            yield from rows
+            if len(rows) < n:
+                return
+            if wanted is not None:
+                wanted -= len(rows)
+            sql, bound = more, rows[-1][0]
+
+
+class SQLiteDriver(Driver):
+    """Driver for SQLite databases; see the module docstring."""
+
+    schemes = ("sqlite",)
+    snapshot = hold_snapshot  # -o snapshot: the state of now, held
+    batched = True  # read_many is one statement
+    #: SQLite's own automatic checkpoint (pages of WAL), the bound behind the background one.
+    autocheckpoint = 8192
+
+    def __init__(self, url: str, readonly: bool = False) -> None:
+        super().__init__(url, readonly)
+        path, options = parse_file_url(url)
+        check_options(url, options, {"timeout", "sync"})
+        self.path = path
+        self.timeout = float(options.get("timeout", "10"))
+        self.synchronous = "FULL" if parse_bool("sync", options.get("sync", "0")) else "NORMAL"
+        self.conns = Connections(url, path, readonly, self.timeout, self.synchronous, self.autocheckpoint)
+        self._conn = self.conns.get  # the calling thread's connection
+        self._checkpointer: Checkpointer | None = None
+        #: Held while this driver checkpoints (background or sync), so the two never collide.
+        self.checkpoint_lock = threading.Lock()
+        self.tables: set[str] = set()
+        self.tables, self.wal = prepare(self._conn(), path, readonly)
+        self.batches = BatchStatements(self.tables)
+        self.max_value = sq.max_value(self._conn())
+        # SQLite needs more than LMDB: the commits still in the WAL may need the database file
+        # to grow when they are checkpointed, and a delete appends to the WAL until then.
+        self.reserve = None if readonly else Reserve(path + ".zarrfs-reserve", 4 << 20)
+
+        # The change log (feed): the id ranges of this driver's entries, and whether
+        # the triggers are there.
+        self.own, self.logged = feed.start(self._conn(), path, self.tables, readonly)
+        if not readonly and self.wal:
+            self._checkpointer = Checkpointer(path, self.timeout, self.checkpoint_lock)
+
+    def _begin(self, write: bool) -> SQLiteTxn:
+        if write and self.reserve is not None:
+            self.reserve.again()
+        return SQLiteTxn(self, self._conn(), write)
+
+    def free_reserve(self) -> bool:
+        """Make room for a removal on a full disk: SQLite records a delete in the WAL, which
+        grows until a checkpoint. Free the room kept in reserve (``_util.Reserve``), and
+        once it is gone, copy the WAL into the database and truncate it (a delete frees
+        pages inside the database, so the copy needs no new room): its blocks are free then."""
+        if self.readonly:
+            return False
+        if self.reserve is not None and self.reserve.free():
+            return True
+        return truncate(self._conn, self.path, self.checkpoint_lock)
+
+    def committed(self, written: int) -> None:
+        """A write transaction committed about ``written`` bytes: tell the checkpointer."""
+        checkpointer = self._checkpointer
+        if checkpointer is not None:
+            checkpointer.committed(written)
+
+    # A one-shot size is one statement, atomic on its own, so it needs no transaction; the
+    # mount asks a file's stored size before each read of it, and without the Txn object and
+    # the retry loop the call costs measurably less (docs/performance.md).
+    def size(self, key: str, space: Space = DATA) -> int | None:
+        """One-shot :meth:`Txn.size` (one statement, autocommit; the same checks)."""
+        raw, sp = encode_key(key), check_space(space)
+        if TABLES[sp] not in self.tables:
+            return None
+        try:
+            row = self._conn().execute(sq.SIZE_OF[sp], (raw,)).fetchone()
+        except sqlite3.Error as exc:
+            raise translate(exc, self.path) from exc
+        return None if row is None else row[0]
+
+    def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
+        """What other writers committed since ``since`` (see ``feed``), asked on the
+        calling thread's connection."""
+        with translated(self.path):
+            return feed.changes(self, self._conn(), since)
+
+    def sync(self) -> None:
+        """With ``sync=1`` (``synchronous=FULL``) every commit is already durable; otherwise
+        checkpoint the WAL, which syncs it."""
+        if self.synchronous != "FULL":
+            checkpoint(self._conn(), self.path, self.checkpoint_lock, self.timeout)
+
+    def statfs(self) -> dict[str, int] | None:
+        """Space of the filesystem holding the database file."""
+        return statvfs(os.path.dirname(self.path))
+
+    def close(self) -> None:
+        """Stop the background checkpoint and close every thread's connection."""
+        self.conns.closed = True  # no new connection meanwhile
+        checkpointer, self._checkpointer = self._checkpointer, None
+        if checkpointer is not None:
+            checkpointer.stop()
+        self.conns.close()
