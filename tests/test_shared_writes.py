@@ -163,7 +163,8 @@ def check_lines(data: bytes, names: list[str], n: int) -> None:
     lines = data.split(b"\n")
     assert lines[-1] == b""
     want = {f"{name}-{i:05d}-{'x' * 40}".encode() for name in names for i in range(n)}
-    assert len(lines) - 1 == len(want), f"{len(lines) - 1} lines of {len(want)}"
+    missing = sorted(w[:8].decode() for w in want - set(lines))
+    assert len(lines) - 1 == len(want), f"{len(lines) - 1} lines of {len(want)}, missing {missing}"
     assert set(lines[:-1]) == want
 
 

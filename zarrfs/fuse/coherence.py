@@ -137,8 +137,9 @@ class Coherence:
         for nodeid in ids.values():
             inode = nodes[nodeid]
             if inode.lookups:  # the kernel holds nothing of a node it forgot
+                if not inode.bare:  # else dropped (a lock granted), and nothing shown since
+                    notes.append(inval_inode(nodeid))
                 inode.stamp, inode.stamp_time, inode.cache_ok = None, 0.0, False
-                notes.append(inval_inode(nodeid))
         for key in list(ids) + list(self.negatives):
             if key:
                 parent, _, name = key.rpartition("/")
