@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import zarr2env
 from conftest import record_redis_calls
+from mounting import unavailable
 
 from zarrfs.backends import registry
 from zarrfs.backends.base import (
@@ -28,7 +29,6 @@ from zarrfs.backends.base import (
     SIZES,
     VALUES,
     DriverNotFoundError,
-    RetryableError,
     StorageFullError,
     prefix_stop,
 )
@@ -248,17 +248,19 @@ class TestSQLite(_Conformance):
         # Checkpointed during the burst: the values committed up to it are in the database.
         assert db.stat().st_size >= before + 64 * 1024
 
-    def test_lock_held_by_another_connection_is_retryable(self, driver, tmp_path):
+    def test_lock_held_by_another_connection_is_waited_for_then_times_out(self, driver, tmp_path, caplog):
         import sqlite3
+
+        from zarrfs.backends.base import StalledError
 
         other = sqlite3.connect(tmp_path / "x.db", isolation_level=None)
         other.execute("BEGIN IMMEDIATE")
         try:
             d = open_driver(f"sqlite://{tmp_path}/x.db?timeout=0.2")
-            d.max_attempts = 2
-            d.backoff = 0.001
-            with pytest.raises(RetryableError):
+            d.set_timeout(0.6)  # -o timeout=: the bound of the wait, said in the log past 0.5 s
+            with pytest.raises(StalledError, match="holds the database's write lock"):
                 d.put("k", b"v")
+            assert "waiting up to 0.6 s" in caplog.text
             d.close()
         finally:
             other.execute("ROLLBACK")
@@ -494,12 +496,12 @@ def _tmpfs(path, size: str):
     import subprocess
 
     if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs to fill needs root")
+        unavailable("mounting a small tmpfs to fill needs root")
     path.mkdir()
     command = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]
     done = subprocess.run(command, capture_output=True)
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr.decode(errors='replace').strip()}")
+        unavailable(f"cannot mount a tmpfs: {done.stderr.decode(errors='replace').strip()}")
 
 
 @pytest.mark.parametrize("big", [DATA, SIDE])

@@ -21,14 +21,16 @@ import signal
 import threading
 from typing import Any
 
-from zarrfs import logs
+from zarrfs import deadmount, logs
 from zarrfs.backends import open_driver
 from zarrfs.backends.base import BackendError, Driver
+from zarrfs.dbfiles import check_database_path
 from zarrfs.fs.api import LockTable, Operations
 from zarrfs.fs.changes import ChangeWatcher, has_feed
 from zarrfs.fs.foldercache import FolderCache
 from zarrfs.fs.handles import HandleTable
 from zarrfs.fs.namespace import Hooks, Tree
+from zarrfs.fs.readahead import DEFAULT_CHUNKS_AHEAD, Readahead
 from zarrfs.fuse import abi
 from zarrfs.fuse.channel import Channel
 from zarrfs.fuse.coherence import Coherence
@@ -37,24 +39,26 @@ from zarrfs.fuse.session import BUFFER_SIZE, Session
 from zarrfs.fuse.tuning import keep_freed_memory, set_readahead
 from zarrfs.logs import reopen_logs
 from zarrfs.options import MountOptions
-from zarrfs.urls import MountFailure, database_path, reason, shown_url
+from zarrfs.sdnotify import notify
+from zarrfs.urls import database_path, reason, shown_url, url_scheme
 
 log = logging.getLogger("zarrfs")
 
 
 
 def open_database(url: str, opts: MountOptions, hint: bool = True) -> Driver:
-    """Open the driver for ``url``; a missing file-based database is an error unless
-    ``-o create`` (``hint``: name that option in the error)."""
+    """Open the driver for ``url``; a file database that is missing, or a path that holds
+    something else, is an error unless ``-o create`` (see :mod:`zarrfs.dbfiles`; ``hint``: name
+    the mount options in the error)."""
+    if opts.snapshot is not None:  # refused before anything is opened
+        from zarrfs.backends.registry import driver_class, normalize_url
+        from zarrfs.backends.snapshot import SnapshotDriver
+
+        SnapshotDriver.check(driver_class(normalize_url(url)[0]))
     path = database_path(url)
-    if path is not None and not os.path.exists(path):
-        if not opts.create:
-            raise MountFailure(
-                f"database {path} does not exist" + (" (add -o create to make a new one)" if hint else "")
-            )
-        parent = os.path.dirname(os.path.abspath(path).rstrip("/")) or "/"
-        if not os.path.isdir(parent):
-            raise MountFailure(f"cannot create the database {path}: the folder {parent} does not exist")
+    if path is not None:
+        scheme = url_scheme(url) or "lmdb"
+        check_database_path(scheme, path, create=opts.create, readonly=opts.readonly, hint=hint)
     try:
         driver = open_driver(url, readonly=opts.readonly)
         driver.set_timeout(opts.timeout)
@@ -63,6 +67,38 @@ def open_database(url: str, opts: MountOptions, hint: bool = True) -> Driver:
         raise
     except Exception as exc:  # a driver's own error type, OSError...: one line, no traceback
         raise BackendError(f"cannot open the database {shown_url(url)}: {reason(exc)}") from exc
+
+
+def hold_snapshot(driver: Driver, opts: MountOptions) -> Driver:
+    """``driver`` behind a :class:`SnapshotDriver` holding the state of now (``-o snapshot``)."""
+    from zarrfs.backends.snapshot import SnapshotDriver
+
+    try:
+        return SnapshotDriver(driver, opts.snapshot or None, opts.snapshot_hold or None)
+    except BaseException:
+        driver.close()
+        raise
+
+
+def end_snapshot_at_its_limit(driver: Driver, mountpoint: str) -> threading.Timer | None:
+    """A timer that unmounts a snapshot mount when its state reaches ``-o snapshot_hold=``
+    (reads would fail with ESTALE from then on), with a line in the log saying why."""
+    expires_in = getattr(driver, "expires_in", None)
+    seconds = expires_in() if callable(expires_in) else None
+    if seconds is None:
+        return None
+
+    def end() -> None:
+        log.error(
+            "%s: the snapshot was held %g s, the limit of -o snapshot_hold=: unmounting "
+            "(mount it again for a snapshot of now, or raise the limit)", mountpoint, driver.limit
+        )
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    timer = threading.Timer(seconds, end)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def make_hooks(opts: MountOptions) -> Hooks:
@@ -135,6 +171,10 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
     shown = shown_url(url)
     keep_freed_memory()
     driver = open_database(url, opts)
+    if opts.snapshot is not None:
+        driver = hold_snapshot(driver, opts)
+    if driver.readonly:  # a driver that holds one version (a zip archive, an Icechunk tag)
+        opts.readonly = True
     control = None
     try:
         tree = Tree(
@@ -147,6 +187,11 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
         opts.feed = opts.use_feed and has_feed(driver)
         if opts.seconds("dir_cache") > 0:
             tree.folder_cache = FolderCache(opts.seconds("dir_cache"), entries=opts.dir_cache_entries)
+        ahead = opts.chunks_ahead
+        if ahead is None:  # by default only where a read ahead is as new as an open's read
+            ahead = DEFAULT_CHUNKS_AHEAD if driver.feed_before_reply else 0
+        if opts.feed and ahead > 0 and driver.remote and driver.batched:
+            tree.readahead = Readahead(tree.array_of, depth=ahead)
         handles = HandleTable(tree, opts.spill, opts.readonly, opts.parts_above)
         # Locks live in the database, shared by every mount of it; a read-only mount leaves
         # them to the kernel (it could not record them).
@@ -165,6 +210,8 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
     except BaseException:
         driver.close()
         raise
+    # libfuse's auto_unmount misses some deaths of the daemon; a watcher of our own does not.
+    unmounter = deadmount.watch(resolved) if opts.fuse.get("auto_unmount") else None
     session = Session(
         operations,
         channel.fd,
@@ -185,6 +232,7 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
         handle = owner_and_root_only(handle, channel.fd, os.getuid())
     loop = _Loop(channel.fd, handle, BUFFER_SIZE, opts.spin, pending=session.watch.pending, **idle)
     driver.watch = session.watch  # a driver waiting on a server notices interrupts
+    limit = end_snapshot_at_its_limit(driver, mountpoint)
     try:
         try:
             control = ControlServer(resolved, shown, driver, session, handles, tree, opts)
@@ -193,10 +241,15 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
             log.warning("no status socket for %s: %s", mountpoint, reason(exc))
         loop.run()
     finally:
+        notify("STOPPING=1", f"STATUS=unmounting {mountpoint}")
+        if limit is not None:
+            limit.cancel()
         if control is not None:
             control.close()
         session.close()
         channel.close()
+        if unmounter is not None:
+            unmounter.stdin.close()  # unmounted: the watcher sees the mount gone and ends
         # The mount is gone: the last commits wait on the server without watching /dev/fuse.
         driver.watch = None
         operations.destroy()

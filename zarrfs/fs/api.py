@@ -14,6 +14,7 @@ so that the modules behind it can be rearranged without touching the protocol.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
 import time
@@ -23,12 +24,23 @@ from zarrfs.fs.changes import ChangeWatcher, folders_of
 from zarrfs.fs.errors import FsError, is_quiet, to_errno
 from zarrfs.fs.handles import HandleTable, Stored
 from zarrfs.fs.listing import DirListing
-from zarrfs.fs.locks import UNLCK, Lock, LockTable, Waiters
-from zarrfs.fs.namespace import DIR, FILE, LINK, RENAME_EXCHANGE, RENAME_NOREPLACE, Node, Tree
+from zarrfs.fs.locks import UNLCK, WRLCK, Lock, LockTable, Waiters
+from zarrfs.fs.names import NAME_MAX, key_text, name_bytes
+from zarrfs.fs.namespace import (
+    DIR,
+    FILE,
+    LINK,
+    RENAME_EXCHANGE,
+    RENAME_NOREPLACE,
+    Node,
+    Tree,
+    check_rename_flags,
+)
 from zarrfs.fs.pagecache import DIRECT_ABOVE, PageCache, Pages
 
+log = logging.getLogger("zarrfs.fs.api")
+
 NOW = "now"  # a time to set to the present (UTIME_NOW)
-NAME_MAX = 255  # bytes in one name (statfs's f_namemax), as ext4 and XFS allow
 
 
 class Operations:
@@ -43,6 +55,7 @@ class Operations:
         self.locks = locks
         self._waiters: Waiters | None = None
         self._lockers: dict[int, set[tuple[str, int]]] = {}  # fh -> (key, owner) that locked
+        self._waiting: dict[int, tuple[str, int]] = {}  # request -> (key, fh) of a waiting lock
 
     def on_keys_changed(self, callback: Callable[[list[str]], None] | None) -> None:
         """Have ``callback(keys)`` called when a call changed keys other than the ones it
@@ -65,7 +78,14 @@ class Operations:
         """Begin serving waiting lock requests: ``answer(request, errno)`` is called (from
         another thread) when one is granted (0) or ends otherwise."""
         if self.locks is not None and self._waiters is None:
-            self._waiters = Waiters(self.locks, answer)
+
+            def granted(request: int, code: int) -> None:
+                waited = self._waiting.pop(request, None)
+                if code == 0 and waited is not None:
+                    self.handles.locked(*waited)
+                answer(request, code)
+
+            self._waiters = Waiters(self.locks, granted)
 
     def getlk(self, key: str, owner: int, start: int, end: int, type: int, flock: bool) -> Lock | None:
         """The lock that would block this one, or None."""
@@ -78,15 +98,25 @@ class Operations:
     ) -> bool | None:
         """Take or release a lock: True when done, False when another owner's lock conflicts;
         with ``wait`` (a request ID) a conflicting request is kept and answered later through
-        the callback of :meth:`start_locks`, and None is returned."""
+        the callback of :meth:`start_locks`, and None is returned.
+
+        Locks bring the file up to date, as NFS's do: before a lock is released or
+        downgraded (a read lock asked for), the file's pending writes are committed, as
+        ``fsync`` commits them; once one is granted, the file is read and written from the
+        newest stored version on (:meth:`HandleTable.locked`)."""
         assert self.locks is not None
         args = (key, owner, start, end, type, pid, flock)
+        if type != WRLCK:
+            self.handles.commit_key(key, fh)
         if type != UNLCK:
             self._lockers.setdefault(fh, set()).add((key, owner))
         if self.locks.set(*args):
+            if type != UNLCK:
+                self.handles.locked(key, fh)
             return True
         if wait is None or self._waiters is None:
             return False
+        self._waiting[wait] = (key, fh)
         self._waiters.wait(wait, args)
         return None
 
@@ -97,12 +127,17 @@ class Operations:
 
     def _unlock(self, fh: int, owner: int | None) -> None:
         # A close: the POSIX locks of ``owner`` (FLUSH), or every lock taken through ``fh``
-        # (its last RELEASE, which is all a read-only file, closed without FLUSH, sends).
+        # (its last RELEASE, which is all a read-only file, closed without FLUSH, sends). The
+        # file is committed before its locks go, as at any unlock.
         pairs = self._lockers.get(fh)
         if not pairs or self.locks is None:
             return
         for key, who in list(pairs):
             if owner is None or who == owner:
+                try:
+                    self.handles.commit_key(key, fh)
+                except Exception as exc:  # the close reports it (flush); the lock goes anyway
+                    log.error("commit of %s at its unlock failed: %s", key, exc)
                 self.locks.release(key, who, None if owner is None else False)
         if owner is None:
             del self._lockers[fh]
@@ -205,14 +240,11 @@ class Operations:
         if not self.handles.unlinked(key):
             self.tree.unlink(key)
 
-    def check_name(self, name: bytes) -> None:
-        """ENAMETOOLONG for a name longer than NAME_MAX (255 bytes), as local filesystems say."""
-        if len(name) > NAME_MAX:
-            raise FsError(errno.ENAMETOOLONG, f"a name of {len(name)} bytes", quiet=True)
-
     def rename(self, src: str, dst: str, flags: int = 0) -> Stored | None:
         """Move a file or folder, atomically, honouring RENAME_NOREPLACE / RENAME_EXCHANGE.
-        A held temporary file is stored by its rename: then what was stored is returned."""
+        A held temporary file is stored by its rename: then what was stored is returned.
+        Other flags (RENAME_WHITEOUT) are EINVAL: the rename is not done."""
+        check_rename_flags(src, flags)
         if self.handles.unstored(src) is not None and not flags & RENAME_EXCHANGE:
             return self.handles.store_as(src, dst, exclusive=bool(flags & RENAME_NOREPLACE))
         self.handles.settle(src)
@@ -245,6 +277,29 @@ class Operations:
     def readlink(self, key: str) -> str:
         """The target of a symlink."""
         return self.tree.readlink(key)
+
+    # ------------------------------------------------------------------ extended attributes
+    def getxattr(self, key: str, name: bytes) -> bytes:
+        """The value of one extended attribute; ENODATA when the node has none of that name."""
+        value = self.xattrs(key).get(name)
+        if value is None:
+            raise FsError(errno.ENODATA, f"{key}: {name!r}", quiet=True)
+        return value
+
+    def listxattr(self, key: str) -> list[bytes]:
+        """The names of a node's extended attributes."""
+        return sorted(self.xattrs(key))
+
+    def xattrs(self, key: str) -> dict[bytes, bytes]:
+        """Every extended attribute of ``key`` (a file not stored yet has none)."""
+        return {} if self.handles.unstored(key) is not None else self.tree.xattrs(key)
+
+    def setxattr(self, key: str, name: bytes, value: bytes | None, flags: int = 0) -> None:
+        """Set (or, with ``value`` None, remove) an extended attribute (see
+        :mod:`zarrfs.fs.xattrs`); an open file's pending content is stored first."""
+        if key in self.handles.states:
+            self.handles.settle(key)
+        self.tree.set_xattr(key, name, value, flags)
 
     # ------------------------------------------------------------------ files
     def create(self, key: str, mode: int, flags: int, uid: int, gid: int) -> int:
@@ -329,5 +384,7 @@ __all__ = [
     "Stored",
     "folders_of",
     "is_quiet",
+    "key_text",
+    "name_bytes",
     "to_errno",
 ]

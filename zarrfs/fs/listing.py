@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import errno
 import itertools
+import os
 import re
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -35,7 +36,9 @@ from zarrfs.fs.sidedata import ATTR, ENTRY, LINK_MARK, SPECIAL_MARK, attr_key, e
 if TYPE_CHECKING:
     from zarrfs.fs.namespace import Tree
 
-SCAN_BATCH = 256  # keys per scan of a folder's keys
+# Keys per scan of a folder's keys. ZARRFS_LISTING_BATCH sets it for a daemon, so that tests
+# put every name of a small folder at a batch's edge (docs/testing.md).
+SCAN_BATCH = int(os.environ.get("ZARRFS_LISTING_BATCH") or 256)
 RANGED_FROM = 64  # children of a batch from which SQLite reads their side records as ranges
 FOLDER_BATCH = 512  # children per batch of reads when a whole folder is read (SQLite: < 2000 columns)
 FIRST_BATCH = 128  # entries of the first window of a readdir; each next one is 4 times larger

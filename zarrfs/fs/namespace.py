@@ -4,11 +4,10 @@
 A path is a key (``/grp/arr/0.0`` is ``grp/arr/0.0``); folders derive from key prefixes and
 side markers (:mod:`zarrfs.fs.lookups`). A :class:`Tree` is three parts: lookups
 (:class:`zarrfs.fs.lookups.Lookups`), listings (:class:`zarrfs.fs.listing.Listings`) and the
-writes here (commit, unlink, rmdir, set_attrs, rename, link), with
-:class:`Hooks`, where the format layer plugs in.
-Making side entries (folders, symlinks, special files), the owner of a new node and the times
-of a folder a name is added to or removed from are in :mod:`zarrfs.fs.entries`; the
-bookkeeping of hard links in :mod:`zarrfs.fs.hardlinks`.
+writes here (commit, unlink, rmdir, set_attrs, rename, link), with :class:`Hooks`, where the
+format layer plugs in; extended attributes are :mod:`zarrfs.fs.xattrs`'s. Making side entries
+(folders, symlinks, special files), the owner of a new node and the times of a folder a name
+is added to or removed from are in :mod:`zarrfs.fs.entries`; hard links in :mod:`~.hardlinks`.
 
 Everything here is one driver transaction per call; nothing here knows about FUSE, so it imports
 and tests without a mount. POSIX conditions are raised as :class:`zarrfs.fs.errors.FsError`.
@@ -21,14 +20,15 @@ import stat
 import time
 from typing import Any
 
-from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, Txn
+from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, StalledError, Txn
 from zarrfs.fs import hardlinks, parts
 from zarrfs.fs.entries import Entries
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.hardlinks import POINTER, LinkGroups, pointer_key
 from zarrfs.fs.listing import FOLDER_BATCH, Listings
-from zarrfs.fs.lookups import DIR, FILE, LINK, Lookups, Node
-from zarrfs.fs.sidedata import ENTRY, EPOCH, Attrs, attr_key, entry_key
+from zarrfs.fs.lookups import DIR, FILE, LINK, Lookups, Node, stamp_of
+from zarrfs.fs.sidedata import ENTRY, EPOCH, XATTR, Attrs, attr_key, entry_key, xattr_key
+from zarrfs.fs.xattrs import Xattrs
 
 # Names other modules import from here (their home is zarrfs.fs.lookups / zarrfs.fs.listing).
 __all__ = [
@@ -41,10 +41,18 @@ __all__ = [
     "Hooks",
     "Node",
     "Tree",
+    "check_rename_flags",
 ]
 
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
+
+
+def check_rename_flags(src: str, flags: int) -> None:
+    """EINVAL for rename flags not done here: RENAME_WHITEOUT (which overlayfs asks of its
+    upper layer), any later flag, and NOREPLACE with EXCHANGE."""
+    if flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE) or flags == RENAME_NOREPLACE | RENAME_EXCHANGE:
+        raise FsError(errno.EINVAL, f"rename of {src} with flags {flags:#x}")
 
 
 class Hooks:
@@ -112,7 +120,7 @@ class _Recording:
         return getattr(self._txn, name)
 
 
-class Tree(Entries, Listings, Lookups, LinkGroups):
+class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
     """The filesystem over one driver: lookups, listings and every namespace change.
 
     ``uid``/``gid``/``umask`` give the attributes of nodes that have none recorded.
@@ -138,9 +146,12 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
         self.on_side_effects: Any = None
         #: Snapshots of busy folders for :meth:`find` (a FolderCache), or None.
         self.folder_cache: Any = None
+        #: Chunks read ahead of a reader in grid order (a Readahead), or None.
+        self.readahead: Any = None
         self._side_effects: set[str] = set()
         self._garbage: list = []  # parts a write leaves unused (see zarrfs.fs.parts)
         self._hidden_logged: set[str] = set()
+        self._size_hints: dict[str, int] = {}  # key -> size last seen (Lookups.version)
         self.epoch = self._load_epoch()
         # The longest key the database holds, if it has a limit, less the side prefix ("a:")
         # of a node's attributes: a longer path is refused with ENAMETOOLONG before it is made.
@@ -154,7 +165,10 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
             return int(raw)
         now = time.time_ns()
         if not self.driver.readonly:
-            self.driver.put(EPOCH, str(now).encode(), SIDE)
+            try:
+                self.driver.put(EPOCH, str(now).encode(), SIDE)
+            except StalledError:  # another program holds the write lock: the next mount records it
+                pass
         return now
 
     # ------------------------------------------------------------------ writes
@@ -172,6 +186,8 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
         finally:
             if self.folder_cache is not None:
                 self.folder_cache.clear()
+            if self.readahead is not None:
+                self.readahead.forget()
         garbage, self._garbage = self._garbage, []
         parts.free(self.driver, {p.id: p for p in garbage if p is not None}.values())
         if touched and self.on_side_effects is not None:
@@ -196,6 +212,8 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
         added: int | None = None,
         renamed_from: str | None = None,
         parted: Any = None,
+        base: tuple[int, int] | None = None,
+        lay: Any = None,
     ) -> None:
         """Store the content of a file written through the mount, with its attributes, in one
         transaction; the format layer may refuse it (nothing is stored then).
@@ -209,7 +227,10 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
         ``added``: when the file was made; if it turns out new, its folder's times change (see
         :meth:`_folder_changed`). ``renamed_from``: the file was an unstored file of that name,
         renamed here: both folders' times change. ``parted``: ``value`` is the manifest of
-        these parts (:mod:`zarrfs.fs.parts`); the parts of the version replaced are freed."""
+        these parts (:mod:`zarrfs.fs.parts`); the parts of the version replaced are freed.
+        ``lay``: when the stored file is no longer the version ``base`` (its stamp) that
+        ``value`` was made from, ``lay(newest)`` makes the value to store from the newest
+        content, read in this transaction (changes laid on it: :mod:`zarrfs.fs.extents`)."""
 
         # Remote: what the format layer will read comes in the probe's round trip.
         also = self.hooks.reads(key) if (create or exclusive) and self.driver.remote else ()
@@ -236,6 +257,11 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
                     pointer = found[4]
             elif linked:
                 pointer = t.get(pointer_key(key), SIDE)
+            stored_value = value
+            if lay is not None and base is not None:
+                node = self._find(t, key)
+                if node is not None and node.kind == FILE and stamp_of(node) != base:
+                    stored_value = lay(parts.whole(t, key, t.get(key)) or b"")
             names = [key]
             if create or exclusive:
                 # A new file in its place: that name is not linked; its parts go with its last name.
@@ -247,7 +273,7 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
                 if hint is not None:
                     self._garbage.append(parts.parted_of(t.get(attr_key(key), SIDE)))
             for name in names:
-                stored = self.hooks.store(t, name, value)
+                stored = self.hooks.store(t, name, stored_value)
                 t.put(name, stored)
                 if record is not None:
                     t.put(attr_key(name), record, SIDE)
@@ -281,6 +307,7 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
             if found[0] == FILE and not left:
                 self._garbage.append(parts.parted_of(found[3]))
             t.delete(attr_key(key), SIDE)
+            t.delete(xattr_key(key), SIDE)
             if keep:  # writes a full store may refuse (see _removing)
                 self._keep_parent(t, key)
                 self._folder_changed(t, where, folder[3] if folder else None, self._now())
@@ -303,8 +330,8 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
                 raise FsError(errno.ENOTDIR, key)
             if self._has_children(t, key):
                 raise FsError(errno.ENOTEMPTY, key, quiet=True)
-            t.delete(entry_key(key), SIDE)
-            t.delete(attr_key(key), SIDE)
+            for side_key in (entry_key(key), attr_key(key), xattr_key(key)):
+                t.delete(side_key, SIDE)
             if keep:  # writes a full store may refuse (see _removing)
                 self._keep_parent(t, key)
                 self._folder_changed(t, where, folder[3] if folder else None, self._now())
@@ -354,7 +381,7 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
         if value is not None:
             records.append((DATA, key, value))
         records.extend((DATA, k, v) for k, v in t.scan_prefix(key + "/", fetch=VALUES))
-        for side_prefix in (ENTRY, "a:"):
+        for side_prefix in (ENTRY, "a:", XATTR):
             raw = t.get(side_prefix + key, SIDE)
             if raw is not None:
                 records.append((SIDE, side_prefix + key, raw))
@@ -371,7 +398,7 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
 
     @staticmethod
     def _moved(record_key: str, src: str, dst: str) -> str:
-        for side_prefix in (ENTRY, "a:", POINTER):
+        for side_prefix in (ENTRY, "a:", XATTR, POINTER):
             if record_key.startswith(side_prefix):
                 return side_prefix + dst + record_key[len(side_prefix) + len(src) :]
         return dst + record_key[len(src) :]
@@ -395,8 +422,9 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
 
     def rename(self, src: str, dst: str, flags: int = 0) -> bool:
         """Move a file or a whole folder atomically, replacing an existing target atomically;
-        honours RENAME_NOREPLACE and RENAME_EXCHANGE. Onto another name of the same file, a
-        rename does nothing (POSIX): then False is returned."""
+        honours RENAME_NOREPLACE and RENAME_EXCHANGE (others: EINVAL). Onto another name of the
+        same file, a rename does nothing (POSIX): then False is returned."""
+        check_rename_flags(src, flags)
         if src == dst:
             return False
         if not src or not dst:
@@ -480,6 +508,8 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
                 value = self.hooks.arrive(t, dst, t.get(src), src)
                 t.put(dst, value)
                 self._changed(t, dst, value)
+            if (xattrs := t.get(xattr_key(src), SIDE)) is not None:  # the file's, on each name
+                t.put(xattr_key(dst), xattrs, SIDE)
             group = hardlinks.join(t, hardlinks.load(t, src, s[4]), src, dst)
             self._touch_group(group.names, s[3], t, s[0])
             self._folder_changed(t, dst.rpartition("/")[0], parent[3], self._now())

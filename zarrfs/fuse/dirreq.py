@@ -9,9 +9,9 @@ scan where the driver has them), never the whole folder.
 
 from __future__ import annotations
 
-from zarrfs.fs.api import Operations
+from zarrfs.fs.api import Operations, name_bytes
 from zarrfs.fuse import abi as k
-from zarrfs.fuse.abi import Header
+from zarrfs.fuse.abi import ROOT_ID, Header
 
 _ZERO_ENTRY = (0,) * 22  # node ID 0: an entry without attributes (the kernel keeps the name alone)
 
@@ -19,8 +19,8 @@ _ZERO_ENTRY = (0,) * 22  # node ID 0: an entry without attributes (the kernel ke
 class DirRequests:
     """Handlers mixed into :class:`~zarrfs.fuse.session.Session`."""
 
-    # It uses the session's ops, _key, _entry_values, _send, _reply_data and _reply_ok (it
-    # comes first among the bases, so it must not define them).
+    # It uses the session's ops, inodes, _key, _entry_values, _send, _reply_data and _reply_ok
+    # (it comes first among the bases, so it must not define them).
     ops: Operations
 
     def _opendir(self, head: Header, buf: memoryview) -> None:
@@ -38,14 +38,14 @@ class DirRequests:
         used = 0
         pack = k.DIRENTPLUS.pack
         for name, kind, at, key, node in self.ops.readdirplus(fh, offset):
-            raw = name.encode("utf-8", "surrogateescape")
+            raw = name_bytes(name)
             n = len(raw)
             length = (k.DIRENTPLUS.size + n + 7) & ~7
             if used + length > size:
                 break
             if node is None:
                 values: tuple = _ZERO_ENTRY
-                ino = k.UNKNOWN_INO
+                ino = self._listed_ino(head.nodeid, name, key, kind)
             else:
                 values = self._entry_values(key, node)
                 ino = values[0]
@@ -54,6 +54,16 @@ class DirRequests:
             append(b"\0" * (-n & 7))
             used += length
         self._reply_data(head.unique, b"".join(parts))
+
+    def _listed_ino(self, nodeid: int, name: str, key: str | None, kind: int) -> int:
+        """``d_ino`` of an entry given without a node: ``.`` and ``..`` (their folders'), a name
+        gone since it was listed (a number of its own, as a listing's)."""
+        if name == ".":
+            return nodeid
+        if name == ".." or key is None:
+            folder = self._key(nodeid)
+            return (self.inodes.ids.get(folder.rpartition("/")[0]) if folder else None) or ROOT_ID
+        return self.inodes.number(key, kind)
 
     def _releasedir(self, head: Header, buf: memoryview) -> None:
         self.ops.releasedir(k.RELEASE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0])

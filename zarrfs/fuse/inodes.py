@@ -29,7 +29,7 @@ from __future__ import annotations
 import stat
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from zarrfs.fs.api import Pages
 from zarrfs.fuse.abi import ROOT_ID
@@ -113,6 +113,16 @@ class Inode:
     def cache_ok(self, value: bool) -> None:
         if value or self.nodeid in self._table._pages:
             self._pages().cache_ok = value
+
+    @property
+    def bare(self) -> bool:
+        pages = self._table._pages.get(self.nodeid)
+        return pages is not None and pages.bare
+
+    @bare.setter
+    def bare(self, value: bool) -> None:
+        if value or self.nodeid in self._table._pages:
+            self._pages().bare = value
 
 
 class _Nodes:
@@ -203,6 +213,17 @@ class InodeTable:
         as one more lookup by the kernel. A file of link group ``group`` gets the node ID of
         the group's other names, if the kernel holds one."""
         nodeid = self.ids.get(key)
+        if (
+            nodeid is not None
+            and group
+            and not self._lookups[nodeid & _SLOT]
+            and nodeid not in self._group
+            and group in self.groups
+        ):
+            # Numbered by a listing before its link group was known: the group's node wins.
+            self.idle.pop(nodeid, None)
+            self._drop(nodeid)
+            nodeid = None
         if nodeid is None and group:
             nodeid = self.groups.get(group)
             if nodeid is not None and self._live(nodeid) and self._kinds[nodeid & _SLOT] == kind:
@@ -225,6 +246,36 @@ class InodeTable:
             self.idle.pop(nodeid, None)
         self._lookups[slot] += 1
         return nodeid, Inode(self, nodeid)
+
+    def number(self, key: str, kind: int) -> int:
+        """The inode number a listing shows for ``key`` (``d_ino``): its node ID, or a new one
+        kept idle like a forgotten node, so that the lookup that follows gives the same
+        number (unless :data:`IDLE_NODES` newer ones pushed it out)."""
+        nodeid = self.ids.get(key)
+        if nodeid is not None and self._kinds[nodeid & _SLOT] == kind:
+            return nodeid
+        if nodeid is not None:
+            del self.ids[key]
+            self._unname(nodeid, key)
+        nodeid = self._new(key, kind)
+        self.idle[nodeid] = None
+        while len(self.idle) > IDLE_NODES:
+            old, _ = self.idle.popitem(last=False)
+            self._drop(old)
+        return nodeid
+
+    def numbered(self, key: str, nodeid: int, entries: Iterable[tuple[str, int, int]]) -> Iterator[tuple]:
+        """The ``(name, kind, offset)`` entries of a listing of folder ``key`` (node ``nodeid``)
+        with their inode numbers, those ``stat`` gives (``d_ino``)."""
+        prefix = key + "/" if key else ""
+        number = self.number
+        for name, kind, offset in entries:
+            if name == ".":
+                yield name, kind, offset, nodeid
+            elif name == "..":
+                yield name, kind, offset, (self.ids.get(key.rpartition("/")[0]) if key else None) or ROOT_ID
+            else:
+                yield name, kind, offset, number(prefix + name, kind)
 
     def linked(self, nodeid: int, group: str) -> None:
         """The file of node ``nodeid`` is of link group ``group``: a lookup of another of its

@@ -53,6 +53,7 @@ from .feed import Own, changes
 from .holder import Holder
 from .maps import OPTIONS, Maps, gate
 from .scan import scan
+from .snapshot import hold as hold_snapshot
 
 SIDE_IN_FOLDER = "zarrfs-side.mdb"
 SIDE_FILE_SUFFIX = ".zarrfs-side"
@@ -67,12 +68,13 @@ class LMDBTxn(Txn):
     value_limit = "LMDB's largest value: its pages in one write"
 
     def __init__(self, driver: LMDBDriver, write: bool) -> None:
-        # Txn.__init__ inlined, and no tables for a read: one of these is made per lookup.
-        # No key limit: a key longer than ``fit`` goes to the long-key store.
+        # Txn.__init__ inlined, no tables for a read (one is made per lookup), no key limit.
         self.write, self.where, self.max_key = write, driver.path, None
         self.put_bytes = 0
         self._driver = driver
         self._fit = driver.key_fit
+        if write:  # another program's writer: logged, bounded by -o timeout= (writer_wait)
+            driver.write_lock.writer.wait(driver.path, driver.timeout)
         gate.enter(self)  # no map is resized while the transaction is open (maps)
         if write:
             driver.write_lock.acquire()
@@ -263,6 +265,7 @@ class LMDBDriver(Driver):
     """Driver for LMDB environments; see the module docstring."""
 
     schemes = ("lmdb",)
+    snapshot = hold_snapshot  # -o snapshot: the state of now, held
     #: No key limit: keys over LMDB's (``key_fit``) go to the long-key store (``longkeys``).
     max_key_size: int | None = None
 

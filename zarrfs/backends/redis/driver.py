@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._util import DELETED
-from ..base import DATA, Driver, HasPrefix, Size, Space, Txn, bytes_stop
+from ..base import DATA, BackendError, Driver, HasPrefix, Size, Space, Txn, bytes_stop
 from .commit import commit
 from .feed import RedisFeed, feed_changes, tracked
 from .index import IndexScans, ensure_index, reindex, scan_keyspace
@@ -64,7 +64,7 @@ from .link import (
     translate,
     translated,
 )
-from .url import name_keys, parse_url
+from .url import check_query, name_keys, parse_url, redis_py_options
 
 log = logging.getLogger("zarrfs.backends.redis")
 __all__ = ["SPIN", "RedisDriver", "RedisTxn"]
@@ -253,6 +253,7 @@ class RedisDriver(Driver):
     schemes = ("redis", "rediss", "unix", "valkey", "valkeys")
     remote = True
     batched = True
+    feed_before_reply = True
     # Optimistic transactions conflict more often than lock-based ones.
     max_attempts = 25
 
@@ -260,6 +261,10 @@ class RedisDriver(Driver):
         super().__init__(url, readonly)
         parsed = parse_url(url)
         name_keys(self, parsed, parsed.prefix)
+        if any(k in ("spread", "spread_above") for k, _ in parsed.query):
+            raise BackendError(f"{self.where}: spread=1 spreads a hierarchy over the masters of a Redis"
+                               " Cluster: use a redis+cluster:// URL, or drop spread=1")
+        check_query(parsed, redis_py_options())
         self._links = Links(self)
         self.feed: RedisFeed | None = None  # started by the first changes() (a mount's)
         try:
