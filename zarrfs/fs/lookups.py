@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, Get, HasPrefix, Read, Size, Txn
-from zarrfs.backends.held import Held, View, hold
+from zarrfs.backends.heldvalues import Held, View, hold
 from zarrfs.fs import hardlinks, parts
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.hardlinks import pointer_key
@@ -266,7 +266,7 @@ class Lookups:
         """The file at ``key`` as it is now, for an open: its node and, in the same
         transaction, its content when that is at most ``limit`` bytes and its stamp is not
         ``kept`` (the kernel holds that version's pages, and may never ask for them); the
-        content is held in place where the driver can (``backends.held``): release it."""
+        content is held in place where the driver can (``backends.heldvalues``): release it."""
 
         def run(t: Txn, view: View) -> tuple[Node | None, Any]:
             node = self._find(t, key)

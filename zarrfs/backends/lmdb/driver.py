@@ -36,8 +36,9 @@ from typing import Any
 
 import lmdb
 
-from .._util import check_options, parse_bool, parse_file_url, parse_size, statvfs
 from ..base import DATA, SIDE, Driver, Fetch, HasPrefix, Size, Space, Txn, check_space, encode_key
+from ..filespace import statvfs
+from ..urloptions import check_options, parse_bool, parse_file_url, parse_size
 from . import longkeys, pages
 from .commit import finish
 from .environments import (
@@ -320,7 +321,7 @@ class LMDBDriver(Driver):
         return self.maps.grow(exc)
 
     def free_reserve(self) -> bool:
-        """Free the disk room kept for removals on a full disk (see ``_util.Reserve``)."""
+        """Free the disk room kept for removals on a full disk (see ``filespace.Reserve``)."""
         return self.room is not None and self.room.free()
 
     def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:

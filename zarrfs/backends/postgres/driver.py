@@ -30,7 +30,6 @@ import psycopg
 from psycopg import errors as pgerr
 from psycopg import sql
 
-from .._util import check_options
 from ..base import (
     DATA,
     KEYS,
@@ -51,6 +50,7 @@ from ..base import (
     UnavailableError,
     prefix_stop,
 )
+from ..urloptions import check_options
 from . import feed
 from .connection import WatchedConnection
 from .sql import bound as _bound

@@ -45,7 +45,6 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from .._util import Reserve, check_options, parse_bool, parse_file_url, statvfs
 from ..base import (
     DATA,
     KEYS,
@@ -58,6 +57,8 @@ from ..base import (
     check_space,
     encode_key,
 )
+from ..filespace import Reserve, statvfs
+from ..urloptions import check_options, parse_bool, parse_file_url
 from . import feed
 from . import sql as sq
 from .checkpoint import Checkpointer, checkpoint, truncate
@@ -294,7 +295,7 @@ class SQLiteDriver(Driver):
 
     def free_reserve(self) -> bool:
         """Make room for a removal on a full disk: SQLite records a delete in the WAL, which
-        grows until a checkpoint. Free the room kept in reserve (``_util.Reserve``), and
+        grows until a checkpoint. Free the room kept in reserve (``filespace.Reserve``), and
         once it is gone, copy the WAL into the database and truncate it (a delete frees
         pages inside the database, so the copy needs no new room): its blocks are free then."""
         if self.readonly:
