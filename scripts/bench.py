@@ -234,14 +234,17 @@ def run_driver(kind: str, args, work: Path, redis: RedisServer | None, data, out
         url, store_url = f"lmdb://{work}/bench.lmdb", f"lmdb://{work}/store.lmdb"
     elif kind == "sqlite":
         url, store_url = f"sqlite://{work}/bench.sqlite", f"sqlite://{work}/store.sqlite"
-    elif kind in ("cluster", "postgres"):
+    elif kind in ("cluster", "spread", "postgres"):
         # a server of the caller's: --cluster redis+cluster://h:p,.../  --postgres postgresql://...
-        base = getattr(args, kind)
+        # ("spread": the same cluster, one hierarchy's chunks over every master)
+        base = args.cluster if kind == "spread" else getattr(args, kind)
         if not base:
-            raise SystemExit(f"--drivers {kind} needs --{kind} URL")
-        name = "prefix" if kind == "cluster" else "table"
+            raise SystemExit(f"--drivers {kind} needs --{'cluster' if kind == 'spread' else kind} URL")
+        name = "table" if kind == "postgres" else "prefix"
         sep = "&" if "?" in base else "?"
-        tag = f"b{os.getpid()}"
+        if kind == "spread":
+            base, sep = f"{base}{sep}spread=1", "&"
+        tag = f"b{os.getpid()}{kind}"
         url, store_url = f"{base}{sep}{name}={tag}bench", f"{base}{sep}{name}={tag}store"
     else:
         assert redis is not None
@@ -371,6 +374,9 @@ def main() -> int:
     parser.add_argument("--cluster", default=None, help="a redis+cluster:// URL, for --drivers cluster")
     parser.add_argument("--postgres", default=None, help="a postgresql:// URL, for --drivers postgres")
     args = parser.parse_args()
+    if args.workdir is not None and not os.path.isdir(args.workdir):
+        where = os.path.abspath(args.workdir)
+        parser.exit(2, f"bench.py: --workdir {where} is not a folder (create it first)\n")
 
     work = Path(tempfile.mkdtemp(prefix="zarrfs-bench-", dir=args.workdir))
     data = sample_array(args.array_mib)

@@ -34,14 +34,25 @@ def fuse_missing() -> str | None:
 _MISSING = fuse_missing()
 
 
+def in_ci() -> bool:
+    """Whether this is a CI run (``.ci/run`` sets ``CI=true``), where nothing a test needs may
+    be missing."""
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def unavailable(reason: str) -> None:
+    """Skip the test with ``reason`` where the machine lacks what it needs (a mount, root, a
+    server); in CI fail instead, since a skipped mount or server test tests nothing."""
+    if in_ci():
+        pytest.fail(f"required in CI: {reason}")
+    pytest.skip(reason)
+
+
 @pytest.fixture
 def fuse_required() -> None:
-    """Skip, with the reason, where FUSE cannot run; in CI (``CI=true``) fail instead, since a
-    skipped mount test tests nothing."""
+    """Skip, with the reason, where FUSE cannot run; fail in CI (:func:`unavailable`)."""
     if _MISSING is not None:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"FUSE is required in CI: {_MISSING}")
-        pytest.skip(f"no FUSE: {_MISSING}")
+        unavailable(f"no FUSE: {_MISSING}")
 
 
 needs_fuse = [pytest.mark.mount, pytest.mark.usefixtures("fuse_required")]
@@ -155,6 +166,8 @@ def make_url(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
         return request.getfixturevalue("postgres_server").url(table=f"t{uuid.uuid4().hex[:12]}")
     if kind == "cluster":
         return request.getfixturevalue("redis_cluster").url(prefix=f"t{uuid.uuid4().hex[:12]}")
+    if kind == "spread":  # one hierarchy's chunks over every master (?spread=1)
+        return request.getfixturevalue("redis_cluster").url(prefix=f"t{uuid.uuid4().hex[:12]}", spread="1")
     raise ValueError(kind)
 
 

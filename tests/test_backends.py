@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import zarr2env
 from conftest import record_redis_calls
+from mounting import unavailable
 
 from zarrfs.backends import registry
 from zarrfs.backends.base import (
@@ -494,12 +495,12 @@ def _tmpfs(path, size: str):
     import subprocess
 
     if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs to fill needs root")
+        unavailable("mounting a small tmpfs to fill needs root")
     path.mkdir()
     command = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]
     done = subprocess.run(command, capture_output=True)
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr.decode(errors='replace').strip()}")
+        unavailable(f"cannot mount a tmpfs: {done.stderr.decode(errors='replace').strip()}")
 
 
 @pytest.mark.parametrize("big", [DATA, SIDE])

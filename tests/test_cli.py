@@ -1,4 +1,5 @@
-"""Command-line pieces that need no mount: reindex, copy."""
+"""Command-line pieces that need no mount: reindex, copy, and every way a command is refused
+(one line, exit status 1 or 2, never a traceback, nothing written where it should not be)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,17 @@ import subprocess
 import sys
 import uuid
 
+import pytest
+
 from zarrfs.backends import open_driver
 
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-def zarrfs(*args: str) -> subprocess.CompletedProcess:
+
+def zarrfs(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": CHECKOUT}  # this checkout's zarrfs from any folder
     return subprocess.run(
-        [sys.executable, "-m", "zarrfs", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "zarrfs", *args], capture_output=True, text=True, timeout=120, cwd=cwd, env=env
     )
 
 
@@ -180,3 +186,334 @@ def test_copy_progress_bar_on_a_terminal(tmp_path):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, out
     assert b"1/1 keys" in out and b"100%" in out, out
+
+
+# --- the first hour: commands that must not surprise ------------------------------------------
+
+COMMAND_NAMES = ("mount", "umount", "status", "check", "copy", "consolidate", "reindex")
+
+
+def test_a_mistyped_command_is_never_a_database(tmp_path):
+    (tmp_path / "mnt/x").mkdir(parents=True)
+    for args, guess in ((["unmount", "mnt/x"], "umount"), (["stats"], "status"), (["list"], None)):
+        line = one_line(zarrfs(*args, cwd=tmp_path), 2, f"unknown command '{args[0]}'", *COMMAND_NAMES)
+        assert guess is None or f"did you mean '{guess}'" in line
+        assert "does not exist" not in line and "MOUNTPOINT" in line
+    # the hint the old message gave, followed: still nothing is created
+    one_line(zarrfs("unmount", "mnt/x", "-o", "create", cwd=tmp_path), 2, "unknown command")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mnt"]
+
+
+def test_every_usage_error_names_the_commands(tmp_path):
+    for args in (["mount"], ["mount", "db.lmdb"], ["copy", "a"], ["status", "--bogus"], ["check"], []):
+        one_line(zarrfs(*args, cwd=tmp_path), 2, *COMMAND_NAMES)
+
+
+def test_version_help_and_synopsis():
+    for flag in ("-V", "--version"):
+        result = zarrfs(flag)
+        assert result.returncode == 0 and result.stdout.startswith("zarrfs "), result
+    text = zarrfs("--help").stdout
+    usage = text.split("\n\n")[0]
+    for command in COMMAND_NAMES:
+        assert f"zarrfs {command}" in usage, command
+    for scheme in ("postgresql://", "dbm://", "redis+cluster://"):
+        assert scheme in text
+    assert "LMDB, SQLite, Redis, Redis Cluster, PostgreSQL, DBM" in text
+    assert "nonempty" in text
+
+
+ZARR_FOLDER = {".zgroup": b'{"zarr_format": 2}', "a/.zarray": b"{}", "a/0": b"\0" * 8}
+
+
+def zarr_folder(where) -> dict:
+    for key, value in ZARR_FOLDER.items():
+        (where / key).parent.mkdir(parents=True, exist_ok=True)
+        (where / key).write_bytes(value)
+    return snapshot(where)
+
+
+def snapshot(where) -> dict:
+    return {str(p.relative_to(where)): p.read_bytes() for p in sorted(where.rglob("*")) if p.is_file()}
+
+
+def test_a_folder_that_is_not_a_database_is_never_written_into(tmp_path):
+    (tmp_path / "m").mkdir()
+    data = tmp_path / "climate.zarr"
+    before = zarr_folder(data)
+    mnt = str(tmp_path / "m")
+    for opts in ([], ["-o", "ro"]):
+        line = one_line(zarrfs("mount", str(data), mnt, *opts), 1, str(data), "not an LMDB database")
+        assert "zarrfs copy" in line  # what to do with a Zarr folder
+    one_line(zarrfs("mount", str(data), mnt, "-o", "create"), 1, "-o create makes a new database only")
+    one_line(zarrfs("check", str(data)), 1, "not an LMDB database")
+    one_line(zarrfs("copy", str(tmp_path / "m"), f"lmdb://{data}"), 1, "not an LMDB database")
+    assert snapshot(data) == before
+    # a file of another kind, for each file driver
+    text = tmp_path / "notes.txt"
+    text.write_text("not a database")
+    for url, kind in ((f"sqlite://{text}", "SQLite"), (f"lmdb://{text}", "LMDB"), (f"dbm://{text}", "DBM")):
+        one_line(zarrfs("mount", url, mnt, "-o", "create"), 1, str(text))
+        one_line(zarrfs("check", url), 1, f"not a {kind}" if kind != "LMDB" else "not an LMDB")
+    assert text.read_text() == "not a database"
+    one_line(zarrfs("mount", f"sqlite://{tmp_path}", mnt), 1, "a folder", "not a SQLite database")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["climate.zarr", "m", "notes.txt"]
+
+
+def test_an_empty_folder_needs_create_and_is_named_once(tmp_path):
+    (tmp_path / "m").mkdir()
+    empty = tmp_path / "emptydir"
+    empty.mkdir()
+    line = one_line(zarrfs("mount", str(empty), str(tmp_path / "m"), "-o", "ro"), 1, "is an empty folder")
+    assert line.count(str(empty)) == 1 and "No such file" not in line
+    line = one_line(zarrfs("mount", str(empty), str(tmp_path / "m")), 1, "is an empty folder", "-o create")
+    one_line(zarrfs("check", str(empty)), 1, "is an empty folder")
+    assert list(empty.iterdir()) == []
+
+
+def test_one_slash_urls_and_relative_dbm_resolve_before_anything_opens(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / ".zgroup").write_bytes(b'{"zarr_format": 2}')
+    # lmdb:/abs (one slash) is the absolute path, not a folder named "lmdb:" here
+    assert zarrfs("copy", str(src), f"lmdb:{tmp_path}/one.lmdb", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "one.lmdb" / "data.mdb").exists() and not (tmp_path / "lmdb:").exists()
+    assert zarrfs("check", f"lmdb:{tmp_path}/one.lmdb").returncode == 0
+    # dbm://rel is relative to the caller's folder, for every command
+    (tmp_path / "db").mkdir()
+    assert zarrfs("copy", str(src), "dbm://db/d.dbm", cwd=tmp_path).returncode == 0
+    result = zarrfs("check", "dbm://db/d.dbm", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "out"
+    assert zarrfs("copy", "dbm://db/d.dbm", "out", cwd=tmp_path).returncode == 0
+    assert (out / ".zgroup").read_bytes() == b'{"zarr_format": 2}'
+
+
+def read_only(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """``zarrfs ARGS`` with ``tmp_path`` bound read-only over itself (a private mount namespace)."""
+    import shutil
+
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    script = 'mount --bind -o ro "$0" "$0" && exec "$@"'
+    result = subprocess.run(
+        ["unshare", "--mount", "--map-root-user", "sh", "-c", script, str(tmp_path), sys.executable, "-m",
+         "zarrfs", *args],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": CHECKOUT},
+    )
+    if "unshare failed" in result.stderr or "mount:" in result.stderr:
+        pytest.skip(f"no private read-only bind mount here: {result.stderr.strip()}")
+    return result
+
+
+def test_databases_on_read_only_media(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / ".zgroup").write_bytes(b'{"zarr_format": 2}')
+    for url in (f"lmdb://{tmp_path}/db.lmdb", f"sqlite://{tmp_path}/db.sqlite"):
+        assert zarrfs("copy", str(src), url).returncode == 0
+    (tmp_path / "m").mkdir()
+    # writable mount of read-only media: one line saying -o ro
+    one_line(read_only(tmp_path, "mount", f"lmdb://{tmp_path}/db.lmdb", str(tmp_path / "m")), 1,
+             "read-only file system", "-o ro")
+    # SQLite (WAL) on read-only media is read: checked and copied from
+    result = read_only(tmp_path, "check", f"sqlite://{tmp_path}/db.sqlite")
+    assert result.returncode == 0, result.stderr
+    result = read_only(tmp_path, "copy", f"sqlite://{tmp_path}/db.sqlite", "/dev/shm/zarrfs-ro-copy-test")
+    try:
+        assert result.returncode == 0, result.stderr
+    finally:
+        import shutil
+
+        shutil.rmtree("/dev/shm/zarrfs-ro-copy-test", ignore_errors=True)
+
+
+def test_log_file_in_a_missing_folder_is_refused_before_mounting(tmp_path):
+    (tmp_path / "m").mkdir()
+    line = one_line(
+        zarrfs("mount", str(tmp_path / "db.lmdb"), str(tmp_path / "m"), "-o", "create",
+               "--log-file", str(tmp_path / "no/such/zarrfs.log")), 1, "--log-file", "does not exist")
+    assert str(tmp_path / "no/such") in line
+    assert not os.path.ismount(tmp_path / "m") and not (tmp_path / "db.lmdb").exists()
+
+
+def test_sizes_take_suffixes_and_a_non_empty_mountpoint_needs_nonempty(tmp_path):
+    (tmp_path / "e").mkdir()
+    db = str(tmp_path / "absent.lmdb")
+    # spill=64M passes the option parser (exit 1: the database is missing, not 2: usage)
+    one_line(zarrfs("mount", db, str(tmp_path / "e"), "-o", "spill=64M,parts_above=64M"), 1, "does not exist")
+    one_line(zarrfs("mount", db, str(tmp_path / "e"), "-o", "spill=lots"), 2, "spill=")
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m/file").write_text("x")
+    one_line(zarrfs("mount", db, str(tmp_path / "m"), "-o", "create"), 1, "is not empty", "-o nonempty")
+    assert not os.path.exists(db)
+
+
+def test_unknown_url_options_of_redis_and_redis_cluster(redis_server, redis_cluster):
+    for url in (redis_server.url(0, bogus="1"), redis_cluster.url(bogus="1")):
+        line = one_line(zarrfs("check", url), 1, "unknown option(s) bogus", "known:", "prefix")
+        assert "AbstractConnection" not in line
+
+
+def test_copy_resumes_only_what_is_not_whole_and_the_bar_ends_at_100(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(50):
+        (src / f"k{i:02d}").write_bytes(bytes([i]) * 1000)
+    out = tmp_path / "out"
+    out.mkdir()
+    for i in range(20):  # an interrupted copy: twenty files whole, one cut short
+        (out / f"k{i:02d}").write_bytes(bytes([i]) * 1000)
+    (out / "k20").write_bytes(b"\x14" * 10)
+    result = zarrfs("copy", "--resume", "--progress", str(src), str(out))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines()[-1] == "copied 30 keys (29.3 KiB), skipped 20 that were there already"
+    assert "100%" in result.stderr and "50/50 keys" in result.stderr, result.stderr
+    assert snapshot(out) == snapshot(src)
+    # the same into a database: what is whole there is kept
+    url = f"sqlite://{tmp_path}/db.sqlite"
+    with _created(url) as driver:
+        driver.put("k00", b"\0" * 1000)
+        driver.put("k01", b"short")
+    result = zarrfs("copy", "--if-exists", "skip", str(src), url)
+    assert result.stderr.splitlines()[-1].endswith("skipped 1 that were there already"), result.stderr
+    with open_driver(url) as driver:
+        assert driver.get("k01") == b"\x01" * 1000
+
+
+def _created(url: str):
+    from zarrfs.daemon import open_database
+    from zarrfs.options import parse_options
+
+    return open_database(url, parse_options(["create"]))
+
+
+def test_ctrl_c_in_copy_is_one_line_and_the_copy_resumes(tmp_path):
+    import signal
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(400):
+        (src / f"k{i:03d}").write_bytes(os.urandom(64 << 10))
+    url = f"lmdb://{tmp_path}/db.lmdb"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zarrfs", "copy", "--progress", str(src), url],
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": CHECKOUT},
+    )
+    import time
+
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "db.lmdb").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=60)[1]
+    if proc.returncode == 0:
+        pytest.skip("the copy ended before the signal came")
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    lines = [ln for ln in err.replace("\r", "\n").splitlines() if ln.startswith("zarrfs:")]
+    assert lines == [lines[0]] and "--resume" in lines[0], err
+    result = zarrfs("copy", "--resume", "--progress", str(src), url)
+    assert result.returncode == 0, result.stderr
+    assert "400/400 keys" in result.stderr and "100%" in result.stderr
+    with open_driver(url) as driver:
+        assert len(driver.scan()) == 400
+
+
+def test_bench_workdir_that_does_not_exist_is_one_line(tmp_path):
+    bench = os.path.join(CHECKOUT, "scripts", "bench.py")
+    result = subprocess.run(
+        [sys.executable, bench, "--workdir", str(tmp_path / "absent")],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": CHECKOUT},
+    )
+    assert result.returncode in (1, 2), result
+    assert "Traceback" not in result.stderr and str(tmp_path / "absent") in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+ERROR_PATHS = [
+    [], ["-x"], ["frobnicate"], ["help"],
+    ["mount"], ["mount", "db.lmdb"], ["mount", "absent.lmdb", "nodir"], ["mount", "absent.lmdb", "m"],
+    ["mount", "lmdb://", "m"], ["mount", "bogus://x", "m"], ["mount", "redis://127.0.0.1:1/0", "m"],
+    ["mount", "db.lmdb", "m", "-o", "timeout=0"], ["mount", "db.lmdb", "m", "-o", "uid=x"],
+    ["mount", "notes.txt", "m"], ["mount", "db.lmdb", "notes.txt"],
+    ["mount", "absent.lmdb", "m", "-o", "ro,create"],
+    ["mount", "sqlite://notes.txt", "m"], ["mount", "lmdb://db.lmdb?bogus=1", "m"],
+    ["umount"], ["umount", "nodir"], ["umount", "m"], ["umount", "notes.txt"],
+    ["status", "nodir"], ["status", "m"], ["status", "a", "b"],
+    ["check"], ["check", "absent.lmdb"], ["check", "sqlite://"], ["check", "redis://127.0.0.1:1/0"],
+    ["check", "m"], ["check", "notes.txt"], ["check", "bogus://x"],
+    ["copy", "absent", "out"], ["copy", "m", "bogus://x"], ["copy", "notes.txt", "out"],
+    ["copy", "m", "lmdb://notes.txt"], ["copy", "m", "out", "--if-exists", "maybe"],
+    ["consolidate", "absent"], ["consolidate", "redis://127.0.0.1:1/0"], ["consolidate", "notes.txt"],
+    ["reindex", "absent.lmdb"], ["reindex", "m"], ["reindex", "redis://127.0.0.1:1/0"],
+    ["reindex", "db.lmdb"],
+]
+
+
+def test_every_error_path_of_every_command_is_one_line(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "notes.txt").write_text("text")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "k").write_bytes(b"v")
+    assert zarrfs("copy", str(src), "lmdb://db.lmdb", cwd=tmp_path).returncode == 0
+    for args in ERROR_PATHS:
+        result = zarrfs(*args, cwd=tmp_path)
+        assert result.returncode in (1, 2), (args, result.returncode, result.stderr)
+        assert "Traceback" not in result.stderr and "Error:" not in result.stderr.split(": ", 1)[0], args
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("zarrfs"), (args, result.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["db.lmdb", "m", "notes.txt", "src"]
+
+
+def test_man_page_and_completion_are_generated_from_the_parser(tmp_path):
+    import shutil
+
+    from zarrfs.cli import build_parser
+    from zarrfs.manpage import subcommands
+
+    page = subprocess.run([sys.executable, "-m", "zarrfs.manpage"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": CHECKOUT}, check=True).stdout
+    for name, sub in subcommands(build_parser()).items():
+        assert f".SS zarrfs {name}" in page, name
+        for action in sub._actions:
+            for flag in action.option_strings:
+                if action.help != "==SUPPRESS==" and flag not in ("-h", "--help"):
+                    assert flag.replace("-", "\\-") in page, (name, flag)
+    assert "postgresql://" in page and "NOTIFY_SOCKET" in page
+    if shutil.which("man") and shutil.which("groff"):
+        (tmp_path / "zarrfs.1").write_text(page)
+        shown = subprocess.run(["man", "--warnings", "-l", str(tmp_path / "zarrfs.1")], capture_output=True,
+                               text=True, env={**os.environ, "MANWIDTH": "100"})
+        assert shown.returncode == 0 and "zarrfs umount" in shown.stdout and shown.stderr == "", shown.stderr
+    script = subprocess.run([sys.executable, "-m", "zarrfs.completion", "bash"], capture_output=True,
+                            text=True, env={**os.environ, "PYTHONPATH": CHECKOUT}, check=True).stdout
+    (tmp_path / "zarrfs.bash").write_text(script)
+    probe = (
+        f'source {tmp_path}/zarrfs.bash; t() {{ COMP_WORDS=("$@"); COMP_CWORD=$((${{#COMP_WORDS[@]}}-1));'
+        ' COMPREPLY=(); _zarrfs; echo "${COMPREPLY[*]}"; }; t zarrfs co; t zarrfs mount db m -o create,val;'
+        " t zarrfs copy --if-exists s; t zarrfs mount --log-l"
+    )
+    said = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True).stdout
+    said = said.splitlines()
+    assert said == ["copy consolidate", "create,validate=", "skip", "--log-level"], said
+    zsh = subprocess.run([sys.executable, "-m", "zarrfs.completion", "zsh"], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": CHECKOUT}, check=True).stdout
+    assert zsh.startswith("#compdef zarrfs") and "bashcompinit" in zsh
+
+
+def test_the_store_extra_brings_zarr_3_and_setup_installs_man_completion_and_offers_the_path():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11
+
+    with open(os.path.join(CHECKOUT, "pyproject.toml"), "rb") as fh:
+        project = tomllib.load(fh)["project"]
+    assert any(dep.startswith("zarr>=3") for dep in project["optional-dependencies"]["store"])
+    assert "PostgreSQL" in project["description"] and "DBM" in project["description"]
+    with open(os.path.join(CHECKOUT, "scripts", "setup.sh")) as fh:
+        setup = fh.read()
+    for word in ("zarrfs.manpage", "zarrfs.completion bash", "zarrfs.completion zsh", "--on-path",
+                 "/usr/local/bin/zarrfs"):
+        assert word in setup, word
+    check = subprocess.run(["bash", "-n", os.path.join(CHECKOUT, "scripts", "setup.sh")], capture_output=True)
+    assert check.returncode == 0, check.stderr

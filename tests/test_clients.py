@@ -19,10 +19,16 @@ import numpy as np
 import pytest
 import zarr
 import zarr.codecs
-from mounting import needs_fuse
+from mounting import DRIVERS, make_url, needs_fuse
 from zarr2env import run as run_zarr2
 
 pytestmark = needs_fuse
+
+
+@pytest.fixture(params=[*DRIVERS, "spread"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Every driver, and a Redis Cluster hierarchy spread over its masters (``?spread=1``)."""
+    return make_url(request.param, tmp_path, request)
 
 
 # --- helpers ---------------------------------------------------------------------------------

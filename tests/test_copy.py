@@ -67,15 +67,16 @@ def test_if_exists_and_dry_run(tmp_path):
     assert zarrfs.copy(str(src), f"lmdb://{tmp_path}/none.lmdb", dry_run=True).keys == 3
     assert not (tmp_path / "none.lmdb").exists()  # a dry run creates nothing
     with open_driver(url) as d:
-        d.put("g/y", b"kept")
+        d.put("g/y", b"kpt")  # the size the source's has: skip takes it as copied whole
+        d.put("g/z", b"z")  # a shorter one: what an interrupted copy left, copied again by skip
     with pytest.raises(CopyError, match="g/y"):
         zarrfs.copy(str(src), url, if_exists="raise")
-    assert _keys(url) == {"g/y": b"kept"}  # nothing copied
+    assert _keys(url) == {"g/y": b"kpt", "g/z": b"z"}  # nothing copied
     dry = zarrfs.copy(str(src), url, if_exists="skip", dry_run=True)
-    assert (dry.keys, dry.skipped) == (2, 1) and _keys(url) == {"g/y": b"kept"}
+    assert (dry.keys, dry.skipped) == (2, 1) and _keys(url) == {"g/y": b"kpt", "g/z": b"z"}
     done = zarrfs.copy(str(src), url, if_exists="skip")
     assert (done.keys, done.skipped) == (2, 1)
-    assert _keys(url) == {"g/x": b"xxx", "g/y": b"kept", "g/z": b"zzz"}
+    assert _keys(url) == {"g/x": b"xxx", "g/y": b"kpt", "g/z": b"zzz"}
     zarrfs.copy(str(src), url)  # replace, the default
     assert _keys(url)["g/y"] == b"yyy"
 

@@ -213,3 +213,32 @@ def test_mount_sees_its_own_changes_at_once_and_others_within_the_lifetime(tmp_p
         assert time.monotonic() < deadline, "another writer's file never showed"
         time.sleep(0.05)
     assert (folder / "from-elsewhere").read_bytes() == b"12345"
+
+
+def test_what_the_snapshots_hold_together_stays_within_the_bound():
+    """``entries`` bounds the snapshots together: the oldest go to make room, and a folder
+    larger than the bound is never read whole (``-o dir_cache_entries=``)."""
+    clock = Clock()
+    cache = FolderCache(ttl=1.0, hot=1, clock=clock, entries=100)
+    assert cache.limit == 100
+    built: list[int] = []
+
+    def of(n: int):
+        def build(limit: int) -> dict[str, Node] | None:
+            built.append(limit)
+            return None if n > limit else dict.fromkeys(map(str, range(n)))  # type: ignore[arg-type]
+
+        return build
+
+    assert cache.snapshot("a", of(60)) is not None and cache.held == 60
+    assert cache.snapshot("b", of(30)) is not None and cache.held == 90
+    assert cache.snapshot("c", of(50)) is not None  # "a" goes to make room
+    assert cache.held == 80 and set(cache._snapshots) == {"b", "c"}
+    assert cache.snapshot("a", of(60)) is not None  # made again: "b" and "c" go (50 + 60 > 100)
+    assert cache.held == 60 and set(cache._snapshots) == {"a"}
+    assert cache.snapshot("d", of(40)) is not None and cache.held == 100
+    assert cache.snapshot("huge", of(1000)) is None and built[-1] == 100
+    cache.forget({"d"})
+    assert cache.held == 60
+    cache.clear()
+    assert cache.held == 0

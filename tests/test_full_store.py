@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 from conftest import start_redis, stop_redis
-from mounting import Mount, needs_fuse
+from mounting import Mount, needs_fuse, unavailable
 
 from zarrfs.backends import open_driver
 
@@ -25,14 +25,14 @@ CHUNK = 200_000
 def small_disk(tmp_path):
     """A 12 MiB tmpfs (root only)."""
     if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+        unavailable("mounting a tmpfs needs root")
     where = tmp_path / "disk"
     where.mkdir()
     done = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(where)], capture_output=True
     )
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr.decode().strip()}")
+        unavailable(f"cannot mount a tmpfs: {done.stderr.decode().strip()}")
     yield where
     subprocess.run(["umount", "-l", str(where)], check=False)
 

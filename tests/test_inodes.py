@@ -26,9 +26,13 @@ def test_inode_table_remember_and_forget():
     t.detach("a")
     t.forget(a, 1)  # nameless: gone
     assert t.get(a) is None and "a" not in t.ids
-    assert t.remember("a", FILE)[0] == b + 1  # a new ID, never an old one
+    again = t.remember("a", FILE)[0]  # a new ID, never an old one: a's slot, next generation
+    assert again not in (a, b) and again & 0xFFFFFFFF == a and again >> 32 == 1
+    assert t.key(a) is None and t.get(a) is None and t.key(again) == "a"
+    t.forget(a, 5)  # a stale ID names nothing, and changes nothing
+    assert t.get(again).lookups == 1
     many = [t.remember(f"k{i}", FILE)[0] for i in range(20)]
-    assert many == list(range(b + 2, b + 22))
+    assert many == list(range(b + 1, b + 21))
 
 
 def test_a_forgotten_node_keeps_its_id_across_renames_until_too_many_are_idle(monkeypatch):
@@ -56,7 +60,7 @@ def test_inode_table_detach():
     t = InodeTable(DIR)
     a, node = t.remember("a", FILE)
     t.detach("a")
-    assert node.key is None and t.key(a) is None and t.get(a) is node and "a" not in t.ids
+    assert node.key is None and t.key(a) is None and t.get(a) == node and "a" not in t.ids
     again, _ = t.remember("a", FILE)
     assert again != a
     t.forget(a, 1)  # the detached node goes; the new one at the same key stays
@@ -73,7 +77,7 @@ def test_inode_table_kind_change_gives_a_new_id():
     assert new != old and old_node.key is None and new_node.key == "x" and new_node.lookups == 1
     assert t.ids["x"] == new
     t.forget(old, 1)
-    assert t.ids["x"] == new and t.get(new) is new_node
+    assert t.ids["x"] == new and t.get(new) == new_node
 
 
 def test_inode_table_moved_with_nested_keys_and_a_replaced_target():

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 from conftest import start_redis, stop_redis
@@ -50,3 +53,187 @@ def test_dead_redis_is_eio_and_the_mount_recovers(tmp_path, mount_factory):
         assert not m.mounted()
     finally:
         stop_redis(server)
+
+
+# --- the first hour under a live mount ------------------------------------------------------
+
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(*args: str, cwd=None, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "zarrfs", *args], capture_output=True, text=True, timeout=120, cwd=cwd,
+        env={**os.environ, "PYTHONPATH": CHECKOUT, **(env or {})},
+    )
+
+
+def until(condition, what: str, seconds: float = 30.0):
+    deadline = time.monotonic() + seconds
+    while not (found := condition()):
+        assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
+        time.sleep(0.02)
+    return found
+
+
+def test_a_relative_dbm_url_is_the_callers(tmp_path):
+    (tmp_path / "db").mkdir()
+    (tmp_path / "m").mkdir()
+    assert run("mount", "dbm://db/d.dbm", "m", "-o", "create", cwd=tmp_path).returncode == 0
+    try:
+        write(tmp_path / "m" / "f", b"here")
+    finally:
+        assert run("umount", "m", cwd=tmp_path).returncode == 0
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("d.dbm")] == []  # not in cwd's top
+    assert run("check", "dbm://db/d.dbm", cwd=tmp_path).returncode == 0
+    assert not os.path.exists("/db/d.dbm")
+
+
+def test_an_empty_folder_with_create_and_a_non_empty_mountpoint_with_nonempty(tmp_path, mount_factory):
+    (tmp_path / "new.lmdb").mkdir()
+    where = tmp_path / "full"
+    where.mkdir()
+    (where / "hidden").write_text("x")
+    m = mount_factory(f"lmdb://{tmp_path}/new.lmdb", ["create", "nonempty"], name="full")
+    write(m.path / "a", b"1")
+    assert sorted(os.listdir(m.path)) == ["a"]
+
+
+def test_status_names_requests_lists_subtype_mounts_and_survives_a_closed_pipe(tmp_path, mount_factory):
+    m = mount_factory(f"lmdb://{tmp_path}/db.lmdb", ["create", "subtype=mine"])
+    write(m.path / "f", b"1")
+    with pytest.raises(OSError):
+        os.getxattr(m.path / "f", "user.x")
+    listed = run("status")
+    assert str(m.path) in listed.stdout, listed
+    doc = __import__("json").loads(run("status", "--json", str(m.path)).stdout)
+    assert not [name for name in doc["requests"] if name.startswith("opcode_")], doc["requests"]
+    assert "getxattr" in doc["requests"]
+    piped = subprocess.run(
+        f"{sys.executable} -m zarrfs status {m.path} | head -1", shell=True, capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": CHECKOUT}, timeout=60,
+    )
+    assert piped.stdout.startswith("mountpoint") and piped.stderr == "", piped.stderr
+
+
+def daemon_of(mountpoint) -> int:
+    from zarrfs.cli import _daemon_pids
+
+    pids = _daemon_pids(str(mountpoint))
+    assert len(pids) == 1, pids
+    return pids[0]
+
+
+def test_auto_unmount_clears_the_mountpoint_after_kill_9(tmp_path, mount_factory):
+    m = mount_factory(f"lmdb://{tmp_path}/db.lmdb", ["create", "auto_unmount"])
+    pid = daemon_of(m.path)
+    # pkill -9 -f zarrfs: the daemon and libfuse's watcher (whose command line names the type)
+    helpers = subprocess.run(["pgrep", "-f", f"fusermount3.*{m.path}"], capture_output=True, text=True)
+    os.kill(pid, 9)
+    for helper in helpers.stdout.split():
+        try:
+            os.kill(int(helper), 9)
+        except ProcessLookupError:
+            pass
+    until(lambda: not m.mounted(), "the dead mount detached")
+    assert os.listdir(m.path) == []
+
+
+def test_status_lists_a_dead_mount_as_dead(tmp_path, mount_factory):
+    m = mount_factory(f"lmdb://{tmp_path}/db.lmdb", ["create"])
+    os.kill(daemon_of(m.path), 9)
+    until(lambda: "dead" in run("status").stdout, "status saying dead")
+    line = [ln for ln in run("status").stdout.splitlines() if ln.startswith(f"{m.path}\t")][0]
+    assert "zarrfs umount" in line
+    res = run("status", str(m.path))
+    assert res.returncode == 1 and "is gone" in res.stderr and len(res.stderr.splitlines()) == 1
+    assert run("umount", str(m.path)).returncode == 0
+
+
+def test_systemd_notify_ready_and_stopping(tmp_path):
+    import socket
+
+    (tmp_path / "m").mkdir()
+    address = str(tmp_path / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(address)
+        sock.settimeout(60)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "zarrfs", "mount", "-f", f"lmdb://{tmp_path}/db.lmdb", str(tmp_path / "m"),
+             "-o", "create"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": CHECKOUT, "NOTIFY_SOCKET": address},
+        )
+        try:
+            ready = sock.recv(4096).decode()
+            assert "READY=1" in ready.splitlines() and os.path.ismount(tmp_path / "m"), ready
+            assert run("umount", str(tmp_path / "m")).returncode == 0
+            stopping = sock.recv(4096).decode()
+            assert "STOPPING=1" in stopping.splitlines(), stopping
+        finally:
+            if proc.poll() is None and os.path.ismount(tmp_path / "m"):
+                run("umount", str(tmp_path / "m"))
+            proc.wait(timeout=60)
+        # the background form: READY=1 names the daemon as the service's main process
+        assert run("mount", f"lmdb://{tmp_path}/db.lmdb", str(tmp_path / "m"),
+                   env={"NOTIFY_SOCKET": address}).returncode == 0
+        try:
+            ready = sock.recv(4096).decode().splitlines()
+            assert "READY=1" in ready and f"MAINPID={daemon_of(tmp_path / 'm')}" in ready, ready
+        finally:
+            run("umount", str(tmp_path / "m"))
+
+
+def hold_lmdb_writer(path):
+    return subprocess.Popen(
+        [sys.executable, "-c", "import lmdb, sys; e = lmdb.open(sys.argv[1], map_size=2**30); "
+         "t = e.begin(write=True); print('held', flush=True); sys.stdin.read()", path],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+
+
+def hold_sqlite_exclusive(path):
+    return subprocess.Popen(
+        [sys.executable, "-c", "import sqlite3, sys; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+         "c.execute('BEGIN EXCLUSIVE'); print('held', flush=True); sys.stdin.read()", path],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "sqlite"])
+def test_a_database_another_program_holds(tmp_path, kind):
+    url = f"{kind}://{tmp_path}/db.{kind}"
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "kept").write_bytes(b"old")
+    assert run("copy", str(src), url).returncode == 0
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    holder = (hold_lmdb_writer if kind == "lmdb" else hold_sqlite_exclusive)(str(tmp_path / f"db.{kind}"))
+    assert holder.stdout.readline().strip() == "held"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zarrfs", "mount", "-f", url, str(mnt), "-o", "timeout=4"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": CHECKOUT},
+    )
+    try:
+        until(lambda: os.path.ismount(mnt), "mounted while the lock is held", 60)
+        assert (mnt / "kept").read_bytes() == b"old"  # a read needs no write lock
+        started = time.monotonic()
+        with pytest.raises(OSError) as info:
+            write(mnt / "new", b"blocked")
+        assert info.value.errno == errno.ETIMEDOUT
+        assert time.monotonic() - started < 60  # bounded by timeout=, not retried for minutes
+        assert (mnt / "kept").read_bytes() == b"old"  # the mount still serves
+        holder.stdin.close()
+        holder.wait(timeout=30)
+        write(mnt / "new", b"free")  # the lock is free: writes work again
+        assert (mnt / "new").read_bytes() == b"free"
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        if os.path.ismount(mnt):
+            run("umount", str(mnt))
+        err = proc.communicate(timeout=60)[1]
+    said = [ln for ln in err.splitlines() if "holds the database's write lock" in ln]
+    assert said and "waiting up to 4 s" in said[0], err
+    assert "Traceback" not in err

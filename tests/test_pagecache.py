@@ -30,8 +30,10 @@ def test_a_file_first_opened_drops_pages_then_keeps_them_while_unchanged():
     clock = Clock()
     policy, pages = PageCache(attr_timeout=1.0, clock=clock), Pages()
     policy.shown(pages, node(3, 10))
+    # Never opened: nothing to compare, nothing recorded (a listing shows many such names).
+    assert (pages.stamp, pages.stamp_time, pages.cache_ok) == (None, 0.0, False)
+    assert policy.opened(pages, lambda key: node(3, 10), "f") is False  # pages of unknown age
     assert pages.stamp == (3, 10) and pages.stamp_time == 100.0
-    assert policy.opened(pages, never, "f") is False  # pages of unknown age
     assert policy.opened(pages, never, "f") is True
     policy.shown(pages, node(3, 10))  # the same attributes again: nothing changes
     assert policy.opened(pages, never, "f") is True
@@ -44,7 +46,7 @@ def test_an_open_after_the_attribute_timeout_looks_at_the_file_again():
     clock = Clock()
     policy, pages = PageCache(attr_timeout=1.0, clock=clock), Pages()
     policy.shown(pages, node(3, 10))
-    policy.opened(pages, never, "f")
+    policy.opened(pages, lambda key: node(3, 10), "f")
     seen = []
 
     def find(key: str):

@@ -119,6 +119,7 @@ def test_password_in_a_foreground_url_is_blanked_from_its_argv(locked_redis, tmp
         with open(f"/proc/{proc.pid}/cmdline", "rb") as fh:
             argv = fh.read()
         assert SECRET.encode() not in argv and b"127.0.0.1" in argv
+        assert b"*" not in argv  # nor its length
         (mnt / "f").write_bytes(b"1")
     finally:
         run("umount", str(mnt))
@@ -132,3 +133,13 @@ def test_unreadable_password_file_is_one_line(tmp_path):
     res = run("mount", f"redis://127.0.0.1:{_free_port()}/0?password_file={tmp_path}/absent", str(mnt))
     assert res.returncode == 1
     assert res.stderr.count("\n") == 1 and "cannot read the password file" in res.stderr
+
+
+def test_a_server_that_wants_a_password_says_where_to_give_it(locked_redis, tmp_path):
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    for args in (("mount", f"redis://127.0.0.1:{locked_redis}/0", str(mnt), "-o", "create"),
+                 ("check", f"redis://127.0.0.1:{locked_redis}/0")):
+        res = run(*args)
+        assert res.returncode == 1 and len(res.stderr.splitlines()) == 1, res.stderr
+        assert "password_file" in res.stderr and "ZARRFS_PASSWORD" in res.stderr, res.stderr

@@ -267,7 +267,11 @@ def test_readdir_lists_dirents_with_types_and_offsets(wire):
     fh = k.OPEN_REPLY.unpack(wire.ok(k.OPENDIR, d.nodeid, k.OPEN_IN.pack(0, 0)).raw)[3]
     got = dirents_of(wire.readdir(d.nodeid, fh, 0))
     assert [(n, t, o) for n, t, o, _ in got] == [(b".", 4, 1), (b"..", 4, 2), (b"file", 8, 3), (b"sub", 4, 4)]
-    assert {ino for *_, ino in got} == {k.UNKNOWN_INO}
+    # d_ino is the inode number stat gives: a name listed before its lookup keeps its number.
+    inos = {n: ino for n, _, _, ino in got}
+    assert inos[b"."] == d.nodeid and inos[b".."] == k.ROOT_ID
+    assert wire.lookup(d.nodeid, "file").nodeid == inos[b"file"]
+    assert wire.lookup(d.nodeid, "sub").nodeid == inos[b"sub"] != inos[b"file"]
     assert [n for n, *_ in dirents_of(wire.readdir(d.nodeid, fh, 3))] == [b"sub"]
     assert wire.readdir(d.nodeid, fh, 4).body == b""  # the end
     # A file created and not stored yet is listed too (after the stored names).

@@ -75,18 +75,22 @@ def test_opcodes_and_flags_are_the_kernels():
     assert (k.FOPEN_KEEP_CACHE, k.FOPEN_NOFLUSH) == (2, 32)
     # Not AUTO_INVAL_DATA (1 << 12): pages written through the mount stay valid after a commit.
     # DIRECT_IO_ALLOW_MMAP is flags2's bit 4, announced by INIT_EXT (1 << 30).
-    assert k.WANTED == (1 << 0) | (1 << 3) | (1 << 5) | (1 << 15) | (1 << 18) | (1 << 22) | (1 << 36)
+    # DO_READDIRPLUS (1 << 13): names come with their attributes; not READDIRPLUS_AUTO (1 << 14),
+    # whose plain READDIR after the first would leave du a lookup per name.
+    bits = (0, 3, 5, 13, 15, 18, 22, 36)
+    assert k.WANTED == sum(1 << bit for bit in bits)
+    assert k.READDIRPLUS == 44 and k.DIRENTPLUS.size == 152
     assert k.INIT_EXT == 1 << 30 and k.FOPEN_DIRECT_IO == 1
 
 
 def test_dirent_records_pad_to_eight_bytes():
     for name, total in ((b"a", 32), (b"abcdefgh", 32), (b"abcdefghi", 40), (b"", 24)):
-        record = k.dirents([(name.decode(), FILE, 5)], 4096)
+        record = k.dirents([(name.decode(), FILE, 5, 77)], 4096)
         assert len(record) == total
-        assert k.DIRENT.unpack_from(record) == (k.UNKNOWN_INO, 5, len(name), 8)
+        assert k.DIRENT.unpack_from(record) == (77, 5, len(name), 8)
         assert record[24 : 24 + len(name)] == name and set(record[24 + len(name) :]) <= {0}
-    assert k.DIRENT.unpack_from(k.dirents([("d", DIR, 1)], 4096))[3] == 4  # DT_DIR
-    assert k.DIRENT.unpack_from(k.dirents([("l", stat.S_IFLNK, 1)], 4096))[3] == 10  # DT_LNK
+    assert k.DIRENT.unpack_from(k.dirents([("d", DIR, 1, 2)], 4096))[3] == 4  # DT_DIR
+    assert k.DIRENT.unpack_from(k.dirents([("l", stat.S_IFLNK, 1, 3)], 4096))[3] == 10  # DT_LNK
 
 
 def test_names_split_nul_terminated_names():
@@ -258,15 +262,15 @@ def test_stats_count_requests_and_errors_by_type(wire):
     wire.put_file(k.ROOT_ID, "f", b"x" * 4096)  # full pages: no NOTIFY_STORE in between
     wire.fails(k.UNLINK, k.ROOT_ID, z("gone"))
     wire.fails(k.LOOKUP, k.ROOT_ID, b"bad")
-    wire.fails(22, k.ROOT_ID)  # GETXATTR: not served
+    wire.fails(39, k.ROOT_ID)  # IOCTL: not served
     wire.fails(4096, k.ROOT_ID)
     wire.send(k.FORGET, 2, b"")
     stats = wire.session.stats()
     assert stats["requests"] == {
         "init": 1, "lookup": 2, "create": 1, "write": 1, "flush": 1, "release": 1, "unlink": 1,
-        "opcode_22": 1, "unknown": 1, "forget": 1,
+        "opcode_39": 1, "unknown": 1, "forget": 1,
     }  # fmt: skip
-    assert stats["errors"] == {"unlink": 1, "lookup": 1, "opcode_22": 1, "unknown": 1, "forget": 1}
+    assert stats["errors"] == {"unlink": 1, "lookup": 1, "opcode_39": 1, "unknown": 1, "forget": 1}
 
 
 # ---------------------------------------------------------------------- layering
@@ -286,7 +290,7 @@ def test_the_protocol_layer_reaches_the_filesystem_only_through_its_api():
                     pytest.fail(f"{path.name} imports {name}")
 
 
-@pytest.mark.parametrize("opcode", [99, 39, 22, 4096])
+@pytest.mark.parametrize("opcode", [99, 39, 51, 4096])
 def test_an_unknown_opcode_gets_enosys(wire, opcode):
     assert wire.fails(opcode, k.ROOT_ID, b"\0" * 16) == errno.ENOSYS
     assert wire.getattr(k.ROOT_ID).ino == k.ROOT_ID  # and the session goes on

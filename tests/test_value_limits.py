@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import errno
 import os
-import uuid
 
 import pytest
 from conftest import start_redis, stop_redis
-from mounting import Mount, fuse_missing
+from mounting import Mount
 
 from zarrfs.backends import open_driver
 from zarrfs.backends.base import ValueTooLargeError
@@ -17,24 +16,18 @@ from zarrfs.backends.lmdb import LMDBTxn
 from zarrfs.fs.errors import to_errno
 
 
-@pytest.mark.parametrize("kind", ["lmdb", "sqlite", "memory"])
+@pytest.mark.parametrize("kind", ["lmdb", "sqlite"])
 def test_a_value_above_the_limit_is_refused_before_it_is_stored(kind, tmp_path, monkeypatch):
-    url = {
-        "lmdb": f"lmdb://{tmp_path}/db.lmdb",
-        "sqlite": f"sqlite://{tmp_path}/db.sqlite",
-        "memory": f"memory://{uuid.uuid4().hex}",
-    }[kind]
+    url = {"lmdb": f"lmdb://{tmp_path}/db.lmdb", "sqlite": f"sqlite://{tmp_path}/db.sqlite"}[kind]
     driver = open_driver(url)
     try:
         if kind == "lmdb":
             page = os.sysconf("SC_PAGE_SIZE")  # a commit writes a value's pages in one write(2)
             assert LMDBTxn.max_value == 0x7FFFF000 // page * page - 16
             monkeypatch.setattr(LMDBTxn, "max_value", 1000)
-        elif kind == "sqlite":
+        else:
             assert driver.max_value >= 10**9 - 4096
             driver.max_value = 1000
-        else:
-            pytest.skip("the memory driver has no limit of its own")
         driver.put("small", b"x" * 1000)
         with pytest.raises(ValueTooLargeError) as info:
             driver.put("a/big", b"x" * 1001)
@@ -45,11 +38,11 @@ def test_a_value_above_the_limit_is_refused_before_it_is_stored(kind, tmp_path, 
         driver.close()
 
 
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
 def test_redis_proto_max_bulk_len_is_efbig_through_a_mount(tmp_path):
     """A file above the limit is stored in parts (zarrfs.fs.parts); a metadata document, which
     the format layer reads whole, is EFBIG."""
-    if fuse_missing():
-        pytest.skip(f"no FUSE: {fuse_missing()}")
     server = start_redis(str(tmp_path))
     try:
         server.client().config_set("proto-max-bulk-len", str(1 << 20))  # its smallest

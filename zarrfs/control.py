@@ -95,6 +95,31 @@ def databasesize_text(url: str, driver: Any) -> dict[str, Any]:
     return {}
 
 
+def _nodes(session: Any) -> dict[str, int] | None:
+    """The node IDs the kernel holds (after a LOOKUP or READDIRPLUS) and the forgotten ones kept
+    for their inode numbers."""
+    inodes = getattr(session, "inodes", None)
+    if inodes is None:
+        return None
+    idle = len(inodes.idle)
+    return {"held": len(inodes) - idle, "idle": idle}
+
+
+def _memory() -> dict[str, int]:
+    """The daemon's resident memory in bytes: all of it, and the part that is its own (not
+    pages of files it maps, such as LMDB's, which the kernel can take back at any time)."""
+    found: dict[str, int] = {}
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                name, _, value = line.partition(":")
+                if name in ("VmRSS", "RssAnon", "VmHWM"):
+                    found[name] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    return found
+
+
 class ControlServer:
     """Answers each connection to the mount's status socket with one JSON document."""
 
@@ -151,7 +176,11 @@ class ControlServer:
                 ),
                 "built": cache.builds,
                 "lifetime": cache.ttl,
+                "entries": cache.held,
+                "entries_max": cache.entries,
             },
+            "nodes": _nodes(self.session),
+            "memory": _memory(),
             "database": databasesize_text(self.url, self.driver),
         }
 
@@ -212,8 +241,11 @@ def render_status(doc: dict) -> str:
     snapshots = (
         "off"
         if cache is None
-        else f"{cache['held']} held, {cache['built']} built (lifetime {cache['lifetime']:g} s)"
+        else f"{cache['held']} held, {cache['built']} built (lifetime {cache['lifetime']:g} s), "
+        f"{cache.get('entries', 0)} of at most {cache.get('entries_max', 0)} entries"
     )
+    nodes = doc.get("nodes") or {}
+    memory = doc.get("memory") or {}
     mode = "read-only" if doc["readonly"] else "read-write"
     rows = [
         ("mountpoint", doc["mountpoint"]),
@@ -221,6 +253,12 @@ def render_status(doc: dict) -> str:
         ("daemon", f"pid {doc['pid']}, up {doc['uptime']:g} s, {mode}"),
         ("open files", str(doc["open_files"])),
         ("snapshots", snapshots),
+        ("nodes", f"{nodes.get('held', 0)} held by the kernel, {nodes.get('idle', 0)} forgotten and kept"),
+        (
+            "memory",
+            f"{size_text(memory.get('VmRSS', 0))} resident ({size_text(memory.get('RssAnon', 0))} its own), "
+            f"peak {size_text(memory.get('VmHWM', 0))}",
+        ),
         ("requests", _counts(doc.get("requests"))),
         ("errors", _counts(doc.get("errors"))),
     ]

@@ -21,9 +21,10 @@ import signal
 import threading
 from typing import Any
 
-from zarrfs import logs
+from zarrfs import deadmount, logs
 from zarrfs.backends import open_driver
 from zarrfs.backends.base import BackendError, Driver
+from zarrfs.dbfiles import check_database_path
 from zarrfs.fs.api import LockTable, Operations
 from zarrfs.fs.changes import ChangeWatcher, has_feed
 from zarrfs.fs.foldercache import FolderCache
@@ -37,24 +38,21 @@ from zarrfs.fuse.session import BUFFER_SIZE, Session
 from zarrfs.fuse.tuning import keep_freed_memory, set_readahead
 from zarrfs.logs import reopen_logs
 from zarrfs.options import MountOptions
-from zarrfs.urls import MountFailure, database_path, reason, shown_url
+from zarrfs.sdnotify import notify
+from zarrfs.urls import database_path, reason, shown_url, url_scheme
 
 log = logging.getLogger("zarrfs")
 
 
 
 def open_database(url: str, opts: MountOptions, hint: bool = True) -> Driver:
-    """Open the driver for ``url``; a missing file-based database is an error unless
-    ``-o create`` (``hint``: name that option in the error)."""
+    """Open the driver for ``url``; a file database that is missing, or a path that holds
+    something else, is an error unless ``-o create`` (see :mod:`zarrfs.dbfiles`; ``hint``: name
+    the mount options in the error)."""
     path = database_path(url)
-    if path is not None and not os.path.exists(path):
-        if not opts.create:
-            raise MountFailure(
-                f"database {path} does not exist" + (" (add -o create to make a new one)" if hint else "")
-            )
-        parent = os.path.dirname(os.path.abspath(path).rstrip("/")) or "/"
-        if not os.path.isdir(parent):
-            raise MountFailure(f"cannot create the database {path}: the folder {parent} does not exist")
+    if path is not None:
+        scheme = url_scheme(url) or "lmdb"
+        check_database_path(scheme, path, create=opts.create, readonly=opts.readonly, hint=hint)
     try:
         driver = open_driver(url, readonly=opts.readonly)
         driver.set_timeout(opts.timeout)
@@ -146,7 +144,7 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
         )
         opts.feed = opts.use_feed and has_feed(driver)
         if opts.seconds("dir_cache") > 0:
-            tree.folder_cache = FolderCache(opts.seconds("dir_cache"))
+            tree.folder_cache = FolderCache(opts.seconds("dir_cache"), entries=opts.dir_cache_entries)
         handles = HandleTable(tree, opts.spill, opts.readonly, opts.parts_above)
         # Locks live in the database, shared by every mount of it; a read-only mount leaves
         # them to the kernel (it could not record them).
@@ -165,6 +163,8 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
     except BaseException:
         driver.close()
         raise
+    # libfuse's auto_unmount misses some deaths of the daemon; a watcher of our own does not.
+    unmounter = deadmount.watch(resolved) if opts.fuse.get("auto_unmount") else None
     session = Session(
         operations,
         channel.fd,
@@ -193,10 +193,13 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
             log.warning("no status socket for %s: %s", mountpoint, reason(exc))
         loop.run()
     finally:
+        notify("STOPPING=1", f"STATUS=unmounting {mountpoint}")
         if control is not None:
             control.close()
         session.close()
         channel.close()
+        if unmounter is not None:
+            unmounter.stdin.close()  # unmounted: the watcher sees the mount gone and ends
         # The mount is gone: the last commits wait on the server without watching /dev/fuse.
         driver.watch = None
         operations.destroy()

@@ -1,9 +1,19 @@
-"""The text of ``zarrfs --help``: URL schemes, mount options, exit statuses."""
+"""The text of ``zarrfs --help``: synopsis, URL schemes, mount options, exit statuses."""
 
+DRIVERS = "LMDB, SQLite, Redis, Redis Cluster, PostgreSQL, DBM"
 DESCRIPTION = (
-    "Mount a key/value database (LMDB, SQLite, Redis) as a folder that behaves like a Zarr "
-    "DirectoryStore."
+    f"Mount a key/value database ({DRIVERS}) as a folder that behaves like a Zarr DirectoryStore."
 )
+SYNOPSIS = """\
+zarrfs mount URL MOUNTPOINT [-o OPT[,OPT...]] [-f] [--log-file FILE] [--log-level LEVEL]
+       zarrfs URL MOUNTPOINT [-o OPT[,OPT...]]      (the same: the form /etc/fstab uses)
+       zarrfs umount [-z] MOUNTPOINT
+       zarrfs status [--json] [MOUNTPOINT]
+       zarrfs check [--warnings] [--repair] URL
+       zarrfs copy [--if-exists replace|skip|raise] [--resume] [--dry-run] [--validate] SOURCE DEST
+       zarrfs consolidate URL|FOLDER
+       zarrfs reindex URL
+       zarrfs -V | --version"""
 
 URLS_HELP = """\
 database URLs:
@@ -17,8 +27,14 @@ database URLs:
   redis+cluster://host:port,host:port/?prefix=zarr
                               Redis Cluster: one hierarchy per hash tag {prefix}
   valkey://, valkeys://, valkey+cluster://   Valkey, the same as the redis schemes
+  postgresql://user@host:port/dbname?table=zarr
+                              PostgreSQL (postgres:// too; needs pip install zarrfs[postgres])
+  dbm:///abs/path/db          DBM (zarr-python 2's DBMStore)
   memory://name               in-process, for tests
-  Relative paths are resolved against the current folder. A Redis password may also come
+  Relative paths are resolved against the current folder (lmdb://rel/db.lmdb, or a bare
+  path); lmdb:/abs/db.lmdb (one slash) is absolute. A path that is not a database of that
+  kind (a Zarr folder, another file) is never written into; -o create makes a new database
+  only at a new path, in an empty folder or an empty file. A Redis password may also come
   from ?password_file=PATH or the environment variable ZARRFS_PASSWORD (else REDISCLI_AUTH,
   as redis-cli reads it); it never shows in ps, the mount table, the logs or zarrfs status.
 """
@@ -27,6 +43,7 @@ OPTIONS_HELP = """\
 mount options (-o OPT[,OPT...]):
   ro, rw                      read-only (writes fail with EROFS) or read-write (default)
   create                      create the database if it does not exist
+  nonempty                    mount over a folder that has files in it (they are hidden)
   validate=strict|warn|off    Zarr metadata and chunk-key checks on commit (strict)
   view=raw|decoded            decoded: chunks show as their decoded bytes (raw)
   consolidate=auto|live|off   keep consolidated metadata in step (auto)
@@ -34,11 +51,14 @@ mount options (-o OPT[,OPT...]):
                               the database has a change feed, else 1); or
   entry_timeout=, attr_timeout=, negative_timeout=   one of them alone
   dir_cache=SECONDS           lifetime of a busy folder's snapshot (cache_timeout, or 1; 0 = off)
+  dir_cache_entries=N         entries the folder snapshots hold together (65536)
   feed=0                      do not follow other writers' changes (short cache times)
-  spill=BYTES                 an open file's buffer size before it spills to disk (64 MiB)
+  spill=BYTES                 an open file's buffer size before it spills to disk (64M;
+                              K/M/G suffixes)
   parts_above=BYTES           files larger than this are stored in parts (64M; K/M/G suffixes)
   spin=MICROSECONDS           request loop polling before it sleeps (200; 0 = never)
-  timeout=SECONDS             longest wait on a database server; then ETIMEDOUT (10)
+  timeout=SECONDS             longest wait on a database server, or on a database another
+                              program holds locked; then ETIMEDOUT (10)
   readahead=KiB               kernel read-ahead of the mount (1024; 0 = leave it)
   direct_above=BYTES          a file this large read for the first time skips the page cache
                               (64K; off = never)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zarrfs.backends.base import DEFAULT_TIMEOUT
+from zarrfs.fs.foldercache import ENTRIES as DIR_CACHE_ENTRIES
 from zarrfs.fs.pagecache import DIRECT_ABOVE
 from zarrfs.fs.parts import DEFAULT_ABOVE
 from zarrfs.fs.spill import DEFAULT_SPILL
@@ -62,6 +63,8 @@ class MountOptions:
     # is read past the page cache on that open (zarrfs.fs.pagecache); None: never.
     direct_above: int | None = DIRECT_ABOVE
     create: bool = False
+    # Mount over a folder that has files in it (hidden while mounted); else that is refused.
+    nonempty: bool = False
     spin: float = DEFAULT_SPIN_US
     # Seconds a call may wait on a database server before it fails with ETIMEDOUT.
     timeout: float = DEFAULT_TIMEOUT
@@ -73,6 +76,8 @@ class MountOptions:
     # Seconds a snapshot of a busy folder answers lookups (zarrfs.fs.foldercache); defaults to
     # cache_timeout, 0 turns snapshots off.
     dir_cache: float | None = None
+    # Entries the snapshots of busy folders hold together (zarrfs.fs.foldercache).
+    dir_cache_entries: int = DIR_CACHE_ENTRIES
     # Access: allow_root lets root in besides the mount's owner (checked by the daemon, the
     # kernel is told allow_other); allow_other/allow_root turn default_permissions on unless
     # no_default_permissions.
@@ -124,14 +129,20 @@ def parse_options(words: list[str]) -> MountOptions:
                 opts.timeout = _number(name, value, float)
                 if not opts.timeout > 0:
                     raise UsageError(f"-o timeout= takes seconds, more than 0 (got {value!r})")
+            elif name == "dir_cache_entries":
+                opts.dir_cache_entries = _number(name, value, int)
+                if opts.dir_cache_entries < 0:
+                    raise UsageError(f"-o {name}= takes a count of entries, 0 or more (got {value!r})")
             elif name == "spill":
-                opts.spill = _number(name, value, int)
+                opts.spill = _size(name, value)
             elif name == "parts_above":
                 opts.parts_above = _size(name, value)
             elif name == "direct_above":
                 opts.direct_above = None if value == "off" else _size(name, value)
             elif name == "create":
                 opts.create = True
+            elif name == "nonempty":
+                opts.nonempty = True
             elif name == "readahead":
                 opts.readahead = _number(name, value, int)
                 if opts.readahead < 0:
@@ -175,6 +186,8 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
 
 def _size(name: str, value: str) -> int:
     """A size in bytes, with an optional K, M or G suffix (powers of 1024)."""
+    if not value:
+        raise UsageError(f"-o {name}= takes a size in bytes, with an optional K, M or G suffix")
     scale = 1 << (10 * (" KMG".index(value[-1].upper()))) if value[-1:].upper() in ("K", "M", "G") else 1
     size = _number(name, value[:-1] if scale > 1 else value, int) * scale
     if size < 1:

@@ -17,19 +17,32 @@ class MountFailure(Exception):
 # Where a Redis password may come from besides the URL, in this order after the URL's own.
 PASSWORD_ENV = ("ZARRFS_PASSWORD", "REDISCLI_AUTH")
 SECRET_QUERY = ("password", "password_file")
-FILE_SCHEMES = ("lmdb", "sqlite")
+FILE_SCHEMES = ("lmdb", "sqlite", "dbm")
 # The Redis-protocol schemes, whose password may come from a file or the environment.
 REDIS_SCHEMES = ("redis", "rediss", "unix", "valkey", "valkeys") + tuple(
     f"{s}+cluster" for s in ("redis", "rediss", "valkey", "valkeys")
 )
-_NO_SECRETS = ("", "lmdb", "sqlite", "memory")
+_NO_SECRETS = ("", "lmdb", "sqlite", "dbm", "memory")
 
 
 
 
-def _scheme(url: str) -> str:
+def url_scheme(url: str) -> str:
+    """The scheme of ``url`` in lower case; "" for a bare path."""
     head, sep, _ = url.partition("://")
     return head.lower() if sep and head and head[0].isalpha() and "/" not in head else ""
+
+
+_scheme = url_scheme
+
+
+def _one_slash(url: str) -> str:
+    """``lmdb:/abs/path`` (one slash, as RFC 8089 spells a local file) as ``lmdb:///abs/path``;
+    other URLs as they are."""
+    head, sep, rest = url.partition(":")
+    if sep and head.lower() in FILE_SCHEMES and not rest.startswith("//"):
+        return f"{head}://{rest}"
+    return url
 
 
 def _file_path(url: str) -> str:
@@ -43,10 +56,12 @@ def _file_path(url: str) -> str:
 
 
 def resolve_url(url: str, cwd: str | None = None) -> str:
-    """``url`` with the database path (LMDB, SQLite, a bare path) and a ``password_file``
+    """``url`` with the database path (LMDB, SQLite, DBM, a bare path) and a ``password_file``
     made absolute against ``cwd`` (default: the working folder), so that a daemon running in
-    ``/`` opens what the caller named."""
+    ``/`` opens what the caller named. ``lmdb:/abs/path`` (one slash) is ``lmdb:///abs/path``;
+    ``lmdb://rel/path`` and ``lmdb:rel/path`` are relative to ``cwd``."""
     cwd = cwd or os.getcwd()
+    url = _one_slash(url)
     scheme = _scheme(url)
     if not scheme:
         return os.path.normpath(os.path.join(cwd, os.path.expanduser(url)))
@@ -90,6 +105,13 @@ def redis_secret(url: str, environ: dict[str, str] | None = None) -> str:
     if password is not None:
         query.append(("password", password))
     return f"{parts.scheme}://{parts.netloc}{parts.path}" + (f"?{urlencode(query)}" if query else "")
+
+
+def location(text: str) -> str:
+    """A database URL or a folder as a command takes it: its paths made absolute (see
+    :func:`resolve_url`), a Redis password added from where it may be given (see
+    :func:`redis_secret`)."""
+    return redis_secret(resolve_url(text))
 
 
 def shown_url(url: str) -> str:

@@ -46,6 +46,8 @@ from typing import Any, TypeVar
 from .checks import (
     DATA,
     KEYS,
+    OWN_SPACES,
+    PARTS,
     READS,
     SIDE,
     SIZES,
@@ -93,6 +95,8 @@ DEFAULT_TIMEOUT = 10.0
 # The names drivers and callers import from here (defined in .checks and .errors).
 __all__ = [
     "DATA",
+    "OWN_SPACES",
+    "PARTS",
     "DEFAULT_TIMEOUT",
     "KEYS",
     "SIDE",
@@ -142,6 +146,10 @@ class Txn(ABC):
     #: and what that limit is, for the message of :class:`ValueTooLargeError`.
     max_value: int | None = None
     value_limit = ""
+    #: The key spaces the primitives receive: PARTS folded into SIDE, unless a driver keeps
+    #: them apart (``OWN_SPACES``).
+    spaces: dict[Any, Space] = SPACES
+    most_reads: int | None = None  # reads one _read_many call takes at most (None: any number)
     #: Bytes this write transaction put: a small one (deletes, a truncation, attributes) may
     #: use the room a driver keeps in reserve on a full disk (see :meth:`Driver.transact`).
     put_bytes = 0
@@ -159,7 +167,7 @@ class Txn(ABC):
     # check_space, which they fall back on to raise).
     def get(self, key: str, space: Space = DATA) -> bytes | None:
         """Return the value of ``key``, or ``None`` when it does not exist."""
-        sp = SPACES.get(space) or check_space(space)
+        sp = self.spaces.get(space) or check_space(space, self.spaces)
         try:
             raw = key.encode("utf-8")
         except UnicodeEncodeError:
@@ -171,7 +179,7 @@ class Txn(ABC):
     def size(self, key: str, space: Space = DATA) -> int | None:
         """Return the length of the value of ``key`` (``None`` if absent), without fetching it
         where the database allows."""
-        sp = SPACES.get(space) or check_space(space)
+        sp = self.spaces.get(space) or check_space(space, self.spaces)
         try:
             raw = key.encode("utf-8")
         except UnicodeEncodeError:
@@ -182,7 +190,7 @@ class Txn(ABC):
 
     def read(self, key: str, offset: int, length: int, space: Space = DATA) -> bytes | None:
         """Return ``length`` bytes of the value of ``key`` from ``offset`` (fewer at its end)."""
-        raw, sp = encode_key(key, self.max_key), check_space(space)
+        raw, sp = encode_key(key, self.max_key), check_space(space, self.spaces)
         if offset < 0:
             raise ValueError(f"negative offset {offset}")
         return self._read(raw, offset, max(length, 0), sp)
@@ -194,7 +202,7 @@ class Txn(ABC):
     def put(self, key: str, value: Any, space: Space = DATA) -> None:
         """Set ``key`` to the bytes of ``value`` (any buffer-protocol object). The caller
         leaves ``value`` unchanged until the transaction ends: a driver may send it then."""
-        raw, sp = encode_key(key, self.max_key), check_space(space)
+        raw, sp = encode_key(key, self.max_key), check_space(space, self.spaces)
         if not self.write:
             raise ReadOnlyError("write in a read-only transaction")
         buf = as_buffer(value)
@@ -210,7 +218,7 @@ class Txn(ABC):
 
     def delete(self, key: str, space: Space = DATA) -> None:
         """Remove ``key``; removing a missing key is not an error."""
-        raw, sp = encode_key(key, self.max_key), check_space(space)
+        raw, sp = encode_key(key, self.max_key), check_space(space, self.spaces)
         if not self.write:
             raise ReadOnlyError("write in a read-only transaction")
         self._delete(raw, sp)
@@ -228,7 +236,7 @@ class Txn(ABC):
         ``x`` is ``None``, the size or the value according to ``fetch``; at most ``limit``.
         A stored key that is not UTF-8 (no Zarr key, and no API call could address it) is
         skipped with a warning."""
-        sp, mode = check_space(space), check_fetch(fetch)
+        sp, mode = check_space(space, self.spaces), check_fetch(fetch)
         lo = encode_bound(start)
         hi = None if stop is None else encode_bound(stop)
         if limit is not None:
@@ -256,8 +264,9 @@ class Txn(ABC):
             if kind not in READS:
                 request = legacy_read(request)
                 kind = type(request)
-            plan.append((kind, encode_key(request[0], max_key), check_space(request[1])))
-        return self._read_many(plan) if plan else []
+            plan.append((kind, encode_key(request[0], max_key), check_space(request[1], self.spaces)))
+        step = self.most_reads or len(plan) or 1  # a long batch (a deep path's) goes in pieces
+        return [a for i in range(0, len(plan), step) for a in self._read_many(plan[i : i + step])]
 
     def _decoded(self, rows: Iterator[tuple[bytes, Any]], limit: int | None) -> Iterator[tuple[str, Any]]:
         count = 0
@@ -361,8 +370,15 @@ class Driver(ABC):
     #: trip, one SQL statement): then callers ask for what they may need in one batch rather
     #: than in steps that stop early.
     batched = False
-    #: How often :meth:`transact` runs a function that keeps failing with ``RetryableError``.
+    #: Files larger than this many bytes are best stored in parts (``PARTS``) on this
+    #: database, whatever the mount's ``-o parts_above=`` (None: the mount decides); a Redis
+    #: Cluster spreading a hierarchy over its masters parts every chunk.
+    parts_above: int | None = None
+    #: How often :meth:`transact` runs a function that keeps failing with ``RetryableError``
+    #: at least; under contention it goes on retrying for :attr:`retry_for` seconds (None: the
+    #: :attr:`timeout`), so a busy machine slows conflicting writers down instead of failing them.
     max_attempts = 10
+    retry_for: float | None = None
     #: First back-off in seconds; doubles each attempt, with full jitter.
     backoff = 0.005
 
@@ -391,11 +407,13 @@ class Driver(ABC):
 
     def transact(self, fn: Callable[[Txn], T], write: bool = True) -> T:
         """Run ``fn(txn)`` in one transaction and return its result; commit on success, roll
-        back on error, rerun on :class:`RetryableError` with bounded, jittered back-off."""
+        back on error, rerun on :class:`RetryableError` with jittered back-off, at least
+        :attr:`max_attempts` times and for up to :attr:`timeout` seconds."""
         if write and self.readonly:
             raise ReadOnlyError(f"{self.url} is opened read-only")
         delay = self.backoff
         attempt = 1
+        give_up = time.monotonic() + (self.timeout if self.retry_for is None else self.retry_for)
         txn: Txn | None = None
         freed = False
         while True:
@@ -403,7 +421,7 @@ class Driver(ABC):
                 with self._begin(write) as txn:
                     return fn(txn)
             except RetryableError:
-                if attempt >= self.max_attempts:
+                if attempt >= self.max_attempts and time.monotonic() >= give_up:
                     raise
             except StorageFullError as exc:
                 if self.make_room(exc):

@@ -11,10 +11,16 @@ from .errors import InvalidKeyError, KeyTooLongError
 
 
 class Space(str, Enum):
-    """A key space. A ``str`` too, so the plain names ``"data"`` and ``"side"`` still work."""
+    """A key space. A ``str`` too, so the plain names ``"data"`` and ``"side"`` still work.
+
+    ``PARTS`` holds values written once and never changed (the parts of large files): read by
+    key and range, deleted, listed only by a check for orphans. A driver stores them among its
+    ``SIDE`` keys (the same key in ``SIDE``) unless it keeps them apart (``Txn.spaces``): a
+    Redis Cluster spreads them over every slot."""
 
     DATA = "data"
     SIDE = "side"
+    PARTS = "parts"
 
     def __str__(self) -> str:  # the name a message or a table shows, not "Space.DATA"
         return str.__str__(self)
@@ -33,12 +39,15 @@ class Fetch(str, Enum):
 
 DATA = Space.DATA
 SIDE = Space.SIDE
+PARTS = Space.PARTS
 KEYS = Fetch.KEYS
 SIZES = Fetch.SIZES
 VALUES = Fetch.VALUES
 
-# Both lookups accept an enum member or its plain string (equal and of equal hash).
-SPACES: dict[Any, Space] = {s: s for s in Space}
+# Both lookups accept an enum member or its plain string (equal and of equal hash). SPACES is
+# what a driver's primitives receive: PARTS folded into SIDE; OWN_SPACES keeps PARTS apart.
+OWN_SPACES: dict[Any, Space] = {s: s for s in Space}
+SPACES: dict[Any, Space] = {**OWN_SPACES, PARTS: SIDE}
 FETCHES: dict[Any, Fetch] = {f: f for f in Fetch}
 
 
@@ -107,10 +116,11 @@ def encode_bound(bound: str) -> bytes:
         raise InvalidKeyError(f"scan bound {bound!r} is not valid UTF-8") from exc
 
 
-def check_space(space: Any) -> Space:
-    """Return the :class:`Space` that ``space`` names; ``ValueError`` when it names none."""
+def check_space(space: Any, spaces: dict[Any, Space] = SPACES) -> Space:
+    """Return the :class:`Space` that ``space`` names among ``spaces`` (PARTS as SIDE by
+    default); ``ValueError`` when it names none."""
     try:
-        return SPACES[space]
+        return spaces[space]
     except (KeyError, TypeError):
         raise ValueError(f"unknown key space {space!r}") from None
 

@@ -49,14 +49,16 @@ def _canonical(doc: Any) -> str:
 
 
 def _compare(
-    doc_key: str, rule: str, consolidated: dict[str, Any], actual: dict[str, Any]
+    doc_key: str, rule: str, consolidated: dict[str, Any], actual: dict[str, Any], ahead: bool = False
 ) -> Iterator[Problem]:
     """Errors for entries of a consolidated map that differ from the documents in the store
-    (a reader that trusts the document sees other metadata than the store holds)."""
+    (a reader that trusts the document sees other metadata than the store holds); with
+    ``ahead``, entries whose documents are not stored (yet) are not errors."""
     found = []
     for k in sorted(set(consolidated) | set(actual)):
         if k not in actual:
-            found.append(f"entry {k!r} has no document in the store")
+            if not ahead:
+                found.append(f"entry {k!r} has no document in the store")
         elif k not in consolidated:
             found.append(f"{k!r} is missing from it")
         elif _canonical(consolidated[k]) != _canonical(actual[k]):
@@ -75,8 +77,9 @@ def _v2_entry(key: str, doc: Any) -> Any:
     return doc
 
 
-def consolidated_findings(documents: dict[str, Any]) -> Iterator[Problem]:
-    """Compare every consolidated document against the metadata documents seen."""
+def consolidated_findings(documents: dict[str, Any], ahead: bool = False) -> Iterator[Problem]:
+    """Compare every consolidated document against the metadata documents seen (``ahead``:
+    see :func:`_compare`)."""
     for key, doc in documents.items():
         prefix, name = split_key(key)
         under = prefix + "/" if prefix else ""
@@ -87,7 +90,7 @@ def consolidated_findings(documents: dict[str, Any]) -> Iterator[Problem]:
                 for k, v in documents.items()
                 if k.startswith(under) and is_consolidated_key(k)
             }
-            yield from _compare(key, "zmetadata.stale", stored, actual)
+            yield from _compare(key, "zmetadata.stale", stored, actual, ahead)
         elif name == ZARR_JSON and isinstance(doc, dict):
             cm = doc.get("consolidated_metadata")
             if not isinstance(cm, dict) or not isinstance(cm.get("metadata"), dict):
@@ -104,7 +107,7 @@ def consolidated_findings(documents: dict[str, Any]) -> Iterator[Problem]:
                     {"attributes": {}, "zarr_format": 3, "node_type": "group"}
                 ):
                     del stored[path]
-            yield from _compare(key, "zarr.json.consolidated-stale", stored, actual)
+            yield from _compare(key, "zarr.json.consolidated-stale", stored, actual, ahead)
 
 
 def check_items(items: Iterable[tuple[str, bytes | None]], get: Getter) -> Iterator[Problem]:

@@ -44,6 +44,7 @@ from .keys import (
     ZGROUP,
     ZMETADATA,
     ancestors,
+    becomes_metadata,
     is_metadata_key,
     is_temporary,
     join_key,
@@ -104,9 +105,16 @@ class FormatHooks:
             log.warning("%s", p)
 
     def check_name(self, txn: Any, key: str, kind: int) -> None:
-        """Refuse a new file or folder name that no Zarr client could address."""
+        """Refuse a new file or folder name that no Zarr client could address. A backslash
+        matters only inside a Zarr node (zarr-python 2 reads it as ``/``): outside one, a name
+        is any name a folder can hold (a zip's ``a\\b``)."""
         if self.validate != "off":
-            self._judge(validate_name(key))
+            problems = validate_name(key)
+            if any(p.rule == "name.backslash" for p in problems) and (
+                enclosing_node(key, txn.get, _get_many(txn)) is None
+            ):
+                problems = [p for p in problems if p.rule != "name.backslash"]
+            self._judge(problems)
 
     def _validate_value(self, txn: Any, key: str, value: Any) -> None:
         if self.validate == "off":
@@ -117,8 +125,9 @@ class FormatHooks:
             self._judge(validate_data_key(key, txn.get, _get_many(txn)))
 
     def whole(self, key: str) -> bool:
-        """Whether a value at ``key`` is read whole here (metadata): never stored in parts."""
-        return is_metadata_key(key)
+        """Whether a value at ``key`` is read whole here (metadata, and the temporary files
+        that become metadata): never stored in parts."""
+        return is_metadata_key(key) or becomes_metadata(key)
 
     def reads(self, key: str) -> list[str]:
         """The metadata documents validating a new chunk or data file at ``key`` reads (those
@@ -241,7 +250,7 @@ class FormatHooks:
         if self._verified.get(doc_key) != loaded[0]:
             raw = bytes(loaded[0])
             keys = self._keys_below(txn, doc_key)
-            if is_stale(doc_key, raw, keys, txn.get):
+            if is_stale(doc_key, raw, keys, txn.get, ahead=True):
                 new_raw = rebuilt(doc_key, raw, keys, txn.get)
                 if new_raw is None:
                     return False
@@ -289,7 +298,7 @@ class FormatHooks:
             if not isinstance(doc, dict) or not isinstance(doc.get("consolidated_metadata"), dict):
                 return value  # a node's own document, no consolidated map in it
         keys = self._keys_below(txn, key)
-        if not is_stale(key, raw, keys, txn.get):
+        if not is_stale(key, raw, keys, txn.get, ahead=True):  # kept byte for byte
             self._verified[key] = raw
             return value
         new_raw = rebuilt(key, raw, keys, txn.get)

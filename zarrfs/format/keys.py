@@ -94,6 +94,25 @@ def is_temporary(key: str) -> bool:
     return _TOOL_TEMPS.match(name) is not None
 
 
+_PARTIAL = re.compile(r"^(?P<stem>.*)\.[0-9a-f]{32}\.partial$")
+
+
+def becomes_metadata(key: str) -> bool:
+    """True for a temporary file that a Zarr client renames or links onto a metadata key:
+    ``.zgroup.<hex>.partial`` (zarr-python 2, and 3 for v2 documents), ``zarr.<hex>.partial``
+    (zarr-python 3's ``zarr.json``), ``zarr.json.__lock`` (tensorstore). Such a file is read
+    whole, as the document it becomes."""
+    prefix, _, name = key.rpartition("/")
+    if name.endswith(".__lock"):
+        name = name[: -len(".__lock")]
+    else:
+        m = _PARTIAL.match(name)
+        if m is None:
+            return False
+        name = "zarr.json" if m["stem"] == "zarr" else m["stem"]
+    return is_metadata_key(f"{prefix}/{name}" if prefix else name)
+
+
 def validate_name(key: str) -> list[Problem]:
     """Check a key (a file or folder path) against the specs' path rules.
 

@@ -63,10 +63,12 @@ def rebuilt(doc_key: str, raw: bytes | None, keys: Iterable[str], get: Getter) -
     return dumps_zarr_json(doc)
 
 
-def is_stale(doc_key: str, raw: bytes | None, keys: Iterable[str], get: Getter) -> bool:
+def is_stale(doc_key: str, raw: bytes | None, keys: Iterable[str], get: Getter, ahead: bool = False) -> bool:
     """Whether the consolidated document ``raw`` at ``doc_key`` differs from the metadata
     stored below its folder (by the rules of ``zarrfs check``; ``keys`` as for :func:`rebuilt`).
-    A document that is not JSON is validation's business, not stale."""
+    A document that is not JSON is validation's business, not stale. With ``ahead``, entries
+    of documents not stored yet are not stale (a hierarchy being copied in: ``cp -a`` and
+    ``rsync -a`` write a folder's ``.zmetadata`` before the folders below it)."""
     from .check import consolidated_findings
 
     doc = parse_json_or_none(raw) if raw is not None else None
@@ -78,7 +80,7 @@ def is_stale(doc_key: str, raw: bytes | None, keys: Iterable[str], get: Getter) 
             parsed = parse_json_or_none(get(k))
             if parsed is not None:
                 documents[k] = parsed
-    return any(p.key == doc_key for p in consolidated_findings(documents))
+    return any(p.key == doc_key for p in consolidated_findings(documents, ahead))
 
 
 __all__ = ["described", "is_document_key", "is_stale", "rebuilt"]

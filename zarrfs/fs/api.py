@@ -24,11 +24,20 @@ from zarrfs.fs.errors import FsError, is_quiet, to_errno
 from zarrfs.fs.handles import HandleTable, Stored
 from zarrfs.fs.listing import DirListing
 from zarrfs.fs.locks import UNLCK, Lock, LockTable, Waiters
-from zarrfs.fs.namespace import DIR, FILE, LINK, RENAME_EXCHANGE, RENAME_NOREPLACE, Node, Tree
+from zarrfs.fs.names import NAME_MAX, key_text, name_bytes
+from zarrfs.fs.namespace import (
+    DIR,
+    FILE,
+    LINK,
+    RENAME_EXCHANGE,
+    RENAME_NOREPLACE,
+    Node,
+    Tree,
+    check_rename_flags,
+)
 from zarrfs.fs.pagecache import DIRECT_ABOVE, PageCache, Pages
 
 NOW = "now"  # a time to set to the present (UTIME_NOW)
-NAME_MAX = 255  # bytes in one name (statfs's f_namemax), as ext4 and XFS allow
 
 
 class Operations:
@@ -163,6 +172,20 @@ class Operations:
             raise FsError(errno.EBADF, str(fh))
         return listing.entries(offset)
 
+    def readdirplus(self, fh: int, offset: int) -> Iterator[tuple[str, int, int, str, Node | None]]:
+        """``(name, kind, offset, key, node)`` of the entries after ``offset``: :meth:`readdir`
+        with what a lookup of each name would find (None for ``.``, ``..`` and a name gone
+        since it was listed). Nodes are read a window of entries at a time."""
+        listing = self.dirs.get(fh)
+        if listing is None:
+            raise FsError(errno.EBADF, str(fh))
+        prefix = listing.key + "/" if listing.key else ""
+        for name, kind, at in listing.entries(offset):
+            if at <= 2:  # "." and ".."
+                yield name, kind, at, "", None
+            else:
+                yield name, kind, at, prefix + name, listing.node(name)
+
     def releasedir(self, fh: int) -> None:
         """Close a folder."""
         self.dirs.pop(fh, None)
@@ -191,14 +214,11 @@ class Operations:
         if not self.handles.unlinked(key):
             self.tree.unlink(key)
 
-    def check_name(self, name: bytes) -> None:
-        """ENAMETOOLONG for a name longer than NAME_MAX (255 bytes), as local filesystems say."""
-        if len(name) > NAME_MAX:
-            raise FsError(errno.ENAMETOOLONG, f"a name of {len(name)} bytes", quiet=True)
-
     def rename(self, src: str, dst: str, flags: int = 0) -> Stored | None:
         """Move a file or folder, atomically, honouring RENAME_NOREPLACE / RENAME_EXCHANGE.
-        A held temporary file is stored by its rename: then what was stored is returned."""
+        A held temporary file is stored by its rename: then what was stored is returned.
+        Other flags (RENAME_WHITEOUT) are EINVAL: the rename is not done."""
+        check_rename_flags(src, flags)
         if self.handles.unstored(src) is not None and not flags & RENAME_EXCHANGE:
             return self.handles.store_as(src, dst, exclusive=bool(flags & RENAME_NOREPLACE))
         self.handles.settle(src)
@@ -231,6 +251,29 @@ class Operations:
     def readlink(self, key: str) -> str:
         """The target of a symlink."""
         return self.tree.readlink(key)
+
+    # ------------------------------------------------------------------ extended attributes
+    def getxattr(self, key: str, name: bytes) -> bytes:
+        """The value of one extended attribute; ENODATA when the node has none of that name."""
+        value = self.xattrs(key).get(name)
+        if value is None:
+            raise FsError(errno.ENODATA, f"{key}: {name!r}", quiet=True)
+        return value
+
+    def listxattr(self, key: str) -> list[bytes]:
+        """The names of a node's extended attributes."""
+        return sorted(self.xattrs(key))
+
+    def xattrs(self, key: str) -> dict[bytes, bytes]:
+        """Every extended attribute of ``key`` (a file not stored yet has none)."""
+        return {} if self.handles.unstored(key) is not None else self.tree.xattrs(key)
+
+    def setxattr(self, key: str, name: bytes, value: bytes | None, flags: int = 0) -> None:
+        """Set (or, with ``value`` None, remove) an extended attribute (see
+        :mod:`zarrfs.fs.xattrs`); an open file's pending content is stored first."""
+        if key in self.handles.states:
+            self.handles.settle(key)
+        self.tree.set_xattr(key, name, value, flags)
 
     # ------------------------------------------------------------------ files
     def create(self, key: str, mode: int, flags: int, uid: int, gid: int) -> int:
@@ -315,5 +358,7 @@ __all__ = [
     "Stored",
     "folders_of",
     "is_quiet",
+    "key_text",
+    "name_bytes",
     "to_errno",
 ]

@@ -18,6 +18,10 @@ A folder too large to snapshot (more than ``limit`` entries, e.g. a flat array f
 million chunks), or whose last snapshot answered fewer lookups than an eighth of its entries
 (a client probing a few chunk keys of a large folder), is looked up name by name for ten
 times ``ttl``.
+
+What the snapshots hold together is bounded by ``entries`` (``-o dir_cache_entries=``, default
+:data:`ENTRIES`, a few hundred bytes each: about 25 MiB): the oldest snapshots go first to make
+room, and no folder larger than the bound is read whole. ``zarrfs status`` shows the count.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ LIMIT = 32768  # entries of the largest folder snapshotted
 FOLDERS = 8  # snapshots kept at once (the oldest goes first)
 WORTH = 8  # a snapshot must answer a lookup per this many entries to be made again
 SKIP_LIFETIMES = 10  # how long a folder too large or not worth it is looked up name by name
+ENTRIES = 65536  # entries of every snapshot together
 
 
 class FolderCache:
@@ -44,11 +49,14 @@ class FolderCache:
         limit: int = LIMIT,
         folders: int = FOLDERS,
         clock: Callable[[], float] = time.monotonic,
+        entries: int = ENTRIES,
     ) -> None:
         self.ttl = ttl
         self.hot = hot
-        self.limit = limit
+        self.limit = min(limit, entries)
         self.folders = folders
+        self.entries = entries  # the bound of what the snapshots hold together
+        self.held = 0  # entries the snapshots hold now
         self.clock = clock
         self._snapshots: dict[str, _Snapshot] = {}
         self._misses: dict[str, list[float | int]] = {}  # folder -> [window start, count]
@@ -73,9 +81,10 @@ class FolderCache:
             elif found.hits * WORTH < len(found.nodes):
                 # It answered too few lookups for what reading the folder cost (a zarr client
                 # probing a few chunk keys of a large folder): look names up one by one.
+                self.held -= len(found.nodes)
                 found.made, found.nodes = now, None
                 return None
-            del self._snapshots[folder]
+            self._drop(folder)
         count = self._misses.get(folder)
         if count is None or now - count[0] > self.ttl:
             if len(self._misses) > 4 * self.folders * self.hot:
@@ -87,10 +96,17 @@ class FolderCache:
         del self._misses[folder]
         nodes = build(self.limit)
         self.builds += 1
-        while len(self._snapshots) >= self.folders:
-            del self._snapshots[next(iter(self._snapshots))]
+        size = 0 if nodes is None else len(nodes)
+        while self._snapshots and (len(self._snapshots) >= self.folders or self.held + size > self.entries):
+            self._drop(next(iter(self._snapshots)))
         self._snapshots[folder] = _Snapshot(now, nodes)
+        self.held += size
         return nodes
+
+    def _drop(self, folder: str) -> None:
+        found = self._snapshots.pop(folder, None)
+        if found is not None and found.nodes is not None:
+            self.held -= len(found.nodes)
 
     def clear(self) -> None:
         """Forget every snapshot (the mount changed something), and make none for ``ttl``: a
@@ -98,7 +114,7 @@ class FolderCache:
         after a lookup of its name, would read the growing folder every few files). A folder
         known to be too large, or not worth a snapshot, stays known as such."""
         for folder in [f for f, snap in self._snapshots.items() if snap.nodes is not None]:
-            del self._snapshots[folder]
+            self._drop(folder)
         self._misses.clear()
         self._quiet_until = self.clock() + self.ttl
 
@@ -107,9 +123,10 @@ class FolderCache:
         (:mod:`zarrfs.fs.changes`). Unlike :meth:`clear`, snapshots are made again at once."""
         if folders is None:
             self._snapshots.clear()
+            self.held = 0
             return
         for folder in folders:
-            self._snapshots.pop(folder, None)
+            self._drop(folder)
 
 
 class _Snapshot:

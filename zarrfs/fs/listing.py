@@ -271,6 +271,21 @@ class Listings:
 
         return self.driver.transact(run, write=False)
 
+    def nodes_of(self, key: str, children: list[tuple[str, int]]) -> dict[str, Node]:
+        """The nodes of ``children`` ((name, kind) of folder ``key``, as a listing gave them)
+        by name, in one transaction, sizes and attributes in batches of reads: what a
+        READDIRPLUS replies with each name, so that ``ls -l``, ``du`` or ``find -size`` need
+        no lookup per name. A name gone meanwhile has no node."""
+
+        def run(t: Txn) -> dict[str, Node]:
+            prefix = key + "/" if key else ""
+            nodes: dict[str, Node] = {}
+            for start in range(0, len(children), FOLDER_BATCH):
+                self._read_nodes(t, prefix, children[start : start + FOLDER_BATCH], None, nodes)
+            return nodes
+
+        return self.driver.transact(run, write=False)
+
     def _merged_children(
         self, t: Txn, key: str, after: str | None, sizes: dict[str, int] | None = None
     ) -> Iterator[tuple[str, int, str]]:
@@ -380,6 +395,7 @@ class DirListing:
 
     def _reset(self) -> None:
         self.window: list[tuple[str, int, str]] = []
+        self.nodes: dict[str, Node] | None = None  # the window's nodes, once asked for
         self.window_start = 0
         self.token: str | None = None
         self.stored_done = False
@@ -397,6 +413,7 @@ class DirListing:
                 return False
             self.window_start += len(self.window)
             self.window = rest
+            self.nodes = None
             return True
         got = self.tree.list_dir(self.key, after=self.token, limit=self.batch)
         if len(got) < self.batch:
@@ -405,11 +422,20 @@ class DirListing:
             return self._fetch()
         self.window_start += len(self.window)
         self.window = got
+        self.nodes = None
         self.token = got[-1][2]
         if self._extra_names:
             self._listed.update(name for name, _, _ in got if name in self._extra_names)
         self.batch = min(self.batch * 4, MAX_BATCH)
         return True
+
+    def node(self, name: str) -> Node | None:
+        """The node of ``name``, an entry of the window :meth:`entries` is in (None when it
+        is gone); the window's nodes are read at the first ask, in one transaction, so a
+        listing holds a window of nodes at most, whatever the size of the folder."""
+        if self.nodes is None:
+            self.nodes = self.tree.nodes_of(self.key, [(n, kind) for n, kind, _ in self.window])
+        return self.nodes.get(name)
 
     def entries(self, offset: int) -> Iterator[tuple[str, int, int]]:
         """Yield ``(name, kind, offset)`` for every entry after ``offset``."""

@@ -4,11 +4,10 @@
 A path is a key (``/grp/arr/0.0`` is ``grp/arr/0.0``); folders derive from key prefixes and
 side markers (:mod:`zarrfs.fs.lookups`). A :class:`Tree` is three parts: lookups
 (:class:`zarrfs.fs.lookups.Lookups`), listings (:class:`zarrfs.fs.listing.Listings`) and the
-writes here (commit, unlink, rmdir, set_attrs, rename, link), with
-:class:`Hooks`, where the format layer plugs in.
-Making side entries (folders, symlinks, special files), the owner of a new node and the times
-of a folder a name is added to or removed from are in :mod:`zarrfs.fs.entries`; the
-bookkeeping of hard links in :mod:`zarrfs.fs.hardlinks`.
+writes here (commit, unlink, rmdir, set_attrs, rename, link), with :class:`Hooks`, where the
+format layer plugs in; extended attributes are :mod:`zarrfs.fs.xattrs`'s. Making side entries
+(folders, symlinks, special files), the owner of a new node and the times of a folder a name
+is added to or removed from are in :mod:`zarrfs.fs.entries`; hard links in :mod:`~.hardlinks`.
 
 Everything here is one driver transaction per call; nothing here knows about FUSE, so it imports
 and tests without a mount. POSIX conditions are raised as :class:`zarrfs.fs.errors.FsError`.
@@ -21,14 +20,15 @@ import stat
 import time
 from typing import Any
 
-from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, Txn
+from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, StalledError, Txn
 from zarrfs.fs import hardlinks, parts
 from zarrfs.fs.entries import Entries
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.hardlinks import POINTER, LinkGroups, pointer_key
 from zarrfs.fs.listing import FOLDER_BATCH, Listings
 from zarrfs.fs.lookups import DIR, FILE, LINK, Lookups, Node
-from zarrfs.fs.sidedata import ENTRY, EPOCH, Attrs, attr_key, entry_key
+from zarrfs.fs.sidedata import ENTRY, EPOCH, XATTR, Attrs, attr_key, entry_key, xattr_key
+from zarrfs.fs.xattrs import Xattrs
 
 # Names other modules import from here (their home is zarrfs.fs.lookups / zarrfs.fs.listing).
 __all__ = [
@@ -41,10 +41,18 @@ __all__ = [
     "Hooks",
     "Node",
     "Tree",
+    "check_rename_flags",
 ]
 
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
+
+
+def check_rename_flags(src: str, flags: int) -> None:
+    """EINVAL for rename flags not done here: RENAME_WHITEOUT (which overlayfs asks of its
+    upper layer), any later flag, and NOREPLACE with EXCHANGE."""
+    if flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE) or flags == RENAME_NOREPLACE | RENAME_EXCHANGE:
+        raise FsError(errno.EINVAL, f"rename of {src} with flags {flags:#x}")
 
 
 class Hooks:
@@ -112,7 +120,7 @@ class _Recording:
         return getattr(self._txn, name)
 
 
-class Tree(Entries, Listings, Lookups, LinkGroups):
+class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
     """The filesystem over one driver: lookups, listings and every namespace change.
 
     ``uid``/``gid``/``umask`` give the attributes of nodes that have none recorded.
@@ -154,7 +162,10 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
             return int(raw)
         now = time.time_ns()
         if not self.driver.readonly:
-            self.driver.put(EPOCH, str(now).encode(), SIDE)
+            try:
+                self.driver.put(EPOCH, str(now).encode(), SIDE)
+            except StalledError:  # another program holds the write lock: the next mount records it
+                pass
         return now
 
     # ------------------------------------------------------------------ writes
@@ -281,6 +292,7 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
             if found[0] == FILE and not left:
                 self._garbage.append(parts.parted_of(found[3]))
             t.delete(attr_key(key), SIDE)
+            t.delete(xattr_key(key), SIDE)
             if keep:  # writes a full store may refuse (see _removing)
                 self._keep_parent(t, key)
                 self._folder_changed(t, where, folder[3] if folder else None, self._now())
@@ -303,8 +315,8 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
                 raise FsError(errno.ENOTDIR, key)
             if self._has_children(t, key):
                 raise FsError(errno.ENOTEMPTY, key, quiet=True)
-            t.delete(entry_key(key), SIDE)
-            t.delete(attr_key(key), SIDE)
+            for side_key in (entry_key(key), attr_key(key), xattr_key(key)):
+                t.delete(side_key, SIDE)
             if keep:  # writes a full store may refuse (see _removing)
                 self._keep_parent(t, key)
                 self._folder_changed(t, where, folder[3] if folder else None, self._now())
@@ -354,7 +366,7 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
         if value is not None:
             records.append((DATA, key, value))
         records.extend((DATA, k, v) for k, v in t.scan_prefix(key + "/", fetch=VALUES))
-        for side_prefix in (ENTRY, "a:"):
+        for side_prefix in (ENTRY, "a:", XATTR):
             raw = t.get(side_prefix + key, SIDE)
             if raw is not None:
                 records.append((SIDE, side_prefix + key, raw))
@@ -371,7 +383,7 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
 
     @staticmethod
     def _moved(record_key: str, src: str, dst: str) -> str:
-        for side_prefix in (ENTRY, "a:", POINTER):
+        for side_prefix in (ENTRY, "a:", XATTR, POINTER):
             if record_key.startswith(side_prefix):
                 return side_prefix + dst + record_key[len(side_prefix) + len(src) :]
         return dst + record_key[len(src) :]
@@ -395,8 +407,9 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
 
     def rename(self, src: str, dst: str, flags: int = 0) -> bool:
         """Move a file or a whole folder atomically, replacing an existing target atomically;
-        honours RENAME_NOREPLACE and RENAME_EXCHANGE. Onto another name of the same file, a
-        rename does nothing (POSIX): then False is returned."""
+        honours RENAME_NOREPLACE and RENAME_EXCHANGE (others: EINVAL). Onto another name of the
+        same file, a rename does nothing (POSIX): then False is returned."""
+        check_rename_flags(src, flags)
         if src == dst:
             return False
         if not src or not dst:
@@ -480,6 +493,8 @@ class Tree(Entries, Listings, Lookups, LinkGroups):
                 value = self.hooks.arrive(t, dst, t.get(src), src)
                 t.put(dst, value)
                 self._changed(t, dst, value)
+            if (xattrs := t.get(xattr_key(src), SIDE)) is not None:  # the file's, on each name
+                t.put(xattr_key(dst), xattrs, SIDE)
             group = hardlinks.join(t, hardlinks.load(t, src, s[4]), src, dst)
             self._touch_group(group.names, s[3], t, s[0])
             self._folder_changed(t, dst.rpartition("/")[0], parent[3], self._now())

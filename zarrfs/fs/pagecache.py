@@ -87,7 +87,13 @@ class PageCache:
 
     def shown(self, pages: Pages, node: Node) -> None:
         """The kernel was given ``node``'s attributes (a lookup, a getattr). A changed size or
-        mtime means the pages it holds are of an older content: the next open drops them."""
+        mtime means the pages it holds are of an older content: the next open drops them.
+        A file never opened (no stamp, no pages kept) has nothing to compare: nothing is
+        recorded, which keeps the many names an ``ls -l`` shows at the size of their node IDs."""
+        if pages.stamp is not None or pages.cache_ok:
+            self._record(pages, node)
+
+    def _record(self, pages: Pages, node: Node) -> None:
         if node.kind == FILE:  # folders and symlinks have no pages to keep
             stamp = (node.size, node.attrs.mtime)
             if stamp != pages.stamp:
@@ -123,11 +129,11 @@ class PageCache:
         Whatever the answer, the pages the kernel reads from now on are the content seen
         here, so the open after this one may keep them unless the file changes again."""
         if seen is not None:
-            self.shown(pages, seen)
+            self._record(pages, seen)
         elif self.clock() - pages.stamp_time > self.attr_timeout:
             node = find(key)
             if node is not None:
-                self.shown(pages, node)
+                self._record(pages, node)
         keep, pages.cache_ok = pages.cache_ok, True
         return keep
 

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
-from zarrfs.backends.base import DATA, KEYS, SIDE, Txn
+from zarrfs.backends.base import DATA, KEYS, PARTS, SIDE, Size, Txn
 from zarrfs.fs import hardlinks
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.manifest import MAGIC, MANIFEST_SIZE, Parted, new_id
@@ -97,7 +97,7 @@ def read_parts(t: Txn, parted: Parted, offset: int, size: int) -> bytes:
     pieces: list[bytes] = []
     while offset < end:
         n, within = divmod(offset, parted.part)
-        piece = t.read(parted.key(n), within, min(end - offset, parted.part - within), SIDE)
+        piece = t.read(parted.key(n), within, min(end - offset, parted.part - within), PARTS)
         if not piece:
             raise FsError(errno.EIO, f"part {n} of a value stored in parts ({parted.id}) is missing")
         pieces.append(piece)
@@ -171,9 +171,13 @@ def check_present(t: Txn, key: str, parted: Parted) -> None:
     ``zarrfs check --repair`` running beside the mount took them for orphans), so a file is
     never stored with parts missing. A scan of their keys: asking the sizes of large values
     in a write transaction makes LMDB page them in."""
-    prefix = parted.key(0).rpartition("/")[0] + "/"
-    present = {k for k, _ in t.scan_prefix(prefix, space=SIDE, fetch=KEYS)}
-    missing = sum(1 for n in range(parted.count) if parted.key(n) not in present)
+    if t.spaces[PARTS] is PARTS:  # parts kept apart (on other servers): asked, in one batch
+        sizes = t.read_many([Size(parted.key(n), PARTS) for n in range(parted.count)])
+        missing = sum(1 for size in sizes if size is None)
+    else:
+        prefix = parted.key(0).rpartition("/")[0] + "/"
+        present = {k for k, _ in t.scan_prefix(prefix, space=PARTS, fetch=KEYS)}
+        missing = sum(1 for n in range(parted.count) if parted.key(n) not in present)
     if missing:
         raise FsError(errno.EIO, f"{key}: {missing} of its {parted.count} parts vanished before the commit")
 
@@ -195,7 +199,7 @@ def store(driver: Any, size: int, readinto: Callable[[int, memoryview], int], pa
                 if step <= 0:
                     raise FsError(errno.EIO, "the file's buffer ended before its size")
                 got += step
-            driver.transact(lambda t, n=n, view=view: t.put(parted.key(n), view, SIDE))
+            driver.transact(lambda t, n=n, view=view: t.put(parted.key(n), view, PARTS))
             done = n + 1
     except BaseException:
         free(driver, [parted], upto=done)
@@ -214,7 +218,7 @@ def free(driver: Any, versions: Iterable[Parted], upto: int | None = None) -> No
         try:
             for n in range(count):
                 key = parted.key(n)
-                driver.transact(lambda t, key=key: t.delete(key, SIDE))
+                driver.transact(lambda t, key=key: t.delete(key, PARTS))
         except Exception as exc:
             log.error("parts of %s not deleted (zarrfs check --repair deletes them): %s", parted.id, exc)
 
@@ -288,7 +292,10 @@ class Parting:
         if limit is not None and size > limit:
             whole_only = self.tree.hooks_transform or getattr(self.tree.hooks, "whole", lambda k: False)(key)
             return not whole_only  # too large either way: EFBIG, as before
-        if size <= self.above or self.tree.hooks_transform:
+        above = self.above
+        if self.tree.driver.parts_above is not None:
+            above = min(above, self.tree.driver.parts_above)
+        if size <= above or self.tree.hooks_transform:
             return False
         return not getattr(self.tree.hooks, "whole", lambda k: False)(key)
 

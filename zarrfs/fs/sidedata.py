@@ -14,6 +14,8 @@ under a folder never sees the others:
   (:mod:`zarrfs.fs.hardlinks`).
 * ``p:<id>/<n>``: part ``n`` of a value stored in parts (:mod:`zarrfs.fs.parts`); the file's
   ``a:`` record then ends with the value's manifest (:mod:`zarrfs.fs.manifest`).
+* ``x:<key>``: the extended attributes of a node (:func:`pack_xattrs`), absent when it has
+  none; like ``a:``, each name of a file with hard links has the same record.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from zarrfs.fs.manifest import MANIFEST_SIZE, Parted
 
 ATTR = "a:"
 ENTRY = "e:"
+XATTR = "x:"
 EPOCH = "epoch"
 
 DIR_MARK = b"d"
@@ -38,6 +41,7 @@ SPECIAL_TYPES = (stat.S_IFIFO, stat.S_IFCHR, stat.S_IFBLK, stat.S_IFSOCK)
 _SPECIAL_RECORD = struct.Struct("<IQ")  # file-type bits, device number
 
 _ATTR_RECORD = struct.Struct("<IIIqqq")
+_XATTR_HEAD = struct.Struct("<BI")  # name length, value length; then the name, the value
 
 
 @dataclass
@@ -106,3 +110,31 @@ def read_special(mark: bytes) -> tuple[int, int]:
         return stat.S_IFIFO, 0
     kind, rdev = _SPECIAL_RECORD.unpack(body)
     return (kind, rdev) if kind in SPECIAL_TYPES else (stat.S_IFIFO, 0)
+
+
+def xattr_key(key: str) -> str:
+    """Side key of the extended attributes of ``key``."""
+    return XATTR + key
+
+
+def pack_xattrs(xattrs: dict[bytes, bytes]) -> bytes:
+    """Encode a node's extended attributes (name -> value) for the side space."""
+    out = []
+    for name, value in sorted(xattrs.items()):
+        out += [_XATTR_HEAD.pack(len(name), len(value)), name, value]
+    return b"".join(out)
+
+
+def unpack_xattrs(raw: bytes | None) -> dict[bytes, bytes]:
+    """Decode :func:`pack_xattrs`; what is cut short is left out."""
+    out: dict[bytes, bytes] = {}
+    raw = bytes(raw or b"")
+    at = 0
+    while at + _XATTR_HEAD.size <= len(raw):
+        n, v = _XATTR_HEAD.unpack_from(raw, at)
+        at += _XATTR_HEAD.size
+        if at + n + v > len(raw):
+            break
+        out[raw[at : at + n]] = raw[at + n : at + n + v]
+        at += n + v
+    return out

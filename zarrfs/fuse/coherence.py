@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from zarrfs.fs.api import ChangeWatcher, folders_of
+from zarrfs.fs.api import ChangeWatcher, folders_of, name_bytes
 from zarrfs.fuse import abi as k
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def inval_inode(nodeid: int) -> bytes:
 
 def inval_entry(parent_id: int, name: str) -> bytes:
     """The notification dropping the entry ``name`` of folder ``parent_id``."""
-    raw = name.encode("utf-8", "surrogateescape")
+    raw = name_bytes(name)
     size = k.NOTIFY_INVAL_ENTRY_OUT.size + len(raw) + 1
     return k.NOTIFY_INVAL_ENTRY_OUT.pack(size, k.NOTIFY_INVAL_ENTRY, 0, parent_id, len(raw), 0) + raw + b"\0"
 

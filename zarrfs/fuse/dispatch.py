@@ -48,7 +48,7 @@ class Dispatcher:
         self._handlers: list[Handler] = [self._unknown] * (_TABLE + 1)
         self._min_len = [k.IN_HEADER_SIZE] * (_TABLE + 1)
         self._answered = [True] * (_TABLE + 1)
-        self._names = [f"opcode_{code}" for code in range(_TABLE)] + ["unknown"]
+        self._names = [k.UNSERVED_NAMES.get(code, f"opcode_{code}") for code in range(_TABLE)] + ["unknown"]
         for code, handler in handlers.items():
             op = k.OPCODES[code]
             self._handlers[code] = handler

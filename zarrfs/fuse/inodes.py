@@ -1,72 +1,177 @@
 """The inode table: which store key each node ID the kernel holds stands for.
 
 The kernel names files by node ID, the store by key. A node ID is handed out when a name is
-looked up (or created): each reply that gives the kernel a node ID counts one lookup, and
-FORGET takes counts back. A node the kernel forgot (its cache evicted it: memory pressure,
-``drop_caches``) is kept, idle, while it names a key, up to :data:`IDLE_NODES` of them (the
-oldest go first): looked up again, the file gets its node ID and so its inode number back,
-renames followed meanwhile, as a local disk's inode numbers stay while the file lives. One
-key has one node ID at a time. Node IDs are never reused (a 64-bit counter), so a stale ID
-can never name another file.
-The names of a file with hard links (one link group, :mod:`zarrfs.fs.hardlinks`) share one
-node ID: the kernel sees one inode, whichever name it looks up.
+looked up, listed by READDIRPLUS or created: each reply that gives the kernel a node ID counts
+one lookup, and FORGET takes counts back. A node the kernel forgot (its cache evicted it:
+memory pressure, ``drop_caches``) is kept, idle, while it names a key, up to
+:data:`IDLE_NODES` of them (the oldest go first): looked up again, the file gets its node ID
+and so its inode number back, renames followed meanwhile, as a local disk's inode numbers stay
+while the file lives. One key has one node ID at a time. The names of a file with hard links
+(one link group, :mod:`zarrfs.fs.hardlinks`) share one node ID: the kernel sees one inode,
+whichever name it looks up.
+
+A listing of a million names gives the kernel a million node IDs, so a node is a row of
+compact tables rather than an object: its key (shared with the key -> ID dict), kind, lookup
+count and generation in arrays indexed by a slot, about 150 bytes a name with its key (an
+object per name cost 350). What few nodes have more (the page cache state of an opened file,
+a link group, other names) lives in dicts beside them. A node ID is ``generation << 32 |
+slot``: a slot freed and used again gets the next generation, so an ID is never handed out
+twice and a stale ID never names another file. :meth:`get` gives an :class:`Inode`, a view of
+one row (and, as :class:`Pages`, of its page cache state).
 
 A rename moves the keys of a node and of every node below it; an unlink detaches the node
-(the kernel may still hold it open). Pure bookkeeping: no FUSE, no database. Each node is also
-the :class:`~zarrfs.fs.pagecache.Pages` of the page cache policy: what it remembers of a file
-lives on the node, so it goes when the kernel forgets the node.
+(the kernel may still hold it open). Pure bookkeeping: no FUSE, no database; each operation
+is a few dict and array updates.
 """
 
 from __future__ import annotations
 
 import stat
+from array import array
 from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 
 from zarrfs.fs.api import Pages
 from zarrfs.fuse.abi import ROOT_ID
 
-#: Forgotten nodes kept for their inode numbers (about 200 bytes each).
+#: Forgotten nodes kept for their inode numbers (about 250 bytes each).
 IDLE_NODES = 65536
+#: Nodes the table must have lost, and half of its largest size, before :meth:`InodeTable.shrunk`.
+SHRUNK_BY = 16384
+_SLOT = 0xFFFFFFFF
 
 
-class Inode(Pages):
-    """One node the kernel holds: its key (None once unlinked), kind (the file-type bits) and
-    lookup count; as :class:`Pages`, what decides whether its cached pages may be kept. A file
-    with hard links has its link group's id and, besides ``key``, its other names the kernel
-    looked up (``aliases``)."""
+class Inode:
+    """A view of one node of an :class:`InodeTable`: its key (None once unlinked), kind (the
+    file-type bits), lookup count, link group and other names (``aliases``) of a file with
+    hard links; as :class:`Pages`, what decides whether its cached pages may be kept (held by
+    the table only for files that have some)."""
 
-    __slots__ = ("aliases", "group", "key", "kind", "lookups")
+    __slots__ = ("_table", "nodeid")
 
-    def __init__(self, key: str | None, kind: int) -> None:
-        # Pages' fields set here rather than by its __init__: one call less for each new node.
-        self.stamp = None
-        self.stamp_time = 0.0
-        self.cache_ok = False
-        self.key = key
-        self.kind = kind
-        self.lookups = 0
-        self.group = ""
-        self.aliases: set[str] | None = None
+    def __init__(self, table: InodeTable, nodeid: int) -> None:
+        self._table, self.nodeid = table, nodeid
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Inode) and other._table is self._table and other.nodeid == self.nodeid
+
+    def __hash__(self) -> int:
+        return hash(self.nodeid)
+
+    @property
+    def key(self) -> str | None:
+        return self._table.key(self.nodeid)
+
+    @property
+    def kind(self) -> int:
+        return self._table._kinds[self.nodeid & _SLOT]
+
+    @property
+    def lookups(self) -> int:
+        return self._table._lookups[self.nodeid & _SLOT]
+
+    @property
+    def group(self) -> str:
+        return self._table._group.get(self.nodeid, "")
+
+    @property
+    def aliases(self) -> set[str] | None:
+        return self._table._aliases.get(self.nodeid)
+
+    def _pages(self) -> Pages:
+        pages = self._table._pages.get(self.nodeid)
+        if pages is None:
+            pages = self._table._pages[self.nodeid] = Pages()
+        return pages
+
+    @property
+    def stamp(self) -> tuple[int, int] | None:
+        pages = self._table._pages.get(self.nodeid)
+        return None if pages is None else pages.stamp
+
+    @stamp.setter
+    def stamp(self, value: tuple[int, int] | None) -> None:
+        if value is not None or self.nodeid in self._table._pages:
+            self._pages().stamp = value
+
+    @property
+    def stamp_time(self) -> float:
+        pages = self._table._pages.get(self.nodeid)
+        return 0.0 if pages is None else pages.stamp_time
+
+    @stamp_time.setter
+    def stamp_time(self, value: float) -> None:
+        if value or self.nodeid in self._table._pages:
+            self._pages().stamp_time = value
+
+    @property
+    def cache_ok(self) -> bool:
+        pages = self._table._pages.get(self.nodeid)
+        return pages is not None and pages.cache_ok
+
+    @cache_ok.setter
+    def cache_ok(self, value: bool) -> None:
+        if value or self.nodeid in self._table._pages:
+            self._pages().cache_ok = value
+
+
+class _Nodes:
+    """The table's nodes by ID, as a read-only mapping of :class:`Inode` views."""
+
+    __slots__ = ("_table",)
+
+    def __init__(self, table: InodeTable) -> None:
+        self._table = table
+
+    def get(self, nodeid: int, default: Inode | None = None) -> Inode | None:
+        return Inode(self._table, nodeid) if self._table._live(nodeid) else default
+
+    def __getitem__(self, nodeid: int) -> Inode:
+        if not self._table._live(nodeid):
+            raise KeyError(nodeid)
+        return Inode(self._table, nodeid)
+
+    def __contains__(self, nodeid: object) -> bool:
+        return isinstance(nodeid, int) and self._table._live(nodeid)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def __iter__(self) -> Iterator[int]:
+        t = self._table
+        return (t._gens[s] << 32 | s for s in range(1, len(t._kinds)) if t._kinds[s])
 
 
 class InodeTable:
-    """Node IDs and keys, both ways."""
+    """Node IDs and keys, both ways, in compact tables (see the module's docstring)."""
 
     def __init__(self, root_kind: int) -> None:
-        root = Inode("", root_kind)
-        root.lookups = 1  # the kernel never forgets the root
-        self.nodes: dict[int, Inode] = {ROOT_ID: root}
-        self.ids: dict[str, int] = {"": ROOT_ID}
+        assert ROOT_ID == 1  # slot 1, generation 0
+        self.ids: dict[str, int] = {"": ROOT_ID}  # key -> node ID, for every node that names one
+        self._keys: list[str | None] = [None, ""]  # slot -> key (None: unlinked, or a free slot)
+        self._kinds = array("I", [0, root_kind])  # slot -> file-type bits; 0: a free slot
+        self._lookups = array("Q", [0, 1])  # the kernel never forgets the root
+        self._gens = array("I", [0, 0])  # slot -> generation of its node
+        self._free = array("I")  # free slots, the last freed used first
+        self._count = 1
+        self._pages: dict[int, Pages] = {}  # node ID -> page cache state, for files that have one
+        self._group: dict[int, str] = {}  # node ID -> its link group
+        self._aliases: dict[int, set[str]] = {}  # node ID -> its other names
         self.groups: dict[str, int] = {}  # link group id -> node ID
         self.idle: OrderedDict[int, None] = OrderedDict()  # forgotten, kept: oldest first
-        self._next = ROOT_ID + 1
+        self.nodes = _Nodes(self)
+        self._peak = 1  # the most nodes held since the table last shrank
 
     def __len__(self) -> int:
-        return len(self.nodes)
+        return self._count
+
+    def _live(self, nodeid: int) -> bool:
+        slot = nodeid & _SLOT
+        return 0 < slot < len(self._kinds) and self._kinds[slot] != 0 and self._gens[slot] == nodeid >> 32
 
     def get(self, nodeid: int) -> Inode | None:
         """The node with this ID, or None for one the table does not know."""
-        return self.nodes.get(nodeid)
+        return Inode(self, nodeid) if self._live(nodeid) else None
 
     def held(self, key: str) -> int | None:
         """The node ID of ``key`` if the kernel holds that node (not one it forgot)."""
@@ -75,89 +180,154 @@ class InodeTable:
 
     def key(self, nodeid: int) -> str | None:
         """The key of a node; None when the ID is unknown or its file was unlinked."""
-        node = self.nodes.get(nodeid)
-        return None if node is None else node.key
+        return self._keys[nodeid & _SLOT] if self._live(nodeid) else None
+
+    def _new(self, key: str, kind: int) -> int:
+        if self._free:
+            slot = self._free.pop()
+            self._gens[slot] += 1
+            self._keys[slot], self._kinds[slot], self._lookups[slot] = key, kind, 0
+        else:
+            slot = len(self._kinds)
+            self._keys.append(key)
+            self._kinds.append(kind)
+            self._lookups.append(0)
+            self._gens.append(0)
+        self._count += 1
+        nodeid = self._gens[slot] << 32 | slot
+        self.ids[key] = nodeid
+        return nodeid
 
     def remember(self, key: str, kind: int, group: str = "") -> tuple[int, Inode]:
         """The node ID for ``key`` (a new one the first time, or when the kind changed), counted
         as one more lookup by the kernel. A file of link group ``group`` gets the node ID of
         the group's other names, if the kernel holds one."""
         nodeid = self.ids.get(key)
-        node = None if nodeid is None else self.nodes[nodeid]
-        if node is None and group:
-            nodeid = self.groups.get(group)
-            node = None if nodeid is None else self.nodes.get(nodeid)
-            if node is not None and node.kind == kind and node.key is not None:
-                node.aliases = node.aliases or set()
-                node.aliases.add(key)
-                self.ids[key] = nodeid
-            else:
-                node = None
-        if node is None or node.kind != kind:
-            if node is not None:
-                node.key = None  # the kernel's old inode of another type: detached
-            nodeid = self._next
-            self._next += 1
-            node = Inode(key, kind)
-            self.nodes[nodeid] = node
-            self.ids[key] = nodeid
-        if group and node.group != group:
-            self.linked(nodeid, group)
-        if not node.lookups:
+        if (
+            nodeid is not None
+            and group
+            and not self._lookups[nodeid & _SLOT]
+            and nodeid not in self._group
+            and group in self.groups
+        ):
+            # Numbered by a listing before its link group was known: the group's node wins.
             self.idle.pop(nodeid, None)
-        node.lookups += 1
-        return nodeid, node
+            self._drop(nodeid)
+            nodeid = None
+        if nodeid is None and group:
+            nodeid = self.groups.get(group)
+            if nodeid is not None and self._live(nodeid) and self._kinds[nodeid & _SLOT] == kind:
+                if self._keys[nodeid & _SLOT] is None:
+                    nodeid = None
+                else:
+                    self._aliases.setdefault(nodeid, set()).add(key)
+                    self.ids[key] = nodeid
+            else:
+                nodeid = None
+        if nodeid is not None and self._kinds[nodeid & _SLOT] != kind:
+            self._unname(nodeid, key, detach_all=True)  # the kernel's old inode of another type
+            nodeid = None
+        if nodeid is None:
+            nodeid = self._new(key, kind)
+        if group and self._group.get(nodeid) != group:
+            self.linked(nodeid, group)
+        slot = nodeid & _SLOT
+        if not self._lookups[slot]:
+            self.idle.pop(nodeid, None)
+        self._lookups[slot] += 1
+        return nodeid, Inode(self, nodeid)
+
+    def number(self, key: str, kind: int) -> int:
+        """The inode number a listing shows for ``key`` (``d_ino``): its node ID, or a new one
+        kept idle like a forgotten node, so that the lookup that follows gives the same
+        number (unless :data:`IDLE_NODES` newer ones pushed it out)."""
+        nodeid = self.ids.get(key)
+        if nodeid is not None and self._kinds[nodeid & _SLOT] == kind:
+            return nodeid
+        if nodeid is not None:
+            del self.ids[key]
+            self._unname(nodeid, key)
+        nodeid = self._new(key, kind)
+        self.idle[nodeid] = None
+        while len(self.idle) > IDLE_NODES:
+            old, _ = self.idle.popitem(last=False)
+            self._drop(old)
+        return nodeid
+
+    def numbered(self, key: str, nodeid: int, entries: Iterable[tuple[str, int, int]]) -> Iterator[tuple]:
+        """The ``(name, kind, offset)`` entries of a listing of folder ``key`` (node ``nodeid``)
+        with their inode numbers, those ``stat`` gives (``d_ino``)."""
+        prefix = key + "/" if key else ""
+        number = self.number
+        for name, kind, offset in entries:
+            if name == ".":
+                yield name, kind, offset, nodeid
+            elif name == "..":
+                yield name, kind, offset, (self.ids.get(key.rpartition("/")[0]) if key else None) or ROOT_ID
+            else:
+                yield name, kind, offset, number(prefix + name, kind)
 
     def linked(self, nodeid: int, group: str) -> None:
         """The file of node ``nodeid`` is of link group ``group``: a lookup of another of its
         names gives the same node ID (as the reply to LINK must)."""
-        node = self.nodes.get(nodeid)
-        if node is not None and node.key is not None and group:
-            node.group = group
+        if group and self.key(nodeid) is not None:
+            self._group[nodeid] = group
             self.groups[group] = nodeid
 
-    def _unname(self, nodeid: int, key: str) -> None:
-        """``key`` (out of :attr:`ids` already) no longer names node ``nodeid``: a file
-        keeps its other names; else the node names nothing."""
-        node = self.nodes[nodeid]
-        if not node.aliases:
-            node.key = None
-            if not node.lookups and self.idle.pop(nodeid, False) is None:
-                self._drop(nodeid, node)  # forgotten by the kernel, and now nameless
-        elif node.key == key:
-            node.key = node.aliases.pop()
+    def _unname(self, nodeid: int, key: str, detach_all: bool = False) -> None:
+        """``key`` (out of :attr:`ids` already, unless ``detach_all``) no longer names node
+        ``nodeid``: a file keeps its other names; else (or with ``detach_all``) the node names
+        nothing."""
+        slot = nodeid & _SLOT
+        aliases = self._aliases.get(nodeid)
+        if detach_all or not aliases:
+            for name in (self._keys[slot], *(aliases or ())):
+                if name is not None and self.ids.get(name) == nodeid:
+                    del self.ids[name]
+            self._keys[slot] = None
+            self._aliases.pop(nodeid, None)
+            if not self._lookups[slot] and self.idle.pop(nodeid, False) is None:
+                self._drop(nodeid)  # forgotten by the kernel, and now nameless
+        elif self._keys[slot] == key:
+            self._keys[slot] = aliases.pop()
         else:
-            node.aliases.discard(key)
+            aliases.discard(key)
 
     def forget(self, nodeid: int, count: int) -> None:
         """The kernel dropped ``count`` lookups of a node; at zero the node is gone."""
-        node = self.nodes.get(nodeid)
-        if node is None or nodeid == ROOT_ID:
+        if nodeid == ROOT_ID or not self._live(nodeid):
             return
-        node.lookups -= count
-        if node.lookups > 0:
+        slot = nodeid & _SLOT
+        left = self._lookups[slot] - count
+        if left > 0:
+            self._lookups[slot] = left
             return
-        node.lookups = 0
-        if node.key is None:
-            self._drop(nodeid, node)
+        self._lookups[slot] = 0
+        if self._keys[slot] is None:
+            self._drop(nodeid)
             return
         # The kernel's inode is gone, and with it its cached pages: nothing of them to keep.
-        node.stamp, node.stamp_time, node.cache_ok = None, 0.0, False
+        self._pages.pop(nodeid, None)
         self.idle[nodeid] = None
         while len(self.idle) > IDLE_NODES:
             old, _ = self.idle.popitem(last=False)
-            self._drop(old, self.nodes[old])
+            self._drop(old)
 
-    def _drop(self, nodeid: int, node: Inode) -> None:
-        del self.nodes[nodeid]
-        if node.key is not None and self.ids.get(node.key) == nodeid:
-            del self.ids[node.key]
-        if node.group:
-            for name in node.aliases or ():
-                if self.ids.get(name) == nodeid:
-                    del self.ids[name]
-            if self.groups.get(node.group) == nodeid:
-                del self.groups[node.group]
+    def _drop(self, nodeid: int) -> None:
+        slot = nodeid & _SLOT
+        key = self._keys[slot]
+        if key is not None and self.ids.get(key) == nodeid:
+            del self.ids[key]
+        for name in self._aliases.pop(nodeid, ()):
+            if self.ids.get(name) == nodeid:
+                del self.ids[name]
+        group = self._group.pop(nodeid, None)
+        if group is not None and self.groups.get(group) == nodeid:
+            del self.groups[group]
+        self._pages.pop(nodeid, None)
+        self._keys[slot], self._kinds[slot], self._lookups[slot] = None, 0, 0
+        self._free.append(slot)
+        self._count -= 1
 
     def detach(self, key: str) -> None:
         """The file or folder at ``key`` was removed: its node (if any) names nothing now."""
@@ -169,7 +339,7 @@ class InodeTable:
         """``src`` (and everything under it) is now ``dst``; a node at ``dst`` was replaced."""
         self.detach(dst)
         nodeid = self.ids.get(src)
-        if nodeid is not None and self.nodes[nodeid].kind != stat.S_IFDIR:
+        if nodeid is not None and self._kinds[nodeid & _SLOT] != stat.S_IFDIR:
             # Nothing lies below a file: no need to look through every node the kernel holds
             # (a zarr chunk is stored by a rename, and after an ``ls -l`` of a large folder the
             # kernel may hold 100,000 nodes: a search of them all for each rename).
@@ -184,12 +354,13 @@ class InodeTable:
             stale = self.ids.pop(new, None)
             if stale is not None:
                 self._unname(stale, new)
-            node = self.nodes[nodeid]
-            if node.key == k or not node.aliases:
-                node.key = new
+            slot = nodeid & _SLOT
+            aliases = self._aliases.get(nodeid)
+            if self._keys[slot] == k or not aliases:
+                self._keys[slot] = new
             else:  # another name of a file with hard links
-                node.aliases.discard(k)
-                node.aliases.add(new)
+                aliases.discard(k)
+                aliases.add(new)
             self.ids[new] = nodeid
 
     def exchanged(self, a: str, b: str) -> None:
@@ -198,3 +369,20 @@ class InodeTable:
         self.moved(a, tmp)
         self.moved(b, a)
         self.moved(tmp, b)
+
+    def shrunk(self) -> bool:
+        """Whether the table lost half its nodes, and at least :data:`SHRUNK_BY`, since it
+        was largest (or since the last True). Its dicts are then made again at their size (a
+        dict keeps its largest table through deletions: 300,000 names forgotten left ~20 MB
+        of empty slots), and the memory the nodes took may go back to the system."""
+        n = self._count
+        if n > self._peak:
+            self._peak = n
+        elif self._peak - n >= max(SHRUNK_BY, self._peak // 2):
+            self._peak = n
+            for table in (self.ids, self.idle):  # in place: others hold them
+                kept = table.copy()
+                table.clear()
+                table.update(kept)
+            return True
+        return False

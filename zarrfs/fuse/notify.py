@@ -20,6 +20,7 @@ import queue
 import threading
 from collections.abc import Callable
 
+from zarrfs.fs.api import name_bytes
 from zarrfs.fuse import abi as k
 
 log = logging.getLogger("zarrfs.fuse.notify")
@@ -39,7 +40,7 @@ def invalidations(keys: list[str], held: Callable[[str], int | None]) -> list[by
         parent, _, name = key.rpartition("/")
         parent_id = held(parent)
         if parent_id is not None:
-            raw = name.encode("utf-8", "surrogateescape")
+            raw = name_bytes(name)
             size = k.NOTIFY_INVAL_ENTRY_OUT.size + len(raw) + 1
             head = k.NOTIFY_INVAL_ENTRY_OUT.pack(size, k.NOTIFY_INVAL_ENTRY, 0, parent_id, len(raw), 0)
             notes.append(head + raw + b"\0")

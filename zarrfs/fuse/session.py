@@ -16,14 +16,17 @@ import logging
 import os
 from collections.abc import Callable
 
-from zarrfs.fs.api import DIR, NAME_MAX, NOW, RENAME_EXCHANGE, FsError, Node, Operations, PageCache, Stored
+from zarrfs.fs.api import DIR, NOW, RENAME_EXCHANGE, FsError, Node, Operations, PageCache, Stored, key_text
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.abi import Header
+from zarrfs.fuse.dirreq import DirRequests
 from zarrfs.fuse.dispatch import Dispatcher, Handler
 from zarrfs.fuse.handshake import Agreed, Refused, negotiate
 from zarrfs.fuse.inodes import InodeTable
 from zarrfs.fuse.lockreq import LockRequests
 from zarrfs.fuse.notify import Invalidator, invalidations
+from zarrfs.fuse.tuning import give_back_memory
+from zarrfs.fuse.xattrreq import XattrRequests
 
 log = logging.getLogger("zarrfs.fuse.session")
 
@@ -35,7 +38,7 @@ NS = 1_000_000_000
 _name = k.name
 
 
-class Session(LockRequests, Dispatcher):
+class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
     """Serves one mount's requests. ``timeouts`` are the kernel's cache times in seconds for
     names, attributes and missing names; ``on_init`` runs once the kernel has applied INIT."""
 
@@ -91,6 +94,7 @@ class Session(LockRequests, Dispatcher):
             k.INIT: self._init,
             k.OPENDIR: self._opendir,
             k.READDIR: self._readdir,
+            k.READDIRPLUS: self._readdirplus,
             k.RELEASEDIR: self._releasedir,
             k.FSYNCDIR: self._fsyncdir,
             k.CREATE: self._create,
@@ -99,6 +103,10 @@ class Session(LockRequests, Dispatcher):
             k.BATCH_FORGET: self._batch_forget,
             k.RENAME2: self._rename2,
             k.FALLOCATE: self._fallocate,
+            k.GETXATTR: self._getxattr,
+            k.LISTXATTR: self._listxattr,
+            k.SETXATTR: self._setxattr,
+            k.REMOVEXATTR: self._removexattr,
         }
         super().__init__(fd, handlers, BUFFER_SIZE)
 
@@ -119,9 +127,7 @@ class Session(LockRequests, Dispatcher):
         parent = None if inode is None else inode.key
         if parent is None:
             raise FsError(errno.ENOENT, f"node {nodeid} is gone", quiet=True)
-        if len(name) > NAME_MAX:
-            self.ops.check_name(name)
-        text = name.decode("utf-8", "surrogateescape")
+        text = key_text(name)
         return parent + "/" + text if parent else text
 
     def _stored(self, nodeid: int | None, stored: Stored | None) -> None:
@@ -230,7 +236,12 @@ class Session(LockRequests, Dispatcher):
 
     # ------------------------------------------------------------------ names
     def _lookup(self, head: Header, buf: memoryview) -> None:
-        key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE, head.len))
+        try:
+            key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE, head.len))
+        except FsError as exc:  # a name no file can have (EILSEQ) is not there
+            if exc.errno != errno.EILSEQ:
+                raise
+            raise FsError(errno.ENOENT, str(exc), quiet=True) from None
         node = self.ops.find(key)
         if node is None:
             if self.negative_valid == (0, 0):
@@ -258,6 +269,8 @@ class Session(LockRequests, Dispatcher):
         forget = self.inodes.forget
         for nodeid, n in k.FORGET_ONE.iter_unpack(buf[at : at + count * k.FORGET_ONE.size]):
             forget(nodeid, n)
+        if self.inodes.shrunk():
+            give_back_memory()
 
     def _getattr(self, head: Header, buf: memoryview) -> None:
         flags, _, fh = k.GETATTR_IN.unpack_from(buf, k.IN_HEADER_SIZE)
@@ -450,38 +463,18 @@ class Session(LockRequests, Dispatcher):
 
     def _statfs(self, head: Header, buf: memoryview) -> None:
         s = self.ops.statfs()
+        figures = (s[f] for f in ("f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_bsize"))
         self._send(
             k.STATFS_REPLY.pack(
-                k.STATFS_REPLY.size,
-                0,
-                head.unique,
-                s["f_blocks"],
-                s["f_bfree"],
-                s["f_bavail"],
-                s["f_files"],
-                s["f_ffree"],
-                s["f_bsize"],
-                s["f_namemax"],
-                s["f_frsize"],
-                0,
+                k.STATFS_REPLY.size, 0, head.unique, *figures, s["f_namemax"], s["f_frsize"], 0
             )
         )
 
     # ------------------------------------------------------------------ folders
-    def _opendir(self, head: Header, buf: memoryview) -> None:
-        fh = self.ops.opendir(self._key(head.nodeid))
-        self._send(k.OPEN_REPLY.pack(k.OPEN_REPLY.size, 0, head.unique, fh, 0, 0))
-
     def _readdir(self, head: Header, buf: memoryview) -> None:
         fh, offset, size = k.READ_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
-        self._reply_data(head.unique, k.dirents(self.ops.readdir(fh, offset), size))
-
-    def _releasedir(self, head: Header, buf: memoryview) -> None:
-        self.ops.releasedir(k.RELEASE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0])
-        self._reply_ok(head.unique)
-
-    def _fsyncdir(self, head: Header, buf: memoryview) -> None:
-        self._reply_ok(head.unique)
+        entries = self.inodes.numbered(self._key(head.nodeid), head.nodeid, self.ops.readdir(fh, offset))
+        self._reply_data(head.unique, k.dirents(entries, size))
 
 
 _ZERO_ATTR = (0,) * 16

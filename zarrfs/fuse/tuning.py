@@ -38,6 +38,23 @@ def keep_freed_memory() -> bool:
     return all(mallopt(param, value) == 1 for param, value in settings)
 
 
+_libc = None
+
+
+def give_back_memory() -> bool:
+    """Return the heap's free memory to the kernel (glibc's ``malloc_trim``): what
+    :func:`keep_freed_memory` keeps for the next values is let go once the kernel forgot many
+    names at once (a large folder's nodes after memory pressure or ``drop_caches``), so the
+    daemon's resident memory falls back with its node table. False where there is no glibc."""
+    global _libc
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(_libc.malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
 def _unescape(field: str) -> str:
     # /proc/self/mountinfo writes space, tab, newline and backslash as octal escapes.
     for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):

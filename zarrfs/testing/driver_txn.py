@@ -204,6 +204,7 @@ class TransactionConformance:
     def test_retry_is_bounded(self, driver):
         driver.backoff = 0.0001
         driver.max_attempts = 4
+        driver.retry_for = 0
         calls = []
 
         def fn(t):
@@ -213,6 +214,23 @@ class TransactionConformance:
         with pytest.raises(RetryableError):
             driver.transact(fn)
         assert len(calls) == 4
+
+    def test_retries_go_on_while_the_timeout_allows(self, driver):
+        """Contention on a busy machine can outlast a fixed number of attempts: a transaction
+        keeps retrying for its timeout, so conflicting writers slow down rather than fail."""
+        driver.backoff = 0.0001
+        driver.max_attempts = 4
+        driver.retry_for = 600
+        calls = []
+
+        def fn(t):
+            calls.append(1)
+            if len(calls) <= 12:
+                raise RetryableError("still conflicting")
+            return "done"
+
+        assert driver.transact(fn) == "done"
+        assert len(calls) == 13
 
     def test_threads_increment_exactly(self, driver):
         n_threads, n = 4, 40

@@ -1,6 +1,7 @@
 """``zarrfs copy`` and :func:`zarrfs.copy`: a hierarchy from one place to another, key for key
 and byte for byte (chunks are never decoded; consolidated metadata is copied as the key it
-is), without a mount. zarr-python 3 has no ``copy_store``; this is one.
+is), without a mount, with the extended attributes of files and folders
+(:mod:`zarrfs.tools.xattrcopy`). zarr-python 3 has no ``copy_store``; this is one.
 
 Either end is a folder (a DirectoryStore), a database URL (any zarrfs driver), or, from Python,
 any zarr-python 3 store. Between folders and databases the copy uses the driver directly:
@@ -8,7 +9,9 @@ reads in batches, writes of 256 keys or 64 MiB per transaction, and files writte
 threads. A zarr store end goes through its async API, several keys at a time.
 
 ``if_exists``: ``replace`` (the default) overwrites keys the destination has, ``skip`` keeps
-them, ``raise`` copies nothing when any key to copy exists there (checked before the first
+those that are whole there (the same size as at the source: what an interrupted copy left
+written in part is copied again, so running an interrupted copy again with ``skip`` finishes
+it), ``raise`` copies nothing when any key to copy exists there (checked before the first
 write). ``dry_run`` counts what would be copied and skipped and writes nothing.
 
 A value a mount stored in parts (:mod:`zarrfs.fs.parts`) is read part by part, each part in a
@@ -37,6 +40,7 @@ from zarrfs.backends.base import KEYS, SIDE, SIZES, VALUES, Driver, Get
 from zarrfs.fs import parts
 from zarrfs.fs.manifest import MAGIC, MANIFEST_SIZE
 from zarrfs.fs.sidedata import attr_key
+from zarrfs.tools import xattrcopy
 
 BATCH = 256  # keys per read batch and per write transaction
 BATCH_BYTES = 64 << 20  # and at most this much data per write transaction
@@ -228,6 +232,10 @@ class _Folder:
     def exists(self, keys: list[str]) -> list[bool]:
         return [os.path.isfile(self._path(k)) for k in keys]
 
+    def sizes(self, keys: list[str]) -> list[int | None]:
+        paths = [self._path(k) for k in keys]
+        return [os.path.getsize(p) if os.path.isfile(p) else None for p in paths]
+
     def write(self, batch: list[tuple[str, Any]]) -> None:
         def one(item: tuple[str, Any]) -> None:
             path = self._path(item[0])
@@ -271,7 +279,20 @@ class _Database:
         return (k for k, _ in database_items(self.driver, KEYS))
 
     def exists(self, keys: list[str]) -> list[bool]:
-        return self.driver.transact(lambda t: [t.size(k) is not None for k in keys], write=False)
+        return [size is not None for size in self.sizes(keys)]
+
+    def sizes(self, keys: list[str]) -> list[int | None]:
+        def sized(t: Any) -> list[int | None]:
+            found = []
+            for k in keys:
+                size = t.size(k)
+                if size == MANIFEST_SIZE:  # a value stored in parts: the size it stands for
+                    current = parts.current(t, k, t.get(k))
+                    size = size if current is None else current.size
+                found.append(size)
+            return found
+
+        return self.driver.transact(sized, write=False)
 
     def write(self, batch: list[tuple[str, Any]]) -> None:
         # A value above the database's largest is stored in parts, as a mount stores it; so is
@@ -337,6 +358,15 @@ class _Store:
 
     def exists(self, keys: list[str]) -> list[bool]:
         return self._run(_gather([self.store.exists(k) for k in keys]))
+
+    def sizes(self, keys: list[str]) -> list[int | None]:
+        async def size(k: str) -> int | None:
+            try:
+                return await self.store.getsize(k)
+            except FileNotFoundError:
+                return None
+
+        return self._run(_gather([size(k) for k in keys]))
 
     def write(self, batch: list[tuple[str, bytes]]) -> None:
         from zarr.core.buffer import default_buffer_prototype
@@ -413,17 +443,25 @@ def copy(
         measured = _measure(source, driver) if progress and isinstance(source, str) else (0, 0)
         bar = _Progress(progress, *measured)
         try:
+            skipped: set[str] = set()
             for batch in _batches(src.items()):
                 if if_exists == "skip" and dst is not None:
-                    there = dst.exists([k for k, _ in batch])
-                    result.skipped += sum(there)
-                    batch = [item for item, t in zip(batch, there, strict=True) if not t]
+                    sizes = dst.sizes([k for k, _ in batch])
+                    whole = [size == len(v) for (_, v), size in zip(batch, sizes, strict=True)]
+                    result.skipped += sum(whole)
+                    skipped.update(item[0] for item, w in zip(batch, whole, strict=True) if w)
+                    # What is there already counts on the bar too, so that it ends at 100%.
+                    there = sum(len(v) for (_, v), w in zip(batch, whole, strict=True) if w)
+                    bar.advance(result.keys + result.skipped, there)
+                    batch = [item for item, w in zip(batch, whole, strict=True) if not w]
                 if batch and not dry_run:
                     dst.write(batch)
                 result.keys += len(batch)
                 done = sum(len(v) for _, v in batch)
                 result.bytes += done
-                bar.advance(result.keys, done)
+                bar.advance(result.keys + result.skipped, done)
+            if not dry_run:
+                _carry_xattrs(src, dst, skipped)
         finally:
             bar.close()
             if dst is not None:
@@ -431,6 +469,21 @@ def copy(
     finally:
         src.close()
     return result
+
+
+def _carry_xattrs(src: Any, dst: Any, skipped: set[str]) -> None:
+    """The extended attributes of what was copied, between folders and databases."""
+    if isinstance(src, _Folder):
+        found = xattrcopy.folder_xattrs(src.root)
+    elif isinstance(src, _Database):
+        found = xattrcopy.database_xattrs(src.driver)
+    else:
+        return
+    items = [(k, x) for k, x in found if k not in skipped]
+    if items and isinstance(dst, _Folder):
+        xattrcopy.put_folder_xattrs(dst.root, items)
+    elif items and isinstance(dst, _Database):
+        xattrcopy.put_database_xattrs(dst.driver, items)
 
 
 def _exists_at_all(dest: Any) -> bool:

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from zarrfs.backends.base import KEYS, SIDE, VALUES
+from zarrfs.backends.base import KEYS, PARTS, SIDE, VALUES
 from zarrfs.fs import parts
 from zarrfs.fs.manifest import PART, Parted, id_of_part
 from zarrfs.fs.sidedata import ATTR
@@ -47,11 +47,11 @@ class Found:
     removed: int = 0
 
 
-def _side(driver: Any, prefix: str, fetch: str) -> Iterator[tuple[str, Any]]:
+def _side(driver: Any, prefix: str, fetch: str, space: Any = SIDE) -> Iterator[tuple[str, Any]]:
     stop = prefix[:-1] + chr(ord(prefix[-1]) + 1)
     start = prefix
     while True:
-        page = driver.scan(start, stop, space=SIDE, fetch=fetch, limit=BATCH)
+        page = driver.scan(start, stop, space=space, fetch=fetch, limit=BATCH)
         yield from page
         if len(page) < BATCH:
             return
@@ -76,7 +76,7 @@ def find_orphans(driver: Any, repair: bool = False) -> Found:
     used = referenced(driver)
     counts: dict[str, list[str]] = {}
     found = Found()
-    for side_key, _ in _side(driver, PART, KEYS):
+    for side_key, _ in _side(driver, PART, KEYS, PARTS):
         ident = id_of_part(side_key)
         if ident is not None:
             counts.setdefault(ident, []).append(side_key)
@@ -90,7 +90,7 @@ def find_orphans(driver: Any, repair: bool = False) -> Found:
     if repair:
         for orphan in found.orphans:
             for side_key in orphan.keys:
-                driver.transact(lambda t, k=side_key: t.delete(k, SIDE))
+                driver.transact(lambda t, k=side_key: t.delete(k, PARTS))
                 found.removed += 1
     return found
 

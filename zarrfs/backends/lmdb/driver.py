@@ -68,12 +68,13 @@ class LMDBTxn(Txn):
     value_limit = "LMDB's largest value: its pages in one write"
 
     def __init__(self, driver: LMDBDriver, write: bool) -> None:
-        # Txn.__init__ inlined, and no tables for a read: one of these is made per lookup.
-        # No key limit: a key longer than ``fit`` goes to the long-key store.
+        # Txn.__init__ inlined, no tables for a read (one is made per lookup), no key limit.
         self.write, self.where, self.max_key = write, driver.path, None
         self.put_bytes = 0
         self._driver = driver
         self._fit = driver.key_fit
+        if write:  # another program's writer: logged, bounded by -o timeout= (writer_wait)
+            driver.write_lock.writer.wait(driver.path, driver.timeout)
         gate.enter(self)  # no map is resized while the transaction is open (maps)
         if write:
             driver.write_lock.acquire()

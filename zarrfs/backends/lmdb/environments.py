@@ -25,6 +25,7 @@ from ..base import (
     UnavailableError,
 )
 from ..filespace import Preallocator, Reserve
+from ..writer_wait import LMDBWriterLock
 from .maps import SIDE_MAP_SIZE, MapTooSmall, gate
 
 MAX_READERS = 512
@@ -122,10 +123,10 @@ class Environments:
                     max_dbs=0,
                     **options,
                 )
-            self.open[key] = [env, 1, readonly, threading.RLock()]
+            self.open[key] = [env, 1, readonly, WriteLock(key)]
             return key, env
 
-    def write_lock(self, key: str) -> threading.RLock:
+    def write_lock(self, key: str) -> WriteLock:
         """The lock a write transaction of this process holds on environment ``key``. LMDB lets
         one write transaction run at a time and makes the others wait; py-lmdb 1.8 and later
         refuse a second one of the same environment instead (EBUSY), so threads queue here.
@@ -144,6 +145,32 @@ class Environments:
             if entry[1] == 0:
                 del self.open[key]
                 entry[0].close()
+                entry[3].writer.close()
+
+
+class WriteLock:
+    """What a write transaction of this process takes on an environment: a reentrant lock
+    shared by the process's threads (see :meth:`Environments.write_lock`), and :attr:`writer`,
+    LMDB's writer mutex as other programs hold it (``writer_wait``)."""
+
+    def __init__(self, key: str) -> None:
+        self._lock = threading.RLock()
+        folder, name = os.path.split(key)
+        lock_file = os.path.join(folder, "lock.mdb") if name == "data.mdb" else key + "-lock"
+        self.writer = LMDBWriterLock(lock_file)
+
+    def acquire(self) -> None:
+        self._lock.acquire()
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> WriteLock:
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
 
 
 #: The environments of this process.
@@ -288,7 +315,10 @@ class DiskRoom:
     def give_back(self, env: lmdb.Environment, write_lock: Any, what: str) -> None:
         """Give back the blocks reserved ahead. Under LMDB's writer lock (a write transaction,
         aborted), which every process takes before it grows the file: the truncation to the
-        file's own size cannot cut a write."""
+        file's own size cannot cut a write. Not while another program writes (the blocks stay
+        reserved: only disk room), so that a close never waits on it."""
+        if write_lock.writer.holder() is not None:
+            return
         with write_lock, gate.held(), translated(what):
             txn = env.begin(write=True)
             try:

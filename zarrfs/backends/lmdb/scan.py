@@ -18,11 +18,17 @@ from typing import TYPE_CHECKING, Any
 import lmdb
 
 from ..base import KEYS, SIDE, SIZES, Fetch, Space
-from . import longkeys
+from . import longkeys, pages
 from .environments import translate
 
 if TYPE_CHECKING:
     from .driver import LMDBTxn
+
+
+COUNT_EVERY = 1024  # rows between two counts of the pages a scan spanned
+# A value from this size on lives on pages of its own (LMDB's overflow pages, over half a page
+# of a node), which a scan does not read: its row spans its key and a node header.
+SPANNED_VALUE = 2048
 
 
 def scan(
@@ -38,7 +44,7 @@ def scan(
             writes = txn._writes
             rows: Iterator[tuple[bytes, Any]] = iter(())
             if own is not None:
-                rows = cursor_rows(own, lo, hi, fetch, txn._known, space)
+                rows = cursor_rows(own, lo, hi, fetch, txn._known, space, txn._driver)
             if long:
                 side = txn._txn(SIDE, False)
                 assert side is not None
@@ -68,25 +74,44 @@ def cursor_rows(
     fetch: Fetch,
     known: Callable[[bytes, Space], int | None],
     space: Space,
+    driver: Any = None,
 ) -> Iterator[tuple[bytes, Any]]:
     """The keys of one environment in ``[lo, hi)``, with ``x`` as ``fetch`` asks (a size from
-    ``known`` where it knows it); the caller does not write while it pulls."""
-    with txn.cursor() as cur:
-        found = cur.set_range(lo) if lo else cur.first()
-        while found:
-            raw = bytes(cur.key())
-            if raw >= hi:
-                return
-            if fetch is KEYS:
-                x = None
-            elif fetch is SIZES:
-                x = known(raw, space)
-                if x is None:
-                    x = len(cur.value())
-            else:
-                x = bytes(cur.value())
-            yield raw, x
-            found = cur.next()
+    ``known`` where it knows it); the caller does not write while it pulls.
+
+    The pages a scan passes stay in the process's resident set like those a read copies: a
+    small value lives in its key's leaf page, so listing a folder of a million 1 KB chunks
+    maps a GiB. What the rows span (a key, and its value up to a page: a larger value lives
+    on pages of its own, which a scan does not read) is counted for ``driver``'s
+    :func:`pages.touched`, every :data:`COUNT_EVERY` rows and at the end."""
+    spanned = rows = 0
+    try:
+        with txn.cursor() as cur:
+            found = cur.set_range(lo) if lo else cur.first()
+            while found:
+                raw = bytes(cur.key())
+                if raw >= hi:
+                    return
+                value = cur.value()
+                n = len(value)
+                if fetch is KEYS:
+                    x = None
+                elif fetch is SIZES:
+                    x = known(raw, space)
+                    if x is None:
+                        x = n
+                else:
+                    x = bytes(value)
+                spanned += len(raw) + (n if n < SPANNED_VALUE else 16)
+                rows += 1
+                if rows == COUNT_EVERY and driver is not None:
+                    pages.touched(driver, spanned)
+                    spanned = rows = 0
+                yield raw, x
+                found = cur.next()
+    finally:
+        if spanned and driver is not None:
+            pages.touched(driver, spanned)
 
 
 def merged(a: Iterator[tuple[bytes, Any]], b: Iterator[tuple[bytes, Any]]) -> Iterator[tuple[bytes, Any]]:

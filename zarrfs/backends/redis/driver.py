@@ -48,7 +48,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from ..base import DATA, Driver, HasPrefix, Size, Space, Txn, bytes_stop
+from ..base import DATA, BackendError, Driver, HasPrefix, Size, Space, Txn, bytes_stop
 from .buffered import DELETED
 from .commit import commit
 from .feed import RedisFeed, feed_changes, tracked
@@ -64,7 +64,7 @@ from .link import (
     translate,
     translated,
 )
-from .url import name_keys, parse_url
+from .url import check_query, name_keys, parse_url, redis_py_options
 
 log = logging.getLogger("zarrfs.backends.redis")
 __all__ = ["SPIN", "RedisDriver", "RedisTxn"]
@@ -260,6 +260,10 @@ class RedisDriver(Driver):
         super().__init__(url, readonly)
         parsed = parse_url(url)
         name_keys(self, parsed, parsed.prefix)
+        if any(k in ("spread", "spread_above") for k, _ in parsed.query):
+            raise BackendError(f"{self.where}: spread=1 spreads a hierarchy over the masters of a Redis"
+                               " Cluster: use a redis+cluster:// URL, or drop spread=1")
+        check_query(parsed, redis_py_options())
         self._links = Links(self)
         self.feed: RedisFeed | None = None  # started by the first changes() (a mount's)
         try:

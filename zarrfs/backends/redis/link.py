@@ -69,6 +69,11 @@ def translate(exc: Exception, what: str) -> BackendError:
         isinstance(exc, rexc.ResponseError) and msg.startswith("READONLY")
     ):
         return ReadOnlyError(f"{what}: {exc}")
+    if isinstance(exc, rexc.AuthenticationError) or msg.startswith(("NOAUTH", "WRONGPASS")):
+        return UnavailableError(
+            f"{what}: {exc.__class__.__name__ if not msg else msg.rstrip('.')}: the server wants a "
+            "password: give it with ?password_file=PATH or $ZARRFS_PASSWORD (see zarrfs --help)"
+        )
     if isinstance(exc, (rexc.TimeoutError, TimeoutError)):  # a socket timeout: a send, a connect
         return StalledError(f"{what}: no answer within the timeout: {exc}")
     if isinstance(exc, (rexc.ConnectionError, OSError)):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from ..base import DATA, SIDE
+from ..base import DATA, SIDE, BackendError
 
 if TYPE_CHECKING:
     from .driver import RedisDriver
@@ -55,6 +55,30 @@ def parse_url(url: str) -> RedisURL:
         query=[(k, v) for k, v in query if k != "prefix"],
         prefix=prefixes[-1] if prefixes else DEFAULT_PREFIX,
     )
+
+
+def check_query(url: RedisURL, known: set[str]) -> None:
+    """Refuse the query options of ``url`` that are not in ``known`` (``prefix`` always is), as
+    the file drivers do: a typo must not be ignored, nor reach redis-py as a keyword argument."""
+    unknown = sorted({k for k, _ in url.query} - known - {"password", "username"})
+    if unknown:
+        raise BackendError(
+            f"{url.where(url.prefix)}: unknown option(s) {', '.join(unknown)}; known: "
+            f"{', '.join(sorted(known | {'prefix', 'password', 'password_file', 'username'}))}"
+        )
+
+
+def redis_py_options() -> set[str]:
+    """The query options redis-py's ``from_url`` takes: those it parses, and the keyword
+    arguments of its connection classes (TCP, TLS, unix socket)."""
+    import inspect
+
+    import redis.connection as rc
+
+    names = set(getattr(rc, "URL_QUERY_ARGUMENT_PARSERS", {}))
+    for cls in (rc.AbstractConnection, rc.Connection, rc.SSLConnection, rc.UnixDomainSocketConnection):
+        names |= {p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "kwargs")}
+    return names
 
 
 def name_keys(d: RedisDriver, url: RedisURL, prefix: str) -> None:

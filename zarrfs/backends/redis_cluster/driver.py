@@ -17,14 +17,12 @@ Every command of a hierarchy goes to the one master that owns its slot, over the
 links as on a single server, and every commit is one ``MULTI``/``EXEC`` on that slot. Different
 hierarchies (prefixes) land on different slots and so spread over the masters.
 
-**The trade-off.** One hierarchy lives on one shard: its size and its load are bounded by one
-master. Spreading one hierarchy over shards (a tag per array, or per chunk) would need what Redis
-Cluster does not offer: a transaction across slots. A commit that renames a folder or writes
-data, index and side data together would then need a protocol of its own — a lock on the
-hierarchy, or per key, taken on one slot, then a two-phase write (intents recorded, applied on
-every slot, then cleared, with recovery of a writer that dies between the phases). Readers
-would have to honour the intents. JuiceFS keeps a volume's metadata under one tag for the same
-reason.
+**The trade-off, and ``?spread=1``.** By default one hierarchy lives on one shard: its size and
+load are bounded by one master, and zarr-python 2's ``RedisStore`` reads it. With ``spread=1``
+the values the filesystem stores as parts (``PARTS``; every chunk, ``?spread_above=`` aside)
+get hash tags of their own and spread over every master, while each commit stays one
+``MULTI``/``EXEC`` on the home slot (see ``spread``): no protocol across slots is needed,
+because parts never change and only a committed manifest names them.
 
 **Moved slots and failover.** A ``MOVED`` or ``ASK`` reply (a slot being resharded),
 ``CLUSTERDOWN`` or ``TRYAGAIN`` makes the transaction run again (``RetryableError``) after the
@@ -40,18 +38,36 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import unquote
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
-from ..base import DATA, BackendError, Driver, RetryableError, Space, UnavailableError
+from ..base import (
+    DATA,
+    KEYS,
+    OWN_SPACES,
+    PARTS,
+    SIZES,
+    BackendError,
+    Driver,
+    Fetch,
+    Get,
+    RetryableError,
+    Size,
+    Space,
+    UnavailableError,
+    bytes_stop,
+)
+from ..redis.buffered import DELETED
 from ..redis.driver import RedisDriver, RedisTxn
 from ..redis.index import ensure_index
 from ..redis.link import Link, Links, translate
-from ..redis.url import name_keys, parse_url
+from ..redis.url import check_query, name_keys, parse_url
 from .feed import ClusterFeed
+from .spread import SpreadParts
 
 __all__ = ["RedisClusterDriver", "hash_tagged"]
 
@@ -71,6 +87,35 @@ def hash_tag(name: str) -> str | None:
     return name[start + 1 : end] if end > start + 1 else None
 
 
+def _flag(query: list[tuple[str, str]], name: str, where: str) -> bool:
+    """A yes/no URL option (1/0, true/false, yes/no); absent: no."""
+    values = [v for k, v in query if k == name]
+    if not values:
+        return False
+    value = values[-1].lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise BackendError(f"{where}: {name}={values[-1]!r}: give 1 or 0")
+
+
+def _number(query: list[tuple[str, str]], name: str, default: int, where: str) -> int:
+    """A whole-number URL option of bytes (``K``, ``M``, ``G`` suffixes allowed)."""
+    values = [v for k, v in query if k == name]
+    if not values:
+        return default
+    text = values[-1].strip().upper()
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    try:
+        number = int(text[:-1] if scale > 1 else text) * scale
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise BackendError(f"{where}: {name}={values[-1]!r}: give a number of bytes, such as 64K")
+    return number
+
+
 def hash_tagged(prefix: str) -> str:
     """The prefix as keys carry it: as given when it holds a hash tag, else in braces. Anything
     appended to it (``:key``) then never changes the tag, whatever the key holds."""
@@ -84,9 +129,18 @@ def hash_tagged(prefix: str) -> str:
 
 class RedisClusterTxn(RedisTxn):
     """A :class:`RedisTxn` whose failures caused by the slot map (a moved slot, a dead master)
-    mark the driver's route stale; those of a moved slot are retried."""
+    mark the driver's route stale; those of a moved slot are retried. On a spread hierarchy
+    (``?spread=1``) its ``PARTS`` reads and writes go to the parts' own slots (``spread``):
+    part writes before the home commit, part deletes after it."""
 
     _d: RedisClusterDriver
+
+    def __init__(self, driver: RedisClusterDriver, write: bool) -> None:
+        super().__init__(driver, write)
+        self._spread = driver.spread
+        self._parts: dict[bytes, Any] = {}
+        if self._spread is not None:
+            self.spaces = OWN_SPACES
 
     def _query(self, names: list[bytes], *commands: tuple[Any, ...]) -> list[Any]:
         try:
@@ -99,6 +153,90 @@ class RedisClusterTxn(RedisTxn):
             super()._commit(link)
         except BackendError as exc:
             raise self._d.rerouted(exc, link) from exc
+
+    # -- the PARTS space of a spread hierarchy ------------------------------------------------
+    def _mine(self, raw: bytes) -> Any:
+        return self._parts.get(raw)
+
+    def _get(self, raw: bytes, space: Space) -> bytes | None:
+        if space is not PARTS:
+            return super()._get(raw, space)
+        mine = self._mine(raw)
+        if mine is not None:
+            return None if mine is DELETED else bytes(mine)
+        return self._spread.get(raw)
+
+    def _size(self, raw: bytes, space: Space) -> int | None:
+        if space is not PARTS:
+            return super()._size(raw, space)
+        mine = self._mine(raw)
+        if mine is not None:
+            return None if mine is DELETED else len(mine)
+        return self._spread.size(raw)
+
+    def _read(self, raw: bytes, offset: int, length: int, space: Space) -> bytes | None:
+        if space is not PARTS:
+            return super()._read(raw, offset, length, space)
+        mine = self._mine(raw)
+        if mine is not None:
+            return None if mine is DELETED else bytes(mine[offset : offset + length])
+        return self._spread.read(raw, offset, length)
+
+    def _read_many(self, plan: list[tuple[type, bytes, Space]]) -> list[Any]:
+        if not any(space is PARTS for _, _, space in plan):
+            return super()._read_many(plan)
+        home = [step for step in plan if step[2] is not PARTS]
+        answers = iter(super()._read_many(home) if home else [])
+        out: list[Any] = []
+        for kind, raw, space in plan:
+            if space is not PARTS:
+                out.append(next(answers))
+            elif kind is Size:
+                out.append(self._size(raw, space))
+            elif kind is Get:
+                out.append(self._get(raw, space))
+            else:
+                out.append(any(True for _ in self._scan_parts(raw, bytes_stop(raw), KEYS)))
+        return out
+
+    def _put(self, raw: bytes, value: bytes | memoryview, space: Space) -> None:
+        if space is PARTS:
+            self._parts[raw] = value
+        else:
+            super()._put(raw, value, space)
+
+    def _delete(self, raw: bytes, space: Space) -> None:
+        if space is PARTS:
+            self._parts[raw] = DELETED
+        else:
+            super()._delete(raw, space)
+
+    def _scan(self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int | None):
+        if space is not PARTS:
+            return super()._scan(lo, hi, space, fetch, limit)
+        return self._scan_parts(lo, hi, fetch)
+
+    def _scan_parts(self, lo: bytes, hi: bytes | None, fetch: Fetch) -> Iterator[tuple[bytes, Any]]:
+        mine = {r: v for r, v in self._parts.items() if r >= lo and (hi is None or r < hi)}
+        rows = [(raw, x) for raw, x in self._spread.scan(lo, hi, fetch) if raw not in mine]
+        for raw, value in mine.items():
+            if value is not DELETED:
+                rows.append((raw, None if fetch is KEYS else len(value) if fetch is SIZES else bytes(value)))
+        rows.sort(key=lambda row: row[0])
+        return iter(rows)
+
+    def finish(self, ok: bool) -> None:
+        """Part writes first (acknowledged by their masters), then the home commit, then the
+        part deletes: a commit never names a part that is not stored."""
+        if ok and self._parts:
+            try:
+                self._spread.apply(self._parts, deletes=False)
+            except BaseException:
+                super().finish(False)
+                raise
+        super().finish(ok)
+        if ok and self._parts:
+            self._spread.apply(self._parts, deletes=True)
 
 
 class ClusterLinks(Links):
@@ -150,6 +288,7 @@ class RedisClusterDriver(RedisDriver):
             name_keys(self, parsed, hash_tagged(parsed.prefix))
         except ValueError as exc:
             raise BackendError(f"{parsed.scheme}: {exc}") from None
+        check_query(parsed, {"spread", "spread_above"})
         self._options = self._connection_options(parsed.scheme, parsed.userinfo, parsed.query)
         nodes = []
         for host in filter(None, parsed.hosts.split(",")):
@@ -169,6 +308,17 @@ class RedisClusterDriver(RedisDriver):
         self._links = ClusterLinks(self)
         self.feed: ClusterFeed | None = None  # started by the first changes() (a mount's)
         self.indexed = ensure_index(self)
+        self.spread: SpreadParts | None = None
+        if _flag(parsed.query, "spread", self.where):
+            masters = len(self.cluster.get_primaries())
+            if masters < 2:
+                self.close()
+                raise BackendError(
+                    f"{self.where}: spread=1 spreads a hierarchy over the cluster's masters, and this"
+                    f" cluster has {masters}; add masters or drop spread=1"
+                )
+            self.spread = SpreadParts(self.cluster, hash_tag(self.prefix) or self.prefix, self.where)
+            self.parts_above = _number(parsed.query, "spread_above", 0, self.where)
 
     @staticmethod
     def _connection_options(scheme: str, userinfo: str, query: list[tuple[str, str]]) -> dict[str, Any]:

@@ -59,6 +59,7 @@ from ..base import (
 )
 from ..filespace import Reserve, statvfs
 from ..urloptions import check_options, parse_bool, parse_file_url
+from ..writer_wait import begin_sqlite_write
 from . import feed
 from . import sql as sq
 from .checkpoint import Checkpointer, checkpoint, truncate
@@ -73,6 +74,7 @@ class SQLiteTxn(Txn):
     (leaving the block commits, or rolls back when the block raised)."""
 
     value_limit = "SQLite's SQLITE_LIMIT_LENGTH, less room for the key"
+    most_reads = sq.BATCH_READS
 
     #: Rows fetched per statement while scanning, by fetch mode (values can be large).
     batch = {KEYS: 1024, SIZES: 1024}
@@ -90,8 +92,8 @@ class SQLiteTxn(Txn):
         self._written = 0  # bytes this write transaction puts in the WAL, roughly
         self._log_from: int | None = None  # the last change-log id before its first change
         if write:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
+            try:  # a lock another program holds: logged, bounded by -o timeout= (writer_wait)
+                begin_sqlite_write(conn, driver.path, driver.timeout, int(driver.conns.args[2] * 1000))
             except sqlite3.Error as exc:
                 raise translate(exc, driver.path) from exc
 

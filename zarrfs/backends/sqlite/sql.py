@@ -4,6 +4,7 @@ the translation of SQLite errors."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -103,8 +104,11 @@ def connect(path: str, readonly: bool, timeout: float, synchronous: str, autoche
     and TEXT values read as bytes, a busy timeout."""
     with translated(path):
         if readonly:
+            # On read-only media nobody writes, and the WAL's shared memory cannot be made:
+            # immutable=1 reads the file as it is, without locks.
+            frozen = "&immutable=1" if os.statvfs(os.path.dirname(path) or ".").f_flag & os.ST_RDONLY else ""
             conn = sqlite3.connect(
-                f"file:{quote(path)}?mode=ro",
+                f"file:{quote(path)}?mode=ro{frozen}",
                 uri=True,
                 isolation_level=None,
                 check_same_thread=False,
@@ -167,6 +171,11 @@ def max_value(conn: sqlite3.Connection) -> int:
     length = getattr(sqlite3, "SQLITE_LIMIT_LENGTH", None)
     limit = conn.getlimit(length) if length is not None else 10**9
     return limit - 4096
+
+
+#: Reads in one batch statement: a result row holds at most SQLITE_MAX_COLUMN (2,000) columns,
+#: and a statement 999 parameters in older builds (a read binds at most two).
+BATCH_READS = 400
 
 
 class BatchStatements:

@@ -1,0 +1,338 @@
+"""One transaction, one outcome, observed: every operation the README calls one transaction,
+on every driver.
+
+* **Nothing on failure.** A commit made to fail at the driver (``zarrfs.testing.faults``: the
+  real database rolls the transaction back) leaves the database exactly as it was, both the
+  keys and the bookkeeping; the same operation then succeeds.
+* **Before or after, never between.** While a test repeats an operation through a mount (or
+  through ``zarrfs.store``), observers in processes of their own (``tests/observers.py``) look
+  continuously: through the same mount, through a second mount of the database, and with the
+  database's own client in one read transaction. They must only ever see the state before an
+  operation or the state after it. A two-step version of any of these operations is caught
+  (the sabotages tried are listed in ``docs/testing.md``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import errno
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from mounting import DRIVERS, make_url, needs_fuse
+from observers import DIR_MODE, FOLDER_PARTS, GROUP_KEYS, content, name
+
+from zarrfs.backends import open_driver
+from zarrfs.backends.base import SIDE, VALUES
+from zarrfs.fs.errors import to_errno
+from zarrfs.fs.handles import HandleTable
+from zarrfs.fs.namespace import RENAME_EXCHANGE, Tree
+from zarrfs.store import DatabaseStore
+from zarrfs.testing.faults import failing_commits
+
+HERE = Path(__file__).parent
+OPTIONS = ["validate=off", "consolidate=off"]
+
+# --- a failed commit stores nothing ---------------------------------------------------------
+
+
+def everything(driver) -> tuple[dict, dict]:
+    """Every key and side record of the database with its value, read in one transaction."""
+
+    def read(t):
+        data = {k: bytes(v) for k, v in t.scan("", None, fetch=VALUES)}
+        side = {k: bytes(v) for k, v in t.scan("", None, space=SIDE, fetch=VALUES)}
+        return data, side
+
+    return driver.transact(read, write=False)
+
+
+def _commit(tree, handles):
+    fh = handles.create("d/new", 0o640, os.O_WRONLY, 0, 0)
+    handles.write(fh, b"x" * 5000, 0)  # spilled to a temporary file
+    handles.flush(fh)
+
+
+def _close(tree, handles):
+    fh = handles.open("d/f", os.O_WRONLY | os.O_TRUNC)
+    handles.write(fh, b"rewritten", 0)
+    handles.flush(fh)
+
+
+def _fsync(tree, handles):
+    fh = handles.open("d/f", os.O_WRONLY)
+    handles.write(fh, b"synced", 3)
+    handles.fsync(fh)
+
+
+def _store_set(store):
+    from zarr.core.buffer import default_buffer_prototype
+
+    store.set_sync("d/f", default_buffer_prototype().buffer.from_bytes(b"set by the store"))
+
+
+def _store_delete_dir(store):
+    asyncio.run(store.delete_dir("g"))
+
+
+# Each: what it does, given (tree, handles) or, for the store, the URL.
+OPERATIONS = {
+    "close": _close,
+    "fsync": _fsync,
+    "create": _commit,
+    "rename_file": lambda tree, h: tree.rename("d/f", "d/f2"),
+    "rename_onto": lambda tree, h: tree.rename("d/f", "g/a/0.0"),
+    "rename_folder": lambda tree, h: tree.rename("g", "h"),
+    "exchange": lambda tree, h: tree.rename("d", "g", RENAME_EXCHANGE),
+    "link": lambda tree, h: tree.link("d/f", "g/linked"),
+    "unlink": lambda tree, h: tree.unlink("d/f"),
+    "rmdir": lambda tree, h: tree.rmdir("g/empty"),
+    "mkdir": lambda tree, h: tree.mkdir("d/sub", 0o700),
+    "symlink": lambda tree, h: tree.symlink("target", "d/ln"),
+    "chmod": lambda tree, h: tree.set_attrs("d/f", mode=0o600),
+}
+STORE_OPS = {"store_set": _store_set, "store_delete_dir": _store_delete_dir}
+OPERATIONS.update(STORE_OPS)
+
+
+def _populate(tree: Tree) -> None:
+    """Files with attributes, a nested folder with an empty folder, a hard link."""
+    tree.mkdir("d", 0o755)
+    tree.commit("d/f", b"original", None, create=True)
+    tree.set_attrs("d/f", mode=0o644, uid=5, gid=6)
+    tree.mkdir("g", 0o750)
+    tree.mkdir("g/a", 0o755)
+    tree.commit("g/a/0.0", b"chunk", None, create=True)
+    tree.commit("g/a/.zarray", b"{}", None, create=True)
+    tree.mkdir("g/empty", 0o700)
+    tree.link("g/a/0.0", "g/a/0.1")
+
+
+@pytest.fixture(params=["memory", *DRIVERS])
+def any_url(request, tmp_path) -> str:
+    if request.param == "memory":
+        return f"memory://{uuid.uuid4().hex}"
+    return make_url(request.param, tmp_path, request)
+
+
+@pytest.mark.parametrize("op", sorted(OPERATIONS))
+def test_a_failed_commit_stores_nothing(any_url, op):
+    """The "nothing" half of every commit: the transaction fails at the driver, the call
+    fails with EIO, and the database holds what it held, bookkeeping included; then the same
+    operation succeeds (nothing cached of the failed attempt stands in its way)."""
+    driver = open_driver(any_url)
+    store = DatabaseStore(any_url) if op in STORE_OPS else None
+    try:
+        tree = Tree(driver, uid=1000, gid=1000)
+        _populate(tree)
+        before = everything(driver)
+        if store is not None:
+            target, run = store._db(), lambda: STORE_OPS[op](store)
+        else:
+            handles = HandleTable(tree, spill_threshold=1024)
+            target, run = driver, lambda: OPERATIONS[op](tree, handles)
+        with failing_commits(target, count=100) as faults:
+            with pytest.raises(Exception) as info:
+                run()
+        assert faults.failed >= 1, "no commit was attempted"
+        assert to_errno(info.value) == errno.EIO, repr(info.value)
+        after = everything(driver)
+        assert after[0] == before[0], "data keys changed by a failed commit"
+        assert after[1] == before[1], "side records changed by a failed commit"
+        if store is None:
+            handles = HandleTable(tree, spill_threshold=1024)
+        run()
+        assert everything(driver) != before, "the operation did nothing when it succeeded"
+    finally:
+        if store is not None:
+            store.close()
+        driver.close()
+
+
+# --- observers ------------------------------------------------------------------------------
+
+
+class Observer:
+    """An observer process (``tests/observers.py``) and what it printed so far."""
+
+    def __init__(self, op: str, kind: str, where: str, label: str) -> None:
+        self.label = label
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "observers.py"), op, kind, where],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+        self.seen = self.stale = 0
+        self.wrong: list[str] = []
+        self.ready = threading.Event()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith("ready"):
+                self.ready.set()
+            elif line.startswith("~"):
+                self.stale += 1
+            elif line.startswith("!"):
+                self.seen += 1
+                self.wrong.append(line[2:].strip())
+            else:
+                self.seen += 1
+        self.ready.set()
+
+    def stop(self) -> str:
+        """Stop it; its error output, if it failed."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.reader.join(timeout=60)
+        return self.proc.stderr.read()
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _exchange(a: Path, b: Path) -> None:
+    if _libc.renameat2(-100, os.fsencode(a), -100, os.fsencode(b), 2) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), str(a))
+
+
+def _write(path: Path, data: bytes) -> None:
+    """One open, the data in several writes, one close (the commit)."""
+    with open(path, "wb") as fh:
+        for i in range(0, len(data), 7000):
+            fh.write(data[i : i + 7000])
+
+
+class Writer:
+    """The operation under watch, repeated forward through generations (``observers.name``)."""
+
+    def __init__(self, op: str, root: Path, url: str) -> None:
+        self.op, self.root, self.url = op, root, url
+        self.store = DatabaseStore(url) if op in ("store_set", "exchange", "delete_dir") else None
+
+    def p(self, rel: str) -> Path:
+        return self.root / rel
+
+    def _set(self, key: str, value: bytes) -> None:
+        from zarr.core.buffer import default_buffer_prototype
+
+        self.store.set_sync(key, default_buffer_prototype().buffer.from_bytes(value))
+
+    def _group(self, k: int) -> None:
+        """Generation k's folder for delete_dir, written in one transaction."""
+        keys = [f"{name('delete_dir', k)}/{g}" for g in GROUP_KEYS]
+        self.store._db().transact(lambda t: [t.put(key, b"v") for key in keys])
+
+    def setup(self) -> None:
+        op, p = self.op, self.p
+        if op == "commit":
+            _write(p("f"), content(0))
+        elif op == "store_set":
+            self._set("f", content(0))
+        elif op == "exchange":
+            self._set("x", content(0))
+            self._set("n", content(1))
+        elif op == "rename_file":
+            p("d").mkdir()
+            _write(p("d/f0"), b"moved")
+        elif op == "rename_folder":
+            for part in FOLDER_PARTS:
+                p(f"g0/{part}").parent.mkdir(parents=True, exist_ok=True)
+                _write(p(f"g0/{part}"), part.encode())
+        elif op == "link":
+            _write(p("s"), b"linked")
+            os.link(p("s"), p("l0"))
+        elif op == "rmdir":
+            os.mkdir(p("r0"), DIR_MODE)
+        elif op == "delete_dir":
+            self._group(0)
+
+    def step(self, k: int) -> None:
+        """From generation k to k+1."""
+        op, p = self.op, self.p
+        if op == "commit":
+            _write(p("f"), content(k + 1))
+        elif op == "store_set":
+            self._set("f", content(k + 1))
+        elif op == "exchange":  # x: k -> k+1, n: k+1 -> k, then n rewritten: k+2
+            _exchange(p("x"), p("n"))
+            # Rewritten by the store, in one transaction: a rewrite in place through the mount
+            # is seen growing through that mount, as on a local disk.
+            self._set("n", content(k + 2))
+        elif op in ("rename_file", "rename_folder"):
+            os.rename(p(name(op, k)), p(name(op, k + 1)))
+        elif op == "link":
+            os.link(p("s"), p(name(op, k + 1)))
+            os.unlink(p(name(op, k)))
+        elif op == "rmdir":
+            os.mkdir(p(name(op, k + 1)), DIR_MODE)
+            os.rmdir(p(name(op, k)))
+        elif op == "delete_dir":
+            self._group(k + 1)
+            asyncio.run(self.store.delete_dir(name(op, k)))
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+
+WATCHED = ["commit", "store_set", "exchange", "rename_file", "rename_folder", "link", "rmdir", "delete_dir"]
+MIN_STEPS = 60  # operations at least
+MIN_SEEN = 40  # observations by each observer at least, while the operations go on
+DEADLINE = 300  # seconds: a condition waited for, not a bound on speed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op", WATCHED)
+@pytest.mark.usefixtures(*needs_fuse[1].args)
+@pytest.mark.mount
+def test_observers_see_the_state_before_or_after(op, db_url, mount_factory):
+    old = os.umask(0o022)
+    try:
+        a = mount_factory(db_url, ["create", *OPTIONS], name="a")
+        b = mount_factory(db_url, OPTIONS, name="b")
+        writer = Writer(op, a.path, db_url)
+        writer.setup()
+        # Through the mount that writes, another process sees what is pending in an open file
+        # (as on a local disk): the commit's observers there are the other mount and the client.
+        kinds = [("mount", str(b.path), "other mount"), ("db", db_url, "database client")]
+        if op != "commit":
+            kinds.insert(0, ("mount", str(a.path), "same mount"))
+        observers = [Observer(op, kind, where, label) for kind, where, label in kinds]
+        try:
+            for o in observers:
+                assert o.ready.wait(60), f"{o.label} did not start: {o.stop()}"
+            k = 0
+            deadline = time.monotonic() + DEADLINE
+            while k < MIN_STEPS or any(o.seen < MIN_SEEN for o in observers):
+                writer.step(k)
+                k += 1
+                assert all(o.proc.poll() is None for o in observers), [o.stop() for o in observers]
+                assert time.monotonic() < deadline, [(o.label, o.seen) for o in observers]
+        finally:
+            errors = [o.stop() for o in observers]
+            writer.close()
+        wrong = {o.label: o.wrong[:5] for o in observers if o.wrong}
+        assert not wrong, f"seen between two states after {k} operations: {wrong}"
+        assert not any(errors), errors
+    finally:
+        os.umask(old)

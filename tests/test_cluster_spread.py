@@ -1,0 +1,280 @@
+"""One hierarchy spread over every master of a Redis Cluster (``?spread=1``): chunks stored as
+parts on their own slots, committed by one transaction on the hierarchy's slot."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+
+import pytest
+import redis
+from conftest import session_server
+from mounting import Mount, needs_fuse, read, write, zarrfs
+from servers import start_redis_cluster, stop_redis_cluster
+
+from zarrfs.backends.base import BackendError
+from zarrfs.backends.registry import open_driver
+from zarrfs.fs import parts
+from zarrfs.fs.manifest import MANIFEST_SIZE
+
+pytestmark = needs_fuse
+
+
+def _bytes_per_master(cluster, prefix: str) -> list[int]:
+    """Bytes of this hierarchy's part keys held by each master."""
+    out = []
+    for port in cluster.ports:
+        c = redis.Redis(port=port)
+        try:
+            if c.info("replication")["role"] != "master":
+                continue
+            total = 0
+            for name in c.scan_iter(match=f"zarrfs.part.{prefix}:*", count=1000):
+                total += c.strlen(name)
+            out.append(total)
+        finally:
+            c.close()
+    return out
+
+
+def test_chunks_spread_over_every_master_and_read_back(redis_cluster, tmp_path):
+    prefix = f"s{os.getpid()}{time.monotonic_ns() % 10**9}"
+    url = redis_cluster.url(prefix=prefix, spread="1")
+    blobs = {f"arr/{i}.0": os.urandom(4096 + i) for i in range(60)}
+    with Mount(url, tmp_path / "m", ["create"]) as m:
+        (m.path / "arr").mkdir()
+        write(m.path / "arr" / ".zattrs", b'{"a": 1}')
+        for key, value in blobs.items():
+            write(m.path / key, value)
+        for key, value in blobs.items():
+            assert read(m.path / key) == value
+        assert os.stat(m.path / "arr" / "7.0").st_size == len(blobs["arr/7.0"])
+        m.assert_clean_log()
+    # A fresh mount reads them back; the metadata document stays whole on the home slot.
+    with Mount(url, tmp_path / "m2") as m:
+        for key, value in blobs.items():
+            assert read(m.path / key) == value
+    with open_driver(url, readonly=True) as d:
+        assert d.get("arr/.zattrs") == b'{"a": 1}'
+        assert len(d.get("arr/3.0")) == MANIFEST_SIZE  # the data key holds the manifest
+    spread = _bytes_per_master(redis_cluster, prefix)
+    total = sum(spread)
+    assert total >= sum(len(v) for v in blobs.values())
+    assert len(spread) == 3 and max(spread) <= 0.45 * total, spread
+
+
+def test_spread_needs_a_cluster(redis_url, tmp_path):
+    with pytest.raises(BackendError, match="Redis Cluster"):
+        open_driver(redis_url + ("&" if "?" in redis_url else "?") + "spread=1")
+    (tmp_path / "m").mkdir()
+    out = zarrfs("mount", redis_url + ("&" if "?" in redis_url else "?") + "spread=1", str(tmp_path / "m"),
+                 check=False)
+    assert out.returncode != 0 and "spread" in out.stderr and "Traceback" not in out.stderr
+
+
+def _prefix(name: str) -> str:
+    return f"{name}{uuid.uuid4().hex[:10]}"
+
+
+def test_a_hierarchy_larger_than_any_master_is_stored_whole(tmp_path):
+    """Each master may hold 14 MiB; 24 MiB of chunks go in through a mount and come back."""
+
+    def start(workdir: str):
+        return start_redis_cluster(workdir)
+
+    gen = session_server("zarrfs-cluster-small-", start, stop_redis_cluster)
+    cluster = next(gen)
+    try:
+        for port in cluster.ports:
+            redis.Redis(port=port).config_set("maxmemory", str(14 << 20))
+        url = cluster.url(prefix=_prefix("big"), spread="1")
+        chunk = 64 << 10
+        blobs = {f"a/{i}": os.urandom(chunk) for i in range(384)}  # 24 MiB
+        with Mount(url, tmp_path / "m", ["create"]) as m:
+            (m.path / "a").mkdir()
+            for key, value in blobs.items():
+                write(m.path / key, value)
+        with Mount(url, tmp_path / "m2") as m:
+            for key, value in blobs.items():
+                assert read(m.path / key) == value
+        for port in cluster.ports:
+            used = redis.Redis(port=port).info("memory")["used_memory"]
+            assert used <= 14 << 20
+    finally:
+        next(gen, None)
+
+
+def test_a_full_master_fails_one_commit_with_enospc_and_stores_nothing_of_it(redis_cluster, tmp_path):
+    url = redis_cluster.url(prefix=_prefix("full"), spread="1")
+    masters = [redis.Redis(port=p) for p in redis_cluster.ports]
+    with Mount(url, tmp_path / "m", ["create"]) as m:
+        write(m.path / "kept", b"k" * 5000)
+        for c in masters:
+            c.config_set("maxmemory", "1")
+        try:
+            with pytest.raises(OSError) as err:
+                write(m.path / "refused", os.urandom(50_000))
+            assert err.value.errno == errno.ENOSPC
+        finally:
+            for c in masters:
+                c.config_set("maxmemory", "0")
+        assert not (m.path / "refused").exists() or read(m.path / "refused") == b""
+        assert read(m.path / "kept") == b"k" * 5000
+        write(m.path / "after", b"a" * 5000)  # the mount goes on
+        assert read(m.path / "after") == b"a" * 5000
+    with open_driver(url, readonly=True) as d:
+        assert d.get("refused") in (None, b"")
+
+
+def test_a_kill_between_the_parts_and_the_commit_leaves_only_orphans(redis_cluster, tmp_path):
+    """The daemon is killed while it writes the parts of a large file: the file is not there
+    (nor half of it), ``zarrfs check`` reports the orphan parts and ``--repair`` deletes them."""
+    prefix = _prefix("kill")
+    url = redis_cluster.url(prefix=prefix, spread="1")
+    m = Mount(url, tmp_path / "m", ["create", "parts_above=4096"]).start()
+    write(m.path / "before", b"b" * 10_000)
+    big = tmp_path / "big"
+    big.write_bytes(os.urandom(24 << 20))  # 6,144 parts of 4 KiB: seconds of part writes
+    pid = int(subprocess.run(["pgrep", "-f", f"zarrfs mount .* {m.path} "], capture_output=True,
+                             text=True).stdout.split()[0])
+    copier = subprocess.Popen(["cp", str(big), str(m.path / "big")])
+    deadline = time.monotonic() + 120
+    while sum(_bytes_per_master(redis_cluster, prefix)) <= 10_000:
+        assert time.monotonic() < deadline, "no part of the large file was written"
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    copier.wait(60)
+    subprocess.run(["fusermount3", "-u", "-z", str(m.path)], check=False)
+    with Mount(url, tmp_path / "m2") as m2:
+        assert sorted(os.listdir(m2.path)) == ["before"]
+        assert read(m2.path / "before") == b"b" * 10_000
+    check = zarrfs("check", url, check=False)
+    assert check.returncode == 1 and "no file references" in check.stdout + check.stderr, check
+    repaired = zarrfs("check", "--repair", url, check=False)
+    assert repaired.returncode == 0, repaired
+    again = zarrfs("check", url, check=False)
+    assert again.returncode == 0, again
+    left = _bytes_per_master(redis_cluster, prefix)
+    assert sum(left) == 10_000  # the parts of "before" only
+
+
+def test_slots_moved_during_spread_writes_lose_nothing(redis_cluster):
+    from test_cluster import move_slot
+
+    d = open_driver(redis_cluster.url(prefix=_prefix("mv"), spread="1"))
+    done: dict[str, bytes] = {}
+    errors: list[Exception] = []
+    halt = threading.Event()
+
+    def writer() -> None:
+        i = 0
+        while not halt.is_set():
+            key, value = f"c/{i}", os.urandom(8192 + i % 7)
+            try:
+                parts.put_value(d, key, value, 4096)
+                done[key] = value
+            except Exception as exc:  # recorded: a commit may fail, but never half
+                errors.append(exc)
+            i += 1
+
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(done) < 20:
+            assert time.monotonic() < deadline and t.is_alive()
+            time.sleep(0.01)
+        # Move the slots of parts already written, and of parts being written now, to another master.
+        moved = 0
+        first = redis.Redis(port=redis_cluster.ports[0])
+        for name in list(first.scan_iter(match="zarrfs.part.*", count=100))[:3]:
+            slot = d.cluster.keyslot(name)
+            owner = d.cluster.nodes_manager.get_node_from_slot(slot).port
+            dst = next(p for p in redis_cluster.ports if p != owner)
+            moved += move_slot(slot, owner, dst, redis_cluster.ports)
+            d.cluster.nodes_manager.initialize()
+        count = len(done)
+        while len(done) < count + 20:
+            assert time.monotonic() < deadline and t.is_alive()
+            time.sleep(0.01)
+    finally:
+        halt.set()
+        t.join(60)
+    assert moved >= 1
+    assert len(errors) <= 2, errors
+    with open_driver(redis_cluster.url(prefix=d.prefix.strip("{}"), spread="1"), readonly=True) as r:
+        for key, value in done.items():
+            assert r.transact(lambda t, k=key: parts.whole(t, k, t.get(k)), write=False) == value
+    d.close()
+
+
+@pytest.fixture(scope="module")
+def replicated():
+    """Three masters with a replica each; a silent master is failed over after 1 s."""
+
+    def start(workdir: str):
+        return start_redis_cluster(workdir, replicas=1, node_timeout_ms=1000)
+
+    yield from session_server("zarrfs-cluster-sr-", start, stop_redis_cluster)
+
+
+def test_a_master_failed_over_during_reads_loses_nothing(replicated):
+    from test_cluster import _node, _replica_of
+
+    url = replicated.url(prefix=_prefix("fo"), spread="1")
+    d = open_driver(url)
+    values = {f"c/{i}": os.urandom(6000 + i) for i in range(60)}
+    for key, value in values.items():
+        parts.put_value(d, key, value, 4096)
+    for port in replicated.ports:  # every write reached the replicas before the failover
+        if _node(port).info("replication")["role"] == "master":
+            _node(port).execute_command("WAIT", 1, 5000)
+    wrong: list[str] = []
+    errors: list[Exception] = []
+    rounds = [0]
+    halt = threading.Event()
+
+    def reader() -> None:
+        while not halt.is_set():
+            for key, value in values.items():
+                try:
+                    got = d.transact(lambda t, k=key: parts.whole(t, k, t.get(k)), write=False)
+                except BackendError as exc:  # a call may fail while the master changes, never lie
+                    errors.append(exc)
+                    continue
+                if got != value:
+                    wrong.append(key)
+            rounds[0] += 1
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    try:
+        victim = next(p for p in replicated.ports if _node(p).info("replication")["role"] == "master"
+                      and _node(p).info("replication").get("connected_slaves", 0))
+        replica = _replica_of(replicated, victim)
+        seen = rounds[0]
+        deadline = time.monotonic() + 60
+        while rounds[0] < seen + 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        _node(replica).execute_command("CLUSTER", "FAILOVER")
+        while _node(replica).info("replication")["role"] != "master":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        seen = rounds[0]
+        while rounds[0] < seen + 2:
+            assert time.monotonic() < deadline and t.is_alive()
+            time.sleep(0.01)
+    finally:
+        halt.set()
+        t.join(60)
+    assert wrong == []
+    with open_driver(url, readonly=True) as r:
+        for key, value in values.items():
+            assert r.transact(lambda t, k=key: parts.whole(t, k, t.get(k)), write=False) == value
+    d.close()

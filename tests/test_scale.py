@@ -1,0 +1,95 @@
+"""Folders of hundreds of thousands of names through a mount: what listing them costs the
+daemon's memory (its node IDs, not the folder's size or the database's), that it goes back
+when the kernel forgets the names, and that the listing is exact (every name once, in order)
+across the many READDIRPLUS calls that resume it.
+
+The database is written directly with py-lmdb, as zarr-python 2's ``LMDBStore`` would. Two
+folders of 100,000 and 300,000 names of 700 bytes each: a value that small lives in its key's
+leaf page, so a listing passes over 300 MB of map. Memory is read from the daemon's /proc;
+what is compared is what the second, larger listing added, against a bound per node ID the
+kernel was given plus a constant, with margins for a busy machine (the figures measured are in
+docs/performance.md, "Millions of names")."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from mounting import needs_fuse
+
+from zarrfs.control import query
+
+pytestmark = [*needs_fuse, pytest.mark.slow]
+
+SMALL, LARGE = 100_000, 300_000
+VALUE = b"v" * 700
+PER_NODE = 256  # bytes the daemon may keep per node ID the kernel holds (measured: ~200)
+CONSTANT = 48 << 20  # batches, windows, the LMDB map's budget of resident pages, the heap's slack
+IDLE = 65536 * 600  # forgotten nodes kept for their inode numbers (fuse/inodes.py IDLE_NODES)
+
+
+def build(path: str) -> None:
+    import lmdb
+
+    env = lmdb.open(path, map_size=1 << 32, subdir=True, sync=False)
+    with env.begin(write=True) as txn, txn.cursor() as cur:
+        for folder, n in (("large", LARGE), ("small", SMALL)):
+            cur.putmulti(((f"{folder}/{i:06d}".encode(), VALUE) for i in range(n)), append=False)
+    env.close()
+
+
+def memory(pid: int) -> dict[str, int]:
+    with open(f"/proc/{pid}/status") as fh:
+        fields = dict(line.split(":", 1) for line in fh)
+    return {name: int(fields[name].split()[0]) << 10 for name in ("VmRSS", "RssAnon")}
+
+
+def nodes(mountpoint) -> int:
+    doc = query(str(mountpoint))["nodes"]
+    return doc["held"] + doc["idle"]
+
+
+@pytest.fixture
+def large_mount(tmp_path, mount_factory):
+    build(str(tmp_path / "db.lmdb"))
+    m = mount_factory(f"lmdb://{tmp_path}/db.lmdb")
+    return m, query(str(m.path))["pid"]
+
+
+def test_a_listing_costs_the_node_ids_the_kernel_holds_not_the_folder(large_mount):
+    m, pid = large_mount
+    assert os.listdir(m.path / "small") == [f"{i:06d}" for i in range(SMALL)]
+    before, held = memory(pid), nodes(m.path)
+    listed = os.listdir(m.path / "large")  # hundreds of READDIRPLUS, each resuming the last
+    assert listed == [f"{i:06d}" for i in range(LARGE)]  # every name once, in order
+    after, given = memory(pid), nodes(m.path) - held
+    assert given > 0
+    grown = after["VmRSS"] - before["VmRSS"]
+    assert grown < given * PER_NODE + CONSTANT, (grown >> 20, given, (grown - CONSTANT) / given)
+
+
+def test_memory_goes_back_when_the_kernel_forgets_the_names(large_mount):
+    m, pid = large_mount
+    try:
+        drop = open("/proc/sys/vm/drop_caches", "w")  # noqa: SIM115
+    except OSError as exc:
+        pytest.skip(f"the kernel's caches cannot be dropped here: {exc}")
+    start = memory(pid)
+    for folder in ("small", "large"):
+        assert len(os.listdir(m.path / folder)) == {"small": SMALL, "large": LARGE}[folder]
+    listed = memory(pid)
+    assert nodes(m.path) > SMALL + LARGE // 2
+    with drop:
+        drop.write("2")  # dentries and inodes: the kernel forgets the names it can
+    deadline = time.monotonic() + 120
+    while query(str(m.path))["nodes"]["held"] > 1000 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert query(str(m.path))["nodes"]["held"] <= 1000
+    time.sleep(0.5)  # the last BATCH_FORGET handled
+    back = memory(pid)
+    assert back["RssAnon"] < start["RssAnon"] + IDLE + CONSTANT, (
+        start["RssAnon"] >> 20,
+        listed["RssAnon"] >> 20,
+        back["RssAnon"] >> 20,
+    )

@@ -1,0 +1,153 @@
+"""A hierarchy spread over every master of a Redis Cluster (``?spread=1``).
+
+The data keys, side records, listing indexes and change feed of a hierarchy keep its one hash
+tag, so every commit stays one ``MULTI``/``EXEC`` on one slot. What spreads is the ``PARTS``
+key space (see ``zarrfs.backends.checks.Space``): values written once and never changed, that
+the filesystem stores before the commit that points at them (``zarrfs.fs.parts``). Each part
+key gets a hash tag of its own, ``zarrfs.part.<tag>:{<key>}``, so parts land on slots all over
+the cluster (and follow slots that move to masters added later). Part keys hold random version
+ids, so the tags scatter evenly.
+
+Why this is sound without a transaction across slots: a part is written (and acknowledged)
+before the home slot's commit names it, and never changed afterwards; a reader finds a part
+only through a committed manifest, so it never sees a value that is not committed or half of
+one. A crash between the two steps leaves parts no manifest names, which ``zarrfs check``
+reports and ``zarrfs check --repair`` deletes; parts a commit lets go of are deleted after it.
+
+Parts are read and written through redis-py's cluster client, which routes each key to the
+master owning its slot and follows ``MOVED``/``ASK`` while slots move. A transaction's part
+writes go out in one pipeline (one round trip per master, the masters in turn) before its
+home commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from redis.cluster import RedisCluster
+
+from ..base import KEYS, SIZES, Fetch
+from ..redis.buffered import DELETED
+from ..redis.link import translated
+
+#: Characters a hash tag's text may hold that would end or start one in a part's name.
+_ESCAPES = {ord("%"): "%25", ord("{"): "%7B", ord("}"): "%7D"}
+
+
+class SpreadParts:
+    """The ``PARTS`` space of one hierarchy on a cluster: where each part lives, and the
+    reads, writes and scans of parts (see the module docstring)."""
+
+    def __init__(self, cluster: RedisCluster, tag: str, where: str) -> None:
+        self.cluster = cluster
+        self.where = where
+        self.base = b"zarrfs.part." + tag.translate(_ESCAPES).encode("utf-8") + b":"
+
+    def name(self, raw: bytes) -> bytes:
+        """The Redis key of part key ``raw``: hashed by ``raw`` itself."""
+        return self.base + b"{" + raw + b"}"
+
+    def key_of(self, name: bytes) -> bytes | None:
+        """The part key a Redis key holds, None when it is not one of this hierarchy's."""
+        if name.startswith(self.base + b"{") and name.endswith(b"}"):
+            return name[len(self.base) + 1 : -1]
+        return None
+
+    # -- reads: parts never change, so no WATCH and any replica of the truth will do ---------
+    def get(self, raw: bytes) -> bytes | None:
+        with translated(self.where):
+            return self.cluster.get(self.name(raw))
+
+    def size(self, raw: bytes) -> int | None:
+        name = self.name(raw)
+        with translated(self.where):
+            pipe = self.cluster.pipeline(transaction=False)
+            pipe.exists(name)
+            pipe.strlen(name)
+            exists, size = pipe.execute()
+        return size if exists else None
+
+    def read(self, raw: bytes, offset: int, length: int) -> bytes | None:
+        name = self.name(raw)
+        with translated(self.where):
+            if length == 0:
+                return b"" if self.cluster.exists(name) else None
+            got = self.cluster.getrange(name, offset, offset + length - 1)
+            if got == b"" and not self.cluster.exists(name):
+                return None
+        return got
+
+    def sizes(self, raws: list[bytes]) -> list[int | None]:
+        """The sizes of several parts in one pipeline (None: absent)."""
+        if not raws:
+            return []
+        with translated(self.where):
+            pipe = self.cluster.pipeline(transaction=False)
+            for raw in raws:
+                pipe.exists(self.name(raw))
+                pipe.strlen(self.name(raw))
+            replies = pipe.execute()
+        return [replies[2 * i + 1] if replies[2 * i] else None for i in range(len(raws))]
+
+    def gets(self, raws: list[bytes]) -> list[bytes | None]:
+        """The values of several parts in one pipeline."""
+        if not raws:
+            return []
+        with translated(self.where):
+            pipe = self.cluster.pipeline(transaction=False)
+            for raw in raws:
+                pipe.get(self.name(raw))
+            return pipe.execute()
+
+    # -- writes ------------------------------------------------------------------------------
+    def apply(self, pending: dict[bytes, Any], deletes: bool) -> None:
+        """Send the puts (``deletes`` False) or the deletes (True) of ``pending`` in one
+        pipeline; a put is acknowledged by its master before this returns."""
+        with translated(self.where):
+            pipe = self.cluster.pipeline(transaction=False)
+            sent = 0
+            for raw, value in pending.items():
+                if (value is DELETED) != deletes:
+                    continue
+                if deletes:
+                    pipe.delete(self.name(raw))
+                else:
+                    pipe.set(self.name(raw), value if isinstance(value, bytes) else bytes(value))
+                sent += 1
+            if sent:
+                pipe.execute()
+
+    # -- the scan a check for orphans makes ----------------------------------------------------
+    def scan(self, lo: bytes, hi: bytes | None, fetch: Fetch) -> Iterator[tuple[bytes, Any]]:
+        """Part keys in ``[lo, hi)`` in key order, from a ``SCAN`` of every master: a whole
+        keyspace walk, for ``zarrfs check`` only (the keys found are held to sort them)."""
+        pattern = _glob_escape(self.base) + b"{*}"
+        found: list[bytes] = []
+        with translated(self.where):
+            for node in self.cluster.get_primaries():
+                client = self.cluster.get_redis_connection(node)
+                for name in client.scan_iter(match=pattern, count=1000):
+                    raw = self.key_of(name)
+                    if raw is not None and raw >= lo and (hi is None or raw < hi):
+                        found.append(raw)
+        found.sort()
+        if fetch is KEYS:
+            yield from ((raw, None) for raw in found)
+            return
+        for i in range(0, len(found), 256):
+            batch = found[i : i + 256]
+            got = self.sizes(batch) if fetch is SIZES else self.gets(batch)
+            for raw, x in zip(batch, got, strict=True):
+                if x is not None:
+                    yield raw, x
+
+
+def _glob_escape(raw: bytes) -> bytes:
+    """``raw`` with the characters ``SCAN MATCH`` reads as a pattern escaped."""
+    out = bytearray()
+    for b in raw:
+        if b in b"*?[]\\":
+            out += b"\\"
+        out.append(b)
+    return bytes(out)

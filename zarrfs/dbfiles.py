@@ -1,0 +1,111 @@
+"""What the path of a file database (LMDB, SQLite, DBM) holds, told before any driver opens it.
+
+Drivers create what they open: LMDB writes ``data.mdb`` into any folder, SQLite takes a file of
+zero bytes as a new database. So the command line looks first: a path that holds nothing, or
+something that is not a database of the URL's kind (an ordinary Zarr folder, a text file), is
+never written into without ``-o create``, and ``-o create`` makes a database only where nothing
+is (a new path, an empty folder, an empty file). A database on a read-only file system is
+opened read-only only when asked (``-o ro``).
+"""
+
+from __future__ import annotations
+
+import dbm
+import os
+
+from zarrfs.urls import MountFailure
+
+_LMDB_MAGIC = b"\xde\xc0\xef\xbe"  # MDB_meta.mm_magic, little-endian, after the 16-byte page header
+_SQLITE_MAGIC = b"SQLite format 3\0"
+_KIND = {"lmdb": "an LMDB database", "sqlite": "a SQLite database", "dbm": "a DBM database"}
+
+
+def _head(path: str, size: int) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(size)
+    except OSError:
+        return b""
+
+
+def _is_lmdb_file(path: str) -> bool:
+    return _head(path, 20)[16:20] == _LMDB_MAGIC
+
+
+def _exists(scheme: str, path: str) -> bool:
+    if scheme == "dbm":  # dbm.ndbm and dbm.dumb add their own suffixes to the name
+        return os.path.lexists(path) or dbm.whichdb(path) is not None
+    return os.path.lexists(path)
+
+
+def what_is_there(scheme: str, path: str) -> str:
+    """``"missing"``, ``"database"`` (one of ``scheme``'s kind), ``"empty"`` (an empty folder or
+    file a database may be made in) or ``"other"`` (something else: never written into)."""
+    if not _exists(scheme, path):
+        return "missing"
+    if scheme == "dbm":
+        found = dbm.whichdb(path)
+        if found:
+            return "database"
+        if os.path.isfile(path) and os.path.getsize(path) == 0:
+            return "empty"
+        return "other"
+    if os.path.isdir(path):
+        if scheme == "lmdb" and _is_lmdb_file(os.path.join(path, "data.mdb")):
+            return "database"
+        return "empty" if not os.listdir(path) else "other"
+    if os.path.isfile(path) and os.path.getsize(path) == 0:
+        return "empty"
+    if scheme == "lmdb":
+        return "database" if _is_lmdb_file(path) else "other"
+    if scheme == "sqlite":
+        return "database" if _head(path, 16) == _SQLITE_MAGIC else "other"
+    return "database"
+
+
+def _read_only_media(path: str) -> bool:
+    """Whether the file system holding ``path`` (or the nearest folder above it that exists) is
+    mounted read-only."""
+    while path and not os.path.exists(path):
+        path = os.path.dirname(path.rstrip("/"))
+    try:
+        return bool(os.statvfs(path or "/").f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def check_database_path(scheme: str, path: str, *, create: bool, readonly: bool, hint: bool = True) -> None:
+    """Raise :class:`MountFailure`, one line saying what to do, unless the database ``path`` may
+    be opened as asked (``create``: ``-o create``; ``readonly``: ``-o ro``; ``hint``: name the
+    mount options in the message, which a mount takes and ``zarrfs check`` does not)."""
+    kind = _KIND.get(scheme, "a database")
+    there = what_is_there(scheme, path)
+    if there == "other":
+        what = "a folder" if os.path.isdir(path) else "a file"
+        advice = (
+            f"; to put a Zarr folder in a database: zarrfs copy {path} NEW.{scheme}"
+            if os.path.isdir(path) and scheme == "lmdb"
+            else ""
+        )
+        if create:
+            raise MountFailure(
+                f"{path} is {what} with something in it, not {kind}: -o create makes a new database "
+                "only at a new path, in an empty folder or an empty file"
+            )
+        raise MountFailure(f"{path} is {what} but not {kind}{advice}")
+    if there in ("missing", "empty") and not create:
+        empty = "folder" if os.path.isdir(path) else "file"
+        said = "does not exist" if there == "missing" else f"is an empty {empty}"
+        if readonly and hint:
+            raise MountFailure(f"database {path} {said}: there is nothing to mount read-only")
+        raise MountFailure(f"database {path} {said}" + (" (add -o create to make a new one)" if hint else ""))
+    if there in ("missing", "empty") and readonly:
+        raise MountFailure(f"database {path} cannot be created read-only (-o ro with -o create)")
+    if there == "missing":
+        parent = os.path.dirname(os.path.abspath(path).rstrip("/")) or "/"
+        if not os.path.isdir(parent):
+            raise MountFailure(f"cannot create the database {path}: the folder {parent} does not exist")
+    if not readonly and _read_only_media(path):
+        raise MountFailure(
+            f"{path} is on a read-only file system" + (": add -o ro to mount it read-only" if hint else "")
+        )

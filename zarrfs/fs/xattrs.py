@@ -1,0 +1,101 @@
+"""Extended attributes of the tree's nodes: ``getxattr``, ``setxattr``, ``listxattr``,
+``removexattr``, kept in the ``x:`` side record of each node (:mod:`zarrfs.fs.sidedata`).
+
+Limits are ext4's with 4 KiB blocks: a name of at most 255 bytes (ERANGE), a value of at most
+64 KiB (E2BIG), and all of a node's attributes in one block, each costing 16 bytes, its name
+without the namespace prefix and its value rounded up to 4 bytes (ENOSPC past it). The
+namespaces the kernel lets through are stored as they are: ``user.`` (files and folders; the
+kernel refuses it elsewhere), ``trusted.`` (CAP_SYS_ADMIN, checked by the kernel) and
+``security.``. ``system.`` names (POSIX ACLs) are EOPNOTSUPP: no ACL is kept, as on a
+filesystem mounted ``noacl``.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable
+from typing import Any
+
+from zarrfs.backends.base import SIDE, Txn
+from zarrfs.fs import hardlinks
+from zarrfs.fs.errors import FsError
+from zarrfs.fs.sidedata import Attrs, pack_xattrs, unpack_xattrs, xattr_key
+
+XATTR_CREATE, XATTR_REPLACE = 1, 2
+NAME_MAX = 255
+SIZE_MAX = 65536
+#: Bytes of one ext4 block left for the entries (less its header and end mark).
+SPACE = 4096 - 32 - 4
+STORED_PREFIXES = (b"user.", b"trusted.", b"security.")
+
+
+def _cost(name: bytes, value: bytes) -> int:
+    short = len(name) - len(next((p for p in STORED_PREFIXES if name.startswith(p)), b""))
+    return 16 + (short + 3) // 4 * 4 + (len(value) + 3) // 4 * 4
+
+
+def check_name(name: bytes) -> None:
+    """ERANGE for an empty or too long name, EOPNOTSUPP for a namespace not kept here."""
+    if not name or len(name) > NAME_MAX:
+        raise FsError(errno.ERANGE, f"an extended attribute name of {len(name)} bytes", quiet=True)
+    if not name.startswith(STORED_PREFIXES):
+        raise FsError(errno.EOPNOTSUPP, f"extended attribute {name!r}: namespace not kept", quiet=True)
+
+
+class Xattrs:
+    """The extended-attribute calls of :class:`zarrfs.fs.namespace.Tree`."""
+
+    # Provided by Tree and Lookups.
+    driver: Any
+    _write: Callable[[Callable[[Txn], Any]], Any]
+    _probe: Callable[[Txn, str], Any]
+    _attrs: Callable[[Txn, str, int], Attrs]
+    _now: Callable[[], int]
+
+    def xattrs(self, key: str) -> dict[bytes, bytes]:
+        """Every extended attribute of ``key`` (ENOENT when nothing is there)."""
+
+        def run(t: Txn) -> dict[bytes, bytes]:
+            if self._probe(t, key) is None:
+                raise FsError(errno.ENOENT, key, quiet=True)
+            return unpack_xattrs(t.get(xattr_key(key), SIDE))
+
+        return self.driver.transact(run, write=False)
+
+    def set_xattr(self, key: str, name: bytes, value: bytes | None, flags: int = 0) -> None:
+        """Set (``value`` bytes) or remove (None: ENODATA when absent) one attribute;
+        ``flags`` XATTR_CREATE (EEXIST when present) or XATTR_REPLACE (ENODATA when absent)."""
+        check_name(name)
+        if flags & ~(XATTR_CREATE | XATTR_REPLACE):
+            raise FsError(errno.EINVAL, f"setxattr flags {flags:#x}")
+        if value is not None and len(value) > SIZE_MAX:
+            raise FsError(errno.E2BIG, f"an extended attribute value of {len(value)} bytes")
+
+        def run(t: Txn) -> None:
+            found = self._probe(t, key)
+            if found is None:
+                raise FsError(errno.ENOENT, key, quiet=True)
+            xattrs = unpack_xattrs(t.get(xattr_key(key), SIDE))
+            if name in xattrs and flags & XATTR_CREATE:
+                raise FsError(errno.EEXIST, f"{key}: {name!r}", quiet=True)
+            if name not in xattrs and (value is None or flags & XATTR_REPLACE):
+                raise FsError(errno.ENODATA, f"{key}: {name!r}", quiet=True)
+            if value is None:
+                del xattrs[name]
+            else:
+                xattrs[name] = bytes(value)
+            if sum(_cost(n, v) for n, v in xattrs.items()) > SPACE:
+                raise FsError(errno.ENOSPC, f"{key}: extended attributes past one block", quiet=True)
+            group = hardlinks.load(t, key, found[4]) if found[4] is not None else None
+            names = group.names if group is not None else [key]
+            raw = pack_xattrs(xattrs)
+            attrs = self._attrs(t, key, found[0])
+            attrs.ctime = self._now()  # as Linux's filesystems do: the node changed
+            hardlinks.put_attrs(t, names, attrs.pack())
+            for n in names:
+                if raw:
+                    t.put(xattr_key(n), raw, SIDE)
+                else:
+                    t.delete(xattr_key(n), SIDE)
+
+        self._write(run)
