@@ -39,13 +39,9 @@ KNOWN: set[tuple[str, str]] = {
     ("zarrfs.store", "zarrfs.fs.parts"),
 }
 KNOWN_CYCLES: list[list[str]] = [
-    ["zarrfs.backends.lmdb.commit", "zarrfs.backends.lmdb.driver", "zarrfs.backends.lmdb.feed",
-     "zarrfs.backends.lmdb.scan"],
-    ["zarrfs.backends.postgres.driver", "zarrfs.backends.postgres.feed"],
     ["zarrfs.backends.redis.commit", "zarrfs.backends.redis.driver", "zarrfs.backends.redis.feed",
      "zarrfs.backends.redis.index", "zarrfs.backends.redis.link", "zarrfs.backends.redis.url"],
     ["zarrfs.backends.redis_cluster.driver", "zarrfs.backends.redis_cluster.feed"],
-    ["zarrfs.backends.sqlite.driver", "zarrfs.backends.sqlite.feed"],
     ["zarrfs.fs.listing", "zarrfs.fs.namespace"],
 ]
 

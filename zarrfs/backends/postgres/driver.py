@@ -295,7 +295,9 @@ class PostgresDriver(Driver):
         """What other zarrfs writers committed since the last call (see ``feed``);
         the first call starts the feed. The cursor only counts calls: the server pushes."""
         if self.feed is None:
-            self.feed = feed.PostgresFeed(self)
+            self.feed = feed.PostgresFeed(
+                self.table, self.writer, self.where, lambda: {**self.bounds(), **self.params}
+            )
         if since is None:
             self.feed.changes()  # nothing from before counts
             return 0, []

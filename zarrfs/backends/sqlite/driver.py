@@ -330,7 +330,7 @@ class SQLiteDriver(Driver):
         """What other writers committed since ``since`` (see ``feed``), asked on the
         calling thread's connection."""
         with translated(self.path):
-            return feed.changes(self, self._conn(), since)
+            return feed.changes(self._conn(), since, self.own, None if self.readonly else self.tables)
 
     def sync(self) -> None:
         """With ``sync=1`` (``synchronous=FULL``) every commit is already durable; otherwise
