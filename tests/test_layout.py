@@ -26,7 +26,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 FS_PUBLIC: dict[str, tuple[str, ...]] = {
     "fuse": ("fs.api",),
     "tools": ("fs.api", "fs.sidedata", "fs.manifest", "fs.parts"),
-    "store": ("fs.api",),
+    "store": ("fs.api", "fs.records"),
 }
 # The shared parts of the drivers (what a third-party driver uses too); a driver's own package
 # is its own.
