@@ -15,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -149,11 +150,16 @@ class RedisCluster:
 
 
 def start_redis_cluster(
-    workdir: str, masters: int = 3, replicas: int = 0, node_timeout_ms: int | None = None
+    workdir: str,
+    masters: int = 3,
+    replicas: int = 0,
+    node_timeout_ms: int | None = None,
+    announce: Callable[[int], int] | None = None,
 ) -> RedisCluster:
     """Start ``masters`` cluster-enabled redis-servers (and ``replicas`` replicas of each) and
     join them into one cluster. ``node_timeout_ms``: how long a silent master takes to be
-    failed over (Redis' default is 15 s)."""
+    failed over (Redis' default is 15 s). ``announce(port)``: the port a node tells clients to
+    use instead of its own (a proxy's; the nodes still talk to each other directly)."""
     exe, cli = shutil.which("redis-server"), shutil.which("redis-cli")
     if exe is None or cli is None:
         pytest.fail("redis-server and redis-cli are needed (apt-get install redis-server)")
@@ -161,6 +167,11 @@ def start_redis_cluster(
     extra = ["--cluster-node-timeout", str(node_timeout_ms)] if node_timeout_ms else []
     procs = []
     for port in ports:
+        told = (
+            ["--cluster-announce-port", str(announce(port)), "--cluster-announce-bus-port", str(port + 10000)]
+            if announce
+            else []
+        )
         node = os.path.join(workdir, str(port))
         os.makedirs(node, exist_ok=True)
         log = os.path.join(node, "redis.log")
@@ -169,7 +180,7 @@ def start_redis_cluster(
                 [
                     exe, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
                     "--cluster-config-file", os.path.join(node, "nodes.conf"), "--save", "",
-                    "--appendonly", "no", "--dir", node, "--logfile", log, *extra,
+                    "--appendonly", "no", "--dir", node, "--logfile", log, *extra, *told,
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.STDOUT,

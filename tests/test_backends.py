@@ -29,7 +29,6 @@ from zarrfs.backends.base import (
     SIZES,
     VALUES,
     DriverNotFoundError,
-    RetryableError,
     StorageFullError,
     prefix_stop,
 )
@@ -249,17 +248,19 @@ class TestSQLite(_Conformance):
         # Checkpointed during the burst: the values committed up to it are in the database.
         assert db.stat().st_size >= before + 64 * 1024
 
-    def test_lock_held_by_another_connection_is_retryable(self, driver, tmp_path):
+    def test_lock_held_by_another_connection_is_waited_for_then_times_out(self, driver, tmp_path, caplog):
         import sqlite3
+
+        from zarrfs.backends.base import StalledError
 
         other = sqlite3.connect(tmp_path / "x.db", isolation_level=None)
         other.execute("BEGIN IMMEDIATE")
         try:
             d = open_driver(f"sqlite://{tmp_path}/x.db?timeout=0.2")
-            d.max_attempts = 2
-            d.backoff = 0.001
-            with pytest.raises(RetryableError):
+            d.set_timeout(0.6)  # -o timeout=: the bound of the wait, said in the log past 0.5 s
+            with pytest.raises(StalledError, match="holds the database's write lock"):
                 d.put("k", b"v")
+            assert "waiting up to 0.6 s" in caplog.text
             d.close()
         finally:
             other.execute("ROLLBACK")

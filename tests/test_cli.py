@@ -497,7 +497,7 @@ def test_man_page_and_completion_are_generated_from_the_parser(tmp_path):
     )
     said = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True).stdout
     said = said.splitlines()
-    assert said == ["copy consolidate", "create,validate=", "skip", "--log-level"], said
+    assert said == ["commit copy consolidate", "create,validate=", "skip", "--log-level"], said
     zsh = subprocess.run([sys.executable, "-m", "zarrfs.completion", "zsh"], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": CHECKOUT}, check=True).stdout
     assert zsh.startswith("#compdef zarrfs") and "bashcompinit" in zsh

@@ -237,3 +237,24 @@ def test_a_database_another_program_holds(tmp_path, kind):
     said = [ln for ln in err.splitlines() if "holds the database's write lock" in ln]
     assert said and "waiting up to 4 s" in said[0], err
     assert "Traceback" not in err
+
+
+def test_mount_says_at_once_that_another_program_holds_the_database(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "kept").write_bytes(b"old")
+    url = f"lmdb://{tmp_path}/db.lmdb"
+    assert run("copy", str(src), url).returncode == 0  # never mounted: the first mount writes
+    (tmp_path / "m").mkdir()
+    holder = hold_lmdb_writer(str(tmp_path / "db.lmdb"))
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        res = run("mount", url, str(tmp_path / "m"), "-o", "timeout=2")
+        assert res.returncode == 0, res.stderr
+        assert res.stderr.startswith("zarrfs: warning: ") and "holds the database's write lock" in res.stderr
+        assert (tmp_path / "m" / "kept").read_bytes() == b"old"
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+        if os.path.ismount(tmp_path / "m"):
+            run("umount", str(tmp_path / "m"))

@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 
-from zarrfs import __version__
+from zarrfs import __version__, commit
 from zarrfs.backends.base import BackendError
 from zarrfs.dbfiles import open_database
 from zarrfs.helptext import DESCRIPTION, EXIT_HELP, OPTIONS_HELP, SYNOPSIS, URLS_HELP
@@ -29,7 +29,7 @@ from zarrfs.urls import MountFailure, location
 
 __all__ = ["COMMANDS", "_daemon_pids", "build_parser", "main"]  # _daemon_pids: for the tests
 
-COMMANDS = ("mount", "umount", "status", "check", "copy", "consolidate", "reindex")
+COMMANDS = ("mount", "umount", "status", "commit", "check", "copy", "consolidate", "reindex")
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -198,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(func=cmd_status)
 
+    commit.add_parser(sub, raw)
     check = sub.add_parser("check", help="validate the Zarr metadata and chunk keys of a database",
                            epilog=URLS_HELP + "\n" + EXIT_HELP, formatter_class=raw)
     check.add_argument("url", metavar="URL")

@@ -1,7 +1,10 @@
 """The status endpoint of a running mount: a unix socket answered by a small thread.
 
 ``zarrfs status MOUNTPOINT`` connects to it and reads one JSON document: the database URL (no
-credentials), its size, requests and errors by type, open files, folder snapshots. The
+credentials), its size, requests and errors by type, open files, folder snapshots, the version
+served (an Icechunk branch or tag, a snapshot held). A client sends one JSON request first
+(``{"op": "status"}``, or ``{"op": "commit", "message": ...}`` for ``zarrfs commit``), then
+shuts its side down; the answer is one JSON document (``{"error": ...}`` when refused). The
 socket lives in :func:`runtime_folder` (``/run/zarrfs`` for root, ``$XDG_RUNTIME_DIR/zarrfs``
 or ``/tmp/zarrfs-UID`` for a user; the folder is 0700 and the socket 0600: its owner and root
 only), named after the mountpoint.
@@ -43,15 +46,31 @@ def socket_path(mountpoint: str) -> str:
     return path
 
 
-def query(mountpoint: str, timeout: float = 5.0) -> dict[str, Any]:
-    """The status document of the mount at ``mountpoint`` (OSError when nothing answers)."""
+def query(mountpoint: str, timeout: float = 5.0, request: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The daemon's answer to ``request`` (default: the status document) from the mount at
+    ``mountpoint`` (OSError when nothing answers)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(socket_path(mountpoint))
+        sock.sendall(json.dumps(request or {"op": "status"}).encode())
+        sock.shutdown(socket.SHUT_WR)
         chunks = []
         while chunk := sock.recv(65536):
             chunks.append(chunk)
     return json.loads(b"".join(chunks))
+
+
+class NoAnswer(Exception):
+    """The daemon of a mount does not answer on its socket: one line saying so."""
+
+
+def ask(mountpoint: str, request: dict[str, Any] | None = None, timeout: float = 5.0) -> dict[str, Any]:
+    """:func:`query` for the command line: the mountpoint as given, a failure as :class:`NoAnswer`."""
+    try:
+        return query(os.path.realpath(mountpoint), timeout, request)
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise NoAnswer(f"the daemon of {mountpoint} does not answer ({reason})") from None
 
 
 def _copy(mapping: Any) -> dict[str, Any]:
@@ -182,7 +201,44 @@ class ControlServer:
             "nodes": _nodes(self.session),
             "memory": _memory(),
             "database": databasesize_text(self.url, self.driver),
+            "version": self._version(),
         }
+
+    def _version(self) -> dict[str, Any] | None:
+        version = getattr(self.driver, "version", None)
+        return version() if callable(version) else None
+
+    def answer(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The answer to one request (see the module docstring)."""
+        op = request.get("op", "status")
+        if op == "status":
+            return self.status()
+        if op == "commit":
+            commit = getattr(self.driver, "commit", None)
+            if commit is None:
+                return {"error": "this mount has nothing to commit: only an Icechunk branch takes commits"}
+            try:
+                message, rebase = str(request.get("message") or ""), bool(request.get("rebase"))
+                return commit(message, rebase, request.get("branch"))
+            except Exception as exc:  # one line for the client; the daemon goes on
+                return {"error": str(exc)}
+        return {"error": f"unknown request {op!r}"}
+
+    def _request(self, conn: socket.socket) -> dict[str, Any]:
+        """The client's request: read until it shuts its side down (a client that sends
+        nothing gets the status)."""
+        conn.settimeout(5.0)
+        chunks = []
+        try:
+            while chunk := conn.recv(65536):
+                chunks.append(chunk)
+        except OSError:
+            pass
+        try:
+            request = json.loads(b"".join(chunks) or b"{}")
+        except ValueError:
+            return {"op": "?"}
+        return request if isinstance(request, dict) else {"op": "?"}
 
     def _serve(self) -> None:
         while not self._closed:
@@ -192,7 +248,7 @@ class ControlServer:
                 return
             with conn:
                 try:
-                    conn.sendall(json.dumps(self.status()).encode())
+                    conn.sendall(json.dumps(self.answer(self._request(conn))).encode())
                 except Exception as exc:  # a status must never take the daemon down
                     log.warning("status request failed: %s", exc)
 
@@ -228,6 +284,28 @@ def _counts(figures: dict[str, int] | None) -> str:
     return ", ".join(f"{name} {count}" for name, count in ordered)
 
 
+def version_text(version: dict[str, Any]) -> str:
+    """The ``version`` line of ``zarrfs status``: what version of the data the mount serves."""
+    if version.get("kind") == "icechunk":
+        if version.get("branch"):
+            where = f"branch {version['branch']}"
+        else:
+            where = f"tag {version['tag']}" if version.get("tag") else "snapshot"
+        text = f"Icechunk {where} at {version['snapshot']}"
+        if version.get("writable"):
+            text += ", uncommitted writes" if version.get("uncommitted") else ", nothing uncommitted"
+        aside = version.get("kept_aside") or []
+        return text + (f", {len(aside)} file(s) not Zarr v3 keys kept in memory only" if aside else "")
+    if version.get("kind") == "snapshot":
+        name = f" {version['name']}" if version.get("name") else ""
+        limit = f"held at most {version['limit']:g} s" if version.get("limit") else "held without a limit"
+        return (
+            f"snapshot{name} taken {version['age']:g} s ago ({limit}); "
+            f"it costs the writers: {version['cost']}"
+        )
+    return json.dumps(version)
+
+
 def render_status(doc: dict) -> str:
     """The lines ``zarrfs status MOUNTPOINT`` prints for a daemon's answer ``doc``."""
     db = doc.get("database") or {}
@@ -253,6 +331,7 @@ def render_status(doc: dict) -> str:
         ("daemon", f"pid {doc['pid']}, up {doc['uptime']:g} s, {mode}"),
         ("open files", str(doc["open_files"])),
         ("snapshots", snapshots),
+        *([("version", version_text(doc["version"]))] if doc.get("version") else []),
         ("nodes", f"{nodes.get('held', 0)} held by the kernel, {nodes.get('idle', 0)} forgotten and kept"),
         (
             "memory",

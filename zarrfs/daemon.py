@@ -22,12 +22,14 @@ import threading
 from typing import Any
 
 from zarrfs import deadmount, logs
+from zarrfs.backends.base import Driver
 from zarrfs.dbfiles import open_database
 from zarrfs.fs.api import LockTable, Operations
 from zarrfs.fs.changes import ChangeWatcher, has_feed
 from zarrfs.fs.foldercache import FolderCache
 from zarrfs.fs.handles import HandleTable
 from zarrfs.fs.namespace import Hooks, Tree
+from zarrfs.fs.readahead import Readahead
 from zarrfs.fuse import abi
 from zarrfs.fuse.channel import Channel
 from zarrfs.fuse.coherence import Coherence
@@ -41,6 +43,38 @@ from zarrfs.urls import reason, shown_url
 
 log = logging.getLogger("zarrfs")
 
+
+
+def hold_snapshot(driver: Driver, opts: MountOptions) -> Driver:
+    """``driver`` behind a :class:`SnapshotDriver` holding the state of now (``-o snapshot``)."""
+    from zarrfs.backends.snapshot import SnapshotDriver
+
+    try:
+        return SnapshotDriver(driver, opts.snapshot or None, opts.snapshot_hold or None)
+    except BaseException:
+        driver.close()
+        raise
+
+
+def end_snapshot_at_its_limit(driver: Driver, mountpoint: str) -> threading.Timer | None:
+    """A timer that unmounts a snapshot mount when its state reaches ``-o snapshot_hold=``
+    (reads would fail with ESTALE from then on), with a line in the log saying why."""
+    expires_in = getattr(driver, "expires_in", None)
+    seconds = expires_in() if callable(expires_in) else None
+    if seconds is None:
+        return None
+
+    def end() -> None:
+        log.error(
+            "%s: the snapshot was held %g s, the limit of -o snapshot_hold=: unmounting "
+            "(mount it again for a snapshot of now, or raise the limit)", mountpoint, driver.limit
+        )
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    timer = threading.Timer(seconds, end)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def make_hooks(opts: MountOptions) -> Hooks:
@@ -113,6 +147,10 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
     shown = shown_url(url)
     keep_freed_memory()
     driver = open_database(url, opts)
+    if opts.snapshot is not None:
+        driver = hold_snapshot(driver, opts)
+    if driver.readonly:  # a driver that holds one version (a zip archive, an Icechunk tag)
+        opts.readonly = True
     control = None
     try:
         tree = Tree(
@@ -125,6 +163,8 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
         opts.feed = opts.use_feed and has_feed(driver)
         if opts.seconds("dir_cache") > 0:
             tree.folder_cache = FolderCache(opts.seconds("dir_cache"), entries=opts.dir_cache_entries)
+        if opts.feed and opts.chunks_ahead > 0 and driver.remote and driver.batched:
+            tree.readahead = Readahead(tree.array_of, depth=opts.chunks_ahead)
         handles = HandleTable(tree, opts.spill, opts.readonly, opts.parts_above)
         # Locks live in the database, shared by every mount of it; a read-only mount leaves
         # them to the kernel (it could not record them).
@@ -165,6 +205,7 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
         handle = owner_and_root_only(handle, channel.fd, os.getuid())
     loop = _Loop(channel.fd, handle, BUFFER_SIZE, opts.spin, pending=session.watch.pending, **idle)
     driver.watch = session.watch  # a driver waiting on a server notices interrupts
+    limit = end_snapshot_at_its_limit(driver, mountpoint)
     try:
         try:
             control = ControlServer(resolved, shown, driver, session, handles, tree, opts)
@@ -174,6 +215,8 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
         loop.run()
     finally:
         notify("STOPPING=1", f"STATUS=unmounting {mountpoint}")
+        if limit is not None:
+            limit.cancel()
         if control is not None:
             control.close()
         session.close()

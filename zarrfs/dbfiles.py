@@ -20,7 +20,13 @@ from zarrfs.urls import MountFailure, database_path, reason, shown_url, url_sche
 
 _LMDB_MAGIC = b"\xde\xc0\xef\xbe"  # MDB_meta.mm_magic, little-endian, after the 16-byte page header
 _SQLITE_MAGIC = b"SQLite format 3\0"
-_KIND = {"lmdb": "an LMDB database", "sqlite": "a SQLite database", "dbm": "a DBM database"}
+_KIND = {
+    "lmdb": "an LMDB database",
+    "sqlite": "a SQLite database",
+    "dbm": "a DBM database",
+    "zip": "a zip archive",
+    "icechunk": "an Icechunk repository",
+}
 
 
 def _head(path: str, size: int) -> bytes:
@@ -56,6 +62,8 @@ def what_is_there(scheme: str, path: str) -> str:
     if os.path.isdir(path):
         if scheme == "lmdb" and _is_lmdb_file(os.path.join(path, "data.mdb")):
             return "database"
+        if scheme == "icechunk" and os.path.isdir(os.path.join(path, "snapshots")):
+            return "database"
         return "empty" if not os.listdir(path) else "other"
     if os.path.isfile(path) and os.path.getsize(path) == 0:
         return "empty"
@@ -63,6 +71,8 @@ def what_is_there(scheme: str, path: str) -> str:
         return "database" if _is_lmdb_file(path) else "other"
     if scheme == "sqlite":
         return "database" if _head(path, 16) == _SQLITE_MAGIC else "other"
+    if scheme == "zip":
+        return "database" if _head(path, 4) in (b"PK\x03\x04", b"PK\x05\x06") else "other"
     return "database"
 
 
@@ -118,6 +128,11 @@ def open_database(url: str, opts: MountOptions, hint: bool = True) -> Driver:
     """Open the driver for ``url``; a file database that is missing, or a path that holds
     something else, is an error unless ``-o create`` (see above; ``hint``: name
     the mount options in the error)."""
+    if opts.snapshot is not None:  # refused before anything is opened
+        from zarrfs.backends.registry import driver_class, normalize_url
+        from zarrfs.backends.snapshot import SnapshotDriver
+
+        SnapshotDriver.check(driver_class(normalize_url(url)[0]))
     path = database_path(url)
     if path is not None:
         scheme = url_scheme(url) or "lmdb"

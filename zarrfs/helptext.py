@@ -27,6 +27,9 @@ database URLs:
   redis+cluster://host:port,host:port/?prefix=zarr
                               Redis Cluster: one hierarchy per hash tag {prefix}
   valkey://, valkeys://, valkey+cluster://   Valkey, the same as the redis schemes
+  zip:///abs/path/data.zip    a zarr-python 2 or 3 ZipStore archive, read-only
+  icechunk:///abs/path/repo?branch=main   (or ?tag=NAME, ?snapshot=ID)
+                              an Icechunk repository; a branch commits with zarrfs commit
   postgresql://user@host:port/dbname?table=zarr
                               PostgreSQL (postgres:// too; needs pip install zarrfs[postgres])
   dbm:///abs/path/db          DBM (zarr-python 2's DBMStore)
@@ -60,12 +63,16 @@ mount options (-o OPT[,OPT...]):
   timeout=SECONDS             longest wait on a database server, or on a database another
                               program holds locked; then ETIMEDOUT (10)
   readahead=KiB               kernel read-ahead of the mount (1024; 0 = leave it)
+  chunks_ahead=N              chunks read ahead of a reader in grid order (8; 0 = off)
   direct_above=BYTES          a file this large read for the first time skips the page cache
                               (64K; off = never)
   uid=N, gid=N                owner shown for files and folders with none recorded
                               (default: the user who mounts)
   umask=OCTAL                 permission bits removed from files and folders with no
                               recorded mode (022)
+  snapshot, snapshot=NAME     one committed state of an LMDB, SQLite or PostgreSQL database,
+                              read-only (NAME: a PostgreSQL exported snapshot)
+  snapshot_hold=SECONDS       longest a snapshot is held, then unmounted (3600; 0 = no limit)
   allow_other                 let every user in; turns on default_permissions
   allow_root                  let root in besides the owner; turns on default_permissions
   no_default_permissions      with allow_other/allow_root: no permission checks by the kernel

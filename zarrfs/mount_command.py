@@ -29,6 +29,7 @@ from zarrfs.sdnotify import notify
 from zarrfs.urls import PASSWORD_ENV, MountFailure, location, reason, shown_url, url_password
 
 READY = b"ready\n"
+WARNING_PREFIX = "zarrfs: warning: "
 START_TIMEOUT = 60.0
 
 
@@ -140,6 +141,14 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 def _run_foreground(args: argparse.Namespace, opts, url: str, mountpoint: str) -> int:
     setup_logging(args.log_level, args.log_file, foreground=args.ready_fd is None, mountpoint=mountpoint)
+    starting = None
+    if args.ready_fd is not None:
+        # Until the mount is ready, warnings (a database another program holds) reach the
+        # starting command too, which shows them at once (see _start_background).
+        starting = logging.StreamHandler(sys.stderr)
+        starting.setLevel(logging.WARNING)
+        starting.setFormatter(logging.Formatter(WARNING_PREFIX + "%(message)s"))
+        logging.getLogger().addHandler(starting)
 
     mounted = False
 
@@ -149,6 +158,7 @@ def _run_foreground(args: argparse.Namespace, opts, url: str, mountpoint: str) -
         if args.ready_fd is None:  # -f: this is the service's process
             notify("READY=1", f"STATUS=serving {shown_url(url)} at {mountpoint}")
         else:
+            logging.getLogger().removeHandler(starting)
             os.write(args.ready_fd, READY)
             os.close(args.ready_fd)
             # The starting process is gone now; nothing may write to its pipe any more.
@@ -200,16 +210,30 @@ def _start_background(args: argparse.Namespace, url: str, mountpoint: str) -> in
     )
     os.close(write_end)
     os.close(url_r)
-    got = b""
+    got = said = b""
+    assert child.stderr is not None
+    err_fd = child.stderr.fileno()
+    warning = WARNING_PREFIX.encode()
     deadline = time.monotonic() + START_TIMEOUT
     while READY not in got and time.monotonic() < deadline:
-        ready, _, _ = select.select([read_end], [], [], 0.2)
-        if ready:
+        ready, _, _ = select.select([read_end] + ([err_fd] if err_fd >= 0 else []), [], [], 0.2)
+        if err_fd in ready:  # the daemon's warnings are shown as they come
+            chunk = os.read(err_fd, 65536)
+            said += chunk
+            while warning in said and b"\n" in said[said.index(warning):]:
+                start = said.index(warning)
+                end = said.index(b"\n", start) + 1
+                sys.stderr.write(said[start:end].decode(errors="replace"))
+                sys.stderr.flush()
+                said = said[:start] + said[end:]
+            if not chunk:
+                err_fd = -1
+        if read_end in ready:
             chunk = os.read(read_end, 64)
             if not chunk:
                 break
             got += chunk
-        elif child.poll() is not None:
+        elif not ready and child.poll() is not None:
             break
     os.close(read_end)
     if READY in got:
@@ -226,7 +250,8 @@ def _start_background(args: argparse.Namespace, url: str, mountpoint: str) -> in
         err = child.communicate(timeout=10)[1] or b""
     except subprocess.TimeoutExpired:
         child.kill()
-    lines = [ln for ln in err.decode(errors="replace").splitlines() if ln.strip()]
+    text = (said + err).decode(errors="replace")
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(WARNING_PREFIX)]
     detail = (lines or ["the daemon did not start"])[-1].removeprefix("zarrfs: ")
     return fail(f"mount of {shown} at {mountpoint} failed: {detail}")
 

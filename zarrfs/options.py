@@ -33,6 +33,7 @@ LIBFUSE_OPTIONS = frozenset(
     | {"sync", "async", "dirsync", "noatime", "nodiratime", "debug"}
 )
 
+DEFAULT_SNAPSHOT_HOLD = 3600.0  # seconds a snapshot mount holds its state (it costs the writers)
 SHORT_CACHE = 1.0  # seconds the kernel keeps names and attributes without a change feed
 FEED_CACHE = 3600.0  # ... and with one
 
@@ -69,6 +70,9 @@ class MountOptions:
     # Seconds a call may wait on a database server before it fails with ETIMEDOUT.
     timeout: float = DEFAULT_TIMEOUT
     readahead: int = DEFAULT_READAHEAD_KIB
+    # Chunks of a Zarr array read ahead of a reader in grid order (zarrfs.fs.readahead), on a
+    # database server with a change feed; 0: none.
+    chunks_ahead: int = 8
     # The kernel's cache times; each defaults to cache_timeout.
     entry_timeout: float | None = None
     attr_timeout: float | None = None
@@ -88,6 +92,10 @@ class MountOptions:
     gid: int | None = None
     umask: int | None = None
     fuse: dict[str, Any] = field(default_factory=dict)
+    # -o snapshot[=NAME]: serve one committed state, read-only ("" : the state at mount time);
+    # -o snapshot_hold=: the longest it is held, in seconds (0: no limit).
+    snapshot: str | None = None
+    snapshot_hold: float = DEFAULT_SNAPSHOT_HOLD
 
     def seconds(self, name: str) -> float:
         """One of the cache times above: its own value, or ``cache_timeout``."""
@@ -141,6 +149,10 @@ def parse_options(words: list[str]) -> MountOptions:
                 opts.direct_above = None if value == "off" else _size(name, value)
             elif name == "create":
                 opts.create = True
+            elif name == "chunks_ahead":
+                opts.chunks_ahead = _number(name, value, int)
+                if opts.chunks_ahead < 0:
+                    raise UsageError(f"-o chunks_ahead= takes a number of chunks, 0 or more (got {value!r})")
             elif name == "nonempty":
                 opts.nonempty = True
             elif name == "readahead":
@@ -163,6 +175,12 @@ def parse_options(words: list[str]) -> MountOptions:
                     opts.umask = -1
                 if not 0 <= opts.umask <= 0o777:
                     raise UsageError(f"-o umask= takes octal permission bits such as 022 (got {value!r})")
+            elif name == "snapshot":
+                opts.snapshot = value
+            elif name == "snapshot_hold":
+                opts.snapshot_hold = _number(name, value, float)
+                if opts.snapshot_hold < 0:
+                    raise UsageError(f"-o snapshot_hold= takes seconds, 0 (no limit) or more (got {value!r})")
             elif name == "allow_root":
                 opts.allow_root = True
             elif name == "no_default_permissions":
@@ -173,6 +191,10 @@ def parse_options(words: list[str]) -> MountOptions:
                 opts.fuse[name] = value if has_value else True
             else:
                 raise UsageError(f"unknown mount option -o {item} (see zarrfs --help)")
+    if opts.snapshot is not None:
+        if "rw" in (item for word in words for item in word.split(",")):
+            raise UsageError("-o snapshot mounts read-only: drop -o rw")
+        opts.readonly = True
     if opts.allow_root and opts.fuse.get("allow_other"):
         raise UsageError("-o allow_root and -o allow_other exclude each other")
     return opts

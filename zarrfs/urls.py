@@ -17,12 +17,12 @@ class MountFailure(Exception):
 # Where a Redis password may come from besides the URL, in this order after the URL's own.
 PASSWORD_ENV = ("ZARRFS_PASSWORD", "REDISCLI_AUTH")
 SECRET_QUERY = ("password", "password_file")
-FILE_SCHEMES = ("lmdb", "sqlite", "dbm")
+FILE_SCHEMES = ("lmdb", "sqlite", "dbm", "zip", "icechunk")
 # The Redis-protocol schemes, whose password may come from a file or the environment.
 REDIS_SCHEMES = ("redis", "rediss", "unix", "valkey", "valkeys") + tuple(
     f"{s}+cluster" for s in ("redis", "rediss", "valkey", "valkeys")
 )
-_NO_SECRETS = ("", "lmdb", "sqlite", "dbm", "memory")
+_NO_SECRETS = ("", "lmdb", "sqlite", "dbm", "memory", "zip", "icechunk")
 
 
 

@@ -23,6 +23,11 @@ class StalledError(UnavailableError):
     the server may still apply it when it comes back."""
 
 
+class ExpiredError(BackendError):
+    """A version the mount served is gone (a snapshot held past its limit, or lost with its
+    connection): reads fail with ESTALE rather than fall back to newer data."""
+
+
 class InterruptedCallError(BackendError):
     """The request waiting on the database was interrupted (its caller got a signal and the
     kernel sent FUSE_INTERRUPT): the call fails with EINTR. Like a stall, it drops the

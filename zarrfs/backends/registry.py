@@ -39,6 +39,8 @@ _table: dict[str, str] = {
     "postgresql": _POSTGRES,
     "postgres": _POSTGRES,
     "dbm": "zarrfs.backends.dbm:DBMDriver",
+    "zip": "zarrfs.backends.zip:ZipDriver",
+    "icechunk": "zarrfs.backends.icechunk:IcechunkDriver",
 }
 # Import name of a dependency -> the distribution to ``pip install`` when it is missing.
 _pip_names: dict[str, str] = {
@@ -46,6 +48,7 @@ _pip_names: dict[str, str] = {
     "redis": "redis",
     "hiredis": "hiredis",
     "psycopg": "psycopg[binary]",
+    "icechunk": "zarrfs[icechunk]",
 }
 # Scheme -> the distribution that provides a registered driver's dependencies, when given.
 _scheme_pip: dict[str, str] = {}

@@ -14,6 +14,7 @@ so that the modules behind it can be rearranged without touching the protocol.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
 import time
@@ -24,7 +25,7 @@ from zarrfs.fs.changes import ChangeWatcher, folders_of
 from zarrfs.fs.errors import FsError, is_quiet, to_errno
 from zarrfs.fs.handles import HandleTable, Stored
 from zarrfs.fs.listing import DirListing
-from zarrfs.fs.locks import UNLCK, Lock, LockTable, Waiters
+from zarrfs.fs.locks import UNLCK, WRLCK, Lock, LockTable, Waiters
 from zarrfs.fs.names import NAME_MAX, key_text, name_bytes
 from zarrfs.fs.namespace import (
     DIR,
@@ -37,6 +38,8 @@ from zarrfs.fs.namespace import (
     check_rename_flags,
 )
 from zarrfs.fs.pagecache import DIRECT_ABOVE, PageCache, Pages
+
+log = logging.getLogger("zarrfs.fs.api")
 
 NOW = "now"  # a time to set to the present (UTIME_NOW)
 
@@ -53,6 +56,7 @@ class Operations:
         self.locks = locks
         self._waiters: Waiters | None = None
         self._lockers: dict[int, set[tuple[str, int]]] = {}  # fh -> (key, owner) that locked
+        self._waiting: dict[int, tuple[str, int]] = {}  # request -> (key, fh) of a waiting lock
 
     def on_keys_changed(self, callback: Callable[[list[str]], None] | None) -> None:
         """Have ``callback(keys)`` called when a call changed keys other than the ones it
@@ -75,7 +79,14 @@ class Operations:
         """Begin serving waiting lock requests: ``answer(request, errno)`` is called (from
         another thread) when one is granted (0) or ends otherwise."""
         if self.locks is not None and self._waiters is None:
-            self._waiters = Waiters(self.locks, answer)
+
+            def granted(request: int, code: int) -> None:
+                waited = self._waiting.pop(request, None)
+                if code == 0 and waited is not None:
+                    self.handles.locked(*waited)
+                answer(request, code)
+
+            self._waiters = Waiters(self.locks, granted)
 
     def getlk(self, key: str, owner: int, start: int, end: int, type: int, flock: bool) -> Lock | None:
         """The lock that would block this one, or None."""
@@ -88,15 +99,25 @@ class Operations:
     ) -> bool | None:
         """Take or release a lock: True when done, False when another owner's lock conflicts;
         with ``wait`` (a request ID) a conflicting request is kept and answered later through
-        the callback of :meth:`start_locks`, and None is returned."""
+        the callback of :meth:`start_locks`, and None is returned.
+
+        Locks bring the file up to date, as NFS's do: before a lock is released or
+        downgraded (a read lock asked for), the file's pending writes are committed, as
+        ``fsync`` commits them; once one is granted, the file is read and written from the
+        newest stored version on (:meth:`HandleTable.locked`)."""
         assert self.locks is not None
         args = (key, owner, start, end, type, pid, flock)
+        if type != WRLCK:
+            self.handles.commit_key(key, fh)
         if type != UNLCK:
             self._lockers.setdefault(fh, set()).add((key, owner))
         if self.locks.set(*args):
+            if type != UNLCK:
+                self.handles.locked(key, fh)
             return True
         if wait is None or self._waiters is None:
             return False
+        self._waiting[wait] = (key, fh)
         self._waiters.wait(wait, args)
         return None
 
@@ -107,12 +128,17 @@ class Operations:
 
     def _unlock(self, fh: int, owner: int | None) -> None:
         # A close: the POSIX locks of ``owner`` (FLUSH), or every lock taken through ``fh``
-        # (its last RELEASE, which is all a read-only file, closed without FLUSH, sends).
+        # (its last RELEASE, which is all a read-only file, closed without FLUSH, sends). The
+        # file is committed before its locks go, as at any unlock.
         pairs = self._lockers.get(fh)
         if not pairs or self.locks is None:
             return
         for key, who in list(pairs):
             if owner is None or who == owner:
+                try:
+                    self.handles.commit_key(key, fh)
+                except Exception as exc:  # the close reports it (flush); the lock goes anyway
+                    log.error("commit of %s at its unlock failed: %s", key, exc)
                 self.locks.release(key, who, None if owner is None else False)
         if owner is None:
             del self._lockers[fh]

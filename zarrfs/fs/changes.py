@@ -6,7 +6,7 @@ machine on one Redis: :meth:`zarrfs.backends.base.Driver.changes` says what they
 between requests, every ``driver.feed_interval`` while idle, or when the feed's descriptor wakes
 it), turns its records into the keys of the files and folders they touch (a side record
 ``a:<key>`` or ``e:<key>`` is ``<key>``'s attributes or entry), and drops what the tree itself
-caches of them (folder snapshots). The caller drops what the kernel caches.
+caches of them (folder snapshots, chunks read ahead). The caller drops what the kernel caches.
 """
 
 from __future__ import annotations
@@ -59,9 +59,12 @@ class ChangeWatcher:
             log.info("change feed back")
             self.failing = False
         cache = self.tree.folder_cache
+        ahead = self.tree.readahead
         if records is None:
             if cache is not None:
                 cache.forget()
+            if ahead is not None:
+                ahead.forget()
             return None
         if not records:
             return []
@@ -73,6 +76,8 @@ class ChangeWatcher:
                 keys.add(key[2:])
         if cache is not None and keys:
             cache.forget(folders_of(keys))
+        if ahead is not None and keys:
+            ahead.forget(keys)
         return sorted(keys)
 
 

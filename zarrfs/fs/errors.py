@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 
 from zarrfs.backends import base
+from zarrfs.backends.errors import ExpiredError
 
 
 class FsError(OSError):
@@ -41,6 +42,7 @@ _TABLE: list[tuple[type[BaseException], int]] = [
     (base.InterruptedCallError, errno.EINTR),
     (base.ValueTooLargeError, errno.EFBIG),
     (base.UnavailableError, errno.EIO),
+    (ExpiredError, errno.ESTALE),
     (base.RetryableError, errno.EAGAIN),
     (base.DriverNotFoundError, errno.ENODEV),
     (base.BackendError, errno.EIO),

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zarrfs.backends.heldvalues import Held
+from zarrfs.fs.extents import Extents
 from zarrfs.fs.namespace import Node
 from zarrfs.fs.pagecache import Stored
 from zarrfs.fs.sidedata import Attrs
@@ -37,6 +38,13 @@ class FileState:
     # Read outside the kernel's page cache, which holds pages of an older version that
     # descriptors still open read.
     private: bool = False
+    # The stored version (stamp) the buffer was read at; None: none to lay changes on (a file
+    # made here, or one too large to hold), so a commit stores the buffer as it is.
+    base: tuple[int, int] | None = None
+    # What this mount's writers changed since ``base``: what a commit lays on the newest version.
+    changes: Extents = field(default_factory=Extents)
+    # A lock was granted: the file is brought up to date before anything reads or writes it.
+    stale: bool = False
 
     @property
     def snapshot(self) -> Any:

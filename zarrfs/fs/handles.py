@@ -2,11 +2,19 @@
 
 Every open file handle points at the shared :class:`FileState` of its key (of each name of a
 file with hard links), so two descriptors of one file see each other's writes, as POSIX
-requires. Writes go to a :class:`SpillBuffer`; the whole content is committed to the database,
-under every name, in one transaction on ``flush`` (each ``close``), ``fsync`` and ``release``.
-Until then the database, and every other reader of it, sees the old value; a reader never sees
-half a value. A file made with ``create`` exists only in this table until its first commit, so
-create + write + close is one transaction.
+requires. Writes go to a :class:`SpillBuffer`; a writer's ``close`` (``flush``, ``release``) and
+``fsync`` commit the file, under every name, in one transaction; a descriptor opened read-only
+never commits. Until then the database, and every other reader of it, sees the old value; a
+reader never sees half a value. A file made with ``create`` exists only in this table until its
+first commit, so create + write + close is one transaction.
+
+A commit lays what this mount changed (:class:`zarrfs.fs.extents.Extents`) on the newest stored
+version, read in the commit's transaction, so it never drops what another mount committed since
+this one read the file, outside the ranges written here; a file rewritten from empty is stored
+as it is, with no read. Locks bring files up to date (NFS's lock consistency): when one is
+granted, :meth:`HandleTable.locked` marks the file, and the next call that reads, writes or
+shows it first lays its pending changes on the newest version (:meth:`HandleTable._fresh`);
+before one is released, :meth:`HandleTable.commit_key` commits it.
 
 Temporary files (``*.partial`` from zarr-python, ``*.__lock`` from tensorstore, written and
 then renamed onto a key) are not
@@ -24,6 +32,7 @@ import logging
 import os
 import stat
 import time
+from typing import Any
 
 from zarrfs.fs import parts
 from zarrfs.fs.entries import inherit_group
@@ -85,6 +94,8 @@ class HandleTable(OpenNames):
     def pending(self, key: str) -> Node | None:
         """The node an open, changed file shows (its pending size and attributes), if any."""
         state = self.states.get(key)
+        if state is not None and state.stale:
+            self._fresh(state)
         if state is None or not (state.dirty or state.created):
             return None
         if state.linked and (stored := self.tree.find(key)) is not None:  # its names, as stored
@@ -93,7 +104,7 @@ class HandleTable(OpenNames):
 
     def open_node(self, fh: int) -> Node | None:
         """The node an open file shows, found by its handle (its name may be gone)."""
-        state = self._handle(fh).state
+        state = self._fresh(self._handle(fh).state)
         if not state.orphan:
             return self.pending(state.key) or self.tree.find(state.key)
         return self._shown(state)
@@ -110,22 +121,25 @@ class HandleTable(OpenNames):
         False: it has no other names.
 
         Unless this mount has pending content for it, the open reads the file's version from
-        the database (not from a cache), and with it its content when the kernel holds no
-        pages of that version (``kept`` is the stamp of the version it holds) and it is at
-        most :data:`SNAPSHOT_LIMIT` bytes: the descriptor reads that version until it is
-        closed, whoever replaces the file meanwhile (see :meth:`read`)."""
+        the database (not from a cache), and with it its content when it is at most
+        :data:`SNAPSHOT_LIMIT` bytes: the descriptor reads that version until it is closed,
+        whoever replaces the file meanwhile and whatever the kernel holds of it (see
+        :meth:`read`). ``kept`` (the stamp of the version whose pages the kernel holds) is
+        how the session decides whether those pages may stay."""
         writable = (flags & os.O_ACCMODE) != os.O_RDONLY
         if writable and self.readonly:
             raise FsError(errno.EROFS, key)
         # The kernel looked the name up just before, so there is no need to ask again.
         state = self.states.get(key) or self._state_of_names(key, linked)
+        if state.stale:
+            self._fresh(state)
         # A held temporary file opened again is no longer only held: it is held again, or
         # stored, when its last descriptor closes.
         self.deferred.pop(key, None)
         seen = None
         truncating = writable and flags & os.O_TRUNC
         if not truncating and state.buffer is None and not state.created:
-            seen, value = self.tree.version(key, kept, SNAPSHOT_LIMIT)
+            seen, value = self.tree.version(key, None, SNAPSHOT_LIMIT)
             if seen is not None and seen.kind == FILE:
                 version = stamp_of(seen)
                 if state.version not in (None, version):
@@ -191,19 +205,124 @@ class HandleTable(OpenNames):
 
     # ------------------------------------------------------------------ data
     def _ensure_buffer(self, state: FileState, empty: bool = False) -> SpillBuffer:
+        """The buffer of ``state``, made from the version its descriptors read (``empty``: the
+        file is emptied, so nothing is read)."""
         if state.buffer is None:
-            if not empty and state.snapshot is None and self._large(state.key):
-                state.buffer = self._load_in_pieces(state.key)
+            if empty:
+                state.buffer = SpillBuffer(b"", self.spill_threshold)
+            elif state.snapshot is not None:
+                state.buffer = SpillBuffer(state.snapshot, self.spill_threshold)
+                state.base = state.version
             else:
-                snapshot = state.snapshot
-                initial = b"" if empty else (snapshot if snapshot is not None else self._load(state.key))
-                state.buffer = SpillBuffer(initial, self.spill_threshold)
+                state.buffer, state.base = self._newest(state.key)
             state.snapshot = None
-        elif empty:
-            state.buffer.truncate(0)
+            if self.tree.hooks_transform:
+                state.base = None  # shown bytes are not stored bytes: nothing to lay them on
+        if empty:
+            self._truncated(state, 0)
         if state.attrs is None:
             state.attrs = self.tree.lookup_attrs(state.key)
         return state.buffer
+
+    def _newest(self, key: str) -> tuple[SpillBuffer, tuple[int, int] | None]:
+        """A buffer holding the newest stored version of ``key``, and that version's stamp
+        (None for a file read in pieces, or gone: a commit then stores the buffer as it is)."""
+        node, value = self.tree.version(key, None, SNAPSHOT_LIMIT)
+        try:
+            if value is not None:
+                return SpillBuffer(value.data, self.spill_threshold), stamp_of(node)
+        finally:
+            if value is not None:
+                value.release()
+        if node is not None and node.kind == FILE and self._large(key):
+            return self._load_in_pieces(key), None
+        return SpillBuffer(self._load(key), self.spill_threshold), None
+
+    def _truncated(self, state: FileState, length: int) -> None:
+        buffer = state.buffer
+        assert buffer is not None
+        state.changes.truncated(length, buffer.size)
+        buffer.truncate(length)
+
+    # ------------------------------------------------------------------ locks
+    def locked(self, key: str, fh: int | None = None) -> None:
+        """A lock on the file was granted (from any thread): it is brought up to date before
+        it is next read, written or shown."""
+        for state in (self.states.get(key), self.handles[fh].state if fh in self.handles else None):
+            if state is not None:
+                state.stale = True
+
+    def _fresh(self, state: FileState) -> FileState:
+        """Bring a file marked by :meth:`locked` up to date: its descriptors read, and write
+        onto, the newest stored version, with this mount's pending changes laid on it."""
+        if not state.stale:
+            return state
+        state = self._join(state)
+        state.stale = False
+        if self.tree.folder_cache is not None:  # lookups answer from the database from now
+            self.tree.folder_cache.clear()
+        if state.created or state.orphan:
+            return state  # only here: nobody else can have changed it
+        if state.buffer is None:
+            state.snapshot = None
+            seen, value = self.tree.version(state.key, None, SNAPSHOT_LIMIT)
+            state.version = stamp_of(seen) if seen is not None and seen.kind == FILE else None
+            state.snapshot = value
+            return state
+        if state.dirty and state.base is None:
+            return state  # nothing to lay its changes on: they stand as they are
+        if not state.dirty or state.changes.whole:
+            if state.dirty:
+                return state  # the file is this mount's alone: nothing of others to read
+            buffer, base = self._newest(state.key)
+        else:
+            node, value = self.tree.version(state.key, None, SNAPSHOT_LIMIT)
+            try:
+                if node is None or node.kind != FILE or stamp_of(node) == state.base or value is None:
+                    return state
+                out, appended = state.changes.lay(value.data, state.buffer.size, state.buffer.read)
+            finally:
+                if value is not None:
+                    value.release()
+            buffer, base = SpillBuffer(out, self.spill_threshold), stamp_of(node)
+            state.changes.moved_appends(appended)
+        state.buffer.close()
+        state.buffer, state.base = buffer, base
+        if not state.dirty:
+            state.changes.clear()
+            state.attrs = self.tree.lookup_attrs(state.key)
+        state.stored = None
+        return state
+
+    def _join(self, state: FileState) -> FileState:
+        """One state again for a file whose descriptors of two versions are open here (a newer
+        version opened while descriptors of an older one read it): a lock brings them all to
+        the newest, so they share pending writes and what a lookup shows, as POSIX has it."""
+        current = self.states.get(state.key)
+        if current is None or current is state or state.orphan or state.linked or current.linked:
+            return state
+        keep, drop = (current, state) if current.dirty and not state.dirty else (state, current)
+        if drop.dirty:
+            self._commit(drop)
+        for fh in drop.handles:
+            self.handles[fh].state = keep
+            keep.handles.add(fh)
+        drop.handles.clear()
+        self._forget(drop)
+        self.states[keep.key] = keep
+        keep.private = False  # the kernel's pages of the file were dropped with the lock
+        keep.stale = True
+        return keep
+
+    def commit_key(self, key: str, fh: int | None = None) -> Stored | None:
+        """Commit the file at ``key`` (or open as ``fh``), as ``fsync`` does: a lock on it is
+        about to be released or downgraded."""
+        state = self.handles[fh].state if fh in self.handles else self.states.get(key)
+        if state is None or not state.dirty:
+            return None
+        stored = self._commit(state)
+        self.tree.driver.sync()
+        return stored
 
     def _large(self, key: str) -> bool:
         """Whether the stored value at ``key`` is read into a buffer in pieces: it would spill,
@@ -251,7 +370,7 @@ class HandleTable(OpenNames):
         the version, which fails with ESTALE when the file was replaced since: a descriptor
         never reads parts of two versions. Returns a view where it can (no copy), valid until
         the file next changes."""
-        state = self._handle(fh).state
+        state = self._fresh(self._handle(fh).state)
         if state.buffer is not None:
             return state.buffer.read(offset, size)
         version = state.version
@@ -276,10 +395,13 @@ class HandleTable(OpenNames):
         handle = self._handle(fh)
         if not handle.writable:
             raise FsError(errno.EBADF, handle.state.key)
-        state = handle.state
-        if handle.flags & os.O_APPEND:
-            offset = self._ensure_buffer(state).size
-        self._ensure_buffer(state).write(offset, data)
+        state = self._fresh(handle.state)
+        buffer = self._ensure_buffer(state)
+        append = bool(handle.flags & os.O_APPEND)
+        if append:
+            offset = buffer.size
+        buffer.write(offset, data)
+        state.changes.wrote(offset, offset + len(data), append)
         self._touch(state)
         return len(data)
 
@@ -293,9 +415,9 @@ class HandleTable(OpenNames):
             raise FsError(errno.EBADF, handle.state.key)
         if offset < 0 or length <= 0:
             raise FsError(errno.EINVAL, f"{handle.state.key}: fallocate {offset}+{length}")
-        buffer = self._ensure_buffer(handle.state)
+        buffer = self._ensure_buffer(self._fresh(handle.state))
         if buffer.size < offset + length:
-            buffer.truncate(offset + length)
+            self._truncated(handle.state, offset + length)
             self._touch(handle.state)
 
     def truncate(self, key: str, length: int, fh: int | None = None) -> None:
@@ -306,14 +428,18 @@ class HandleTable(OpenNames):
         if state is None:
             state = FileState(key, linked=bool(self.tree.link_names(key)))
             try:
-                self._ensure_buffer(state, empty=length == 0).truncate(length)
+                self._ensure_buffer(state, empty=length == 0)
+                self._truncated(state, length)
                 self._touch(state)
                 self._commit(state)
             finally:
                 state.buffer.close() if state.buffer else None
             return
-        self._ensure_buffer(state, empty=length == 0).truncate(length)
+        self._ensure_buffer(self._fresh(state), empty=length == 0)
+        self._truncated(state, length)
         self._touch(state)
+        if fh is None:  # truncate(2) by name is a change of its own, as of a file not open
+            self._commit(state)
 
     # ------------------------------------------------------------------ commit
     def _commit(self, state: FileState) -> Stored | None:
@@ -321,30 +447,50 @@ class HandleTable(OpenNames):
         if not state.dirty or state.orphan:
             return None
         assert state.buffer is not None
+        buffer = state.buffer
+        laid: list[tuple[bytearray, int | None]] = []
+        lay = None
+        if state.base is not None and not state.created and not state.changes.whole:
+
+            def lay(newest: Any) -> bytearray:
+                laid[:] = [state.changes.lay(newest, buffer.size, buffer.read)]
+                return laid[0][0]
+
         try:
             self.parting.commit(
                 state.key,
-                state.buffer,
+                buffer,
                 state.attrs,
                 state.created,
                 linked=state.linked,
                 added=state.born,
+                base=state.base,
+                lay=lay,
             )
         except Exception:
             state.failed = True
             raise
+        if laid:  # others' bytes are in what was stored: this mount reads that from now on
+            state.buffer = SpillBuffer(laid[0][0], self.spill_threshold)
+            buffer.close()
+        state.changes.clear()
         state.dirty = False
         state.created = False
         state.failed = False
         if state.attrs is None:
+            state.base = None
             return None
-        state.stored = Stored(state.size, state.attrs.mtime)
+        state.base = None if self.tree.hooks_transform else (state.size, state.attrs.mtime)
+        state.stored = Stored(state.size, state.attrs.mtime, others=bool(laid))
         return state.stored
 
     def flush(self, fh: int) -> Stored | None:
         """Commit the file's pending content (called at every close); a new temporary file
         waits for its rename. Returns what was stored, if anything was."""
-        state = self._handle(fh).state
+        handle = self._handle(fh)
+        state = handle.state
+        if not handle.writable:
+            return None  # a reader's close publishes nothing, not even another's writes
         if state.created and (is_deferrable(state.key) or state.size == 0):
             # A temporary file waits for its rename. A new file still empty is stored at
             # release: a shell's ``> file`` closes a duplicate descriptor before writing, and an
@@ -353,13 +499,13 @@ class HandleTable(OpenNames):
         return self._commit(state)
 
     def fsync(self, fh: int) -> Stored | None:
-        """Commit (a temporary file too), then make it durable."""
+        """Commit (a temporary file too), then make it durable (any descriptor may ask)."""
         stored = self._commit(self._handle(fh).state)
         self.tree.driver.sync()
         return stored
 
     def release(self, fh: int) -> Stored | None:
-        """Last close of a descriptor: commit what is left and forget the handle."""
+        """Last close of a descriptor: a writer's commits what is left; forget the handle."""
         handle = self.handles.pop(fh, None)
         if handle is None:
             return None
@@ -370,7 +516,7 @@ class HandleTable(OpenNames):
             return None
         try:
             if not state.failed:
-                stored = self._commit(state) or state.stored
+                stored = (self._commit(state) if handle.writable else None) or state.stored
                 if stored is not None and not state.handles and not state.orphan and state.buffer:
                     return stored._replace(tail=last_page(state.buffer))
                 return stored

@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import errno
 import itertools
+import os
 import re
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -35,7 +36,9 @@ from zarrfs.fs.sidedata import ATTR, ENTRY, LINK_MARK, SPECIAL_MARK, attr_key, e
 if TYPE_CHECKING:
     from zarrfs.fs.namespace import Tree
 
-SCAN_BATCH = 256  # keys per scan of a folder's keys
+# Keys per scan of a folder's keys. ZARRFS_LISTING_BATCH sets it for a daemon, so that tests
+# put every name of a small folder at a batch's edge (docs/testing.md).
+SCAN_BATCH = int(os.environ.get("ZARRFS_LISTING_BATCH") or 256)
 RANGED_FROM = 64  # children of a batch from which SQLite reads their side records as ranges
 FOLDER_BATCH = 512  # children per batch of reads when a whole folder is read (SQLite: < 2000 columns)
 FIRST_BATCH = 128  # entries of the first window of a readdir; each next one is 4 times larger
@@ -252,12 +255,15 @@ class Listings:
 
     driver: Any
 
-    def list_dir(self, key: str, after: str | None = None, limit: int = 1024) -> list[tuple[str, int, str]]:
+    def list_dir(
+        self, key: str, after: str | None = None, limit: int = 1024, sizes: dict[str, int] | None = None
+    ) -> list[tuple[str, int, str]]:
         """Up to ``limit`` children of folder ``key`` as ``(name, kind, position)``.
 
         Children come in name order, each once; ``position`` is an opaque resume token: pass
         the last one as ``after`` to continue. A folder of a million keys is listed batch by
-        batch, never built as one list. ENOTDIR/ENOENT when ``key`` is not a folder.
+        batch, never built as one list. ENOTDIR/ENOENT when ``key`` is not a folder. With
+        ``sizes``, the stored sizes of files the scan saw are put there (for :meth:`nodes_of`).
         """
 
         def run(t: Txn) -> list[tuple[str, int, str]]:
@@ -267,21 +273,26 @@ class Listings:
                     raise FsError(errno.ENOENT, key, quiet=True)
                 if found[0] != DIR:
                     raise FsError(errno.ENOTDIR, key)
-            return list(itertools.islice(self._merged_children(t, key, after), limit))
+            return list(itertools.islice(self._merged_children(t, key, after, sizes), limit))
 
         return self.driver.transact(run, write=False)
 
-    def nodes_of(self, key: str, children: list[tuple[str, int]]) -> dict[str, Node]:
+    def nodes_of(
+        self, key: str, children: list[tuple[str, int]], sizes: dict[str, int] | None = None
+    ) -> dict[str, Node]:
         """The nodes of ``children`` ((name, kind) of folder ``key``, as a listing gave them)
         by name, in one transaction, sizes and attributes in batches of reads: what a
         READDIRPLUS replies with each name, so that ``ls -l``, ``du`` or ``find -size`` need
-        no lookup per name. A name gone meanwhile has no node."""
+        no lookup per name. ``sizes``: those the listing's scan saw (the others are read). A
+        name gone meanwhile has no node."""
 
         def run(t: Txn) -> dict[str, Node]:
             prefix = key + "/" if key else ""
             nodes: dict[str, Node] = {}
             for start in range(0, len(children), FOLDER_BATCH):
-                self._read_nodes(t, prefix, children[start : start + FOLDER_BATCH], None, nodes)
+                part = children[start : start + FOLDER_BATCH]
+                known = sizes is not None and all(k != FILE or n in sizes for n, k in part)
+                self._read_nodes(t, prefix, part, sizes if known else None, nodes)
             return nodes
 
         return self.driver.transact(run, write=False)
@@ -356,10 +367,12 @@ class Listings:
     def _side_ranges(self, t: Txn, prefix: str, part: list) -> tuple[dict, dict] | None:
         """The attribute records and link-group pointers of ``part``'s names, by key, read as
         two ranges of the side space: on SQLite a batch of point reads is one statement whose
-        every sub-query seeks the index, while a range is one seek and then a step per row.
-        None where point reads cost less (other drivers, a small part) or when the ranges hold
-        too many other records (a subfolder's descendants): each name is then read alone."""
-        if self.driver.remote or not self.driver.batched or len(part) < RANGED_FROM:
+        every sub-query seeks the index, on LMDB two lookups a name, while a range is one seek
+        and then a step per row (none at all for names without side records, as a zarr
+        client's chunks). None where point reads cost less (a remote database, whose batch is
+        one round trip; a small part) or when the ranges hold too many other records (a
+        subfolder's descendants): each name is then read alone."""
+        if self.driver.remote or len(part) < RANGED_FROM:
             return None
         names = [prefix + name for name, _ in part]
         wanted, first, last = set(names), min(names), max(names)
@@ -396,6 +409,7 @@ class DirListing:
     def _reset(self) -> None:
         self.window: list[tuple[str, int, str]] = []
         self.nodes: dict[str, Node] | None = None  # the window's nodes, once asked for
+        self.sizes: dict[str, int] | None = None  # the window's sizes its scan saw
         self.window_start = 0
         self.token: str | None = None
         self.stored_done = False
@@ -413,16 +427,17 @@ class DirListing:
                 return False
             self.window_start += len(self.window)
             self.window = rest
-            self.nodes = None
+            self.nodes, self.sizes = None, None
             return True
-        got = self.tree.list_dir(self.key, after=self.token, limit=self.batch)
+        sizes: dict[str, int] | None = None if self.tree.driver.remote else {}
+        got = self.tree.list_dir(self.key, after=self.token, limit=self.batch, sizes=sizes)
         if len(got) < self.batch:
             self.stored_done = True
         if not got:
             return self._fetch()
         self.window_start += len(self.window)
         self.window = got
-        self.nodes = None
+        self.nodes, self.sizes = None, sizes
         self.token = got[-1][2]
         if self._extra_names:
             self._listed.update(name for name, _, _ in got if name in self._extra_names)
@@ -434,7 +449,7 @@ class DirListing:
         is gone); the window's nodes are read at the first ask, in one transaction, so a
         listing holds a window of nodes at most, whatever the size of the folder."""
         if self.nodes is None:
-            self.nodes = self.tree.nodes_of(self.key, [(n, kind) for n, kind, _ in self.window])
+            self.nodes = self.tree.nodes_of(self.key, [(n, kind) for n, kind, _ in self.window], self.sizes)
         return self.nodes.get(name)
 
     def entries(self, offset: int) -> Iterator[tuple[str, int, int]]:

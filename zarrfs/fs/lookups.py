@@ -22,6 +22,7 @@ from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, Get, HasPrefix, Read, Size, Txn
 from zarrfs.backends.heldvalues import Held, View, hold
+from zarrfs.format.arrays import find_array
 from zarrfs.fs import hardlinks, parts
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.hardlinks import pointer_key
@@ -31,6 +32,12 @@ log = logging.getLogger("zarrfs.fs.namespace")
 
 FILE, DIR, LINK = stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK
 _SIZED = (FILE, DIR, LINK)
+
+#: The largest value an open reads in the same batch as its probe, on a driver where a batch is one
+#: round trip, when this mount last saw the file at most this large (see :meth:`Lookups.version`).
+SPECULATE = 4 << 20
+#: Files whose last seen size :class:`Lookups` remembers (the table is emptied when full).
+SIZE_HINTS = 4096
 
 #: What a probe finds at a key: (kind, stored size, link target, raw attributes, raw
 #: link-group pointer of a file).
@@ -61,7 +68,8 @@ def stamp_of(node: Node) -> tuple[int, int]:
 
 class Lookups:
     """Lookups of a :class:`zarrfs.fs.namespace.Tree`, which provides the attributes used here
-    (``driver``, ``hooks``, ``uid``, ``gid``, ``umask``, ``epoch``, ``folder_cache``) and
+    (``driver``, ``hooks``, ``uid``, ``gid``, ``umask``, ``epoch``, ``folder_cache``,
+    ``readahead``) and
     ``folder_nodes`` (from :class:`zarrfs.fs.listing.Listings`)."""
 
     driver: Any
@@ -71,7 +79,9 @@ class Lookups:
     umask: int
     epoch: int
     folder_cache: Any
+    readahead: Any
     _hidden_logged: set[str]
+    _size_hints: dict[str, int]
 
     def default_attrs(self, kind: int) -> Attrs:
         """Attributes of a node that has no side record."""
@@ -117,6 +127,12 @@ class Lookups:
         keys ``also``, for the transaction to answer again without a round trip. Where a batch
         is one read, it reads each key's link-group pointer too; elsewhere (LMDB) only the
         pointers of what was found and is not a folder are read, after."""
+        return self._probe_many_reading(t, keys, also)[1]
+
+    def _probe_many_reading(
+        self, t: Txn, keys: list[str], also: Sequence[str] = ()
+    ) -> tuple[list[Any], list[Probe | None]]:
+        """:meth:`_probe_many`, and the values of ``also`` it read."""
         batched = self.driver.batched
         per_key = 6 if batched else 5
         requests: list[Read] = [Get(k, DATA) for k in also]
@@ -147,7 +163,7 @@ class Lookups:
                     found = (*found[:4], pointer)
                 out.append(found)
                 i += per_key
-        return out
+        return answers[: len(also)], out
 
     def _judge(self, key: str, size, data_below, mark, side_below, raw_attrs):
         """What a probe's first five answers say is at ``key`` (its pointer is read after).
@@ -201,7 +217,17 @@ class Lookups:
         found = self._probe(t, key)
         if found is None:
             return None
-        return self._node_from(t, key, *found)
+        return self._remember(key, self._node_from(t, key, *found))
+
+    def _remember(self, key: str, node: Node) -> Node:
+        """Note the size of the file ``node`` at ``key``: a hint for its next open (see
+        :meth:`version`), never an answer."""
+        if node.kind == FILE:
+            hints = self._size_hints
+            if len(hints) >= SIZE_HINTS:
+                hints.clear()
+            hints[key] = node.size
+        return node
 
     def _node_from(
         self, t: Txn, key: str, kind: int, size: int, target: str, raw: bytes | None, pointer=None
@@ -239,12 +265,18 @@ class Lookups:
         """The node at ``key``, or None when there is none (the lookup of every ``stat``: a
         missing name is common and costs no exception). Answered from a snapshot of the
         folder when :attr:`folder_cache` has one (see :mod:`zarrfs.fs.foldercache`)."""
+        ahead = self.readahead
+        if ahead is not None:
+            node = ahead.node(key)
+            if node is not None:
+                return node
         cache = self.folder_cache
         if cache is not None and key:
             folder, _, name = key.rpartition("/")
             nodes = cache.snapshot(folder, lambda limit: self.folder_nodes(folder, limit))
             if nodes is not None:
-                return nodes.get(name)
+                node = nodes.get(name)
+                return None if node is None else self._remember(key, node)
         return self.driver.transact(lambda t: self._find(t, key), write=False)
 
     def lookup(self, key: str) -> Node:
@@ -266,9 +298,45 @@ class Lookups:
         """The file at ``key`` as it is now, for an open: its node and, in the same
         transaction, its content when that is at most ``limit`` bytes and its stamp is not
         ``kept`` (the kernel holds that version's pages, and may never ask for them); the
-        content is held in place where the driver can (``backends.heldvalues``): release it."""
+        content is held in place where the driver can (``backends.heldvalues``): release it.
+
+        Where a batch of reads is one round trip, a file this mount last saw (a lookup, a
+        folder's snapshot) at most :data:`SPECULATE` bytes large has its value read in the
+        same batch as its probe: an open costs one round trip, not two. The size seen is only a
+        hint: what the probe finds decides, and a value that turns out larger than ``limit``
+        is dropped."""
+        ahead = self.readahead
+        if ahead is not None and self.driver.batched and not self.hooks_transform:
+            hit = ahead.take(key)
+            if hit is None:
+                more = ahead.plan(key)
+                if more:
+                    found = self.versions([key, *more], min(limit, ahead.max_value))
+                    ahead.keep((k, n, v) for k, (n, v) in zip(more, found[1:], strict=True))
+                    hit = found[0] if found[0][1] is not None else None
+            if hit is not None:
+                node, value = hit
+                if stamp_of(node) == kept:
+                    return node, None
+                return node, Held(value)
+        hint = self._size_hints.get(key)
+        speculate = (
+            kept is None
+            and hint is not None
+            and hint <= min(limit, SPECULATE)
+            and self.driver.batched
+            and not self.hooks_transform
+        )
 
         def run(t: Txn, view: View) -> tuple[Node | None, Any]:
+            if speculate:
+                (value,), (found,) = self._probe_many_reading(t, [key], [key])
+                node = None if found is None else self._remember(key, self._node_from(t, key, *found))
+                if node is None or node.kind != FILE or node.size > limit:
+                    return node, None
+                if value is not None and len(value) == parts.MANIFEST_SIZE:
+                    value = parts.whole(t, key, bytes(value))
+                return node, value
             node = self._find(t, key)
             if node is None or node.kind != FILE or stamp_of(node) == kept:
                 return node, None
@@ -282,6 +350,26 @@ class Lookups:
             return node, value
 
         return hold(self.driver, run)
+
+    def versions(self, keys: list[str], limit: int) -> list[tuple[Node | None, bytes | None]]:
+        """The files at ``keys`` as they are now, in one batch of reads (one round trip where a
+        batch is one): each one's node and, when it is a file of at most ``limit`` bytes, its
+        content (bytes)."""
+
+        def run(t: Txn) -> list[tuple[Node | None, bytes | None]]:
+            values, probes = self._probe_many_reading(t, keys, keys)
+            out: list[tuple[Node | None, bytes | None]] = []
+            for key, value, found in zip(keys, values, probes, strict=True):
+                node = None if found is None else self._remember(key, self._node_from(t, key, *found))
+                if node is None or node.kind != FILE or node.size > limit or value is None:
+                    out.append((node, None))
+                    continue
+                if len(value) == parts.MANIFEST_SIZE:
+                    value = parts.whole(t, key, bytes(value))
+                out.append((node, None if value is None else bytes(value)))
+            return out
+
+        return self.driver.transact(run, write=False)
 
     def read_version(self, key: str, stamp: tuple[int, int], offset: int = 0, size: int = -1) -> bytes:
         """Bytes of the file at ``key`` (all of it, as shown, when ``size`` is negative; else a
@@ -300,6 +388,16 @@ class Lookups:
             return self.hooks.shown_value(t, key, value)
 
         return self.driver.transact(run, write=False)
+
+    def array_of(self, key: str) -> Any:
+        """The Zarr array enclosing ``key`` (:class:`zarrfs.format.arrays.ArrayInfo`), or None;
+        its metadata read in as few batches as its folders' depth allows."""
+
+        def get_many(keys: list[str]) -> list[Any]:
+            return self.driver.transact(lambda t: t.read_many([Get(k) for k in keys]), write=False)
+
+        found = find_array(key, lambda k: get_many([k])[0], get_many)
+        return None if found is None else found[1]
 
     def link_names(self, key: str) -> list[str]:
         """Every name of the file at ``key`` (``key`` among them) when it has hard links,

@@ -26,7 +26,7 @@ from zarrfs.fs.entries import Entries
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.hardlinks import POINTER, LinkGroups, pointer_key
 from zarrfs.fs.listing import FOLDER_BATCH, Listings
-from zarrfs.fs.lookups import DIR, FILE, LINK, Lookups, Node
+from zarrfs.fs.lookups import DIR, FILE, LINK, Lookups, Node, stamp_of
 from zarrfs.fs.sidedata import ENTRY, EPOCH, XATTR, Attrs, attr_key, entry_key, xattr_key
 from zarrfs.fs.xattrs import Xattrs
 
@@ -146,9 +146,12 @@ class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
         self.on_side_effects: Any = None
         #: Snapshots of busy folders for :meth:`find` (a FolderCache), or None.
         self.folder_cache: Any = None
+        #: Chunks read ahead of a reader in grid order (a Readahead), or None.
+        self.readahead: Any = None
         self._side_effects: set[str] = set()
         self._garbage: list = []  # parts a write leaves unused (see zarrfs.fs.parts)
         self._hidden_logged: set[str] = set()
+        self._size_hints: dict[str, int] = {}  # key -> size last seen (Lookups.version)
         self.epoch = self._load_epoch()
         # The longest key the database holds, if it has a limit, less the side prefix ("a:")
         # of a node's attributes: a longer path is refused with ENAMETOOLONG before it is made.
@@ -183,6 +186,8 @@ class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
         finally:
             if self.folder_cache is not None:
                 self.folder_cache.clear()
+            if self.readahead is not None:
+                self.readahead.forget()
         garbage, self._garbage = self._garbage, []
         parts.free(self.driver, {p.id: p for p in garbage if p is not None}.values())
         if touched and self.on_side_effects is not None:
@@ -207,6 +212,8 @@ class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
         added: int | None = None,
         renamed_from: str | None = None,
         parted: Any = None,
+        base: tuple[int, int] | None = None,
+        lay: Any = None,
     ) -> None:
         """Store the content of a file written through the mount, with its attributes, in one
         transaction; the format layer may refuse it (nothing is stored then).
@@ -220,7 +227,10 @@ class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
         ``added``: when the file was made; if it turns out new, its folder's times change (see
         :meth:`_folder_changed`). ``renamed_from``: the file was an unstored file of that name,
         renamed here: both folders' times change. ``parted``: ``value`` is the manifest of
-        these parts (:mod:`zarrfs.fs.parts`); the parts of the version replaced are freed."""
+        these parts (:mod:`zarrfs.fs.parts`); the parts of the version replaced are freed.
+        ``lay``: when the stored file is no longer the version ``base`` (its stamp) that
+        ``value`` was made from, ``lay(newest)`` makes the value to store from the newest
+        content, read in this transaction (changes laid on it: :mod:`zarrfs.fs.extents`)."""
 
         # Remote: what the format layer will read comes in the probe's round trip.
         also = self.hooks.reads(key) if (create or exclusive) and self.driver.remote else ()
@@ -247,6 +257,11 @@ class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
                     pointer = found[4]
             elif linked:
                 pointer = t.get(pointer_key(key), SIDE)
+            stored_value = value
+            if lay is not None and base is not None:
+                node = self._find(t, key)
+                if node is not None and node.kind == FILE and stamp_of(node) != base:
+                    stored_value = lay(parts.whole(t, key, t.get(key)) or b"")
             names = [key]
             if create or exclusive:
                 # A new file in its place: that name is not linked; its parts go with its last name.
@@ -256,7 +271,7 @@ class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
                 names = records.names_of(t, key, pointer)
                 if hint is not None:
                     self._garbage.append(parts.parted_of(t.get(attr_key(key), SIDE)))
-            for name, stored in records.write_file(t, names, value, record, self.hooks.store):
+            for name, stored in records.write_file(t, names, stored_value, record, self.hooks.store):
                 self._changed(t, name, stored)
             self._garbage = [p for p in self._garbage if p != parted]
             if folder is not None:

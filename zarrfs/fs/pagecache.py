@@ -42,19 +42,22 @@ class Stamped(Protocol):
     size: int
     mtime: int
     tail: bytes
+    others: bool
 
 
 class Pages:
     """What the policy remembers of one file the kernel holds: the ``(size, mtime)`` last shown
-    to the kernel (``stamp``) and when (``stamp_time``, on the policy's clock), and whether
-    the pages the kernel holds now are known to be the content (``cache_ok``)."""
+    to the kernel (``stamp``) and when (``stamp_time``, on the policy's clock), whether
+    the pages the kernel holds now are known to be the content (``cache_ok``), and whether its
+    pages and attributes were dropped with nothing shown since (``bare``)."""
 
-    __slots__ = ("stamp", "stamp_time", "cache_ok")
+    __slots__ = ("stamp", "stamp_time", "cache_ok", "bare")
 
     def __init__(self) -> None:
         self.stamp: tuple[int, int] | None = None
         self.stamp_time = 0.0
         self.cache_ok = False
+        self.bare = False
 
 
 class PageCache:
@@ -95,6 +98,7 @@ class PageCache:
 
     def _record(self, pages: Pages, node: Node) -> None:
         if node.kind == FILE:  # folders and symlinks have no pages to keep
+            pages.bare = False
             stamp = (node.size, node.attrs.mtime)
             if stamp != pages.stamp:
                 pages.stamp = stamp
@@ -110,13 +114,32 @@ class PageCache:
         of it; a partial last page would be read back from the database at the next read of the
         file (a Zarr chunk's last page, most of the time). The commit gives that page only once
         no descriptor of the file is open (see :func:`last_page`), so no request of ours can hold
-        the page's lock while the kernel takes it."""
+        the page's lock while the kernel takes it.
+
+        When the commit laid this mount's changes on another mount's newer version
+        (``stored.others``), the kernel's pages are not the content: they are dropped as by
+        :meth:`dropped`, and the caller drops the kernel's."""
+        if stored.others:
+            self.dropped(pages)
+            return None
         pages.stamp = (stored.size, stored.mtime)
         pages.stamp_time = self.clock()
         pages.cache_ok = True
         if not stored.tail:
             return None
         return stored.size - len(stored.tail), stored.tail
+
+    def dropped(self, pages: Pages) -> None:
+        """The kernel's pages and attributes of the file are being dropped (a lock on it was
+        granted, or another mount's bytes were stored with this mount's): the next open keeps
+        none, and looks at the file again. Until the kernel is next shown the file, dropping
+        them again is needless (:attr:`Pages.bare`); it would even be wrong: the kernel ignores
+        the attributes of a reply to a request it sent before a drop, so a late drop could make
+        it keep the size it had before the first (an ``lseek(SEEK_END)`` under a lock)."""
+        pages.bare = True
+        pages.stamp = None
+        pages.stamp_time = 0.0
+        pages.cache_ok = False
 
     def opened(
         self, pages: Pages, find: Callable[[str], Node | None], key: str, seen: Node | None = None
@@ -147,11 +170,14 @@ PAGE = mmap.PAGESIZE
 class Stored(NamedTuple):
     """What a commit stored: ``size`` and ``mtime`` decide whether the kernel's cached pages of
     the file still hold; ``tail`` is the content of its last, partial page, given only when no
-    descriptor of the file is open any more (see :func:`last_page`), else empty."""
+    descriptor of the file is open any more (see :func:`last_page`), else empty. ``others``:
+    what was stored holds bytes another mount committed (the commit laid this mount's changes
+    on them), so the kernel's pages of the file are not the content."""
 
     size: int
     mtime: int
     tail: bytes = b""
+    others: bool = False
 
 
 def last_page(buffer: SpillBuffer) -> bytes:

@@ -301,10 +301,14 @@ class Parting:
 
     def commit(self, key: str, buffer: Any, attrs: Attrs | None, *args: Any, **kwargs: Any) -> None:
         """:meth:`zarrfs.fs.namespace.Tree.commit` of the content of ``buffer`` (a
-        :class:`zarrfs.fs.spill.SpillBuffer`): its parts first when it is large."""
+        :class:`zarrfs.fs.spill.SpillBuffer`): its parts first when it is large. A file stored
+        in parts is stored as the buffer holds it (its parts are written before the commit's
+        transaction, so nothing can be laid on the newest version: ``base`` and ``lay`` unused)."""
         if not self.wanted(key, buffer.size):
             self.tree.commit(key, buffer.view(), attrs, *args, **kwargs)
             return
+        kwargs.pop("base", None)
+        kwargs.pop("lay", None)
         if attrs is None:
             attrs = self.tree.lookup_attrs(key)
         part = part_size(self.above, self.max_value)

@@ -97,8 +97,9 @@ class Coherence:
             entry = False
             if nodeid is not None:
                 inode = nodes[nodeid]
+                if not inode.bare:  # else dropped (a lock granted), and nothing shown since
+                    notes.append(inval_inode(nodeid))
                 inode.stamp, inode.stamp_time, inode.cache_ok = None, 0.0, False
-                notes.append(inval_inode(nodeid))
                 if key:
                     node = find(key)
                     entry = node is None or node.kind != inode.kind

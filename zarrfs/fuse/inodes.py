@@ -114,6 +114,16 @@ class Inode:
         if value or self.nodeid in self._table._pages:
             self._pages().cache_ok = value
 
+    @property
+    def bare(self) -> bool:
+        pages = self._table._pages.get(self.nodeid)
+        return pages is not None and pages.bare
+
+    @bare.setter
+    def bare(self, value: bool) -> None:
+        if value or self.nodeid in self._table._pages:
+            self._pages().bare = value
+
 
 class _Nodes:
     """The table's nodes by ID, as a read-only mapping of :class:`Inode` views."""

@@ -9,7 +9,9 @@ The request that caused the change waits for that before it is answered, so the 
 read sees the new document. The notifications are written from a thread of their own, and the
 wait is bounded: a notification can need a lock that the kernel holds until another request
 (a read of that very file, queued behind this one) is answered; then the reply goes first and
-the notification completes right after.
+the notification completes right after. A reply that must not go before its notifications (a
+granted lock, which brings the file up to date) is handed to the thread instead: it writes the
+reply once the notifications are written, and the request thread goes on meanwhile.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class Invalidator:
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self._queue: queue.SimpleQueue[tuple[list[bytes], threading.Event] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[list[bytes], Callable[[], None]] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -66,8 +68,16 @@ class Invalidator:
         if self._thread is None:
             return
         done = threading.Event()
-        self._queue.put((notes, done))
+        self._queue.put((notes, done.set))
         done.wait(WAIT)
+
+    def send_then(self, notes: list[bytes], then: Callable[[], None]) -> None:
+        """Write ``notes``, then call ``then`` (which writes a reply), from the thread; returns
+        at once."""
+        if self._thread is None:
+            then()
+            return
+        self._queue.put((notes, then))
 
     def stop(self) -> None:
         """Stop the thread (unmount)."""
@@ -81,7 +91,7 @@ class Invalidator:
             item = self._queue.get()
             if item is None:
                 return
-            notes, done = item
+            notes, then = item
             for note in notes:
                 try:
                     os.write(self.fd, note)
@@ -89,4 +99,7 @@ class Invalidator:
                     pass  # the kernel holds nothing for it: nothing to drop
                 except OSError as exc:
                     log.debug("notification not taken: %s", exc)
-            done.set()
+            try:
+                then()
+            except OSError as exc:
+                log.debug("reply after notifications not taken: %s", exc)

@@ -67,6 +67,7 @@ class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
         # Node ID -> the handles open on a file unlinked while open (a live set): what answers
         # its fstat, which the kernel sends as a GETATTR of the node without a handle.
         self._orphans: dict[int, set[int]] = {}
+        self._lock_nodes = {}  # lock requests kept waiting (fuse.lockreq)
         ops.on_keys_changed(self.keys_changed)
         # The handler of each opcode of abi.OPCODES is the method named after it (``_lookup``).
         handlers: dict[int, Handler] = {code: getattr(self, f"_{op.name}") for code, op in k.OPCODES.items()}
@@ -99,6 +100,9 @@ class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
             return
         inode = self.inodes.get(nodeid)
         if inode is None or not inode.lookups:  # unknown, or forgotten by the kernel
+            return
+        if stored.others:  # another mount's bytes are in it: the kernel's pages are not it
+            self.drop_cached(nodeid)
             return
         tail = self.pages.stored(inode, stored)
         if tail is not None and self._store_ok:

@@ -21,6 +21,8 @@ from zarrfs.backends.base import (
 )
 from zarrfs.backends.registry import open_driver
 
+from .claims import Claims
+
 __all__ = ["TransactionConformance", "increment", "keys_of"]
 
 
@@ -68,7 +70,7 @@ def _write_forever(url: str) -> None:
         driver.transact(fn)
 
 
-class TransactionConformance:
+class TransactionConformance(Claims):
     """The tests of transactions, a part of :class:`zarrfs.testing.DriverConformance`, which
     documents the fixtures, the class attributes and ``fill_to_exhaustion`` they use."""
 

@@ -23,6 +23,8 @@ from zarrfs.fs.errors import FsError
 from zarrfs.fs.handles import HandleTable
 from zarrfs.fs.namespace import FILE, RENAME_EXCHANGE, Tree
 
+from .claims import Claims
+
 
 def _ops(tree: Tree) -> Operations:
     return Operations(tree, HandleTable(tree))
@@ -44,7 +46,7 @@ def _link_records(tree: Tree) -> list[str]:
     return [k for k, _ in tree.driver.scan("", None, space=SIDE) if k.startswith(("g:", "h:"))]
 
 
-class LinkConformance:
+class LinkConformance(Claims):
     """Hard links over one driver (mixed into FilesystemConformance, which gives ``tree``)."""
 
     def test_link_counts_names_and_shares_content(self, tree):

@@ -53,6 +53,7 @@ from .feed import Own
 from .holder import Holder
 from .maps import OPTIONS, Maps, gate
 from .scan import cursor_rows, merged
+from .snapshot import hold as hold_snapshot
 
 SIDE_IN_FOLDER = "zarrfs-side.mdb"
 SIDE_FILE_SUFFIX = ".zarrfs-side"
@@ -368,6 +369,7 @@ class LMDBDriver(Driver):
     """Driver for LMDB environments; see the module docstring."""
 
     schemes = ("lmdb",)
+    snapshot = hold_snapshot  # -o snapshot: the state of now, held
     #: No key limit: keys over LMDB's (``key_fit``) go to the long-key store (``longkeys``).
     max_key_size: int | None = None
 

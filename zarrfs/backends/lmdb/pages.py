@@ -89,6 +89,43 @@ def touched(driver: Any, nbytes: int) -> None:
     release(driver)
 
 
+_baseline: dict[int, int] = {}
+
+
+def _resident_file() -> int | None:
+    """The process's resident pages of mapped files, in bytes (``/proc/self/statm``'s shared
+    field: files and shared memory), or None where there is no such file."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[2]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+#: Rows scanned between two looks at the process's resident file pages (a look reads /proc).
+LOOK_EVERY = 1024
+_rows: dict[int, int] = {}
+
+
+def scanned(driver: Any, rows: int) -> None:
+    """A scan of ``driver``'s maps passed ``rows`` rows. Every :data:`LOOK_EVERY` rows, the
+    maps' pages are released once the process's resident file pages grew :data:`BUDGET` bytes
+    past what they were at the first look (a scan's rows give no sizes to count: reading a
+    value to learn its size could read it from disk)."""
+    key = id(driver)
+    passed = _rows.get(key, 0) + rows
+    if passed < LOOK_EVERY:
+        _rows[key] = passed
+        return
+    _rows[key] = 0
+    resident = _resident_file()
+    if resident is None:
+        return
+    base = _baseline.setdefault(key, resident)
+    if resident - base > BUDGET:
+        release(driver)
+
+
 def _data_file(env: Any) -> str | None:
     try:
         path = env.path()

@@ -15,10 +15,7 @@ import lmdb
 from ..base import KEYS, SIZES, Fetch, Space
 from . import pages
 
-COUNT_EVERY = 1024  # rows between two counts of the pages a scan spanned
-# A value from this size on lives on pages of its own (LMDB's overflow pages, over half a page
-# of a node), which a scan does not read: its row spans its key and a node header.
-SPANNED_VALUE = 2048
+COUNT_EVERY = 1024  # rows a scan passes between two counts (pages.scanned)
 
 
 def cursor_rows(
@@ -35,10 +32,10 @@ def cursor_rows(
 
     The pages a scan passes stay in the process's resident set like those a read copies: a
     small value lives in its key's leaf page, so listing a folder of a million 1 KB chunks
-    maps a GiB. What the rows span (a key, and its value up to a page: a larger value lives
-    on pages of its own, which a scan does not read) is counted for ``driver``'s
-    :func:`pages.touched`, every :data:`COUNT_EVERY` rows and at the end."""
-    spanned = rows = 0
+    maps a GiB. The rows passed are counted for ``driver``'s :func:`pages.scanned`, which
+    releases the maps' pages when they hold too much. A scan of keys never touches a value: a large one lives
+    on pages of its own, which would then be read from disk."""
+    rows = 0
     try:
         with txn.cursor() as cur:
             found = cur.set_range(lo) if lo else cur.first()
@@ -46,26 +43,23 @@ def cursor_rows(
                 raw = bytes(cur.key())
                 if raw >= hi:
                     return
-                value = cur.value()
-                n = len(value)
                 if fetch is KEYS:
                     x = None
                 elif fetch is SIZES:
                     x = known(raw, space)
                     if x is None:
-                        x = n
+                        x = len(cur.value())
                 else:
-                    x = bytes(value)
-                spanned += len(raw) + (n if n < SPANNED_VALUE else 16)
+                    x = bytes(cur.value())
                 rows += 1
                 if rows == COUNT_EVERY and driver is not None:
-                    pages.touched(driver, spanned)
-                    spanned = rows = 0
+                    pages.scanned(driver, rows)
+                    rows = 0
                 yield raw, x
                 found = cur.next()
     finally:
-        if spanned and driver is not None:
-            pages.touched(driver, spanned)
+        if rows and driver is not None:
+            pages.scanned(driver, rows)
 
 
 def merged(a: Iterator[tuple[bytes, Any]], b: Iterator[tuple[bytes, Any]]) -> Iterator[tuple[bytes, Any]]:

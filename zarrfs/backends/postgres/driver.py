@@ -10,8 +10,18 @@ in each query: right, but without the index.
 
 One zarrfs transaction is one SQL transaction: reads run ``REPEATABLE READ READ ONLY`` (every
 read of a listing sees one snapshot), writes ``SERIALIZABLE``; a serialization failure or
-deadlock is :class:`RetryableError`, so the base's retry loop runs the transaction again. A
-batch of reads (:meth:`Txn.read_many`) goes out in one pipeline: one round trip however many.
+deadlock is :class:`RetryableError`, so the base's retry loop runs the transaction again.
+
+Round trips: a statement whose answer is not needed yet waits in the transaction's queue and
+goes out in one pipeline with the next one whose answer is. ``BEGIN ISOLATION LEVEL ...`` goes
+with the first read, writes (and the ``NOTIFY`` of the change feed) with the ``COMMIT``, and a
+batch of reads (:meth:`Txn.read_many`) is one pipeline however many: a transaction that reads
+one batch and writes costs two round trips (it cost four and one more per write), and one
+that does nothing costs none. The server runs the statements in the order they were made.
+With the change feed running, a reading transaction's ``COMMIT`` goes with the next
+transaction's first statements, or after :data:`DEFER` seconds from the feed's poll between
+requests (so an idle mount holds no transaction open longer than that and a poll interval): a
+lookup or an open then costs one round trip.
 
 Credentials come from the URL, ``?password_file=PATH``, or libpq's own ``PGPASSWORD`` and
 ``~/.pgpass``; the password is never part of a message (``where`` is the URL without it).
@@ -21,6 +31,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -29,131 +40,38 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 import psycopg
 from psycopg import errors as pgerr
 from psycopg import sql
+from psycopg.pq import TransactionStatus
 
 from ..base import (
     DATA,
-    KEYS,
-    SIZES,
     BackendError,
     Driver,
-    Fetch,
-    Get,
     InterruptedCallError,
     MissingDatabaseError,
     ReadOnlyError,
     RetryableError,
-    Size,
     Space,
     StalledError,
     StorageFullError,
     Txn,
     UnavailableError,
-    prefix_stop,
 )
+from ..snapshot import HeldState
 from ..urloptions import check_options
 from . import feed
 from .connection import WatchedConnection
-from .sql import bound as _bound
-from .sql import compare as _compare
 from .sql import queries as _queries
 from .sql import reason as _reason
-from .sql import text as _text
+from .txn import PostgresTxn
 
-BATCH = 512  # rows per round trip of a streaming scan
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,50}$")
 _LIBPQ_OPTIONS = {
     "sslmode", "sslrootcert", "sslcert", "sslkey", "connect_timeout",
     "application_name", "host",
 }
+DEFER = 0.1  # seconds a reading transaction's COMMIT may wait for the next statement
 _RETRY = (pgerr.SerializationFailure, pgerr.DeadlockDetected, pgerr.LockNotAvailable)
 _FULL = (pgerr.DiskFull, pgerr.OutOfMemory, pgerr.ProgramLimitExceeded)
-
-
-class PostgresTxn(Txn):
-    """One SQL transaction on the driver's connection; see the module docstring."""
-
-    # A bytea field holds at most 1 GiB, its 4-byte header included.
-    max_value = (1 << 30) - 5
-    value_limit = "PostgreSQL's largest bytea field"
-
-    def __init__(self, driver: PostgresDriver, write: bool) -> None:
-        super().__init__(write, driver.where)
-        self._conn = driver.conn
-        self._q = driver.queries
-        #: What this transaction wrote, announced at its commit (see ``feed``).
-        self.changed: list[tuple[Space, str]] = []
-
-    def _one(self, name: str, space: Space, *params: Any):
-        return self._conn.execute(self._q[name, space], params, binary=True).fetchone()
-
-    def _get(self, raw: bytes, space: Space) -> bytes | None:
-        row = self._one("get", space, _text(raw))
-        return None if row is None else row[0]
-
-    def _size(self, raw: bytes, space: Space) -> int | None:
-        row = self._one("size", space, _text(raw))
-        return None if row is None else row[0]
-
-    def _read(self, raw: bytes, offset: int, length: int, space: Space) -> bytes | None:
-        row = self._one("read", space, offset + 1, length, _text(raw))
-        return None if row is None else row[0]
-
-    def _has_prefix(self, raw: bytes, space: Space) -> bool:
-        prefix = _text(raw)
-        return self._one("prefix", space, prefix, prefix_stop(prefix)) is not None
-
-    def _put(self, raw: bytes, value: bytes | memoryview, space: Space) -> None:
-        key = _text(raw)
-        self._conn.execute(self._q["put", space], (key, value), binary=True)
-        self.changed.append((space, key))
-
-    def _delete(self, raw: bytes, space: Space) -> None:
-        key = _text(raw)
-        self._conn.execute(self._q["delete", space], (key,))
-        self.changed.append((space, key))
-
-    def _read_many(self, plan: list[tuple[type, bytes, Space]]) -> list[Any]:
-        cursors = []
-        with self._conn.pipeline():
-            for kind, raw, space in plan:
-                cur = self._conn.cursor(binary=True)
-                key = _text(raw)
-                if kind is Size:
-                    cur.execute(self._q["size", space], (key,))
-                elif kind is Get:
-                    cur.execute(self._q["get", space], (key,))
-                else:
-                    cur.execute(self._q["prefix", space], (key, prefix_stop(key)))
-                cursors.append((kind, cur))
-        out: list[Any] = []
-        for kind, cur in cursors:
-            row = cur.fetchone()
-            out.append(row is not None if kind not in (Size, Get) else None if row is None else row[0])
-        return out
-
-    def _scan(
-        self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int | None
-    ) -> Iterator[tuple[bytes, Any]]:
-        start, strict = _bound(lo)
-        stop = None if hi is None else _bound(hi)
-        column = {KEYS: "null", SIZES: "octet_length(v)"}.get(fetch, "v")
-        table = self._q["table", space]
-        collate = self._q["collate"]
-        while True:
-            where = [_compare(">" if strict else ">=", collate)]
-            params: list[Any] = [start]
-            if stop is not None:
-                where.append(_compare("<=" if stop[1] else "<", collate))
-                params.append(stop[0])
-            query = sql.SQL("SELECT k, {} FROM {} WHERE {} ORDER BY k{} LIMIT {}").format(
-                sql.SQL(column), table, sql.SQL(" AND ").join(where), collate, sql.Literal(BATCH)
-            )
-            rows = self._conn.execute(query, params, binary=True).fetchall()
-            for k, x in rows:
-                yield k.encode("utf-8"), x
-            if len(rows) < BATCH:
-                return
-            start, strict = rows[-1][0], True
 
 
 class PostgresDriver(Driver):
@@ -195,26 +113,40 @@ class PostgresDriver(Driver):
         self.feed: feed.PostgresFeed | None = None  # started by the first changes()
         self._lock = threading.RLock()
         self.conn: Any = None
+        # The tables are made (and their storage set) by the first connection only: ALTER TABLE
+        # waits for every transaction on the table, an abandoned one's too (connection).
+        self._made = False
+        # When the last reading transaction ended without its COMMIT (sent with the next
+        # statement, or by _settle), or None.
+        self._deferred: float | None = None
         with self._lock:
             self._connect()
 
     def _connect(self) -> None:
         try:
-            self.conn = WatchedConnection.connect(autocommit=True, **{**self.bounds(), **self.params})
+            # No server-side prepared statements: one made in a pipeline that then failed is
+            # gone on the server while psycopg's cache still names it.
+            self.conn = WatchedConnection.connect(
+                autocommit=True, prepare_threshold=None, **{**self.bounds(), **self.params}
+            )
         except pgerr.ConnectionTimeout as exc:  # connect_timeout: a server that does not answer
             raise StalledError(f"{self.where}: {_reason(exc)} (-o timeout=)") from None
         except psycopg.Error as exc:
             raise UnavailableError(f"{self.where}: {_reason(exc)}") from None
         self.conn.driver = self  # its waits honour watch and timeout (connection)
         tables = {DATA: self.table, Space.SIDE: self.table + "_side"}
-        if not self.readonly:
+        if not self.readonly and not self._made:
             for name in tables.values():
+                # Made once: an ALTER TABLE waits for every transaction that read the table.
+                if self.conn.execute("SELECT to_regclass(%s)", (f'"{name}"',)).fetchone()[0] is not None:
+                    continue
                 self.conn.execute(
                     sql.SQL(
                         'CREATE TABLE IF NOT EXISTS {} (k text COLLATE "C" PRIMARY KEY, v bytea);'
                         " ALTER TABLE {} ALTER COLUMN v SET STORAGE EXTERNAL"
                     ).format(sql.Identifier(name), sql.Identifier(name))
                 )
+            self._made = True
         row = self.conn.execute(
             "SELECT collation_name FROM information_schema.columns"
             " WHERE table_name = %s AND column_name = 'k'",
@@ -254,34 +186,99 @@ class PostgresDriver(Driver):
     @contextmanager
     def _begin(self, write: bool) -> Iterator[Txn]:
         with self._lock:
-            if self.conn is None or self.conn.gone():
-                self._drop()
-                self._connect()
+            self._ready()
             level = "SERIALIZABLE" if write else "REPEATABLE READ READ ONLY"
-            try:
-                with self.conn.transaction():
-                    self.conn.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
-                    txn = PostgresTxn(self, write)
+            with self._errors():
+                txn = PostgresTxn(self, write, f"BEGIN ISOLATION LEVEL {level}")
+                deferred, self._deferred = self._deferred, None
+                if deferred is not None:  # the last reading transaction ends first
+                    txn.queued.insert(0, ("COMMIT", None))
+                try:
                     yield txn
-                    if txn.changed:  # delivered at the commit, if it commits
-                        notes = feed.payloads(self.writer, txn.changed)
-                        self.conn.execute(feed.NOTIFY, (self.channel, notes))
-            except (InterruptedCallError, StalledError):  # the connection was closed (connection)
-                self._drop()
+                    if not (txn.begun or txn.changed):
+                        self._deferred = deferred  # nothing was sent: still to end
+                    elif not write and self.feed is not None:
+                        self._deferred = time.monotonic()  # ended with what comes next
+                    else:
+                        if txn.changed:  # delivered at the commit, if it commits
+                            notes = feed.payloads(self.writer, txn.changed)
+                            txn.queued.append((feed.NOTIFY, (self.channel, notes)))
+                        txn.queued.append(("COMMIT", None))
+                        txn.exchange()
+                except BaseException:
+                    self._roll_back()
+                    raise
+
+    def _ready(self) -> None:
+        if self.conn is None or self.conn.gone():
+            self._drop()
+            self._connect()
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """The server's errors as the classes of ``errors``."""
+        try:
+            yield
+        except (InterruptedCallError, StalledError):  # the connection was closed (connection)
+            self._drop()
+            raise
+        except _RETRY as exc:
+            raise RetryableError(f"{self.where}: {_reason(exc)}") from None
+        except pgerr.QueryCanceled as exc:  # statement_timeout
+            raise StalledError(f"{self.where}: {_reason(exc)} (-o timeout=)") from None
+        except _FULL as exc:
+            raise StorageFullError(f"{self.where}: {_reason(exc)}") from None
+        except pgerr.ReadOnlySqlTransaction as exc:
+            raise ReadOnlyError(f"{self.where}: {_reason(exc)}") from None
+        except psycopg.OperationalError as exc:
+            self._drop()
+            raise UnavailableError(f"{self.where}: {_reason(exc)}") from None
+        except psycopg.Error as exc:
+            raise BackendError(f"{self.where}: {_reason(exc)}") from None
+
+    def snapshot(self, name: str | None) -> HeldState:
+        """Hold the state of now, or the exported snapshot ``name`` (``-o snapshot=NAME``): a
+        ``REPEATABLE READ`` transaction kept open (no statement timeout), exported to join."""
+        with self._lock, self._errors():
+            self._ready()
+            conn = self.conn
+            if self._deferred is not None:  # a reading transaction still open: ended first
+                self._deferred = None
+                conn.execute("COMMIT")
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET statement_timeout = 0")
+            try:
+                if name:
+                    conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(name)))
+                exported = conn.execute("SELECT pg_export_snapshot()").fetchone()[0]
+            except BaseException:
+                conn.execute("ROLLBACK")
                 raise
-            except _RETRY as exc:
-                raise RetryableError(f"{self.where}: {_reason(exc)}") from None
-            except pgerr.QueryCanceled as exc:  # statement_timeout
-                raise StalledError(f"{self.where}: {_reason(exc)} (-o timeout=)") from None
-            except _FULL as exc:
-                raise StorageFullError(f"{self.where}: {_reason(exc)}") from None
-            except pgerr.ReadOnlySqlTransaction as exc:
-                raise ReadOnlyError(f"{self.where}: {_reason(exc)}") from None
-            except psycopg.OperationalError as exc:
+        cost = "PostgreSQL cannot vacuum rows this transaction may see: dead rows stay in the tables"
+        return HeldState(PostgresTxn(self, False, None), conn.rollback, cost, exported, self._errors)
+
+    def _settle(self) -> None:
+        """End a reading transaction whose COMMIT waits for the next one, if it has waited
+        :data:`DEFER` seconds (the change feed's polls call this between requests)."""
+        if self._deferred is None or time.monotonic() - self._deferred < DEFER:
+            return
+        with self._lock:
+            self._deferred = None
+            try:
+                if self.conn is not None and not self.conn.closed:
+                    self.conn.execute("COMMIT")
+            except (psycopg.Error, InterruptedCallError, StalledError):
+                self._drop()  # the next transaction makes a new connection
+
+    def _roll_back(self) -> None:
+        """End a transaction that failed, if the connection is still in one."""
+        conn = self.conn
+        if conn is None or conn.closed:
+            return
+        if conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+            try:
+                conn.execute("ROLLBACK")
+            except psycopg.Error:
                 self._drop()
-                raise UnavailableError(f"{self.where}: {_reason(exc)}") from None
-            except psycopg.Error as exc:
-                raise BackendError(f"{self.where}: {_reason(exc)}") from None
 
     def _drop(self) -> None:
         try:
@@ -290,6 +287,7 @@ class PostgresDriver(Driver):
         except psycopg.Error:
             pass
         self.conn = None
+        self._deferred = None
 
     def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
         """What other zarrfs writers committed since the last call (see ``feed``);
@@ -298,6 +296,7 @@ class PostgresDriver(Driver):
             self.feed = feed.PostgresFeed(
                 self.table, self.writer, self.where, lambda: {**self.bounds(), **self.params}
             )
+        self._settle()
         if since is None:
             self.feed.changes()  # nothing from before counts
             return 0, []

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..base import RetryableError, Space, StorageFullError
-from .buffered import DELETED
+from ..buffered import DELETED
 from .link import BIG_ARG, translate
 
 if TYPE_CHECKING:

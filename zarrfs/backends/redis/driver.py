@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..base import DATA, BackendError, Driver, HasPrefix, Size, Space, Txn, bytes_stop
-from .buffered import DELETED
+from ..buffered import DELETED
 from .commit import commit
 from .feed import RedisFeed, feed_changes, tracked
 from .index import IndexScans, ensure_index, reindex, scan_keyspace

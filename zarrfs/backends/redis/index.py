@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..base import DATA, KEYS, SIZES, Fetch, Space
-from .buffered import DELETED, merge_buffered
+from ..buffered import DELETED, merge_buffered
 from .link import translated
 
 if TYPE_CHECKING:

@@ -61,7 +61,7 @@ from ..base import (
     UnavailableError,
     bytes_stop,
 )
-from ..redis.buffered import DELETED
+from ..buffered import DELETED
 from ..redis.driver import RedisDriver, RedisTxn
 from ..redis.index import ensure_index
 from ..redis.link import Link, Links, translate

@@ -28,7 +28,7 @@ from typing import Any
 from redis.cluster import RedisCluster
 
 from ..base import KEYS, SIZES, Fetch
-from ..redis.buffered import DELETED
+from ..buffered import DELETED
 from ..redis.link import translated
 
 #: Characters a hash tag's text may hold that would end or start one in a part's name.

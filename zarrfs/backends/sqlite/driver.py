@@ -63,6 +63,7 @@ from ..writer_wait import begin_sqlite_write
 from . import feed
 from . import sql as sq
 from .checkpoint import Checkpointer, checkpoint, truncate
+from .snapshot import hold as hold_snapshot
 from .sql import PAGE_SIZE, TABLES, BatchStatements, Connections, blob, prepare, translate, translated
 
 log = logging.getLogger("zarrfs.backends.sqlite")
@@ -86,7 +87,7 @@ class SQLiteTxn(Txn):
         self._driver = driver
         self._conn = conn
         # A read transaction runs its first statement on its own (autocommit: a statement is
-        # atomic) and begins at the second; see _begin_now. Most are a single lookup.
+        # atomic) and begins at the second; see begin_now. Most are a single lookup.
         self._begun = write
         self._first: tuple[str, Any, list[Any]] | None = None
         self._written = 0  # bytes this write transaction puts in the WAL, roughly
@@ -127,7 +128,7 @@ class SQLiteTxn(Txn):
     def _has(self, space: Space) -> bool:
         return TABLES[space] in self._driver.tables
 
-    def _begin_now(self) -> None:
+    def begin_now(self) -> None:
         """Begin the read transaction (its snapshot) before a statement that is not its first,
         or that may return large values. The first statement, run before on its own, is run
         again: if its answer changed, the transaction has seen two states of the database and
@@ -149,7 +150,7 @@ class SQLiteTxn(Txn):
         values, which are not worth running twice: the transaction begins before them."""
         if not self._begun:
             if not lazy or self._first is not None:
-                self._begin_now()
+                self.begin_now()
             else:
                 try:
                     rows = self._conn.execute(sql, params).fetchall()
@@ -260,6 +261,7 @@ class SQLiteDriver(Driver):
     """Driver for SQLite databases; see the module docstring."""
 
     schemes = ("sqlite",)
+    snapshot = hold_snapshot  # -o snapshot: the state of now, held
     batched = True  # read_many is one statement
     #: SQLite's own automatic checkpoint (pages of WAL), the bound behind the background one.
     autocheckpoint = 8192
@@ -277,7 +279,7 @@ class SQLiteDriver(Driver):
         #: Held while this driver checkpoints (background or sync), so the two never collide.
         self.checkpoint_lock = threading.Lock()
         self.tables: set[str] = set()
-        self.tables, wal = prepare(self._conn(), path, readonly)
+        self.tables, self.wal = prepare(self._conn(), path, readonly)
         self.batches = BatchStatements(self.tables)
         self.max_value = sq.max_value(self._conn())
         # SQLite needs more than LMDB: the commits still in the WAL may need the database file
@@ -287,7 +289,7 @@ class SQLiteDriver(Driver):
         # The change log (feed): the id ranges of this driver's entries, and whether
         # the triggers are there.
         self.own, self.logged = feed.start(self._conn(), path, self.tables, readonly)
-        if not readonly and wal:
+        if not readonly and self.wal:
             self._checkpointer = Checkpointer(path, self.timeout, self.checkpoint_lock)
 
     def _begin(self, write: bool) -> SQLiteTxn:

@@ -1,5 +1,6 @@
-"""A Redis transaction's writes buffered until its ``MULTI``/``EXEC``: :data:`DELETED` marks a key it
-deleted, :func:`merge_buffered` lets its own scans read its writes back."""
+"""A transaction's writes buffered until its commit (Redis, the overlay, the archive drivers):
+:data:`DELETED` marks a key it deleted, :func:`merge_buffered` lets its own scans read its
+writes back."""
 
 from __future__ import annotations
 

@@ -1,0 +1,213 @@
+"""A database across a network: mounts and drivers talking to their server through
+``zarrfs.testing.proxy.DelayProxy``, which counts round trips (request bursts) and can stop
+forwarding (a server that stops answering, made without a clock).
+
+* a fresh chunk read through a mount of Redis costs at most two round trips (lookup; open and
+  content in one pipeline), counted at the proxy;
+* a PostgreSQL transaction sends its BEGIN with its first reads and its writes with its COMMIT,
+  and with the change feed a reading transaction's COMMIT goes with the next transaction;
+* a server that stops answering in the middle of a commit gives ETIMEDOUT after ``-o timeout=``,
+  and the file is afterwards either what it was or what was written, never a mix.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+import time
+
+import pytest
+from mounting import read, write
+from psycopg.pq import TransactionStatus
+
+from zarrfs.backends import open_driver
+from zarrfs.backends.base import SIDE, Get, HasPrefix, Size
+from zarrfs.testing.proxy import DelayProxy
+
+CHUNK = 64 << 10
+
+
+@pytest.fixture
+def proxy():
+    """A proxy with a round trip of 20 ms: long enough that a client writes a whole pipeline
+    before any of its replies is back, so that a pipeline counts as one round trip however
+    busy the machine is."""
+    with DelayProxy(rtt_ms=20) as p:
+        yield p
+
+
+def _proxied_redis(redis_server, proxy, prefix: str) -> tuple[str, str]:
+    via = proxy.route(redis_server.port)
+    return redis_server.url(0, prefix=prefix), f"redis://127.0.0.1:{via}/0?prefix={prefix}"
+
+
+def _proxied_postgres(postgres_server, proxy, table: str) -> tuple[str, str]:
+    via = proxy.route(postgres_server.port)
+    direct = postgres_server.url(table=table)
+    return direct, direct.replace(f":{postgres_server.port}/", f":{via}/")
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+def test_a_fresh_chunk_read_costs_at_most_two_round_trips(redis_server, proxy, mount_factory):
+    direct, proxied = _proxied_redis(redis_server, proxy, f"rt{os.getpid()}")
+    names = [f"0.{i}" for i in range(24)]
+    values = {n: os.urandom(CHUNK) for n in names}
+    m = mount_factory(direct, ["create"])
+    (m.path / "a").mkdir()
+    for n in names:
+        write(m.path / "a" / n, values[n])
+    m.stop()
+    m2 = mount_factory(proxied, [])
+    # What happens once per folder (its lookup, the look for an array's metadata at the second
+    # open, for reading ahead) is not a chunk read's.
+    for n in names[:2]:
+        assert read(m2.path / "a" / n) == values[n]
+    proxy.reset()
+    for n in names[2:]:
+        assert read(m2.path / "a" / n) == values[n]
+    trips = proxy.round_trips() / (len(names) - 2)
+    assert trips <= 2.0, trips
+
+
+def test_a_postgres_transaction_sends_begin_with_its_reads_and_writes_with_its_commit(postgres_server, proxy):
+    direct, proxied = _proxied_postgres(postgres_server, proxy, f"rt{os.getpid()}")
+    with open_driver(direct) as d:
+        d.put("a", b"1")
+    with open_driver(proxied) as driver:
+        proxy.reset()
+        got = driver.transact(
+            lambda t: t.read_many([Get("a"), Size("a"), HasPrefix("b/"), Get("zz", SIDE)]), write=False
+        )
+        assert got == [b"1", 1, False, None]
+        assert proxy.round_trips() == 2  # BEGIN + the reads, COMMIT
+
+        def update(t):
+            old = t.get("a")
+            t.put("a", old + b"2")
+            t.put("b/c", b"3")
+            t.delete("zz", SIDE)
+
+        proxy.reset()
+        driver.transact(update)
+        assert proxy.round_trips() == 2  # BEGIN + the read, the writes + NOTIFY + COMMIT
+        proxy.reset()
+        driver.transact(lambda t: None, write=False)
+        assert proxy.round_trips() == 0
+        # With the change feed running, a reading transaction's COMMIT goes with the next one.
+        driver.changes(None)
+        read = lambda: driver.transact(lambda t: t.read_many([Get("a"), Size("b/c")]), write=False)  # noqa: E731
+        proxy.reset()
+        assert read() == [b"12", 1] and read() == [b"12", 1]
+        assert proxy.round_trips() == 2
+        assert driver.conn.info.transaction_status == TransactionStatus.INTRANS
+        deadline = time.monotonic() + 30
+        while driver.conn.info.transaction_status != TransactionStatus.IDLE:  # the feed's poll ends it
+            assert time.monotonic() < deadline, "the last reading transaction was never ended"
+            driver.changes(0)
+            time.sleep(0.05)
+        # Read-your-writes: a read after a write in the same transaction sees it.
+        assert driver.transact(lambda t: (t.put("d", b"4"), t.get("d"))[1]) == b"4"
+    with open_driver(direct) as d:
+        assert d.get("a") == b"12" and d.get("b/c") == b"3" and d.get("d") == b"4"
+
+
+def _commit_stalls(m, proxy, old: bytes, new: bytes) -> None:
+    """Write ``new`` over ``old`` while the proxy holds what carries ``new`` (the commit): the
+    close fails with ETIMEDOUT; once the proxy forwards again, the file is ``old`` or ``new``,
+    whole."""
+    write(m.path / "f", old)
+    errors: list[int] = []
+
+    def writer() -> None:
+        try:
+            write(m.path / "f", new)
+        except OSError as exc:
+            errors.append(exc.errno)
+
+    proxy.hold(new[:64])
+    try:
+        t = threading.Thread(target=writer)
+        t.start()
+        t.join(60)
+        assert not t.is_alive(), "the close did not end within a minute (-o timeout=2)"
+        assert errors == [errno.ETIMEDOUT], errors
+    finally:
+        proxy.release()
+    assert read(m.path / "f") in (old, new)
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+def test_redis_that_stops_answering_mid_commit_times_out_with_nothing_half_done(
+    redis_server, proxy, mount_factory
+):
+    _, proxied = _proxied_redis(redis_server, proxy, f"st{os.getpid()}")
+    m = mount_factory(proxied, ["create", "timeout=2", "cache_timeout=0"])
+    _commit_stalls(m, proxy, b"old" * 1000, b"new" * 3000)
+    write(m.path / "after", b"1")  # the mount works on, without a remount
+    assert read(m.path / "after") == b"1"
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+def test_postgres_that_stops_answering_mid_commit_times_out_with_nothing_half_done(
+    postgres_server, proxy, mount_factory
+):
+    _, proxied = _proxied_postgres(postgres_server, proxy, f"st{os.getpid()}")
+    m = mount_factory(proxied, ["create", "timeout=2", "cache_timeout=0"])
+    _commit_stalls(m, proxy, b"old" * 1000, b"new" * 3000)
+    write(m.path / "after", b"1")
+    assert read(m.path / "after") == b"1"
+
+
+def _array(m, names: list[str], size: int) -> dict[str, bytes]:
+    """A Zarr v2 array ``a`` of one row of ``len(names)`` chunks of ``size`` bytes."""
+    (m.path / "a").mkdir()
+    meta = {
+        "zarr_format": 2, "shape": [1, size * len(names)], "chunks": [1, size], "dtype": "|u1",
+        "compressor": None, "fill_value": 0, "order": "C", "filters": None,
+    }
+    write(m.path / "a" / ".zarray", json.dumps(meta).encode())
+    values = {n: os.urandom(size) for n in names}
+    for n, v in values.items():
+        write(m.path / "a" / n, v)
+    return values
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+def test_chunks_read_in_grid_order_are_read_ahead(redis_server, proxy, mount_factory):
+    direct, proxied = _proxied_redis(redis_server, proxy, f"ra{os.getpid()}")
+    names = [f"0.{i}" for i in range(27)]
+    values = _array(mount_factory(direct, ["create"]), names, CHUNK)
+    m = mount_factory(proxied, [])
+    os.stat(m.path / "a")
+    proxy.reset()
+    for n in names:
+        assert read(m.path / "a" / n) == values[n]
+    trips = proxy.round_trips() / len(names)
+    assert trips <= 0.6, trips  # about one round trip for every nine chunks
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+def test_a_chunk_read_ahead_is_never_older_than_what_the_mount_shows(redis_server, proxy, mount_factory):
+    direct, proxied = _proxied_redis(redis_server, proxy, f"rs{os.getpid()}")
+    names = [f"0.{i}" for i in range(12)]
+    writer = mount_factory(direct, ["create"])
+    values = _array(writer, names, 1000)
+    reader = mount_factory(proxied, [])
+    for n in names[:3]:  # the third is read with the next eight
+        assert read(reader.path / "a" / n) == values[n]
+    new = b"new" * 700
+    write(writer.path / "a" / "0.6", new)  # another mount changes a chunk read ahead
+    deadline = time.monotonic() + 30
+    while os.stat(reader.path / "a" / "0.6").st_size != len(new):
+        assert time.monotonic() < deadline, "the change never showed through the reader"
+        time.sleep(0.02)
+    assert read(reader.path / "a" / "0.6") == new
+    for n in names[3:6] + names[7:]:
+        assert read(reader.path / "a" / n) == values[n]

@@ -1,0 +1,339 @@
+"""Writes through several mounts of one database (two and three daemons, as on several
+machines): a lock brings the file up to date, an unlock commits it, a commit keeps what the
+other mounts committed outside the ranges it wrote, only a writer's close commits, and a
+descriptor of a file held whole reads its version until it is closed (README, Guarantees).
+
+Every driver that can be shared: LMDB and SQLite files, Redis, Redis Cluster, PostgreSQL."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import sqlite3
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from mounting import make_url, needs_fuse
+
+pytestmark = needs_fuse
+
+SHARED = ["lmdb", "sqlite", "redis", "cluster", "postgres"]
+
+
+@pytest.fixture(params=SHARED)
+def url(request, tmp_path) -> str:
+    """A fresh database of each driver that mounts can share."""
+    return make_url(request.param, tmp_path, request)
+
+
+def mounts(mount_factory, url: str, n: int) -> list:
+    """``n`` mounts of the database at ``url``, each served by its own daemon."""
+    first = mount_factory(url, ["create"])
+    return [first] + [mount_factory(url) for _ in range(n - 1)]
+
+
+def shown(*paths, deadline: float = 20.0) -> None:
+    """Wait until every path exists: a file made through one mount shows on the others once
+    their change feed brings its name (within a poll)."""
+    end = time.monotonic() + deadline
+    for path in paths:
+        while not os.path.exists(path):
+            assert time.monotonic() < end, f"{path} never showed"
+            time.sleep(0.01)
+
+
+def ofd_lock(fd: int, kind: int) -> None:
+    """An open file description lock (``F_OFD_SETLKW``) on the whole file."""
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, struct.pack("hh4xqqi4x", kind, os.SEEK_SET, 0, 0, 0))
+
+
+def lock(fd: int, how: str, unlock: bool = False) -> None:
+    """Take (or release) a lock of kind ``how`` on the whole file open as ``fd``."""
+    if how == "flock":
+        fcntl.flock(fd, fcntl.LOCK_UN if unlock else fcntl.LOCK_EX)
+    elif how == "lockf":
+        os.lseek(fd, 0, os.SEEK_SET)  # lockf locks from the offset on
+        fcntl.lockf(fd, fcntl.LOCK_UN if unlock else fcntl.LOCK_EX)
+    else:
+        ofd_lock(fd, fcntl.F_UNLCK if unlock else fcntl.F_WRLCK)
+
+
+# --- the smallest case ----------------------------------------------------------------------------
+
+
+def test_each_mount_appends_a_line_under_a_lock(url, mount_factory):
+    """Each of three mounts has the file open from before the others wrote; under a lock
+    (``flock``, ``lockf``, OFD) each appends a line (``O_APPEND``, or a write at
+    ``lseek(SEEK_END)``), fsyncs and unlocks: every line is there, in order, on every mount
+    (before: ``one three``, or zeros where a line was)."""
+    ms = mounts(mount_factory, url, 3)
+    cases = [(how, append) for how in ("flock", "lockf", "ofd") for append in (True, False)]
+    for how, append in cases:
+        name = f"{how}-{'append' if append else 'seek'}"
+        (ms[0].path / name).write_bytes(b"one\n")
+        shown(*(m.path / name for m in ms))
+        flags = os.O_RDWR | (os.O_APPEND if append else 0)
+        fds = [os.open(m.path / name, flags) for m in ms[::-1]][::-1]
+        try:
+            for fd, line in zip(fds, (b"two\n", b"three\n", b"four\n"), strict=True):
+                lock(fd, how)
+                if not append:
+                    os.lseek(fd, 0, os.SEEK_END)
+                os.write(fd, line)
+                os.fsync(fd)
+                lock(fd, how, unlock=True)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        for m in ms:
+            assert (m.path / name).read_bytes() == b"one\ntwo\nthree\nfour\n", (name, m.path)
+
+
+def test_a_lock_shows_the_size_and_content_of_the_newest_version(url, mount_factory):
+    """A descriptor open on mount B, which read the file before, sees after taking a lock the
+    content and size mount A committed meanwhile (its kernel's cached pages and size dropped)."""
+    a, b = mounts(mount_factory, url, 2)
+    (a.path / "f").write_bytes(b"0" * 100)
+    shown(b.path / "f")
+    fd = os.open(b.path / "f", os.O_RDWR)
+    try:
+        assert os.pread(fd, 200, 0) == b"0" * 100
+        (a.path / "f").write_bytes(b"1" * 150)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        assert os.fstat(fd).st_size == 150
+        assert os.pread(fd, 200, 0) == b"1" * 150
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+# --- appenders in processes, one per mount ------------------------------------------------------------
+
+APPENDER = textwrap.dedent(
+    """
+    import fcntl, os, struct, sys
+    path, how, name, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    append = how == "append"
+    fd = os.open(path, os.O_RDWR | (os.O_APPEND if append else 0))
+    def ofd(kind):
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, struct.pack("hh4xqqi4x", kind, 0, 0, 0, 0))
+    for i in range(n):
+        line = f"{name}-{i:05d}-{'x' * 40}\\n".encode()
+        if how in ("flock", "append"):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        elif how == "lockf":
+            os.lseek(fd, 0, os.SEEK_SET)
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+        else:
+            ofd(fcntl.F_WRLCK)
+        if not append:
+            os.lseek(fd, 0, os.SEEK_END)
+        os.write(fd, line)
+        if how in ("flock", "append"):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        elif how == "lockf":
+            os.lseek(fd, 0, os.SEEK_SET)
+            fcntl.lockf(fd, fcntl.LOCK_UN)
+        else:
+            ofd(fcntl.F_UNLCK)
+    os.close(fd)
+    """
+)
+
+
+def run_all(commands: list[list[str]], timeout: float = 300) -> None:
+    procs = [subprocess.Popen(c) for c in commands]
+    try:
+        for p in procs:
+            assert p.wait(timeout) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def check_lines(data: bytes, names: list[str], n: int) -> None:
+    """Every line of every writer present once, none mangled."""
+    lines = data.split(b"\n")
+    assert lines[-1] == b""
+    want = {f"{name}-{i:05d}-{'x' * 40}".encode() for name in names for i in range(n)}
+    assert len(lines) - 1 == len(want), f"{len(lines) - 1} lines of {len(want)}"
+    assert set(lines[:-1]) == want
+
+
+@pytest.mark.parametrize("how", ["flock", "lockf", "ofd", "append"])
+def test_processes_on_two_mounts_append_under_locks(url, how, mount_factory):
+    """Two processes, one per mount, append lines to one file under a lock (``flock``,
+    ``lockf``, OFD locks: at ``lseek(SEEK_END)``; ``O_APPEND`` under ``flock``), one open
+    descriptor each for the whole run: every line is there once, none mangled."""
+    ms = mounts(mount_factory, url, 2)
+    (ms[0].path / "log").write_bytes(b"")
+    shown(*(m.path / "log" for m in ms))
+    n = 60
+    names = [f"p{i}" for i in range(len(ms))]
+    run_all(
+        [
+            [sys.executable, "-c", APPENDER, str(m.path / "log"), how, name, str(n)]
+            for m, name in zip(ms, names, strict=True)
+        ]
+    )
+    for m in ms:
+        check_lines((m.path / "log").read_bytes(), names, n)
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "redis"])
+def test_processes_on_three_mounts_append_under_flock(kind, tmp_path, request, mount_factory):
+    ms = mounts(mount_factory, make_url(kind, tmp_path, request), 3)
+    (ms[0].path / "log").write_bytes(b"")
+    shown(*(m.path / "log" for m in ms))
+    n = 50
+    names = [f"p{i}" for i in range(len(ms))]
+    run_all(
+        [
+            [sys.executable, "-c", APPENDER, str(m.path / "log"), "flock", name, str(n)]
+            for m, name in zip(ms, names, strict=True)
+        ]
+    )
+    check_lines((ms[1].path / "log").read_bytes(), names, n)
+
+
+# --- an SQLite database file on the mount, written from two mounts ------------------------------------
+
+INSERTER = textwrap.dedent(
+    """
+    import sqlite3, sys
+    path, name, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    con = sqlite3.connect(path, timeout=120, isolation_level=None)
+    for i in range(n):
+        con.execute("INSERT INTO t VALUES (?, ?)", (name, i))  # its own transaction
+    con.close()
+    """
+)
+
+
+def test_an_sqlite_database_on_the_mount_written_from_two_mounts(url, mount_factory):
+    """Two processes, one per mount, insert rows into one SQLite database file that lives on
+    the mount (rollback journal; SQLite's POSIX locks), each insert its own transaction: every
+    committed row is there and ``PRAGMA integrity_check`` says ok (before: one process's rows
+    vanished)."""
+    a, b = mounts(mount_factory, url, 2)
+    con = sqlite3.connect(a.path / "rows.db")
+    con.execute("CREATE TABLE t(who TEXT, i INTEGER)")
+    con.commit()
+    con.close()
+    shown(b.path / "rows.db")
+    n = 40
+    run_all(
+        [
+            [sys.executable, "-c", INSERTER, str(m.path / "rows.db"), name, str(n)]
+            for m, name in ((a, "a"), (b, "b"))
+        ]
+    )
+    for m in (a, b):
+        con = sqlite3.connect(m.path / "rows.db")
+        try:
+            assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+            rows = sorted(con.execute("SELECT who, i FROM t"))
+        finally:
+            con.close()
+        assert rows == sorted([("a", i) for i in range(n)] + [("b", i) for i in range(n)])
+
+
+# --- what a commit keeps -----------------------------------------------------------------------------
+
+
+def test_a_commit_keeps_bytes_another_mount_committed_since_the_open(url, mount_factory):
+    """No lock: two mounts open one file, each writes its own range and closes; both ranges
+    are there, and the size is the larger of the two."""
+    a, b = mounts(mount_factory, url, 2)
+    (a.path / "f").write_bytes(b"." * 20)
+    shown(b.path / "f")
+    fa = os.open(a.path / "f", os.O_RDWR)
+    fb = os.open(b.path / "f", os.O_RDWR)
+    os.pwrite(fa, b"AAAA", 0)
+    os.pwrite(fb, b"BBBB", 10)
+    os.pwrite(fa, b"aa", 22)  # past the end: zeros between
+    os.close(fa)
+    os.close(fb)
+    want = b"AAAA" + b"." * 6 + b"BBBB" + b"." * 6 + b"\0\0aa"
+    assert (a.path / "f").read_bytes() == want
+    assert (b.path / "f").read_bytes() == want
+
+
+def test_a_rewrite_from_empty_replaces_the_whole_file(url, mount_factory):
+    """``O_TRUNC`` then writes (Zarr clients, ``cp``): the file is the one written, whatever
+    another mount committed since the open; an ``O_APPEND`` write lands at the newest end."""
+    a, b = mounts(mount_factory, url, 2)
+    (a.path / "f").write_bytes(b"old content\n")
+    shown(b.path / "f")
+    fb = os.open(b.path / "f", os.O_WRONLY | os.O_TRUNC)
+    fapp = os.open(a.path / "g", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.write(fapp, b"1\n")
+    os.close(fapp)
+    shown(b.path / "g")
+    fapp = os.open(b.path / "g", os.O_WRONLY | os.O_APPEND)
+    (a.path / "f").write_bytes(b"a longer content from mount a\n")
+    with open(a.path / "g", "ab") as f:
+        f.write(b"2\n")
+    os.write(fb, b"new\n")
+    os.write(fapp, b"3\n")
+    os.close(fb)
+    os.close(fapp)
+    assert (b.path / "f").read_bytes() == b"new\n"
+    assert (a.path / "f").read_bytes() == b"new\n"
+    assert (a.path / "g").read_bytes() == b"1\n2\n3\n"
+
+
+# --- which closes commit --------------------------------------------------------------------------
+
+
+def test_a_readers_close_publishes_no_unfinished_write(url, mount_factory):
+    """A writer on mount A truncates and writes, without closing; a ``cat`` on A (a read-only
+    open and close) publishes nothing: mount B and the database keep the committed content
+    until the writer closes."""
+    a, b = mounts(mount_factory, url, 2)
+    old = b"x" * 100_000
+    (a.path / "f").write_bytes(old)
+    shown(b.path / "f")
+    with open(a.path / "f", "r+b") as w:
+        w.truncate(0)
+        w.write(b"HALF")
+        w.flush()
+        assert (a.path / "f").read_bytes() == b"HALF"  # this mount sees it; its close stores nothing
+        assert (b.path / "f").read_bytes() == old
+        fd = os.open(a.path / "f", os.O_RDONLY)
+        os.close(fd)
+        assert (b.path / "f").read_bytes() == old
+    assert (b.path / "f").read_bytes() == b"HALF"
+
+
+@pytest.mark.parametrize("size", [1000, 100_000, 1 << 20])
+def test_a_small_file_reads_its_version_until_closed(url, size, mount_factory):
+    """A file up to the held-whole size, opened on mount B after B read it once (the kernel
+    holds its pages) and then rewritten on mount A: B's descriptor reads the version it opened,
+    never ESTALE; the next open reads the new one."""
+    a, b = mounts(mount_factory, url, 2)
+    first, second = b"1" * size, b"2" * size
+    (a.path / "f").write_bytes(first)
+    shown(b.path / "f")
+    assert (b.path / "f").read_bytes() == first
+    fd = os.open(b.path / "f", os.O_RDONLY)
+    try:
+        (a.path / "f").write_bytes(second)
+        for _ in range(3):
+            try:
+                got = os.pread(fd, size, 0)
+            except OSError as exc:
+                assert exc.errno != errno.ESTALE, "ESTALE for a file held whole"
+                raise
+            assert got == first
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the kernel lets its pages go
+    finally:
+        os.close(fd)
+    assert (b.path / "f").read_bytes() == second

@@ -1,0 +1,141 @@
+"""One SQL transaction of the PostgreSQL driver (``postgres.driver``), and its queue of statements.
+
+A statement whose answer is not needed yet (``BEGIN``, a write) waits in :attr:`PostgresTxn.queued`
+and goes out in one pipeline with the next statement whose answer is: see the driver's module
+docstring for what that saves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from psycopg import sql
+
+from ..base import KEYS, SIZES, Fetch, Get, Size, Space, Txn, prefix_stop
+from .sql import bound as _bound
+from .sql import compare as _compare
+from .sql import text as _text
+
+if TYPE_CHECKING:
+    from .driver import PostgresDriver
+
+BATCH = 512  # rows per round trip of a streaming scan
+BIG_VALUE = 1 << 16  # values above this are sent from the caller's buffer, not copied
+
+
+class PostgresTxn(Txn):
+    """One SQL transaction on the driver's connection; see the module docstring."""
+
+    # A bytea field holds at most 1 GiB, its 4-byte header included.
+    max_value = (1 << 30) - 5
+    value_limit = "PostgreSQL's largest bytea field"
+
+    def __init__(self, driver: PostgresDriver, write: bool, begin: str | None) -> None:
+        super().__init__(write, driver.where)
+        self._conn = driver.conn
+        self._q = driver.queries
+        #: What this transaction wrote, announced at its commit (see ``feed``).
+        self.changed: list[tuple[Space, str]] = []
+        #: Statements sent with the next one whose answer is needed (see the module docstring).
+        #: ``begin`` None: the transaction was begun already (a snapshot's, held).
+        self.queued: list[tuple[Any, Any]] = [(begin, None)] if begin else []
+        self.begun = not begin  # BEGIN has been sent
+
+    def exchange(self, query: Any = None, params: Any = None):
+        """Send the queued statements and ``query`` (if any) in one pipeline; ``query``'s cursor."""
+        conn = self._conn
+        if not self.queued:
+            return None if query is None else conn.execute(query, params, binary=True)
+        queued, self.queued = self.queued, []
+        self.begun = True
+        cur = None
+        with conn.pipeline():
+            for q, p in queued:
+                conn.execute(q, p, binary=True)
+            if query is not None:
+                cur = conn.cursor(binary=True)
+                cur.execute(query, params)
+        return cur
+
+    def _one(self, name: str, space: Space, *params: Any):
+        return self.exchange(self._q[name, space], params).fetchone()
+
+    def _get(self, raw: bytes, space: Space) -> bytes | None:
+        row = self._one("get", space, _text(raw))
+        return None if row is None else row[0]
+
+    def _size(self, raw: bytes, space: Space) -> int | None:
+        row = self._one("size", space, _text(raw))
+        return None if row is None else row[0]
+
+    def _read(self, raw: bytes, offset: int, length: int, space: Space) -> bytes | None:
+        row = self._one("read", space, offset + 1, length, _text(raw))
+        return None if row is None else row[0]
+
+    def _has_prefix(self, raw: bytes, space: Space) -> bool:
+        prefix = _text(raw)
+        return self._one("prefix", space, prefix, prefix_stop(prefix)) is not None
+
+    def _put(self, raw: bytes, value: bytes | memoryview, space: Space) -> None:
+        key = _text(raw)
+        # Sent with the commit: copied unless large (the caller keeps a large one unchanged
+        # until the transaction ends, see Txn.put), as the Redis driver does.
+        value = value if len(value) > BIG_VALUE else bytes(value)
+        self.queued.append((self._q["put", space], (key, value)))
+        self.changed.append((space, key))
+
+    def _delete(self, raw: bytes, space: Space) -> None:
+        key = _text(raw)
+        self.queued.append((self._q["delete", space], (key,)))
+        self.changed.append((space, key))
+
+    def _read_many(self, plan: list[tuple[type, bytes, Space]]) -> list[Any]:
+        cursors = []
+        queued, self.queued = self.queued, []
+        self.begun = True
+        with self._conn.pipeline():
+            for q, p in queued:
+                self._conn.execute(q, p, binary=True)
+            for kind, raw, space in plan:
+                cur = self._conn.cursor(binary=True)
+                key = _text(raw)
+                if kind is Size:
+                    cur.execute(self._q["size", space], (key,))
+                elif kind is Get:
+                    cur.execute(self._q["get", space], (key,))
+                else:
+                    cur.execute(self._q["prefix", space], (key, prefix_stop(key)))
+                cursors.append((kind, cur))
+        out: list[Any] = []
+        for kind, cur in cursors:
+            row = cur.fetchone()
+            out.append(row is not None if kind not in (Size, Get) else None if row is None else row[0])
+        return out
+
+    def _scan(
+        self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int | None
+    ) -> Iterator[tuple[bytes, Any]]:
+        start, strict = _bound(lo)
+        stop = None if hi is None else _bound(hi)
+        column = {KEYS: "null", SIZES: "octet_length(v)"}.get(fetch, "v")
+        table = self._q["table", space]
+        collate = self._q["collate"]
+        while True:
+            where = [_compare(">" if strict else ">=", collate)]
+            params: list[Any] = [start]
+            if stop is not None:
+                where.append(_compare("<=" if stop[1] else "<", collate))
+                params.append(stop[0])
+            query = sql.SQL("SELECT k, {} FROM {} WHERE {} ORDER BY k{} LIMIT {}").format(
+                sql.SQL(column), table, sql.SQL(" AND ").join(where), collate, sql.Literal(BATCH)
+            )
+            rows = self.exchange(query, params).fetchall()
+            for k, x in rows:
+                yield k.encode("utf-8"), x
+            if len(rows) < BATCH:
+                return
+            start, strict = rows[-1][0], True
+
+
+__all__ = ["PostgresTxn"]

@@ -1,0 +1,5 @@
+"""Zip archives as folders: ``zip:///path/data.zip`` (see ``driver``)."""
+
+from .driver import ZipDriver
+
+__all__ = ["ZipDriver"]
