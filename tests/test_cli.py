@@ -382,7 +382,7 @@ def test_copy_resumes_only_what_is_not_whole_and_the_bar_ends_at_100(tmp_path):
 
 
 def _created(url: str):
-    from zarrfs.daemon import open_database
+    from zarrfs.dbfiles import open_database
     from zarrfs.options import parse_options
 
     return open_database(url, parse_options(["create"]))

@@ -252,6 +252,10 @@ class Txn(ABC):
         """``scan`` of exactly the keys that start with ``prefix``."""
         return self.scan(prefix, prefix_stop(prefix), **kwargs)
 
+    def get_many(self, keys: Sequence[str]) -> list[Any]:
+        """The values of the data ``keys`` (None where absent), read together by :meth:`read_many`."""
+        return self.read_many([Get(k) for k in keys])
+
     def read_many(self, requests: Sequence[Read]) -> list[Any]:
         """Answer several independent reads together: one round trip where the database is
         remote. Each request is a :class:`Size`, :class:`Get` or :class:`HasPrefix`; the

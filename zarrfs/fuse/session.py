@@ -69,46 +69,8 @@ class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
         self._orphans: dict[int, set[int]] = {}
         self._lock_nodes = {}  # lock requests kept waiting (fuse.lockreq)
         ops.on_keys_changed(self.keys_changed)
-        handlers: dict[int, Handler] = {
-            k.LOOKUP: self._lookup,
-            k.FORGET: self._forget,
-            k.GETATTR: self._getattr,
-            k.SETATTR: self._setattr,
-            k.READLINK: self._readlink,
-            k.SYMLINK: self._symlink,
-            k.MKNOD: self._mknod,
-            k.MKDIR: self._mkdir,
-            k.UNLINK: self._unlink,
-            k.RMDIR: self._rmdir,
-            k.RENAME: self._rename,
-            k.LINK: self._link,
-            k.OPEN: self._open,
-            k.READ: self._read,
-            k.WRITE: self._write,
-            k.STATFS: self._statfs,
-            k.RELEASE: self._release,
-            k.FSYNC: self._fsync,
-            k.FLUSH: self._flush,
-            k.GETLK: self._getlk,
-            k.SETLK: self._setlk,
-            k.SETLKW: self._setlkw,
-            k.INIT: self._init,
-            k.OPENDIR: self._opendir,
-            k.READDIR: self._readdir,
-            k.READDIRPLUS: self._readdirplus,
-            k.RELEASEDIR: self._releasedir,
-            k.FSYNCDIR: self._fsyncdir,
-            k.CREATE: self._create,
-            k.INTERRUPT: self._interrupt,
-            k.DESTROY: self._destroy,
-            k.BATCH_FORGET: self._batch_forget,
-            k.RENAME2: self._rename2,
-            k.FALLOCATE: self._fallocate,
-            k.GETXATTR: self._getxattr,
-            k.LISTXATTR: self._listxattr,
-            k.SETXATTR: self._setxattr,
-            k.REMOVEXATTR: self._removexattr,
-        }
+        # The handler of each opcode of abi.OPCODES is the method named after it (``_lookup``).
+        handlers: dict[int, Handler] = {code: getattr(self, f"_{op.name}") for code, op in k.OPCODES.items()}
         super().__init__(fd, handlers, BUFFER_SIZE)
 
     # ------------------------------------------------------------------ helpers

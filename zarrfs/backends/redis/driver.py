@@ -48,8 +48,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from .._util import DELETED
 from ..base import DATA, BackendError, Driver, HasPrefix, Size, Space, Txn, bytes_stop
+from ..buffered import DELETED
 from .commit import commit
 from .feed import RedisFeed, feed_changes, tracked
 from .index import IndexScans, ensure_index, reindex, scan_keyspace
