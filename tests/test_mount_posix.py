@@ -417,3 +417,37 @@ def test_an_inode_number_survives_the_kernel_forgetting_the_node(mounted):
         fh.write("2")
     after = {name: os.lstat(root / "d" / new).st_ino for name, new in (("f", "g"), ("p", "p"))}
     assert after == before and os.lstat(root / "d").st_ino == folder
+
+
+def _sizes(root, name: str, fd: int) -> tuple[int, int, int]:
+    """The size of ``root/name`` as stat, fstat of ``fd`` and a fresh listing's stat see it."""
+    listed = {e.name: e.stat().st_size for e in os.scandir(root)}
+    return os.stat(root / name).st_size, os.fstat(fd).st_size, listed[name]
+
+
+@pytest.mark.parametrize("open_before_listing", [False, True])
+def test_ftruncate_of_an_open_file_shows_through_stat_and_listings(mounted, open_before_listing):
+    """A folder listing's attributes never hide the size an open file's pending ftruncate and
+    writes set: stat, fstat and a later listing all see it before the file is closed."""
+    root = mounted.path
+    if open_before_listing:
+        fd = os.open(root / "f", os.O_RDWR | os.O_CREAT, 0o644)
+        os.write(fd, b"abc")
+    else:
+        write(root / "f", b"abc")
+    try:
+        for entry in os.scandir(root):
+            entry.stat()
+        os.listdir(root)
+        if not open_before_listing:
+            fd = os.open(root / "f", os.O_RDWR)
+        os.ftruncate(fd, 70000)
+        assert _sizes(root, "f", fd) == (70000, 70000, 70000)
+        os.pwrite(fd, b"xyz", 100)
+        assert _sizes(root, "f", fd) == (70000, 70000, 70000)
+        os.ftruncate(fd, 50)
+        assert _sizes(root, "f", fd) == (50, 50, 50)
+    finally:
+        os.close(fd)
+    assert _sizes(root, "f", os.open(root / "f", os.O_RDONLY)) == (50, 50, 50)
+    assert read(root / "f") == b"abc" + bytes(47)

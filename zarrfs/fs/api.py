@@ -202,16 +202,20 @@ class Operations:
     def readdirplus(self, fh: int, offset: int) -> Iterator[tuple[str, int, int, str, Node | None]]:
         """``(name, kind, offset, key, node)`` of the entries after ``offset``: :meth:`readdir`
         with what a lookup of each name would find (None for ``.``, ``..`` and a name gone
-        since it was listed). Nodes are read a window of entries at a time."""
+        since it was listed). Nodes are read a window of entries at a time; a file open here
+        with pending writes shows its pending size and attributes, as :meth:`find` gives them
+        (the kernel takes a listing's attributes over what a truncate or write set)."""
         listing = self.dirs.get(fh)
         if listing is None:
             raise FsError(errno.EBADF, str(fh))
         prefix = listing.key + "/" if listing.key else ""
+        pending = self.handles.pending
         for name, kind, at in listing.entries(offset):
             if at <= 2:  # "." and ".."
                 yield name, kind, at, "", None
             else:
-                yield name, kind, at, prefix + name, listing.node(name)
+                key = prefix + name
+                yield name, kind, at, key, pending(key) or listing.node(name)
 
     def releasedir(self, fh: int) -> None:
         """Close a folder."""
