@@ -270,6 +270,7 @@ def main() -> int:
         for n in sizes:
             if n <= args.native_max:
                 natives[n] = native(n, work, args, out)
+                print(json.dumps({"driver": "ext4", "chunks": n, **natives[n]}), flush=True)
             for kind in drivers:
                 if kind == "redis":
                     url = f"{args.redis}?prefix=scale{n}" if args.redis else server.url(f"scale{n}")

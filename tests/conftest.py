@@ -12,6 +12,16 @@ from dataclasses import dataclass
 
 import pytest
 
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--model-examples",
+        type=int,
+        default=0,
+        help="examples per driver of tests/test_model.py (default: ZARRFS_MODEL_EXAMPLES, else 15)",
+    )
+
+
 # --- backends: a real redis-server ---------------------------------------------------------
 
 

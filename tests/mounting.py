@@ -219,3 +219,12 @@ def drained(driver, cursor, want, deadline: float = 5.0):
             return got
         time.sleep(0.001)
     return got
+
+
+def eventually(condition, what: str, deadline: float = 60.0) -> None:
+    """Wait until ``condition()`` holds; fail after ``deadline`` seconds (generous: a bound on a
+    stuck mount, never on speed, so that a busy machine does not fail the test)."""
+    start = time.monotonic()
+    while not condition():
+        assert time.monotonic() - start < deadline, f"{what}: not after {deadline:.0f} s"
+        time.sleep(0.01)

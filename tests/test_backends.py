@@ -79,7 +79,7 @@ class TestLMDBFolder(_Conformance):
         driver.put("k", b"v")
         driver.put("k", b"s", SIDE)
         names = sorted(os.listdir(tmp_path / "db.lmdb"))
-        # zarrfs-reserve: disk room kept for removals on a full disk (_util.Reserve)
+        # zarrfs-reserve: disk room kept for removals on a full disk (filespace.Reserve)
         assert names == ["data.mdb", "lock.mdb", "zarrfs-reserve", "zarrfs-side.mdb", "zarrfs-side.mdb-lock"]
 
     def test_bare_path_means_lmdb(self, tmp_path, monkeypatch):
@@ -293,7 +293,7 @@ def test_lmdb_reserves_blocks_ahead_of_its_end(tmp_path):
     """Appending to a file makes the filesystem allocate blocks write by write (slow on ext4);
     the LMDB driver reserves them ahead with fallocate(KEEP_SIZE): the size is unchanged, the
     blocks are there, and values go on being stored and read."""
-    from zarrfs.backends._util import FALLOC_FL_KEEP_SIZE, PREALLOCATE_MIN, _libc_fallocate
+    from zarrfs.backends.filespace import FALLOC_FL_KEEP_SIZE, PREALLOCATE_MIN, _libc_fallocate
 
     fallocate = _libc_fallocate()
     probe = tmp_path / "probe"

@@ -382,7 +382,7 @@ def test_copy_resumes_only_what_is_not_whole_and_the_bar_ends_at_100(tmp_path):
 
 
 def _created(url: str):
-    from zarrfs.daemon import open_database
+    from zarrfs.dbfiles import open_database
     from zarrfs.options import parse_options
 
     return open_database(url, parse_options(["create"]))
@@ -497,7 +497,7 @@ def test_man_page_and_completion_are_generated_from_the_parser(tmp_path):
     )
     said = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True).stdout
     said = said.splitlines()
-    assert said == ["copy consolidate", "create,validate=", "skip", "--log-level"], said
+    assert said == ["commit copy consolidate", "create,validate=", "skip", "--log-level"], said
     zsh = subprocess.run([sys.executable, "-m", "zarrfs.completion", "zsh"], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": CHECKOUT}, check=True).stdout
     assert zsh.startswith("#compdef zarrfs") and "bashcompinit" in zsh

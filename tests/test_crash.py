@@ -11,10 +11,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
-from mounting import Mount, make_url, needs_fuse, zarrfs
+from mounting import Mount, eventually, make_url, needs_fuse, zarrfs
 
 pytestmark = needs_fuse
 
@@ -41,6 +40,10 @@ with open(manifest, "a") as out:
 """
 
 
+def _lines(path) -> int:
+    return path.read_text().count("\n") if path.exists() else 0
+
+
 @pytest.mark.parametrize("kind", ["lmdb", "sqlite", "redis"])
 def test_kill_9_loses_nothing_fsynced(kind, tmp_path, request):
     url = make_url(kind, tmp_path, request)
@@ -54,7 +57,8 @@ def test_kill_9_loses_nothing_fsynced(kind, tmp_path, request):
             writers.append(
                 subprocess.Popen([sys.executable, "-c", WRITER, str(m.path), str(manifest), f"w{w}"])
             )
-        time.sleep(2.5)
+        # Killed mid-run, once every writer has recorded a few files (however busy the machine).
+        eventually(lambda: all(_lines(tmp_path / f"manifest{w}") > 4 for w in range(3)), "writers started")
         os.kill(pid, signal.SIGKILL)
         for proc in writers:
             proc.wait(timeout=60)

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from zarrfs.backends import open_driver
-from zarrfs.backends.held import Held, hold
+from zarrfs.backends.heldvalues import Held, hold
 from zarrfs.backends.lmdb import holder as lmdb_hold
 from zarrfs.fs.handles import HandleTable
 from zarrfs.fs.namespace import Tree

@@ -8,11 +8,13 @@ the names of every folder (exact, duplicates counted), each entry's type, permis
 content, link count, symlink target, and mtime where one was set explicitly. A call that fails
 natively must fail on the mount with the same errno, and one that succeeds must succeed.
 
-Every driver (LMDB, SQLite, Redis) runs the machine on a fresh database per example. CI runs
-the defaults below (derandomized, so every run tries the same examples; about a minute per
-driver); more, and fresh examples each run, locally with::
+Every driver runs the machine on a fresh database per example, with the real listing batch
+and with a batch of 3 keys. Each run draws fresh examples (the seed is printed; failing
+examples are kept in the hypothesis database and tried first the next time); CI runs 15 per
+driver. The long mode (docs/testing.md)::
 
-    ZARRFS_MODEL_SEED=any ZARRFS_MODEL_EXAMPLES=100 ZARRFS_MODEL_STEPS=60 pytest tests/test_model.py
+    pytest tests/test_model.py --model-examples 1000 -s     # or ZARRFS_MODEL_EXAMPLES=1000
+    ZARRFS_MODEL_SEED=1234 pytest tests/test_model.py        # the examples of a printed seed again
 
 A failure lists the example's operations as Python calls on paths relative to the root, and the
 daemon's error lines. Failures are not shrunk unless ``ZARRFS_MODEL_SHRINK=1`` (shrinking mounts
@@ -25,6 +27,7 @@ import ctypes
 import errno
 import itertools
 import os
+import random
 import shutil
 import stat
 from collections import Counter
@@ -116,6 +119,9 @@ def describe(root: Path, tolerate: frozenset = frozenset()) -> tuple[dict[str, l
     listings: dict[str, list[str]] = {}
     entries: dict[str, tuple] = {}
 
+    def owner(st_: os.stat_result) -> tuple[int, int]:
+        return st_.st_uid, st_.st_gid
+
     def mtime(st_: os.stat_result) -> object:
         return st_.st_mtime_ns if st_.st_mtime_ns < EXPLICIT_BEFORE_NS else "now"
 
@@ -131,17 +137,18 @@ def describe(root: Path, tolerate: frozenset = frozenset()) -> tuple[dict[str, l
             if stat.S_ISDIR(st_.st_mode):
                 if "setgid" in tolerate:
                     mode &= ~stat.S_ISGID
-                entries[path] = ("dir", oct(mode), "-" if "dirmtime" in tolerate else mtime(st_))
+                entries[path] = ("dir", oct(mode), "-" if "dirmtime" in tolerate else mtime(st_), owner(st_))
                 walk(path)
             elif stat.S_ISLNK(st_.st_mode):
                 target = os.readlink(root / path)
-                entries[path] = ("symlink", target, st_.st_size)
+                entries[path] = ("symlink", target, st_.st_size, owner(st_))
             elif stat.S_ISREG(st_.st_mode):
                 with open(root / path, "rb") as fh:
                     content = fh.read()
-                entries[path] = ("file", oct(mode), st_.st_size, content, st_.st_nlink, mtime(st_))
+                nlink = st_.st_nlink
+                entries[path] = ("file", oct(mode), st_.st_size, content, nlink, mtime(st_), owner(st_))
             else:
-                entries[path] = ("other", stat.S_IFMT(st_.st_mode), oct(mode))
+                entries[path] = ("other", stat.S_IFMT(st_.st_mode), oct(mode), st_.st_nlink, owner(st_))
 
     st_root = os.stat(root)
     root_mtime = "-" if "dirmtime" in tolerate else mtime(st_root)
@@ -186,11 +193,13 @@ class ModelMachine(RuleBasedStateMachine):
         os.chmod(self.native, stat.S_IMODE(os.stat(self.mount.path).st_mode))
         self.fds: list[tuple[int, int, str, str]] = []  # (native fd, mount fd, path, flags)
         self.mounts = 1
+        self.big = 0
 
     # ------------------------------------------------------------------ helpers
 
     def paths(self, kinds: str = "fdl") -> list[str]:
-        """Existing entries of the native tree ('f' file, 'd' folder, 'l' symlink), root excluded."""
+        """Existing entries of the native tree ('f' file, 'd' folder, 'l' symlink, 's' FIFO or
+        device: never opened, which could block), root excluded."""
         out = []
         for dirpath, dirnames, filenames in os.walk(self.native):
             rel = os.path.relpath(dirpath, self.native)
@@ -198,7 +207,11 @@ class ModelMachine(RuleBasedStateMachine):
             for name in dirnames + filenames:
                 p = join(rel, name)
                 mode = os.lstat(self.native / p).st_mode
-                kind = "d" if stat.S_ISDIR(mode) else "l" if stat.S_ISLNK(mode) else "f"
+                kind = "s"
+                for test, letter in ((stat.S_ISDIR, "d"), (stat.S_ISLNK, "l"), (stat.S_ISREG, "f")):
+                    if test(mode):
+                        kind = letter
+                        break
                 if kind in kinds:
                     out.append(p)
         return sorted(out)
@@ -264,7 +277,7 @@ class ModelMachine(RuleBasedStateMachine):
     @rule(data=st.data(), content=st.binary(max_size=300), exclusive=st.booleans())
     def create_file(self, data, content, exclusive):
         path = self.new_path(data) if data.draw(st.booleans(), label="new?") else self.any_path(data)
-        flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | (os.O_EXCL if exclusive else os.O_TRUNC)
 
         def op(root):
             fd = os.open(root / path, flags, 0o666)
@@ -281,7 +294,7 @@ class ModelMachine(RuleBasedStateMachine):
         path = self.any_path(data, "fl")
 
         def op(root):
-            fd = os.open(root / path, os.O_WRONLY)
+            fd = os.open(root / path, os.O_WRONLY | os.O_NONBLOCK)  # a FIFO: ENXIO, never a wait
             try:
                 os.pwrite(fd, content, offset)
             finally:
@@ -296,7 +309,7 @@ class ModelMachine(RuleBasedStateMachine):
 
     @rule(data=st.data(), flags=st.sampled_from(sorted(RENAME_FLAGS)))
     def rename(self, data, flags):
-        src = self.any_path(data)
+        src = self.any_path(data, "fdls")
         kind = data.draw(st.sampled_from(["new", "file", "dir", "any"]), label="dst kind")
         if kind == "new":
             dst = self.new_path(data)
@@ -311,7 +324,7 @@ class ModelMachine(RuleBasedStateMachine):
 
     @rule(data=st.data(), follow=st.booleans())
     def link(self, data, follow):
-        src = self.any_path(data)
+        src = self.any_path(data, "fdls")
         dst = self.new_path(data)
         self.both(
             f"os.link({src!r}, {dst!r}, follow_symlinks={follow})",
@@ -332,7 +345,7 @@ class ModelMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def unlink(self, data):
-        path = self.any_path(data)
+        path = self.any_path(data, "fdls")
         self.both(f"os.unlink({path!r})", lambda root: os.unlink(root / path))
 
     @rule(data=st.data(), mode=st.sampled_from([0o777, 0o755, 0o700]))
@@ -342,21 +355,55 @@ class ModelMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def rmdir(self, data):
-        path = self.any_path(data)
+        path = self.any_path(data, "fdls")
         self.both(f"os.rmdir({path!r})", lambda root: os.rmdir(root / path))
 
     @rule(data=st.data(), mode=st.sampled_from(sorted(set(FILE_MODES + DIR_MODES))))
     def chmod(self, data, mode):
-        path = self.any_path(data)
+        path = self.any_path(data, "fdls")
         self.both(f"os.chmod({path!r}, {oct(mode)})", lambda root: os.chmod(root / path, mode))
 
     @rule(data=st.data(), atime=TIMES, mtime=TIMES)
     def utimens(self, data, atime, mtime):
-        path = self.any_path(data)
+        path = self.any_path(data, "fdls")
         self.both(
             f"os.utime({path!r}, ns=({atime}, {mtime}))",
             lambda root: os.utime(root / path, ns=(atime, mtime)),
         )
+
+    @rule(data=st.data(), kind=st.sampled_from(["fifo", "chr", "blk"]))
+    def mknod(self, data, kind):
+        path = self.new_path(data)
+        mode = {"fifo": stat.S_IFIFO, "chr": stat.S_IFCHR, "blk": stat.S_IFBLK}[kind] | 0o640
+        dev = 0 if kind == "fifo" else os.makedev(1, 3)
+        self.both(f"os.mknod({path!r}, {kind}, {dev})", lambda root: os.mknod(root / path, mode, dev))
+
+    @rule(data=st.data(), uid=st.sampled_from([0, 7, 1000]), gid=st.sampled_from([0, 8, 1000]))
+    def chown(self, data, uid, gid):
+        path = self.any_path(data, "fdls")
+        self.both(
+            f"os.chown({path!r}, {uid}, {gid}, follow_symlinks=False)",
+            lambda root: os.chown(root / path, uid, gid, follow_symlinks=False),
+        )
+
+    # Rarely: a folder of hundreds of names, chains of names extending one another, so that a
+    # listing crosses its batches (ZARRFS_LISTING_BATCH makes them small) at such names.
+    @precondition(lambda self: self.big < 1)
+    @rule(data=st.data(), count=st.sampled_from([150, 300, 600]))
+    def many_files(self, data, count):
+        parent = data.draw(st.sampled_from(self.folders(MAX_DEPTH - 2)), label="parent")
+        names = [f"m{i // 6:03d}" + "0_a.~!"[: i % 6] for i in range(count)]
+        note(f"# {count} files in {parent!r}: m000, m0000, m0000_, ...")
+        self.big += 1
+
+        def op(root):
+            for name in names:
+                try:
+                    os.close(os.open(root / join(parent, name), os.O_WRONLY | os.O_CREAT, 0o644))
+                except FileExistsError:
+                    pass
+
+        self.both(f"create {count} files in {parent!r}", op)
 
     # Once per example at most: a remount costs what a hundred other steps do.
     @precondition(lambda self: self.mounts < 2)
@@ -378,8 +425,9 @@ class ModelMachine(RuleBasedStateMachine):
         path = self.any_path(data, "fl") if data.draw(st.booleans(), label="file?") else self.any_path(data)
         text = f"fd{len(self.fds)} = os.open({path!r}, {flags})"
         note(text)
-        native = outcome(os.open, self.native / path, OPEN_FLAGS[flags], 0o666)
-        mounted = outcome(os.open, self.mount.path / path, OPEN_FLAGS[flags], 0o666)
+        flag = OPEN_FLAGS[flags] | os.O_NONBLOCK  # through a symlink to a FIFO: never a wait
+        native = outcome(os.open, self.native / path, flag, 0o666)
+        mounted = outcome(os.open, self.mount.path / path, flag, 0o666)
         if native[0] == "ok" and mounted[0] == "ok":
             self.fds.append((native[1], mounted[1], path, flags))
             return
@@ -479,25 +527,39 @@ class ModelMachine(RuleBasedStateMachine):
             shutil.rmtree(self.work, ignore_errors=True)
 
 
-def _settings() -> settings:
-    examples = int(os.environ.get("ZARRFS_MODEL_EXAMPLES", "15"))
+def _settings(examples: int) -> settings:
     steps = int(os.environ.get("ZARRFS_MODEL_STEPS", "35"))
     return settings(
         max_examples=examples,
         stateful_step_count=steps,
         deadline=None,
-        database=None,
-        derandomize="ZARRFS_MODEL_SEED" not in os.environ,
         suppress_health_check=list(HealthCheck),
         print_blob=True,
         phases=[p for p in Phase if p != Phase.shrink or os.environ.get("ZARRFS_MODEL_SHRINK") == "1"],
     )
 
 
+@pytest.mark.parametrize("batch", [None, 3], ids=["real-batch", "batch-3"])
 @pytest.mark.parametrize("driver", DRIVERS)
-def test_mount_behaves_like_a_local_folder(driver, tmp_path, request):
+def test_mount_behaves_like_a_local_folder(driver, batch, tmp_path, request, monkeypatch):
+    """Fresh examples each run: the seed is printed (``-s``, or in the failure's output) and
+    taken from ``ZARRFS_MODEL_SEED`` to run the same again; failing examples are kept in the
+    hypothesis database (``.hypothesis/``) and tried first next time. ``--model-examples N``
+    (or ``ZARRFS_MODEL_EXAMPLES``) sets the number per driver; with ``batch-3`` the daemon
+    scans folders 3 keys at a time (``ZARRFS_LISTING_BATCH``)."""
+    import hypothesis.core
+
+    examples = request.config.getoption("--model-examples")
+    examples = examples or int(os.environ.get("ZARRFS_MODEL_EXAMPLES", "15"))
+    if batch is not None:
+        monkeypatch.setenv("ZARRFS_LISTING_BATCH", str(batch))
+        examples = max(1, examples // 3)
+    seed = int(os.environ.get("ZARRFS_MODEL_SEED") or random.SystemRandom().randrange(2**32))
+    print(f"model seed {seed}: ZARRFS_MODEL_SEED={seed} runs these examples again")
+    monkeypatch.setattr(hypothesis.core, "global_force_seed", seed)
+
     def new_url(work: Path) -> str:
         return make_url(driver, work, request)
 
     machine = type(f"Model_{driver}", (ModelMachine,), {"new_url": staticmethod(new_url), "base": tmp_path})
-    run_state_machine_as_test(machine, settings=_settings())
+    run_state_machine_as_test(machine, settings=_settings(examples))

@@ -211,3 +211,23 @@ def test_a_chunk_read_ahead_is_never_older_than_what_the_mount_shows(redis_serve
     assert read(reader.path / "a" / "0.6") == new
     for n in names[3:6] + names[7:]:
         assert read(reader.path / "a" / n) == values[n]
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+def test_postgres_reads_ahead_only_when_asked(postgres_server, proxy, mount_factory):
+    """PostgreSQL's notifications come after the commit, so a chunk read ahead could be a feed
+    delivery older than an open's read: no readahead unless ``-o chunks_ahead=`` asks."""
+    direct, proxied = _proxied_postgres(postgres_server, proxy, f"pa{os.getpid()}")
+    names = [f"0.{i}" for i in range(27)]
+    values = _array(mount_factory(direct, ["create"]), names, CHUNK)
+    per_chunk = {}
+    for label, options in (("default", []), ("asked", ["chunks_ahead=8"])):
+        m = mount_factory(proxied, options, name=f"m-{label}")
+        os.stat(m.path / "a")
+        proxy.reset()
+        for n in names:
+            assert read(m.path / "a" / n) == values[n]
+        per_chunk[label] = proxy.round_trips() / len(names)
+    assert per_chunk["default"] >= 1, per_chunk
+    assert per_chunk["asked"] <= 0.6, per_chunk

@@ -421,3 +421,35 @@ def test_statfs_reply_is_the_trees_figures(wire):
     # Free space may move between the two calls (other processes write to this disk).
     assert abs(bfree - s["f_bfree"]) < 1 << 18 and abs(bavail - s["f_bavail"]) < 1 << 18
     assert blocks > 0 and bsize == 4096 and namelen == 255
+
+
+def test_missing_names_stay_cached_long_however_many_names_were_made(make_wire, monkeypatch):
+    """A name made through the mount is no longer a remembered missing name; past the limit
+    the oldest remembered ones are dropped from the kernel, and every "no such file" is still
+    cached for the long time."""
+    from zarrfs.fs.api import ChangeWatcher
+    from zarrfs.fuse import coherence
+
+    monkeypatch.setattr(coherence, "NEGATIVES", 16)
+    monkeypatch.setattr(coherence, "EVICTED", 4)
+    wire = make_wire(negative_timeout=3600)
+    wire.session.coherence = coherence.Coherence(wire.session, ChangeWatcher(wire.ops.tree))
+    wire.init()
+    for i in range(40):  # as a program making files does: a lookup, then the create
+        assert wire.lookup(k.ROOT_ID, f"f{i}").nodeid == 0
+        wire.put_file(k.ROOT_ID, f"f{i}", b"x" * 4096)  # full pages: no NOTIFY_STORE
+    assert len(wire.session.coherence.negatives) == 0
+    for i in range(40):
+        wire.send(k.LOOKUP, k.ROOT_ID, z(f"missing{i}"))
+    replies, dropped = [], b""
+    deadline = time.monotonic() + 30
+    while (len(replies) < 40 or b"missing0\0" not in dropped) and time.monotonic() < deadline:
+        for m in wire.messages(wait=1, count=1):
+            if m.unique:
+                replies.append(entry_of(m))
+            elif m.error == -k.NOTIFY_INVAL_ENTRY:
+                dropped += m.raw
+    assert [(e.nodeid, e.entry_valid) for e in replies] == [(0, 3600)] * 40
+    assert len(wire.session.coherence.negatives) <= 16
+    # The ones forgotten were dropped from the kernel's cache (they could not be later).
+    assert b"missing0\0" in dropped

@@ -268,9 +268,9 @@ def test_stats_count_requests_and_errors_by_type(wire):
     stats = wire.session.stats()
     assert stats["requests"] == {
         "init": 1, "lookup": 2, "create": 1, "write": 1, "flush": 1, "release": 1, "unlink": 1,
-        "opcode_39": 1, "unknown": 1, "forget": 1,
+        "ioctl": 1, "unknown": 1, "forget": 1,
     }  # fmt: skip
-    assert stats["errors"] == {"unlink": 1, "lookup": 1, "opcode_39": 1, "unknown": 1, "forget": 1}
+    assert stats["errors"] == {"unlink": 1, "lookup": 1, "ioctl": 1, "unknown": 1, "forget": 1}
 
 
 # ---------------------------------------------------------------------- layering

@@ -23,7 +23,7 @@ from mounting import make_url, needs_fuse
 pytestmark = needs_fuse
 
 LONG = bool(os.environ.get("ZARRFS_LONG_MODEL"))
-EXAMPLES = 300 if LONG else 6
+EXAMPLES = 300 if LONG else 15
 STEPS = 60 if LONG else 25
 
 

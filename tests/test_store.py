@@ -4,6 +4,7 @@ byte compatibility with zarr-python 2's store classes and with a mount of the sa
 from __future__ import annotations
 
 import json
+import os
 import uuid
 
 import numpy as np
@@ -195,3 +196,22 @@ def test_store_and_mount_see_each_other(url, mount_factory):
     store = DatabaseStore(url, read_only=True)
     assert_array_equal(zarr.open_array(store, path="b", mode="r")[:], np.full(5, 7, "u1"))
     store.close()
+
+
+def test_a_set_through_the_store_updates_every_name_of_a_link_group(url, mount_factory):
+    """A file with two names (``ln`` through a mount), then replaced through the store under one
+    name: the other name reads the new content too, as after a write through a mount, and both
+    names keep one file's attributes."""
+    m = mount_factory(url, ["create"])
+    (m.path / "f").write_bytes(b"old content")
+    os.link(m.path / "f", m.path / "g")
+    m.stop()
+    store = DatabaseStore(url)
+    store.set_sync("f", cpu.Buffer.from_bytes(b"new"))
+    assert store.get_sync("g").to_bytes() == b"new"
+    store.close()
+    m = mount_factory(url)
+    assert (m.path / "g").read_bytes() == b"new"
+    f, g = os.stat(m.path / "f"), os.stat(m.path / "g")
+    assert (f.st_ino, f.st_nlink, f.st_size, f.st_mtime_ns) == (g.st_ino, 2, 3, g.st_mtime_ns)
+

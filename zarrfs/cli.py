@@ -19,7 +19,7 @@ import sys
 
 from zarrfs import __version__, commit
 from zarrfs.backends.base import BackendError
-from zarrfs.daemon import open_database
+from zarrfs.dbfiles import open_database
 from zarrfs.helptext import DESCRIPTION, EXIT_HELP, OPTIONS_HELP, SYNOPSIS, URLS_HELP
 from zarrfs.mount_command import cmd_mount
 from zarrfs.mounttable import _daemon_pids, cmd_status, cmd_umount

@@ -22,15 +22,14 @@ import threading
 from typing import Any
 
 from zarrfs import deadmount, logs
-from zarrfs.backends import open_driver
-from zarrfs.backends.base import BackendError, Driver
-from zarrfs.dbfiles import check_database_path
+from zarrfs.backends.base import Driver
+from zarrfs.dbfiles import open_database
 from zarrfs.fs.api import LockTable, Operations
 from zarrfs.fs.changes import ChangeWatcher, has_feed
 from zarrfs.fs.foldercache import FolderCache
 from zarrfs.fs.handles import HandleTable
 from zarrfs.fs.namespace import Hooks, Tree
-from zarrfs.fs.readahead import Readahead
+from zarrfs.fs.readahead import DEFAULT_CHUNKS_AHEAD, Readahead
 from zarrfs.fuse import abi
 from zarrfs.fuse.channel import Channel
 from zarrfs.fuse.coherence import Coherence
@@ -40,33 +39,10 @@ from zarrfs.fuse.tuning import keep_freed_memory, set_readahead
 from zarrfs.logs import reopen_logs
 from zarrfs.options import MountOptions
 from zarrfs.sdnotify import notify
-from zarrfs.urls import database_path, reason, shown_url, url_scheme
+from zarrfs.urls import reason, shown_url
 
 log = logging.getLogger("zarrfs")
 
-
-
-def open_database(url: str, opts: MountOptions, hint: bool = True) -> Driver:
-    """Open the driver for ``url``; a file database that is missing, or a path that holds
-    something else, is an error unless ``-o create`` (see :mod:`zarrfs.dbfiles`; ``hint``: name
-    the mount options in the error)."""
-    if opts.snapshot is not None:  # refused before anything is opened
-        from zarrfs.backends.registry import driver_class, normalize_url
-        from zarrfs.backends.snapshot import SnapshotDriver
-
-        SnapshotDriver.check(driver_class(normalize_url(url)[0]))
-    path = database_path(url)
-    if path is not None:
-        scheme = url_scheme(url) or "lmdb"
-        check_database_path(scheme, path, create=opts.create, readonly=opts.readonly, hint=hint)
-    try:
-        driver = open_driver(url, readonly=opts.readonly)
-        driver.set_timeout(opts.timeout)
-        return driver
-    except BackendError:
-        raise
-    except Exception as exc:  # a driver's own error type, OSError...: one line, no traceback
-        raise BackendError(f"cannot open the database {shown_url(url)}: {reason(exc)}") from exc
 
 
 def hold_snapshot(driver: Driver, opts: MountOptions) -> Driver:
@@ -187,8 +163,11 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
         opts.feed = opts.use_feed and has_feed(driver)
         if opts.seconds("dir_cache") > 0:
             tree.folder_cache = FolderCache(opts.seconds("dir_cache"), entries=opts.dir_cache_entries)
-        if opts.feed and opts.chunks_ahead > 0 and driver.remote and driver.batched:
-            tree.readahead = Readahead(tree.array_of, depth=opts.chunks_ahead)
+        ahead = opts.chunks_ahead
+        if ahead is None:  # by default only where a read ahead is as new as an open's read
+            ahead = DEFAULT_CHUNKS_AHEAD if driver.feed_before_reply else 0
+        if opts.feed and ahead > 0 and driver.remote and driver.batched:
+            tree.readahead = Readahead(tree.array_of, depth=ahead)
         handles = HandleTable(tree, opts.spill, opts.readonly, opts.parts_above)
         # Locks live in the database, shared by every mount of it; a read-only mount leaves
         # them to the kernel (it could not record them).

@@ -13,7 +13,10 @@ from __future__ import annotations
 import dbm
 import os
 
-from zarrfs.urls import MountFailure
+from zarrfs.backends import open_driver
+from zarrfs.backends.base import BackendError, Driver
+from zarrfs.options import MountOptions
+from zarrfs.urls import MountFailure, database_path, reason, shown_url, url_scheme
 
 _LMDB_MAGIC = b"\xde\xc0\xef\xbe"  # MDB_meta.mm_magic, little-endian, after the 16-byte page header
 _SQLITE_MAGIC = b"SQLite format 3\0"
@@ -119,3 +122,26 @@ def check_database_path(scheme: str, path: str, *, create: bool, readonly: bool,
         raise MountFailure(
             f"{path} is on a read-only file system" + (": add -o ro to mount it read-only" if hint else "")
         )
+
+
+def open_database(url: str, opts: MountOptions, hint: bool = True) -> Driver:
+    """Open the driver for ``url``; a file database that is missing, or a path that holds
+    something else, is an error unless ``-o create`` (see above; ``hint``: name
+    the mount options in the error)."""
+    if opts.snapshot is not None:  # refused before anything is opened
+        from zarrfs.backends.registry import driver_class, normalize_url
+        from zarrfs.backends.snapshot import SnapshotDriver
+
+        SnapshotDriver.check(driver_class(normalize_url(url)[0]))
+    path = database_path(url)
+    if path is not None:
+        scheme = url_scheme(url) or "lmdb"
+        check_database_path(scheme, path, create=opts.create, readonly=opts.readonly, hint=hint)
+    try:
+        driver = open_driver(url, readonly=opts.readonly)
+        driver.set_timeout(opts.timeout)
+        return driver
+    except BackendError:
+        raise
+    except Exception as exc:  # a driver's own error type, OSError...: one line, no traceback
+        raise BackendError(f"cannot open the database {shown_url(url)}: {reason(exc)}") from exc

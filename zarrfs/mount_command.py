@@ -19,7 +19,8 @@ import sys
 import time
 
 from zarrfs.backends.base import BackendError
-from zarrfs.daemon import open_database, serve
+from zarrfs.daemon import serve
+from zarrfs.dbfiles import open_database
 from zarrfs.fuse.channel import MountError
 from zarrfs.logs import setup_logging
 from zarrfs.oneline import fail, status_of

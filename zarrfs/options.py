@@ -71,8 +71,9 @@ class MountOptions:
     timeout: float = DEFAULT_TIMEOUT
     readahead: int = DEFAULT_READAHEAD_KIB
     # Chunks of a Zarr array read ahead of a reader in grid order (zarrfs.fs.readahead), on a
-    # database server with a change feed; 0: none.
-    chunks_ahead: int = 8
+    # database server with a change feed; 0: none; None: 8 where the feed tells of a change
+    # before its writer hears its commit answered (Redis), else none.
+    chunks_ahead: int | None = None
     # The kernel's cache times; each defaults to cache_timeout.
     entry_timeout: float | None = None
     attr_timeout: float | None = None

@@ -52,7 +52,7 @@ from zarrfs.backends.base import (
     prefix_stop,
 )
 from zarrfs.backends.registry import normalize_url
-from zarrfs.fs import parts
+from zarrfs.fs import parts, records
 from zarrfs.fs.hardlinks import POINTER, pointer_key
 from zarrfs.fs.sidedata import ATTR, ENTRY, Attrs, attr_key
 
@@ -251,20 +251,22 @@ class DatabaseStore(Store):
         self._write_freeing(lambda t, freed: [self._put(t, k, v, freed) for k, v in items])
 
     def _put(self, t: Txn, key: str, value: bytes, freed: list[Any]) -> None:
-        if self._hooks is not None:
-            if t.size(key) is None:
-                self._hooks.check_name(t, key, stat.S_IFREG)
-            value = self._hooks.store(t, key, value)
+        if self._hooks is not None and t.size(key) is None:
+            self._hooks.check_name(t, key, stat.S_IFREG)
         raw = t.get(attr_key(key), SIDE)
         freed.append(parts.let_go(t, key, raw))
-        t.put(key, value)
         now = time.time_ns()
         attrs = Attrs.unpack(raw) if raw is not None else None
         if attrs is None:
             attrs = Attrs(stat.S_IFREG | (0o666 & ~_UMASK), os.getuid(), os.getgid(), now, now, now)
         attrs.mtime = attrs.ctime = now
         attrs.parted = None  # stored whole
-        t.put(attr_key(key), attrs.pack(), SIDE)
+        # Every name of the file's link group, as a commit through a mount writes them.
+        names = records.names_of(t, key, read_pointer=True)
+        records.write_file(t, names, value, attrs.pack(), self._store_hook)
+
+    def _store_hook(self, t: Txn, key: str, value: bytes) -> bytes:
+        return value if self._hooks is None else self._hooks.store(t, key, value)
 
     def delete_sync(self, key: str) -> None:
         """Remove ``key`` (and its attribute record); a missing key is no error."""

@@ -252,6 +252,10 @@ class Txn(ABC):
         """``scan`` of exactly the keys that start with ``prefix``."""
         return self.scan(prefix, prefix_stop(prefix), **kwargs)
 
+    def get_many(self, keys: Sequence[str]) -> list[Any]:
+        """The values of the data ``keys`` (None where absent), read together by :meth:`read_many`."""
+        return self.read_many([Get(k) for k in keys])
+
     def read_many(self, requests: Sequence[Read]) -> list[Any]:
         """Answer several independent reads together: one round trip where the database is
         remote. Each request is a :class:`Size`, :class:`Get` or :class:`HasPrefix`; the
@@ -370,6 +374,10 @@ class Driver(ABC):
     #: trip, one SQL statement): then callers ask for what they may need in one batch rather
     #: than in steps that stop early.
     batched = False
+    #: Whether the change feed tells of a commit before the committing client hears it
+    #: answered (Redis pushes invalidations first): then what a mount read ahead, dropped when
+    #: the feed names it, is as new as a read at open would be, and it reads ahead by default.
+    feed_before_reply = False
     #: Files larger than this many bytes are best stored in parts (``PARTS``) on this
     #: database, whatever the mount's ``-o parts_above=`` (None: the mount decides); a Redis
     #: Cluster spreading a hierarchy over its masters parts every chunk.

@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ._util import check_options, parse_file_url
 from .base import DATA, KEYS, SIDE, SIZES, Driver, Fetch, MissingDatabaseError, Space, Txn, UnavailableError
+from .urloptions import check_options, parse_file_url
 
 _MISSING = object()
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ._util import DELETED, merge_buffered
 from .base import KEYS, SIZES, Fetch, Space, Txn
+from .buffered import DELETED, merge_buffered
 
 
 class OverlayTxn(Txn):

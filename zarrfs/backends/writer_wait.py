@@ -88,17 +88,20 @@ class LMDBWriterLock:
 
     def __init__(self, lock_path: str) -> None:
         self._map: Any = None
+        # The descriptor stays open until close(): closing any descriptor of the lock file
+        # drops every fcntl lock this process holds on it, LMDB's mark of a live reader among
+        # them, and another process would then take this process's readers for dead ones and
+        # reuse the pages they read.
+        self._fd: int | None = None
         try:
-            fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
+            self._fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return
         try:
-            if os.fstat(fd).st_size >= _WMUTEX_AT + 4:
-                self._map = mmap.mmap(fd, _WMUTEX_AT + 4, prot=mmap.PROT_READ)
+            if os.fstat(self._fd).st_size >= _WMUTEX_AT + 4:
+                self._map = mmap.mmap(self._fd, _WMUTEX_AT + 4, prot=mmap.PROT_READ)
         except OSError:
             self._map = None
-        finally:
-            os.close(fd)
         if self._map is not None and struct.unpack_from("<I", self._map, 0)[0] != _LMDB_LOCK_MAGIC:
             self._map.close()
             self._map = None
@@ -138,3 +141,6 @@ class LMDBWriterLock:
         if self._map is not None:
             self._map.close()
             self._map = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

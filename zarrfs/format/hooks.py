@@ -23,8 +23,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from zarrfs.backends.base import Get
-
 from .arrays import ArrayInfo, info_from_node
 from .consolidated import (
     CachedDoc,
@@ -67,11 +65,9 @@ _CACHE_LIMIT = 64
 
 
 def _get_many(txn: Any):
-    """Batched reads through ``Txn.read_many`` (one round trip on a remote database)."""
-    read_many = getattr(txn, "read_many", None)
-    if read_many is None:
-        return None
-    return lambda keys: read_many([Get(k) for k in keys])
+    """Batched reads through ``txn.get_many`` (one round trip on a remote database), where the
+    transaction has it."""
+    return getattr(txn, "get_many", None)
 
 
 class FormatHooks:

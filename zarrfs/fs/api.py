@@ -20,6 +20,7 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 
+from zarrfs.backends.errors import InterruptedCallError
 from zarrfs.fs.changes import ChangeWatcher, folders_of
 from zarrfs.fs.errors import FsError, is_quiet, to_errno
 from zarrfs.fs.handles import HandleTable, Stored
@@ -376,6 +377,7 @@ __all__ = [
     "RENAME_EXCHANGE",
     "RENAME_NOREPLACE",
     "FsError",
+    "InterruptedCallError",
     "Lock",
     "LockTable",
     "Node",

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from zarrfs.backends.held import Held
+from zarrfs.backends.heldvalues import Held
 from zarrfs.fs.extents import Extents
 from zarrfs.fs.namespace import Node
 from zarrfs.fs.pagecache import Stored

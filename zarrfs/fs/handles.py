@@ -38,6 +38,7 @@ from zarrfs.fs import parts
 from zarrfs.fs.entries import inherit_group
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.filestate import FileState, Handle
+from zarrfs.fs.handlelocks import LockedFiles
 from zarrfs.fs.handlenames import SNAPSHOT_LIMIT, OpenNames
 from zarrfs.fs.lookups import stamp_of
 from zarrfs.fs.namespace import FILE, Node, Tree
@@ -64,7 +65,7 @@ def is_deferrable(key: str) -> bool:
     return key.endswith((".partial", ".__lock"))
 
 
-class HandleTable(OpenNames):
+class HandleTable(OpenNames, LockedFiles):
     """All open files of a mount (what namespace changes do to them: :class:`OpenNames`)."""
 
     def __init__(
@@ -231,130 +232,11 @@ class HandleTable(OpenNames):
             state.attrs = self.tree.lookup_attrs(state.key)
         return state.buffer
 
-    def _newest(self, key: str) -> tuple[SpillBuffer, tuple[int, int] | None]:
-        """A buffer holding the newest stored version of ``key``, and that version's stamp
-        (None for a file read in pieces, or gone: a commit then stores the buffer as it is)."""
-        node, value = self.tree.version(key, None, SNAPSHOT_LIMIT)
-        try:
-            if value is not None:
-                return SpillBuffer(value.data, self.spill_threshold), stamp_of(node)
-        finally:
-            if value is not None:
-                value.release()
-        if node is not None and node.kind == FILE and self._large(key):
-            return self._load_in_pieces(key), None
-        return SpillBuffer(self._load(key), self.spill_threshold), None
-
     def _truncated(self, state: FileState, length: int) -> None:
         buffer = state.buffer
         assert buffer is not None
         state.changes.truncated(length, buffer.size)
         buffer.truncate(length)
-
-    # ------------------------------------------------------------------ locks
-    def locked(self, key: str, fh: int | None = None) -> None:
-        """A lock on the file was granted (from any thread): it is brought up to date before
-        it is next read, written or shown."""
-        for state in (self.states.get(key), self.handles[fh].state if fh in self.handles else None):
-            if state is not None:
-                state.stale = True
-
-    def _fresh(self, state: FileState) -> FileState:
-        """Bring a file marked by :meth:`locked` up to date: its descriptors read, and write
-        onto, the newest stored version, with this mount's pending changes laid on it."""
-        if not state.stale:
-            return state
-        state = self._join(state)
-        state.stale = False
-        if self.tree.folder_cache is not None:  # lookups answer from the database from now
-            self.tree.folder_cache.clear()
-        if state.created or state.orphan:
-            return state  # only here: nobody else can have changed it
-        if state.buffer is None:
-            state.snapshot = None
-            seen, value = self.tree.version(state.key, None, SNAPSHOT_LIMIT)
-            state.version = stamp_of(seen) if seen is not None and seen.kind == FILE else None
-            state.snapshot = value
-            return state
-        if state.dirty and state.base is None:
-            return state  # nothing to lay its changes on: they stand as they are
-        if not state.dirty or state.changes.whole:
-            if state.dirty:
-                return state  # the file is this mount's alone: nothing of others to read
-            buffer, base = self._newest(state.key)
-        else:
-            node, value = self.tree.version(state.key, None, SNAPSHOT_LIMIT)
-            try:
-                if node is None or node.kind != FILE or stamp_of(node) == state.base or value is None:
-                    return state
-                out, appended = state.changes.lay(value.data, state.buffer.size, state.buffer.read)
-            finally:
-                if value is not None:
-                    value.release()
-            buffer, base = SpillBuffer(out, self.spill_threshold), stamp_of(node)
-            state.changes.moved_appends(appended)
-        state.buffer.close()
-        state.buffer, state.base = buffer, base
-        if not state.dirty:
-            state.changes.clear()
-            state.attrs = self.tree.lookup_attrs(state.key)
-        state.stored = None
-        return state
-
-    def _join(self, state: FileState) -> FileState:
-        """One state again for a file whose descriptors of two versions are open here (a newer
-        version opened while descriptors of an older one read it): a lock brings them all to
-        the newest, so they share pending writes and what a lookup shows, as POSIX has it."""
-        current = self.states.get(state.key)
-        if current is None or current is state or state.orphan or state.linked or current.linked:
-            return state
-        keep, drop = (current, state) if current.dirty and not state.dirty else (state, current)
-        if drop.dirty:
-            self._commit(drop)
-        for fh in drop.handles:
-            self.handles[fh].state = keep
-            keep.handles.add(fh)
-        drop.handles.clear()
-        self._forget(drop)
-        self.states[keep.key] = keep
-        keep.private = False  # the kernel's pages of the file were dropped with the lock
-        keep.stale = True
-        return keep
-
-    def commit_key(self, key: str, fh: int | None = None) -> Stored | None:
-        """Commit the file at ``key`` (or open as ``fh``), as ``fsync`` does: a lock on it is
-        about to be released or downgraded."""
-        state = self.handles[fh].state if fh in self.handles else self.states.get(key)
-        if state is None or not state.dirty:
-            return None
-        stored = self._commit(state)
-        self.tree.driver.sync()
-        return stored
-
-    def _large(self, key: str) -> bool:
-        """Whether the stored value at ``key`` is read into a buffer in pieces: it would spill,
-        and what is shown is what is stored (no view that decodes it)."""
-        return not self.tree.hooks_transform and self.tree.stored_size(key) > self.spill_threshold
-
-    def _load_in_pieces(self, key: str) -> SpillBuffer:
-        """A buffer holding the value at ``key``, read by ranges in one read transaction (one
-        version of it) into the buffer's file: a large file opened for writing is not held
-        in memory."""
-        buffer = SpillBuffer(threshold=self.spill_threshold, on_disk=True)  # it will spill
-        try:
-            self.tree.driver.transact(lambda t: buffer.load(parts.reader(t, key)), write=False)
-        except BaseException:
-            buffer.close()
-            raise
-        return buffer
-
-    def _load(self, key: str) -> bytes:
-        try:
-            return self.tree.read_value(key)
-        except FsError as exc:
-            if exc.errno == errno.ENOENT:  # removed behind our back: writing recreates it
-                return b""
-            raise
 
     def _touch(self, state: FileState) -> None:
         state.dirty = True

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, Get, HasPrefix, Read, Size, Txn
-from zarrfs.backends.held import Held, View, hold
+from zarrfs.backends.heldvalues import Held, View, hold
 from zarrfs.format.arrays import find_array
 from zarrfs.fs import hardlinks, parts
 from zarrfs.fs.errors import FsError
@@ -298,7 +298,7 @@ class Lookups:
         """The file at ``key`` as it is now, for an open: its node and, in the same
         transaction, its content when that is at most ``limit`` bytes and its stamp is not
         ``kept`` (the kernel holds that version's pages, and may never ask for them); the
-        content is held in place where the driver can (``backends.held``): release it.
+        content is held in place where the driver can (``backends.heldvalues``): release it.
 
         Where a batch of reads is one round trip, a file this mount last saw (a lookup, a
         folder's snapshot) at most :data:`SPECULATE` bytes large has its value read in the

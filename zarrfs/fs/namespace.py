@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, StalledError, Txn
-from zarrfs.fs import hardlinks, parts
+from zarrfs.fs import hardlinks, parts, records
 from zarrfs.fs.entries import Entries
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.hardlinks import POINTER, LinkGroups, pointer_key
@@ -268,15 +268,10 @@ class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
                 if found is not None and (pointer is None or not self._unlinked(t, key, found)):
                     self._garbage.append(parts.parted_of(found[3]))
             else:
-                if (group := hardlinks.load(t, key, pointer)) is not None:
-                    names = group.names
+                names = records.names_of(t, key, pointer)
                 if hint is not None:
                     self._garbage.append(parts.parted_of(t.get(attr_key(key), SIDE)))
-            for name in names:
-                stored = self.hooks.store(t, name, stored_value)
-                t.put(name, stored)
-                if record is not None:
-                    t.put(attr_key(name), record, SIDE)
+            for name, stored in records.write_file(t, names, stored_value, record, self.hooks.store):
                 self._changed(t, name, stored)
             self._garbage = [p for p in self._garbage if p != parted]
             if folder is not None:

@@ -31,6 +31,9 @@ MAX_BYTES = 32 << 20  # bytes held in all
 MAX_VALUE = 4 << 20  # the largest chunk held
 
 
+#: Chunks read ahead where the mount reads ahead by default (``-o chunks_ahead=``).
+DEFAULT_CHUNKS_AHEAD = 8
+
 class Readahead:
     """Chunks read ahead of a reader in grid order, and what tells such a reader (see the
     module docstring). ``find_array(key)`` is the enclosing array of ``key``

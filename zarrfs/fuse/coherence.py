@@ -18,9 +18,10 @@ then opened on another shows the new content (close-to-open): an open never trus
 older than the last commit the feed shows. The notifications are written before the next
 request is served (bounded, as in :mod:`zarrfs.fuse.notify`).
 
-The names answered "no such file" are remembered (up to :data:`NEGATIVES`; past that, such
-answers are cached for the short time only) because the kernel's negative entries hold no node
-and could not be found again.
+The names answered "no such file" are remembered because the kernel's negative entries hold no
+node and could not be found again; a name is forgotten when it is created through the mount
+(the kernel's entry is then a file's), and past :data:`NEGATIVES` the oldest are forgotten and
+dropped from the kernel too, so a missing name is cached for long however many were created.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("zarrfs.fuse.coherence")
 
 NEGATIVES = 1 << 16
-SHORT_NEGATIVE = (1, 0)  # seconds, nanoseconds: a "no such file" not remembered
+EVICTED = NEGATIVES // 8  # forgotten (and dropped from the kernel) at once when full
 
 
 def inval_inode(nodeid: int) -> bytes:
@@ -58,17 +59,32 @@ class Coherence:
     def __init__(self, session: Session, watcher: ChangeWatcher) -> None:
         self.session = session
         self.watcher = watcher
-        self.negatives: set[str] = set()
+        self.negatives: dict[str, None] = {}  # oldest first
         self.polls = 0
         self.dropped = 0  # notifications sent
 
     def negative_time(self, key: str, long: tuple[int, int]) -> tuple[int, int]:
-        """How long the kernel may cache "no such file" for ``key``: ``long`` when the name
-        is remembered (and so can be dropped), the short time past :data:`NEGATIVES`."""
-        if len(self.negatives) >= NEGATIVES and key not in self.negatives:
-            return min(long, SHORT_NEGATIVE)
-        self.negatives.add(key)
+        """How long the kernel may cache "no such file" for ``key``: ``long``, the name
+        remembered so that it can be dropped (past :data:`NEGATIVES`, the oldest
+        :data:`EVICTED` are dropped from the kernel and forgotten)."""
+        negatives = self.negatives
+        if len(negatives) >= NEGATIVES and key not in negatives:
+            held = self.session.inodes.held
+            notes = []
+            for old in list(negatives)[:EVICTED]:
+                del negatives[old]
+                parent, _, name = old.rpartition("/")
+                parent_id = held(parent)
+                if parent_id is not None:  # else the kernel holds no entry under it
+                    notes.append(inval_entry(parent_id, name))
+            if notes and self.session._inval_ok:
+                self.session.invalidator.post(notes)
+        negatives[key] = None
         return long
+
+    def created(self, key: str) -> None:
+        """``key`` was made through this mount: the kernel's entry for it is the file's."""
+        self.negatives.pop(key, None)
 
     def poll(self) -> None:
         """Ask the feed; drop what changed from the kernel's caches before the next request
@@ -104,7 +120,7 @@ class Coherence:
                     node = find(key)
                     entry = node is None or node.kind != inode.kind
             elif key in negatives:
-                negatives.discard(key)
+                del negatives[key]
                 entry = True
             if entry:
                 parent, _, name = key.rpartition("/")
@@ -121,8 +137,9 @@ class Coherence:
         for nodeid in ids.values():
             inode = nodes[nodeid]
             if inode.lookups:  # the kernel holds nothing of a node it forgot
+                if not inode.bare:  # else dropped (a lock granted), and nothing shown since
+                    notes.append(inval_inode(nodeid))
                 inode.stamp, inode.stamp_time, inode.cache_ok = None, 0.0, False
-                notes.append(inval_inode(nodeid))
         for key in list(ids) + list(self.negatives):
             if key:
                 parent, _, name = key.rpartition("/")

@@ -43,7 +43,6 @@ class Dispatcher:
         # Requests and interrupts that arrive while a handler waits on a server (see
         # zarrfs.fuse.interrupts): the loop serves its queue, the driver polls it.
         self.watch = Watch(fd, buffer_size)
-        assert handlers.keys() == k.OPCODES.keys()
         # Lists indexed by opcode (slot _TABLE for any larger one): the dispatch indexes them.
         self._handlers: list[Handler] = [self._unknown] * (_TABLE + 1)
         self._min_len = [k.IN_HEADER_SIZE] * (_TABLE + 1)

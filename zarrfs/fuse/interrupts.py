@@ -26,7 +26,7 @@ import os
 import struct
 from collections import deque
 
-from zarrfs.backends.errors import InterruptedCallError
+from zarrfs.fs.api import InterruptedCallError
 from zarrfs.fuse import abi as k
 
 _OPCODE_UNIQUE = struct.Struct("<IIQ")  # len, opcode, unique: the start of every request

@@ -79,6 +79,12 @@ class Invalidator:
             return
         self._queue.put((notes, then))
 
+    def post(self, notes: list[bytes]) -> None:
+        """Write ``notes`` without waiting for them (nothing the caller answers depends on
+        them)."""
+        if self._thread is not None:
+            self._queue.put((notes, _nothing))
+
     def stop(self) -> None:
         """Stop the thread (unmount)."""
         if self._thread is not None:
@@ -103,3 +109,7 @@ class Invalidator:
                 then()
             except OSError as exc:
                 log.debug("reply after notifications not taken: %s", exc)
+
+
+def _nothing() -> None:
+    """What follows notifications that nothing waits for."""

@@ -69,46 +69,8 @@ class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
         self._orphans: dict[int, set[int]] = {}
         self._lock_nodes = {}  # lock requests kept waiting (fuse.lockreq)
         ops.on_keys_changed(self.keys_changed)
-        handlers: dict[int, Handler] = {
-            k.LOOKUP: self._lookup,
-            k.FORGET: self._forget,
-            k.GETATTR: self._getattr,
-            k.SETATTR: self._setattr,
-            k.READLINK: self._readlink,
-            k.SYMLINK: self._symlink,
-            k.MKNOD: self._mknod,
-            k.MKDIR: self._mkdir,
-            k.UNLINK: self._unlink,
-            k.RMDIR: self._rmdir,
-            k.RENAME: self._rename,
-            k.LINK: self._link,
-            k.OPEN: self._open,
-            k.READ: self._read,
-            k.WRITE: self._write,
-            k.STATFS: self._statfs,
-            k.RELEASE: self._release,
-            k.FSYNC: self._fsync,
-            k.FLUSH: self._flush,
-            k.GETLK: self._getlk,
-            k.SETLK: self._setlk,
-            k.SETLKW: self._setlkw,
-            k.INIT: self._init,
-            k.OPENDIR: self._opendir,
-            k.READDIR: self._readdir,
-            k.READDIRPLUS: self._readdirplus,
-            k.RELEASEDIR: self._releasedir,
-            k.FSYNCDIR: self._fsyncdir,
-            k.CREATE: self._create,
-            k.INTERRUPT: self._interrupt,
-            k.DESTROY: self._destroy,
-            k.BATCH_FORGET: self._batch_forget,
-            k.RENAME2: self._rename2,
-            k.FALLOCATE: self._fallocate,
-            k.GETXATTR: self._getxattr,
-            k.LISTXATTR: self._listxattr,
-            k.SETXATTR: self._setxattr,
-            k.REMOVEXATTR: self._removexattr,
-        }
+        # The handler of each opcode of abi.OPCODES is the method named after it (``_lookup``).
+        handlers: dict[int, Handler] = {code: getattr(self, f"_{op.name}") for code, op in k.OPCODES.items()}
         super().__init__(fd, handlers, BUFFER_SIZE)
 
     # ------------------------------------------------------------------ helpers
@@ -132,8 +94,8 @@ class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
         return parent + "/" + text if parent else text
 
     def _stored(self, nodeid: int | None, stored: Stored | None) -> None:
-        # Content written through this mount was stored: the policy records it, and may hand
-        # the kernel the file's last partial page.
+        # Content stored through this mount: the policy records it, and may hand the kernel
+        # the file's last partial page.
         if nodeid is None or stored is None:
             return
         inode = self.inodes.get(nodeid)
@@ -180,6 +142,8 @@ class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
         )
 
     def _entry_values(self, key: str, node: Node) -> tuple:
+        if self.coherence is not None:  # a name found or made is no longer a missing one
+            self.coherence.created(key)
         nodeid, inode = self.inodes.remember(key, node.kind, node.group)
         self.pages.shown(inode, node)
         es, ens = self.entry_valid
@@ -468,17 +432,14 @@ class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
     def _statfs(self, head: Header, buf: memoryview) -> None:
         s = self.ops.statfs()
         figures = (s[f] for f in ("f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_bsize"))
-        self._send(
-            k.STATFS_REPLY.pack(
-                k.STATFS_REPLY.size, 0, head.unique, *figures, s["f_namemax"], s["f_frsize"], 0
-            )
-        )
+        tail = (s["f_namemax"], s["f_frsize"], 0)
+        self._send(k.STATFS_REPLY.pack(k.STATFS_REPLY.size, 0, head.unique, *figures, *tail))
 
     # ------------------------------------------------------------------ folders
     def _readdir(self, head: Header, buf: memoryview) -> None:
         fh, offset, size = k.READ_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
-        entries = self.inodes.numbered(self._key(head.nodeid), head.nodeid, self.ops.readdir(fh, offset))
-        self._reply_data(head.unique, k.dirents(entries, size))
+        listed = self.inodes.numbered(self._key(head.nodeid), head.nodeid, self.ops.readdir(fh, offset))
+        self._reply_data(head.unique, k.dirents(listed, size))
 
 
 _ZERO_ATTR = (0,) * 16

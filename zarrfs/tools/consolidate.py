@@ -18,7 +18,7 @@ from zarrfs.backends.base import SIDE, Driver, Txn
 from zarrfs.format.keys import split_key
 from zarrfs.format.reconsolidate import is_document_key, is_stale, rebuilt
 from zarrfs.fs.sidedata import Attrs, attr_key
-from zarrfs.tools.copy import _folder_files, database_items, is_url
+from zarrfs.tools.copy import database_items, folder_files, is_url
 
 __all__ = ["consolidate"]
 
@@ -27,7 +27,7 @@ def consolidate(location: str) -> tuple[int, int]:
     """Rebuild the stale consolidated documents of a database URL or a folder; return how many
     documents were found and how many were rebuilt."""
     if is_url(location):
-        from zarrfs.daemon import open_database
+        from zarrfs.dbfiles import open_database
         from zarrfs.options import parse_options
 
         with open_database(location, parse_options([]), hint=False) as driver:
@@ -64,7 +64,7 @@ def _rebuild_in(t: Txn, doc_key: str) -> bool:
 def _in_folder(root: str) -> tuple[int, int]:
     if not os.path.isdir(root):
         raise FileNotFoundError(f"{root} is neither a folder nor a database URL")
-    keys = [k for k, _ in _folder_files(root)]
+    keys = [k for k, _ in folder_files(root)]
     documents = [k for k in keys if is_document_key(k)]
 
     def get(key: str) -> bytes | None:

@@ -57,7 +57,7 @@ def is_url(location: str) -> bool:
     return "://" in location
 
 
-def _folder_files(root: str) -> Iterator[tuple[str, str]]:
+def folder_files(root: str) -> Iterator[tuple[str, str]]:
     """``(key, path)`` of every file under ``root``, in key order."""
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
@@ -69,7 +69,7 @@ def _folder_files(root: str) -> Iterator[tuple[str, str]]:
 
 def folder_items(root: str) -> Iterator[tuple[str, bytes]]:
     """Every file under ``root`` as ``(key, value)``, in key order."""
-    for key, path in _folder_files(root):
+    for key, path in folder_files(root):
         with open(path, "rb") as fh:
             yield key, fh.read()
 
@@ -86,7 +86,7 @@ def database_items(driver: Driver, fetch: str = VALUES) -> Iterator[tuple[str, b
 
 
 def _open_source(source: str) -> Driver | None:
-    from zarrfs.daemon import open_database
+    from zarrfs.dbfiles import open_database
     from zarrfs.options import parse_options
     from zarrfs.urls import MountFailure
 
@@ -117,7 +117,7 @@ def _validate(source: str, driver: Driver | None) -> None:
             except OSError:
                 return None
 
-        items = ((k, get(k) if is_metadata_key(k) else None) for k, _ in _folder_files(source))
+        items = ((k, get(k) if is_metadata_key(k) else None) for k, _ in folder_files(source))
         problems = check_items(items, get)
     errors = [p for p in problems if p.severity == "error"]
     if errors:
@@ -133,7 +133,7 @@ def _measure(source: str, driver: Driver | None) -> tuple[int, int]:
     if driver is not None:
         sizes = [size or 0 for _, size in database_items(driver, SIZES)]
     else:
-        sizes = [os.stat(path).st_size for _, path in _folder_files(source)]
+        sizes = [os.stat(path).st_size for _, path in folder_files(source)]
     return len(sizes), sum(sizes)
 
 
@@ -227,7 +227,7 @@ class _Folder:
         return folder_items(self.root)
 
     def keys(self) -> Iterator[str]:
-        return (k for k, _ in _folder_files(self.root))
+        return (k for k, _ in folder_files(self.root))
 
     def exists(self, keys: list[str]) -> list[bool]:
         return [os.path.isfile(self._path(k)) for k in keys]
@@ -391,7 +391,7 @@ async def _gather(coros: list) -> list:
 
 
 def _open_end(location: Any, source: bool) -> Any:
-    from zarrfs.daemon import open_database
+    from zarrfs.dbfiles import open_database
     from zarrfs.options import parse_options
 
     if not isinstance(location, str):  # a zarr-python 3 store

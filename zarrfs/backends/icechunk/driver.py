@@ -38,11 +38,13 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.buffer.cpu import Buffer
 from zarr.core.sync import sync
 
-from .._util import DELETED, check_options, parse_file_url, statvfs
 from ..base import DATA, Driver, InvalidKeyError, MissingDatabaseError, Space, Txn
+from ..buffered import DELETED
 from ..errors import BackendError
+from ..filespace import statvfs
 from ..keyindex import KeyIndex
 from ..overlay import OverlayTxn
+from ..urloptions import check_options, parse_file_url
 
 log = logging.getLogger("zarrfs.backends.icechunk")
 T = TypeVar("T")

@@ -15,7 +15,7 @@ the side environment under a prefix no UTF-8 key has (``longkeys``); a key that 
 where it is, byte for byte, so ``LMDBStore`` sees exactly the data keys that fit. The driver
 has no key limit of its own (``max_key_size`` is None): scans merge both stores in key order.
 
-Two environments make two commits; one transaction still has one outcome (``commit``):
+Two environments make two commits; one transaction still has one outcome (``LMDBTxn.finish``):
 the side commits first, a data commit that fails puts the side records back. A kill between
 the two can leave the side one transaction ahead: side data is advisory (a folder's mark or an
 mtime with no file behind it is ignored), and that transaction's long data keys are there
@@ -36,10 +36,10 @@ from typing import Any
 
 import lmdb
 
-from .._util import check_options, parse_bool, parse_file_url, parse_size, statvfs
 from ..base import DATA, SIDE, Driver, Fetch, HasPrefix, Size, Space, Txn, check_space, encode_key
-from . import longkeys, pages
-from .commit import finish
+from ..filespace import statvfs
+from ..urloptions import check_options, parse_bool, parse_file_url, parse_size
+from . import feed, longkeys, pages
 from .environments import (
     DiskRoom,
     KnownSizes,
@@ -49,10 +49,10 @@ from .environments import (
     translate,
     translated,
 )
-from .feed import Own, changes
+from .feed import Own
 from .holder import Holder
 from .maps import OPTIONS, Maps, gate
-from .scan import scan
+from .scan import cursor_rows, merged
 from .snapshot import hold as hold_snapshot
 
 SIDE_IN_FOLDER = "zarrfs-side.mdb"
@@ -210,7 +210,41 @@ class LMDBTxn(Txn):
     def _scan(
         self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int | None
     ) -> Iterator[tuple[bytes, Any]]:
-        return scan(self, lo, hi, space, fetch)  # merged with the long keys: see scan
+        """The keys of ``space`` in ``[lo, hi)``: the environment's own merged with the long keys.
+        Keys from 0xFE on are the long-key store's records and the change log, never keys, so a
+        scan ends there. The caller of a write transaction may write between two pulls; cursors
+        are not trusted after a write: both streams are opened again after the last key yielded
+        (the keys a write added after it are then seen, the ones it removed are not)."""
+        if hi is None or hi > longkeys.MARK:
+            hi = longkeys.MARK  # from 0xFE on: the long-key store and the change log, no keys
+        try:
+            own = self._txn(space, False)
+            long = self._any_long(space)
+            while True:
+                writes = self._writes
+                rows: Iterator[tuple[bytes, Any]] = iter(())
+                if own is not None:
+                    rows = cursor_rows(own, lo, hi, fetch, self._known, space, self._driver)
+                if long:
+                    side = self._txn(SIDE, False)
+                    assert side is not None
+                    rows = merged(rows, longkeys.rows(side, lo, hi, space, fetch))
+                try:
+                    for raw, x in rows:
+                        yield raw, x
+                        if self._writes != writes:
+                            break  # the caller wrote while we were suspended: seek again after raw
+                    else:
+                        return
+                finally:
+                    close = getattr(rows, "close", None)
+                    if close is not None:
+                        close()
+                lo = raw + b"\0"
+                long = long or self._any_long(space)
+                own = own or self._txn(space, False)
+        except lmdb.Error as exc:
+            raise translate(exc, self.where) from exc
 
     def _has_prefix(self, raw: bytes, space: Space) -> bool:
         try:
@@ -256,9 +290,79 @@ class LMDBTxn(Txn):
             raise translate(exc, self.where) from exc
         return out
 
+    # The commit: two environments, two commits, one outcome. The side environment commits
+    # first, and the transaction keeps the side records it overwrote (``_side_before``: side
+    # keys, and the records of long keys of either space, see ``longkeys``); then the data
+    # commits. If the data commit fails (a full disk), the side records are put back as they
+    # were and the error is raised: committed data implies committed side data, and a failed
+    # commit leaves nothing new. The change log entry (``feed``) is put in the side commit.
+
     def finish(self, ok: bool) -> None:
-        """Commit (side first, then data; see ``commit``) or abort both."""
-        finish(self, ok)
+        """Commit (side first, then data) when ``ok``, else abort both; a write transaction
+        releases the driver's write lock either way, and the transaction leaves ``maps``'s
+        gate."""
+        try:
+            if not self.write:
+                self._data.abort()
+                if self._side is not None:
+                    self._side.abort()
+                return
+            try:
+                self._finish(ok)
+            finally:
+                self._driver.write_lock.release()
+        finally:
+            gate.leave(self)
+
+    def _abort(self) -> None:
+        side, self._side = self._side, None
+        self._data.abort()
+        if side is not None:
+            side.abort()
+
+    def _finish(self, commit: bool) -> None:
+        if not commit:
+            self._abort()
+            return
+        driver = self._driver
+        try:
+            logged = self._log() if driver.log_changes else None
+        except BaseException as exc:
+            self._abort()
+            if isinstance(exc, lmdb.Error):
+                raise translate(exc, self.where, SIDE) from exc
+            raise
+        side, self._side = self._side, None  # _log() may have begun it
+        try:
+            if side is not None:
+                side.commit()
+        except BaseException as exc:
+            self._data.abort()
+            if isinstance(exc, lmdb.Error):
+                raise translate(exc, self.where, SIDE) from exc
+            raise
+        try:
+            self._data.commit()
+        except BaseException as exc:
+            if self._side_before:
+                driver.side.restore(self._side_before)
+            if isinstance(exc, lmdb.Error):
+                raise translate(exc, self.where, DATA) from exc
+            raise
+        if self._changes:
+            driver.known.committed(self._id + 1, self._changes)
+        if logged is not None:
+            driver.own.add(logged)
+
+    def _log(self) -> int | None:
+        """Put this transaction's entry in the change log (see ``feed``), before the side commit;
+        its side commit number, or None when it changed nothing."""
+        changed = feed.changed_keys(self._changes, self._side_before, self._long_changed)
+        if not changed:
+            return None
+        side = self._txn(SIDE)
+        assert side is not None  # a write transaction creates the side environment
+        return feed.record(side, changed, self._data.id() if self._changes else 0)
 
 
 class LMDBDriver(Driver):
@@ -323,14 +427,14 @@ class LMDBDriver(Driver):
         return self.maps.grow(exc)
 
     def free_reserve(self) -> bool:
-        """Free the disk room kept for removals on a full disk (see ``_util.Reserve``)."""
+        """Free the disk room kept for removals on a full disk (see ``filespace.Reserve``)."""
         return self.room is not None and self.room.free()
 
     def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
         """What other writers committed since ``since`` (see ``feed``)."""
         self.holder.tidy()
         with translated(self.path):
-            return changes(self, since)
+            return feed.changes(self.env, self.side.env(False), self.own, since)
 
     def sync(self) -> None:
         """Force committed transactions of both environments to disk."""

@@ -13,7 +13,6 @@ from typing import Any
 
 import lmdb
 
-from .._util import Preallocator, Reserve
 from ..base import (
     DATA,
     SIDE,
@@ -25,6 +24,7 @@ from ..base import (
     StorageFullError,
     UnavailableError,
 )
+from ..filespace import Preallocator, Reserve
 from ..writer_wait import LMDBWriterLock
 from .maps import SIDE_MAP_SIZE, MapTooSmall, gate
 
@@ -295,8 +295,8 @@ def bare_size(env: lmdb.Environment, raw: bytes, known: KnownSizes | None, what:
 
 class DiskRoom:
     """The disk room a writable driver keeps around its data file: blocks reserved ahead of
-    the file's end (``_util.Preallocator``) and a reserve freed for removals on a full disk
-    (``_util.Reserve``), beside the file (``zarrfs-reserve`` in a folder environment,
+    the file's end (``filespace.Preallocator``) and a reserve freed for removals on a full disk
+    (``filespace.Reserve``), beside the file (``zarrfs-reserve`` in a folder environment,
     ``<file>.zarrfs-reserve`` beside a single file)."""
 
     def __init__(self, path: str, subdir: bool) -> None:

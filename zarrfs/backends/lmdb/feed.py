@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any
+
+import lmdb
 
 from ..base import DATA, SIDE, Space
 from .maps import gate
-
-if TYPE_CHECKING:
-    from .driver import LMDBDriver, LMDBTxn
 
 # Log entries sort after every key and after the long-key store (0xFE, longkeys): no UTF-8 key
 # starts with 0xFF, so no API call can name them, and a scan stops before 0xFE (scan).
@@ -49,19 +49,21 @@ def _entry(sid: int) -> bytes:
     return LOG + b"%016x" % sid
 
 
-def record(txn: LMDBTxn) -> int | None:
-    """Put the log entry of the write transaction ``txn`` (called before its side commit);
-    returns its side commit number, or None when the transaction changed nothing."""
-    # Side records of long keys (0xFE, longkeys) are logged as the keys they hold.
-    changed = [b"d" + raw for raw in txn._changes]
-    changed += [b"s" + raw for raw in txn._side_before if raw[:1] != b"\xfe"]
-    changed += txn._long_changed
-    if not changed:
-        return None
-    side = txn._txn(SIDE)
-    assert side is not None  # a write transaction creates the side environment
+def changed_keys(data: Iterable[bytes], side: Iterable[bytes], long: Iterable[bytes]) -> list[bytes]:
+    """What a log entry names: the data and side keys a transaction changed, and its long keys
+    (already as ``b"d"``/``b"s"`` + key); side records of long keys (0xFE, ``longkeys``) are
+    named by the keys they hold, in ``long``."""
+    changed = [b"d" + raw for raw in data]
+    changed += [b"s" + raw for raw in side if raw[:1] != b"\xfe"]
+    changed += long
+    return changed
+
+
+def record(side: lmdb.Transaction, changed: list[bytes], data_next: int) -> int:
+    """Put the log entry naming ``changed`` into the write transaction ``side`` (before its
+    commit), with ``data_next`` the number the data commit gets (0: no data changed); returns
+    the side commit number."""
     sid = side.id()  # a write transaction's number is the one its commit gets
-    data_next = txn._data.id() if txn._changes else 0
     payload = b"\0".join(changed)
     if len(payload) > MAX_PAYLOAD:
         payload = EVERYTHING
@@ -89,11 +91,13 @@ class Own:
         return sid in self._set
 
 
-def changes(driver: LMDBDriver, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
-    """:meth:`Driver.changes` for LMDB (see the module docstring). The cursor is the pair of
+def changes(
+    env: lmdb.Environment, side_env: lmdb.Environment | None, own: Own, since: Any
+) -> tuple[Any, list[tuple[Space, str]] | None]:
+    """:meth:`Driver.changes` for LMDB (see the module docstring): what the environments ``env`` and
+    ``side_env`` committed since ``since``, but ``own`` entries. The cursor is the pair of
     commit numbers ``(data, side)`` seen last."""
-    data_id = driver.env.info()["last_txnid"]
-    side_env = driver.side.env(False)
+    data_id = env.info()["last_txnid"]
     side_id = 0 if side_env is None else side_env.info()["last_txnid"]
     if since is None:
         return (data_id, side_id), []
@@ -125,7 +129,7 @@ def changes(driver: LMDBDriver, since: Any) -> tuple[Any, list[tuple[Space, str]
                 reached = sid
                 if data_next:
                     covered.add(data_next)
-                if sid not in driver.own:
+                if sid not in own:
                     payload = value[_HEAD.size :]
                     if payload == EVERYTHING:
                         unknown = True

@@ -1,4 +1,4 @@
-"""The LMDB driver's values read in place (see ``held``): read transactions kept open so that
+"""The LMDB driver's values read in place (see ``heldvalues``): read transactions kept open so that
 an open file's content is a view of the memory map rather than a copy of it.
 
 LMDB does not reuse a page that an open read transaction may still see: while one is held,
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..base import DATA, RetryableError, StorageFullError, encode_key
-from ..held import Held, View
+from ..heldvalues import Held, View
 from . import pages
 
 T = TypeVar("T")
@@ -40,7 +40,7 @@ class Holder:
         self.thread: int | None = None
 
     def hold(self, fn: Callable[[Any, View], tuple[T, Any]]) -> tuple[T, Held | None]:
-        """``held.hold`` for the LMDB driver."""
+        """``heldvalues.hold`` for the LMDB driver."""
         driver = self.driver
         try:
             txn = driver._begin(False)

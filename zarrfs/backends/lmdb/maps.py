@@ -28,8 +28,8 @@ from typing import Any
 
 import lmdb
 
-from .._util import parse_size
 from ..base import DATA, Space, StorageFullError
+from ..urloptions import parse_size
 
 log = logging.getLogger("zarrfs.backends.lmdb")
 

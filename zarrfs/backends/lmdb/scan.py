@@ -1,67 +1,21 @@
 """Scans of the LMDB driver: an environment's own keys merged with the long-key store's.
 
 A scan of a space yields, in byte order, the keys its environment holds (those that fit LMDB's
-key limit) and the long keys of that space (``longkeys``, held in the side environment). The
-two streams are merged; keys from 0xFE on are the long-key store's records and the change log
-(``feed``), never keys, so a scan ends there.
-
-The caller of a write transaction may write between two pulls. Cursors are not trusted after a
-write: when the transaction wrote since the last pull, both streams are opened again after the
-last key yielded (the keys a write added after it are then seen, the ones it removed are not).
+key limit, :func:`cursor_rows`) and the long keys of that space (``longkeys``, held in the side
+environment), :func:`merged`; ``LMDBTxn._scan`` runs them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lmdb
 
-from ..base import KEYS, SIDE, SIZES, Fetch, Space
-from . import longkeys, pages
-from .environments import translate
-
-if TYPE_CHECKING:
-    from .driver import LMDBTxn
-
+from ..base import KEYS, SIZES, Fetch, Space
+from . import pages
 
 COUNT_EVERY = 1024  # rows a scan passes between two counts (pages.scanned)
-
-
-def scan(
-    txn: LMDBTxn, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch
-) -> Iterator[tuple[bytes, Any]]:
-    """``Txn._scan`` for LMDB: ``(key, x)`` for the keys of ``space`` in ``[lo, hi)``."""
-    if hi is None or hi > longkeys.MARK:
-        hi = longkeys.MARK  # from 0xFE on: the long-key store and the change log, no keys
-    try:
-        own = txn._txn(space, False)
-        long = txn._any_long(space)
-        while True:
-            writes = txn._writes
-            rows: Iterator[tuple[bytes, Any]] = iter(())
-            if own is not None:
-                rows = cursor_rows(own, lo, hi, fetch, txn._known, space, txn._driver)
-            if long:
-                side = txn._txn(SIDE, False)
-                assert side is not None
-                rows = merged(rows, longkeys.rows(side, lo, hi, space, fetch))
-            try:
-                for raw, x in rows:
-                    yield raw, x
-                    if txn._writes != writes:
-                        break  # the caller wrote while we were suspended: seek again after raw
-                else:
-                    return
-            finally:
-                close = getattr(rows, "close", None)
-                if close is not None:
-                    close()
-            lo = raw + b"\0"
-            long = long or txn._any_long(space)
-            own = own or txn._txn(space, False)
-    except lmdb.Error as exc:
-        raise translate(exc, txn.where) from exc
 
 
 def cursor_rows(

@@ -42,7 +42,6 @@ from psycopg import errors as pgerr
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
-from .._util import check_options
 from ..base import (
     DATA,
     BackendError,
@@ -58,6 +57,7 @@ from ..base import (
     UnavailableError,
 )
 from ..snapshot import HeldState
+from ..urloptions import check_options
 from . import feed
 from .connection import WatchedConnection
 from .sql import queries as _queries
@@ -293,7 +293,9 @@ class PostgresDriver(Driver):
         """What other zarrfs writers committed since the last call (see ``feed``);
         the first call starts the feed. The cursor only counts calls: the server pushes."""
         if self.feed is None:
-            self.feed = feed.PostgresFeed(self)
+            self.feed = feed.PostgresFeed(
+                self.table, self.writer, self.where, lambda: {**self.bounds(), **self.params}
+            )
         self._settle()
         if since is None:
             self.feed.changes()  # nothing from before counts

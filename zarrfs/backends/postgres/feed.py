@@ -38,7 +38,8 @@ import json
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -46,9 +47,6 @@ from psycopg import sql
 from ..base import DATA, SIDE, Space, UnavailableError
 from ..feed_fd import FeedFd
 from .sql import reason
-
-if TYPE_CHECKING:
-    from .driver import PostgresDriver
 
 log = logging.getLogger("zarrfs.backends.postgres")
 
@@ -117,22 +115,23 @@ def records(payload: str, writer: str) -> list[tuple[Space, str]] | None:
 class PostgresFeed:
     """The mount's listening connection; see the module docstring."""
 
-    def __init__(self, driver: PostgresDriver) -> None:
-        self.driver = driver
-        self.channel = channel(driver.table)
+    def __init__(self, table: str, writer: str, where: str, params: Callable[[], dict[str, Any]]) -> None:
+        self.writer = writer  # the driver's commits, which the mount knows of
+        self.where = where  # the database, for messages
+        self.params = params  # the connection parameters, asked at each (re)connection
+        self.channel = channel(table)
         self.fd = FeedFd()
         self.conn: Any = None
         self.retry_at = 0.0
         self.fd.first(self._connect)
 
     def _connect(self) -> None:
-        d = self.driver
-        params = {**d.bounds(), **d.params, "connect_timeout": 2}
+        params = {**self.params(), "connect_timeout": 2}
         try:
             conn = psycopg.connect(autocommit=True, **params)
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
         except psycopg.Error as exc:
-            raise UnavailableError(f"{d.where}: change feed: {reason(exc)}") from None
+            raise UnavailableError(f"{self.where}: change feed: {reason(exc)}") from None
         self.conn = conn
         self.fd.point(conn.fileno())
 
@@ -152,7 +151,7 @@ class PostgresFeed:
                 self.retry_at = now + RETRY
                 log.debug("%s", exc)
                 return []
-            log.info("%s: change feed back", self.driver.where)
+            log.info("%s: change feed back", self.where)
             return None  # what happened while it was away is not known
         pgconn = self.conn.pgconn
         out: list[tuple[Space, str]] = []
@@ -160,13 +159,13 @@ class PostgresFeed:
         try:
             pgconn.consume_input()  # what arrived; never waits (libpq's socket is non-blocking)
             while (note := pgconn.notifies()) is not None:
-                got = records(note.extra.decode("utf-8", "replace"), self.driver.writer)
+                got = records(note.extra.decode("utf-8", "replace"), self.writer)
                 if got is None:
                     everything = True
                 elif not everything:
                     out.extend(got)
         except psycopg.Error as exc:
-            log.warning("%s: change feed lost (%s); reconnecting", self.driver.where, reason(exc))
+            log.warning("%s: change feed lost (%s); reconnecting", self.where, reason(exc))
             self.drop()
             return None
         return None if everything else out

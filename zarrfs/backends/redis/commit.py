@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._util import DELETED
 from ..base import RetryableError, Space, StorageFullError
+from ..buffered import DELETED
 from .link import BIG_ARG, translate
 
 if TYPE_CHECKING:

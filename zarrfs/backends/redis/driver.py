@@ -48,8 +48,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from .._util import DELETED
 from ..base import DATA, BackendError, Driver, HasPrefix, Size, Space, Txn, bytes_stop
+from ..buffered import DELETED
 from .commit import commit
 from .feed import RedisFeed, feed_changes, tracked
 from .index import IndexScans, ensure_index, reindex, scan_keyspace
@@ -253,6 +253,7 @@ class RedisDriver(Driver):
     schemes = ("redis", "rediss", "unix", "valkey", "valkeys")
     remote = True
     batched = True
+    feed_before_reply = True
     # Optimistic transactions conflict more often than lock-based ones.
     max_attempts = 25
 

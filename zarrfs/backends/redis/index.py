@@ -9,8 +9,8 @@ import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .._util import DELETED, merge_buffered
 from ..base import DATA, KEYS, SIZES, Fetch, Space
+from ..buffered import DELETED, merge_buffered
 from .link import translated
 
 if TYPE_CHECKING:

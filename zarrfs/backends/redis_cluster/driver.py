@@ -45,7 +45,6 @@ from urllib.parse import unquote
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
-from .._util import DELETED
 from ..base import (
     DATA,
     KEYS,
@@ -62,6 +61,7 @@ from ..base import (
     UnavailableError,
     bytes_stop,
 )
+from ..buffered import DELETED
 from ..redis.driver import RedisDriver, RedisTxn
 from ..redis.index import ensure_index
 from ..redis.link import Link, Links, translate

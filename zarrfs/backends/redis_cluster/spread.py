@@ -27,8 +27,8 @@ from typing import Any
 
 from redis.cluster import RedisCluster
 
-from .._util import DELETED
 from ..base import KEYS, SIZES, Fetch
+from ..buffered import DELETED
 from ..redis.link import translated
 
 #: Characters a hash tag's text may hold that would end or start one in a part's name.

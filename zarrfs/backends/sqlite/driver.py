@@ -45,7 +45,6 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from .._util import Reserve, check_options, parse_bool, parse_file_url, statvfs
 from ..base import (
     DATA,
     KEYS,
@@ -58,6 +57,8 @@ from ..base import (
     check_space,
     encode_key,
 )
+from ..filespace import Reserve, statvfs
+from ..urloptions import check_options, parse_bool, parse_file_url
 from ..writer_wait import begin_sqlite_write
 from . import feed
 from . import sql as sq
@@ -298,7 +299,7 @@ class SQLiteDriver(Driver):
 
     def free_reserve(self) -> bool:
         """Make room for a removal on a full disk: SQLite records a delete in the WAL, which
-        grows until a checkpoint. Free the room kept in reserve (``_util.Reserve``), and
+        grows until a checkpoint. Free the room kept in reserve (``filespace.Reserve``), and
         once it is gone, copy the WAL into the database and truncate it (a delete frees
         pages inside the database, so the copy needs no new room): its blocks are free then."""
         if self.readonly:
@@ -331,7 +332,7 @@ class SQLiteDriver(Driver):
         """What other writers committed since ``since`` (see ``feed``), asked on the
         calling thread's connection."""
         with translated(self.path):
-            return feed.changes(self, self._conn(), since)
+            return feed.changes(self._conn(), since, self.own, None if self.readonly else self.tables)
 
     def sync(self) -> None:
         """With ``sync=1`` (``synchronous=FULL``) every commit is already durable; otherwise

@@ -21,13 +21,10 @@ from __future__ import annotations
 
 import sqlite3
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..base import DATA, SIDE, Space
 from .sql import translated
-
-if TYPE_CHECKING:
-    from .driver import SQLiteDriver
 
 KEEP = 8192  # log entries kept
 BATCH = 20000  # entries read at one look; more than that is "something changed"
@@ -101,10 +98,11 @@ class Own:
 
 
 def changes(
-    driver: SQLiteDriver, conn: sqlite3.Connection, since: Any
+    conn: sqlite3.Connection, since: Any, own: Own, tables: set[str] | None
 ) -> tuple[Any, list[tuple[Space, str]] | None]:
-    """:meth:`Driver.changes` for SQLite (see the module docstring); the cursor is
-    ``(data_version, last log id read)``."""
+    """:meth:`Driver.changes` for SQLite (see the module docstring), read on ``conn``, but the
+    entries of ``own``; the log is installed on ``tables`` when it is missing (None: read-only).
+    The cursor is ``(data_version, last log id read)``."""
     version = conn.execute("PRAGMA data_version").fetchone()[0]
     if since is None:
         try:
@@ -123,15 +121,15 @@ def changes(
     if not rows:
         if installed(conn):
             return (version, last), []  # a checkpoint, or a commit of this driver's
-        if not driver.readonly:
-            install(conn, driver.tables)
+        if tables is not None:
+            install(conn, tables)
         return (version, last), None
     unknown = len(rows) == BATCH
     if rows[0][0] != last + 1:
         unknown = True  # entries after the cursor were trimmed (ids have no other holes)
     records: list[tuple[Space, str]] = []
     for n, space, key in rows:
-        if not driver.own.covers(n):
+        if not own.covers(n):
             text = key.decode("utf-8", "surrogateescape") if isinstance(key, bytes) else key
             records.append((_SPACES[space], text))
     return (version, rows[-1][0]), (None if unknown else records)

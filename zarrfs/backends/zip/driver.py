@@ -25,11 +25,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from .._util import DELETED, check_options, parse_file_url, statvfs
 from ..base import DATA, Driver, MissingDatabaseError, ReadOnlyError, Space, Txn
+from ..buffered import DELETED
 from ..errors import BackendError
+from ..filespace import statvfs
 from ..keyindex import KeyIndex
 from ..overlay import OverlayTxn
+from ..urloptions import check_options, parse_file_url
 
 T = TypeVar("T")
 #: A local file header: signature, version, flags, method, time, date, CRC, sizes, lengths of

@@ -1,4 +1,5 @@
-"""Small helpers shared by the drivers (URL options, buffered-write merging, file space)."""
+"""Disk space of the file databases (LMDB, SQLite): what their filesystem has free, and blocks
+reserved ahead of a growing file so that a commit does not pay for their allocation."""
 
 from __future__ import annotations
 
@@ -6,107 +7,6 @@ import ctypes
 import errno
 import os
 import time
-from collections.abc import Iterator
-from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
-
-from .base import BackendError
-
-
-def merge_buffered(
-    stored: Iterator[tuple[bytes, Any]],
-    buffered: list[tuple[bytes, Any]],
-    limit: int | None,
-) -> Iterator[tuple[bytes, Any]]:
-    """Merge a key-ordered stream from the database with a transaction's own pending writes
-    (sorted ``(key, x)`` pairs where ``x is DELETED`` hides the key), so a transaction that
-    buffers its writes still reads them back; stops after ``limit`` results."""
-    count = 0
-    i = 0
-    for key, x in stored:
-        while i < len(buffered) and buffered[i][0] < key:
-            if buffered[i][1] is not DELETED:
-                yield buffered[i]
-                count += 1
-                if limit is not None and count >= limit:
-                    return
-            i += 1
-        if i < len(buffered) and buffered[i][0] == key:
-            pending = buffered[i]
-            i += 1
-            if pending[1] is DELETED:
-                continue
-            key, x = pending
-        yield key, x
-        count += 1
-        if limit is not None and count >= limit:
-            return
-    for key, x in buffered[i:]:
-        if x is not DELETED:
-            yield key, x
-            count += 1
-            if limit is not None and count >= limit:
-                return
-
-
-class _Deleted:
-    """Marker of a key deleted inside a transaction that has not committed yet."""
-
-    def __repr__(self) -> str:
-        return "DELETED"
-
-
-DELETED: Any = _Deleted()
-
-
-def parse_file_url(url: str) -> tuple[str, dict[str, str]]:
-    """Return the absolute path and the query options of a file-database URL.
-
-    ``scheme:///abs/path`` and ``scheme:////abs/path`` (SQLAlchemy's spelling) are both the
-    absolute ``/abs/path``; ``scheme://rel/path`` is relative to the working directory."""
-    parts = urlsplit(url)
-    path = unquote(parts.netloc + parts.path)
-    if not path:
-        raise ValueError(f"{url!r} names no database path")
-    if path.startswith("//"):
-        path = "/" + path.lstrip("/")
-    options = dict(parse_qsl(parts.query, keep_blank_values=True))
-    return os.path.abspath(os.path.expanduser(path)), options
-
-
-def check_options(url: str, options: dict[str, str], known: set[str]) -> None:
-    """Reject query options a driver does not know, so a typo is not silently ignored."""
-    unknown = set(options) - known
-    if unknown:
-        raise BackendError(
-            f"{url}: unknown option(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}"
-        )
-
-
-def parse_bool(name: str, text: str) -> bool:
-    """Parse a boolean query option (``1/0``, ``true/false``, ``yes/no``, ``on/off``)."""
-    low = text.strip().lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise BackendError(f"option {name}={text!r} is not a boolean")
-
-
-def parse_size(name: str, text: str) -> int:
-    """Parse a byte count option: an integer, optionally ``2**40`` or with a K/M/G/T suffix."""
-    low = text.strip().upper().removesuffix("B").removesuffix("I")
-    try:
-        if "**" in low:
-            base, _, exp = low.partition("**")
-            return int(base) ** int(exp)
-        factor = 1
-        if low and low[-1] in "KMGT":
-            factor = 1024 ** ("KMGT".index(low[-1]) + 1)
-            low = low[:-1]
-        return int(low) * factor
-    except ValueError:
-        raise BackendError(f"option {name}={text!r} is not a size in bytes") from None
 
 
 def statvfs(path: str) -> dict[str, int]:
