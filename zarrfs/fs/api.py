@@ -333,7 +333,8 @@ class Operations:
         return self.handles.read(fh, size, offset)
 
     def fallocate(self, fh: int, offset: int, length: int, mode: int) -> None:
-        """Grow an open file to ``offset + length`` (mode 0); other modes are EOPNOTSUPP."""
+        """Grow an open file (mode 0), punch a hole in it or zero a range (stored as zeros);
+        other modes are EOPNOTSUPP."""
         self.handles.fallocate(fh, offset, length, mode)
 
     def open_handles(self, key: str) -> set[int]:

@@ -49,6 +49,13 @@ from zarrfs.fs.spill import DEFAULT_SPILL, SpillBuffer
 log = logging.getLogger("zarrfs.fs.handles")
 
 # Closed temporary files held for a rename; past this many bytes the oldest are stored.
+_FALLOC_KEEP_SIZE, _FALLOC_PUNCH_HOLE, _FALLOC_ZERO_RANGE = 0x01, 0x02, 0x10
+#: The ``fallocate`` modes done: grow, punch a hole (the kernel asks KEEP_SIZE with it),
+#: zero a range (growing the file or not).
+_FALLOCATE_MODES = frozenset(
+    {0, _FALLOC_PUNCH_HOLE | _FALLOC_KEEP_SIZE, _FALLOC_ZERO_RANGE, _FALLOC_ZERO_RANGE | _FALLOC_KEEP_SIZE}
+)
+_ZERO_STEP = 1 << 20
 DEFERRED_LIMIT = 256 << 20
 
 
@@ -288,19 +295,36 @@ class HandleTable(OpenNames, LockedFiles):
         return len(data)
 
     def fallocate(self, fh: int, offset: int, length: int, mode: int) -> None:
-        """``posix_fallocate``: the file grows to ``offset + length`` (zeros), stored at the next
-        commit like a write; a key/value store reserves no space: other modes are EOPNOTSUPP."""
+        """``fallocate``: mode 0 grows the file to ``offset + length`` (zeros);
+        ``PUNCH_HOLE | KEEP_SIZE`` zeroes the range within the file, ``ZERO_RANGE`` zeroes it
+        (and grows the file to its end unless ``KEEP_SIZE``); each is stored at the next
+        commit like a write. A key/value store reserves no space: ``KEEP_SIZE`` alone, and
+        any other mode, is EOPNOTSUPP."""
         handle = self._handle(fh)
-        if mode:
+        if mode not in _FALLOCATE_MODES:
             raise FsError(errno.EOPNOTSUPP, f"{handle.state.key}: fallocate mode {mode:#x}")
         if not handle.writable:
             raise FsError(errno.EBADF, handle.state.key)
         if offset < 0 or length <= 0:
             raise FsError(errno.EINVAL, f"{handle.state.key}: fallocate {offset}+{length}")
-        buffer = self._ensure_buffer(self._fresh(handle.state))
-        if buffer.size < offset + length:
-            self._truncated(handle.state, offset + length)
-            self._touch(handle.state)
+        state = self._fresh(handle.state)
+        buffer = self._ensure_buffer(state)
+        if mode == 0:
+            if buffer.size < offset + length:
+                self._truncated(state, offset + length)
+                self._touch(state)
+            return
+        end = offset + length if not mode & _FALLOC_KEEP_SIZE else min(offset + length, buffer.size)
+        if end <= offset:
+            return
+        zeros = memoryview(bytes(min(end - offset, _ZERO_STEP)))
+        at = offset
+        while at < end:
+            step = min(end - at, len(zeros))
+            buffer.write(at, zeros[:step])
+            at += step
+        state.changes.wrote(offset, end)
+        self._touch(state)
 
     def truncate(self, key: str, length: int, fh: int | None = None) -> None:
         """Cut or extend a file; an unopened file is changed in its own transaction."""
