@@ -433,6 +433,7 @@ def test_ftruncate_of_an_open_file_shows_through_stat_and_listings(mounted, open
     if open_before_listing:
         fd = os.open(root / "f", os.O_RDWR | os.O_CREAT, 0o644)
         os.write(fd, b"abc")
+        os.fsync(fd)  # stored while still open: a listing finds it in the database
     else:
         write(root / "f", b"abc")
     try:
