@@ -171,6 +171,8 @@ def _run_foreground(args: argparse.Namespace, opts, url: str, mountpoint: str) -
     except (UsageError, MountFailure, BackendError, ValueError) as exc:
         return fail(str(exc), status_of(exc))
     except MountError as exc:  # libfuse or fusermount3 refused: their reason
+        if starting is not None:  # the starting command says it, once, as its own error
+            logging.getLogger().removeHandler(starting)
         logging.getLogger("zarrfs").error("mount of %s failed: %s", mountpoint, exc)
         return fail(str(exc))
     except RuntimeError as exc:

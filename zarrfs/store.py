@@ -254,7 +254,7 @@ class DatabaseStore(Store):
         if self._hooks is not None and t.size(key) is None:
             self._hooks.check_name(t, key, stat.S_IFREG)
         raw = t.get(attr_key(key), SIDE)
-        freed.append(parts.let_go(t, key, raw))
+        freed.append(parts.let_go(t, key, raw, every_name=True))  # every name is rewritten below
         now = time.time_ns()
         attrs = Attrs.unpack(raw) if raw is not None else None
         if attrs is None:

@@ -78,15 +78,18 @@ def current(t: Txn, key: str, value: Any = None, parted: Parted | None | bool = 
     return parted if parted is not None and parted.manifest() == bytes(value) else None
 
 
-def let_go(t: Txn, key: str, raw_attrs: bytes | None) -> Parted | None:
+def let_go(t: Txn, key: str, raw_attrs: bytes | None, *, every_name: bool = False) -> Parted | None:
     """The parts that the value at ``key`` lets go of when a writer that is not a mount (the
     zarr-python 3 store) overwrites or deletes it; ``raw_attrs``: its attribute record, both
     read before the change, in its transaction. Its version when the data key holds the
     manifest the record names and no other name of a hard link group holds it (the parts go
-    with the last name, as through a mount); :func:`free` them after the commit."""
+    with the last name, as through a mount) or ``every_name`` of the group is being rewritten;
+    :func:`free` them after the commit."""
     parted = parted_of(raw_attrs)
     if parted is None or current(t, key, parted=parted) is None:
         return None
+    if every_name:
+        return parted
     group = hardlinks.load(t, key, t.get(hardlinks.pointer_key(key), SIDE))
     return parted if group is None or len(group.names) <= 1 else None
 

@@ -38,6 +38,7 @@ import lmdb
 
 from ..base import DATA, SIDE, Driver, Fetch, HasPrefix, Size, Space, Txn, check_space, encode_key
 from ..filespace import statvfs
+from ..filewatch import FileWatch
 from ..urloptions import check_options, parse_bool, parse_file_url, parse_size
 from . import feed, longkeys, pages
 from .environments import (
@@ -375,6 +376,7 @@ class LMDBDriver(Driver):
 
     def __init__(self, url: str, readonly: bool = False) -> None:
         super().__init__(url, readonly)
+        self.file_watch: FileWatch | None = None  # made when the daemon asks (feed_fileno)
         path, options = parse_file_url(url)
         check_options(url, options, {"map_size", "sync", *OPTIONS})
         self.path = path
@@ -432,9 +434,17 @@ class LMDBDriver(Driver):
 
     def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
         """What other writers committed since ``since`` (see ``feed``)."""
+        if self.file_watch is not None:
+            self.file_watch.drain()  # first: a commit after this look wakes the loop again
         self.holder.tidy()
         with translated(self.path):
             return feed.changes(self.env, self.side.env(False), self.own, since)
+
+    def feed_fileno(self) -> int | None:
+        """Readable when a file of the environments' folder was written (``filewatch``)."""
+        if self.file_watch is None:
+            self.file_watch = FileWatch(self.folder)
+        return self.file_watch.fileno()
 
     def sync(self) -> None:
         """Force committed transactions of both environments to disk."""
@@ -455,6 +465,8 @@ class LMDBDriver(Driver):
         if self._closed:
             return
         self._closed = True
+        if self.file_watch is not None:
+            self.file_watch.close()
         self.holder.let_go_all()
         if self.room is not None:
             self.room.give_back(self.env, self.write_lock, self.path)

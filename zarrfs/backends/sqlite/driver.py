@@ -58,6 +58,7 @@ from ..base import (
     encode_key,
 )
 from ..filespace import Reserve, statvfs
+from ..filewatch import FileWatch
 from ..urloptions import check_options, parse_bool, parse_file_url
 from ..writer_wait import begin_sqlite_write
 from . import feed
@@ -268,6 +269,7 @@ class SQLiteDriver(Driver):
 
     def __init__(self, url: str, readonly: bool = False) -> None:
         super().__init__(url, readonly)
+        self.file_watch: FileWatch | None = None  # made when the daemon asks (feed_fileno)
         path, options = parse_file_url(url)
         check_options(url, options, {"timeout", "sync"})
         self.path = path
@@ -331,8 +333,17 @@ class SQLiteDriver(Driver):
     def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
         """What other writers committed since ``since`` (see ``feed``), asked on the
         calling thread's connection."""
+        if self.file_watch is not None:
+            self.file_watch.drain()  # first: a commit after this look wakes the loop again
         with translated(self.path):
             return feed.changes(self._conn(), since, self.own, None if self.readonly else self.tables)
+
+    def feed_fileno(self) -> int | None:
+        """Readable when a file of the database's folder was written (``filewatch``): the
+        database file, its WAL."""
+        if self.file_watch is None:
+            self.file_watch = FileWatch(os.path.dirname(self.path) or ".")
+        return self.file_watch.fileno()
 
     def sync(self) -> None:
         """With ``sync=1`` (``synchronous=FULL``) every commit is already durable; otherwise
@@ -347,6 +358,8 @@ class SQLiteDriver(Driver):
     def close(self) -> None:
         """Stop the background checkpoint and close every thread's connection."""
         self.conns.closed = True  # no new connection meanwhile
+        if self.file_watch is not None:
+            self.file_watch.close()
         checkpointer, self._checkpointer = self._checkpointer, None
         if checkpointer is not None:
             checkpointer.stop()

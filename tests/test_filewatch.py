@@ -1,0 +1,61 @@
+"""The embedded drivers' change feed wakes the daemon: LMDB and SQLite hand out a descriptor
+(``feed_fileno``) that becomes readable when another writer commits to the database, and is
+quiet again once the feed was looked at; the idle loop sleeps on it instead of polling."""
+
+from __future__ import annotations
+
+import select
+import subprocess
+import sys
+
+import pytest
+
+from zarrfs.backends.registry import open_driver
+
+
+def _readable(fd: int, timeout: float) -> bool:
+    return bool(select.select([fd], [], [], timeout)[0])
+
+
+def _settle(driver, cursor, fd: int):
+    """Look at the feed until the descriptor stays quiet (the driver's own background work,
+    SQLite's checkpoint, writes the file too: a wake, then quiet)."""
+    for _ in range(20):
+        cursor, _ = driver.changes(cursor)
+        if not _readable(fd, 0.3):
+            return cursor
+    raise AssertionError("the descriptor never went quiet: the loop would spin")
+
+
+def _commit_from_another_process(url: str, key: str) -> None:
+    """A write by another process, through its own driver (as another mount's)."""
+    code = (
+        "import sys; from zarrfs.backends.registry import open_driver\n"
+        "d = open_driver(sys.argv[1]); d.transact(lambda t: t.put(sys.argv[2], b'v')); d.close()"
+    )
+    subprocess.run([sys.executable, "-c", code, url, key], check=True, timeout=60)
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "sqlite", "lmdb-file"])
+def test_another_writers_commit_wakes_the_feed_descriptor(tmp_path, kind):
+    url = {
+        "lmdb": f"lmdb://{tmp_path}/db.lmdb",
+        "sqlite": f"sqlite://{tmp_path}/db.sqlite",
+        "lmdb-file": f"lmdb://{tmp_path}/db.mdb",
+    }[kind]
+    if kind == "lmdb-file":
+        open(f"{tmp_path}/db.mdb", "wb").close()  # an existing file: LMDB without a folder
+    driver = open_driver(url)
+    try:
+        driver.transact(lambda t: t.put("first", b"x"))
+        cursor, _ = driver.changes(None)
+        fd = driver.feed_fileno()
+        assert fd is not None
+        cursor = _settle(driver, cursor, fd)
+        _commit_from_another_process(url, "theirs")
+        assert _readable(fd, 10), "another process's commit did not wake the feed"
+        cursor, records = driver.changes(cursor)
+        assert records is None or ("theirs" in [k for _, k in records])
+        _settle(driver, cursor, fd)
+    finally:
+        driver.close()
