@@ -22,7 +22,6 @@ from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, Get, HasPrefix, Read, Size, Txn
 from zarrfs.backends.heldvalues import Held, View, hold
-from zarrfs.format.arrays import find_array
 from zarrfs.fs import hardlinks, parts
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.hardlinks import pointer_key
@@ -391,7 +390,9 @@ class Lookups:
 
     def array_of(self, key: str) -> Any:
         """The Zarr array enclosing ``key`` (:class:`zarrfs.format.arrays.ArrayInfo`), or None;
-        its metadata read in as few batches as its folders' depth allows."""
+        its metadata read in as few batches as its folders' depth allows. The format layer
+        (numpy, numcodecs: a third of a second) is imported on the first use, not at mount."""
+        from zarrfs.format.arrays import find_array
 
         def get_many(keys: list[str]) -> list[Any]:
             return self.driver.transact(lambda t: t.read_many([Get(k) for k in keys]), write=False)
