@@ -19,7 +19,6 @@ import sys
 import time
 
 from zarrfs.backends.base import BackendError
-from zarrfs.daemon import serve
 from zarrfs.dbfiles import open_database
 from zarrfs.fuse.channel import MountError
 from zarrfs.logs import setup_logging
@@ -165,6 +164,8 @@ def _run_foreground(args: argparse.Namespace, opts, url: str, mountpoint: str) -
             devnull = os.open(os.devnull, os.O_RDWR)
             os.dup2(devnull, 1)
             os.dup2(devnull, 2)
+
+    from zarrfs.daemon import serve  # the daemon's own process only: the starter never serves
 
     try:
         serve(url, mountpoint, opts, on_ready=ready)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from zarrfs.options import UsageError
+from zarrfs.usage import UsageError
 
 
 def fail(message: str, status: int = 1) -> int:

@@ -13,6 +13,7 @@ from zarrfs.fs.parts import DEFAULT_ABOVE
 from zarrfs.fs.spill import DEFAULT_SPILL
 from zarrfs.fuse.loop import DEFAULT_SPIN_US
 from zarrfs.fuse.tuning import DEFAULT_READAHEAD_KIB
+from zarrfs.usage import UsageError as UsageError  # named here too: where options are parsed
 
 VALIDATE_MODES = ("strict", "warn", "off")
 VIEWS = ("raw", "decoded")
@@ -36,10 +37,6 @@ LIBFUSE_OPTIONS = frozenset(
 DEFAULT_SNAPSHOT_HOLD = 3600.0  # seconds a snapshot mount holds its state (it costs the writers)
 SHORT_CACHE = 1.0  # seconds the kernel keeps names and attributes without a change feed
 FEED_CACHE = 3600.0  # ... and with one
-
-
-class UsageError(Exception):
-    """A bad command line or mount option: reported as one line, exit status 2."""
 
 
 @dataclass

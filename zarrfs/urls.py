@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
-from zarrfs.options import UsageError
+from zarrfs.usage import UsageError
 
 
 class MountFailure(Exception):

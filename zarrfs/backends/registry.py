@@ -13,7 +13,6 @@ import importlib
 import os
 import re
 import threading
-from importlib.metadata import entry_points
 
 from .base import Driver, DriverNotFoundError
 
@@ -76,6 +75,8 @@ def register(scheme: str, target: str, *, clobber: bool = True, pip: str | None 
 def load_entry_points(force: bool = False) -> None:
     """Add the drivers of the ``zarrfs.backends`` entry-point group to the table (once, or again
     with ``force`` after installing a package); they never replace an existing scheme."""
+    from importlib.metadata import entry_points  # scanning every installed package: when needed
+
     global _entry_points_loaded
     if _entry_points_loaded and not force:
         return
@@ -99,8 +100,10 @@ def normalize_url(url: str) -> tuple[str, str]:
 
 
 def driver_class(scheme: str) -> type[Driver]:
-    """Import and return the driver class registered for ``scheme``."""
-    load_entry_points()
+    """Import and return the driver class registered for ``scheme`` (the entry points are
+    looked at for a scheme not built in only: they never replace one)."""
+    if scheme.lower() not in _table:
+        load_entry_points()
     target = _table.get(scheme.lower())
     if target is None:
         raise DriverNotFoundError(
