@@ -12,31 +12,44 @@ Other keys are read only through a ``get(key) -> bytes | None`` callable the cal
 * :class:`Problem` and :class:`FormatError` (mapped to ``EINVAL`` by the filesystem).
 """
 
-from .arrays import ArrayInfo, array_info, find_array
-from .check import check_database, check_items
-from .consolidated import (
-    CachedDoc,
-    build_consolidated,
-    build_consolidated_v3,
-    consolidated_update,
-    consolidated_update_v3,
-    dumps_consolidated,
-    dumps_zarr_json,
-    is_consolidated_key,
-    load_consolidated,
-)
-from .errors import (
-    ERROR,
-    WARNING,
-    ChunkSizeError,
-    FormatError,
-    Problem,
-    UnsupportedArray,
-    errors_only,
-    raise_on_error,
-)
-from .keys import is_metadata_key, is_temporary, validate_name
-from .validate import validate_data_key, validate_metadata
+import importlib
+from typing import Any
+
+# Name -> the module defining it, imported on first use (PEP 562): the array and codec modules
+# bring numpy and numcodecs, which a mount storing plain files never needs.
+_WHERE = {
+    **dict.fromkeys(["ArrayInfo", "array_info", "find_array"], "arrays"),
+    **dict.fromkeys(["check_database", "check_items"], "check"),
+    **dict.fromkeys(
+        [
+            "CachedDoc",
+            "build_consolidated",
+            "build_consolidated_v3",
+            "consolidated_update",
+            "consolidated_update_v3",
+            "dumps_consolidated",
+            "dumps_zarr_json",
+            "is_consolidated_key",
+            "load_consolidated",
+        ],
+        "consolidated",
+    ),
+    **dict.fromkeys(
+        ["ERROR", "WARNING", "ChunkSizeError", "FormatError", "Problem", "UnsupportedArray", "errors_only",
+         "raise_on_error"],
+        "errors",
+    ),
+    **dict.fromkeys(["is_metadata_key", "is_temporary", "validate_name"], "keys"),
+    **dict.fromkeys(["validate_data_key", "validate_metadata"], "validate"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)
+
 
 __all__ = [
     "ERROR",

@@ -21,9 +21,8 @@ nor a particular database; everything Zarr-specific is delegated to the rest of 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .arrays import ArrayInfo, info_from_node
 from .consolidated import (
     CachedDoc,
     build_consolidated,
@@ -53,6 +52,9 @@ from .keys import (
 from .nodes import ARRAY, candidate_keys, enclosing_node
 from .reconsolidate import is_document_key, is_stale, rebuilt
 from .validate import validate_data_key, validate_metadata
+
+if TYPE_CHECKING:
+    from .arrays import ArrayInfo
 
 log = logging.getLogger("zarrfs.format")
 
@@ -166,6 +168,8 @@ class FormatHooks:
         node = enclosing_node(key, txn.get, _get_many(txn))
         if node is None or node.kind != ARRAY:
             return None
+        from .arrays import info_from_node  # codecs (numpy): for a decoded view only
+
         cached = self._infos.get(node.metadata_key)
         if cached is not None and cached[0] == node.doc:
             info = cached[1]  # same document: keep the built codec pipeline
