@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
 # The test command: set up (scripts/setup.sh), lint, then the whole suite, real mounts included.
+# Two pytest workers (pytest-xdist; ZARRFS_TEST_JOBS=N changes it, 0 runs in this process): a
+# mount test keeps one core busy at a time (the test, then its daemon), so two keep both cores
+# of a small machine busy. Every worker starts its own servers on free ports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 .venv/bin/ruff check zarrfs tests scripts
-exec .venv/bin/python -m pytest -ra "$@"
+jobs="${ZARRFS_TEST_JOBS:-2}"
+if [ "$jobs" = 0 ]; then
+  exec .venv/bin/python -m pytest -ra "$@"
+fi
+exec .venv/bin/python -m pytest -ra -n "$jobs" "$@"
