@@ -1,14 +1,16 @@
-"""Several mounts (and other writers) on one database: each change shows on the others within
-the feed's bound, measured, never slept over; and the kernel's caches stay warm in between.
+"""Several mounts (and other writers) on one database: each change shows on the others, and the
+kernel's caches stay warm in between.
 
-Every wait here polls with a deadline and asserts the latency it measured.
+With a change feed the kernel keeps names, attributes and "no such file" for an hour, so a
+change that shows at all within :data:`DEADLINE` was pushed out of those caches by the mount:
+that is what these tests assert, polling, never sleeping over. How fast it shows is a figure of
+the benchmarks (``scripts/bench.py``), not a bound a busy machine could break here.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -19,8 +21,7 @@ from mounting import make_url, needs_fuse
 pytestmark = needs_fuse
 
 FEED_DRIVERS = ["lmdb", "sqlite", "redis", "postgres"]
-BOUND = 0.05  # seconds: a change anywhere shows on every mount of the machine within this
-DEADLINE = 5.0  # seconds before a wait gives up (the assertion on the latency says the rest)
+DEADLINE = 30.0  # seconds before a wait gives up: far below the kernel's cache time (an hour)
 
 
 @pytest.fixture(params=FEED_DRIVERS)
@@ -55,23 +56,22 @@ def test_writes_through_one_mount_show_on_two_others(feed_url, mount_factory):
     c = mount_factory(feed_url, [], name="c")
     # The kernel caches on b and c: a cached "no such file", a listing's names, attributes.
     assert not (b.path / "g").exists() and not (c.path / "g").exists()
-    latencies = []
     (a.path / "g").mkdir()
     t = time.monotonic()
-    latencies += [seen_after(lambda m=m: (m.path / "g").is_dir(), t) for m in (b, c)]
+    for m in (b, c):
+        seen_after(lambda m=m: (m.path / "g").is_dir(), t)
     for i in range(5):
         data = f"v{i}".encode() * (i + 1)
         (a.path / "g" / "f").write_bytes(data)  # closed: committed
         t = time.monotonic()
         for m in (b, c):
-            latencies.append(seen_after(lambda m=m, d=data: read(m.path / "g" / "f") == d, t))
+            seen_after(lambda m=m, d=data: read(m.path / "g" / "f") == d, t)
             assert (m.path / "g" / "f").stat().st_size == len(data)
             assert sorted(os.listdir(m.path / "g")) == ["f"]
     (a.path / "g" / "f").unlink()
     t = time.monotonic()
-    latencies += [seen_after(lambda m=m: not (m.path / "g" / "f").exists(), t) for m in (b, c)]
-    assert statistics.median(latencies) < BOUND, latencies
-    assert max(latencies) < 4 * BOUND, latencies
+    for m in (b, c):
+        seen_after(lambda m=m: not (m.path / "g" / "f").exists(), t)
 
 
 def test_close_to_open(feed_url, mount_factory):
@@ -123,13 +123,12 @@ def test_redis_client_not_zarrfs_listed_without_reindex(request, tmp_path, mount
     assert os.listdir(m.path / "g") == ["mine"]
     client.set(f"{prefix}:g/theirs", b"22")
     t = time.monotonic()
-    latency = seen_after(lambda: sorted(os.listdir(m.path / "g")) == ["mine", "theirs"], t)
+    seen_after(lambda: sorted(os.listdir(m.path / "g")) == ["mine", "theirs"], t)
     assert (m.path / "g" / "theirs").read_bytes() == b"22"
     client.delete(f"{prefix}:g/theirs")
     t = time.monotonic()
-    latency = max(latency, seen_after(lambda: os.listdir(m.path / "g") == ["mine"], t))
+    seen_after(lambda: os.listdir(m.path / "g") == ["mine"], t)
     assert not (m.path / "g" / "theirs").exists()
-    assert latency < 4 * BOUND
 
 
 @pytest.mark.parametrize("kind", ["lmdb", "sqlite"])
@@ -159,10 +158,9 @@ def test_writer_without_a_log_beside_a_mount(kind, request, tmp_path, mount_fact
         conn.commit()
         conn.close()
     t = time.monotonic()
-    latency = seen_after(lambda: read(m.path / "a" / "k") == b"store!", t)
+    seen_after(lambda: read(m.path / "a" / "k") == b"store!", t)
     assert (m.path / "a" / "new").read_bytes() == b"1"
     assert sorted(os.listdir(m.path / "a")) == ["k", "new"]
-    assert latency < 4 * BOUND
 
 
 def test_mount_stays_up_when_its_peer_is_killed(feed_url, mount_factory):
@@ -181,5 +179,5 @@ def test_mount_stays_up_when_its_peer_is_killed(feed_url, mount_factory):
     assert (c.path / "f").read_bytes() == b"after"
     (c.path / "f").write_bytes(b"from c")
     t = time.monotonic()
-    assert seen_after(lambda: read(b.path / "f") == b"from c", t) < 4 * BOUND
+    seen_after(lambda: read(b.path / "f") == b"from c", t)
     subprocess.run(["fusermount3", "-u", "-z", str(a.path)], check=False)
