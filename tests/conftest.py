@@ -18,7 +18,7 @@ def pytest_addoption(parser):
         "--model-examples",
         type=int,
         default=0,
-        help="examples per driver of tests/test_model.py (default: ZARRFS_MODEL_EXAMPLES, else 8)",
+        help="examples per driver of tests/test_model.py (default: ZARRFS_MODEL_EXAMPLES, else 5)",
     )
 
 
