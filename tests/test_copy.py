@@ -3,6 +3,7 @@ byte-exact, if_exists, dry runs, consolidated metadata included."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -97,3 +98,20 @@ def test_command_line_options(tmp_path):
     assert res.returncode == 1 and "nothing was copied" in res.stderr and len(res.stderr.splitlines()) == 1
     res = run("--if-exists", "skip", str(src), url)
     assert res.returncode == 0 and "skipped 1" in res.stderr
+
+
+def test_names_that_are_not_utf8_get_the_mounts_keys_and_come_back(tmp_path):
+    """A folder name or file name that is not UTF-8 (a Latin-1 tarball's) is copied to the key a
+    mount gives it (U+EF80 + byte, ``fs.names``), and a copy back to a folder restores its bytes."""
+    src = os.fsencode(tmp_path / "src")
+    os.makedirs(os.path.join(src, b"caf\xe9"))
+    with open(os.path.join(src, b"caf\xe9", b"na\xefve"), "wb") as fh:
+        fh.write(b"latin-1")
+    url = f"sqlite://{tmp_path}/db.sqlite"
+    zarrfs.copy(str(tmp_path / "src"), url)
+    assert _keys(url) == {"caf\uefe9/na\uefefve": b"latin-1"}
+    zarrfs.copy(url, str(tmp_path / "back"))
+    back = os.fsencode(tmp_path / "back")
+    assert os.listdir(back) == [b"caf\xe9"]
+    with open(os.path.join(back, b"caf\xe9", b"na\xefve"), "rb") as fh:
+        assert fh.read() == b"latin-1"

@@ -25,7 +25,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 # What of the filesystem a layer may import, when it may import only part of it.
 FS_PUBLIC: dict[str, tuple[str, ...]] = {
     "fuse": ("fs.api",),
-    "tools": ("fs.api", "fs.sidedata", "fs.manifest", "fs.parts"),
+    "tools": ("fs.api", "fs.sidedata", "fs.manifest", "fs.parts", "fs.names", "fs.errors"),
     "store": ("fs.api", "fs.records"),
 }
 # The shared parts of the drivers (what a third-party driver uses too); a driver's own package

@@ -38,7 +38,9 @@ from typing import Any
 
 from zarrfs.backends.base import KEYS, SIDE, SIZES, VALUES, Driver, Get
 from zarrfs.fs import parts
+from zarrfs.fs.errors import FsError
 from zarrfs.fs.manifest import MAGIC, MANIFEST_SIZE
+from zarrfs.fs.names import key_text, name_bytes
 from zarrfs.fs.sidedata import attr_key
 from zarrfs.tools import xattrcopy
 
@@ -57,14 +59,29 @@ def is_url(location: str) -> bool:
     return "://" in location
 
 
+def folder_key(rel: str) -> str:
+    """The key of a path relative to a folder, its names mapped as a mount maps them
+    (``fs.names``: a byte that is not UTF-8 becomes U+EF80 + byte), so that a copy and a mount
+    of the same tree agree."""
+    try:
+        return "/".join(key_text(os.fsencode(name)) for name in rel.split(os.sep))
+    except FsError as exc:
+        raise CopyError(f"cannot copy {rel!r}: {exc}") from None
+
+
+def key_path(root: str, key: str) -> str:
+    """The path under ``root`` of ``key``, the inverse of :func:`folder_key`."""
+    return os.path.join(root, *(os.fsdecode(name_bytes(name)) for name in key.split("/")))
+
+
 def folder_files(root: str) -> Iterator[tuple[str, str]]:
     """``(key, path)`` of every file under ``root``, in key order."""
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
         rel = os.path.relpath(dirpath, root)
-        prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+        prefix = "" if rel == "." else folder_key(rel) + "/"
         for name in sorted(filenames):
-            yield prefix + name, os.path.join(dirpath, name)
+            yield prefix + folder_key(name), os.path.join(dirpath, name)
 
 
 def folder_items(root: str) -> Iterator[tuple[str, bytes]]:
@@ -112,7 +129,7 @@ def _validate(source: str, driver: Driver | None) -> None:
 
         def get(key: str) -> bytes | None:
             try:
-                with open(os.path.join(source, *key.split("/")), "rb") as fh:
+                with open(key_path(source, key), "rb") as fh:
                     return fh.read()
             except OSError:
                 return None
@@ -221,7 +238,7 @@ class _Folder:
         self.root = root
 
     def _path(self, key: str) -> str:
-        return os.path.join(self.root, *key.split("/"))
+        return key_path(self.root, key)
 
     def items(self) -> Iterator[tuple[str, bytes]]:
         return folder_items(self.root)
