@@ -300,14 +300,6 @@ class Writer:
 THROUGH_THE_MOUNT = {"commit", "rename_file", "rename_folder", "link", "rmdir"}
 
 
-def _known(url: str, wrong: dict) -> bool:
-    """A Redis (and Redis Cluster) client reading a folder in one read transaction finds none of
-    its names while a rename goes on: a read-only transaction there is read committed, and a
-    scan reads the index, then whether its keys exist, in a second round trip, so a rename
-    between the two hides both names (docs/testing.md, findings): known, reported as such."""
-    return url.startswith("redis") and set(wrong) <= {"database client", "other mount"}
-
-
 WATCHED = ["commit", "store_set", "exchange", "rename_file", "rename_folder", "link", "rmdir", "delete_dir"]
 MIN_STEPS = 60  # operations at least
 MIN_SEEN = 40  # observations by each observer at least, while the operations go on
@@ -350,7 +342,7 @@ def test_observers_see_the_state_before_or_after(op, db_url, mount_factory):
         strict = {"database client"}
         if op in THROUGH_THE_MOUNT:
             strict.add("same mount")
-        assert not strict & set(wrong) or _known(db_url, wrong), message
+        assert not strict & set(wrong), message
         if wrong:  # known findings, listed in docs/testing.md: reported, not hidden
             pytest.xfail(f"known: another mount's caches are invalidated key by key; {message}")
     finally:

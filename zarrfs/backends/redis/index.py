@@ -20,6 +20,7 @@ log = logging.getLogger("zarrfs.backends.redis")
 
 COMPLETE = b""  # index member meaning "this index lists every data key"
 BATCH = 1000  # index members read per ZRANGEBYLEX
+RECHECKS = 5  # index reads again when a batch's keys moved while it was read (renames)
 VALUE_BATCH = 16  # values per first MGET: values can be many MiB each
 VALUE_BYTES = 4 << 20  # MGET batches grow while the values they return stay below this
 _GLOB_SPECIAL = b"*?[]\\"
@@ -204,6 +205,18 @@ class IndexScans:
             start, included = batch[-1], False
             n = BATCH
 
+    def _reread(self, space: Space, covered: Any) -> list[bytes] | None:
+        """The index members of a batch's range ``covered`` (see :meth:`_members`), read again;
+        None when the range is not known."""
+        if covered is None:
+            return None
+        start, included, end, end_included = covered
+        index = self._d.index[space]
+        low = b"[" + start if included and start else b"(" + start
+        high = b"+" if end is None else (b"[" if end_included else b"(") + end
+        (members,) = self._query([index], ("ZRANGEBYLEX", index, low, high))
+        return members
+
     def _stored(
         self, space: Space, lo: bytes, hi: bytes | None, fetch: Fetch, first: int, after: bool = False
     ) -> Iterator[tuple[bytes, Any]]:
@@ -219,6 +232,16 @@ class IndexScans:
             if fetch is KEYS:
                 # One EXISTS counts the batch's keys that exist: all of them, but for stale entries.
                 (count,) = self._query([], ("EXISTS", *names))
+                for _ in range(RECHECKS):
+                    if count == len(names):
+                        break
+                    # A key missing may be a stale entry, or a rename committed between the two
+                    # reads (read committed): then the index moved too, and is read again.
+                    again = self._reread(space, covered)
+                    if again is None or again == batch:
+                        break
+                    batch, names = again, [self._d.name(space, m) for m in again]
+                    (count,) = self._query([], ("EXISTS", *names)) if names else (0,)
                 if count != len(names):
                     found = self._query([], *(("EXISTS", n) for n in names))
                     batch = [m for m, e in zip(batch, found, strict=True) if e]
@@ -226,20 +249,33 @@ class IndexScans:
                     self._windows[space] = (*covered, batch)
                 yield from ((m, None) for m in batch)
             elif fetch is SIZES:
-                sizes = self._query(names, *(("STRLEN", n) for n in names))
-                # STRLEN is 0 for a missing key and for an empty value alike: ask EXISTS for those.
-                zero = [i for i, s in enumerate(sizes) if s == 0]
-                if zero:
-                    exists = self._query([], *(("EXISTS", names[i]) for i in zero))
-                    for i, e in zip(zero, exists, strict=True):
-                        if not e:
-                            sizes[i] = None
+                for left in range(RECHECKS, -1, -1):
+                    sizes = self._query(names, *(("STRLEN", n) for n in names))
+                    # STRLEN is 0 for a missing key and for an empty value alike: ask EXISTS for those.
+                    zero = [i for i, s in enumerate(sizes) if s == 0]
+                    if zero:
+                        exists = self._query([], *(("EXISTS", names[i]) for i in zero))
+                        for i, e in zip(zero, exists, strict=True):
+                            if not e:
+                                sizes[i] = None
+                    again = self._reread(space, covered) if left and None in sizes else None
+                    if again is None or again == batch:
+                        break
+                    batch, names = again, [self._d.name(space, m) for m in again]  # keys moved
                 yield from ((m, s) for m, s in zip(batch, sizes, strict=True) if s is not None)
             else:
-                i = 0
+                i, left = 0, RECHECKS
                 while i < len(names):
                     part = names[i : i + value_batch]
                     (values,) = self._query(part, ("MGET", *part))
+                    if left and None in values:
+                        again = self._reread(space, covered)
+                        if again is not None and again != batch:  # keys moved: go on from here
+                            left -= 1
+                            done = batch[i - 1] if i else None
+                            batch = [m for m in again if done is None or m > done]
+                            names, i = [self._d.name(space, m) for m in batch], 0
+                            continue
                     yield from (
                         (m, v) for m, v in zip(batch[i : i + len(part)], values, strict=True) if v is not None
                     )
