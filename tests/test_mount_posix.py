@@ -398,6 +398,7 @@ def test_a_folder_reports_nlink_1_and_find_still_walks_every_folder(mounted):
     assert os.lstat(root / "a" / "b" / "c" / "0.0").st_nlink == 1
 
 
+@pytest.mark.serial  # drop_caches: every mount of the machine forgets, other tests' too
 def test_an_inode_number_survives_the_kernel_forgetting_the_node(mounted):
     """The kernel forgets nodes under memory pressure (here: ``drop_caches``); a file looked up
     again keeps its inode number, across a rename too, as on a local disk (pjdfstest's

@@ -69,6 +69,7 @@ def test_a_listing_costs_the_node_ids_the_kernel_holds_not_the_folder(large_moun
     assert grown < given * PER_NODE + CONSTANT, (grown >> 20, given, (grown - CONSTANT) / given)
 
 
+@pytest.mark.serial  # drop_caches: every mount of the machine forgets, other tests' too
 def test_memory_goes_back_when_the_kernel_forgets_the_names(large_mount):
     m, pid = large_mount
     try:
