@@ -51,32 +51,4 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(f".{module}", __name__), name)
 
 
-__all__ = [
-    "ERROR",
-    "WARNING",
-    "ArrayInfo",
-    "CachedDoc",
-    "ChunkSizeError",
-    "FormatError",
-    "Problem",
-    "UnsupportedArray",
-    "array_info",
-    "build_consolidated",
-    "build_consolidated_v3",
-    "check_database",
-    "check_items",
-    "consolidated_update",
-    "consolidated_update_v3",
-    "dumps_consolidated",
-    "dumps_zarr_json",
-    "errors_only",
-    "find_array",
-    "is_consolidated_key",
-    "is_metadata_key",
-    "is_temporary",
-    "load_consolidated",
-    "raise_on_error",
-    "validate_data_key",
-    "validate_metadata",
-    "validate_name",
-]
+__all__ = sorted(_WHERE)  # every public name, defined in the module _WHERE names
