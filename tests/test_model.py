@@ -28,11 +28,14 @@ from __future__ import annotations
 import ctypes
 import errno
 import itertools
+import json
 import os
 import random
 import shutil
+import signal
 import stat
 import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -46,7 +49,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from mounting import DRIVERS, Mount, make_url, needs_fuse
+from mounting import DRIVERS, Mount, make_url, needs_fuse, zarrfs
 
 pytestmark = [*needs_fuse, pytest.mark.slow]
 
@@ -94,6 +97,10 @@ OPEN_FLAGS = {
     "O_RDWR|O_APPEND": os.O_RDWR | os.O_APPEND,
 }
 
+XATTR_NAMES = ["user.a", "user.zz", "trusted.t"]
+XATTR_FLAGS = {"0": 0, "XATTR_CREATE": os.XATTR_CREATE, "XATTR_REPLACE": os.XATTR_REPLACE}
+FEED_DEADLINE = 30.0  # seconds a mount may take to show another's change (a generous bound)
+
 _libc = ctypes.CDLL(None, use_errno=True)
 AT_FDCWD = -100
 RENAME_FLAGS = {"0": 0, "RENAME_NOREPLACE": 1, "RENAME_EXCHANGE": 2}
@@ -128,6 +135,13 @@ def describe(root: Path, tolerate: frozenset = frozenset()) -> tuple[dict[str, l
     def mtime(st_: os.stat_result) -> object:
         return st_.st_mtime_ns if st_.st_mtime_ns < EXPLICIT_BEFORE_NS else "now"
 
+    def xattrs(path: str) -> dict[str, bytes]:
+        where = root / path if path else root
+        return {
+            n: os.getxattr(where, n, follow_symlinks=False)
+            for n in sorted(os.listxattr(where, follow_symlinks=False))
+        }
+
     def walk(rel: str) -> None:
         names = sorted(os.listdir(root / rel if rel else root))
         if "dup" in tolerate:
@@ -140,7 +154,8 @@ def describe(root: Path, tolerate: frozenset = frozenset()) -> tuple[dict[str, l
             if stat.S_ISDIR(st_.st_mode):
                 if "setgid" in tolerate:
                     mode &= ~stat.S_ISGID
-                entries[path] = ("dir", oct(mode), "-" if "dirmtime" in tolerate else mtime(st_), owner(st_))
+                dir_mtime = "-" if "dirmtime" in tolerate else mtime(st_)
+                entries[path] = ("dir", oct(mode), dir_mtime, owner(st_), xattrs(path))
                 walk(path)
             elif stat.S_ISLNK(st_.st_mode):
                 target = os.readlink(root / path)
@@ -149,13 +164,22 @@ def describe(root: Path, tolerate: frozenset = frozenset()) -> tuple[dict[str, l
                 with open(root / path, "rb") as fh:
                     content = fh.read()
                 nlink = st_.st_nlink
-                entries[path] = ("file", oct(mode), st_.st_size, content, nlink, mtime(st_), owner(st_))
+                entries[path] = (
+                    "file",
+                    oct(mode),
+                    st_.st_size,
+                    content,
+                    nlink,
+                    mtime(st_),
+                    owner(st_),
+                    xattrs(path),
+                )
             else:
                 entries[path] = ("other", stat.S_IFMT(st_.st_mode), oct(mode), st_.st_nlink, owner(st_))
 
     st_root = os.stat(root)
     root_mtime = "-" if "dirmtime" in tolerate else mtime(st_root)
-    entries[""] = ("dir", oct(stat.S_IMODE(st_root.st_mode)), root_mtime)
+    entries[""] = ("dir", oct(stat.S_IMODE(st_root.st_mode)), root_mtime, xattrs(""))
     walk("")
     return listings, entries
 
@@ -198,6 +222,9 @@ class ModelMachine(RuleBasedStateMachine):
         self.fds: list[tuple[int, int, str, str]] = []  # (native fd, mount fd, path, flags)
         self.mounts = 1
         self.big = 0
+        self.other: Mount | None = None  # a second mount of the database (another daemon)
+        self.via_other = False  # calls on paths go through it (while no descriptor is open)
+        self.crossed = False  # a call went through it since the last comparison
 
     # ------------------------------------------------------------------ helpers
 
@@ -220,6 +247,10 @@ class ModelMachine(RuleBasedStateMachine):
                     out.append(p)
         return sorted(out)
 
+    def held_files(self) -> list[str]:
+        """The temporary files of the tree (held by the daemon until renamed)."""
+        return [p for p in self.paths("fdls") if p.rpartition("/")[2] in SPECIAL_NAMES]
+
     def folders(self, max_depth: int = MAX_DEPTH - 1) -> list[str]:
         return [""] + [p for p in self.paths("d") if depth(p) <= max_depth]
 
@@ -227,7 +258,10 @@ class ModelMachine(RuleBasedStateMachine):
         """A path in an existing folder: a new name, a prefix-extension of a sibling, a sibling."""
         parent = data.draw(st.sampled_from(self.folders()), label="parent")
         siblings = sorted(os.listdir(self.native / parent if parent else self.native))
-        choices = [NAMES] if "special" in TOLERATE else [NAMES, st.sampled_from(SPECIAL_NAMES)]
+        # Temporary files are held by the daemon that made them until renamed (README), unseen
+        # by another mount: none while there are two.
+        held_ok = "special" not in TOLERATE and self.other is None
+        choices = [NAMES, st.sampled_from(SPECIAL_NAMES)] if held_ok else [NAMES]
         if siblings:
             choices.append(
                 st.tuples(st.sampled_from(siblings), st.text(ALPHABET, min_size=1, max_size=2)).map(
@@ -248,9 +282,13 @@ class ModelMachine(RuleBasedStateMachine):
     def both(self, text: str, fn):
         """Apply ``fn(root)`` to the native folder and to the mount; the outcomes must agree
         (same errno when native fails). Returns the native outcome."""
+        root = self.mount.path
+        if self.via_other and self.other is not None and not self.fds:
+            root, self.crossed = self.other.path, True
+            text += "   # through mount B"
         note(text)
         native = outcome(fn, self.native)
-        mounted = outcome(fn, self.mount.path)
+        mounted = outcome(fn, root)
         if native[0] == "err" or mounted[0] == "err":
             assert mounted == native, f"{text}: mount {mounted}, native {native}{self.log_errors()}"
         return native
@@ -409,6 +447,27 @@ class ModelMachine(RuleBasedStateMachine):
 
         self.both(f"create {count} files in {parent!r}", op)
 
+    @rule(
+        data=st.data(),
+        name=st.sampled_from(XATTR_NAMES),
+        value=st.binary(max_size=20),
+        flags=st.sampled_from(sorted(XATTR_FLAGS)),
+    )
+    def setxattr(self, data, name, value, flags):
+        path = self.any_path(data, "fdls")
+        self.both(
+            f"os.setxattr({path!r}, {name!r}, {value!r}, {flags}, follow_symlinks=False)",
+            lambda root: os.setxattr(root / path, name, value, XATTR_FLAGS[flags], follow_symlinks=False),
+        )
+
+    @rule(data=st.data(), name=st.sampled_from(XATTR_NAMES))
+    def removexattr(self, data, name):
+        path = self.any_path(data, "fdls")
+        self.both(
+            f"os.removexattr({path!r}, {name!r}, follow_symlinks=False)",
+            lambda root: os.removexattr(root / path, name, follow_symlinks=False),
+        )
+
     # Once per example at most: a remount costs what a hundred other steps do.
     @precondition(lambda self: self.mounts < 2)
     @rule()
@@ -420,6 +479,40 @@ class ModelMachine(RuleBasedStateMachine):
         self.mount.options = [o for o in OPTIONS if o != "create"]
         self.mount.start()
         self.mounts += 1
+
+    # A crash instead of a remount: what was closed is stored, whatever the daemon held.
+    @precondition(lambda self: self.mounts < 2)
+    @rule()
+    def kill_9(self):
+        note(f"# kill -9 of the daemon, then a fresh mount (closing {len(self.fds)} descriptors first)")
+        self.close_all()
+        pid = json.loads(zarrfs("status", str(self.mount.path), "--json").stdout)["pid"]
+        os.kill(pid, signal.SIGKILL)
+        end = time.monotonic() + 60
+        while _alive(pid):
+            assert time.monotonic() < end, f"daemon {pid} still there after kill -9"
+            time.sleep(0.01)
+        zarrfs("umount", str(self.mount.path))
+        assert not self.mount.mounted()
+        self.mount.options = [o for o in OPTIONS if o != "create"]
+        self.mount.start()
+        self.mounts += 1
+
+    # Two mounts of one database, as on two machines: calls on paths go through one or the
+    # other; the other shows each change once its change feed brings it (waited for).
+    @precondition(lambda self: self.other is None and not self.held_files())
+    @rule()
+    def second_mount(self):
+        note("# a second mount of the database (mount B, its own daemon)")
+        self.other = Mount(self.url, self.work / "mnt2", [o for o in OPTIONS if o != "create"])
+        self.other.start()
+
+    @precondition(lambda self: self.other is not None)
+    @rule()
+    def switch_mount(self):
+        self.via_other = not self.via_other
+        which = "B" if self.via_other else "A"
+        note(f"# calls on paths now through mount {which} (A while descriptors are open)")
 
     # ------------------------------------------------------------------ rules: open descriptors
 
@@ -500,20 +593,42 @@ class ModelMachine(RuleBasedStateMachine):
 
     @invariant()
     def same_tree(self):
-        n_list, n_entries = describe(self.native, frozenset(TOLERATE))
-        m_list, m_entries = describe(self.mount.path, frozenset(TOLERATE))
+        """The mount's tree is the native one; after a call through mount B, and on B (while
+        no descriptor holds writes of A's), once the change feed has brought it."""
+        native = describe(self.native, frozenset(TOLERATE))
+        self._agrees(self.mount.path, native, "mount", wait=self.crossed)
+        if self.other is not None and not self.fds:
+            self._agrees(self.other.path, native, "mount B", wait=True)
+        self.crossed = False
+
+    def _agrees(self, root: Path, native: tuple, name: str, wait: bool) -> None:
+        end = time.monotonic() + FEED_DEADLINE
+        while True:
+            problems = self._differences(root, native, name)
+            if not problems or not wait or time.monotonic() > end:
+                break
+            time.sleep(0.02)
+        assert not problems, "trees differ:\n" + "\n".join(problems[:20]) + self.log_errors()
+
+    def _differences(self, root: Path, native: tuple, name: str) -> list[str]:
+        n_list, n_entries = native
+        try:
+            m_list, m_entries = describe(root, frozenset(TOLERATE))
+        except OSError as exc:  # a name listed, then gone: an older view, looked at again
+            return [f"{name}: {exc}"]
+        problems = []
         for folder, names in m_list.items():
             dups = sorted(n for n, c in Counter(names).items() if c > 1)
-            assert not dups, f"listing of {folder!r} on the mount repeats {dups}: {names}"
-        problems = []
+            if dups:
+                problems.append(f"listing of {folder!r} on the {name} repeats {dups}: {names}")
         for folder in sorted(set(n_list) | set(m_list)):
             if n_list.get(folder) != m_list.get(folder):
                 mine, theirs = m_list.get(folder), n_list.get(folder)
-                problems.append(f"listdir({folder!r}): mount {mine}, native {theirs}")
+                problems.append(f"listdir({folder!r}): {name} {mine}, native {theirs}")
         for path in sorted(set(n_entries) | set(m_entries)):
             if n_entries.get(path) != m_entries.get(path):
-                problems.append(f"{path!r}: mount {m_entries.get(path)}, native {n_entries.get(path)}")
-        assert not problems, "trees differ:\n" + "\n".join(problems[:20]) + self.log_errors()
+                problems.append(f"{path!r}: {name} {m_entries.get(path)}, native {n_entries.get(path)}")
+        return problems
 
     def teardown(self):
         try:
@@ -524,13 +639,25 @@ class ModelMachine(RuleBasedStateMachine):
                     except OSError:
                         pass
             self.fds = []
-            self.mount.stop()
-            self.mount.assert_clean_log()
+            for mount in (self.mount, self.other):
+                if mount is not None:
+                    mount.stop()
+                    mount.assert_clean_log()
         finally:
             self.mount.stop()
+            if self.other is not None:
+                self.other.stop()
             if self.native_bound:
                 subprocess.run(["umount", "-l", str(self.native)], check=False)
             shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _as_a_fuse_mount(folder: Path) -> bool:

@@ -158,20 +158,6 @@ def run_all(commands: list[list[str]], timeout: float = 300) -> None:
                 p.wait()
 
 
-# An open bug, reported rather than hidden: on the server drivers a process's lseek(SEEK_END)
-# after a lock is granted now and then still gets the size from before the other mount's last
-# commit (about one line in 120 lost in some runs; the kernel may ignore a GETATTR reply that a
-# cache drop overtook). The tests run and show XPASS when the race does not strike.
-SERVER_APPEND_RACE = pytest.mark.xfail(
-    reason="known: a lock's refresh of the size races the kernel's attribute cache on server drivers",
-    strict=False,
-)
-
-
-def _server(url: str) -> bool:
-    return url.startswith(("redis", "postgres"))
-
-
 def check_lines(data: bytes, names: list[str], n: int) -> None:
     """Every line of every writer present once, none mangled."""
     lines = data.split(b"\n")
@@ -183,16 +169,18 @@ def check_lines(data: bytes, names: list[str], n: int) -> None:
 
 
 @pytest.mark.parametrize("how", ["flock", "lockf", "ofd", "append"])
-def test_processes_on_two_mounts_append_under_locks(url, how, mount_factory, request):
+def test_processes_on_two_mounts_append_under_locks(url, how, mount_factory):
     """Two processes, one per mount, append lines to one file under a lock (``flock``,
     ``lockf``, OFD locks: at ``lseek(SEEK_END)``; ``O_APPEND`` under ``flock``), one open
-    descriptor each for the whole run: every line is there once, none mangled."""
-    if _server(url):
-        request.applymarker(SERVER_APPEND_RACE)
+    descriptor each for the whole run: every line is there once, none mangled. (A drop of
+    the kernel's attributes decided by the change feed on the request thread was queued after
+    the reply of a lock granted on the waiters' thread: the kernel then ignored the size the
+    next ``lseek(SEEK_END)`` was given, and a line was written over; about one run in four
+    of 600 lines on Redis and PostgreSQL.)"""
     ms = mounts(mount_factory, url, 2)
     (ms[0].path / "log").write_bytes(b"")
     shown(*(m.path / "log" for m in ms))
-    n = 60
+    n = 150
     names = [f"p{i}" for i in range(len(ms))]
     run_all(
         [
@@ -206,8 +194,6 @@ def test_processes_on_two_mounts_append_under_locks(url, how, mount_factory, req
 
 @pytest.mark.parametrize("kind", ["lmdb", "redis"])
 def test_processes_on_three_mounts_append_under_flock(kind, tmp_path, request, mount_factory):
-    if kind != "lmdb":
-        request.applymarker(SERVER_APPEND_RACE)
     ms = mounts(mount_factory, make_url(kind, tmp_path, request), 3)
     (ms[0].path / "log").write_bytes(b"")
     shown(*(m.path / "log" for m in ms))

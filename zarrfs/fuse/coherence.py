@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from zarrfs.fs.api import ChangeWatcher, folders_of, name_bytes
 from zarrfs.fuse import abi as k
+from zarrfs.fuse.notify import WAIT
 
 if TYPE_CHECKING:
     from zarrfs.fuse.session import Session
@@ -94,11 +95,17 @@ class Coherence:
         keys = self.watcher.poll()
         if keys is not None and not keys:
             return
-        notes = self.everything() if keys is None else self.notes(keys)
-        if not notes or not self.session._inval_ok:
-            return
-        self.dropped += len(notes)
-        self.session.invalidator.send(notes)
+        invalidator = self.session.invalidator
+        # Decided and queued in one step: a lock granted meanwhile on the waiters' thread
+        # either comes first (its file is then skipped, being bare) or queues its reply after
+        # these drops (see zarrfs.fuse.notify).
+        with invalidator.order:
+            notes = self.everything() if keys is None else self.notes(keys)
+            if not notes or not self.session._inval_ok:
+                return
+            self.dropped += len(notes)
+            done = invalidator.enqueue(notes)
+        done.wait(WAIT)
 
     def notes(self, keys: list[str]) -> list[bytes]:
         """The notifications for ``keys`` changed (see the module docstring)."""

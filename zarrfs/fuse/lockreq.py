@@ -95,13 +95,14 @@ class LockRequests:
         """Answer a granted lock once the kernel's cached pages and attributes of the file are
         dropped (written from the notifications' thread: dropping pages may wait for a read
         of the file that this thread is to answer)."""
-        inode = self.inodes.get(nodeid)
-        if inode is not None:
-            self.pages.dropped(inode)
-        if self._inval_ok:
-            self.invalidator.send_then([inval_inode(nodeid)], lambda: self._reply_ok(unique))
-        else:
-            self._reply_ok(unique)
+        with self.invalidator.order:  # after any drop the change feed decided on before
+            inode = self.inodes.get(nodeid)
+            if inode is not None:
+                self.pages.dropped(inode)
+            if self._inval_ok:
+                self.invalidator.send_then([inval_inode(nodeid)], lambda: self._reply_ok(unique))
+                return
+        self._reply_ok(unique)
 
     def _lock_answered(self, unique: int, code: int) -> None:
         nodeid = self._lock_nodes.pop(unique, None)

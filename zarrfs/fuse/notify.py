@@ -12,6 +12,14 @@ wait is bounded: a notification can need a lock that the kernel holds until anot
 the notification completes right after. A reply that must not go before its notifications (a
 granted lock, which brings the file up to date) is handed to the thread instead: it writes the
 reply once the notifications are written, and the request thread goes on meanwhile.
+
+The queue's order is the order in which notifications reach the kernel. Code that decides what
+to drop from what it knows of a file (the change feed skips a file a granted lock has just
+dropped, see :mod:`zarrfs.fuse.coherence`) decides and queues under :attr:`Invalidator.order`,
+so that a decision made on another thread (a waiting lock granted) cannot be overtaken: the
+kernel ignores the attributes of a reply to a request it sent before a drop, so a drop that
+reached it after a granted lock's reply could make an ``lseek(SEEK_END)`` use the size from
+before the lock.
 """
 
 from __future__ import annotations
@@ -56,6 +64,8 @@ class Invalidator:
         self.fd = fd
         self._queue: queue.SimpleQueue[tuple[list[bytes], Callable[[], None]] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        #: Held while deciding what to drop and queueing it (see the module docstring).
+        self.order = threading.Lock()
 
     def start(self) -> None:
         """Start the thread (once the kernel has answered INIT)."""
@@ -65,11 +75,17 @@ class Invalidator:
 
     def send(self, notes: list[bytes]) -> None:
         """Write ``notes`` (packed notifications); returns when done, or after :data:`WAIT`."""
-        if self._thread is None:
-            return
+        self.enqueue(notes).wait(WAIT)
+
+    def enqueue(self, notes: list[bytes]) -> threading.Event:
+        """Queue ``notes``; the event is set once they are written (at once when the thread
+        is not running)."""
         done = threading.Event()
-        self._queue.put((notes, done.set))
-        done.wait(WAIT)
+        if self._thread is None:
+            done.set()
+        else:
+            self._queue.put((notes, done.set))
+        return done
 
     def send_then(self, notes: list[bytes], then: Callable[[], None]) -> None:
         """Write ``notes``, then call ``then`` (which writes a reply), from the thread; returns
