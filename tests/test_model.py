@@ -1,11 +1,15 @@
 """A model test: random operations applied to a mount and to a native folder side by side.
 
 A hypothesis ``RuleBasedStateMachine`` creates, writes, truncates, renames, links, symlinks,
-removes, chmods and utimes files and folders, keeps a few descriptors open across steps (writes
-through one, reads through another), and unmounts and mounts again in the middle; after every
-step the whole tree of the mount is compared with a native folder's (under pytest's ``tmp_path``):
-the names of every folder (exact, duplicates counted), each entry's type, permission bits, size,
-content, link count, symlink target, and mtime where one was set explicitly. A call that fails
+removes, chmods, chowns and utimes files and folders, makes FIFOs and devices, sets and removes
+extended attributes, keeps a few descriptors open across steps (writes through one, reads
+through another), unmounts and mounts again or kills the daemon with ``kill -9`` and mounts
+again, and opens a second mount of the database (its own daemon, as on another machine) that
+calls on paths then go through by turns; after every step the whole tree of the mount (and of
+the second, once its change feed has brought the change: waited for, 30 s at most) is compared
+with a native folder's (under pytest's ``tmp_path``): the names of every folder (exact,
+duplicates counted), each entry's type, permission bits, owner, size, content, link count,
+symlink target, extended attributes, and mtime where one was set explicitly. A call that fails
 natively must fail on the mount with the same errno, and one that succeeds must succeed.
 
 Every driver runs the machine on a fresh database per example, with the real listing batch
