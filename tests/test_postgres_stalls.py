@@ -92,18 +92,19 @@ def test_a_paused_server_is_etimedout_within_the_timeout_and_the_mount_recovers(
 
 
 def test_a_stuck_backend_is_etimedout_and_the_next_request_is_served(own_postgres, mount_factory):
-    m = mount_factory(own_postgres.url(table="stuck"), ["create", "cache_timeout=0", "timeout=2"])
+    m = mount_factory(own_postgres.url(table="stuck"), ["create", "cache_timeout=0", "timeout=4"])
     write(m.path / "before", b"1")
     stuck = mount_backends(own_postgres, "stuck")
     for pid in stuck:
         os.kill(pid, signal.SIGSTOP)
     try:
         what, seconds = timed_stat(m.path / "missing")
-        assert what == str(errno.ETIMEDOUT) and seconds < 4, (what, seconds)
+        assert what == str(errno.ETIMEDOUT) and seconds < 12, (what, seconds)
         start = time.monotonic()
         assert (m.path / "before").read_bytes() == b"1"  # a new connection, still stopped the old
         write(m.path / "after", b"2")
-        assert time.monotonic() - start < 1.5
+        # On the stuck connection each would have waited the whole timeout (and failed).
+        assert time.monotonic() - start < 4
     finally:
         cont(stuck)
     assert (m.path / "after").read_bytes() == b"2"
@@ -126,8 +127,8 @@ def test_a_call_waiting_on_a_stuck_backend_is_interrupted_with_eintr(own_postgre
             assert what == "alarm", (name, what)  # EINTR: the signal handler ran
             assert seconds < 5 and time.monotonic() - start < 15, seconds
             assert os.stat(m.path / "cached").st_size == 1  # served meanwhile
-        what, seconds = timed_stat(m.path / "missing-3")
-        assert what == str(errno.ENOENT) and seconds < 2, (what, seconds)  # a new connection
+        what, _ = timed_stat(m.path / "missing-3")  # on the stuck one: still waiting at the limit
+        assert what == str(errno.ENOENT), what  # a new connection
     finally:
         cont(stopped)
     write(m.path / "missing-3", b"22")
