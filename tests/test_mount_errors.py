@@ -239,6 +239,57 @@ def test_a_database_another_program_holds(tmp_path, kind):
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("kind", ["lmdb", "sqlite"])
+def test_reads_are_answered_while_a_write_waits_for_a_held_database(tmp_path, kind):
+    """While a close waits for the write lock another program holds (up to ``-o timeout=``),
+    other processes' lookups, opens, reads and closes of the mount are answered (before, they
+    all waited behind it)."""
+    import threading
+
+    url = f"{kind}://{tmp_path}/db.{kind}"
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "kept").write_bytes(b"old")
+    (src / "d" / "other").write_bytes(b"")  # a folder of its own: a create holds its folder
+    assert run("copy", str(src), url).returncode == 0
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    assert run("mount", url, str(mnt)).returncode == 0
+    holder = (hold_lmdb_writer if kind == "lmdb" else hold_sqlite_exclusive)(str(tmp_path / f"db.{kind}"))
+    outcome: list = []
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        fd = os.open(mnt / "d" / "new", os.O_WRONLY | os.O_CREAT, 0o644)
+        os.write(fd, b"waits")  # buffered: the close commits, and waits for the lock
+
+        def close() -> None:
+            try:
+                os.close(fd)
+                outcome.append("stored")
+            except OSError as exc:
+                outcome.append(exc.errno)
+
+        closer = threading.Thread(target=close)
+        closer.start()
+        reads = 0
+        while closer.is_alive() and reads < 20:
+            with open(mnt / "kept", "rb") as fh:  # lookup, open, read, close: none writes
+                assert fh.read() == b"old"
+            if closer.is_alive():
+                reads += 1
+        assert reads == 20, f"{reads} reads answered while the close waited"
+        holder.stdin.close()
+        holder.wait(timeout=30)
+        closer.join(timeout=120)
+        assert outcome == ["stored"], outcome  # the lock freed: the waiting close stored the file
+        assert (mnt / "d" / "new").read_bytes() == b"waits"
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        if os.path.ismount(mnt):
+            run("umount", str(mnt))
+
+
 def test_mount_says_at_once_that_another_program_holds_the_database(tmp_path):
     src = tmp_path / "src"
     src.mkdir()

@@ -395,13 +395,20 @@ class Driver(ABC):
     #: server holds every other request. Drivers of local files have nothing to wait for.
     timeout: float = DEFAULT_TIMEOUT
     #: What a driver waiting on a server polls besides its socket: an object with ``fileno()``
-    #: (readable when requests arrive) and ``check()`` (raises :class:`InterruptedCallError`
-    #: when the request being served was interrupted); see ``zarrfs.fuse.interrupts``.
+    #: (readable when requests arrive), ``check()`` (raises :class:`InterruptedCallError`
+    #: when the request being served was interrupted) and ``serve_waiting()`` (answers the
+    #: requests that need no write); see ``zarrfs.fuse.interrupts``.
     watch: Any = None
 
     def __init__(self, url: str, readonly: bool = False) -> None:
         self.url = url
         self.readonly = readonly
+
+    def waiting_for_writer(self) -> None:
+        """Called between looks while a write waits for a lock another program holds
+        (``writer_wait``): the mount answers what needs no write meanwhile."""
+        if self.watch is not None:
+            self.watch.serve_waiting()
 
     def set_timeout(self, seconds: float) -> None:
         """Bound every later wait on the server to ``seconds`` (a remote driver also applies

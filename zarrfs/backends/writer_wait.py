@@ -2,7 +2,9 @@
 EXCLUSIVE`` in a shell, an LMDB write transaction left open): said in the log within
 :data:`NOTICE` seconds, with who holds it where that can be known, and bounded by the driver's
 ``timeout`` (``-o timeout=``), after which the transaction fails with :class:`StalledError`
-(``ETIMEDOUT``) instead of waiting on, or being retried for minutes.
+(``ETIMEDOUT``) instead of waiting on, or being retried for minutes. Between two looks the
+waits call ``between`` (the driver's ``waiting_for_writer``): a mount answers the requests
+that need no write meanwhile.
 
 SQLite: ``BEGIN IMMEDIATE`` runs with a busy timeout of :data:`NOTICE` first, then again in
 steps until the driver's timeout. LMDB has no timed lock: :class:`LMDBWriterLock` reads the
@@ -20,6 +22,7 @@ import os
 import sqlite3
 import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .errors import StalledError
@@ -29,9 +32,14 @@ log = logging.getLogger("zarrfs.backends")
 #: Seconds a write waits on a held lock before the log says so.
 NOTICE = 0.5
 _POLL = 0.02
+_STEP = 0.05  # seconds of SQLite's own busy wait between two attempts, once the lock is held
 _LMDB_LOCK_MAGIC = 0xBEEFC0DE
 _WMUTEX_AT = 64  # the writer mutex: the second cache line of MDB_txninfo
 _TID_MASK = 0x3FFFFFFF  # a robust futex word: the owner's tid, below the WAITERS/OWNER_DIED bits
+
+
+def _nothing() -> None:
+    """No work between two looks."""
 
 
 def _holder_text(tid: int | None) -> str:
@@ -51,9 +59,12 @@ def _giving_up(where: str, holder: str, timeout: float) -> StalledError:
     )
 
 
-def begin_sqlite_write(conn: sqlite3.Connection, where: str, timeout: float, busy_ms: int) -> None:
+def begin_sqlite_write(
+    conn: sqlite3.Connection, where: str, timeout: float, busy_ms: int, between: Callable[[], None] = _nothing
+) -> None:
     """``BEGIN IMMEDIATE`` on ``conn``, waiting for a held write lock as the module docstring
-    says; ``busy_ms``: the connection's own busy timeout, set again afterwards."""
+    says; ``busy_ms``: the connection's own busy timeout, set again afterwards; ``between``
+    is called between attempts once the lock was found held."""
     started = time.monotonic()
     noticed = False
     step = NOTICE
@@ -75,7 +86,8 @@ def begin_sqlite_write(conn: sqlite3.Connection, where: str, timeout: float, bus
                     "%s: another program holds the database's write lock; waiting up to %g s "
                     "(-o timeout=)", where, timeout,
                 )
-            step = min(1.0, timeout - waited)
+            between()
+            step = min(_STEP, max(0.0, timeout - (time.monotonic() - started)))
         if noticed:
             log.warning("%s: the write lock is free again after %.1f s", where, time.monotonic() - started)
     finally:
@@ -115,8 +127,9 @@ class LMDBWriterLock:
             return None  # free, ours, or its owner died (LMDB recovers the lock)
         return tid
 
-    def wait(self, where: str, timeout: float) -> None:
-        """Return once no other process holds the lock; :class:`StalledError` after ``timeout``."""
+    def wait(self, where: str, timeout: float, between: Callable[[], None] = _nothing) -> None:
+        """Return once no other process holds the lock; :class:`StalledError` after ``timeout``;
+        ``between`` is called between looks."""
         tid = self.holder()
         if tid is None:
             return
@@ -132,6 +145,7 @@ class LMDBWriterLock:
                     "%s: %s holds the database's write lock; waiting up to %g s (-o timeout=)",
                     where, _holder_text(tid), timeout,
                 )
+            between()
             time.sleep(_POLL)
             tid = self.holder()
         if noticed:

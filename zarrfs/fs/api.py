@@ -347,6 +347,12 @@ class Operations:
         """Buffer a write (``data`` is copied)."""
         return self.handles.write(fh, data, offset)
 
+    def close_writes_nothing(self, fh: int) -> bool:
+        """Whether a close of ``fh`` (its flush or release) writes nothing to the database:
+        it was opened read-only and holds no locks."""
+        handle = self.handles.handles.get(fh)
+        return handle is not None and not handle.writable and fh not in self._lockers
+
     # flush, fsync and release return what they stored (Stored), if anything.
     def flush(self, fh: int, lock_owner: int | None = None) -> Stored | None:
         """A ``close``: commit the file's pending content; the POSIX locks of ``lock_owner``

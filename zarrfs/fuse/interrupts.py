@@ -17,6 +17,15 @@ the watch's descriptor (``/dev/fuse``) next to its socket, and when it is readab
 
 Interrupts of requests already answered are ignored, as the kernel allows. The dispatcher
 records which request it is serving (:attr:`Watch.unique`) as it starts each one.
+
+A write that waits for a database lock another program holds (a SQLite ``BEGIN EXCLUSIVE`` in
+a shell, an LMDB writer left open: ``backends.writer_wait``) may wait up to ``-o timeout=``.
+Meanwhile the driver calls :meth:`Watch.serve_waiting`, which answers, in order, the requests
+that arrived and need no write (:attr:`Watch.may_serve` says which: lookups, attributes, reads,
+listings, a reader's open and close): a process reading the mount is not held up by another's
+write. The rest stay queued, and the waiting request is answered first. No request is served
+this way inside another one so served. (The kernel itself holds a folder's lookups while a
+request that adds or removes a name in it is unanswered.)
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import errno
 import os
 import struct
 from collections import deque
+from collections.abc import Callable
 
 from zarrfs.fs.api import InterruptedCallError
 from zarrfs.fuse import abi as k
@@ -41,6 +51,10 @@ class Watch:
         self.unique = 0  # the request being served (set by the dispatcher)
         self.pending: deque[bytes] = deque()
         self._buf: bytearray | None = None  # a request buffer of its own, made when first needed
+        # Set by the session: the dispatch of a request, and whether one needs no write.
+        self.serve: Callable[[memoryview], None] | None = None
+        self.may_serve: Callable[[bytes], bool] | None = None
+        self._serving = False
 
     def fileno(self) -> int:
         """The descriptor to poll: ``/dev/fuse``."""
@@ -81,6 +95,24 @@ class Watch:
             raise InterruptedCallError("interrupted by the caller (FUSE_INTERRUPT)")
         if gone:
             raise InterruptedCallError("the mount is gone")
+
+    def serve_waiting(self) -> None:
+        """While the request being served waits for a lock another program holds: read what
+        arrived (as :meth:`check`) and answer the requests that need no write."""
+        if self.serve is None or self.may_serve is None or self._serving:
+            return
+        self.check()
+        if not self.pending:
+            return
+        outer = self.unique
+        self._serving = True
+        try:
+            for data in [d for d in self.pending if self.may_serve(d)]:
+                self.pending.remove(data)
+                self.serve(memoryview(data))
+        finally:
+            self._serving = False
+            self.unique = outer
 
     def _cancel_pending(self, target: int) -> None:
         """Answer the queued request ``target`` with EINTR and drop it (not served yet)."""

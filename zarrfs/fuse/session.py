@@ -14,6 +14,7 @@ import errno
 import functools
 import logging
 import os
+import struct
 from collections.abc import Callable
 
 from zarrfs.fs.api import DIR, NOW, RENAME_EXCHANGE, FsError, Node, Operations, PageCache, Stored, key_text
@@ -36,6 +37,15 @@ BUFFER_SIZE = MAX_WRITE + 4096  # a request with its headers
 NS = 1_000_000_000
 
 _name = k.name
+
+
+_OPCODE = struct.Struct("<II")  # a request's length and opcode
+_FH = struct.Struct("<Q")  # the handle that begins FLUSH_IN and RELEASE_IN
+# Requests that never write to the database (fuse.interrupts: served while a write waits).
+_NO_WRITE = frozenset(
+    {k.LOOKUP, k.GETATTR, k.READLINK, k.READ, k.STATFS, k.GETXATTR, k.LISTXATTR, k.OPENDIR}
+    | {k.READDIR, k.READDIRPLUS, k.RELEASEDIR}
+)
 
 
 class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
@@ -72,6 +82,8 @@ class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
         # The handler of each opcode of abi.OPCODES is the method named after it (``_lookup``).
         handlers: dict[int, Handler] = {code: getattr(self, f"_{op.name}") for code, op in k.OPCODES.items()}
         super().__init__(fd, handlers, BUFFER_SIZE)
+        # While a write waits for a lock another program holds, what needs no write is served.
+        self.watch.serve, self.watch.may_serve = self.handle, self._needs_no_write
 
     # ------------------------------------------------------------------ helpers
     def _path(self, nodeid: int) -> str:
@@ -92,6 +104,23 @@ class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
             raise FsError(errno.ENOENT, f"node {nodeid} is gone", quiet=True)
         text = key_text(name)
         return parent + "/" + text if parent else text
+
+    def _needs_no_write(self, data: bytes) -> bool:
+        """Whether the request ``data`` can be answered without writing to the database (see
+        ``fuse.interrupts``, :meth:`Watch.serve_waiting`): a lookup, attributes, a read, a
+        listing, extended attributes read, a read-only open, the close of a reader, and what is
+        answered ENOSYS (``ioctl``, which ``open`` in Python sends, say)."""
+        if len(data) < k.IN_HEADER_SIZE:
+            return False
+        opcode = _OPCODE.unpack_from(data)[1]
+        if opcode in _NO_WRITE or opcode not in k.OPCODES:  # the others are answered ENOSYS
+            return True
+        if opcode == k.OPEN and len(data) >= k.IN_HEADER_SIZE + k.OPEN_IN.size:
+            flags = k.OPEN_IN.unpack_from(data, k.IN_HEADER_SIZE)[0]
+            return flags & (os.O_ACCMODE | os.O_TRUNC) == os.O_RDONLY
+        if opcode in (k.FLUSH, k.RELEASE) and len(data) >= k.IN_HEADER_SIZE + 8:
+            return self.ops.close_writes_nothing(_FH.unpack_from(data, k.IN_HEADER_SIZE)[0])
+        return False
 
     def _stored(self, nodeid: int | None, stored: Stored | None) -> None:
         # Content stored through this mount: the policy records it, and may hand the kernel

@@ -75,7 +75,7 @@ class LMDBTxn(Txn):
         self._driver = driver
         self._fit = driver.key_fit
         if write:  # another program's writer: logged, bounded by -o timeout= (writer_wait)
-            driver.write_lock.writer.wait(driver.path, driver.timeout)
+            driver.write_lock.writer.wait(driver.path, driver.timeout, driver.waiting_for_writer)
         gate.enter(self)  # no map is resized while the transaction is open (maps)
         if write:
             driver.write_lock.acquire()

@@ -95,7 +95,8 @@ class SQLiteTxn(Txn):
         self._log_from: int | None = None  # the last change-log id before its first change
         if write:
             try:  # a lock another program holds: logged, bounded by -o timeout= (writer_wait)
-                begin_sqlite_write(conn, driver.path, driver.timeout, int(driver.conns.args[2] * 1000))
+                busy_ms = int(driver.conns.args[2] * 1000)
+                begin_sqlite_write(conn, driver.path, driver.timeout, busy_ms, driver.waiting_for_writer)
             except sqlite3.Error as exc:
                 raise translate(exc, driver.path) from exc
 
