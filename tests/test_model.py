@@ -97,6 +97,7 @@ OPEN_FLAGS = {
     "O_WRONLY": os.O_WRONLY,
     "O_RDWR": os.O_RDWR,
     "O_RDWR|O_CREAT": os.O_RDWR | os.O_CREAT,
+    "O_RDONLY|O_CREAT": os.O_RDONLY | os.O_CREAT,
     "O_WRONLY|O_CREAT|O_TRUNC": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
     "O_RDWR|O_APPEND": os.O_RDWR | os.O_APPEND,
 }

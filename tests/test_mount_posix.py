@@ -195,6 +195,24 @@ def test_empty_folders_and_attrs_persist_across_remount(db_url, mount_factory, t
     assert stat.S_IMODE(os.stat(m2.path / "a/b").st_mode) == 0o700
 
 
+def test_a_file_created_read_only_is_stored(db_url, mount_factory):
+    """``open(O_CREAT | O_RDONLY)`` makes a file (pjdfstest's ``create`` does): it is stored at
+    the last close, as a writer's new file is, though nothing was written (it was forgotten)."""
+    m = mount_factory(db_url, ["create"])
+    os.close(os.open(m.path / "r", os.O_CREAT | os.O_RDONLY | os.O_EXCL, 0o640))
+    os.mkdir(m.path / "d")
+    fd = os.open(m.path / "d" / "kept-open", os.O_CREAT | os.O_RDONLY, 0o600)
+    try:
+        assert sorted(os.listdir(m.path / "d")) == ["kept-open"]  # listed while open
+    finally:
+        os.close(fd)
+    m.stop()
+    m2 = mount_factory(db_url, name="again")
+    for path, mode in (("r", 0o640), ("d/kept-open", 0o600)):
+        st = os.stat(m2.path / path)
+        assert (stat.S_IMODE(st.st_mode), st.st_size) == (mode, 0), path
+
+
 def test_rename_files_and_folders(mounted):
     root = mounted.path
     os.makedirs(root / "src/sub")

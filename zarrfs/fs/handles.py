@@ -411,7 +411,9 @@ class HandleTable(OpenNames, LockedFiles):
         return stored
 
     def release(self, fh: int) -> Stored | None:
-        """Last close of a descriptor: a writer's commits what is left; forget the handle."""
+        """Last close of a descriptor: a writer's commits what is left, and so does the last
+        close of a file created here and not stored yet whoever opened it (``open(O_CREAT)``
+        with ``O_RDONLY`` makes a file too); forget the handle."""
         handle = self.handles.pop(fh, None)
         if handle is None:
             return None
@@ -422,7 +424,8 @@ class HandleTable(OpenNames, LockedFiles):
             return None
         try:
             if not state.failed:
-                stored = (self._commit(state) if handle.writable else None) or state.stored
+                writes = handle.writable or (state.created and not state.handles)
+                stored = (self._commit(state) if writes else None) or state.stored
                 if stored is not None and not state.handles and not state.orphan and state.buffer:
                     return stored._replace(tail=last_page(state.buffer))
                 return stored
