@@ -342,3 +342,41 @@ def test_a_small_file_reads_its_version_until_closed(url, size, mount_factory):
     finally:
         os.close(fd)
     assert (b.path / "f").read_bytes() == second
+
+
+# --- permission checks see another mount's chown ------------------------------------------------------
+
+# From inside the mount, as pjdfstest runs: the folders above it are root's alone (pytest's).
+AS_NOBODY = (
+    "import os, sys; os.chdir(sys.argv[1]); os.setgid(65534); os.setuid(65534); "
+    "os.chmod(sys.argv[2], int(sys.argv[3], 8))"
+)
+
+
+def chmod_as_nobody(path, mode: int) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-c", AS_NOBODY, str(path.parent), path.name, oct(mode)]
+    return subprocess.run(args, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "redis"])
+def test_a_chown_on_one_mount_is_what_the_others_permission_checks_see(kind, tmp_path, request, mount_factory):  # noqa: E501
+    """The kernel checks a chmod's caller against the owner it caches (``default_permissions``):
+    once another mount's chown has come through the change feed, that owner is the new one.
+    pjdfstest's chmod/00 and chmod/07 over two mounts: a file created on one mount, given away
+    (or taken back) on the other, then chmod by its new owner (allowed) and by its old one
+    (EPERM)."""
+    url = make_url(kind, tmp_path, request)
+    a = mount_factory(url, ["create", "allow_other"])
+    b = mount_factory(url, ["allow_other"])
+    os.close(os.open(a.path / "f", os.O_CREAT | os.O_WRONLY, 0o755))
+    shown(b.path / "f")
+    os.chown(b.path / "f", 65534, 65534)
+    (b.path / "after-chown").write_bytes(b"")  # the feed brings it after the chown
+    shown(a.path / "after-chown")
+    done = chmod_as_nobody(a.path / "f", 0o2755)
+    assert done.returncode == 0, done.stderr  # nobody's file now: allowed
+    os.chown(b.path / "f", 0, 0)
+    (b.path / "after-chown-2").write_bytes(b"")
+    shown(a.path / "after-chown-2")
+    done = chmod_as_nobody(a.path / "f", 0o644)
+    assert done.returncode != 0 and "PermissionError" in done.stderr, done.stderr  # root's again

@@ -194,6 +194,8 @@ NOTIFY_INVAL_ENTRY_OUT = struct.Struct("<IiQ" + "QII")
 NOTIFY_STORE_OUT = struct.Struct("<IiQ" + "QQII")  # header, nodeid offset size padding; data follows
 NOTIFY_INVAL_MINOR = 12  # the minor that brought NOTIFY_INVAL_INODE and NOTIFY_INVAL_ENTRY
 NOTIFY_STORE_MINOR = 15  # the minor that brought NOTIFY_STORE
+NOTIFY_EXPIRE_MINOR = 38  # the minor that brought FUSE_EXPIRE_ONLY for NOTIFY_INVAL_ENTRY
+EXPIRE_ONLY = 1 << 0  # NOTIFY_INVAL_ENTRY: the entry is looked up again, not dropped
 
 WRITE_DATA = IN_HEADER_SIZE + WRITE_IN.size  # where a WRITE's data starts
 

@@ -8,7 +8,9 @@ and each folder above it, of what the kernel holds:
 * a node: its attributes and pages (``NOTIFY_INVAL_INODE``), and what the page-cache policy
   remembers of it (the next open looks at the file again and drops the kernel's pages); its
   entry too (``NOTIFY_INVAL_ENTRY``) when the key is gone or is now of another kind, so the
-  next lookup asks;
+  next lookup asks; else, where the kernel takes ``EXPIRE_ONLY`` (FUSE 7.38), its entry is
+  marked to be looked up again at its next use, which renews the owner and mode the kernel
+  checks a ``chmod`` or ``chown`` against (``default_permissions`` checks them without asking);
 * a cached "no such file" (the mount answered a lookup of it with ENOENT): its entry.
 
 "Something changed, not known what" drops every node's attributes and pages and every entry.
@@ -47,11 +49,13 @@ def inval_inode(nodeid: int) -> bytes:
     return k.NOTIFY_INVAL_INODE_OUT.pack(40, k.NOTIFY_INVAL_INODE, 0, nodeid, 0, 0)
 
 
-def inval_entry(parent_id: int, name: str) -> bytes:
-    """The notification dropping the entry ``name`` of folder ``parent_id``."""
+def inval_entry(parent_id: int, name: str, flags: int = 0) -> bytes:
+    """The notification dropping the entry ``name`` of folder ``parent_id`` (with
+    ``EXPIRE_ONLY``: marking it to be looked up again at its next use)."""
     raw = name_bytes(name)
     size = k.NOTIFY_INVAL_ENTRY_OUT.size + len(raw) + 1
-    return k.NOTIFY_INVAL_ENTRY_OUT.pack(size, k.NOTIFY_INVAL_ENTRY, 0, parent_id, len(raw), 0) + raw + b"\0"
+    head = k.NOTIFY_INVAL_ENTRY_OUT.pack(size, k.NOTIFY_INVAL_ENTRY, 0, parent_id, len(raw), flags)
+    return head + raw + b"\0"
 
 
 class Coherence:
@@ -113,11 +117,12 @@ class Coherence:
         held, nodes, find = inodes.held, inodes.nodes, self.session.ops.find
         negatives = self.negatives
         notes: list[bytes] = []
-        targets = set(keys)
-        targets |= folders_of(targets)
+        changed = set(keys)
+        targets = changed | folders_of(changed)
+        expire = self.session._expire_ok
         for key in sorted(targets):
             nodeid = held(key)
-            entry = False
+            entry = renew = False
             if nodeid is not None:
                 inode = nodes[nodeid]
                 if not inode.bare:  # else dropped (a lock granted), and nothing shown since
@@ -126,14 +131,18 @@ class Coherence:
                 if key:
                     node = find(key)
                     entry = node is None or node.kind != inode.kind
+                    # Its owner or mode may have changed: the kernel checks a chmod or chown
+                    # (default_permissions) against the owner it holds, which only a lookup
+                    # (the next path walk through the name) or a getattr renews.
+                    renew = expire and key in changed
             elif key in negatives:
                 del negatives[key]
                 entry = True
-            if entry:
+            if entry or renew:
                 parent, _, name = key.rpartition("/")
                 parent_id = held(parent)
                 if parent_id is not None:
-                    notes.append(inval_entry(parent_id, name))
+                    notes.append(inval_entry(parent_id, name, 0 if entry else k.EXPIRE_ONLY))
         return notes
 
     def everything(self) -> list[bytes]:

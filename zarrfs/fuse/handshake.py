@@ -40,6 +40,11 @@ class Agreed(NamedTuple):
         """Whether the kernel takes NOTIFY_STORE (pages handed to it)."""
         return self.minor >= k.NOTIFY_STORE_MINOR
 
+    @property
+    def expire(self) -> bool:
+        """Whether NOTIFY_INVAL_ENTRY takes EXPIRE_ONLY (look the name up again, keep it)."""
+        return self.minor >= k.NOTIFY_EXPIRE_MINOR
+
 
 def negotiate(
     body: bytes | memoryview, unique: int, max_write: int, wanted: int = k.WANTED
