@@ -18,7 +18,7 @@ import textwrap
 import time
 
 import pytest
-from mounting import make_url, needs_fuse
+from mounting import eventually, make_url, needs_fuse
 
 pytestmark = needs_fuse
 
@@ -380,3 +380,36 @@ def test_a_chown_on_one_mount_is_what_the_others_permission_checks_see(kind, tmp
     shown(a.path / "after-chown-2")
     done = chmod_as_nobody(a.path / "f", 0o644)
     assert done.returncode != 0 and "PermissionError" in done.stderr, done.stderr  # root's again
+
+
+# --- hard links made and removed through another mount ------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "redis"])
+def test_hard_links_made_and_removed_through_another_mount(kind, tmp_path, request, mount_factory):
+    """pjdfstest's link/02, link/03 and rename/23 over two mounts. A file made on A, linked on
+    B, its first name removed on A: B still reads it by the name left (B answered ENOENT until
+    a remount). A file made on B, linked on A: on B both names are one file (one inode number,
+    two links; B gave the new name a node of its own)."""
+    a, b = mounts(mount_factory, make_url(kind, tmp_path, request), 2)
+    (a.path / "f").write_bytes(b"x")
+    shown(b.path / "f")
+    os.link(b.path / "f", b.path / "g")
+    assert os.stat(b.path / "g").st_nlink == 2
+    shown(a.path / "g")
+    os.unlink(a.path / "f")
+    eventually(lambda: not os.path.exists(b.path / "f"), "f gone on b")
+    assert (b.path / "g").read_bytes() == b"x"
+    assert os.stat(b.path / "g").st_nlink == 1
+
+    (b.path / "h").write_bytes(b"y")
+    shown(a.path / "h")
+    assert os.stat(b.path / "h").st_nlink == 1  # b holds the node of h
+    os.link(a.path / "h", a.path / "i")
+    shown(b.path / "i")
+
+    def one_file() -> bool:
+        h, i = os.stat(b.path / "h"), os.stat(b.path / "i")
+        return h.st_ino == i.st_ino and h.st_nlink == i.st_nlink == 2
+
+    eventually(one_file, "h and i one file on b")

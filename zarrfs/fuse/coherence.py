@@ -13,6 +13,10 @@ and each folder above it, of what the kernel holds:
   checks a ``chmod`` or ``chown`` against (``default_permissions`` checks them without asking);
 * a cached "no such file" (the mount answered a lookup of it with ENOENT): its entry.
 
+A hard link another mount made or removed changes what the node table knows: a name gone
+from a file with other names leaves the node, which keeps those; a file now in a link group
+joins it, so that a lookup of a new name of it gives the same node.
+
 "Something changed, not known what" drops every node's attributes and pages and every entry.
 
 The loop polls between requests, and every open polls first, so a file closed on one mount and
@@ -131,6 +135,10 @@ class Coherence:
                 if key:
                     node = find(key)
                     entry = node is None or node.kind != inode.kind
+                    if node is None and inode.aliases:  # a hard link gone: the file lives on
+                        inodes.detach(key)  # under its other names, which the node keeps
+                    elif not entry and node.group and not inode.group:  # linked elsewhere:
+                        inodes.linked(nodeid, node.group)  # its new names are this node
                     # Its owner or mode may have changed: the kernel checks a chmod or chown
                     # (default_permissions) against the owner it holds, which only a lookup
                     # (the next path walk through the name) or a getattr renews.
