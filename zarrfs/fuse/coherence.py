@@ -146,6 +146,10 @@ class Coherence:
             elif key in negatives:
                 del negatives[key]
                 entry = True
+            elif key in changed and key in inodes.ids:  # a node the kernel forgot, kept for its
+                known = nodes[inodes.ids[key]]  # number: its names must be right when it is
+                if known.aliases and find(key) is None:  # looked up again
+                    inodes.detach(key)
             if entry or renew:
                 parent, _, name = key.rpartition("/")
                 parent_id = held(parent)
