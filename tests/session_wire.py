@@ -17,7 +17,7 @@ import pytest
 from zarrfs.backends import open_driver
 from zarrfs.fs.api import Operations
 from zarrfs.fs.handles import HandleTable
-from zarrfs.fs.namespace import Tree
+from zarrfs.fs.tree import Tree
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.inodes import InodeTable
 from zarrfs.fuse.session import Session

@@ -33,7 +33,7 @@ from zarrfs.backends import open_driver
 from zarrfs.backends.base import SIDE, VALUES
 from zarrfs.fs.errors import to_errno
 from zarrfs.fs.handles import HandleTable
-from zarrfs.fs.namespace import RENAME_EXCHANGE, Tree
+from zarrfs.fs.tree import RENAME_EXCHANGE, Tree
 from zarrfs.store import DatabaseStore
 from zarrfs.testing.faults import failing_commits
 

@@ -422,7 +422,7 @@ def test_lmdb_listing_reads_no_values_from_disk(tmp_path):
 def test_lmdb_snapshot_of_a_folder_of_subfolders_reads_no_values_from_disk(tmp_path):
     """A folder snapshot needs the sizes of the folder's own files only: one of zarr's ``c/``
     (a subfolder per chunk row) must not read the chunks below it from disk."""
-    from zarrfs.fs.namespace import Tree
+    from zarrfs.fs.tree import Tree
 
     driver = _cold_chunks(tmp_path / "db.lmdb", {"arr/c/x": b"xyz"})
     try:

@@ -12,8 +12,8 @@ from mounting import make_url
 
 from zarrfs.backends import open_driver
 from zarrfs.fs.foldercache import FolderCache
-from zarrfs.fs.namespace import DIR, FILE, LINK, Node, Tree
 from zarrfs.fs.sidedata import LINK_MARK, entry_key
+from zarrfs.fs.tree import DIR, FILE, LINK, Node, Tree
 
 
 class Clock:

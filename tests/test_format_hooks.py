@@ -15,7 +15,7 @@ from zarrfs.backends import open_driver
 from zarrfs.format import FormatError
 from zarrfs.format.check import check_database
 from zarrfs.format.hooks import FormatHooks
-from zarrfs.fs.namespace import Tree
+from zarrfs.fs.tree import Tree
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zarrfs.fs.namespace import DIR, FILE
+from zarrfs.fs.tree import DIR, FILE
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.inodes import InodeTable
 

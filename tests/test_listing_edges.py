@@ -23,7 +23,7 @@ from mounting import DRIVERS, Mount, make_url
 from zarrfs.backends import open_driver
 from zarrfs.fs import listing as listing_module
 from zarrfs.fs.listing import DirListing
-from zarrfs.fs.namespace import Tree
+from zarrfs.fs.tree import Tree
 
 # Characters a chain extends a name with: below '/' (where a name's folder sorts after the
 # names extending it), above it, beyond ASCII; '~' too, which a resume at last + "~" finds.

@@ -14,7 +14,7 @@ from zarrfs.backends import open_driver
 from zarrfs.backends.base import SIDE, StorageFullError
 from zarrfs.fs.api import Operations
 from zarrfs.fs.handles import HandleTable
-from zarrfs.fs.namespace import Tree
+from zarrfs.fs.tree import Tree
 
 MIB = 1 << 20
 

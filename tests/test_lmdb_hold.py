@@ -13,7 +13,7 @@ from zarrfs.backends import open_driver
 from zarrfs.backends.heldvalues import Held, hold
 from zarrfs.backends.lmdb import holder as lmdb_hold
 from zarrfs.fs.handles import HandleTable
-from zarrfs.fs.namespace import Tree
+from zarrfs.fs.tree import Tree
 
 MIB = 1 << 20
 

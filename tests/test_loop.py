@@ -12,7 +12,7 @@ import pytest
 from mounting import needs_fuse, unavailable
 
 from zarrfs.backends import open_driver
-from zarrfs.cli import _daemon_pids
+from zarrfs.cli import daemon_pids
 from zarrfs.fuse.channel import option_string
 from zarrfs.fuse.loop import DEFAULT_SPIN_US
 from zarrfs.fuse.tuning import DEFAULT_READAHEAD_KIB, keep_freed_memory, mount_device
@@ -76,7 +76,7 @@ def test_keep_freed_memory_applies_on_glibc():
 
 # ---------------------------------------------------------------------- through real mounts
 def daemon_pid(m) -> int:
-    pids = _daemon_pids(str(m.path))
+    pids = daemon_pids(str(m.path))
     assert len(pids) == 1, pids
     return pids[0]
 

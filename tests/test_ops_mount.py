@@ -20,7 +20,7 @@ import pytest
 from mounting import make_url, needs_fuse
 
 from zarrfs.backends import open_driver
-from zarrfs.cli import _daemon_pids
+from zarrfs.cli import daemon_pids
 from zarrfs.control import socket_path
 from zarrfs.logs import default_log_file
 
@@ -251,14 +251,14 @@ def test_sighup_reopens_the_log_file_and_keeps_the_mount(tmp_path, cleanup):
     cleanup.append(m)
     log = tmp_path / "zarrfs.log"
     ok(zarrfs("mount", f"lmdb://{tmp_path}/db.lmdb", str(m), "-o", "create", "--log-file", str(log)))
-    (pid,) = _daemon_pids(str(m))
+    (pid,) = daemon_pids(str(m))
     log.rename(tmp_path / "zarrfs.log.1")  # as logrotate does
     os.kill(pid, signal.SIGHUP)
     deadline = time.monotonic() + 10
     while not log.exists():
         assert time.monotonic() < deadline, "the log was not reopened"
         time.sleep(0.05)
-    assert mounted(m) and _daemon_pids(str(m)) == [pid]
+    assert mounted(m) and daemon_pids(str(m)) == [pid]
     (m / "f").write_bytes(b"1")
     ok(zarrfs("umount", str(m)))
     text = log.read_text()
@@ -319,7 +319,7 @@ echo done > {out}/done
     second = (out / "second").read_text().split()
     assert second[0] == url and second[3].startswith("ro,")
     assert (out / "read").read_text() == "via-mount-t\n"
-    assert (out / "done").exists() and not _daemon_pids(str(m))
+    assert (out / "done").exists() and not daemon_pids(str(m))
 
 
 # --- 9. status --------------------------------------------------------------------------------
@@ -344,7 +344,7 @@ def test_status_lists_mounts_and_shows_live_figures(tmp_path, request, cleanup, 
     try:
         doc = json.loads(ok(zarrfs("status", str(m), "--json")).stdout)
         assert doc["url"] == url and doc["mountpoint"] == str(m) and doc["open_files"] == 1
-        assert doc["pid"] == _daemon_pids(str(m))[0]
+        assert doc["pid"] == daemon_pids(str(m))[0]
         db = doc["database"]
         assert (db["bytes"] >= 100_000) if kind != "redis" else (db["keys"] >= 1)
         assert doc["folder_snapshots"]["lifetime"] == 1

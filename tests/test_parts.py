@@ -14,7 +14,7 @@ from zarrfs.backends.base import KEYS, SIDE
 from zarrfs.fs.api import Operations
 from zarrfs.fs.handles import HandleTable
 from zarrfs.fs.manifest import MAGIC, MANIFEST_SIZE, PART
-from zarrfs.fs.namespace import Tree
+from zarrfs.fs.tree import Tree
 from zarrfs.tools.orphans import find_orphans
 
 ABOVE = 10_000  # parts of 10 000 bytes

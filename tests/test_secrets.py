@@ -14,7 +14,7 @@ import pytest
 from conftest import _free_port
 from mounting import needs_fuse
 
-from zarrfs.cli import _daemon_pids
+from zarrfs.cli import daemon_pids
 
 pytestmark = needs_fuse
 
@@ -57,7 +57,7 @@ def run(*args: str, env: dict[str, str] | None = None, cwd=None) -> subprocess.C
 
 
 def assert_hidden(mnt, log) -> None:
-    pids = _daemon_pids(str(mnt))
+    pids = daemon_pids(str(mnt))
     assert len(pids) == 1, pids
     for what in ("cmdline", "environ"):
         with open(f"/proc/{pids[0]}/{what}", "rb") as fh:

@@ -12,7 +12,7 @@ import time
 from session_wire import ATTR_FIELDS, GID, UID, attr_of, dirents_of, entry_of, release_storing, z
 
 from zarrfs.daemon import make_hooks
-from zarrfs.fs.namespace import DIR, FILE, RENAME_EXCHANGE, RENAME_NOREPLACE
+from zarrfs.fs.tree import DIR, FILE, RENAME_EXCHANGE, RENAME_NOREPLACE
 from zarrfs.fuse import abi as k
 from zarrfs.options import MountOptions
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from session_wire import Wire, release_storing, z
 
-from zarrfs.fs.namespace import DIR, FILE
+from zarrfs.fs.tree import DIR, FILE
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.session import MAX_WRITE
 

@@ -3,8 +3,10 @@ byte compatibility with zarr-python 2's store classes and with a mount of the sa
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import stat
 import uuid
 
 import numpy as np
@@ -215,3 +217,29 @@ def test_a_set_through_the_store_updates_every_name_of_a_link_group(url, mount_f
     f, g = os.stat(m.path / "f"), os.stat(m.path / "g")
     assert (f.st_ino, f.st_nlink, f.st_size, f.st_mtime_ns) == (g.st_ino, 2, 3, g.st_mtime_ns)
 
+
+
+def test_a_delete_through_the_store_leaves_no_records_for_a_new_file(url, mount_factory):
+    """Extended attributes and folder records are a node's, not a name's: a file deleted and
+    a folder emptied through the store (``delete``, ``delete_dir``), then made again under
+    the same names, come back without the old extended attributes or the old folder's mode."""
+    m = mount_factory(url, ["create"])
+    (m.path / "f").write_bytes(b"old")
+    (m.path / "d").mkdir()
+    (m.path / "d" / "x").write_bytes(b"old")
+    os.setxattr(m.path / "f", "user.note", b"of the old file")
+    os.setxattr(m.path / "d" / "x", "user.note", b"of the old file")
+    os.setxattr(m.path / "d", "user.note", b"of the old folder")
+    os.chmod(m.path / "d", 0o700)
+    m.stop()
+    store = DatabaseStore(url)
+    store.delete_sync("f")
+    asyncio.run(store.delete_dir("d"))
+    store.set_sync("f", cpu.Buffer.from_bytes(b"new"))
+    store.set_sync("d/x", cpu.Buffer.from_bytes(b"new"))
+    store.close()
+    m = mount_factory(url)
+    for path in (m.path / "f", m.path / "d" / "x", m.path / "d"):
+        assert os.listxattr(path) == [], path
+    assert stat.S_IMODE(os.stat(m.path / "d").st_mode) == 0o755
+    assert (m.path / "d" / "x").read_bytes() == b"new"

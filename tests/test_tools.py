@@ -24,7 +24,7 @@ from mounting import needs_fuse, zarrfs
 
 from zarrfs.backends import open_driver
 from zarrfs.backends.base import SIDE, prefix_stop
-from zarrfs.cli import _daemon_pids
+from zarrfs.cli import daemon_pids
 from zarrfs.fs.sidedata import ATTR, ENTRY
 
 pytestmark = needs_fuse
@@ -360,7 +360,7 @@ def test_sigterm_commits_open_files_and_leaves_no_dead_mountpoint(db_url, mount_
     )
     try:
         assert holder.stdout.readline().strip() == "written"
-        pids = _daemon_pids(str(m.path))
+        pids = daemon_pids(str(m.path))
         assert len(pids) == 1, pids
         os.kill(pids[0], signal.SIGTERM)
         wait_gone(pids[0])
@@ -431,7 +431,7 @@ def test_umount_then_remount_shows_everything(db_url, mount_factory):
     os.makedirs(m.path / "d/empty/folder")
     before = tree_meta(m.path / "d")
     sums = sh("find . -type f -print0 | sort -z | xargs -0 md5sum", cwd=m.path)
-    pids = _daemon_pids(str(m.path))
+    pids = daemon_pids(str(m.path))
 
     zarrfs("umount", str(m.path))
     assert not os.path.ismount(m.path) and os.listdir(m.path) == []
@@ -488,22 +488,22 @@ def test_mount_failures_are_one_clear_line(db_url, mount_factory, tmp_path):
     (m.path / "f").write_bytes(b"1")
     assert_one_line_failure([db_url, str(m.path)], "busy", "already mounted")
     assert os.path.ismount(m.path) and (m.path / "f").read_bytes() == b"1"
-    assert len(_daemon_pids(str(m.path))) == 1
+    assert len(daemon_pids(str(m.path))) == 1
     for where in (free, tmp_path / "absent"):
-        assert not os.path.ismount(where) and not _daemon_pids(str(where))
+        assert not os.path.ismount(where) and not daemon_pids(str(where))
 
 
 def test_mount_failure_names_a_bad_fuse_option(db_url, tmp_path):
     mnt = tmp_path / "m"
     mnt.mkdir()
     assert_one_line_failure([db_url, str(mnt), "-o", "create,bogusopt"], "bogusopt")
-    assert not os.path.ismount(mnt) and not _daemon_pids(str(mnt))
+    assert not os.path.ismount(mnt) and not daemon_pids(str(mnt))
 
 
 def test_a_killed_daemons_mountpoint_is_named_and_cleared_by_umount(db_url, mount_factory):
     m = mount_factory(db_url, ["create"])
     (m.path / "kept.txt").write_bytes(b"committed before the kill")
-    pids = _daemon_pids(str(m.path))
+    pids = daemon_pids(str(m.path))
     assert len(pids) == 1, pids
     os.kill(pids[0], signal.SIGKILL)
     wait_gone(pids[0])

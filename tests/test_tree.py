@@ -12,8 +12,8 @@ from conftest import record_redis_calls
 
 from zarrfs.backends import open_driver
 from zarrfs.fs.errors import to_errno
-from zarrfs.fs.namespace import Tree
 from zarrfs.fs.spill import SpillBuffer
+from zarrfs.fs.tree import Tree
 from zarrfs.testing.filesystem import FilesystemConformance
 
 

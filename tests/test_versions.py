@@ -95,7 +95,7 @@ def test_a_large_value_replaced_under_a_descriptor_fails_with_estale(monkeypatch
     from zarrfs.backends import open_driver
     from zarrfs.fs import handles as handles_module
     from zarrfs.fs.handles import HandleTable
-    from zarrfs.fs.namespace import Tree
+    from zarrfs.fs.tree import Tree
 
     monkeypatch.setattr(handles_module, "SNAPSHOT_LIMIT", 1024)  # ranges above this
     tree = Tree(open_driver(f"memory://{uuid.uuid4().hex}"))

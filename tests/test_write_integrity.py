@@ -24,7 +24,7 @@ import pytest
 from mounting import needs_fuse
 
 from zarrfs.backends import open_driver
-from zarrfs.cli import _daemon_pids
+from zarrfs.cli import daemon_pids
 
 pytestmark = needs_fuse
 
@@ -52,7 +52,7 @@ def watchdog(mount, seconds: float = WATCHDOG):
 
     def fire() -> None:
         fired.append(True)
-        for pid in _daemon_pids(str(mount.path)):
+        for pid in daemon_pids(str(mount.path)):
             os.kill(pid, signal.SIGKILL)
 
     timer = threading.Timer(seconds, fire)

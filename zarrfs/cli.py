@@ -20,12 +20,12 @@ import sys
 from zarrfs import __version__, commit
 from zarrfs.backends.base import BackendError
 from zarrfs.helptext import DESCRIPTION, EXIT_HELP, OPTIONS_HELP, SYNOPSIS, URLS_HELP
-from zarrfs.mounttable import _daemon_pids, cmd_status, cmd_umount
+from zarrfs.mounttable import cmd_status, cmd_umount, daemon_pids
 from zarrfs.oneline import fail, status_of
 from zarrfs.urls import MountFailure, location
 from zarrfs.usage import UsageError
 
-__all__ = ["COMMANDS", "_daemon_pids", "build_parser", "main"]  # _daemon_pids: for the tests
+__all__ = ["COMMANDS", "daemon_pids", "build_parser", "main"]  # daemon_pids: for the tests
 
 COMMANDS = ("mount", "umount", "status", "commit", "check", "copy", "consolidate", "reindex")
 

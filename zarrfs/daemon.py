@@ -28,8 +28,8 @@ from zarrfs.fs.api import LockTable, Operations
 from zarrfs.fs.changes import ChangeWatcher, has_feed
 from zarrfs.fs.foldercache import FolderCache
 from zarrfs.fs.handles import HandleTable
-from zarrfs.fs.namespace import Hooks, Tree
 from zarrfs.fs.readahead import DEFAULT_CHUNKS_AHEAD, Readahead
+from zarrfs.fs.tree import Hooks, Tree
 from zarrfs.fuse import abi
 from zarrfs.fuse.channel import Channel
 from zarrfs.fuse.coherence import Coherence

@@ -41,7 +41,7 @@ def mounted(mountpoint: str) -> bool:
     return any(mp == mountpoint for mp, *_ in mounts())
 
 
-def _daemon_pids(mountpoint: str) -> list[int]:
+def daemon_pids(mountpoint: str) -> list[int]:
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
@@ -65,7 +65,7 @@ def cmd_umount(args: argparse.Namespace) -> int:
             return fail(f"{mountpoint} does not exist")
         return fail(f"{mountpoint} is not mounted")
     tool = shutil.which("fusermount3") or shutil.which("fusermount") or "fusermount3"
-    pids = _daemon_pids(mountpoint)
+    pids = daemon_pids(mountpoint)
     cmd = [tool, "-u"] + (["-z"] if args.lazy else []) + [mountpoint]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:

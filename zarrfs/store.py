@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import stat
 import threading
-import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -40,11 +39,8 @@ from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
 from zarrfs.backends import open_driver
 from zarrfs.backends.base import (
-    DATA,
     KEYS,
-    SIDE,
     SIZES,
-    VALUES,
     Driver,
     MissingDatabaseError,
     Txn,
@@ -53,14 +49,17 @@ from zarrfs.backends.base import (
 )
 from zarrfs.backends.registry import normalize_url
 from zarrfs.fs import parts, records
-from zarrfs.fs.hardlinks import POINTER, pointer_key
-from zarrfs.fs.sidedata import ATTR, ENTRY, Attrs, attr_key
 
 __all__ = ["DatabaseStore"]
 
 BATCH = 1000  # keys per read transaction while listing
 _AFTER_SLASH = chr(ord("/") + 1)  # the first position past every key below "name/"
 _UMASK = 0o022
+
+
+def _new_file(now: int) -> Any:
+    """The attributes of a file a ``set`` makes at ``now``: the process's, mode 0644."""
+    return records.new_file_attrs(_UMASK, os.getuid(), os.getgid())(now)
 
 
 class DatabaseStore(Store):
@@ -253,17 +252,7 @@ class DatabaseStore(Store):
     def _put(self, t: Txn, key: str, value: bytes, freed: list[Any]) -> None:
         if self._hooks is not None and t.size(key) is None:
             self._hooks.check_name(t, key, stat.S_IFREG)
-        raw = t.get(attr_key(key), SIDE)
-        freed.append(parts.let_go(t, key, raw, every_name=True))  # every name is rewritten below
-        now = time.time_ns()
-        attrs = Attrs.unpack(raw) if raw is not None else None
-        if attrs is None:
-            attrs = Attrs(stat.S_IFREG | (0o666 & ~_UMASK), os.getuid(), os.getgid(), now, now, now)
-        attrs.mtime = attrs.ctime = now
-        attrs.parted = None  # stored whole
-        # Every name of the file's link group, as a commit through a mount writes them.
-        names = records.names_of(t, key, read_pointer=True)
-        records.write_file(t, names, value, attrs.pack(), self._store_hook)
+        freed.append(records.set_value(t, key, value, self._store_hook, _new_file))
 
     def _store_hook(self, t: Txn, key: str, value: bytes) -> bytes:
         return value if self._hooks is None else self._hooks.store(t, key, value)
@@ -271,13 +260,7 @@ class DatabaseStore(Store):
     def delete_sync(self, key: str) -> None:
         """Remove ``key`` (and its attribute record); a missing key is no error."""
 
-        def run(t: Txn, freed: list[Any]) -> None:
-            freed.append(parts.let_go(t, key, t.get(attr_key(key), SIDE)))
-            t.delete(key)
-            t.delete(attr_key(key), SIDE)
-            t.delete(pointer_key(key), SIDE)  # no longer a name of a file with hard links
-
-        self._write_freeing(run)
+        self._write_freeing(lambda t, freed: freed.append(records.delete_file(t, key)))
 
     async def delete(self, key: str) -> None:
         """Remove ``key`` (and its attribute record); a missing key is no error."""
@@ -287,22 +270,7 @@ class DatabaseStore(Store):
         """Remove every key under ``prefix`` and their side records, in one transaction (then
         the parts of the values a mount stored in parts there)."""
         prefix = prefix.rstrip("/")
-        below = prefix + "/" if prefix else ""
-
-        def run(t: Txn, freed: list[Any]) -> None:
-            records = ATTR + below
-            scanned = t.scan(records, prefix_stop(records), space=SIDE, fetch=VALUES)
-            for k, raw in [(k, raw) for k, raw in scanned if parts.parted_of(raw) is not None]:
-                freed.append(parts.let_go(t, k[len(ATTR) :], raw))
-            side = [(SIDE, prefix + below) for prefix in (ATTR, ENTRY, POINTER)]
-            for space, start in [(DATA, below), *side]:
-                doomed = [k for k, _ in t.scan(start, prefix_stop(start), space=space)]
-                for k in doomed:
-                    t.delete(k, space)
-            if prefix:
-                t.delete(ENTRY + prefix, SIDE)  # the folder's own marker, if it was made empty
-
-        self._write_freeing(run)
+        self._write_freeing(lambda t, freed: freed.extend(records.delete_below(t, prefix)))
 
     async def clear(self) -> None:
         """Remove every key of the database (and every side record of its files and folders)."""

@@ -1,4 +1,4 @@
-"""The format layer plugged into the filesystem tree (``zarrfs.fs.namespace.Hooks``).
+"""The format layer plugged into the filesystem tree (``zarrfs.fs.tree.Hooks``).
 
 :class:`FormatHooks` is what the daemon builds from the ``validate=``, ``view=`` and
 ``consolidate=`` mount options. It only sees a transaction object with ``get(key)`` and
@@ -73,7 +73,7 @@ def _get_many(txn: Any):
 
 
 class FormatHooks:
-    """Validation, the decoded view and live consolidated metadata for ``zarrfs.fs.namespace.Tree``."""
+    """Validation, the decoded view and live consolidated metadata for ``zarrfs.fs.tree.Tree``."""
 
     def __init__(self, validate: str = "strict", view: str = "raw", consolidate: str = "auto"):
         for name, value, allowed in (

@@ -27,7 +27,8 @@ from zarrfs.fs.handles import HandleTable, Stored
 from zarrfs.fs.listing import DirListing
 from zarrfs.fs.locks import UNLCK, WRLCK, Lock, LockTable, Waiters
 from zarrfs.fs.names import NAME_MAX, key_text, name_bytes
-from zarrfs.fs.namespace import (
+from zarrfs.fs.pagecache import DIRECT_ABOVE, PageCache, Pages
+from zarrfs.fs.tree import (
     DIR,
     FILE,
     LINK,
@@ -37,7 +38,6 @@ from zarrfs.fs.namespace import (
     Tree,
     check_rename_flags,
 )
-from zarrfs.fs.pagecache import DIRECT_ABOVE, PageCache, Pages
 
 log = logging.getLogger("zarrfs.fs.api")
 
@@ -188,7 +188,7 @@ class Operations:
             raise FsError(errno.ENOTDIR, key)
         fh = self._next_dir
         self._next_dir += 1
-        self.dirs[fh] = DirListing(self.tree, key, extra=self.handles.unstored_names(key))
+        self.dirs[fh] = DirListing(self.tree.listings, key, extra=self.handles.unstored_names(key))
         return fh
 
     def readdir(self, fh: int, offset: int) -> Iterator[tuple[str, int, int]]:

@@ -1,9 +1,9 @@
 """New names and what they change: making folders, symlinks and special files, who owns a new
 node, the times of the folder a name is added to or removed from, and the length of a path.
 
-:class:`Entries` is the part of :class:`zarrfs.fs.namespace.Tree` that makes side entries
-(folders made with ``mkdir``, symlinks, FIFOs, devices, sockets: never Zarr keys, so
-zarr-python's stores do not see them), and the helpers the other writes share. POSIX says a
+:class:`Entries` makes side entries for the tree (folders made with ``mkdir``, symlinks,
+FIFOs, devices, sockets: never Zarr keys, so zarr-python's stores do not see them), and the
+helpers the other writes share. POSIX says a
 new node is owned by its caller, takes the group of a setgid folder (a new folder its setgid
 bit too), and that adding or removing a name changes the folder's mtime and ctime: each call
 does it in its own transaction, from the probe it makes anyway (one more record written).
@@ -19,7 +19,8 @@ from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, Get, HasPrefix, StorageFullError, Txn
 from zarrfs.fs.errors import FsError
-from zarrfs.fs.lookups import DIR, FILE, LINK
+from zarrfs.fs.lookups import Lookups
+from zarrfs.fs.node import DIR, FILE, LINK
 from zarrfs.fs.sidedata import (
     DIR_MARK,
     ENTRY,
@@ -30,21 +31,22 @@ from zarrfs.fs.sidedata import (
     entry_key,
     special_mark,
 )
+from zarrfs.fs.transactions import Transactions, clock
 
 
 class Entries:
-    """New side entries and folder times of a :class:`zarrfs.fs.namespace.Tree` (which
-    provides ``driver``, ``hooks``, ``uid``, ``gid``, the probes, ``_write`` and ``_now``)."""
+    """New side entries and folder times, over ``lookups`` (probes, default attributes) and
+    ``writes`` (the tree's write transactions); ``uid``/``gid`` own what is made when the
+    caller names nobody; ``key_limit`` is the longest path the database can hold (None: any)."""
 
-    driver: Any
-    hooks: Any
-    uid: int
-    gid: int
-    key_limit: int | None
-    _write: Any
-    _now: Any
-    _probe_with_folder: Any
-    default_attrs: Any
+    def __init__(
+        self, lookups: Lookups, writes: Transactions, *, uid: int, gid: int, key_limit: int | None
+    ) -> None:
+        self.lookups = lookups
+        self.writes = writes
+        self.driver = lookups.driver
+        self.uid, self.gid = uid, gid
+        self.key_limit = key_limit
 
     def check_length(self, key: str) -> None:
         """ENAMETOOLONG for a path longer than the database's keys can be."""
@@ -60,13 +62,13 @@ class Entries:
         folder = attr_key(key.rpartition("/")[0])
 
         def run(t: Txn) -> Attrs | None:
-            self.hooks.check_name(t, key, FILE)
+            self.lookups.hooks.check_name(t, key, FILE)
             raw = t.get(folder, SIDE)
             return None if raw is None else Attrs.unpack(raw)
 
         return self.driver.transact(run, write=False)
 
-    def _keep_parent(self, t: Txn, key: str) -> None:
+    def keep_parent(self, t: Txn, key: str) -> None:
         """After ``key`` left its folder, keep the folder (POSIX: only rmdir removes one)."""
         parent = key.rpartition("/")[0]
         if not parent:
@@ -81,16 +83,16 @@ class Entries:
         if marked is None and not data_below and not side_below:
             t.put(entry_key(parent), DIR_MARK, SIDE)
 
-    def _removing(self, run: Any) -> Any:
+    def removing(self, run: Any) -> Any:
         """Run a removal; on a full store, again without keeping the folder it empties nor
         changing its times: those are writes a full store may refuse, and removing must stay
         possible (the emptied folder then goes, as ``rm -r`` would take it next)."""
         try:
-            return self._write(run)
+            return self.writes.run(run)
         except StorageFullError:
-            return self._write(lambda t: run(t, keep=False))
+            return self.writes.run(lambda t: run(t, keep=False))
 
-    def _folder_changed(
+    def folder_changed(
         self, t: Txn, folder: str, raw: bytes | None, now: int, since: int | None = None
     ) -> None:
         """A name was added to or removed from ``folder`` (attribute record ``raw``): its mtime
@@ -98,7 +100,7 @@ class Entries:
         the folder changed after that: a ``touch`` of the folder in between stands."""
         attrs = Attrs.unpack(raw) if raw is not None else None
         if attrs is None:
-            attrs = self.default_attrs(DIR)
+            attrs = self.lookups.default_attrs(DIR)
         elif since is not None and attrs.ctime > since:
             return
         attrs.mtime = attrs.ctime = now
@@ -113,21 +115,21 @@ class Entries:
         def run(t: Txn) -> None:
             if not key:
                 raise FsError(errno.EEXIST, key)
-            folder, found = self._probe_with_folder(t, key)
+            folder, found = self.lookups.probe_with_folder(t, key)
             if found is not None:
                 raise FsError(errno.EEXIST, key)
             if kind == DIR:
-                self.hooks.check_name(t, key, DIR)
-            now = self._now()
+                self.lookups.hooks.check_name(t, key, DIR)
+            now = clock()
             attrs = Attrs(kind | stat.S_IMODE(mode), self.uid, self.gid, now, now, now)
             attrs.uid = self.uid if uid is None else uid
             attrs.gid = self.gid if gid is None else gid
             inherit_group(attrs, Attrs.unpack(folder[3]) if folder[3] is not None else None)
             t.put(entry_key(key), mark, SIDE)
             t.put(attr_key(key), attrs.pack(), SIDE)
-            self._folder_changed(t, key.rpartition("/")[0], folder[3], now)
+            self.folder_changed(t, key.rpartition("/")[0], folder[3], now)
 
-        self._write(run)
+        self.writes.run(run)
 
     def mkdir(self, key: str, mode: int, uid: int | None = None, gid: int | None = None) -> None:
         """Make an empty folder that persists (EEXIST if taken, ENOENT/ENOTDIR for the parent)."""
@@ -146,7 +148,7 @@ class Entries:
             raise FsError(errno.EINVAL, f"{key}: mknod of type {stat.S_IFMT(mode):o}")
         self._make(key, stat.S_IFMT(mode), mode, special_mark(mode, rdev), uid, gid)
 
-    def _commit_folders(
+    def commit_folders(
         self, t: Txn, key: str, folder: Any, found: Any, added: int | None, renamed_from: str | None
     ) -> None:
         """The folder times a commit of ``key`` changes (``folder`` and ``found``: the probes of
@@ -154,34 +156,18 @@ class Entries:
         both folders; a file made at ``added`` and new here changes its own."""
         where = key.rpartition("/")[0]
         if renamed_from is not None:
-            now = self._now()
-            self._folder_changed(t, where, folder[3], now)
+            now = clock()
+            self.folder_changed(t, where, folder[3], now)
             source = renamed_from.rpartition("/")[0]
             if source != where:
-                self._folder_changed(t, source, t.get(attr_key(source), SIDE), now)
+                self.folder_changed(t, source, t.get(attr_key(source), SIDE), now)
         elif found is None and added is not None:
-            self._folder_changed(t, where, folder[3], self._now(), since=added)
+            self.folder_changed(t, where, folder[3], clock(), since=added)
 
-    def _folders_changed(self, t: Txn, source: tuple, target: tuple, now: int) -> None:
+    def folders_changed(self, t: Txn, source: tuple, target: tuple, now: int) -> None:
         """The folders a rename took a name from and put one in: ``(key, probe)`` each."""
         for where, probe in (source, target) if source[0] != target[0] else (target,):
-            self._folder_changed(t, where, probe[3] if probe else None, now)
-
-    def statfs(self) -> dict[str, int]:
-        """Block and inode counts for ``statvfs``: the real free space behind the database."""
-        info = self.driver.statfs() or {"total": 1 << 40, "free": 1 << 40}
-        bsize = 4096
-        return {
-            "f_bsize": bsize,
-            "f_frsize": bsize,
-            "f_blocks": info["total"] // bsize,
-            "f_bfree": info["free"] // bsize,
-            "f_bavail": info["free"] // bsize,
-            "f_files": 1 << 32,
-            "f_ffree": 1 << 31,
-            "f_favail": 1 << 31,
-            "f_namemax": 255,
-        }
+            self.folder_changed(t, where, probe[3] if probe else None, now)
 
 
 def inherit_group(attrs: Attrs, folder: Attrs | None) -> None:

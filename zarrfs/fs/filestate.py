@@ -10,7 +10,7 @@ from typing import Any
 
 from zarrfs.backends.heldvalues import Held
 from zarrfs.fs.extents import Extents
-from zarrfs.fs.namespace import Node
+from zarrfs.fs.node import Node
 from zarrfs.fs.pagecache import Stored
 from zarrfs.fs.sidedata import Attrs
 from zarrfs.fs.spill import SpillBuffer

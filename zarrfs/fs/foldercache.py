@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from zarrfs.fs.namespace import Node
+from zarrfs.fs.node import Node
 
 HOT = 32  # lookups in one folder, within ttl, that make it worth a snapshot
 LIMIT = 32768  # entries of the largest folder snapshotted

@@ -13,8 +13,7 @@ from zarrfs.fs import parts
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.filestate import FileState
 from zarrfs.fs.handlenames import SNAPSHOT_LIMIT
-from zarrfs.fs.lookups import stamp_of
-from zarrfs.fs.namespace import FILE
+from zarrfs.fs.node import FILE, stamp_of
 from zarrfs.fs.pagecache import Stored
 from zarrfs.fs.spill import SpillBuffer
 

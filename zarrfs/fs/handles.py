@@ -40,11 +40,11 @@ from zarrfs.fs.errors import FsError
 from zarrfs.fs.filestate import FileState, Handle
 from zarrfs.fs.handlelocks import LockedFiles
 from zarrfs.fs.handlenames import SNAPSHOT_LIMIT, OpenNames
-from zarrfs.fs.lookups import stamp_of
-from zarrfs.fs.namespace import FILE, Node, Tree
+from zarrfs.fs.node import stamp_of
 from zarrfs.fs.pagecache import Stored, last_page
 from zarrfs.fs.sidedata import Attrs
 from zarrfs.fs.spill import DEFAULT_SPILL, SpillBuffer
+from zarrfs.fs.tree import FILE, Node, Tree
 
 log = logging.getLogger("zarrfs.fs.handles")
 

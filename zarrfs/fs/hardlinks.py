@@ -28,21 +28,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, Get, Read, Size, Txn
-from zarrfs.fs.sidedata import LINK_MARK, SPECIAL_MARK, Attrs, attr_key, entry_key
+from zarrfs.fs.sidedata import (
+    LINK_MARK,
+    POINTER,
+    SPECIAL_MARK,
+    Attrs,
+    attr_key,
+    entry_key,
+    group_key,
+    moved_key,
+    pointer_key,
+)
 
-POINTER = "h:"
-GROUP = "g:"
 _SEP = "\0"
-
-
-def pointer_key(key: str) -> str:
-    """Side key of the link-group pointer of the file at ``key``."""
-    return POINTER + key
-
-
-def group_key(gid: str) -> str:
-    """Side key of the names of link group ``gid``."""
-    return GROUP + gid
 
 
 @dataclass
@@ -147,16 +145,16 @@ def put_attrs(t: Txn, names: list[str], raw: bytes) -> None:
 
 
 class LinkGroups:
-    """The link-group steps of :class:`zarrfs.fs.namespace.Tree`'s namespace changes, each
-    inside the change's transaction. ``found`` is what a probe found at a name: (kind, size,
-    target, raw attributes, raw pointer)."""
+    """The link-group steps of the tree's namespace changes, each inside the change's
+    transaction. ``found`` is what a probe found at a name: (kind, size, target, raw
+    attributes, raw pointer). ``default_attrs(kind)`` gives the attributes of a node without a
+    record; ``now()`` the time of a change."""
 
-    # Provided by Lookups and Tree.
-    default_attrs: Callable[[int], Attrs]
-    _now: Callable[[], int]
-    _moved: Callable[[str, str, str], str]
+    def __init__(self, default_attrs: Callable[[int], Attrs], now: Callable[[], int]) -> None:
+        self.default_attrs = default_attrs
+        self.now = now
 
-    def _unlinked(self, t: Txn, key: str, found: Any) -> list[str]:
+    def unlinked(self, t: Txn, key: str, found: Any) -> list[str]:
         """The name ``key`` of a node that is not a folder is gone (unlinked, or replaced by a
         rename): it leaves its link group, whose other names get a new ctime. Returns those names."""
         if found[4] is None:
@@ -166,22 +164,22 @@ class LinkGroups:
             t.delete(pointer_key(key), SIDE)  # a stale pointer
             return []
         left = leave(t, group, key)
-        self._touch_group(left, found[3], t, found[0])
+        self.touch(left, found[3], t, found[0])
         return left
 
-    def _touch_group(self, names: list[str], raw: bytes | None, t: Txn, kind: int = stat.S_IFREG) -> None:
+    def touch(self, names: list[str], raw: bytes | None, t: Txn, kind: int = stat.S_IFREG) -> None:
         """A new ctime for every name of a linked node of type ``kind`` (a name was added,
         removed or moved)."""
         attrs = (Attrs.unpack(raw) if raw is not None else None) or self.default_attrs(kind)
-        attrs.ctime = self._now()
+        attrs.ctime = self.now()
         put_attrs(t, names, attrs.with_type(kind).pack())
 
-    def _regroup(self, t: Txn, moved: list[tuple[list, str, str, Any]]) -> None:
+    def regroup(self, t: Txn, moved: list[tuple[list, str, str, Any]]) -> None:
         """Link groups follow the names a rename moved: ``(records, src, dst, found)`` for each
         subtree placed from ``src`` to ``dst``. The names of a moved linked file get a new
         ctime (a folder's move leaves the files in it as they are)."""
         moves = [
-            (k[len(POINTER) :], self._moved(k, src, dst)[len(POINTER) :], v)
+            (k[len(POINTER) :], moved_key(k, src, dst)[len(POINTER) :], v)
             for records, src, dst, _ in moved
             for space, k, v in records
             if space == SIDE and k.startswith(POINTER)
@@ -192,9 +190,10 @@ class LinkGroups:
         for *_, found in moved:
             group = groups.get(bytes(found[4]).decode("ascii", "replace")) if found[4] else None
             if group is not None and len(group.names) > 1:
-                self._touch_group(group.names, found[3], t, found[0])
+                self.touch(group.names, found[3], t, found[0])
 
-    def _same_file(self, t: Txn, src: str, dst: str, s: Any, d: Any) -> bool:
+    @staticmethod
+    def same_file(t: Txn, src: str, dst: str, s: Any, d: Any) -> bool:
         """Whether ``src`` and ``dst`` are names of one node (hard links)."""
         if d is None or s[0] != d[0] or s[0] == stat.S_IFDIR or s[4] is None or s[4] != d[4]:
             return False

@@ -25,16 +25,23 @@ import itertools
 import os
 import re
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from zarrfs.backends.base import DATA, KEYS, SIDE, SIZES, VALUES, Get, Read, Size, Txn, prefix_stop
+from zarrfs.backends.base import DATA, KEYS, SIDE, SIZES, VALUES, Driver, Get, Read, Size, Txn, prefix_stop
 from zarrfs.fs.errors import FsError
-from zarrfs.fs.hardlinks import POINTER, pointer_key
-from zarrfs.fs.lookups import DIR, FILE, LINK, Node
-from zarrfs.fs.sidedata import ATTR, ENTRY, LINK_MARK, SPECIAL_MARK, attr_key, entry_key, read_special
-
-if TYPE_CHECKING:
-    from zarrfs.fs.namespace import Tree
+from zarrfs.fs.lookups import Lookups
+from zarrfs.fs.node import DIR, FILE, LINK, Node
+from zarrfs.fs.sidedata import (
+    ATTR,
+    ENTRY,
+    LINK_MARK,
+    POINTER,
+    SPECIAL_MARK,
+    attr_key,
+    entry_key,
+    pointer_key,
+    read_special,
+)
 
 # Keys per scan of a folder's keys. ZARRFS_LISTING_BATCH sets it for a daemon, so that tests
 # put every name of a small folder at a batch's edge (docs/testing.md).
@@ -251,9 +258,11 @@ def _merged(data: Names, side: Names) -> Iterator[tuple[str, int, str]]:
 
 
 class Listings:
-    """Listings of a :class:`zarrfs.fs.namespace.Tree` (its ``driver``, probes and nodes)."""
+    """Folder listings over ``lookups`` (its driver, probes and nodes)."""
 
-    driver: Any
+    def __init__(self, lookups: Lookups) -> None:
+        self.lookups = lookups
+        self.driver = lookups.driver
 
     def list_dir(
         self, key: str, after: str | None = None, limit: int = 1024, sizes: dict[str, int] | None = None
@@ -268,7 +277,7 @@ class Listings:
 
         def run(t: Txn) -> list[tuple[str, int, str]]:
             if after is None:
-                found = self._probe(t, key)
+                found = self.lookups.probe(t, key)
                 if found is None:
                     raise FsError(errno.ENOENT, key, quiet=True)
                 if found[0] != DIR:
@@ -301,7 +310,7 @@ class Listings:
         self, t: Txn, key: str, after: str | None, sizes: dict[str, int] | None = None
     ) -> Iterator[tuple[str, int, str]]:
         prefix = key + "/" if key else ""
-        data = _names(t, prefix, after, DATA, sizes, self._log_hidden)
+        data = _names(t, prefix, after, DATA, sizes, self.lookups.log_hidden)
         side = _names(t, ENTRY + prefix, after, SIDE)
         return _merged(data, side)
 
@@ -362,7 +371,7 @@ class Listings:
                 raw, pointer = ranged[0].get(child), ranged[1].get(child) if kind != DIR else None
             if size is None:  # gone between the listing and the read
                 continue
-            into[name] = self._node_from(t, child, kind, size, target, raw, pointer)
+            into[name] = self.lookups.node_from(t, child, kind, size, target, raw, pointer)
 
     def _side_ranges(self, t: Txn, prefix: str, part: list) -> tuple[dict, dict] | None:
         """The attribute records and link-group pointers of ``part``'s names, by key, read as
@@ -390,6 +399,21 @@ class Listings:
         return found[0], found[1]
 
 
+class Lister(Protocol):
+    """What a :class:`DirListing` reads from: :class:`Listings`, or the tree that holds one."""
+
+    @property
+    def driver(self) -> Driver: ...
+
+    def list_dir(
+        self, key: str, after: str | None = None, limit: int = 1024, sizes: dict[str, int] | None = None
+    ) -> list[tuple[str, int, str]]: ...
+
+    def nodes_of(
+        self, key: str, children: list[tuple[str, int]], sizes: dict[str, int] | None = None
+    ) -> dict[str, Node]: ...
+
+
 class DirListing:
     """The entries of one open folder, with offsets: ``.`` is 1, ``..`` is 2, then 3, 4, ...
 
@@ -399,8 +423,8 @@ class DirListing:
     mount and not stored yet (``extra``) are listed after the stored entries, except those the
     stored entries already named (a file stored while the folder was being read)."""
 
-    def __init__(self, tree: Tree, key: str, extra: list[str] | None = None) -> None:
-        self.tree = tree
+    def __init__(self, listings: Lister, key: str, extra: list[str] | None = None) -> None:
+        self.listings = listings
         self.key = key
         self.extra = [(name, FILE, name) for name in extra or ()]
         self._extra_names = {name for name, _, _ in self.extra}
@@ -429,8 +453,8 @@ class DirListing:
             self.window = rest
             self.nodes, self.sizes = None, None
             return True
-        sizes: dict[str, int] | None = None if self.tree.driver.remote else {}
-        got = self.tree.list_dir(self.key, after=self.token, limit=self.batch, sizes=sizes)
+        sizes: dict[str, int] | None = None if self.listings.driver.remote else {}
+        got = self.listings.list_dir(self.key, after=self.token, limit=self.batch, sizes=sizes)
         if len(got) < self.batch:
             self.stored_done = True
         if not got:
@@ -449,7 +473,8 @@ class DirListing:
         is gone); the window's nodes are read at the first ask, in one transaction, so a
         listing holds a window of nodes at most, whatever the size of the folder."""
         if self.nodes is None:
-            self.nodes = self.tree.nodes_of(self.key, [(n, kind) for n, kind, _ in self.window], self.sizes)
+            children = [(n, kind) for n, kind, _ in self.window]
+            self.nodes = self.listings.nodes_of(self.key, children, self.sizes)
         return self.nodes.get(name)
 
     def entries(self, offset: int) -> Iterator[tuple[str, int, int]]:

@@ -6,9 +6,9 @@ markers for folders made with ``mkdir`` so that empty folders persist. When the 
 both a key ``a`` and keys under ``a/`` (impossible in POSIX), the folder wins and the key is
 hidden (logged once, never deleted).
 
-:class:`Lookups` is the part of :class:`zarrfs.fs.namespace.Tree` that answers "what is at
+:class:`Lookups` is the part of :class:`zarrfs.fs.tree.Tree` that answers "what is at
 this key": one probe (a batch of reads) per name. Listings are in :mod:`zarrfs.fs.listing`,
-namespace changes in :mod:`zarrfs.fs.namespace`.
+namespace changes in :mod:`zarrfs.fs.tree`.
 """
 
 from __future__ import annotations
@@ -17,19 +17,30 @@ import errno
 import logging
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from zarrfs.backends.base import DATA, SIDE, Get, HasPrefix, Read, Size, Txn
+from zarrfs.backends.base import DATA, SIDE, Driver, Get, HasPrefix, Read, Size, Txn
 from zarrfs.backends.heldvalues import Held, View, hold
 from zarrfs.fs import hardlinks, parts
 from zarrfs.fs.errors import FsError
-from zarrfs.fs.hardlinks import pointer_key
-from zarrfs.fs.sidedata import ENTRY, LINK_MARK, SPECIAL_MARK, Attrs, attr_key, entry_key, read_special
+from zarrfs.fs.hooks import Hooks
+from zarrfs.fs.node import DIR, FILE, LINK, Node, Probe, stamp_of
+from zarrfs.fs.sidedata import (
+    ENTRY,
+    LINK_MARK,
+    SPECIAL_MARK,
+    Attrs,
+    attr_key,
+    entry_key,
+    pointer_key,
+    read_special,
+)
 
-log = logging.getLogger("zarrfs.fs.namespace")
+if TYPE_CHECKING:
+    from zarrfs.fs.readahead import Readahead
 
-FILE, DIR, LINK = stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK
+log = logging.getLogger("zarrfs.fs.tree")
+
 _SIZED = (FILE, DIR, LINK)
 
 #: The largest value an open reads in the same batch as its probe, on a driver where a batch is one
@@ -38,76 +49,47 @@ SPECULATE = 4 << 20
 #: Files whose last seen size :class:`Lookups` remembers (the table is emptied when full).
 SIZE_HINTS = 4096
 
-#: What a probe finds at a key: (kind, stored size, link target, raw attributes, raw
-#: link-group pointer of a file).
-Probe = tuple[int, int, str, "bytes | None", "bytes | None"]
-
-
-@dataclass
-class Node:
-    """What is at a key: its kind (FILE, DIR, LINK or a special file's type bits), size in
-    bytes, attributes, a symlink's target, the count of names (0 for an open file whose name
-    was removed) and, for a file with hard links, the id of their link group; a special file's
-    device number."""
-
-    kind: int
-    size: int
-    attrs: Attrs
-    target: str = ""
-    nlink: int = 1
-    group: str = ""
-    rdev: int = 0
-
-
-def stamp_of(node: Node) -> tuple[int, int]:
-    """What tells two versions of a file apart: its size and its mtime (every commit through a
-    mount records a new mtime, in nanoseconds)."""
-    return node.size, node.attrs.mtime
-
 
 class Lookups:
-    """Lookups of a :class:`zarrfs.fs.namespace.Tree`, which provides the attributes used here
-    (``driver``, ``hooks``, ``uid``, ``gid``, ``umask``, ``epoch``, ``folder_cache``,
-    ``readahead``) and
-    ``folder_nodes`` (from :class:`zarrfs.fs.listing.Listings`)."""
+    """What is at a key, read from a driver: probes (one batch of reads per name), nodes,
+    values and versions for opens. ``uid``/``gid``/``umask`` and ``epoch`` give the attributes
+    of nodes that have none recorded; ``hooks`` the size and bytes a file shows."""
 
-    driver: Any
-    hooks: Any
-    uid: int
-    gid: int
-    umask: int
-    epoch: int
-    folder_cache: Any
-    readahead: Any
-    _hidden_logged: set[str]
-    _size_hints: dict[str, int]
+    def __init__(self, driver: Driver, hooks: Hooks, *, uid: int, gid: int, umask: int, epoch: int) -> None:
+        self.driver = driver
+        self.hooks = hooks
+        self.uid, self.gid, self.umask, self.epoch = uid, gid, umask, epoch
+        #: Chunks read ahead of a reader in grid order (a Readahead), or None.
+        self.readahead: Readahead | None = None
+        self._hidden_logged: set[str] = set()
+        self._size_hints: dict[str, int] = {}  # key -> size last seen (see version)
 
     def default_attrs(self, kind: int) -> Attrs:
         """Attributes of a node that has no side record."""
         perm = 0o777 if kind == LINK else (0o777 if kind == DIR else 0o666) & ~self.umask
         return Attrs(kind | perm, self.uid, self.gid, self.epoch, self.epoch, self.epoch)
 
-    def _attrs(self, t: Txn, key: str, kind: int) -> Attrs:
+    def attrs_of(self, t: Txn, key: str, kind: int) -> Attrs:
         raw = t.get(attr_key(key), SIDE)
         attrs = Attrs.unpack(raw) if raw is not None else None
         if attrs is None:
             return self.default_attrs(kind)
         return attrs if stat.S_IFMT(attrs.mode) == kind else attrs.with_type(kind)
 
-    def _has_children(self, t: Txn, key: str, side: bool = True) -> bool:
+    def has_children(self, t: Txn, key: str, side: bool = True) -> bool:
         prefix = key + "/"
         if next(iter(t.scan_prefix(prefix, limit=1)), None) is not None:
             return True
         return side and next(iter(t.scan_prefix(ENTRY + prefix, space=SIDE, limit=1)), None) is not None
 
-    def _probe(self, t: Txn, key: str) -> Probe | None:
+    def probe(self, t: Txn, key: str) -> Probe | None:
         """(kind, stored size, link target, raw attributes, link-group pointer) of ``key``, or
         None when nothing is there; for a special file the size slot holds its device number
         (it has no size). One batch of reads where a batch costs one read (a round trip to
         Redis, one SQLite statement); on LMDB, only the reads the answer needs (a file or a
         missing name skips two of six, a folder, symlink or special file the pointer)."""
         if self.driver.batched or key == "":
-            return self._probe_many(t, [key])[0]
+            return self.probe_many(t, [key])[0]
         size, data_below = t.read_many([Size(key, DATA), HasPrefix(key + "/", DATA)])
         if size is None and not data_below:
             side = [Get(entry_key(key), SIDE), HasPrefix(ENTRY + key + "/", SIDE)]
@@ -121,8 +103,8 @@ class Lookups:
             return (*found[:4], t.get(pointer_key(key), SIDE))
         return found
 
-    def _probe_many(self, t: Txn, keys: list[str], also: Sequence[str] = ()) -> list[Probe | None]:
-        """:meth:`_probe` of several keys in one batch of reads; the batch also reads the data
+    def probe_many(self, t: Txn, keys: list[str], also: Sequence[str] = ()) -> list[Probe | None]:
+        """:meth:`probe` of several keys in one batch of reads; the batch also reads the data
         keys ``also``, for the transaction to answer again without a round trip. Where a batch
         is one read, it reads each key's link-group pointer too; elsewhere (LMDB) only the
         pointers of what was found and is not a folder are read, after."""
@@ -131,7 +113,7 @@ class Lookups:
     def _probe_many_reading(
         self, t: Txn, keys: list[str], also: Sequence[str] = ()
     ) -> tuple[list[Any], list[Probe | None]]:
-        """:meth:`_probe_many`, and the values of ``also`` it read."""
+        """:meth:`probe_many`, and the values of ``also`` it read."""
         batched = self.driver.batched
         per_key = 6 if batched else 5
         requests: list[Read] = [Get(k, DATA) for k in also]
@@ -172,7 +154,7 @@ class Lookups:
         if size is not None:
             if not data_below:
                 return FILE, size, "", raw_attrs, None
-            self._log_hidden(key)
+            self.log_hidden(key)
             return DIR, 0, "", raw_attrs, None
         if data_below:
             return DIR, 0, "", raw_attrs, None
@@ -185,40 +167,40 @@ class Lookups:
             return DIR, 0, "", raw_attrs, None
         return None
 
-    def _probe_in_folder(self, t: Txn, key: str, also: Sequence[str] = ()) -> Probe | None:
-        """:meth:`_probe` of ``key``, and in the same batch a check that its parent is a folder
+    def probe_in_folder(self, t: Txn, key: str, also: Sequence[str] = ()) -> Probe | None:
+        """:meth:`probe` of ``key``, and in the same batch a check that its parent is a folder
         (ENOENT / ENOTDIR otherwise), as every call that makes a name needs."""
-        return self._probe_with_folder(t, key, also)[1]
+        return self.probe_with_folder(t, key, also)[1]
 
-    def _probe_with_folder(
+    def probe_with_folder(
         self, t: Txn, key: str, also: Sequence[str] = ()
     ) -> tuple[Probe, Probe | None]:
-        """:meth:`_probe_in_folder`, with the probe of the folder too (its attributes say who
+        """:meth:`probe_in_folder`, with the probe of the folder too (its attributes say who
         owns a new entry and are changed by it)."""
-        parent, found = self._probe_many(t, [key.rpartition("/")[0], key], also)
-        self._folder_check(parent, key)
+        parent, found = self.probe_many(t, [key.rpartition("/")[0], key], also)
+        self.folder_check(parent, key)
         assert parent is not None
         return parent, found
 
     @staticmethod
-    def _folder_check(parent: tuple | None, key: str) -> None:
+    def folder_check(parent: tuple | None, key: str) -> None:
         if parent is None:
             raise FsError(errno.ENOENT, f"parent of {key}")
         if parent[0] != DIR:
             raise FsError(errno.ENOTDIR, f"parent of {key}")
 
-    def _log_hidden(self, key: str) -> None:
+    def log_hidden(self, key: str) -> None:
         if key not in self._hidden_logged:
             self._hidden_logged.add(key)
             log.warning("key %r is hidden by the folder %r of the same name (nothing deleted)", key, key)
 
-    def _find(self, t: Txn, key: str) -> Node | None:
-        found = self._probe(t, key)
+    def find_in(self, t: Txn, key: str) -> Node | None:
+        found = self.probe(t, key)
         if found is None:
             return None
-        return self._remember(key, self._node_from(t, key, *found))
+        return self.remember(key, self.node_from(t, key, *found))
 
-    def _remember(self, key: str, node: Node) -> Node:
+    def remember(self, key: str, node: Node) -> Node:
         """Note the size of the file ``node`` at ``key``: a hint for its next open (see
         :meth:`version`), never an answer."""
         if node.kind == FILE:
@@ -228,7 +210,7 @@ class Lookups:
             hints[key] = node.size
         return node
 
-    def _node_from(
+    def node_from(
         self, t: Txn, key: str, kind: int, size: int, target: str, raw: bytes | None, pointer=None
     ) -> Node:
         nlink, gid = 1, ""
@@ -255,28 +237,10 @@ class Lookups:
         return Node(kind, size, attrs, target, nlink, gid)
 
     def _node(self, t: Txn, key: str) -> Node:
-        node = self._find(t, key)
+        node = self.find_in(t, key)
         if node is None:
             raise FsError(errno.ENOENT, key, quiet=True)
         return node
-
-    def find(self, key: str) -> Node | None:
-        """The node at ``key``, or None when there is none (the lookup of every ``stat``: a
-        missing name is common and costs no exception). Answered from a snapshot of the
-        folder when :attr:`folder_cache` has one (see :mod:`zarrfs.fs.foldercache`)."""
-        ahead = self.readahead
-        if ahead is not None:
-            node = ahead.node(key)
-            if node is not None:
-                return node
-        cache = self.folder_cache
-        if cache is not None and key:
-            folder, _, name = key.rpartition("/")
-            nodes = cache.snapshot(folder, lambda limit: self.folder_nodes(folder, limit))
-            if nodes is not None:
-                node = nodes.get(name)
-                return None if node is None else self._remember(key, node)
-        return self.driver.transact(lambda t: self._find(t, key), write=False)
 
     def lookup(self, key: str) -> Node:
         """The node at ``key``; ENOENT when there is none."""
@@ -330,13 +294,13 @@ class Lookups:
         def run(t: Txn, view: View) -> tuple[Node | None, Any]:
             if speculate:
                 (value,), (found,) = self._probe_many_reading(t, [key], [key])
-                node = None if found is None else self._remember(key, self._node_from(t, key, *found))
+                node = None if found is None else self.remember(key, self.node_from(t, key, *found))
                 if node is None or node.kind != FILE or node.size > limit:
                     return node, None
                 if value is not None and len(value) == parts.MANIFEST_SIZE:
                     value = parts.whole(t, key, bytes(value))
                 return node, value
-            node = self._find(t, key)
+            node = self.find_in(t, key)
             if node is None or node.kind != FILE or stamp_of(node) == kept:
                 return node, None
             if node.size > limit or self.hooks_transform:
@@ -359,7 +323,7 @@ class Lookups:
             values, probes = self._probe_many_reading(t, keys, keys)
             out: list[tuple[Node | None, bytes | None]] = []
             for key, value, found in zip(keys, values, probes, strict=True):
-                node = None if found is None else self._remember(key, self._node_from(t, key, *found))
+                node = None if found is None else self.remember(key, self.node_from(t, key, *found))
                 if node is None or node.kind != FILE or node.size > limit or value is None:
                     out.append((node, None))
                     continue
@@ -376,7 +340,7 @@ class Lookups:
         descriptor never reads from two versions."""
 
         def run(t: Txn) -> bytes:
-            node = self._find(t, key)
+            node = self.find_in(t, key)
             if node is None or node.kind != FILE or stamp_of(node) != stamp:
                 raise FsError(errno.ESTALE, f"{key} was replaced since it was opened")
             if size >= 0:
@@ -412,7 +376,7 @@ class Lookups:
 
     def lookup_attrs(self, key: str) -> Attrs:
         """The attributes of the file at ``key`` (defaults when it has none or is gone)."""
-        return self.driver.transact(lambda t: self._attrs(t, key, FILE), write=False)
+        return self.driver.transact(lambda t: self.attrs_of(t, key, FILE), write=False)
 
     @property
     def hooks_transform(self) -> bool:

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
-from zarrfs.fs.namespace import FILE, Node
+from zarrfs.fs.node import FILE, Node
 from zarrfs.fs.spill import SpillBuffer
 
 #: Files from this size on are read past the page cache at a first reading (-o direct_above=).

@@ -303,7 +303,7 @@ class Parting:
         return not getattr(self.tree.hooks, "whole", lambda k: False)(key)
 
     def commit(self, key: str, buffer: Any, attrs: Attrs | None, *args: Any, **kwargs: Any) -> None:
-        """:meth:`zarrfs.fs.namespace.Tree.commit` of the content of ``buffer`` (a
+        """:meth:`zarrfs.fs.tree.Tree.commit` of the content of ``buffer`` (a
         :class:`zarrfs.fs.spill.SpillBuffer`): its parts first when it is large. A file stored
         in parts is stored as the buffer holds it (its parts are written before the commit's
         transaction, so nothing can be laid on the newest version: ``base`` and ``lay`` unused)."""

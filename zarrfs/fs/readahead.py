@@ -9,7 +9,7 @@ in grid order (C order over the array's chunk grid), it reads that chunk and the
 of those chunks are answered from here.
 
 Never stale, by the rules the mount's other caches follow: only a mount with a change feed
-reads ahead (the tree sets :attr:`zarrfs.fs.namespace.Tree.readahead`); an entry is dropped
+reads ahead (the tree sets :attr:`zarrfs.fs.tree.Tree.readahead`); an entry is dropped
 when a change notification names its key (:meth:`Readahead.forget`, from the change watcher,
 which an open polls first) and every entry when this mount writes anything or the feed loses
 track; an entry is served once, to one open, and one found by a lookup stays for its open.

@@ -29,7 +29,11 @@ from zarrfs.fs.manifest import MANIFEST_SIZE, Parted
 ATTR = "a:"
 ENTRY = "e:"
 XATTR = "x:"
+POINTER = "h:"
+GROUP = "g:"
 EPOCH = "epoch"
+#: The side records a node has under its own name (a rename moves them with it).
+NAMED = (ENTRY, ATTR, XATTR, POINTER)
 
 DIR_MARK = b"d"
 LINK_MARK = b"l"
@@ -95,6 +99,25 @@ def attr_key(key: str) -> str:
 def entry_key(key: str) -> str:
     """Side key of the non-Zarr entry (empty folder, symlink) at ``key``."""
     return ENTRY + key
+
+
+def pointer_key(key: str) -> str:
+    """Side key of the link-group pointer of the file at ``key``."""
+    return POINTER + key
+
+
+def group_key(gid: str) -> str:
+    """Side key of the names of link group ``gid``."""
+    return GROUP + gid
+
+
+def moved_key(record_key: str, src: str, dst: str) -> str:
+    """Where a data key or a named side record of ``src`` or below goes when ``src`` is
+    renamed to ``dst``."""
+    for prefix in NAMED:
+        if record_key.startswith(prefix):
+            return prefix + dst + record_key[len(prefix) + len(src) :]
+    return dst + record_key[len(src) :]
 
 
 def special_mark(kind: int, rdev: int) -> bytes:

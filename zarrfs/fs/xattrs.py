@@ -13,13 +13,13 @@ filesystem mounted ``noacl``.
 from __future__ import annotations
 
 import errno
-from collections.abc import Callable
-from typing import Any
 
 from zarrfs.backends.base import SIDE, Txn
 from zarrfs.fs import hardlinks
 from zarrfs.fs.errors import FsError
-from zarrfs.fs.sidedata import Attrs, pack_xattrs, unpack_xattrs, xattr_key
+from zarrfs.fs.lookups import Lookups
+from zarrfs.fs.sidedata import pack_xattrs, unpack_xattrs, xattr_key
+from zarrfs.fs.transactions import Transactions, clock
 
 XATTR_CREATE, XATTR_REPLACE = 1, 2
 NAME_MAX = 255
@@ -43,20 +43,19 @@ def check_name(name: bytes) -> None:
 
 
 class Xattrs:
-    """The extended-attribute calls of :class:`zarrfs.fs.namespace.Tree`."""
+    """The extended-attribute calls of the tree, over ``lookups`` (probes, attributes) and
+    ``writes`` (its write transactions)."""
 
-    # Provided by Tree and Lookups.
-    driver: Any
-    _write: Callable[[Callable[[Txn], Any]], Any]
-    _probe: Callable[[Txn, str], Any]
-    _attrs: Callable[[Txn, str, int], Attrs]
-    _now: Callable[[], int]
+    def __init__(self, lookups: Lookups, writes: Transactions) -> None:
+        self.lookups = lookups
+        self.writes = writes
+        self.driver = lookups.driver
 
     def xattrs(self, key: str) -> dict[bytes, bytes]:
         """Every extended attribute of ``key`` (ENOENT when nothing is there)."""
 
         def run(t: Txn) -> dict[bytes, bytes]:
-            if self._probe(t, key) is None:
+            if self.lookups.probe(t, key) is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
             return unpack_xattrs(t.get(xattr_key(key), SIDE))
 
@@ -72,7 +71,7 @@ class Xattrs:
             raise FsError(errno.E2BIG, f"an extended attribute value of {len(value)} bytes")
 
         def run(t: Txn) -> None:
-            found = self._probe(t, key)
+            found = self.lookups.probe(t, key)
             if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
             xattrs = unpack_xattrs(t.get(xattr_key(key), SIDE))
@@ -89,8 +88,8 @@ class Xattrs:
             group = hardlinks.load(t, key, found[4]) if found[4] is not None else None
             names = group.names if group is not None else [key]
             raw = pack_xattrs(xattrs)
-            attrs = self._attrs(t, key, found[0])
-            attrs.ctime = self._now()  # as Linux's filesystems do: the node changed
+            attrs = self.lookups.attrs_of(t, key, found[0])
+            attrs.ctime = clock()  # as Linux's filesystems do: the node changed
             hardlinks.put_attrs(t, names, attrs.pack())
             for n in names:
                 if raw:
@@ -98,4 +97,4 @@ class Xattrs:
                 else:
                     t.delete(xattr_key(n), SIDE)
 
-        self._write(run)
+        self.writes.run(run)

@@ -11,7 +11,7 @@ A third-party driver's test module runs the whole set against its database like 
             return f"mydb://{tmp_path}/db"  # a fresh, empty database for each test
 
 The class name does not start with ``Test``, so pytest does not collect the base class itself,
-only its subclasses. Everything goes through :class:`zarrfs.fs.namespace.Tree` and
+only its subclasses. Everything goes through :class:`zarrfs.fs.tree.Tree` and
 :class:`zarrfs.fs.listing.DirListing` (the filesystem without FUSE): folders derived from keys,
 listings (exact for every name, across batches and resumptions), mkdir markers, symlinks,
 rename and link, attributes, open files; hard links (:mod:`zarrfs.testing.links`).
@@ -34,8 +34,8 @@ from zarrfs.fs.api import Operations
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.handles import HandleTable
 from zarrfs.fs.listing import DirListing
-from zarrfs.fs.namespace import DIR, FILE, LINK, RENAME_EXCHANGE, RENAME_NOREPLACE, Tree
 from zarrfs.fs.sidedata import DIR_MARK, LINK_MARK, attr_key, entry_key
+from zarrfs.fs.tree import DIR, FILE, LINK, RENAME_EXCHANGE, RENAME_NOREPLACE, Tree
 from zarrfs.testing.links import LinkConformance
 
 

@@ -21,7 +21,7 @@ from zarrfs.backends.base import SIDE
 from zarrfs.fs.api import Operations
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.handles import HandleTable
-from zarrfs.fs.namespace import FILE, RENAME_EXCHANGE, Tree
+from zarrfs.fs.tree import FILE, RENAME_EXCHANGE, Tree
 
 from .claims import Claims
 

@@ -1,16 +1,16 @@
-"""The namespace: every change to the tree of files and folders over a driver, and
-:class:`Tree`, the filesystem over one driver.
+"""The filesystem over one driver: :class:`Tree`, and every change to its tree of files and
+folders, each one driver transaction.
 
 A path is a key (``/grp/arr/0.0`` is ``grp/arr/0.0``); folders derive from key prefixes and
-side markers (:mod:`zarrfs.fs.lookups`). A :class:`Tree` is three parts: lookups
-(:class:`zarrfs.fs.lookups.Lookups`), listings (:class:`zarrfs.fs.listing.Listings`) and the
-writes here (commit, unlink, rmdir, set_attrs, rename, link), with :class:`Hooks`, where the
-format layer plugs in; extended attributes are :mod:`zarrfs.fs.xattrs`'s. Making side entries
-(folders, symlinks, special files), the owner of a new node and the times of a folder a name
-is added to or removed from are in :mod:`zarrfs.fs.entries`; hard links in :mod:`~.hardlinks`.
-
-Everything here is one driver transaction per call; nothing here knows about FUSE, so it imports
-and tests without a mount. POSIX conditions are raised as :class:`zarrfs.fs.errors.FsError`.
+side markers. A tree holds its parts, each an object built with what it needs: lookups
+(:class:`~zarrfs.fs.lookups.Lookups`), listings (:class:`~zarrfs.fs.listing.Listings`), new
+side entries and folder times (:class:`~zarrfs.fs.entries.Entries`), link groups
+(:class:`~zarrfs.fs.hardlinks.LinkGroups`), extended attributes
+(:class:`~zarrfs.fs.xattrs.Xattrs`) and the write transactions
+(:class:`~zarrfs.fs.transactions.Transactions`); the format layer plugs in through
+:class:`~zarrfs.fs.hooks.Hooks`. Here are the changes that move or replace names: commit,
+unlink, rmdir, set_attrs, rename, link. Nothing here knows about FUSE; POSIX conditions are
+raised as :class:`zarrfs.fs.errors.FsError`.
 """
 
 from __future__ import annotations
@@ -21,16 +21,32 @@ import time
 from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, StalledError, Txn
+from zarrfs.backends.heldvalues import Held
 from zarrfs.fs import hardlinks, parts, records
 from zarrfs.fs.entries import Entries
 from zarrfs.fs.errors import FsError
-from zarrfs.fs.hardlinks import POINTER, LinkGroups, pointer_key
+from zarrfs.fs.hardlinks import LinkGroups
+from zarrfs.fs.hooks import Hooks
 from zarrfs.fs.listing import FOLDER_BATCH, Listings
-from zarrfs.fs.lookups import DIR, FILE, LINK, Lookups, Node, stamp_of
-from zarrfs.fs.sidedata import ENTRY, EPOCH, XATTR, Attrs, attr_key, entry_key, xattr_key
+from zarrfs.fs.lookups import Lookups
+from zarrfs.fs.node import DIR, FILE, LINK, Node, stamp_of
+from zarrfs.fs.sidedata import (
+    ATTR,
+    ENTRY,
+    EPOCH,
+    POINTER,
+    XATTR,
+    Attrs,
+    attr_key,
+    entry_key,
+    moved_key,
+    pointer_key,
+    xattr_key,
+)
+from zarrfs.fs.transactions import Transactions, clock
 from zarrfs.fs.xattrs import Xattrs
 
-# Names other modules import from here (their home is zarrfs.fs.lookups / zarrfs.fs.listing).
+# Names other modules import from here (their homes are zarrfs.fs.node, .hooks and .listing).
 __all__ = [
     "DIR",
     "FILE",
@@ -55,78 +71,13 @@ def check_rename_flags(src: str, flags: int) -> None:
         raise FsError(errno.EINVAL, f"rename of {src} with flags {flags:#x}")
 
 
-class Hooks:
-    """Where the format layer plugs into the tree. This base class accepts everything as is."""
-
-    def check_name(self, txn: Txn, key: str, kind: int) -> None:
-        """Refuse (raise) a new file or folder name; called by create, mkdir, rename, link."""
-
-    def store(self, txn: Txn, key: str, value: Any) -> Any:
-        """Validate (and possibly transform) bytes written through a file before they are stored;
-        return what to store. Raise to refuse: nothing is stored."""
-        return value
-
-    def arrive(self, txn: Txn, key: str, value: bytes, source: str) -> bytes:
-        """Validate a stored value arriving at ``key`` from ``source`` by rename or link, and
-        return what to store there (``source`` is empty when the file moves with its folder).
-        Raise to refuse."""
-        return value
-
-    def reads(self, key: str) -> list[str]:
-        """Data keys :meth:`check_name` and :meth:`store` will read for a new file at ``key``.
-        On a remote database the tree fetches them together with its own first reads, so the
-        commit of a new file costs one round trip of reads."""
-        return []
-
-    def changed(self, txn: Txn, key: str, value: Any) -> None:
-        """Called, in the same transaction, after data key ``key`` was set to ``value`` (bytes
-        or a buffer) or deleted (``None``)."""
-
-    def shown_size(self, txn: Txn, key: str, size: int) -> int:
-        """The size a file shows (a decoded view shows the decoded size)."""
-        return size
-
-    def shown_value(self, txn: Txn, key: str, value: bytes) -> bytes:
-        """The bytes a file shows when read."""
-        return value
-
-
-class _Recording:
-    """A transaction as the hooks see it: every data key they write is noted, so that the
-    kernel's caches of those files can be dropped after the commit."""
-
-    def __init__(self, txn: Txn, into: set[str], defaults: Any) -> None:
-        self._txn = txn
-        self._into = into
-        self._defaults = defaults  # the attributes of a file without a record
-
-    def put(self, key: str, value: Any, space: str = DATA) -> None:
-        self._txn.put(key, value, space)
-        if space == DATA:
-            self._into.add(key)
-            # A document rewritten on the side is a changed file: its mtime moves (tools that
-            # sync by mtime, the kernel's page-cache stamp), its owner and mode stay.
-            raw = self._txn.get(attr_key(key), SIDE)
-            attrs = (Attrs.unpack(raw) if raw is not None else None) or self._defaults(FILE)
-            attrs.mtime = attrs.ctime = time.time_ns()
-            self._txn.put(attr_key(key), attrs.pack(), SIDE)
-
-    def delete(self, key: str, space: str = DATA) -> None:
-        if space == DATA:
-            self._into.add(key)
-        self._txn.delete(key, space)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._txn, name)
-
-
-class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
+class Tree:
     """The filesystem over one driver: lookups, listings and every namespace change.
 
     ``uid``/``gid``/``umask`` give the attributes of nodes that have none recorded.
-    ``on_side_effects(keys)`` is called after a commit in which the hooks changed other keys
-    than the ones asked for (a consolidated ``.zmetadata``), so the mount can drop the
-    kernel's cached attributes and pages of those files.
+    :attr:`on_side_effects` ``(keys)`` is called after a commit in which the hooks changed
+    other keys than the ones asked for (a consolidated ``.zmetadata``), so the mount can drop
+    the kernel's cached attributes and pages of those files.
     """
 
     def __init__(
@@ -139,67 +90,210 @@ class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
         hooks: Hooks | None = None,
     ) -> None:
         self.driver = driver
-        self.uid = uid
-        self.gid = gid
-        self.umask = umask
-        self.hooks = hooks or Hooks()
-        self.on_side_effects: Any = None
+        self.uid, self.gid, self.umask = uid, gid, umask
+        self._hooks = hooks or Hooks()
+        self.epoch = self._load_epoch()
         #: Snapshots of busy folders for :meth:`find` (a FolderCache), or None.
         self.folder_cache: Any = None
-        #: Chunks read ahead of a reader in grid order (a Readahead), or None.
-        self.readahead: Any = None
-        self._side_effects: set[str] = set()
-        self._garbage: list = []  # parts a write leaves unused (see zarrfs.fs.parts)
-        self._hidden_logged: set[str] = set()
-        self._size_hints: dict[str, int] = {}  # key -> size last seen (Lookups.version)
-        self.epoch = self._load_epoch()
+        self.lookups = Lookups(driver, self._hooks, uid=uid, gid=gid, umask=umask, epoch=self.epoch)
+        self.listings = Listings(self.lookups)
+        self.writes = Transactions(driver, self._hooks, self.lookups.default_attrs, self._forget)
         # The longest key the database holds, if it has a limit, less the side prefix ("a:")
         # of a node's attributes: a longer path is refused with ENAMETOOLONG before it is made.
         limit = getattr(driver, "max_key_size", None)
-        self.key_limit: int | None = limit - len(ENTRY) if limit else None
+        key_limit = limit - len(ENTRY) if limit else None
+        self.entries = Entries(self.lookups, self.writes, uid=uid, gid=gid, key_limit=key_limit)
+        self.links = LinkGroups(self.lookups.default_attrs, clock)
+        self.xattr_table = Xattrs(self.lookups, self.writes)
 
     def _load_epoch(self) -> int:
         """The time of nodes without attributes, fixed at the first mount (see sidedata)."""
         raw = self.driver.get(EPOCH, SIDE)
         if raw is not None:
             return int(raw)
-        now = time.time_ns()
+        stamp = time.time_ns()
         if not self.driver.readonly:
             try:
-                self.driver.put(EPOCH, str(now).encode(), SIDE)
+                self.driver.put(EPOCH, str(stamp).encode(), SIDE)
             except StalledError:  # another program holds the write lock: the next mount records it
                 pass
-        return now
+        return stamp
+
+    def _forget(self) -> None:
+        """Drop the lookup caches: a write changed the database."""
+        if self.folder_cache is not None:
+            self.folder_cache.clear()
+        if self.lookups.readahead is not None:
+            self.lookups.readahead.forget()
+
+    @property
+    def hooks(self) -> Hooks:
+        """Where the format layer plugs in (:class:`Hooks`); set on the parts that call it."""
+        return self._hooks
+
+    @hooks.setter
+    def hooks(self, hooks: Hooks) -> None:
+        self._hooks = self.lookups.hooks = self.writes.hooks = hooks
+
+    @property
+    def readahead(self) -> Any:
+        """Chunks read ahead of a reader in grid order (a Readahead), or None."""
+        return self.lookups.readahead
+
+    @readahead.setter
+    def readahead(self, value: Any) -> None:
+        self.lookups.readahead = value
+
+    @property
+    def on_side_effects(self) -> Any:
+        """Called with the keys a commit's hooks changed beyond those asked for, or None."""
+        return self.writes.on_side_effects
+
+    @on_side_effects.setter
+    def on_side_effects(self, value: Any) -> None:
+        self.writes.on_side_effects = value
+
+    @property
+    def key_limit(self) -> int | None:
+        """The longest path the database can hold (None: any)."""
+        return self.entries.key_limit
+
+    # ------------------------------------------------------------------ reads
+    def find(self, key: str) -> Node | None:
+        """The node at ``key``, or None when there is none (the lookup of every ``stat``: a
+        missing name is common and costs no exception). Answered from the chunks read ahead,
+        or from a snapshot of the folder when :attr:`folder_cache` has one (see
+        :mod:`zarrfs.fs.foldercache`)."""
+        ahead = self.lookups.readahead
+        if ahead is not None:
+            node = ahead.node(key)
+            if node is not None:
+                return node
+        cache = self.folder_cache
+        if cache is not None and key:
+            folder, _, name = key.rpartition("/")
+            nodes = cache.snapshot(folder, lambda limit: self.listings.folder_nodes(folder, limit))
+            if nodes is not None:
+                node = nodes.get(name)
+                return None if node is None else self.lookups.remember(key, node)
+        return self.driver.transact(lambda t: self.lookups.find_in(t, key), write=False)
+
+    def lookup(self, key: str) -> Node:
+        """The node at ``key`` (:meth:`Lookups.lookup`)."""
+        return self.lookups.lookup(key)
+
+    def read_value(self, key: str) -> bytes:
+        """The whole content of the file at ``key`` as it is shown (:meth:`Lookups.read_value`)."""
+        return self.lookups.read_value(key)
+
+    def version(self, key: str, kept: tuple[int, int] | None, limit: int) -> tuple[Node | None, Held | None]:
+        """The file at ``key`` as it is now, for an open (:meth:`Lookups.version`)."""
+        return self.lookups.version(key, kept, limit)
+
+    def versions(self, keys: list[str], limit: int) -> list[tuple[Node | None, bytes | None]]:
+        """The files at ``keys`` as they are now, in one batch of reads (:meth:`Lookups.versions`)."""
+        return self.lookups.versions(keys, limit)
+
+    def read_version(self, key: str, stamp: tuple[int, int], offset: int = 0, size: int = -1) -> bytes:
+        """Bytes of the file at ``key`` (:meth:`Lookups.read_version`)."""
+        return self.lookups.read_version(key, stamp, offset, size)
+
+    def array_of(self, key: str) -> Any:
+        """The Zarr array enclosing ``key`` (:meth:`Lookups.array_of`)."""
+        return self.lookups.array_of(key)
+
+    def link_names(self, key: str) -> list[str]:
+        """Every name of the file at ``key`` (:meth:`Lookups.link_names`)."""
+        return self.lookups.link_names(key)
+
+    def lookup_attrs(self, key: str) -> Attrs:
+        """The attributes of the file at ``key`` (:meth:`Lookups.lookup_attrs`)."""
+        return self.lookups.lookup_attrs(key)
+
+    def stored_size(self, key: str) -> int:
+        """The stored size of the value at ``key`` (:meth:`Lookups.stored_size`)."""
+        return self.lookups.stored_size(key)
+
+    def read_range(self, key: str, offset: int, size: int) -> bytes:
+        """Stored bytes of ``key`` from ``offset`` (:meth:`Lookups.read_range`)."""
+        return self.lookups.read_range(key, offset, size)
+
+    def readlink(self, key: str) -> str:
+        """The target of the symlink at ``key`` (:meth:`Lookups.readlink`)."""
+        return self.lookups.readlink(key)
+
+    def default_attrs(self, kind: int) -> Attrs:
+        """Attributes of a node that has no side record (:meth:`Lookups.default_attrs`)."""
+        return self.lookups.default_attrs(kind)
+
+    def list_dir(
+        self, key: str, after: str | None = None, limit: int = 1024, sizes: dict[str, int] | None = None
+    ) -> list[tuple[str, int, str]]:
+        """Up to ``limit`` children of folder ``key`` (:meth:`Listings.list_dir`)."""
+        return self.listings.list_dir(key, after, limit, sizes)
+
+    def nodes_of(
+        self, key: str, children: list[tuple[str, int]], sizes: dict[str, int] | None = None
+    ) -> dict[str, Node]:
+        """The nodes of ``children`` (:meth:`Listings.nodes_of`)."""
+        return self.listings.nodes_of(key, children, sizes)
+
+    def folder_nodes(self, key: str, limit: int) -> dict[str, Node] | None:
+        """Every child of folder ``key`` by name (:meth:`Listings.folder_nodes`)."""
+        return self.listings.folder_nodes(key, limit)
+
+    def check_length(self, key: str) -> None:
+        """ENAMETOOLONG for a path too long for the database (:meth:`Entries.check_length`)."""
+        return self.entries.check_length(key)
+
+    def check_create(self, key: str) -> Attrs | None:
+        """Raise unless the name ``key`` is valid for a new file (:meth:`Entries.check_create`)."""
+        return self.entries.check_create(key)
+
+    def mkdir(self, key: str, mode: int, uid: int | None = None, gid: int | None = None) -> None:
+        """Make an empty folder that persists (:meth:`Entries.mkdir`)."""
+        return self.entries.mkdir(key, mode, uid, gid)
+
+    def symlink(self, target: str, key: str, uid: int | None = None, gid: int | None = None) -> None:
+        """Make a symlink at ``key`` pointing to ``target`` (:meth:`Entries.symlink`)."""
+        return self.entries.symlink(target, key, uid, gid)
+
+    def mknod(
+        self, key: str, mode: int, rdev: int = 0, uid: int | None = None, gid: int | None = None
+    ) -> None:
+        """Make a FIFO, device or socket at ``key`` (:meth:`Entries.mknod`)."""
+        return self.entries.mknod(key, mode, rdev, uid, gid)
+
+    def xattrs(self, key: str) -> dict[bytes, bytes]:
+        """Every extended attribute of ``key`` (:meth:`Xattrs.xattrs`)."""
+        return self.xattr_table.xattrs(key)
+
+    def set_xattr(self, key: str, name: bytes, value: bytes | None, flags: int = 0) -> None:
+        """Set (:meth:`Xattrs.set_xattr`)."""
+        return self.xattr_table.set_xattr(key, name, value, flags)
+
+    @property
+    def hooks_transform(self) -> bool:
+        """Whether files show other bytes than the stored ones (a decoded view)."""
+        return self.lookups.hooks_transform
+
+    def statfs(self) -> dict[str, int]:
+        """Block and inode counts for ``statvfs``: the real free space behind the database."""
+        info = self.driver.statfs() or {"total": 1 << 40, "free": 1 << 40}
+        bsize = 4096
+        return {
+            "f_bsize": bsize,
+            "f_frsize": bsize,
+            "f_blocks": info["total"] // bsize,
+            "f_bfree": info["free"] // bsize,
+            "f_bavail": info["free"] // bsize,
+            "f_files": 1 << 32,
+            "f_ffree": 1 << 31,
+            "f_favail": 1 << 31,
+            "f_namemax": 255,
+        }
 
     # ------------------------------------------------------------------ writes
-    def _write(self, run: Any) -> Any:
-        """Run a write transaction; then report keys the hooks changed on the side, and delete
-        the parts it left unused (each part in its own transaction: zarrfs.fs.parts)."""
-        self._side_effects = touched = set()
-
-        def attempt(t: Txn) -> Any:
-            self._garbage = []
-            return run(t)
-
-        try:
-            result = self.driver.transact(attempt)
-        finally:
-            if self.folder_cache is not None:
-                self.folder_cache.clear()
-            if self.readahead is not None:
-                self.readahead.forget()
-        garbage, self._garbage = self._garbage, []
-        parts.free(self.driver, {p.id: p for p in garbage if p is not None}.values())
-        if touched and self.on_side_effects is not None:
-            self.on_side_effects(sorted(touched))
-        return result
-
-    def _changed(self, t: Txn, key: str, value: Any) -> None:
-        self.hooks.changed(_Recording(t, self._side_effects, self.default_attrs), key, value)
-
-    def _now(self) -> int:
-        return time.time_ns()
-
     def commit(
         self,
         key: str,
@@ -225,7 +319,7 @@ class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
         ``linked``: the file had hard links when it was opened; the content is then stored
         under every name its group has now (their folders do not change: no name is added).
         ``added``: when the file was made; if it turns out new, its folder's times change (see
-        :meth:`_folder_changed`). ``renamed_from``: the file was an unstored file of that name,
+        :meth:`Entries.folder_changed`). ``renamed_from``: the file was an unstored file of that name,
         renamed here: both folders' times change. ``parted``: ``value`` is the manifest of
         these parts (:mod:`zarrfs.fs.parts`); the parts of the version replaced are freed.
         ``lay``: when the stored file is no longer the version ``base`` (its stamp) that
@@ -242,9 +336,9 @@ class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
             if parted is not None:
                 parts.check_present(t, key, parted)
             if create or exclusive:
-                folder, found = self._probe_with_folder(t, key, also)
+                folder, found = self.lookups.probe_with_folder(t, key, also)
                 if found is not None and replace and not exclusive and found[0] not in (FILE, DIR):
-                    self._unlinked(t, key, found)
+                    self.links.unlinked(t, key, found)
                     t.delete(entry_key(key), SIDE)  # the symlink the rename replaces
                     found = None
                 if found is not None and (exclusive or found[0] != FILE):
@@ -259,25 +353,25 @@ class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
                 pointer = t.get(pointer_key(key), SIDE)
             stored_value = value
             if lay is not None and base is not None:
-                node = self._find(t, key)
+                node = self.lookups.find_in(t, key)
                 if node is not None and node.kind == FILE and stamp_of(node) != base:
                     stored_value = lay(parts.whole(t, key, t.get(key)) or b"")
             names = [key]
             if create or exclusive:
                 # A new file in its place: that name is not linked; its parts go with its last name.
-                if found is not None and (pointer is None or not self._unlinked(t, key, found)):
-                    self._garbage.append(parts.parted_of(found[3]))
+                if found is not None and (pointer is None or not self.links.unlinked(t, key, found)):
+                    self.writes.let_go(parts.parted_of(found[3]))
             else:
                 names = records.names_of(t, key, pointer)
                 if hint is not None:
-                    self._garbage.append(parts.parted_of(t.get(attr_key(key), SIDE)))
+                    self.writes.let_go(parts.parted_of(t.get(attr_key(key), SIDE)))
             for name, stored in records.write_file(t, names, stored_value, record, self.hooks.store):
-                self._changed(t, name, stored)
-            self._garbage = [p for p in self._garbage if p != parted]
+                self.writes.changed(t, name, stored)
+            self.writes.keep(parted)
             if folder is not None:
-                self._commit_folders(t, key, folder, found, added, renamed_from)
+                self.entries.commit_folders(t, key, folder, found, added, renamed_from)
 
-        self._write(run)
+        self.writes.run(run)
         if attrs is not None:
             attrs.parted = parted
 
@@ -288,27 +382,27 @@ class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
         where = key.rpartition("/")[0]
 
         def run(t: Txn, keep: bool = True) -> list[str]:
-            found, folder = self._probe_many(t, [key, where])
+            found, folder = self.lookups.probe_many(t, [key, where])
             if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
             if found[0] == DIR:
                 raise FsError(errno.EISDIR, key)
             if found[0] == FILE:
                 t.delete(key)
-                self._changed(t, key, None)
+                self.writes.changed(t, key, None)
             else:
                 t.delete(entry_key(key), SIDE)
-            left = self._unlinked(t, key, found)
+            left = self.links.unlinked(t, key, found)
             if found[0] == FILE and not left:
-                self._garbage.append(parts.parted_of(found[3]))
+                self.writes.let_go(parts.parted_of(found[3]))
             t.delete(attr_key(key), SIDE)
             t.delete(xattr_key(key), SIDE)
-            if keep:  # writes a full store may refuse (see _removing)
-                self._keep_parent(t, key)
-                self._folder_changed(t, where, folder[3] if folder else None, self._now())
+            if keep:  # writes a full store may refuse (see Entries.removing)
+                self.entries.keep_parent(t, key)
+                self.entries.folder_changed(t, where, folder[3] if folder else None, clock())
             return left
 
-        return self._removing(run)
+        return self.entries.removing(run)
 
     def rmdir(self, key: str) -> None:
         """Remove the empty folder at ``key`` (ENOTEMPTY, ENOTDIR, ENOENT as POSIX says)."""
@@ -318,20 +412,20 @@ class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
         where = key.rpartition("/")[0]
 
         def run(t: Txn, keep: bool = True) -> None:
-            found, folder = self._probe_many(t, [key, where])
+            found, folder = self.lookups.probe_many(t, [key, where])
             if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
             if found[0] != DIR:
                 raise FsError(errno.ENOTDIR, key)
-            if self._has_children(t, key):
+            if self.lookups.has_children(t, key):
                 raise FsError(errno.ENOTEMPTY, key, quiet=True)
             for side_key in (entry_key(key), attr_key(key), xattr_key(key)):
                 t.delete(side_key, SIDE)
-            if keep:  # writes a full store may refuse (see _removing)
-                self._keep_parent(t, key)
-                self._folder_changed(t, where, folder[3] if folder else None, self._now())
+            if keep:  # writes a full store may refuse (see Entries.removing)
+                self.entries.keep_parent(t, key)
+                self.entries.folder_changed(t, where, folder[3] if folder else None, clock())
 
-        self._removing(run)
+        self.entries.removing(run)
 
     def set_attrs(
         self,
@@ -346,10 +440,10 @@ class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
         """Change mode, owner or times of ``key`` (``-1`` owner means unchanged, as chown)."""
 
         def run(t: Txn) -> None:
-            found = self._probe(t, key)
+            found = self.lookups.probe(t, key)
             if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
-            attrs = self._attrs(t, key, found[0])
+            attrs = self.lookups.attrs_of(t, key, found[0])
             if mode is not None:
                 attrs.mode = stat.S_IFMT(attrs.mode) | stat.S_IMODE(mode)
             if uid is not None and uid != -1:
@@ -360,12 +454,12 @@ class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
                 attrs.atime = atime
             if mtime is not None:
                 attrs.mtime = mtime
-            attrs.ctime = self._now()
+            attrs.ctime = clock()
             group = hardlinks.load(t, key, found[4]) if found[0] != DIR else None
             # The names of a linked node share their attributes: each has the same record.
             hardlinks.put_attrs(t, group.names if group is not None else [key], attrs.pack())
 
-        self._write(run)
+        self.writes.run(run)
 
     # ------------------------------------------------------------------ rename / link
     def _subtree(self, t: Txn, key: str, found: Any) -> list[tuple[str, str, bytes]]:
@@ -376,7 +470,7 @@ class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
         if value is not None:
             records.append((DATA, key, value))
         records.extend((DATA, k, v) for k, v in t.scan_prefix(key + "/", fetch=VALUES))
-        for side_prefix in (ENTRY, "a:", XATTR):
+        for side_prefix in (ENTRY, ATTR, XATTR):
             raw = t.get(side_prefix + key, SIDE)
             if raw is not None:
                 records.append((SIDE, side_prefix + key, raw))
@@ -391,29 +485,22 @@ class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
             records.append((SIDE, pointer_key(key), found[4]))
         return records
 
-    @staticmethod
-    def _moved(record_key: str, src: str, dst: str) -> str:
-        for side_prefix in (ENTRY, "a:", XATTR, POINTER):
-            if record_key.startswith(side_prefix):
-                return side_prefix + dst + record_key[len(side_prefix) + len(src) :]
-        return dst + record_key[len(src) :]
-
     def _remove(self, t: Txn, records: list[tuple[str, str, bytes]]) -> None:
         for space, k, _ in records:
             t.delete(k, space)
             if space == DATA:
-                self._changed(t, k, None)
+                self.writes.changed(t, k, None)
 
     def _place(self, t: Txn, records: list[tuple[str, str, bytes]], src: str, dst: str) -> None:
         for space, k, v in records:
-            new = self._moved(k, src, dst)
+            new = moved_key(k, src, dst)
             if space == DATA:
                 # A file moved with its folder keeps its meaning; only a file moved alone can
                 # change what it is (a temporary file becoming a chunk).
                 v = self.hooks.arrive(t, new, v, k if k == src else "")
             t.put(new, v, space)
             if space == DATA:
-                self._changed(t, new, v)
+                self.writes.changed(t, new, v)
 
     def rename(self, src: str, dst: str, flags: int = 0) -> bool:
         """Move a file or a whole folder atomically, replacing an existing target atomically;
@@ -427,16 +514,16 @@ class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
         if dst.startswith(src + "/") or (flags & RENAME_EXCHANGE and src.startswith(dst + "/")):
             raise FsError(errno.EINVAL, f"cannot move {src} into itself")
 
-        self.check_length(dst)
+        self.entries.check_length(dst)
         here, there = src.rpartition("/")[0], dst.rpartition("/")[0]
 
         def run(t: Txn) -> bool:
-            s, d, parent, source = self._probe_many(t, [src, dst, there, here])
+            s, d, parent, source = self.lookups.probe_many(t, [src, dst, there, here])
             if s is None:
                 raise FsError(errno.ENOENT, src, quiet=True)
-            if self._same_file(t, src, dst, s, d):
+            if self.links.same_file(t, src, dst, s, d):
                 return False
-            now = self._now()
+            now = clock()
             if flags & RENAME_EXCHANGE:
                 if d is None:
                     raise FsError(errno.ENOENT, dst, quiet=True)
@@ -445,8 +532,8 @@ class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
                 self._remove(t, b)
                 self._place(t, a, src, dst)
                 self._place(t, b, dst, src)
-                self._regroup(t, [(a, src, dst, s), (b, dst, src, d)])
-                self._folders_changed(t, (here, source), (there, parent), now)
+                self.links.regroup(t, [(a, src, dst, s), (b, dst, src, d)])
+                self.entries.folders_changed(t, (here, source), (there, parent), now)
                 return True
             if d is not None:
                 if flags & RENAME_NOREPLACE:
@@ -455,26 +542,26 @@ class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
                     raise FsError(errno.ENOTDIR, dst)
                 if s[0] != DIR and d[0] == DIR:
                     raise FsError(errno.EISDIR, dst)
-                if d[0] == DIR and self._has_children(t, dst):
+                if d[0] == DIR and self.lookups.has_children(t, dst):
                     raise FsError(errno.ENOTEMPTY, dst)
-                if d[0] != DIR and not self._unlinked(t, dst, d) and d[0] == FILE:
-                    self._garbage.append(parts.parted_of(d[3]))
+                if d[0] != DIR and not self.links.unlinked(t, dst, d) and d[0] == FILE:
+                    self.writes.let_go(parts.parted_of(d[3]))
                 self._remove(t, self._subtree(t, dst, d))
             else:
-                self._folder_check(parent, dst)
+                self.lookups.folder_check(parent, dst)
                 self.hooks.check_name(t, dst, s[0])
             records = self._subtree(t, src, s)
             self._remove(t, records)
             self._place(t, records, src, dst)
-            moved = (Attrs.unpack(s[3]) if s[3] is not None else None) or self.default_attrs(s[0])
+            moved = (Attrs.unpack(s[3]) if s[3] is not None else None) or self.lookups.default_attrs(s[0])
             moved.ctime = now  # as Linux's filesystems do: the node changed
             t.put(attr_key(dst), moved.with_type(s[0]).pack(), SIDE)
-            self._regroup(t, [(records, src, dst, s)])
-            self._keep_parent(t, src)
-            self._folders_changed(t, (here, source), (there, parent), now)
+            self.links.regroup(t, [(records, src, dst, s)])
+            self.entries.keep_parent(t, src)
+            self.entries.folders_changed(t, (here, source), (there, parent), now)
             return True
 
-        return self._write(run)
+        return self.writes.run(run)
 
     def link(self, src: str, dst: str) -> None:
         """``link(src, dst)``: a hard link, a new name ``dst`` of the file ``src``, in one
@@ -484,17 +571,17 @@ class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
         special file gets an entry record under the new name, in the same link group. The new
         name's folder changes and so does the file (its ctime, on every name)."""
 
-        self.check_length(dst)
+        self.entries.check_length(dst)
 
         def run(t: Txn) -> None:
-            s, d, parent = self._probe_many(t, [src, dst, dst.rpartition("/")[0]])
+            s, d, parent = self.lookups.probe_many(t, [src, dst, dst.rpartition("/")[0]])
             if s is None:
                 raise FsError(errno.ENOENT, src, quiet=True)
             if s[0] == DIR:
                 raise FsError(errno.EPERM, f"{src} is a folder")
             if d is not None:
                 raise FsError(errno.EEXIST, dst)
-            self._folder_check(parent, dst)
+            self.lookups.folder_check(parent, dst)
             self.hooks.check_name(t, dst, s[0])
             if s[0] != FILE:  # a symlink or special file: the new name's own entry record
                 records = [r for r in self._subtree(t, src, s) if r[1] in (entry_key(src), attr_key(src))]
@@ -502,11 +589,11 @@ class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
             else:
                 value = self.hooks.arrive(t, dst, t.get(src), src)
                 t.put(dst, value)
-                self._changed(t, dst, value)
+                self.writes.changed(t, dst, value)
             if (xattrs := t.get(xattr_key(src), SIDE)) is not None:  # the file's, on each name
                 t.put(xattr_key(dst), xattrs, SIDE)
             group = hardlinks.join(t, hardlinks.load(t, src, s[4]), src, dst)
-            self._touch_group(group.names, s[3], t, s[0])
-            self._folder_changed(t, dst.rpartition("/")[0], parent[3], self._now())
+            self.links.touch(group.names, s[3], t, s[0])
+            self.entries.folder_changed(t, dst.rpartition("/")[0], parent[3], clock())
 
-        self._write(run)
+        self.writes.run(run)

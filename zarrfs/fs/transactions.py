@@ -1,0 +1,101 @@
+"""The tree's write transactions: :class:`Transactions` runs one over the driver (retried by
+the driver on conflicts), lets the format layer's hooks see each data key changed, notes the
+other keys the hooks rewrote (a consolidated ``.zmetadata``) so the mount can drop the
+kernel's caches of them, and frees after the commit the parts of values the change let go
+(each part in its own transaction: :mod:`zarrfs.fs.parts`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from zarrfs.backends.base import DATA, SIDE, Driver, Txn
+from zarrfs.fs import parts
+from zarrfs.fs.hooks import Hooks
+from zarrfs.fs.manifest import Parted
+from zarrfs.fs.node import FILE
+from zarrfs.fs.sidedata import Attrs, attr_key
+
+
+class _Recording:
+    """A transaction as the hooks see it: every data key they write is noted, so that the
+    kernel's caches of those files can be dropped after the commit."""
+
+    def __init__(self, txn: Txn, into: set[str], defaults: Callable[[int], Attrs]) -> None:
+        self._txn = txn
+        self._into = into
+        self._defaults = defaults  # the attributes of a file without a record
+
+    def put(self, key: str, value: Any, space: str = DATA) -> None:
+        self._txn.put(key, value, space)
+        if space == DATA:
+            self._into.add(key)
+            # A document rewritten on the side is a changed file: its mtime moves (tools that
+            # sync by mtime, the kernel's page-cache stamp), its owner and mode stay.
+            raw = self._txn.get(attr_key(key), SIDE)
+            attrs = (Attrs.unpack(raw) if raw is not None else None) or self._defaults(FILE)
+            attrs.mtime = attrs.ctime = time.time_ns()
+            self._txn.put(attr_key(key), attrs.pack(), SIDE)
+
+    def delete(self, key: str, space: str = DATA) -> None:
+        if space == DATA:
+            self._into.add(key)
+        self._txn.delete(key, space)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._txn, name)
+
+
+class Transactions:
+    """Runs the tree's writes. ``defaults(kind)``: the attributes of a node without a record;
+    ``forget()``: drop the lookup caches (called after every write, committed or not);
+    :attr:`on_side_effects` ``(keys)``: told the keys the hooks changed beyond those asked for."""
+
+    def __init__(
+        self, driver: Driver, hooks: Hooks, defaults: Callable[[int], Attrs], forget: Callable[[], None]
+    ) -> None:
+        self.driver = driver
+        self.hooks = hooks
+        self.defaults = defaults
+        self.forget = forget
+        self.on_side_effects: Callable[[list[str]], None] | None = None
+        self._touched: set[str] = set()
+        self._garbage: list[Parted | None] = []
+
+    def run(self, change: Callable[[Txn], Any]) -> Any:
+        """Run ``change`` in one write transaction; then report the keys the hooks changed on
+        the side and free the parts it let go of."""
+        self._touched = touched = set()
+
+        def attempt(t: Txn) -> Any:
+            self._garbage = []  # a transaction run again finds them again
+            return change(t)
+
+        try:
+            result = self.driver.transact(attempt)
+        finally:
+            self.forget()
+        garbage, self._garbage = self._garbage, []
+        parts.free(self.driver, {p.id: p for p in garbage if p is not None}.values())
+        if touched and self.on_side_effects is not None:
+            self.on_side_effects(sorted(touched))
+        return result
+
+    def changed(self, t: Txn, key: str, value: Any) -> None:
+        """Data key ``key`` was set to ``value`` (None: deleted) in ``t``: the hooks follow."""
+        self.hooks.changed(_Recording(t, self._touched, self.defaults), key, value)
+
+    def let_go(self, parted: Parted | None) -> None:
+        """The version of parts ``parted`` (None: not parted) is no longer referenced once the
+        running transaction commits."""
+        self._garbage.append(parted)
+
+    def keep(self, parted: Parted | None) -> None:
+        """``parted`` is referenced by what the running transaction stores: not freed."""
+        self._garbage = [p for p in self._garbage if p != parted]
+
+
+def clock() -> int:
+    """The time of a change, in nanoseconds."""
+    return time.time_ns()
