@@ -39,7 +39,6 @@ KNOWN: set[tuple[str, str]] = {
     ("zarrfs.store", "zarrfs.fs.parts"),
 }
 KNOWN_CYCLES: list[list[str]] = [
-    ["zarrfs.backends.postgres.driver", "zarrfs.backends.postgres.txn"],
     ["zarrfs.fuse.coherence", "zarrfs.fuse.lockreq", "zarrfs.fuse.session"],
     ["zarrfs.backends.redis.commit", "zarrfs.backends.redis.driver", "zarrfs.backends.redis.feed",
      "zarrfs.backends.redis.index", "zarrfs.backends.redis.link", "zarrfs.backends.redis.url"],

@@ -189,7 +189,8 @@ class PostgresDriver(Driver):
             self._ready()
             level = "SERIALIZABLE" if write else "REPEATABLE READ READ ONLY"
             with self._errors():
-                txn = PostgresTxn(self, write, f"BEGIN ISOLATION LEVEL {level}")
+                begin = f"BEGIN ISOLATION LEVEL {level}"
+                txn = PostgresTxn(self.conn, self.queries, self.where, write, begin)
                 deferred, self._deferred = self._deferred, None
                 if deferred is not None:  # the last reading transaction ends first
                     txn.queued.insert(0, ("COMMIT", None))
@@ -254,7 +255,8 @@ class PostgresDriver(Driver):
                 conn.execute("ROLLBACK")
                 raise
         cost = "PostgreSQL cannot vacuum rows this transaction may see: dead rows stay in the tables"
-        return HeldState(PostgresTxn(self, False, None), conn.rollback, cost, exported, self._errors)
+        held = PostgresTxn(conn, self.queries, self.where, False, None)
+        return HeldState(held, conn.rollback, cost, exported, self._errors)
 
     def _settle(self) -> None:
         """End a reading transaction whose COMMIT waits for the next one, if it has waited
