@@ -40,9 +40,6 @@ KNOWN: set[tuple[str, str]] = {
 }
 KNOWN_CYCLES: list[list[str]] = [
     ["zarrfs.fuse.coherence", "zarrfs.fuse.lockreq", "zarrfs.fuse.session"],
-    ["zarrfs.backends.redis.commit", "zarrfs.backends.redis.driver", "zarrfs.backends.redis.feed",
-     "zarrfs.backends.redis.index", "zarrfs.backends.redis.link", "zarrfs.backends.redis.url"],
-    ["zarrfs.backends.redis_cluster.driver", "zarrfs.backends.redis_cluster.feed"],
     ["zarrfs.fs.listing", "zarrfs.fs.namespace"],
 ]
 

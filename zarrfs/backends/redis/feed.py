@@ -39,15 +39,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+import redis
 
 from ..base import DATA, SIDE, BackendError, Space
 from ..feed_fd import FeedFd
-from .link import translated
-
-if TYPE_CHECKING:
-    from .driver import RedisDriver
-    from .link import Link
+from .link import Link, translated
+from .url import KeyNames
 
 log = logging.getLogger("zarrfs.backends.redis")
 
@@ -56,10 +55,25 @@ CHANNEL = b"__redis__:invalidate"
 RETRY = 0.5
 
 
+class FeedOwner(Protocol):
+    """What a feed uses of its driver (``RedisDriver``): the pool and client of the server (a
+    cluster driver moves them with the slot), the names of the keys, whether the feed keeps
+    the index, and a way to have the calling thread's link track into the feed now."""
+
+    where: str
+    readonly: bool
+    indexed: bool
+    key_names: KeyNames
+    pool: redis.ConnectionPool
+    client: redis.Redis
+
+    def track_now(self) -> None: ...
+
+
 class RedisFeed:
     """The connection the server pushes invalidations to, and the links tracking into it."""
 
-    def __init__(self, driver: RedisDriver) -> None:
+    def __init__(self, driver: FeedOwner) -> None:
         self.driver = driver
         self.conn: Any = None
         self.cid: int | None = None
@@ -98,33 +112,37 @@ class RedisFeed:
         server pushed something (or closed it)."""
         return self.fd.fd
 
+    def enlist(self, link: Link) -> None:
+        """Have ``link`` (just acquired) track into this feed, unless it does already or the
+        feed is lost. A link the server refuses to redirect leaves the feed for lost (see
+        :meth:`drop`) and serves untracked; a server that is away raises (the caller gives the
+        link back)."""
+        if self.lost or link.tracked is self.token:
+            return
+        self.check()
+        if self.lost:
+            return
+        try:
+            self.track(link)
+        except BackendError:
+            if link.broken:  # the server is away: so is the transaction
+                raise
+            self.drop()  # it refused the redirect: untracked
+
     def track(self, link: Link) -> None:
         """Have ``link``'s writes reported to every other client, not to this one. A link that
         tracked into an earlier feed connection (the server did not restart: only the feed's
         connection was lost) stops first: the server refuses the same prefixes twice."""
-        d = self.driver
-        off = [("CLIENT", "TRACKING", "OFF")] if getattr(link, "tracked", None) is not None else []
+        keys = self.driver.key_names
+        off = [("CLIENT", "TRACKING", "OFF")] if link.tracked is not None else []
         link.checked(
             [
                 *off,
                 ("CLIENT", "TRACKING", "ON", "REDIRECT", self.cid, "BCAST")
-                + ("PREFIX", d.data_prefix, "PREFIX", d.side_prefix, "NOLOOP"),
+                + ("PREFIX", keys.data_prefix, "PREFIX", keys.side_prefix, "NOLOOP"),
             ]
         )
         link.tracked = self.token
-
-    def track_now(self) -> None:
-        """Have this thread's link track into the feed now (the server reports to the feed
-        only once a connection tracks into it). A link from before a restart fails: a new one
-        is made."""
-        for attempt in (1, 2):
-            try:
-                self.driver._release(self.driver._acquire())
-                return
-            except BackendError as exc:
-                if attempt == 2:
-                    raise
-                log.debug("%s: %s", self.driver.where, exc)
 
     def _read(self) -> None:
         """Take in what the server pushed (kept until reported); a connection that failed
@@ -173,7 +191,7 @@ class RedisFeed:
             self.lost = False
             log.info("%s: change feed back", self.driver.where)
             try:
-                self.track_now()
+                self.driver.track_now()
             except BackendError as exc:
                 log.debug("%s: %s", self.driver.where, exc)
             return None
@@ -186,14 +204,15 @@ class RedisFeed:
         if everything:
             return None
         d = self.driver
+        keys = d.key_names
         records: list[tuple[Space, str]] = []
         data: list[bytes] = []
-        cut_data, cut_side = len(d.data_prefix), len(d.side_prefix)
+        cut_data, cut_side = len(keys.data_prefix), len(keys.side_prefix)
         for name in names:
-            if name.startswith(d.data_prefix):
+            if name.startswith(keys.data_prefix):
                 data.append(name[cut_data:])
                 records.append((DATA, name[cut_data:].decode("utf-8", "surrogateescape")))
-            elif name.startswith(d.side_prefix):
+            elif name.startswith(keys.side_prefix):
                 records.append((SIDE, name[cut_side:].decode("utf-8", "surrogateescape")))
         if data and not d.readonly and d.indexed:
             self._index(data)
@@ -203,11 +222,11 @@ class RedisFeed:
         """Make the listing index agree with what exists of ``raws`` now (keys written by
         clients that keep no index)."""
         d = self.driver
-        index = d.index[DATA]
+        index = d.key_names.index[DATA]
         with translated(d.where):
             pipe = d.client.pipeline(transaction=True)
             for raw in raws:
-                pipe.exists(d.data_prefix + raw)
+                pipe.exists(d.key_names.data_prefix + raw)
                 pipe.zscore(index, raw)
             answers = pipe.execute()
             pairs = list(zip(raws, answers[::2], answers[1::2], strict=True))
@@ -245,41 +264,3 @@ class RedisFeed:
             self.conn = None
         self.fd.close()
 
-
-def tracked(d: RedisDriver, link: Link) -> Link:
-    """``link``, just acquired by ``d``, made to track into ``d``'s change feed if one is
-    started and the link does not yet; a link the server refuses to redirect leaves the feed
-    for lost (see :meth:`RedisFeed.drop`) and serves untracked."""
-    feed = d.feed
-    if feed is not None and not feed.lost and getattr(link, "tracked", None) is not feed.token:
-        feed.check()
-        if feed.lost:
-            return link
-        try:
-            feed.track(link)
-        except BackendError:
-            if link.broken:  # the server is away: so is the transaction
-                d._release(link)
-                raise
-            feed.drop()  # it refused the redirect: untracked
-        except BaseException:
-            d._release(link)
-            raise
-    return link
-
-
-def feed_changes(d: RedisDriver, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
-    """:meth:`RedisDriver.changes`: the first call starts ``d``'s feed (NotImplementedError
-    where the server has no ``CLIENT TRACKING``). The cursor only counts calls: the server
-    pushes."""
-    if d.feed is None:
-        try:
-            d.feed = RedisFeed(d)
-        except BackendError as exc:
-            log.warning("%s: no change feed (CLIENT TRACKING needs Redis 6): %s", d.where, exc)
-            raise NotImplementedError from exc
-        d.feed.track_now()
-    if since is None:
-        d.feed.changes()  # nothing from before counts
-        return 0, []
-    return since + 1, d.feed.changes()

@@ -65,7 +65,7 @@ from ..buffered import DELETED
 from ..redis.driver import RedisDriver, RedisTxn
 from ..redis.index import ensure_index
 from ..redis.link import Link, Links, translate
-from ..redis.url import check_query, name_keys, parse_url
+from ..redis.url import KeyNames, check_query, parse_url
 from .feed import ClusterFeed
 from .spread import SpreadParts
 
@@ -285,9 +285,12 @@ class RedisClusterDriver(RedisDriver):
         Driver.__init__(self, url, readonly)
         parsed = parse_url(url)
         try:
-            name_keys(self, parsed, hash_tagged(parsed.prefix))
+            prefix = hash_tagged(parsed.prefix)
         except ValueError as exc:
             raise BackendError(f"{parsed.scheme}: {exc}") from None
+        self.prefix = prefix
+        self.where = parsed.where(prefix)
+        self.key_names = KeyNames(prefix)
         check_query(parsed, {"spread", "spread_above"})
         self._options = self._connection_options(parsed.scheme, parsed.userinfo, parsed.query)
         nodes = []
@@ -307,7 +310,7 @@ class RedisClusterDriver(RedisDriver):
             raise translate(exc, self.where) from exc
         self._links = ClusterLinks(self)
         self.feed: ClusterFeed | None = None  # started by the first changes() (a mount's)
-        self.indexed = ensure_index(self)
+        self.indexed = ensure_index(self.client, self.key_names, self.where, self.readonly)
         self.spread: SpreadParts | None = None
         if _flag(parsed.query, "spread", self.where):
             masters = len(self.cluster.get_primaries())
@@ -347,7 +350,7 @@ class RedisClusterDriver(RedisDriver):
                 return
             if self._stale:
                 self.cluster.nodes_manager.initialize()
-            slot = self.cluster.keyslot(self.index[DATA])
+            slot = self.cluster.keyslot(self.key_names.index[DATA])
             node = self.cluster.nodes_manager.get_node_from_slot(slot)
             old = self.pool
             if old is None or (old.connection_kwargs["host"], old.connection_kwargs["port"]) != (
@@ -390,7 +393,7 @@ class RedisClusterDriver(RedisDriver):
         points the driver at the new owner (see ``feed``)."""
         link = self._acquire()
         try:
-            link.checked([("EXISTS", self.index[DATA])])
+            link.checked([("EXISTS", self.key_names.index[DATA])])
         except BackendError as exc:
             self.rerouted(exc, link)  # a moved slot or a lost master: the route is stale
         finally:

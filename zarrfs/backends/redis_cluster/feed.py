@@ -27,14 +27,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..base import BackendError, Space
-from ..redis.feed import RETRY, RedisFeed
-
-if TYPE_CHECKING:
-    from ..redis.link import Link
-    from .driver import RedisClusterDriver
+from ..redis.feed import RETRY, FeedOwner, RedisFeed
+from ..redis.link import Link
 
 log = logging.getLogger("zarrfs.backends.redis")
 
@@ -44,12 +41,25 @@ __all__ = ["CHECK", "RETRY", "ClusterFeed"]
 CHECK = 1.0
 
 
+class ClusterFeedOwner(FeedOwner, Protocol):
+    """What a cluster feed uses of its driver (``RedisClusterDriver``) besides a feed's: the
+    route to the slot's master, which the feed checks and follows."""
+
+    node: str  # the master the driver's pool is on, "host:port"
+
+    def route(self) -> None: ...
+
+    def check_route(self) -> None: ...
+
+    def mark_stale(self) -> None: ...
+
+
 class ClusterFeed(RedisFeed):
     """:class:`RedisFeed` on the master owning the hierarchy's slot; see the module docstring."""
 
-    driver: RedisClusterDriver
+    driver: ClusterFeedOwner
 
-    def __init__(self, driver: RedisClusterDriver) -> None:
+    def __init__(self, driver: ClusterFeedOwner) -> None:
         self.pool: Any = None
         self.check_at = time.monotonic() + CHECK
         super().__init__(driver)
