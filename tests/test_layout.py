@@ -39,7 +39,6 @@ KNOWN: set[tuple[str, str]] = {
     ("zarrfs.store", "zarrfs.fs.parts"),
 }
 KNOWN_CYCLES: list[list[str]] = [
-    ["zarrfs.fuse.coherence", "zarrfs.fuse.lockreq", "zarrfs.fuse.session"],
     ["zarrfs.fs.listing", "zarrfs.fs.namespace"],
 ]
 

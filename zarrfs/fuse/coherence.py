@@ -33,14 +33,13 @@ dropped from the kernel too, so a missing name is cached for long however many w
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from zarrfs.fs.api import ChangeWatcher, folders_of, name_bytes
+from zarrfs.fs.api import ChangeWatcher, Operations, folders_of
 from zarrfs.fuse import abi as k
-from zarrfs.fuse.notify import WAIT
-
-if TYPE_CHECKING:
-    from zarrfs.fuse.session import Session
+from zarrfs.fuse.handshake import Agreed
+from zarrfs.fuse.inodes import InodeTable
+from zarrfs.fuse.notify import WAIT, Invalidator, inval_entry, inval_inode
 
 log = logging.getLogger("zarrfs.fuse.coherence")
 
@@ -48,24 +47,21 @@ NEGATIVES = 1 << 16
 EVICTED = NEGATIVES // 8  # forgotten (and dropped from the kernel) at once when full
 
 
-def inval_inode(nodeid: int) -> bytes:
-    """The notification dropping a node's attributes and pages."""
-    return k.NOTIFY_INVAL_INODE_OUT.pack(40, k.NOTIFY_INVAL_INODE, 0, nodeid, 0, 0)
+class Mount(Protocol):
+    """What coherence uses of the session (``fuse.session.Session``): the filesystem, the node
+    table (what the kernel holds), the invalidator that writes the notifications, and what
+    INIT agreed with the kernel (None before INIT: no notification goes out then)."""
 
-
-def inval_entry(parent_id: int, name: str, flags: int = 0) -> bytes:
-    """The notification dropping the entry ``name`` of folder ``parent_id`` (with
-    ``EXPIRE_ONLY``: marking it to be looked up again at its next use)."""
-    raw = name_bytes(name)
-    size = k.NOTIFY_INVAL_ENTRY_OUT.size + len(raw) + 1
-    head = k.NOTIFY_INVAL_ENTRY_OUT.pack(size, k.NOTIFY_INVAL_ENTRY, 0, parent_id, len(raw), flags)
-    return head + raw + b"\0"
+    ops: Operations
+    inodes: InodeTable
+    invalidator: Invalidator
+    agreed: Agreed | None
 
 
 class Coherence:
     """One mount's link between the change feed and the kernel's caches."""
 
-    def __init__(self, session: Session, watcher: ChangeWatcher) -> None:
+    def __init__(self, session: Mount, watcher: ChangeWatcher) -> None:
         self.session = session
         self.watcher = watcher
         self.negatives: dict[str, None] = {}  # oldest first
@@ -86,10 +82,15 @@ class Coherence:
                 parent_id = held(parent)
                 if parent_id is not None:  # else the kernel holds no entry under it
                     notes.append(inval_entry(parent_id, name))
-            if notes and self.session._inval_ok:
+            if notes and self._may_drop():
                 self.session.invalidator.post(notes)
         negatives[key] = None
         return long
+
+    def _may_drop(self) -> bool:
+        """Whether the kernel takes the notifications (INIT answered, a version that has them)."""
+        agreed = self.session.agreed
+        return agreed is not None and agreed.inval
 
     def created(self, key: str) -> None:
         """``key`` was made through this mount: the kernel's entry for it is the file's."""
@@ -109,7 +110,7 @@ class Coherence:
         # these drops (see zarrfs.fuse.notify).
         with invalidator.order:
             notes = self.everything() if keys is None else self.notes(keys)
-            if not notes or not self.session._inval_ok:
+            if not notes or not self._may_drop():
                 return
             self.dropped += len(notes)
             done = invalidator.enqueue(notes)
@@ -123,7 +124,8 @@ class Coherence:
         notes: list[bytes] = []
         changed = set(keys)
         targets = changed | folders_of(changed)
-        expire = self.session._expire_ok
+        agreed = self.session.agreed
+        expire = agreed is not None and agreed.expire
         for key in sorted(targets):
             nodeid = held(key)
             entry = renew = False
