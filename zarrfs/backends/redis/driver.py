@@ -1,45 +1,21 @@
 """Redis driver: ``redis://[:password@]host:port/db?prefix=zarr``, ``rediss://...``,
-``unix:///path/to/sock?db=0&prefix=zarr``, ``valkey://``/``valkeys://`` (Valkey speaks the
-same protocol); other query options go to redis-py. Redis Cluster: ``redis_cluster``.
+``unix:///path/to/sock?db=0&prefix=zarr``, ``valkey://``/``valkeys://``; other query options go to
+redis-py. Redis Cluster: ``redis_cluster``.
 
-Data keys are plain strings ``"{prefix}:{key}"``, exactly as zarr-python 2's ``RedisStore``
-writes them. Everything else lives outside the pattern ``{prefix}:*`` that ``RedisStore`` lists:
+Keys (``url.KeyNames``): data ``{prefix}:{key}``, as zarr-python 2's ``RedisStore`` writes them;
+side values ``zarrfs.side.{prefix}:{key}``; per space a sorted-set index (``zarrfs.index.{prefix}``,
+``zarrfs.sideindex.{prefix}``, scores 0, read with ``ZRANGEBYLEX``) updated in the data's
+``MULTI``/``EXEC``, so a listing touches only the keys it returns. The index's empty member marks
+it complete; without it (a ``RedisStore`` database) it is rebuilt with ``SCAN`` (``index``). Keys
+``RedisStore`` deletes leave stale entries (scans drop them, :meth:`RedisDriver.reindex` prunes
+them, a ``read_many`` prefix read trusts them); keys it adds are listed once ``reindex`` or a
+writable mount's change feed (``feed``) indexes them.
 
-* ``zarrfs.index.{prefix}``: a sorted set of the data keys (all scores 0, read with
-  ``ZRANGEBYLEX``), so a listing touches only the keys it returns, never the whole keyspace. It
-  is updated in the same ``MULTI``/``EXEC`` as the data. The empty member ``""`` (no key is
-  empty) marks an index known to be complete; a database written by ``RedisStore`` has no
-  index, so when the marker is missing the index is rebuilt with ``SCAN MATCH {prefix}:*``.
-  Keeping the marker inside the set means deleting the set also deletes the marker.
-  ``RedisStore`` does not maintain the index: keys it deletes leave stale entries (scans
-  check existence and drop them, with one multi-key ``EXISTS`` per batch;
-  :meth:`RedisDriver.reindex` prunes them; a ``prefix`` read of :meth:`Txn.read_many`, which
-  must stay one round trip, trusts the index); keys it adds while the index exists are not
-  listed until :meth:`RedisDriver.reindex`.
-* ``zarrfs.side.{prefix}:{key}``: side values, with their own index
-  ``zarrfs.sideindex.{prefix}``.
-
-Transactions are optimistic. A write transaction reads from the server, ``WATCH``-ing every key
-it reads (and the index when it scans), buffers its writes (its own reads and scans see them),
-and commits them in one ``MULTI``/``EXEC``; a watched key changed by someone else aborts the
-``EXEC`` and the transaction is retried (:class:`RetryableError`). Because the index is watched
-by scans, a write transaction that scans conflicts with any concurrent creation of a new key;
-re-setting an existing key does not touch the index. Read-only transactions do not watch:
-each read sees the latest committed state (read committed, not a snapshot).
-
-Round trips are what a transaction costs, so each thread keeps one connection across its
-transactions (no pool checkout per transaction) and parses replies with hiredis straight from
-the socket: a read-only transaction costs one round trip per read or read batch and nothing to
-begin or end; a write transaction's ``read_many`` sends its ``WATCH`` in the same pipeline as
-the reads, and its commit is one ``MULTI``/``EXEC`` round trip (an ``UNWATCH`` owed by a
-transaction that ends without ``EXEC`` rides on the connection's next call). In a read-only
-transaction a scan keeps the range of the index it read, so a scan inside it (a listing asking
-whether a listed key also has children) is answered as of that read without a round trip, and
-paging through a range reads ahead in growing batches.
-
-The URL and the names of the keys live in ``url``, the connections in ``link``,
-the index and the scans that read it in ``index``, the commit in ``commit``, the
-change feed in ``feed``.
+Transactions are optimistic: a write transaction ``WATCH``es what it reads (the index when it
+scans: it then conflicts with any new key), buffers its writes and commits them in one
+``MULTI``/``EXEC`` (``commit``); a conflict is :class:`RetryableError`. Read-only ones do not
+watch (read committed). Each thread keeps one connection, replies parsed by hiredis (``link``): a
+read or batch of reads is one round trip, a commit one more.
 """
 
 from __future__ import annotations

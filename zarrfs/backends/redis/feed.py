@@ -1,37 +1,22 @@
-"""The Redis driver's change feed: the server's client-side-caching invalidations.
+"""The Redis driver's change feed: the server's client-side-caching invalidations (Redis 6+).
 
-Redis 6 and later tell a client which keys others modify (``CLIENT TRACKING``). A mount opens
-one more connection, subscribes it to ``__redis__:invalidate``, and has every link it writes
-through track in broadcast mode, redirected to that connection, for the data and side key
-prefixes, without its own changes (``CLIENT TRACKING ON REDIRECT <id> BCAST PREFIX ... NOLOOP``).
-The server then pushes, after each command that modifies keys under those prefixes, the names
-it modified, whoever the writer: another zarrfs mount on this machine or another, zarr-python's
-``RedisStore``, ``redis-cli``. No server setting is needed (keyspace notifications would need
-``notify-keyspace-events``, which a managed server may refuse, and would report the mount's own
-writes as well); ``FLUSHDB``/``FLUSHALL`` come as "everything" (None). The server writes the
-invalidation before the writer's reply, so on one machine a change is in this socket before its
-writer learns it committed: close-to-open holds across mounts.
+A mount opens one more connection subscribed to ``__redis__:invalidate``, and every link it writes
+through tracks into it (``CLIENT TRACKING ON REDIRECT <id> BCAST PREFIX <data> PREFIX <side>
+NOLOOP``): after each command that modifies keys under those prefixes, whoever the writer (another
+mount, ``RedisStore``, ``redis-cli``), the server pushes their names, before the writer's reply,
+so close-to-open holds across mounts on one machine. No server setting is needed (keyspace
+notifications would need ``notify-keyspace-events``); ``FLUSHDB``/``FLUSHALL`` come as
+"everything" (None). A writable mount puts the data keys it hears of in the listing index, or
+takes them out (``index``), so keys of other clients list without ``zarrfs reindex``. A server
+without ``CLIENT TRACKING``: no feed (short cache times).
 
-A data key written by a client that is not zarrfs is not in the listing index (see
-``index``): a writable mount puts the keys it hears of in the index, or takes them out,
-as they now exist or not (one round trip per batch), so they list without ``zarrfs reindex``.
-
-A server older than 6, or one refusing ``CLIENT TRACKING``: no feed (the mount keeps short cache
-times, as before).
-
-**A lost feed** (a server restart, a network failure): reported as "something changed" (None)
-once; made again at later looks, at most every :data:`RETRY` seconds, and reported as
-"something changed" again when it is back (what happened meanwhile is not known). A connection
-tracks into the new feed at once, so that an idle mount hears others again without waiting for a
-request of its own; the other links track into it at their next transaction. The feed's
-descriptor keeps one number across reconnects (:class:`.feed_fd.FeedFd`): the request loop
-registers it once. A link tracks into the feed it was made for only (a token per feed
-connection, not the client ID: a restarted server numbers its clients from 1 again), and a
-link about to track first has the feed read what the server sent, so that a feed cut by a
-restart is found lost rather than named by a stale client ID (which the new server may have
-given to another client). A link that cannot track into the feed (the server refuses the
-redirect) takes the feed for lost and serves its transaction untracked: a write never fails for
-the feed's sake.
+A lost feed (a restart, a network failure) reports "something changed" (None), is made again at
+most every :data:`RETRY` seconds and reports it again when back; one link tracks into it at once
+(an idle mount hears others again), the others at their next transaction. Its descriptor keeps
+one number (:class:`.feed_fd.FeedFd`). A link tracks into the feed connection it was made for
+only (a token, not the client ID, which a restarted server hands out again) and first has the
+feed read what the server sent, so a feed cut by a restart is found lost. A link the server
+refuses to redirect leaves the feed lost and serves untracked: a write never fails for the feed.
 """
 
 from __future__ import annotations
