@@ -1,33 +1,21 @@
 """Keeping the kernel's caches right when other writers change the database.
 
-With a change feed (:mod:`zarrfs.fs.changes`) the mount learns of every other writer's commit
-within a poll, so the kernel may keep names and attributes for long (``cache_timeout``
-defaults to an hour then): :class:`Coherence` drops exactly what changed. For each changed key
-and each folder above it, of what the kernel holds:
+With a change feed (:mod:`zarrfs.fs.changes`) the mount hears every other writer's commit within
+a poll, so the kernel may keep names and attributes for long (``cache_timeout`` an hour), and
+:class:`Coherence` drops exactly what changed, for each changed key and each folder above it:
 
-* a node: its attributes and pages (``NOTIFY_INVAL_INODE``), and what the page-cache policy
-  remembers of it (the next open looks at the file again and drops the kernel's pages); its
-  entry too (``NOTIFY_INVAL_ENTRY``) when the key is gone or is now of another kind, so the
-  next lookup asks; else, where the kernel takes ``EXPIRE_ONLY`` (FUSE 7.38), its entry is
-  marked to be looked up again at its next use, which renews the owner and mode the kernel
-  checks a ``chmod`` or ``chown`` against (``default_permissions`` checks them without asking);
-* a cached "no such file" (the mount answered a lookup of it with ENOENT): its entry.
+* a node the kernel holds: its attributes and pages (``NOTIFY_INVAL_INODE``) and what the
+  page-cache policy remembers of it; its entry (``NOTIFY_INVAL_ENTRY``) when the key is gone or
+  of another kind, else, with ``EXPIRE_ONLY`` (FUSE 7.38), marked to be looked up again, which
+  renews the owner and mode ``default_permissions`` checks a ``chmod``/``chown`` against;
+* a cached "no such file": its entry. Such names are remembered (a negative entry holds no
+  node), forgotten when created through the mount, and past :data:`NEGATIVES` the oldest are
+  dropped from the kernel too, so a missing name stays cached long however many were made;
+* a hard link made or removed elsewhere: a name gone leaves the node to the file's other names;
+  a file now in a link group joins it. "Not known what" drops every node and entry.
 
-A hard link another mount made or removed changes what the node table knows: a name gone
-from a file with other names leaves the node, which keeps those; a file now in a link group
-joins it, so that a lookup of a new name of it gives the same node.
-
-"Something changed, not known what" drops every node's attributes and pages and every entry.
-
-The loop polls between requests, and every open polls first, so a file closed on one mount and
-then opened on another shows the new content (close-to-open): an open never trusts a stamp
-older than the last commit the feed shows. The notifications are written before the next
-request is served (bounded, as in :mod:`zarrfs.fuse.notify`).
-
-The names answered "no such file" are remembered because the kernel's negative entries hold no
-node and could not be found again; a name is forgotten when it is created through the mount
-(the kernel's entry is then a file's), and past :data:`NEGATIVES` the oldest are forgotten and
-dropped from the kernel too, so a missing name is cached for long however many were created.
+The loop polls between requests and every open polls first (close-to-open across mounts); the
+notifications are written before the next request is served (bounded, :mod:`zarrfs.fuse.notify`).
 """
 
 from __future__ import annotations
