@@ -1,36 +1,23 @@
 """The driver interface: the smallest transactional key/value API the filesystem needs.
 
-Contract (every driver honours it; :class:`zarrfs.testing.DriverConformance` checks it):
+Contract (checked by :class:`zarrfs.testing.DriverConformance`):
 
-* Two key spaces, :class:`Space`. ``DATA`` holds the Zarr keys and their values exactly as
-  zarr-python 2's ``LMDBStore`` / ``SQLiteStore`` / ``RedisStore`` hold them. ``SIDE`` holds the
-  filesystem's bookkeeping (mtimes, modes, empty folders, symlinks) somewhere those classes never
-  list or delete. Side data is advisory: it never makes a Zarr key appear or vanish.
-* Keys are ``str``. They are stored as their UTF-8 bytes; a key that cannot be encoded
-  (lone surrogates) or is empty raises :class:`InvalidKeyError`, never a mangled key.
-  Order is the byte order of the UTF-8 encoding, which equals Python's ``str`` order.
-* Values are bytes-like. ``put`` accepts ``bytes``, ``bytearray``, ``memoryview`` or any object
-  with the buffer protocol (an ``mmap`` of a spill file, so a huge value need not be copied into
-  RAM first). Reads return ``bytes``.
-* All access goes through a :class:`Txn` obtained from :meth:`Driver.transact` (or the one-shot
-  helpers on :class:`Driver` that wrap it). A transaction sees its own writes. When the function
-  returns, the transaction commits; when it raises, nothing it wrote is kept. Retryable
-  failures (write conflicts, a busy database) rerun the function, a bounded number of times,
-  after a jittered exponential back-off; the function must therefore have no side effects
-  outside the transaction.
-* ``scan(start, stop)`` yields ``(key, x)`` pairs for ``start <= key < stop`` in key order,
-  where ``x`` is ``None`` (``fetch=KEYS``), the value's size (``SIZES``) or the value
-  (``VALUES``). The iterator is valid only inside its transaction.
-* Errors are the exception classes of ``errors`` (importable from here too), so one table
-  (``zarrfs.fs.errors``) maps them to errno.
+* Two key spaces, :class:`Space`: ``DATA`` holds the Zarr keys and values exactly as zarr-python
+  2's ``LMDBStore``/``SQLiteStore``/``RedisStore`` do; ``SIDE`` the filesystem's bookkeeping,
+  where those never list or delete. Side data is advisory: it never makes a Zarr key appear.
+* Keys are ``str``, stored as UTF-8 and ordered by it (Python's ``str`` order); an empty key or
+  one that cannot be encoded raises :class:`InvalidKeyError`. Values are any buffer (an ``mmap``
+  is not copied into RAM); reads return ``bytes``.
+* All access goes through a :class:`Txn` of :meth:`Driver.transact` (or the one-shot helpers),
+  which sees its own writes and commits when the function returns, keeping nothing when it
+  raises; retryable failures rerun the function (bounded, jittered back-off), so it must have no
+  side effects. ``scan`` yields ``(key, None | size | value)`` in key order, inside the
+  transaction. Errors are the classes of ``errors`` (mapped to errno in ``zarrfs.fs.errors``).
 
-Layering (the shape of JuiceFS's ``tkv``): the public methods of :class:`Txn` check everything
-once (key, space, write mode, scan bounds, limit, fetch mode, batch requests; the checks and the
-vocabulary live in ``checks``), decode scanned keys, and call the driver's primitives, which
-work on bytes only: ``_get``, ``_put``, ``_delete``, ``_scan``, and optionally ``_size``,
-``_read``, ``_has_prefix`` and ``_read_many`` where the database answers them cheaper than the
-defaults. A driver implements :meth:`Driver._begin`; :meth:`Driver.transact` is the one retry
-loop.
+Layering (JuiceFS's ``tkv``): :class:`Txn`'s public methods check everything once (``checks``) and
+call byte-level primitives, ``_get``, ``_put``, ``_delete``, ``_scan``, optionally ``_size``,
+``_read``, ``_has_prefix``, ``_read_many``; a driver implements :meth:`Driver._begin`, and
+:meth:`Driver.transact` is the one retry loop.
 """
 
 from __future__ import annotations

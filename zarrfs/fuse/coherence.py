@@ -1,46 +1,33 @@
 """Keeping the kernel's caches right when other writers change the database.
 
-With a change feed (:mod:`zarrfs.fs.changes`) the mount learns of every other writer's commit
-within a poll, so the kernel may keep names and attributes for long (``cache_timeout``
-defaults to an hour then): :class:`Coherence` drops exactly what changed. For each changed key
-and each folder above it, of what the kernel holds:
+With a change feed (:mod:`zarrfs.fs.changes`) the mount hears every other writer's commit within
+a poll, so the kernel may keep names and attributes for long (``cache_timeout`` an hour), and
+:class:`Coherence` drops exactly what changed, for each changed key and each folder above it:
 
-* a node: its attributes and pages (``NOTIFY_INVAL_INODE``), and what the page-cache policy
-  remembers of it (the next open looks at the file again and drops the kernel's pages); its
-  entry too (``NOTIFY_INVAL_ENTRY``) when the key is gone or is now of another kind, so the
-  next lookup asks; else, where the kernel takes ``EXPIRE_ONLY`` (FUSE 7.38), its entry is
-  marked to be looked up again at its next use, which renews the owner and mode the kernel
-  checks a ``chmod`` or ``chown`` against (``default_permissions`` checks them without asking);
-* a cached "no such file" (the mount answered a lookup of it with ENOENT): its entry.
+* a node the kernel holds: its attributes and pages (``NOTIFY_INVAL_INODE``) and what the
+  page-cache policy remembers of it; its entry (``NOTIFY_INVAL_ENTRY``) when the key is gone or
+  of another kind, else, with ``EXPIRE_ONLY`` (FUSE 7.38), marked to be looked up again, which
+  renews the owner and mode ``default_permissions`` checks a ``chmod``/``chown`` against;
+* a cached "no such file": its entry. Such names are remembered (a negative entry holds no
+  node), forgotten when created through the mount, and past :data:`NEGATIVES` the oldest are
+  dropped from the kernel too, so a missing name stays cached long however many were made;
+* a hard link made or removed elsewhere: a name gone leaves the node to the file's other names;
+  a file now in a link group joins it. "Not known what" drops every node and entry.
 
-A hard link another mount made or removed changes what the node table knows: a name gone
-from a file with other names leaves the node, which keeps those; a file now in a link group
-joins it, so that a lookup of a new name of it gives the same node.
-
-"Something changed, not known what" drops every node's attributes and pages and every entry.
-
-The loop polls between requests, and every open polls first, so a file closed on one mount and
-then opened on another shows the new content (close-to-open): an open never trusts a stamp
-older than the last commit the feed shows. The notifications are written before the next
-request is served (bounded, as in :mod:`zarrfs.fuse.notify`).
-
-The names answered "no such file" are remembered because the kernel's negative entries hold no
-node and could not be found again; a name is forgotten when it is created through the mount
-(the kernel's entry is then a file's), and past :data:`NEGATIVES` the oldest are forgotten and
-dropped from the kernel too, so a missing name is cached for long however many were created.
+The loop polls between requests and every open polls first (close-to-open across mounts); the
+notifications are written before the next request is served (bounded, :mod:`zarrfs.fuse.notify`).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from zarrfs.fs.api import ChangeWatcher, folders_of, name_bytes
+from zarrfs.fs.api import ChangeWatcher, Operations, folders_of
 from zarrfs.fuse import abi as k
-from zarrfs.fuse.notify import WAIT
-
-if TYPE_CHECKING:
-    from zarrfs.fuse.session import Session
+from zarrfs.fuse.handshake import Agreed
+from zarrfs.fuse.inodes import InodeTable
+from zarrfs.fuse.notify import WAIT, Invalidator, inval_entry, inval_inode
 
 log = logging.getLogger("zarrfs.fuse.coherence")
 
@@ -48,24 +35,21 @@ NEGATIVES = 1 << 16
 EVICTED = NEGATIVES // 8  # forgotten (and dropped from the kernel) at once when full
 
 
-def inval_inode(nodeid: int) -> bytes:
-    """The notification dropping a node's attributes and pages."""
-    return k.NOTIFY_INVAL_INODE_OUT.pack(40, k.NOTIFY_INVAL_INODE, 0, nodeid, 0, 0)
+class Mount(Protocol):
+    """What coherence uses of the session (``fuse.session.Session``): the filesystem, the node
+    table (what the kernel holds), the invalidator that writes the notifications, and what
+    INIT agreed with the kernel (None before INIT: no notification goes out then)."""
 
-
-def inval_entry(parent_id: int, name: str, flags: int = 0) -> bytes:
-    """The notification dropping the entry ``name`` of folder ``parent_id`` (with
-    ``EXPIRE_ONLY``: marking it to be looked up again at its next use)."""
-    raw = name_bytes(name)
-    size = k.NOTIFY_INVAL_ENTRY_OUT.size + len(raw) + 1
-    head = k.NOTIFY_INVAL_ENTRY_OUT.pack(size, k.NOTIFY_INVAL_ENTRY, 0, parent_id, len(raw), flags)
-    return head + raw + b"\0"
+    ops: Operations
+    inodes: InodeTable
+    invalidator: Invalidator
+    agreed: Agreed | None
 
 
 class Coherence:
     """One mount's link between the change feed and the kernel's caches."""
 
-    def __init__(self, session: Session, watcher: ChangeWatcher) -> None:
+    def __init__(self, session: Mount, watcher: ChangeWatcher) -> None:
         self.session = session
         self.watcher = watcher
         self.negatives: dict[str, None] = {}  # oldest first
@@ -86,10 +70,15 @@ class Coherence:
                 parent_id = held(parent)
                 if parent_id is not None:  # else the kernel holds no entry under it
                     notes.append(inval_entry(parent_id, name))
-            if notes and self.session._inval_ok:
+            if notes and self._may_drop():
                 self.session.invalidator.post(notes)
         negatives[key] = None
         return long
+
+    def _may_drop(self) -> bool:
+        """Whether the kernel takes the notifications (INIT answered, a version that has them)."""
+        agreed = self.session.agreed
+        return agreed is not None and agreed.inval
 
     def created(self, key: str) -> None:
         """``key`` was made through this mount: the kernel's entry for it is the file's."""
@@ -109,7 +98,7 @@ class Coherence:
         # these drops (see zarrfs.fuse.notify).
         with invalidator.order:
             notes = self.everything() if keys is None else self.notes(keys)
-            if not notes or not self.session._inval_ok:
+            if not notes or not self._may_drop():
                 return
             self.dropped += len(notes)
             done = invalidator.enqueue(notes)
@@ -123,7 +112,8 @@ class Coherence:
         notes: list[bytes] = []
         changed = set(keys)
         targets = changed | folders_of(changed)
-        expire = self.session._expire_ok
+        agreed = self.session.agreed
+        expire = agreed is not None and agreed.expire
         for key in sorted(targets):
             nodeid = held(key)
             entry = renew = False

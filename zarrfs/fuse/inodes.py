@@ -1,27 +1,17 @@
 """The inode table: which store key each node ID the kernel holds stands for.
 
-The kernel names files by node ID, the store by key. A node ID is handed out when a name is
-looked up, listed by READDIRPLUS or created: each reply that gives the kernel a node ID counts
-one lookup, and FORGET takes counts back. A node the kernel forgot (its cache evicted it:
-memory pressure, ``drop_caches``) is kept, idle, while it names a key, up to
-:data:`IDLE_NODES` of them (the oldest go first): looked up again, the file gets its node ID
-and so its inode number back, renames followed meanwhile, as a local disk's inode numbers stay
-while the file lives. One key has one node ID at a time. The names of a file with hard links
-(one link group, :mod:`zarrfs.fs.hardlinks`) share one node ID: the kernel sees one inode,
-whichever name it looks up.
+Each reply that gives the kernel a node ID (a lookup, READDIRPLUS, a create) counts one lookup;
+FORGET takes counts back. A forgotten node is kept idle while it names a key, up to
+:data:`IDLE_NODES` (oldest first), so a file looked up again gets its inode number back, renames
+followed. One key has one node ID at a time; the names of a link group
+(:mod:`zarrfs.fs.hardlinks`) share one, so the kernel sees one inode.
 
-A listing of a million names gives the kernel a million node IDs, so a node is a row of
-compact tables rather than an object: its key (shared with the key -> ID dict), kind, lookup
-count and generation in arrays indexed by a slot, about 150 bytes a name with its key (an
-object per name cost 350). What few nodes have more (the page cache state of an opened file,
-a link group, other names) lives in dicts beside them. A node ID is ``generation << 32 |
-slot``: a slot freed and used again gets the next generation, so an ID is never handed out
-twice and a stale ID never names another file. :meth:`get` gives an :class:`Inode`, a view of
-one row (and, as :class:`Pages`, of its page cache state).
-
-A rename moves the keys of a node and of every node below it; an unlink detaches the node
-(the kernel may still hold it open). Pure bookkeeping: no FUSE, no database; each operation
-is a few dict and array updates.
+A node is a row of compact tables, not an object (a million listed names are a million nodes):
+key, kind, lookup count and generation in arrays indexed by a slot, about 150 bytes a name; what
+few nodes have more (page cache state, link group, other names) lives in dicts beside them. A
+node ID is ``generation << 32 | slot``, so a stale ID never names another file. :meth:`get` gives
+an :class:`Inode`, a view of one row (and, as :class:`Pages`, of its page cache state). Renames
+move the keys below a node; an unlink detaches it. Pure bookkeeping: no FUSE, no database.
 """
 
 from __future__ import annotations

@@ -1,31 +1,20 @@
 """Requests that arrive while the request thread waits on a server, and FUSE_INTERRUPT.
 
-The daemon serves requests from one thread (``loop``). When a request waits on a remote server
-(a Redis reply), that thread sleeps in the driver, and the kernel may meanwhile send more
-requests, among them ``FUSE_INTERRUPT``: the caller of the waiting request got a signal. A
-:class:`Watch` lets the driver's wait notice them without a second thread: the driver polls
-the watch's descriptor (``/dev/fuse``) next to its socket, and when it is readable calls
-:meth:`Watch.check`, which reads what arrived:
+The daemon serves requests from one thread (``loop``); while it sleeps in a driver waiting on a
+server, the kernel may send more requests, ``FUSE_INTERRUPT`` among them. A :class:`Watch` lets
+the driver notice them without a second thread: the driver polls its descriptor (``/dev/fuse``)
+beside its socket and calls :meth:`Watch.check` when it is readable:
 
-* an INTERRUPT of the request being served raises
-  :class:`~zarrfs.backends.errors.InterruptedCallError`, which ends the driver's call (its
-  connection is dropped) and becomes the request's reply, ``EINTR``;
-* an INTERRUPT of a request read but not served yet answers that request ``EINTR`` at once
-  and drops it (it has done nothing yet);
-* any other request is copied into :attr:`Watch.pending`, which the loop serves, in order,
-  before it reads ``/dev/fuse`` again.
+* an INTERRUPT of the request being served (:attr:`Watch.unique`, set by the dispatcher) raises
+  :class:`~zarrfs.backends.errors.InterruptedCallError` (the connection is dropped; ``EINTR``);
+* an INTERRUPT of a request read but not served yet answers it ``EINTR`` and drops it;
+* any other request goes to :attr:`Watch.pending`, served in order before the next read.
 
-Interrupts of requests already answered are ignored, as the kernel allows. The dispatcher
-records which request it is serving (:attr:`Watch.unique`) as it starts each one.
-
-A write that waits for a database lock another program holds (a SQLite ``BEGIN EXCLUSIVE`` in
-a shell, an LMDB writer left open: ``backends.writer_wait``) may wait up to ``-o timeout=``.
-Meanwhile the driver calls :meth:`Watch.serve_waiting`, which answers, in order, the requests
-that arrived and need no write (:attr:`Watch.may_serve` says which: lookups, attributes, reads,
-listings, a reader's open and close): a process reading the mount is not held up by another's
-write. The rest stay queued, and the waiting request is answered first. No request is served
-this way inside another one so served. (The kernel itself holds a folder's lookups while a
-request that adds or removes a name in it is unanswered.)
+Interrupts of requests already answered are ignored, as the kernel allows. A write waiting for
+a database lock another program holds (``backends.writer_wait``, up to ``-o timeout=``) calls
+:meth:`Watch.serve_waiting`, which answers the queued requests that need no write
+(:attr:`Watch.may_serve`: lookups, attributes, reads, listings, a reader's open and close), never
+nested; the rest wait, the waiting request being answered first.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import errno
 from zarrfs.fs.api import FsError, Operations
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.abi import Header
-from zarrfs.fuse.coherence import inval_inode
+from zarrfs.fuse.notify import inval_inode
 
 
 class LockRequests:

@@ -38,6 +38,20 @@ log = logging.getLogger("zarrfs.fuse.notify")
 WAIT = 0.1  # seconds a request waits for its notifications before it is answered anyway
 
 
+def inval_inode(nodeid: int) -> bytes:
+    """The notification dropping a node's attributes and pages."""
+    return k.NOTIFY_INVAL_INODE_OUT.pack(40, k.NOTIFY_INVAL_INODE, 0, nodeid, 0, 0)
+
+
+def inval_entry(parent_id: int, name: str, flags: int = 0) -> bytes:
+    """The notification dropping the entry ``name`` of folder ``parent_id`` (with
+    ``EXPIRE_ONLY``: marking it to be looked up again at its next use)."""
+    raw = name_bytes(name)
+    size = k.NOTIFY_INVAL_ENTRY_OUT.size + len(raw) + 1
+    head = k.NOTIFY_INVAL_ENTRY_OUT.pack(size, k.NOTIFY_INVAL_ENTRY, 0, parent_id, len(raw), flags)
+    return head + raw + b"\0"
+
+
 def invalidations(keys: list[str], held: Callable[[str], int | None]) -> list[bytes]:
     """The notifications that drop what the kernel caches of ``keys``: the attributes and pages
     of each the kernel holds a node of (``held``: key -> node ID, or None), and the entry of
@@ -46,14 +60,11 @@ def invalidations(keys: list[str], held: Callable[[str], int | None]) -> list[by
     for key in keys:
         nodeid = held(key)
         if nodeid is not None:
-            notes.append(k.NOTIFY_INVAL_INODE_OUT.pack(40, k.NOTIFY_INVAL_INODE, 0, nodeid, 0, 0))
+            notes.append(inval_inode(nodeid))
         parent, _, name = key.rpartition("/")
         parent_id = held(parent)
         if parent_id is not None:
-            raw = name_bytes(name)
-            size = k.NOTIFY_INVAL_ENTRY_OUT.size + len(raw) + 1
-            head = k.NOTIFY_INVAL_ENTRY_OUT.pack(size, k.NOTIFY_INVAL_ENTRY, 0, parent_id, len(raw), 0)
-            notes.append(head + raw + b"\0")
+            notes.append(inval_entry(parent_id, name))
     return notes
 
 

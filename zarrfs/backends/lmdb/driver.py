@@ -1,31 +1,20 @@
 """LMDB driver: ``lmdb:///abs/path/db.lmdb[?map_size=2**40&map_max=&side_map_size=&sync=0]``
 (or a bare path); the maps grow on demand up to their bounds (``maps``).
 
-Data keys live in the environment's main, unnamed database, exactly as zarr-python 2's
-``LMDBStore`` writes them. A folder (``data.mdb`` + ``lock.mdb``, zarr's default) or, when the
-path is an existing regular file, a single-file environment (``subdir=False``).
+Data keys live in the main, unnamed database, exactly as zarr-python 2's ``LMDBStore`` writes
+them: a folder (``data.mdb`` + ``lock.mdb``) or, for an existing regular file, a single-file
+environment. Side data lives in a second environment (a named database would be a record that
+``LMDBStore.keys()`` lists), ``<dir>/zarrfs-side.mdb`` or ``<file>.zarrfs-side``, made at the
+first side write; writers lock data then side, so they cannot deadlock. Keys over LMDB's 511
+bytes are held in the side environment (``longkeys``), so the driver has no key limit.
 
-Side data lives in a second environment (a named database would be a record of the main one,
-listed by ``LMDBStore.keys()``): ``<dir>/zarrfs-side.mdb`` beside ``data.mdb``, or
-``<file>.zarrfs-side``, made at the first side write. A write transaction locks the data
-environment, then the side's, always in that order, so writers cannot deadlock.
-
-Keys longer than LMDB's limit (``env.max_key_size()``, 511 bytes), of either space, are held in
-the side environment under a prefix no UTF-8 key has (``longkeys``); a key that fits stays
-where it is, byte for byte, so ``LMDBStore`` sees exactly the data keys that fit. The driver
-has no key limit of its own (``max_key_size`` is None): scans merge both stores in key order.
-
-Two environments make two commits; one transaction still has one outcome (``LMDBTxn.finish``):
-the side commits first, a data commit that fails puts the side records back. A kill between
-the two can leave the side one transaction ahead: side data is advisory (a folder's mark or an
-mtime with no file behind it is ignored), and that transaction's long data keys are there
-without its keys that fit.
-
-Like ``LMDBStore`` (``sync=False``), commits are not forced to disk one by one: a crash of the
-process never loses a committed transaction (the kernel holds its pages); a crash of the
-machine can lose the last ones and, as LMDB documents for ``MDB_NOSYNC``, corrupt the
-environment on a filesystem that writes pages out of order. ``Driver.sync()`` (a file's
-``fsync``) is the barrier; ``?sync=1`` forces every commit to disk (an fsync per file written).
+Two environments, one outcome (``LMDBTxn.finish``): the side commits first and is put back if
+the data commit fails; a kill in between leaves the side one transaction ahead (advisory data,
+ignored without its file; that transaction's long data keys without the others). Like
+``LMDBStore``, commits are not synced one by one: a process crash loses nothing committed, a
+machine crash can lose the last ones (and, per ``MDB_NOSYNC``, corrupt the environment on a
+filesystem writing pages out of order); ``Driver.sync()`` is the barrier, ``?sync=1`` syncs
+every commit.
 """
 
 from __future__ import annotations

@@ -1,34 +1,21 @@
 """Keys longer than LMDB's key limit, held where they fit: the LMDB driver's long-key store.
 
-LMDB refuses keys over ``env.max_key_size()`` bytes (511 in every build of py-lmdb), while a
-path inside a mount may take up to 4,096. A key that fits stays exactly where it is, byte for
-byte (a data key in the data environment's main database, as zarr-python 2's ``LMDBStore``
-writes it; a side key in the side environment). A longer key, of either space, is held in the
-*side* environment (never the data environment: every record of its main database is a key to
-``LMDBStore.keys()``), as two records under a prefix no UTF-8 key can start with (0xFE; the
-change log of ``feed`` is 0xFF, after it):
+LMDB refuses keys over ``env.max_key_size()`` (511 bytes) while a path may take 4,096. A key that
+fits stays where it is, byte for byte. A longer one, of either space, is held in the *side*
+environment (every record of the data environment is a key to ``LMDBStore.keys()``) under the
+prefix 0xFE, which no UTF-8 key starts with (``feed``'s change log is 0xFF), as two records:
 
-* the name ``0xFE tag "k" <first PREFIX bytes of the key> <digest of the key>``, whose value is
-  the value's size (8 bytes, big-endian) and the whole key: scans and sizes read these only;
-* the value ``0xFE tag "v" <digest of the key>``, the value exactly as given.
+* the name ``0xFE tag "k" <first PREFIX bytes of the key> <digest>``, whose value is the value's
+  size (8 bytes, big-endian) and the whole key: scans and sizes read these only;
+* the value ``0xFE tag "v" <digest>``, as given.
 
-``tag`` is ``d`` for a data key, ``s`` for a side key; the digest is BLAKE2b of 32 bytes, so the
-name's key is 475 bytes long. Names sort by the first :data:`PREFIX` bytes of their keys as the
-keys do; names that share those bytes sort by digest, so a scan gathers each such group and
-sorts it by the whole key (:func:`rows`), and ``scan`` merges that stream with the
-environment's own keys.
-
-Costs: a key that fits costs nothing more to read or write. A scan, and a prefix that no key
-that fits has, look once per transaction whether the space has long keys (a seek in the side
-environment). A scan holds one group in memory at a time: the names, not the values, of the
-long keys that share their first :data:`PREFIX` bytes (a folder deeper than that lists its
-entries as one group, each time a listing resumes within it). The values of long keys share
-the side environment's map, which grows on demand up to its bound (``maps``): past it, a
-write of one is :class:`StorageFullError`.
-
-Every write goes through the transaction's side transaction, and the transaction records what
-it overwrote (``before``), so the commit order of the driver (side first, put back if the data
-commit fails) gives a long key the outcome of its transaction.
+``tag`` is ``d`` (data) or ``s`` (side); the digest is BLAKE2b-256 (a name is 475 bytes). Names
+sort by the keys' first :data:`PREFIX` bytes, then by digest: a scan sorts each group sharing
+those bytes by the whole key (:func:`rows`, holding one group's names in memory) and merges it
+with the environment's keys. A key that fits costs nothing more; a scan looks once per
+transaction whether the space has long keys. Their values share the side map (``maps``): past
+its bound a write is :class:`StorageFullError`. Writes go through the side transaction, which
+records what it overwrote (``before``), so a long key shares its transaction's outcome.
 """
 
 from __future__ import annotations

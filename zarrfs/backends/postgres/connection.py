@@ -1,20 +1,13 @@
 """How the PostgreSQL driver waits on its server: bounded by ``-o timeout=``, and interruptible.
 
-psycopg runs every exchange with the server (a statement, a pipeline, ``COMMIT``) as a
-generator that says which readiness of the socket it needs next, and a ``wait`` function that
-sleeps until the socket has it. :class:`WatchedConnection` replaces that wait with one that also
-polls the driver's ``watch`` (``/dev/fuse`` while mounted, see :mod:`zarrfs.fuse.interrupts`),
-as the Redis driver's links do:
-
-* requests that arrive meanwhile are queued by ``watch.check()`` (the loop serves them next);
-* a ``FUSE_INTERRUPT`` of the request being served makes ``watch.check()`` raise
-  :class:`InterruptedCallError` (EINTR);
-* no progress within the driver's ``timeout`` raises :class:`StalledError` (ETIMEDOUT). The
-  server's ``statement_timeout`` bounds what it runs (a lock wait, a long scan); this bounds a
-  server that does not answer at all (a paused process, a partition).
-
-Either way the statement is cancelled (a cancel request on a connection of its own, bounded
-to :data:`CANCEL_WAIT` seconds) and the connection is closed: its state is not known. The
+psycopg runs each exchange as a generator naming the socket readiness it needs next, and a
+``wait`` that sleeps until the socket has it. :class:`WatchedConnection`'s wait also polls the
+driver's ``watch`` (``/dev/fuse`` while mounted, :mod:`zarrfs.fuse.interrupts`), as the Redis
+links do: requests arriving meanwhile are queued by ``watch.check()``; a ``FUSE_INTERRUPT`` of the
+request served raises :class:`InterruptedCallError` (EINTR); no progress within the driver's
+``timeout`` raises :class:`StalledError` (ETIMEDOUT: a paused server, a partition; the server's
+``statement_timeout`` bounds what it runs). Either way the statement is cancelled (on a connection
+of its own, within :data:`CANCEL_WAIT` seconds) and the connection closed, its state unknown; the
 driver makes a new one for the next transaction.
 """
 

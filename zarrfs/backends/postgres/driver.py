@@ -1,30 +1,20 @@
 """PostgreSQL: ``postgresql://user@host:port/db?table=zarr`` (``postgres://`` too), psycopg 3.
 
-The table has the shape of zarr-python 2's ``SQLiteStore``, ``(k text primary key, v bytea)``,
-so a hierarchy is one row per Zarr key; side data lives in a table of its own (``{table}_side``)
-that no Zarr client lists. New tables get the ``C`` collation on ``k`` (byte order, the order
-every zarrfs driver lists in, served by the primary key's index) and ``EXTERNAL`` storage on
-``v`` (Zarr chunks are compressed already; uncompressed TOAST lets ``substring`` fetch just a
-byte range). A table made by someone else with another collation is read with ``COLLATE "C"``
-in each query: right, but without the index.
+The table is zarr-python 2's ``SQLiteStore`` shape, ``(k text primary key, v bytea)``, a row per
+Zarr key; side data is in ``{table}_side``, which no Zarr client lists. New tables get ``COLLATE
+"C"`` on ``k`` (byte order, every driver's listing order, served by the primary key) and
+``EXTERNAL`` storage on ``v`` (chunks are compressed already; ``substring`` then fetches just a
+byte range). Another collation is read with ``COLLATE "C"`` per query, without the index.
 
-One zarrfs transaction is one SQL transaction: reads run ``REPEATABLE READ READ ONLY`` (every
-read of a listing sees one snapshot), writes ``SERIALIZABLE``; a serialization failure or
-deadlock is :class:`RetryableError`, so the base's retry loop runs the transaction again.
-
-Round trips: a statement whose answer is not needed yet waits in the transaction's queue and
-goes out in one pipeline with the next one whose answer is. ``BEGIN ISOLATION LEVEL ...`` goes
-with the first read, writes (and the ``NOTIFY`` of the change feed) with the ``COMMIT``, and a
-batch of reads (:meth:`Txn.read_many`) is one pipeline however many: a transaction that reads
-one batch and writes costs two round trips (it cost four and one more per write), and one
-that does nothing costs none. The server runs the statements in the order they were made.
-With the change feed running, a reading transaction's ``COMMIT`` goes with the next
-transaction's first statements, or after :data:`DEFER` seconds from the feed's poll between
-requests (so an idle mount holds no transaction open longer than that and a poll interval): a
-lookup or an open then costs one round trip.
-
-Credentials come from the URL, ``?password_file=PATH``, or libpq's own ``PGPASSWORD`` and
-``~/.pgpass``; the password is never part of a message (``where`` is the URL without it).
+A zarrfs transaction is one SQL transaction, reads ``REPEATABLE READ READ ONLY`` (a listing sees
+one snapshot), writes ``SERIALIZABLE``; a serialization failure or deadlock is
+:class:`RetryableError`. A statement whose answer is not needed yet waits and goes in one pipeline
+with the next that is (``txn``): ``BEGIN`` with the first read, writes and the feed's ``NOTIFY``
+with the ``COMMIT``, a batch of reads in one; a transaction that reads a batch and writes costs two
+round trips. With the change feed running, a reading transaction's ``COMMIT`` goes with the next
+transaction, or after :data:`DEFER` seconds from the feed's poll. Credentials: the URL,
+``?password_file=PATH``, or libpq's ``PGPASSWORD`` and ``~/.pgpass``; messages never hold the
+password (``where`` is the URL without it).
 """
 
 from __future__ import annotations
@@ -189,7 +179,8 @@ class PostgresDriver(Driver):
             self._ready()
             level = "SERIALIZABLE" if write else "REPEATABLE READ READ ONLY"
             with self._errors():
-                txn = PostgresTxn(self, write, f"BEGIN ISOLATION LEVEL {level}")
+                begin = f"BEGIN ISOLATION LEVEL {level}"
+                txn = PostgresTxn(self.conn, self.queries, self.where, write, begin)
                 deferred, self._deferred = self._deferred, None
                 if deferred is not None:  # the last reading transaction ends first
                     txn.queued.insert(0, ("COMMIT", None))
@@ -254,7 +245,8 @@ class PostgresDriver(Driver):
                 conn.execute("ROLLBACK")
                 raise
         cost = "PostgreSQL cannot vacuum rows this transaction may see: dead rows stay in the tables"
-        return HeldState(PostgresTxn(self, False, None), conn.rollback, cost, exported, self._errors)
+        held = PostgresTxn(conn, self.queries, self.where, False, None)
+        return HeldState(held, conn.rollback, cost, exported, self._errors)
 
     def _settle(self) -> None:
         """End a reading transaction whose COMMIT waits for the next one, if it has waited

@@ -1,35 +1,22 @@
 """The PostgreSQL driver's change feed: ``NOTIFY`` at each commit, one ``LISTEN`` per mount.
 
-**Announcing.** Every write transaction of a zarrfs driver (a mount, ``zarrfs copy``, a script
-using the driver) that changed keys calls ``pg_notify`` just before it commits, on the channel
-``zarrfs.<table>`` (:func:`channel`). PostgreSQL delivers a notification when, and only if, its
-transaction commits, so only committed changes are announced, and a serialization failure that
-reruns the transaction announces nothing. The payload (:func:`payloads`) is JSON naming the
-writer (a random ID per driver, so that a mount leaves out its own commits) and the changed
-keys, ``{"w": ID, "d": [data keys], "s": [side keys]}``. A payload holds at most
-:data:`PAYLOAD` bytes (the server's limit is 8000): the keys of a large commit are spread over
-up to :data:`MAX_PAYLOADS` notifications; past that, one ``{"w": ID, "all": 1}`` says
-"something changed, rescan".
+**Announcing.** A zarrfs write transaction that changed keys calls ``pg_notify`` on the channel
+``zarrfs.<table>`` (:func:`channel`) just before it commits; PostgreSQL delivers it only if the
+transaction commits. The payload (:func:`payloads`) is JSON ``{"w": ID, "d": [data keys], "s":
+[side keys]}``, ``w`` a random ID per driver (a mount leaves out its own commits); at most
+:data:`PAYLOAD` bytes each (the server refuses 8000), a large commit over up to
+:data:`MAX_PAYLOADS` notifications, past that ``{"w": ID, "all": 1}`` ("rescan").
 
-**Listening.** A mount's feed (:class:`PostgresFeed`) is an autocommit connection of its own that
-``LISTEN``s on the channel. Its socket is the feed's descriptor (:class:`.feed_fd.FeedFd`: one
-number across reconnects); a look reads what arrived without blocking (``PQconsumeInput``). A
-lost connection (a server restart, a network failure) reports "something changed" (None)
-once; the feed is made again at later looks, at most every :data:`RETRY` seconds (the
-notifications sent meanwhile are lost: the caches were dropped when it was lost, and again
-when it is back).
+**Listening.** :class:`PostgresFeed` is an autocommit connection that ``LISTEN``s on the channel;
+its socket is the feed's descriptor (:class:`.feed_fd.FeedFd`), read without blocking. A lost
+connection reports "something changed" (None) once and is made again at most every :data:`RETRY`
+seconds. Notifications are per database: same-named tables in two schemas hear each other
+(spurious drops, never stale names).
 
-Notifications are per database, and the channel is named by the table only: two hierarchies
-of the same table name in two schemas of one database hear each other (a spurious drop of
-cached names, never a stale one).
-
-**Writers that are not zarrfs.** PostgreSQL has no zarr-python store, so the writers of a table
-are zarrfs drivers, which announce. Another SQL client writing the table is not heard: a
-mount then serves names and attributes from the kernel's cache for up to ``cache_timeout``.
-Such a writer should end its transaction with the same announcement, e.g. for a
-rescan of every mount: ``SELECT pg_notify('zarrfs.<table>', '{"w": "sql", "all": 1}')``, or
-name its keys: ``'{"w": "sql", "d": ["a/.zarray", "a/0.0"]}'``. The mount is then as coherent
-for it as for another mount (``-o feed=0`` instead keeps short cache times).
+**Other SQL writers** are not heard (a mount serves cached names for up to ``cache_timeout``)
+unless they end their transaction with the same announcement, ``SELECT
+pg_notify('zarrfs.<table>', '{"w": "sql", "all": 1}')`` or naming the keys, ``'{"w": "sql", "d":
+["a/.zarray", "a/0.0"]}'``; ``-o feed=0`` keeps short cache times instead.
 """
 
 from __future__ import annotations

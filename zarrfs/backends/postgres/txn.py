@@ -2,23 +2,22 @@
 
 A statement whose answer is not needed yet (``BEGIN``, a write) waits in :attr:`PostgresTxn.queued`
 and goes out in one pipeline with the next statement whose answer is: see the driver's module
-docstring for what that saves.
+docstring for what that saves. The transaction gets the driver's connection and statements, not
+the driver.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from psycopg import sql
 
 from ..base import KEYS, SIZES, Fetch, Get, Size, Space, Txn, prefix_stop
+from .connection import WatchedConnection
 from .sql import bound as _bound
 from .sql import compare as _compare
 from .sql import text as _text
-
-if TYPE_CHECKING:
-    from .driver import PostgresDriver
 
 BATCH = 512  # rows per round trip of a streaming scan
 BIG_VALUE = 1 << 16  # values above this are sent from the caller's buffer, not copied
@@ -31,10 +30,14 @@ class PostgresTxn(Txn):
     max_value = (1 << 30) - 5
     value_limit = "PostgreSQL's largest bytea field"
 
-    def __init__(self, driver: PostgresDriver, write: bool, begin: str | None) -> None:
-        super().__init__(write, driver.where)
-        self._conn = driver.conn
-        self._q = driver.queries
+    def __init__(
+        self, conn: WatchedConnection, queries: dict[Any, Any], where: str, write: bool, begin: str | None
+    ) -> None:
+        """A transaction on ``conn`` running the statements of ``queries`` (``sql.queries``
+        per key space, and ``"collate"``); ``where`` names the database in messages."""
+        super().__init__(write, where)
+        self._conn = conn
+        self._q = queries
         #: What this transaction wrote, announced at its commit (see ``feed``).
         self.changed: list[tuple[Space, str]] = []
         #: Statements sent with the next one whose answer is needed (see the module docstring).

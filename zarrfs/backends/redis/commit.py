@@ -4,27 +4,25 @@ on a full server."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..base import RetryableError, Space, StorageFullError
 from ..buffered import DELETED
-from .link import BIG_ARG, translate
-
-if TYPE_CHECKING:
-    from .driver import RedisDriver
-    from .link import Link
+from .link import BIG_ARG, Link, translate
+from .url import KeyNames
 
 
-def commit(d: RedisDriver, link: Link, pending: dict[tuple[Space, bytes], Any]) -> None:
+def commit(link: Link, pending: dict[tuple[Space, bytes], Any], keys: KeyNames, where: str) -> None:
     """Send ``pending`` (values, or ``DELETED``) and the index changes they make in one
-    ``MULTI``/``EXEC`` on ``link``; a watched key changed meanwhile is a :class:`RetryableError`."""
+    ``MULTI``/``EXEC`` on ``link``; a watched key changed meanwhile is a :class:`RetryableError`.
+    ``keys`` names the keys, ``where`` the database in messages."""
     commands: list[tuple[Any, ...]] = [("MULTI",)]
     added: dict[bytes, list[Any]] = {}
     removed: dict[bytes, list[bytes]] = {}
     deleted: list[bytes] = []
     big = False  # only then is the encoding worth splitting around values
     for (space, raw), value in pending.items():
-        name, index = d.name(space, raw), d.index[space]
+        name, index = keys.name(space, raw), keys.index[space]
         if value is DELETED:
             deleted.append(name)
             removed.setdefault(index, []).append(raw)
@@ -42,7 +40,7 @@ def commit(d: RedisDriver, link: Link, pending: dict[tuple[Space, bytes], Any]) 
     replies = link.call(commands, big=big)
     for reply in replies[:-1]:
         if isinstance(reply, Exception):  # refused while queueing, e.g. OOM
-            error = translate(reply, d.where)
+            error = translate(reply, where)
             if isinstance(error, StorageFullError) and not added:
                 # Over maxmemory, Redis refuses every command queued in a MULTI, even a
                 # DEL; a script may still delete. Removals then win over a concurrent
@@ -52,12 +50,12 @@ def commit(d: RedisDriver, link: Link, pending: dict[tuple[Space, bytes], Any]) 
             raise error
     result = replies[-1]
     if result is None:
-        raise RetryableError(f"{d.where}: write conflict (a watched key changed)")
+        raise RetryableError(f"{where}: write conflict (a watched key changed)")
     if isinstance(result, Exception):
-        raise translate(result, d.where)
+        raise translate(result, where)
     for reply in result:
         if isinstance(reply, Exception):
-            raise translate(reply, d.where)
+            raise translate(reply, where)
 
 
 # Deletes KEYS[1..ARGV[1]], then, for each further key (a sorted set), removes the number of

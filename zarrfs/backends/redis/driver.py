@@ -1,57 +1,33 @@
 """Redis driver: ``redis://[:password@]host:port/db?prefix=zarr``, ``rediss://...``,
-``unix:///path/to/sock?db=0&prefix=zarr``, ``valkey://``/``valkeys://`` (Valkey speaks the
-same protocol); other query options go to redis-py. Redis Cluster: ``redis_cluster``.
+``unix:///path/to/sock?db=0&prefix=zarr``, ``valkey://``/``valkeys://``; other query options go to
+redis-py. Redis Cluster: ``redis_cluster``.
 
-Data keys are plain strings ``"{prefix}:{key}"``, exactly as zarr-python 2's ``RedisStore``
-writes them. Everything else lives outside the pattern ``{prefix}:*`` that ``RedisStore`` lists:
+Keys (``url.KeyNames``): data ``{prefix}:{key}``, as zarr-python 2's ``RedisStore`` writes them;
+side values ``zarrfs.side.{prefix}:{key}``; per space a sorted-set index (``zarrfs.index.{prefix}``,
+``zarrfs.sideindex.{prefix}``, scores 0, read with ``ZRANGEBYLEX``) updated in the data's
+``MULTI``/``EXEC``, so a listing touches only the keys it returns. The index's empty member marks
+it complete; without it (a ``RedisStore`` database) it is rebuilt with ``SCAN`` (``index``). Keys
+``RedisStore`` deletes leave stale entries (scans drop them, :meth:`RedisDriver.reindex` prunes
+them, a ``read_many`` prefix read trusts them); keys it adds are listed once ``reindex`` or a
+writable mount's change feed (``feed``) indexes them.
 
-* ``zarrfs.index.{prefix}``: a sorted set of the data keys (all scores 0, read with
-  ``ZRANGEBYLEX``), so a listing touches only the keys it returns, never the whole keyspace. It
-  is updated in the same ``MULTI``/``EXEC`` as the data. The empty member ``""`` (no key is
-  empty) marks an index known to be complete; a database written by ``RedisStore`` has no
-  index, so when the marker is missing the index is rebuilt with ``SCAN MATCH {prefix}:*``.
-  Keeping the marker inside the set means deleting the set also deletes the marker.
-  ``RedisStore`` does not maintain the index: keys it deletes leave stale entries (scans
-  check existence and drop them, with one multi-key ``EXISTS`` per batch;
-  :meth:`RedisDriver.reindex` prunes them; a ``prefix`` read of :meth:`Txn.read_many`, which
-  must stay one round trip, trusts the index); keys it adds while the index exists are not
-  listed until :meth:`RedisDriver.reindex`.
-* ``zarrfs.side.{prefix}:{key}``: side values, with their own index
-  ``zarrfs.sideindex.{prefix}``.
-
-Transactions are optimistic. A write transaction reads from the server, ``WATCH``-ing every key
-it reads (and the index when it scans), buffers its writes (its own reads and scans see them),
-and commits them in one ``MULTI``/``EXEC``; a watched key changed by someone else aborts the
-``EXEC`` and the transaction is retried (:class:`RetryableError`). Because the index is watched
-by scans, a write transaction that scans conflicts with any concurrent creation of a new key;
-re-setting an existing key does not touch the index. Read-only transactions do not watch:
-each read sees the latest committed state (read committed, not a snapshot).
-
-Round trips are what a transaction costs, so each thread keeps one connection across its
-transactions (no pool checkout per transaction) and parses replies with hiredis straight from
-the socket: a read-only transaction costs one round trip per read or read batch and nothing to
-begin or end; a write transaction's ``read_many`` sends its ``WATCH`` in the same pipeline as
-the reads, and its commit is one ``MULTI``/``EXEC`` round trip (an ``UNWATCH`` owed by a
-transaction that ends without ``EXEC`` rides on the connection's next call). In a read-only
-transaction a scan keeps the range of the index it read, so a scan inside it (a listing asking
-whether a listed key also has children) is answered as of that read without a round trip, and
-paging through a range reads ahead in growing batches.
-
-The URL and the names of the keys live in ``url``, the connections in ``link``,
-the index and the scans that read it in ``index``, the commit in ``commit``, the
-change feed in ``feed``.
+Transactions are optimistic: a write transaction ``WATCH``es what it reads (the index when it
+scans: it then conflicts with any new key), buffers its writes and commits them in one
+``MULTI``/``EXEC`` (``commit``); a conflict is :class:`RetryableError`. Read-only ones do not
+watch (read committed). Each thread keeps one connection, replies parsed by hiredis (``link``): a
+read or batch of reads is one round trip, a commit one more.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..base import DATA, BackendError, Driver, HasPrefix, Size, Space, Txn, bytes_stop
+from ..base import DATA, BackendError, Driver, Fetch, HasPrefix, Size, Space, Txn, bytes_stop
 from ..buffered import DELETED
 from .commit import commit
-from .feed import RedisFeed, feed_changes, tracked
+from .feed import RedisFeed
 from .index import IndexScans, ensure_index, reindex, scan_keyspace
 from .link import (
     BIG_ARG,
@@ -64,13 +40,13 @@ from .link import (
     translate,
     translated,
 )
-from .url import check_query, name_keys, parse_url, redis_py_options
+from .url import KeyNames, check_query, parse_url, redis_py_options
 
 log = logging.getLogger("zarrfs.backends.redis")
 __all__ = ["SPIN", "RedisDriver", "RedisTxn"]
 
 
-class RedisTxn(IndexScans, Txn):
+class RedisTxn(Txn):
     """An optimistic transaction; see the module docstring. Also its own context manager:
     leaving the block commits, or drops the writes when the block raised."""
 
@@ -80,14 +56,15 @@ class RedisTxn(IndexScans, Txn):
         super().__init__(write, driver.where)
         self.max_value = driver.max_value
         self._d = driver
+        self._keys = driver.key_names
         self._link = driver._acquire()
         self._pending: dict[tuple[Space, bytes], Any] = {}
         self._watched: set[bytes] = set()
         # Write transactions: values already read. They are WATCHed, so they stay right until
         # EXEC (or EXEC fails and the transaction runs again): a second read costs nothing.
         self._seen: dict[tuple[Space, bytes], bytes | None] = {}
-        self._windows: dict[Space, tuple[Any, ...]] = {}  # see IndexScans
-        self._ahead: dict[Space, int] = {}
+        keyspace = None if driver.indexed else driver.scan_keyspace
+        self._scans = IndexScans(self._keys, write, keyspace)
 
     def __enter__(self) -> RedisTxn:
         return self
@@ -119,7 +96,7 @@ class RedisTxn(IndexScans, Txn):
             return None if pending is DELETED else bytes(pending)
         if (space, raw) in self._seen:
             return self._seen[(space, raw)]
-        name = self._d.name(space, raw)
+        name = self._keys.name(space, raw)
         value = self._query([name], ("GET", name))[0]
         if self.write:
             self._seen[(space, raw)] = value
@@ -130,7 +107,7 @@ class RedisTxn(IndexScans, Txn):
         pending = self._pending.get((space, raw))
         if pending is not None:
             return None if pending is DELETED else len(pending)
-        name = self._d.name(space, raw)
+        name = self._keys.name(space, raw)
         exists, size = self._query([name], ("EXISTS", name), ("STRLEN", name))
         return size if exists else None
 
@@ -138,7 +115,7 @@ class RedisTxn(IndexScans, Txn):
         pending = self._pending.get((space, raw))
         if pending is not None:
             return None if pending is DELETED else bytes(pending[offset : offset + length])
-        name = self._d.name(space, raw)
+        name = self._keys.name(space, raw)
         if length == 0:
             return b"" if self._query([name], ("EXISTS", name))[0] else None
         exists, data = self._query([name], ("EXISTS", name), ("GETRANGE", name, offset, offset + length - 1))
@@ -150,7 +127,7 @@ class RedisTxn(IndexScans, Txn):
         # transaction's pending writes answer or correct what the server says. A prefix read
         # takes the first index entry in the range, skipping as many more as there are pending
         # deletes in it; a pending put in the range answers it without the server.
-        d = self._d
+        keys = self._keys
         pending = self._pending
         commands: list[tuple[Any, ...]] = []
         names: list[bytes] = []
@@ -159,7 +136,7 @@ class RedisTxn(IndexScans, Txn):
         gets: list[bytes] = []
         for kind, raw, space in plan:
             if kind is not HasPrefix:
-                name = d.name(space, raw)
+                name = keys.name(space, raw)
                 mine = pending.get((space, raw)) if pending else None
                 if mine is None and (space, raw) in self._seen:
                     mine = self._seen[(space, raw)]
@@ -178,7 +155,7 @@ class RedisTxn(IndexScans, Txn):
                     plan_out.append((3, len(gets), (space, raw)))
                     gets.append(name)
                 continue
-            if space is DATA and not d.indexed:
+            if space is DATA and not self._d.indexed:
                 return super()._read_many(plan)
             hidden: set[bytes] = set()
             if pending:
@@ -193,7 +170,7 @@ class RedisTxn(IndexScans, Txn):
                 if put:
                     plan_out.append((0, True))
                     continue
-            index = d.index[space]
+            index = keys.index[space]
             names.append(index)
             hi = bytes_stop(raw)
             high = b"(" + hi if hi is not None else b"+"
@@ -220,6 +197,11 @@ class RedisTxn(IndexScans, Txn):
                 out.append(any(m not in step[2] for m in replies[i]))
         return out
 
+    def _scan(
+        self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int | None
+    ) -> Iterator[tuple[bytes, Any]]:
+        return self._scans.scan(lo, hi, space, fetch, limit, self._pending, self._query)
+
     # -- writes (buffered until commit) -----------------------------------------------------
     def _put(self, raw: bytes, value: bytes | memoryview, space: Space) -> None:
         # Not copied when large: it stays unchanged until the transaction ends (see Txn.put),
@@ -244,7 +226,7 @@ class RedisTxn(IndexScans, Txn):
 
     def _commit(self, link: Link) -> None:
         """Send the buffered writes (see ``commit``)."""
-        commit(self._d, link, self._pending)
+        commit(link, self._pending, self._keys, self.where)
 
 
 class RedisDriver(Driver):
@@ -260,7 +242,9 @@ class RedisDriver(Driver):
     def __init__(self, url: str, readonly: bool = False) -> None:
         super().__init__(url, readonly)
         parsed = parse_url(url)
-        name_keys(self, parsed, parsed.prefix)
+        self.prefix = parsed.prefix
+        self.where = parsed.where(parsed.prefix)
+        self.key_names = KeyNames(parsed.prefix)
         if any(k in ("spread", "spread_above") for k, _ in parsed.query):
             raise BackendError(f"{self.where}: spread=1 spreads a hierarchy over the masters of a Redis"
                                " Cluster: use a redis+cluster:// URL, or drop spread=1")
@@ -271,7 +255,7 @@ class RedisDriver(Driver):
             self.pool, self.client = open_pool(parsed, self.timeout)
         except Exception as exc:
             raise translate(exc, self.where) from exc
-        self.indexed = ensure_index(self)
+        self.indexed = ensure_index(self.client, self.key_names, self.where, self.readonly)
         self.max_value = bulk_limit(self.client)
 
     def set_timeout(self, seconds: float) -> None:
@@ -279,19 +263,46 @@ class RedisDriver(Driver):
         super().set_timeout(seconds)
         set_pool_timeout(self.pool, seconds)
 
-    def name(self, space: Space, raw: bytes) -> bytes:
-        """The Redis key that holds ``raw`` in ``space``."""
-        return self._prefixes[space] + raw
-
     def _acquire(self) -> Link:
         """The calling thread's link (see :meth:`Links.acquire`), tracked into the change feed
-        once one is started (see ``feed.tracked``)."""
-        return tracked(self, self._links.acquire())
+        once one is started (see :meth:`RedisFeed.enlist`)."""
+        link = self._links.acquire()
+        if self.feed is not None:
+            try:
+                self.feed.enlist(link)
+            except BaseException:
+                self._release(link)
+                raise
+        return link
+
+    def track_now(self) -> None:
+        """Have this thread's link track into the change feed now (the server reports to the
+        feed only once a connection tracks into it). A link from before a restart fails: a new
+        one is made."""
+        for attempt in (1, 2):
+            try:
+                self._release(self._acquire())
+                return
+            except BackendError as exc:
+                if attempt == 2:
+                    raise
+                log.debug("%s: %s", self.where, exc)
 
     def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
-        """What other clients changed since the last call (see ``feed``); the first
-        call starts the feed. The cursor only counts calls: the server pushes."""
-        return feed_changes(self, since)
+        """What other clients changed since the last call (see ``feed``); the first call starts
+        the feed (NotImplementedError where the server has no ``CLIENT TRACKING``). The cursor
+        only counts calls: the server pushes."""
+        if self.feed is None:
+            try:
+                self.feed = RedisFeed(self)
+            except BackendError as exc:
+                log.warning("%s: no change feed (CLIENT TRACKING needs Redis 6): %s", self.where, exc)
+                raise NotImplementedError from exc
+            self.track_now()
+        if since is None:
+            self.feed.changes()  # nothing from before counts
+            return 0, []
+        return since + 1, self.feed.changes()
 
     def feed_fileno(self) -> int | None:
         """The feed connection's socket (readable when the server pushed changes)."""
@@ -309,13 +320,13 @@ class RedisDriver(Driver):
 
     def scan_keyspace(self):
         """The data keys found by ``SCAN MATCH {prefix}:*`` (see ``index``)."""
-        return scan_keyspace(self)
+        return scan_keyspace(self.client, self.key_names, self.where)
 
     def reindex(self, prune: bool = True) -> int:
         """Add every ``{prefix}:*`` string key to the index (keys another client such as
         ``RedisStore`` wrote), then, with ``prune``, drop entries whose key is gone. Returns the
         number of keys found. Safe while other writers run."""
-        return reindex(self, prune)
+        return reindex(self.client, self.key_names, self.where, prune)
 
     def _begin(self, write: bool) -> RedisTxn:
         return RedisTxn(self, write)

@@ -1,37 +1,22 @@
-"""The Redis driver's change feed: the server's client-side-caching invalidations.
+"""The Redis driver's change feed: the server's client-side-caching invalidations (Redis 6+).
 
-Redis 6 and later tell a client which keys others modify (``CLIENT TRACKING``). A mount opens
-one more connection, subscribes it to ``__redis__:invalidate``, and has every link it writes
-through track in broadcast mode, redirected to that connection, for the data and side key
-prefixes, without its own changes (``CLIENT TRACKING ON REDIRECT <id> BCAST PREFIX ... NOLOOP``).
-The server then pushes, after each command that modifies keys under those prefixes, the names
-it modified, whoever the writer: another zarrfs mount on this machine or another, zarr-python's
-``RedisStore``, ``redis-cli``. No server setting is needed (keyspace notifications would need
-``notify-keyspace-events``, which a managed server may refuse, and would report the mount's own
-writes as well); ``FLUSHDB``/``FLUSHALL`` come as "everything" (None). The server writes the
-invalidation before the writer's reply, so on one machine a change is in this socket before its
-writer learns it committed: close-to-open holds across mounts.
+A mount opens one more connection subscribed to ``__redis__:invalidate``, and every link it writes
+through tracks into it (``CLIENT TRACKING ON REDIRECT <id> BCAST PREFIX <data> PREFIX <side>
+NOLOOP``): after each command that modifies keys under those prefixes, whoever the writer (another
+mount, ``RedisStore``, ``redis-cli``), the server pushes their names, before the writer's reply,
+so close-to-open holds across mounts on one machine. No server setting is needed (keyspace
+notifications would need ``notify-keyspace-events``); ``FLUSHDB``/``FLUSHALL`` come as
+"everything" (None). A writable mount puts the data keys it hears of in the listing index, or
+takes them out (``index``), so keys of other clients list without ``zarrfs reindex``. A server
+without ``CLIENT TRACKING``: no feed (short cache times).
 
-A data key written by a client that is not zarrfs is not in the listing index (see
-``index``): a writable mount puts the keys it hears of in the index, or takes them out,
-as they now exist or not (one round trip per batch), so they list without ``zarrfs reindex``.
-
-A server older than 6, or one refusing ``CLIENT TRACKING``: no feed (the mount keeps short cache
-times, as before).
-
-**A lost feed** (a server restart, a network failure): reported as "something changed" (None)
-once; made again at later looks, at most every :data:`RETRY` seconds, and reported as
-"something changed" again when it is back (what happened meanwhile is not known). A connection
-tracks into the new feed at once, so that an idle mount hears others again without waiting for a
-request of its own; the other links track into it at their next transaction. The feed's
-descriptor keeps one number across reconnects (:class:`.feed_fd.FeedFd`): the request loop
-registers it once. A link tracks into the feed it was made for only (a token per feed
-connection, not the client ID: a restarted server numbers its clients from 1 again), and a
-link about to track first has the feed read what the server sent, so that a feed cut by a
-restart is found lost rather than named by a stale client ID (which the new server may have
-given to another client). A link that cannot track into the feed (the server refuses the
-redirect) takes the feed for lost and serves its transaction untracked: a write never fails for
-the feed's sake.
+A lost feed (a restart, a network failure) reports "something changed" (None), is made again at
+most every :data:`RETRY` seconds and reports it again when back; one link tracks into it at once
+(an idle mount hears others again), the others at their next transaction. Its descriptor keeps
+one number (:class:`.feed_fd.FeedFd`). A link tracks into the feed connection it was made for
+only (a token, not the client ID, which a restarted server hands out again) and first has the
+feed read what the server sent, so a feed cut by a restart is found lost. A link the server
+refuses to redirect leaves the feed lost and serves untracked: a write never fails for the feed.
 """
 
 from __future__ import annotations
@@ -39,15 +24,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+import redis
 
 from ..base import DATA, SIDE, BackendError, Space
 from ..feed_fd import FeedFd
-from .link import translated
-
-if TYPE_CHECKING:
-    from .driver import RedisDriver
-    from .link import Link
+from .link import Link, translated
+from .url import KeyNames
 
 log = logging.getLogger("zarrfs.backends.redis")
 
@@ -56,10 +40,25 @@ CHANNEL = b"__redis__:invalidate"
 RETRY = 0.5
 
 
+class FeedOwner(Protocol):
+    """What a feed uses of its driver (``RedisDriver``): the pool and client of the server (a
+    cluster driver moves them with the slot), the names of the keys, whether the feed keeps
+    the index, and a way to have the calling thread's link track into the feed now."""
+
+    where: str
+    readonly: bool
+    indexed: bool
+    key_names: KeyNames
+    pool: redis.ConnectionPool
+    client: redis.Redis
+
+    def track_now(self) -> None: ...
+
+
 class RedisFeed:
     """The connection the server pushes invalidations to, and the links tracking into it."""
 
-    def __init__(self, driver: RedisDriver) -> None:
+    def __init__(self, driver: FeedOwner) -> None:
         self.driver = driver
         self.conn: Any = None
         self.cid: int | None = None
@@ -98,33 +97,37 @@ class RedisFeed:
         server pushed something (or closed it)."""
         return self.fd.fd
 
+    def enlist(self, link: Link) -> None:
+        """Have ``link`` (just acquired) track into this feed, unless it does already or the
+        feed is lost. A link the server refuses to redirect leaves the feed for lost (see
+        :meth:`drop`) and serves untracked; a server that is away raises (the caller gives the
+        link back)."""
+        if self.lost or link.tracked is self.token:
+            return
+        self.check()
+        if self.lost:
+            return
+        try:
+            self.track(link)
+        except BackendError:
+            if link.broken:  # the server is away: so is the transaction
+                raise
+            self.drop()  # it refused the redirect: untracked
+
     def track(self, link: Link) -> None:
         """Have ``link``'s writes reported to every other client, not to this one. A link that
         tracked into an earlier feed connection (the server did not restart: only the feed's
         connection was lost) stops first: the server refuses the same prefixes twice."""
-        d = self.driver
-        off = [("CLIENT", "TRACKING", "OFF")] if getattr(link, "tracked", None) is not None else []
+        keys = self.driver.key_names
+        off = [("CLIENT", "TRACKING", "OFF")] if link.tracked is not None else []
         link.checked(
             [
                 *off,
                 ("CLIENT", "TRACKING", "ON", "REDIRECT", self.cid, "BCAST")
-                + ("PREFIX", d.data_prefix, "PREFIX", d.side_prefix, "NOLOOP"),
+                + ("PREFIX", keys.data_prefix, "PREFIX", keys.side_prefix, "NOLOOP"),
             ]
         )
         link.tracked = self.token
-
-    def track_now(self) -> None:
-        """Have this thread's link track into the feed now (the server reports to the feed
-        only once a connection tracks into it). A link from before a restart fails: a new one
-        is made."""
-        for attempt in (1, 2):
-            try:
-                self.driver._release(self.driver._acquire())
-                return
-            except BackendError as exc:
-                if attempt == 2:
-                    raise
-                log.debug("%s: %s", self.driver.where, exc)
 
     def _read(self) -> None:
         """Take in what the server pushed (kept until reported); a connection that failed
@@ -173,7 +176,7 @@ class RedisFeed:
             self.lost = False
             log.info("%s: change feed back", self.driver.where)
             try:
-                self.track_now()
+                self.driver.track_now()
             except BackendError as exc:
                 log.debug("%s: %s", self.driver.where, exc)
             return None
@@ -186,14 +189,15 @@ class RedisFeed:
         if everything:
             return None
         d = self.driver
+        keys = d.key_names
         records: list[tuple[Space, str]] = []
         data: list[bytes] = []
-        cut_data, cut_side = len(d.data_prefix), len(d.side_prefix)
+        cut_data, cut_side = len(keys.data_prefix), len(keys.side_prefix)
         for name in names:
-            if name.startswith(d.data_prefix):
+            if name.startswith(keys.data_prefix):
                 data.append(name[cut_data:])
                 records.append((DATA, name[cut_data:].decode("utf-8", "surrogateescape")))
-            elif name.startswith(d.side_prefix):
+            elif name.startswith(keys.side_prefix):
                 records.append((SIDE, name[cut_side:].decode("utf-8", "surrogateescape")))
         if data and not d.readonly and d.indexed:
             self._index(data)
@@ -203,11 +207,11 @@ class RedisFeed:
         """Make the listing index agree with what exists of ``raws`` now (keys written by
         clients that keep no index)."""
         d = self.driver
-        index = d.index[DATA]
+        index = d.key_names.index[DATA]
         with translated(d.where):
             pipe = d.client.pipeline(transaction=True)
             for raw in raws:
-                pipe.exists(d.data_prefix + raw)
+                pipe.exists(d.key_names.data_prefix + raw)
                 pipe.zscore(index, raw)
             answers = pipe.execute()
             pairs = list(zip(raws, answers[::2], answers[1::2], strict=True))
@@ -245,41 +249,3 @@ class RedisFeed:
             self.conn = None
         self.fd.close()
 
-
-def tracked(d: RedisDriver, link: Link) -> Link:
-    """``link``, just acquired by ``d``, made to track into ``d``'s change feed if one is
-    started and the link does not yet; a link the server refuses to redirect leaves the feed
-    for lost (see :meth:`RedisFeed.drop`) and serves untracked."""
-    feed = d.feed
-    if feed is not None and not feed.lost and getattr(link, "tracked", None) is not feed.token:
-        feed.check()
-        if feed.lost:
-            return link
-        try:
-            feed.track(link)
-        except BackendError:
-            if link.broken:  # the server is away: so is the transaction
-                d._release(link)
-                raise
-            feed.drop()  # it refused the redirect: untracked
-        except BaseException:
-            d._release(link)
-            raise
-    return link
-
-
-def feed_changes(d: RedisDriver, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
-    """:meth:`RedisDriver.changes`: the first call starts ``d``'s feed (NotImplementedError
-    where the server has no ``CLIENT TRACKING``). The cursor only counts calls: the server
-    pushes."""
-    if d.feed is None:
-        try:
-            d.feed = RedisFeed(d)
-        except BackendError as exc:
-            log.warning("%s: no change feed (CLIENT TRACKING needs Redis 6): %s", d.where, exc)
-            raise NotImplementedError from exc
-        d.feed.track_now()
-    if since is None:
-        d.feed.changes()  # nothing from before counts
-        return 0, []
-    return since + 1, d.feed.changes()

@@ -1,20 +1,20 @@
-"""The Redis driver's listing index: a sorted set of the keys per space, its upkeep, and the
-scans that read it (see the module docstring of ``zarrfs.backends.redis``)."""
+"""The Redis driver's listing index: a sorted set of the keys per space, its upkeep, and a
+transaction's scans that read it (:class:`IndexScans`); see ``zarrfs.backends.redis.driver``."""
 
 from __future__ import annotations
 
 import bisect
 import itertools
 import logging
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import redis
 
 from ..base import DATA, KEYS, SIZES, Fetch, Space
 from ..buffered import DELETED, merge_buffered
 from .link import translated
-
-if TYPE_CHECKING:
-    from .driver import RedisDriver
+from .url import KeyNames
 
 log = logging.getLogger("zarrfs.backends.redis")
 
@@ -24,54 +24,56 @@ RECHECKS = 5  # index reads again when a batch's keys moved while it was read (r
 VALUE_BATCH = 16  # values per first MGET: values can be many MiB each
 VALUE_BYTES = 4 << 20  # MGET batches grow while the values they return stay below this
 _GLOB_SPECIAL = b"*?[]\\"
+#: A transaction's ``_query(names, *commands)`` (see :meth:`IndexScans.scan`).
+Query = Callable[..., list[Any]]
 
 
 def _glob_escape(raw: bytes) -> bytes:
     return b"".join(b"\\" + bytes([c]) if c in _GLOB_SPECIAL else bytes([c]) for c in raw)
 
 
-def scan_keyspace(d: RedisDriver) -> Iterator[bytes]:
+def scan_keyspace(client: redis.Redis, keys: KeyNames, where: str) -> Iterator[bytes]:
     """Yield the data keys (without prefix) found by ``SCAN MATCH {prefix}:*`` (string keys
-    only; ``SCAN`` may repeat a key)."""
-    match = _glob_escape(d.data_prefix) + b"*"
-    cut = len(d.data_prefix)
-    with translated(d.where):
-        for name in d.client.scan_iter(match=match, count=10000, _type="string"):
+    only; ``SCAN`` may repeat a key). ``where`` names the database in messages."""
+    match = _glob_escape(keys.data_prefix) + b"*"
+    cut = len(keys.data_prefix)
+    with translated(where):
+        for name in client.scan_iter(match=match, count=10000, _type="string"):
             yield name[cut:]
 
 
-def ensure_index(d: RedisDriver) -> bool:
-    """Whether the data index is complete, rebuilding it when it is not (unless read-only)."""
-    with translated(d.where):
-        if d.client.zscore(d.index[DATA], COMPLETE) is not None:
+def ensure_index(client: redis.Redis, keys: KeyNames, where: str, readonly: bool) -> bool:
+    """Whether the data index is complete, rebuilding it when it is not (unless ``readonly``)."""
+    with translated(where):
+        if client.zscore(keys.index[DATA], COMPLETE) is not None:
             return True
-    if d.readonly:
-        log.warning("%s: no key index and opened read-only: every listing scans the keyspace", d.where)
+    if readonly:
+        log.warning("%s: no key index and opened read-only: every listing scans the keyspace", where)
         return False
-    reindex(d, prune=False)
+    reindex(client, keys, where, prune=False)
     return True
 
 
-def reindex(d: RedisDriver, prune: bool = True) -> int:
+def reindex(client: redis.Redis, keys: KeyNames, where: str, prune: bool = True) -> int:
     """Add every ``{prefix}:*`` string key to the index (keys another client such as
     ``RedisStore`` wrote), then, with ``prune``, drop entries whose key is gone. Returns the
     number of keys found. Safe while other writers run."""
-    index = d.index[DATA]
+    index = keys.index[DATA]
     found = 0
     batch: list[bytes] = []
-    with translated(d.where):
-        for member in scan_keyspace(d):
+    with translated(where):
+        for member in scan_keyspace(client, keys, where):
             batch.append(member)
             if len(batch) >= 10000:
-                d.client.zadd(index, dict.fromkeys(batch, 0))
+                client.zadd(index, dict.fromkeys(batch, 0))
                 found += len(batch)
                 batch = []
         if batch:
-            d.client.zadd(index, dict.fromkeys(batch, 0))
+            client.zadd(index, dict.fromkeys(batch, 0))
             found += len(batch)
         if prune:
-            _prune(d, index)
-        d.client.zadd(index, {COMPLETE: 0})
+            _prune(client, index, keys.data_prefix)
+        client.zadd(index, {COMPLETE: 0})
     return found
 
 
@@ -88,14 +90,14 @@ return removed
 """
 
 
-def _prune(d: RedisDriver, index: bytes) -> None:
-    script = d.client.register_script(_PRUNE)
+def _prune(client: redis.Redis, index: bytes, data_prefix: bytes) -> None:
+    script = client.register_script(_PRUNE)
     low = b"("
     while True:
-        batch = d.client.zrangebylex(index, low, b"+", start=0, num=BATCH)
+        batch = client.zrangebylex(index, low, b"+", start=0, num=BATCH)
         if not batch:
             return
-        script(keys=[index], args=[d.data_prefix, *batch])
+        script(keys=[index], args=[data_prefix, *batch])
         low = b"(" + batch[-1]
 
 
@@ -126,28 +128,39 @@ def _within(members: list[bytes], lo: bytes, hi: bytes | None) -> Iterator[tuple
 
 
 class IndexScans:
-    """The scans of :class:`~zarrfs.backends.redis.RedisTxn`: ranges of the index, the keys in
-    them checked for existence (or sized, or fetched), merged with the transaction's pending
-    writes. Uses the transaction's ``_d`` (driver), ``_query``, ``_pending``, ``write``, and,
-    in a read-only one, ``_windows``/``_ahead``: per space, the last range of the index a KEYS
-    scan read and the keys in it that exist, which answers a scan inside that range again (the
-    check of a listed key for children of the same name lands there) without a round trip."""
+    """The scans of one transaction (``RedisTxn``): ranges of the index, the keys in them
+    checked for existence (or sized, or fetched), merged with the transaction's pending writes.
 
-    _d: RedisDriver
-    _pending: dict[tuple[Space, bytes], Any]
-    _windows: dict[Space, tuple[Any, ...]]
-    _ahead: dict[Space, int]
-    write: bool
+    In a read-only transaction it keeps, per space, the last range of the index a KEYS scan read
+    and the keys in it that exist (a window), which answers a scan inside that range again (the
+    check of a listed key for children of the same name lands there) without a round trip, and
+    how far paging through a range reads ahead."""
 
-    def _query(self, names: list[bytes], *commands: tuple[Any, ...]) -> list[Any]:
-        raise NotImplementedError
+    def __init__(self, keys: KeyNames, write: bool, keyspace: Callable[[], Iterator[bytes]] | None) -> None:
+        """``keyspace``: the data keys found by scanning the keyspace, when there is no data
+        index to read (read-only); None when there is."""
+        self._keys = keys
+        self.write = write
+        self._keyspace = keyspace
+        self._windows: dict[Space, tuple[Any, ...]] = {}
+        self._ahead: dict[Space, int] = {}
 
-    def _scan(
-        self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int | None
+    def scan(
+        self,
+        lo: bytes,
+        hi: bytes | None,
+        space: Space,
+        fetch: Fetch,
+        limit: int | None,
+        writes: dict[tuple[Space, bytes], Any],
+        query: Query,
     ) -> Iterator[tuple[bytes, Any]]:
+        """The transaction's ``_scan`` (see ``Txn``): ``writes`` are its own, not yet sent;
+        ``query(names, *commands)`` its replies to ``commands``, ``names`` watched first in a
+        write transaction. (Given per scan, not kept: the transaction keeps this object.)"""
         pending = sorted(
             (raw, v)
-            for (sp, raw), v in self._pending.items()
+            for (sp, raw), v in writes.items()
             if sp is space and raw >= lo and (hi is None or raw < hi)
         )
         mine = [
@@ -158,7 +171,7 @@ class IndexScans:
         first = BATCH if limit is None else min(BATCH, limit + hidden + 1)
         window = self._windows.get(space) if fetch is KEYS and not self.write else None
         if window is None:
-            stored = self._stored(space, lo, hi, fetch, first)
+            stored = self._stored(query, space, lo, hi, fetch, first)
         elif _covers(window, lo, hi):
             stored = _within(window[4], lo, hi)
         elif _continues(window, lo):
@@ -168,23 +181,24 @@ class IndexScans:
             ahead = min(BATCH, 2 * self._ahead.get(space, first))
             self._ahead[space] = ahead
             head = _within(members, lo, end + b"\0" if end_included else end)
-            stored = itertools.chain(head, self._stored(space, end, hi, fetch, ahead, after=end_included))
+            rest = self._stored(query, space, end, hi, fetch, ahead, after=end_included)
+            stored = itertools.chain(head, rest)
         else:
-            stored = self._stored(space, lo, hi, fetch, first)
+            stored = self._stored(query, space, lo, hi, fetch, first)
         yield from merge_buffered(stored, mine, None) if mine else stored
 
     def _members(
-        self, space: Space, lo: bytes, hi: bytes | None, first: int, after: bool = False
+        self, query: Query, space: Space, lo: bytes, hi: bytes | None, first: int, after: bool = False
     ) -> Iterator[tuple[list[bytes], Any]]:
         """Yield batches of index members in ``[lo, hi)`` (``(lo, hi)`` with ``after``), in
         order, each with the range of the index it covers (``None`` when not known):
         ``(start, start included, end, end included)``, ``end`` None for no bound."""
-        index = self._d.index[space]
-        if space is DATA and not self._d.indexed:
+        index = self._keys.index[space]
+        if space is DATA and self._keyspace is not None:
             # Read-only and no index to read: list the whole keyspace (slow, but correct).
             members = [
                 m
-                for m in scan_keyspace(self._d)
+                for m in self._keyspace()
                 if (m > lo if after else m >= lo) and (hi is None or m < hi)
             ]
             members.sort()
@@ -196,7 +210,7 @@ class IndexScans:
         start, included = lo, not after
         n = first
         while True:
-            (batch,) = self._query([index], ("ZRANGEBYLEX", index, low, high, "LIMIT", 0, n))
+            (batch,) = query([index], ("ZRANGEBYLEX", index, low, high, "LIMIT", 0, n))
             if len(batch) < n:
                 yield batch, (start, included, hi, False)
                 return
@@ -205,76 +219,83 @@ class IndexScans:
             start, included = batch[-1], False
             n = BATCH
 
-    def _reread(self, space: Space, covered: Any) -> list[bytes] | None:
+    def _reread(self, query: Query, space: Space, covered: Any) -> list[bytes] | None:
         """The index members of a batch's range ``covered`` (see :meth:`_members`), read again;
         None when the range is not known."""
         if covered is None:
             return None
         start, included, end, end_included = covered
-        index = self._d.index[space]
+        index = self._keys.index[space]
         low = b"[" + start if included and start else b"(" + start
         high = b"+" if end is None else (b"[" if end_included else b"(") + end
-        (members,) = self._query([index], ("ZRANGEBYLEX", index, low, high))
+        (members,) = query([index], ("ZRANGEBYLEX", index, low, high))
         return members
 
     def _stored(
-        self, space: Space, lo: bytes, hi: bytes | None, fetch: Fetch, first: int, after: bool = False
+        self,
+        query: Query,
+        space: Space,
+        lo: bytes,
+        hi: bytes | None,
+        fetch: Fetch,
+        first: int,
+        after: bool = False,
     ) -> Iterator[tuple[bytes, Any]]:
         """Index members that still exist (a stale entry, whose key another writer deleted, is
         dropped: found by one multi-key ``EXISTS`` per batch, or with the sizes or values)."""
         value_batch = VALUE_BATCH
-        for batch, covered in self._members(space, lo, hi, first, after):
+        for batch, covered in self._members(query, space, lo, hi, first, after):
             if not batch:
                 if covered is not None and fetch is KEYS and not self.write:
                     self._windows[space] = (*covered, batch)
                 continue
-            names = [self._d.name(space, m) for m in batch]
+            names = [self._keys.name(space, m) for m in batch]
             if fetch is KEYS:
                 # One EXISTS counts the batch's keys that exist: all of them, but for stale entries.
-                (count,) = self._query([], ("EXISTS", *names))
+                (count,) = query([], ("EXISTS", *names))
                 for _ in range(RECHECKS):
                     if count == len(names):
                         break
                     # A key missing may be a stale entry, or a rename committed between the two
                     # reads (read committed): then the index moved too, and is read again.
-                    again = self._reread(space, covered)
+                    again = self._reread(query, space, covered)
                     if again is None or again == batch:
                         break
-                    batch, names = again, [self._d.name(space, m) for m in again]
-                    (count,) = self._query([], ("EXISTS", *names)) if names else (0,)
+                    batch, names = again, [self._keys.name(space, m) for m in again]
+                    (count,) = query([], ("EXISTS", *names)) if names else (0,)
                 if count != len(names):
-                    found = self._query([], *(("EXISTS", n) for n in names))
+                    found = query([], *(("EXISTS", n) for n in names))
                     batch = [m for m, e in zip(batch, found, strict=True) if e]
                 if covered is not None and not self.write:
                     self._windows[space] = (*covered, batch)
                 yield from ((m, None) for m in batch)
             elif fetch is SIZES:
                 for left in range(RECHECKS, -1, -1):
-                    sizes = self._query(names, *(("STRLEN", n) for n in names))
+                    sizes = query(names, *(("STRLEN", n) for n in names))
                     # STRLEN is 0 for a missing key and for an empty value alike: ask EXISTS for those.
                     zero = [i for i, s in enumerate(sizes) if s == 0]
                     if zero:
-                        exists = self._query([], *(("EXISTS", names[i]) for i in zero))
+                        exists = query([], *(("EXISTS", names[i]) for i in zero))
                         for i, e in zip(zero, exists, strict=True):
                             if not e:
                                 sizes[i] = None
-                    again = self._reread(space, covered) if left and None in sizes else None
+                    again = self._reread(query, space, covered) if left and None in sizes else None
                     if again is None or again == batch:
                         break
-                    batch, names = again, [self._d.name(space, m) for m in again]  # keys moved
+                    batch, names = again, [self._keys.name(space, m) for m in again]  # keys moved
                 yield from ((m, s) for m, s in zip(batch, sizes, strict=True) if s is not None)
             else:
                 i, left = 0, RECHECKS
                 while i < len(names):
                     part = names[i : i + value_batch]
-                    (values,) = self._query(part, ("MGET", *part))
+                    (values,) = query(part, ("MGET", *part))
                     if left and None in values:
-                        again = self._reread(space, covered)
+                        again = self._reread(query, space, covered)
                         if again is not None and again != batch:  # keys moved: go on from here
                             left -= 1
                             done = batch[i - 1] if i else None
                             batch = [m for m in again if done is None or m > done]
-                            names, i = [self._d.name(space, m) for m in batch], 0
+                            names, i = [self._keys.name(space, m) for m in batch], 0
                             continue
                     yield from (
                         (m, v) for m, v in zip(batch[i : i + len(part)], values, strict=True) if v is not None

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
 import redis.exceptions as rexc
@@ -34,7 +34,6 @@ from ..base import (
 )
 
 if TYPE_CHECKING:
-    from .driver import RedisDriver
     from .url import RedisURL
 
 BIG_ARG = 1 << 16  # arguments longer than this are sent as they are, not copied into a buffer
@@ -123,6 +122,17 @@ def bulk_limit(client: redis.Redis) -> int:
         return 512 << 20
 
 
+class LinkOwner(Protocol):
+    """What a link reads of its driver: the pool it takes its connection from, how messages
+    name the database, and the bounds of a wait, which change while it lives (``-o timeout=``,
+    the request loop's ``watch``)."""
+
+    pool: redis.ConnectionPool
+    where: str
+    timeout: float
+    watch: Any
+
+
 # A link kept by a thread must not be used by a process forked from it (the socket is shared).
 _fork_generation = 0
 
@@ -193,7 +203,7 @@ class Link:
     ``unwatch`` defers the ``UNWATCH`` that a write transaction ending without ``EXEC`` owes:
     it goes in front of the next call on this connection instead of costing a round trip."""
 
-    def __init__(self, driver: RedisDriver) -> None:
+    def __init__(self, driver: LinkOwner) -> None:
         self.driver = driver
         self.pool = driver.pool
         try:
@@ -205,6 +215,8 @@ class Link:
         self.extra = False
         self.broken = False
         self.unwatch = False
+        #: The token of the change feed connection it tracks into (see ``feed``), or None.
+        self.tracked: object = None
         self.used = time.monotonic()
         protocol = getattr(self.conn, "protocol", 2)
         self.sock = getattr(self.conn, "_sock", None)
@@ -394,7 +406,7 @@ class Link:
 class Links:
     """A driver's links: one per thread, kept across its transactions."""
 
-    def __init__(self, driver: RedisDriver) -> None:
+    def __init__(self, driver: LinkOwner) -> None:
         self.driver = driver
         self.closed = False
         self._local = threading.local()

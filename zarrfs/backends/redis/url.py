@@ -1,16 +1,13 @@
 """What a Redis URL names, for both Redis drivers (``redis`` and ``redis_cluster``): the
 server or the cluster's starting nodes, the credentials, the ``prefix`` option and the other
-query options; and the names of the keys a prefix gives (data, side data, the two indexes)."""
+query options; and the names of the keys a prefix gives (:class:`KeyNames`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from ..base import DATA, SIDE, BackendError
-
-if TYPE_CHECKING:
-    from .driver import RedisDriver
+from ..base import DATA, SIDE, BackendError, Space
 
 #: The prefix of the keys when the URL gives none (zarr-python 2's ``RedisStore`` default).
 DEFAULT_PREFIX = "zarr"
@@ -81,14 +78,22 @@ def redis_py_options() -> set[str]:
     return names
 
 
-def name_keys(d: RedisDriver, url: RedisURL, prefix: str) -> None:
-    """Give driver ``d`` its ``prefix``, its ``where`` and the names its keys take: data keys
-    ``{prefix}:{key}``, side keys ``zarrfs.side.{prefix}:{key}``, the indexes
-    ``zarrfs.index.{prefix}`` and ``zarrfs.sideindex.{prefix}``."""
-    d.prefix = prefix
-    d.where = url.where(prefix)
-    p = prefix.encode("utf-8")
-    d.data_prefix = p + b":"
-    d.side_prefix = b"zarrfs.side." + p + b":"
-    d.index = {DATA: b"zarrfs.index." + p, SIDE: b"zarrfs.sideindex." + p}
-    d._prefixes = {DATA: d.data_prefix, SIDE: d.side_prefix}
+class KeyNames:
+    """The names of a hierarchy's keys, given its prefix: data keys ``{prefix}:{key}``, side keys
+    ``zarrfs.side.{prefix}:{key}``, the indexes ``zarrfs.index.{prefix}`` and
+    ``zarrfs.sideindex.{prefix}``."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        p = prefix.encode("utf-8")
+        #: What every data key starts with (zarr-python 2's ``RedisStore`` layout).
+        self.data_prefix = p + b":"
+        #: What every side key starts with.
+        self.side_prefix = b"zarrfs.side." + p + b":"
+        #: The listing index (a sorted set) of each space.
+        self.index = {DATA: b"zarrfs.index." + p, SIDE: b"zarrfs.sideindex." + p}
+        self._prefixes = {DATA: self.data_prefix, SIDE: self.side_prefix}
+
+    def name(self, space: Space, raw: bytes) -> bytes:
+        """The Redis key that holds ``raw`` in ``space``."""
+        return self._prefixes[space] + raw

@@ -1,36 +1,21 @@
 """Redis Cluster driver: ``redis+cluster://[user[:password]@]host:port,host:port/?prefix=zarr``
-(``rediss+cluster://`` over TLS; ``valkey+cluster://`` is the same for Valkey). The hosts are
-where to start: the cluster's map of slots is read from any of them (``CLUSTER SLOTS``).
+(``rediss+cluster://`` over TLS, ``valkey+cluster://``); the hosts are where the slot map is read.
 
-**Layout: one hierarchy, one hash tag.** Redis Cluster has no transaction across hash slots, so
-every key of one hierarchy — its data keys, its side data and both listing indexes — carries the
-same hash tag, the prefix: data keys are ``{<prefix>}:<key>``, side keys
-``zarrfs.side.{<prefix>}:<key>``, the indexes ``zarrfs.index.{<prefix>}`` and
-``zarrfs.sideindex.{<prefix>}``. This is the single-server layout of
-:mod:`zarrfs.backends.redis` with the prefix written in braces, so everything else (optimistic
-``WATCH``/``MULTI``/``EXEC`` transactions, the index, the round trips) is that driver's. A prefix
-that already holds a hash tag (``{zarr}``, ``run{7}``) is used as it is, so a zarr-python 2
-``RedisStore`` with ``prefix="{zarr}"`` on a cluster client reads and writes the same keys as
-``redis+cluster://…/?prefix={zarr}`` (and as ``?prefix=zarr``, which means ``{zarr}``).
+**One hierarchy, one hash tag.** A cluster has no transaction across slots, so every key of a
+hierarchy carries the prefix as its hash tag: the single-server layout (``zarrfs.backends.redis``)
+with the prefix in braces, ``{<prefix>}:<key>``, ``zarrfs.side.{<prefix>}:<key>``,
+``zarrfs.index.{<prefix>}``, ``zarrfs.sideindex.{<prefix>}``. A prefix that holds a tag already
+(``{zarr}``, ``run{7}``) is used as it is, so ``RedisStore(prefix="{zarr}")`` on a cluster client
+shares the keys of ``?prefix={zarr}`` (and ``?prefix=zarr``). Transactions, index and round trips
+are the Redis driver's, over per-thread links to the master owning the slot: one hierarchy is
+bounded by one master (prefixes spread over them). ``?spread=1`` gives the parts (``PARTS``: every chunk above
+``?spread_above=``) hash tags of their own, over every master, while each commit stays one
+``MULTI``/``EXEC`` on the home slot (``spread``): parts never change and only a commit names them.
 
-Every command of a hierarchy goes to the one master that owns its slot, over the same per-thread
-links as on a single server, and every commit is one ``MULTI``/``EXEC`` on that slot. Different
-hierarchies (prefixes) land on different slots and so spread over the masters.
-
-**The trade-off, and ``?spread=1``.** By default one hierarchy lives on one shard: its size and
-load are bounded by one master, and zarr-python 2's ``RedisStore`` reads it. With ``spread=1``
-the values the filesystem stores as parts (``PARTS``; every chunk, ``?spread_above=`` aside)
-get hash tags of their own and spread over every master, while each commit stays one
-``MULTI``/``EXEC`` on the home slot (see ``spread``): no protocol across slots is needed,
-because parts never change and only a committed manifest names them.
-
-**Moved slots and failover.** A ``MOVED`` or ``ASK`` reply (a slot being resharded),
-``CLUSTERDOWN`` or ``TRYAGAIN`` makes the transaction run again (``RetryableError``) after the
-slot map is read again; ``ASK`` is not followed to the importing node (a transaction spans
-several round trips there), the retry waits for the migration to end. A lost connection (a
-master that died) fails the call (``UnavailableError``, EIO through a mount) and marks the map
-stale, so the next transaction, once the cluster has promoted a replica, goes to the new master.
-What the promoted replica had received is what survives, as with any Redis failover.
+**Moved slots and failover.** ``MOVED``, ``ASK``, ``CLUSTERDOWN`` or ``TRYAGAIN`` reread the slot
+map and retry the transaction (``ASK`` is not followed: the retry waits for the migration). A lost
+master fails the call (``UnavailableError``, EIO) and marks the map stale, so the next transaction
+goes to the promoted replica, holding what it had received.
 """
 
 from __future__ import annotations
@@ -65,7 +50,7 @@ from ..buffered import DELETED
 from ..redis.driver import RedisDriver, RedisTxn
 from ..redis.index import ensure_index
 from ..redis.link import Link, Links, translate
-from ..redis.url import check_query, name_keys, parse_url
+from ..redis.url import KeyNames, check_query, parse_url
 from .feed import ClusterFeed
 from .spread import SpreadParts
 
@@ -285,9 +270,12 @@ class RedisClusterDriver(RedisDriver):
         Driver.__init__(self, url, readonly)
         parsed = parse_url(url)
         try:
-            name_keys(self, parsed, hash_tagged(parsed.prefix))
+            prefix = hash_tagged(parsed.prefix)
         except ValueError as exc:
             raise BackendError(f"{parsed.scheme}: {exc}") from None
+        self.prefix = prefix
+        self.where = parsed.where(prefix)
+        self.key_names = KeyNames(prefix)
         check_query(parsed, {"spread", "spread_above"})
         self._options = self._connection_options(parsed.scheme, parsed.userinfo, parsed.query)
         nodes = []
@@ -307,7 +295,7 @@ class RedisClusterDriver(RedisDriver):
             raise translate(exc, self.where) from exc
         self._links = ClusterLinks(self)
         self.feed: ClusterFeed | None = None  # started by the first changes() (a mount's)
-        self.indexed = ensure_index(self)
+        self.indexed = ensure_index(self.client, self.key_names, self.where, self.readonly)
         self.spread: SpreadParts | None = None
         if _flag(parsed.query, "spread", self.where):
             masters = len(self.cluster.get_primaries())
@@ -347,7 +335,7 @@ class RedisClusterDriver(RedisDriver):
                 return
             if self._stale:
                 self.cluster.nodes_manager.initialize()
-            slot = self.cluster.keyslot(self.index[DATA])
+            slot = self.cluster.keyslot(self.key_names.index[DATA])
             node = self.cluster.nodes_manager.get_node_from_slot(slot)
             old = self.pool
             if old is None or (old.connection_kwargs["host"], old.connection_kwargs["port"]) != (
@@ -390,7 +378,7 @@ class RedisClusterDriver(RedisDriver):
         points the driver at the new owner (see ``feed``)."""
         link = self._acquire()
         try:
-            link.checked([("EXISTS", self.index[DATA])])
+            link.checked([("EXISTS", self.key_names.index[DATA])])
         except BackendError as exc:
             self.rerouted(exc, link)  # a moved slot or a lost master: the route is stale
         finally:

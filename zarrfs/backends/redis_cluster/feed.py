@@ -1,40 +1,26 @@
-"""The Redis Cluster driver's change feed: the single-server feed, on the master of the slot.
+"""The Redis Cluster driver's change feed: the single-server feed (:mod:`.redis.feed`) on the master
+that owns the hierarchy's slot, whose invalidations cover every writer of the hierarchy (one hash
+tag, one master): no pub/sub or keyspace notifications, which a cluster delivers per node.
 
-Every key of a hierarchy carries one hash tag (see :mod:`.redis_cluster`), so one master holds
-all of them, and its client-side-caching invalidations (``CLIENT TRACKING ... BCAST``, see
-:mod:`.redis_feed`) cover every writer of the hierarchy: other mounts, zarr-python's
-``RedisStore`` on a cluster client, ``redis-cli -c``. No pub/sub and no keyspace notifications
-(which a cluster delivers per node) are needed: :class:`ClusterFeed` is :class:`RedisFeed`
-connected to the master that owns the slot, with these additions.
-
-* The links track into it only when they are connections to that same master: a client ID is
-  a number of one server, and a redirect to it on another master would name some other
-  client. A link made after the slot moved (``MOVED``, a failover) finds the feed on the old
-  master: the feed is dropped, and made again at the next look on the new one (reported as
-  "something changed").
-* A lost feed (its master died) is made again, as on a single server at most every
-  :data:`RETRY` seconds, and an attempt that fails marks the slot map stale, so the next one
-  follows the promoted replica.
-
-A slot moved away by resharding deletes its keys from the old master: the feed hears them all
-as changed. A mount that makes no request of its own would not learn of the move (and not
-hear the new master): every :data:`CHECK` seconds the feed asks the master it is on for the
-slot (one ``EXISTS``), and a ``MOVED`` reply moves it along (reported as "something
-changed").
+* Links track into it only when on that same master (a client ID is one server's). A link made
+  after the slot moved (``MOVED``, a failover) drops the feed, made again on the new master at
+  the next look ("something changed").
+* A lost feed is made again at most every :data:`RETRY` seconds; a failed attempt marks the slot
+  map stale, so the next follows the promoted replica.
+* Resharding deletes the slot's keys from the old master (heard as changed); a mount making no
+  request of its own asks its master for the slot every :data:`CHECK` seconds (one ``EXISTS``)
+  and follows a ``MOVED`` ("something changed").
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..base import BackendError, Space
-from ..redis.feed import RETRY, RedisFeed
-
-if TYPE_CHECKING:
-    from ..redis.link import Link
-    from .driver import RedisClusterDriver
+from ..redis.feed import RETRY, FeedOwner, RedisFeed
+from ..redis.link import Link
 
 log = logging.getLogger("zarrfs.backends.redis")
 
@@ -44,12 +30,25 @@ __all__ = ["CHECK", "RETRY", "ClusterFeed"]
 CHECK = 1.0
 
 
+class ClusterFeedOwner(FeedOwner, Protocol):
+    """What a cluster feed uses of its driver (``RedisClusterDriver``) besides a feed's: the
+    route to the slot's master, which the feed checks and follows."""
+
+    node: str  # the master the driver's pool is on, "host:port"
+
+    def route(self) -> None: ...
+
+    def check_route(self) -> None: ...
+
+    def mark_stale(self) -> None: ...
+
+
 class ClusterFeed(RedisFeed):
     """:class:`RedisFeed` on the master owning the hierarchy's slot; see the module docstring."""
 
-    driver: RedisClusterDriver
+    driver: ClusterFeedOwner
 
-    def __init__(self, driver: RedisClusterDriver) -> None:
+    def __init__(self, driver: ClusterFeedOwner) -> None:
         self.pool: Any = None
         self.check_at = time.monotonic() + CHECK
         super().__init__(driver)

@@ -1,39 +1,22 @@
 """SQLite driver: ``sqlite:///abs/path/x.db[?timeout=10&sync=0]`` (``sqlite:////abs`` works too).
 
-Data is the table zarr-python 2's ``SQLiteStore`` creates, ``zarr(k TEXT PRIMARY KEY, v BLOB)``;
-side data is a second table, ``zarrfs_side``, which ``SQLiteStore`` never reads or drops.
+Data is zarr-python 2's ``SQLiteStore`` table, ``zarr(k TEXT PRIMARY KEY, v BLOB)``; side data is
+``zarrfs_side``, which ``SQLiteStore`` never reads or drops. Keys are bound as UTF-8 bytes cast to
+TEXT (stored as ``SQLiteStore`` stores them); listings are ranges ``k >= ? AND k < ?`` on the
+primary key (binary collation: UTF-8 byte order; never ``LIKE``), read in batches that restart
+after the last key, so no statement stays open across a ``yield``.
 
-Listings are exact ranges ``k >= ? AND k < ?`` (the primary-key index, binary collation, which
-is UTF-8 byte order), never ``LIKE``, which is case-insensitive and treats ``_`` as a wildcard.
-Ranges are read in batches that each restart after the last key, so no statement stays open
-across a ``yield`` and the caller may write while iterating.
+One connection per thread, WAL (readers never block the writer), a busy timeout, ``BEGIN
+IMMEDIATE`` for writes (writers queue at the start, not fail at their first write; a lock busy
+past the timeout is :class:`RetryableError`). A read transaction runs its first statement alone
+and begins only before a second, running the first again inside: a changed answer retries it, so
+it still reads one state (a lookup costs no ``BEGIN``); statements of large values begin first.
 
-One connection per thread, WAL journal (readers never block the writer), a busy timeout, and
-``BEGIN IMMEDIATE`` for write transactions so that two writers queue on the lock at the start
-instead of failing with SQLITE_BUSY at their first write; a lock that stays busy past the
-timeout becomes :class:`RetryableError`.
-
-A read transaction runs its first statement on its own (one statement is atomic) and issues
-``BEGIN`` only before a second one, which is when it needs a snapshot; most read transactions
-(a lookup is one statement) then cost no ``BEGIN``/``COMMIT``. The first statement is run again
-after the ``BEGIN``: if its answer changed, the transaction is retried, so everything a read
-transaction returns still comes from one state of the database. Statements that can return
-large values begin the transaction first instead of running twice.
-
-Commits run with ``synchronous=NORMAL`` (in WAL mode a crash of the process never loses or
-corrupts a committed transaction; a crash of the machine may lose the last ones) and
-``Driver.sync()`` (a file's ``fsync``) checkpoints the WAL, which syncs it; ``?sync=1`` makes
-every commit durable on its own (``synchronous=FULL``). Checkpoints run in a background thread
-(a commit never waits for the WAL to be copied into the database and synced): once commits
-pause, or during a burst once it has written enough to be worth one (``checkpoint``);
-SQLite's own automatic checkpoint stays on the writers' connections, at a higher threshold, as
-the bound on the WAL.
-
-Keys are bound as their UTF-8 bytes and cast to TEXT in the statement (``CAST(? AS TEXT)``):
-stored as TEXT, exactly as ``SQLiteStore`` stores them, compared in the primary-key index.
-
-The statements and the connections live in ``sql``, the checkpoints in
-``checkpoint``, the change feed in ``feed``.
+Commits use ``synchronous=NORMAL`` (a process crash loses nothing committed, a machine crash may
+lose the last ones); ``Driver.sync()`` checkpoints, ``?sync=1`` makes each commit durable
+(``FULL``). Checkpoints run in a thread of their own when commits pause or a burst wrote enough
+(``checkpoint``); SQLite's automatic one, at a higher threshold, bounds the WAL. Statements and
+connections: ``sql``; the change feed: ``feed``.
 """
 
 from __future__ import annotations
