@@ -213,6 +213,26 @@ def test_a_file_created_read_only_is_stored(db_url, mount_factory):
         assert (stat.S_IMODE(st.st_mode), st.st_size) == (mode, 0), path
 
 
+def test_a_folder_changes_when_a_file_is_made_in_it_while_that_file_is_open(mounted):
+    """Creating a file changes its folder's mtime and ctime at once, as POSIX says, though the
+    mount stores the file only at its close: a ``stat`` of the folder while the new file is
+    open shows the change, and the close keeps it (found by the model test, with the folder's
+    times set back first)."""
+    folder = mounted.path / "d"
+    folder.mkdir()
+    old = 1_000_000_000 * 10**9
+    os.utime(folder, ns=(old, old))
+    fd = os.open(folder / "new", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        while_open = os.stat(folder)
+        assert while_open.st_mtime_ns > old and while_open.st_ctime_ns >= while_open.st_mtime_ns
+        os.write(fd, b"x")
+    finally:
+        os.close(fd)
+    after = os.stat(folder)
+    assert after.st_mtime_ns > old
+
+
 def test_rename_files_and_folders(mounted):
     root = mounted.path
     os.makedirs(root / "src/sub")

@@ -19,6 +19,7 @@ import os
 import stat
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 from zarrfs.backends.errors import InterruptedCallError
 from zarrfs.fs.changes import ChangeWatcher, folders_of
@@ -147,7 +148,13 @@ class Operations:
     def find(self, key: str) -> Node | None:
         """The node at ``key``, pending writes included, or None (the hot path of every
         lookup)."""
-        return self.handles.pending(key) or self.tree.find(key)
+        node = self.handles.pending(key) or self.tree.find(key)
+        if node is not None and node.kind == DIR and self.handles.states:
+            born = self.handles.newest_unstored(key)
+            if born is not None and born > node.attrs.ctime:  # a file made here, not stored yet
+                attrs = replace(node.attrs, mtime=born, ctime=born)
+                node = replace(node, attrs=attrs)
+        return node
 
     def find_open(self, fh: int) -> Node | None:
         """The node an open file shows, by handle (its name may be gone)."""

@@ -161,8 +161,8 @@ class Entries:
             source = renamed_from.rpartition("/")[0]
             if source != where:
                 self.folder_changed(t, source, t.get(attr_key(source), SIDE), now)
-        elif found is None and added is not None:
-            self.folder_changed(t, where, folder[3], clock(), since=added)
+        elif found is None and added is not None:  # the folder changed when the file was made
+            self.folder_changed(t, where, folder[3], added, since=added)
 
     def folders_changed(self, t: Txn, source: tuple, target: tuple, now: int) -> None:
         """The folders a rename took a name from and put one in: ``(key, probe)`` each."""

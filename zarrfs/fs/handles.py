@@ -487,6 +487,18 @@ class HandleTable(OpenNames, LockedFiles):
             if s.created and not s.orphan and k.startswith(prefix) and "/" not in k[len(prefix) :]
         )
 
+    def newest_unstored(self, folder: str) -> int | None:
+        """When the newest file made in ``folder`` and not stored yet was created (None: it
+        has none): the folder changed then, though its record says so only at the commit."""
+        prefix = folder + "/" if folder else ""
+        births = [
+            s.born
+            for k, s in self.states.items()
+            if s.created and s.born is not None and not s.orphan
+            and k.startswith(prefix) and "/" not in k[len(prefix) :]
+        ]
+        return max(births, default=None)
+
     def store_as(self, src: str, dst: str, exclusive: bool) -> Stored:
         """Store the unstored file ``src`` at ``dst`` in one transaction: the rename of a held
         temporary file. Returns what was stored (with the last page only for a file nobody
