@@ -1,21 +1,18 @@
 """The FUSE kernel protocol: request codes, flags and the byte layouts of ``<linux/fuse.h>``.
 
-zarrfs speaks the protocol itself (see :mod:`zarrfs.fuse.session`): a request is a
-``fuse_in_header`` followed by the operation's arguments, a reply a ``fuse_out_header``
-followed by its result, both little-endian C structs packed here with :mod:`struct`.
+A request is a ``fuse_in_header`` followed by the operation's arguments, a reply a
+``fuse_out_header`` followed by its result, both little-endian C structs packed here with
+:mod:`struct` (zarrfs speaks the protocol itself: :mod:`zarrfs.fuse.session`). :data:`OPCODES`
+is the table of the requests zarrfs answers: each opcode's name, the size of the fixed input
+struct after the header and how many NUL-terminated names follow it, which the session checks
+before a request reaches its handler.
 
-:data:`OPCODES` is the table of the requests zarrfs answers: for each opcode its name, the
-size of the fixed input struct that follows the header and how many NUL-terminated names
-follow that, which the session checks before a request reaches its handler.
-
-The layouts are those of every protocol version from :data:`MIN_MINOR` to :data:`MINOR`:
-each request struct zarrfs reads and each reply it writes has kept its size since 7.12 (the
-umask of CREATE and MKNOD), except INIT's: the reply is shorter below 7.23
-(:data:`INIT_REPLY_22`), and from 7.36 the request carries a second word of flags
-(:data:`INIT_IN_EXT`, present when the kernel sets :data:`INIT_EXT`). Later additions reuse
-padding or come with features zarrfs does not ask for. The kernel adapts to the minor version
-given in the INIT reply.
-Nothing here does I/O.
+The layouts hold for every protocol version from :data:`MIN_MINOR` to :data:`MINOR` (the kernel
+adapts to the minor given in the INIT reply): each struct read or written has had its size since
+7.12 (the umask of CREATE and MKNOD) except INIT's: its reply is shorter below 7.23
+(:data:`INIT_REPLY_22`), and from 7.36 its request carries a second word of flags
+(:data:`INIT_IN_EXT`, when the kernel sets :data:`INIT_EXT`). Later additions reuse padding or
+come with features zarrfs does not ask for. Nothing here does I/O.
 """
 
 from __future__ import annotations

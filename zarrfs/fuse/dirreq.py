@@ -1,5 +1,5 @@
-"""The folder requests of the session: OPENDIR, READDIRPLUS, RELEASEDIR and FSYNCDIR (READDIR
-is the session's own), answered from the listings of :class:`~zarrfs.fs.api.Operations`.
+"""The folder requests of a session: OPENDIR, READDIR, READDIRPLUS, RELEASEDIR and FSYNCDIR,
+answered from the listings of :class:`~zarrfs.fs.api.Operations`.
 
 READDIRPLUS gives each name with its node ID and attributes, as a LOOKUP would: ``ls -l``,
 ``du``, ``find -size`` or ``rsync`` walk a folder without a lookup per name, and the nodes of a
@@ -9,25 +9,46 @@ scan where the driver has them), never the whole folder.
 
 from __future__ import annotations
 
-from zarrfs.fs.api import Operations, name_bytes
+from collections.abc import Callable
+
+from zarrfs.fs.api import Node, Operations, name_bytes
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.abi import ROOT_ID, Header
+from zarrfs.fuse.inodes import InodeTable
+from zarrfs.fuse.replies import Replies
 
 _ZERO_ENTRY = (0,) * 22  # node ID 0: an entry without attributes (the kernel keeps the name alone)
 
 
 class DirRequests:
-    """Handlers mixed into :class:`~zarrfs.fuse.session.Session`."""
+    """Answers a session's folder requests. ``key`` gives the store key of a node ID the kernel
+    holds (ENOENT when it names no file any more); ``entry_values`` the fields of an entry
+    reply for a key and its node, which counts one lookup of it (the session's, as LOOKUP's)."""
 
-    # It uses the session's ops, inodes, _key, _entry_values, _send, _reply_data and _reply_ok
-    # (it comes first among the bases, so it must not define them).
-    ops: Operations
+    def __init__(
+        self,
+        ops: Operations,
+        inodes: InodeTable,
+        key: Callable[[int], str],
+        entry_values: Callable[[str, Node], tuple],
+        replies: Replies,
+    ) -> None:
+        self.ops = ops
+        self.inodes = inodes
+        self.key = key
+        self.entry_values = entry_values
+        self.replies = replies
 
-    def _opendir(self, head: Header, buf: memoryview) -> None:
-        fh = self.ops.opendir(self._key(head.nodeid))
-        self._send(k.OPEN_REPLY.pack(k.OPEN_REPLY.size, 0, head.unique, fh, 0, 0))
+    def opendir(self, head: Header, buf: memoryview) -> None:
+        fh = self.ops.opendir(self.key(head.nodeid))
+        self.replies.send(k.OPEN_REPLY.pack(k.OPEN_REPLY.size, 0, head.unique, fh, 0, 0))
 
-    def _readdirplus(self, head: Header, buf: memoryview) -> None:
+    def readdir(self, head: Header, buf: memoryview) -> None:
+        fh, offset, size = k.READ_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
+        listed = self.inodes.numbered(self.key(head.nodeid), head.nodeid, self.ops.readdir(fh, offset))
+        self.replies.data(head.unique, k.dirents(listed, size))
+
+    def readdirplus(self, head: Header, buf: memoryview) -> None:
         """Entries with their node IDs and attributes, as many as fit in ``size`` bytes. Each
         entry with a node ID counts one lookup (the kernel forgets it like a LOOKUP's), so an
         entry is remembered only once it is known to fit; ``.``, ``..`` and a name gone since
@@ -47,13 +68,13 @@ class DirRequests:
                 values: tuple = _ZERO_ENTRY
                 ino = self._listed_ino(head.nodeid, name, key, kind)
             else:
-                values = self._entry_values(key, node)
+                values = self.entry_values(key, node)
                 ino = values[0]
             append(pack(*values, ino, at, n, (kind & 0o170000) >> 12))
             append(raw)
             append(b"\0" * (-n & 7))
             used += length
-        self._reply_data(head.unique, b"".join(parts))
+        self.replies.data(head.unique, b"".join(parts))
 
     def _listed_ino(self, nodeid: int, name: str, key: str | None, kind: int) -> int:
         """``d_ino`` of an entry given without a node: ``.`` and ``..`` (their folders'), a name
@@ -61,13 +82,16 @@ class DirRequests:
         if name == ".":
             return nodeid
         if name == ".." or key is None:
-            folder = self._key(nodeid)
+            folder = self.key(nodeid)
             return (self.inodes.ids.get(folder.rpartition("/")[0]) if folder else None) or ROOT_ID
         return self.inodes.number(key, kind)
 
-    def _releasedir(self, head: Header, buf: memoryview) -> None:
+    def releasedir(self, head: Header, buf: memoryview) -> None:
         self.ops.releasedir(k.RELEASE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0])
-        self._reply_ok(head.unique)
+        self.replies.ok(head.unique)
 
-    def _fsyncdir(self, head: Header, buf: memoryview) -> None:
-        self._reply_ok(head.unique)
+    def fsyncdir(self, head: Header, buf: memoryview) -> None:
+        self.replies.ok(head.unique)
+
+
+__all__ = ["DirRequests"]

@@ -6,14 +6,14 @@ of every call: the opcode indexes lists built once (handler, shortest valid leng
 is answered), the header is unpacked into a :class:`~zarrfs.fuse.abi.Header` without a Python
 call, and the counters are list slots. A request shorter than its header and input struct,
 longer than what was read, or whose names are not NUL-terminated in it, is refused with EINVAL
-and one log line; the session goes on. :class:`zarrfs.fuse.session.Session` adds the handlers.
+and one log line; the session goes on. :class:`zarrfs.fuse.session.Session` adds the handlers;
+replies are written by :class:`~zarrfs.fuse.replies.Replies`.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
-import os
 import struct
 from collections.abc import Callable, Mapping
 
@@ -21,6 +21,7 @@ from zarrfs.fs.api import is_quiet, to_errno
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.abi import Header
 from zarrfs.fuse.interrupts import Watch
+from zarrfs.fuse.replies import Replies
 
 log = logging.getLogger("zarrfs.fuse.dispatch")
 
@@ -40,6 +41,11 @@ class Dispatcher:
 
     def __init__(self, fd: int, handlers: Mapping[int, Handler], buffer_size: int = 2 << 20) -> None:
         self.fd = fd
+        self.replies = Replies(fd)
+        # How the handlers answer, bound once here: every request sends one.
+        self._send = self.replies.send
+        self._reply_ok = self.replies.ok
+        self._reply_data = self.replies.data
         # Requests and interrupts that arrive while a handler waits on a server (see
         # zarrfs.fuse.interrupts): the loop serves its queue, the driver polls it.
         self.watch = Watch(fd, buffer_size)
@@ -122,24 +128,7 @@ class Dispatcher:
     def _path(self, nodeid: int) -> str:
         return f"node {nodeid}"
 
-    def _send(self, data) -> None:
-        try:
-            os.write(self.fd, data)
-        except FileNotFoundError:
-            pass  # the request was interrupted and is gone: nobody waits for this reply
-
     def _reply_error(self, head: Header, code: int) -> None:
         op = head.opcode
         self._errors[op if op < _TABLE else _TABLE] += 1
-        self._send(k.OUT_HEADER.pack(k.OUT_HEADER_SIZE, -code, head.unique))
-
-    def _reply_ok(self, unique: int) -> None:
-        self._send(k.OUT_HEADER.pack(k.OUT_HEADER_SIZE, 0, unique))
-
-    def _reply_data(self, unique: int, data) -> None:
-        header = k.OUT_HEADER.pack(k.OUT_HEADER_SIZE + len(data), 0, unique)
-        try:
-            os.writev(self.fd, [header, data])
-        except FileNotFoundError:
-            pass
-
+        self.replies.error(head.unique, code)

@@ -1,4 +1,4 @@
-"""The lock requests of the session: GETLK, SETLK and SETLKW (``fcntl`` record locks, and
+"""The lock requests of a session: GETLK, SETLK and SETLKW (``fcntl`` record locks, and
 ``flock`` when ``lk_flags`` holds ``LK_FLOCK``), answered from the lock table of
 :class:`~zarrfs.fs.api.Operations`, which keeps them in the database.
 
@@ -14,82 +14,92 @@ caller's next ``read``, ``fstat`` or ``lseek(SEEK_END)`` asks the mount.
 from __future__ import annotations
 
 import errno
+from collections.abc import Callable
 
-from zarrfs.fs.api import FsError, Operations
+from zarrfs.fs.api import FsError, Operations, PageCache
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.abi import Header
-from zarrfs.fuse.notify import inval_inode
+from zarrfs.fuse.inodes import InodeTable
+from zarrfs.fuse.notify import Invalidator, inval_inode
+from zarrfs.fuse.replies import Replies
 
 
 class LockRequests:
-    """Handlers mixed into :class:`~zarrfs.fuse.session.Session`."""
+    """Answers a session's lock requests, and INTERRUPT (only a waiting lock request can be
+    interrupted). ``key`` gives the store key of a node ID the kernel holds (ENOENT when it
+    names no file any more); ``inodes``, ``pages`` and ``invalidator`` are the session's, which
+    a granted lock drops the file's cached pages and attributes through."""
 
-    # It uses the session's ops, inodes, pages, invalidator, _key, _send and _reply_ok (it
-    # comes first among the bases, so it must not define them).
-    ops: Operations
-    _lock_nodes: dict[int, int]  # request -> node ID of a lock request kept waiting
+    def __init__(
+        self,
+        ops: Operations,
+        inodes: InodeTable,
+        pages: PageCache,
+        invalidator: Invalidator,
+        key: Callable[[int], str],
+        replies: Replies,
+    ) -> None:
+        self.ops = ops
+        self.inodes = inodes
+        self.pages = pages
+        self.invalidator = invalidator
+        self.key = key
+        self.replies = replies
+        # Whether the kernel takes invalidations: the session sets it when INIT is agreed.
+        self.inval_ok = False
+        self._waiting: dict[int, int] = {}  # request -> node ID of a lock request kept waiting
 
     @property
-    def lock_flags(self) -> int:
+    def flags(self) -> int:
         """The INIT flags to ask for: lock requests only when the database keeps locks."""
         return k.LOCKS if self.ops.locks is not None else 0
 
-    def start_locks(self) -> None:
+    def start(self) -> None:
         """Called once INIT is answered: waiting requests may be answered from now on."""
-        self.ops.start_locks(self._lock_answered)
+        self.ops.start_locks(self._answered)
 
-    def _lock_args(self, head: Header, buf: memoryview) -> tuple:
+    def _args(self, head: Header, buf: memoryview) -> tuple:
         if self.ops.locks is None:
             raise FsError(errno.ENOSYS, "locks are not kept by this mount", quiet=True)
         fh, owner, start, end, type_, pid, lk_flags, _ = k.LK_IN.unpack_from(buf, k.IN_HEADER_SIZE)
-        return self._key(head.nodeid), fh, owner, start, end, type_, pid, bool(lk_flags & k.LK_FLOCK)
+        return self.key(head.nodeid), fh, owner, start, end, type_, pid, bool(lk_flags & k.LK_FLOCK)
 
-    def _getlk(self, head: Header, buf: memoryview) -> None:
-        key, _, owner, start, end, type_, _, flock = self._lock_args(head, buf)
+    def getlk(self, head: Header, buf: memoryview) -> None:
+        key, _, owner, start, end, type_, _, flock = self._args(head, buf)
         lock = self.ops.getlk(key, owner, start, end, type_, flock)
         if lock is None:
             reply = (start, end, k.F_UNLCK, 0)
         else:
             reply = (lock.start, lock.end, lock.type, lock.pid)
-        self._send(k.LK_REPLY.pack(k.LK_REPLY.size, 0, head.unique, *reply))
+        self.replies.send(k.LK_REPLY.pack(k.LK_REPLY.size, 0, head.unique, *reply))
 
-    def _setlk(self, head: Header, buf: memoryview, wait: bool = False) -> None:
-        key, fh, owner, start, end, type_, pid, flock = self._lock_args(head, buf)
+    def setlk(self, head: Header, buf: memoryview, wait: bool = False) -> None:
+        key, fh, owner, start, end, type_, pid, flock = self._args(head, buf)
         if wait:
-            self._lock_nodes[head.unique] = head.nodeid
+            self._waiting[head.unique] = head.nodeid
         try:
             request = head.unique if wait else None
             done = self.ops.setlk(key, fh, owner, start, end, type_, pid, flock, request)
         except BaseException:
-            self._lock_nodes.pop(head.unique, None)
+            self._waiting.pop(head.unique, None)
             raise
         if done is not None:
-            self._lock_nodes.pop(head.unique, None)
+            self._waiting.pop(head.unique, None)
         if done and type_ != k.F_UNLCK:
             self._granted(head.nodeid, head.unique)
         elif done:
-            self._reply_ok(head.unique)
+            self.replies.ok(head.unique)
         elif done is False:
             raise FsError(errno.EAGAIN, f"{key}: locked by another owner", quiet=True)
-        # None: kept waiting; answered by _lock_answered
+        # None: kept waiting; answered by _answered
 
-    def _setlkw(self, head: Header, buf: memoryview) -> None:
-        self._setlk(head, buf, wait=True)
+    def setlkw(self, head: Header, buf: memoryview) -> None:
+        self.setlk(head, buf, wait=True)
 
-    def _interrupt(self, head: Header, buf: memoryview) -> None:
+    def interrupt(self, head: Header, buf: memoryview) -> None:
         # Only a waiting lock request can be interrupted: every other request runs to its end,
         # and its reply ends the wait.
         self.ops.interrupt(k.INTERRUPT_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0])
-
-    def drop_cached(self, nodeid: int) -> None:
-        """Drop what the kernel caches of a file, its pages and attributes (and what the page
-        cache policy remembers of them): another mount's bytes were stored with this mount's
-        writes."""
-        inode = self.inodes.get(nodeid)
-        if inode is not None:
-            self.pages.dropped(inode)
-        if self._inval_ok:
-            self.invalidator.send([inval_inode(nodeid)])
 
     def _granted(self, nodeid: int, unique: int) -> None:
         """Answer a granted lock once the kernel's cached pages and attributes of the file are
@@ -99,20 +109,20 @@ class LockRequests:
             inode = self.inodes.get(nodeid)
             if inode is not None:
                 self.pages.dropped(inode)
-            if self._inval_ok:
-                self.invalidator.send_then([inval_inode(nodeid)], lambda: self._reply_ok(unique))
+            if self.inval_ok:
+                self.invalidator.send_then([inval_inode(nodeid)], lambda: self.replies.ok(unique))
                 return
-        self._reply_ok(unique)
+        self.replies.ok(unique)
 
-    def _lock_answered(self, unique: int, code: int) -> None:
-        nodeid = self._lock_nodes.pop(unique, None)
+    def _answered(self, unique: int, code: int) -> None:
+        nodeid = self._waiting.pop(unique, None)
         try:
             if code == 0 and nodeid is not None:
                 self._granted(nodeid, unique)
             elif code:
-                self._send(k.OUT_HEADER.pack(k.OUT_HEADER_SIZE, -code, unique))
+                self.replies.error(unique, code)
             else:
-                self._reply_ok(unique)
+                self.replies.ok(unique)
         except OSError:  # the mount is gone: nobody waits any more
             pass
 

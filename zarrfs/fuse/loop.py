@@ -1,22 +1,17 @@
 """The request loop: reads ``/dev/fuse``, spinning briefly before it sleeps.
 
-Every FUSE request is a round trip: the client's thread sleeps until the daemon answers, and
-the daemon sleeps on ``/dev/fuse`` until the next request. On many machines, waking a thread
-that sleeps on another CPU is most of the cost of a round trip (docs/performance.md has the
-figures). So after each request this loop
-keeps reading ``/dev/fuse`` for up to ``spin`` microseconds before it blocks: a client that
-sends its next request within that window (a ``stat`` loop, a chunk written in pieces,
-create + write + close) finds the daemon awake. The window adapts: when requests come further
-apart than ``spin`` it halves after each of them, down to nothing, and it is full again as
-soon as a request follows within ``spin``; an idle mount sleeps and costs no CPU.
-``-o spin=0`` turns spinning off; ``scripts/bench_loop.py`` measures the choice.
+Every request is a round trip, and waking a thread asleep on another CPU is often most of its
+cost (figures in docs/performance.md). So after each request the loop keeps reading for up to
+``spin`` microseconds before it blocks: a client whose next request comes within that window (a
+``stat`` loop, a chunk written in pieces, create + write + close) finds the daemon awake. The
+window halves after each request that comes later than ``spin``, down to nothing, and is full
+again once one comes within it; an idle mount sleeps. ``-o spin=0`` turns spinning off;
+``scripts/bench_loop.py`` measures the choice.
 
 Requests that arrived while a request waited on a server (read by the driver's wait, see
-``interrupts``) are served first, in order, before ``/dev/fuse`` is read again.
-
-SIGINT, SIGTERM and SIGHUP end the loop between two requests (never inside one), whichever
-thread of the process the signal reaches: the signal wakes a sleeping loop through Python's
-wakeup fd.
+``interrupts``) are served first, in order, before ``/dev/fuse`` is read again. SIGINT, SIGTERM
+and SIGHUP end the loop between two requests (never inside one), whichever thread the signal
+reaches: it wakes a sleeping loop through Python's wakeup fd.
 """
 
 from __future__ import annotations

@@ -1,25 +1,18 @@
 """Dropping the kernel's cached view of files the mount changed on its own.
 
-When a metadata change makes the format layer rewrite (or create) a consolidated document, the
-kernel may still hold that file's old size and pages, or a cached "no such file" for it: they
-are kept for ``cache_timeout``. :func:`invalidations` builds the kernel's notifications for them
-(``FUSE_NOTIFY_INVAL_INODE``, ``FUSE_NOTIFY_INVAL_ENTRY``); :class:`Invalidator` writes them.
-
-The request that caused the change waits for that before it is answered, so the caller's next
-read sees the new document. The notifications are written from a thread of their own, and the
-wait is bounded: a notification can need a lock that the kernel holds until another request
-(a read of that very file, queued behind this one) is answered; then the reply goes first and
-the notification completes right after. A reply that must not go before its notifications (a
-granted lock, which brings the file up to date) is handed to the thread instead: it writes the
-reply once the notifications are written, and the request thread goes on meanwhile.
+When the format layer rewrites (or creates) a consolidated document, the kernel may still hold
+its old size and pages, or a cached "no such file", for ``cache_timeout``. :func:`invalidations`
+builds the notifications (``NOTIFY_INVAL_INODE``, ``NOTIFY_INVAL_ENTRY``); :class:`Invalidator`
+writes them from a thread of its own, and the request that caused the change waits for them, so
+the caller's next read sees the new document. The wait is bounded (:data:`WAIT`): a notification
+can need a kernel lock held until a request queued behind this one is answered; then the reply
+goes first. A reply that must follow its notifications (a granted lock) goes to the thread.
 
 The queue's order is the order in which notifications reach the kernel. Code that decides what
-to drop from what it knows of a file (the change feed skips a file a granted lock has just
-dropped, see :mod:`zarrfs.fuse.coherence`) decides and queues under :attr:`Invalidator.order`,
-so that a decision made on another thread (a waiting lock granted) cannot be overtaken: the
-kernel ignores the attributes of a reply to a request it sent before a drop, so a drop that
-reached it after a granted lock's reply could make an ``lseek(SEEK_END)`` use the size from
-before the lock.
+to drop from what it knows of a file (the change feed, :mod:`zarrfs.fuse.coherence`) decides and
+queues under :attr:`Invalidator.order`, so no decision of another thread (a waiting lock granted)
+is overtaken: the kernel ignores the attributes of a reply to a request sent before a drop, so a
+drop arriving after a granted lock's reply could let ``lseek(SEEK_END)`` use the old size.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from zarrfs.fuse.dispatch import Dispatcher, Handler
 from zarrfs.fuse.handshake import Agreed, Refused, negotiate
 from zarrfs.fuse.inodes import InodeTable
 from zarrfs.fuse.lockreq import LockRequests
-from zarrfs.fuse.notify import Invalidator, invalidations
+from zarrfs.fuse.notify import Invalidator, inval_inode, invalidations
 from zarrfs.fuse.tuning import give_back_memory
 from zarrfs.fuse.xattrreq import XattrRequests
 
@@ -48,9 +48,11 @@ _NO_WRITE = frozenset(
 )
 
 
-class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
+class Session(Dispatcher):
     """Serves one mount's requests. ``timeouts`` are the kernel's cache times in seconds for
-    names, attributes and missing names; ``on_init`` runs once the kernel has applied INIT."""
+    names, attributes and missing names; ``on_init`` runs once the kernel has applied INIT.
+    Folder, lock and extended-attribute requests are answered by the objects it holds
+    (``dirs``, ``locks``, ``xattrs``), through one-line handlers here."""
 
     def __init__(
         self,
@@ -78,11 +80,13 @@ class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
         # Node ID -> the handles open on a file unlinked while open (a live set): what answers
         # its fstat, which the kernel sends as a GETATTR of the node without a handle.
         self._orphans: dict[int, set[int]] = {}
-        self._lock_nodes = {}  # lock requests kept waiting (fuse.lockreq)
         ops.on_keys_changed(self.keys_changed)
         # The handler of each opcode of abi.OPCODES is the method named after it (``_lookup``).
         handlers: dict[int, Handler] = {code: getattr(self, f"_{op.name}") for code, op in k.OPCODES.items()}
         super().__init__(fd, handlers, BUFFER_SIZE)
+        self.dirs = DirRequests(ops, self.inodes, self._key, self._entry_values, self.replies)
+        self.locks = LockRequests(ops, self.inodes, self.pages, self.invalidator, self._key, self.replies)
+        self.xattrs = XattrRequests(ops, self._key, self.replies)
         # While a write waits for a lock another program holds, what needs no write is served.
         self.watch.serve, self.watch.may_serve = self.handle, self._needs_no_write
 
@@ -196,7 +200,7 @@ class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
     # ------------------------------------------------------------------ session
     def _init(self, head: Header, buf: memoryview) -> None:
         try:
-            wanted = k.WANTED | self.lock_flags
+            wanted = k.WANTED | self.locks.flags
             agreed, reply = negotiate(buf[k.IN_HEADER_SIZE : head.len], head.unique, MAX_WRITE, wanted)
         except Refused as exc:
             log.error("%s", exc)
@@ -207,10 +211,11 @@ class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
         self.agreed = agreed
         self._inval_ok, self._store_ok, self._direct_ok = agreed.inval, agreed.store, agreed.direct_io_mmap
         self._expire_ok = agreed.expire
+        self.locks.inval_ok = agreed.inval
         self.initialized = True
         self.invalidator.start()
         if agreed.flags & k.LOCKS:
-            self.start_locks()
+            self.locks.start()
         if self.on_init is not None:
             on_init, self.on_init = self.on_init, None
             on_init()
@@ -221,6 +226,16 @@ class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
     def close(self) -> None:
         """Stop sending notifications (the mount is ending)."""
         self.invalidator.stop()
+
+    def drop_cached(self, nodeid: int) -> None:
+        """Drop what the kernel caches of a file, its pages and attributes (and what the page
+        cache policy remembers of them): another mount's bytes were stored with this mount's
+        writes."""
+        inode = self.inodes.get(nodeid)
+        if inode is not None:
+            self.pages.dropped(inode)
+        if self._inval_ok:
+            self.invalidator.send([inval_inode(nodeid)])
 
     def keys_changed(self, keys: list[str]) -> None:
         """Drop what the kernel caches for ``keys``, changed as a side effect of another call
@@ -466,11 +481,47 @@ class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
         tail = (s["f_namemax"], s["f_frsize"], 0)
         self._send(k.STATFS_REPLY.pack(k.STATFS_REPLY.size, 0, head.unique, *figures, *tail))
 
-    # ------------------------------------------------------------------ folders
+    # ------------------------------------------------------------------ folders (fuse.dirreq)
+    def _opendir(self, head: Header, buf: memoryview) -> None:
+        self.dirs.opendir(head, buf)
+
     def _readdir(self, head: Header, buf: memoryview) -> None:
-        fh, offset, size = k.READ_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
-        listed = self.inodes.numbered(self._key(head.nodeid), head.nodeid, self.ops.readdir(fh, offset))
-        self._reply_data(head.unique, k.dirents(listed, size))
+        self.dirs.readdir(head, buf)
+
+    def _readdirplus(self, head: Header, buf: memoryview) -> None:
+        self.dirs.readdirplus(head, buf)
+
+    def _releasedir(self, head: Header, buf: memoryview) -> None:
+        self.dirs.releasedir(head, buf)
+
+    def _fsyncdir(self, head: Header, buf: memoryview) -> None:
+        self.dirs.fsyncdir(head, buf)
+
+    # ------------------------------------------------------------------ locks (fuse.lockreq)
+    def _getlk(self, head: Header, buf: memoryview) -> None:
+        self.locks.getlk(head, buf)
+
+    def _setlk(self, head: Header, buf: memoryview) -> None:
+        self.locks.setlk(head, buf)
+
+    def _setlkw(self, head: Header, buf: memoryview) -> None:
+        self.locks.setlkw(head, buf)
+
+    def _interrupt(self, head: Header, buf: memoryview) -> None:
+        self.locks.interrupt(head, buf)
+
+    # ------------------------------------------------------------------ xattrs (fuse.xattrreq)
+    def _getxattr(self, head: Header, buf: memoryview) -> None:
+        self.xattrs.getxattr(head, buf)
+
+    def _listxattr(self, head: Header, buf: memoryview) -> None:
+        self.xattrs.listxattr(head, buf)
+
+    def _setxattr(self, head: Header, buf: memoryview) -> None:
+        self.xattrs.setxattr(head, buf)
+
+    def _removexattr(self, head: Header, buf: memoryview) -> None:
+        self.xattrs.removexattr(head, buf)
 
 
 _ZERO_ATTR = (0,) * 16

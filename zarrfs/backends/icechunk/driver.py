@@ -1,25 +1,18 @@
 """Icechunk repositories on local storage: ``icechunk:///abs/path/repo?branch=main``, or
 ``?tag=NAME`` or ``?snapshot=ID`` (one of the three; ``branch=main`` when none is given).
 
-A tag or a snapshot is one version, read-only. A branch is read and written through one
-writable Icechunk session: what the mount writes is in that session at once (every read
-sees it) and becomes a commit of the branch when :meth:`IcechunkDriver.commit` is called
-(``zarrfs commit MOUNTPOINT -m MESSAGE``). A commit made elsewhere on the branch meanwhile is
-a :class:`CommitConflict` that says what to do: commit again with ``rebase`` (Icechunk's
-conflict detector puts the writes on top, or refuses when both changed the same chunk or
-metadata), or to a new branch. Writes not committed when the driver closes (unmount) are
-committed then, on top of a moved branch if they can be, else to a new branch
+A tag or a snapshot is one version, read-only. A branch is written through one writable
+Icechunk session, whose writes every read sees; :meth:`IcechunkDriver.commit` (``zarrfs commit``)
+makes them a commit of the branch. A commit made elsewhere meanwhile is a :class:`CommitConflict`:
+commit again with ``rebase`` (Icechunk's conflict detector) or to a new branch. Writes left
+uncommitted at close (unmount) are committed then, rebased if they can be, else to a new branch
 ``BRANCH.unmounted-TIME``; the log says which.
 
-Icechunk holds Zarr v3 keys only: ``zarr.json`` documents and chunk keys of their arrays.
-Zarr v2 metadata is refused (:class:`InvalidKeyError`, ``EINVAL``). Other names a program
-writes (a temporary file before its rename, a chunk written before its array's ``zarr.json``)
-are kept in memory and move into the session once Icechunk takes them (the rename, the
-array's metadata); any left at a commit are named in its answer, and at unmount in the log.
-Side data (mtimes, modes, empty folders) is kept in memory, for the life of the mount.
-
-The session's keys are listed once at open into a sorted index (``keyindex``); only this
-driver writes into its session, so the index stays exact.
+Icechunk holds Zarr v3 keys only (v2 metadata is :class:`InvalidKeyError`, ``EINVAL``). Other
+names (a temporary file before its rename, a chunk before its array's ``zarr.json``) wait in
+memory until Icechunk takes them; any left are named in a commit's answer and at unmount in the
+log. Side data (mtimes, modes, empty folders) lives in memory for the mount's life. The
+session's keys are indexed once at open (``keyindex``): only this driver writes its session.
 """
 
 from __future__ import annotations

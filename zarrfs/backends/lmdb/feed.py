@@ -1,24 +1,17 @@
 """The LMDB driver's change feed: which keys other writers changed, from the environments'
 commit numbers and a change log kept in the side environment.
 
-LMDB numbers every commit (``env.info()["last_txnid"]``, read from the lock file's shared
-memory: a microsecond, no transaction), so a mount learns that *somebody* committed by
-comparing two numbers. What they changed is in the log: every zarrfs write transaction puts,
-in the same side commit as its side records, one entry ``\\xfflog:<side commit number, hex>``
-holding the number its data commit gets (0: it changed no data) and the keys it changed. The log
-keeps the last :data:`KEEP` entries (each commit deletes the one :data:`KEEP` before it).
+LMDB numbers every commit (``env.info()["last_txnid"]``, from the lock file's shared memory: no
+transaction), so comparing two numbers tells that *somebody* committed. Every zarrfs write
+transaction puts, in the side commit with its side records, one entry ``\\xfflog:<side commit
+number, hex>`` holding its data commit's number (0: no data changed) and the keys it changed;
+the log keeps the last :data:`KEEP` entries. A reader walks the entries after its cursor:
 
-A reader walks the entries after its cursor:
-
-* every data commit number after its cursor must be named by an entry, else a writer that
-  keeps no log committed (zarr-python's ``LMDBStore``, an older zarrfs): then "something
-  changed" (None), and the caller rescans what it holds;
-* side commit numbers without an entry (the log trimmed past the cursor, a side commit put
-  back after a failed data commit) are also "something changed";
-* the side commit comes first, so an entry can name a data commit that has not happened yet: the
-  reader stops before it and takes it at its next look, when the data is there to be read (a
-  writer killed between its two commits leaves an entry that the next data commit, anybody's,
-  fulfils: the keys are re-read then, which costs a lookup, not a stale view);
+* a data commit number no entry names (a writer that keeps no log: zarr-python's ``LMDBStore``),
+  or a side commit number without one (log trimmed, side commit put back): "something changed" (None);
+* an entry may name a data commit not made yet (the side commit comes first): the reader stops
+  there and takes it at its next look; an entry a killed writer left is fulfilled by the next
+  data commit, anybody's (a lookup more, never a stale view);
 * the driver's own entries are skipped: the mount knows what it wrote.
 """
 

@@ -1,20 +1,18 @@
 """Growing the LMDB driver's maps when a transaction finds one full.
 
-An LMDB environment's map is a fixed span of address space: a write transaction that needs more
-pages fails with ``MDB_MAP_FULL``. The side environment holds the parts of large files
-(``zarrfs.fs.parts``) and the values of long keys (``longkeys``), so its map starts at
-``?side_map_size=`` (64 GiB) and doubles on demand up to ``?map_max=``, or the data map's
-size when that is larger; the data map starts at ``?map_size=`` (1 TiB) and grows up to
-``?map_max=`` (by default its own size: a full data map stays ``ENOSPC``, as documented, and a
-small ``?map_size=`` stays a quota). After each growth the transaction runs again; a full disk
-is still ``ENOSPC``.
+An environment's map is a fixed span of address space: a write that needs more pages fails with
+``MDB_MAP_FULL``. The side environment (parts of large files, ``zarrfs.fs.parts``; values of long
+keys, ``longkeys``) starts at ``?side_map_size=`` (64 GiB) and doubles on demand up to
+``?map_max=`` or the data map's size, the larger; the data map starts at ``?map_size=`` (1 TiB)
+and grows up to ``?map_max=`` (by default its own size: a full data map stays ``ENOSPC``, a small
+``?map_size=`` a quota). After a growth the transaction runs again; a full disk is ``ENOSPC``.
 
-``mdb_env_set_mapsize`` may be called only while the process has no transaction open on the
-environment (it maps the file again, elsewhere: a reader's pointers would dangle), so every
-transaction of the driver passes :data:`gate`, and a growth closes it, waits for the open ones
-to end, grows the map, then opens it. Another process that grew the map makes this one's next
-transaction fail with ``MDB_MAP_RESIZED`` once the data outgrows the old size: the driver then
-adopts the new size (``set_mapsize(0)``) through the same gate.
+``mdb_env_set_mapsize`` needs the process to have no transaction open on the environment (it maps
+the file elsewhere: a reader's pointers would dangle), so every transaction of the driver passes
+:data:`gate`; a growth closes it, waits for the open ones to end, grows the map, then opens it.
+When another process grew the map, this one's next transaction fails with ``MDB_MAP_RESIZED``
+once the data outgrows the old size; the driver then adopts the new size (``set_mapsize(0)``)
+through the same gate.
 """
 
 from __future__ import annotations

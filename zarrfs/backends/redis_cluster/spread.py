@@ -1,23 +1,18 @@
 """A hierarchy spread over every master of a Redis Cluster (``?spread=1``).
 
 The data keys, side records, listing indexes and change feed of a hierarchy keep its one hash
-tag, so every commit stays one ``MULTI``/``EXEC`` on one slot. What spreads is the ``PARTS``
-key space (see ``zarrfs.backends.checks.Space``): values written once and never changed, that
-the filesystem stores before the commit that points at them (``zarrfs.fs.parts``). Each part
-key gets a hash tag of its own, ``zarrfs.part.<tag>:{<key>}``, so parts land on slots all over
-the cluster (and follow slots that move to masters added later). Part keys hold random version
-ids, so the tags scatter evenly.
+tag, so every commit stays one ``MULTI``/``EXEC`` on one slot. What spreads is the ``PARTS`` key
+space (``zarrfs.backends.checks.Space``): values written once and never changed, stored before
+the commit that points at them (``zarrfs.fs.parts``). Each part key has a hash tag of its own,
+``zarrfs.part.<tag>:{<key>}``; part keys hold random version ids, so they scatter evenly over the
+slots (and follow slots moved to masters added later).
 
-Why this is sound without a transaction across slots: a part is written (and acknowledged)
-before the home slot's commit names it, and never changed afterwards; a reader finds a part
-only through a committed manifest, so it never sees a value that is not committed or half of
-one. A crash between the two steps leaves parts no manifest names, which ``zarrfs check``
-reports and ``zarrfs check --repair`` deletes; parts a commit lets go of are deleted after it.
-
-Parts are read and written through redis-py's cluster client, which routes each key to the
-master owning its slot and follows ``MOVED``/``ASK`` while slots move. A transaction's part
-writes go out in one pipeline (one round trip per master, the masters in turn) before its
-home commit.
+Sound without a transaction across slots: a part is written and acknowledged before the home
+slot's commit names it, and a reader finds parts only through a committed manifest. A crash
+between the two leaves parts no manifest names (``zarrfs check`` reports them, ``--repair``
+deletes them); parts a commit lets go of are deleted after it. Parts go through redis-py's
+cluster client (routed by slot, following ``MOVED``/``ASK``); a transaction's part writes go out
+in one pipeline (one round trip per master, in turn) before its home commit.
 """
 
 from __future__ import annotations

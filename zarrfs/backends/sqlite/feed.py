@@ -2,19 +2,16 @@
 says when to read the log.
 
 Triggers on the data and side tables append each inserted, updated or deleted key to
-``zarrfs_changes(id INTEGER PRIMARY KEY, s, k)`` in the writer's own transaction, whoever the
-writer is: a zarrfs mount, zarr-python's ``SQLiteStore``, the ``sqlite3`` shell. So unlike a log
-kept by zarrfs writers alone, a foreign writer's changes are known key by key too. Each trigger
-also deletes the entry :data:`KEEP` ids back (one primary-key delete), so the log stays bounded.
-
-A reader asks ``PRAGMA data_version`` of its connection (a few microseconds; it changes when
-another connection committed, or checkpointed) and only then reads the entries after its
-cursor. "Something changed" (None) when entries were trimmed past the cursor, or when the
-version moved, nothing was logged and the triggers are gone (``SQLiteStore.clear()`` drops and
-recreates the table, and the triggers with it; a writable mount puts them back).
-
-The driver's own entries are left out: a write transaction notes the last log id before its
-first change and at its commit (under ``BEGIN IMMEDIATE`` nobody else writes in between).
+``zarrfs_changes(id INTEGER PRIMARY KEY, s, k)`` in the writer's own transaction, whoever writes
+(a mount, zarr-python's ``SQLiteStore``, the ``sqlite3`` shell), so a foreign writer's changes are
+known key by key; each trigger also deletes the entry :data:`KEEP` ids back, keeping the log
+bounded. A reader asks ``PRAGMA data_version`` of its connection (microseconds; it moves when
+another connection committed or checkpointed) and only then reads the entries after its cursor.
+"Something changed" (None): entries trimmed past the cursor, or the version moved with nothing
+logged and the triggers gone (``SQLiteStore.clear()`` drops the table and its triggers; a
+writable mount puts them back). The driver's own entries are left out: a write transaction notes
+the last log id before its first change and at its commit (``BEGIN IMMEDIATE``: nobody else
+writes in between).
 """
 
 from __future__ import annotations
