@@ -74,7 +74,6 @@ class Session(Dispatcher):
         self.initialized = False
         self.agreed: Agreed | None = None  # the protocol version and features INIT settled
         self._inval_ok = self._store_ok = self._direct_ok = False  # what the agreed version has
-        self._expire_ok = False
         self.invalidator = Invalidator(fd)
         self.coherence = None  # a fuse.coherence.Coherence when the driver has a change feed
         # Node ID -> the handles open on a file unlinked while open (a live set): what answers
@@ -210,7 +209,6 @@ class Session(Dispatcher):
         log.debug("FUSE %d.%d agreed with the kernel, flags %#x", k.MAJOR, agreed.minor, agreed.flags)
         self.agreed = agreed
         self._inval_ok, self._store_ok, self._direct_ok = agreed.inval, agreed.store, agreed.direct_io_mmap
-        self._expire_ok = agreed.expire
         self.locks.inval_ok = agreed.inval
         self.initialized = True
         self.invalidator.start()
