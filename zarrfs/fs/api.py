@@ -44,6 +44,14 @@ log = logging.getLogger("zarrfs.fs.api")
 NOW = "now"  # a time to set to the present (UTIME_NOW)
 
 
+def stored_blocks(node: Node) -> int:
+    """``st_blocks`` of ``node``: 512-byte units of what is stored (a file stored in parts
+    counts its parts that are not holes)."""
+    parted = node.attrs.parted
+    size = parted.stored_bytes() if parted is not None and parted.size == node.size else node.size
+    return (size + 511) // 512
+
+
 class Operations:
     """Filesystem calls over a :class:`Tree` and its :class:`HandleTable`."""
 
@@ -337,6 +345,10 @@ class Operations:
         other modes are EOPNOTSUPP."""
         self.handles.fallocate(fh, offset, length, mode)
 
+    def seek(self, fh: int, offset: int, whence: int) -> int:
+        """``lseek`` with SEEK_DATA or SEEK_HOLE (holes: parts of a large file not stored)."""
+        return self.handles.seek(fh, offset, whence)
+
     def open_handles(self, key: str) -> set[int]:
         """The handles open on ``key``: the live set, which empties as they are released (the
         session keeps it to answer ``fstat`` of a file unlinked while open)."""
@@ -399,5 +411,6 @@ __all__ = [
     "is_quiet",
     "key_text",
     "name_bytes",
+    "stored_blocks",
     "to_errno",
 ]

@@ -273,7 +273,7 @@ class Tree(Entries, Listings, Lookups, LinkGroups, Xattrs):
                     self._garbage.append(parts.parted_of(t.get(attr_key(key), SIDE)))
             for name, stored in records.write_file(t, names, stored_value, record, self.hooks.store):
                 self._changed(t, name, stored)
-            self._garbage = [p for p in self._garbage if p != parted]
+            self._garbage = parts.released(self._garbage, parted)
             if folder is not None:
                 self._commit_folders(t, key, folder, found, added, renamed_from)
 

@@ -17,7 +17,18 @@ import os
 import struct
 from collections.abc import Callable
 
-from zarrfs.fs.api import DIR, NOW, RENAME_EXCHANGE, FsError, Node, Operations, PageCache, Stored, key_text
+from zarrfs.fs.api import (
+    DIR,
+    NOW,
+    RENAME_EXCHANGE,
+    FsError,
+    Node,
+    Operations,
+    PageCache,
+    Stored,
+    key_text,
+    stored_blocks,
+)
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.abi import Header
 from zarrfs.fuse.dirreq import DirRequests
@@ -155,7 +166,7 @@ class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
         return (
             nodeid,
             size,
-            (size + 511) // 512,
+            stored_blocks(node),
             at,
             mt,
             ct,
@@ -443,6 +454,13 @@ class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
         fh, offset, length, mode = k.FALLOCATE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:4]
         self.ops.fallocate(fh, offset, length, mode)
         self._reply_ok(head.unique)
+
+    def _lseek(self, head: Header, buf: memoryview) -> None:
+        fh, offset, whence = k.LSEEK_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
+        if whence not in (os.SEEK_DATA, os.SEEK_HOLE):  # the kernel answers the others itself
+            raise FsError(errno.EINVAL, f"lseek whence {whence}", quiet=True)
+        at = self.ops.seek(fh, offset, whence)
+        self._send(k.LSEEK_REPLY.pack(k.LSEEK_REPLY.size, 0, head.unique, at))
 
     def _flush(self, head: Header, buf: memoryview) -> None:
         fh, _, _, lock_owner = k.FLUSH_IN.unpack_from(buf, k.IN_HEADER_SIZE)
