@@ -106,6 +106,12 @@ WANTED = (
     | DIRECT_IO_ALLOW_MMAP
     | DO_READDIRPLUS
 )
+# Asked for too when the mount checks permissions (default_permissions): the kernel enforces
+# POSIX ACLs, which zarrfs keeps as xattrs (zarrfs.fs.acl), and leaves the umask to zarrfs
+# (DONT_MASK: a folder's default ACL replaces it), which then comes in CREATE, MKNOD, MKDIR.
+DONT_MASK = 1 << 6
+POSIX_ACL = 1 << 20
+ACL_FLAGS = POSIX_ACL | DONT_MASK
 # Asked for too when the mount keeps locks in the database: the kernel then sends fcntl record
 # locks (GETLK/SETLK/SETLKW) and flock (SETLK/SETLKW with LK_FLOCK) instead of keeping them.
 POSIX_LOCKS = 1 << 1

@@ -71,6 +71,7 @@ class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
         attr_timeout: float = 1.0,
         negative_timeout: float = 1.0,
         on_init: Callable[[], None] | None = None,
+        acl: bool = False,
     ) -> None:
         self.ops = ops
         self.inodes = InodeTable(DIR)
@@ -80,6 +81,8 @@ class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
         self.attr_valid = k.split_time(attr_timeout)
         self.negative_valid = k.split_time(negative_timeout)
         self.on_init = on_init
+        self.acl_wanted = acl  # POSIX ACLs enforced by the kernel (default_permissions)
+        self._umask = False  # whether CREATE, MKNOD and MKDIR leave the umask to zarrfs
         self.initialized = False
         self.agreed: Agreed | None = None  # the protocol version and features INIT settled
         self._inval_ok = self._store_ok = self._direct_ok = False  # what the agreed version has
@@ -207,7 +210,7 @@ class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
     # ------------------------------------------------------------------ session
     def _init(self, head: Header, buf: memoryview) -> None:
         try:
-            wanted = k.WANTED | self.lock_flags
+            wanted = k.WANTED | self.lock_flags | (k.ACL_FLAGS if self.acl_wanted else 0)
             agreed, reply = negotiate(buf[k.IN_HEADER_SIZE : head.len], head.unique, MAX_WRITE, wanted)
         except Refused as exc:
             log.error("%s", exc)
@@ -218,6 +221,8 @@ class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
         self.agreed = agreed
         self._inval_ok, self._store_ok, self._direct_ok = agreed.inval, agreed.store, agreed.direct_io_mmap
         self._expire_ok = agreed.expire
+        self._umask = bool(agreed.flags & k.DONT_MASK)
+        self.ops.acl = bool(agreed.flags & k.POSIX_ACL)
         self.initialized = True
         self.invalidator.start()
         if agreed.flags & k.LOCKS:
@@ -344,15 +349,15 @@ class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
         self._reply_entry(head.unique, key)
 
     def _mknod(self, head: Header, buf: memoryview) -> None:
-        mode, rdev = k.MKNOD_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:2]
+        mode, rdev, umask = k.MKNOD_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
         key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE + k.MKNOD_IN.size, head.len))
-        self.ops.mknod(key, mode, rdev, head.uid, head.gid)
+        self.ops.mknod(key, mode, rdev, head.uid, head.gid, umask if self._umask else 0)
         self._reply_entry(head.unique, key)
 
     def _mkdir(self, head: Header, buf: memoryview) -> None:
-        mode = k.MKDIR_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]
+        mode, umask = k.MKDIR_IN.unpack_from(buf, k.IN_HEADER_SIZE)
         key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE + k.MKDIR_IN.size, head.len))
-        self.ops.mkdir(key, mode, head.uid, head.gid)
+        self.ops.mkdir(key, mode, head.uid, head.gid, umask if self._umask else 0)
         self._reply_entry(head.unique, key)
 
     def _unlink(self, head: Header, buf: memoryview) -> None:
@@ -404,9 +409,9 @@ class Session(DirRequests, LockRequests, XattrRequests, Dispatcher):
 
     # ------------------------------------------------------------------ files
     def _create(self, head: Header, buf: memoryview) -> None:
-        flags, mode, _, _ = k.CREATE_IN.unpack_from(buf, k.IN_HEADER_SIZE)
+        flags, mode, umask, _ = k.CREATE_IN.unpack_from(buf, k.IN_HEADER_SIZE)
         key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE + k.CREATE_IN.size, head.len))
-        fh = self.ops.create(key, mode, flags, head.uid, head.gid)
+        fh = self.ops.create(key, mode, flags, head.uid, head.gid, umask if self._umask else 0)
         node = self.ops.find(key)
         if node is None:  # cannot happen: a created file shows at once
             self.ops.release(fh)
