@@ -117,7 +117,11 @@ def test_orphans_are_reported_and_removed(ops, driver):
     from zarrfs.fs import parts
 
     write(ops, "big", os.urandom(25_000))
-    orphan = parts.store(driver, 30_000, lambda offset, into: len(into), ABOVE)  # as a crash leaves
+    def fill(offset, into):  # bytes that are not zeros (a part of zeros is a hole, not stored)
+        into[:] = b"\1" * len(into)
+        return len(into)
+
+    orphan = parts.store(driver, 30_000, fill, ABOVE)  # as a crash leaves
     found = find_orphans(driver)
     assert [p.id for p in found.orphans] == [orphan.id] and found.parts == 6
     find_orphans(driver, repair=True)

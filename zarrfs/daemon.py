@@ -195,6 +195,7 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
         attr_timeout=opts.seconds("attr_timeout"),
         negative_timeout=opts.seconds("negative_timeout"),
         on_init=ready,
+        acl=bool(mount_options(shown, opts).get("default_permissions")),
     )
     session.pages.direct_above = opts.direct_above
     idle = {}

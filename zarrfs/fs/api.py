@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from zarrfs.backends.errors import InterruptedCallError
+from zarrfs.fs import acl
 from zarrfs.fs.changes import ChangeWatcher, folders_of
 from zarrfs.fs.errors import FsError, is_quiet, to_errno
 from zarrfs.fs.handles import HandleTable, Stored
@@ -43,6 +44,14 @@ from zarrfs.fs.tree import (
 log = logging.getLogger("zarrfs.fs.api")
 
 NOW = "now"  # a time to set to the present (UTIME_NOW)
+
+
+def stored_blocks(node: Node) -> int:
+    """``st_blocks`` of ``node``: 512-byte units of what is stored (a file stored in parts
+    counts its parts that are not holes)."""
+    parted = node.attrs.parted
+    size = parted.stored_bytes() if parted is not None and parted.size == node.size else node.size
+    return (size + 511) // 512
 
 
 class Operations:
@@ -174,9 +183,66 @@ class Operations:
         return changes
 
     def set_attrs(self, key: str, **changes: int | str | None) -> None:
-        """Change mode, owner or times (``None`` leaves one as it is, :data:`NOW` is now)."""
+        """Change mode, owner or times (``None`` leaves one as it is, :data:`NOW` is now); a
+        ``chmod`` changes the access ACL too (see :mod:`zarrfs.fs.acl`)."""
         if not self.handles.set_attrs(key, **self._times(changes)):
             self.tree.set_attrs(key, **changes)
+            mode = changes.get("mode")
+            if self.acl and isinstance(mode, int):
+                self._chmod_acl(key, mode)
+
+    # ------------------------------------------------------------------ POSIX ACLs
+    #: Whether the kernel enforces POSIX ACLs (FUSE_POSIX_ACL was agreed): the session sets it.
+    acl = False
+
+    def _chmod_acl(self, key: str, mode: int) -> None:
+        stored = self.xattrs(key).get(acl.ACCESS)
+        if stored is not None:
+            self.tree.set_xattr(key, acl.ACCESS, acl.pack(acl.chmod(acl.parse(stored), mode)))
+
+    def _set_acl(self, key: str, name: bytes, value: bytes | None, flags: int) -> None:
+        """setfacl: store an ACL; an access ACL sets the mode's permission bits (and is not
+        kept when the mode says all of it)."""
+        if not self.acl:
+            raise FsError(errno.EOPNOTSUPP, f"{key}: POSIX ACLs need default_permissions", quiet=True)
+        if value is None or name == acl.DEFAULT:
+            if value is not None:
+                acl.parse(value)
+            self.tree.set_xattr(key, name, value, flags)
+            return
+        entries = acl.parse(value)
+        node = self.find(key)
+        if node is None:
+            raise FsError(errno.ENOENT, key, quiet=True)
+        self.set_attrs(key, mode=(stat.S_IMODE(node.attrs.mode) & ~0o777) | acl.mode_bits(entries))
+        if not acl.equivalent(entries):
+            self.tree.set_xattr(key, name, acl.pack(entries), flags)
+        elif acl.ACCESS in self.tree.xattrs(key):
+            self.tree.set_xattr(key, name, None)
+
+    def made_mode(
+        self, key: str, mode: int, umask: int, folder: bool
+    ) -> tuple[int, bytes | None, bytes | None]:
+        """The mode of a node made at ``key`` with ``mode`` and ``umask``, and the access and
+        default ACLs it gets from its folder's default ACL (None: none). Without ACLs, or a
+        default ACL on the folder, the umask applies."""
+        if not self.acl:
+            return mode & ~umask, None, None
+        parent = key.rpartition("/")[0]
+        try:
+            default = self.tree.xattrs(parent).get(acl.DEFAULT)
+        except FsError:
+            default = None
+        if default is None:
+            return mode & ~umask, None, None
+        entries, mode = acl.inherit(acl.parse(default), mode)
+        access = None if acl.equivalent(entries) else acl.pack(entries)
+        return mode, access, default if folder else None
+
+    def _give_acls(self, key: str, access: bytes | None, default: bytes | None) -> None:
+        for name, value in ((acl.ACCESS, access), (acl.DEFAULT, default)):
+            if value is not None:
+                self.tree.set_xattr(key, name, value)
 
     def set_open_attrs(self, fh: int, **changes: int | str | None) -> None:
         """:meth:`set_attrs` of the file open as ``fh``: ``fchmod``, ``fchown``, ``futimens``
@@ -228,17 +294,24 @@ class Operations:
         """Close a folder."""
         self.dirs.pop(fh, None)
 
-    def mkdir(self, key: str, mode: int, uid: int | None = None, gid: int | None = None) -> None:
-        """Make a folder (kept while empty), owned by the caller."""
+    def mkdir(
+        self, key: str, mode: int, uid: int | None = None, gid: int | None = None, umask: int = 0
+    ) -> None:
+        """Make a folder (kept while empty), owned by the caller; ``umask``: the caller's, when
+        the kernel left it to the filesystem (ACLs: :meth:`made_mode`)."""
+        mode, access, default = self.made_mode(key, mode, umask, True)
         self.tree.mkdir(key, mode, uid, gid)
+        self._give_acls(key, access, default)
 
-    def mknod(self, key: str, mode: int, rdev: int, uid: int, gid: int) -> None:
+    def mknod(self, key: str, mode: int, rdev: int, uid: int, gid: int, umask: int = 0) -> None:
         """Make a file of the type in ``mode``: a regular file (empty, stored at once), or a
         FIFO, device or socket (side data, like a symlink)."""
         if stat.S_ISREG(mode):
-            self.release(self.create(key, mode, os.O_WRONLY | os.O_CREAT | os.O_EXCL, uid, gid))
+            self.release(self.create(key, mode, os.O_WRONLY | os.O_CREAT | os.O_EXCL, uid, gid, umask))
         else:
+            mode, access, _ = self.made_mode(key, mode, umask, False)
             self.tree.mknod(key, mode, rdev, uid, gid)
+            self._give_acls(key, access, None)
 
     def rmdir(self, key: str) -> None:
         """Remove an empty folder (a file created here and not stored yet is in it)."""
@@ -292,7 +365,10 @@ class Operations:
 
     # ------------------------------------------------------------------ extended attributes
     def getxattr(self, key: str, name: bytes) -> bytes:
-        """The value of one extended attribute; ENODATA when the node has none of that name."""
+        """The value of one extended attribute; ENODATA when the node has none of that name
+        (a POSIX ACL: EOPNOTSUPP when the kernel does not enforce them)."""
+        if name in acl.NAMES and not self.acl:
+            raise FsError(errno.EOPNOTSUPP, f"{key}: POSIX ACLs need default_permissions", quiet=True)
         value = self.xattrs(key).get(name)
         if value is None:
             raise FsError(errno.ENODATA, f"{key}: {name!r}", quiet=True)
@@ -300,7 +376,7 @@ class Operations:
 
     def listxattr(self, key: str) -> list[bytes]:
         """The names of a node's extended attributes."""
-        return sorted(self.xattrs(key))
+        return sorted(n for n in self.xattrs(key) if self.acl or n not in acl.NAMES)
 
     def xattrs(self, key: str) -> dict[bytes, bytes]:
         """Every extended attribute of ``key`` (a file not stored yet has none)."""
@@ -308,15 +384,25 @@ class Operations:
 
     def setxattr(self, key: str, name: bytes, value: bytes | None, flags: int = 0) -> None:
         """Set (or, with ``value`` None, remove) an extended attribute (see
-        :mod:`zarrfs.fs.xattrs`); an open file's pending content is stored first."""
+        :mod:`zarrfs.fs.xattrs`; POSIX ACLs: :mod:`zarrfs.fs.acl`); an open file's pending
+        content is stored first."""
         if key in self.handles.states:
             self.handles.settle(key)
+        if name in acl.NAMES:
+            self._set_acl(key, name, value, flags)
+            return
         self.tree.set_xattr(key, name, value, flags)
 
     # ------------------------------------------------------------------ files
-    def create(self, key: str, mode: int, flags: int, uid: int, gid: int) -> int:
-        """Create and open a file; stored at its first commit."""
-        return self.handles.create(key, mode | stat.S_IFREG, flags, uid, gid)
+    def create(self, key: str, mode: int, flags: int, uid: int, gid: int, umask: int = 0) -> int:
+        """Create and open a file; stored at its first commit (at once when it gets an ACL
+        from its folder's default ACL, which is kept with the stored file)."""
+        mode, access, _ = self.made_mode(key, mode, umask, False)
+        fh = self.handles.create(key, mode | stat.S_IFREG, flags, uid, gid)
+        if access is not None:
+            self.handles.settle(key)
+            self._give_acls(key, access, None)
+        return fh
 
     def open(
         self,
@@ -343,6 +429,10 @@ class Operations:
         """Grow an open file (mode 0), punch a hole in it or zero a range (stored as zeros);
         other modes are EOPNOTSUPP."""
         self.handles.fallocate(fh, offset, length, mode)
+
+    def seek(self, fh: int, offset: int, whence: int) -> int:
+        """``lseek`` with SEEK_DATA or SEEK_HOLE (holes: parts of a large file not stored)."""
+        return self.handles.seek(fh, offset, whence)
 
     def open_handles(self, key: str) -> set[int]:
         """The handles open on ``key``: the live set, which empties as they are released (the
@@ -406,5 +496,6 @@ __all__ = [
     "is_quiet",
     "key_text",
     "name_bytes",
+    "stored_blocks",
     "to_errno",
 ]

@@ -23,6 +23,7 @@ class LockedFiles:
     provides ``tree``, ``states``, ``handles``, ``spill_threshold`` and the helpers used here)."""
 
     tree: Any
+    parting: Any
     states: dict[str, Any]
     handles: dict[int, Any]
     spill_threshold: int
@@ -54,7 +55,9 @@ class LockedFiles:
         in memory."""
         buffer = SpillBuffer(threshold=self.spill_threshold, on_disk=True)  # it will spill
         try:
-            self.tree.driver.transact(lambda t: buffer.load(parts.reader(t, key)), write=False)
+            self.tree.driver.transact(
+                lambda t: self.parting.lazy(t, key, buffer) or buffer.load(parts.reader(t, key)), write=False
+            )
         except BaseException:
             buffer.close()
             raise

@@ -55,7 +55,6 @@ _FALLOC_KEEP_SIZE, _FALLOC_PUNCH_HOLE, _FALLOC_ZERO_RANGE = 0x01, 0x02, 0x10
 _FALLOCATE_MODES = frozenset(
     {0, _FALLOC_PUNCH_HOLE | _FALLOC_KEEP_SIZE, _FALLOC_ZERO_RANGE, _FALLOC_ZERO_RANGE | _FALLOC_KEEP_SIZE}
 )
-_ZERO_STEP = 1 << 20
 DEFERRED_LIMIT = 256 << 20
 
 
@@ -317,14 +316,38 @@ class HandleTable(OpenNames, LockedFiles):
         end = offset + length if not mode & _FALLOC_KEEP_SIZE else min(offset + length, buffer.size)
         if end <= offset:
             return
-        zeros = memoryview(bytes(min(end - offset, _ZERO_STEP)))
-        at = offset
-        while at < end:
-            step = min(end - at, len(zeros))
-            buffer.write(at, zeros[:step])
-            at += step
+        buffer.zero(offset, end)  # whole parts of a file stored in parts become holes
         state.changes.wrote(offset, end)
         self._touch(state)
+
+    def seek(self, fh: int, offset: int, whence: int) -> int:
+        """``lseek`` with SEEK_DATA or SEEK_HOLE: the next offset from ``offset`` in data or
+        in a hole. Holes are the parts of a file stored in parts that are not stored (and
+        holes of a buffer's temporary file); any other file is one extent of data. ENXIO
+        from the end of the file on."""
+        state = self._fresh(self._handle(fh).state)
+        if state.buffer is not None:
+            size = state.buffer.size
+            ranges = state.buffer.data_ranges()
+        else:
+            node = self.open_node(fh)
+            size = node.size if node is not None else 0
+            ranges = parts.data_ranges(self.tree.driver, state.key) if size else []
+        if offset < 0 or offset >= size:
+            raise FsError(errno.ENXIO, f"{state.key}: seek from {offset} of {size}", quiet=True)
+        if ranges is None:
+            ranges = [(0, size)]
+        for start, end in ranges:
+            if end <= offset:
+                continue
+            if whence == os.SEEK_DATA:
+                return max(start, offset)
+            if start > offset:
+                return offset
+            offset = end
+        if whence == os.SEEK_DATA:
+            raise FsError(errno.ENXIO, f"{state.key}: no data from {offset}", quiet=True)
+        return min(offset, size)
 
     def truncate(self, key: str, length: int, fh: int | None = None) -> None:
         """Cut or extend a file; an unopened file is changed in its own transaction."""

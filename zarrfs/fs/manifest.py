@@ -15,6 +15,17 @@ not zarrfs replacing the key shows its own value.
 The id is 8 bytes of the time in nanoseconds then 8 random bytes: a fresh id per stored
 version, so parts are never overwritten; ``zarrfs check`` tells an unfinished write's parts
 (orphans) by their time.
+
+A version whose parts are all its own and all stored (the first write of a dense file) keeps
+that manifest, which every zarrfs reads. Any other (holes: parts of zeros, not stored; parts
+shared with the version it replaced) has a **mapped** manifest, of the same 49 bytes::
+
+    MAP_MAGIC (17 bytes) | id (16 bytes) | total size (u64 LE) | part size (u32 LE) | stored (u32 LE)
+
+``stored``: how many parts are stored (bit 31: the last part is one of them), what ``st_blocks``
+counts. Its part map is the side value ``p:<id>/map``: per part, the 16-byte id of the version
+whose key holds it (``p:<that id>/<n>``), or 16 zero bytes for a hole. A zarrfs older than the
+map sees the 49 bytes as the file's content (its magic is not the old one).
 """
 
 from __future__ import annotations
@@ -22,13 +33,18 @@ from __future__ import annotations
 import os
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 MAGIC = b"\x89zarrfs-parts\r\n\x1a\n"
+MAP_MAGIC = b"\x89zarrfs-pmaps\r\n\x1a\n"
 _BODY = struct.Struct("<16sQQ")
+_MAP_BODY = struct.Struct("<16sQII")
 MANIFEST_SIZE = len(MAGIC) + _BODY.size
-#: Side prefix of parts: ``p:<id hex>/<n, 8 digits>``.
+#: Side prefix of parts: ``p:<id hex>/<n, 8 digits>``; a mapped version's map: ``p:<id>/map``.
 PART = "p:"
+MAP = "map"
+HOLE = bytes(16)
+_LAST = 1 << 31
 
 
 def new_id() -> str:
@@ -36,13 +52,27 @@ def new_id() -> str:
     return f"{time.time_ns():016x}{os.urandom(8).hex()}"
 
 
+def part_key(ident: str, n: int) -> str:
+    """Side key of part ``n`` as version ``ident`` stored it."""
+    return f"{PART}{ident}/{n:08d}"
+
+
 @dataclass(frozen=True)
 class Parted:
-    """One stored version of a parted value: its id, total size and part size."""
+    """One stored version of a parted value: its id, total size and part size; for a mapped
+    one (holes, shared parts), how many parts are stored and, once known, its map
+    (``entries``: per part, the id of the version that stored it, None for a hole).
+    ``base``: the version a new one shares parts with (its commit requires it to be the
+    stored one); ``keep``: for a replaced version, the part keys its successor took over."""
 
     id: str
     size: int
     part: int
+    mapped: bool = False
+    stored: int = -1
+    entries: tuple[str | None, ...] | None = field(default=None, compare=False, repr=False)
+    base: Parted | None = field(default=None, compare=False, repr=False)
+    keep: frozenset[str] | None = field(default=None, compare=False, repr=False)
 
     @property
     def count(self) -> int:
@@ -50,8 +80,31 @@ class Parted:
         return -(-self.size // self.part)
 
     def key(self, n: int) -> str:
-        """Side key of part ``n``."""
-        return f"{PART}{self.id}/{n:08d}"
+        """Side key of part ``n`` as this version stored it."""
+        return part_key(self.id, n)
+
+    @property
+    def map_key(self) -> str:
+        """Side key of a mapped version's part map."""
+        return f"{PART}{self.id}/{MAP}"
+
+    def stored_bytes(self) -> int:
+        """The bytes its stored parts hold (``st_blocks``)."""
+        if not self.mapped:
+            return self.size
+        count = self.stored & ~_LAST
+        if not count:
+            return 0
+        if self.stored & _LAST:
+            return (count - 1) * self.part + self.length(self.count - 1)
+        return count * self.part
+
+    def keys(self) -> list[str]:
+        """The side keys of its stored parts (its map's ``entries`` must be known)."""
+        if not self.mapped:
+            return [self.key(n) for n in range(self.count)]
+        assert self.entries is not None
+        return [part_key(e, n) for n, e in enumerate(self.entries) if e is not None]
 
     def length(self, n: int) -> int:
         """The size of part ``n``."""
@@ -59,7 +112,30 @@ class Parted:
 
     def manifest(self) -> bytes:
         """What the data key (and the attribute record) holds."""
+        if self.mapped:
+            return MAP_MAGIC + _MAP_BODY.pack(bytes.fromhex(self.id), self.size, self.part, self.stored)
         return MAGIC + _BODY.pack(bytes.fromhex(self.id), self.size, self.part)
+
+    def pack_map(self) -> bytes:
+        """The part map of a mapped version."""
+        assert self.entries is not None
+        return b"".join(HOLE if e is None else bytes.fromhex(e) for e in self.entries)
+
+    def with_map(self, raw: bytes | memoryview) -> Parted:
+        """This version with the map ``raw`` (what :meth:`pack_map` made) read in."""
+        raw = bytes(raw)
+        cells = (raw[i : i + 16] for i in range(0, len(raw), 16))
+        entries = tuple(None if cell == HOLE else cell.hex() for cell in cells)
+        return replace(self, entries=entries)
+
+    @classmethod
+    def of(cls, ident: str, size: int, part: int, entries: list[str | None], base: Parted | None) -> Parted:
+        """A new version from its map: plain when every part is its own and stored."""
+        if all(e == ident for e in entries):
+            return cls(ident, size, part, entries=tuple(entries), base=base)
+        count = sum(1 for e in entries if e is not None)
+        stored = count | (_LAST if entries and entries[-1] is not None else 0)
+        return cls(ident, size, part, True, stored, tuple(entries), base)
 
     @property
     def born(self) -> int:
@@ -69,12 +145,20 @@ class Parted:
     @classmethod
     def parse(cls, raw: bytes | memoryview | None) -> Parted | None:
         """The manifest in ``raw``, or None when it is not one."""
-        if raw is None or len(raw) != MANIFEST_SIZE or bytes(raw[: len(MAGIC)]) != MAGIC:
+        if raw is None or len(raw) != MANIFEST_SIZE:
             return None
-        ident, size, part = _BODY.unpack(bytes(raw[len(MAGIC) :]))
+        magic = bytes(raw[: len(MAGIC)])
+        if magic == MAGIC:
+            ident, size, part = _BODY.unpack(bytes(raw[len(MAGIC) :]))
+            mapped, stored = False, -1
+        elif magic == MAP_MAGIC:
+            ident, size, part, stored = _MAP_BODY.unpack(bytes(raw[len(MAGIC) :]))
+            mapped = True
+        else:
+            return None
         if part <= 0:
             return None
-        return cls(ident.hex(), size, part)
+        return cls(ident.hex(), size, part, mapped, stored)
 
 
 def id_of_part(side_key: str) -> str | None:
@@ -82,4 +166,4 @@ def id_of_part(side_key: str) -> str | None:
     if not side_key.startswith(PART):
         return None
     ident, slash, n = side_key[len(PART) :].partition("/")
-    return ident if slash and len(ident) == 32 and n.isdigit() else None
+    return ident if slash and len(ident) == 32 and (n.isdigit() or n == MAP) else None

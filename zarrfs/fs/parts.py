@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import errno
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
@@ -38,8 +39,9 @@ from typing import Any
 from zarrfs.backends.base import DATA, KEYS, PARTS, SIDE, Size, Txn
 from zarrfs.fs import hardlinks
 from zarrfs.fs.errors import FsError
-from zarrfs.fs.manifest import MAGIC, MANIFEST_SIZE, Parted, new_id
+from zarrfs.fs.manifest import MAGIC, MANIFEST_SIZE, MAP_MAGIC, Parted, new_id, part_key
 from zarrfs.fs.sidedata import Attrs, attr_key
+from zarrfs.fs.spill import PartTrack
 
 log = logging.getLogger("zarrfs.fs.parts")
 
@@ -94,13 +96,87 @@ def let_go(t: Txn, key: str, raw_attrs: bytes | None, *, every_name: bool = Fals
     return parted if group is None or len(group.names) <= 1 else None
 
 
+_MAPS: OrderedDict[str, tuple[str | None, ...]] = OrderedDict()  # id -> entries (immutable)
+_MAPS_KEPT = 256
+
+
+class Rebase(FsError):
+    """The version a commit shares parts with is no longer the stored one (another mount
+    replaced it): the commit stores every part instead."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(errno.ESTALE, f"{key}: replaced since it was read", quiet=True)
+
+
+def mapped(t: Txn, parted: Parted) -> Parted:
+    """``parted`` with its map (``entries``) known: read from ``p:<id>/map`` for a mapped
+    version (cached: a version's map never changes), every part its own otherwise."""
+    if parted.entries is not None:
+        return parted
+    if not parted.mapped:
+        return replace(parted, entries=(parted.id,) * parted.count)
+    entries = _MAPS.get(parted.id)
+    if entries is None:
+        raw = t.get(parted.map_key, PARTS)
+        if raw is None or len(raw) != 16 * parted.count:
+            raise FsError(errno.EIO, f"the part map of a value stored in parts ({parted.id}) is missing")
+        entries = parted.with_map(raw).entries
+        assert entries is not None
+        _remember(parted.id, entries)
+    else:
+        _MAPS.move_to_end(parted.id)
+    return replace(parted, entries=entries)
+
+
+def _remember(ident: str, entries: tuple[str | None, ...]) -> None:
+    _MAPS[ident] = entries
+    while len(_MAPS) > _MAPS_KEPT:
+        _MAPS.popitem(last=False)
+
+
+def data_parts(t: Txn, parted: Parted) -> list[bool]:
+    """Per part of ``parted``, whether it is stored (False: a hole, zeros)."""
+    entries = mapped(t, parted).entries
+    assert entries is not None
+    return [e is not None for e in entries]
+
+
+def data_ranges(driver: Any, key: str) -> list[tuple[int, int]] | None:
+    """The ranges of the stored value at ``key`` that are stored (its parts that are not
+    holes, adjacent ones merged); None when it is not stored in parts (all data)."""
+
+    def run(t: Txn) -> list[tuple[int, int]] | None:
+        found = current(t, key)
+        if found is None:
+            return None
+        out: list[tuple[int, int]] = []
+        for n, stored in enumerate(data_parts(t, found)):
+            if not stored:
+                continue
+            start, end = n * found.part, min(found.size, (n + 1) * found.part)
+            if out and out[-1][1] == start:
+                out[-1] = (out[-1][0], end)
+            else:
+                out.append((start, end))
+        return out
+
+    return driver.transact(run, write=False)
+
+
 def read_parts(t: Txn, parted: Parted, offset: int, size: int) -> bytes:
-    """``size`` bytes (fewer at the end) from ``offset`` of a parted value."""
+    """``size`` bytes (fewer at the end) from ``offset`` of a parted value (zeros in holes)."""
     end = min(parted.size, offset + size) if size >= 0 else parted.size
+    entries = mapped(t, parted).entries if offset < end else ()
+    assert entries is not None
     pieces: list[bytes] = []
     while offset < end:
         n, within = divmod(offset, parted.part)
-        piece = t.read(parted.key(n), within, min(end - offset, parted.part - within), PARTS)
+        count = min(end - offset, parted.part - within)
+        owner = entries[n]
+        if owner is None:
+            piece = bytes(count)
+        else:
+            piece = t.read(part_key(owner, n), within, count, PARTS)
         if not piece:
             raise FsError(errno.EIO, f"part {n} of a value stored in parts ({parted.id}) is missing")
         pieces.append(piece)
@@ -138,9 +214,14 @@ def may_be_manifest(got: bytes, offset: int, size: int) -> bool:
         fits = offset + n == MANIFEST_SIZE
     else:  # nothing from ``offset``: the value ends at or before it
         fits = offset >= MANIFEST_SIZE
-    head = MAGIC[offset:]
-    k = min(len(head), n)
-    return fits and bytes(got[:k]) == head[:k]
+    if not fits:
+        return False
+    for magic in (MAGIC, MAP_MAGIC):
+        head = magic[offset:]
+        k = min(len(head), n)
+        if bytes(got[:k]) == head[:k]:
+            return True
+    return False
 
 
 def whole(t: Txn, key: str, value: Any) -> Any:
@@ -170,60 +251,152 @@ def reader(t: Txn, key: str) -> Callable[[int, int], bytes | None]:
 
 
 def check_present(t: Txn, key: str, parted: Parted) -> None:
-    """In the commit of ``parted`` at ``key``: every part is there (EIO otherwise: a
-    ``zarrfs check --repair`` running beside the mount took them for orphans), so a file is
-    never stored with parts missing. A scan of their keys: asking the sizes of large values
-    in a write transaction makes LMDB page them in."""
+    """In the commit of ``parted`` at ``key``: the version it shares parts with is the one
+    stored (:class:`Rebase` otherwise), and every part it names, and its map, are there (EIO
+    otherwise: a ``zarrfs check --repair`` running beside the mount took them for orphans),
+    so a file is never stored with parts missing. A scan of their keys: asking the sizes of
+    large values in a write transaction makes LMDB page them in."""
+    if parted.base is not None and current(t, key) != parted.base:
+        raise Rebase(key)
+    want = mapped(t, parted).keys() if parted.entries is not None or not parted.mapped else []
+    if parted.mapped:
+        want.append(parted.map_key)
     if t.spaces[PARTS] is PARTS:  # parts kept apart (on other servers): asked, in one batch
-        sizes = t.read_many([Size(parted.key(n), PARTS) for n in range(parted.count)])
+        sizes = t.read_many([Size(k, PARTS) for k in want])
         missing = sum(1 for size in sizes if size is None)
     else:
-        prefix = parted.key(0).rpartition("/")[0] + "/"
-        present = {k for k, _ in t.scan_prefix(prefix, space=PARTS, fetch=KEYS)}
-        missing = sum(1 for n in range(parted.count) if parted.key(n) not in present)
+        present: set[str] = set()
+        for prefix in sorted({k.rpartition("/")[0] + "/" for k in want}):
+            present.update(k for k, _ in t.scan_prefix(prefix, space=PARTS, fetch=KEYS))
+        missing = sum(1 for k in want if k not in present)
     if missing:
-        raise FsError(errno.EIO, f"{key}: {missing} of its {parted.count} parts vanished before the commit")
+        raise FsError(errno.EIO, f"{key}: {missing} of its {len(want)} parts vanished before the commit")
+
+
+def released(garbage: Iterable[Parted | None], new: Parted | None) -> list[Parted]:
+    """The versions a commit of ``new`` lets go of, among ``garbage``: the one it shares
+    parts with keeps them (its ``keep``)."""
+    out = []
+    for old in garbage:
+        if old is None or old == new:
+            continue
+        if new is not None and new.base is not None and old.id == new.base.id and new.entries is not None:
+            old = replace(old, keep=frozenset(new.keys()))
+        out.append(old)
+    return out
 
 
 # ---------------------------------------------------------------------- writing (own transactions)
-def store(driver: Any, size: int, readinto: Callable[[int, memoryview], int], part: int) -> Parted:
+def _zeros(view: memoryview, buffer: bytearray, zeros: bytes) -> bool:
+    n = len(view)
+    return buffer == zeros if n == len(buffer) == len(zeros) else buffer.count(0, 0, n) == n
+
+
+def store(
+    driver: Any,
+    size: int,
+    readinto: Callable[[int, memoryview], int],
+    part: int,
+    base: Parted | None = None,
+    changed: Callable[[int], bool] | None = None,
+    has_data: Callable[[int, int], bool] | None = None,
+) -> Parted:
     """Write the parts of a new version of ``size`` bytes, each in its own transaction;
-    ``readinto(offset, view)`` fills a view with the bytes from ``offset``. On failure the
-    parts written are deleted again (best effort) and the error raised."""
-    parted = Parted(new_id(), size, part)
+    ``readinto(offset, view)`` fills a view with the bytes from ``offset``. A part of zeros
+    is a hole, not stored (``has_data(start, end)``: False when the range is known to be
+    zeros without reading it). With ``base`` (the stored version the content was read from)
+    and ``changed(n)`` (whether part ``n`` changed since), an unchanged part of the same
+    size is shared with ``base``, not written again. A version with holes or shared parts
+    gets its map written (its own transaction, before the commit). On failure what was
+    written is deleted again (best effort) and the error raised."""
+    ident = new_id()
+    count = -(-size // part)
+    if base is not None:
+        base = driver.transact(lambda t: mapped(t, base), write=False)
+        if base.part != part:
+            base = None
+    entries: list[str | None] = []
+    written: list[str] = []
     buffer = bytearray(min(part, size))
-    done = 0
+    zeros = bytes(len(buffer))
     try:
-        for n in range(parted.count):
-            view = memoryview(buffer)[: parted.length(n)]
+        for n in range(count):
+            start = n * part
+            length = min(part, size - start)
+            if (
+                base is not None
+                and changed is not None
+                and n < base.count
+                and base.length(n) == length
+                and not changed(n)
+            ):
+                assert base.entries is not None
+                entries.append(base.entries[n])
+                continue
+            if has_data is not None and not has_data(start, start + length):
+                entries.append(None)
+                continue
+            view = memoryview(buffer)[:length]
             got = 0
-            while got < len(view):
-                step = readinto(n * part + got, view[got:])
+            while got < length:
+                step = readinto(start + got, view[got:])
                 if step <= 0:
                     raise FsError(errno.EIO, "the file's buffer ended before its size")
                 got += step
-            driver.transact(lambda t, n=n, view=view: t.put(parted.key(n), view, PARTS))
-            done = n + 1
+            if _zeros(view, buffer, zeros):
+                entries.append(None)
+                continue
+            key = part_key(ident, n)
+            driver.transact(lambda t, key=key, view=view: t.put(key, view, PARTS))
+            written.append(key)
+            entries.append(ident)
+        parted = Parted.of(ident, size, part, entries, base)
+        if parted.mapped:
+            raw = parted.pack_map()
+            written.append(parted.map_key)
+            driver.transact(lambda t: t.put(parted.map_key, raw, PARTS))
+            assert parted.entries is not None
+            _remember(ident, parted.entries)
     except BaseException:
-        free(driver, [parted], upto=done)
+        _delete(driver, written, ident)
         raise
     finally:
         del buffer
     return parted
 
 
-def free(driver: Any, versions: Iterable[Parted], upto: int | None = None) -> None:
-    """Delete the parts of ``versions`` (the first ``upto`` of each when given), each part in
-    its own transaction. Best effort: a failure is logged, and the parts left are orphans for
-    ``zarrfs check --repair``."""
+def _delete(driver: Any, keys: Iterable[str], ident: str) -> None:
+    try:
+        for key in keys:
+            driver.transact(lambda t, key=key: t.delete(key, PARTS))
+    except Exception as exc:
+        log.error("parts of %s not deleted (zarrfs check --repair deletes them): %s", ident, exc)
+
+
+def free(driver: Any, versions: Iterable[Parted]) -> None:
+    """Delete the parts of ``versions``, each part in its own transaction, but those their
+    successor took over (``keep``); then the map. Best effort: a failure is logged, and the
+    parts left are orphans for ``zarrfs check --repair``."""
     for parted in versions:
-        count = parted.count if upto is None else upto
         try:
-            for n in range(count):
-                key = parted.key(n)
-                driver.transact(lambda t, key=key: t.delete(key, PARTS))
+            parted = driver.transact(lambda t, p=parted: mapped(t, p), write=False)
         except Exception as exc:
             log.error("parts of %s not deleted (zarrfs check --repair deletes them): %s", parted.id, exc)
+            continue
+        keep = parted.keep or frozenset()
+        gone = [k for k in parted.keys() if k not in keep]
+        if parted.mapped:
+            gone.append(parted.map_key)
+        _delete(driver, gone, parted.id)
+        _MAPS.pop(parted.id, None)
+
+
+def new_keys(parted: Parted) -> list[str]:
+    """The keys :func:`store` wrote for ``parted`` (its own parts and its map): what to delete
+    when its commit did not happen."""
+    assert parted.entries is not None
+    keys = [part_key(parted.id, n) for n, e in enumerate(parted.entries) if e == parted.id]
+    return keys + [parted.map_key] if parted.mapped else keys
 
 
 def put_value(driver: Any, key: str, value: Any, part: int = PART_SIZE) -> None:
@@ -268,7 +441,7 @@ def put_parts(
     try:
         old = driver.transact(run)
     except BaseException:
-        free(driver, [parted])
+        _delete(driver, new_keys(parted), parted.id)
         raise
     if old is not None and old != parted:
         free(driver, [old])
@@ -315,9 +488,56 @@ class Parting:
         if attrs is None:
             attrs = self.tree.lookup_attrs(key)
         part = part_size(self.above, self.max_value)
-        parted = store(self.tree.driver, buffer.size, buffer.readinto, part)
+        driver = self.tree.driver
+        track = buffer.parts
+        parted = store(
+            driver,
+            buffer.size,
+            buffer.readinto,
+            part,
+            base=track.base if track is not None else None,
+            changed=track.changed if track is not None else None,
+            has_data=buffer.has_data,
+        )
         try:
             self.tree.commit(key, parted.manifest(), attrs, *args, parted=parted, **kwargs)
+        except Rebase:
+            # Another mount stored a new version: this one's parts no longer share anything.
+            _delete(driver, new_keys(parted), parted.id)
+            buffer.settle()
+            self.commit(key, buffer, attrs, *args, **kwargs)
+            return
         except BaseException:
-            free(self.tree.driver, [parted])
+            _delete(driver, new_keys(parted), parted.id)
             raise
+        # The next commit of this buffer shares what it does not change with this version.
+        if track is not None:
+            track.committed(parted)
+        else:
+            buffer.parts = PartTrack(parted, fill=self.fill)
+
+    def fill(self, parted: Parted, n: int) -> bytes:
+        """Part ``n`` of ``parted`` (a buffer reads it in when first needed): ESTALE when it
+        is gone (another mount replaced the file and freed the version)."""
+        try:
+            return self.tree.driver.transact(
+                lambda t: read_parts(t, parted, n * parted.part, parted.length(n)), write=False
+            )
+        except FsError as exc:
+            if exc.errno == errno.EIO:
+                raise FsError(errno.ESTALE, f"{parted.id}: replaced since it was read") from exc
+            raise
+
+    def lazy(self, t: Txn, key: str, buffer: Any) -> bool:
+        """Make ``buffer`` (empty, on disk) the content of the parted value at ``key`` without
+        reading its parts: they come in when first needed (see :mod:`zarrfs.fs.spill`).
+        False when the value is not parted."""
+        found = current(t, key)
+        if found is None:
+            return False
+        found = mapped(t, found)
+        assert found.entries is not None
+        buffer.truncate(found.size)
+        pending = {n for n, e in enumerate(found.entries) if e is not None}
+        buffer.parts = PartTrack(found, pending, self.fill)
+        return True

@@ -92,8 +92,9 @@ class Transactions:
         self._garbage.append(parted)
 
     def keep(self, parted: Parted | None) -> None:
-        """``parted`` is referenced by what the running transaction stores: not freed."""
-        self._garbage = [p for p in self._garbage if p != parted]
+        """``parted`` is what the running transaction stores: not freed, nor the parts it
+        shares with a version let go (:func:`zarrfs.fs.parts.released`)."""
+        self._garbage = list(parts.released(self._garbage, parted))
 
 
 def clock() -> int:

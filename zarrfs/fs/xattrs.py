@@ -6,8 +6,10 @@ Limits are ext4's with 4 KiB blocks: a name of at most 255 bytes (ERANGE), a val
 without the namespace prefix and its value rounded up to 4 bytes (ENOSPC past it). The
 namespaces the kernel lets through are stored as they are: ``user.`` (files and folders; the
 kernel refuses it elsewhere), ``trusted.`` (CAP_SYS_ADMIN, checked by the kernel) and
-``security.``. ``system.`` names (POSIX ACLs) are EOPNOTSUPP: no ACL is kept, as on a
-filesystem mounted ``noacl``.
+``security.``. Of ``system.`` names, the two POSIX ACLs (``system.posix_acl_access``,
+``system.posix_acl_default``) are kept when the kernel enforces them (see
+:mod:`zarrfs.fs.acl`; EOPNOTSUPP otherwise, as on a filesystem mounted ``noacl``); any other
+is EOPNOTSUPP.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ SIZE_MAX = 65536
 #: Bytes of one ext4 block left for the entries (less its header and end mark).
 SPACE = 4096 - 32 - 4
 STORED_PREFIXES = (b"user.", b"trusted.", b"security.")
+ACL_NAMES = (b"system.posix_acl_access", b"system.posix_acl_default")
 
 
 def _cost(name: bytes, value: bytes) -> int:
@@ -38,7 +41,7 @@ def check_name(name: bytes) -> None:
     """ERANGE for an empty or too long name, EOPNOTSUPP for a namespace not kept here."""
     if not name or len(name) > NAME_MAX:
         raise FsError(errno.ERANGE, f"an extended attribute name of {len(name)} bytes", quiet=True)
-    if not name.startswith(STORED_PREFIXES):
+    if not name.startswith(STORED_PREFIXES) and name not in ACL_NAMES:
         raise FsError(errno.EOPNOTSUPP, f"extended attribute {name!r}: namespace not kept", quiet=True)
 
 

@@ -68,6 +68,7 @@ BATCH_FORGET = 42
 READDIRPLUS = 44
 FALLOCATE = 43
 RENAME2 = 45
+LSEEK = 46
 
 # INIT flags (fuse_init_in.flags / fuse_init_out.flags).
 ASYNC_READ = 1 << 0
@@ -102,6 +103,12 @@ WANTED = (
     | DIRECT_IO_ALLOW_MMAP
     | DO_READDIRPLUS
 )
+# Asked for too when the mount checks permissions (default_permissions): the kernel enforces
+# POSIX ACLs, which zarrfs keeps as xattrs (zarrfs.fs.acl), and leaves the umask to zarrfs
+# (DONT_MASK: a folder's default ACL replaces it), which then comes in CREATE, MKNOD, MKDIR.
+DONT_MASK = 1 << 6
+POSIX_ACL = 1 << 20
+ACL_FLAGS = POSIX_ACL | DONT_MASK
 # Asked for too when the mount keeps locks in the database: the kernel then sends fcntl record
 # locks (GETLK/SETLK/SETLKW) and flock (SETLK/SETLKW with LK_FLOCK) instead of keeping them.
 POSIX_LOCKS = 1 << 1
@@ -177,6 +184,8 @@ READ_IN = struct.Struct("<QQIIQII")
 WRITE_IN = struct.Struct("<QQIIQII")
 FSYNC_IN = struct.Struct("<QII")
 FALLOCATE_IN = struct.Struct("<QQQII")  # fh, offset, length, mode
+LSEEK_IN = struct.Struct("<QQII")  # fh, offset, whence, padding
+LSEEK_REPLY = struct.Struct("<IiQ" + "Q")  # header, fuse_lseek_out (offset)
 SETXATTR_IN = struct.Struct("<II")  # value size, flags; then the name, its NUL, the value
 GETXATTR_IN = struct.Struct("<II")  # size the caller takes (0: only ask it), padding
 GETXATTR_OUT = struct.Struct("<IiQII")  # the reply header, then the size, padding
@@ -260,6 +269,7 @@ OPCODES: dict[int, Opcode] = {
     BATCH_FORGET: Opcode("batch_forget", BATCH_FORGET_IN.size, answered=False),  # and the list
     RENAME2: Opcode("rename2", RENAME2_IN.size, 2),
     FALLOCATE: Opcode("fallocate", FALLOCATE_IN.size),
+    LSEEK: Opcode("lseek", LSEEK_IN.size),  # the kernel sends only SEEK_DATA and SEEK_HOLE
     SETXATTR: Opcode("setxattr", SETXATTR_IN.size, 1),
     GETXATTR: Opcode("getxattr", GETXATTR_IN.size, 1),
     LISTXATTR: Opcode("listxattr", GETXATTR_IN.size),
@@ -269,7 +279,7 @@ OPCODES: dict[int, Opcode] = {
 UNSERVED_NAMES = {
     21: "setxattr", 22: "getxattr", 23: "listxattr",
     24: "removexattr", 34: "access", 37: "bmap", 39: "ioctl", 40: "poll", 41: "notify_reply",
-    44: "readdirplus", 46: "lseek", 47: "copy_file_range", 48: "setupmapping", 49: "removemapping",
+    44: "readdirplus", 47: "copy_file_range", 48: "setupmapping", 49: "removemapping",
     50: "syncfs", 51: "tmpfile", 52: "statx",
 }
 OPCODE_NAMES = {**UNSERVED_NAMES, **{code: op.name for code, op in OPCODES.items()}}

@@ -17,7 +17,18 @@ import os
 import struct
 from collections.abc import Callable
 
-from zarrfs.fs.api import DIR, NOW, RENAME_EXCHANGE, FsError, Node, Operations, PageCache, Stored, key_text
+from zarrfs.fs.api import (
+    DIR,
+    NOW,
+    RENAME_EXCHANGE,
+    FsError,
+    Node,
+    Operations,
+    PageCache,
+    Stored,
+    key_text,
+    stored_blocks,
+)
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.abi import Header
 from zarrfs.fuse.dirreq import DirRequests
@@ -62,6 +73,7 @@ class Session(Dispatcher):
         attr_timeout: float = 1.0,
         negative_timeout: float = 1.0,
         on_init: Callable[[], None] | None = None,
+        acl: bool = False,
     ) -> None:
         self.ops = ops
         self.inodes = InodeTable(DIR)
@@ -71,6 +83,8 @@ class Session(Dispatcher):
         self.attr_valid = k.split_time(attr_timeout)
         self.negative_valid = k.split_time(negative_timeout)
         self.on_init = on_init
+        self.acl_wanted = acl  # POSIX ACLs enforced by the kernel (default_permissions)
+        self._umask = False  # whether CREATE, MKNOD and MKDIR leave the umask to zarrfs
         self.initialized = False
         self.agreed: Agreed | None = None  # the protocol version and features INIT settled
         self._inval_ok = self._store_ok = self._direct_ok = False  # what the agreed version has
@@ -158,7 +172,7 @@ class Session(Dispatcher):
         return (
             nodeid,
             size,
-            (size + 511) // 512,
+            stored_blocks(node),
             at,
             mt,
             ct,
@@ -199,7 +213,7 @@ class Session(Dispatcher):
     # ------------------------------------------------------------------ session
     def _init(self, head: Header, buf: memoryview) -> None:
         try:
-            wanted = k.WANTED | self.locks.flags
+            wanted = k.WANTED | self.locks.flags | (k.ACL_FLAGS if self.acl_wanted else 0)
             agreed, reply = negotiate(buf[k.IN_HEADER_SIZE : head.len], head.unique, MAX_WRITE, wanted)
         except Refused as exc:
             log.error("%s", exc)
@@ -210,6 +224,8 @@ class Session(Dispatcher):
         self.agreed = agreed
         self._inval_ok, self._store_ok, self._direct_ok = agreed.inval, agreed.store, agreed.direct_io_mmap
         self.locks.inval_ok = agreed.inval
+        self._umask = bool(agreed.flags & k.DONT_MASK)
+        self.ops.acl = bool(agreed.flags & k.POSIX_ACL)
         self.initialized = True
         self.invalidator.start()
         if agreed.flags & k.LOCKS:
@@ -346,15 +362,15 @@ class Session(Dispatcher):
         self._reply_entry(head.unique, key)
 
     def _mknod(self, head: Header, buf: memoryview) -> None:
-        mode, rdev = k.MKNOD_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:2]
+        mode, rdev, umask = k.MKNOD_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
         key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE + k.MKNOD_IN.size, head.len))
-        self.ops.mknod(key, mode, rdev, head.uid, head.gid)
+        self.ops.mknod(key, mode, rdev, head.uid, head.gid, umask if self._umask else 0)
         self._reply_entry(head.unique, key)
 
     def _mkdir(self, head: Header, buf: memoryview) -> None:
-        mode = k.MKDIR_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]
+        mode, umask = k.MKDIR_IN.unpack_from(buf, k.IN_HEADER_SIZE)
         key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE + k.MKDIR_IN.size, head.len))
-        self.ops.mkdir(key, mode, head.uid, head.gid)
+        self.ops.mkdir(key, mode, head.uid, head.gid, umask if self._umask else 0)
         self._reply_entry(head.unique, key)
 
     def _unlink(self, head: Header, buf: memoryview) -> None:
@@ -406,9 +422,9 @@ class Session(Dispatcher):
 
     # ------------------------------------------------------------------ files
     def _create(self, head: Header, buf: memoryview) -> None:
-        flags, mode, _, _ = k.CREATE_IN.unpack_from(buf, k.IN_HEADER_SIZE)
+        flags, mode, umask, _ = k.CREATE_IN.unpack_from(buf, k.IN_HEADER_SIZE)
         key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE + k.CREATE_IN.size, head.len))
-        fh = self.ops.create(key, mode, flags, head.uid, head.gid)
+        fh = self.ops.create(key, mode, flags, head.uid, head.gid, umask if self._umask else 0)
         node = self.ops.find(key)
         if node is None:  # cannot happen: a created file shows at once
             self.ops.release(fh)
@@ -456,6 +472,13 @@ class Session(Dispatcher):
         fh, offset, length, mode = k.FALLOCATE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:4]
         self.ops.fallocate(fh, offset, length, mode)
         self._reply_ok(head.unique)
+
+    def _lseek(self, head: Header, buf: memoryview) -> None:
+        fh, offset, whence = k.LSEEK_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
+        if whence not in (os.SEEK_DATA, os.SEEK_HOLE):  # the kernel answers the others itself
+            raise FsError(errno.EINVAL, f"lseek whence {whence}", quiet=True)
+        at = self.ops.seek(fh, offset, whence)
+        self._send(k.LSEEK_REPLY.pack(k.LSEEK_REPLY.size, 0, head.unique, at))
 
     def _flush(self, head: Header, buf: memoryview) -> None:
         fh, _, _, lock_owner = k.FLUSH_IN.unpack_from(buf, k.IN_HEADER_SIZE)

@@ -39,7 +39,7 @@ from typing import Any
 from zarrfs.backends.base import KEYS, SIDE, SIZES, VALUES, Driver, Get
 from zarrfs.fs import parts
 from zarrfs.fs.errors import FsError
-from zarrfs.fs.manifest import MAGIC, MANIFEST_SIZE
+from zarrfs.fs.manifest import MAGIC, MANIFEST_SIZE, MAP_MAGIC
 from zarrfs.fs.names import key_text, name_bytes
 from zarrfs.fs.sidedata import attr_key
 from zarrfs.tools import xattrcopy
@@ -285,7 +285,7 @@ class _Database:
     def items(self) -> Iterator[tuple[str, Any]]:
         # A value a mount stored in parts (zarrfs.fs.parts) comes as a _Parted, read later.
         for key, value in database_items(self.driver):
-            if len(value) == MANIFEST_SIZE and value.startswith(MAGIC):
+            if len(value) == MANIFEST_SIZE and bytes(value[: len(MAGIC)]) in (MAGIC, MAP_MAGIC):
                 found = self.driver.transact(lambda t, k=key, v=value: parts.current(t, k, v), write=False)
                 if found is not None:
                     yield key, _Parted(self.driver, found)

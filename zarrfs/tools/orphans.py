@@ -5,9 +5,11 @@ makes them its content, and deletes a replaced version's parts after the commit 
 it. A crash (or a failed deletion) in between leaves parts that no file references: orphans.
 They hold space and nothing else; nothing reads them. Here they are found, by listing the
 manifests the files' attribute records name (kept only where the data key holds the same
-manifest) and the version ids of the parts, and on ``repair`` deleted, one part per
-transaction. Missing parts of a referenced version (a file that cannot be read whole) are
-reported too.
+manifest), the part keys they reference (a mapped version's map names, per part, the version
+whose key holds it: a part a later version took over is referenced by that one, whatever its
+id), and the part keys stored; on ``repair`` the keys no version references are deleted, one
+per transaction. Missing parts of a referenced version (a file that cannot be read whole)
+are reported too.
 
 A mount writing a large file at the same time has parts that no file references yet: repair
 when no mount writes (a commit whose parts were deleted under it fails with EIO; nothing is
@@ -59,33 +61,51 @@ def _side(driver: Any, prefix: str, fetch: str, space: Any = SIDE) -> Iterator[t
 
 
 def referenced(driver: Any) -> dict[str, tuple[str, Parted]]:
-    """Version id -> (a key, its manifest) of every file stored in parts."""
+    """Version id -> (a key, its manifest, with its map when it is there) of every file stored
+    in parts."""
     found: dict[str, tuple[str, Parted]] = {}
     for side_key, raw in _side(driver, ATTR, VALUES):
         parted = parts.parted_of(raw)
         if parted is None:
             continue
         key = side_key[len(ATTR) :]
-        if driver.get(key) == parted.manifest():
-            found.setdefault(parted.id, (key, parted))
+        if parted.id not in found and driver.get(key) == parted.manifest():
+            if parted.mapped:
+                raw_map = driver.get(parted.map_key, PARTS)
+                if raw_map is not None and len(raw_map) == 16 * parted.count:
+                    parted = parted.with_map(raw_map)
+            found[parted.id] = (key, parted)
     return found
+
+
+def _wanted(parted: Parted) -> list[str]:
+    """The part keys (and map) a version references; only its map when the map is missing."""
+    if parted.mapped and parted.entries is None:
+        return [parted.map_key]
+    return parted.keys() + ([parted.map_key] if parted.mapped else [])
 
 
 def find_orphans(driver: Any, repair: bool = False) -> Found:
     """Scan for orphan parts (and missing ones); with ``repair``, delete the orphans."""
     used = referenced(driver)
-    counts: dict[str, list[str]] = {}
+    wanted: set[str] = set()
+    for _, parted in used.values():
+        wanted.update(_wanted(parted))
+    stored: set[str] = set()
+    loose: dict[str, list[str]] = {}
     found = Found()
     for side_key, _ in _side(driver, PART, KEYS, PARTS):
         ident = id_of_part(side_key)
-        if ident is not None:
-            counts.setdefault(ident, []).append(side_key)
-            found.parts += 1
-    for ident, keys in sorted(counts.items()):
-        if ident not in used:
-            found.orphans.append(Orphan(ident, keys))
+        if ident is None:
+            continue
+        stored.add(side_key)
+        found.parts += 1
+        if side_key not in wanted:
+            loose.setdefault(ident, []).append(side_key)
+    for ident, keys in sorted(loose.items()):
+        found.orphans.append(Orphan(ident, keys))
     for ident, (key, parted) in sorted(used.items()):
-        if len(counts.get(ident, ())) < parted.count:
+        if any(k not in stored for k in _wanted(parted)):
             found.missing.append((key, ident))
     if repair:
         for orphan in found.orphans:
