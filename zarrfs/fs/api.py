@@ -93,7 +93,7 @@ class Operations:
             def granted(request: int, code: int) -> None:
                 waited = self._waiting.pop(request, None)
                 if code == 0 and waited is not None:
-                    self.handles.locked(*waited)
+                    self.handles.locking.locked(*waited)
                 answer(request, code)
 
             self._waiters = Waiters(self.locks, granted)
@@ -118,12 +118,12 @@ class Operations:
         assert self.locks is not None
         args = (key, owner, start, end, type, pid, flock)
         if type != WRLCK:
-            self.handles.commit_key(key, fh)
+            self.handles.locking.commit_key(key, fh)
         if type != UNLCK:
             self._lockers.setdefault(fh, set()).add((key, owner))
         if self.locks.set(*args):
             if type != UNLCK:
-                self.handles.locked(key, fh)
+                self.handles.locking.locked(key, fh)
             return True
         if wait is None or self._waiters is None:
             return False
@@ -146,7 +146,7 @@ class Operations:
         for key, who in list(pairs):
             if owner is None or who == owner:
                 try:
-                    self.handles.commit_key(key, fh)
+                    self.handles.locking.commit_key(key, fh)
                 except Exception as exc:  # the close reports it (flush); the lock goes anyway
                     log.error("commit of %s at its unlock failed: %s", key, exc)
                 self.locks.release(key, who, None if owner is None else False)
@@ -185,7 +185,7 @@ class Operations:
     def set_attrs(self, key: str, **changes: int | str | None) -> None:
         """Change mode, owner or times (``None`` leaves one as it is, :data:`NOW` is now); a
         ``chmod`` changes the access ACL too (see :mod:`zarrfs.fs.acl`)."""
-        if not self.handles.set_attrs(key, **self._times(changes)):
+        if not self.handles.names.set_attrs(key, **self._times(changes)):
             self.tree.set_attrs(key, **changes)
             mode = changes.get("mode")
             if self.acl and isinstance(mode, int):
@@ -247,7 +247,7 @@ class Operations:
     def set_open_attrs(self, fh: int, **changes: int | str | None) -> None:
         """:meth:`set_attrs` of the file open as ``fh``: ``fchmod``, ``fchown``, ``futimens``
         of a file whose name may be gone (then only its descriptors see the change)."""
-        if not self.handles.set_open_attrs(fh, self._times(changes)):
+        if not self.handles.names.set_open_attrs(fh, self._times(changes)):
             self.set_attrs(self.handles.handles[fh].state.key, **changes)
 
     def truncate(self, key: str, length: int, fh: int | None = None) -> None:
@@ -322,7 +322,7 @@ class Operations:
     # ------------------------------------------------------------------ names
     def unlink(self, key: str) -> None:
         """Remove a file or symlink (open descriptors keep what they hold)."""
-        if not self.handles.unlinked(key):
+        if not self.handles.names.unlinked(key):
             self.tree.unlink(key)
 
     def rename(self, src: str, dst: str, flags: int = 0) -> Stored | None:
@@ -332,14 +332,14 @@ class Operations:
         check_rename_flags(src, flags)
         if self.handles.unstored(src) is not None and not flags & RENAME_EXCHANGE:
             return self.handles.store_as(src, dst, exclusive=bool(flags & RENAME_NOREPLACE))
-        self.handles.settle(src)
+        self.handles.names.settle(src)
         if flags & RENAME_EXCHANGE or self.handles.unstored_names(dst):
-            self.handles.settle(dst)  # a folder holding an unstored file is not empty
+            self.handles.names.settle(dst)  # a folder holding an unstored file is not empty
         if not flags & RENAME_EXCHANGE:
-            self.handles.replacing(dst)
+            self.handles.names.replacing(dst)
         if not self.tree.rename(src, dst, flags):
             return None  # two names of one file: nothing moved
-        self.handles.renamed(src, dst, exchange=bool(flags & RENAME_EXCHANGE))
+        self.handles.names.renamed(src, dst, exchange=bool(flags & RENAME_EXCHANGE))
         if self.locks is not None and not flags & RENAME_EXCHANGE and src in self.locks.keys:
             self.locks.renamed(src, dst)  # locks belong to the open file, whatever its name
             for pairs in self._lockers.values():
@@ -351,9 +351,9 @@ class Operations:
     def link(self, src: str, dst: str) -> None:
         """A hard link: ``dst`` becomes another name of the file ``src`` (its pending content
         is stored first); EEXIST when ``dst`` exists."""
-        self.handles.settle(src)
+        self.handles.names.settle(src)
         self.tree.link(src, dst)
-        self.handles.linked(src, dst)
+        self.handles.names.linked(src, dst)
 
     def symlink(self, target: str, key: str, uid: int, gid: int) -> None:
         """Make a symlink at ``key`` pointing to ``target``."""
@@ -387,7 +387,7 @@ class Operations:
         :mod:`zarrfs.fs.xattrs`; POSIX ACLs: :mod:`zarrfs.fs.acl`); an open file's pending
         content is stored first."""
         if key in self.handles.states:
-            self.handles.settle(key)
+            self.handles.names.settle(key)
         if name in acl.NAMES:
             self._set_acl(key, name, value, flags)
             return
@@ -400,7 +400,7 @@ class Operations:
         mode, access, _ = self.made_mode(key, mode, umask, False)
         fh = self.handles.create(key, mode | stat.S_IFREG, flags, uid, gid)
         if access is not None:
-            self.handles.settle(key)
+            self.handles.names.settle(key)
             self._give_acls(key, access, None)
         return fh
 

@@ -12,9 +12,9 @@ A commit lays what this mount changed (:class:`zarrfs.fs.extents.Extents`) on th
 version, read in the commit's transaction, so it never drops what another mount committed since
 this one read the file, outside the ranges written here; a file rewritten from empty is stored
 as it is, with no read. Locks bring files up to date (NFS's lock consistency): when one is
-granted, :meth:`HandleTable.locked` marks the file, and the next call that reads, writes or
-shows it first lays its pending changes on the newest version (:meth:`HandleTable._fresh`);
-before one is released, :meth:`HandleTable.commit_key` commits it.
+granted, :meth:`LockedFiles.locked` marks the file, and the next call that reads, writes or
+shows it first lays its pending changes on the newest version (:meth:`LockedFiles.fresh`);
+before one is released, :meth:`LockedFiles.commit_key` commits it.
 
 Temporary files (``*.partial`` from zarr-python, ``*.__lock`` from tensorstore, written and
 then renamed onto a key) are not
@@ -37,10 +37,10 @@ from typing import Any
 from zarrfs.fs import parts
 from zarrfs.fs.entries import inherit_group
 from zarrfs.fs.errors import FsError
-from zarrfs.fs.filestate import FileState, Handle
-from zarrfs.fs.handlelocks import LockedFiles
-from zarrfs.fs.handlenames import SNAPSHOT_LIMIT, OpenNames
+from zarrfs.fs.lockedfiles import LockedFiles
 from zarrfs.fs.node import stamp_of
+from zarrfs.fs.openfiles import FileState, Handle, OpenFiles
+from zarrfs.fs.opennames import SNAPSHOT_LIMIT, OpenNames
 from zarrfs.fs.pagecache import Stored, last_page
 from zarrfs.fs.sidedata import Attrs
 from zarrfs.fs.spill import DEFAULT_SPILL, SpillBuffer
@@ -64,8 +64,10 @@ def is_deferrable(key: str) -> bool:
     return key.endswith((".partial", ".__lock"))
 
 
-class HandleTable(OpenNames, LockedFiles):
-    """All open files of a mount (what namespace changes do to them: :class:`OpenNames`)."""
+class HandleTable:
+    """All open files of a mount: the table of them (:attr:`files`), what namespace changes do
+    to them (:attr:`names`, :class:`OpenNames`) and what locks do (:attr:`locking`,
+    :class:`LockedFiles`); opens, reads, writes and commits here."""
 
     def __init__(
         self,
@@ -78,31 +80,18 @@ class HandleTable(OpenNames, LockedFiles):
         self.parting = parts.Parting(tree, parts_above)  # large files are stored in parts
         self.spill_threshold = spill_threshold
         self.readonly = readonly
-        self.states: dict[str, FileState] = {}
-        self.handles: dict[int, Handle] = {}
-        self.deferred: dict[str, FileState] = {}  # closed, unstored temporary files, oldest first
-        self._next_fh = 1
-
-    # ------------------------------------------------------------------ bookkeeping
-    def _add(self, state: FileState, flags: int) -> int:
-        fh = self._next_fh
-        self._next_fh += 1
-        self.handles[fh] = Handle(state, flags)
-        state.handles.add(fh)
-        self.states[state.key] = state
-        return fh
-
-    def _handle(self, fh: int) -> Handle:
-        try:
-            return self.handles[fh]
-        except KeyError:
-            raise FsError(errno.EBADF, str(fh)) from None
+        self.files = OpenFiles()
+        self.states: dict[str, FileState] = self.files.states
+        self.handles: dict[int, Handle] = self.files.handles
+        self.deferred: dict[str, FileState] = self.files.deferred
+        self.names = OpenNames(self.files, tree, self.commit)
+        self.locking = LockedFiles(self.files, tree, self.parting, spill_threshold, self.commit)
 
     def pending(self, key: str) -> Node | None:
         """The node an open, changed file shows (its pending size and attributes), if any."""
         state = self.states.get(key)
         if state is not None and state.stale:
-            self._fresh(state)
+            self.locking.fresh(state)
         if state is None or not (state.dirty or state.created):
             return None
         if state.linked and (stored := self.tree.find(key)) is not None:  # its names, as stored
@@ -111,7 +100,7 @@ class HandleTable(OpenNames, LockedFiles):
 
     def open_node(self, fh: int) -> Node | None:
         """The node an open file shows, found by its handle (its name may be gone)."""
-        state = self._fresh(self._handle(fh).state)
+        state = self.locking.fresh(self.files.handle(fh).state)
         if not state.orphan:
             return self.pending(state.key) or self.tree.find(state.key)
         return self._shown(state)
@@ -139,7 +128,7 @@ class HandleTable(OpenNames, LockedFiles):
         # The kernel looked the name up just before, so there is no need to ask again.
         state = self.states.get(key) or self._state_of_names(key, linked)
         if state.stale:
-            self._fresh(state)
+            self.locking.fresh(state)
         # A held temporary file opened again is no longer only held: it is held again, or
         # stored, when its last descriptor closes.
         self.deferred.pop(key, None)
@@ -158,7 +147,7 @@ class HandleTable(OpenNames, LockedFiles):
                     state.snapshot, value = value, None
             if value is not None:  # the descriptors read what they took earlier
                 value.release()
-        fh = self._add(state, flags)
+        fh = self.files.add(state, flags)
         self.handles[fh].seen = seen
         if truncating:
             self._ensure_buffer(state, empty=True)
@@ -173,21 +162,6 @@ class HandleTable(OpenNames, LockedFiles):
         for name in names:
             self.states.setdefault(name, state)
         return state
-
-    def _names_of(self, state: FileState) -> list[str]:
-        """The keys under which the table holds ``state``."""
-        if not state.linked:
-            return [state.key] if self.states.get(state.key) is state else []
-        return [k for k, s in self.states.items() if s is state]
-
-    def _drop_name(self, key: str) -> None:
-        """Name ``key`` is gone: its open file keeps its other names, or is orphaned."""
-        state = self.states.pop(key, None)
-        others = self._names_of(state) if state is not None and state.linked else []
-        if others:
-            state.key = others[0] if state.key == key else state.key
-        elif state is not None:
-            state.orphan = True
 
     def create(self, key: str, mode: int, flags: int, uid: int, gid: int) -> int:
         """Create a new file, visible through this mount at once and stored at its first commit."""
@@ -208,7 +182,7 @@ class HandleTable(OpenNames, LockedFiles):
             created=True,
             born=now,
         )
-        return self._add(state, flags)
+        return self.files.add(state, flags)
 
     # ------------------------------------------------------------------ data
     def _ensure_buffer(self, state: FileState, empty: bool = False) -> SpillBuffer:
@@ -221,7 +195,7 @@ class HandleTable(OpenNames, LockedFiles):
                 state.buffer = SpillBuffer(state.snapshot, self.spill_threshold)
                 state.base = state.version
             else:
-                state.buffer, state.base = self._newest(state.key)
+                state.buffer, state.base = self.locking.newest(state.key)
             state.snapshot = None
             if self.tree.hooks_transform:
                 state.base = None  # shown bytes are not stored bytes: nothing to lay them on
@@ -248,7 +222,7 @@ class HandleTable(OpenNames, LockedFiles):
         """What an open found in the database (None when it had pending content here), and
         whether the descriptor must read outside the kernel's page cache (another version's
         descriptors are open)."""
-        handle = self._handle(fh)
+        handle = self.files.handle(fh)
         return handle.seen, handle.state.private
 
     def read(self, fh: int, size: int, offset: int) -> bytes | memoryview:
@@ -258,7 +232,7 @@ class HandleTable(OpenNames, LockedFiles):
         the version, which fails with ESTALE when the file was replaced since: a descriptor
         never reads parts of two versions. Returns a view where it can (no copy), valid until
         the file next changes."""
-        state = self._fresh(self._handle(fh).state)
+        state = self.locking.fresh(self.files.handle(fh).state)
         if state.buffer is not None:
             return state.buffer.read(offset, size)
         version = state.version
@@ -280,10 +254,10 @@ class HandleTable(OpenNames, LockedFiles):
     def write(self, fh: int, data: bytes | memoryview, offset: int) -> int:
         """Buffer a write at ``offset`` (``data`` is copied: it may be the session's receive
         buffer)."""
-        handle = self._handle(fh)
+        handle = self.files.handle(fh)
         if not handle.writable:
             raise FsError(errno.EBADF, handle.state.key)
-        state = self._fresh(handle.state)
+        state = self.locking.fresh(handle.state)
         buffer = self._ensure_buffer(state)
         append = bool(handle.flags & os.O_APPEND)
         if append:
@@ -299,14 +273,14 @@ class HandleTable(OpenNames, LockedFiles):
         (and grows the file to its end unless ``KEEP_SIZE``); each is stored at the next
         commit like a write. A key/value store reserves no space: ``KEEP_SIZE`` alone, and
         any other mode, is EOPNOTSUPP."""
-        handle = self._handle(fh)
+        handle = self.files.handle(fh)
         if mode not in _FALLOCATE_MODES:
             raise FsError(errno.EOPNOTSUPP, f"{handle.state.key}: fallocate mode {mode:#x}")
         if not handle.writable:
             raise FsError(errno.EBADF, handle.state.key)
         if offset < 0 or length <= 0:
             raise FsError(errno.EINVAL, f"{handle.state.key}: fallocate {offset}+{length}")
-        state = self._fresh(handle.state)
+        state = self.locking.fresh(handle.state)
         buffer = self._ensure_buffer(state)
         if mode == 0:
             if buffer.size < offset + length:
@@ -325,7 +299,7 @@ class HandleTable(OpenNames, LockedFiles):
         in a hole. Holes are the parts of a file stored in parts that are not stored (and
         holes of a buffer's temporary file); any other file is one extent of data. ENXIO
         from the end of the file on."""
-        state = self._fresh(self._handle(fh).state)
+        state = self.locking.fresh(self.files.handle(fh).state)
         if state.buffer is not None:
             size = state.buffer.size
             ranges = state.buffer.data_ranges()
@@ -353,25 +327,25 @@ class HandleTable(OpenNames, LockedFiles):
         """Cut or extend a file; an unopened file is changed in its own transaction."""
         if self.readonly:
             raise FsError(errno.EROFS, key)
-        state = self._handle(fh).state if fh is not None else self.states.get(key)
+        state = self.files.handle(fh).state if fh is not None else self.states.get(key)
         if state is None:
             state = FileState(key, linked=bool(self.tree.link_names(key)))
             try:
                 self._ensure_buffer(state, empty=length == 0)
                 self._truncated(state, length)
                 self._touch(state)
-                self._commit(state)
+                self.commit(state)
             finally:
                 state.buffer.close() if state.buffer else None
             return
-        self._ensure_buffer(self._fresh(state), empty=length == 0)
+        self._ensure_buffer(self.locking.fresh(state), empty=length == 0)
         self._truncated(state, length)
         self._touch(state)
         if fh is None:  # truncate(2) by name is a change of its own, as of a file not open
-            self._commit(state)
+            self.commit(state)
 
     # ------------------------------------------------------------------ commit
-    def _commit(self, state: FileState) -> Stored | None:
+    def commit(self, state: FileState) -> Stored | None:
         """Store a changed file; what was stored, or None when nothing was."""
         if not state.dirty or state.orphan:
             return None
@@ -416,7 +390,7 @@ class HandleTable(OpenNames, LockedFiles):
     def flush(self, fh: int) -> Stored | None:
         """Commit the file's pending content (called at every close); a new temporary file
         waits for its rename. Returns what was stored, if anything was."""
-        handle = self._handle(fh)
+        handle = self.files.handle(fh)
         state = handle.state
         if not handle.writable:
             return None  # a reader's close publishes nothing, not even another's writes
@@ -425,11 +399,11 @@ class HandleTable(OpenNames, LockedFiles):
             # release: a shell's ``> file`` closes a duplicate descriptor before writing, and an
             # empty .zarray committed then would be refused for nothing.
             return None
-        return self._commit(state)
+        return self.commit(state)
 
     def fsync(self, fh: int) -> Stored | None:
         """Commit (a temporary file too), then make it durable (any descriptor may ask)."""
-        stored = self._commit(self._handle(fh).state)
+        stored = self.commit(self.files.handle(fh).state)
         self.tree.driver.sync()
         return stored
 
@@ -448,7 +422,7 @@ class HandleTable(OpenNames, LockedFiles):
         try:
             if not state.failed:
                 writes = handle.writable or (state.created and not state.handles)
-                stored = (self._commit(state) if writes else None) or state.stored
+                stored = (self.commit(state) if writes else None) or state.stored
                 if stored is not None and not state.handles and not state.orphan and state.buffer:
                     return stored._replace(tail=last_page(state.buffer))
                 return stored
@@ -456,7 +430,7 @@ class HandleTable(OpenNames, LockedFiles):
             log.error("commit of %s at release failed: %s", state.key, exc)
         finally:
             if not state.handles:
-                self._forget(state)
+                self.files.forget(state)
         return None
 
     def _defer(self, state: FileState) -> None:
@@ -472,25 +446,16 @@ class HandleTable(OpenNames, LockedFiles):
     def _store_deferred(self, state: FileState) -> None:
         self.deferred.pop(state.key, None)
         try:
-            self._commit(state)
+            self.commit(state)
         except Exception as exc:
             log.error("commit of %s failed: %s", state.key, exc)
-        self._forget(state)
-
-    def _forget(self, state: FileState) -> None:
-        if state.buffer is not None:
-            state.buffer.close()
-        state.snapshot = None  # a value held in place lets its transaction go
-        for name in self._names_of(state):
-            del self.states[name]
-        if self.deferred.get(state.key) is state:
-            del self.deferred[state.key]
+        self.files.forget(state)
 
     def commit_all(self) -> None:
         """Commit every open, changed file and every held temporary file (unmount, SIGTERM)."""
         for state in list(self.states.values()):
             try:
-                self._commit(state)
+                self.commit(state)
             except Exception as exc:
                 log.error("commit of %s at shutdown failed: %s", state.key, exc)
         self.deferred.clear()
@@ -542,7 +507,7 @@ class HandleTable(OpenNames, LockedFiles):
         state.stored = stored
         if not state.handles:
             stored = stored._replace(tail=last_page(state.buffer))
-        self._drop_name(dst)
+        self.files.drop_name(dst)
         del self.states[src]
         self.deferred.pop(src, None)
         state.key = dst
@@ -550,5 +515,5 @@ class HandleTable(OpenNames, LockedFiles):
         if state.handles:
             self.states[dst] = state
         else:
-            self._forget(state)
+            self.files.forget(state)
         return stored

@@ -1,14 +1,17 @@
-"""What the open-file table (:mod:`zarrfs.fs.handles`) keeps: one :class:`FileState` per open
-file, shared by its descriptors (:class:`Handle`) and, for a file with hard links, by its
-names. What a commit stored is a :class:`zarrfs.fs.pagecache.Stored`."""
+"""The table of a mount's open files, :class:`OpenFiles`: one :class:`FileState` per open file,
+shared by its descriptors (:class:`Handle`) and, for a file with hard links, by its names, and
+the closed temporary files held for a rename. What each part of
+:class:`zarrfs.fs.handles.HandleTable` reads and changes."""
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from zarrfs.backends.heldvalues import Held
+from zarrfs.fs.errors import FsError
 from zarrfs.fs.extents import Extents
 from zarrfs.fs.node import Node
 from zarrfs.fs.pagecache import Stored
@@ -77,3 +80,56 @@ class Handle:
     def writable(self) -> bool:
         """Whether it was opened for writing."""
         return (self.flags & os.O_ACCMODE) != os.O_RDONLY
+
+
+class OpenFiles:
+    """The states of the keys open here (``states``: the key of each name of a file with hard
+    links maps to one state), the descriptors (``handles``, by file handle) and the closed,
+    unstored temporary files (``deferred``, oldest first)."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, FileState] = {}
+        self.handles: dict[int, Handle] = {}
+        self.deferred: dict[str, FileState] = {}
+        self._next_fh = 1
+
+    def add(self, state: FileState, flags: int) -> int:
+        """A new descriptor of ``state``, opened with ``flags``: its file handle."""
+        fh = self._next_fh
+        self._next_fh += 1
+        self.handles[fh] = Handle(state, flags)
+        state.handles.add(fh)
+        self.states[state.key] = state
+        return fh
+
+    def handle(self, fh: int) -> Handle:
+        """The descriptor ``fh`` (EBADF when there is none)."""
+        try:
+            return self.handles[fh]
+        except KeyError:
+            raise FsError(errno.EBADF, str(fh)) from None
+
+    def names_of(self, state: FileState) -> list[str]:
+        """The keys under which the table holds ``state``."""
+        if not state.linked:
+            return [state.key] if self.states.get(state.key) is state else []
+        return [k for k, s in self.states.items() if s is state]
+
+    def drop_name(self, key: str) -> None:
+        """Name ``key`` is gone: its open file keeps its other names, or is orphaned."""
+        state = self.states.pop(key, None)
+        others = self.names_of(state) if state is not None and state.linked else []
+        if others:
+            state.key = others[0] if state.key == key else state.key
+        elif state is not None:
+            state.orphan = True
+
+    def forget(self, state: FileState) -> None:
+        """Let go of ``state``: its buffer, the value it held, its names here."""
+        if state.buffer is not None:
+            state.buffer.close()
+        state.snapshot = None  # a value held in place lets its transaction go
+        for name in self.names_of(state):
+            del self.states[name]
+        if self.deferred.get(state.key) is state:
+            del self.deferred[state.key]

@@ -1,36 +1,47 @@
 """Open files and locks (NFS's lock consistency): a granted lock brings an open file up to
 date, an unlock commits it first; and reading a file's newest stored version into a buffer.
 
-:class:`LockedFiles` is the part of :class:`zarrfs.fs.handles.HandleTable` that does it.
+:class:`LockedFiles` does it for :class:`zarrfs.fs.handles.HandleTable`, over its table of
+open files.
 """
 
 from __future__ import annotations
 
 import errno
-from typing import Any
+from collections.abc import Callable
 
 from zarrfs.fs import parts
 from zarrfs.fs.errors import FsError
-from zarrfs.fs.filestate import FileState
-from zarrfs.fs.handlenames import SNAPSHOT_LIMIT
 from zarrfs.fs.node import FILE, stamp_of
+from zarrfs.fs.openfiles import FileState, OpenFiles
+from zarrfs.fs.opennames import SNAPSHOT_LIMIT
 from zarrfs.fs.pagecache import Stored
 from zarrfs.fs.spill import SpillBuffer
+from zarrfs.fs.tree import Tree
 
 
 class LockedFiles:
-    """Locks and the newest version, for :class:`zarrfs.fs.handles.HandleTable` (which
-    provides ``tree``, ``states``, ``handles``, ``spill_threshold`` and the helpers used here)."""
+    """Locks and the newest version: ``files`` is the table of open files, ``tree`` the
+    filesystem, ``parting`` how parted files are read, ``spill_threshold`` the size past which
+    a buffer goes to disk, ``commit(state)`` stores a file's pending content."""
 
-    tree: Any
-    parting: Any
-    states: dict[str, Any]
-    handles: dict[int, Any]
-    spill_threshold: int
-    _commit: Any
-    _forget: Any
+    def __init__(
+        self,
+        files: OpenFiles,
+        tree: Tree,
+        parting: parts.Parting,
+        spill_threshold: int,
+        commit: Callable[[FileState], Stored | None],
+    ) -> None:
+        self.files = files
+        self.states = files.states
+        self.handles = files.handles
+        self.tree = tree
+        self.parting = parting
+        self.spill_threshold = spill_threshold
+        self.commit = commit
 
-    def _newest(self, key: str) -> tuple[SpillBuffer, tuple[int, int] | None]:
+    def newest(self, key: str) -> tuple[SpillBuffer, tuple[int, int] | None]:
         """A buffer holding the newest stored version of ``key``, and that version's stamp
         (None for a file read in pieces, or gone: a commit then stores the buffer as it is)."""
         node, value = self.tree.version(key, None, SNAPSHOT_LIMIT)
@@ -78,7 +89,7 @@ class LockedFiles:
             if state is not None:
                 state.stale = True
 
-    def _fresh(self, state: FileState) -> FileState:
+    def fresh(self, state: FileState) -> FileState:
         """Bring a file marked by :meth:`locked` up to date: its descriptors read, and write
         onto, the newest stored version, with this mount's pending changes laid on it."""
         if not state.stale:
@@ -100,7 +111,7 @@ class LockedFiles:
         if not state.dirty or state.changes.whole:
             if state.dirty:
                 return state  # the file is this mount's alone: nothing of others to read
-            buffer, base = self._newest(state.key)
+            buffer, base = self.newest(state.key)
         else:
             node, value = self.tree.version(state.key, None, SNAPSHOT_LIMIT)
             try:
@@ -129,12 +140,12 @@ class LockedFiles:
             return state
         keep, drop = (current, state) if current.dirty and not state.dirty else (state, current)
         if drop.dirty:
-            self._commit(drop)
+            self.commit(drop)
         for fh in drop.handles:
             self.handles[fh].state = keep
             keep.handles.add(fh)
         drop.handles.clear()
-        self._forget(drop)
+        self.files.forget(drop)
         self.states[keep.key] = keep
         keep.private = False  # the kernel's pages of the file were dropped with the lock
         keep.stale = True
@@ -146,6 +157,6 @@ class LockedFiles:
         state = self.handles[fh].state if fh in self.handles else self.states.get(key)
         if state is None or not state.dirty:
             return None
-        stored = self._commit(state)
+        stored = self.commit(state)
         self.tree.driver.sync()
         return stored

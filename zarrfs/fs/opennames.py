@@ -2,43 +2,46 @@
 first, open descriptors follow a rename, an unlinked file stays readable (and ``fstat``-able)
 through its descriptors, and attribute changes reach a file not stored yet.
 
-:class:`OpenNames` is the part of :class:`zarrfs.fs.handles.HandleTable` that does it.
+:class:`OpenNames` does it for :class:`zarrfs.fs.handles.HandleTable`, over its table of open
+files.
 """
 
 from __future__ import annotations
 
 import stat
 import time
+from collections.abc import Callable
 from typing import Any
 
 from zarrfs.fs.errors import FsError
+from zarrfs.fs.openfiles import FileState, OpenFiles
+from zarrfs.fs.pagecache import Stored
 from zarrfs.fs.sidedata import Attrs
+from zarrfs.fs.tree import Tree
 
 # Values larger than this are read by range instead of being held whole by an open handle.
 SNAPSHOT_LIMIT = 64 << 20
 
 
 class OpenNames:
-    """Open files across namespace changes, for :class:`zarrfs.fs.handles.HandleTable` (which
-    provides ``tree``, ``states``, ``deferred`` and the helpers used here)."""
+    """Open files across namespace changes: ``files`` is the table of open files, ``tree`` the
+    filesystem, ``commit(state)`` stores a file's pending content."""
 
-    tree: Any
-    states: dict[str, Any]
-    deferred: dict[str, Any]
-    _commit: Any
-    _forget: Any
-    _names_of: Any
-    _drop_name: Any
-    _handle: Any
+    def __init__(self, files: OpenFiles, tree: Tree, commit: Callable[[FileState], Stored | None]) -> None:
+        self.files = files
+        self.states = files.states
+        self.deferred = files.deferred
+        self.tree = tree
+        self.commit = commit
 
     def settle(self, key: str) -> None:
         """Commit pending content under ``key`` (the file or anything in the folder) before a
         rename or link moves it; a held temporary file stored so is held no more."""
         for k, state in list(self.states.items()):
             if k == key or k.startswith(key + "/"):
-                self._commit(state)
+                self.commit(state)
                 if self.deferred.get(k) is state and not state.handles:
-                    self._forget(state)
+                    self.files.forget(state)
 
     def linked(self, src: str, dst: str) -> None:
         """``dst`` is a hard link of ``src``: a file open under ``src`` is open under both."""
@@ -65,13 +68,13 @@ class OpenNames:
         """A rename is about to replace ``key``: a file open there keeps what it holds (unless
         it lives on under another name, a hard link)."""
         state = self.states.get(key)
-        if state is not None and not (state.linked and len(self._names_of(state)) > 1):
+        if state is not None and not (state.linked and len(self.files.names_of(state)) > 1):
             self._keep(state, key)
 
     def set_open_attrs(self, fh: int, changes: dict[str, int | None]) -> bool:
         """Apply mode/owner/times to the file open as ``fh`` when its name is gone (its
         descriptors see them; nothing is stored); False when it has a name."""
-        state = self._handle(fh).state
+        state = self.files.handle(fh).state
         if not state.orphan:
             return False
         if state.attrs is None:
@@ -112,14 +115,14 @@ class OpenNames:
         state = self.states.get(key)
         if state is None:
             return False
-        if state.linked and len(self._names_of(state)) > 1:
-            self._drop_name(key)  # the file lives on under its other names
+        if state.linked and len(self.files.names_of(state)) > 1:
+            self.files.drop_name(key)  # the file lives on under its other names
             return False
         self._keep(state, key)
         del self.states[key]
         state.orphan = True
         if self.deferred.pop(key, None) is not None and not state.handles:
-            self._forget(state)
+            self.files.forget(state)
         return state.created
 
     def renamed(self, src: str, dst: str, exchange: bool = False) -> None:
@@ -134,7 +137,7 @@ class OpenNames:
             for k, _ in under:
                 del self.states[k]
         if not exchange:
-            self._drop_name(dst)
+            self.files.drop_name(dst)
         for new_key, state in moved:
             state.key = new_key
             state.snapshot = None if state.buffer is None else state.snapshot
