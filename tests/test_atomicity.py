@@ -18,6 +18,7 @@ import asyncio
 import ctypes
 import errno
 import os
+import stat
 import subprocess
 import sys
 import threading
@@ -356,3 +357,65 @@ def test_observers_see_the_state_before_or_after(op, db_url, mount_factory):
             pytest.xfail(f"known: another mount's caches are invalidated key by key; {message}")
     finally:
         os.umask(old)
+
+
+# --- POSIX ACLs: a change of mode and ACL is one transaction ----------------------------------
+
+
+def _write_transactions(driver, run) -> int:
+    """How many write transactions ``run()`` makes on ``driver`` (each run of one counts)."""
+    count = 0
+    begin = driver._begin
+
+    def counting(write: bool):
+        nonlocal count
+        count += bool(write)
+        return begin(write)
+
+    driver._begin = counting
+    try:
+        run()
+    finally:
+        del driver._begin
+    return count
+
+
+def test_a_change_of_mode_and_acl_is_one_transaction(any_url):
+    """``setfacl`` (an access ACL sets the mode's permission bits), ``chmod`` of a node with
+    an access ACL (it changes the ACL), and a file or folder made in a folder with a default
+    ACL (it is made with its ACLs) each change the mode and the ACL in one transaction: no
+    crash or other mount can see one without the other."""
+    from zarrfs.fs import acl
+    from zarrfs.fs.api import Operations
+
+    driver = open_driver(any_url)
+    try:
+        tree = Tree(driver, uid=1000, gid=1000)
+        _populate(tree)
+        ops = Operations(tree, HandleTable(tree))
+        ops.acl = True  # as when the kernel enforces ACLs (FUSE_POSIX_ACL agreed)
+        entries = [
+            (acl.USER_OBJ, 6, 0),
+            (acl.USER, 4, 65534),
+            (acl.GROUP_OBJ, 4, 0),
+            (acl.MASK, 4, 0),
+            (acl.OTHER, 0, 0),
+        ]
+        value = acl.pack(entries)
+        assert _write_transactions(driver, lambda: ops.setxattr("d/f", acl.ACCESS, value)) == 1
+        assert stat.S_IMODE(tree.lookup("d/f").attrs.mode) == 0o640
+        assert _write_transactions(driver, lambda: ops.set_attrs("d/f", mode=0o600)) == 1
+        assert acl.parse(tree.xattrs("d/f")[acl.ACCESS]) == acl.chmod(entries, 0o600)
+        ops.setxattr("g", acl.DEFAULT, value)
+        assert _write_transactions(driver, lambda: ops.mkdir("g/sub", 0o755, 1000, 1000, 0o022)) == 1
+        made = tree.xattrs("g/sub")
+        assert set(made) == {acl.ACCESS, acl.DEFAULT}
+        assert stat.S_IMODE(tree.lookup("g/sub").attrs.mode) == acl.mode_bits(acl.parse(made[acl.ACCESS]))
+
+        def create() -> None:
+            ops.release(ops.create("g/new", 0o644, os.O_WRONLY, 1000, 1000, 0o022))
+
+        assert _write_transactions(driver, create) == 1
+        assert acl.ACCESS in tree.xattrs("g/new")
+    finally:
+        driver.close()

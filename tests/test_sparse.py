@@ -22,7 +22,7 @@ import sys
 import time
 
 import pytest
-from mounting import DRIVERS, make_url, needs_fuse, zarrfs
+from mounting import DRIVERS, make_url, needs_fuse, unavailable, zarrfs
 
 from zarrfs.backends import open_driver
 from zarrfs.backends.base import KEYS, SIDE
@@ -247,7 +247,7 @@ def _as_nobody(path) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("kind", DRIVERS)
 def test_an_acl_lets_a_user_in_and_a_second_mount_sees_it(kind, tmp_path, request, mount_factory):
     if shutil.which("setfacl") is None or os.geteuid() != 0:
-        pytest.skip("needs root and setfacl (apt-get install acl)")
+        unavailable("needs root and setfacl (apt-get install acl)")
     url = make_url(kind, tmp_path, request)
     m = mount_factory(url, ["create", "validate=off", "allow_other"])
     f = m.path / "secret"
@@ -294,7 +294,7 @@ def test_an_acl_lets_a_user_in_and_a_second_mount_sees_it(kind, tmp_path, reques
 
 def test_without_default_permissions_an_acl_is_refused(tmp_path, mount_factory):
     if shutil.which("setfacl") is None:
-        pytest.skip("needs setfacl (apt-get install acl)")
+        unavailable("needs setfacl (apt-get install acl)")
     m = mount_factory(f"lmdb://{tmp_path}/db", ["create", "validate=off"])
     (m.path / "f").write_text("x")
     done = subprocess.run(["setfacl", "-m", "u:nobody:r", str(m.path / "f")], capture_output=True, text=True)

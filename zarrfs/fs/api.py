@@ -30,6 +30,7 @@ from zarrfs.fs.listing import DirListing
 from zarrfs.fs.locks import UNLCK, WRLCK, Lock, LockTable, Waiters
 from zarrfs.fs.names import NAME_MAX, key_text, name_bytes
 from zarrfs.fs.pagecache import DIRECT_ABOVE, PageCache, Pages
+from zarrfs.fs.sidedata import pack_xattrs
 from zarrfs.fs.tree import (
     DIR,
     FILE,
@@ -184,65 +185,33 @@ class Operations:
 
     def set_attrs(self, key: str, **changes: int | str | None) -> None:
         """Change mode, owner or times (``None`` leaves one as it is, :data:`NOW` is now); a
-        ``chmod`` changes the access ACL too (see :mod:`zarrfs.fs.acl`)."""
+        ``chmod`` changes the access ACL too, in the same transaction (:mod:`zarrfs.fs.acl`)."""
         if not self.handles.names.set_attrs(key, **self._times(changes)):
             self.tree.set_attrs(key, **changes)
-            mode = changes.get("mode")
-            if self.acl and isinstance(mode, int):
-                self._chmod_acl(key, mode)
 
     # ------------------------------------------------------------------ POSIX ACLs
     #: Whether the kernel enforces POSIX ACLs (FUSE_POSIX_ACL was agreed): the session sets it.
     acl = False
 
-    def _chmod_acl(self, key: str, mode: int) -> None:
-        stored = self.xattrs(key).get(acl.ACCESS)
-        if stored is not None:
-            self.tree.set_xattr(key, acl.ACCESS, acl.pack(acl.chmod(acl.parse(stored), mode)))
-
-    def _set_acl(self, key: str, name: bytes, value: bytes | None, flags: int) -> None:
-        """setfacl: store an ACL; an access ACL sets the mode's permission bits (and is not
-        kept when the mode says all of it)."""
+    def made_mode(self, key: str, mode: int, umask: int, folder: bool) -> tuple[int, bytes | None]:
+        """The mode of a node made at ``key`` with ``mode`` and ``umask``, and the extended
+        attributes record it is made with: the access ACL (and, for a folder, the default ACL)
+        it gets from its folder's default ACL (None: none). Without ACLs, or a default ACL on
+        the folder, the umask applies."""
         if not self.acl:
-            raise FsError(errno.EOPNOTSUPP, f"{key}: POSIX ACLs need default_permissions", quiet=True)
-        if value is None or name == acl.DEFAULT:
-            if value is not None:
-                acl.parse(value)
-            self.tree.set_xattr(key, name, value, flags)
-            return
-        entries = acl.parse(value)
-        node = self.find(key)
-        if node is None:
-            raise FsError(errno.ENOENT, key, quiet=True)
-        self.set_attrs(key, mode=(stat.S_IMODE(node.attrs.mode) & ~0o777) | acl.mode_bits(entries))
-        if not acl.equivalent(entries):
-            self.tree.set_xattr(key, name, acl.pack(entries), flags)
-        elif acl.ACCESS in self.tree.xattrs(key):
-            self.tree.set_xattr(key, name, None)
-
-    def made_mode(
-        self, key: str, mode: int, umask: int, folder: bool
-    ) -> tuple[int, bytes | None, bytes | None]:
-        """The mode of a node made at ``key`` with ``mode`` and ``umask``, and the access and
-        default ACLs it gets from its folder's default ACL (None: none). Without ACLs, or a
-        default ACL on the folder, the umask applies."""
-        if not self.acl:
-            return mode & ~umask, None, None
+            return mode & ~umask, None
         parent = key.rpartition("/")[0]
         try:
             default = self.tree.xattrs(parent).get(acl.DEFAULT)
         except FsError:
             default = None
         if default is None:
-            return mode & ~umask, None, None
+            return mode & ~umask, None
         entries, mode = acl.inherit(acl.parse(default), mode)
-        access = None if acl.equivalent(entries) else acl.pack(entries)
-        return mode, access, default if folder else None
-
-    def _give_acls(self, key: str, access: bytes | None, default: bytes | None) -> None:
-        for name, value in ((acl.ACCESS, access), (acl.DEFAULT, default)):
-            if value is not None:
-                self.tree.set_xattr(key, name, value)
+        given = {} if acl.equivalent(entries) else {acl.ACCESS: acl.pack(entries)}
+        if folder:
+            given[acl.DEFAULT] = default
+        return mode, pack_xattrs(given) if given else None
 
     def set_open_attrs(self, fh: int, **changes: int | str | None) -> None:
         """:meth:`set_attrs` of the file open as ``fh``: ``fchmod``, ``fchown``, ``futimens``
@@ -299,9 +268,8 @@ class Operations:
     ) -> None:
         """Make a folder (kept while empty), owned by the caller; ``umask``: the caller's, when
         the kernel left it to the filesystem (ACLs: :meth:`made_mode`)."""
-        mode, access, default = self.made_mode(key, mode, umask, True)
-        self.tree.mkdir(key, mode, uid, gid)
-        self._give_acls(key, access, default)
+        mode, xattrs = self.made_mode(key, mode, umask, True)
+        self.tree.mkdir(key, mode, uid, gid, xattrs)
 
     def mknod(self, key: str, mode: int, rdev: int, uid: int, gid: int, umask: int = 0) -> None:
         """Make a file of the type in ``mode``: a regular file (empty, stored at once), or a
@@ -309,9 +277,8 @@ class Operations:
         if stat.S_ISREG(mode):
             self.release(self.create(key, mode, os.O_WRONLY | os.O_CREAT | os.O_EXCL, uid, gid, umask))
         else:
-            mode, access, _ = self.made_mode(key, mode, umask, False)
-            self.tree.mknod(key, mode, rdev, uid, gid)
-            self._give_acls(key, access, None)
+            mode, xattrs = self.made_mode(key, mode, umask, False)
+            self.tree.mknod(key, mode, rdev, uid, gid, xattrs)
 
     def rmdir(self, key: str) -> None:
         """Remove an empty folder (a file created here and not stored yet is in it)."""
@@ -388,20 +355,24 @@ class Operations:
         content is stored first."""
         if key in self.handles.states:
             self.handles.names.settle(key)
-        if name in acl.NAMES:
-            self._set_acl(key, name, value, flags)
-            return
+        if name in acl.NAMES and not self.acl:
+            raise FsError(errno.EOPNOTSUPP, f"{key}: POSIX ACLs need default_permissions", quiet=True)
+        # An access ACL sets the mode in the same transaction (zarrfs.fs.xattrs); the record
+        # an open file commits with is kept in step.
         self.tree.set_xattr(key, name, value, flags)
+        state = self.handles.states.get(key)
+        if name == acl.ACCESS and value is not None and state is not None and state.attrs is not None:
+            mode = (state.attrs.mode & ~0o777) | acl.mode_bits(acl.parse(value))
+            self.handles.names.set_attrs(key, mode=mode)
 
     # ------------------------------------------------------------------ files
     def create(self, key: str, mode: int, flags: int, uid: int, gid: int, umask: int = 0) -> int:
         """Create and open a file; stored at its first commit (at once when it gets an ACL
         from its folder's default ACL, which is kept with the stored file)."""
-        mode, access, _ = self.made_mode(key, mode, umask, False)
-        fh = self.handles.create(key, mode | stat.S_IFREG, flags, uid, gid)
-        if access is not None:
+        mode, xattrs = self.made_mode(key, mode, umask, False)
+        fh = self.handles.create(key, mode | stat.S_IFREG, flags, uid, gid, xattrs)
+        if xattrs is not None:  # stored at once with its ACL, which the kernel reads next
             self.handles.names.settle(key)
-            self._give_acls(key, access, None)
         return fh
 
     def open(

@@ -30,6 +30,7 @@ from zarrfs.fs.sidedata import (
     attr_key,
     entry_key,
     special_mark,
+    xattr_key,
 )
 from zarrfs.fs.transactions import Transactions, clock
 
@@ -107,9 +108,19 @@ class Entries:
         attrs.mode = DIR | stat.S_IMODE(attrs.mode)
         t.put(attr_key(folder), attrs.pack(), SIDE)
 
-    def _make(self, key: str, kind: int, mode: int, mark: bytes, uid: int | None, gid: int | None) -> None:
+    def _make(
+        self,
+        key: str,
+        kind: int,
+        mode: int,
+        mark: bytes,
+        uid: int | None,
+        gid: int | None,
+        xattrs: bytes | None = None,
+    ) -> None:
         """Make a side entry (folder, symlink, special file) at ``key``, owned by ``uid``/``gid``
-        (the mount's owner when None) or the group of a setgid folder, in one transaction."""
+        (the mount's owner when None) or the group of a setgid folder, with the extended
+        attributes record ``xattrs`` (ACLs from its folder's default ACL), in one transaction."""
         self.check_length(key)
 
         def run(t: Txn) -> None:
@@ -127,26 +138,36 @@ class Entries:
             inherit_group(attrs, Attrs.unpack(folder[3]) if folder[3] is not None else None)
             t.put(entry_key(key), mark, SIDE)
             t.put(attr_key(key), attrs.pack(), SIDE)
+            if xattrs:
+                t.put(xattr_key(key), xattrs, SIDE)
             self.folder_changed(t, key.rpartition("/")[0], folder[3], now)
 
         self.writes.run(run)
 
-    def mkdir(self, key: str, mode: int, uid: int | None = None, gid: int | None = None) -> None:
+    def mkdir(
+        self, key: str, mode: int, uid: int | None = None, gid: int | None = None, xattrs: bytes | None = None
+    ) -> None:
         """Make an empty folder that persists (EEXIST if taken, ENOENT/ENOTDIR for the parent)."""
-        self._make(key, DIR, mode, DIR_MARK, uid, gid)
+        self._make(key, DIR, mode, DIR_MARK, uid, gid, xattrs)
 
     def symlink(self, target: str, key: str, uid: int | None = None, gid: int | None = None) -> None:
         """Make a symlink at ``key`` pointing to ``target`` (kept as side data: not a Zarr key)."""
         self._make(key, LINK, 0o777, LINK_MARK + target.encode("utf-8", "surrogateescape"), uid, gid)
 
     def mknod(
-        self, key: str, mode: int, rdev: int = 0, uid: int | None = None, gid: int | None = None
+        self,
+        key: str,
+        mode: int,
+        rdev: int = 0,
+        uid: int | None = None,
+        gid: int | None = None,
+        xattrs: bytes | None = None,
     ) -> None:
         """Make a FIFO, device or socket at ``key`` (``mode`` holds its type), kept as side data
         like a symlink: never a Zarr key, so zarr-python's stores do not see it."""
         if stat.S_IFMT(mode) not in SPECIAL_TYPES:
             raise FsError(errno.EINVAL, f"{key}: mknod of type {stat.S_IFMT(mode):o}")
-        self._make(key, stat.S_IFMT(mode), mode, special_mark(mode, rdev), uid, gid)
+        self._make(key, stat.S_IFMT(mode), mode, special_mark(mode, rdev), uid, gid, xattrs)
 
     def commit_folders(
         self, t: Txn, key: str, folder: Any, found: Any, added: int | None, renamed_from: str | None

@@ -163,8 +163,9 @@ class HandleTable:
             self.states.setdefault(name, state)
         return state
 
-    def create(self, key: str, mode: int, flags: int, uid: int, gid: int) -> int:
-        """Create a new file, visible through this mount at once and stored at its first commit."""
+    def create(self, key: str, mode: int, flags: int, uid: int, gid: int, xattrs: bytes | None = None) -> int:
+        """Create a new file, visible through this mount at once and stored at its first commit,
+        with the extended attributes record ``xattrs`` (ACLs from its folder's default ACL)."""
         if self.readonly:
             raise FsError(errno.EROFS, key)
         existing = self.states.get(key)
@@ -181,6 +182,7 @@ class HandleTable:
             dirty=True,
             created=True,
             born=now,
+            xattrs=xattrs,
         )
         return self.files.add(state, flags)
 
@@ -369,6 +371,7 @@ class HandleTable:
                 added=state.born,
                 base=state.base,
                 lay=lay,
+                xattrs=state.xattrs if state.created else None,
             )
         except Exception:
             state.failed = True

@@ -35,6 +35,7 @@ class FileState:
     linked: bool = False  # the file has hard links: the table holds it under each name
     stored: Stored | None = None  # what the last commit stored, while nothing changed since
     born: int | None = None  # when a file made here was created (its folder changed then)
+    xattrs: bytes | None = None  # a file made here: its extended attributes, stored with it
     handles: set[int] = field(default_factory=set)
     # The stored version its descriptors read (size, mtime: stamp_of), fixed at the first open.
     version: tuple[int, int] | None = None

@@ -22,7 +22,7 @@ from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, StalledError, Txn
 from zarrfs.backends.heldvalues import Held
-from zarrfs.fs import hardlinks, parts, records
+from zarrfs.fs import acl, hardlinks, parts, records
 from zarrfs.fs.entries import Entries
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.hardlinks import LinkGroups
@@ -40,7 +40,9 @@ from zarrfs.fs.sidedata import (
     attr_key,
     entry_key,
     moved_key,
+    pack_xattrs,
     pointer_key,
+    unpack_xattrs,
     xattr_key,
 )
 from zarrfs.fs.transactions import Transactions, clock
@@ -250,19 +252,27 @@ class Tree:
         """Raise unless the name ``key`` is valid for a new file (:meth:`Entries.check_create`)."""
         return self.entries.check_create(key)
 
-    def mkdir(self, key: str, mode: int, uid: int | None = None, gid: int | None = None) -> None:
+    def mkdir(
+        self, key: str, mode: int, uid: int | None = None, gid: int | None = None, xattrs: bytes | None = None
+    ) -> None:
         """Make an empty folder that persists (:meth:`Entries.mkdir`)."""
-        return self.entries.mkdir(key, mode, uid, gid)
+        return self.entries.mkdir(key, mode, uid, gid, xattrs)
 
     def symlink(self, target: str, key: str, uid: int | None = None, gid: int | None = None) -> None:
         """Make a symlink at ``key`` pointing to ``target`` (:meth:`Entries.symlink`)."""
         return self.entries.symlink(target, key, uid, gid)
 
     def mknod(
-        self, key: str, mode: int, rdev: int = 0, uid: int | None = None, gid: int | None = None
+        self,
+        key: str,
+        mode: int,
+        rdev: int = 0,
+        uid: int | None = None,
+        gid: int | None = None,
+        xattrs: bytes | None = None,
     ) -> None:
         """Make a FIFO, device or socket at ``key`` (:meth:`Entries.mknod`)."""
-        return self.entries.mknod(key, mode, rdev, uid, gid)
+        return self.entries.mknod(key, mode, rdev, uid, gid, xattrs)
 
     def xattrs(self, key: str) -> dict[bytes, bytes]:
         """Every extended attribute of ``key`` (:meth:`Xattrs.xattrs`)."""
@@ -308,6 +318,7 @@ class Tree:
         parted: Any = None,
         base: tuple[int, int] | None = None,
         lay: Any = None,
+        xattrs: bytes | None = None,
     ) -> None:
         """Store the content of a file written through the mount, with its attributes, in one
         transaction; the format layer may refuse it (nothing is stored then).
@@ -324,7 +335,8 @@ class Tree:
         these parts (:mod:`zarrfs.fs.parts`); the parts of the version replaced are freed.
         ``lay``: when the stored file is no longer the version ``base`` (its stamp) that
         ``value`` was made from, ``lay(newest)`` makes the value to store from the newest
-        content, read in this transaction (changes laid on it: :mod:`zarrfs.fs.extents`)."""
+        content, read in this transaction (changes laid on it: :mod:`zarrfs.fs.extents`).
+        ``xattrs``: the extended-attributes record of a file new here."""
 
         # Remote: what the format layer will read comes in the probe's round trip.
         also = self.hooks.reads(key) if (create or exclusive) and self.driver.remote else ()
@@ -347,6 +359,8 @@ class Tree:
                     self.hooks.check_name(t, key, FILE)
                     # A pointer left by a writer that deleted the key must not link the new file.
                     t.delete(pointer_key(key), SIDE)
+                    if xattrs:  # a new file's ACLs, from its folder's default ACL
+                        t.put(xattr_key(key), xattrs, SIDE)
                 else:
                     pointer = found[4]
             elif linked:
@@ -456,8 +470,15 @@ class Tree:
                 attrs.mtime = mtime
             attrs.ctime = clock()
             group = hardlinks.load(t, key, found[4]) if found[0] != DIR else None
+            names = group.names if group is not None else [key]
             # The names of a linked node share their attributes: each has the same record.
-            hardlinks.put_attrs(t, group.names if group is not None else [key], attrs.pack())
+            hardlinks.put_attrs(t, names, attrs.pack())
+            if mode is not None:  # a chmod changes the access ACL too (zarrfs.fs.acl)
+                xattrs = unpack_xattrs(t.get(xattr_key(key), SIDE))
+                if acl.ACCESS in xattrs:
+                    xattrs[acl.ACCESS] = acl.pack(acl.chmod(acl.parse(xattrs[acl.ACCESS]), mode))
+                    for name in names:
+                        t.put(xattr_key(name), pack_xattrs(xattrs), SIDE)
 
         self.writes.run(run)
 

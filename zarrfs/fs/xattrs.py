@@ -17,7 +17,7 @@ from __future__ import annotations
 import errno
 
 from zarrfs.backends.base import SIDE, Txn
-from zarrfs.fs import hardlinks
+from zarrfs.fs import acl, hardlinks
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.lookups import Lookups
 from zarrfs.fs.sidedata import pack_xattrs, unpack_xattrs, xattr_key
@@ -72,6 +72,15 @@ class Xattrs:
             raise FsError(errno.EINVAL, f"setxattr flags {flags:#x}")
         if value is not None and len(value) > SIZE_MAX:
             raise FsError(errno.E2BIG, f"an extended attribute value of {len(value)} bytes")
+        # An access ACL sets the mode's permission bits, in the same transaction; one the mode
+        # says all of (three entries) is not kept, as ext4 does (zarrfs.fs.acl).
+        mode_bits = None
+        if name in acl.NAMES and value is not None:
+            entries = acl.parse(value)
+            value = acl.pack(entries)
+            if name == acl.ACCESS:
+                mode_bits = acl.mode_bits(entries)
+                value = None if acl.equivalent(entries) else value
 
         def run(t: Txn) -> None:
             found = self.lookups.probe(t, key)
@@ -80,10 +89,10 @@ class Xattrs:
             xattrs = unpack_xattrs(t.get(xattr_key(key), SIDE))
             if name in xattrs and flags & XATTR_CREATE:
                 raise FsError(errno.EEXIST, f"{key}: {name!r}", quiet=True)
-            if name not in xattrs and (value is None or flags & XATTR_REPLACE):
+            if name not in xattrs and mode_bits is None and (value is None or flags & XATTR_REPLACE):
                 raise FsError(errno.ENODATA, f"{key}: {name!r}", quiet=True)
             if value is None:
-                del xattrs[name]
+                xattrs.pop(name, None)
             else:
                 xattrs[name] = bytes(value)
             if sum(_cost(n, v) for n, v in xattrs.items()) > SPACE:
@@ -93,6 +102,8 @@ class Xattrs:
             raw = pack_xattrs(xattrs)
             attrs = self.lookups.attrs_of(t, key, found[0])
             attrs.ctime = clock()  # as Linux's filesystems do: the node changed
+            if mode_bits is not None:
+                attrs.mode = (attrs.mode & ~0o777) | mode_bits
             hardlinks.put_attrs(t, names, attrs.pack())
             for n in names:
                 if raw:
