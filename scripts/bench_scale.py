@@ -7,7 +7,10 @@ sqlite3, redis-py, psycopg: the layout zarr-python 2's stores write, fast), moun
 cannot), and measures with the kernel's caches dropped before each step (as root; otherwise
 warm, and the table says so): the mount itself, ``ls -f`` of the array folder, ``du -s`` of
 it, and a zarr-python read of a slice touching 1,000 chunks; then the daemon's peak resident
-memory. The same files on the local disk (ext4 here) are measured the same way where the
+memory. For LMDB it also measures, caches dropped, the floor of a listing in Python
+(:func:`lmdb_floor`): the least a Python daemon does per name, a cursor over the folder's keys
+and one packed ``fuse_direntplus`` record each, with no FUSE, no node table and no filesystem
+layer. The same files on the local disk (ext4 here) are measured the same way where the
 machine holds them (up to --native-max files), and a 1,000-chunk array gives the slice's
 floor: a slice of a 10^6-chunk array should take as long as the same slice of that one.
 
@@ -27,6 +30,7 @@ import argparse
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -182,6 +186,51 @@ def read_slice(root: Path, out: np.ndarray) -> float:
     return time.perf_counter() - t
 
 
+# fuse_direntplus as the kernel reads it (include/uapi/linux/fuse.h; zarrfs/fuse/abi.py packs
+# the same): fuse_entry_out (nodeid generation entry_valid attr_valid, their nsec, fuse_attr:
+# 128 bytes), then fuse_dirent (ino off namelen type: 24 bytes), then the name padded to 8.
+DIRENTPLUS = struct.Struct("<QQQQII" + "QQQQQQIIIIIIIIII" + "QQII")
+ATTR = (1024, 2, 0, 0, 0, 0, 0, 0, 0o100644, 1, 0, 0, 0, 4096, 0)  # size blocks times mode ... flags
+REPLY = 1 << 20  # bytes a READDIRPLUS reply holds at most (Linux 6.18 asks about this much)
+
+
+def lmdb_floor(path: str, folder: bytes = b"arr/") -> tuple[float, int]:
+    """The least a Python daemon does to list ``folder`` of an LMDB database: open the
+    environment read-only, scan the folder's keys with a cursor (keys only, as the driver
+    does), and pack one ``fuse_direntplus`` per name into a reply buffer (a name with a further
+    ``/`` is a subfolder's: skipped, there are none here). Returns the seconds and the names."""
+    import lmdb
+
+    pack_into = DIRENTPLUS.pack_into
+    head = DIRENTPLUS.size
+    buf = bytearray(REPLY)
+    cut = len(folder)
+    names = used = 0
+    t = time.perf_counter()
+    env = lmdb.open(path, readonly=True, lock=False, subdir=True, max_dbs=8)
+    with env.begin(buffers=True) as txn, txn.cursor() as cur:
+        found = cur.set_range(folder)
+        while found:
+            key = bytes(cur.key())
+            if not key.startswith(folder):
+                break
+            name = key[cut:]
+            if b"/" not in name:
+                n = len(name)
+                length = (head + n + 7) & ~7
+                if used + length > REPLY:
+                    used = 0  # the reply goes to the kernel; the next one starts
+                names += 1
+                # node ID, generation, validities, attr (ino, then ATTR), then the dirent (ino,
+                # next offset, name length, type)
+                pack_into(buf, used, names, 0, 1, 1, 0, 0, names, *ATTR, names, names, n, 8)
+                buf[used + head : used + head + n] = name
+                used += length
+            found = cur.next()
+    env.close()
+    return time.perf_counter() - t, names
+
+
 def walk(root: Path, drop: bool, out: np.ndarray) -> dict[str, float]:
     figures = {}
     for name, cmd in (("ls", ["ls", "-f", str(root / "arr")]), ("du", ["du", "-s", str(root / "arr")])):
@@ -214,6 +263,10 @@ def run(kind: str, url: str, n: int, work: Path, args, out: np.ndarray) -> dict:
         row["rss"] = peak_rss(mnt)
     finally:
         zarrfs("umount", str(mnt))
+    if kind == "lmdb":
+        cold(args.drop)
+        row["floor"], listed = lmdb_floor(url.split("://", 1)[1])
+        assert listed == total + 1, (listed, total)  # the chunks and .zarray
     return row
 
 
@@ -229,9 +282,10 @@ def native(n: int, work: Path, args, out: np.ndarray) -> dict:
 def table(rows: list[dict], natives: dict[int, dict], drop: bool) -> str:
     state = "kernel caches dropped before each step" if drop else "warm caches (not root)"
     lines = [
-        f"({state}; ext4's figure in parentheses)",
-        "| driver | chunks | mount | ls -f | du -s | 1,000-chunk slice | daemon peak RSS |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        f"({state}; ext4's figure in parentheses; Python floor: an LMDB key scan packing a "
+        "fuse_direntplus per name, no FUSE)",
+        "| driver | chunks | mount | ls -f | Python floor | du -s | 1,000-chunk slice | daemon peak RSS |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def cell(r: dict, nat: dict, key: str) -> str:
@@ -240,8 +294,9 @@ def table(rows: list[dict], natives: dict[int, dict], drop: bool) -> str:
 
     for r in rows:
         nat = natives.get(r["chunks"], {})
+        floor = cell(r, {}, "floor") if "floor" in r else "—"
         lines.append(
-            f"| {r['driver']} | {r['chunks']:,} | {r['mount']:.2f} s | {cell(r, nat, 'ls')} | "
+            f"| {r['driver']} | {r['chunks']:,} | {r['mount']:.2f} s | {cell(r, nat, 'ls')} | {floor} | "
             f"{cell(r, nat, 'du')} | {cell(r, nat, 'slice')} | {r['rss'] / (1 << 20):.0f} MiB |"
         )
     return "\n".join(lines)

@@ -94,3 +94,108 @@ def test_memory_goes_back_when_the_kernel_forgets_the_names(large_mount):
         listed["RssAnon"] >> 20,
         back["RssAnon"] >> 20,
     )
+
+
+# --- zarrfs copy over many keys ----------------------------------------------------------------
+
+
+def copy_heap(tmp_path, n: int) -> int:
+    """What the Python heap grows by at the peak of a ``zarrfs copy --resume --progress`` of an
+    LMDB folder of ``n`` keys to a database that holds them all already (every key skipped)."""
+    import tracemalloc
+
+    import lmdb
+
+    from zarrfs.tools.copy import copy
+
+    src, dst = f"lmdb://{tmp_path}/src-{n}.lmdb", f"lmdb://{tmp_path}/dst-{n}.lmdb"
+    env = lmdb.open(f"{tmp_path}/src-{n}.lmdb", map_size=1 << 30, subdir=True, sync=False)
+    with env.begin(write=True) as txn, txn.cursor() as cur:
+        cur.putmulti((f"arr/{i:07d}".encode(), b"v" * 16) for i in range(n))
+    env.close()
+    copy(src, dst)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        done = copy(src, dst, if_exists="skip", progress=True)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert (done.keys, done.skipped) == (0, n)
+    return peak
+
+
+def test_copy_holds_batches_not_the_keys_it_skips_or_sizes(tmp_path):
+    """A resumed copy of 10^7 keys must not keep each key it skipped (nor the sizing pass each
+    size): twice the keys, the same peak (measured: under 1 MiB at both; before, 11 and 21 MiB,
+    about 100 bytes a key skipped)."""
+    small, large = copy_heap(tmp_path, 100_000), copy_heap(tmp_path, 200_000)
+    assert large - small < 512 << 10, (small >> 10, large >> 10)
+
+
+def test_a_resumed_copy_keeps_the_extended_attributes_of_what_it_skips(tmp_path):
+    from zarrfs.backends import open_driver
+    from zarrfs.backends.base import SIDE
+    from zarrfs.fs.sidedata import pack_xattrs, unpack_xattrs, xattr_key
+    from zarrfs.tools.copy import copy
+
+    src, dst = f"lmdb://{tmp_path}/src.lmdb", f"lmdb://{tmp_path}/dst.lmdb"
+    with open_driver(src) as d:
+        d.transact(lambda t: [t.put(f"a/{k}", b"x" * 4) for k in "pqr"])
+        mark = pack_xattrs({b"user.k": b"src"})
+        d.transact(lambda t: [t.put(xattr_key(f"a/{k}"), mark, SIDE) for k in "pq"])
+    with open_driver(dst) as d:
+        d.transact(lambda t: t.put("a/p", b"y" * 4))  # whole: skipped
+        d.transact(lambda t: t.put(xattr_key("a/p"), pack_xattrs({b"user.k": b"dst"}), SIDE))
+        d.transact(lambda t: t.put("a/q", b"y"))  # written in part: copied again
+    done = copy(src, dst, if_exists="skip")
+    assert (done.keys, done.skipped) == (2, 1)
+    with open_driver(dst) as d:
+        found = {k: d.transact(lambda t, k=k: t.get(xattr_key(f"a/{k}"), SIDE), write=False) for k in "pqr"}
+    assert {k: raw and unpack_xattrs(raw) for k, raw in found.items()} == {
+        "p": {b"user.k": b"dst"},
+        "q": {b"user.k": b"src"},
+        "r": None,
+    }
+
+
+def test_check_counts_the_keys_on_a_terminal(tmp_path):
+    """``zarrfs check`` of 10^7 keys takes minutes: on a terminal it counts the keys it passes
+    (a tqdm bar on stderr); problems still go to stdout, one line each."""
+    import fcntl
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+    from pathlib import Path
+
+    import lmdb
+
+    env = lmdb.open(str(tmp_path / "db.lmdb"), map_size=1 << 30, subdir=True, sync=False)
+    with env.begin(write=True) as txn, txn.cursor() as cur:
+        txn.put(b"arr/.zarray", b'{"zarr_format": 2, "shape": [30000], "chunks": [1], "dtype": "|u1", '
+                b'"compressor": null, "fill_value": 0, "order": "C", "filters": null}')
+        cur.putmulti((f"arr/{i}".encode(), b"v") for i in range(30_000))
+        txn.put(b"arr/zz", b"v")
+    env.close()
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    checkout = str(Path(__file__).resolve().parent.parent)
+    proc = subprocess.run(
+        [sys.executable, "-m", "zarrfs", "check", f"lmdb://{tmp_path}/db.lmdb"],
+        stdout=subprocess.PIPE, stderr=slave, text=True, env={**os.environ, "PYTHONPATH": checkout},
+    )
+    os.close(slave)
+    said = b""
+    while True:
+        try:
+            got = os.read(master, 65536)
+        except OSError:  # EIO: the terminal's other end is closed, all is read
+            break
+        if not got:
+            break
+        said += got
+    os.close(master)
+    assert proc.returncode == 1 and proc.stdout.startswith("error: arr/zz: chunk-key.not-integer")
+    assert b"30.0k keys" in said and b"1 problem(s) found" in said, said[-300:]

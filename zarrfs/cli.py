@@ -55,13 +55,45 @@ def cmd_check(args: argparse.Namespace) -> int:
         return fail(str(exc), status_of(exc))
     with driver:
         problems = 0
-        found = ((p.severity, p.key, f"{p.rule}: {p.value}") for p in check_database(driver))
-        for severity, key, text in chain(found, report(driver, args.repair)):
-            if severity != "warning" or args.warnings:
-                print(f"{severity}: {key}: {text}")
-            problems += severity == "error"
+        bar = _KeysChecked(driver) if sys.stderr.isatty() else None
+        found = ((p.severity, p.key, f"{p.rule}: {p.value}") for p in check_database(bar or driver))
+        try:
+            for severity, key, text in chain(found, report(driver, args.repair)):
+                if severity != "warning" or args.warnings:
+                    line = f"{severity}: {key}: {text}"
+                    bar.write(line) if bar is not None else print(line)
+                problems += severity == "error"
+        finally:
+            if bar is not None:
+                bar.close()
     print(f"{problems} problem(s) found" if problems else "no problems found", file=sys.stderr)
     return 1 if problems else 0
+
+
+class _KeysChecked:
+    """The driver ``zarrfs check`` reads, counting the keys its listing passes on a tqdm bar on
+    stderr (a check of 10^7 keys takes minutes); problem lines go out above the bar."""
+
+    def __init__(self, driver) -> None:
+        from tqdm import tqdm
+
+        self.driver = driver
+        self.tqdm = tqdm
+        self.bar = tqdm(desc="checking", unit=" keys", unit_scale=True, file=sys.stderr, mininterval=0.5)
+
+    def scan(self, *args, **kwargs):
+        page = self.driver.scan(*args, **kwargs)
+        self.bar.update(len(page))
+        return page
+
+    def __getattr__(self, name: str):
+        return getattr(self.driver, name)
+
+    def write(self, line: str) -> None:
+        self.tqdm.write(line, file=sys.stdout)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def cmd_copy(args: argparse.Namespace) -> int:

@@ -41,7 +41,7 @@ from zarrfs.fs import parts
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.manifest import MAGIC, MANIFEST_SIZE, MAP_MAGIC
 from zarrfs.fs.names import key_text, name_bytes
-from zarrfs.fs.sidedata import attr_key
+from zarrfs.fs.sidedata import attr_key, xattr_key
 from zarrfs.tools import xattrcopy
 
 BATCH = 256  # keys per read batch and per write transaction
@@ -146,12 +146,16 @@ def _validate(source: str, driver: Driver | None) -> None:
 
 
 def _measure(source: str, driver: Driver | None) -> tuple[int, int]:
-    """Keys and bytes of the source, for the progress bar."""
+    """Keys and bytes of the source, for the progress bar (counted as they stream by)."""
     if driver is not None:
-        sizes = [size or 0 for _, size in database_items(driver, SIZES)]
+        sizes = (size or 0 for _, size in database_items(driver, SIZES))
     else:
-        sizes = [os.stat(path).st_size for _, path in folder_files(source)]
-    return len(sizes), sum(sizes)
+        sizes = (os.stat(path).st_size for _, path in folder_files(source))
+    keys = total = 0
+    for size in sizes:
+        keys += 1
+        total += size
+    return keys, total
 
 
 class _Progress:
@@ -249,6 +253,9 @@ class _Folder:
     def exists(self, keys: list[str]) -> list[bool]:
         return [os.path.isfile(self._path(k)) for k in keys]
 
+    def with_xattrs(self, keys: list[str]) -> list[str]:
+        return [k for k in keys if xattrcopy.has_folder_xattrs(self._path(k))]
+
     def sizes(self, keys: list[str]) -> list[int | None]:
         paths = [self._path(k) for k in keys]
         return [os.path.getsize(p) if os.path.isfile(p) else None for p in paths]
@@ -297,6 +304,11 @@ class _Database:
 
     def exists(self, keys: list[str]) -> list[bool]:
         return [size is not None for size in self.sizes(keys)]
+
+    def with_xattrs(self, keys: list[str]) -> list[str]:
+        reads = [Get(xattr_key(k), SIDE) for k in keys]
+        found = self.driver.transact(lambda t: t.read_many(reads), write=False)
+        return [k for k, raw in zip(keys, found, strict=True) if raw is not None]
 
     def sizes(self, keys: list[str]) -> list[int | None]:
         def sized(t: Any) -> list[int | None]:
@@ -375,6 +387,9 @@ class _Store:
 
     def exists(self, keys: list[str]) -> list[bool]:
         return self._run(_gather([self.store.exists(k) for k in keys]))
+
+    def with_xattrs(self, keys: list[str]) -> list[str]:
+        return []  # a zarr store has none, and none are carried from it
 
     def sizes(self, keys: list[str]) -> list[int | None]:
         async def size(k: str) -> int | None:
@@ -460,13 +475,17 @@ def copy(
         measured = _measure(source, driver) if progress and isinstance(source, str) else (0, 0)
         bar = _Progress(progress, *measured)
         try:
+            # The keys skipped whose extended attributes are not carried: only those that have
+            # some at the source (what _carry_xattrs holds anyway), not every key skipped.
             skipped: set[str] = set()
             for batch in _batches(src.items()):
                 if if_exists == "skip" and dst is not None:
                     sizes = dst.sizes([k for k, _ in batch])
                     whole = [size == len(v) for (_, v), size in zip(batch, sizes, strict=True)]
                     result.skipped += sum(whole)
-                    skipped.update(item[0] for item, w in zip(batch, whole, strict=True) if w)
+                    kept = [item[0] for item, w in zip(batch, whole, strict=True) if w]
+                    if kept:
+                        skipped.update(src.with_xattrs(kept))
                     # What is there already counts on the bar too, so that it ends at 100%.
                     there = sum(len(v) for (_, v), w in zip(batch, whole, strict=True) if w)
                     bar.advance(result.keys + result.skipped, there)

@@ -31,6 +31,16 @@ def folder_xattrs(root: str) -> Iterator[tuple[str, dict[bytes, bytes]]]:
                 yield prefix + name, found
 
 
+def has_folder_xattrs(path: str) -> bool:
+    """Whether the file or folder at ``path`` has attributes :func:`folder_xattrs` would give."""
+    try:
+        return bool(os.listxattr(path, follow_symlinks=False))
+    except OSError as exc:
+        if exc.errno in _NOT_KEPT or exc.errno == errno.ENOENT:
+            return False
+        raise
+
+
 def _read(path: str) -> dict[bytes, bytes]:
     try:
         return {os.fsencode(n): os.getxattr(path, n, follow_symlinks=False) for n in os.listxattr(path)}
