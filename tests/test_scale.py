@@ -182,13 +182,13 @@ def test_check_counts_the_keys_on_a_terminal(tmp_path):
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     checkout = str(Path(__file__).resolve().parent.parent)
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "zarrfs", "check", f"lmdb://{tmp_path}/db.lmdb"],
         stdout=subprocess.PIPE, stderr=slave, text=True, env={**os.environ, "PYTHONPATH": checkout},
     )
     os.close(slave)
     said = b""
-    while True:
+    while True:  # read as it comes: a full terminal buffer would stop the bar's writer
         try:
             got = os.read(master, 65536)
         except OSError:  # EIO: the terminal's other end is closed, all is read
@@ -197,5 +197,7 @@ def test_check_counts_the_keys_on_a_terminal(tmp_path):
             break
         said += got
     os.close(master)
-    assert proc.returncode == 1 and proc.stdout.startswith("error: arr/zz: chunk-key.not-integer")
+    out = proc.stdout.read()
+    proc.wait()
+    assert proc.returncode == 1 and out.startswith("error: arr/zz: chunk-key.not-integer")
     assert b"30.0k keys" in said and b"1 problem(s) found" in said, said[-300:]
