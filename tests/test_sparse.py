@@ -299,3 +299,42 @@ def test_without_default_permissions_an_acl_is_refused(tmp_path, mount_factory):
     (m.path / "f").write_text("x")
     done = subprocess.run(["setfacl", "-m", "u:nobody:r", str(m.path / "f")], capture_output=True, text=True)
     assert done.returncode != 0 and "not supported" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "sqlite"])
+def test_a_large_files_commit_does_not_hold_up_other_files(kind, tmp_path, request, mount_factory):
+    """Between the parts of a large file, its commit answers the requests that need no write
+    and are about other files: while a close stores 256 parts, another process opens, reads
+    and closes another file 20 times (before, every request waited for the whole commit)."""
+    import threading
+
+    m = mount_factory(make_url(kind, tmp_path, request), ["create", "parts_above=1048576"])
+    (m.path / "kept").write_bytes(b"old")
+    fd = os.open(m.path / "big", os.O_WRONLY | os.O_CREAT, 0o644)
+    block = os.urandom(1 << 20)
+    for _ in range(256):
+        os.write(fd, block)  # buffered: the close stores it, 256 parts of 1 MiB
+    outcome: list = []
+
+    def close() -> None:
+        try:
+            os.close(fd)
+            outcome.append("stored")
+        except OSError as exc:
+            outcome.append(exc.errno)
+
+    closer = threading.Thread(target=close)
+    closer.start()
+    reads = 0
+    while closer.is_alive() and reads < 20:
+        with open(m.path / "kept", "rb") as fh:  # open, read, close: none writes
+            assert fh.read() == b"old"
+        if closer.is_alive():
+            reads += 1
+    closer.join(timeout=600)
+    assert reads == 20, f"{reads} reads answered while the close stored the file"
+    assert outcome == ["stored"], outcome
+    assert os.stat(m.path / "big").st_size == 256 << 20
+    with open(m.path / "big", "rb") as fh:
+        fh.seek(200 << 20)
+        assert fh.read(1 << 20) == block

@@ -394,6 +394,12 @@ class Driver(ABC):
     def waiting_for_writer(self) -> None:
         """Called between looks while a write waits for a lock another program holds
         (``writer_wait``): the mount answers what needs no write meanwhile."""
+        self.serve_meanwhile()
+
+    def serve_meanwhile(self) -> None:
+        """Called between the steps of long work outside a transaction (a wait for a lock
+        another program holds, the parts of a large file): the mount answers the requests that
+        need no write and are not about the file being served (``zarrfs.fuse.interrupts``)."""
         if self.watch is not None:
             self.watch.serve_waiting()
 

@@ -350,6 +350,7 @@ def store(
             driver.transact(lambda t, key=key, view=view: t.put(key, view, PARTS))
             written.append(key)
             entries.append(ident)
+            driver.serve_meanwhile()  # a large file's commit does not hold up other files
         parted = Parted.of(ident, size, part, entries, base)
         if parted.mapped:
             raw = parted.pack_map()

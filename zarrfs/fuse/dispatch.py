@@ -78,7 +78,8 @@ class Dispatcher:
         if op >= _TABLE:
             op = _TABLE
         self._requests[op] += 1
-        self.watch.unique = head.unique
+        watch = self.watch
+        watch.unique, watch.node = head.unique, head.nodeid
         try:
             length = head.len
             if length < self._min_len[op] or length > len(buf):

@@ -29,6 +29,7 @@ from zarrfs.fs.api import InterruptedCallError
 from zarrfs.fuse import abi as k
 
 _OPCODE_UNIQUE = struct.Struct("<IIQ")  # len, opcode, unique: the start of every request
+_NODE = struct.Struct("<16xQ")  # the node a request is about
 
 
 class Watch:
@@ -38,6 +39,7 @@ class Watch:
         self.fd = fd
         self.buffer_size = buffer_size
         self.unique = 0  # the request being served (set by the dispatcher)
+        self.node = 0  # the node it is about
         self.pending: deque[bytes] = deque()
         self._buf: bytearray | None = None  # a request buffer of its own, made when first needed
         # Set by the session: the dispatch of a request, and whether one needs no write.
@@ -86,22 +88,24 @@ class Watch:
             raise InterruptedCallError("the mount is gone")
 
     def serve_waiting(self) -> None:
-        """While the request being served waits for a lock another program holds: read what
-        arrived (as :meth:`check`) and answer the requests that need no write."""
+        """While the request being served waits (for a lock another program holds, between the
+        parts of a large file): read what arrived (as :meth:`check`) and answer the requests
+        that need no write and are about another node than the one being served (a reader's
+        close of that file could let go of the buffer its commit is reading)."""
         if self.serve is None or self.may_serve is None or self._serving:
             return
         self.check()
         if not self.pending:
             return
-        outer = self.unique
+        outer, node = self.unique, self.node
         self._serving = True
         try:
-            for data in [d for d in self.pending if self.may_serve(d)]:
+            for data in [d for d in self.pending if _NODE.unpack_from(d)[0] != node and self.may_serve(d)]:
                 self.pending.remove(data)
                 self.serve(memoryview(data))
         finally:
             self._serving = False
-            self.unique = outer
+            self.unique, self.node = outer, node
 
     def _cancel_pending(self, target: int) -> None:
         """Answer the queued request ``target`` with EINTR and drop it (not served yet)."""
