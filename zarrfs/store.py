@@ -1,22 +1,17 @@
 """zarr-python 3 stores over zarrfs' drivers: the same databases in-process, without a mount.
 
-``DatabaseStore("lmdb:///data/x.lmdb")`` is a :class:`zarr.abc.store.Store` over any URL the
-mount takes (LMDB, SQLite, Redis, third-party drivers), with the database layout of zarr-python
-2's ``LMDBStore``/``SQLiteStore``/``RedisStore``: a key is stored as it is, so a database
-written here mounts as it is, and what a mount or zarr-python 2 wrote reads here.
-
-Each ``set`` is one transaction that also records the file's attributes (mtime now), as a write
-through a mount does, so a mount of the same database sees the change as a changed file. A value
-a mount stored in parts (``zarrfs.fs.parts``) that a ``set`` or a delete replaces has its parts
-deleted after that commit, as a mount does (each part in its own transaction).
-``set_if_not_exists`` checks and writes in one transaction, and ``delete_dir`` removes a whole
-prefix, with the side records of what it removes, in one. Listings stream from the driver's
-ordered scans in batches, each batch its own read transaction, so a prefix of millions of keys
-is never held whole.
-
-Driver calls are synchronous and short (an LMDB read is microseconds; a Redis round trip is one
-socket exchange), so the async methods run them in the event loop's thread rather than paying a
-thread hand-off per call; a lock serialises the synchronous ``*_sync`` methods with them.
+``DatabaseStore("lmdb:///data/x.lmdb")`` is a :class:`zarr.abc.store.Store` over any URL the mount
+takes, with the layout of zarr-python 2's ``LMDBStore``/``SQLiteStore``/``RedisStore`` (a key is
+stored as it is), so what it writes mounts as it is and what a mount or zarr-python 2 wrote reads
+here. Each ``set`` is one transaction that also records the file's attributes (mtime the time of
+the set), as a write through a mount does, so a mount sees a changed file. A ``set`` or delete
+that replaces a value stored in parts (:mod:`zarrfs.fs.parts`) deletes its parts after the commit,
+one per transaction, as a mount does. ``set_if_not_exists`` checks and writes in one transaction;
+``delete_dir`` removes a prefix, with the side records of what it removes, in one. Listings stream
+from the driver's ordered scans, a read transaction per batch, so a prefix of millions of keys is
+never held whole. Driver calls are synchronous and short (an LMDB read is microseconds, a Redis
+round trip one socket exchange), so the async methods run them in the event loop's thread rather
+than pay a thread hand-off per call; a lock serialises the synchronous ``*_sync`` methods with them.
 """
 
 from __future__ import annotations

@@ -1,23 +1,18 @@
 """The driver interface: the smallest transactional key/value API the filesystem needs.
 
-Contract (checked by :class:`zarrfs.testing.DriverConformance`):
-
-* Two key spaces, :class:`Space`: ``DATA`` holds the Zarr keys and values exactly as zarr-python
-  2's ``LMDBStore``/``SQLiteStore``/``RedisStore`` do; ``SIDE`` the filesystem's bookkeeping,
-  where those never list or delete. Side data is advisory: it never makes a Zarr key appear.
-* Keys are ``str``, stored as UTF-8 and ordered by it (Python's ``str`` order); an empty key or
-  one that cannot be encoded raises :class:`InvalidKeyError`. Values are any buffer (an ``mmap``
-  is not copied into RAM); reads return ``bytes``.
-* All access goes through a :class:`Txn` of :meth:`Driver.transact` (or the one-shot helpers),
-  which sees its own writes and commits when the function returns, keeping nothing when it
-  raises; retryable failures rerun the function (bounded, jittered back-off), so it must have no
-  side effects. ``scan`` yields ``(key, None | size | value)`` in key order, inside the
-  transaction. Errors are the classes of ``errors`` (mapped to errno in ``zarrfs.fs.errors``).
-
-Layering (JuiceFS's ``tkv``): :class:`Txn`'s public methods check everything once (``checks``) and
-call byte-level primitives, ``_get``, ``_put``, ``_delete``, ``_scan``, optionally ``_size``,
-``_read``, ``_has_prefix``, ``_read_many``; a driver implements :meth:`Driver._begin`, and
-:meth:`Driver.transact` is the one retry loop.
+Its contract, checked by :class:`zarrfs.testing.DriverConformance`: two key spaces
+(:class:`Space`), ``DATA`` holding the Zarr keys and values exactly as zarr-python 2's stores do,
+``SIDE`` the filesystem's bookkeeping, which those never list or delete (side data is advisory and
+never makes a Zarr key appear). Keys are ``str``, stored and ordered as UTF-8 (an empty or
+unencodable one is :class:`InvalidKeyError`); values are any buffer (an ``mmap`` is not copied),
+read back as ``bytes``. All access goes through a :class:`Txn` of :meth:`Driver.transact` (or the
+one-shot helpers): it sees its own writes, commits when the function returns, keeps nothing when
+it raises, and reruns the function on retryable failures (bounded, jittered back-off), so it must
+have no side effects. ``scan`` yields ``(key, None | size | value)`` in key order; errors are the
+classes of ``errors`` (errno in ``zarrfs.fs.errors``). As in JuiceFS's ``tkv``, :class:`Txn`'s
+public methods check everything once and call the byte-level ``_get``, ``_put``, ``_delete``,
+``_scan`` (optionally ``_size``, ``_read``, ``_has_prefix``, ``_read_many``) a driver implements
+with :meth:`Driver._begin`; :meth:`Driver.transact` is the one retry loop.
 """
 
 from __future__ import annotations

@@ -1,21 +1,17 @@
 """The format layer plugged into the filesystem tree (``zarrfs.fs.tree.Hooks``).
 
 :class:`FormatHooks` is what the daemon builds from the ``validate=``, ``view=`` and
-``consolidate=`` mount options. It only sees a transaction object with ``get(key)`` and
-``put(key, value)`` (and ``scan`` for ``consolidate=live``), so this module needs neither FUSE
-nor a particular database; everything Zarr-specific is delegated to the rest of the package.
+``consolidate=`` mount options. It sees only a transaction with ``get``, ``put`` (and ``scan`` for
+``consolidate=live``), so it needs neither FUSE nor a particular database; the Zarr rules live in
+the rest of the package.
 
-* validate: ``strict`` refuses a name, a metadata document or a chunk key that breaks a rule
-  (:class:`FormatError`, which the filesystem answers with ``EINVAL``) and logs warnings;
-  ``warn`` logs errors too but stores everything; ``off`` checks nothing.
-* view: ``raw`` shows stored bytes; ``decoded`` shows each chunk of a supported array as the raw
-  bytes of the full chunk and encodes what is written back (a write of the wrong size is
-  refused). Metadata shows as stored; reading or writing a chunk of an array the view cannot
-  decode (object dtype, codecs that cannot be built, sharding) is refused with the reason.
-* consolidate: ``auto`` keeps every existing consolidated document (a ``.zmetadata`` in an
-  enclosing folder, the ``consolidated_metadata`` of an enclosing v3 ``zarr.json``) in step
-  with each metadata change, in the same transaction; ``live`` also creates the root's
-  consolidated document when the root is a group and has none; ``off`` does nothing.
+* validate: ``strict`` refuses a name, metadata document or chunk key that breaks a rule
+  (:class:`FormatError`, answered ``EINVAL``); ``warn`` logs and stores; ``off`` checks nothing.
+* view: ``raw`` shows stored bytes; ``decoded`` shows each chunk of a supported array as its full
+  raw bytes and encodes writes (a wrong size is refused); chunks it cannot decode are refused.
+* consolidate: ``auto`` keeps each existing consolidated document (``.zmetadata``, a v3
+  ``consolidated_metadata``) in step with metadata changes, in the same transaction; ``live`` also
+  creates the root group's; ``off`` does nothing.
 """
 
 from __future__ import annotations

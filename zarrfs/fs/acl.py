@@ -1,17 +1,15 @@
 """POSIX ACLs (``system.posix_acl_access``, ``system.posix_acl_default``) as FUSE allows them.
 
-With FUSE_POSIX_ACL (asked for when the mount checks permissions: ``default_permissions``)
-the kernel reads a node's ACLs through GETXATTR, caches them and enforces them; ``setfacl``
-arrives as a SETXATTR of the ACL in its xattr form. The filesystem does the rest (Linux's
-``fs/fuse/acl.c``: "Fuse userspace is responsible for updating access permissions in the
-inode"; libfuse's FUSE_CAP_POSIX_ACL):
+With FUSE_POSIX_ACL (asked for when the mount checks permissions: ``default_permissions``) the
+kernel reads ACLs through GETXATTR, caches and enforces them, and ``setfacl`` arrives as a
+SETXATTR; the rest is the filesystem's (Linux's ``fs/fuse/acl.c``, libfuse's FUSE_CAP_POSIX_ACL):
 
-* an access ACL sets the mode's permission bits (owner, mask or else owning group, other);
-  one the mode says all of (three entries) is not kept, as ext4 does;
+* an access ACL sets the mode's permission bits (owner, mask or else owning group, other); one
+  the mode says all of (three entries) is not kept, as on ext4;
 * ``chmod`` changes the access ACL's owner, mask (or owning group) and other entries;
-* a node made in a folder with a default ACL gets an access ACL from it, masked by the mode
-  the caller asked for (``posix_acl_create``), and a folder the default ACL too; without a
-  default ACL the umask applies (the kernel leaves it to the filesystem then: FUSE_DONT_MASK).
+* a node made in a folder with a default ACL gets an access ACL from it, masked by the mode asked
+  for (``posix_acl_create``), and a folder the default ACL too; without one the umask applies
+  (the kernel leaves it to the filesystem: FUSE_DONT_MASK).
 
 The xattr form: a little-endian u32 version (2), then 8 bytes per entry: u16 tag, u16
 permissions, u32 id (for USER and GROUP entries).

@@ -1,20 +1,16 @@
 """What a mount's writers changed in an open file since it was last brought up to date.
 
-An open file's content is the version it was read at (its base) with this mount's pending
-writes on top. A commit does not store that private copy as it is: another mount may have
-committed a newer version since the base was read. It lays what this mount changed on the
-newest version instead, so no byte another mount committed is lost outside the ranges written
-here. :class:`Extents` records those changes:
+An open file is the version it was read at (its base) with this mount's pending writes on top. A
+commit lays those changes on the newest stored version rather than storing that private copy, so
+nothing another mount committed since the base is lost outside the ranges written here.
+:class:`Extents` records them; the same ranges tell which parts of a large file a commit touches:
 
-* ``ranges``: the byte ranges written (``pwrite``, ``write`` at an offset; an extension by
-  ``ftruncate`` or ``fallocate`` writes zeros), sorted, disjoint;
-* ``cut``: the smallest size a truncation left since the base. From there on the file is this
-  mount's alone (its writes and zeros): a truncation to 0 (``O_TRUNC``, what Zarr clients,
-  ``cp`` and ``rsync`` do) makes the whole file this mount's, and its commit needs no read;
-* ``append_from``: where the bytes written by ``O_APPEND`` writes begin: they are laid at the
-  end of the newest version, not at the offset they had here.
-
-The same ranges tell which parts of a large file a commit touches.
+* ``ranges``: the byte ranges written (an extension by ``ftruncate`` or ``fallocate`` writes
+  zeros), sorted, disjoint;
+* ``cut``: the smallest size a truncation left since the base; from there on the file is this
+  mount's alone, so after a truncation to 0 (``O_TRUNC``, as Zarr clients, ``cp`` and ``rsync``
+  do) the commit needs no read;
+* ``append_from``: where ``O_APPEND`` writes begin; they go at the end of the newest version.
 """
 
 from __future__ import annotations

@@ -1,27 +1,16 @@
 """Snapshots of busy folders, so that a burst of lookups in one folder costs one listing.
 
-Every ``stat`` of a name the kernel has not cached is a lookup, and on a remote database a
-lookup is a round trip (which caps a ``stat`` loop: see docs/performance.md). When one folder
-gets :data:`HOT` lookups within the time to live, the folder is read once, names with sizes and
-attributes (one batch of reads), and further lookups in it are answered from that snapshot
-until it is ``ttl`` seconds old. rclone's directory cache and gcsfuse's stat cache make the same trade.
-
-What it means for coherence: a change made through this mount drops every snapshot at once
-(the tree calls :meth:`FolderCache.clear` after each write transaction), so the mount's own
-changes show at once, as before; and for ``ttl`` after a write no snapshot is made, so a
-folder being filled is not read over and over. A change made by another writer (another mount of the same
-Redis, a zarr-python process on the same LMDB file) shows after at most ``ttl`` here plus the
-kernel's own ``cache_timeout``, instead of ``cache_timeout`` alone. ``-o dir_cache=0`` turns
-the snapshots off.
-
-A folder too large to snapshot (more than ``limit`` entries, e.g. a flat array folder of a
-million chunks), or whose last snapshot answered fewer lookups than an eighth of its entries
-(a client probing a few chunk keys of a large folder), is looked up name by name for ten
-times ``ttl``.
-
-What the snapshots hold together is bounded by ``entries`` (``-o dir_cache_entries=``, default
-:data:`ENTRIES`, a few hundred bytes each: about 25 MiB): the oldest snapshots go first to make
-room, and no folder larger than the bound is read whole. ``zarrfs status`` shows the count.
+A lookup the kernel has not cached is a round trip to a remote database. When one folder gets
+:data:`HOT` lookups within ``ttl``, it is read once (names with sizes and attributes, one batch of
+reads) and answers further lookups until the snapshot is ``ttl`` old, the trade rclone's directory
+cache and gcsfuse's stat cache make. Each write transaction of this mount drops every snapshot
+(the tree calls :meth:`FolderCache.clear`) and none is made for ``ttl`` after, so the mount's own
+changes show at once and a folder being filled is not read over and over; another writer's
+changes show within ``ttl`` plus the kernel's ``cache_timeout``. ``-o dir_cache=0`` turns it off.
+A folder of more than ``limit`` entries, or whose last snapshot answered fewer lookups than an
+eighth of its entries, is looked up name by name for ten times ``ttl``. All snapshots together
+hold at most ``entries`` entries (``-o dir_cache_entries=``, default :data:`ENTRIES`, a few hundred
+bytes each), the oldest dropped first; ``zarrfs status`` shows the count.
 """
 
 from __future__ import annotations

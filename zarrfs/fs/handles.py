@@ -1,28 +1,18 @@
 """Open files: buffered writes committed all-or-nothing, and stable reads.
 
-Every open file handle points at the shared :class:`FileState` of its key (of each name of a
-file with hard links), so two descriptors of one file see each other's writes, as POSIX
-requires. Writes go to a :class:`SpillBuffer`; a writer's ``close`` (``flush``, ``release``) and
-``fsync`` commit the file, under every name, in one transaction; a descriptor opened read-only
-never commits. Until then the database, and every other reader of it, sees the old value; a
-reader never sees half a value. A file made with ``create`` exists only in this table until its
-first commit, so create + write + close is one transaction.
-
-A commit lays what this mount changed (:class:`zarrfs.fs.extents.Extents`) on the newest stored
-version, read in the commit's transaction, so it never drops what another mount committed since
-this one read the file, outside the ranges written here; a file rewritten from empty is stored
-as it is, with no read. Locks bring files up to date (NFS's lock consistency): when one is
-granted, :meth:`LockedFiles.locked` marks the file, and the next call that reads, writes or
-shows it first lays its pending changes on the newest version (:meth:`LockedFiles.fresh`);
-before one is released, :meth:`LockedFiles.commit_key` commits it.
-
-Temporary files (``*.partial`` from zarr-python, ``*.__lock`` from tensorstore, written and
-then renamed onto a key) are not
-stored when closed: the daemon keeps them, visible through the mount, until they are renamed
-or linked, and then stores their content once, directly at the destination key. A chunk then
-crosses the database once instead of three times (store, read back, store again). ``fsync``
-stores one at once, and so does unmounting; a crash loses only temporary files that nobody
-had renamed yet.
+Every handle points at the shared :class:`FileState` of its key (of each name of a linked file),
+so two descriptors of one file see each other's writes, as POSIX requires. Writes go to a
+:class:`SpillBuffer`; a writer's ``close`` (``flush``, ``release``) and ``fsync`` commit the file
+under every name in one transaction, and a read-only descriptor never commits, so no reader sees
+half a value. A file made with ``create`` exists only here until its first commit, so create +
+write + close is one transaction. A commit lays this mount's changes
+(:class:`zarrfs.fs.extents.Extents`) on the newest stored version, read in its transaction, so
+another mount's commit is kept outside the ranges written here. A granted lock marks the file
+(:meth:`LockedFiles.locked`): the next call that touches it first lays its changes on the newest
+version (:meth:`LockedFiles.fresh`), and :meth:`LockedFiles.commit_key` commits it before a
+release. Temporary files (``*.partial``, ``*.__lock``: written, then renamed onto a key) are held
+until renamed or linked, then stored once at the destination (one crossing of the database
+instead of three); ``fsync`` and unmounting store them: a crash loses only unrenamed ones.
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """Hard links: several names of one file, kept in the SIDE space.
 
-Every name of a linked file stays an ordinary data key holding the whole value (zarr-python 2's
-store classes read any of them); every name of a linked symlink or special file (a FIFO, a
-device, a socket) is its own entry record, as for one name. What makes the names one node is
-bookkeeping in two side records:
-
-* ``h:<key>``: the id of the link group of the file at ``key`` (a pointer, one per name);
-* ``g:<id>``: the names of the group, NUL-separated (no key holds a NUL).
-
-A group's names are written together: a commit stores the value under each name, and the
-attribute records (``a:<name>``) of the names are kept in step, all in the transaction of the
-change. Every namespace change keeps the records exact in its own transaction.
-
-Data keys win over these records, as over every side record: a file exists iff its key
-exists (a symlink or special file iff its entry record does). A name of the record whose key
-is gone (deleted by zarr-python 2, which knows nothing of links) is simply not a member, and a
-pointer whose group does not name its key is ignored. A group left with one name is dissolved:
-that file is a plain file again.
+Each name of a linked file is an ordinary data key holding the whole value (zarr-python 2's store
+classes read any of them); each name of a linked symlink or special file is its own entry record.
+Two side records make the names one node: ``h:<key>``, the id of the name's link group, and
+``g:<id>``, the group's names, NUL-separated (no key holds a NUL). A commit stores the value under
+every name and keeps their ``a:<name>`` records in step, in one transaction; every namespace change
+keeps the records exact in its own. Data keys win, as over every side record: a file exists iff its
+key exists (a symlink or special file iff its entry record does); a name whose key is gone
+(deleted by zarr-python 2, which knows nothing of links) is not a member, a pointer whose group
+does not name its key is ignored, and a group left with one name is dissolved.
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
-"""Folder listings: the children of a folder, streamed from the keys and side records, exact for
-every name.
+"""Folder listings: a folder's children, streamed from the keys and side records, exact for every name.
 
-A folder's children come from three places: the data keys below it (``grp/arr/0.0`` makes
-``arr`` a child of ``grp``), the side entries below it (markers of folders made with ``mkdir``,
-symlinks) and, for ``readdir``, files created through the mount and not stored yet.
-
-Key order is not name order. The keys of a folder ``foo`` (``foo/...``) sort after those of
-``foo-max``, ``foo.bar`` or ``foo bar`` (every character below '/' sorts first), while the
-side markers ``e:foo``, ``e:foo-max`` sort by name. So each source is read in key order and
-turned into a stream of names in name order, each name once: a name whose folder sorts later
-(``foo`` while reading ``foo-max/...``) is settled when it is first met, from the batch of keys
-at hand, the next one, or one probe of ``foo/``. The streams are then merged on names, and the
-names of unstored files are listed after them unless they named them. A resume token is
-the last name listed: a listing resumes at the first name after it, exact whatever sorts
-between a name's key and its folder's keys. A folder of a million keys is read batch by batch
-and never built as one list.
+Children come from the data keys below the folder (``grp/arr/0.0`` makes ``arr`` a child of
+``grp``), the side entries below it (``mkdir`` markers, symlinks) and, for ``readdir``, files
+created through the mount and not stored yet. Key order is not name order: the keys of ``foo/...``
+sort after those of ``foo-max``, ``foo.bar`` or ``foo bar`` (characters below '/' sort first),
+while the markers ``e:foo``, ``e:foo-max`` sort by name. So each source is read in key order and
+turned into a stream of names in name order, each once: a name whose folder sorts later is settled
+when first met, from the batch at hand, the next one, or one probe of ``foo/``. The streams are
+merged on names, and unstored files are listed after them unless already named. A resume token is
+the last name listed; a listing resumes at the first name after it. A folder is read batch by
+batch, never built as one list.
 """
 
 from __future__ import annotations

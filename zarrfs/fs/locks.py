@@ -1,31 +1,18 @@
-"""File locks held in the database, so that every mount of one database sees them: ``flock``
-and POSIX record locks (``fcntl`` ``F_SETLK``/``F_SETLKW``/``F_GETLK``) taken through one mount
-conflict with those taken through another, on this machine or another.
+"""File locks kept in the database: ``flock`` and POSIX record locks (``F_SETLK``, ``F_SETLKW``,
+``F_GETLK``) taken through one mount conflict with those of every other mount of the database, on
+this machine or another. Nothing here knows about FUSE.
 
-The lock table lives in the driver's SIDE space, beside the other bookkeeping:
-
-* ``lock:<key>``: the locks on one file, a JSON list of ``[mount, owner, start, end, type,
-  pid, flock]`` (``end`` inclusive, as the kernel gives it; ``type`` is ``F_RDLCK`` or
-  ``F_WRLCK``). ``flock`` locks and POSIX locks are two separate sets that never conflict with
-  each other, as on Linux.
-* ``lease:<mount>``: until when (wall-clock seconds) the locks of a mount are held. A mount that
-  holds locks renews its lease every quarter of :data:`LEASE`; a lock whose mount's lease has
-  run out (the daemon was killed, the machine lost) is ignored and pruned by the next
-  transaction that reads it. So a dead mount's locks are free after at most :data:`LEASE`
-  seconds. Leases compare wall clocks: the machines sharing a database need clocks in step (NTP)
-  to well within the lease.
-
-Every decision is one transaction of the driver: the file's lock list and the leases of the
-mounts in it are read, the conflict decided, the new list and this mount's lease written, so two
-mounts can never both be granted conflicting locks (the drivers' write transactions are
-serializable: LMDB and SQLite lock, Redis watches what was read and retries, PostgreSQL runs
-them ``SERIALIZABLE``).
-
-A request that must wait (``F_SETLKW``, ``flock`` without ``LOCK_NB``) is not waited for on the
-caller's thread: :class:`Waiters` keeps it and tries again in a thread of its own, at once when a
-lock of this mount is released and otherwise after a growing delay, and reports the answer
-through a callback; :meth:`Waiters.cancel` ends a wait (an interrupted caller gets ``EINTR``).
-Nothing here knows about FUSE.
+Side records: ``lock:<key>``, a JSON list of ``[mount, owner, start, end, type, pid, flock]``
+(``end`` inclusive, as the kernel gives it; ``flock`` and POSIX locks are separate sets that never
+conflict, as on Linux), and ``lease:<mount>``, the wall-clock time until which a mount's locks
+hold. A mount holding locks renews its lease every quarter of :data:`LEASE`; locks of a lapsed
+lease (a killed daemon, a lost machine) are ignored and pruned by the next transaction that reads
+them, so machines sharing a database need clocks in step (NTP). Each decision is one serializable
+transaction of the driver (the file's list and its mounts' leases read, the list and this mount's
+lease written), so two mounts are never both granted conflicting locks. A request that must wait
+is kept by :class:`Waiters` and retried in a thread of its own (at once when a lock of this mount
+is released, else after a growing delay), answered through a callback; :meth:`Waiters.cancel`
+ends a wait (``EINTR``).
 """
 
 from __future__ import annotations

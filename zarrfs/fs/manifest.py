@@ -1,31 +1,17 @@
-"""The manifest of a value stored in parts (see :mod:`zarrfs.fs.parts`), and its encoding.
+"""The manifest of a value stored in parts (:mod:`zarrfs.fs.parts`): 49 bytes under its data key::
 
-A parted value's data key holds a small manifest instead of the value::
+    MAGIC (17) | id (16) | total size (u64 LE) | part size (u64 LE)
+    MAP_MAGIC (17) | id (16) | total size (u64 LE) | part size (u32 LE) | stored (u32 LE)
 
-    MAGIC (17 bytes) | id (16 bytes) | total size (u64 LE) | part size (u64 LE)
-
-The magic begins with a byte above 0x7F and holds a CR LF, a ^Z and an LF (the trick of the
-PNG signature): no codec zarr-python 2 knows decodes it (Blosc, zlib, gzip, Zstandard and
-LZ4 headers do not match), and a raw chunk of 49 bytes is never the size of a chunk above the
-parting threshold, so zarr-python 2 reading a parted chunk fails with an error, never with
-wrong data. The file's attribute record (``a:<key>``, :class:`zarrfs.fs.sidedata.Attrs`)
-carries the same manifest: a value is parted only when the two are equal, so a writer that is
-not zarrfs replacing the key shows its own value.
-
-The id is 8 bytes of the time in nanoseconds then 8 random bytes: a fresh id per stored
-version, so parts are never overwritten; ``zarrfs check`` tells an unfinished write's parts
-(orphans) by their time.
-
-A version whose parts are all its own and all stored (the first write of a dense file) keeps
-that manifest, which every zarrfs reads. Any other (holes: parts of zeros, not stored; parts
-shared with the version it replaced) has a **mapped** manifest, of the same 49 bytes::
-
-    MAP_MAGIC (17 bytes) | id (16 bytes) | total size (u64 LE) | part size (u32 LE) | stored (u32 LE)
-
-``stored``: how many parts are stored (bit 31: the last part is one of them), what ``st_blocks``
-counts. Its part map is the side value ``p:<id>/map``: per part, the 16-byte id of the version
-whose key holds it (``p:<that id>/<n>``), or 16 zero bytes for a hole. A zarrfs older than the
-map sees the 49 bytes as the file's content (its magic is not the old one).
+Plain: a version whose parts are all its own and all stored. Mapped (holes, parts shared with the
+version it replaced): ``stored`` counts the stored parts for ``st_blocks`` (bit 31: the last part
+is one), and ``p:<id>/map`` gives per part the 16-byte id of the version whose key holds it
+(``p:<that id>/<n>``), or zeros for a hole. Both magics begin above 0x7F and hold CR LF, ^Z and
+LF (as PNG's signature): no codec zarr-python 2 knows decodes them, so it fails on a parted chunk
+rather than return wrong data. The id (8 bytes of nanosecond time, 8 random) is fresh per stored
+version, so parts are never overwritten and ``zarrfs check`` dates orphans by it. A value is
+parted only when its attribute record (``a:<key>``, :class:`zarrfs.fs.sidedata.Attrs`) ends with
+the same manifest, so a writer that is not zarrfs replacing the key shows its own value.
 """
 
 from __future__ import annotations

@@ -1,25 +1,16 @@
 """When the kernel may keep the pages it cached of a file: the policy, without FUSE.
 
-The kernel keeps what it read of a file in its page cache. At each open the filesystem says
-whether those pages may stay (they are the file's content) or must be dropped (the file
-changed since they were read). zarrfs judges a file unchanged while its size and mtime are
-those last shown to the kernel, as libfuse's ``auto_cache`` does; content written through the
-mount is an exception: the kernel's pages of it are what was stored (writes go through its page
-cache), so the next open keeps them. After such a commit, the last partial page of the file can
-be handed to the kernel too, which then never needs to read the file back.
-
-:class:`PageCache` decides; :mod:`zarrfs.fuse.session` turns its decisions into the protocol
-(``FOPEN_KEEP_CACHE`` in an open's reply, a ``NOTIFY_STORE`` notification). What it remembers
-of each file lives in a :class:`Pages` (the session's inodes are ``Pages``).
-
-A file the kernel holds no pages of, opened read-only, is read past the page cache on that
-open (``FOPEN_DIRECT_IO``, :meth:`PageCache.direct`) when it is at least ``direct_above``
-bytes: a chunk read once through a fresh mount then crosses memory once, from the database
-into the reader's buffer, instead of into pages the kernel must first allocate and then copy
-out again (docs/performance.md has what each costs). The next open of the same version keeps
-the page cache as before, so a file read twice is cached from its second reading on: what is
-read once never crowds the cache, what is read again stays in it. Small files (metadata,
-read again and again) always go through the cache.
+At each open the filesystem says whether the kernel's cached pages of the file may stay or must be
+dropped. A file counts as unchanged while its size and mtime are those last shown to the kernel
+(as libfuse's ``auto_cache``); content written through the mount is kept too, since the kernel's
+pages of it are what was stored, and after such a commit the last partial page can be handed to
+the kernel, which then never reads the file back. :class:`PageCache` decides;
+:mod:`zarrfs.fuse.session` turns its decisions into ``FOPEN_KEEP_CACHE`` and ``NOTIFY_STORE``; what
+it remembers of each file lives in a :class:`Pages` (the session's inodes are ``Pages``). A
+read-only open of a file of at least ``direct_above`` bytes the kernel holds no pages of is read
+past the page cache (``FOPEN_DIRECT_IO``, :meth:`PageCache.direct`), so a chunk read once crosses
+memory once; the next open of that version caches it. What is read once never crowds the cache,
+what is read again stays; small files (metadata, read again and again) always use the cache.
 """
 
 from __future__ import annotations

@@ -1,30 +1,18 @@
 """Large files stored in parts: bounded memory whatever a file's size, and no value limit.
 
-A driver's ``put`` of N bytes costs about N bytes of memory (LMDB's dirty pages, the copies
-SQLite, redis-py and psycopg make of a bound value) and each database caps a value (LMDB 4 GiB,
-SQLite 10^9 bytes, Redis' ``proto-max-bulk-len``, PostgreSQL 1 GiB). So a file larger than
-``parts_above`` (a mount option, 64 MiB by default), or than the driver's largest value, is
-stored as:
-
-* parts of :func:`part_size` bytes (16 MiB by default) under side keys ``p:<id>/<n>``, ``id``
-  fresh for every stored version (:mod:`zarrfs.fs.manifest`). Each part is read from the
-  file's spill buffer by ``pread`` into one reused buffer and put in its own write transaction
-  before the commit: a driver's transaction never holds more than one part;
-* then the commit, one transaction as for any file: under the data key a 49-byte manifest
-  (magic, id, total size, part size), and the same manifest at the end of the file's
-  attribute record. Lookups and listings show the total size when the record says parted and
-  the data key holds that many bytes; reads check the manifest, then read ranges of the parts
-  (immutable once written: the id pins the version).
-
-The parts of the version a commit replaces, or of a file whose last name is removed, are
-deleted after that commit, each part in its own transaction (freed memory stays one part: LMDB
-keeps a copy of a removed side value until the commit). A crash between the parts and the
-commit, or between the commit and the deletions, leaves orphan parts only, never a changed
-file: ``zarrfs check`` reports them and ``zarrfs check --repair`` deletes them.
-
-Hard links share their parts (each name holds the manifest): the parts go when no name is
-left. A rename moves the manifest and the record; the parts stay where they are. Metadata
-documents and files of the decoded view are never parted (the format layer reads them whole).
+A driver's ``put`` of N bytes costs about N bytes of memory and each database caps a value, so a
+file larger than ``parts_above`` (a mount option) or the driver's largest value is stored as parts
+of :func:`part_size` bytes under side keys ``p:<id>/<n>`` (``id`` fresh for every stored version:
+:mod:`zarrfs.fs.manifest`), each ``pread`` from the file's spill buffer into one reused buffer and
+put in its own transaction before the commit, so no driver transaction holds more than one part.
+The commit is one transaction as for any file: the manifest under the data key and at the end of
+the attribute record. Parts are immutable once written; reads check the manifest, then read
+ranges of parts. The parts a version lets go of (a commit, a rename onto it, the last unlink;
+those its successor does not share) are deleted after that commit, one per transaction, so freed
+memory stays one part (LMDB keeps a removed side value until the commit). A crash in between
+leaves orphan parts, never a changed file (``zarrfs check --repair``). Hard links share parts; a
+rename moves the manifest and record, not the parts. Metadata documents and files of the decoded
+view are never parted (the format layer reads them whole).
 """
 
 from __future__ import annotations

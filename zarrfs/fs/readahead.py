@@ -1,22 +1,15 @@
-"""Chunks fetched before they are asked for: a reader that opens the chunks of a Zarr array in
-grid order finds the next ones already here.
+"""Read-ahead of chunks, for readers that open the chunks of a Zarr array in grid order.
 
-GDAL, netCDF-C and most programs written before zarr-python 3 read one chunk at a time, in
-grid order; across a network each chunk then costs a round trip to the database for its lookup
-and its open. When this mount sees a file of an array opened right after the chunk before it
-in grid order (C order over the array's chunk grid), it reads that chunk and the next
-:attr:`Readahead.depth` chunks in one batch (one round trip), and the next lookups and opens
-of those chunks are answered from here.
-
-Never stale, by the rules the mount's other caches follow: only a mount with a change feed
-reads ahead (the tree sets :attr:`zarrfs.fs.tree.Tree.readahead`); an entry is dropped
-when a change notification names its key (:meth:`Readahead.forget`, from the change watcher,
-which an open polls first) and every entry when this mount writes anything or the feed loses
-track; an entry is served once, to one open, and one found by a lookup stays for its open.
-
-Bounded in memory: at most ``depth`` entries per array and ``max_bytes`` in all (the oldest
-go first); a chunk larger than ``max_value`` is not kept; at most :data:`ARRAYS` arrays'
-grids are remembered.
+GDAL, netCDF-C and most programs older than zarr-python 3 read one chunk at a time in grid order
+(C order over the chunk grid); across a network each chunk then costs a round trip for its lookup
+and open. When a chunk is opened right after the one before it in grid order, this mount reads it
+and the next :attr:`Readahead.depth` chunks in one batch, and answers their next lookups and opens
+from here. Never stale: only a mount with a change feed reads ahead (the tree sets
+:attr:`zarrfs.fs.tree.Tree.readahead`); an entry is dropped when a change names its key
+(:meth:`Readahead.forget`, from the change watcher, which an open polls first) and every entry when
+this mount writes or the feed loses track; an entry is served once, to one open (one found by a
+lookup stays for its open). Bounded: ``depth`` entries per array, ``max_bytes`` in all (the oldest
+go first), no chunk above ``max_value``, at most :data:`ARRAYS` arrays' grids remembered.
 """
 
 from __future__ import annotations

@@ -1,21 +1,18 @@
 """The filesystem's bookkeeping in the driver's SIDE space, and how it is encoded.
 
-Kinds of side record, each under its own one-letter prefix so that a range scan of one kind
-under a folder never sees the others:
+Each kind of record has its own one-letter prefix, so a range scan of one kind under a folder
+never sees the others:
 
-* ``a:<key>``: attributes of a file, folder, symlink or special file (mode, uid, gid, atime,
-  mtime, ctime). Advisory: a key without one gets defaults.
-* ``e:<key>``: an entry that is not a Zarr key: ``d`` for a folder made with ``mkdir`` (so it
-  survives while empty), ``l<target>`` for a symlink, ``s<type><rdev>`` for a special file (a
-  FIFO, a character or block device, a socket), so that zarr-python never sees one.
-* ``epoch``: the time given to keys that have no attributes yet, fixed at the first mount so
-  that it does not change between mounts (``rsync`` compares mtimes).
-* ``h:<key>`` and ``g:<id>``: hard links, the link group of a name and the names of a group
-  (:mod:`zarrfs.fs.hardlinks`).
-* ``p:<id>/<n>``: part ``n`` of a value stored in parts (:mod:`zarrfs.fs.parts`); the file's
-  ``a:`` record then ends with the value's manifest (:mod:`zarrfs.fs.manifest`).
-* ``x:<key>``: the extended attributes of a node (:func:`pack_xattrs`), absent when it has
-  none; like ``a:``, each name of a file with hard links has the same record.
+* ``a:<key>``: attributes (mode, uid, gid, atime, mtime, ctime); advisory: defaults without one.
+* ``e:<key>``: an entry that is not a Zarr key: ``d`` a folder made with ``mkdir`` (kept while
+  empty), ``l<target>`` a symlink, ``s<type><rdev>`` a FIFO, device or socket.
+* ``epoch``: the time of keys with no attributes yet, fixed at the first mount (``rsync`` compares
+  mtimes).
+* ``h:<key>``, ``g:<id>``: hard links (:mod:`zarrfs.fs.hardlinks`).
+* ``p:<id>/<n>``: parts of a value stored in parts (:mod:`zarrfs.fs.parts`); its ``a:`` record
+  then ends with the manifest (:mod:`zarrfs.fs.manifest`).
+* ``x:<key>``: extended attributes (:func:`pack_xattrs`), absent when none; like ``a:``, the same
+  under each name of a linked file.
 """
 
 from __future__ import annotations

@@ -1,20 +1,16 @@
 """Keeping the kernel's caches right when other writers change the database.
 
-With a change feed (:mod:`zarrfs.fs.changes`) the mount hears every other writer's commit within
-a poll, so the kernel may keep names and attributes for long (``cache_timeout`` an hour), and
-:class:`Coherence` drops exactly what changed, for each changed key and each folder above it:
-
-* a node the kernel holds: its attributes and pages (``NOTIFY_INVAL_INODE``) and what the
-  page-cache policy remembers of it; its entry (``NOTIFY_INVAL_ENTRY``) when the key is gone or
-  of another kind, else, with ``EXPIRE_ONLY`` (FUSE 7.38), marked to be looked up again, which
-  renews the owner and mode ``default_permissions`` checks a ``chmod``/``chown`` against;
-* a cached "no such file": its entry. Such names are remembered (a negative entry holds no
-  node), forgotten when created through the mount, and past :data:`NEGATIVES` the oldest are
-  dropped from the kernel too, so a missing name stays cached long however many were made;
-* a hard link made or removed elsewhere: a name gone leaves the node to the file's other names;
-  a file now in a link group joins it. "Not known what" drops every node and entry.
-
-The loop polls between requests and every open polls first (close-to-open across mounts); the
+With a change feed (:mod:`zarrfs.fs.changes`) the mount hears other writers' commits within a
+poll, so the kernel may keep names and attributes long (``cache_timeout`` an hour) and
+:class:`Coherence` drops exactly what changed, for each changed key and each folder above it: a
+held node's attributes and pages (``NOTIFY_INVAL_INODE``) and its page-cache record; its entry
+(``NOTIFY_INVAL_ENTRY``) when the key is gone or changed kind, else, with ``EXPIRE_ONLY`` (FUSE
+7.38), marked for a new lookup, which renews the owner and mode ``default_permissions`` checks;
+cached "no such file" entries, remembered here since a negative entry holds no node (forgotten
+when created through the mount; past :data:`NEGATIVES` the oldest are dropped from the kernel too);
+hard links made or removed elsewhere (a name gone leaves the node to the file's other names, a
+file added to a link group joins it). "Not known what" drops every node and entry. The
+loop polls between requests and every open polls first (close-to-open across mounts);
 notifications are written before the next request is served (bounded, :mod:`zarrfs.fuse.notify`).
 """
 

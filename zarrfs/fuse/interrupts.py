@@ -1,20 +1,17 @@
 """Requests that arrive while the request thread waits on a server, and FUSE_INTERRUPT.
 
-The daemon serves requests from one thread (``loop``); while it sleeps in a driver waiting on a
-server, the kernel may send more requests, ``FUSE_INTERRUPT`` among them. A :class:`Watch` lets
-the driver notice them without a second thread: the driver polls its descriptor (``/dev/fuse``)
-beside its socket and calls :meth:`Watch.check` when it is readable:
+The daemon serves requests from one thread (``loop``); while a driver waits on a server the
+kernel may send more, ``FUSE_INTERRUPT`` among them. A :class:`Watch` lets the driver notice them
+without a second thread: it polls ``/dev/fuse`` beside its socket and calls :meth:`Watch.check`:
 
-* an INTERRUPT of the request being served (:attr:`Watch.unique`, set by the dispatcher) raises
+* an INTERRUPT of the request being served (:attr:`Watch.unique`) raises
   :class:`~zarrfs.backends.errors.InterruptedCallError` (the connection is dropped; ``EINTR``);
 * an INTERRUPT of a request read but not served yet answers it ``EINTR`` and drops it;
 * any other request goes to :attr:`Watch.pending`, served in order before the next read.
 
-Interrupts of requests already answered are ignored, as the kernel allows. A write waiting for
-a database lock another program holds (``backends.writer_wait``, up to ``-o timeout=``) calls
-:meth:`Watch.serve_waiting`, which answers the queued requests that need no write
-(:attr:`Watch.may_serve`: lookups, attributes, reads, listings, a reader's open and close), never
-nested; the rest wait, the waiting request being answered first.
+Interrupts of requests already answered are ignored. A write waiting on another program's
+database lock (``backends.writer_wait``, up to ``-o timeout=``) calls :meth:`Watch.serve_waiting`,
+which answers queued requests that need no write (:attr:`Watch.may_serve`), never nested.
 """
 
 from __future__ import annotations

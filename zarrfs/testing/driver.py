@@ -1,23 +1,9 @@
 """The driver conformance kit: :class:`DriverConformance` checks the contract of
-``zarrfs.backends.base`` against a driver, the same tests for the built-in drivers and for a
-third-party one. Subclass it in a test module::
-
-    import pytest
-    from zarrfs.backends import open_driver
-    from zarrfs.testing import DriverConformance
-
-    class TestMyDriver(DriverConformance):
-        @pytest.fixture
-        def url(self, tmp_path):
-            return f"mydb://{tmp_path}/db"
-
-        @pytest.fixture
-        def driver(self, url):
-            d = open_driver(url)
-            yield d
-            d.close()
-
-Everything is real: the database itself, threads, and processes started with ``spawn``.
+:mod:`zarrfs.backends.base` against a driver, the same tests for the built-in drivers and for a
+third-party one. Subclass it in a test module and give it two fixtures: ``url``, a fresh
+database's URL (``f"mydb://{tmp_path}/db"``), and ``driver``, that URL opened with
+:func:`zarrfs.backends.open_driver`, yielded, then closed. Everything is real: the database
+itself, threads, and processes started with ``spawn``.
 """
 
 from __future__ import annotations

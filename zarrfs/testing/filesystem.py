@@ -1,20 +1,12 @@
 """Filesystem semantics every driver must give, as a test class a driver's own tests subclass.
 
-A third-party driver's test module runs the whole set against its database like this::
-
-    import pytest
-    from zarrfs.testing.filesystem import FilesystemConformance
-
-    class TestMyDriver(FilesystemConformance):
-        @pytest.fixture
-        def driver_url(self, tmp_path):
-            return f"mydb://{tmp_path}/db"  # a fresh, empty database for each test
-
-The class name does not start with ``Test``, so pytest does not collect the base class itself,
-only its subclasses. Everything goes through :class:`zarrfs.fs.tree.Tree` and
-:class:`zarrfs.fs.listing.DirListing` (the filesystem without FUSE): folders derived from keys,
-listings (exact for every name, across batches and resumptions), mkdir markers, symlinks,
-rename and link, attributes, open files; hard links (:mod:`zarrfs.testing.links`).
+Subclass :class:`FilesystemConformance` in a test module and give it a ``driver_url`` fixture: a
+fresh, empty database for each test (``f"mydb://{tmp_path}/db"``). Its name does not start with
+``Test``, so pytest collects only the subclasses. Everything goes through
+:class:`zarrfs.fs.tree.Tree` and :class:`zarrfs.fs.listing.DirListing` (the filesystem without
+FUSE): folders derived from keys, listings (exact for every name, across batches and
+resumptions), mkdir markers, symlinks, rename and link, attributes, open files; hard links
+(:mod:`zarrfs.testing.links`).
 """
 
 from __future__ import annotations

@@ -1,26 +1,18 @@
 """A TCP proxy on 127.0.0.1 that delays every segment, counts round trips and can stall.
 
-A database 127.0.0.1 away answers in tens of microseconds; one across a network in 0.1 to a few
-milliseconds, and then what counts is how many round trips a call costs and whether other calls
-go on meanwhile. :class:`DelayProxy` puts a server "across a network" for the tests and for
-``scripts/bench_network.py``:
+:class:`DelayProxy` puts a server "across a network" for the tests and ``scripts/bench_network.py``:
 
-* every segment is forwarded after about ``rtt / 2`` in each direction, in order. asyncio's
-  timers wake on whole milliseconds, so requests wait the whole milliseconds of half the round
-  trip and replies the rest (a 1 ms round trip: 0 and 1 ms; 5 ms: 2 and 3 ms; halves of 0.5 ms
-  would cost 1 ms each); :meth:`DelayProxy.measure` says what a round trip really costs;
-* it counts **round trips**: request bursts, i.e. a client's data arriving on a connection that
-  has not sent since the server last answered on it. A pipeline of ten commands sent at once is
-  one round trip; ten commands each waiting for its reply are ten;
-* :meth:`DelayProxy.hold` stops forwarding requests (all of them, or those containing a given
-  byte string, and everything after such a one on its connection) until :meth:`release`: a
-  server that stops answering, without a clock.
+* each segment is forwarded in order after about ``rtt / 2`` each way; asyncio's timers wake on
+  whole milliseconds, so requests wait the whole milliseconds of half the round trip and replies
+  the rest (:meth:`DelayProxy.measure` says what a round trip really costs);
+* it counts round trips as request bursts: a client's data arriving on a connection that has not
+  sent since the server last answered (a pipeline of ten commands is one; ten waited for, ten);
+* :meth:`DelayProxy.hold` stops forwarding requests (all, or those holding a byte string and what
+  follows them on their connection) until :meth:`release`: a server that stops answering.
 
-Bounded: it listens on 127.0.0.1 only, takes at most ``max_connections`` connections, stops
-reading a side whose undelivered data passes ``max_buffered`` bytes, and stops by itself after
-``lifetime`` seconds or when its parent goes away (its stdin closes). It runs in a process of its
-own (this file is run by path, with the standard library only), so that it takes no time from the
-process being measured: the parent sends JSON commands on its stdin and reads the answers.
+Bounded: ``max_connections``; a side is not read past ``max_buffered`` undelivered bytes; it stops
+after ``lifetime`` seconds or when its parent's stdin closes. It runs in a process of its own (by
+path, standard library only), taking no time from the one measured, and takes JSON on its stdin.
 """
 
 from __future__ import annotations

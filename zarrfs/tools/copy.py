@@ -1,29 +1,18 @@
-"""``zarrfs copy`` and :func:`zarrfs.copy`: a hierarchy from one place to another, key for key
-and byte for byte (chunks are never decoded; consolidated metadata is copied as the key it
-is), without a mount, with the extended attributes of files and folders
-(:mod:`zarrfs.tools.xattrcopy`). zarr-python 3 has no ``copy_store``; this is one.
+"""``zarrfs copy`` and :func:`zarrfs.copy`: a hierarchy from one place to another, key for key and
+byte for byte (chunks never decoded, consolidated metadata copied as the key it is), with the
+extended attributes of files and folders (:mod:`zarrfs.tools.xattrcopy`), without a mount.
 
-Either end is a folder (a DirectoryStore), a database URL (any zarrfs driver), or, from Python,
-any zarr-python 3 store. Between folders and databases the copy uses the driver directly:
-reads in batches, writes of 256 keys or 64 MiB per transaction, and files written by a few
-threads. A zarr store end goes through its async API, several keys at a time.
-
-``if_exists``: ``replace`` (the default) overwrites keys the destination has, ``skip`` keeps
-those that are whole there (the same size as at the source: what an interrupted copy left
-written in part is copied again, so running an interrupted copy again with ``skip`` finishes
-it), ``raise`` copies nothing when any key to copy exists there (checked before the first
-write). ``dry_run`` counts what would be copied and skipped and writes nothing.
-
-A value a mount stored in parts (:mod:`zarrfs.fs.parts`) is read part by part, each part in a
-read transaction of its own, and written to a folder part by part, or to a database in parts
-of the same size (never above its largest value): the copy never holds it whole (a zarr-python
-3 store end takes whole values only). Such a value replaced at the source during the copy
-fails it (its old parts are gone), never copies a mix of two versions.
-
-A missing source is an error before anything is created at the destination. ``validate`` runs
-the format layer's whole-store checks (:func:`zarrfs.format.check.check_items`, as ``zarrfs
-check``) over the source first and copies nothing if they find an error. ``progress`` shows a
-tqdm bar on stderr (keys, bytes, rate, time left), after a first pass that sizes the source.
+Either end is a folder, a database URL (any driver) or, from Python, a zarr-python 3 store (its
+async API, several keys at a time). Between folders and databases the driver is used directly:
+reads in batches, writes of 256 keys or 64 MiB per transaction, files written by a few threads.
+``if_exists``: ``replace`` (the default) overwrites, ``skip`` keeps keys already whole at the
+destination (the source's size, so rerunning an interrupted copy with ``skip`` finishes it),
+``raise`` copies nothing if any key exists (checked before the first write). ``dry_run`` counts
+what would be copied and skipped, writing nothing; ``progress`` shows a tqdm bar on stderr after a
+pass that sizes the source. A parted value (:mod:`zarrfs.fs.parts`) is copied part by part, a read
+transaction per part (to a database in parts of the same size); one replaced at the source
+meanwhile fails the copy. A missing source fails before anything is created; ``validate`` runs
+:func:`zarrfs.format.check.check_items` over the source first and copies nothing on an error.
 """
 
 from __future__ import annotations

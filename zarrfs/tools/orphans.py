@@ -1,19 +1,15 @@
 """Parts no file references (``zarrfs check``, ``zarrfs check --repair``).
 
-A file stored in parts (:mod:`zarrfs.fs.parts`) writes its parts before the commit that
-makes them its content, and deletes a replaced version's parts after the commit that replaced
-it. A crash (or a failed deletion) in between leaves parts that no file references: orphans.
-They hold space and nothing else; nothing reads them. Here they are found, by listing the
-manifests the files' attribute records name (kept only where the data key holds the same
-manifest), the part keys they reference (a mapped version's map names, per part, the version
-whose key holds it: a part a later version took over is referenced by that one, whatever its
-id), and the part keys stored; on ``repair`` the keys no version references are deleted, one
-per transaction. Missing parts of a referenced version (a file that cannot be read whole)
-are reported too.
-
-A mount writing a large file at the same time has parts that no file references yet: repair
-when no mount writes (a commit whose parts were deleted under it fails with EIO; nothing is
-stored wrong).
+A file stored in parts (:mod:`zarrfs.fs.parts`) writes its parts before the commit that makes them
+its content and deletes a replaced version's parts after the commit that replaced it; a crash or a
+failed deletion in between leaves orphans, which hold space and are never read. They are found by
+listing the manifests the attribute records name (only where the data key holds the same
+manifest), the part keys those reference (a mapped version's map names, per part, the version
+whose key holds it, so a part a later version took over counts for that one) and the part keys
+stored; ``repair`` deletes the unreferenced ones, one per transaction. Missing parts of a
+referenced version are reported too. A mount writing a large file meanwhile has parts nothing
+references yet: repair when no mount writes (a commit whose parts were deleted under it fails
+with EIO; nothing is stored wrong).
 """
 
 from __future__ import annotations

@@ -1,20 +1,17 @@
 """LMDB driver: ``lmdb:///abs/path/db.lmdb[?map_size=2**40&map_max=&side_map_size=&sync=0]``
 (or a bare path); the maps grow on demand up to their bounds (``maps``).
 
-Data keys live in the main, unnamed database, exactly as zarr-python 2's ``LMDBStore`` writes
-them: a folder (``data.mdb`` + ``lock.mdb``) or, for an existing regular file, a single-file
-environment. Side data lives in a second environment (a named database would be a record that
-``LMDBStore.keys()`` lists), ``<dir>/zarrfs-side.mdb`` or ``<file>.zarrfs-side``, made at the
-first side write; writers lock data then side, so they cannot deadlock. Keys over LMDB's 511
-bytes are held in the side environment (``longkeys``), so the driver has no key limit.
-
-Two environments, one outcome (``LMDBTxn.finish``): the side commits first and is put back if
-the data commit fails; a kill in between leaves the side one transaction ahead (advisory data,
-ignored without its file; that transaction's long data keys without the others). Like
-``LMDBStore``, commits are not synced one by one: a process crash loses nothing committed, a
-machine crash can lose the last ones (and, per ``MDB_NOSYNC``, corrupt the environment on a
-filesystem writing pages out of order); ``Driver.sync()`` is the barrier, ``?sync=1`` syncs
-every commit.
+Data keys live in the main, unnamed database, exactly as zarr-python 2's ``LMDBStore`` writes them:
+a folder (``data.mdb`` + ``lock.mdb``) or, for an existing regular file, a single-file environment.
+Side data lives in a second environment (a named database would be a record ``LMDBStore.keys()``
+lists), ``<dir>/zarrfs-side.mdb`` or ``<file>.zarrfs-side``, made at the first side write; writers
+lock data then side, so they cannot deadlock. Keys over 511 bytes go to the side environment
+(``longkeys``). Two environments, one outcome (``LMDBTxn.finish``): the side commits first and is
+put back if the data commit fails; a kill in between leaves the side one transaction ahead
+(advisory, ignored without its file; that transaction's long data keys without the others). As
+with ``LMDBStore``, commits are not synced one by one: a machine crash can lose the last ones (and,
+per ``MDB_NOSYNC``, corrupt the environment on a filesystem writing pages out of order);
+``Driver.sync()`` is the barrier, ``?sync=1`` syncs every commit.
 """
 
 from __future__ import annotations

@@ -1,21 +1,17 @@
 """Keys longer than LMDB's key limit, held where they fit: the LMDB driver's long-key store.
 
-LMDB refuses keys over ``env.max_key_size()`` (511 bytes) while a path may take 4,096. A key that
-fits stays where it is, byte for byte. A longer one, of either space, is held in the *side*
-environment (every record of the data environment is a key to ``LMDBStore.keys()``) under the
-prefix 0xFE, which no UTF-8 key starts with (``feed``'s change log is 0xFF), as two records:
-
-* the name ``0xFE tag "k" <first PREFIX bytes of the key> <digest>``, whose value is the value's
-  size (8 bytes, big-endian) and the whole key: scans and sizes read these only;
-* the value ``0xFE tag "v" <digest>``, as given.
-
-``tag`` is ``d`` (data) or ``s`` (side); the digest is BLAKE2b-256 (a name is 475 bytes). Names
-sort by the keys' first :data:`PREFIX` bytes, then by digest: a scan sorts each group sharing
-those bytes by the whole key (:func:`rows`, holding one group's names in memory) and merges it
-with the environment's keys. A key that fits costs nothing more; a scan looks once per
-transaction whether the space has long keys. Their values share the side map (``maps``): past
-its bound a write is :class:`StorageFullError`. Writes go through the side transaction, which
-records what it overwrote (``before``), so a long key shares its transaction's outcome.
+LMDB refuses keys over ``env.max_key_size()`` (511 bytes); a path may take 4,096. A key that fits
+stays as it is. A longer one, of either space, goes to the side environment (every record of the
+data environment is a key to ``LMDBStore.keys()``) under the prefix 0xFE, which no UTF-8 key
+starts with (``feed``'s change log is 0xFF), as two records: the name ``0xFE tag "k" <first PREFIX
+bytes of the key> <digest>``, holding the value's size (8 bytes, big-endian) and the whole key
+(scans and sizes read these only), and the value ``0xFE tag "v" <digest>``. ``tag`` is ``d`` or
+``s`` (the space); the digest is BLAKE2b-256 (a name is 475 bytes). Names sort by the first
+:data:`PREFIX` bytes, then digest: a scan sorts each group sharing those bytes by the whole key
+(:func:`rows`, one group in memory), merges it with the environment's keys, and looks once per
+transaction whether the space has long keys. The values share the side map (``maps``; past its
+bound, :class:`StorageFullError`). Writes go through the side transaction, which records what it
+overwrote (``before``), so a long key shares its transaction's outcome.
 """
 
 from __future__ import annotations

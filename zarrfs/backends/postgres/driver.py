@@ -1,20 +1,18 @@
 """PostgreSQL: ``postgresql://user@host:port/db?table=zarr`` (``postgres://`` too), psycopg 3.
 
-The table is zarr-python 2's ``SQLiteStore`` shape, ``(k text primary key, v bytea)``, a row per
+The table has zarr-python 2's ``SQLiteStore`` shape, ``(k text primary key, v bytea)``, a row per
 Zarr key; side data is in ``{table}_side``, which no Zarr client lists. New tables get ``COLLATE
 "C"`` on ``k`` (byte order, every driver's listing order, served by the primary key) and
 ``EXTERNAL`` storage on ``v`` (chunks are compressed already; ``substring`` then fetches just a
-byte range). Another collation is read with ``COLLATE "C"`` per query, without the index.
-
-A zarrfs transaction is one SQL transaction, reads ``REPEATABLE READ READ ONLY`` (a listing sees
-one snapshot), writes ``SERIALIZABLE``; a serialization failure or deadlock is
-:class:`RetryableError`. A statement whose answer is not needed yet waits and goes in one pipeline
-with the next that is (``txn``): ``BEGIN`` with the first read, writes and the feed's ``NOTIFY``
-with the ``COMMIT``, a batch of reads in one; a transaction that reads a batch and writes costs two
-round trips. With the change feed running, a reading transaction's ``COMMIT`` goes with the next
-transaction, or after :data:`DEFER` seconds from the feed's poll. Credentials: the URL,
-``?password_file=PATH``, or libpq's ``PGPASSWORD`` and ``~/.pgpass``; messages never hold the
-password (``where`` is the URL without it).
+byte range); another collation is read with ``COLLATE "C"`` per query, without the index. A zarrfs
+transaction is one SQL transaction, reads ``REPEATABLE READ READ ONLY`` (a listing sees one
+snapshot), writes ``SERIALIZABLE``; a serialization failure or deadlock is :class:`RetryableError`.
+A statement whose answer is not needed yet goes in one pipeline with the next that is (``txn``):
+``BEGIN`` with the first read, writes and the feed's ``NOTIFY`` with the ``COMMIT``; a transaction
+that reads a batch and writes costs two round trips. With the feed running, a reading
+transaction's ``COMMIT`` goes with the next transaction or after :data:`DEFER` seconds.
+Credentials: the URL, ``?password_file=PATH``, or libpq's ``PGPASSWORD`` and ``~/.pgpass``;
+messages never hold the password (``where`` is the URL without it).
 """
 
 from __future__ import annotations

@@ -1,22 +1,17 @@
 """The PostgreSQL driver's change feed: ``NOTIFY`` at each commit, one ``LISTEN`` per mount.
 
-**Announcing.** A zarrfs write transaction that changed keys calls ``pg_notify`` on the channel
-``zarrfs.<table>`` (:func:`channel`) just before it commits; PostgreSQL delivers it only if the
-transaction commits. The payload (:func:`payloads`) is JSON ``{"w": ID, "d": [data keys], "s":
-[side keys]}``, ``w`` a random ID per driver (a mount leaves out its own commits); at most
-:data:`PAYLOAD` bytes each (the server refuses 8000), a large commit over up to
-:data:`MAX_PAYLOADS` notifications, past that ``{"w": ID, "all": 1}`` ("rescan").
-
-**Listening.** :class:`PostgresFeed` is an autocommit connection that ``LISTEN``s on the channel;
-its socket is the feed's descriptor (:class:`.feed_fd.FeedFd`), read without blocking. A lost
-connection reports "something changed" (None) once and is made again at most every :data:`RETRY`
-seconds. Notifications are per database: same-named tables in two schemas hear each other
-(spurious drops, never stale names).
-
-**Other SQL writers** are not heard (a mount serves cached names for up to ``cache_timeout``)
-unless they end their transaction with the same announcement, ``SELECT
-pg_notify('zarrfs.<table>', '{"w": "sql", "all": 1}')`` or naming the keys, ``'{"w": "sql", "d":
-["a/.zarray", "a/0.0"]}'``; ``-o feed=0`` keeps short cache times instead.
+A zarrfs write transaction that changed keys calls ``pg_notify`` on ``zarrfs.<table>``
+(:func:`channel`) just before it commits; PostgreSQL delivers it only if it commits. Payloads
+(:func:`payloads`) are JSON ``{"w": ID, "d": [data keys], "s": [side keys]}``, ``w`` random per
+driver (a mount leaves out its own), at most :data:`PAYLOAD` bytes (the server refuses 8000), over
+up to :data:`MAX_PAYLOADS` notifications, past that ``{"w": ID, "all": 1}`` (rescan).
+:class:`PostgresFeed` is an autocommit connection that ``LISTEN``s on the channel; its socket is
+the feed's descriptor (:class:`.feed_fd.FeedFd`), read without blocking; lost, it reports None once
+and is made again at most every :data:`RETRY` seconds. Notifications are per database: same-named
+tables in two schemas hear each other (spurious drops, never stale names). Other SQL writers are
+heard only if they end their transaction with the same announcement, ``SELECT
+pg_notify('zarrfs.<table>', '{"w": "sql", "all": 1}')`` or one naming the keys, ``'{"w": "sql",
+"d": ["a/.zarray", "a/0.0"]}'``; else a mount serves cached names for up to ``cache_timeout``.
 """
 
 from __future__ import annotations

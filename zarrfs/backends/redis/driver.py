@@ -2,20 +2,17 @@
 ``unix:///path/to/sock?db=0&prefix=zarr``, ``valkey://``/``valkeys://``; other query options go to
 redis-py. Redis Cluster: ``redis_cluster``.
 
-Keys (``url.KeyNames``): data ``{prefix}:{key}``, as zarr-python 2's ``RedisStore`` writes them;
-side values ``zarrfs.side.{prefix}:{key}``; per space a sorted-set index (``zarrfs.index.{prefix}``,
+Keys (``url.KeyNames``): data ``{prefix}:{key}``, as ``RedisStore`` writes them; side values
+``zarrfs.side.{prefix}:{key}``; per space a sorted-set index (``zarrfs.index.{prefix}``,
 ``zarrfs.sideindex.{prefix}``, scores 0, read with ``ZRANGEBYLEX``) updated in the data's
 ``MULTI``/``EXEC``, so a listing touches only the keys it returns. The index's empty member marks
 it complete; without it (a ``RedisStore`` database) it is rebuilt with ``SCAN`` (``index``). Keys
 ``RedisStore`` deletes leave stale entries (scans drop them, :meth:`RedisDriver.reindex` prunes
-them, a ``read_many`` prefix read trusts them); keys it adds are listed once ``reindex`` or a
-writable mount's change feed (``feed``) indexes them.
-
-Transactions are optimistic: a write transaction ``WATCH``es what it reads (the index when it
-scans: it then conflicts with any new key), buffers its writes and commits them in one
-``MULTI``/``EXEC`` (``commit``); a conflict is :class:`RetryableError`. Read-only ones do not
-watch (read committed). Each thread keeps one connection, replies parsed by hiredis (``link``): a
-read or batch of reads is one round trip, a commit one more.
+them, a ``read_many`` prefix read trusts them); keys it adds list once ``reindex`` or a writable
+mount's change feed (``feed``) indexes them. A write transaction ``WATCH``es what it reads (the
+index when it scans), buffers its writes and commits them in one ``MULTI``/``EXEC`` (``commit``);
+a conflict is :class:`RetryableError`; reads do not watch (read committed). One connection per
+thread, replies parsed by hiredis (``link``): a read or batch is one round trip, a commit one more.
 """
 
 from __future__ import annotations

@@ -1,21 +1,17 @@
 """The Redis driver's change feed: the server's client-side-caching invalidations (Redis 6+).
 
-A mount opens one more connection subscribed to ``__redis__:invalidate``, and every link it writes
-through tracks into it (``CLIENT TRACKING ON REDIRECT <id> BCAST PREFIX <data> PREFIX <side>
-NOLOOP``): after each command that modifies keys under those prefixes, whoever the writer (another
-mount, ``RedisStore``, ``redis-cli``), the server pushes their names, before the writer's reply,
-so close-to-open holds across mounts on one machine. No server setting is needed (keyspace
-notifications would need ``notify-keyspace-events``); ``FLUSHDB``/``FLUSHALL`` come as
-"everything" (None). A writable mount puts the data keys it hears of in the listing index, or
-takes them out (``index``), so keys of other clients list without ``zarrfs reindex``. A server
-without ``CLIENT TRACKING``: no feed (short cache times).
-
-A lost feed (a restart, a network failure) reports "something changed" (None), is made again at
-most every :data:`RETRY` seconds and reports it again when back; one link tracks into it at once
-(an idle mount hears others again), the others at their next transaction. Its descriptor keeps
-one number (:class:`.feed_fd.FeedFd`). A link tracks into the feed connection it was made for
-only (a token, not the client ID, which a restarted server hands out again) and first has the
-feed read what the server sent, so a feed cut by a restart is found lost. A link the server
+A mount keeps one connection subscribed to ``__redis__:invalidate``; every link it writes through
+tracks into it (``CLIENT TRACKING ON REDIRECT <id> BCAST PREFIX <data> PREFIX <side> NOLOOP``), so
+the server pushes the names of keys any client modifies under those prefixes before the writer's
+reply (close-to-open across mounts on one machine), ``FLUSHDB``/``FLUSHALL`` as None (everything).
+No server setting is needed (keyspace notifications would need ``notify-keyspace-events``); a
+server without ``CLIENT TRACKING`` gives no feed. A writable mount puts the data keys it hears of
+in the listing index or takes them out (``index``), so other clients' keys list without ``zarrfs
+reindex``. A lost feed reports None, and again when back (made again at most every :data:`RETRY`
+seconds; one link tracks into it at once, the others at their next transaction; its descriptor
+keeps one number, :class:`.feed_fd.FeedFd`). A link tracks only into the feed connection it was
+made for (a token, not the client ID, which a restarted server hands out again) and first has the
+feed read what the server sent, so a feed cut by a restart is found lost; a link the server
 refuses to redirect leaves the feed lost and serves untracked: a write never fails for the feed.
 """
 

@@ -1,21 +1,18 @@
 """Redis Cluster driver: ``redis+cluster://[user[:password]@]host:port,host:port/?prefix=zarr``
 (``rediss+cluster://`` over TLS, ``valkey+cluster://``); the hosts are where the slot map is read.
 
-**One hierarchy, one hash tag.** A cluster has no transaction across slots, so every key of a
-hierarchy carries the prefix as its hash tag: the single-server layout (``zarrfs.backends.redis``)
-with the prefix in braces, ``{<prefix>}:<key>``, ``zarrfs.side.{<prefix>}:<key>``,
-``zarrfs.index.{<prefix>}``, ``zarrfs.sideindex.{<prefix>}``. A prefix that holds a tag already
-(``{zarr}``, ``run{7}``) is used as it is, so ``RedisStore(prefix="{zarr}")`` on a cluster client
-shares the keys of ``?prefix={zarr}`` (and ``?prefix=zarr``). Transactions, index and round trips
-are the Redis driver's, over per-thread links to the master owning the slot: one hierarchy is
-bounded by one master (prefixes spread over them). ``?spread=1`` gives the parts (``PARTS``: every chunk above
+A cluster has no transaction across slots, so every key of a hierarchy carries the prefix as its
+hash tag: the Redis driver's layout with the prefix in braces (``{<prefix>}:<key>``,
+``zarrfs.side.{<prefix>}:<key>``, ``zarrfs.index.{<prefix>}``, ``zarrfs.sideindex.{<prefix>}``).
+A prefix that holds a tag already (``{zarr}``, ``run{7}``) is used as it is, so
+``RedisStore(prefix="{zarr}")`` shares the keys of ``?prefix=zarr``. Transactions, index and round
+trips are the Redis driver's, over per-thread links to the master owning the slot: one hierarchy
+is bounded by one master. ``?spread=1`` gives the parts (``PARTS``: every chunk above
 ``?spread_above=``) hash tags of their own, over every master, while each commit stays one
 ``MULTI``/``EXEC`` on the home slot (``spread``): parts never change and only a commit names them.
-
-**Moved slots and failover.** ``MOVED``, ``ASK``, ``CLUSTERDOWN`` or ``TRYAGAIN`` reread the slot
-map and retry the transaction (``ASK`` is not followed: the retry waits for the migration). A lost
-master fails the call (``UnavailableError``, EIO) and marks the map stale, so the next transaction
-goes to the promoted replica, holding what it had received.
+``MOVED``, ``ASK``, ``CLUSTERDOWN`` or ``TRYAGAIN`` reread the slot map and retry (``ASK`` is not
+followed: the retry waits for the migration). A lost master fails the call (``UnavailableError``,
+EIO) and marks the map stale, so the next transaction goes to the promoted replica.
 """
 
 from __future__ import annotations

@@ -1,21 +1,17 @@
 """SQLite driver: ``sqlite:///abs/path/x.db[?timeout=10&sync=0]`` (``sqlite:////abs`` works too).
 
-Data is zarr-python 2's ``SQLiteStore`` table, ``zarr(k TEXT PRIMARY KEY, v BLOB)``; side data is
+Data is zarr-python 2's ``SQLiteStore`` table ``zarr(k TEXT PRIMARY KEY, v BLOB)``; side data is
 ``zarrfs_side``, which ``SQLiteStore`` never reads or drops. Keys are bound as UTF-8 bytes cast to
-TEXT (stored as ``SQLiteStore`` stores them); listings are ranges ``k >= ? AND k < ?`` on the
-primary key (binary collation: UTF-8 byte order; never ``LIKE``), read in batches that restart
-after the last key, so no statement stays open across a ``yield``.
-
-One connection per thread, WAL (readers never block the writer), a busy timeout, ``BEGIN
-IMMEDIATE`` for writes (writers queue at the start, not fail at their first write; a lock busy
-past the timeout is :class:`RetryableError`). A read transaction runs its first statement alone
-and begins only before a second, running the first again inside: a changed answer retries it, so
-it still reads one state (a lookup costs no ``BEGIN``); statements of large values begin first.
-
-Commits use ``synchronous=NORMAL`` (a process crash loses nothing committed, a machine crash may
-lose the last ones); ``Driver.sync()`` checkpoints, ``?sync=1`` makes each commit durable
-(``FULL``). Checkpoints run in a thread of their own when commits pause or a burst wrote enough
-(``checkpoint``); SQLite's automatic one, at a higher threshold, bounds the WAL. Statements and
+TEXT (as ``SQLiteStore`` stores them); listings are ranges ``k >= ? AND k < ?`` on the primary key
+(binary collation, UTF-8 byte order; never ``LIKE``), in batches that restart after the last key,
+so no statement stays open across a ``yield``. One connection per thread, WAL (readers never block
+the writer), a busy timeout, ``BEGIN IMMEDIATE`` for writes (writers queue at the start; busy past
+the timeout is :class:`RetryableError`). A read runs its first statement alone and begins only
+before a second, running the first again inside and retrying if its answer changed (a lookup costs
+no ``BEGIN``); statements of large values begin first. Commits use ``synchronous=NORMAL`` (a
+machine crash may lose the last ones); ``Driver.sync()`` checkpoints, ``?sync=1`` makes each
+commit ``FULL``. Checkpoints run in a thread of their own when commits pause or a burst wrote
+enough (``checkpoint``); SQLite's own, at a higher threshold, bounds the WAL. Statements and
 connections: ``sql``; the change feed: ``feed``.
 """
 
