@@ -7,12 +7,12 @@ under every name in one transaction, and a read-only descriptor never commits, s
 half a value. A file made with ``create`` exists only here until its first commit, so create +
 write + close is one transaction. A commit lays this mount's changes
 (:class:`zarrfs.fs.extents.Extents`) on the newest stored version, read in its transaction, so
-another mount's commit is kept outside the ranges written here. A granted lock marks the file
+another mount's commit is kept outside the ranges written here. Locks bring files up to date,
+as NFS's do: a granted lock marks the file
 (:meth:`LockedFiles.locked`): the next call that touches it first lays its changes on the newest
 version (:meth:`LockedFiles.fresh`), and :meth:`LockedFiles.commit_key` commits it before a
-release. Temporary files (``*.partial``, ``*.__lock``: written, then renamed onto a key) are held
-until renamed or linked, then stored once at the destination (one crossing of the database
-instead of three); ``fsync`` and unmounting store them: a crash loses only unrenamed ones.
+release. Temporary files (``*.partial``, ``*.__lock``) are held until renamed or linked, then
+stored once at the destination; ``fsync`` and unmounting store them: a crash loses only those.
 """
 
 from __future__ import annotations

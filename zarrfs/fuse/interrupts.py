@@ -1,8 +1,8 @@
 """Requests that arrive while the request thread waits on a server, and FUSE_INTERRUPT.
 
-The daemon serves requests from one thread (``loop``); while a driver waits on a server the
-kernel may send more, ``FUSE_INTERRUPT`` among them. A :class:`Watch` lets the driver notice them
-without a second thread: it polls ``/dev/fuse`` beside its socket and calls :meth:`Watch.check`:
+The daemon serves requests from one thread; while a driver waits on a server the kernel may
+send more, ``FUSE_INTERRUPT`` among them. The driver polls ``/dev/fuse`` beside its socket and
+calls :meth:`Watch.check`:
 
 * an INTERRUPT of the request being served (:attr:`Watch.unique`) raises
   :class:`~zarrfs.backends.errors.InterruptedCallError` (the connection is dropped; ``EINTR``);
@@ -10,8 +10,10 @@ without a second thread: it polls ``/dev/fuse`` beside its socket and calls :met
 * any other request goes to :attr:`Watch.pending`, served in order before the next read.
 
 Interrupts of requests already answered are ignored. A write waiting on another program's
-database lock (``backends.writer_wait``, up to ``-o timeout=``) calls :meth:`Watch.serve_waiting`,
-which answers queued requests that need no write (:attr:`Watch.may_serve`), never nested.
+database lock (``backends.writer_wait``, up to ``-o timeout=``) and a large file's commit between
+its parts call :meth:`Watch.serve_waiting`, which answers queued requests that need no write
+(:attr:`Watch.may_serve`: lookups, attributes, reads, listings, read-only opens, readers' closes)
+and are about another node than the one being served, never nested.
 """
 
 from __future__ import annotations
