@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -228,3 +229,32 @@ def eventually(condition, what: str, deadline: float = 60.0) -> None:
     while not condition():
         assert time.monotonic() - start < deadline, f"{what}: not after {deadline:.0f} s"
         time.sleep(0.01)
+
+
+def close_in_background(fd: int) -> tuple[threading.Thread, list]:
+    """Close ``fd`` in a thread of its own, started (a close that commits may take long), and
+    the list the close's outcome goes to: ``"stored"`` or its errno."""
+    outcome: list = []
+
+    def close() -> None:
+        try:
+            os.close(fd)
+            outcome.append("stored")
+        except OSError as exc:
+            outcome.append(exc.errno)
+
+    closer = threading.Thread(target=close)
+    closer.start()
+    return closer, outcome
+
+
+def reads_while(busy: threading.Thread, path: Path, expected: bytes, most: int = 20) -> int:
+    """Open, read (``expected`` must be there) and close ``path`` until ``busy`` ends, up to
+    ``most`` times: how many were answered while it ran (none of them writes)."""
+    reads = 0
+    while busy.is_alive() and reads < most:
+        with open(path, "rb") as fh:
+            assert fh.read() == expected
+        if busy.is_alive():
+            reads += 1
+    return reads

@@ -11,7 +11,7 @@ import time
 
 import pytest
 from conftest import start_redis, stop_redis
-from mounting import needs_fuse, write
+from mounting import close_in_background, needs_fuse, reads_while, write
 
 pytestmark = needs_fuse
 
@@ -244,8 +244,6 @@ def test_reads_are_answered_while_a_write_waits_for_a_held_database(tmp_path, ki
     """While a close waits for the write lock another program holds (up to ``-o timeout=``),
     other processes' lookups, opens, reads and closes of the mount are answered (before, they
     all waited behind it)."""
-    import threading
-
     url = f"{kind}://{tmp_path}/db.{kind}"
     src = tmp_path / "src"
     (src / "d").mkdir(parents=True)
@@ -256,27 +254,13 @@ def test_reads_are_answered_while_a_write_waits_for_a_held_database(tmp_path, ki
     mnt.mkdir()
     assert run("mount", url, str(mnt)).returncode == 0
     holder = (hold_lmdb_writer if kind == "lmdb" else hold_sqlite_exclusive)(str(tmp_path / f"db.{kind}"))
-    outcome: list = []
     try:
         assert holder.stdout.readline().strip() == "held"
         fd = os.open(mnt / "d" / "new", os.O_WRONLY | os.O_CREAT, 0o644)
         os.write(fd, b"waits")  # buffered: the close commits, and waits for the lock
 
-        def close() -> None:
-            try:
-                os.close(fd)
-                outcome.append("stored")
-            except OSError as exc:
-                outcome.append(exc.errno)
-
-        closer = threading.Thread(target=close)
-        closer.start()
-        reads = 0
-        while closer.is_alive() and reads < 20:
-            with open(mnt / "kept", "rb") as fh:  # lookup, open, read, close: none writes
-                assert fh.read() == b"old"
-            if closer.is_alive():
-                reads += 1
+        closer, outcome = close_in_background(fd)
+        reads = reads_while(closer, mnt / "kept", b"old")  # lookup, open, read, close
         assert reads == 20, f"{reads} reads answered while the close waited"
         holder.stdin.close()
         holder.wait(timeout=30)

@@ -16,33 +16,17 @@ import errno
 import hashlib
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import time
 
 import pytest
-from mounting import DRIVERS, make_url, needs_fuse, unavailable, zarrfs
-
-from zarrfs.backends import open_driver
-from zarrfs.backends.base import KEYS, SIDE
-from zarrfs.fs.manifest import PART
+from mounting import DRIVERS, close_in_background, make_url, needs_fuse, reads_while, unavailable, zarrfs
+from test_parts_mount import crash_mid_commit_and_repair, stored_parts
 
 pytestmark = needs_fuse
 
 MIB = 1 << 20
 GIB = 1 << 30
-
-
-def _parts(url: str) -> list[str]:
-    with open_driver(url, readonly=True) as d:
-        return [k for k, _ in d.scan(PART, "p;", space=SIDE, fetch=KEYS)]
-
-
-def _pid(m) -> int:
-    import json
-
-    return json.loads(zarrfs("status", str(m.path), "--json").stdout)["pid"]
 
 
 def _fresh(path) -> int:
@@ -73,7 +57,7 @@ def test_a_hole_of_a_gib_costs_nothing(kind, tmp_path, request, mount_factory):
     took = time.monotonic() - started
     st = os.stat(m.path / "sparse")
     assert st.st_size == GIB + 1 and st.st_blocks <= 8, st
-    assert len(_parts(url)) == 2  # the part holding the byte, and the map
+    assert len(stored_parts(url)) == 2  # the part holding the byte, and the map
     if kind == "lmdb":
         assert _db_bytes(tmp_path) - before < 8 * MIB
     fd = _fresh(m.path / "sparse")
@@ -101,14 +85,14 @@ def test_a_one_byte_change_stores_one_part(kind, tmp_path, request, mount_factor
             block = i.to_bytes(8, "little") + seed[8:]
             fh.write(block)
             expect.update(block if i != 100 else block[:7] + b"!" + block[8:])
-    first = _parts(url)
+    first = stored_parts(url)
     assert len(first) == count and os.stat(m.path / "big").st_blocks == count * 16 * MIB // 512
     started = time.monotonic()
     fd = os.open(m.path / "big", os.O_WRONLY)
     os.pwrite(fd, b"!", 100 * MIB + 7)
     os.close(fd)
     took = time.monotonic() - started
-    now = _parts(url)
+    now = stored_parts(url)
     new = sorted(set(now) - set(first))
     assert len(new) == 2 and new[0].endswith(f"/{100 // 16:08d}") and new[1].endswith("/map"), new
     assert set(first) - set(now) == {first[100 // 16]}  # the part replaced, freed
@@ -123,14 +107,6 @@ def test_a_one_byte_change_stores_one_part(kind, tmp_path, request, mount_factor
     assert zarrfs("check", url, check=False).returncode == 0
 
 
-WRITER = r"""
-import os, sys
-with open(sys.argv[1], "r+b") as fh:  # a rewrite of every part, no truncation
-    for i in range(int(sys.argv[2])):
-        fh.write(os.urandom(1 << 20))
-"""
-
-
 @pytest.mark.parametrize("kind", ["lmdb", "sqlite"])
 def test_kill_9_before_the_commit_keeps_the_version_that_shares(kind, tmp_path, request, mount_factory):
     url = make_url(kind, tmp_path, request)
@@ -142,27 +118,10 @@ def test_kill_9_before_the_commit_keeps_the_version_that_shares(kind, tmp_path, 
         fh.seek(50 * MIB + 3)
         fh.write(b"?")
     data[50 * MIB + 3] = ord("?")
-    before = sorted(_parts(url))
+    before = sorted(stored_parts(url))
     assert len(before) == 201 and len({k.split("/")[0] for k in before}) == 2  # two ids, and a map
-    pid = _pid(m)
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(m.path / "f"), "200"])
-    try:
-        deadline = time.monotonic() + 120
-        while len(_parts(url)) < len(before) + 20:  # the close stores the parts, one by one
-            assert time.monotonic() < deadline and writer.poll() is None, "the parts never came"
-            time.sleep(0.05)
-        os.kill(pid, signal.SIGKILL)
-        writer.wait(timeout=60)
-    finally:
-        if writer.poll() is None:
-            writer.kill()
-    zarrfs("umount", str(m.path))
-    found = zarrfs("check", url, check=False)
-    assert found.returncode == 1 and "no file references" in found.stdout, found.stdout + found.stderr
-    repaired = zarrfs("check", "--repair", url, check=False)
-    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
-    assert zarrfs("check", url, check=False).returncode == 0
-    assert sorted(_parts(url)) == before  # the shared parts stayed
+    crash_mid_commit_and_repair(m, url, 200, "r+b")
+    assert sorted(stored_parts(url)) == before  # the shared parts stayed
     m.start()
     assert hashlib.sha256((m.path / "f").read_bytes()).digest() == hashlib.sha256(data).digest()
 
@@ -306,31 +265,14 @@ def test_a_large_files_commit_does_not_hold_up_other_files(kind, tmp_path, reque
     """Between the parts of a large file, its commit answers the requests that need no write
     and are about other files: while a close stores 256 parts, another process opens, reads
     and closes another file 20 times (before, every request waited for the whole commit)."""
-    import threading
-
     m = mount_factory(make_url(kind, tmp_path, request), ["create", "parts_above=1048576"])
     (m.path / "kept").write_bytes(b"old")
     fd = os.open(m.path / "big", os.O_WRONLY | os.O_CREAT, 0o644)
     block = os.urandom(1 << 20)
     for _ in range(256):
         os.write(fd, block)  # buffered: the close stores it, 256 parts of 1 MiB
-    outcome: list = []
-
-    def close() -> None:
-        try:
-            os.close(fd)
-            outcome.append("stored")
-        except OSError as exc:
-            outcome.append(exc.errno)
-
-    closer = threading.Thread(target=close)
-    closer.start()
-    reads = 0
-    while closer.is_alive() and reads < 20:
-        with open(m.path / "kept", "rb") as fh:  # open, read, close: none writes
-            assert fh.read() == b"old"
-        if closer.is_alive():
-            reads += 1
+    closer, outcome = close_in_background(fd)
+    reads = reads_while(closer, m.path / "kept", b"old")
     closer.join(timeout=600)
     assert reads == 20, f"{reads} reads answered while the close stored the file"
     assert outcome == ["stored"], outcome
