@@ -277,11 +277,10 @@ OPCODES: dict[int, Opcode] = {
 }
 # The kernel's names (fuse_kernel.h) of the requests zarrfs does not serve, for counts and logs.
 UNSERVED_NAMES = {
-    21: "setxattr", 22: "getxattr", 23: "listxattr",
-    24: "removexattr", 34: "access", 37: "bmap", 39: "ioctl", 40: "poll", 41: "notify_reply",
-    44: "readdirplus", 47: "copy_file_range", 48: "setupmapping", 49: "removemapping",
-    50: "syncfs", 51: "tmpfile", 52: "statx",
+    34: "access", 37: "bmap", 39: "ioctl", 40: "poll", 41: "notify_reply", 47: "copy_file_range",
+    48: "setupmapping", 49: "removemapping", 50: "syncfs", 51: "tmpfile", 52: "statx",
 }
+assert not UNSERVED_NAMES.keys() & OPCODES.keys()
 OPCODE_NAMES = {**UNSERVED_NAMES, **{code: op.name for code, op in OPCODES.items()}}
 # Opcodes index lists of this length; larger ones (CUSE_INIT is 4096) share the last slot.
 TABLE_SIZE = 64
