@@ -115,7 +115,7 @@ class Operations:
         Locks bring the file up to date, as NFS's do: before a lock is released or
         downgraded (a read lock asked for), the file's pending writes are committed, as
         ``fsync`` commits them; once one is granted, the file is read and written from the
-        newest stored version on (:meth:`HandleTable.locked`)."""
+        newest stored version on (:meth:`LockedFiles.locked`)."""
         assert self.locks is not None
         args = (key, owner, start, end, type, pid, flock)
         if type != WRLCK:
