@@ -227,10 +227,16 @@ def test_a_folder_changes_when_a_file_is_made_in_it_while_that_file_is_open(moun
         while_open = os.stat(folder)
         assert while_open.st_mtime_ns > old and while_open.st_ctime_ns >= while_open.st_mtime_ns
         os.write(fd, b"x")
+        os.listdir(mounted.path)  # a listing's attributes (READDIRPLUS) show it too
+        assert os.stat(folder).st_mtime_ns > old
     finally:
         os.close(fd)
     after = os.stat(folder)
     assert after.st_mtime_ns > old
+    os.utime(folder, ns=(old, old))  # a temporary file, held unstored after its close
+    (folder / "t.partial").write_bytes(b"held")
+    os.listdir(mounted.path)
+    assert os.stat(folder).st_mtime_ns > old
 
 
 def test_rename_files_and_folders(mounted):

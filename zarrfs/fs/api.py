@@ -160,11 +160,16 @@ class Operations:
         lookup)."""
         node = self.handles.pending(key) or self.tree.find(key)
         if node is not None and node.kind == DIR and self.handles.states:
-            born = self.handles.newest_unstored(key)
-            if born is not None and born > node.attrs.ctime:  # a file made here, not stored yet
-                attrs = replace(node.attrs, mtime=born, ctime=born)
-                node = replace(node, attrs=attrs)
+            return self._folder_shown(key, node)
         return node
+
+    def _folder_shown(self, key: str, node: Node) -> Node:
+        """The folder ``node`` at ``key`` as shown: changed when a file was made in it that is
+        not stored yet (its record says so only at that file's commit)."""
+        born = self.handles.newest_unstored(key)
+        if born is None or born <= node.attrs.ctime:
+            return node
+        return replace(node, attrs=replace(node.attrs, mtime=born, ctime=born))
 
     def find_open(self, fh: int) -> Node | None:
         """The node an open file shows, by handle (its name may be gone)."""
@@ -257,7 +262,10 @@ class Operations:
                 yield name, kind, at, "", None
             else:
                 key = prefix + name
-                yield name, kind, at, key, pending(key) or listing.node(name)
+                node = pending(key) or listing.node(name)
+                if node is not None and node.kind == DIR and self.handles.states:
+                    node = self._folder_shown(key, node)
+                yield name, kind, at, key, node
 
     def releasedir(self, fh: int) -> None:
         """Close a folder."""
