@@ -158,14 +158,13 @@ class Operations:
     def find(self, key: str) -> Node | None:
         """The node at ``key``, pending writes included, or None (the hot path of every
         lookup)."""
-        node = self.handles.pending(key) or self.tree.find(key)
-        if node is not None and node.kind == DIR and self.handles.states:
-            return self._folder_shown(key, node)
-        return node
+        return self._shown(key, self.handles.pending(key) or self.tree.find(key))
 
-    def _folder_shown(self, key: str, node: Node) -> Node:
-        """The folder ``node`` at ``key`` as shown: changed when a file was made in it that is
-        not stored yet (its record says so only at that file's commit)."""
+    def _shown(self, key: str, node: Node | None) -> Node | None:
+        """``node`` at ``key`` as shown: a folder changed when a file was made in it that is not
+        stored yet (its record says so only at that file's commit)."""
+        if node is None or node.kind != DIR or not self.handles.states:
+            return node
         born = self.handles.newest_unstored(key)
         if born is None or born <= node.attrs.ctime:
             return node
@@ -262,10 +261,7 @@ class Operations:
                 yield name, kind, at, "", None
             else:
                 key = prefix + name
-                node = pending(key) or listing.node(name)
-                if node is not None and node.kind == DIR and self.handles.states:
-                    node = self._folder_shown(key, node)
-                yield name, kind, at, key, node
+                yield name, kind, at, key, self._shown(key, pending(key) or listing.node(name))
 
     def releasedir(self, fh: int) -> None:
         """Close a folder."""
