@@ -14,6 +14,7 @@ Options are parsed in :mod:`zarrfs.options`, URLs and their secrets handled in
 from __future__ import annotations
 
 import errno
+import faulthandler
 import logging
 import logging.handlers
 import os
@@ -36,6 +37,7 @@ from zarrfs.fuse.coherence import Coherence
 from zarrfs.fuse.loop import Loop
 from zarrfs.fuse.session import BUFFER_SIZE, Session
 from zarrfs.fuse.tuning import keep_freed_memory, set_readahead
+from zarrfs.fuse.workers import DEFAULT_WORKERS, Workers
 from zarrfs.logs import reopen_logs
 from zarrfs.options import MountOptions
 from zarrfs.sdnotify import notify
@@ -138,6 +140,16 @@ class _Loop(Loop):
         return restore
 
 
+class _Workers(Workers):
+    """Several request threads (``-o workers=``), with SIGHUP reopening the log file."""
+
+    def _catch_signals(self, wake_w: int):
+        restore = super()._catch_signals(wake_w)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGHUP, lambda _s, _f: reopen_logs())
+        return restore
+
+
 def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
     """Mount ``url`` at ``mountpoint`` and serve requests until unmounted or stopped by
     SIGINT/SIGTERM (blocking); open files are stored on the way out. ``url`` may carry a
@@ -146,6 +158,8 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
 
     shown = shown_url(url)
     keep_freed_memory()
+    if threading.current_thread() is threading.main_thread():  # kill -USR2: every thread's stack
+        faulthandler.register(signal.SIGUSR2, all_threads=True)
     driver = open_database(url, opts)
     if opts.snapshot is not None:
         driver = hold_snapshot(driver, opts)
@@ -207,8 +221,17 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
     handle = session.handle
     if opts.allow_root:
         handle = owner_and_root_only(handle, channel.fd, os.getuid())
-    loop = _Loop(channel.fd, handle, BUFFER_SIZE, opts.spin, pending=session.watch.pending, **idle)
-    driver.watch = session.watch  # a driver waiting on a server notices interrupts
+    workers = opts.workers
+    if workers is None:  # threads overlap waits on a server; a file is never waited on
+        workers = DEFAULT_WORKERS if driver.remote and opts.snapshot is None else 1
+    if workers > 1:
+        loop = _Workers(channel.fd, handle, session.reader_key, BUFFER_SIZE, workers, **idle)
+        session.admission = loop.admission
+        session.invalidator.released = loop.admission.released
+        driver.watch = loop.waits  # a driver waiting lets other requests run, notices interrupts
+    else:
+        loop = _Loop(channel.fd, handle, BUFFER_SIZE, opts.spin, pending=session.watch.pending, **idle)
+        driver.watch = session.watch  # a driver waiting on a server notices interrupts
     limit = end_snapshot_at_its_limit(driver, mountpoint)
     try:
         try:

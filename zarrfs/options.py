@@ -64,6 +64,9 @@ class MountOptions:
     # Mount over a folder that has files in it (hidden while mounted); else that is refused.
     nonempty: bool = False
     spin: float = DEFAULT_SPIN_US
+    # Request threads (zarrfs.fuse.workers); None: 16 for a database server, one (the
+    # single-thread loop) for a database file.
+    workers: int | None = None
     # Seconds a call may wait on a database server before it fails with ETIMEDOUT.
     timeout: float = DEFAULT_TIMEOUT
     readahead: int = DEFAULT_READAHEAD_KIB
@@ -157,6 +160,10 @@ def parse_options(words: list[str]) -> MountOptions:
                 opts.readahead = _number(name, value, int)
                 if opts.readahead < 0:
                     raise UsageError(f"-o readahead= takes KiB, 0 or more (got {value!r})")
+            elif name == "workers":
+                opts.workers = _number(name, value, int)
+                if not 0 <= opts.workers <= 256:
+                    raise UsageError(f"-o workers= takes a number of threads, 0 to 256 (got {value!r})")
             elif name == "spin":
                 opts.spin = _number(name, value, float)
                 if opts.spin < 0:

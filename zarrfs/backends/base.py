@@ -398,6 +398,13 @@ class Driver(ABC):
         if self.watch is not None:
             self.watch.serve_waiting()
 
+    def pause(self, seconds: float) -> None:
+        """Sleep between attempts (with several request threads, others run meanwhile)."""
+        if self.watch is not None:
+            self.watch.sleep(seconds)
+        else:
+            time.sleep(seconds)
+
     def set_timeout(self, seconds: float) -> None:
         """Bound every later wait on the server to ``seconds`` (a remote driver also applies
         it to the connections it holds)."""
@@ -436,7 +443,7 @@ class Driver(ABC):
                 freed = True
                 log.warning("%s: full; the room kept in reserve for removals is used", self.url)
                 continue
-            time.sleep(random.uniform(0, delay))
+            self.pause(random.uniform(0, delay))
             delay = min(delay * 2, 0.5)
             attempt += 1
 

@@ -36,6 +36,12 @@ class InterruptedCallError(BackendError):
     quiet = True  # the caller asked for it: not worth a log line
 
 
+class RestartedError(InterruptedCallError):
+    """A request that writes nothing was waiting on the database when a writer started
+    (``fuse.admission``): its wait ends as an interrupt's does, and the request is run again
+    from its start once the writer is done, never answered with this."""
+
+
 class MissingDatabaseError(UnavailableError):
     """The database (a table, a file) does not exist, and opening it read-only does not make it."""
 

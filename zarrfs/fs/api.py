@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
-from zarrfs.backends.errors import InterruptedCallError
+from zarrfs.backends.errors import InterruptedCallError, RestartedError
 from zarrfs.fs import acl
 from zarrfs.fs.changes import ChangeWatcher, folders_of
 from zarrfs.fs.errors import FsError, is_quiet, to_errno
@@ -460,6 +460,7 @@ __all__ = [
     "RENAME_NOREPLACE",
     "FsError",
     "InterruptedCallError",
+    "RestartedError",
     "Lock",
     "LockTable",
     "Node",

@@ -17,13 +17,14 @@ notifications are written before the next request is served (bounded, :mod:`zarr
 from __future__ import annotations
 
 import logging
+import select
 from typing import Protocol
 
 from zarrfs.fs.api import ChangeWatcher, Operations, folders_of
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.handshake import Agreed
 from zarrfs.fuse.inodes import InodeTable
-from zarrfs.fuse.notify import WAIT, Invalidator, inval_entry, inval_inode
+from zarrfs.fuse.notify import Invalidator, inval_entry, inval_inode
 
 log = logging.getLogger("zarrfs.fuse.coherence")
 
@@ -80,6 +81,16 @@ class Coherence:
         """``key`` was made through this mount: the kernel's entry for it is the file's."""
         self.negatives.pop(key, None)
 
+    def news(self) -> bool:
+        """Whether the feed has news waiting (its descriptor is readable; a feed without one
+        always may)."""
+        fd = self.watcher.fileno()
+        if fd is None:
+            return True
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+
     def poll(self) -> None:
         """Ask the feed; drop what changed from the kernel's caches before the next request
         is served (bounded, see :mod:`zarrfs.fuse.notify`): a client that saw one change (a
@@ -98,7 +109,7 @@ class Coherence:
                 return
             self.dropped += len(notes)
             done = invalidator.enqueue(notes)
-        done.wait(WAIT)
+        invalidator.wait(done)
 
     def notes(self, keys: list[str]) -> list[bytes]:
         """The notifications for ``keys`` changed (see the module docstring)."""

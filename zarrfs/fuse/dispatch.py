@@ -17,7 +17,7 @@ import logging
 import struct
 from collections.abc import Callable, Mapping
 
-from zarrfs.fs.api import is_quiet, to_errno
+from zarrfs.fs.api import RestartedError, is_quiet, to_errno
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.abi import Header
 from zarrfs.fuse.interrupts import Watch
@@ -85,6 +85,8 @@ class Dispatcher:
             if length < self._min_len[op] or length > len(buf):
                 raise k.Malformed(f"length {length}: {self._min_len[op]} at least, {len(buf)} read")
             self._handlers[op](head, buf)
+        except RestartedError:
+            raise  # run again by fuse.workers, not answered
         except Exception as exc:
             self._failed(head, op, exc, buf)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -85,6 +86,15 @@ class Watch:
             raise InterruptedCallError("interrupted by the caller (FUSE_INTERRUPT)")
         if gone:
             raise InterruptedCallError("the mount is gone")
+
+    def poll(self, poller, timeout_ms: float) -> list[tuple[int, int]]:
+        """A driver's wait: ``poller.poll`` (with several request threads the watch also lets
+        other requests run meanwhile, ``fuse.workers.Waits``)."""
+        return poller.poll(timeout_ms)
+
+    def sleep(self, seconds: float) -> None:
+        """A driver's pause between attempts."""
+        time.sleep(seconds)
 
     def serve_waiting(self) -> None:
         """While the request being served waits (for a lock another program holds, between the

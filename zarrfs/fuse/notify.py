@@ -22,6 +22,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 from zarrfs.fs.api import name_bytes
 from zarrfs.fuse import abi as k
@@ -70,6 +71,16 @@ class Invalidator:
         self._thread: threading.Thread | None = None
         #: Held while deciding what to drop and queueing it (see the module docstring).
         self.order = threading.Lock()
+        #: Around a request's wait for its notifications: with several request threads, lets
+        #: go of the filesystem lock (``fuse.admission``), so a notification that waits for a
+        #: kernel lock held by a request queued behind this one does not wait on this one.
+        self.released: Callable[[], AbstractContextManager[object]] = nullcontext
+
+    def wait(self, done: threading.Event) -> None:
+        """Wait for notifications queued (``done``), at most :data:`WAIT`."""
+        if not done.is_set():
+            with self.released():
+                done.wait(WAIT)
 
     def start(self) -> None:
         """Start the thread (once the kernel has answered INIT)."""
@@ -79,7 +90,7 @@ class Invalidator:
 
     def send(self, notes: list[bytes]) -> None:
         """Write ``notes`` (packed notifications); returns when done, or after :data:`WAIT`."""
-        self.enqueue(notes).wait(WAIT)
+        self.wait(self.enqueue(notes))
 
     def enqueue(self, notes: list[bytes]) -> threading.Event:
         """Queue ``notes``; the event is set once they are written (at once when the thread

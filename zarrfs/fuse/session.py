@@ -90,6 +90,8 @@ class Session(Dispatcher):
         self._inval_ok = self._store_ok = self._direct_ok = False  # what the agreed version has
         self.invalidator = Invalidator(fd)
         self.coherence = None  # a fuse.coherence.Coherence when the driver has a change feed
+        # With several request threads (fuse.workers): who runs with whom (fuse.admission).
+        self.admission = None
         # Node ID -> the handles open on a file unlinked while open (a live set): what answers
         # its fstat, which the kernel sends as a GETATTR of the node without a handle.
         self._orphans: dict[int, set[int]] = {}
@@ -139,6 +141,22 @@ class Session(Dispatcher):
         if opcode in (k.FLUSH, k.RELEASE) and len(data) >= k.IN_HEADER_SIZE + 8:
             return self.ops.close_writes_nothing(_FH.unpack_from(data, k.IN_HEADER_SIZE)[0])
         return False
+
+    def reader_key(self, data: memoryview, nodeid: int):
+        """With several request threads (``fuse.workers``): None when the request ``data``
+        must run alone (it writes, or an open that brings other mounts' changes in first),
+        else the key readers about the same thing take turns on: a lookup's folder and name,
+        another request's node. Forgets take turns on nothing."""
+        opcode = _OPCODE.unpack_from(data)[1]
+        if opcode == k.LOOKUP:
+            return (nodeid, bytes(data[k.IN_HEADER_SIZE : _OPCODE.unpack_from(data)[0]]))
+        if opcode in (k.FORGET, k.BATCH_FORGET):
+            return (None, k.IN_HEADER.unpack_from(data)[2])
+        if not self._needs_no_write(data):
+            return None
+        if opcode == k.OPEN and self.coherence is not None and self.coherence.news():
+            return None
+        return nodeid
 
     def _stored(self, nodeid: int | None, stored: Stored | None) -> None:
         # Content stored through this mount: the policy records it, and may hand the kernel
@@ -435,7 +453,9 @@ class Session(Dispatcher):
     def _open(self, head: Header, buf: memoryview) -> None:
         flags = k.OPEN_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]
         key = self._key(head.nodeid)
-        if self.coherence is not None:  # close-to-open: what others committed, first
+        # Close-to-open: what others committed, first (with several request threads, by an
+        # open that runs alone: reader_key makes one when the feed has news).
+        if self.coherence is not None and (self.admission is None or self.admission.writing):
             self.coherence.poll()
         inode = self.inodes.get(head.nodeid)
         # kept: the version whose pages the kernel holds (the open reads no content when the

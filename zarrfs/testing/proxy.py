@@ -68,6 +68,11 @@ class DelayProxy:
         """Start counting round trips from zero."""
         self._ask("reset")
 
+    def overlap(self) -> int:
+        """The most connections that waited for a reply at once since the start or the last
+        :meth:`reset` (a connection waits from its request's first byte to its reply's)."""
+        return self._ask("overlap")
+
     def hold(self, match: bytes | None = None) -> None:
         """Stop forwarding requests: all of them (``match`` None), or those whose data contains
         ``match`` and whatever follows them on their connection."""
@@ -126,6 +131,7 @@ class _Proxy:
         self.max_connections = max_connections
         self.max_buffered = max_buffered
         self.bursts = 0
+        self.waiting = self.most_waiting = 0  # connections waiting for a reply; the most at once
         self.connections: set[_Connection] = set()
         self.servers: list[asyncio.AbstractServer] = []
         self.hold_all = False
@@ -198,16 +204,23 @@ class _Connection:
             t.cancel()
         for p in self.pumps:
             p.writer.close()
+        if self.client_sent_last:  # closed while waiting
+            self.client_sent_last = False
+            self.proxy.waiting -= 1
 
     def arrived(self, data: bytes, to_server: bool) -> None:
         proxy = self.proxy
         if to_server:
             if not self.client_sent_last:
                 proxy.bursts += 1
+                proxy.waiting += 1
+                proxy.most_waiting = max(proxy.most_waiting, proxy.waiting)
             self.client_sent_last = True
             if proxy.hold_all or (proxy.hold_match is not None and proxy.hold_match in data):
                 self.holding = True
         else:
+            if self.client_sent_last:
+                proxy.waiting -= 1
             self.client_sent_last = False
 
 
@@ -289,8 +302,11 @@ async def _main(rtt_ms: float, lifetime: float, max_connections: int, max_buffer
             answer(True)
         elif command == "count":
             answer(proxy.bursts)
+        elif command == "overlap":
+            answer(proxy.most_waiting)
         elif command == "reset":
             proxy.bursts = 0
+            proxy.most_waiting = proxy.waiting
             answer(True)
         elif command == "hold":
             proxy.hold(args[0])

@@ -61,7 +61,16 @@ class WatchedConnection(psycopg.Connection):
                     self._abandon(driver)
                     raise StalledError(f"{driver.where}: no reply within {driver.timeout:g} s (-o timeout=)")
                 ready = 0
-                for got_fd, events in poller.poll(left * 1000 + 1):
+                ms = left * 1000 + 1
+                if watch is None:
+                    polled = poller.poll(ms)
+                else:
+                    try:
+                        polled = watch.poll(poller, ms)  # raises for a reader run again
+                    except InterruptedCallError:
+                        self._abandon(driver)
+                        raise
+                for got_fd, events in polled:
                     if got_fd == fd:
                         ready = (READY_R if events & (select.POLLIN | _BAD) else 0) | (
                             READY_W if events & select.POLLOUT else 0

@@ -99,16 +99,53 @@ class PostgresDriver(Driver):
         self.channel = feed.channel(table)
         self.writer = feed.new_writer()  # names this driver's commits in the feed
         self.feed: feed.PostgresFeed | None = None  # started by the first changes()
-        self._lock = threading.RLock()
-        self.conn: Any = None
+        # Connections, each with its deferred COMMIT: a transaction takes the one used last
+        # that is free (several request threads each run theirs on one, fuse.workers).
+        self._local = threading.local()  # the connection the calling thread used last
+        self._conns: list[_ThreadConn] = []
+        self._idle: list[_ThreadConn] = []
+        self._conns_lock = threading.Lock()
         # The tables are made (and their storage set) by the first connection only: ALTER TABLE
         # waits for every transaction on the table, an abandoned one's too (connection).
         self._made = False
-        # When the last reading transaction ended without its COMMIT (sent with the next
-        # statement, or by _settle), or None.
-        self._deferred: float | None = None
-        with self._lock:
-            self._connect()
+        self._connect()
+        self._idle.append(self._mine)  # the first transaction takes it
+
+    @property
+    def _mine(self) -> _ThreadConn:
+        """The connection record of the calling thread's transaction (or of its last)."""
+        mine = getattr(self._local, "conn", None)
+        if mine is None:
+            mine = self._local.conn = self._take()
+        return mine
+
+    def _take(self) -> _ThreadConn:
+        """A free connection record, the one used last first (a new one when none is free)."""
+        with self._conns_lock:
+            if self._idle:
+                return self._idle.pop()
+            mine = _ThreadConn()
+            self._conns.append(mine)
+            return mine
+
+    @property
+    def conn(self) -> Any:
+        """The connection of the calling thread's transaction, or of its last one."""
+        return self._mine.conn
+
+    @conn.setter
+    def conn(self, value: Any) -> None:
+        self._mine.conn = value
+
+    @property
+    def _deferred(self) -> float | None:
+        """When the calling thread's last reading transaction ended without its COMMIT (sent
+        with the next statement, or by _settle), or None."""
+        return self._mine.deferred
+
+    @_deferred.setter
+    def _deferred(self, value: float | None) -> None:
+        self._mine.deferred = value
 
     def _connect(self) -> None:
         try:
@@ -168,12 +205,16 @@ class PostgresDriver(Driver):
     def set_timeout(self, seconds: float) -> None:
         """Bound later waits to ``seconds``: the connection is made again with the new bounds."""
         super().set_timeout(seconds)
-        with self._lock:
-            self._drop()
+        with self._conns_lock:
+            for other in self._conns:
+                other.stale = True
+        self._drop()
 
     @contextmanager
     def _begin(self, write: bool) -> Iterator[Txn]:
-        with self._lock:
+        mine = self._local.conn = self._take()
+        mine.busy = True
+        try:
             self._ready()
             level = "SERIALIZABLE" if write else "REPEATABLE READ READ ONLY"
             with self._errors():
@@ -197,9 +238,14 @@ class PostgresDriver(Driver):
                 except BaseException:
                     self._roll_back()
                     raise
+        finally:
+            mine.busy = False
+            with self._conns_lock:
+                if mine in self._conns:
+                    self._idle.append(mine)
 
     def _ready(self) -> None:
-        if self.conn is None or self.conn.gone():
+        if self.conn is None or self._mine.stale or self.conn.gone():
             self._drop()
             self._connect()
 
@@ -228,7 +274,7 @@ class PostgresDriver(Driver):
     def snapshot(self, name: str | None) -> HeldState:
         """Hold the state of now, or the exported snapshot ``name`` (``-o snapshot=NAME``): a
         ``REPEATABLE READ`` transaction kept open (no statement timeout), exported to join."""
-        with self._lock, self._errors():
+        with self._errors():
             self._ready()
             conn = self.conn
             if self._deferred is not None:  # a reading transaction still open: ended first
@@ -247,17 +293,20 @@ class PostgresDriver(Driver):
         return HeldState(held, conn.rollback, cost, exported, self._errors)
 
     def _settle(self) -> None:
-        """End a reading transaction whose COMMIT waits for the next one, if it has waited
-        :data:`DEFER` seconds (the change feed's polls call this between requests)."""
-        if self._deferred is None or time.monotonic() - self._deferred < DEFER:
-            return
-        with self._lock:
-            self._deferred = None
+        """End the reading transactions whose COMMIT waits for the next one, if they have
+        waited :data:`DEFER` seconds (the change feed's polls call this between requests, when
+        no request runs; a connection in use is left to its thread)."""
+        now = time.monotonic()
+        with self._conns_lock:
+            due = [c for c in self._conns if not c.busy and c.deferred is not None]
+        due = [c for c in due if now - c.deferred >= DEFER]
+        for mine in due:
+            mine.deferred = None
             try:
-                if self.conn is not None and not self.conn.closed:
-                    self.conn.execute("COMMIT")
+                if mine.conn is not None and not mine.conn.closed:
+                    mine.conn.execute("COMMIT")
             except (psycopg.Error, InterruptedCallError, StalledError):
-                self._drop()  # the next transaction makes a new connection
+                _close(mine)  # the next transaction makes a new connection
 
     def _roll_back(self) -> None:
         """End a transaction that failed, if the connection is still in one."""
@@ -271,13 +320,7 @@ class PostgresDriver(Driver):
                 self._drop()
 
     def _drop(self) -> None:
-        try:
-            if self.conn is not None:
-                self.conn.close()
-        except psycopg.Error:
-            pass
-        self.conn = None
-        self._deferred = None
+        _close(self._mine)
 
     def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
         """What other zarrfs writers committed since the last call (see ``feed``);
@@ -298,10 +341,37 @@ class PostgresDriver(Driver):
 
     def close(self) -> None:
         """Close the connections."""
-        with self._lock:
-            self._drop()
-            if self.feed is not None:
+        with self._conns_lock:
+            conns, self._conns, self._idle = self._conns, [], []
+        for mine in conns:
+            _close(mine)
+        if self.feed is not None:
                 self.feed.close()
+
+
+class _ThreadConn:
+    """One thread's connection: its deferred COMMIT, whether a transaction runs on it, and
+    whether it was made with bounds that changed since (``set_timeout``)."""
+
+    __slots__ = ("conn", "deferred", "busy", "stale")
+
+    def __init__(self) -> None:
+        self.conn: Any = None
+        self.deferred: float | None = None
+        self.busy = False
+        self.stale = False
+
+
+def _close(mine: _ThreadConn) -> None:
+    """Close a thread's connection (its next transaction makes a new one)."""
+    try:
+        if mine.conn is not None:
+            mine.conn.close()
+    except psycopg.Error:
+        pass
+    mine.conn = None
+    mine.deferred = None
+    mine.stale = False
 
 
 __all__ = ["PostgresDriver"]

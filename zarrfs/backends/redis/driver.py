@@ -54,7 +54,7 @@ class RedisTxn(Txn):
         self.max_value = driver.max_value
         self._d = driver
         self._keys = driver.key_names
-        self._link = driver._acquire()
+        self._link = driver._acquire(write)
         self._pending: dict[tuple[Space, bytes], Any] = {}
         self._watched: set[bytes] = set()
         # Write transactions: values already read. They are WATCHed, so they stay right until
@@ -260,11 +260,11 @@ class RedisDriver(Driver):
         super().set_timeout(seconds)
         set_pool_timeout(self.pool, seconds)
 
-    def _acquire(self) -> Link:
-        """The calling thread's link (see :meth:`Links.acquire`), tracked into the change feed
-        once one is started (see :meth:`RedisFeed.enlist`)."""
-        link = self._links.acquire()
-        if self.feed is not None:
+    def _acquire(self, write: bool = True) -> Link:
+        """The link for a transaction (see :meth:`Links.acquire`); the writing link is tracked
+        into the change feed once one is started (see :meth:`RedisFeed.enlist`)."""
+        link = self._links.acquire(write)
+        if write and self.feed is not None:
             try:
                 self.feed.enlist(link)
             except BaseException:

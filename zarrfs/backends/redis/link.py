@@ -231,6 +231,7 @@ class Link:
             self.poller = select.poll()
             self.poller.register(self.sock, select.POLLIN)
             self.watch: Any = None
+            self.watch_fd: int | None = None
 
     def usable(self) -> bool:
         """Whether this link can serve a new transaction (checks an idle socket for a close)."""
@@ -357,19 +358,23 @@ class Link:
             return sock.recv_into(buf)  # decrypted bytes already held: poll would not see them
         deadline = start + self.driver.timeout
         sock_fd = sock.fileno()
-        if self.watch is not self.driver.watch:
-            if self.watch is not None:  # the mount ended (or changed): stop watching its fd
-                self.poller.unregister(self.watch.fileno())
-            self.watch = self.driver.watch
-            if self.watch is not None:
-                self.poller.register(self.watch.fileno(), select.POLLIN)
+        watch = self.driver.watch
+        watch_fd = None if watch is None else watch.fileno()  # per thread with several
+        if watch_fd != self.watch_fd:
+            if self.watch_fd is not None:  # the mount ended (or another thread waits)
+                self.poller.unregister(self.watch_fd)
+            if watch_fd is not None:
+                self.poller.register(watch_fd, select.POLLIN)
+            self.watch_fd = watch_fd
+        self.watch = watch
         while True:
             left = deadline - time.perf_counter()
             if left <= 0:
                 raise StalledError(
                     f"{self.driver.where}: no reply within {self.driver.timeout:g} s (-o timeout=)"
                 )
-            for fd, _events in self.poller.poll(left * 1000 + 1):
+            watch, ms = self.watch, left * 1000 + 1
+            for fd, _events in self.poller.poll(ms) if watch is None else watch.poll(self.poller, ms):
                 if fd == sock_fd:
                     return sock.recv_into(buf)
                 if self.watch is not None:
@@ -404,19 +409,25 @@ class Link:
 
 
 class Links:
-    """A driver's links: one per thread, kept across its transactions."""
+    """A driver's links: one per thread for reading, kept across its transactions, and one
+    for writing, shared by the threads (writers run one at a time, ``fuse.admission``): the
+    one connection that tracks into the change feed (``feed``), so that with ``NOLOOP`` the
+    server reports no write of this mount back to it however many threads read."""
 
     def __init__(self, driver: LinkOwner) -> None:
         self.driver = driver
         self.closed = False
         self._local = threading.local()
+        self._writing = _Slot()
 
-    def acquire(self) -> Link:
-        """The calling thread's link, or a link of its own for a transaction started while the
-        thread's link is in use (a one-shot helper called inside a transaction)."""
+    def acquire(self, write: bool = True) -> Link:
+        """The link for a transaction (``write``: the writing link, else the calling thread's),
+        or a link of its own for one started while that link is in use (a one-shot helper
+        called inside a transaction)."""
         if self.closed:
             raise UnavailableError(f"{self.driver.where}: the driver is closed")
-        link = getattr(self._local, "link", None)
+        slot = self._writing if write else self._local
+        link = getattr(slot, "link", None)
         if link is not None and not link.busy and link.usable():
             link.busy = True
             return link
@@ -429,7 +440,7 @@ class Links:
             self.drop(link)
         link = Link(self.driver)
         link.busy = True
-        self._local.link = link
+        slot.link = link
         return link
 
     def release(self, link: Link) -> None:
@@ -449,14 +460,21 @@ class Links:
 
     def drop(self, link: Link) -> None:
         """Close a broken link and forget it."""
-        if getattr(self._local, "link", None) is link:
-            self._local.link = None
+        for slot in (self._local, self._writing):
+            if getattr(slot, "link", None) is link:
+                slot.link = None
         if link.generation != _fork_generation:
             return  # the parent process's socket: leave it to the parent
         try:
             link.close()
         except Exception:  # noqa: BLE001 - a dead connection may fail to close cleanly
             pass
+
+
+class _Slot:
+    """Where the writing link is kept."""
+
+    link: Link | None = None
 
 
 @contextmanager

@@ -228,17 +228,17 @@ class ClusterLinks(Links):
 
     driver: RedisClusterDriver
 
-    def acquire(self) -> Link:
-        """The calling thread's link to the slot's master; see :meth:`Links.acquire`."""
+    def acquire(self, write: bool = True) -> Link:
+        """A link to the slot's master; see :meth:`Links.acquire`."""
         d = self.driver
         if d._stale:
             d.route()
         try:
-            link = super().acquire()
+            link = super().acquire(write)
             if link.pool is not d.pool:  # made before the slot moved: to the old master
                 link.broken = True
                 self.release(link)
-                link = super().acquire()
+                link = super().acquire(write)
         except UnavailableError:
             d._stale = True  # the master is unreachable: maybe failed over by now
             raise

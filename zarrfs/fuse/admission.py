@@ -1,0 +1,151 @@
+"""Which requests may run together, and the one lock the filesystem code runs under.
+
+With several request threads (:mod:`zarrfs.fuse.workers`) the filesystem's tables are guarded
+by one lock, :attr:`Admission.turn`, held while Python code of a request runs and let go only
+where a request waits: on a server's socket (the drivers' waits call
+:meth:`Admission.released`), for its turn, or for its notifications. So code between two waits
+runs alone, as it did with one thread, and what overlaps is the waiting.
+
+On top of the lock, the readers/writer rule: requests that write nothing (lookups, attributes,
+reads, listings, read-only opens, readers' closes) run together; any other request, and the
+change feed's poll, runs as the one writer, no reader starting until it has answered. Readers
+still waiting on a server when a writer starts end their waits and run again from the start
+after it (:class:`~zarrfs.backends.errors.RestartedError`): so no reader fills a cache with what
+it read before the change, and a reader stalled on its server holds up no writer. Writers go
+first: once one waits, no new reader starts. Readers about the same node (a lookup: the same
+name in the same folder) take turns, so two opens of one file never make two states. A writer
+waiting for another program's lock, or between a large file's parts, lets the readers waiting
+run (:meth:`let_through`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+
+#: Seconds a writer letting readers through gives them to start (see :meth:`let_through`).
+THROUGH_WINDOW = 0.002
+
+
+class Cancelled(Exception):
+    """The request was interrupted while it waited for its turn."""
+
+
+class Admission:
+    """The readers/writer rule and the filesystem lock; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.turn = threading.Lock()
+        self._changed = threading.Condition(self.turn)
+        self.readers = 0  # readers running
+        self.writing = False  # a writer running
+        self.writers_waiting = 0
+        self._busy: set[Hashable] = set()  # the keys of the readers running
+        self._through: int | None = None  # a writer lets readers of other nodes in
+        self._local = threading.local()  # whether the calling thread runs a request
+        #: Called when a writer starts, holding the lock: readers waiting on a server then
+        #: end their waits and run again (``fuse.workers``).
+        self.on_writer: Callable[[], None] = lambda: None
+
+    def holds(self) -> bool:
+        """Whether the calling thread runs a request (holds :attr:`turn`): other threads (a
+        lock's waiter, the status socket) never let go of a lock they do not hold."""
+        return getattr(self._local, "held", False)
+
+    # -- requests: entered without the lock, held by the caller until it leaves -----------------
+    def enter_reader(self, key: Hashable, node: int, cancelled=lambda: False) -> None:
+        """Wait until a reader about ``key`` (of node ``node``) may run; return holding
+        :attr:`turn`. ``cancelled()`` is asked at each wake-up (:class:`Cancelled`)."""
+        changed = self._changed
+        changed.acquire()
+        while True:
+            if cancelled():
+                changed.release()
+                raise Cancelled
+            through = self._through is not None and node != self._through
+            if (through or not (self.writing or self.writers_waiting)) and key not in self._busy:
+                break
+            changed.wait()
+        self.readers += 1
+        self._busy.add(key)
+        self._local.held = True
+
+    def leave_reader(self, key: Hashable) -> None:
+        """End a reader (called holding :attr:`turn`; returns without it)."""
+        self._local.held = False
+        self.readers -= 1
+        self._busy.discard(key)
+        self._changed.notify_all()
+        self.turn.release()
+
+    def enter_writer(self, cancelled=lambda: False) -> None:
+        """Wait until nothing else runs; return holding :attr:`turn`, alone until
+        :meth:`leave_writer`."""
+        changed = self._changed
+        changed.acquire()
+        self.writers_waiting += 1
+        try:
+            while self.writing:
+                if cancelled():
+                    raise Cancelled
+                changed.wait()
+        except BaseException:
+            self.writers_waiting -= 1
+            changed.notify_all()
+            changed.release()
+            raise
+        self.writers_waiting -= 1
+        self.writing = True
+        self._local.held = True
+        if self.readers:
+            self.on_writer()
+
+    def leave_writer(self) -> None:
+        """End a writer (called holding :attr:`turn`; returns without it)."""
+        self._local.held = False
+        self.writing = False
+        self._changed.notify_all()
+        self.turn.release()
+
+    @contextmanager
+    def alone(self) -> Iterator[None]:
+        """Run a block as a writer (the change feed's poll, the daemon's last steps)."""
+        self.enter_writer()
+        try:
+            yield
+        finally:
+            self.leave_writer()
+
+    def wake(self) -> None:
+        """Make every request waiting for its turn look again (one was interrupted)."""
+        with self._changed:
+            self._changed.notify_all()
+
+    # -- inside a request: called holding the lock ------------------------------------------
+    @contextmanager
+    def released(self) -> Iterator[None]:
+        """Let go of :attr:`turn` around a wait (a server's socket, a sleep), if the calling
+        thread holds it."""
+        if not self.holds():
+            yield
+            return
+        self.turn.release()
+        try:
+            yield
+        finally:
+            self.turn.acquire()
+
+    def let_through(self, node: int) -> None:
+        """Called by the writer running: let the readers waiting now, about other nodes than
+        ``node``, run to their replies, then go on alone. Readers that come later wait, so a
+        stream of them cannot hold the writer up."""
+        if not (self.writing and self.holds()):
+            return
+        changed = self._changed
+        self._through = node
+        changed.notify_all()
+        changed.wait(THROUGH_WINDOW)
+        self._through = None
+        while self.readers:
+            changed.wait()

@@ -1,0 +1,338 @@
+"""Requests served by several threads, for databases behind a network (``-o workers=N``).
+
+With one request thread every request waits behind every other request's round trips, so a
+mount of a remote server serves one chunk per round trip however many readers ask. Here ``N``
+threads each read ``/dev/fuse`` (the kernel hands each request to one of them, as libfuse's
+multi-threaded loop does) and run it under :class:`~zarrfs.fuse.admission.Admission`: the
+filesystem code still runs one request at a time between waits, but while one request waits on
+its server, others run, each on its thread's own connection (Redis links and PostgreSQL
+connections are per thread). Readers overlap their round trips; writers run alone (see
+``admission``). Why threads and not requests parked on one thread: the drivers' clients
+(redis-py, psycopg, redis-py's cluster client) block in their own code, and a thread is what
+can wait there; the lock makes the rest as simple as one thread. Figures: docs/performance.md,
+"Across a network". Local databases keep the one-thread loop (:mod:`zarrfs.fuse.loop`): they
+never wait on a network, and a handoff between threads would only cost.
+
+Interrupts: an INTERRUPT read by any thread is matched to its request: one waiting for its turn
+is answered ``EINTR`` and dropped, one running is told through its thread's eventfd, which the
+driver's wait polls (:class:`Waits`); one not seen yet is answered ``EAGAIN``, so the kernel
+sends it again. The change feed's poll runs on the calling thread, alone, between requests.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import select
+import signal
+import struct
+import threading
+import time
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from zarrfs.fs.api import InterruptedCallError, RestartedError
+from zarrfs.fuse import abi as k
+from zarrfs.fuse.admission import Admission, Cancelled
+
+log = logging.getLogger("zarrfs.fuse.workers")
+
+DEFAULT_WORKERS = 16
+IDLE_POLL_MS = 500
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+_HEAD = struct.Struct("<IIQQ")  # len, opcode, unique, nodeid: the start of every request
+
+#: What a request is, given its bytes: None for a writer, else the key readers about the same
+#: thing take turns on (``fuse.session.Session.reader_key``).
+Classify = Callable[[memoryview, int], Hashable | None]
+
+
+class _Request:
+    """The request a thread serves: what an INTERRUPT of it does."""
+
+    __slots__ = ("unique", "node", "running", "reader", "interrupted", "cancelled", "stale", "efd")
+
+    def __init__(self, efd: int) -> None:
+        self.efd = efd
+        self.unique = 0
+        self.node = 0
+        self.running = False
+        self.reader = False
+        self.interrupted = False
+        self.cancelled = False
+        self.stale = False  # a reader whose wait a writer's start ended (RestartedError)
+
+
+class Waits:
+    """What a driver waiting on its server uses (its ``watch``) when requests are served by
+    several threads: the calling thread's request, its eventfd (readable when it was
+    interrupted), and the lock let go of around the wait."""
+
+    def __init__(self, workers: Workers) -> None:
+        self._workers = workers
+        self._local = threading.local()
+        self.admission = workers.admission
+
+    def request(self) -> _Request:
+        """The calling thread's request record (made at its first use)."""
+        req = getattr(self._local, "req", None)
+        if req is None:
+            req = self._local.req = _Request(os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC))
+            self._workers.eventfds.append(req.efd)
+        return req
+
+    def fileno(self) -> int:
+        """The descriptor a wait polls beside its socket: readable when interrupted."""
+        return self.request().efd
+
+    def check(self) -> None:
+        """Raise :class:`InterruptedCallError` when the calling thread's request was interrupted."""
+        req = self.request()
+        try:
+            os.eventfd_read(req.efd)
+        except BlockingIOError:
+            pass
+        if req.interrupted:
+            raise InterruptedCallError("interrupted by the caller (FUSE_INTERRUPT)")
+        if req.stale:
+            raise RestartedError("a writer started: read again after it")
+
+    def poll(self, poller: select.poll, timeout_ms: float) -> list[tuple[int, int]]:
+        """``poller.poll(timeout_ms)`` with the filesystem lock let go meanwhile (a reader a
+        writer's start made stale ends its wait)."""
+        with self.admission.released():
+            ready = poller.poll(timeout_ms)
+        if self.request().stale:
+            raise RestartedError("a writer started: read again after it")
+        return ready
+
+    def sleep(self, seconds: float) -> None:
+        """``time.sleep`` with the filesystem lock let go meanwhile."""
+        with self.admission.released():
+            time.sleep(seconds)
+        if self.request().stale:
+            raise RestartedError("a writer started: read again after it")
+
+    def serve_waiting(self) -> None:
+        """A writer waiting (another program's lock, a large file's parts) lets readers of
+        other nodes run meanwhile (``Admission.let_through``)."""
+        self.admission.let_through(self.request().node)
+
+
+class Workers:
+    """Serves the requests read from ``fd`` with ``count`` threads; see the module docstring.
+    ``handle`` answers one request (called holding the filesystem lock); ``classify`` tells a
+    reader's key (None: a writer); ``idle`` is the change feed's poll."""
+
+    def __init__(
+        self,
+        fd: int,
+        handle: Callable[[memoryview], None],
+        classify: Classify,
+        buffer_size: int,
+        count: int = DEFAULT_WORKERS,
+        idle: Callable[[], None] | None = None,
+        idle_interval: float = 0.01,
+        idle_fd: int | None = None,
+        admission: Admission | None = None,
+    ) -> None:
+        self.fd = fd
+        self.handle = handle
+        self.classify = classify
+        self.buffer_size = buffer_size
+        self.count = max(1, count)
+        self.idle = idle
+        self.idle_interval = idle_interval
+        self.idle_fd = idle_fd
+        self.admission = admission or Admission()
+        self.admission.on_writer = self._readers_restart
+        self.waits = Waits(self)
+        self.eventfds: list[int] = []
+        self.restarts = 0  # readers run again after a writer started (RestartedError)
+        self._requests: dict[int, _Request] = {}  # unique -> the request, while served
+        self._requests_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._stopped = threading.Event()  # the mount is gone (a thread read ENODEV)
+        self.stopping = False
+        self.stop_signal: int | None = None
+        self._wake_w = -1
+
+    def stop(self, signum: int | None = None, _frame: Any = None) -> None:
+        """End serving (a signal handler): the running requests finish first."""
+        self.stopping = True
+        self.stop_signal = signum
+
+    # -- the threads ------------------------------------------------------------------------
+    def run(self) -> None:
+        """Serve until unmounted or stopped; the calling thread polls the change feed. On the
+        way out the filesystem lock is kept (no request runs after this returns)."""
+        for i in range(self.count):
+            t = threading.Thread(target=self._serve, name=f"zarrfs-request-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        restore = self._catch_signals(self._wake_w)
+        try:
+            self._watch_idle(wake_r)
+        finally:
+            restore()
+            os.close(wake_r)
+            os.close(self._wake_w)
+            # Running requests end; those read later wait for a turn that never comes (the
+            # kernel drops them at the unmount).
+            self.admission.enter_writer()
+
+    def _watch_idle(self, wake_r: int) -> None:
+        poller = select.poll()
+        poller.register(wake_r, select.POLLIN)
+        if self.idle_fd is not None:
+            poller.register(self.idle_fd, select.POLLIN)
+        idle = self.idle
+        # A feed that says when it has news is polled then (and now and then); one that does
+        # not, every idle_interval. Each poll runs alone: it waits for the running requests.
+        wait_ms = IDLE_POLL_MS
+        if idle is not None and self.idle_fd is None:
+            wait_ms = max(1, int(self.idle_interval * 1000))
+        while not self.stopping and not self._stopped.is_set():
+            poller.poll(wait_ms)
+            _drain(wake_r)
+            if idle is not None and not self.stopping:
+                with self.admission.alone():
+                    idle()
+
+    def _serve(self) -> None:
+        buf = bytearray(self.buffer_size)
+        view = memoryview(buf)
+        fd = self.fd
+        req = self.waits.request()
+        while not self._stopped.is_set():
+            try:
+                n = os.readv(fd, [buf])
+            except InterruptedError:
+                continue
+            except OSError as exc:
+                if exc.errno in (errno.ENOENT, errno.EAGAIN):  # interrupted before it was read
+                    if exc.errno == errno.EAGAIN:
+                        select.select([fd], [], [], 0.5)
+                    continue
+                if exc.errno != errno.ENODEV:
+                    log.error("reading /dev/fuse failed: %s", exc)
+                self._gone()
+                return
+            if n == 0:
+                self._gone()
+                return
+            if n < k.IN_HEADER_SIZE:
+                log.warning("a request of %d bytes, shorter than a header, ignored", n)
+                continue
+            _len, opcode, unique, nodeid = _HEAD.unpack_from(buf)
+            if opcode == k.INTERRUPT:
+                self._interrupt(view[:n], unique)
+                continue
+            self._serve_one(view[:n], req, unique, nodeid)
+
+    def _serve_one(self, data: memoryview, req: _Request, unique: int, nodeid: int) -> None:
+        admission = self.admission
+        req.unique, req.node = unique, nodeid
+        req.interrupted = req.cancelled = req.running = False
+        with self._requests_lock:
+            self._requests[unique] = req
+        try:
+            while True:  # a reader a writer made stale runs again
+                with admission.turn:
+                    key = self.classify(data, nodeid)
+                req.reader, req.stale = key is not None, False
+                try:
+                    if key is None:
+                        admission.enter_writer(lambda: req.cancelled)
+                    else:
+                        admission.enter_reader(key, nodeid, lambda: req.cancelled)
+                except Cancelled:
+                    self._answer(unique, errno.EINTR)
+                    return
+                req.running = True
+                try:
+                    self.handle(data)
+                    return
+                except RestartedError:
+                    self.restarts += 1
+                    try:
+                        os.eventfd_read(req.efd)  # the writer's poke: read
+                    except BlockingIOError:
+                        pass
+                finally:
+                    req.running = False
+                    if key is None:
+                        admission.leave_writer()
+                    else:
+                        admission.leave_reader(key)
+        finally:
+            with self._requests_lock:
+                self._requests.pop(unique, None)
+            try:
+                os.eventfd_read(req.efd)  # an interrupt that came too late is forgotten
+            except BlockingIOError:
+                pass
+
+    def _readers_restart(self) -> None:
+        """A writer starts: every reader waiting on a server ends its wait (see admission)."""
+        with self._requests_lock:
+            for req in self._requests.values():
+                if req.running and req.reader and not req.stale:
+                    req.stale = True
+                    os.eventfd_write(req.efd, 1)
+
+    def _interrupt(self, data: memoryview, unique: int) -> None:
+        if len(data) < k.IN_HEADER_SIZE + k.INTERRUPT_IN.size:
+            return
+        (target,) = k.INTERRUPT_IN.unpack_from(data, k.IN_HEADER_SIZE)
+        with self._requests_lock:
+            req = self._requests.get(target)
+            if req is not None and req.unique == target:
+                if req.running:
+                    req.interrupted = True
+                    os.eventfd_write(req.efd, 1)
+                else:
+                    req.cancelled = True
+            else:
+                req = None
+        if req is None:
+            self._answer(unique, errno.EAGAIN)  # not read yet: the kernel sends it again
+        elif req.cancelled:
+            self.admission.wake()
+
+    def _answer(self, unique: int, code: int) -> None:
+        try:
+            os.write(self.fd, k.OUT_HEADER.pack(k.OUT_HEADER_SIZE, -code, unique))
+        except OSError:
+            pass  # gone meanwhile
+
+    def _gone(self) -> None:
+        self._stopped.set()
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def _catch_signals(self, wake_w: int) -> Callable[[], None]:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        saved = {s: signal.signal(s, self.stop) for s in STOP_SIGNALS}
+        saved_fd = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+
+        def restore() -> None:
+            signal.set_wakeup_fd(saved_fd)
+            for s, handler in saved.items():
+                signal.signal(s, handler)
+
+        return restore
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 64):
+            pass
+    except BlockingIOError:
+        pass
