@@ -4,7 +4,9 @@ parts on their own slots, committed by one transaction on the hierarchy's slot."
 from __future__ import annotations
 
 import errno
+import json
 import os
+import random
 import signal
 import subprocess
 import threading
@@ -278,3 +280,66 @@ def test_a_master_failed_over_during_reads_loses_nothing(replicated):
         for key, value in values.items():
             assert r.transact(lambda t, k=key: parts.whole(t, k, t.get(k)), write=False) == value
     d.close()
+
+
+# --- round trips, counted by a proxy in front of every node -------------------------------------
+@pytest.fixture(scope="module")
+def proxied_cluster():
+    """Three masters behind ``DelayProxy`` (20 ms round trips): every node announces a proxy
+    port, so every client's connection to any master is counted."""
+    from zarrfs.testing.proxy import DelayProxy
+
+    with DelayProxy(rtt_ms=20) as proxy:
+        gen = session_server("zarrfs-cluster-px-", lambda w: start_redis_cluster(w, announce=proxy.route),
+                             stop_redis_cluster)
+        cluster = next(gen)
+        try:
+            first = cluster.client().cluster_nodes()
+            via = int(next(iter(first)).split(":")[1].split("@")[0])
+            yield cluster, proxy, via
+        finally:
+            next(gen, None)
+
+
+def _zarr_v2(path, names: list[str], size: int) -> dict[str, bytes]:
+    meta = {"zarr_format": 2, "shape": [1, size * len(names)], "chunks": [1, size], "dtype": "|u1",
+            "compressor": None, "fill_value": 0, "order": "C", "filters": None}
+    path.mkdir()
+    write(path / ".zarray", json.dumps(meta).encode())
+    values = {n: os.urandom(size) for n in names}
+    for n, v in values.items():
+        write(path / n, v)
+    return values
+
+
+@pytest.mark.parametrize("layout", ["spread", "one-slot"])
+def test_a_chunk_read_after_a_listing_costs_its_open_and_its_part(proxied_cluster, tmp_path, layout):
+    """After ``ls`` of a folder, a chunk read through a fresh mount costs one round trip to
+    the home slot (the open: its probe and its content, the listing told the size) and, on a
+    spread hierarchy, one to the master holding its part (the manifest came with the open's
+    read, the attribute record with its probe). It was 2 and 4.6."""
+    cluster, proxy, via = proxied_cluster
+    query = {"spread": "1"} if layout == "spread" else {}
+    url = f"redis+cluster://127.0.0.1:{via}/?prefix={_prefix('rt')}" + "".join(
+        f"&{k}={v}" for k, v in query.items())
+    names = [f"0.{i}" for i in range(24)]
+    with Mount(url, tmp_path / "w", ["create"]) as m:
+        values = _zarr_v2(m.path / "a", names, 20_000)
+    # Shuffled, so that no chunk is read ahead: each is a fresh open.
+    order = names[:]
+    random.Random(3).shuffle(order)
+    with Mount(url, tmp_path / "r") as m:
+        assert sorted(os.listdir(m.path / "a")) == sorted([*names, ".zarray"])
+        for n in order[:2]:  # what happens once per folder (the look for an array's metadata)
+            assert read(m.path / "a" / n) == values[n]
+        proxy.reset()
+        seen = [0]
+        for n in order[2:]:
+            assert read(m.path / "a" / n) == values[n]
+            seen.append(proxy.round_trips())
+    each = sorted(b - a for a, b in zip(seen, seen[1:], strict=False))
+    # Per chunk, the median; in all, a little more (a connection opened to a master, the
+    # change feed's own traffic).
+    want = 2 if layout == "spread" else 1
+    assert each[len(each) // 2] == want, each
+    assert seen[-1] / len(each) <= want + 0.5, each

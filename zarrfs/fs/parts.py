@@ -212,12 +212,15 @@ def may_be_manifest(got: bytes, offset: int, size: int) -> bool:
     return False
 
 
-def whole(t: Txn, key: str, value: Any) -> Any:
+def whole(t: Txn, key: str, value: Any, parted: Parted | None | bool = False) -> Any:
     """The value of ``key`` whose data key holds ``value``: assembled from its parts when it
-    is parted."""
+    is parted. ``parted``: what its attribute record says (None: not parted), when a probe
+    read it (the record is not read again)."""
     if value is None or len(value) != MANIFEST_SIZE:
         return value
-    found = current(t, key, value)
+    if parted is None:
+        return value
+    found = current(t, key, value, parted)
     return value if found is None else read_parts(t, found, 0, found.size)
 
 
