@@ -343,3 +343,77 @@ def test_a_chunk_read_after_a_listing_costs_its_open_and_its_part(proxied_cluste
     want = 2 if layout == "spread" else 1
     assert each[len(each) // 2] == want, each
     assert seen[-1] / len(each) <= want + 0.5, each
+
+
+def _proxied_url(via: int, name: str, **query: str) -> str:
+    return f"redis+cluster://127.0.0.1:{via}/?prefix={_prefix(name)}&spread=1" + "".join(
+        f"&{k}={v}" for k, v in query.items())
+
+
+def test_chunks_read_ahead_have_their_parts_read_in_one_batch(proxied_cluster, tmp_path):
+    """A reader of a spread array in grid order gets the next chunks read with its open, and
+    their parts in one pipeline to every master (not one round trip per part)."""
+    _cluster, proxy, via = proxied_cluster
+    url = _proxied_url(via, "ra")
+    names = [f"0.{i}" for i in range(27)]
+    with Mount(url, tmp_path / "w", ["create"]) as m:
+        values = _zarr_v2(m.path / "a", names, 20_000)
+    with Mount(url, tmp_path / "r") as m:
+        os.stat(m.path / "a")
+        for n in names[:3]:  # the array's metadata looked up, a connection to every master
+            assert read(m.path / "a" / n) == values[n]
+        proxy.reset()
+        for n in names[3:]:
+            assert read(m.path / "a" / n) == values[n]
+        trips = proxy.round_trips() / len(names[3:])
+    # Per nine chunks: the open with the next eight (home), their parts (at most 3 masters).
+    assert trips <= 0.6, trips
+
+
+def test_a_commit_asks_for_its_parts_in_one_batch(proxied_cluster, tmp_path):
+    """A commit checks that every part it names is stored: one pipeline to the masters, not
+    one round trip a part."""
+    _cluster, proxy, via = proxied_cluster
+    url = _proxied_url(via, "ck")
+    value = os.urandom(40 * 4096)  # 40 parts of 4 KiB
+    with Mount(url, tmp_path / "m", ["create", "parts_above=4096"]) as m:
+        write(m.path / "warm", b"w" * 10_000)  # connections to every master made
+        proxy.reset()
+        write(m.path / "big", value)
+        trips = proxy.round_trips()
+        assert read(m.path / "big") == value
+    # 40 part writes, the check (3 masters at most), the home slot's probes and commit.
+    assert trips <= 40 + 15, trips  # one size a part: 90
+
+
+def test_a_part_call_waits_no_longer_than_the_timeout(proxied_cluster):
+    """``-o timeout=`` bounds the waits on the masters holding parts, as on the home slot's."""
+    from zarrfs.backends.base import StalledError
+
+    _cluster, proxy, via = proxied_cluster
+    d = open_driver(_proxied_url(via, "to"))
+    try:
+        parts.put_value(d, "c", os.urandom(8192), 4096)
+        d.set_timeout(2)
+        for node in d.cluster.get_nodes():
+            pool = node.redis_connection.connection_pool
+            assert pool.connection_kwargs["socket_timeout"] == 2
+        got: list[BaseException | bytes] = []
+
+        def reader() -> None:
+            try:
+                got.append(d.transact(lambda t: parts.whole(t, "c", t.get("c")), write=False))
+            except BaseException as exc:  # noqa: BLE001 - what the call ended with, for the test
+                got.append(exc)
+
+        proxy.hold(b"zarrfs.part")
+        try:
+            t = threading.Thread(target=reader, daemon=True)
+            t.start()
+            t.join(60)  # the default 120 s of redis-py's cluster client would still be waiting
+            assert not t.is_alive(), "a part read waited past the timeout"
+        finally:
+            proxy.release()
+        assert len(got) == 1 and isinstance(got[0], StalledError), got
+    finally:
+        d.close()

@@ -324,14 +324,20 @@ class Lookups:
         def run(t: Txn) -> list[tuple[Node | None, bytes | None]]:
             values, probes = self._probe_many_reading(t, keys, keys)
             out: list[tuple[Node | None, bytes | None]] = []
+            parted: list[tuple[int, Any]] = []  # (index in out, the version) of parted files
             for key, value, found in zip(keys, values, probes, strict=True):
                 node = None if found is None else self.remember(key, self.node_from(t, key, *found))
                 if node is None or node.kind != FILE or node.size > limit or value is None:
                     out.append((node, None))
                     continue
-                if len(value) == parts.MANIFEST_SIZE:
-                    value = parts.whole(t, key, bytes(value), node.attrs.parted)
-                out.append((node, None if value is None else bytes(value)))
+                if len(value) == parts.MANIFEST_SIZE and node.attrs.parted is not None:
+                    version = parts.current(t, key, bytes(value), node.attrs.parted)
+                    if version is not None:  # its parts are read below, all in one batch
+                        parted.append((len(out), version))
+                out.append((node, bytes(value)))
+            if parted:
+                for (i, _), whole in zip(parted, parts.wholes(t, [v for _, v in parted]), strict=True):
+                    out[i] = (out[i][0], whole)
             return out
 
         return self.driver.transact(run, write=False)
