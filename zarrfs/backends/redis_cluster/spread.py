@@ -1,21 +1,17 @@
 """A hierarchy spread over every master of a Redis Cluster (``?spread=1``).
 
-The data keys, side records, listing indexes and change feed of a hierarchy keep its one hash
-tag, so every commit stays one ``MULTI``/``EXEC`` on one slot. What spreads is the ``PARTS`` key
-space (``zarrfs.backends.checks.Space``): values written once and never changed, stored before
-the commit that points at them (``zarrfs.fs.parts``). Each part key has a hash tag of its own,
-``zarrfs.part.<tag>:{<key>}``; part keys hold random version ids, so they scatter evenly over the
-slots (and follow slots moved to masters added later).
-
-Sound without a transaction across slots: a part is written and acknowledged before the home
-slot's commit names it, and a reader finds parts only through a committed manifest. A crash
-between the two leaves parts no manifest names (``zarrfs check`` reports them, ``--repair``
-deletes them; a mount does not, see the README's "Redis Cluster"); parts a commit lets go of are
-deleted after it. Parts go through redis-py's cluster client (routed by slot, following
-``MOVED``/``ASK``); the parts of one call (a transaction's writes, a batch of reads) go in one
-cluster pipeline, which writes every master's commands before it reads any reply: one round
-trip to all masters at once, not one after another. Every blocking call goes through
-:meth:`SpreadParts.blocking`, bounded by the driver's ``timeout`` (``-o timeout=``).
+Data keys, side records, listing indexes and change feed keep the hierarchy's one hash tag, so
+every commit stays one ``MULTI``/``EXEC`` on one slot. What spreads is the ``PARTS`` space
+(``zarrfs.backends.checks.Space``): values written once, stored before the commit that names them
+(``zarrfs.fs.parts``), each under ``zarrfs.part.<tag>:{<key>}``, a hash tag of its own; part keys
+hold random version ids, so they scatter evenly over the slots (and follow slots moved later).
+Sound without a transaction across slots: a part is acknowledged before the home commit names it,
+and a reader finds parts only through a committed manifest. A crash in between leaves parts no
+manifest names (``zarrfs check`` reports them, ``--repair`` deletes them; a mount does not, see
+:class:`SpreadParts`); parts a commit lets go of are deleted after it. The parts of one call go in
+one cluster pipeline (redis-py's: routed by slot, following ``MOVED``/``ASK``), sent to every
+master before any reply is read; every blocking call goes through :meth:`SpreadParts.blocking`,
+bounded by ``-o timeout=``.
 """
 
 from __future__ import annotations
@@ -37,7 +33,21 @@ _ESCAPES = {ord("%"): "%25", ord("{"): "%7B", ord("}"): "%7D"}
 
 class SpreadParts:
     """The ``PARTS`` space of one hierarchy on a cluster: where each part lives, and the
-    reads, writes and scans of parts (see the module docstring)."""
+    reads, writes and scans of parts (see the module docstring).
+
+    Not parallel yet: one file's parts (``fs.parts.store`` writes each in its own transaction,
+    so memory stays one part) and different files' commits (the request loop serves one at a
+    time; :meth:`blocking` is where it would let others run).
+
+    Why a mount does not delete orphans itself: ``zarrfs check --repair`` lists the manifests,
+    then deletes the parts none names, and a commit landing between the two would lose
+    committed parts. Part ids begin with the writer's clock, but a large file's parts take as
+    long as they take and machines' clocks differ, so no age alone proves a part abandoned.
+    Safe would be a fence on the home slot: the cleaner stores "ids older than X may go"
+    before its scan; a commit naming new parts reads the fence in its watched transaction and
+    stores them again under a fresh id when its id is older (a fence moved meanwhile fails its
+    ``EXEC``). A part older than the fence is then named by a commit the scan sees, or never.
+    Not built: one more home read per parted commit (it could ride the probe's batch)."""
 
     def __init__(self, cluster: RedisCluster, tag: str, where: str, timeout: float) -> None:
         self.cluster = cluster
