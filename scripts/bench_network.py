@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Benchmark: a mount of a database across a network, against the database's own Python client.
 
-Each server (redis-server, a three-master Redis Cluster, PostgreSQL, all started here on
-127.0.0.1) is put behind ``zarrfs.testing.proxy.DelayProxy``, which delays every segment (a
-round trip of 1 ms and of 5 ms, measured and printed) and counts round trips. For each server
+Each server (redis-server, a three-master Redis Cluster with one hierarchy on one slot and, as
+``spread``, over every master, PostgreSQL, all started here on 127.0.0.1) is put behind
+``zarrfs.testing.proxy.DelayProxy``, which delays every segment (a round trip of 1 ms and of
+5 ms, measured and printed) and counts round trips. For each server
 and round trip, in one run:
 
 * fresh chunk reads with 1, 4 and 16 readers (threads reading whole chunk files of a Zarr array,
@@ -283,7 +284,7 @@ def print_rows(title: str, rows: list[tuple]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--drivers", default="redis,cluster,postgres")
+    parser.add_argument("--drivers", default="redis,cluster,spread,postgres")
     parser.add_argument("--rtt", default="1,5", help="round trips in ms, comma-separated")
     parser.add_argument("--chunks", type=int, default=128, help="chunks per array (a multiple of 16)")
     parser.add_argument("-o", dest="mount_options", action="append", default=[],
@@ -304,7 +305,7 @@ def main() -> int:
                 via = proxy.route(port)
                 servers["redis"] = (f"redis://127.0.0.1:{port}/0?prefix=nb", f"redis://127.0.0.1:{via}/0?prefix=nb",
                                     Client("redis", f"redis://127.0.0.1:{via}/1"), via)
-            if "cluster" in drivers:
+            if "cluster" in drivers or "spread" in drivers:
                 cdir = work / "cluster"
                 cdir.mkdir()
                 cluster = start_redis_cluster(str(cdir), announce=proxy.route)
@@ -314,6 +315,9 @@ def main() -> int:
                 via = int(next(iter(first)).split(":")[1].split("@")[0])
                 url = f"redis+cluster://127.0.0.1:{via}/?prefix=nb"
                 servers["cluster"] = (url, url, Client("cluster", f"127.0.0.1:{via}"), via)
+                # The same three masters, one hierarchy's chunks spread over them (?spread=1).
+                spread = url + "&spread=1"
+                servers["spread"] = (spread, spread, Client("cluster", f"127.0.0.1:{via}"), via)
             if "postgres" in drivers:
                 pdir = work / "pg"
                 pdir.mkdir()

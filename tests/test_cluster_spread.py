@@ -4,7 +4,9 @@ parts on their own slots, committed by one transaction on the hierarchy's slot."
 from __future__ import annotations
 
 import errno
+import json
 import os
+import random
 import signal
 import subprocess
 import threading
@@ -45,7 +47,8 @@ def _bytes_per_master(cluster, prefix: str) -> list[int]:
 def test_chunks_spread_over_every_master_and_read_back(redis_cluster, tmp_path):
     prefix = f"s{os.getpid()}{time.monotonic_ns() % 10**9}"
     url = redis_cluster.url(prefix=prefix, spread="1")
-    blobs = {f"arr/{i}.0": os.urandom(4096 + i) for i in range(60)}
+    # 180 chunks: with 60, one master held over 45% of the bytes about one run in twelve
+    blobs = {f"arr/{i}.0": os.urandom(4096 + i) for i in range(180)}
     with Mount(url, tmp_path / "m", ["create"]) as m:
         (m.path / "arr").mkdir()
         write(m.path / "arr" / ".zattrs", b'{"a": 1}')
@@ -278,3 +281,140 @@ def test_a_master_failed_over_during_reads_loses_nothing(replicated):
         for key, value in values.items():
             assert r.transact(lambda t, k=key: parts.whole(t, k, t.get(k)), write=False) == value
     d.close()
+
+
+# --- round trips, counted by a proxy in front of every node -------------------------------------
+@pytest.fixture(scope="module")
+def proxied_cluster():
+    """Three masters behind ``DelayProxy`` (20 ms round trips): every node announces a proxy
+    port, so every client's connection to any master is counted."""
+    from zarrfs.testing.proxy import DelayProxy
+
+    with DelayProxy(rtt_ms=20) as proxy:
+        gen = session_server("zarrfs-cluster-px-", lambda w: start_redis_cluster(w, announce=proxy.route),
+                             stop_redis_cluster)
+        cluster = next(gen)
+        try:
+            first = cluster.client().cluster_nodes()
+            via = int(next(iter(first)).split(":")[1].split("@")[0])
+            yield cluster, proxy, via
+        finally:
+            next(gen, None)
+
+
+def _zarr_v2(path, names: list[str], size: int) -> dict[str, bytes]:
+    meta = {"zarr_format": 2, "shape": [1, size * len(names)], "chunks": [1, size], "dtype": "|u1",
+            "compressor": None, "fill_value": 0, "order": "C", "filters": None}
+    path.mkdir()
+    write(path / ".zarray", json.dumps(meta).encode())
+    values = {n: os.urandom(size) for n in names}
+    for n, v in values.items():
+        write(path / n, v)
+    return values
+
+
+@pytest.mark.parametrize("layout", ["spread", "one-slot"])
+def test_a_chunk_read_after_a_listing_costs_its_open_and_its_part(proxied_cluster, tmp_path, layout):
+    """After ``ls`` of a folder, a chunk read through a fresh mount costs one round trip to
+    the home slot (the open: its probe and its content, the listing told the size) and, on a
+    spread hierarchy, one to the master holding its part (the manifest came with the open's
+    read, the attribute record with its probe). It was 2 and 4.6."""
+    cluster, proxy, via = proxied_cluster
+    query = {"spread": "1"} if layout == "spread" else {}
+    url = f"redis+cluster://127.0.0.1:{via}/?prefix={_prefix('rt')}" + "".join(
+        f"&{k}={v}" for k, v in query.items())
+    names = [f"0.{i}" for i in range(24)]
+    with Mount(url, tmp_path / "w", ["create"]) as m:
+        values = _zarr_v2(m.path / "a", names, 20_000)
+    # Shuffled, so that no chunk is read ahead: each is a fresh open.
+    order = names[:]
+    random.Random(3).shuffle(order)
+    with Mount(url, tmp_path / "r") as m:
+        assert sorted(os.listdir(m.path / "a")) == sorted([*names, ".zarray"])
+        for n in order[:2]:  # what happens once per folder (the look for an array's metadata)
+            assert read(m.path / "a" / n) == values[n]
+        proxy.reset()
+        seen = [0]
+        for n in order[2:]:
+            assert read(m.path / "a" / n) == values[n]
+            seen.append(proxy.round_trips())
+    each = sorted(b - a for a, b in zip(seen, seen[1:], strict=False))
+    # Per chunk, the median; in all, a little more (a connection opened to a master, the
+    # change feed's own traffic).
+    want = 2 if layout == "spread" else 1
+    assert each[len(each) // 2] == want, each
+    assert seen[-1] / len(each) <= want + 0.5, each
+
+
+def _proxied_url(via: int, name: str, **query: str) -> str:
+    return f"redis+cluster://127.0.0.1:{via}/?prefix={_prefix(name)}&spread=1" + "".join(
+        f"&{k}={v}" for k, v in query.items())
+
+
+def test_chunks_read_ahead_have_their_parts_read_in_one_batch(proxied_cluster, tmp_path):
+    """A reader of a spread array in grid order gets the next chunks read with its open, and
+    their parts in one pipeline to every master (not one round trip per part)."""
+    _cluster, proxy, via = proxied_cluster
+    url = _proxied_url(via, "ra")
+    names = [f"0.{i}" for i in range(27)]
+    with Mount(url, tmp_path / "w", ["create"]) as m:
+        values = _zarr_v2(m.path / "a", names, 20_000)
+    with Mount(url, tmp_path / "r") as m:
+        os.stat(m.path / "a")
+        for n in names[:3]:  # the array's metadata looked up, a connection to every master
+            assert read(m.path / "a" / n) == values[n]
+        proxy.reset()
+        for n in names[3:]:
+            assert read(m.path / "a" / n) == values[n]
+        trips = proxy.round_trips() / len(names[3:])
+    # Per nine chunks: the open with the next eight (home), their parts (at most 3 masters).
+    assert trips <= 0.6, trips
+
+
+def test_a_commit_asks_for_its_parts_in_one_batch(proxied_cluster, tmp_path):
+    """A commit checks that every part it names is stored: one pipeline to the masters, not
+    one round trip a part."""
+    _cluster, proxy, via = proxied_cluster
+    url = _proxied_url(via, "ck")
+    value = os.urandom(40 * 4096)  # 40 parts of 4 KiB
+    with Mount(url, tmp_path / "m", ["create", "parts_above=4096"]) as m:
+        write(m.path / "warm", b"w" * 10_000)  # connections to every master made
+        proxy.reset()
+        write(m.path / "big", value)
+        trips = proxy.round_trips()
+        assert read(m.path / "big") == value
+    # 40 part writes, the check (3 masters at most), the home slot's probes and commit.
+    assert trips <= 40 + 15, trips  # one size a part: 90
+
+
+def test_a_part_call_waits_no_longer_than_the_timeout(proxied_cluster):
+    """``-o timeout=`` bounds the waits on the masters holding parts, as on the home slot's."""
+    from zarrfs.backends.base import StalledError
+
+    _cluster, proxy, via = proxied_cluster
+    d = open_driver(_proxied_url(via, "to"))
+    try:
+        parts.put_value(d, "c", os.urandom(8192), 4096)
+        d.set_timeout(2)
+        for node in d.cluster.get_nodes():
+            pool = node.redis_connection.connection_pool
+            assert pool.connection_kwargs["socket_timeout"] == 2
+        got: list[BaseException | bytes] = []
+
+        def reader() -> None:
+            try:
+                got.append(d.transact(lambda t: parts.whole(t, "c", t.get("c")), write=False))
+            except BaseException as exc:  # noqa: BLE001 - what the call ended with, for the test
+                got.append(exc)
+
+        proxy.hold(b"zarrfs.part")
+        try:
+            t = threading.Thread(target=reader, daemon=True)
+            t.start()
+            t.join(60)  # the default 120 s of redis-py's cluster client would still be waiting
+            assert not t.is_alive(), "a part read waited past the timeout"
+        finally:
+            proxy.release()
+        assert len(got) == 1 and isinstance(got[0], StalledError), got
+    finally:
+        d.close()

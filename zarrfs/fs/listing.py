@@ -366,7 +366,9 @@ class Listings:
                 raw, pointer = ranged[0].get(child), ranged[1].get(child) if kind != DIR else None
             if size is None:  # gone between the listing and the read
                 continue
-            into[name] = self.lookups.node_from(t, child, kind, size, target, raw, pointer)
+            node = into[name] = self.lookups.node_from(t, child, kind, size, target, raw, pointer)
+            if kind == FILE:  # an open after the listing reads the content with its probe
+                self.lookups.remember(child, node)
 
     def _side_ranges(self, t: Txn, prefix: str, part: list) -> tuple[dict, dict] | None:
         """The attribute records and link-group pointers of ``part``'s names, by key, read as

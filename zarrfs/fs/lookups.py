@@ -207,7 +207,8 @@ class Lookups:
             hints = self._size_hints
             if len(hints) >= SIZE_HINTS:
                 hints.clear()
-            hints[key] = node.size
+            # A file stored in parts is opened by reading its manifest: that is what is read.
+            hints[key] = node.size if node.attrs.parted is None else parts.MANIFEST_SIZE
         return node
 
     def node_from(
@@ -298,7 +299,7 @@ class Lookups:
                 if node is None or node.kind != FILE or node.size > limit:
                     return node, None
                 if value is not None and len(value) == parts.MANIFEST_SIZE:
-                    value = parts.whole(t, key, bytes(value))
+                    value = parts.whole(t, key, bytes(value), node.attrs.parted)
                 return node, value
             node = self.find_in(t, key)
             if node is None or node.kind != FILE or stamp_of(node) == kept:
@@ -309,7 +310,8 @@ class Lookups:
                 return node, None
             value = view(key)  # shown as stored: no transforming hooks here
             if value is not None and len(value) == parts.MANIFEST_SIZE:
-                value = parts.whole(t, key, bytes(value))  # a parted file's manifest, maybe
+                # a parted file's manifest, maybe (the probe read its record)
+                value = parts.whole(t, key, bytes(value), node.attrs.parted)
             return node, value
 
         return hold(self.driver, run)
@@ -322,14 +324,20 @@ class Lookups:
         def run(t: Txn) -> list[tuple[Node | None, bytes | None]]:
             values, probes = self._probe_many_reading(t, keys, keys)
             out: list[tuple[Node | None, bytes | None]] = []
+            parted: list[tuple[int, Any]] = []  # (index in out, the version) of parted files
             for key, value, found in zip(keys, values, probes, strict=True):
                 node = None if found is None else self.remember(key, self.node_from(t, key, *found))
                 if node is None or node.kind != FILE or node.size > limit or value is None:
                     out.append((node, None))
                     continue
-                if len(value) == parts.MANIFEST_SIZE:
-                    value = parts.whole(t, key, bytes(value))
-                out.append((node, None if value is None else bytes(value)))
+                if len(value) == parts.MANIFEST_SIZE and node.attrs.parted is not None:
+                    version = parts.current(t, key, bytes(value), node.attrs.parted)
+                    if version is not None:  # its parts are read below, all in one batch
+                        parted.append((len(out), version))
+                out.append((node, bytes(value)))
+            if parted:
+                for (i, _), whole in zip(parted, parts.wholes(t, [v for _, v in parted]), strict=True):
+                    out[i] = (out[i][0], whole)
             return out
 
         return self.driver.transact(run, write=False)

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
-from zarrfs.backends.base import DATA, KEYS, PARTS, SIDE, Size, Txn
+from zarrfs.backends.base import DATA, KEYS, PARTS, SIDE, Get, Size, Txn
 from zarrfs.fs import hardlinks
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.manifest import MAGIC, MANIFEST_SIZE, MAP_MAGIC, Parted, new_id, part_key
@@ -212,13 +212,43 @@ def may_be_manifest(got: bytes, offset: int, size: int) -> bool:
     return False
 
 
-def whole(t: Txn, key: str, value: Any) -> Any:
+def whole(t: Txn, key: str, value: Any, parted: Parted | None | bool = False) -> Any:
     """The value of ``key`` whose data key holds ``value``: assembled from its parts when it
-    is parted."""
+    is parted. ``parted``: what its attribute record says (None: not parted), when a probe
+    read it (the record is not read again)."""
     if value is None or len(value) != MANIFEST_SIZE:
         return value
-    found = current(t, key, value)
+    if parted is None:
+        return value
+    found = current(t, key, value, parted)
     return value if found is None else read_parts(t, found, 0, found.size)
+
+
+def wholes(t: Txn, versions: list[Parted]) -> list[bytes]:
+    """The whole values of several parted ``versions``, every part read in one batch (on a
+    spread hierarchy one round trip to all the masters holding them, not one per part)."""
+    plans: list[tuple[Parted, list[int | None]]] = []
+    reads: list[Get] = []
+    for parted in versions:
+        parted = mapped(t, parted)
+        assert parted.entries is not None
+        slots: list[int | None] = []
+        for n, owner in enumerate(parted.entries):
+            slots.append(None if owner is None else len(reads))
+            if owner is not None:
+                reads.append(Get(part_key(owner, n), PARTS))
+        plans.append((parted, slots))
+    got = t.read_many(reads) if reads else []
+    out: list[bytes] = []
+    for parted, slots in plans:
+        pieces: list[bytes] = []
+        for n, i in enumerate(slots):
+            piece = bytes(parted.length(n)) if i is None else got[i]
+            if piece is None or len(piece) != parted.length(n):
+                raise FsError(errno.EIO, f"part {n} of a value stored in parts ({parted.id}) is missing")
+            pieces.append(piece)
+        out.append(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+    return out
 
 
 def size_of(t: Txn, key: str) -> int | None:

@@ -169,14 +169,21 @@ class RedisClusterTxn(RedisTxn):
             return super()._read_many(plan)
         home = [step for step in plan if step[2] is not PARTS]
         answers = iter(super()._read_many(home) if home else [])
+        # The parts' sizes and values not written by this transaction: one pipeline each,
+        # sent to every master holding one before any reply is read.
+        asked = [(kind, raw) for kind, raw, space in plan if space is PARTS and self._mine(raw) is None]
+        sized = [raw for kind, raw in asked if kind is Size]
+        got = [raw for kind, raw in asked if kind is Get]
+        sizes = dict(zip(sized, self._spread.sizes(sized), strict=True))
+        values = dict(zip(got, self._spread.gets(got), strict=True))
         out: list[Any] = []
         for kind, raw, space in plan:
             if space is not PARTS:
                 out.append(next(answers))
             elif kind is Size:
-                out.append(self._size(raw, space))
+                out.append(sizes[raw] if raw in sizes else self._size(raw, space))
             elif kind is Get:
-                out.append(self._get(raw, space))
+                out.append(values[raw] if raw in values else self._get(raw, space))
             else:
                 out.append(any(True for _ in self._scan_parts(raw, bytes_stop(raw), KEYS)))
         return out
@@ -302,8 +309,16 @@ class RedisClusterDriver(RedisDriver):
                     f"{self.where}: spread=1 spreads a hierarchy over the cluster's masters, and this"
                     f" cluster has {masters}; add masters or drop spread=1"
                 )
-            self.spread = SpreadParts(self.cluster, hash_tag(self.prefix) or self.prefix, self.where)
+            tag = hash_tag(self.prefix) or self.prefix
+            self.spread = SpreadParts(self.cluster, tag, self.where, self.timeout)
             self.parts_above = _number(parsed.query, "spread_above", 0, self.where)
+
+    def set_timeout(self, seconds: float) -> None:
+        """Bound later waits, and those of the connections held now, to ``seconds``: on the
+        home slot's master and, on a spread hierarchy, on every master holding parts."""
+        super().set_timeout(seconds)
+        if getattr(self, "spread", None) is not None:
+            self.spread.set_timeout(seconds)
 
     @staticmethod
     def _connection_options(scheme: str, userinfo: str, query: list[tuple[str, str]]) -> dict[str, Any]:
