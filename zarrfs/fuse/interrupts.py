@@ -24,6 +24,7 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 from zarrfs.fs.api import InterruptedCallError
 from zarrfs.fuse import abi as k
@@ -95,6 +96,10 @@ class Watch:
     def sleep(self, seconds: float) -> None:
         """A driver's pause between attempts."""
         time.sleep(seconds)
+
+    def released(self) -> AbstractContextManager[None]:
+        """Around a wait in a client's own code: nothing to let go of with one thread."""
+        return nullcontext()
 
     def serve_waiting(self) -> None:
         """While the request being served waits (for a lock another program holds, between the

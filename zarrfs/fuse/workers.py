@@ -29,7 +29,8 @@ import signal
 import struct
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from zarrfs.fs.api import InterruptedCallError, RestartedError
@@ -110,8 +111,15 @@ class Waits:
 
     def sleep(self, seconds: float) -> None:
         """``time.sleep`` with the filesystem lock let go meanwhile."""
-        with self.admission.released():
+        with self.released():
             time.sleep(seconds)
+
+    @contextmanager
+    def released(self) -> Iterator[None]:
+        """Let go of the filesystem lock around a block that waits in a client's own code
+        (redis-py's cluster client); a reader a writer made stale meanwhile runs again."""
+        with self.admission.released():
+            yield
         if self.request().stale:
             raise RestartedError("a writer started: read again after it")
 

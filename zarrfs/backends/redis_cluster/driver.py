@@ -310,7 +310,7 @@ class RedisClusterDriver(RedisDriver):
                     f" cluster has {masters}; add masters or drop spread=1"
                 )
             tag = hash_tag(self.prefix) or self.prefix
-            self.spread = SpreadParts(self.cluster, tag, self.where, self.timeout)
+            self.spread = SpreadParts(self.cluster, tag, self.where, self.timeout, lambda: self.watch)
             self.parts_above = _number(parsed.query, "spread_above", 0, self.where)
 
     def set_timeout(self, seconds: float) -> None:

@@ -17,6 +17,7 @@ bounded by ``-o timeout=``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from typing import Any, TypeVar
 
 from redis.cluster import RedisCluster
@@ -49,8 +50,12 @@ class SpreadParts:
     ``EXEC``). A part older than the fence is then named by a commit the scan sees, or never.
     Not built: one more home read per parted commit (it could ride the probe's batch)."""
 
-    def __init__(self, cluster: RedisCluster, tag: str, where: str, timeout: float) -> None:
+    def __init__(
+        self, cluster: RedisCluster, tag: str, where: str, timeout: float,
+        watch: Callable[[], Any] = lambda: None,
+    ) -> None:
         self.cluster = cluster
+        self.watch = watch  # the driver's watch now (see blocking)
         self.where = where
         self.base = b"zarrfs.part." + tag.translate(_ESCAPES).encode("utf-8") + b":"
         self.set_timeout(timeout)
@@ -59,8 +64,10 @@ class SpreadParts:
         """Run ``call``, a call of the cluster client that waits on masters' sockets: every
         part read, write and scan goes through here, with redis-py's errors translated. The
         one place where a request loop that serves several requests at once would let others
-        run while a part call waits (the home slot's waits are ``redis.link.Link._wait``'s)."""
-        with translated(self.where):
+        run while a part call waits (the home slot's waits are ``redis.link.Link._wait``'s):
+        the driver's ``watch`` lets go of the filesystem lock meanwhile (``fuse.workers``)."""
+        watch = self.watch()
+        with translated(self.where), nullcontext() if watch is None else watch.released():
             return call()
 
     def set_timeout(self, seconds: float) -> None:
