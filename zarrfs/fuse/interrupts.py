@@ -97,6 +97,9 @@ class Watch:
         """A driver's pause between attempts."""
         time.sleep(seconds)
 
+    def restart(self) -> None:
+        """After a driver's exchange: with one thread no reader is ever run again."""
+
     def released(self) -> AbstractContextManager[None]:
         """Around a wait in a client's own code: nothing to let go of with one thread."""
         return nullcontext()

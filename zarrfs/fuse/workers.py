@@ -97,17 +97,19 @@ class Waits:
             pass
         if req.interrupted:
             raise InterruptedCallError("interrupted by the caller (FUSE_INTERRUPT)")
-        if req.stale:
+
+    def restart(self) -> None:
+        """Raise :class:`RestartedError` when a writer started since the calling reader began
+        (a driver calls it where its connection can be left: after a whole exchange, or
+        having dropped it). A reader stalled on its server is left waiting: no writer waits
+        for it."""
+        if self.request().stale:
             raise RestartedError("a writer started: read again after it")
 
     def poll(self, poller: select.poll, timeout_ms: float) -> list[tuple[int, int]]:
-        """``poller.poll(timeout_ms)`` with the filesystem lock let go meanwhile (a reader a
-        writer's start made stale ends its wait)."""
+        """``poller.poll(timeout_ms)`` with the filesystem lock let go meanwhile."""
         with self.admission.released():
-            ready = poller.poll(timeout_ms)
-        if self.request().stale:
-            raise RestartedError("a writer started: read again after it")
-        return ready
+            return poller.poll(timeout_ms)
 
     def sleep(self, seconds: float) -> None:
         """``time.sleep`` with the filesystem lock let go meanwhile."""
@@ -120,8 +122,7 @@ class Waits:
         (redis-py's cluster client); a reader a writer made stale meanwhile runs again."""
         with self.admission.released():
             yield
-        if self.request().stale:
-            raise RestartedError("a writer started: read again after it")
+        self.restart()
 
     def serve_waiting(self) -> None:
         """A writer waiting (another program's lock, a large file's parts) lets readers of
@@ -159,6 +160,7 @@ class Workers:
         self.waits = Waits(self)
         self.eventfds: list[int] = []
         self.restarts = 0  # readers run again after a writer started (RestartedError)
+        self.served = [0, 0]  # requests served as writers, as readers
         self._requests: dict[int, _Request] = {}  # unique -> the request, while served
         self._requests_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -191,6 +193,10 @@ class Workers:
             # Running requests end; those read later wait for a turn that never comes (the
             # kernel drops them at the unmount).
             self.admission.enter_writer()
+            log.debug(
+                "%d requests served alone, %d together; %d readers run again after a writer",
+                self.served[0], self.served[1], self.restarts,
+            )
 
     def _watch_idle(self, wake_r: int) -> None:
         poller = select.poll()
@@ -252,6 +258,7 @@ class Workers:
                 with admission.turn:
                     key = self.classify(data, nodeid)
                 req.reader, req.stale = key is not None, False
+                self.served[req.reader] += 1
                 try:
                     if key is None:
                         admission.enter_writer(lambda: req.cancelled)

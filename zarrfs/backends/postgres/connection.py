@@ -65,8 +65,9 @@ class WatchedConnection(psycopg.Connection):
                 if watch is None:
                     polled = poller.poll(ms)
                 else:
+                    polled = watch.poll(poller, ms)
                     try:
-                        polled = watch.poll(poller, ms)  # raises for a reader run again
+                        watch.restart()  # a reader a writer made stale: dropped, run again
                     except InterruptedCallError:
                         self._abandon(driver)
                         raise

@@ -267,6 +267,9 @@ class Link:
         if self.unwatch:
             self.unwatch = False
             del replies[0]
+        watch = self.driver.watch
+        if watch is not None:  # a whole exchange: a reader a writer made stale runs again
+            watch.restart()
         return replies
 
     def _call_fast(self, commands: Sequence[tuple[Any, ...]], big: bool) -> list[Any]:
