@@ -270,16 +270,26 @@ class Listings:
         ``sizes``, the stored sizes of files the scan saw are put there (for :meth:`nodes_of`).
         """
 
+        record: list[bytes | None] = []
+
         def run(t: Txn) -> list[tuple[str, int, str]]:
+            record.clear()
             if after is None:
                 found = self.lookups.probe(t, key)
                 if found is None:
                     raise FsError(errno.ENOENT, key, quiet=True)
                 if found[0] != DIR:
                     raise FsError(errno.ENOTDIR, key)
+                record.append(found[3])
             return list(itertools.islice(self._merged_children(t, key, after, sizes), limit))
 
-        return self.driver.transact(run, write=False)
+        got = self.driver.transact(run, write=False)
+        known = self.lookups.known
+        if known is not None and record:  # the folder's record, and all its names if they fit
+            known.read_record(key, record[0])
+            if len(got) < limit:
+                known.listed(key, (name for name, _, _ in got))
+        return got
 
     def nodes_of(
         self, key: str, children: list[tuple[str, int]], sizes: dict[str, int] | None = None
@@ -329,7 +339,11 @@ class Listings:
                 self._read_nodes(t, prefix, children[start : start + FOLDER_BATCH], sizes, nodes)
             return nodes
 
-        return self.driver.transact(run, write=False)
+        nodes = self.driver.transact(run, write=False)
+        known = self.lookups.known
+        if known is not None and nodes is not None:
+            known.listed(key, nodes)
+        return nodes
 
     def _read_nodes(self, t: Txn, prefix: str, part: list, sizes: dict | None, into: dict) -> None:
         """The nodes of ``part`` (name, kind) into ``into``: sizes, link targets and
@@ -366,7 +380,10 @@ class Listings:
                 raw, pointer = ranged[0].get(child), ranged[1].get(child) if kind != DIR else None
             if size is None:  # gone between the listing and the read
                 continue
-            into[name] = self.lookups.node_from(t, child, kind, size, target, raw, pointer)
+            # Its size is a hint for an open of it (Lookups.version): a file opened after its
+            # folder was listed is read with its probe, in one round trip.
+            node = self.lookups.node_from(t, child, kind, size, target, raw, pointer)
+            into[name] = self.lookups.remember(child, node)
 
     def _side_ranges(self, t: Txn, prefix: str, part: list) -> tuple[dict, dict] | None:
         """The attribute records and link-group pointers of ``part``'s names, by key, read as
