@@ -7,7 +7,11 @@ forwarding (a server that stops answering, made without a clock).
 * a PostgreSQL transaction sends its BEGIN with its first reads and its writes with its COMMIT,
   and with the change feed a reading transaction's COMMIT goes with the next transaction;
 * a server that stops answering in the middle of a commit gives ETIMEDOUT after ``-o timeout=``,
-  and the file is afterwards either what it was or what was written, never a mix.
+  and the file is afterwards either what it was or what was written, never a mix;
+* issue #26's counts, on Redis and PostgreSQL: a chunk read after its folder was listed costs
+  about one round trip; a create + write + close in a folder the mount made or listed, a mkdir
+  there, an rmdir and an unlink cost two each (checks, then the commit), the checks still
+  refusing what they refused.
 """
 
 from __future__ import annotations
