@@ -242,3 +242,37 @@ def test_what_the_snapshots_hold_together_stays_within_the_bound():
     assert cache.held == 60
     cache.clear()
     assert cache.held == 0
+
+
+# -- what a mount following a feed knows of folders (zarrfs.fs.knownfolders) ----------------------
+
+
+def test_known_folders_stay_a_superset_of_the_names_through_the_mounts_commits():
+    from zarrfs.backends.base import DATA, SIDE
+    from zarrfs.fs.knownfolders import KnownFolders
+    from zarrfs.fs.sidedata import Attrs, attr_key
+
+    known = KnownFolders(entries=10)
+    known.listed("a", ["x"])
+    assert known.missing("a/y") and not known.missing("a/x") and not known.missing("b/y")
+    attrs = Attrs(DIR | 0o755, 0, 0, 1, 1, 1)
+    known.made("a/d", Node(DIR, 0, attrs), attrs.pack())
+    assert known.node("a/d") is not None and known.missing("a/d/z")
+    assert known.record("a/d") == (True, attrs.pack())
+    # A commit: a key deep below adds a name to every known folder on its way; a removal
+    # leaves the name (its lookup asks the database); the folder's record written replaces it.
+    known.wrote([(DATA, "a/d/e/f", b"1"), (DATA, "a/x", None), (SIDE, attr_key("a/d"), b"rec"),
+                 (SIDE, entry_key("a/s"), LINK_MARK + b"t")])
+    assert known.node("a/d") is None  # forgotten at the next write
+    assert not known.missing("a/d/e") and not known.missing("a/x") and not known.missing("a/s")
+    assert known.record("a/d") == (True, b"rec")
+    known.wrote([(SIDE, entry_key("a/d"), None)])  # the folder's mark removed (rmdir)
+    assert not known.missing("a/d/z")
+    # Another writer changed something below a: what is known of a and above is dropped.
+    known.forget(["a/q"], {"a", ""})
+    assert not known.missing("a/y")
+    known.listed("big", [str(i) for i in range(11)])  # past the bound: not kept
+    assert not known.missing("big/z")
+    known.listed("b", [str(i) for i in range(6)])
+    known.listed("c", [str(i) for i in range(6)])  # the oldest folder makes room
+    assert not known.missing("b/z") and known.missing("c/z")

@@ -7,7 +7,11 @@ forwarding (a server that stops answering, made without a clock).
 * a PostgreSQL transaction sends its BEGIN with its first reads and its writes with its COMMIT,
   and with the change feed a reading transaction's COMMIT goes with the next transaction;
 * a server that stops answering in the middle of a commit gives ETIMEDOUT after ``-o timeout=``,
-  and the file is afterwards either what it was or what was written, never a mix.
+  and the file is afterwards either what it was or what was written, never a mix;
+* issue #26's counts, on Redis and PostgreSQL: a chunk read after its folder was listed costs
+  about one round trip; a create + write + close in a folder the mount made or listed, a mkdir
+  there, an rmdir and an unlink cost two each (checks, then the commit), the checks still
+  refusing what they refused.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import threading
 import time
 
 import pytest
-from mounting import read, write
+from mounting import eventually, read, write
 from psycopg.pq import TransactionStatus
 
 from zarrfs.backends import open_driver
@@ -231,3 +235,107 @@ def test_postgres_reads_ahead_only_when_asked(postgres_server, proxy, mount_fact
         per_chunk[label] = proxy.round_trips() / len(names)
     assert per_chunk["default"] >= 1, per_chunk
     assert per_chunk["asked"] <= 0.6, per_chunk
+
+
+# -- round trips of a zarr-like workload (issue #26's targets) -----------------------------------
+
+SERVERS = ["redis", "postgres"]
+
+
+def _proxied(kind: str, request, proxy, name: str) -> tuple[str, str]:
+    if kind == "redis":
+        return _proxied_redis(request.getfixturevalue("redis_server"), proxy, name)
+    return _proxied_postgres(request.getfixturevalue("postgres_server"), proxy, name)
+
+
+def _trips(proxy, calls) -> float:
+    """Round trips per call of ``calls`` (callables), counted at the proxy."""
+    proxy.reset()
+    for call in calls:
+        call()
+    return proxy.round_trips() / len(calls)
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+@pytest.mark.parametrize("kind", SERVERS)
+def test_a_chunk_read_after_its_folder_was_listed_costs_about_one_round_trip(
+    kind, request, proxy, mount_factory
+):
+    """A listing's sizes are hints for the opens after it: each open reads the value with its
+    probe (no lookup: the listing gave the kernel every name)."""
+    direct, proxied = _proxied(kind, request, proxy, f"rl{os.getpid()}")
+    names = [f"0.{i}" for i in range(10)]
+    values = {n: os.urandom(CHUNK) for n in names}
+    m = mount_factory(direct, ["create"])
+    (m.path / "a").mkdir()
+    for n in names:
+        write(m.path / "a" / n, values[n])
+    m2 = mount_factory(proxied, [])
+    assert sorted(os.listdir(m2.path / "a")) == sorted(names)
+    got: dict[str, bytes] = {}
+    trips = _trips(proxy, [lambda n=n: got.setdefault(n, read(m2.path / "a" / n)) for n in names])
+    assert trips <= 1.2, trips
+    assert got == values
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+@pytest.mark.parametrize("kind", SERVERS)
+def test_a_new_file_costs_two_round_trips_in_a_folder_the_mount_knows(kind, request, proxy, mount_factory):
+    """In a folder this mount made or listed, the kernel's lookup of a new name is answered
+    from the names the mount knows (kept true by the change feed), the folder's record (the
+    new file's group) from what the mount last read or wrote of it: a create, write and close
+    is the commit's checks and its write. What another mount adds shows all the same."""
+    direct, proxied = _proxied(kind, request, proxy, f"rc{os.getpid()}")
+    other = mount_factory(direct, ["create"])
+    (other.path / "listed").mkdir()
+    write(other.path / "listed" / "old", b"old")
+    m = mount_factory(proxied, [])
+    os.mkdir(m.path / "made")
+    assert os.listdir(m.path / "listed") == ["old"]
+    for folder in ("made", "listed"):
+        names = [f"0.{i}" for i in range(10)]
+        trips = _trips(proxy, [lambda n=n, f=folder: write(m.path / f / n, n.encode()) for n in names])
+        assert trips <= 2.0, (folder, trips)
+        for n in names:
+            assert read(other.path / folder / n) == n.encode()
+    with pytest.raises(FileExistsError):  # the checks stand: an existing name is refused
+        os.open(m.path / "made" / "0.1", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    write(other.path / "made" / "theirs", b"theirs")  # another mount adds a name
+    eventually(lambda: os.path.exists(m.path / "made" / "theirs"), "a file another mount made")
+    assert read(m.path / "made" / "theirs") == b"theirs"
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+@pytest.mark.parametrize("kind", SERVERS)
+def test_mkdir_rmdir_and_unlink_cost_two_round_trips_each(kind, request, proxy, mount_factory):
+    """mkdir: the kernel's lookup of the new name answered from the folder's known names, the
+    checks, the write (the reply shows the folder made); rmdir and unlink: the checks (the
+    name, its folder, anything below it, what keeps the folder) in one round trip, the write."""
+    direct, proxied = _proxied(kind, request, proxy, f"rm{os.getpid()}")
+    m = mount_factory(proxied, ["create"])
+    os.mkdir(m.path / "top")
+    names = [f"d{i}" for i in range(10)]
+    trips = _trips(proxy, [lambda n=n: os.mkdir(m.path / "top" / n) for n in names])
+    assert trips <= 2.0, trips
+    write(m.path / "top" / "d0" / "f", b"f")
+    with pytest.raises(OSError) as exc:  # a folder not empty stays
+        os.rmdir(m.path / "top" / "d0")
+    assert exc.value.errno == errno.ENOTEMPTY
+    os.unlink(m.path / "top" / "d0" / "f")
+    with pytest.raises(FileExistsError):
+        os.mkdir(m.path / "top" / "d1")
+    trips = _trips(proxy, [lambda n=n: os.rmdir(m.path / "top" / n) for n in names])
+    assert trips <= 2.0, trips
+    assert os.listdir(m.path / "top") == []
+    files = [f"f{i}" for i in range(10)]
+    for n in files:
+        write(m.path / "top" / n, b"x")
+        os.stat(m.path / "top" / n)
+    trips = _trips(proxy, [lambda n=n: os.unlink(m.path / "top" / n) for n in files])
+    assert trips <= 2.0, trips
+    assert os.listdir(m.path / "top") == []  # the emptied folder is kept
+    with open_driver(direct) as d:
+        assert not [k for k, _ in d.scan("top/")]

@@ -37,6 +37,7 @@ class ChangeWatcher:
         self.driver = tree.driver
         self.interval = self.driver.feed_interval
         self.cursor, _ = self.driver.changes(None)
+        tree.follow_feed()  # the feed keeps what the tree knows of folders true from now
         self.failing = False
         self.last = time.monotonic()
 
@@ -60,7 +61,10 @@ class ChangeWatcher:
             self.failing = False
         cache = self.tree.folder_cache
         ahead = self.tree.readahead
+        known = self.tree.known
         if records is None:
+            if known is not None:
+                known.clear()
             if cache is not None:
                 cache.forget()
             if ahead is not None:
@@ -74,8 +78,11 @@ class ChangeWatcher:
                 keys.add(key)
             elif key.startswith((ATTR, ENTRY)):
                 keys.add(key[2:])
+        folders = folders_of(keys) if keys else set()
+        if known is not None and keys:
+            known.forget(keys, folders)
         if cache is not None and keys:
-            cache.forget(folders_of(keys))
+            cache.forget(folders)
         if ahead is not None and keys:
             ahead.forget(keys)
         return sorted(keys)

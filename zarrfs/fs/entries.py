@@ -17,10 +17,10 @@ import errno
 import stat
 from typing import Any
 
-from zarrfs.backends.base import DATA, SIDE, Get, HasPrefix, StorageFullError, Txn
+from zarrfs.backends.base import DATA, SIDE, Get, HasPrefix, Read, StorageFullError, Txn
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.lookups import Lookups
-from zarrfs.fs.node import DIR, FILE, LINK
+from zarrfs.fs.node import DIR, FILE, LINK, Node
 from zarrfs.fs.sidedata import (
     DIR_MARK,
     ENTRY,
@@ -60,27 +60,48 @@ class Entries:
         looked up the name and its folder; the commit checks both again in its own
         transaction."""
         self.check_length(key)
-        folder = attr_key(key.rpartition("/")[0])
+        where = key.rpartition("/")[0]
+        known = self.lookups.known
+        # The record as the mount last read or wrote it, when the change feed keeps it true.
+        have, record = known.record(where) if known is not None else (False, None)
 
-        def run(t: Txn) -> Attrs | None:
+        def run(t: Txn) -> bytes | None:
             self.lookups.hooks.check_name(t, key, FILE)
-            raw = t.get(folder, SIDE)
-            return None if raw is None else Attrs.unpack(raw)
+            return record if have else t.get(attr_key(where), SIDE)
 
-        return self.driver.transact(run, write=False)
+        raw = self.driver.transact(run, write=False)
+        if known is not None and not have:
+            known.read_record(where, raw)
+        return None if raw is None else Attrs.unpack(raw)
 
-    def keep_parent(self, t: Txn, key: str) -> None:
-        """After ``key`` left its folder, keep the folder (POSIX: only rmdir removes one)."""
+    @staticmethod
+    def parent_reads(key: str) -> list[Read]:
+        """What :meth:`keep_parent` reads of the folder of ``key`` (none for the root's)."""
+        parent = key.rpartition("/")[0]
+        if not parent:
+            return []
+        return [
+            Get(entry_key(parent), SIDE),
+            HasPrefix(parent + "/", DATA),
+            HasPrefix(ENTRY + parent + "/", SIDE),
+        ]
+
+    def keep_parent(self, t: Txn, key: str, before: list | None = None, side: bool = False) -> None:
+        """After ``key`` left its folder, keep the folder (POSIX: only rmdir removes one).
+
+        ``before``: the answers of :meth:`parent_reads`, read with the removal's probe (in its
+        round trip), before ``key``'s records were deleted; ``side``: ``key`` was a side entry
+        (a folder's mark, a symlink), else a data key. The folder's mark, or what is below it
+        in the other space, then settles it at once; otherwise what is below may be ``key``
+        alone, and the folder is read again, after the deletes."""
         parent = key.rpartition("/")[0]
         if not parent:
             return
-        marked, data_below, side_below = t.read_many(
-            [
-                Get(entry_key(parent), SIDE),
-                HasPrefix(parent + "/", DATA),
-                HasPrefix(ENTRY + parent + "/", SIDE),
-            ]
-        )
+        if before is not None:
+            marked, data_below, side_below = before
+            if marked is not None or (data_below if side else side_below):
+                return
+        marked, data_below, side_below = t.read_many(self.parent_reads(key))
         if marked is None and not data_below and not side_below:
             t.put(entry_key(parent), DIR_MARK, SIDE)
 
@@ -141,8 +162,12 @@ class Entries:
             if xattrs:
                 t.put(xattr_key(key), xattrs, SIDE)
             self.folder_changed(t, key.rpartition("/")[0], folder[3], now)
+            return attrs
 
-        self.writes.run(run)
+        attrs = self.writes.run(run)
+        known = self.lookups.known
+        if known is not None and kind == DIR:  # a new folder: empty, and what the reply shows
+            known.made(key, Node(DIR, 0, attrs), attrs.pack())
 
     def mkdir(
         self, key: str, mode: int, uid: int | None = None, gid: int | None = None, xattrs: bytes | None = None

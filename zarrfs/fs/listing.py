@@ -270,16 +270,26 @@ class Listings:
         ``sizes``, the stored sizes of files the scan saw are put there (for :meth:`nodes_of`).
         """
 
+        record: list[bytes | None] = []
+
         def run(t: Txn) -> list[tuple[str, int, str]]:
+            record.clear()
             if after is None:
                 found = self.lookups.probe(t, key)
                 if found is None:
                     raise FsError(errno.ENOENT, key, quiet=True)
                 if found[0] != DIR:
                     raise FsError(errno.ENOTDIR, key)
+                record.append(found[3])
             return list(itertools.islice(self._merged_children(t, key, after, sizes), limit))
 
-        return self.driver.transact(run, write=False)
+        got = self.driver.transact(run, write=False)
+        known = self.lookups.known
+        if known is not None and record:  # the folder's record, and all its names if they fit
+            known.read_record(key, record[0])
+            if len(got) < limit:
+                known.listed(key, (name for name, _, _ in got))
+        return got
 
     def nodes_of(
         self, key: str, children: list[tuple[str, int]], sizes: dict[str, int] | None = None
@@ -329,7 +339,11 @@ class Listings:
                 self._read_nodes(t, prefix, children[start : start + FOLDER_BATCH], sizes, nodes)
             return nodes
 
-        return self.driver.transact(run, write=False)
+        nodes = self.driver.transact(run, write=False)
+        known = self.lookups.known
+        if known is not None and nodes is not None:
+            known.listed(key, nodes)
+        return nodes
 
     def _read_nodes(self, t: Txn, prefix: str, part: list, sizes: dict | None, into: dict) -> None:
         """The nodes of ``part`` (name, kind) into ``into``: sizes, link targets and

@@ -98,6 +98,8 @@ class LockedFiles:
         state.stale = False
         if self.tree.folder_cache is not None:  # lookups answer from the database from now
             self.tree.folder_cache.clear()
+        if self.tree.known is not None:
+            self.tree.known.clear()
         if state.created or state.orphan:
             return state  # only here: nobody else can have changed it
         if state.buffer is None:

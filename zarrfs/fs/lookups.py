@@ -37,6 +37,7 @@ from zarrfs.fs.sidedata import (
 )
 
 if TYPE_CHECKING:
+    from zarrfs.fs.knownfolders import KnownFolders
     from zarrfs.fs.readahead import Readahead
 
 log = logging.getLogger("zarrfs.fs.tree")
@@ -63,6 +64,9 @@ class Lookups:
         self.readahead: Readahead | None = None
         self._hidden_logged: set[str] = set()
         self._size_hints: dict[str, int] = {}  # key -> size last seen (see version)
+        #: What the mount knows of folders without asking (a KnownFolders, kept true by the
+        #: change feed), or None.
+        self.known: KnownFolders | None = None
 
     def default_attrs(self, kind: int) -> Attrs:
         """Attributes of a node that has no side record."""
@@ -110,13 +114,24 @@ class Lookups:
         pointers of what was found and is not a folder are read, after."""
         return self._probe_many_reading(t, keys, also)[1]
 
+    def probe_many_with(
+        self, t: Txn, keys: list[str], extra: Sequence[Read]
+    ) -> tuple[list[Probe | None], list[Any]]:
+        """:meth:`probe_many` of ``keys``, and the answers of the reads ``extra`` (a removal's
+        checks), in the same batch where a batch is one read, else after it."""
+        if not self.driver.batched:
+            return self.probe_many(t, keys), t.read_many(extra) if extra else []
+        answers, probes = self._probe_many_reading(t, keys, (), extra)
+        return probes, answers
+
     def _probe_many_reading(
-        self, t: Txn, keys: list[str], also: Sequence[str] = ()
+        self, t: Txn, keys: list[str], also: Sequence[str] = (), extra: Sequence[Read] = ()
     ) -> tuple[list[Any], list[Probe | None]]:
-        """:meth:`probe_many`, and the values of ``also`` it read."""
+        """:meth:`probe_many`, and the values of ``also`` it read (then the answers of the
+        reads ``extra``, asked in the same batch)."""
         batched = self.driver.batched
         per_key = 6 if batched else 5
-        requests: list[Read] = [Get(k, DATA) for k in also]
+        requests: list[Read] = [*extra, *(Get(k, DATA) for k in also)]
         for key in keys:
             if key == "":
                 requests.append(Get(attr_key(key), SIDE))
@@ -132,7 +147,7 @@ class Lookups:
                     requests.append(Get(pointer_key(key), SIDE))
         answers = t.read_many(requests)
         out: list[Probe | None] = []
-        i = len(also)
+        i = len(extra) + len(also)
         for key in keys:
             if key == "":
                 out.append((DIR, 0, "", answers[i], None))
@@ -144,7 +159,7 @@ class Lookups:
                     found = (*found[:4], pointer)
                 out.append(found)
                 i += per_key
-        return answers[: len(also)], out
+        return answers[: len(extra) + len(also)], out
 
     def _judge(self, key: str, size, data_below, mark, side_below, raw_attrs):
         """What a probe's first five answers say is at ``key`` (its pointer is read after).

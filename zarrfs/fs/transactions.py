@@ -12,6 +12,7 @@ from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, Driver, Txn
 from zarrfs.fs import parts
+from zarrfs.fs.errors import FsError
 from zarrfs.fs.hooks import Hooks
 from zarrfs.fs.manifest import Parted
 from zarrfs.fs.node import FILE
@@ -47,10 +48,33 @@ class _Recording:
         return getattr(self._txn, name)
 
 
+class _Logged:
+    """A write transaction that notes what it is asked to write, ``(space, key, value or
+    None)`` in order, for :attr:`Transactions.on_commit`."""
+
+    def __init__(self, txn: Txn, log: list[tuple[Any, str, Any]]) -> None:
+        self._txn = txn
+        self._log = log
+
+    def put(self, key: str, value: Any, space: Any = DATA) -> None:
+        self._txn.put(key, value, space)
+        self._log.append((space, key, value))
+
+    def delete(self, key: str, space: Any = DATA) -> None:
+        self._txn.delete(key, space)
+        self._log.append((space, key, None))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._txn, name)
+
+
 class Transactions:
     """Runs the tree's writes. ``defaults(kind)``: the attributes of a node without a record;
     ``forget()``: drop the lookup caches (called after every write, committed or not);
-    :attr:`on_side_effects` ``(keys)``: told the keys the hooks changed beyond those asked for."""
+    :attr:`on_side_effects` ``(keys)``: told the keys the hooks changed beyond those asked for;
+    :attr:`on_commit` ``(writes)``: told what a committed transaction wrote (``(space, key,
+    value or None)``), or ``None`` when a write failed other than by a check's refusal (it may
+    have been stored all the same)."""
 
     def __init__(
         self, driver: Driver, hooks: Hooks, defaults: Callable[[int], Attrs], forget: Callable[[], None]
@@ -60,6 +84,7 @@ class Transactions:
         self.defaults = defaults
         self.forget = forget
         self.on_side_effects: Callable[[list[str]], None] | None = None
+        self.on_commit: Callable[[list[tuple[Any, str, Any]] | None], None] | None = None
         self._touched: set[str] = set()
         self._garbage: list[Parted | None] = []
 
@@ -67,15 +92,28 @@ class Transactions:
         """Run ``change`` in one write transaction; then report the keys the hooks changed on
         the side and free the parts it let go of."""
         self._touched = touched = set()
+        told = self.on_commit
+        log: list[tuple[Any, str, Any]] = []
 
         def attempt(t: Txn) -> Any:
             self._garbage = []  # a transaction run again finds them again
-            return change(t)
+            if told is None:
+                return change(t)
+            log.clear()  # an attempt run again writes again
+            return change(_Logged(t, log))  # type: ignore[arg-type]
 
         try:
             result = self.driver.transact(attempt)
+        except FsError:  # refused by a check: nothing was sent to be stored
+            raise
+        except BaseException:
+            if told is not None:
+                told(None)
+            raise
         finally:
             self.forget()
+        if told is not None:
+            told(log)
         garbage, self._garbage = self._garbage, []
         parts.free(self.driver, {p.id: p for p in garbage if p is not None}.values())
         if touched and self.on_side_effects is not None:

@@ -20,13 +20,14 @@ import stat
 import time
 from typing import Any
 
-from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, StalledError, Txn
+from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, HasPrefix, StalledError, Txn
 from zarrfs.backends.heldvalues import Held
 from zarrfs.fs import acl, hardlinks, parts, records
 from zarrfs.fs.entries import Entries
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.hardlinks import LinkGroups
 from zarrfs.fs.hooks import Hooks
+from zarrfs.fs.knownfolders import KnownFolders
 from zarrfs.fs.listing import FOLDER_BATCH, Listings
 from zarrfs.fs.lookups import Lookups
 from zarrfs.fs.node import DIR, FILE, LINK, Node, stamp_of
@@ -100,6 +101,7 @@ class Tree:
         self.lookups = Lookups(driver, self._hooks, uid=uid, gid=gid, umask=umask, epoch=self.epoch)
         self.listings = Listings(self.lookups)
         self.writes = Transactions(driver, self._hooks, self.lookups.default_attrs, self._forget)
+        self.writes.on_commit = self._committed
         # The longest key the database holds, if it has a limit, less the side prefix ("a:")
         # of a node's attributes: a longer path is refused with ENAMETOOLONG before it is made.
         limit = getattr(driver, "max_key_size", None)
@@ -127,6 +129,26 @@ class Tree:
             self.folder_cache.clear()
         if self.lookups.readahead is not None:
             self.lookups.readahead.forget()
+
+    @property
+    def known(self) -> KnownFolders | None:
+        """What the mount knows of folders without asking the database (see
+        :mod:`zarrfs.fs.knownfolders`), or None: set by :meth:`follow_feed`."""
+        return self.lookups.known
+
+    def follow_feed(self) -> None:
+        """A change feed keeps this tree's caches true from now on (:mod:`zarrfs.fs.changes`):
+        on a remote database, folders' names and records are kept to answer from."""
+        if self.driver.remote and self.lookups.known is None:
+            self.lookups.known = KnownFolders()
+
+    def _committed(self, writes: list | None) -> None:
+        known = self.lookups.known
+        if known is not None:
+            if writes is None:
+                known.clear()
+            else:
+                known.wrote(writes)
 
     @property
     def hooks(self) -> Hooks:
@@ -171,6 +193,13 @@ class Tree:
             node = ahead.node(key)
             if node is not None:
                 return node
+        known = self.lookups.known
+        if known is not None:
+            node = known.node(key)
+            if node is not None:
+                return node
+            if known.missing(key):
+                return None
         cache = self.folder_cache
         if cache is not None and key:
             folder, _, name = key.rpartition("/")
@@ -396,7 +425,9 @@ class Tree:
         where = key.rpartition("/")[0]
 
         def run(t: Txn, keep: bool = True) -> list[str]:
-            found, folder = self.lookups.probe_many(t, [key, where])
+            # What keeping the folder needs is read with the probe: one round trip.
+            extra = self.entries.parent_reads(key) if keep else []
+            (found, folder), before = self.lookups.probe_many_with(t, [key, where], extra)
             if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
             if found[0] == DIR:
@@ -412,7 +443,7 @@ class Tree:
             t.delete(attr_key(key), SIDE)
             t.delete(xattr_key(key), SIDE)
             if keep:  # writes a full store may refuse (see Entries.removing)
-                self.entries.keep_parent(t, key)
+                self.entries.keep_parent(t, key, before, side=found[0] != FILE)
                 self.entries.folder_changed(t, where, folder[3] if folder else None, clock())
             return left
 
@@ -426,17 +457,22 @@ class Tree:
         where = key.rpartition("/")[0]
 
         def run(t: Txn, keep: bool = True) -> None:
-            found, folder = self.lookups.probe_many(t, [key, where])
+            # The checks (anything below it) and what keeping its folder needs are read with
+            # the probe: one round trip.
+            below = [HasPrefix(key + "/", DATA), HasPrefix(ENTRY + key + "/", SIDE)]
+            extra = below + (self.entries.parent_reads(key) if keep else [])
+            (found, folder), answers = self.lookups.probe_many_with(t, [key, where], extra)
             if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
             if found[0] != DIR:
                 raise FsError(errno.ENOTDIR, key)
-            if self.lookups.has_children(t, key):
+            # A prefix read may trust an index entry whose key is gone: a scan confirms.
+            if (answers[0] or answers[1]) and self.lookups.has_children(t, key):
                 raise FsError(errno.ENOTEMPTY, key, quiet=True)
             for side_key in (entry_key(key), attr_key(key), xattr_key(key)):
                 t.delete(side_key, SIDE)
             if keep:  # writes a full store may refuse (see Entries.removing)
-                self.entries.keep_parent(t, key)
+                self.entries.keep_parent(t, key, answers[2:], side=True)
                 self.entries.folder_changed(t, where, folder[3] if folder else None, clock())
 
         self.entries.removing(run)

@@ -13,7 +13,7 @@ from typing import Any
 
 from psycopg import sql
 
-from ..base import KEYS, SIZES, Fetch, Get, Size, Space, Txn, prefix_stop
+from ..base import KEYS, SIZES, Fetch, Get, HasPrefix, Size, Space, Txn, prefix_stop
 from .connection import WatchedConnection
 from .sql import bound as _bound
 from .sql import compare as _compare
@@ -44,6 +44,11 @@ class PostgresTxn(Txn):
         #: ``begin`` None: the transaction was begun already (a snapshot's, held).
         self.queued: list[tuple[Any, Any]] = [(begin, None)] if begin else []
         self.begun = not begin  # BEGIN has been sent
+        # Write transactions: values read or written so far, by (space, raw key). SERIALIZABLE
+        # reads one snapshot, and this transaction's writes are the only change to it, so a
+        # second read (a check the format layer makes on a key the commit's probe read) is
+        # answered without a round trip, as the Redis driver answers from what it WATCHes.
+        self._seen: dict[tuple[Space, bytes], Any] | None = {} if write else None
 
     def exchange(self, query: Any = None, params: Any = None):
         """Send the queued statements and ``query`` (if any) in one pipeline; ``query``'s cursor."""
@@ -65,10 +70,21 @@ class PostgresTxn(Txn):
         return self.exchange(self._q[name, space], params).fetchone()
 
     def _get(self, raw: bytes, space: Space) -> bytes | None:
+        seen = self._seen
+        if seen is not None and (space, raw) in seen:
+            value = seen[space, raw]
+            return None if value is None else bytes(value)
         row = self._one("get", space, _text(raw))
-        return None if row is None else row[0]
+        value = None if row is None else row[0]
+        if seen is not None:
+            seen[space, raw] = value
+        return value
 
     def _size(self, raw: bytes, space: Space) -> int | None:
+        seen = self._seen
+        if seen is not None and (space, raw) in seen:
+            value = seen[space, raw]
+            return None if value is None else len(value)
         row = self._one("size", space, _text(raw))
         return None if row is None else row[0]
 
@@ -87,20 +103,32 @@ class PostgresTxn(Txn):
         value = value if len(value) > BIG_VALUE else bytes(value)
         self.queued.append((self._q["put", space], (key, value)))
         self.changed.append((space, key))
+        if self._seen is not None:
+            self._seen[space, raw] = value
 
     def _delete(self, raw: bytes, space: Space) -> None:
         key = _text(raw)
         self.queued.append((self._q["delete", space], (key,)))
         self.changed.append((space, key))
+        if self._seen is not None:
+            self._seen[space, raw] = None
 
     def _read_many(self, plan: list[tuple[type, bytes, Space]]) -> list[Any]:
-        cursors = []
+        seen = self._seen
+        cursors: list[tuple[type, Any, Any]] = []  # (kind, cursor or None, answer or seen key)
+        known = {} if seen is None else {(space, raw): seen[space, raw] for kind, raw, space in plan
+                                         if kind is not HasPrefix and (space, raw) in seen}
+        if len(known) == len(plan):  # every answer is known: nothing is sent
+            return [self._known(kind, known[space, raw]) for kind, raw, space in plan]
         queued, self.queued = self.queued, []
         self.begun = True
         with self._conn.pipeline():
             for q, p in queued:
                 self._conn.execute(q, p, binary=True)
             for kind, raw, space in plan:
+                if (space, raw) in known and kind is not HasPrefix:
+                    cursors.append((kind, None, self._known(kind, known[space, raw])))
+                    continue
                 cur = self._conn.cursor(binary=True)
                 key = _text(raw)
                 if kind is Size:
@@ -109,12 +137,26 @@ class PostgresTxn(Txn):
                     cur.execute(self._q["get", space], (key,))
                 else:
                     cur.execute(self._q["prefix", space], (key, prefix_stop(key)))
-                cursors.append((kind, cur))
+                cursors.append((kind, cur, (space, raw)))
         out: list[Any] = []
-        for kind, cur in cursors:
+        for kind, cur, answer in cursors:
+            if cur is None:
+                out.append(answer)
+                continue
             row = cur.fetchone()
-            out.append(row is not None if kind not in (Size, Get) else None if row is None else row[0])
+            if kind is HasPrefix:
+                out.append(row is not None)
+                continue
+            value = None if row is None else row[0]
+            if kind is Get and seen is not None:
+                seen[answer] = value
+            out.append(value)
         return out
+
+    @staticmethod
+    def _known(kind: type, value: Any) -> Any:
+        """The answer to a Size or Get of a value this transaction read or wrote."""
+        return None if value is None else len(value) if kind is Size else bytes(value)
 
     def _scan(
         self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int | None

@@ -1,0 +1,148 @@
+"""What a mount following a change feed knows of folders without asking its database again: the
+names a folder holds, a folder's attribute record, and the nodes this mount has just made.
+
+A lookup of a name about to be created (the kernel looks a name up before it creates it, makes a
+folder or a symlink there) is a round trip to a remote database, and so is the read of the
+folder's attribute record (its group, for a setgid folder) that a new file's attributes need.
+:class:`KnownFolders` answers both from what the mount already read or wrote:
+
+* **names**: every name of a folder, known when this mount made the folder (empty) or read it
+  whole in one transaction (a listing that fit in one window, a folder snapshot). The set is
+  kept a superset of the names there: a name this mount's commits add (any data key, or side
+  entry, below the folder) is added, a name removed stays (its lookup then asks the database).
+  A name not in it is missing, without a round trip;
+* **records**: a folder's raw attribute record (None: it has none), as the last read of it or
+  this mount's last commit of it left it;
+* **nodes**: what this mount's last write made (a folder made by ``mkdir``), until its next
+  write.
+
+The change feed keeps them true, as it keeps the kernel's own hour-long caches true (see
+:mod:`zarrfs.fs.changes`): what another writer changed drops the names of every folder above it
+and its records, and "something changed" drops everything. A write of this mount that fails
+drops everything too (it may have committed all the same, e.g. a reply lost to a timeout), and
+so does a lock granted (the newest state is read from then on). Used only with a feed on a
+remote database (the one place a lookup costs a round trip); bounded by :data:`ENTRIES` names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from zarrfs.backends.base import DATA, SIDE, Space
+from zarrfs.fs.node import Node
+from zarrfs.fs.sidedata import ATTR, ENTRY
+
+ENTRIES = 1 << 16  # names held in every folder's set together (the oldest folder goes first)
+RECORDS = 4096  # attribute records of folders held (the table is emptied when full)
+
+
+class KnownFolders:
+    """Folders' names and attribute records, and nodes just made; see the module docstring."""
+
+    def __init__(self, entries: int = ENTRIES) -> None:
+        self.entries = entries
+        self.names: dict[str, set[str]] = {}  # folder -> a superset of its names
+        self.records: dict[str, bytes | None] = {}  # folder -> its raw attribute record
+        self.nodes: dict[str, Node] = {}  # key -> the node this mount's last write made there
+        self.held = 0  # names held in ``names``
+
+    # -- answers ----------------------------------------------------------------------------------
+    def missing(self, key: str) -> bool:
+        """Whether ``key`` is known to be missing: its folder's names are known, and it is not
+        one of them."""
+        if not key:
+            return False
+        folder, _, name = key.rpartition("/")
+        names = self.names.get(folder)
+        return names is not None and name not in names
+
+    def node(self, key: str) -> Node | None:
+        """The node this mount's last write made at ``key``, if any."""
+        return self.nodes.get(key)
+
+    def record(self, folder: str) -> tuple[bool, bytes | None]:
+        """``(known, raw)``: the attribute record of ``folder`` when known."""
+        if folder in self.records:
+            return True, self.records[folder]
+        return False, None
+
+    # -- what the mount read ----------------------------------------------------------------------
+    def listed(self, folder: str, names: Iterable[str]) -> None:
+        """``names`` are every name of ``folder``, read in one transaction."""
+        self._set(folder, set(names))
+
+    def read_record(self, folder: str, raw: bytes | None) -> None:
+        """``raw`` is the attribute record of ``folder`` as read now."""
+        if len(self.records) >= RECORDS:
+            self.records.clear()
+        self.records[folder] = raw
+
+    # -- what the mount wrote ---------------------------------------------------------------------
+    def made(self, key: str, node: Node, record: bytes) -> None:
+        """This mount made the folder ``key`` (empty; ``node`` and attribute ``record`` as
+        stored). Called after :meth:`wrote` of its commit."""
+        self._set(key, set())
+        self.read_record(key, record)
+        self.nodes[key] = node
+
+    def wrote(self, writes: Iterable[tuple[Space, str, object]]) -> None:
+        """A commit of this mount stored ``writes`` ((space, key, value or None: deleted), as
+        the transaction was asked to make them): names it adds join their folders' sets,
+        attribute records it writes replace the known ones; nodes made before are forgotten."""
+        self.nodes.clear()
+        names, records = self.names, self.records
+        for space, key, value in writes:
+            if space == DATA:
+                path = key
+            elif space == SIDE and key.startswith(ENTRY):
+                path = key[len(ENTRY) :]
+            else:
+                if space == SIDE and key.startswith(ATTR):
+                    folder = key[len(ATTR) :]
+                    if folder in records:
+                        records[folder] = None if value is None else bytes(value)  # type: ignore[arg-type]
+                continue
+            if value is None and space == SIDE and path in names:  # a folder's mark removed
+                self._drop(path)
+            # Every folder above the name now holds the name on the way down to it.
+            while path:
+                folder, _, name = path.rpartition("/")
+                held = names.get(folder)
+                if held is not None and name not in held:
+                    held.add(name)
+                    self.held += 1
+                path = folder
+
+    # -- what others changed, and losing track ----------------------------------------------------
+    def forget(self, keys: Iterable[str], folders: Iterable[str]) -> None:
+        """Another writer changed ``keys`` (paths), in ``folders`` (every folder above them):
+        what is known of those is dropped."""
+        for key in keys:
+            self._drop(key)
+            self.records.pop(key, None)
+            self.nodes.pop(key, None)
+        for folder in folders:
+            self._drop(folder)
+            self.records.pop(folder, None)
+            self.nodes.pop(folder, None)
+
+    def clear(self) -> None:
+        """Forget everything."""
+        self.names.clear()
+        self.records.clear()
+        self.nodes.clear()
+        self.held = 0
+
+    def _set(self, folder: str, names: set[str]) -> None:
+        self._drop(folder)
+        if len(names) > self.entries:
+            return
+        while self.names and self.held + len(names) > self.entries:
+            self._drop(next(iter(self.names)))
+        self.names[folder] = names
+        self.held += len(names)
+
+    def _drop(self, folder: str) -> None:
+        names = self.names.pop(folder, None)
+        if names is not None:
+            self.held -= len(names)
