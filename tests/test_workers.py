@@ -161,3 +161,90 @@ def test_an_interrupt_ends_only_its_own_request(urls, proxy, mount_factory):
         proxy.release()
         out, _ = waiting.communicate(timeout=120)
     assert out.strip() == str(errno.ENOENT)  # answered once the server answered
+
+
+def _client(root, native, seed: int, steps: int, errors: list) -> None:
+    """One client: random changes to its own folder of the mount and the same to a native
+    folder, each followed by a look at both (what it wrote it must see, whatever the others
+    do meanwhile)."""
+    import random
+
+    rng = random.Random(seed)
+    names = ["a", "b", "c", "d.zarr", "e/0.0", "e/0.1"]
+    try:
+        for step in range(steps):
+            name = rng.choice(names)
+            op = rng.choice(["write", "append", "truncate", "rename", "unlink", "read", "list"])
+            results = []
+            for base in (root, native):
+                path = base / name
+                try:
+                    if op == "write":
+                        path.parent.mkdir(exist_ok=True)
+                        write(path, bytes([step % 256]) * random.Random(step).randint(0, 3000))
+                    elif op == "append":
+                        with open(path, "ab") as fh:
+                            fh.write(b"+" * (step % 7))
+                    elif op == "truncate":
+                        os.truncate(path, step % 100)
+                    elif op == "rename":
+                        os.rename(path, base / random.Random(step).choice(["a", "b", "c", "d.zarr"]))
+                    elif op == "unlink":
+                        os.unlink(path)
+                    elif op == "read":
+                        results.append(read(path))
+                        continue
+                    results.append("ok")
+                except OSError as exc:
+                    results.append(exc.errno)
+                if op == "list" or op != "read":
+                    results.append(sorted(os.listdir(base)) if base.exists() else None)
+            half = len(results) // 2
+            assert results[:half] == results[half:], (seed, step, op, name, results)
+        for dirpath, _dirs, files in os.walk(native):
+            rel = os.path.relpath(dirpath, native)
+            assert sorted(os.listdir(root / rel)) == sorted(os.listdir(dirpath)), (seed, rel)
+            for f in files:
+                assert read(root / rel / f) == read(native / rel / f), (seed, rel, f)
+    except BaseException as exc:  # noqa: BLE001 - reported by the test
+        errors.append(exc)
+
+
+@pytest.mark.parametrize("urls", DRIVERS, indirect=True)
+def test_concurrent_clients_of_one_mount_each_see_what_a_native_folder_shows(urls, tmp_path, mount_factory):
+    """Four clients change their own folders of one mount at once (through a proxy that
+    delays nothing, so that requests overlap at every wait), each comparing every step with a
+    native folder; a fifth lists and reads everything meanwhile. The seed is printed."""
+    import random
+
+    direct, _ = urls
+    seed = random.SystemRandom().randrange(1 << 30)
+    print(f"seed {seed}")
+    m = mount_factory(direct, ["create"])
+    errors: list = []
+    threads = []
+    for i in range(4):
+        (m.path / f"c{i}").mkdir()
+        (tmp_path / "native" / f"c{i}").mkdir(parents=True)
+        args = (m.path / f"c{i}", tmp_path / "native" / f"c{i}", seed + i, 60, errors)
+        threads.append(threading.Thread(target=_client, args=args))
+    done = threading.Event()
+
+    def browse() -> None:
+        while not done.is_set():
+            for dirpath, _dirs, files in os.walk(m.path):
+                for f in files:
+                    try:
+                        read(os.path.join(dirpath, f))
+                    except (FileNotFoundError, IsADirectoryError):
+                        pass  # gone meanwhile
+
+    browser = threading.Thread(target=browse)
+    browser.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    done.set()
+    browser.join(120)
+    assert not errors, (seed, errors)

@@ -8,10 +8,12 @@ runs alone, as it did with one thread, and what overlaps is the waiting.
 
 On top of the lock, the readers/writer rule: requests that write nothing (lookups, attributes,
 reads, listings, read-only opens, readers' closes) run together; any other request, and the
-change feed's poll, runs as the one writer, no reader starting until it has answered. Readers
-still waiting on a server when a writer starts end their waits and run again from the start
-after it (:class:`~zarrfs.backends.errors.RestartedError`): so no reader fills a cache with what
-it read before the change, and a reader stalled on its server holds up no writer. Writers go
+change feed's poll, runs as the one writer, no reader starting until it has answered. The
+readers running when a writer starts get :data:`GRACE` seconds to answer; those still waiting
+on a server then run again from the start after it
+(:class:`~zarrfs.backends.errors.RestartedError`): so no reader fills a cache with what it read
+before the change, and a reader stalled on its server holds up a writer that long at most. A
+reader run again :data:`~zarrfs.fuse.workers.RESTARTS` times runs as a writer (it then ends). Writers go
 first: once one waits, no new reader starts. Readers about the same node (a lookup: the same
 name in the same folder) take turns, so two opens of one file never make two states. A writer
 waiting for another program's lock, or between a large file's parts, lets the readers waiting
@@ -26,6 +28,9 @@ from contextlib import contextmanager
 
 #: Seconds a writer letting readers through gives them to start (see :meth:`let_through`).
 THROUGH_WINDOW = 0.002
+#: Seconds a writer waits for the readers running when it starts to answer, before those still
+#: waiting on their servers are made to run again after it (a stalled one holds it up no longer).
+GRACE = 0.1
 
 
 class Cancelled(Exception):
@@ -98,8 +103,10 @@ class Admission:
         self.writers_waiting -= 1
         self.writing = True
         self._local.held = True
-        if self.readers:
-            self.on_writer()
+        if self.readers:  # no new reader starts now; those running get a moment to answer
+            changed.wait_for(lambda: not self.readers, GRACE)
+            if self.readers:
+                self.on_writer()
 
     def leave_writer(self) -> None:
         """End a writer (called holding :attr:`turn`; returns without it)."""

@@ -40,6 +40,8 @@ from zarrfs.fuse.admission import Admission, Cancelled
 log = logging.getLogger("zarrfs.fuse.workers")
 
 DEFAULT_WORKERS = 16
+#: Times a reader is run again after writers before it runs alone (and so surely ends).
+RESTARTS = 3
 IDLE_POLL_MS = 500
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -253,10 +255,11 @@ class Workers:
         req.interrupted = req.cancelled = req.running = False
         with self._requests_lock:
             self._requests[unique] = req
+        restarted = 0
         try:
             while True:  # a reader a writer made stale runs again
                 with admission.turn:
-                    key = self.classify(data, nodeid)
+                    key = None if restarted >= RESTARTS else self.classify(data, nodeid)
                 req.reader, req.stale = key is not None, False
                 self.served[req.reader] += 1
                 try:
@@ -273,6 +276,7 @@ class Workers:
                     return
                 except RestartedError:
                     self.restarts += 1
+                    restarted += 1
                     try:
                         os.eventfd_read(req.efd)  # the writer's poke: read
                     except BlockingIOError:

@@ -297,9 +297,17 @@ class PostgresDriver(Driver):
         waited :data:`DEFER` seconds (the change feed's polls call this between requests, when
         no request runs; a connection in use is left to its thread)."""
         now = time.monotonic()
-        with self._conns_lock:
-            due = [c for c in self._conns if not c.busy and c.deferred is not None]
-        due = [c for c in due if now - c.deferred >= DEFER]
+        with self._conns_lock:  # taken out of the free ones while they are settled
+            due = [c for c in self._idle if c.deferred is not None and now - c.deferred >= DEFER]
+            self._idle = [c for c in self._idle if c not in due]
+        try:
+            self._settle_each(due)
+        finally:
+            with self._conns_lock:
+                self._idle[:0] = [c for c in due if c in self._conns]
+
+    @staticmethod
+    def _settle_each(due: list[_ThreadConn]) -> None:
         for mine in due:
             mine.deferred = None
             try:
