@@ -64,8 +64,8 @@ class MountOptions:
     # Mount over a folder that has files in it (hidden while mounted); else that is refused.
     nonempty: bool = False
     spin: float = DEFAULT_SPIN_US
-    # Request threads (zarrfs.fuse.workers); None: 16 for a database server, one (the
-    # single-thread loop) for a database file.
+    # Request threads on a database server (zarrfs.fuse.workers); None or 1: the one-thread
+    # loop, as for a database file.
     workers: int | None = None
     # Seconds a call may wait on a database server before it fails with ETIMEDOUT.
     timeout: float = DEFAULT_TIMEOUT

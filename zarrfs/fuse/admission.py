@@ -13,11 +13,13 @@ readers running when a writer starts get :data:`GRACE` seconds to answer; those 
 on a server then run again from the start after it
 (:class:`~zarrfs.backends.errors.RestartedError`): so no reader fills a cache with what it read
 before the change, and a reader stalled on its server holds up a writer that long at most. A
-reader run again :data:`~zarrfs.fuse.workers.RESTARTS` times runs as a writer (it then ends). Writers go
-first: once one waits, no new reader starts. Readers about the same node (a lookup: the same
-name in the same folder) take turns, so two opens of one file never make two states. A writer
-waiting for another program's lock, or between a large file's parts, lets the readers waiting
-run (:meth:`let_through`).
+reader run again :data:`~zarrfs.fuse.workers.RESTARTS` times runs as a writer (it then ends).
+Nothing overtakes a writer that came before it in the kernel's queue (its unique), and a writer
+overtakes no request before it: a close's release, which the kernel sends without waiting for
+its answer, stays ahead of the open that follows. Readers about the same node (a lookup: the
+same name in the same folder) take turns, so two opens of one file never make two states. A
+writer waiting for another program's lock, or between a large file's parts, lets the readers
+waiting run (:meth:`let_through`).
 """
 
 from __future__ import annotations
@@ -45,10 +47,13 @@ class Admission:
         self._changed = threading.Condition(self.turn)
         self.readers = 0  # readers running
         self.writing = False  # a writer running
-        self.writers_waiting = 0
+        # The queue places (uniques) of the requests waiting for their turn.
+        self._readers_waiting: set[float] = set()
+        self._writers_waiting: set[float] = set()
         self._busy: set[Hashable] = set()  # the keys of the readers running
         self._through: int | None = None  # a writer lets readers of other nodes in
         self._local = threading.local()  # whether the calling thread runs a request
+        self.last_order = 0  # the latest queue place seen (set by fuse.workers)
         #: Called when a writer starts, holding the lock: readers waiting on a server then
         #: end their waits and run again (``fuse.workers``).
         self.on_writer: Callable[[], None] = lambda: None
@@ -59,19 +64,29 @@ class Admission:
         return getattr(self._local, "held", False)
 
     # -- requests: entered without the lock, held by the caller until it leaves -----------------
-    def enter_reader(self, key: Hashable, node: int, cancelled=lambda: False) -> None:
+    def enter_reader(self, key: Hashable, node: int, order: float = 0, cancelled=lambda: False) -> None:
         """Wait until a reader about ``key`` (of node ``node``) may run; return holding
-        :attr:`turn`. ``cancelled()`` is asked at each wake-up (:class:`Cancelled`)."""
+        :attr:`turn`. ``order``: the request's place in the kernel's queue (its unique): no
+        writer that came before it is overtaken. ``cancelled()`` is asked at each wake-up
+        (:class:`Cancelled`)."""
         changed = self._changed
         changed.acquire()
-        while True:
-            if cancelled():
-                changed.release()
-                raise Cancelled
-            through = self._through is not None and node != self._through
-            if (through or not (self.writing or self.writers_waiting)) and key not in self._busy:
-                break
-            changed.wait()
+        self._readers_waiting.add(order)
+        try:
+            while True:
+                if cancelled():
+                    raise Cancelled
+                through = self._through is not None and node != self._through
+                before = self._writers_waiting and min(self._writers_waiting) < order
+                if (through or not (self.writing or before)) and key not in self._busy:
+                    break
+                changed.wait()
+        except BaseException:
+            self._readers_waiting.discard(order)
+            changed.notify_all()
+            changed.release()
+            raise
+        self._readers_waiting.discard(order)
         self.readers += 1
         self._busy.add(key)
         self._local.held = True
@@ -84,27 +99,33 @@ class Admission:
         self._changed.notify_all()
         self.turn.release()
 
-    def enter_writer(self, cancelled=lambda: False) -> None:
-        """Wait until nothing else runs; return holding :attr:`turn`, alone until
-        :meth:`leave_writer`."""
+    def enter_writer(self, order: float = 0, cancelled=lambda: False, grace: float | None = GRACE) -> None:
+        """Wait until nothing else runs and no request that came before it (``order``, as
+        :meth:`enter_reader`) waits; return holding :attr:`turn`, alone until
+        :meth:`leave_writer`. A close's release, which the kernel sends without waiting for
+        it, so stays ahead of the open that follows it."""
         changed = self._changed
         changed.acquire()
-        self.writers_waiting += 1
+        self._writers_waiting.add(order)
         try:
-            while self.writing:
+            while (
+                self.writing
+                or min(self._writers_waiting) < order
+                or (self._readers_waiting and min(self._readers_waiting) < order)
+            ):
                 if cancelled():
                     raise Cancelled
                 changed.wait()
         except BaseException:
-            self.writers_waiting -= 1
+            self._writers_waiting.discard(order)
             changed.notify_all()
             changed.release()
             raise
-        self.writers_waiting -= 1
+        self._writers_waiting.discard(order)
         self.writing = True
         self._local.held = True
         if self.readers:  # no new reader starts now; those running get a moment to answer
-            changed.wait_for(lambda: not self.readers, GRACE)
+            changed.wait_for(lambda: not self.readers, grace)
             if self.readers:
                 self.on_writer()
 
@@ -117,8 +138,9 @@ class Admission:
 
     @contextmanager
     def alone(self) -> Iterator[None]:
-        """Run a block as a writer (the change feed's poll, the daemon's last steps)."""
-        self.enter_writer()
+        """Run a block as a writer (the change feed's poll, the daemon's last steps), after
+        every request waiting now."""
+        self.enter_writer(self.last_order + 0.5)
         try:
             yield
         finally:

@@ -194,7 +194,7 @@ class Workers:
             os.close(self._wake_w)
             # Running requests end; those read later wait for a turn that never comes (the
             # kernel drops them at the unmount).
-            self.admission.enter_writer()
+            self.admission.enter_writer(self.admission.last_order + 0.5, grace=None)
             log.debug(
                 "%d requests served alone, %d together; %d readers run again after a writer",
                 self.served[0], self.served[1], self.restarts,
@@ -260,13 +260,15 @@ class Workers:
             while True:  # a reader a writer made stale runs again
                 with admission.turn:
                     key = None if restarted >= RESTARTS else self.classify(data, nodeid)
+                    if unique > admission.last_order:
+                        admission.last_order = unique
                 req.reader, req.stale = key is not None, False
                 self.served[req.reader] += 1
                 try:
                     if key is None:
-                        admission.enter_writer(lambda: req.cancelled)
+                        admission.enter_writer(unique, lambda: req.cancelled)
                     else:
-                        admission.enter_reader(key, nodeid, lambda: req.cancelled)
+                        admission.enter_reader(key, nodeid, unique, lambda: req.cancelled)
                 except Cancelled:
                     self._answer(unique, errno.EINTR)
                     return

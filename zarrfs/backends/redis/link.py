@@ -233,12 +233,13 @@ class Link:
             self.watch: Any = None
             self.watch_fd: int | None = None
 
-    def usable(self) -> bool:
-        """Whether this link can serve a new transaction (checks an idle socket for a close)."""
+    def usable(self, suspect: float = 0.0) -> bool:
+        """Whether this link can serve a new transaction (checks an idle socket for a close,
+        and any socket last used before ``suspect``, when another link found the server gone)."""
         if self.broken or self.generation != _fork_generation:
             return False
         now = time.monotonic()
-        if now - self.used > IDLE_CHECK:
+        if now - self.used > IDLE_CHECK or self.used < suspect:
             sock = self.sock if self.fast else getattr(self.conn, "_sock", None)
             try:
                 if sock is None or select.select([sock], [], [], 0)[0]:
@@ -422,6 +423,9 @@ class Links:
         self.closed = False
         self._local = threading.local()
         self._writing = _Slot()
+        # When a link last broke: the other links' sockets are looked at before their next use
+        # (the server may have restarted: the reading and the writing link are both stale).
+        self._suspect = 0.0
 
     def acquire(self, write: bool = True) -> Link:
         """The link for a transaction (``write``: the writing link, else the calling thread's),
@@ -431,7 +435,7 @@ class Links:
             raise UnavailableError(f"{self.driver.where}: the driver is closed")
         slot = self._writing if write else self._local
         link = getattr(slot, "link", None)
-        if link is not None and not link.busy and link.usable():
+        if link is not None and not link.busy and link.usable(self._suspect):
             link.busy = True
             return link
         if link is not None and link.busy:
@@ -463,6 +467,7 @@ class Links:
 
     def drop(self, link: Link) -> None:
         """Close a broken link and forget it."""
+        self._suspect = time.monotonic()
         for slot in (self._local, self._writing):
             if getattr(slot, "link", None) is link:
                 slot.link = None
