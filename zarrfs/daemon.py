@@ -130,24 +130,25 @@ def owner_and_root_only(handle, fd: int, owner: int):
     return filtered
 
 
+def _hup_reopens_logs(restore):
+    """After a loop caught its stop signals: SIGHUP reopens the log file instead."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGHUP, lambda _s, _f: reopen_logs())
+    return restore
+
+
 class _Loop(Loop):
     """The request loop, with SIGHUP reopening the log file instead of stopping it."""
 
     def _catch_signals(self, wake_w: int):
-        restore = super()._catch_signals(wake_w)
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGHUP, lambda _s, _f: reopen_logs())
-        return restore
+        return _hup_reopens_logs(super()._catch_signals(wake_w))
 
 
 class _Workers(Workers):
     """Several request threads (``-o workers=``), with SIGHUP reopening the log file."""
 
     def _catch_signals(self, wake_w: int):
-        restore = super()._catch_signals(wake_w)
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGHUP, lambda _s, _f: reopen_logs())
-        return restore
+        return _hup_reopens_logs(super()._catch_signals(wake_w))
 
 
 def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:

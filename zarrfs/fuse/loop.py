@@ -111,7 +111,7 @@ class Loop:
             except BlockingIOError:
                 if clock() - last > window:
                     poller.poll(sleep_ms)
-                    _drain(wake_r)
+                    drain(wake_r)
                     now = clock()
                     window = next_window(window, now - last, longest)
                     last = now
@@ -134,20 +134,27 @@ class Loop:
                 idle_at = last
 
     def _catch_signals(self, wake_w: int) -> Callable[[], None]:
-        if threading.current_thread() is not threading.main_thread():
-            return lambda: None
-        saved = {s: signal.signal(s, self.stop) for s in STOP_SIGNALS}
-        saved_fd = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-
-        def restore() -> None:
-            signal.set_wakeup_fd(saved_fd)
-            for s, handler in saved.items():
-                signal.signal(s, handler)
-
-        return restore
+        return catch_stop_signals(self.stop, wake_w)
 
 
-def _drain(fd: int) -> None:
+def catch_stop_signals(stop: Callable[..., None], wake_w: int) -> Callable[[], None]:
+    """Have SIGINT, SIGTERM and SIGHUP call ``stop`` and wake a sleeping loop through
+    ``wake_w`` (on the main thread only); returns what puts the old handlers back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    saved = {s: signal.signal(s, stop) for s in STOP_SIGNALS}
+    saved_fd = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+
+    def restore() -> None:
+        signal.set_wakeup_fd(saved_fd)
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+    return restore
+
+
+def drain(fd: int) -> None:
+    """Read a non-blocking pipe empty."""
     try:
         while os.read(fd, 64):
             pass

@@ -25,7 +25,6 @@ import errno
 import logging
 import os
 import select
-import signal
 import struct
 import threading
 import time
@@ -36,6 +35,7 @@ from typing import Any
 from zarrfs.fs.api import InterruptedCallError, RestartedError
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.admission import Admission, Cancelled
+from zarrfs.fuse.loop import catch_stop_signals, drain
 
 log = logging.getLogger("zarrfs.fuse.workers")
 
@@ -43,7 +43,6 @@ DEFAULT_WORKERS = 16
 #: Times a reader is run again after writers before it runs alone (and so surely ends).
 RESTARTS = 3
 IDLE_POLL_MS = 500
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _HEAD = struct.Struct("<IIQQ")  # len, opcode, unique, nodeid: the start of every request
 
@@ -213,7 +212,7 @@ class Workers:
             wait_ms = max(1, int(self.idle_interval * 1000))
         while not self.stopping and not self._stopped.is_set():
             poller.poll(wait_ms)
-            _drain(wake_r)
+            drain(wake_r)
             if idle is not None and not self.stopping:
                 with self.admission.alone():
                     idle()
@@ -338,22 +337,4 @@ class Workers:
             pass
 
     def _catch_signals(self, wake_w: int) -> Callable[[], None]:
-        if threading.current_thread() is not threading.main_thread():
-            return lambda: None
-        saved = {s: signal.signal(s, self.stop) for s in STOP_SIGNALS}
-        saved_fd = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-
-        def restore() -> None:
-            signal.set_wakeup_fd(saved_fd)
-            for s, handler in saved.items():
-                signal.signal(s, handler)
-
-        return restore
-
-
-def _drain(fd: int) -> None:
-    try:
-        while os.read(fd, 64):
-            pass
-    except BlockingIOError:
-        pass
+        return catch_stop_signals(self.stop, wake_w)
