@@ -218,7 +218,7 @@ def measure(kind: str, direct_url: str, proxied_url: str, client: Client, proxy:
         return work_
 
     def timed_mount(body: Callable[[], float]) -> tuple[float, float]:
-        zarrfs("mount", proxied_url, str(mnt), "--log-file", log, "--log-level", "debug", *args.mount_options)
+        zarrfs("mount", proxied_url, str(mnt), "--log-file", log, *args.mount_options)
         try:
             proxy.reset()
             seconds = body()
