@@ -99,7 +99,9 @@ class Admission:
         self._changed.notify_all()
         self.turn.release()
 
-    def enter_writer(self, order: float = 0, cancelled=lambda: False, grace: float | None = GRACE) -> None:
+    def enter_writer(
+        self, order: float = 0, cancelled=lambda: False, grace: float | None = GRACE, restart: bool = True
+    ) -> None:
         """Wait until nothing else runs and no request that came before it (``order``, as
         :meth:`enter_reader`) waits; return holding :attr:`turn`, alone until
         :meth:`leave_writer`. A close's release, which the kernel sends without waiting for
@@ -126,7 +128,7 @@ class Admission:
         self._local.held = True
         if self.readers:  # no new reader starts now; those running get a moment to answer
             changed.wait_for(lambda: not self.readers, grace)
-            if self.readers:
+            if self.readers and restart:
                 self.on_writer()
 
     def leave_writer(self) -> None:
@@ -136,11 +138,18 @@ class Admission:
         self._changed.notify_all()
         self.turn.release()
 
+    def restart_readers(self) -> None:
+        """Called by the writer running when it is about to change what readers may have
+        read (the feed's poll found news): the readers still waiting run again after it."""
+        if self.readers:
+            self.on_writer()
+
     @contextmanager
-    def alone(self) -> Iterator[None]:
+    def alone(self, restart: bool = True) -> Iterator[None]:
         """Run a block as a writer (the change feed's poll, the daemon's last steps), after
-        every request waiting now."""
-        self.enter_writer(self.last_order + 0.5)
+        every request waiting now; ``restart=False``: the readers still waiting after the
+        grace go on waiting unless the block calls :meth:`restart_readers`."""
+        self.enter_writer(self.last_order + 0.5, restart=restart)
         try:
             yield
         finally:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import select
-from typing import Protocol
+from typing import Any, Protocol
 
 from zarrfs.fs.api import ChangeWatcher, Operations, folders_of
 from zarrfs.fuse import abi as k
@@ -34,13 +34,15 @@ EVICTED = NEGATIVES // 8  # forgotten (and dropped from the kernel) at once when
 
 class Mount(Protocol):
     """What coherence uses of the session (``fuse.session.Session``): the filesystem, the node
-    table (what the kernel holds), the invalidator that writes the notifications, and what
-    INIT agreed with the kernel (None before INIT: no notification goes out then)."""
+    table (what the kernel holds), the invalidator that writes the notifications, what INIT
+    agreed with the kernel (None before INIT: no notification goes out then), and with several
+    request threads who runs with whom (``fuse.admission``, else None)."""
 
     ops: Operations
     inodes: InodeTable
     invalidator: Invalidator
     agreed: Agreed | None
+    admission: Any
 
 
 class Coherence:
@@ -99,6 +101,9 @@ class Coherence:
         keys = self.watcher.poll()
         if keys is not None and not keys:
             return
+        admission = self.session.admission
+        if admission is not None:  # readers that read before the change run again after it
+            admission.restart_readers()
         invalidator = self.session.invalidator
         # Decided and queued in one step: a lock granted meanwhile on the waiters' thread
         # either comes first (its file is then skipped, being bare) or queues its reply after

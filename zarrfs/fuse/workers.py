@@ -214,7 +214,7 @@ class Workers:
             poller.poll(wait_ms)
             drain(wake_r)
             if idle is not None and not self.stopping:
-                with self.admission.alone():
+                with self.admission.alone(restart=False):  # the poll says if it found news
                     idle()
 
     def _serve(self) -> None:
