@@ -147,9 +147,9 @@ class Session(Dispatcher):
         must run alone (it writes, or an open that brings other mounts' changes in first),
         else the key readers about the same thing take turns on: a lookup's folder and name,
         another request's node. Forgets take turns on nothing."""
-        opcode = _OPCODE.unpack_from(data)[1]
+        length, opcode = _OPCODE.unpack_from(data)
         if opcode == k.LOOKUP:
-            return (nodeid, bytes(data[k.IN_HEADER_SIZE : _OPCODE.unpack_from(data)[0]]))
+            return (nodeid, bytes(data[k.IN_HEADER_SIZE : length]))
         if opcode in (k.FORGET, k.BATCH_FORGET):
             return (None, k.IN_HEADER.unpack_from(data)[2])
         if not self._needs_no_write(data):

@@ -35,14 +35,13 @@ from typing import Any
 from zarrfs.fs.api import InterruptedCallError, RestartedError
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.admission import Admission, Cancelled
-from zarrfs.fuse.loop import catch_stop_signals, drain
+from zarrfs.fuse.loop import IDLE_POLL_MS, catch_stop_signals, drain
 
 log = logging.getLogger("zarrfs.fuse.workers")
 
 DEFAULT_WORKERS = 16
 #: Times a reader is run again after writers before it runs alone (and so surely ends).
 RESTARTS = 3
-IDLE_POLL_MS = 500
 
 _HEAD = struct.Struct("<IIQQ")  # len, opcode, unique, nodeid: the start of every request
 
@@ -72,17 +71,15 @@ class Waits:
     several threads: the calling thread's request, its eventfd (readable when it was
     interrupted), and the lock let go of around the wait."""
 
-    def __init__(self, workers: Workers) -> None:
-        self._workers = workers
+    def __init__(self, admission: Admission) -> None:
         self._local = threading.local()
-        self.admission = workers.admission
+        self.admission = admission
 
     def request(self) -> _Request:
         """The calling thread's request record (made at its first use)."""
         req = getattr(self._local, "req", None)
         if req is None:
             req = self._local.req = _Request(os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC))
-            self._workers.eventfds.append(req.efd)
         return req
 
     def fileno(self) -> int:
@@ -158,8 +155,7 @@ class Workers:
         self.idle_fd = idle_fd
         self.admission = admission or Admission()
         self.admission.on_writer = self._readers_restart
-        self.waits = Waits(self)
-        self.eventfds: list[int] = []
+        self.waits = Waits(self.admission)
         self.restarts = 0  # readers run again after a writer started (RestartedError)
         self.served = [0, 0]  # requests served as writers, as readers
         self._requests: dict[int, _Request] = {}  # unique -> the request, while served
