@@ -9,9 +9,9 @@ the server (``zarrfs.testing.proxy.DelayProxy``, 20 ms round trips) on Redis and
 * an interrupt ends only its own request: another request stalled beside it keeps waiting and
   is answered once the server answers.
 
-The stalled request's test runs on Redis only: on PostgreSQL the stalled lookup, once a writer
-has made it run again, is not answered after the server answers (it ends ETIMEDOUT); ``-o
-workers=`` stays off by default until it is.
+A stalled reader that a writer made stale runs again only once its server answered (a Redis
+link's call, a PostgreSQL exchange): run again while stalled, it would stall again and, after
+``RESTARTS``, run alone, holding the whole mount up to ``-o timeout=``.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def _wait_held(proxy, count: int) -> None:
     raise AssertionError(f"{proxy.held()} connections held, {count} expected")
 
 
-@pytest.mark.parametrize("urls", ["redis"], indirect=True)
+@pytest.mark.parametrize("urls", DRIVERS, indirect=True)
 def test_a_stalled_request_holds_up_neither_a_read_of_another_file_nor_a_write(urls, proxy, mount_factory):
     direct, proxied = urls
     values = _fill(mount_factory, direct, ["stuckfile", "other"])

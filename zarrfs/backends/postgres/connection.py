@@ -66,11 +66,6 @@ class WatchedConnection(psycopg.Connection):
                     polled = poller.poll(ms)
                 else:
                     polled = watch.poll(poller, ms)
-                    try:
-                        watch.restart()  # a reader a writer made stale: dropped, run again
-                    except InterruptedCallError:
-                        self._abandon(driver)
-                        raise
                 for got_fd, events in polled:
                     if got_fd == fd:
                         ready = (READY_R if events & (select.POLLIN | _BAD) else 0) | (

@@ -44,6 +44,7 @@ from ..base import (
     Txn,
     UnavailableError,
 )
+from ..errors import RestartedError
 from ..snapshot import HeldState
 from ..urloptions import check_options
 from . import feed
@@ -254,6 +255,8 @@ class PostgresDriver(Driver):
         """The server's errors as the classes of ``errors``."""
         try:
             yield
+        except RestartedError:  # raised after a whole exchange: the connection is kept
+            raise
         except (InterruptedCallError, StalledError):  # the connection was closed (connection)
             self._drop()
             raise

@@ -54,7 +54,11 @@ class PostgresTxn(Txn):
         """Send the queued statements and ``query`` (if any) in one pipeline; ``query``'s cursor."""
         conn = self._conn
         if not self.queued:
-            return None if query is None else conn.execute(query, params, binary=True)
+            if query is None:
+                return None
+            cur = conn.execute(query, params, binary=True)
+            self._exchanged()
+            return cur
         queued, self.queued = self.queued, []
         self.begun = True
         cur = None
@@ -64,7 +68,15 @@ class PostgresTxn(Txn):
             if query is not None:
                 cur = conn.cursor(binary=True)
                 cur.execute(query, params)
+        self._exchanged()
         return cur
+
+    def _exchanged(self) -> None:
+        """After a whole exchange, the connection ready for the next: a reader a writer made
+        stale meanwhile runs again (``RestartedError``), as after a Redis link's call."""
+        watch = self._conn.driver.watch
+        if watch is not None:
+            watch.restart()
 
     def _one(self, name: str, space: Space, *params: Any):
         return self.exchange(self._q[name, space], params).fetchone()
@@ -138,6 +150,7 @@ class PostgresTxn(Txn):
                 else:
                     cur.execute(self._q["prefix", space], (key, prefix_stop(key)))
                 cursors.append((kind, cur, (space, raw)))
+        self._exchanged()
         out: list[Any] = []
         for kind, cur, answer in cursors:
             if cur is None:
