@@ -175,12 +175,14 @@ class Workers:
     def run(self) -> None:
         """Serve until unmounted or stopped; the calling thread polls the change feed. On the
         way out the filesystem lock is kept (no request runs after this returns)."""
+        # The stop signals are caught before any thread answers INIT: a program that sees the
+        # mount and signals the daemon at once gets a clean exit, not a dead mount.
+        wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        restore = self._catch_signals(self._wake_w)
         for i in range(self.count):
             t = threading.Thread(target=self._serve, name=f"zarrfs-request-{i}", daemon=True)
             t.start()
             self._threads.append(t)
-        wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        restore = self._catch_signals(self._wake_w)
         try:
             self._watch_idle(wake_r)
         finally:
