@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from .array_grid import ArrayGrid
 from .chunk_codecs import V2Pipeline, V3Pipeline, unsupported, v2_pipeline, v3_pipeline
-from .chunk_keys import ChunkGrid, ChunkKeyError, grid_from_v2, grid_from_v3
+from .chunk_keys import ChunkGrid, grid_from_v2, grid_from_v3
 from .errors import ChunkSizeError, FormatError, Report, UnsupportedArray, error
-from .keys import is_metadata_key, is_temporary, relative_to
 from .nodes import ARRAY, UNKNOWN, GetMany, Getter, Node, enclosing_node, node_at
 from .v1_metadata import check_v1_meta, v1_compressor_config
 from .v2_dtypes import decode_fill_value as decode_v2_fill
@@ -119,20 +119,18 @@ class ArrayInfo:
             return bytes(count * self.dtype.itemsize)
         return np.full(count, self.fill_value, dtype=self.dtype).tobytes()
 
+    @property
+    def layout(self) -> ArrayGrid:
+        """Where this array's chunks are (what the mount's read-ahead uses)."""
+        return ArrayGrid(self.prefix, self.grid)
+
     def chunk_coords(self, key: str) -> tuple[int, ...] | None:
         """Grid coordinates of the store key ``key``, or ``None`` if it is not one of our chunks."""
-        rel = relative_to(key, self.prefix)
-        if rel is None or is_metadata_key(key) or is_temporary(key):
-            return None
-        try:
-            return self.grid.parse(rel)
-        except ChunkKeyError:
-            return None
+        return self.layout.chunk_coords(key)
 
     def chunk_key(self, coords: tuple[int, ...]) -> str:
         """The store key of the chunk at ``coords``."""
-        rel = self.grid.key(tuple(coords))
-        return f"{self.prefix}/{rel}" if self.prefix else rel
+        return self.layout.chunk_key(coords)
 
 
 def _invalid(problems: list) -> FormatError:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from zarrfs.backends.base import DATA, SIDE, Driver, Get, HasPrefix, Read, Size, Txn
 from zarrfs.backends.heldvalues import Held, View, hold
+from zarrfs.format.array_grid import find_grid
 from zarrfs.fs import hardlinks, parts
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.hooks import Hooks
@@ -376,16 +377,15 @@ class Lookups:
         return self.driver.transact(run, write=False)
 
     def array_of(self, key: str) -> Any:
-        """The Zarr array enclosing ``key`` (:class:`zarrfs.format.arrays.ArrayInfo`), or None;
-        its metadata read in as few batches as its folders' depth allows. The format layer
-        (numpy, numcodecs: a third of a second) is imported on the first use, not at mount."""
-        from zarrfs.format.arrays import find_array
+        """Where the chunks of the Zarr array enclosing ``key`` are
+        (:class:`zarrfs.format.array_grid.ArrayGrid`), or None; its metadata read in as few
+        batches as its folders' depth allows, its codecs left alone (numpy and numcodecs stay
+        unimported: see that module)."""
 
         def get_many(keys: list[str]) -> list[Any]:
             return self.driver.transact(lambda t: t.read_many([Get(k) for k in keys]), write=False)
 
-        found = find_array(key, lambda k: get_many([k])[0], get_many)
-        return None if found is None else found[1]
+        return find_grid(key, lambda k: get_many([k])[0], get_many)
 
     def link_names(self, key: str) -> list[str]:
         """Every name of the file at ``key`` (``key`` among them) when it has hard links,
