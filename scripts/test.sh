@@ -14,7 +14,7 @@ if [ "$jobs" = 0 ]; then
   exec .venv/bin/python -m pytest -ra "$@"
 fi
 status=0
-.venv/bin/python -m pytest -ra -n "$jobs" -m "not serial" "$@" || status=$?
+.venv/bin/python -m pytest -ra --durations=25 -n "$jobs" -m "not serial" "$@" || status=$?
 rest=0
 .venv/bin/python -m pytest -ra -m serial "$@" || rest=$?
 [ "$status" = 5 ] && status=0  # every test selected was a serial one
