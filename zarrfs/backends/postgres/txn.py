@@ -74,7 +74,8 @@ class PostgresTxn(Txn):
     def _exchanged(self) -> None:
         """After a whole exchange, the connection ready for the next: a reader a writer made
         stale meanwhile runs again (``RestartedError``), as after a Redis link's call."""
-        watch = self._conn.driver.watch
+        driver = self._conn.driver
+        watch = None if driver is None else driver.watch
         if watch is not None:
             watch.restart()
 
