@@ -9,6 +9,7 @@ import os
 import stat
 import time
 
+import pytest
 from session_wire import ATTR_FIELDS, GID, UID, attr_of, dirents_of, entry_of, release_storing, z
 
 from zarrfs.daemon import make_hooks
@@ -453,3 +454,36 @@ def test_missing_names_stay_cached_long_however_many_names_were_made(make_wire, 
     assert len(wire.session.coherence.negatives) <= 16
     # The ones forgotten were dropped from the kernel's cache (they could not be later).
     assert b"missing0\0" in dropped
+
+
+# ---------------------------------------------------------------------- hard links changed elsewhere
+@pytest.fixture
+def elsewhere(tmp_path, make_wire):
+    """A session with its change feed over a SQLite database, and the filesystem calls of
+    another mount of that database (its own driver): ``(wire, other)``."""
+    from zarrfs.backends import open_driver
+    from zarrfs.fs.api import ChangeWatcher, Operations
+    from zarrfs.fs.handles import HandleTable
+    from zarrfs.fs.tree import Tree
+    from zarrfs.fuse.coherence import Coherence
+
+    url = f"sqlite://{tmp_path}/shared.sqlite"
+    drivers = [open_driver(url), open_driver(url)]
+    here, there = (Tree(d, uid=UID, gid=GID) for d in drivers)
+    wire = make_wire(Operations(here, HandleTable(here)))
+    wire.session.coherence = Coherence(wire.session, ChangeWatcher(here))
+    yield wire, Operations(there, HandleTable(there))
+    for d in drivers:
+        d.close()
+
+
+def test_a_name_linked_elsewhere_is_the_files_node_before_the_feed_tells(elsewhere):
+    """``link(h, i)`` made through another mount: a lookup of ``i`` before the change feed told
+    it gives the node of ``h``, which the kernel holds (not a node of its own)."""
+    wire, other = elsewhere
+    h = wire.put_file(k.ROOT_ID, "h", b"y").nodeid
+    other.link("h", "i")
+    i = wire.lookup(k.ROOT_ID, "i")
+    assert (i.nodeid, i.attr.nlink) == (h, 2)
+    wire.session.coherence.poll()
+    assert wire.lookup(k.ROOT_ID, "h").nodeid == h and wire.getattr(h).nlink == 2

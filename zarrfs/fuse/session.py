@@ -209,7 +209,7 @@ class Session(Dispatcher):
     def _entry_values(self, key: str, node: Node) -> tuple:
         if self.coherence is not None:  # a name found or made is no longer a missing one
             self.coherence.created(key)
-        nodeid, inode = self.inodes.remember(key, node.kind, node.group)
+        nodeid, inode = self.inodes.remember(key, node.kind, node.group, node.names)
         self.pages.shown(inode, node)
         es, ens = self.entry_valid
         ats, atns = self.attr_valid
