@@ -487,3 +487,60 @@ def test_a_name_linked_elsewhere_is_the_files_node_before_the_feed_tells(elsewhe
     assert (i.nodeid, i.attr.nlink) == (h, 2)
     wire.session.coherence.poll()
     assert wire.lookup(k.ROOT_ID, "h").nodeid == h and wire.getattr(h).nlink == 2
+
+
+def linked_x_and_l(wire, other) -> int:
+    """``x`` ("old content") and ``l`` one file, linked through the other mount, and one node
+    here (``x``'s, returned); ``y`` ("new") another file."""
+    x = wire.put_file(k.ROOT_ID, "x", b"old content").nodeid
+    wire.put_file(k.ROOT_ID, "y", b"new")
+    other.link("x", "l")
+    wire.session.coherence.poll()
+    assert wire.lookup(k.ROOT_ID, "l").nodeid == x
+    return x
+
+
+def read_through(wire, nodeid: int) -> bytes:
+    fh, _ = wire.open(nodeid)
+    try:
+        return wire.read(nodeid, fh)
+    finally:
+        wire.release(nodeid, fh)
+
+
+def test_a_rename_elsewhere_onto_one_name_of_a_linked_file(elsewhere):
+    """``x`` and ``l`` one node here; ``rename(y, x)`` through another mount: once the change
+    feed told it, ``l`` is still the node, with the old content and one link, and ``x`` is
+    another node (it was the node still, whose name the kernel then read ``l`` by). A
+    descriptor open for writing on the node (under ``x``, its first name) stores its writes
+    under ``l`` at its close, and leaves ``x`` as the rename made it."""
+    wire, other = elsewhere
+    x = linked_x_and_l(wire, other)
+    fh, _ = wire.open(x, os.O_RDWR)
+    other.rename("y", "x")
+    wire.session.coherence.poll()
+    assert wire.lookup(k.ROOT_ID, "l").nodeid == x and wire.getattr(x).nlink == 1
+    new = wire.lookup(k.ROOT_ID, "x")
+    assert new.nodeid != x and (new.attr.size, new.attr.nlink) == (3, 1)
+    assert wire.write(x, fh, b"OLD") == 3
+    wire.flush(x, fh)
+    wire.release(x, fh)
+    assert (read_through(wire, x), read_through(wire, new.nodeid)) == (b"OLD content", b"new")
+    assert other.tree.driver.get("l") == b"OLD content" and other.tree.driver.get("x") == b"new"
+
+
+def test_a_rename_elsewhere_onto_a_linked_name_when_the_feed_cannot_tell_what(elsewhere):
+    """The same rename, the change feed saying only "something changed" (a feed that lost
+    track): the name whose version is the one a descriptor open on the node reads is the file
+    (``l``: the node, its content); the other name gets a node of its own."""
+    wire, other = elsewhere
+    x = linked_x_and_l(wire, other)
+    fh, _ = wire.open(x)
+    other.rename("y", "x")
+    wire.session.coherence.everything()  # what a poll does when the feed says that
+    assert wire.lookup(k.ROOT_ID, "l").nodeid == x
+    assert (wire.getattr(x).nlink, wire.getattr(x).size) == (1, 11)
+    assert wire.read(x, fh) == b"old content"
+    wire.release(x, fh)
+    new = wire.lookup(k.ROOT_ID, "x")
+    assert new.nodeid != x and read_through(wire, new.nodeid) == b"new"

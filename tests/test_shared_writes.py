@@ -426,3 +426,41 @@ def test_a_hard_link_made_through_another_mount(kind, tmp_path, request, mount_f
         eventually(one_file, "h and i one file on b")
     except AssertionError:
         pytest.xfail("known: under load, B can still give the new name a node of its own (docs/testing.md)")
+
+
+def names_shown(root) -> tuple:
+    """``l`` and ``x`` under ``root`` as a local folder shows them after ``y`` was renamed
+    onto ``x``, one of two names of a file: their contents, link counts, whether they are one
+    inode, whether ``y`` is still there."""
+    ls, xs = os.stat(root / "l"), os.stat(root / "x")
+    content = ((root / "l").read_bytes(), (root / "x").read_bytes())
+    return content, (ls.st_nlink, xs.st_nlink), ls.st_ino == xs.st_ino, os.path.exists(root / "y")
+
+
+@pytest.mark.parametrize("through", ["this", "other"])
+def test_a_rename_onto_one_name_of_a_linked_file_leaves_its_other_name(url, through, mount_factory):
+    """``rename(y, x)`` where ``x`` and ``l`` are one file replaces the name ``x`` only: on
+    every mount ``l`` keeps the old content and its inode number, with one link, and a
+    descriptor open on it reads on; made through the mount that watches (``this``) or through
+    another (``other``: the watching mount gave ``x`` and ``l`` one node still, so ``l``
+    showed ``y``'s content)."""
+    a, b = mounts(mount_factory, url, 2)
+    via = a if through == "this" else b
+    (a.path / "x").write_bytes(b"old content")
+    (a.path / "y").write_bytes(b"new")
+    shown(b.path / "x", b.path / "y")
+    os.link(b.path / "x", b.path / "l")
+    shown(a.path / "l")
+    eventually(lambda: os.stat(a.path / "x").st_nlink == 2, "x linked on a")
+    assert names_shown(a.path) == ((b"old content", b"old content"), (2, 2), True, True)
+    ino = os.stat(a.path / "l").st_ino
+    fd = os.open(a.path / "l", os.O_RDONLY)
+    try:
+        os.rename(via.path / "y", via.path / "x")
+        after = ((b"old content", b"new"), (1, 1), False, False)
+        for m in (a, b):
+            eventually(lambda m=m: names_shown(m.path) == after, f"the rename's outcome on {m.path}")
+        assert os.stat(a.path / "l").st_ino == ino
+        assert os.pread(fd, 100, 0) == b"old content" and os.fstat(fd).st_nlink == 1
+    finally:
+        os.close(fd)

@@ -287,6 +287,19 @@ class InodeTable:
             self._group[nodeid] = group
             self.groups[group] = nodeid
 
+    def regrouped(self, nodeid: int, group: str) -> None:
+        """The file of node ``nodeid`` is now of link group ``group``, or of none (""): its
+        old group was dissolved elsewhere, or it was linked again."""
+        old = self._group.pop(nodeid, None)
+        if old is not None and self.groups.get(old) == nodeid:
+            del self.groups[old]
+        self.linked(nodeid, group)
+
+    def names(self, nodeid: int) -> list[str]:
+        """Every name of a node: its key and its other names (none once unlinked)."""
+        key = self.key(nodeid)
+        return [] if key is None else [key, *sorted(self._aliases.get(nodeid, ()))]
+
     def _unname(self, nodeid: int, key: str, detach_all: bool = False) -> None:
         """``key`` (out of :attr:`ids` already, unless ``detach_all``) no longer names node
         ``nodeid``: a file keeps its other names; else (or with ``detach_all``) the node names
