@@ -489,6 +489,28 @@ def test_a_name_linked_elsewhere_is_the_files_node_before_the_feed_tells(elsewhe
     assert wire.lookup(k.ROOT_ID, "h").nodeid == h and wire.getattr(h).nlink == 2
 
 
+def test_a_name_removed_elsewhere_leaves_the_node_to_the_name_left(elsewhere):
+    """``h`` and ``i`` one node here; ``h`` unlinked through another mount: the node's
+    attributes before the change feed told it, and an open (which asks the feed first), are
+    the file's under ``i``, not ENOENT for the name gone."""
+    wire, other = elsewhere
+    nodes = {}
+    for name in ("getattr", "open"):
+        nodes[name] = wire.put_file(k.ROOT_ID, name, name.encode()).nodeid
+        other.link(name, f"{name}-2")
+    wire.session.coherence.poll()
+    for name, nodeid in nodes.items():
+        assert wire.lookup(k.ROOT_ID, f"{name}-2").nodeid == nodeid
+        other.unlink(name)
+    attr = wire.getattr(nodes["getattr"])
+    assert (attr.nlink, attr.size) == (1, 7)
+    fh, _ = wire.open(nodes["open"])
+    assert wire.read(nodes["open"], fh) == b"open"
+    wire.release(nodes["open"], fh)
+    assert wire.getattr(nodes["open"]).nlink == 1
+    assert wire.lookup(k.ROOT_ID, "open").nodeid == 0  # "no such file", cached
+
+
 def linked_x_and_l(wire, other) -> int:
     """``x`` ("old content") and ``l`` one file, linked through the other mount, and one node
     here (``x``'s, returned); ``y`` ("new") another file."""
