@@ -9,6 +9,7 @@ import os
 import stat
 import time
 
+import pytest
 from session_wire import ATTR_FIELDS, GID, UID, attr_of, dirents_of, entry_of, release_storing, z
 
 from zarrfs.daemon import make_hooks
@@ -453,3 +454,115 @@ def test_missing_names_stay_cached_long_however_many_names_were_made(make_wire, 
     assert len(wire.session.coherence.negatives) <= 16
     # The ones forgotten were dropped from the kernel's cache (they could not be later).
     assert b"missing0\0" in dropped
+
+
+# ---------------------------------------------------------------------- hard links changed elsewhere
+@pytest.fixture
+def elsewhere(tmp_path, make_wire):
+    """A session with its change feed over a SQLite database, and the filesystem calls of
+    another mount of that database (its own driver): ``(wire, other)``."""
+    from zarrfs.backends import open_driver
+    from zarrfs.fs.api import ChangeWatcher, Operations
+    from zarrfs.fs.handles import HandleTable
+    from zarrfs.fs.tree import Tree
+    from zarrfs.fuse.coherence import Coherence
+
+    url = f"sqlite://{tmp_path}/shared.sqlite"
+    drivers = [open_driver(url), open_driver(url)]
+    here, there = (Tree(d, uid=UID, gid=GID) for d in drivers)
+    wire = make_wire(Operations(here, HandleTable(here)))
+    wire.session.coherence = Coherence(wire.session, ChangeWatcher(here))
+    yield wire, Operations(there, HandleTable(there))
+    for d in drivers:
+        d.close()
+
+
+def test_a_name_linked_elsewhere_is_the_files_node_before_the_feed_tells(elsewhere):
+    """``link(h, i)`` made through another mount: a lookup of ``i`` before the change feed told
+    it gives the node of ``h``, which the kernel holds (not a node of its own)."""
+    wire, other = elsewhere
+    h = wire.put_file(k.ROOT_ID, "h", b"y").nodeid
+    other.link("h", "i")
+    i = wire.lookup(k.ROOT_ID, "i")
+    assert (i.nodeid, i.attr.nlink) == (h, 2)
+    wire.session.coherence.poll()
+    assert wire.lookup(k.ROOT_ID, "h").nodeid == h and wire.getattr(h).nlink == 2
+
+
+def test_a_name_removed_elsewhere_leaves_the_node_to_the_name_left(elsewhere):
+    """``h`` and ``i`` one node here; ``h`` unlinked through another mount: the node's
+    attributes before the change feed told it, and an open (which asks the feed first), are
+    the file's under ``i``, not ENOENT for the name gone."""
+    wire, other = elsewhere
+    nodes = {}
+    for name in ("getattr", "open"):
+        nodes[name] = wire.put_file(k.ROOT_ID, name, name.encode()).nodeid
+        other.link(name, f"{name}-2")
+    wire.session.coherence.poll()
+    for name, nodeid in nodes.items():
+        assert wire.lookup(k.ROOT_ID, f"{name}-2").nodeid == nodeid
+        other.unlink(name)
+    attr = wire.getattr(nodes["getattr"])
+    assert (attr.nlink, attr.size) == (1, 7)
+    fh, _ = wire.open(nodes["open"])
+    assert wire.read(nodes["open"], fh) == b"open"
+    wire.release(nodes["open"], fh)
+    assert wire.getattr(nodes["open"]).nlink == 1
+    assert wire.lookup(k.ROOT_ID, "open").nodeid == 0  # "no such file", cached
+
+
+def linked_x_and_l(wire, other) -> int:
+    """``x`` ("old content") and ``l`` one file, linked through the other mount, and one node
+    here (``x``'s, returned); ``y`` ("new") another file."""
+    x = wire.put_file(k.ROOT_ID, "x", b"old content").nodeid
+    wire.put_file(k.ROOT_ID, "y", b"new")
+    other.link("x", "l")
+    wire.session.coherence.poll()
+    assert wire.lookup(k.ROOT_ID, "l").nodeid == x
+    return x
+
+
+def read_through(wire, nodeid: int) -> bytes:
+    fh, _ = wire.open(nodeid)
+    try:
+        return wire.read(nodeid, fh)
+    finally:
+        wire.release(nodeid, fh)
+
+
+def test_a_rename_elsewhere_onto_one_name_of_a_linked_file(elsewhere):
+    """``x`` and ``l`` one node here; ``rename(y, x)`` through another mount: once the change
+    feed told it, ``l`` is still the node, with the old content and one link, and ``x`` is
+    another node (it was the node still, whose name the kernel then read ``l`` by). A
+    descriptor open for writing on the node (under ``x``, its first name) stores its writes
+    under ``l`` at its close, and leaves ``x`` as the rename made it."""
+    wire, other = elsewhere
+    x = linked_x_and_l(wire, other)
+    fh, _ = wire.open(x, os.O_RDWR)
+    other.rename("y", "x")
+    wire.session.coherence.poll()
+    assert wire.lookup(k.ROOT_ID, "l").nodeid == x and wire.getattr(x).nlink == 1
+    new = wire.lookup(k.ROOT_ID, "x")
+    assert new.nodeid != x and (new.attr.size, new.attr.nlink) == (3, 1)
+    assert wire.write(x, fh, b"OLD") == 3
+    wire.flush(x, fh)
+    wire.release(x, fh)
+    assert (read_through(wire, x), read_through(wire, new.nodeid)) == (b"OLD content", b"new")
+    assert other.tree.driver.get("l") == b"OLD content" and other.tree.driver.get("x") == b"new"
+
+
+def test_a_rename_elsewhere_onto_a_linked_name_when_the_feed_cannot_tell_what(elsewhere):
+    """The same rename, the change feed saying only "something changed" (a feed that lost
+    track): the name whose version is the one a descriptor open on the node reads is the file
+    (``l``: the node, its content); the other name gets a node of its own."""
+    wire, other = elsewhere
+    x = linked_x_and_l(wire, other)
+    fh, _ = wire.open(x)
+    other.rename("y", "x")
+    wire.session.coherence.everything()  # what a poll does when the feed says that
+    assert wire.lookup(k.ROOT_ID, "l").nodeid == x
+    assert (wire.getattr(x).nlink, wire.getattr(x).size) == (1, 11)
+    assert wire.read(x, fh) == b"old content"
+    wire.release(x, fh)
+    new = wire.lookup(k.ROOT_ID, "x")
+    assert new.nodeid != x and read_through(wire, new.nodeid) == b"new"

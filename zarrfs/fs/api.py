@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from zarrfs.backends.errors import InterruptedCallError, RestartedError
-from zarrfs.fs import acl
+from zarrfs.fs import acl, hardlinks
 from zarrfs.fs.changes import ChangeWatcher, folders_of
 from zarrfs.fs.errors import FsError, is_quiet, to_errno
 from zarrfs.fs.handles import HandleTable, Stored
@@ -169,6 +169,24 @@ class Operations:
         if born is None or born <= node.attrs.ctime:
             return node
         return replace(node, attrs=replace(node.attrs, mtime=born, ctime=born))
+
+    def names_left(
+        self, names: list[str], group: str, kind: int, rewritten: set[str] | None
+    ) -> tuple[list[str], str]:
+        """Which of ``names``, one file's (of type ``kind``, link group ``group``) as this mount
+        knew them, are still that file after changes made elsewhere
+        (:func:`hardlinks.still_the_file`; ``rewritten``: from the change feed), and its link
+        group now ("" for none). A file open here under a name it lost lives on under those
+        left."""
+        found = {name: self.tree.find(name) for name in names}
+        opened = self.handles.names
+        seen = {v for v in map(opened.seen_at, names) if v is not None}
+        kept = hardlinks.still_the_file(names, found, group, kind, rewritten, seen)
+        for name in names if kept else ():
+            if name not in kept:
+                opened.left_elsewhere(name)
+        node = found[kept[0]] if kept else None
+        return kept, "" if node is None else node.group
 
     def find_open(self, fh: int) -> Node | None:
         """The node an open file shows, by handle (its name may be gone)."""

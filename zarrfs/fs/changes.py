@@ -6,7 +6,9 @@ machine on one Redis: :meth:`zarrfs.backends.base.Driver.changes` says what they
 between requests, every ``driver.feed_interval`` while idle, or when the feed's descriptor wakes
 it), turns its records into the keys of the files and folders they touch (a side record
 ``a:<key>`` or ``e:<key>`` is ``<key>``'s attributes or entry), and drops what the tree itself
-caches of them (folder snapshots, chunks read ahead). The caller drops what the kernel caches.
+caches of them (folder snapshots, chunks read ahead). The caller drops what the kernel caches;
+:attr:`ChangeWatcher.rewritten` tells which names got a new value or entry record, what tells a
+name another file was put at from one whose link group merely lost its other names.
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ class ChangeWatcher:
         tree.follow_feed()  # the feed keeps what the tree knows of folders true from now
         self.failing = False
         self.last = time.monotonic()
+        #: The keys of the last poll whose data key or entry record changed (a value stored, a
+        #: file or entry put there or removed), not only their side records; None when the
+        #: last poll did not know what changed.
+        self.rewritten: set[str] | None = set()
 
     def fileno(self) -> int | None:
         """The feed's descriptor (readable when it has news), or None: polled."""
@@ -49,6 +55,7 @@ class ChangeWatcher:
         """The keys changed by others since the last poll (often none), with their folders'
         snapshots dropped; None: something changed, not known what (every snapshot dropped)."""
         self.last = time.monotonic()
+        self.rewritten = set()
         try:
             self.cursor, records = self.driver.changes(self.cursor)
         except BackendError as exc:  # the database is away: the requests will say so
@@ -63,6 +70,7 @@ class ChangeWatcher:
         ahead = self.tree.readahead
         known = self.tree.known
         if records is None:
+            self.rewritten = None
             if known is not None:
                 known.clear()
             if cache is not None:
@@ -73,10 +81,15 @@ class ChangeWatcher:
         if not records:
             return []
         keys = set()
+        rewritten = self.rewritten
         for space, key in records:
             if space is DATA:
                 keys.add(key)
-            elif key.startswith((ATTR, ENTRY)):
+                rewritten.add(key)
+            elif key.startswith(ENTRY):
+                keys.add(key[2:])
+                rewritten.add(key[2:])
+            elif key.startswith(ATTR):
                 keys.add(key[2:])
         folders = folders_of(keys) if keys else set()
         if known is not None and keys:

@@ -85,7 +85,8 @@ class HandleTable:
         if state is None or not (state.dirty or state.created):
             return None
         if state.linked and (stored := self.tree.find(key)) is not None:  # its names, as stored
-            return Node(FILE, state.size, state.attrs or stored.attrs, "", stored.nlink, stored.group)
+            attrs = state.attrs or stored.attrs
+            return Node(FILE, state.size, attrs, "", stored.nlink, stored.group, names=stored.names)
         return self._shown(state)
 
     def open_node(self, fh: int) -> Node | None:

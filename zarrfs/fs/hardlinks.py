@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, Get, Read, Size, Txn
+from zarrfs.fs.node import Node, stamp_of
 from zarrfs.fs.sidedata import (
     LINK_MARK,
     POINTER,
@@ -128,6 +129,31 @@ def renamed(t: Txn, moves: list[tuple[str, str, bytes]]) -> list[Group]:
         write(t, group)
         changed.append(group)
     return changed
+
+
+def still_the_file(
+    names: list[str],
+    found: dict[str, Node | None],
+    group: str,
+    kind: int,
+    rewritten: set[str] | None,
+    seen: set[tuple[int, int]],
+) -> list[str]:
+    """Which of ``names``, the names of one file of type ``kind`` and link group ``group`` as
+    a mount knew them, are still that file after changes made elsewhere, by what each holds
+    now (``found``). A name still of the group is. When the group is gone (dissolved: one name
+    of it left, or none), the file is the one name left of its type; of several (a rename onto
+    one name of two dissolves their group), the one whose value or entry record was not
+    rewritten (``rewritten``, None: not known), else the one whose version (size, mtime) is
+    ``seen``, what an open file of it holds; else none is known to be (an empty list)."""
+    same = {n: node for n in names if (node := found[n]) is not None and node.kind == kind}
+    members = [n for n, node in same.items() if node.group == group]
+    if members or len(same) <= 1:
+        return members or list(same)
+    told = [n for n in same if rewritten is not None and n not in rewritten]
+    if len(told) != 1:
+        told = [n for n, node in same.items() if stamp_of(node) in seen]
+    return told if len(told) == 1 else []
 
 
 def put_attrs(t: Txn, names: list[str], raw: bytes) -> None:

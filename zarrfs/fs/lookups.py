@@ -230,7 +230,7 @@ class Lookups:
     def node_from(
         self, t: Txn, key: str, kind: int, size: int, target: str, raw: bytes | None, pointer=None
     ) -> Node:
-        nlink, gid = 1, ""
+        nlink, gid, names = 1, "", ()
         attrs = Attrs.unpack(raw) if raw is not None else None
         if attrs is not None and attrs.parted is not None:
             # Stored in parts (zarrfs.fs.parts) while the key holds a manifest's size; else
@@ -244,14 +244,14 @@ class Lookups:
         if kind != DIR:
             group = hardlinks.load(t, key, pointer)
             if group is not None and len(group.names) > 1:
-                nlink, gid = len(group.names), group.gid
+                nlink, gid, names = len(group.names), group.gid, tuple(group.names)
         if attrs is None:
             attrs = self.default_attrs(kind)
         elif stat.S_IFMT(attrs.mode) != kind:
             attrs = attrs.with_type(kind)
         if kind not in _SIZED:  # a special file: the size slot held its device number
-            return Node(kind, 0, attrs, target, nlink, gid, rdev=size)
-        return Node(kind, size, attrs, target, nlink, gid)
+            return Node(kind, 0, attrs, target, nlink, gid, rdev=size, names=names)
+        return Node(kind, size, attrs, target, nlink, gid, names=names)
 
     def _node(self, t: Txn, key: str) -> Node:
         node = self.find_in(t, key)

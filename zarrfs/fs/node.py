@@ -19,8 +19,8 @@ Probe = tuple[int, int, str, "bytes | None", "bytes | None"]
 class Node:
     """What is at a key: its kind (FILE, DIR, LINK or a special file's type bits), size in
     bytes, attributes, a symlink's target, the count of names (0 for an open file whose name
-    was removed) and, for a file with hard links, the id of their link group; a special file's
-    device number."""
+    was removed) and, for a file with hard links, the id of their link group and its names; a
+    special file's device number."""
 
     kind: int
     size: int
@@ -29,6 +29,7 @@ class Node:
     nlink: int = 1
     group: str = ""
     rdev: int = 0
+    names: tuple[str, ...] = ()
 
 
 def stamp_of(node: Node) -> tuple[int, int]:

@@ -71,6 +71,22 @@ class OpenNames:
         if state is not None and not (state.linked and len(self.files.names_of(state)) > 1):
             self._keep(state, key)
 
+    def seen_at(self, key: str) -> tuple[int, int] | None:
+        """The version (size, mtime) of the file open under ``key`` as this mount last knew it
+        stored (its last commit here, else what its descriptors read); None when none is."""
+        state = self.states.get(key)
+        if state is None:
+            return None
+        return state.version if state.stored is None else (state.stored.size, state.stored.mtime)
+
+    def left_elsewhere(self, key: str) -> None:
+        """Another mount took the name ``key`` from a file with hard links (an unlink, a rename
+        onto it): a file open here under it and other names lives on under those (its
+        commits go there). One open under that name alone is left as it is."""
+        state = self.states.get(key)
+        if state is not None and state.linked and len(self.files.names_of(state)) > 1:
+            self.files.drop_name(key)
+
     def set_open_attrs(self, fh: int, changes: dict[str, int | None]) -> bool:
         """Apply mode/owner/times to the file open as ``fh`` when its name is gone (its
         descriptors see them; nothing is stored); False when it has a name."""

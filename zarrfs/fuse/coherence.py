@@ -8,8 +8,9 @@ held node's attributes and pages (``NOTIFY_INVAL_INODE``) and its page-cache rec
 7.38), marked for a new lookup, which renews the owner and mode ``default_permissions`` checks;
 cached "no such file" entries, remembered here since a negative entry holds no node (forgotten
 when created through the mount; past :data:`NEGATIVES` the oldest are dropped from the kernel too);
-hard links made or removed elsewhere (a name gone leaves the node to the file's other names, a
-file added to a link group joins it). "Not known what" drops every node and entry. The
+hard links made or removed elsewhere (a name gone, or now another file's, leaves the node to the
+file's other names; a file added to a link group joins it). "Not known what" drops every node and
+entry, and checks the names of every linked file. The
 loop polls between requests and every open polls first (close-to-open across mounts);
 notifications are written before the next request is served (bounded, :mod:`zarrfs.fuse.notify`).
 """
@@ -126,6 +127,8 @@ class Coherence:
         targets = changed | folders_of(changed)
         agreed = self.session.agreed
         expire = agreed is not None and agreed.expire
+        rewritten = self.watcher.rewritten
+        regrouped: set[int] = set()
         for key in sorted(targets):
             nodeid = held(key)
             entry = renew = False
@@ -137,7 +140,16 @@ class Coherence:
                 if key:
                     node = find(key)
                     entry = node is None or node.kind != inode.kind
-                    if node is None and inode.aliases:  # a hard link gone: the file lives on
+                    if inode.group and (entry or node.group != inode.group):
+                        # A name of a linked file gone, or no longer one of its names.
+                        if nodeid not in regrouped:
+                            regrouped.add(nodeid)
+                            for name in self.regroup(nodeid, rewritten):
+                                if name == key:
+                                    entry = True
+                                else:
+                                    notes += self._entry_of(name)
+                    elif node is None and inode.aliases:  # a hard link gone: the file lives on
                         inodes.detach(key)  # under its other names, which the node keeps
                     elif not entry and node.group and not inode.group:  # linked elsewhere:
                         inodes.linked(nodeid, node.group)  # its new names are this node
@@ -149,21 +161,55 @@ class Coherence:
                 del negatives[key]
                 entry = True
             elif key in changed and key in inodes.ids:  # a node the kernel forgot, kept for its
-                known = nodes[inodes.ids[key]]  # number: its names must be right when it is
-                if known.aliases and find(key) is None:  # looked up again
+                nodeid = inodes.ids[key]  # number: its names must be right when it is
+                known = nodes[nodeid]  # looked up again
+                if known.group and nodeid not in regrouped:
+                    node = find(key)
+                    if node is None or node.kind != known.kind or node.group != known.group:
+                        regrouped.add(nodeid)
+                        self.regroup(nodeid, rewritten)
+                elif known.aliases and find(key) is None:
                     inodes.detach(key)
             if entry or renew:
-                parent, _, name = key.rpartition("/")
-                parent_id = held(parent)
-                if parent_id is not None:
-                    notes.append(inval_entry(parent_id, name, 0 if entry else k.EXPIRE_ONLY))
+                notes += self._entry_of(key, 0 if entry else k.EXPIRE_ONLY)
         return notes
+
+    def _entry_of(self, key: str, flags: int = 0) -> list[bytes]:
+        """The notification dropping the kernel's entry of ``key`` (none when the kernel holds
+        no node of its folder)."""
+        parent, _, name = key.rpartition("/")
+        parent_id = self.session.inodes.held(parent)
+        return [] if parent_id is None else [inval_entry(parent_id, name, flags)]
+
+    def regroup(self, nodeid: int, rewritten: set[str] | None) -> list[str]:
+        """Which names of the linked file of node ``nodeid`` are still its, after changes made
+        elsewhere (``Operations.names_left``; ``rewritten``: the names whose value or entry
+        record changed, None: not known); the names it lost (gone, or now another file's) are
+        taken from it and returned, for the kernel to look them up again. When no name is
+        known to be the file any more, none keeps the node (each gets one of its own at its
+        next lookup): a name never shows another file's content. A name left in another link
+        group is that group's file when the table has a node for it."""
+        inodes = self.session.inodes
+        inode = inodes.nodes[nodeid]
+        names = inodes.names(nodeid)
+        keep, group = self.session.ops.names_left(names, inode.group, inode.kind, rewritten)
+        if group != inode.group:
+            if group and inodes.groups.get(group, nodeid) != nodeid:
+                keep, group = [], ""
+            inodes.regrouped(nodeid, group)
+        lost = [n for n in names if n not in keep]
+        for name in lost:
+            inodes.detach(name)
+        return lost
 
     def everything(self) -> list[bytes]:
         """The notifications dropping every node's attributes and pages and every entry."""
         inodes = self.session.inodes
         ids, nodes, held = inodes.ids, inodes.nodes, inodes.held
         notes: list[bytes] = []
+        for nodeid in {i for i in inodes.groups.values() if i in nodes}:  # linked files' names
+            for name in self.regroup(nodeid, None):
+                notes += self._entry_of(name)
         for nodeid in ids.values():
             inode = nodes[nodeid]
             if inode.lookups:  # the kernel holds nothing of a node it forgot

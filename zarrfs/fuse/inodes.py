@@ -198,32 +198,30 @@ class InodeTable:
         self.ids[key] = nodeid
         return nodeid
 
-    def remember(self, key: str, kind: int, group: str = "") -> tuple[int, Inode]:
+    def remember(
+        self, key: str, kind: int, group: str = "", names: Iterable[str] = ()
+    ) -> tuple[int, Inode]:
         """The node ID for ``key`` (a new one the first time, or when the kind changed), counted
-        as one more lookup by the kernel. A file of link group ``group`` gets the node ID of
-        the group's other names, if the kernel holds one."""
+        as one more lookup by the kernel. A file of link group ``group`` (whose names are
+        ``names``) gets the node ID of the group's other names, if the table has one: the
+        group's node, or the node of another of its names (looked up before its link group was
+        known here: a link made elsewhere, which the change feed has not told yet)."""
         nodeid = self.ids.get(key)
+        shared = self._node_of_group(key, kind, group, names) if group else None
         if (
             nodeid is not None
-            and group
+            and shared is not None
+            and shared != nodeid
             and not self._lookups[nodeid & _SLOT]
             and nodeid not in self._group
-            and group in self.groups
         ):
             # Numbered by a listing before its link group was known: the group's node wins.
             self.idle.pop(nodeid, None)
             self._drop(nodeid)
             nodeid = None
-        if nodeid is None and group:
-            nodeid = self.groups.get(group)
-            if nodeid is not None and self._live(nodeid) and self._kinds[nodeid & _SLOT] == kind:
-                if self._keys[nodeid & _SLOT] is None:
-                    nodeid = None
-                else:
-                    self._aliases.setdefault(nodeid, set()).add(key)
-                    self.ids[key] = nodeid
-            else:
-                nodeid = None
+        if nodeid is None and shared is not None:
+            self._aliases.setdefault(shared, set()).add(key)
+            self.ids[key] = nodeid = shared
         if nodeid is not None and self._kinds[nodeid & _SLOT] != kind:
             self._unname(nodeid, key, detach_all=True)  # the kernel's old inode of another type
             nodeid = None
@@ -236,6 +234,21 @@ class InodeTable:
             self.idle.pop(nodeid, None)
         self._lookups[slot] += 1
         return nodeid, Inode(self, nodeid)
+
+    def _node_of_group(self, key: str, kind: int, group: str, names: Iterable[str]) -> int | None:
+        """The node of the link group ``group`` for its name ``key``: the group's, else that of
+        another of its ``names`` not of another group; None when there is none (of ``kind``,
+        and naming a key)."""
+        nodeid = self.groups.get(group)
+        if nodeid is None:
+            for name in names:
+                other = self.ids.get(name) if name != key else None
+                if other is not None and self._group.get(other, group) == group:
+                    nodeid = other
+                    break
+        if nodeid is None or not self._live(nodeid) or self._kinds[nodeid & _SLOT] != kind:
+            return None
+        return None if self._keys[nodeid & _SLOT] is None else nodeid
 
     def number(self, key: str, kind: int) -> int:
         """The inode number a listing shows for ``key`` (``d_ino``): its node ID, or a new one
@@ -273,6 +286,19 @@ class InodeTable:
         if group and self.key(nodeid) is not None:
             self._group[nodeid] = group
             self.groups[group] = nodeid
+
+    def regrouped(self, nodeid: int, group: str) -> None:
+        """The file of node ``nodeid`` is now of link group ``group``, or of none (""): its
+        old group was dissolved elsewhere, or it was linked again."""
+        old = self._group.pop(nodeid, None)
+        if old is not None and self.groups.get(old) == nodeid:
+            del self.groups[old]
+        self.linked(nodeid, group)
+
+    def names(self, nodeid: int) -> list[str]:
+        """Every name of a node: its key and its other names (none once unlinked)."""
+        key = self.key(nodeid)
+        return [] if key is None else [key, *sorted(self._aliases.get(nodeid, ()))]
 
     def _unname(self, nodeid: int, key: str, detach_all: bool = False) -> None:
         """``key`` (out of :attr:`ids` already, unless ``detach_all``) no longer names node

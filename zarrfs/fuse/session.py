@@ -116,6 +116,20 @@ class Session(Dispatcher):
             raise FsError(errno.ENOENT, f"node {nodeid} is gone", quiet=True)
         return key
 
+    def _existing(self, nodeid: int, key: str | None) -> tuple[str | None, Node | None]:
+        """``key``, a name of node ``nodeid``, and what is there; when nothing is and the node
+        is a file with hard links, another of its names that exists and what is there (its
+        name removed elsewhere, which the change feed has not told yet: the node names it until
+        then)."""
+        node = None if key is None else self.ops.find(key)
+        if node is None and key is not None:
+            inode = self.inodes.get(nodeid)
+            for name in sorted(inode.aliases or ()) if inode is not None else ():
+                other = self.ops.find(name)
+                if other is not None and other.kind == inode.kind:
+                    return name, other
+        return key, node
+
     def _child(self, nodeid: int, name: bytes) -> str:
         # _key inlined: every LOOKUP passes here, and this spares it two calls.
         inode = self._nodes.get(nodeid)
@@ -209,7 +223,7 @@ class Session(Dispatcher):
     def _entry_values(self, key: str, node: Node) -> tuple:
         if self.coherence is not None:  # a name found or made is no longer a missing one
             self.coherence.created(key)
-        nodeid, inode = self.inodes.remember(key, node.kind, node.group)
+        nodeid, inode = self.inodes.remember(key, node.kind, node.group, node.names)
         self.pages.shown(inode, node)
         es, ens = self.entry_valid
         ats, atns = self.attr_valid
@@ -320,8 +334,7 @@ class Session(Dispatcher):
 
     def _getattr(self, head: Header, buf: memoryview) -> None:
         flags, _, fh = k.GETATTR_IN.unpack_from(buf, k.IN_HEADER_SIZE)
-        key = self.inodes.key(head.nodeid)
-        node = None if key is None else self.ops.find(key)
+        key, node = self._existing(head.nodeid, self.inodes.key(head.nodeid))
         if node is None and flags & k.GETATTR_FH:
             node = self.ops.find_open(fh)
         if node is None and key is None and self._orphans:
@@ -452,11 +465,14 @@ class Session(Dispatcher):
 
     def _open(self, head: Header, buf: memoryview) -> None:
         flags = k.OPEN_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]
-        key = self._key(head.nodeid)
         # Close-to-open: what others committed, first (with several request threads, by an
-        # open that runs alone: reader_key makes one when the feed has news).
+        # open that runs alone: reader_key makes one when the feed has news); then the node's
+        # name, which that may change (a hard link removed elsewhere).
         if self.coherence is not None and (self.admission is None or self.admission.writing):
             self.coherence.poll()
+        key = self._key(head.nodeid)
+        if self.inodes.nodes[head.nodeid].aliases:
+            key = self._existing(head.nodeid, key)[0] or key
         inode = self.inodes.get(head.nodeid)
         # kept: the version whose pages the kernel holds (the open reads no content when the
         # file is still that version); a file known without hard links needs no look for its
