@@ -96,6 +96,58 @@ def test_memory_goes_back_when_the_kernel_forgets_the_names(large_mount):
     )
 
 
+# --- the servers' drivers: Redis and PostgreSQL ----------------------------------------------
+
+SERVER_SMALL, SERVER_LARGE = 20_000, 60_000
+SERVER_CONSTANT = 16 << 20  # batches and windows, the heap's slack: no map (measured: nothing past the nodes)
+
+
+def fill_server(kind: str, url: str, server) -> None:
+    """Two folders ``small/`` and ``large/`` of 16-byte values, written with the server's own
+    client as zarr-python 2's stores would (Redis: no index, the first mount builds it)."""
+    sizes = (("small", SERVER_SMALL), ("large", SERVER_LARGE))
+    rows = [(f"{folder}/{i:06d}", b"v" * 16) for folder, n in sizes for i in range(n)]
+    if kind == "redis":
+        prefix = url.rsplit("prefix=", 1)[1]
+        client = server.client()
+        for i in range(0, len(rows), 10_000):
+            client.mset({f"{prefix}:{k}": v for k, v in rows[i : i + 10_000]})
+        return
+    from psycopg import sql
+
+    from zarrfs.backends import open_driver
+
+    open_driver(url).close()  # makes the tables
+    with server.connect() as conn, conn.cursor() as cur:
+        table = sql.Identifier(url.rsplit("table=", 1)[1])
+        with cur.copy(sql.SQL("COPY {} (k, v) FROM STDIN").format(table)) as out:
+            for row in rows:
+                out.write_row(row)
+
+
+@pytest.mark.parametrize("kind", ["redis", "postgres"])
+def test_a_server_listing_costs_the_node_ids_the_kernel_holds_not_the_folder(kind, request, mount_factory):
+    """The same bound on Redis and PostgreSQL, whose listings are paged by the server (the
+    Redis index by ZRANGEBYLEX, PostgreSQL by LIMIT) and whose windows' sizes and attributes
+    come in batches: what the larger listing adds is the node IDs the kernel was given and a
+    constant, and each listing is exact across the READDIRPLUS calls that resume it."""
+    import uuid
+
+    server = request.getfixturevalue("redis_server" if kind == "redis" else "postgres_server")
+    tag = f"s{uuid.uuid4().hex[:10]}"
+    url = server.url(0, prefix=tag) if kind == "redis" else server.url(table=tag)
+    fill_server(kind, url, server)
+    m = mount_factory(url)
+    pid = query(str(m.path))["pid"]
+    assert os.listdir(m.path / "small") == [f"{i:06d}" for i in range(SERVER_SMALL)]
+    before, held = memory(pid), nodes(m.path)
+    assert os.listdir(m.path / "large") == [f"{i:06d}" for i in range(SERVER_LARGE)]
+    after, given = memory(pid), nodes(m.path) - held
+    assert given > 0
+    grown = after["VmRSS"] - before["VmRSS"]
+    assert grown < given * PER_NODE + SERVER_CONSTANT, (grown >> 20, given, (grown - SERVER_CONSTANT) / given)
+
+
 # --- zarrfs copy over many keys ----------------------------------------------------------------
 
 

@@ -54,7 +54,8 @@ def ensure_index(client: redis.Redis, keys: KeyNames, where: str, readonly: bool
     if has_index(client, keys, where):
         return True
     if readonly:
-        log.warning("%s: no key index and opened read-only: every listing scans the keyspace", where)
+        log.warning("%s: no key index and opened read-only: every listing scans the keyspace (zarrfs "
+                    "reindex URL builds the index once)", where)
         return False
     log.info("%s: no key index: building it from the keyspace (zarrfs reindex shows its progress)", where)
     reindex(client, keys, where, prune=False)
