@@ -26,7 +26,7 @@ from collections.abc import Callable
 from zarrfs.fs.node import Node
 
 HOT = 32  # lookups in one folder, within ttl, that make it worth a snapshot (or another page)
-LIMIT = 4096  # entries of the largest folder read whole, and of a page of a larger one
+LIMIT = 1024  # entries of the largest folder read whole, and of a page of a larger one
 PAGES = 4  # pages of one folder kept at once (the oldest goes first)
 FOLDERS = 8  # folders with snapshots kept at once (the oldest goes first)
 WORTH = 8  # a snapshot must answer a lookup per this many entries to be made again
