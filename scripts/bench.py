@@ -81,6 +81,63 @@ class RedisServer:
         self.proc.wait()
 
 
+class PostgresServer:
+    """A throw-away PostgreSQL cluster on 127.0.0.1 (``initdb`` and ``pg_ctl`` in a folder of
+    ``workdir``, trust authentication, no fsync), as the tests start one. As root the server
+    runs as the ``postgres`` user, which it insists on (its folder is then its own)."""
+
+    USER = "zarrfs"
+
+    def __init__(self, workdir: Path) -> None:
+        self.initdb, self.pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+        if self.initdb is None or self.pg_ctl is None:
+            raise SystemExit("PostgreSQL's server is not installed (initdb, pg_ctl): give --postgres URL")
+        self.dir = Path(tempfile.mkdtemp(prefix="zarrfs-bench-pg-", dir=workdir.parent))
+        self.run_as = None
+        if os.geteuid() == 0:
+            import pwd
+
+            pw = pwd.getpwnam("postgres")
+            self.run_as = (pw.pw_uid, pw.pw_gid)
+            os.chown(self.dir, *self.run_as)
+        data = self.dir / "data"
+        self._run(self.initdb, "-D", str(data), "-U", self.USER, "--auth=trust", "-E", "UTF8",
+                  "--locale=C.UTF-8")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        opts = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir} -c fsync=off"
+        self._run(self.pg_ctl, "-D", str(data), "-l", str(self.dir / "log"), "-o", opts, "-w", "-t", "60",
+                  "start")
+
+    def _run(self, *cmd: str) -> None:
+        def demote() -> None:
+            if self.run_as is not None:
+                os.setgid(self.run_as[1])
+                os.setuid(self.run_as[0])
+
+        res = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=demote)
+        if res.returncode != 0:
+            raise RuntimeError(f"{cmd[0]} failed: {res.stderr[-2000:]}")
+
+    def url(self) -> str:
+        return f"postgresql://{self.USER}@127.0.0.1:{self.port}/postgres"
+
+    def stop(self) -> None:
+        self._run(self.pg_ctl, "-D", str(self.dir / "data"), "-m", "fast", "-w", "stop")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _pg_bin(name: str) -> str | None:
+    import glob
+
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
+    return candidates[-1] if candidates else None
+
+
 def sample_array(mib: int) -> np.ndarray:
     """Smooth data with noise: compresses like real measurements, not like zeros."""
     n = mib * (1 << 20) // 4

@@ -16,7 +16,7 @@ floor: a slice of a 10^6-chunk array should take as long as the same slice of th
 
     python scripts/bench_scale.py                                # lmdb, sqlite: 10^3, 10^5, 10^6
     python scripts/bench_scale.py --drivers lmdb --sizes 10000000 --native-max 0   # 10^7, mount only
-    python scripts/bench_scale.py --drivers redis,postgres --postgres postgresql://...
+    python scripts/bench_scale.py --drivers sqlite,redis,postgres   # throw-away servers on 127.0.0.1
 
 Each chunk is 32 x 32 uint8 (1 KiB, no compressor): a value that small lives in its key's LMDB
 leaf page, the worst case for a listing. The array is 1,000 chunks wide; the slice is its first
@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench import RedisServer
+from bench import PostgresServer, RedisServer
 
 HERE = Path(__file__).resolve().parent.parent
 CHUNK = 32  # a chunk is CHUNK x CHUNK uint8: 1 KiB
@@ -115,6 +115,28 @@ def build_redis(url: str, n: int) -> int:
     pipe.execute()
     client.close()
     return total
+
+
+def drop_redis(url: str) -> None:
+    """Delete what a size's run left in Redis: the data keys, zarrfs's side keys and indexes."""
+    import redis
+
+    from zarrfs.backends.redis.url import KeyNames
+
+    base, _, query = url.partition("?")
+    names = KeyNames(dict(p.split("=", 1) for p in query.split("&") if p).get("prefix", "zarr"))
+    client = redis.Redis.from_url(base)
+    client.delete(*names.index.values())
+    for prefix in (names.data_prefix, names.side_prefix):
+        batch = []
+        for key in client.scan_iter(match=prefix + b"*", count=10000):
+            batch.append(key)
+            if len(batch) >= 10000:
+                client.unlink(*batch)
+                batch = []
+        if batch:
+            client.unlink(*batch)
+    client.close()
 
 
 def build_postgres(url: str, n: int) -> int:
@@ -308,7 +330,8 @@ def main() -> int:
     parser.add_argument("--sizes", default="1000,100000,1000000", help="chunk counts, comma-separated")
     parser.add_argument("--native-max", type=int, default=1_000_000, help="largest size also on ext4")
     parser.add_argument("--workdir", default=None, help="where the files go (default: a temp folder)")
-    parser.add_argument("--postgres", default=None, help="a postgresql:// URL, for --drivers postgres")
+    parser.add_argument("--postgres", default=None,
+                        help="a postgresql:// URL (default: a throw-away server made with initdb)")
     parser.add_argument("--redis", default=None, help="a redis:// URL (default: a throw-away redis-server)")
     args = parser.parse_args()
     args.drop = os.geteuid() == 0
@@ -317,11 +340,16 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="zarrfs-scale-", dir=args.workdir))
     out = np.empty((CHUNK, min(max(sizes), COLUMNS) * CHUNK), dtype=np.uint8)
     out[...] = 0
-    server = RedisServer(work) if "redis" in drivers and args.redis is None else None
-    load = os.getloadavg()[0]
-    print(f"zarrfs scale benchmark: {os.cpu_count()} cores, load average {load:.1f} at the start")
+    server = postgres = None
     rows, natives = [], {}
     try:
+        if "redis" in drivers and args.redis is None:
+            server = RedisServer(work)
+        if "postgres" in drivers and args.postgres is None:
+            postgres = PostgresServer(work)
+            args.postgres = postgres.url()
+        load = os.getloadavg()[0]
+        print(f"zarrfs scale benchmark: {os.cpu_count()} cores, load average {load:.1f} at the start")
         for n in sizes:
             if n <= args.native_max:
                 natives[n] = native(n, work, args, out)
@@ -330,9 +358,6 @@ def main() -> int:
                 if kind == "redis":
                     url = f"{args.redis}?prefix=scale{n}" if args.redis else server.url(f"scale{n}")
                 elif kind == "postgres":
-                    if not args.postgres:
-                        print("postgres: no --postgres URL given, skipped")
-                        continue
                     url = f"{args.postgres}{'&' if '?' in args.postgres else '?'}table=scale{n}"
                 else:
                     url = f"{kind}://{work}/db-{n}.{kind}"
@@ -341,6 +366,8 @@ def main() -> int:
                 finally:
                     if kind == "postgres":
                         drop_postgres(url)
+                    elif kind == "redis":
+                        drop_redis(url)
                     for leftover in work.glob(f"db-{n}.*"):
                         if leftover.is_dir():
                             shutil.rmtree(leftover, ignore_errors=True)
@@ -350,6 +377,8 @@ def main() -> int:
     finally:
         if server is not None:
             server.stop()
+        if postgres is not None:
+            postgres.stop()
         shutil.rmtree(work, ignore_errors=True)
     print(f"load average {os.getloadavg()[0]:.1f} at the end\n")
     print(table(rows, natives, args.drop))

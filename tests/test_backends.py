@@ -1224,6 +1224,36 @@ class TestPostgres(_Conformance):
         assert "s3cret" not in d.where
         d.close()
 
+    def test_a_batch_of_reads_is_a_statement_per_kind_not_per_key(self, driver, tmp_path):
+        """A listing's window reads the size, attributes and link pointer of every name (three
+        reads a name, thousands a window): the sizes, and the values, of one space are one
+        statement each, not one per key (which cost a folder of 10^5 names 70 s to list). The
+        statements are counted from libpq's trace of what the client sent."""
+        from zarrfs.backends.base import Get, HasPrefix, Size
+
+        n = 300
+        driver.transact(lambda t: [t.put(f"a/{i:03d}", b"x" * i) for i in range(0, n, 2)])
+        driver.transact(lambda t: [t.put(f"m/{i:03d}", b"s%d" % i, SIDE) for i in range(0, n, 3)])
+        plan = [Size(f"a/{i:03d}") for i in range(n)] + [Get(f"m/{i:03d}", SIDE) for i in range(n)]
+        plan += [Get("a/004"), Get("a/004"), HasPrefix("a/"), HasPrefix("b/")]
+        trace = tmp_path / "trace"
+
+        def run(t):
+            driver.conn.pgconn.trace(fd.fileno())
+            try:
+                return t.read_many(plan)
+            finally:
+                driver.conn.pgconn.untrace()
+
+        with open(trace, "w") as fd:
+            got = driver.transact(run, write=False)
+        assert got == [i if i % 2 == 0 else None for i in range(n)] + [
+            b"s%d" % i if i % 3 == 0 else None for i in range(n)
+        ] + [b"x" * 4, b"x" * 4, True, False]
+        sent = [line.split("\t") for line in trace.read_text().splitlines()]  # [time,] F|B, length, message
+        statements = [f for f in sent if "F" in f[:2] and ("Parse" in f[:4] or "Query" in f[:4])]
+        assert 1 <= len(statements) <= 6, statements  # BEGIN, sizes, values x2 spaces, two prefixes
+
     def test_a_table_of_another_collation_lists_in_byte_order(self, postgres_server):
         table = f"t{uuid.uuid4().hex[:12]}"
         with postgres_server.connect() as conn:

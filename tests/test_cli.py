@@ -37,6 +37,61 @@ def test_reindex_lists_keys_another_client_added(redis_server):
         assert [k for k, _ in driver.scan("g/", "g0")] == ["g/a", "g/b"]
 
 
+def test_reindex_builds_a_missing_index_once_showing_its_progress_on_a_terminal(tmp_path):
+    """A ``RedisStore`` database of 10^7 keys has no index: ``zarrfs reindex`` builds it in one
+    scan of the keyspace (the open does not build it first, unseen, to scan again after) and
+    on a terminal shows each pass's progress. Its own redis-server: SCANs are counted there."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    from conftest import start_redis, stop_redis
+
+    from zarrfs.backends.redis.index import scan_keyspace
+    from zarrfs.backends.redis.url import KeyNames
+
+    server = start_redis(str(tmp_path))
+    try:
+        client = server.client()
+        pipe = client.pipeline(transaction=False)
+        for i in range(30_000):
+            pipe.set(f"zarr:arr/{i}", b"v")  # as zarr-python 2's RedisStore writes
+        pipe.execute()
+
+        def scans() -> int:
+            return client.info("commandstats").get("cmdstat_scan", {}).get("calls", 0)
+
+        before = scans()
+        assert sum(1 for _ in scan_keyspace(client, KeyNames("zarr"), "test")) == 30_000
+        one_pass = scans() - before
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+        before = scans()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "zarrfs", "reindex", server.url(0)],
+            stderr=slave, env={**os.environ, "PYTHONPATH": CHECKOUT},
+        )
+        os.close(slave)
+        said = b""
+        while True:
+            try:
+                got = os.read(master, 65536)
+            except OSError:  # EIO: the terminal's other end is closed
+                break
+            if not got:
+                break
+            said += got
+        os.close(master)
+        assert proc.wait() == 0, said[-500:]
+        assert scans() - before <= one_pass + 1, (scans() - before, one_pass)
+        assert b"indexing" in said and b"pruning" in said and b"indexed 30000 keys" in said, said[-500:]
+        with open_driver(server.url(0)) as driver:
+            assert len(driver.scan("arr/", "arr0")) == 30_000
+    finally:
+        stop_redis(server)
+
+
 def test_reindex_refuses_a_database_without_an_index(tmp_path):
     open_driver(f"sqlite://{tmp_path}/x.sqlite").close()
     result = zarrfs("reindex", f"sqlite://{tmp_path}/x.sqlite")

@@ -4,6 +4,7 @@ the mount's own changes show at once and another writer's within the snapshot's 
 
 from __future__ import annotations
 
+import bisect
 import os
 import time
 
@@ -11,7 +12,7 @@ import pytest
 from mounting import make_url
 
 from zarrfs.backends import open_driver
-from zarrfs.fs.foldercache import FolderCache
+from zarrfs.fs.foldercache import MISS, FolderCache
 from zarrfs.fs.sidedata import LINK_MARK, entry_key
 from zarrfs.fs.tree import DIR, FILE, LINK, Node, Tree
 
@@ -26,45 +27,113 @@ class Clock:
         return self.now
 
 
+def whole(nodes, calls=None):
+    """A ``read`` of a folder that holds ``nodes`` (whole, whatever the limit)."""
+
+    def read(after, limit):
+        if calls is not None:
+            calls.append((after, limit))
+        return nodes, None
+
+    return read
+
+
+def never(after, limit):
+    pytest.fail(f"read at {after!r}")
+
+
 def test_a_folder_is_snapshotted_once_it_is_busy_and_until_ttl():
     clock = Clock()
     cache = FolderCache(ttl=1.0, hot=3, clock=clock)
-    built: list[int] = []
-
-    def build(limit: int) -> dict[str, Node]:
-        built.append(limit)
-        return {"x": "node-x"}  # type: ignore[dict-item]
-
-    assert cache.snapshot("f", build) is None  # the first lookups go to the database
-    assert cache.snapshot("f", build) is None
-    assert cache.snapshot("f", build) == {"x": "node-x"}  # the third makes it busy
-    assert cache.snapshot("f", build) == {"x": "node-x"}
-    assert built == [cache.limit]
+    built: list = []
+    read = whole({"x": "node-x"}, built)
+    assert cache.find("f", "x", read) is MISS  # the first lookups go to the database
+    assert cache.find("f", "x", read) is MISS
+    assert cache.find("f", "x", read) == "node-x"  # the third makes it busy
+    assert cache.find("f", "y", read) is None  # not in the folder
+    assert built == [(None, cache.limit)]
     clock.now += 1.01  # too old: dropped; the folder must be busy again
-    assert cache.snapshot("f", build) is None
-    assert built == [cache.limit]
+    assert cache.find("f", "x", read) is MISS
+    assert built == [(None, cache.limit)]
 
 
 def test_lookups_spread_over_time_never_make_a_snapshot():
     clock = Clock()
     cache = FolderCache(ttl=1.0, hot=3, clock=clock)
     for _ in range(10):
-        assert cache.snapshot("f", lambda limit: {}) is None
+        assert cache.find("f", "x", whole({})) is MISS
         clock.now += 0.6
     assert cache.builds == 0
 
 
-def test_clear_drops_snapshots_but_remembers_folders_too_large():
+def test_a_large_folder_is_read_by_pages_around_the_names_looked_up():
+    """A folder of a million names is never read whole, nor up to a bound: the first page
+    from its first name, then a page from a name no page covers, each of ``limit`` names, and
+    each answers the names between its ends (a name after its last is not known absent)."""
     clock = Clock()
-    cache = FolderCache(ttl=1.0, hot=1, clock=clock)
-    assert cache.snapshot("small", lambda limit: {}) == {}
-    assert cache.snapshot("huge", lambda limit: None) is None  # more than `limit` entries
+    cache = FolderCache(ttl=1.0, hot=2, clock=clock, limit=100)
+    folder = [f"{i:07d}" for i in range(0, 2_000_000, 2)]  # even numbers only
+    reads: list = []
+
+    def read(after, limit):
+        reads.append(after)
+        i = 0 if after is None else bisect.bisect_right(folder, after)
+        names = folder[i : i + limit]
+        more = names[-1] if i + limit < len(folder) else None
+        return {n: f"node-{n}" for n in names}, more
+
+    assert cache.find("big", "0500000", read) is MISS
+    assert cache.find("big", "0500002", read) is MISS  # busy: the first page, 0 to 198
+    assert reads == [None]
+    assert cache.find("big", "0000198", read) == "node-0000198"
+    assert cache.find("big", "0000197", read) is None
+    assert cache.find("big", "0500004", read) is MISS  # past the page: looked up
+    assert cache.find("big", "0500006", read) is MISS  # busy again: a page after this name
+    assert reads == [None, "0500006"]
+    for i in range(500_008, 500_206, 2):  # all answered by that page
+        assert cache.find("big", f"{i:07d}", read) == f"node-{i:07d}"
+        assert cache.find("big", f"{i + 1:07d}", read) is None
+    assert cache.find("big", "0500006", read) is MISS  # the page starts after it
+    assert cache.find("big", "0500208", read) is MISS  # and ends before this one: busy again
+    assert reads == [None, "0500006", "0500208"] and cache.held == 300
     cache.clear()
+    clock.now += 1.01
+    assert cache.find("big", "0000000", read) is MISS
+    assert cache.find("big", "0000002", read) is MISS
+    assert reads[-1] == "0000002"  # known larger than a page: from the name looked up
+
+
+def test_a_folder_keeps_a_few_pages_and_one_not_worth_reading_stops_them():
+    clock = Clock()
+    cache = FolderCache(ttl=1.0, hot=1, clock=clock, limit=10, pages=2)
+
+    def read(after, limit):
+        start = 0 if after is None else int(after) + 1
+        return {f"{i:04d}": i for i in range(start, start + limit)}, f"{start + limit - 1:04d}"
+
+    for name in ("0000", "0100", "0200"):
+        cache.find("f", name, read)  # each a page: the oldest (0 to 9) goes
+    assert cache.held == 20
+    assert cache.find("f", "0105", never) == 105 and cache.find("f", "0205", never) == 205
+    assert cache.find("f", "0005", read) is MISS and cache.held == 20  # read again, after 0005
+    clock.now += 1.01  # the pages expire having answered fewer than a lookup in eight entries
+    assert cache.find("f", "0205", never) is MISS and cache.held == 0
+    clock.now += 10.0  # ten lifetimes later
+    assert cache.find("f", "0210", read) is MISS and cache.held == 10
+
+
+def test_clear_drops_snapshots_but_remembers_what_it_knows_of_folders():
+    clock = Clock()
+    cache = FolderCache(ttl=1.0, hot=1, clock=clock, limit=10)
+    assert cache.find("small", "a", whole({"a": 1})) == 1
+    assert cache.find("huge", "0005", lambda after, limit: ({"0005": 5}, "0009")) == 5
+    cache.clear()
+    assert cache.find("small", "a", never) is MISS and cache.held == 0
     clock.now += 1.01  # after the quiet time that follows a write
-    assert cache.snapshot("small", lambda limit: {"new": 1}) == {"new": 1}  # read again
-    assert cache.snapshot("huge", lambda limit: pytest.fail("listed again")) is None
-    clock.now += 9.5  # "too large" is remembered for ten lifetimes
-    assert cache.snapshot("huge", lambda limit: {}) == {}
+    assert cache.find("small", "new", whole({"new": 1})) == 1  # read again
+    got: list = []
+    cache.find("huge", "0005", lambda after, limit: got.append(after) or ({}, "0020"))
+    assert got == ["0005"]  # known larger than a page
 
 
 def test_no_snapshot_is_made_while_the_mount_writes():
@@ -74,11 +143,11 @@ def test_no_snapshot_is_made_while_the_mount_writes():
     cache = FolderCache(ttl=1.0, hot=2, clock=clock)
     for _ in range(10):
         cache.clear()  # a file created through the mount
-        assert cache.snapshot("f", lambda limit: pytest.fail("snapshot while writing")) is None
+        assert cache.find("f", "x", never) is MISS
         clock.now += 0.1
     clock.now += 1.0  # quiet for ttl: busy lookups make a snapshot again
-    cache.snapshot("f", lambda limit: {})
-    assert cache.snapshot("f", lambda limit: {"x": 1}) == {"x": 1}
+    cache.find("f", "x", whole({}))
+    assert cache.find("f", "x", whole({})) is None
 
 
 def test_a_snapshot_that_answered_few_lookups_is_not_made_again():
@@ -87,24 +156,25 @@ def test_a_snapshot_that_answered_few_lookups_is_not_made_again():
     clock = Clock()
     cache = FolderCache(ttl=1.0, hot=1, clock=clock)
     many = {str(i): i for i in range(800)}
-    assert cache.snapshot("sparse", lambda limit: many) is many
+    assert cache.find("sparse", "1", whole(many)) == 1
     for _ in range(50):  # fewer than 800 / 8
-        cache.snapshot("sparse", lambda limit: pytest.fail("read again"))
-    assert cache.snapshot("busy", lambda limit: many) is many
+        cache.find("sparse", "2", never)
+    assert cache.find("busy", "1", whole(many)) == 1
     for _ in range(150):
-        cache.snapshot("busy", lambda limit: pytest.fail("read again"))
+        cache.find("busy", "2", never)
     clock.now += 1.01
-    assert cache.snapshot("sparse", lambda limit: pytest.fail("read again")) is None
-    assert cache.snapshot("busy", lambda limit: {"again": 1}) == {"again": 1}
+    assert cache.find("sparse", "1", never) is MISS
+    assert cache.find("busy", "again", whole({"again": 1})) == 1
     clock.now += 10.0  # ten lifetimes after it was found not worth it
-    assert cache.snapshot("sparse", lambda limit: {"later": 1}) == {"later": 1}
+    assert cache.find("sparse", "later", whole({"later": 1})) == 1
 
 
 def test_at_most_folders_snapshots_are_kept():
     cache = FolderCache(ttl=1.0, hot=1, folders=2, clock=Clock())
     for name in ("a", "b", "c"):
-        cache.snapshot(name, lambda limit, n=name: {n: 1})
-    assert cache.snapshot("a", lambda limit: {"a": 2}) == {"a": 2}  # "a" was evicted
+        cache.find(name, name, whole({name: 1}))
+    assert cache.folders_held == 2
+    assert cache.find("a", "a", whole({"a": 2})) == 2  # "a" was evicted
 
 
 @pytest.fixture(params=["lmdb", "sqlite", "redis"])
@@ -171,6 +241,24 @@ def test_a_large_folder_read_by_ranges_answers_what_each_lookup_answers(tree, mo
         assert not any(taken)
 
 
+def test_a_page_of_a_folder_is_exactly_the_names_between_its_ends(tree):
+    """A page read after any name holds the next names in name order, each as the whole
+    folder's snapshot has it, though key order is not name order (``foo/`` keys sort after
+    ``foo-max``'s and ``foo.bar``'s)."""
+    keys = ["g/foo/0", "g/foo-max", "g/foo.bar", "g/foo bar/1", "g/a", "g/b/0/0", "g/b0", "g/c"]
+    tree.driver.transact(lambda t: [t.put(k, b"x" * n) for n, k in enumerate(keys)])
+    tree.mkdir("g/empty", 0o750)
+    full = tree.folder_nodes("g", limit=100)
+    names = sorted(full)
+    assert names == ["a", "b", "b0", "c", "empty", "foo", "foo bar", "foo-max", "foo.bar"]
+    for size in (1, 2, 3):
+        for i, after in enumerate([None, *names]):
+            nodes, last = tree.listings.folder_page("g", after, size)
+            want = names[i : i + size]
+            assert nodes == {n: full[n] for n in want}, (after, size)
+            assert last == (want[-1] if i + size < len(names) else None), (after, size)
+
+
 def test_find_through_the_cache_and_own_writes_drop_it(tree):
     tree.driver.transact(lambda t: [t.put(f"f/{i}", b"v") for i in range(50)])
     tree.folder_cache = cache = FolderCache(ttl=60.0, hot=4)
@@ -216,30 +304,33 @@ def test_mount_sees_its_own_changes_at_once_and_others_within_the_lifetime(tmp_p
 
 
 def test_what_the_snapshots_hold_together_stays_within_the_bound():
-    """``entries`` bounds the snapshots together: the oldest go to make room, and a folder
-    larger than the bound is never read whole (``-o dir_cache_entries=``)."""
+    """``entries`` bounds the snapshots together: the oldest go to make room, and no page is
+    larger than the bound (``-o dir_cache_entries=``)."""
     clock = Clock()
-    cache = FolderCache(ttl=1.0, hot=1, clock=clock, entries=100)
+    cache = FolderCache(ttl=1.0, hot=1, clock=clock, entries=100, limit=1000)
     assert cache.limit == 100
     built: list[int] = []
 
     def of(n: int):
-        def build(limit: int) -> dict[str, Node] | None:
+        def read(after, limit):
             built.append(limit)
-            return None if n > limit else dict.fromkeys(map(str, range(n)))  # type: ignore[arg-type]
+            names = list(map(str, range(min(n, limit))))
+            return dict.fromkeys(names), (names[-1] if n > limit else None)
 
-        return build
+        return read
 
-    assert cache.snapshot("a", of(60)) is not None and cache.held == 60
-    assert cache.snapshot("b", of(30)) is not None and cache.held == 90
-    assert cache.snapshot("c", of(50)) is not None  # "a" goes to make room
-    assert cache.held == 80 and set(cache._snapshots) == {"b", "c"}
-    assert cache.snapshot("a", of(60)) is not None  # made again: "b" and "c" go (50 + 60 > 100)
-    assert cache.held == 60 and set(cache._snapshots) == {"a"}
-    assert cache.snapshot("d", of(40)) is not None and cache.held == 100
-    assert cache.snapshot("huge", of(1000)) is None and built[-1] == 100
-    cache.forget({"d"})
-    assert cache.held == 60
+    assert cache.find("a", "0", of(60)) is None and cache.held == 60
+    assert cache.find("b", "0", of(30)) is None and cache.held == 90
+    cache.find("c", "0", of(50))  # "a" goes to make room
+    assert cache.held == 80 and cache.folders_held == 2
+    assert cache.find("a", "0", of(60)) is None  # made again: "b" and "c" go (50 + 60 > 100)
+    assert cache.held == 60 and cache.folders_held == 1
+    assert cache.find("d", "0", of(40)) is None and cache.held == 100
+    cache.find("huge", "0", of(1000))  # a page of 100: every other goes
+    assert built[-1] == 100 and cache.held == 100 and cache.folders_held == 1
+    cache.forget({"huge"})
+    assert cache.held == 0
+    cache.find("d", "0", of(40))
     cache.clear()
     assert cache.held == 0
 

@@ -142,25 +142,56 @@ def cmd_consolidate(args: argparse.Namespace) -> int:
 
 def cmd_reindex(args: argparse.Namespace) -> int:
     """``zarrfs reindex URL``: rebuild a Redis database's listing index from its keyspace (after
-    another client, zarr-python 2's ``RedisStore`` say, added or removed keys)."""
+    another client, zarr-python 2's ``RedisStore`` say, added or removed keys). The open does
+    not build a missing index itself: the rebuild runs here, with its progress on a terminal."""
+    from zarrfs.backends.registry import driver_class, normalize_url
     from zarrfs.dbfiles import open_database
     from zarrfs.options import parse_options
 
     try:
         url = location(args.url)
-        driver = open_database(url, parse_options([]), hint=False)
+        own = {"build_index": False} if hasattr(driver_class(normalize_url(url)[0]), "reindex") else {}
+        driver = open_database(url, parse_options([]), hint=False, **own)
     except (UsageError, MountFailure, BackendError, ValueError) as exc:
         return fail(str(exc), status_of(exc))
     with driver:
         reindex = getattr(driver, "reindex", None)
         if reindex is None:
             return fail(f"{args.url}: this database lists its keys directly and keeps no index", 2)
+        bar = _Stages() if sys.stderr.isatty() else None
         try:
-            count = reindex()
+            count = reindex(report=bar)
         except BackendError as exc:
             return fail(str(exc))
+        finally:
+            if bar is not None:
+                bar.close()
     print(f"indexed {count} keys", file=sys.stderr)
     return 0
+
+
+class _Stages:
+    """tqdm bars on stderr, one per stage of a long pass (``reindex``'s scan of the keyspace,
+    then its check of the index): called as ``(stage, count, total)``."""
+
+    def __init__(self) -> None:
+        self.bar = None
+        self.stage = ""
+
+    def __call__(self, stage: str, count: int, total: int | None) -> None:
+        if stage != self.stage:
+            from tqdm import tqdm
+
+            self.close()
+            self.stage = stage
+            self.bar = tqdm(desc=stage, total=total, unit=" keys", unit_scale=True, file=sys.stderr,
+                            mininterval=0.5)
+        self.bar.update(count)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
 def _commands_note() -> str:

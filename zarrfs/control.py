@@ -177,7 +177,6 @@ class ControlServer:
         stats = getattr(self.session, "stats", None)
         figures = stats() if callable(stats) else {}
         cache = getattr(self.tree, "folder_cache", None)
-        snapshots = getattr(cache, "_snapshots", None)
         return {
             "mountpoint": self.mountpoint,
             "url": self.url,
@@ -190,9 +189,7 @@ class ControlServer:
             "folder_snapshots": None
             if cache is None
             else {
-                "held": sum(
-                    1 for s in _copy(snapshots or {}).values() if getattr(s, "nodes", None) is not None
-                ),
+                "held": cache.folders_held,
                 "built": cache.builds,
                 "lifetime": cache.ttl,
                 "entries": cache.held,

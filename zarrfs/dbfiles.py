@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dbm
 import os
+from typing import Any
 
 from zarrfs.backends import open_driver
 from zarrfs.backends.base import BackendError, Driver
@@ -124,10 +125,10 @@ def check_database_path(scheme: str, path: str, *, create: bool, readonly: bool,
         )
 
 
-def open_database(url: str, opts: MountOptions, hint: bool = True) -> Driver:
+def open_database(url: str, opts: MountOptions, hint: bool = True, **options: Any) -> Driver:
     """Open the driver for ``url``; a file database that is missing, or a path that holds
     something else, is an error unless ``-o create`` (see above; ``hint``: name
-    the mount options in the error)."""
+    the mount options in the error). ``options``: the driver class's own keyword arguments."""
     if opts.snapshot is not None:  # refused before anything is opened
         from zarrfs.backends.registry import driver_class, normalize_url
         from zarrfs.backends.snapshot import SnapshotDriver
@@ -138,7 +139,7 @@ def open_database(url: str, opts: MountOptions, hint: bool = True) -> Driver:
         scheme = url_scheme(url) or "lmdb"
         check_database_path(scheme, path, create=opts.create, readonly=opts.readonly, hint=hint)
     try:
-        driver = open_driver(url, readonly=opts.readonly)
+        driver = open_driver(url, readonly=opts.readonly, **options)
         driver.set_timeout(opts.timeout)
         return driver
     except BackendError:

@@ -13,6 +13,7 @@ import importlib
 import os
 import re
 import threading
+from typing import Any
 
 from .base import Driver, DriverNotFoundError
 
@@ -132,7 +133,8 @@ def driver_class(scheme: str) -> type[Driver]:
     return cls
 
 
-def open_driver(url: str, readonly: bool = False) -> Driver:
-    """Open the database at ``url`` with the driver its scheme names (a bare path: LMDB)."""
+def open_driver(url: str, readonly: bool = False, **options: Any) -> Driver:
+    """Open the database at ``url`` with the driver its scheme names (a bare path: LMDB);
+    ``options`` go to that driver's class (its own keyword arguments)."""
     scheme, url = normalize_url(url)
-    return driver_class(scheme)(url, readonly=readonly)
+    return driver_class(scheme)(url, readonly=readonly, **options)

@@ -1,16 +1,21 @@
 """Snapshots of busy folders, so that a burst of lookups in one folder costs one listing.
 
 A lookup the kernel has not cached is a round trip to a remote database. When one folder gets
-:data:`HOT` lookups within ``ttl``, it is read once (names with sizes and attributes, one batch of
+:data:`HOT` lookups within ``ttl``, it is read (names with sizes and attributes, one batch of
 reads) and answers further lookups until the snapshot is ``ttl`` old, the trade rclone's directory
-cache and gcsfuse's stat cache make. Each write transaction of this mount drops every snapshot
-(the tree calls :meth:`FolderCache.clear`) and none is made for ``ttl`` after, so the mount's own
-changes show at once and a folder being filled is not read over and over; another writer's
-changes show within ``ttl`` plus the kernel's ``cache_timeout``. ``-o dir_cache=0`` turns it off.
-A folder of more than ``limit`` entries, or whose last snapshot answered fewer lookups than an
-eighth of its entries, is looked up name by name for ten times ``ttl``. All snapshots together
-hold at most ``entries`` entries (``-o dir_cache_entries=``, default :data:`ENTRIES`, a few hundred
-bytes each), the oldest dropped first; ``zarrfs status`` shows the count.
+cache and gcsfuse's stat cache make. A folder of up to ``limit`` entries is read whole; a larger
+one by pages of ``limit`` entries: the first from its first name, each later one from a name
+looked up that no page covers (after :data:`HOT` such lookups), and a page answers the names
+between its ends. So a zarr read of a thousand chunks of a folder of a million reads a few pages
+around them, not the folder (nor its first :data:`LIMIT` names). Each write transaction of this
+mount drops every snapshot (the tree calls :meth:`FolderCache.clear`) and none is made for
+``ttl`` after, so the mount's own changes show at once and a folder being filled is not read over
+and over; another writer's changes show within ``ttl`` plus the kernel's ``cache_timeout``.
+``-o dir_cache=0`` turns it off. A folder a page of which answered fewer lookups than an eighth
+of its entries is looked up name by name for ten times ``ttl``; a folder keeps at most
+:data:`PAGES` pages. All snapshots together hold at most ``entries`` entries (``-o
+dir_cache_entries=``, default :data:`ENTRIES`, a few hundred bytes each), the oldest dropped
+first; ``zarrfs status`` shows the count.
 """
 
 from __future__ import annotations
@@ -20,16 +25,26 @@ from collections.abc import Callable
 
 from zarrfs.fs.node import Node
 
-HOT = 32  # lookups in one folder, within ttl, that make it worth a snapshot
-LIMIT = 32768  # entries of the largest folder snapshotted
-FOLDERS = 8  # snapshots kept at once (the oldest goes first)
+HOT = 32  # lookups in one folder, within ttl, that make it worth a snapshot (or another page)
+LIMIT = 1024  # entries of the largest folder read whole, and of a page of a larger one
+PAGES = 4  # pages of one folder kept at once (the oldest goes first)
+FOLDERS = 8  # folders with snapshots kept at once (the oldest goes first)
 WORTH = 8  # a snapshot must answer a lookup per this many entries to be made again
-SKIP_LIFETIMES = 10  # how long a folder too large or not worth it is looked up name by name
+SKIP_LIFETIMES = 10  # how long a folder not worth it is looked up name by name
 ENTRIES = 65536  # entries of every snapshot together
+
+#: What :meth:`FolderCache.find` returns when it cannot answer: the caller looks the name up.
+MISS = object()
+
+#: ``read(after, limit)``: up to ``limit`` children of a folder by name, those after the name
+#: ``after`` (None: from the first), and the last name read when the folder has more after it
+#: (None: it was read to its end).
+Read = Callable[[str | None, int], tuple[dict[str, Node], str | None]]
 
 
 class FolderCache:
-    """Snapshots of folders (name -> :class:`Node`), each valid for ``ttl`` seconds."""
+    """Snapshots of folders (name -> :class:`Node`, whole or by pages), each valid for ``ttl``
+    seconds."""
 
     def __init__(
         self,
@@ -39,41 +54,50 @@ class FolderCache:
         folders: int = FOLDERS,
         clock: Callable[[], float] = time.monotonic,
         entries: int = ENTRIES,
+        pages: int = PAGES,
     ) -> None:
         self.ttl = ttl
         self.hot = hot
         self.limit = min(limit, entries)
         self.folders = folders
+        self.pages = pages
         self.entries = entries  # the bound of what the snapshots hold together
         self.held = 0  # entries the snapshots hold now
         self.clock = clock
-        self._snapshots: dict[str, _Snapshot] = {}
+        self._snapshots: dict[str, _Folder] = {}
         self._misses: dict[str, list[float | int]] = {}  # folder -> [window start, count]
         self._quiet_until = 0.0
         self.builds = 0
 
-    def snapshot(self, folder: str, build: Callable[[int], dict[str, Node] | None]) -> dict[str, Node] | None:
-        """The snapshot of ``folder`` if one is fresh, or now made (``build(limit)`` lists the
-        folder; None when it has more than ``limit`` entries); None when the folder is not
-        busy enough, too large, or not worth it: then the caller looks the name up itself."""
+    @property
+    def folders_held(self) -> int:
+        """Folders with a snapshot (whole or pages) now (read by the status thread while the
+        serving thread may change them)."""
+        for _ in range(10):
+            try:
+                return sum(1 for f in tuple(self._snapshots.values()) if f.pages)
+            except RuntimeError:  # changed while copied
+                continue
+        return 0
+
+    def find(self, folder: str, name: str, read: Read) -> Node | None | object:
+        """The node of ``name`` in ``folder`` from a fresh snapshot that covers it (None: no
+        such name), reading a page now when the folder is busy; :data:`MISS` when no snapshot
+        answers (the folder is not busy enough, not worth it, or the page just read starts
+        after ``name``): then the caller looks the name up itself."""
         now = self.clock()
         if now < self._quiet_until:
-            return None
+            return MISS
         found = self._snapshots.get(folder)
         if found is not None:
-            if found.nodes is None:  # too large, or not worth reading whole
-                if now - found.made < self.ttl * SKIP_LIFETIMES:
-                    return None
-            elif now - found.made < self.ttl:
-                found.hits += 1
-                return found.nodes
-            elif found.hits * WORTH < len(found.nodes):
-                # It answered too few lookups for what reading the folder cost (a zarr client
-                # probing a few chunk keys of a large folder): look names up one by one.
-                self.held -= len(found.nodes)
-                found.made, found.nodes = now, None
-                return None
-            self._drop(folder)
+            for page in list(found.pages):
+                if now - page.made >= self.ttl:
+                    self._expire(found, page, now)
+                elif page.covers(name):
+                    page.hits += 1
+                    return page.nodes.get(name)
+            if now < found.skip_until:
+                return MISS
         count = self._misses.get(folder)
         if count is None or now - count[0] > self.ttl:
             if len(self._misses) > 4 * self.folders * self.hot:
@@ -81,28 +105,76 @@ class FolderCache:
             self._misses[folder] = count = [now, 0]
         count[1] += 1
         if count[1] < self.hot:
-            return None
+            return MISS
         del self._misses[folder]
-        nodes = build(self.limit)
+        # The first read starts at the folder's first name (all of it, when it fits); once a
+        # folder is known larger than a page, a page starts at the name looked up.
+        after = name if found is not None and found.large else None
+        nodes, last = read(after, self.limit)
         self.builds += 1
-        size = 0 if nodes is None else len(nodes)
-        while self._snapshots and (len(self._snapshots) >= self.folders or self.held + size > self.entries):
-            self._drop(next(iter(self._snapshots)))
-        self._snapshots[folder] = _Snapshot(now, nodes)
+        page = _Page(now, after, last, nodes)
+        self._add(folder, page)
+        return page.nodes.get(name) if page.covers(name) else MISS
+
+    def _add(self, folder: str, page: _Page) -> None:
+        found = self._snapshots.get(folder)
+        if found is None:
+            if len(self._snapshots) > 4 * self.folders * self.hot:  # what is known of many folders
+                for other in [f for f, snap in self._snapshots.items() if not snap.pages]:
+                    del self._snapshots[other]
+            found = self._snapshots[folder] = _Folder()
+        if page.last is not None:
+            found.large = True
+        if page.after is None and page.last is None:  # the whole folder: no other page counts
+            for old in found.pages:
+                self.held -= len(old.nodes)
+            found.pages = []
+        while len(found.pages) >= self.pages:
+            self.held -= len(found.pages.pop(0).nodes)
+        size = len(page.nodes)
+        while self.held + size > self.entries:
+            other = next((f for f, snap in self._snapshots.items() if f != folder and snap.pages), None)
+            if other is not None:
+                self._drop(other)
+            elif found.pages:
+                self.held -= len(found.pages.pop(0).nodes)
+            else:
+                break
+        while sum(1 for snap in self._snapshots.values() if snap.pages) >= self.folders + bool(found.pages):
+            other = next((f for f, snap in self._snapshots.items() if f != folder and snap.pages), None)
+            if other is None:
+                break
+            self._drop(other)
+        found.pages.append(page)
         self.held += size
-        return nodes
+        # The newest last: eviction takes the folder read longest ago.
+        self._snapshots[folder] = self._snapshots.pop(folder)
+
+    def _expire(self, found: _Folder, page: _Page, now: float) -> None:
+        """Drop a page past its lifetime; one that answered too few lookups for what reading
+        it cost (a zarr client probing a few chunk keys of a large folder) has the folder
+        looked up name by name for a while."""
+        found.pages.remove(page)
+        self.held -= len(page.nodes)
+        if page.hits * WORTH < len(page.nodes):
+            found.skip_until = max(found.skip_until, now + self.ttl * SKIP_LIFETIMES)
 
     def _drop(self, folder: str) -> None:
-        found = self._snapshots.pop(folder, None)
-        if found is not None and found.nodes is not None:
-            self.held -= len(found.nodes)
+        found = self._snapshots.get(folder)
+        if found is None:
+            return
+        for page in found.pages:
+            self.held -= len(page.nodes)
+        found.pages = []
+        if not found.large and found.skip_until == 0.0:
+            del self._snapshots[folder]
 
     def clear(self) -> None:
         """Forget every snapshot (the mount changed something), and make none for ``ttl``: a
         folder being written to would be read again and again (creating 20,000 files, each
-        after a lookup of its name, would read the growing folder every few files). A folder
-        known to be too large, or not worth a snapshot, stays known as such."""
-        for folder in [f for f, snap in self._snapshots.items() if snap.nodes is not None]:
+        after a lookup of its name, would read the growing folder every few files). What is
+        known of a folder (larger than a page, not worth a snapshot) stays known."""
+        for folder in list(self._snapshots):
             self._drop(folder)
         self._misses.clear()
         self._quiet_until = self.clock() + self.ttl
@@ -110,20 +182,35 @@ class FolderCache:
     def forget(self, folders: set[str] | None = None) -> None:
         """Drop the snapshots of ``folders`` (None: all): another writer changed names in them
         (:mod:`zarrfs.fs.changes`). Unlike :meth:`clear`, snapshots are made again at once."""
-        if folders is None:
-            self._snapshots.clear()
-            self.held = 0
-            return
-        for folder in folders:
+        for folder in list(self._snapshots) if folders is None else folders:
             self._drop(folder)
 
 
-class _Snapshot:
-    """One folder read whole: when, what (None: too large or not worth it), lookups answered."""
+class _Page:
+    """Names of a folder read at once: those after ``after`` (None: from the first) up to
+    ``last`` (None: to the folder's end), when, and the lookups answered."""
 
-    __slots__ = ("made", "nodes", "hits")
+    __slots__ = ("made", "after", "last", "nodes", "hits")
 
-    def __init__(self, made: float, nodes: dict[str, Node] | None) -> None:
+    def __init__(self, made: float, after: str | None, last: str | None, nodes: dict[str, Node]) -> None:
         self.made = made
+        self.after = after
+        self.last = last
         self.nodes = nodes
         self.hits = 0
+
+    def covers(self, name: str) -> bool:
+        """Whether the page tells if ``name`` is in the folder."""
+        return (self.after is None or name > self.after) and (self.last is None or name <= self.last)
+
+
+class _Folder:
+    """What is held and known of one folder: its pages (one, whole, for a folder that fits),
+    whether it is larger than a page, and until when it is looked up name by name."""
+
+    __slots__ = ("pages", "large", "skip_until")
+
+    def __init__(self) -> None:
+        self.pages: list[_Page] = []
+        self.large = False
+        self.skip_until = 0.0

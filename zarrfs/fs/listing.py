@@ -323,27 +323,37 @@ class Listings:
         """Every child of folder ``key`` by name, read in one transaction (sizes and
         attributes in batches of reads); None when there are more than ``limit``. A missing
         folder has no children."""
+        nodes, last = self.folder_page(key, None, limit)
+        return nodes if last is None else None
 
-        def run(t: Txn) -> dict[str, Node] | None:
+    def folder_page(self, key: str, after: str | None, limit: int) -> tuple[dict[str, Node], str | None]:
+        """Up to ``limit`` children of folder ``key`` by name, those after the name ``after``
+        (None: from the first), read in one transaction (sizes and attributes in batches of
+        reads); and the last name read when the folder has more children after it (None: read
+        to its end). A missing folder has no children."""
+
+        def run(t: Txn) -> tuple[dict[str, Node], str | None]:
             children: list[tuple[str, int]] = []
+            more = None
             # Sizes come with the listing's scan, except from a remote database, where a batch
             # of reads is one round trip and the scan would take one per page of sizes.
             sizes: dict[str, int] | None = None if self.driver.remote else {}
-            for name, kind, _ in self._merged_children(t, key, None, sizes):
+            for name, kind, _ in self._merged_children(t, key, after, sizes):
+                if len(children) == limit:
+                    more = children[-1][0]
+                    break
                 children.append((name, kind))
-                if len(children) > limit:
-                    return None
             prefix = key + "/" if key else ""
             nodes: dict[str, Node] = {}
             for start in range(0, len(children), FOLDER_BATCH):
                 self._read_nodes(t, prefix, children[start : start + FOLDER_BATCH], sizes, nodes)
-            return nodes
+            return nodes, more
 
-        nodes = self.driver.transact(run, write=False)
+        nodes, last = self.driver.transact(run, write=False)
         known = self.lookups.known
-        if known is not None and nodes is not None:
+        if known is not None and after is None and last is None:
             known.listed(key, nodes)
-        return nodes
+        return nodes, last
 
     def _read_nodes(self, t: Txn, prefix: str, part: list, sizes: dict | None, into: dict) -> None:
         """The nodes of ``part`` (name, kind) into ``into``: sizes, link targets and

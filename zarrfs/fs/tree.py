@@ -25,6 +25,7 @@ from zarrfs.backends.heldvalues import Held
 from zarrfs.fs import acl, hardlinks, parts, records
 from zarrfs.fs.entries import Entries
 from zarrfs.fs.errors import FsError
+from zarrfs.fs.foldercache import MISS
 from zarrfs.fs.hardlinks import LinkGroups
 from zarrfs.fs.hooks import Hooks
 from zarrfs.fs.knownfolders import KnownFolders
@@ -203,9 +204,8 @@ class Tree:
         cache = self.folder_cache
         if cache is not None and key:
             folder, _, name = key.rpartition("/")
-            nodes = cache.snapshot(folder, lambda limit: self.listings.folder_nodes(folder, limit))
-            if nodes is not None:
-                node = nodes.get(name)
+            node = cache.find(folder, name, lambda after, n: self.listings.folder_page(folder, after, n))
+            if node is not MISS:
                 return None if node is None else self.lookups.remember(key, node)
         return self.driver.transact(lambda t: self.lookups.find_in(t, key), write=False)
 

@@ -27,6 +27,9 @@ def queries(table: str, collate: Any) -> dict[str, Any]:
         "table": t,
         "get": sql.SQL("SELECT v FROM {} WHERE k = %s").format(t),
         "size": sql.SQL("SELECT octet_length(v) FROM {} WHERE k = %s").format(t),
+        # Several keys in one statement (a folder's sizes and side records): the rows found.
+        "get_any": sql.SQL("SELECT k, v FROM {} WHERE k = ANY(%s)").format(t),
+        "size_any": sql.SQL("SELECT k, octet_length(v) FROM {} WHERE k = ANY(%s)").format(t),
         "read": sql.SQL("SELECT substring(v from %s for %s) FROM {} WHERE k = %s").format(t),
         "prefix": sql.SQL("SELECT 1 FROM {} WHERE k >= %s{} AND k < %s{} LIMIT 1").format(
             t, collate, collate

@@ -127,44 +127,61 @@ class PostgresTxn(Txn):
             self._seen[space, raw] = None
 
     def _read_many(self, plan: list[tuple[type, bytes, Space]]) -> list[Any]:
+        # One pipeline (one round trip); the sizes, and the values, of several keys of one space
+        # are one statement (``k = ANY``): a listing's window reads three records a name, and a
+        # statement costs the client and the server far more than a row.
         seen = self._seen
-        cursors: list[tuple[type, Any, Any]] = []  # (kind, cursor or None, answer or seen key)
         known = {} if seen is None else {(space, raw): seen[space, raw] for kind, raw, space in plan
                                          if kind is not HasPrefix and (space, raw) in seen}
         if len(known) == len(plan):  # every answer is known: nothing is sent
             return [self._known(kind, known[space, raw]) for kind, raw, space in plan]
+        groups: dict[tuple[type, Space], list[bytes]] = {}
+        for kind, raw, space in plan:
+            if kind is not HasPrefix and (space, raw) not in known:
+                groups.setdefault((kind, space), []).append(raw)
         queued, self.queued = self.queued, []
         self.begun = True
-        with self._conn.pipeline():
+        conn = self._conn
+        prefixes: list[Any] = []
+        grouped: list[tuple[type, Space, list[bytes], Any]] = []
+        with conn.pipeline():
             for q, p in queued:
-                self._conn.execute(q, p, binary=True)
-            for kind, raw, space in plan:
-                if (space, raw) in known and kind is not HasPrefix:
-                    cursors.append((kind, None, self._known(kind, known[space, raw])))
-                    continue
-                cur = self._conn.cursor(binary=True)
-                key = _text(raw)
-                if kind is Size:
-                    cur.execute(self._q["size", space], (key,))
-                elif kind is Get:
-                    cur.execute(self._q["get", space], (key,))
+                conn.execute(q, p, binary=True)
+            for (kind, space), raws in groups.items():
+                cur = conn.cursor(binary=True)
+                if len(raws) == 1:
+                    cur.execute(self._q["size" if kind is Size else "get", space], (_text(raws[0]),))
                 else:
+                    keys = list(dict.fromkeys(_text(raw) for raw in raws))
+                    cur.execute(self._q["size_any" if kind is Size else "get_any", space], (keys,))
+                grouped.append((kind, space, raws, cur))
+            for kind, raw, space in plan:
+                if kind is HasPrefix:
+                    cur = conn.cursor(binary=True)
+                    key = _text(raw)
                     cur.execute(self._q["prefix", space], (key, prefix_stop(key)))
-                cursors.append((kind, cur, (space, raw)))
+                    prefixes.append(cur)
         self._exchanged()
+        found: dict[tuple[type, Space, bytes], Any] = {}
+        for kind, space, raws, cur in grouped:
+            if len(raws) == 1:
+                row = cur.fetchone()
+                found[kind, space, raws[0]] = None if row is None else row[0]
+            else:
+                for k, x in cur.fetchall():
+                    found[kind, space, k.encode("utf-8")] = x
         out: list[Any] = []
-        for kind, cur, answer in cursors:
-            if cur is None:
-                out.append(answer)
-                continue
-            row = cur.fetchone()
+        answers = iter(prefixes)
+        for kind, raw, space in plan:
             if kind is HasPrefix:
-                out.append(row is not None)
-                continue
-            value = None if row is None else row[0]
-            if kind is Get and seen is not None:
-                seen[answer] = value
-            out.append(value)
+                out.append(next(answers).fetchone() is not None)
+            elif (space, raw) in known:
+                out.append(self._known(kind, known[space, raw]))
+            else:
+                value = found.get((kind, space, raw))
+                if kind is Get and seen is not None:
+                    seen[space, raw] = value
+                out.append(value)
         return out
 
     @staticmethod

@@ -25,7 +25,7 @@ from ..base import DATA, BackendError, Driver, Fetch, HasPrefix, Size, Space, Tx
 from ..buffered import DELETED
 from .commit import commit
 from .feed import RedisFeed
-from .index import IndexScans, ensure_index, reindex, scan_keyspace
+from .index import IndexScans, Report, ensure_index, has_index, reindex, scan_keyspace
 from .link import (
     BIG_ARG,
     SPIN,
@@ -236,7 +236,9 @@ class RedisDriver(Driver):
     # Optimistic transactions conflict more often than lock-based ones.
     max_attempts = 25
 
-    def __init__(self, url: str, readonly: bool = False) -> None:
+    def __init__(self, url: str, readonly: bool = False, build_index: bool = True) -> None:
+        """``build_index``: rebuild a missing or incomplete key index now, as the first
+        writable open of a ``RedisStore`` database does (False: leave it to :meth:`reindex`)."""
         super().__init__(url, readonly)
         parsed = parse_url(url)
         self.prefix = parsed.prefix
@@ -252,7 +254,10 @@ class RedisDriver(Driver):
             self.pool, self.client = open_pool(parsed, self.timeout)
         except Exception as exc:
             raise translate(exc, self.where) from exc
-        self.indexed = ensure_index(self.client, self.key_names, self.where, self.readonly)
+        if build_index:
+            self.indexed = ensure_index(self.client, self.key_names, self.where, self.readonly)
+        else:
+            self.indexed = has_index(self.client, self.key_names, self.where)
         self.max_value = bulk_limit(self.client)
 
     def set_timeout(self, seconds: float) -> None:
@@ -319,11 +324,14 @@ class RedisDriver(Driver):
         """The data keys found by ``SCAN MATCH {prefix}:*`` (see ``index``)."""
         return scan_keyspace(self.client, self.key_names, self.where)
 
-    def reindex(self, prune: bool = True) -> int:
+    def reindex(self, prune: bool = True, report: Report | None = None) -> int:
         """Add every ``{prefix}:*`` string key to the index (keys another client such as
         ``RedisStore`` wrote), then, with ``prune``, drop entries whose key is gone. Returns the
-        number of keys found. Safe while other writers run."""
-        return reindex(self.client, self.key_names, self.where, prune)
+        number of keys found. Safe while other writers run; ``report`` is told the progress
+        (see ``index.reindex``)."""
+        found = reindex(self.client, self.key_names, self.where, prune, report)
+        self.indexed = True
+        return found
 
     def _begin(self, write: bool) -> RedisTxn:
         return RedisTxn(self, write)

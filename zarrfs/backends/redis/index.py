@@ -20,6 +20,7 @@ log = logging.getLogger("zarrfs.backends.redis")
 
 COMPLETE = b""  # index member meaning "this index lists every data key"
 BATCH = 1000  # index members read per ZRANGEBYLEX
+SCAN_COUNT = 10000  # keys asked of each SCAN, and added to the index per ZADD
 RECHECKS = 5  # index reads again when a batch's keys moved while it was read (renames)
 VALUE_BATCH = 16  # values per first MGET: values can be many MiB each
 VALUE_BYTES = 4 << 20  # MGET batches grow while the values they return stay below this
@@ -38,41 +39,60 @@ def scan_keyspace(client: redis.Redis, keys: KeyNames, where: str) -> Iterator[b
     match = _glob_escape(keys.data_prefix) + b"*"
     cut = len(keys.data_prefix)
     with translated(where):
-        for name in client.scan_iter(match=match, count=10000, _type="string"):
+        for name in client.scan_iter(match=match, count=SCAN_COUNT, _type="string"):
             yield name[cut:]
+
+
+def has_index(client: redis.Redis, keys: KeyNames, where: str) -> bool:
+    """Whether the data index is complete (a build that was cut short leaves it incomplete)."""
+    with translated(where):
+        return client.zscore(keys.index[DATA], COMPLETE) is not None
 
 
 def ensure_index(client: redis.Redis, keys: KeyNames, where: str, readonly: bool) -> bool:
     """Whether the data index is complete, rebuilding it when it is not (unless ``readonly``)."""
-    with translated(where):
-        if client.zscore(keys.index[DATA], COMPLETE) is not None:
-            return True
+    if has_index(client, keys, where):
+        return True
     if readonly:
-        log.warning("%s: no key index and opened read-only: every listing scans the keyspace", where)
+        log.warning("%s: no key index and opened read-only: every listing scans the keyspace (zarrfs "
+                    "reindex URL builds the index once)", where)
         return False
+    log.info("%s: no key index: building it from the keyspace (zarrfs reindex shows its progress)", where)
     reindex(client, keys, where, prune=False)
     return True
 
 
-def reindex(client: redis.Redis, keys: KeyNames, where: str, prune: bool = True) -> int:
+#: ``report(stage, count, total)``: ``count`` more keys done in ``stage`` ("indexing": keys
+#: found by the scan of the keyspace; "pruning": index entries checked, of ``total``).
+Report = Callable[[str, int, "int | None"], None]
+
+
+def reindex(
+    client: redis.Redis, keys: KeyNames, where: str, prune: bool = True, report: Report | None = None
+) -> int:
     """Add every ``{prefix}:*`` string key to the index (keys another client such as
     ``RedisStore`` wrote), then, with ``prune``, drop entries whose key is gone. Returns the
-    number of keys found. Safe while other writers run."""
+    number of keys found. Safe while other writers run. Holds a batch of keys at a time, not
+    the keyspace (a ``SCAN`` cursor, then ranges of the index), whatever its size."""
     index = keys.index[DATA]
     found = 0
     batch: list[bytes] = []
     with translated(where):
         for member in scan_keyspace(client, keys, where):
             batch.append(member)
-            if len(batch) >= 10000:
+            if len(batch) >= SCAN_COUNT:
                 client.zadd(index, dict.fromkeys(batch, 0))
                 found += len(batch)
+                if report is not None:
+                    report("indexing", len(batch), None)
                 batch = []
         if batch:
             client.zadd(index, dict.fromkeys(batch, 0))
             found += len(batch)
+            if report is not None:
+                report("indexing", len(batch), None)
         if prune:
-            _prune(client, index, keys.data_prefix)
+            _prune(client, index, keys.data_prefix, report)
         client.zadd(index, {COMPLETE: 0})
     return found
 
@@ -90,14 +110,17 @@ return removed
 """
 
 
-def _prune(client: redis.Redis, index: bytes, data_prefix: bytes) -> None:
+def _prune(client: redis.Redis, index: bytes, data_prefix: bytes, report: Report | None) -> None:
     script = client.register_script(_PRUNE)
+    total = client.zcard(index)
     low = b"("
     while True:
         batch = client.zrangebylex(index, low, b"+", start=0, num=BATCH)
         if not batch:
             return
         script(keys=[index], args=[data_prefix, *batch])
+        if report is not None:
+            report("pruning", len(batch), total)
         low = b"(" + batch[-1]
 
 
