@@ -321,9 +321,24 @@ DEADLINE = 300  # seconds: a condition waited for, not a bound on speed
 @pytest.mark.usefixtures(*needs_fuse[1].args)
 @pytest.mark.mount
 def test_observers_see_the_state_before_or_after(op, db_url, mount_factory):
+    _observe(op, db_url, mount_factory, [])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["postgres", "redis"])
+@pytest.mark.usefixtures(*needs_fuse[1].args)
+@pytest.mark.mount
+def test_observers_see_a_commit_whole_with_request_threads(kind, tmp_path, request, mount_factory):
+    """With ``-o workers=16`` two threads may read a close's release and the next open at
+    once; the open, run first, emptied the file (``O_TRUNC``) and the late release stored it
+    empty: the database's own client saw ``f`` empty between two commits."""
+    _observe("commit", make_url(kind, tmp_path, request), mount_factory, ["workers=16"])
+
+
+def _observe(op: str, db_url: str, mount_factory, extra: list[str]) -> None:
     old = os.umask(0o022)
     try:
-        a = mount_factory(db_url, ["create", *OPTIONS], name="a")
+        a = mount_factory(db_url, ["create", *OPTIONS, *extra], name="a")
         b = mount_factory(db_url, OPTIONS, name="b")
         writer = Writer(op, a.path, db_url)
         writer.setup()

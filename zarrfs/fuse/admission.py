@@ -16,7 +16,12 @@ before the change, and a reader stalled on its server holds up a writer that lon
 reader run again :data:`~zarrfs.fuse.workers.RESTARTS` times runs as a writer (it then ends).
 Nothing overtakes a writer that came before it in the kernel's queue (its unique), and a writer
 overtakes no request before it: a close's release, which the kernel sends without waiting for
-its answer, stays ahead of the open that follows. Readers about the same node (a lookup: the
+its answer, stays ahead of the open that follows. That needs every request before it to be
+known, not only those waiting: two threads may read a release and the next open at once, and
+the open's thread ask first. The kernel numbers requests in queue order, by :data:`STEP`, so a
+request is admitted once every number below its own was seen (:meth:`_seen_below`), or after
+:data:`GAP_WAIT` seconds (a request the kernel took back before anyone read it leaves a gap).
+Readers about the same node (a lookup: the
 same name in the same folder) take turns, so two opens of one file never make two states. A
 writer waiting for another program's lock, or between a large file's parts, lets the readers
 waiting run (:meth:`let_through`).
@@ -25,6 +30,7 @@ waiting run (:meth:`let_through`).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 
@@ -33,6 +39,10 @@ THROUGH_WINDOW = 0.002
 #: Seconds a writer waits for the readers running when it starts to answer, before those still
 #: waiting on their servers are made to run again after it (a stalled one holds it up no longer).
 GRACE = 0.1
+#: The kernel's step between two requests' uniques (odd ones are its interrupts).
+STEP = 2
+#: Seconds a request waits for one before it in the kernel's queue to be seen by a thread.
+GAP_WAIT = 0.05
 
 
 class Cancelled(Exception):
@@ -54,6 +64,9 @@ class Admission:
         self._through: int | None = None  # a writer lets readers of other nodes in
         self._local = threading.local()  # whether the calling thread runs a request
         self.last_order = 0  # the latest queue place seen (set by fuse.workers)
+        # Every unique up to _low was seen; those above it seen so far (see _seen_below).
+        self._low: int | None = None
+        self._above: set[int] = set()
         #: Called when a writer starts, holding the lock: readers waiting on a server then
         #: end their waits and run again (``fuse.workers``).
         self.on_writer: Callable[[], None] = lambda: None
@@ -72,15 +85,19 @@ class Admission:
         changed = self._changed
         changed.acquire()
         self._readers_waiting.add(order)
+        gap_until = None
         try:
+            self._saw(order)
             while True:
                 if cancelled():
                     raise Cancelled
                 through = self._through is not None and node != self._through
                 before = self._writers_waiting and min(self._writers_waiting) < order
                 if (through or not (self.writing or before)) and key not in self._busy:
-                    break
-                changed.wait()
+                    gap_until = self._seen_below(order, gap_until)
+                    if gap_until is None:
+                        break
+                changed.wait(None if gap_until is None else max(0.0, gap_until - time.monotonic()))
         except BaseException:
             self._readers_waiting.discard(order)
             changed.notify_all()
@@ -109,15 +126,21 @@ class Admission:
         changed = self._changed
         changed.acquire()
         self._writers_waiting.add(order)
+        gap_until = None
         try:
-            while (
-                self.writing
-                or min(self._writers_waiting) < order
-                or (self._readers_waiting and min(self._readers_waiting) < order)
-            ):
+            self._saw(order)
+            while True:
                 if cancelled():
                     raise Cancelled
-                changed.wait()
+                if not (
+                    self.writing
+                    or min(self._writers_waiting) < order
+                    or (self._readers_waiting and min(self._readers_waiting) < order)
+                ):
+                    gap_until = self._seen_below(order, gap_until)
+                    if gap_until is None:
+                        break
+                changed.wait(None if gap_until is None else max(0.0, gap_until - time.monotonic()))
         except BaseException:
             self._writers_waiting.discard(order)
             changed.notify_all()
@@ -130,6 +153,37 @@ class Admission:
             changed.wait_for(lambda: not self.readers, grace)
             if self.readers and restart:
                 self.on_writer()
+
+    def _saw(self, order: float) -> None:
+        """Record that the request ``order`` (a unique; a fraction is no request) was read."""
+        if order != int(order) or int(order) % STEP:
+            return
+        unique = int(order)
+        if self._low is None:  # the first request (INIT, read alone)
+            self._low = unique
+        elif unique > self._low:
+            above = self._above
+            above.add(unique)
+            while self._low + STEP in above:
+                self._low += STEP
+                above.discard(self._low)
+        self._changed.notify_all()
+
+    def _seen_below(self, order: float, gap_until: float | None) -> float | None:
+        """None when every request before ``order`` in the kernel's queue was seen (or it
+        waited :data:`GAP_WAIT` for the ones missing, then taken as gone); else the time until
+        which to wait for them."""
+        low = self._low
+        if low is None or order <= low + STEP or order != int(order):
+            return None
+        now = time.monotonic()
+        if gap_until is None:
+            return now + GAP_WAIT
+        if now < gap_until:
+            return gap_until
+        self._low = max(low, int(order) - STEP)  # the missing ones are gone: not waited for again
+        self._above = {u for u in self._above if u > self._low}
+        return None
 
     def leave_writer(self) -> None:
         """End a writer (called holding :attr:`turn`; returns without it)."""
