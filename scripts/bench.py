@@ -36,6 +36,9 @@ import numpy as np
 from bench_coherence import percentiles, seen_after, warm_ls_l, warm_stats
 
 HERE = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(HERE / "tests"))
+
+from servers import pg_bin  # noqa: E402  (the tests' PostgreSQL, found the same way)
 
 
 def zarrfs(*args: str) -> None:
@@ -89,7 +92,7 @@ class PostgresServer:
     USER = "zarrfs"
 
     def __init__(self, workdir: Path) -> None:
-        self.initdb, self.pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+        self.initdb, self.pg_ctl = pg_bin("initdb"), pg_bin("pg_ctl")
         if self.initdb is None or self.pg_ctl is None:
             raise SystemExit("PostgreSQL's server is not installed (initdb, pg_ctl): give --postgres URL")
         self.dir = Path(tempfile.mkdtemp(prefix="zarrfs-bench-pg-", dir=workdir.parent))
@@ -126,16 +129,6 @@ class PostgresServer:
     def stop(self) -> None:
         self._run(self.pg_ctl, "-D", str(self.dir / "data"), "-m", "fast", "-w", "stop")
         shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def _pg_bin(name: str) -> str | None:
-    import glob
-
-    found = shutil.which(name)
-    if found:
-        return found
-    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
-    return candidates[-1] if candidates else None
 
 
 def sample_array(mib: int) -> np.ndarray:

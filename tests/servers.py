@@ -40,7 +40,7 @@ def _wait(ready, what: str, proc: subprocess.Popen | None = None, timeout: float
 # --- PostgreSQL ------------------------------------------------------------------------------
 
 
-def _pg_bin(name: str) -> str | None:
+def pg_bin(name: str) -> str | None:
     found = shutil.which(name)
     if found:
         return found
@@ -84,7 +84,7 @@ def _demote(ids: tuple[int, int] | None):
 def start_postgres(workdir: str) -> PostgresServer:
     """Start a throw-away PostgreSQL cluster (trust authentication on 127.0.0.1 only, no
     fsync: the tests need a real server, not durability across a power cut)."""
-    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+    initdb, pg_ctl = pg_bin("initdb"), pg_bin("pg_ctl")
     if initdb is None or pg_ctl is None:
         pytest.fail("PostgreSQL's server is not installed (apt-get install postgresql)")
     run_as = None
