@@ -164,10 +164,11 @@ class Admission:
         elif unique > self._low:
             above = self._above
             above.add(unique)
-            while self._low + STEP in above:
-                self._low += STEP
-                above.discard(self._low)
-        self._changed.notify_all()
+            if self._low + STEP in above:  # requests waiting for this one may now go
+                while self._low + STEP in above:
+                    self._low += STEP
+                    above.discard(self._low)
+                self._changed.notify_all()
 
     def _seen_below(self, order: float, gap_until: float | None) -> float | None:
         """None when every request before ``order`` in the kernel's queue was seen (or it
