@@ -43,7 +43,7 @@ IDLE_CHECK = 1.0  # seconds: a connection idle longer is checked for a close by 
 SPIN = 100e-6  # seconds a link polls for a reply before it sleeps (see Link._receive)
 
 # Arguments that turn off redis-py's CLIENT SETINFO handshake (redis-py 8 names it driver_info).
-_NO_SETINFO: dict[str, Any] = (
+NO_SETINFO: dict[str, Any] = (
     {"driver_info": None}
     if importlib.util.find_spec("redis.driver_info") is not None
     else {"lib_name": None, "lib_version": None}
@@ -95,7 +95,7 @@ def open_pool(url: RedisURL, timeout: float) -> tuple[redis.ConnectionPool, redi
         socket_timeout=timeout,
         protocol=2,
         **tcp,
-        **_NO_SETINFO,
+        **NO_SETINFO,
     )
     client = redis.Redis(connection_pool=pool)
     client.ping()
