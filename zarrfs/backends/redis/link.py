@@ -439,16 +439,25 @@ class Links:
             link.busy = True
             return link
         if link is not None and link.busy:
-            extra = Link(self.driver)
+            extra = self._connect()
             extra.busy = True
             extra.extra = True
             return extra
         if link is not None:
             self.drop(link)
-        link = Link(self.driver)
+        link = self._connect()
         link.busy = True
         slot.link = link
         return link
+
+    def _connect(self) -> Link:
+        """A new link; failing to connect makes the links held suspect, as a break does (the
+        server may have gone since they were last used: a restart closed their sockets)."""
+        try:
+            return Link(self.driver)
+        except UnavailableError:
+            self._suspect = time.monotonic()
+            raise
 
     def release(self, link: Link) -> None:
         """Give ``link`` back after a transaction (an extra link goes back to the pool)."""
