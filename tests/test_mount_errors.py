@@ -32,11 +32,15 @@ def test_full_lmdb_map_is_enospc_and_the_daemon_stays_up(tmp_path, mount_factory
     assert "map is full" in log
 
 
-def test_dead_redis_is_eio_and_the_mount_recovers(tmp_path, mount_factory):
+@pytest.mark.parametrize("workers", [1, 16])
+def test_dead_redis_is_eio_and_the_mount_recovers(tmp_path, mount_factory, workers):
+    """With request threads, a thread whose first connection was refused while the server
+    was away makes the others' links suspect too: the first write after the restart was EIO
+    (the writing link's socket, closed by the restart, was used again)."""
     server = start_redis(str(tmp_path))
     try:
         url = server.url(0, prefix="dead")
-        m = mount_factory(url, ["create", "cache_timeout=0"])
+        m = mount_factory(url, ["create", "cache_timeout=0", f"workers={workers}"])
         write(m.path / "before", b"1")
         stop_redis(server)
         for action in (lambda: os.stat(m.path / "new-name"), lambda: write(m.path / "new-file", b"2")):

@@ -37,7 +37,7 @@ from zarrfs.fuse.coherence import Coherence
 from zarrfs.fuse.loop import Loop
 from zarrfs.fuse.session import BUFFER_SIZE, Session
 from zarrfs.fuse.tuning import keep_freed_memory, set_readahead
-from zarrfs.fuse.workers import Workers
+from zarrfs.fuse.workers import DEFAULT_WORKERS, Workers
 from zarrfs.logs import reopen_logs
 from zarrfs.options import MountOptions
 from zarrfs.sdnotify import notify
@@ -222,7 +222,8 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
     handle = session.handle
     if opts.allow_root:
         handle = owner_and_root_only(handle, channel.fd, os.getuid())
-    workers = opts.workers or 1  # several threads: asked for, on a database server (see README)
+    # Several threads on a database server, unless asked for one (see README); one on a file.
+    workers = DEFAULT_WORKERS if opts.workers is None else max(1, opts.workers)
     if workers > 1 and driver.remote and opts.snapshot is None:
         loop = _Workers(channel.fd, handle, session.reader_key, BUFFER_SIZE, workers, **idle)
         session.admission = loop.admission

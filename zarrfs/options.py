@@ -64,8 +64,8 @@ class MountOptions:
     # Mount over a folder that has files in it (hidden while mounted); else that is refused.
     nonempty: bool = False
     spin: float = DEFAULT_SPIN_US
-    # Request threads on a database server (zarrfs.fuse.workers); None or 1: the one-thread
-    # loop, as for a database file.
+    # Request threads on a database server (zarrfs.fuse.workers); None: DEFAULT_WORKERS there,
+    # 0 or 1: the one-thread loop, as for a database file (always one thread).
     workers: int | None = None
     # Seconds a call may wait on a database server before it fails with ETIMEDOUT.
     timeout: float = DEFAULT_TIMEOUT

@@ -43,7 +43,7 @@ IDLE_CHECK = 1.0  # seconds: a connection idle longer is checked for a close by 
 SPIN = 100e-6  # seconds a link polls for a reply before it sleeps (see Link._receive)
 
 # Arguments that turn off redis-py's CLIENT SETINFO handshake (redis-py 8 names it driver_info).
-_NO_SETINFO: dict[str, Any] = (
+NO_SETINFO: dict[str, Any] = (
     {"driver_info": None}
     if importlib.util.find_spec("redis.driver_info") is not None
     else {"lib_name": None, "lib_version": None}
@@ -95,7 +95,7 @@ def open_pool(url: RedisURL, timeout: float) -> tuple[redis.ConnectionPool, redi
         socket_timeout=timeout,
         protocol=2,
         **tcp,
-        **_NO_SETINFO,
+        **NO_SETINFO,
     )
     client = redis.Redis(connection_pool=pool)
     client.ping()
@@ -439,16 +439,25 @@ class Links:
             link.busy = True
             return link
         if link is not None and link.busy:
-            extra = Link(self.driver)
+            extra = self._connect()
             extra.busy = True
             extra.extra = True
             return extra
         if link is not None:
             self.drop(link)
-        link = Link(self.driver)
+        link = self._connect()
         link.busy = True
         slot.link = link
         return link
+
+    def _connect(self) -> Link:
+        """A new link; failing to connect makes the links held suspect, as a break does (the
+        server may have gone since they were last used: a restart closed their sockets)."""
+        try:
+            return Link(self.driver)
+        except UnavailableError:
+            self._suspect = time.monotonic()
+            raise
 
     def release(self, link: Link) -> None:
         """Give ``link`` back after a transaction (an extra link goes back to the pool)."""

@@ -46,7 +46,7 @@ from ..base import (
 from ..buffered import DELETED
 from ..redis.driver import RedisDriver, RedisTxn
 from ..redis.index import ensure_index
-from ..redis.link import Link, Links, translate
+from ..redis.link import NO_SETINFO, Link, Links, translate
 from ..redis.url import KeyNames, check_query, parse_url
 from .feed import ClusterFeed
 from .spread import SpreadParts
@@ -323,10 +323,12 @@ class RedisClusterDriver(RedisDriver):
     @staticmethod
     def _connection_options(scheme: str, userinfo: str, query: list[tuple[str, str]]) -> dict[str, Any]:
         """Keyword arguments for every connection: credentials, TLS, bounded timeouts (a FUSE
-        call must fail rather than hang on a dead master), RESP2 (see ``redis.link.Link``)."""
+        call must fail rather than hang on a dead master), RESP2 (see ``redis.link.Link``), and
+        no ``CLIENT SETINFO``: two round trips more for every connection a thread opens."""
         user, _, password = userinfo.partition(":")
         options: dict[str, Any] = {
             "socket_connect_timeout": 10, "socket_timeout": 120, "socket_keepalive": True, "protocol": 2,
+            **NO_SETINFO,
         }
         if user:
             options["username"] = unquote(user)
