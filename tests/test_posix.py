@@ -375,15 +375,25 @@ def test_an_open_file_keeps_its_attributes_after_its_unlink(mounted):
     assert not f.exists()
 
 
-def test_an_unlinked_open_file_takes_fchmod_fchown_and_futimens(mounted):
+@pytest.mark.parametrize("gone", ["unlinked", "replaced", "replaced-new"])
+def test_an_unlinked_open_file_takes_fchmod_fchown_and_futimens(mounted, gone):
     """The kernel sends them as SETATTRs of the node without a handle: the node's handles
-    answer (a file read-only opened keeps its mode too)."""
+    answer (a file read-only opened keeps its mode too). The name may be gone by an unlink or
+    by a rename of another file onto it (``replaced``; ``replaced-new``: a file the open
+    made, not stored yet); after a rename they were ENOENT (the long model found it)."""
     f = mounted.path / "f"
-    f.write_bytes(b"x")
-    os.chmod(f, 0o600)
-    fd = os.open(f, os.O_RDONLY)
+    if gone == "replaced-new":
+        fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    else:
+        f.write_bytes(b"x")
+        os.chmod(f, 0o600)
+        fd = os.open(f, os.O_RDONLY)
     try:
-        os.unlink(f)
+        if gone == "unlinked":
+            os.unlink(f)
+        else:
+            (mounted.path / "other").write_bytes(b"other")
+            os.rename(mounted.path / "other", f)
         assert stat.S_IMODE(os.fstat(fd).st_mode) == 0o600
         os.fchmod(fd, 0o640)
         os.fchown(fd, 1234, 5678)
@@ -398,7 +408,9 @@ def test_an_unlinked_open_file_takes_fchmod_fchown_and_futimens(mounted):
         )
     finally:
         os.close(fd)
-    assert os.listdir(mounted.path) == []
+    assert os.listdir(mounted.path) == ([] if gone == "unlinked" else ["f"])
+    if gone != "unlinked":
+        assert f.read_bytes() == b"other" and stat.S_IMODE(os.stat(f).st_mode) != 0o640
 
 
 # ---------------------------------------------------------------------- 5. fallocate

@@ -408,12 +408,16 @@ class Session(Dispatcher):
         key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE, head.len))
         handles = self.ops.open_handles(key)
         self.ops.unlink(key)
-        nodeid = self.inodes.ids.get(key)
+        self._orphaned(self.inodes.ids.get(key), handles)
+        self.inodes.detach(key)
+        self._reply_ok(head.unique)
+
+    def _orphaned(self, nodeid: int | None, handles: set[int]) -> None:
+        """Keep the handles open on a node whose name was removed (an unlink, a rename onto
+        it): what ``fstat``, ``fchmod`` and the like of its descriptors answer from."""
         if handles and nodeid is not None:
             self._orphans = {n: h for n, h in self._orphans.items() if h}  # drop closed ones
             self._orphans[nodeid] = handles
-        self.inodes.detach(key)
-        self._reply_ok(head.unique)
 
     def _rmdir(self, head: Header, buf: memoryview) -> None:
         key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE, head.len))
@@ -432,12 +436,16 @@ class Session(Dispatcher):
     def _move(self, head: Header, buf: memoryview, newdir: int, flags: int, at: int) -> None:
         old, new = k.names(buf, at, head.len)
         src, dst = self._child(head.nodeid, old), self._child(newdir, new)
+        replaced = None if flags & RENAME_EXCHANGE else self.inodes.ids.get(dst)
+        handles = self.ops.open_handles(dst) if replaced is not None else set()
         stored = self.ops.rename(src, dst, flags)
         if flags & RENAME_EXCHANGE:
             self.inodes.exchanged(src, dst)
         else:
             self.inodes.moved(src, dst)
             self._stored(self.inodes.ids.get(dst), stored)
+            if replaced != self.inodes.ids.get(dst):  # not two names of one file
+                self._orphaned(replaced, handles)
         self._reply_ok(head.unique)
 
     def _link(self, head: Header, buf: memoryview) -> None:
