@@ -413,6 +413,27 @@ def test_an_unlinked_open_file_takes_fchmod_fchown_and_futimens(mounted, gone):
         assert f.read_bytes() == b"other" and stat.S_IMODE(os.stat(f).st_mode) != 0o640
 
 
+def test_a_file_open_twice_around_a_utime_shows_a_write_through_the_first(mounted):
+    """A ``utime`` stores a new mtime, which tells versions of a file apart: the second open
+    took it for another version and gave its descriptor a state of its own, and ``stat``
+    showed the stored size, not the first descriptor's write, until the close (the long
+    model found it)."""
+    f = mounted.path / "f"
+    f.write_bytes(b"a" * 21)
+    fd0 = os.open(f, os.O_RDWR | os.O_APPEND)
+    os.utime(f, ns=(10**18, 10**18))
+    fd1 = os.open(f, os.O_RDWR)
+    try:
+        os.write(fd0, b"b" * 9)
+        assert (os.stat(f).st_size, os.fstat(fd0).st_size, os.fstat(fd1).st_size) == (30, 30, 30)
+        assert os.pread(fd1, 30, 0) == b"a" * 21 + b"b" * 9
+        os.pwrite(fd1, b"c", 0)
+    finally:
+        os.close(fd0)
+        os.close(fd1)
+    assert f.read_bytes() == b"c" + b"a" * 20 + b"b" * 9
+
+
 # ---------------------------------------------------------------------- 5. fallocate
 def test_fallocate_grows_a_file_with_zeros_stored_at_close(mounted):
     f = mounted.path / "f"

@@ -209,7 +209,9 @@ class Operations:
         """Change mode, owner or times (``None`` leaves one as it is, :data:`NOW` is now); a
         ``chmod`` changes the access ACL too, in the same transaction (:mod:`zarrfs.fs.acl`)."""
         if not self.handles.names.set_attrs(key, **self._times(changes)):
-            self.tree.set_attrs(key, **changes)
+            mtimes = self.tree.set_attrs(key, **changes)
+            if mtimes is not None:
+                self.handles.restamped(key, *mtimes)
 
     # ------------------------------------------------------------------ POSIX ACLs
     #: Whether the kernel enforces POSIX ACLs (FUSE_POSIX_ACL was agreed): the session sets it.

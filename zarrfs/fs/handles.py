@@ -96,6 +96,15 @@ class HandleTable:
             return self.pending(state.key) or self.tree.find(state.key)
         return self._shown(state)
 
+    def restamped(self, key: str, before: int, after: int) -> None:
+        """This mount moved the stored mtime of ``key`` from ``before`` to ``after`` (a
+        ``utime``), which is how versions are told apart: descriptors open on the version it
+        changed hold its content still, so it stays theirs, and a later open shares their
+        state (it took a private one, whose writes the file's stat did not show)."""
+        state = self.states.get(key)
+        if state is not None and state.version is not None and state.version[1] == before:
+            state.version = (state.version[0], after)
+
     def _shown(self, state: FileState) -> Node:
         attrs = state.attrs or self.tree.default_attrs(FILE)
         return Node(FILE, state.size, attrs, nlink=0 if state.orphan else 1)  # fstat after unlink: 0

@@ -486,14 +486,16 @@ class Tree:
         gid: int | None = None,
         atime: int | None = None,
         mtime: int | None = None,
-    ) -> None:
-        """Change mode, owner or times of ``key`` (``-1`` owner means unchanged, as chown)."""
+    ) -> tuple[int, int] | None:
+        """Change mode, owner or times of ``key`` (``-1`` owner means unchanged, as chown);
+        with ``mtime``, the mtime before and after (what tells versions of a file apart)."""
 
-        def run(t: Txn) -> None:
+        def run(t: Txn) -> tuple[int, int] | None:
             found = self.lookups.probe(t, key)
             if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
             attrs = self.lookups.attrs_of(t, key, found[0])
+            before = attrs.mtime
             if mode is not None:
                 attrs.mode = stat.S_IFMT(attrs.mode) | stat.S_IMODE(mode)
             if uid is not None and uid != -1:
@@ -515,8 +517,9 @@ class Tree:
                     xattrs[acl.ACCESS] = acl.pack(acl.chmod(acl.parse(xattrs[acl.ACCESS]), mode))
                     for name in names:
                         t.put(xattr_key(name), pack_xattrs(xattrs), SIDE)
+            return None if mtime is None else (before, attrs.mtime)
 
-        self.writes.run(run)
+        return self.writes.run(run)
 
     # ------------------------------------------------------------------ rename / link
     def _subtree(self, t: Txn, key: str, found: Any) -> list[tuple[str, str, bytes]]:
