@@ -74,6 +74,58 @@ def test_writes_through_one_mount_show_on_two_others(feed_url, mount_factory):
         seen_after(lambda m=m: not (m.path / "g" / "f").exists(), t)
 
 
+def _xattrs(path: Path | int) -> dict[str, bytes]:
+    """What ``ls -l`` and ``getfattr -d`` ask of a name (or an open descriptor, which no
+    lookup refreshes): its extended attributes."""
+    if isinstance(path, int):
+        return {n: os.getxattr(path, n) for n in os.listxattr(path)}
+    return {n: os.getxattr(path, n, follow_symlinks=False) for n in os.listxattr(path, follow_symlinks=False)}
+
+
+def test_extended_attributes_show_on_a_mount_that_keeps_them(feed_url, mount_factory):
+    """A mount of a remote database keeps each name's extended attributes as a listing, a
+    lookup or a getxattr read them (the kernel keeps none, and ``ls -l`` asks name by name):
+    what it writes itself shows at once, what another mount writes once its feed tells."""
+    a = mount_factory(feed_url, ["create"], name="a")
+    b = mount_factory(feed_url, [], name="b")
+    (a.path / "d").mkdir()
+    for name in ("f", "g", "h"):
+        (a.path / "d" / name).write_bytes(name.encode())
+    os.setxattr(a.path / "d" / "f", "user.k", b"1")
+    os.setxattr(a.path / "d" / "g", "user.g", b"g")
+    seen_after(lambda: sorted(os.listdir(b.path / "d")) == ["f", "g", "h"], time.monotonic())
+    # Read on b: by the listing's attributes (READDIRPLUS), then by getxattr.
+    for entry in os.scandir(b.path / "d"):
+        entry.stat(follow_symlinks=False)
+    assert _xattrs(b.path / "d" / "f") == {"user.k": b"1"}
+    assert _xattrs(b.path / "d" / "h") == {}
+    fd = os.open(b.path / "d" / "f", os.O_RDONLY)
+    assert _xattrs(fd) == {"user.k": b"1"}
+    # Written by the other mount: seen once the feed tells.
+    os.setxattr(a.path / "d" / "f", "user.k", b"2")
+    os.setxattr(a.path / "d" / "h", "user.new", b"n")
+    t = time.monotonic()
+    seen_after(lambda: _xattrs(fd) == {"user.k": b"2"}, t)
+    os.close(fd)
+    seen_after(lambda: _xattrs(b.path / "d" / "f") == {"user.k": b"2"}, t)
+    seen_after(lambda: _xattrs(b.path / "d" / "h") == {"user.new": b"n"}, t)
+    os.rename(a.path / "d" / "g", a.path / "d" / "f")  # f is now g's file
+    seen_after(lambda: _xattrs(b.path / "d" / "f") == {"user.g": b"g"}, time.monotonic())
+    # Written by this mount: seen at once, no wait.
+    os.setxattr(b.path / "d" / "f", "user.b", b"b")
+    assert _xattrs(b.path / "d" / "f") == {"user.g": b"g", "user.b": b"b"}
+    os.removexattr(b.path / "d" / "f", "user.g")
+    os.removexattr(b.path / "d" / "f", "user.b")
+    assert _xattrs(b.path / "d" / "f") == {}
+    os.rename(b.path / "d" / "h", b.path / "d" / "f")  # over a name whose record is kept
+    assert _xattrs(b.path / "d" / "f") == {"user.new": b"n"}
+    (b.path / "d" / "f").unlink()
+    (b.path / "d" / "f").write_bytes(b"new")  # a new file has none
+    assert _xattrs(b.path / "d" / "f") == {}
+    os.setxattr(b.path / "d" / "f", "user.again", b"a")
+    seen_after(lambda: _xattrs(a.path / "d" / "f") == {"user.again": b"a"}, time.monotonic())
+
+
 def test_close_to_open(feed_url, mount_factory):
     """A file closed on one mount, then opened on another, shows the new content at once."""
     a = mount_factory(feed_url, ["create"], name="a")

@@ -286,6 +286,42 @@ def test_a_chunk_read_after_its_folder_was_listed_costs_about_one_round_trip(
     assert got == values
 
 
+def _long_listing(folder) -> dict[str, tuple[int, list[str]]]:
+    """What ``ls -l`` asks of each name of ``folder``: its attributes (the listing's, by
+    READDIRPLUS) and its extended attributes (``llistxattr``, which the kernel never caches)."""
+    return {
+        e.name: (e.stat(follow_symlinks=False).st_size, sorted(os.listxattr(e.path, follow_symlinks=False)))
+        for e in os.scandir(folder)
+    }
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+@pytest.mark.parametrize("kind", SERVERS)
+def test_a_long_listing_costs_the_same_round_trips_for_ten_names_or_sixty(kind, request, proxy, mount_factory):
+    """``ls -l``: the folder's probe, its scans and one batch for the window's attributes and
+    extended attributes; nothing a name (each name's ``llistxattr`` cost two round trips)."""
+    direct, proxied = _proxied(kind, request, proxy, f"ll{os.getpid()}")
+    m = mount_factory(direct, ["create"])
+    want = {}
+    for folder, count in (("ten", 10), ("sixty", 60)):
+        (m.path / folder).mkdir()
+        for i in range(count):
+            name = f"0.{i}"
+            write(m.path / folder / name, b"x" * i)
+            if i % 3 == 0:
+                os.setxattr(m.path / folder / name, "user.n", b"%d" % i)
+            want[folder, name] = (i, ["user.n"] if i % 3 == 0 else [])
+    m2 = mount_factory(proxied, [])
+    trips = {}
+    for folder in ("ten", "sixty"):
+        os.stat(m2.path / folder)
+        got: dict = {}
+        trips[folder] = _trips(proxy, [lambda f=folder: got.update(_long_listing(m2.path / f))])
+        assert got == {name: v for (f, name), v in want.items() if f == folder}
+    assert trips["sixty"] == trips["ten"] <= 5, trips
+
+
 @pytest.mark.mount
 @pytest.mark.usefixtures("fuse_required")
 @pytest.mark.parametrize("kind", SERVERS)

@@ -249,9 +249,9 @@ class Operations:
 
     # ------------------------------------------------------------------ folders
     def opendir(self, key: str) -> int:
-        """Open a folder for listing."""
-        if self.tree.lookup(key).kind != DIR:
-            raise FsError(errno.ENOTDIR, key)
+        """Open a folder for listing. The kernel opens only what it knows as a folder; that
+        it still is one is checked by the listing's first read (a round trip less on a remote
+        database): one gone or replaced since is ENOENT or ENOTDIR there."""
         fh = self._next_dir
         self._next_dir += 1
         self.dirs[fh] = DirListing(self.tree.listings, key, extra=self.handles.unstored_names(key))

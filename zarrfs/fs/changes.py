@@ -5,8 +5,9 @@ machine on one Redis: :meth:`zarrfs.backends.base.Driver.changes` says what they
 :class:`ChangeWatcher` asks it (the daemon's request loop calls :meth:`ChangeWatcher.poll`
 between requests, every ``driver.feed_interval`` while idle, or when the feed's descriptor wakes
 it), turns its records into the keys of the files and folders they touch (a side record
-``a:<key>`` or ``e:<key>`` is ``<key>``'s attributes or entry), and drops what the tree itself
-caches of them (folder snapshots, chunks read ahead). The caller drops what the kernel caches;
+``a:<key>``, ``e:<key>`` or ``x:<key>`` is ``<key>``'s attributes, entry or extended attributes),
+and drops what the tree itself caches of them (folder snapshots, chunks read ahead). The caller
+drops what the kernel caches;
 :attr:`ChangeWatcher.rewritten` tells which names got a new value or entry record, what tells a
 name another file was put at from one whose link group merely lost its other names.
 """
@@ -17,7 +18,7 @@ import logging
 import time
 
 from zarrfs.backends.base import DATA, BackendError
-from zarrfs.fs.sidedata import ATTR, ENTRY
+from zarrfs.fs.sidedata import ATTR, ENTRY, XATTR
 
 log = logging.getLogger("zarrfs.fs.changes")
 
@@ -89,7 +90,7 @@ class ChangeWatcher:
             elif key.startswith(ENTRY):
                 keys.add(key[2:])
                 rewritten.add(key[2:])
-            elif key.startswith(ATTR):
+            elif key.startswith((ATTR, XATTR)):
                 keys.add(key[2:])
         folders = folders_of(keys) if keys else set()
         if known is not None and keys:

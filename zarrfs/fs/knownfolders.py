@@ -14,7 +14,11 @@ folder's attribute record (its group, for a setgid folder) that a new file's att
 * **records**: a folder's raw attribute record (None: it has none), as the last read of it or
   this mount's last commit of it left it;
 * **nodes**: what this mount's last write made (a folder made by ``mkdir``), until its next
-  write.
+  write;
+* **extended attributes**: a node's raw ``x:`` record (None: it has none), as a listing's
+  attributes (READDIRPLUS), a lookup or a ``getxattr`` read it and this mount's commits wrote
+  it. The kernel caches no extended attributes, and ``ls -l`` asks for them name by name
+  (``llistxattr``): without this, two round trips a name after a listing of one.
 
 The change feed keeps them true, as it keeps the kernel's own hour-long caches true (see
 :mod:`zarrfs.fs.changes`): what another writer changed drops the names of every folder above it
@@ -30,10 +34,11 @@ from collections.abc import Iterable
 
 from zarrfs.backends.base import DATA, SIDE, Space
 from zarrfs.fs.node import Node
-from zarrfs.fs.sidedata import ATTR, ENTRY
+from zarrfs.fs.sidedata import ATTR, ENTRY, XATTR
 
 ENTRIES = 1 << 16  # names held in every folder's set together (the oldest folder goes first)
 RECORDS = 4096  # attribute records of folders held (the table is emptied when full)
+XATTR_RECORDS = 1 << 16  # extended-attribute records held (the oldest goes first)
 
 
 class KnownFolders:
@@ -44,6 +49,7 @@ class KnownFolders:
         self.names: dict[str, set[str]] = {}  # folder -> a superset of its names
         self.records: dict[str, bytes | None] = {}  # folder -> its raw attribute record
         self.nodes: dict[str, Node] = {}  # key -> the node this mount's last write made there
+        self.xattrs: dict[str, bytes | None] = {}  # key -> its raw extended-attribute record
         self.held = 0  # names held in ``names``
 
     # -- answers ----------------------------------------------------------------------------------
@@ -66,6 +72,12 @@ class KnownFolders:
             return True, self.records[folder]
         return False, None
 
+    def xattr_record(self, key: str) -> tuple[bool, bytes | None]:
+        """``(known, raw)``: the extended-attribute record of ``key`` when known."""
+        if key in self.xattrs:
+            return True, self.xattrs[key]
+        return False, None
+
     # -- what the mount read ----------------------------------------------------------------------
     def listed(self, folder: str, names: Iterable[str]) -> None:
         """``names`` are every name of ``folder``, read in one transaction."""
@@ -76,6 +88,14 @@ class KnownFolders:
         if len(self.records) >= RECORDS:
             self.records.clear()
         self.records[folder] = raw
+
+    def read_xattrs(self, key: str, raw: bytes | None) -> None:
+        """``raw`` is the extended-attribute record of ``key`` as read now."""
+        table = self.xattrs
+        table.pop(key, None)
+        if len(table) >= XATTR_RECORDS:
+            del table[next(iter(table))]
+        table[key] = None if raw is None else bytes(raw)
 
     # -- what the mount wrote ---------------------------------------------------------------------
     def made(self, key: str, node: Node, record: bytes) -> None:
@@ -101,6 +121,12 @@ class KnownFolders:
                     folder = key[len(ATTR) :]
                     if folder in records:
                         records[folder] = None if value is None else bytes(value)  # type: ignore[arg-type]
+                elif space == SIDE and key.startswith(XATTR):
+                    # As stored; a record removed is asked for again (the name may be gone).
+                    if value is None:
+                        self.xattrs.pop(key[len(XATTR) :], None)
+                    else:
+                        self.read_xattrs(key[len(XATTR) :], value)  # type: ignore[arg-type]
                 continue
             if value is None and space == SIDE and path in names:  # a folder's mark removed
                 self._drop(path)
@@ -121,6 +147,7 @@ class KnownFolders:
             self._drop(key)
             self.records.pop(key, None)
             self.nodes.pop(key, None)
+            self.xattrs.pop(key, None)
         for folder in folders:
             self._drop(folder)
             self.records.pop(folder, None)
@@ -131,6 +158,7 @@ class KnownFolders:
         self.names.clear()
         self.records.clear()
         self.nodes.clear()
+        self.xattrs.clear()
         self.held = 0
 
     def _set(self, folder: str, names: set[str]) -> None:

@@ -36,6 +36,7 @@ from zarrfs.fs.sidedata import (
     entry_key,
     pointer_key,
     read_special,
+    xattr_key,
 )
 
 # Keys per scan of a folder's keys. ZARRFS_LISTING_BATCH sets it for a daemon, so that tests
@@ -300,16 +301,29 @@ class Listings:
         no lookup per name. ``sizes``: those the listing's scan saw (the others are read). A
         name gone meanwhile has no node."""
 
+        xattrs: list | None = None
+
         def run(t: Txn) -> dict[str, Node]:
+            nonlocal xattrs
+            xattrs = [] if self.lookups.known is not None else None
             prefix = key + "/" if key else ""
             nodes: dict[str, Node] = {}
             for start in range(0, len(children), FOLDER_BATCH):
                 part = children[start : start + FOLDER_BATCH]
                 known = sizes is not None and all(k != FILE or n in sizes for n, k in part)
-                self._read_nodes(t, prefix, part, sizes if known else None, nodes)
+                self._read_nodes(t, prefix, part, sizes if known else None, nodes, xattrs)
             return nodes
 
-        return self.driver.transact(run, write=False)
+        nodes = self.driver.transact(run, write=False)
+        self._read_xattrs(xattrs)
+        return nodes
+
+    def _read_xattrs(self, xattrs: list | None) -> None:
+        """Tell the known folders the extended-attribute records a transaction read."""
+        known = self.lookups.known
+        if known is not None and xattrs:
+            for child, raw in xattrs:
+                known.read_xattrs(child, raw)
 
     def _merged_children(
         self, t: Txn, key: str, after: str | None, sizes: dict[str, int] | None = None
@@ -332,7 +346,11 @@ class Listings:
         reads); and the last name read when the folder has more children after it (None: read
         to its end). A missing folder has no children."""
 
+        xattrs: list | None = None
+
         def run(t: Txn) -> tuple[dict[str, Node], str | None]:
+            nonlocal xattrs
+            xattrs = [] if self.lookups.known is not None else None
             children: list[tuple[str, int]] = []
             more = None
             # Sizes come with the listing's scan, except from a remote database, where a batch
@@ -346,20 +364,27 @@ class Listings:
             prefix = key + "/" if key else ""
             nodes: dict[str, Node] = {}
             for start in range(0, len(children), FOLDER_BATCH):
-                self._read_nodes(t, prefix, children[start : start + FOLDER_BATCH], sizes, nodes)
+                self._read_nodes(t, prefix, children[start : start + FOLDER_BATCH], sizes, nodes, xattrs)
             return nodes, more
 
         nodes, last = self.driver.transact(run, write=False)
+        self._read_xattrs(xattrs)
         known = self.lookups.known
         if known is not None and after is None and last is None:
             known.listed(key, nodes)
         return nodes, last
 
-    def _read_nodes(self, t: Txn, prefix: str, part: list, sizes: dict | None, into: dict) -> None:
+    def _read_nodes(
+        self, t: Txn, prefix: str, part: list, sizes: dict | None, into: dict, xattrs: list | None = None
+    ) -> None:
         """The nodes of ``part`` (name, kind) into ``into``: sizes, link targets and
         attributes in one batch of reads (attributes and link-group pointers by two range
-        reads where those cost less, see :meth:`_side_ranges`)."""
+        reads where those cost less, see :meth:`_side_ranges`); with ``xattrs``, each name's
+        extended-attribute record read in the batch too, ``(key, raw)`` put there."""
         ranged = self._side_ranges(t, prefix, part)
+        # A mount that keeps extended attributes (zarrfs.fs.knownfolders) reads them in the
+        # same batch: ``ls -l`` asks for each name's next.
+        known = self.lookups.known if xattrs is not None else None
         requests: list[Read] = []
         for name, kind in part:
             child = prefix + name
@@ -371,6 +396,8 @@ class Listings:
                 requests.append(Get(attr_key(child), SIDE))
                 if kind != DIR:
                     requests.append(Get(pointer_key(child), SIDE))
+            if known is not None:
+                requests.append(Get(xattr_key(child), SIDE))
         answers = iter(t.read_many(requests) if requests else ())
         for name, kind in part:
             child = prefix + name
@@ -388,8 +415,11 @@ class Listings:
                 pointer = next(answers) if kind != DIR else None
             else:
                 raw, pointer = ranged[0].get(child), ranged[1].get(child) if kind != DIR else None
+            xattr = next(answers) if xattrs is not None else None
             if size is None:  # gone between the listing and the read
                 continue
+            if xattrs is not None:
+                xattrs.append((child, xattr))
             node = into[name] = self.lookups.node_from(t, child, kind, size, target, raw, pointer)
             if kind == FILE:  # an open after the listing reads the content with its probe
                 self.lookups.remember(child, node)

@@ -35,6 +35,7 @@ from zarrfs.fs.sidedata import (
     entry_key,
     pointer_key,
     read_special,
+    xattr_key,
 )
 
 if TYPE_CHECKING:
@@ -215,6 +216,14 @@ class Lookups:
         if found is None:
             return None
         return self.remember(key, self.node_from(t, key, *found))
+
+    def find_with_xattrs(self, t: Txn, key: str) -> tuple[Node | None, bytes | None]:
+        """:meth:`find_in`, and in the same batch of reads the extended-attribute record of
+        ``key`` (for the known folders: ``ls -l`` asks for it after the lookup)."""
+        (found,), (raw,) = self.probe_many_with(t, [key], [Get(xattr_key(key), SIDE)])
+        if found is None:
+            return None, None
+        return self.remember(key, self.node_from(t, key, *found)), raw
 
     def remember(self, key: str, node: Node) -> Node:
         """Note the size of the file ``node`` at ``key``: a hint for its next open (see

@@ -207,6 +207,11 @@ class Tree:
             node = cache.find(folder, name, lambda after, n: self.listings.folder_page(folder, after, n))
             if node is not MISS:
                 return None if node is None else self.lookups.remember(key, node)
+        if known is not None:  # a remote database: its extended attributes come with it
+            node, raw = self.driver.transact(lambda t: self.lookups.find_with_xattrs(t, key), write=False)
+            if node is not None:
+                known.read_xattrs(key, raw)
+            return node
         return self.driver.transact(lambda t: self.lookups.find_in(t, key), write=False)
 
     def lookup(self, key: str) -> Node:

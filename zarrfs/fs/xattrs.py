@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import errno
 
-from zarrfs.backends.base import SIDE, Txn
+from zarrfs.backends.base import SIDE, Get, Txn
 from zarrfs.fs import acl, hardlinks
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.lookups import Lookups
@@ -55,14 +55,24 @@ class Xattrs:
         self.driver = lookups.driver
 
     def xattrs(self, key: str) -> dict[bytes, bytes]:
-        """Every extended attribute of ``key`` (ENOENT when nothing is there)."""
+        """Every extended attribute of ``key`` (ENOENT when nothing is there): the record the
+        mount knows (a remote database followed by its feed), else read with the probe."""
+        known = self.lookups.known
+        if known is not None:
+            have, raw = known.xattr_record(key)
+            if have:
+                return unpack_xattrs(raw)
 
-        def run(t: Txn) -> dict[bytes, bytes]:
-            if self.lookups.probe(t, key) is None:
+        def run(t: Txn) -> bytes | None:
+            (found,), (raw,) = self.lookups.probe_many_with(t, [key], [Get(xattr_key(key), SIDE)])
+            if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
-            return unpack_xattrs(t.get(xattr_key(key), SIDE))
+            return raw
 
-        return self.driver.transact(run, write=False)
+        raw = self.driver.transact(run, write=False)
+        if known is not None:
+            known.read_xattrs(key, raw)
+        return unpack_xattrs(raw)
 
     def set_xattr(self, key: str, name: bytes, value: bytes | None, flags: int = 0) -> None:
         """Set (``value`` bytes) or remove (None: ENODATA when absent) one attribute;
