@@ -230,6 +230,20 @@ class Txn(ABC):
             return iter(())
         return self._decoded(self._scan(lo, hi, sp, mode, limit), limit)
 
+    def scan_ahead(  # noqa: B027 - an optional hint, nothing by default
+        self,
+        start: str = "",
+        stop: str | None = None,
+        *,
+        space: Space = DATA,
+        fetch: Fetch = KEYS,
+        limit: int | None = None,
+    ) -> None:
+        """A :meth:`scan` this transaction is about to make, with these arguments: a driver
+        whose reads cost a round trip may send its first batch with the next reads it sends,
+        whatever they are (a listing's scans with its folder's probe). A hint: what the scan
+        answers is the same; by default nothing is done."""
+
     def scan_prefix(self, prefix: str, **kwargs: Any) -> Iterator[tuple[str, Any]]:
         """``scan`` of exactly the keys that start with ``prefix``."""
         return self.scan(prefix, prefix_stop(prefix), **kwargs)

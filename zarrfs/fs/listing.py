@@ -100,6 +100,19 @@ class _Batch:
         return next(iter(self.t.scan_prefix(prefix, space=self.space, limit=1)), None) is not None
 
 
+def _start(prefix: str, after: str | None) -> str:
+    """Where a scan of the names under ``prefix`` after ``after`` starts: every key of a name
+    after ``after`` sorts after ``after`` itself."""
+    return prefix if after is None else prefix + after + "\0"
+
+
+def _announce(t: Txn, prefix: str, after: str | None) -> None:
+    """Tell ``t`` the first scans :func:`_names` makes of both spaces (``Txn.scan_ahead``): a
+    remote database sends them with the transaction's next reads (the folder's probe)."""
+    for space, start, fetch in ((DATA, prefix, KEYS), (SIDE, ENTRY + prefix, VALUES)):
+        t.scan_ahead(_start(start, after), prefix_stop(start), space=space, fetch=fetch, limit=SCAN_BATCH)
+
+
 def _names(
     t: Txn,
     prefix: str,
@@ -113,8 +126,7 @@ def _names(
     is told). Side: an entry is a LINK or a folder marker. With ``sizes``, each file's stored
     size is put there (read by the scan itself once batches hold files alone)."""
     stop = prefix_stop(prefix)
-    # Every key of a name after ``after`` sorts after ``after`` itself.
-    pos = prefix if after is None else prefix + after + "\0"
+    pos = _start(prefix, after)
     last = after or ""
     # Sizes come with the scan only once a batch held files alone: the scan's sizes are those
     # of every key it passes, also keys deep inside subfolders (zarr's c/0/0, c/1/0, ...), and
@@ -275,6 +287,7 @@ class Listings:
 
         def run(t: Txn) -> list[tuple[str, int, str]]:
             record.clear()
+            _announce(t, key + "/" if key else "", after)
             if after is None:
                 found = self.lookups.probe(t, key)
                 if found is None:
@@ -351,6 +364,7 @@ class Listings:
         def run(t: Txn) -> tuple[dict[str, Node], str | None]:
             nonlocal xattrs
             xattrs = [] if self.lookups.known is not None else None
+            _announce(t, key + "/" if key else "", after)
             children: list[tuple[str, int]] = []
             more = None
             # Sizes come with the listing's scan, except from a remote database, where a batch

@@ -7,6 +7,8 @@
   the rest (:meth:`DelayProxy.measure` says what a round trip really costs);
 * it counts round trips as request bursts: a client's data arriving on a connection that has not
   sent since the server last answered (a pipeline of ten commands is one; ten waited for, ten);
+  :meth:`DelayProxy.idle` names bursts to leave out of the count (a PostgreSQL client's lone
+  ``COMMIT`` of a reading transaction, sent while the mount is idle: no call waits for it);
 * :meth:`DelayProxy.hold` stops forwarding requests (all, or those holding a byte string and what
   follows them on their connection) until :meth:`release`: a server that stops answering.
 
@@ -67,6 +69,12 @@ class DelayProxy:
     def reset(self) -> None:
         """Start counting round trips from zero."""
         self._ask("reset")
+
+    def idle(self, *marks: bytes) -> None:
+        """From now on, leave out of :meth:`round_trips` a burst that is small (64 bytes at
+        most), starts with one of ``marks`` and holds no ``BEGIN``: work no call waits for,
+        which a busy machine makes more of (a burst is told apart once its reply comes)."""
+        self._ask("idle", [m.decode("latin-1") for m in marks])
 
     def overlap(self) -> int:
         """The most connections that waited for a reply at once since the start or the last
@@ -131,6 +139,8 @@ class _Proxy:
         self.max_connections = max_connections
         self.max_buffered = max_buffered
         self.bursts = 0
+        self.idle_bursts = 0  # bursts matching ``idle_marks``, left out of the count
+        self.idle_marks: tuple[bytes, ...] = ()
         self.waiting = self.most_waiting = 0  # connections waiting for a reply; the most at once
         self.connections: set[_Connection] = set()
         self.servers: list[asyncio.AbstractServer] = []
@@ -192,6 +202,7 @@ class _Connection:
         self.proxy = proxy
         self.client_sent_last = False  # the last data on this connection went to the server
         self.holding = False  # held data is queued towards the server
+        self.burst = b""  # the first bytes of the burst being sent (up to 65)
         self.pumps = (
             _Pump(self, reader, up_writer, to_server=True),
             _Pump(self, up_reader, writer, to_server=False),
@@ -215,12 +226,18 @@ class _Connection:
                 proxy.bursts += 1
                 proxy.waiting += 1
                 proxy.most_waiting = max(proxy.most_waiting, proxy.waiting)
+                self.burst = b""
+            if len(self.burst) <= 64:
+                self.burst += data[: 65 - len(self.burst)]
             self.client_sent_last = True
             if proxy.hold_all or (proxy.hold_match is not None and proxy.hold_match in data):
                 self.holding = True
         else:
             if self.client_sent_last:
                 proxy.waiting -= 1
+                burst, marks = self.burst, proxy.idle_marks
+                if marks and len(burst) <= 64 and burst.startswith(marks) and b"BEGIN" not in burst:
+                    proxy.idle_bursts += 1
             self.client_sent_last = False
 
 
@@ -301,11 +318,14 @@ async def _main(rtt_ms: float, lifetime: float, max_connections: int, max_buffer
             proxy.set_rtt(args[0])
             answer(True)
         elif command == "count":
-            answer(proxy.bursts)
+            answer(proxy.bursts - proxy.idle_bursts)
+        elif command == "idle":
+            proxy.idle_marks = tuple(m.encode("latin-1") for m in args[0])
+            answer(True)
         elif command == "overlap":
             answer(proxy.most_waiting)
         elif command == "reset":
-            proxy.bursts = 0
+            proxy.bursts = proxy.idle_bursts = 0
             proxy.most_waiting = proxy.waiting
             answer(True)
         elif command == "hold":

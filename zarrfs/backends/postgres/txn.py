@@ -13,7 +13,7 @@ from typing import Any
 
 from psycopg import sql
 
-from ..base import KEYS, SIZES, Fetch, Get, HasPrefix, Size, Space, Txn, prefix_stop
+from ..base import DATA, KEYS, SIZES, Fetch, Get, HasPrefix, Size, Space, Txn, encode_bound, prefix_stop
 from .connection import WatchedConnection
 from .sql import bound as _bound
 from .sql import compare as _compare
@@ -49,11 +49,15 @@ class PostgresTxn(Txn):
         # second read (a check the format layer makes on a key the commit's probe read) is
         # answered without a round trip, as the Redis driver answers from what it WATCHes.
         self._seen: dict[tuple[Space, bytes], Any] | None = {} if write else None
+        # Scans announced by scan_ahead: their first statement, sent with the next exchange,
+        # and its rows, by the scan's arguments.
+        self._ahead: list[tuple[Any, Any, Any]] = []
+        self._early: dict[Any, list[Any]] = {}
 
     def exchange(self, query: Any = None, params: Any = None):
         """Send the queued statements and ``query`` (if any) in one pipeline; ``query``'s cursor."""
         conn = self._conn
-        if not self.queued:
+        if not self.queued and not self._ahead:
             if query is None:
                 return None
             cur = conn.execute(query, params, binary=True)
@@ -68,8 +72,44 @@ class PostgresTxn(Txn):
             if query is not None:
                 cur = conn.cursor(binary=True)
                 cur.execute(query, params)
+            ahead = self._send_ahead()
         self._exchanged()
+        self._keep_ahead(ahead)
         return cur
+
+    def scan_ahead(
+        self,
+        start: str = "",
+        stop: str | None = None,
+        *,
+        space: Space = DATA,
+        fetch: Fetch = KEYS,
+        limit: int | None = None,
+    ) -> None:
+        # A read-only transaction's scan: its first statement goes with the next exchange.
+        if self.write or (limit is not None and limit <= 0):
+            return
+        lo, hi = encode_bound(start), None if stop is None else encode_bound(stop)
+        if hi is not None and hi <= lo:
+            return
+        key = (space, fetch, lo, hi)
+        if key not in self._early and all(k != key for k, _, _ in self._ahead):
+            query, params = self._scan_query(space, fetch, _bound(lo), None if hi is None else _bound(hi))
+            self._ahead.append((key, query, params))
+
+    def _send_ahead(self) -> list[tuple[Any, Any]]:
+        """Execute the scans announced (inside a pipeline): ``(key, cursor)`` each."""
+        ahead, self._ahead = self._ahead, []
+        sent = []
+        for key, query, params in ahead:
+            cur = self._conn.cursor(binary=True)
+            cur.execute(query, params)
+            sent.append((key, cur))
+        return sent
+
+    def _keep_ahead(self, sent: list[tuple[Any, Any]]) -> None:
+        for key, cur in sent:
+            self._early[key] = cur.fetchall()
 
     def _exchanged(self) -> None:
         """After a whole exchange, the connection ready for the next: a reader a writer made
@@ -147,6 +187,7 @@ class PostgresTxn(Txn):
         with conn.pipeline():
             for q, p in queued:
                 conn.execute(q, p, binary=True)
+            ahead = self._send_ahead()
             for (kind, space), raws in groups.items():
                 cur = conn.cursor(binary=True)
                 if len(raws) == 1:
@@ -162,6 +203,7 @@ class PostgresTxn(Txn):
                     cur.execute(self._q["prefix", space], (key, prefix_stop(key)))
                     prefixes.append(cur)
         self._exchanged()
+        self._keep_ahead(ahead)
         found: dict[tuple[type, Space, bytes], Any] = {}
         for kind, space, raws, cur in grouped:
             if len(raws) == 1:
@@ -194,24 +236,37 @@ class PostgresTxn(Txn):
     ) -> Iterator[tuple[bytes, Any]]:
         start, strict = _bound(lo)
         stop = None if hi is None else _bound(hi)
-        column = {KEYS: "null", SIZES: "octet_length(v)"}.get(fetch, "v")
-        table = self._q["table", space]
-        collate = self._q["collate"]
+        key = (space, fetch, lo, hi)
+        rows = self._early.pop(key, None)  # sent ahead (scan_ahead)
+        if rows is None and self._ahead:  # announced, not sent yet: it goes now, once
+            self._ahead = [a for a in self._ahead if a[0] != key]
         while True:
-            where = [_compare(">" if strict else ">=", collate)]
-            params: list[Any] = [start]
-            if stop is not None:
-                where.append(_compare("<=" if stop[1] else "<", collate))
-                params.append(stop[0])
-            query = sql.SQL("SELECT k, {} FROM {} WHERE {} ORDER BY k{} LIMIT {}").format(
-                sql.SQL(column), table, sql.SQL(" AND ").join(where), collate, sql.Literal(BATCH)
-            )
-            rows = self.exchange(query, params).fetchall()
+            if rows is None:
+                rows = self.exchange(*self._scan_query(space, fetch, (start, strict), stop)).fetchall()
             for k, x in rows:
                 yield k.encode("utf-8"), x
             if len(rows) < BATCH:
                 return
             start, strict = rows[-1][0], True
+            rows = None
+
+    def _scan_query(
+        self, space: Space, fetch: Fetch, start: tuple[str, bool], stop: Any
+    ) -> tuple[Any, list[Any]]:
+        """The statement (and parameters) of one batch of a scan from ``start`` (a bound:
+        key, and whether it is excluded) to ``stop`` (a bound, or None)."""
+        column = {KEYS: "null", SIZES: "octet_length(v)"}.get(fetch, "v")
+        collate = self._q["collate"]
+        where = [_compare(">" if start[1] else ">=", collate)]
+        params: list[Any] = [start[0]]
+        if stop is not None:
+            where.append(_compare("<=" if stop[1] else "<", collate))
+            params.append(stop[0])
+        table, condition = self._q["table", space], sql.SQL(" AND ").join(where)
+        query = sql.SQL("SELECT k, {} FROM {} WHERE {} ORDER BY k{} LIMIT {}").format(
+            sql.SQL(column), table, condition, collate, sql.Literal(BATCH)
+        )
+        return query, params
 
 
 __all__ = ["PostgresTxn"]

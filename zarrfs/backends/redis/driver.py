@@ -21,7 +21,19 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..base import DATA, BackendError, Driver, Fetch, HasPrefix, Size, Space, Txn, bytes_stop
+from ..base import (
+    DATA,
+    KEYS,
+    BackendError,
+    Driver,
+    Fetch,
+    HasPrefix,
+    Size,
+    Space,
+    Txn,
+    bytes_stop,
+    encode_bound,
+)
 from ..buffered import DELETED
 from .commit import commit
 from .feed import RedisFeed
@@ -61,7 +73,10 @@ class RedisTxn(Txn):
         # EXEC (or EXEC fails and the transaction runs again): a second read costs nothing.
         self._seen: dict[tuple[Space, bytes], bytes | None] = {}
         keyspace = None if driver.indexed else driver.scan_keyspace
-        self._scans = IndexScans(self._keys, write, keyspace)
+        self._scans = IndexScans(self._keys, write, keyspace, driver.scripts)
+        # Scans announced by scan_ahead: their calls, sent with the next query, and replies.
+        self._queued: list[tuple[Any, ...]] = []
+        self._early: dict[tuple[Any, ...], Any] = {}
 
     def __enter__(self) -> RedisTxn:
         return self
@@ -84,7 +99,38 @@ class RedisTxn(Txn):
         watch = self._watch(names) if self.write else []
         if watch:
             return self._link.checked([*watch, *commands])[1:]
+        if self._early and len(commands) == 1 and commands[0] in self._early:
+            reply = self._early.pop(commands[0])  # sent ahead (scan_ahead)
+            if isinstance(reply, Exception):
+                raise translate(reply, self._d.where)
+            return [reply]
+        if self._queued:
+            queued, self._queued = [q for q in self._queued if q not in commands], []
+            replies = self._link.call([*commands, *queued])
+            self._early.update(zip(queued, replies[len(commands) :], strict=True))
+            for reply in replies[: len(commands)]:
+                if isinstance(reply, Exception):
+                    raise translate(reply, self._d.where)
+            return replies[: len(commands)]
         return self._link.checked(commands)
+
+    def scan_ahead(
+        self,
+        start: str = "",
+        stop: str | None = None,
+        *,
+        space: Space = DATA,
+        fetch: Fetch = KEYS,
+        limit: int | None = None,
+    ) -> None:
+        # The scan's first script call goes with the next query (a read-only transaction).
+        if limit is not None and limit <= 0:
+            return
+        call = self._scans.first_call(
+            encode_bound(start), None if stop is None else encode_bound(stop), space, fetch, limit
+        )
+        if call is not None and call not in self._early:
+            self._queued.append(call)
 
     def _get(self, raw: bytes, space: Space) -> bytes | None:
         # This transaction's pending write, if any, answers.
@@ -244,6 +290,8 @@ class RedisDriver(Driver):
         self.prefix = parsed.prefix
         self.where = parsed.where(parsed.prefix)
         self.key_names = KeyNames(parsed.prefix)
+        #: Whether the server runs the listing's script (``redis.index``); False once refused.
+        self.scripts = [True]
         if any(k in ("spread", "spread_above") for k, _ in parsed.query):
             raise BackendError(f"{self.where}: spread=1 spreads a hierarchy over the masters of a Redis"
                                " Cluster: use a redis+cluster:// URL, or drop spread=1")

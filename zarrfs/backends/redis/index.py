@@ -11,7 +11,7 @@ from typing import Any
 
 import redis
 
-from ..base import DATA, KEYS, SIZES, Fetch, Space
+from ..base import DATA, KEYS, SIZES, VALUES, BackendError, Fetch, Space
 from ..buffered import DELETED, merge_buffered
 from .link import translated
 from .url import KeyNames
@@ -110,6 +110,36 @@ return removed
 """
 
 
+# A batch of index members and what each key holds, read at one point in time (one round trip,
+# and no rename can land between the range's read and the keys'): the whole batch's length and
+# last member (where the next batch starts), then each member whose key exists, with its size
+# when ARGV[5] is "1" (STRLEN; EXISTS tells an empty value from a missing key) or its value
+# when "2" (side records only: small).
+_EXISTING = """
+local batch = redis.call('ZRANGEBYLEX', KEYS[1], ARGV[1], ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
+local out = {#batch, batch[#batch] or false}
+local fetch = ARGV[5]
+for _, m in ipairs(batch) do
+    local name = ARGV[4] .. m
+    if fetch == '2' then
+        local value = redis.call('GET', name)
+        if value then
+            out[#out + 1] = m
+            out[#out + 1] = value
+        end
+    elseif redis.call('EXISTS', name) == 1 then
+        out[#out + 1] = m
+        if fetch == '1' then out[#out + 1] = redis.call('STRLEN', name) end
+    end
+end
+return out
+"""
+_FETCH_FLAGS = {KEYS: b"0", SIZES: b"1", VALUES: b"2"}
+#: Error replies of a server that runs no script for this client (an ACL without
+#: ``@scripting``, a proxy without ``EVAL``): its scans read the range, then the keys.
+_NO_SCRIPTS = ("NOPERM", "ERR unknown command", "NOSCRIPT")
+
+
 def _prune(client: redis.Redis, index: bytes, data_prefix: bytes, report: Report | None) -> None:
     script = client.register_script(_PRUNE)
     total = client.zcard(index)
@@ -157,14 +187,26 @@ class IndexScans:
     In a read-only transaction it keeps, per space, the last range of the index a KEYS scan read
     and the keys in it that exist (a window), which answers a scan inside that range again (the
     check of a listed key for children of the same name lands there) without a round trip, and
-    how far paging through a range reads ahead."""
+    how far paging through a range reads ahead.
 
-    def __init__(self, keys: KeyNames, write: bool, keyspace: Callable[[], Iterator[bytes]] | None) -> None:
+    A batch is read by one script (``_EXISTING``: the range and its keys at one point in time)
+    where the server runs it for this client; else by the range, then its keys, read again when
+    a rename moved keys in between (``RECHECKS``)."""
+
+    def __init__(
+        self,
+        keys: KeyNames,
+        write: bool,
+        keyspace: Callable[[], Iterator[bytes]] | None,
+        scripts: list[bool] | None = None,
+    ) -> None:
         """``keyspace``: the data keys found by scanning the keyspace, when there is no data
-        index to read (read-only); None when there is."""
+        index to read (read-only); None when there is. ``scripts``: the driver's one-item
+        list saying whether its server runs the scans' script (set to False when refused)."""
         self._keys = keys
         self.write = write
         self._keyspace = keyspace
+        self._scripts = scripts if scripts is not None else [False]
         self._windows: dict[Space, tuple[Any, ...]] = {}
         self._ahead: dict[Space, int] = {}
 
@@ -242,6 +284,61 @@ class IndexScans:
             start, included = batch[-1], False
             n = BATCH
 
+    def _by_script(self, space: Space, fetch: Fetch) -> bool:
+        """Whether a scan of ``space`` for ``fetch`` reads by the ``_EXISTING`` script: names;
+        in a read-only transaction sizes and the side records' values too (small: markers,
+        entries). A write transaction WATCHes the keys whose sizes or values it reads, which a
+        script cannot do."""
+        if not self._scripts[0] or (space is DATA and self._keyspace is not None):
+            return False
+        return fetch is KEYS or (not self.write and (fetch is SIZES or space is not DATA))
+
+    def _script(self, space: Space, low: bytes, high: bytes, n: int, fetch: Fetch) -> tuple[Any, ...]:
+        """The ``_EXISTING`` call for ``n`` members of ``space``'s index in ``[low, high]``
+        (``ZRANGEBYLEX`` bounds)."""
+        index = self._keys.index[space]
+        return ("EVAL", _EXISTING, 1, index, low, high, n, self._keys.name(space, b""), _FETCH_FLAGS[fetch])
+
+    def first_call(self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int | None) -> Any:
+        """The call a read-only transaction's first :meth:`scan` with these arguments sends,
+        or None when it sends none of its own (a window answers) or not by script."""
+        if self.write or not self._by_script(space, fetch):
+            return None
+        if fetch is KEYS and space in self._windows:
+            return None
+        first = BATCH if limit is None else min(BATCH, limit + 1)
+        low = b"[" + lo if lo else b"("
+        return self._script(space, low, b"(" + hi if hi is not None else b"+", first, fetch)
+
+    def _scripted(
+        self, query: Query, space: Space, lo: bytes, hi: bytes | None, fetch: Fetch, first: int, after: bool
+    ) -> Iterator[tuple[bytes, Any]]:
+        """:meth:`_stored` by the ``_EXISTING`` script: one round trip a batch, the range and
+        its keys read at one point in time."""
+        index = self._keys.index[space]
+        paired = fetch is not KEYS  # members come with their sizes or values
+        low = b"(" + lo if after or not lo else b"[" + lo  # "(" + "" skips the COMPLETE marker
+        high = b"(" + hi if hi is not None else b"+"
+        start, included = lo, not after
+        n = first
+        while True:
+            (reply,) = query([index], self._script(space, low, high, n, fetch))
+            count, last, rest = reply[0], reply[1], reply[2:]
+            done = count < n
+            covered = (start, included, hi, False) if done else (start, included, last, True)
+            if paired:
+                found = list(zip(rest[0::2], rest[1::2], strict=True))
+            else:
+                found = [(m, None) for m in rest]
+                if not self.write:
+                    self._windows[space] = (*covered, [m for m, _ in found])
+            yield from found
+            if done:
+                return
+            low = b"(" + last
+            start, included = last, False
+            n = BATCH
+
     def _reread(self, query: Query, space: Space, covered: Any) -> list[bytes] | None:
         """The index members of a batch's range ``covered`` (see :meth:`_members`), read again;
         None when the range is not known."""
@@ -265,7 +362,22 @@ class IndexScans:
         after: bool = False,
     ) -> Iterator[tuple[bytes, Any]]:
         """Index members that still exist (a stale entry, whose key another writer deleted, is
-        dropped: found by one multi-key ``EXISTS`` per batch, or with the sizes or values)."""
+        dropped: found by one multi-key ``EXISTS`` per batch, or with the sizes or values;
+        names and sizes by one script a batch where the server runs it)."""
+        if self._by_script(space, fetch):
+            scripted = self._scripted(query, space, lo, hi, fetch, first, after)
+            try:
+                head = next(scripted, None)
+            except BackendError as exc:
+                if not any(refusal in str(exc) for refusal in _NO_SCRIPTS):
+                    raise
+                log.info("no scripts for this client; listings read keys after their ranges: %s", exc)
+                self._scripts[0] = False
+            else:
+                if head is not None:
+                    yield head
+                    yield from scripted
+                return
         value_batch = VALUE_BATCH
         for batch, covered in self._members(query, space, lo, hi, first, after):
             if not batch:

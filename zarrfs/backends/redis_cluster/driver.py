@@ -280,6 +280,7 @@ class RedisClusterDriver(RedisDriver):
         self.prefix = prefix
         self.where = parsed.where(prefix)
         self.key_names = KeyNames(prefix)
+        self.scripts = [True]  # as RedisDriver's: the listing's script runs on the home master
         check_query(parsed, {"spread", "spread_above"})
         self._options = self._connection_options(parsed.scheme, parsed.userinfo, parsed.query)
         nodes = []
