@@ -139,6 +139,13 @@ def test_help_is_plain_text_and_lists_schemes_options_and_exit_statuses():
         assert "ZARRFS_PASSWORD" in text and "password_file" in text
 
 
+def test_mount_help_gives_the_request_threads_the_daemon_uses_by_default():
+    from zarrfs.fuse.workers import DEFAULT_WORKERS
+
+    line = next(line for line in zarrfs("mount", "--help").stdout.splitlines() if "workers=N" in line)
+    assert f"({DEFAULT_WORKERS} on a database server" in line, line
+
+
 def test_bad_option_value_and_unknown_option_exit_2(tmp_path):
     (tmp_path / "m").mkdir()
     db = str(tmp_path / "db.lmdb")

@@ -60,7 +60,8 @@ mount options (-o OPT[,OPT...]):
                               K/M/G suffixes)
   parts_above=BYTES           files larger than this are stored in parts (64M; K/M/G suffixes)
   spin=MICROSECONDS           request loop polling before it sleeps (200; 0 = never)
-  workers=N                   request threads on a database server (1; try 16)
+  workers=N                   request threads (16 on a database server; 1 = one thread, as
+                              a database file always has)
   timeout=SECONDS             longest wait on a database server, or on a database another
                               program holds locked; then ETIMEDOUT (10)
   readahead=KiB               kernel read-ahead of the mount (1024; 0 = leave it)
