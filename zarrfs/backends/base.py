@@ -230,7 +230,7 @@ class Txn(ABC):
             return iter(())
         return self._decoded(self._scan(lo, hi, sp, mode, limit), limit)
 
-    def scan_ahead(  # noqa: B027 - an optional hint, nothing by default
+    def scan_ahead(
         self,
         start: str = "",
         stop: str | None = None,
@@ -242,7 +242,12 @@ class Txn(ABC):
         """A :meth:`scan` this transaction is about to make, with these arguments: a driver
         whose reads cost a round trip may send its first batch with the next reads it sends,
         whatever they are (a listing's scans with its folder's probe). A hint: what the scan
-        answers is the same; by default nothing is done."""
+        answers is the same."""
+        sp, mode = check_space(space, self.spaces), check_fetch(fetch)
+        lo = encode_bound(start)
+        hi = None if stop is None else encode_bound(stop)
+        if (limit is None or limit > 0) and (hi is None or hi > lo):
+            self._scan_ahead(lo, hi, sp, mode, limit)
 
     def scan_prefix(self, prefix: str, **kwargs: Any) -> Iterator[tuple[str, Any]]:
         """``scan`` of exactly the keys that start with ``prefix``."""
@@ -310,6 +315,11 @@ class Txn(ABC):
         pulls."""
 
     # -- optional fast paths -----------------------------------------------------------------------
+    def _scan_ahead(  # noqa: B027 - a hint, nothing by default
+        self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int | None
+    ) -> None:
+        """:meth:`_scan` with these arguments comes next (checked by :meth:`scan_ahead`)."""
+
     def _size(self, raw: bytes, space: Space) -> int | None:
         """The size of ``raw``'s value or ``None``; by default from the value."""
         value = self._get(raw, space)

@@ -13,7 +13,7 @@ from typing import Any
 
 from psycopg import sql
 
-from ..base import DATA, KEYS, SIZES, Fetch, Get, HasPrefix, Size, Space, Txn, encode_bound, prefix_stop
+from ..base import KEYS, SIZES, Fetch, Get, HasPrefix, Size, Space, Txn, prefix_stop
 from .connection import WatchedConnection
 from .sql import bound as _bound
 from .sql import compare as _compare
@@ -77,25 +77,13 @@ class PostgresTxn(Txn):
         self._keep_ahead(ahead)
         return cur
 
-    def scan_ahead(
-        self,
-        start: str = "",
-        stop: str | None = None,
-        *,
-        space: Space = DATA,
-        fetch: Fetch = KEYS,
-        limit: int | None = None,
-    ) -> None:
+    def _scan_ahead(self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int | None) -> None:
         # A read-only transaction's scan: its first statement goes with the next exchange.
-        if self.write or (limit is not None and limit <= 0):
-            return
-        lo, hi = encode_bound(start), None if stop is None else encode_bound(stop)
-        if hi is not None and hi <= lo:
-            return
         key = (space, fetch, lo, hi)
-        if key not in self._early and all(k != key for k, _, _ in self._ahead):
-            query, params = self._scan_query(space, fetch, _bound(lo), None if hi is None else _bound(hi))
-            self._ahead.append((key, query, params))
+        if self.write or key in self._early or any(k == key for k, _, _ in self._ahead):
+            return
+        query, params = self._scan_query(space, fetch, _bound(lo), None if hi is None else _bound(hi))
+        self._ahead.append((key, query, params))
 
     def _send_ahead(self) -> list[tuple[Any, Any]]:
         """Execute the scans announced (inside a pipeline): ``(key, cursor)`` each."""

@@ -23,7 +23,6 @@ from typing import Any
 
 from ..base import (
     DATA,
-    KEYS,
     BackendError,
     Driver,
     Fetch,
@@ -32,7 +31,6 @@ from ..base import (
     Space,
     Txn,
     bytes_stop,
-    encode_bound,
 )
 from ..buffered import DELETED
 from .commit import commit
@@ -114,21 +112,9 @@ class RedisTxn(Txn):
             return replies[: len(commands)]
         return self._link.checked(commands)
 
-    def scan_ahead(
-        self,
-        start: str = "",
-        stop: str | None = None,
-        *,
-        space: Space = DATA,
-        fetch: Fetch = KEYS,
-        limit: int | None = None,
-    ) -> None:
+    def _scan_ahead(self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int | None) -> None:
         # The scan's first script call goes with the next query (a read-only transaction).
-        if limit is not None and limit <= 0:
-            return
-        call = self._scans.first_call(
-            encode_bound(start), None if stop is None else encode_bound(stop), space, fetch, limit
-        )
+        call = self._scans.first_call(lo, hi, space, fetch, limit)
         if call is not None and call not in self._early:
             self._queued.append(call)
 
