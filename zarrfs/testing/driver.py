@@ -353,6 +353,42 @@ class DriverConformance(TransactionConformance):
         ]
         assert all(type(v) is bytes for _, v in driver.scan(fetch=VALUES))
 
+    def test_scan_ahead_is_only_a_hint(self, driver):
+        """A scan announced (``Txn.scan_ahead``) answers as it would unannounced: with reads
+        sent between, with another scan announced and never made, past a batch, and in a write
+        transaction with its own writes."""
+        n = 1100  # more than a batch of the drivers that send scans ahead
+        driver.transact(lambda t: [t.put(f"s/{i:05d}", b"%d" % i) for i in range(n)])
+        driver.put("e:s/x", b"mark", SIDE)
+        every = [(f"s/{i:05d}", len(b"%d" % i)) for i in range(n)]
+
+        def announced(t):
+            t.scan_ahead("s/", "s0", fetch=SIZES, limit=257)
+            t.scan_ahead("e:s/", "e:s0", space=SIDE, fetch=VALUES)
+            t.scan_ahead("never/", "never0")
+            t.scan_ahead("s/", "s/", limit=0)  # nothing to scan
+            first = t.read_many([Get("s/00001"), HasPrefix("s/", DATA)])
+            return (
+                first,
+                list(t.scan("s/", "s0", fetch=SIZES, limit=257)),
+                list(t.scan("e:s/", "e:s0", space=SIDE, fetch=VALUES)),
+                list(t.scan("s/", "s0", fetch=SIZES)),
+            )
+
+        first, head, side, whole = driver.transact(announced, write=False)
+        assert first == [b"1", True]
+        assert head == every[:257] and whole == every
+        assert side == [("e:s/x", b"mark")]
+
+        def written(t):
+            t.put("s/00000a", b"new")
+            t.delete("s/00002")
+            t.scan_ahead("s/", "s/0001", fetch=KEYS)
+            return keys_of(t.scan("s/", "s/0001"))
+
+        rest = [f"s/{i:05d}" for i in range(3, 10)]
+        assert driver.transact(written) == ["s/00000", "s/00000a", "s/00001", *rest]
+
     def test_many_keys_scan_in_batches(self, driver):
         n = 2500  # more than one batch in every driver
         driver.transact(lambda t: [t.put(f"m/{i:05d}", b"%d" % i) for i in range(n)])
