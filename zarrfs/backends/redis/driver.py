@@ -21,17 +21,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..base import (
-    DATA,
-    BackendError,
-    Driver,
-    Fetch,
-    HasPrefix,
-    Size,
-    Space,
-    Txn,
-    bytes_stop,
-)
+from ..base import DATA, BackendError, Driver, Fetch, HasPrefix, Size, Space, Txn, bytes_stop
 from ..buffered import DELETED
 from .commit import commit
 from .feed import RedisFeed
