@@ -136,8 +136,9 @@ return out
 """
 _FETCH_FLAGS = {KEYS: b"0", SIZES: b"1", VALUES: b"2"}
 #: Error replies of a server that runs no script for this client (an ACL without
-#: ``@scripting``, a proxy without ``EVAL``): its scans read the range, then the keys.
-_NO_SCRIPTS = ("NOPERM", "ERR unknown command", "NOSCRIPT")
+#: ``@scripting``, a proxy without ``EVAL``, a replica that takes no ``EVAL``): its scans read
+#: the range, then the keys.
+_NO_SCRIPTS = ("NOPERM", "ERR unknown command", "NOSCRIPT", "READONLY")
 
 
 def _prune(client: redis.Redis, index: bytes, data_prefix: bytes, report: Report | None) -> None:
