@@ -9,9 +9,11 @@ scan where the driver has them), never the whole folder.
 
 from __future__ import annotations
 
+import errno
+import stat
 from collections.abc import Callable
 
-from zarrfs.fs.api import Node, Operations, name_bytes
+from zarrfs.fs.api import FsError, Node, Operations, name_bytes
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.abi import ROOT_ID, Header
 from zarrfs.fuse.inodes import InodeTable
@@ -40,7 +42,14 @@ class DirRequests:
         self.replies = replies
 
     def opendir(self, head: Header, buf: memoryview) -> None:
-        fh = self.ops.opendir(self.key(head.nodeid))
+        """A folder the kernel holds: ENOTDIR for a node this table knows as something else,
+        without asking the database (a folder gone or replaced since is found by the
+        listing's first read)."""
+        key = self.key(head.nodeid)
+        inode = self.inodes.get(head.nodeid)
+        if inode is not None and not stat.S_ISDIR(inode.kind):
+            raise FsError(errno.ENOTDIR, key, quiet=True)
+        fh = self.ops.opendir(key)
         self.replies.send(k.OPEN_REPLY.pack(k.OPEN_REPLY.size, 0, head.unique, fh, 0, 0))
 
     def readdir(self, head: Header, buf: memoryview) -> None:
