@@ -1,6 +1,6 @@
 """The tree, the listing and the open-file table, without FUSE, over every driver: the
-conformance class of :mod:`zarrfs.testing.filesystem` run on memory, LMDB, SQLite and Redis,
-plus what is specific to one driver."""
+conformance class of :mod:`zarrfs.testing.filesystem` run on memory, LMDB, SQLite, Redis,
+PostgreSQL and a Redis Cluster, plus what is specific to one driver."""
 
 from __future__ import annotations
 
@@ -39,6 +39,18 @@ class TestRedis(FilesystemConformance):
     @pytest.fixture
     def driver_url(self, redis_server):
         return redis_server.url(0, prefix=f"tree{uuid.uuid4().hex[:12]}")
+
+
+class TestPostgres(FilesystemConformance):
+    @pytest.fixture
+    def driver_url(self, postgres_server):
+        return postgres_server.url(table=f"tree{uuid.uuid4().hex[:12]}")
+
+
+class TestRedisCluster(FilesystemConformance):
+    @pytest.fixture
+    def driver_url(self, redis_cluster):
+        return redis_cluster.url(prefix=f"tree{uuid.uuid4().hex[:12]}")
 
 
 def test_spill_buffer_random_access():

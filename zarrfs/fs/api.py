@@ -276,6 +276,7 @@ class Operations:
             raise FsError(errno.EBADF, str(fh))
         prefix = listing.key + "/" if listing.key else ""
         pending = self.handles.pending
+        listing.plus = True
         for name, kind, at in listing.entries(offset):
             if at <= 2:  # "." and ".."
                 yield name, kind, at, "", None

@@ -32,11 +32,9 @@ from zarrfs.fs.sidedata import (
     LINK_MARK,
     POINTER,
     SPECIAL_MARK,
-    attr_key,
+    XATTR,
     entry_key,
-    pointer_key,
     read_special,
-    xattr_key,
 )
 
 # Keys per scan of a folder's keys. ZARRFS_LISTING_BATCH sets it for a daemon, so that tests
@@ -44,6 +42,9 @@ from zarrfs.fs.sidedata import (
 SCAN_BATCH = int(os.environ.get("ZARRFS_LISTING_BATCH") or 256)
 RANGED_FROM = 64  # children of a batch from which SQLite reads their side records as ranges
 FOLDER_BATCH = 512  # children per batch of reads when a whole folder is read (SQLite: < 2000 columns)
+#: Most side records a window's range of one kind is read with, on a remote database (one batch
+#: of a scan on every driver: PostgreSQL's is 512 rows).
+SIDE_RANGE = 500
 FIRST_BATCH = 128  # entries of the first window of a readdir; each next one is 4 times larger
 MAX_BATCH = 4096
 
@@ -106,11 +107,59 @@ def _start(prefix: str, after: str | None) -> str:
     return prefix if after is None else prefix + after + "\0"
 
 
-def _announce(t: Txn, prefix: str, after: str | None) -> None:
+def _announce(t: Txn, prefix: str, after: str | None, sized: bool = False) -> None:
     """Tell ``t`` the first scans :func:`_names` makes of both spaces (``Txn.scan_ahead``): a
-    remote database sends them with the transaction's next reads (the folder's probe)."""
-    for space, start, fetch in ((DATA, prefix, KEYS), (SIDE, ENTRY + prefix, VALUES)):
+    remote database sends them with the transaction's next reads (the folder's probe).
+    ``sized``: the data scan reads sizes from its first batch (``_names``)."""
+    data = SIZES if sized else KEYS
+    for space, start, fetch in ((DATA, prefix, data), (SIDE, ENTRY + prefix, VALUES)):
         t.scan_ahead(_start(start, after), prefix_stop(start), space=space, fetch=fetch, limit=SCAN_BATCH)
+
+
+class _Ranges:
+    """Side records of a window of children read as ranges of the side space, by mark
+    (:data:`ATTR`, ...): the records found, by child key, and how far each range is complete
+    (the last key it read; None: to the folder's end). A child past a range's end is read
+    alone."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, dict[str, Any]] = {}
+        self.upto: dict[str, str | None] = {}
+
+    @staticmethod
+    def bounds(mark: str, prefix: str, after: str | None) -> tuple[str, str]:
+        """The range of ``mark``'s records of the children of ``prefix`` after ``after``."""
+        return _start(mark + prefix, after), prefix_stop(mark + prefix)
+
+    @classmethod
+    def announce(cls, t: Txn, prefix: str, after: str | None, marks: tuple[str, ...], limit: int) -> None:
+        """Tell ``t`` the ranges :meth:`read` will scan (sent with the listing's first scans)."""
+        for mark in marks:
+            start, stop = cls.bounds(mark, prefix, after)
+            t.scan_ahead(start, stop, space=SIDE, fetch=VALUES, limit=limit)
+
+    @classmethod
+    def read(cls, t: Txn, prefix: str, after: str | None, marks: tuple[str, ...], limit: int) -> _Ranges:
+        """Up to ``limit`` records of each mark from the first child after ``after`` on."""
+        ranges = cls()
+        for mark in marks:
+            start, stop = cls.bounds(mark, prefix, after)
+            rows = list(t.scan(start, stop, space=SIDE, fetch=VALUES, limit=limit))
+            n = len(mark)
+            ranges.records[mark] = {key[n:]: value for key, value in rows}
+            ranges.upto[mark] = rows[-1][0] if len(rows) >= limit else None
+        return ranges
+
+    def covers(self, mark: str, child: str) -> bool:
+        """Whether the range of ``mark`` tells whether ``child`` has a record."""
+        if mark not in self.records:
+            return False
+        upto = self.upto[mark]
+        return upto is None or mark + child <= upto
+
+    def get(self, mark: str, child: str) -> Any:
+        """``child``'s record of ``mark`` (None: it has none); only where :meth:`covers`."""
+        return self.records[mark].get(child)
 
 
 def _names(
@@ -120,18 +169,20 @@ def _names(
     space: str,
     sizes: dict[str, int] | None = None,
     hidden: Callable[[str], None] | None = None,
+    sized: bool = False,
 ) -> Names:
     """The children named by the keys under ``prefix`` in one space, after ``after``, in name
     order, each once. Data: a key is a FILE, or a DIR when keys below it hide it (``hidden``
     is told). Side: an entry is a LINK or a folder marker. With ``sizes``, each file's stored
-    size is put there (read by the scan itself once batches hold files alone)."""
+    size is put there (read by the scan itself once batches hold files alone, or from the
+    first batch with ``sized``: on a remote database a size costs the server nothing more)."""
     stop = prefix_stop(prefix)
     pos = _start(prefix, after)
     last = after or ""
     # Sizes come with the scan only once a batch held files alone: the scan's sizes are those
     # of every key it passes, also keys deep inside subfolders (zarr's c/0/0, c/1/0, ...), and
     # on LMDB a size costs reading the whole value. Until then they are looked up one by one.
-    flat = False
+    flat = sized
     hidden = hidden or (lambda key: None)
     n = len(prefix)
     while True:
@@ -144,6 +195,7 @@ def _names(
         scope = _Batch(t, space, keys, len(batch) < SCAN_BATCH)
         flat = space == DATA and "/" not in "\0".join(rests)
         part = _flat if flat else _mixed
+        flat = flat or sized
         for item in part(scope, batch, rests, last, fetch, sizes, hidden):
             yield item
             last = item[0]
@@ -273,7 +325,12 @@ class Listings:
         self.driver = lookups.driver
 
     def list_dir(
-        self, key: str, after: str | None = None, limit: int = 1024, sizes: dict[str, int] | None = None
+        self,
+        key: str,
+        after: str | None = None,
+        limit: int = 1024,
+        sizes: dict[str, int] | None = None,
+        nodes: dict[str, Node] | None = None,
     ) -> list[tuple[str, int, str]]:
         """Up to ``limit`` children of folder ``key`` as ``(name, kind, position)``.
 
@@ -281,13 +338,25 @@ class Listings:
         the last one as ``after`` to continue. A folder of a million keys is listed batch by
         batch, never built as one list. ENOTDIR/ENOENT when ``key`` is not a folder. With
         ``sizes``, the stored sizes of files the scan saw are put there (for :meth:`nodes_of`).
+        With ``nodes``, the children's nodes are put there by name, read in the same
+        transaction (what READDIRPLUS replies with): on a remote database their side records
+        are ranges sent with the listing's first scans, so a window of a folder of files is one
+        round trip, its probe included.
         """
 
         record: list[bytes | None] = []
+        xattrs: list | None = None
+        remote = self.driver.remote
+        sized = remote and sizes is not None
+        marks = self._marks() if remote and nodes is not None else ()
+        span = min(SIDE_RANGE, 2 * limit)
 
         def run(t: Txn) -> list[tuple[str, int, str]]:
+            nonlocal xattrs
             record.clear()
-            _announce(t, key + "/" if key else "", after)
+            prefix = key + "/" if key else ""
+            _announce(t, prefix, after, sized)
+            _Ranges.announce(t, prefix, after, marks, span)
             if after is None:
                 found = self.lookups.probe(t, key)
                 if found is None:
@@ -295,9 +364,16 @@ class Listings:
                 if found[0] != DIR:
                     raise FsError(errno.ENOTDIR, key)
                 record.append(found[3])
-            return list(itertools.islice(self._merged_children(t, key, after, sizes), limit))
+            got = list(itertools.islice(self._merged_children(t, key, after, sizes, sized), limit))
+            if nodes is not None:
+                nodes.clear()
+                xattrs = [] if self.lookups.known is not None else None
+                ranges = _Ranges.read(t, prefix, after, marks, span) if marks and got else None
+                self._window_nodes(t, prefix, [(n, kind) for n, kind, _ in got], sizes, nodes, xattrs, ranges)
+            return got
 
         got = self.driver.transact(run, write=False)
+        self._read_xattrs(xattrs)
         known = self.lookups.known
         if known is not None and record:  # the folder's record, and all its names if they fit
             known.read_record(key, record[0])
@@ -319,17 +395,36 @@ class Listings:
         def run(t: Txn) -> dict[str, Node]:
             nonlocal xattrs
             xattrs = [] if self.lookups.known is not None else None
-            prefix = key + "/" if key else ""
             nodes: dict[str, Node] = {}
-            for start in range(0, len(children), FOLDER_BATCH):
-                part = children[start : start + FOLDER_BATCH]
-                known = sizes is not None and all(k != FILE or n in sizes for n, k in part)
-                self._read_nodes(t, prefix, part, sizes if known else None, nodes, xattrs)
+            self._window_nodes(t, key + "/" if key else "", children, sizes, nodes, xattrs)
             return nodes
 
         nodes = self.driver.transact(run, write=False)
         self._read_xattrs(xattrs)
         return nodes
+
+    def _marks(self) -> tuple[str, ...]:
+        """The side records read with each child's node: attributes, link-group pointers
+        and, on a mount that keeps them (:mod:`zarrfs.fs.knownfolders`), extended attributes."""
+        return (ATTR, POINTER, XATTR) if self.lookups.known is not None else (ATTR, POINTER)
+
+    def _window_nodes(
+        self,
+        t: Txn,
+        prefix: str,
+        children: list[tuple[str, int]],
+        sizes: dict[str, int] | None,
+        into: dict[str, Node],
+        xattrs: list | None,
+        ranges: _Ranges | None = None,
+    ) -> None:
+        """The nodes of ``children`` (name, kind) into ``into``, a batch of reads a
+        :data:`FOLDER_BATCH` of them; ``sizes``: those a scan saw; ``ranges``: side records
+        the transaction read already."""
+        for start in range(0, len(children), FOLDER_BATCH):
+            part = children[start : start + FOLDER_BATCH]
+            known = sizes is not None and all(k != FILE or n in sizes for n, k in part)
+            self._read_nodes(t, prefix, part, sizes if known else None, into, xattrs, ranges)
 
     def _read_xattrs(self, xattrs: list | None) -> None:
         """Tell the known folders the extended-attribute records a transaction read."""
@@ -339,10 +434,10 @@ class Listings:
                 known.read_xattrs(child, raw)
 
     def _merged_children(
-        self, t: Txn, key: str, after: str | None, sizes: dict[str, int] | None = None
+        self, t: Txn, key: str, after: str | None, sizes: dict[str, int] | None = None, sized: bool = False
     ) -> Iterator[tuple[str, int, str]]:
         prefix = key + "/" if key else ""
-        data = _names(t, prefix, after, DATA, sizes, self.lookups.log_hidden)
+        data = _names(t, prefix, after, DATA, sizes, self.lookups.log_hidden, sized)
         side = _names(t, ENTRY + prefix, after, SIDE)
         return _merged(data, side)
 
@@ -360,25 +455,29 @@ class Listings:
         to its end). A missing folder has no children."""
 
         xattrs: list | None = None
+        remote = self.driver.remote
+        marks = self._marks() if remote else ()
+        span = min(SIDE_RANGE, 2 * limit)
 
         def run(t: Txn) -> tuple[dict[str, Node], str | None]:
             nonlocal xattrs
             xattrs = [] if self.lookups.known is not None else None
-            _announce(t, key + "/" if key else "", after)
+            prefix = key + "/" if key else ""
+            # On a remote database sizes come with the first scan and side records as ranges
+            # beside it: a page of a folder of files is one round trip (see list_dir).
+            _announce(t, prefix, after, remote)
+            _Ranges.announce(t, prefix, after, marks, span)
             children: list[tuple[str, int]] = []
             more = None
-            # Sizes come with the listing's scan, except from a remote database, where a batch
-            # of reads is one round trip and the scan would take one per page of sizes.
-            sizes: dict[str, int] | None = None if self.driver.remote else {}
-            for name, kind, _ in self._merged_children(t, key, after, sizes):
+            sizes: dict[str, int] = {}
+            for name, kind, _ in self._merged_children(t, key, after, sizes, remote):
                 if len(children) == limit:
                     more = children[-1][0]
                     break
                 children.append((name, kind))
-            prefix = key + "/" if key else ""
             nodes: dict[str, Node] = {}
-            for start in range(0, len(children), FOLDER_BATCH):
-                self._read_nodes(t, prefix, children[start : start + FOLDER_BATCH], sizes, nodes, xattrs)
+            ranges = _Ranges.read(t, prefix, after, marks, span) if marks and children else None
+            self._window_nodes(t, prefix, children, sizes, nodes, xattrs, ranges)
             return nodes, more
 
         nodes, last = self.driver.transact(run, write=False)
@@ -389,16 +488,24 @@ class Listings:
         return nodes, last
 
     def _read_nodes(
-        self, t: Txn, prefix: str, part: list, sizes: dict | None, into: dict, xattrs: list | None = None
+        self,
+        t: Txn,
+        prefix: str,
+        part: list,
+        sizes: dict | None,
+        into: dict,
+        xattrs: list | None = None,
+        ranges: _Ranges | None = None,
     ) -> None:
         """The nodes of ``part`` (name, kind) into ``into``: sizes, link targets and
         attributes in one batch of reads (attributes and link-group pointers by two range
-        reads where those cost less, see :meth:`_side_ranges`); with ``xattrs``, each name's
-        extended-attribute record read in the batch too, ``(key, raw)`` put there."""
-        ranged = self._side_ranges(t, prefix, part)
-        # A mount that keeps extended attributes (zarrfs.fs.knownfolders) reads them in the
-        # same batch: ``ls -l`` asks for each name's next.
-        known = self.lookups.known if xattrs is not None else None
+        reads where those cost less, see :meth:`_side_ranges`, or from ``ranges`` where
+        those tell); with ``xattrs``, each name's extended-attribute record read in the batch
+        too (a mount that keeps them: ``ls -l`` asks for each name's next), ``(key, raw)`` put
+        there."""
+        if ranges is None:
+            ranges = self._side_ranges(t, prefix, part)
+        marks = [ATTR, POINTER] + ([XATTR] if xattrs is not None else [])
         requests: list[Read] = []
         for name, kind in part:
             child = prefix + name
@@ -406,13 +513,18 @@ class Listings:
                 requests.append(Size(child, DATA))
             elif kind not in (FILE, DIR):  # a symlink's target, a device's number
                 requests.append(Get(entry_key(child), SIDE))
-            if ranged is None:
-                requests.append(Get(attr_key(child), SIDE))
-                if kind != DIR:
-                    requests.append(Get(pointer_key(child), SIDE))
-            if known is not None:
-                requests.append(Get(xattr_key(child), SIDE))
+            for mark in marks:
+                if not (mark == POINTER and kind == DIR) and not (ranges and ranges.covers(mark, child)):
+                    requests.append(Get(mark + child, SIDE))
         answers = iter(t.read_many(requests) if requests else ())
+
+        def record(mark: str, child: str, kind: int) -> Any:
+            if mark == POINTER and kind == DIR:
+                return None
+            if ranges and ranges.covers(mark, child):
+                return ranges.get(mark, child)
+            return next(answers)
+
         for name, kind in part:
             child = prefix + name
             size, target = 0, ""
@@ -424,12 +536,8 @@ class Listings:
                 size = len(target.encode("utf-8", "surrogateescape"))
             elif kind != DIR:  # a special file: _node_from takes its device number as size
                 size = read_special(next(answers) or SPECIAL_MARK)[1]
-            if ranged is None:
-                raw = next(answers)
-                pointer = next(answers) if kind != DIR else None
-            else:
-                raw, pointer = ranged[0].get(child), ranged[1].get(child) if kind != DIR else None
-            xattr = next(answers) if xattrs is not None else None
+            raw, pointer = record(ATTR, child, kind), record(POINTER, child, kind)
+            xattr = record(XATTR, child, kind) if xattrs is not None else None
             if size is None:  # gone between the listing and the read
                 continue
             if xattrs is not None:
@@ -438,7 +546,7 @@ class Listings:
             if kind == FILE:  # an open after the listing reads the content with its probe
                 self.lookups.remember(child, node)
 
-    def _side_ranges(self, t: Txn, prefix: str, part: list) -> tuple[dict, dict] | None:
+    def _side_ranges(self, t: Txn, prefix: str, part: list) -> _Ranges | None:
         """The attribute records and link-group pointers of ``part``'s names, by key, read as
         two ranges of the side space: on SQLite a batch of point reads is one statement whose
         every sub-query seeks the index, on LMDB two lookups a name, while a range is one seek
@@ -451,7 +559,7 @@ class Listings:
         names = [prefix + name for name, _ in part]
         wanted, first, last = set(names), min(names), max(names)
         most = 2 * len(part)
-        found: list[dict] = []
+        found = _Ranges()
         for mark in (ATTR, POINTER):
             records: dict[str, Any] = {}
             rows = t.scan(mark + first, mark + last + "\0", space=SIDE, fetch=VALUES, limit=most + 1)
@@ -460,8 +568,8 @@ class Listings:
                     return None
                 if key[len(mark) :] in wanted:
                     records[key[len(mark) :]] = value
-            found.append(records)
-        return found[0], found[1]
+            found.records[mark], found.upto[mark] = records, None
+        return found
 
 
 class Lister(Protocol):
@@ -471,7 +579,12 @@ class Lister(Protocol):
     def driver(self) -> Driver: ...
 
     def list_dir(
-        self, key: str, after: str | None = None, limit: int = 1024, sizes: dict[str, int] | None = None
+        self,
+        key: str,
+        after: str | None = None,
+        limit: int = 1024,
+        sizes: dict[str, int] | None = None,
+        nodes: dict[str, Node] | None = None,
     ) -> list[tuple[str, int, str]]: ...
 
     def nodes_of(
@@ -493,6 +606,8 @@ class DirListing:
         self.key = key
         self.extra = [(name, FILE, name) for name in extra or ()]
         self._extra_names = {name for name, _, _ in self.extra}
+        #: Whether each window's nodes are read with its names (READDIRPLUS asks for them).
+        self.plus = False
         self._reset()
 
     def _reset(self) -> None:
@@ -518,15 +633,16 @@ class DirListing:
             self.window = rest
             self.nodes, self.sizes = None, None
             return True
-        sizes: dict[str, int] | None = None if self.listings.driver.remote else {}
-        got = self.listings.list_dir(self.key, after=self.token, limit=self.batch, sizes=sizes)
+        sizes: dict[str, int] = {}
+        nodes: dict[str, Node] | None = {} if self.plus else None
+        got = self.listings.list_dir(self.key, after=self.token, limit=self.batch, sizes=sizes, nodes=nodes)
         if len(got) < self.batch:
             self.stored_done = True
         if not got:
             return self._fetch()
         self.window_start += len(self.window)
         self.window = got
-        self.nodes, self.sizes = None, sizes
+        self.nodes, self.sizes = nodes, sizes
         self.token = got[-1][2]
         if self._extra_names:
             self._listed.update(name for name, _, _ in got if name in self._extra_names)

@@ -263,10 +263,15 @@ class Tree:
         return self.lookups.default_attrs(kind)
 
     def list_dir(
-        self, key: str, after: str | None = None, limit: int = 1024, sizes: dict[str, int] | None = None
+        self,
+        key: str,
+        after: str | None = None,
+        limit: int = 1024,
+        sizes: dict[str, int] | None = None,
+        nodes: dict[str, Node] | None = None,
     ) -> list[tuple[str, int, str]]:
         """Up to ``limit`` children of folder ``key`` (:meth:`Listings.list_dir`)."""
-        return self.listings.list_dir(key, after, limit, sizes)
+        return self.listings.list_dir(key, after, limit, sizes, nodes)
 
     def nodes_of(
         self, key: str, children: list[tuple[str, int]], sizes: dict[str, int] | None = None

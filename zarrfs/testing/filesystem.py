@@ -129,6 +129,38 @@ class FilesystemConformance(LinkConformance):
         again = [n for n, _, _ in listing.entries(0)][2:]  # rewind
         assert again == got
 
+    def test_a_listings_nodes_are_those_lookups_find(self, tree):
+        """The nodes READDIRPLUS replies with, read with each window of names (on a remote
+        database their side records as ranges sent with the window's scans), are what a
+        lookup finds: across windows, with attribute records on some names, hard links, a
+        symlink and a folder marker, and a subfolder whose many descendants' records fill the
+        ranges before the names after it are reached (those are then read one by one)."""
+        files = [f"w/{i:04d}" for i in range(300)]
+        tree.driver.transact(lambda t: [t.put(k, b"x" * (i % 23)) for i, k in enumerate(files)])
+        deep = [f"w/0040m/{j:03d}" for j in range(300)]
+        put(tree, *deep)
+        for i, key in enumerate(files + deep):  # every deep key: the first window's ranges fill
+            if i % 3 == 0 or key in deep:
+                tree.set_attrs(key, mode=0o600 | (i % 8) << 6, uid=1000 + i)
+        tree.link("w/0007", "w/0008l")
+        tree.symlink("some/target", "w/0009s")
+        tree.mkdir("w/0200d", 0o700)
+        listing = DirListing(tree, "w")
+        listing.plus = True
+        seen = []
+        for name, kind, at in listing.entries(0):
+            if at <= 2:
+                continue
+            node = listing.node(name)  # of the window the entry is in
+            want = tree.lookup("w/" + name)
+            def shown(n):
+                return n.kind, n.size, n.attrs.mode, n.attrs.uid, n.nlink, n.target
+
+            assert shown(node) == shown(want), name
+            assert kind == want.kind
+            seen.append(name)
+        assert seen == sorted(["0040m", "0008l", "0009s", "0200d", *(k[2:] for k in files)])
+
     def test_listing_of_many_subfolders_across_batch_ends(self, tree):
         """zarr's c/0/0, c/1/0, ...: subfolders of one key each, of many keys (a batch ends inside
         one), files and a hidden key among them, and empty folders made with mkdir; listed whole,
