@@ -7,7 +7,9 @@ folder's attribute record (its group, for a setgid folder) that a new file's att
 :class:`KnownFolders` answers both from what the mount already read or wrote:
 
 * **names**: every name of a folder, known when this mount made the folder (empty) or read it
-  whole in one transaction (a listing that fit in one window, a folder snapshot). The set is
+  whole in one transaction (a listing that fit in one window, a folder snapshot, or the first
+  lookup the mount asked its database for in the folder, which reads a small folder's names
+  with it: see :meth:`KnownFolders.worth_reading`). The set is
   kept a superset of the names there: a name this mount's commits add (any data key, or side
   entry, below the folder) is added, a name removed stays (its lookup then asks the database).
   A name not in it is missing, without a round trip;
@@ -39,6 +41,7 @@ from zarrfs.fs.sidedata import ATTR, ENTRY, XATTR
 ENTRIES = 1 << 16  # names held in every folder's set together (the oldest folder goes first)
 RECORDS = 4096  # attribute records of folders held (the table is emptied when full)
 XATTR_RECORDS = 1 << 16  # extended-attribute records held (the oldest goes first)
+LARGE = 4096  # folders remembered as too large to read with a lookup (the set is emptied when full)
 
 
 class KnownFolders:
@@ -50,6 +53,7 @@ class KnownFolders:
         self.records: dict[str, bytes | None] = {}  # folder -> its raw attribute record
         self.nodes: dict[str, Node] = {}  # key -> the node this mount's last write made there
         self.xattrs: dict[str, bytes | None] = {}  # key -> its raw extended-attribute record
+        self.large: set[str] = set()  # folders a lookup found too large to read whole
         self.held = 0  # names held in ``names``
 
     # -- answers ----------------------------------------------------------------------------------
@@ -61,6 +65,19 @@ class KnownFolders:
         folder, _, name = key.rpartition("/")
         names = self.names.get(folder)
         return names is not None and name not in names
+
+    def worth_reading(self, folder: str) -> bool:
+        """Whether a lookup in ``folder`` that asks the database should read the folder's
+        names with it (one batch of its scans, in the same round trip): they are not known,
+        and no lookup found the folder larger than a batch. A program that looks a name up
+        in a folder often creates it next, and the kernel looks every new name up first."""
+        return folder not in self.names and folder not in self.large
+
+    def too_large(self, folder: str) -> None:
+        """A lookup found ``folder`` larger than it reads whole."""
+        if len(self.large) >= LARGE:
+            self.large.clear()
+        self.large.add(folder)
 
     def node(self, key: str) -> Node | None:
         """The node this mount's last write made at ``key``, if any."""
@@ -159,6 +176,7 @@ class KnownFolders:
         self.records.clear()
         self.nodes.clear()
         self.xattrs.clear()
+        self.large.clear()
         self.held = 0
 
     def _set(self, folder: str, names: set[str]) -> None:

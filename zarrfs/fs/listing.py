@@ -403,6 +403,19 @@ class Listings:
         self._read_xattrs(xattrs)
         return nodes
 
+    def announce_folder(self, t: Txn, key: str) -> None:
+        """Tell ``t`` the first scans of folder ``key`` (:meth:`small_folder` reads them)."""
+        _announce(t, key + "/" if key else "", None)
+
+    def small_folder(self, t: Txn, key: str) -> list[str] | None:
+        """Every name of folder ``key`` when its first scans (one batch of each space) hold
+        them all, else None: read with nothing more than those scans, which
+        :meth:`announce_folder` sends with the transaction's next reads."""
+        try:
+            return [name for name, _, _ in self._merged_children(_FirstScans(t), key, None)]
+        except _MoreThanABatch:
+            return None
+
     def _marks(self) -> tuple[str, ...]:
         """The side records read with each child's node: attributes, link-group pointers
         and, on a mount that keeps them (:mod:`zarrfs.fs.knownfolders`), extended attributes."""
@@ -570,6 +583,29 @@ class Listings:
                     records[key[len(mark) :]] = value
             found.records[mark], found.upto[mark] = records, None
         return found
+
+
+class _MoreThanABatch(Exception):
+    """A folder read by :class:`_FirstScans` has more than its first batches."""
+
+
+class _FirstScans:
+    """A transaction that answers one scan of each space (a listing's first batches, sent
+    ahead) and refuses any more (:class:`_MoreThanABatch`): a folder read through it costs
+    no round trip of its own."""
+
+    def __init__(self, t: Txn) -> None:
+        self._t = t
+        self._scanned: set[str] = set()
+
+    def scan(self, start: str, stop: str | None = None, *, space: str = DATA, **kwargs: Any):
+        if space in self._scanned:
+            raise _MoreThanABatch
+        self._scanned.add(space)
+        return self._t.scan(start, stop, space=space, **kwargs)
+
+    def scan_prefix(self, prefix: str, **kwargs: Any):
+        raise _MoreThanABatch
 
 
 class Lister(Protocol):

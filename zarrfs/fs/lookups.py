@@ -217,13 +217,14 @@ class Lookups:
             return None
         return self.remember(key, self.node_from(t, key, *found))
 
-    def find_with_xattrs(self, t: Txn, key: str) -> tuple[Node | None, bytes | None]:
+    def find_with_xattrs(self, t: Txn, key: str) -> tuple[Node | None, bytes | None, bytes | None]:
         """:meth:`find_in`, and in the same batch of reads the extended-attribute record of
-        ``key`` (for the known folders: ``ls -l`` asks for it after the lookup)."""
+        ``key`` (for the known folders: ``ls -l`` asks for it after the lookup); and the raw
+        attribute record read (a folder's: what a new file in it inherits)."""
         (found,), (raw,) = self.probe_many_with(t, [key], [Get(xattr_key(key), SIDE)])
         if found is None:
-            return None, None
-        return self.remember(key, self.node_from(t, key, *found)), raw
+            return None, None, None
+        return self.remember(key, self.node_from(t, key, *found)), raw, found[3]
 
     def remember(self, key: str, node: Node) -> Node:
         """Note the size of the file ``node`` at ``key``: a hint for its next open (see

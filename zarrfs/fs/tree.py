@@ -208,9 +208,25 @@ class Tree:
             if node is not MISS:
                 return None if node is None else self.lookups.remember(key, node)
         if known is not None:  # a remote database: its extended attributes come with it
-            node, raw = self.driver.transact(lambda t: self.lookups.find_with_xattrs(t, key), write=False)
+            folder = key.rpartition("/")[0]
+            learn = known.worth_reading(folder)
+            listings = self.listings
+
+            def run(t: Txn) -> tuple[Node | None, bytes | None, bytes | None, list[str] | None]:
+                if learn:  # a small folder's names come in the same round trip
+                    listings.announce_folder(t, folder)
+                node, raw, record = self.lookups.find_with_xattrs(t, key)
+                return node, raw, record, listings.small_folder(t, folder) if learn else None
+
+            node, raw, record, names = self.driver.transact(run, write=False)
             if node is not None:
                 known.read_xattrs(key, raw)
+                if node.kind == DIR:  # what a file made in it inherits (its group)
+                    known.read_record(key, record)
+            if names is not None:
+                known.listed(folder, names)
+            elif learn:
+                known.too_large(folder)
             return node
         return self.driver.transact(lambda t: self.lookups.find_in(t, key), write=False)
 
