@@ -15,9 +15,11 @@ import time
 
 import pytest
 from conftest import session_server
-from mounting import needs_fuse
+from mounting import eventually, needs_fuse
 from servers import start_postgres, stop_postgres
 from test_stalls import timed_stat, write
+
+from zarrfs.backends import open_driver
 
 pytestmark = needs_fuse
 
@@ -71,15 +73,24 @@ def mount_backends(server, table: str) -> list[int]:
     return pids
 
 
+def large_folder(url: str) -> None:
+    """A folder "big" larger than a lookup reads whole: a name missing there is asked of the
+    database at every lookup (one of a small folder the mount has read is answered at once)."""
+    with open_driver(url) as d:
+        d.transact(lambda t: [t.put(f"big/{i:03d}", b"x") for i in range(300)])
+
+
 def test_a_paused_server_is_etimedout_within_the_timeout_and_the_mount_recovers(own_postgres, mount_factory):
     m = mount_factory(own_postgres.url(table="stall"), ["create", "cache_timeout=0", "timeout=2"])
     write(m.path / "before", b"1")
+    large_folder(m.url)
+    assert os.path.isdir(m.path / "big")
     pids = server_pids(own_postgres)
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
     try:
         # The first waits on its connection; the next one on a new connection's connect.
-        for name in ("missing", "before"):
+        for name in ("big/missing", "before"):
             what, seconds = timed_stat(m.path / name)
             assert what == str(errno.ETIMEDOUT), (name, what)
             assert seconds < 6, seconds
@@ -92,13 +103,17 @@ def test_a_paused_server_is_etimedout_within_the_timeout_and_the_mount_recovers(
 
 
 def test_a_stuck_backend_is_etimedout_and_the_next_request_is_served(own_postgres, mount_factory):
-    m = mount_factory(own_postgres.url(table="stuck"), ["create", "cache_timeout=0", "timeout=4"])
+    # Names cached by the kernel: the stat's one request is the lookup of the missing name (a
+    # failed lookup revalidating a cached folder would be retried by the kernel at once).
+    m = mount_factory(own_postgres.url(table="stuck"), ["create", "cache_timeout=60", "timeout=4"])
     write(m.path / "before", b"1")
+    large_folder(m.url)
+    write(m.path / "big" / "warm", b"w")  # ends committed: no COMMIT left for the feed's poll
     stuck = mount_backends(own_postgres, "stuck")
     for pid in stuck:
         os.kill(pid, signal.SIGSTOP)
     try:
-        what, seconds = timed_stat(m.path / "missing")
+        what, seconds = timed_stat(m.path / "big" / "missing")
         assert what == str(errno.ETIMEDOUT) and seconds < 12, (what, seconds)
         start = time.monotonic()
         assert (m.path / "before").read_bytes() == b"1"  # a new connection, still stopped the old
@@ -114,10 +129,14 @@ def test_a_call_waiting_on_a_stuck_backend_is_interrupted_with_eintr(own_postgre
     m = mount_factory(own_postgres.url(table="intr"), ["create", "cache_timeout=60", "timeout=60"])
     write(m.path / "cached", b"1")
     os.stat(m.path / "cached")
+    large_folder(m.url)
+    assert os.path.isdir(m.path / "big")
     stopped: list[int] = []
     try:
-        for name in ("missing-1", "missing-2"):
-            assert not (m.path / f"warm-{name}").exists()  # on the connection now in use
+        for name in ("big/missing-1", "big/missing-2"):
+            # On the connection now in use, and committed (a reading transaction's COMMIT, left
+            # for the feed's poll, could close the connection before the stat takes it).
+            write(m.path / f"{name}-warm", b"w")
             stuck = [pid for pid in mount_backends(own_postgres, "intr") if pid not in stopped]
             for pid in stuck:
                 os.kill(pid, signal.SIGSTOP)
@@ -127,10 +146,46 @@ def test_a_call_waiting_on_a_stuck_backend_is_interrupted_with_eintr(own_postgre
             assert what == "alarm", (name, what)  # EINTR: the signal handler ran
             assert seconds < 5 and time.monotonic() - start < 15, seconds
             assert os.stat(m.path / "cached").st_size == 1  # served meanwhile
-        what, _ = timed_stat(m.path / "missing-3")  # on the stuck one: still waiting at the limit
+        what, _ = timed_stat(m.path / "big" / "missing-3")
         assert what == str(errno.ENOENT), what  # a new connection
     finally:
         cont(stopped)
-    write(m.path / "missing-3", b"22")
-    assert (m.path / "missing-3").read_bytes() == b"22"
+    write(m.path / "big" / "missing-3", b"22")
+    assert (m.path / "big" / "missing-3").read_bytes() == b"22"
     assert (m.path / "cached").read_bytes() == b"1"
+
+
+def test_a_stuck_idle_backend_does_not_hold_the_mount(own_postgres, mount_factory):
+    """A reading transaction's COMMIT waits for the next statement, or for the change feed's
+    poll, which runs alone; on a backend that stopped answering the poll gives it up after
+    ``SETTLE_WAIT`` (one log line) and closes the connection: it no longer held every request
+    for the timeout (60 s here)."""
+    m = mount_factory(own_postgres.url(table="settle"), ["create", "cache_timeout=0", "timeout=60"])
+    write(m.path / "f", b"1")
+    large_folder(m.url)
+    assert os.path.isdir(m.path / "big")
+    stopped: list[int] = []
+    try:
+        for attempt in range(20):  # stopped before the poll sends the COMMIT
+            assert not (m.path / "big" / f"missing-{attempt}").exists()  # its COMMIT deferred
+            stopped = mount_backends(own_postgres, "settle")
+            for pid in stopped:
+                os.kill(pid, signal.SIGSTOP)
+            if _in_transaction(own_postgres, stopped):
+                break
+            cont(stopped)
+            stopped = []
+        assert stopped, "the poll always ended the transaction first"
+        eventually(lambda: "COMMIT failed" in m.log_text(), "the deferred COMMIT given up", deadline=30)
+        what, seconds = timed_stat(m.path / "big" / "missing")
+        assert what == str(errno.ENOENT), what  # on a new connection
+    finally:
+        cont(stopped)
+    assert (m.path / "f").read_bytes() == b"1"
+
+
+def _in_transaction(server, pids: list[int]) -> bool:
+    """Whether one of ``pids`` last reported itself idle in a transaction."""
+    with server.connect() as conn:
+        rows = conn.execute("SELECT pid, state FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)).fetchall()
+    return any(state == "idle in transaction" for _, state in rows)

@@ -36,6 +36,9 @@ class WatchedConnection(psycopg.Connection):
     module docstring. ``driver`` is set right after connecting."""
 
     driver: Any = None
+    #: Seconds this connection's waits last at most, when shorter than the driver's timeout
+    #: (a best-effort statement: a reading transaction's deferred ``COMMIT``).
+    limit: float | None = None
 
     def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
         """Run ``gen`` (psycopg's protocol generator) to its end; see the module docstring.
@@ -54,12 +57,13 @@ class WatchedConnection(psycopg.Connection):
         try:
             state = next(gen)
             poller.register(fd, _EVENTS[state])
-            deadline = time.monotonic() + driver.timeout
+            bound = driver.timeout if self.limit is None else min(self.limit, driver.timeout)
+            deadline = time.monotonic() + bound
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self._abandon(driver)
-                    raise StalledError(f"{driver.where}: no reply within {driver.timeout:g} s (-o timeout=)")
+                    raise StalledError(f"{driver.where}: no reply within {bound:g} s (-o timeout=)")
                 ready = 0
                 ms = left * 1000 + 1
                 if watch is None:
@@ -80,7 +84,7 @@ class WatchedConnection(psycopg.Connection):
                 if ready:
                     state = gen.send(ready)
                     poller.modify(fd, _EVENTS[state])
-                    deadline = time.monotonic() + driver.timeout  # progress: a new bound
+                    deadline = time.monotonic() + bound  # progress: a new bound
         except StopIteration as stop:
             return stop.value
 

@@ -17,6 +17,7 @@ messages never hold the password (``where`` is the URL without it).
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -58,7 +59,12 @@ _LIBPQ_OPTIONS = {
     "sslmode", "sslrootcert", "sslcert", "sslkey", "connect_timeout",
     "application_name", "host",
 }
+log = logging.getLogger("zarrfs.backends.postgres")
+
 DEFER = 0.1  # seconds a reading transaction's COMMIT may wait for the next statement
+#: Seconds the change feed's poll waits for a deferred COMMIT before it closes the connection
+#: instead: the poll runs alone, so a stuck backend must not hold every request for the timeout.
+SETTLE_WAIT = 1.0
 _RETRY = (pgerr.SerializationFailure, pgerr.DeadlockDetected, pgerr.LockNotAvailable)
 _FULL = (pgerr.DiskFull, pgerr.OutOfMemory, pgerr.ProgramLimitExceeded)
 
@@ -313,10 +319,17 @@ class PostgresDriver(Driver):
     def _settle_each(due: list[_ThreadConn]) -> None:
         for mine in due:
             mine.deferred = None
+            conn = mine.conn
             try:
-                if mine.conn is not None and not mine.conn.closed:
-                    mine.conn.execute("COMMIT")
-            except (psycopg.Error, InterruptedCallError, StalledError):
+                if conn is not None and not conn.closed:
+                    conn.limit = SETTLE_WAIT
+                    try:
+                        conn.execute("COMMIT")
+                    finally:
+                        conn.limit = None
+            except (psycopg.Error, InterruptedCallError, StalledError) as exc:
+                why = _reason(exc) if isinstance(exc, psycopg.Error) else exc
+                log.warning("a reading transaction's COMMIT failed, its connection is closed: %s", why)
                 _close(mine)  # the next transaction makes a new connection
 
     def _roll_back(self) -> None:
