@@ -17,9 +17,7 @@ import pytest
 from conftest import session_server
 from mounting import eventually, needs_fuse
 from servers import start_postgres, stop_postgres
-from test_stalls import timed_stat, write
-
-from zarrfs.backends import open_driver
+from test_stalls import large_folder, timed_stat, write
 
 pytestmark = needs_fuse
 
@@ -73,18 +71,10 @@ def mount_backends(server, table: str) -> list[int]:
     return pids
 
 
-def large_folder(url: str) -> None:
-    """A folder "big" larger than a lookup reads whole: a name missing there is asked of the
-    database at every lookup (one of a small folder the mount has read is answered at once)."""
-    with open_driver(url) as d:
-        d.transact(lambda t: [t.put(f"big/{i:03d}", b"x") for i in range(300)])
-
-
 def test_a_paused_server_is_etimedout_within_the_timeout_and_the_mount_recovers(own_postgres, mount_factory):
     m = mount_factory(own_postgres.url(table="stall"), ["create", "cache_timeout=0", "timeout=2"])
     write(m.path / "before", b"1")
-    large_folder(m.url)
-    assert os.path.isdir(m.path / "big")
+    large_folder(m)
     pids = server_pids(own_postgres)
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
@@ -107,7 +97,7 @@ def test_a_stuck_backend_is_etimedout_and_the_next_request_is_served(own_postgre
     # failed lookup revalidating a cached folder would be retried by the kernel at once).
     m = mount_factory(own_postgres.url(table="stuck"), ["create", "cache_timeout=60", "timeout=4"])
     write(m.path / "before", b"1")
-    large_folder(m.url)
+    large_folder(m)
     write(m.path / "big" / "warm", b"w")  # ends committed: no COMMIT left for the feed's poll
     stuck = mount_backends(own_postgres, "stuck")
     for pid in stuck:
@@ -129,8 +119,7 @@ def test_a_call_waiting_on_a_stuck_backend_is_interrupted_with_eintr(own_postgre
     m = mount_factory(own_postgres.url(table="intr"), ["create", "cache_timeout=60", "timeout=60"])
     write(m.path / "cached", b"1")
     os.stat(m.path / "cached")
-    large_folder(m.url)
-    assert os.path.isdir(m.path / "big")
+    large_folder(m)
     stopped: list[int] = []
     try:
         for name in ("big/missing-1", "big/missing-2"):
@@ -162,8 +151,7 @@ def test_a_stuck_idle_backend_does_not_hold_the_mount(own_postgres, mount_factor
     for the timeout (60 s here)."""
     m = mount_factory(own_postgres.url(table="settle"), ["create", "cache_timeout=0", "timeout=60"])
     write(m.path / "f", b"1")
-    large_folder(m.url)
-    assert os.path.isdir(m.path / "big")
+    large_folder(m)
     stopped: list[int] = []
     try:
         for attempt in range(20):  # stopped before the poll sends the COMMIT

@@ -14,7 +14,9 @@ import sys
 import time
 
 from conftest import start_redis, stop_redis
-from mounting import needs_fuse, write
+from mounting import eventually, needs_fuse, write
+
+from zarrfs.backends import open_driver
 
 pytestmark = needs_fuse
 
@@ -57,15 +59,27 @@ def timed_stat(path, alarm: float = 0.0, limit: float = 20.0) -> tuple[str, floa
     return what, float(seconds)
 
 
+def large_folder(m) -> None:
+    """A folder "big" of mount ``m`` larger than a lookup reads whole, made by another client:
+    a name missing there is asked of the database at every lookup (one of a small folder the
+    mount has read is answered at once)."""
+    with open_driver(m.url) as d:
+        d.transact(lambda t: [t.put(f"big/{i:03d}", b"x") for i in range(300)])
+    eventually(lambda: os.path.isdir(m.path / "big"), "a folder another client made")
+
+
 def test_a_stalled_server_is_etimedout_within_the_timeout_and_the_mount_recovers(tmp_path, mount_factory):
     server = start_redis(str(tmp_path))
     try:
-        m = mount_factory(server.url(0, prefix="stall"), ["create", "cache_timeout=0", "timeout=2"])
+        # Names cached by the kernel: a stat's one request is the lookup of the missing name (a
+        # failed lookup revalidating a cached folder would be retried by the kernel at once).
+        m = mount_factory(server.url(0, prefix="stall"), ["create", "cache_timeout=60", "timeout=2"])
         write(m.path / "before", b"1")
+        large_folder(m)
         os.kill(server.process.pid, signal.SIGSTOP)
         try:
-            for name in ("missing", "before"):  # the first wait, then one on a new connection
-                what, seconds = timed_stat(m.path / name)
+            for name in ("missing-1", "missing-2"):  # the first wait, then one on a new connection
+                what, seconds = timed_stat(m.path / "big" / name)
                 assert what == str(errno.ETIMEDOUT), (name, what)
                 assert seconds < 6, seconds
         finally:
@@ -84,20 +98,21 @@ def test_a_call_waiting_on_a_stalled_server_is_interrupted_with_eintr(tmp_path, 
         m = mount_factory(server.url(0, prefix="intr"), ["create", "cache_timeout=60", "timeout=60"])
         write(m.path / "cached", b"1")
         os.stat(m.path / "cached")
+        large_folder(m)
         os.kill(server.process.pid, signal.SIGSTOP)
         try:
             for name in ("missing-1", "missing-2", "cached-later"):  # the daemon goes on serving
                 start = time.monotonic()
-                what, seconds = timed_stat(m.path / name, alarm=0.5)
+                what, seconds = timed_stat(m.path / "big" / name, alarm=0.5)
                 assert what == "alarm", (name, what)  # EINTR: the signal handler ran
                 assert seconds < 5 and time.monotonic() - start < 15, seconds
                 assert os.stat(m.path / "cached").st_size == 1  # cached answers meanwhile
         finally:
             os.kill(server.process.pid, signal.SIGCONT)
-        what, _ = timed_stat(m.path / "cached-later")
+        what, _ = timed_stat(m.path / "big" / "cached-later")
         assert what == str(errno.ENOENT)  # served again, without a remount
-        write(m.path / "cached-later", b"22")
-        assert (m.path / "cached-later").read_bytes() == b"22"
+        write(m.path / "big" / "cached-later", b"22")
+        assert (m.path / "big" / "cached-later").read_bytes() == b"22"
         assert (m.path / "cached").read_bytes() == b"1"
     finally:
         stop_redis(server)
