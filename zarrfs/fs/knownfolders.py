@@ -32,6 +32,7 @@ remote database (the one place a lookup costs a round trip); bounded by :data:`E
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable
 
 from zarrfs.backends.base import DATA, SIDE, Space
@@ -47,12 +48,16 @@ LARGE = 4096  # folders remembered as too large to read with a lookup (the set i
 class KnownFolders:
     """Folders' names and attribute records, and nodes just made; see the module docstring."""
 
-    def __init__(self, entries: int = ENTRIES) -> None:
+    def __init__(self, entries: int = ENTRIES, xattr_records: int = XATTR_RECORDS) -> None:
         self.entries = entries
-        self.names: dict[str, set[str]] = {}  # folder -> a superset of its names
+        self.xattr_records = xattr_records
+        # Ordered dicts: the oldest goes first in O(1); a dict's first key after many deletions
+        # from its front costs a scan over their holes (a listing of 10^6 names spent most of
+        # its time there).
+        self.names: OrderedDict[str, set[str]] = OrderedDict()  # folder -> a superset of its names
         self.records: dict[str, bytes | None] = {}  # folder -> its raw attribute record
         self.nodes: dict[str, Node] = {}  # key -> the node this mount's last write made there
-        self.xattrs: dict[str, bytes | None] = {}  # key -> its raw extended-attribute record
+        self.xattrs: OrderedDict[str, bytes | None] = OrderedDict()  # key -> its raw x: record
         self.large: set[str] = set()  # folders a lookup found too large to read whole
         self.held = 0  # names held in ``names``
 
@@ -110,8 +115,8 @@ class KnownFolders:
         """``raw`` is the extended-attribute record of ``key`` as read now."""
         table = self.xattrs
         table.pop(key, None)
-        if len(table) >= XATTR_RECORDS:
-            del table[next(iter(table))]
+        if len(table) >= self.xattr_records:
+            table.popitem(last=False)
         table[key] = None if raw is None else bytes(raw)
 
     # -- what the mount wrote ---------------------------------------------------------------------
