@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from mounting import make_url, needs_fuse
+from mounting import eventually, make_url, needs_fuse
 
 pytestmark = needs_fuse
 
@@ -68,10 +68,9 @@ def test_locked_writes_from_two_mounts_follow_the_model(kind, tmp_path, request,
 
         def _path(self, m: int):
             path = mounts[m].path / self.name
-            for _ in range(2000):  # a name made on one mount shows on the other within a poll
-                if path.exists():
-                    break
-                os.sched_yield()
+            # A name made on one mount shows on the other within a poll: waited for with a
+            # deadline, not a count of yields, which a busy machine ran through first.
+            eventually(path.exists, "the name on the other mount")
             return path
 
         @rule(m=st.integers(0, 1), append=st.booleans())
