@@ -373,6 +373,48 @@ def test_chunks_read_ahead_have_their_parts_read_in_one_batch(proxied_cluster, t
     assert trips <= 0.6, trips
 
 
+def test_chunks_closed_together_go_to_their_masters_together(proxied_cluster, tmp_path):
+    """Sixteen programs each write a new chunk of a spread array at once: the closes waiting
+    together are served in one commit, their parts written first in one pipeline to every
+    master (alone, each close costs about four round trips: its part, the check, the probe,
+    the commit); a fresh mount reads every chunk back."""
+    _cluster, proxy, via = proxied_cluster
+    url = _proxied_url(via, "tg")
+    names = [f"0.{i}" for i in range(16)]
+    values = {n: os.urandom(20_000) for n in names}
+    with Mount(url, tmp_path / "m", ["create"]) as m:
+        meta = {"zarr_format": 2, "shape": [1, 20_000 * 17], "chunks": [1, 20_000], "dtype": "|u1",
+                "compressor": None, "fill_value": 0, "order": "C", "filters": None}
+        (m.path / "a").mkdir()
+        write(m.path / "a" / ".zarray", json.dumps(meta).encode())
+        write(m.path / "a" / "0.16", os.urandom(20_000))  # connections to every master made
+        os.listdir(m.path / "a")
+        start = threading.Barrier(len(names))
+        errors: list[BaseException] = []
+
+        def one(n: str) -> None:
+            try:
+                start.wait(60)
+                write(m.path / "a" / n, values[n])
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        proxy.reset()
+        threads = [threading.Thread(target=one, args=(n,)) for n in names]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        trips = proxy.round_trips()
+        assert not errors, errors
+    assert trips <= 32, f"{trips} round trips for 16 chunks written at once"
+    with Mount(url, tmp_path / "r") as m:
+        for n, v in values.items():
+            assert read(m.path / "a" / n) == v
+    check = zarrfs("check", url, check=False)  # no part left that no file references
+    assert check.returncode == 0, check
+
+
 def test_a_commit_asks_for_its_parts_in_one_batch(proxied_cluster, tmp_path):
     """A commit checks that every part it names is stored: one pipeline to the masters, not
     one round trip a part."""

@@ -23,7 +23,7 @@ import sys
 import threading
 
 import pytest
-from mounting import read, write
+from mounting import read, unavailable, write
 
 from zarrfs.testing.proxy import DelayProxy
 
@@ -252,3 +252,116 @@ def test_concurrent_clients_of_one_mount_each_see_what_a_native_folder_shows(url
     done.set()
     browser.join(120)
     assert not errors, (seed, errors)
+
+
+def _write_all(paths, values) -> None:
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(paths))
+
+    def one(path) -> None:
+        try:
+            start.wait(60)
+            write(path, values[path.name])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in paths]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("urls", DRIVERS, indirect=True)
+def test_closes_waiting_together_share_one_commit(urls, proxy, mount_factory):
+    """Sixteen programs each write a new chunk into one folder at once: their closes, waiting
+    for their turns together, are committed in shared transactions, so the mount pays far
+    fewer round trips than two a file (one close alone: the checks, then the commit); each
+    file is stored whole, as a fresh mount reads it."""
+    direct, proxied = urls
+    _fill(mount_factory, direct, ["0.0"])
+    m = mount_factory(proxied, ["workers=16"])
+    os.listdir(m.path / "a")  # the folder's names are known: a create asks nothing
+    names = [f"1.{i}" for i in range(16)]
+    values = {n: os.urandom(4096) for n in names}
+    proxy.reset()
+    _write_all([m.path / "a" / n for n in names], values)
+    trips = proxy.round_trips()
+    assert trips <= 16, f"{trips} round trips for 16 closes waiting together"
+    m.stop()
+    fresh = mount_factory(direct)
+    for n, v in values.items():
+        assert read(fresh.path / "a" / n) == v
+
+
+@pytest.mark.parametrize("urls", ["redis"], indirect=True)
+def test_a_refused_close_among_closes_together_fails_alone(urls, proxy, mount_factory):
+    """One of the closes served together is refused by the format layer (a ``.zarray`` that
+    is not JSON): that close alone hears EINVAL, the others' files are stored."""
+    direct, proxied = urls
+    _fill(mount_factory, direct, ["0.0"])
+    m = mount_factory(proxied, ["workers=16"])
+    os.listdir(m.path / "a")
+    names = [f"1.{i}" for i in range(12)]
+    values = {n: os.urandom(1024) for n in names}
+    values[".zarray"] = b"not json"
+    results: dict[str, object] = {}
+    start = threading.Barrier(len(values))
+
+    def one(name: str) -> None:
+        start.wait(60)
+        try:
+            write(m.path / "a" / name, values[name])
+            results[name] = "ok"
+        except OSError as exc:
+            results[name] = exc.errno
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in values]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert results.pop(".zarray") == errno.EINVAL
+    assert set(results.values()) == {"ok"}, results
+    m.stop()
+    fresh = mount_factory(direct)
+    for n in names:
+        assert read(fresh.path / "a" / n) == values[n]
+    assert not (fresh.path / "a" / ".zarray").exists()
+
+
+@pytest.mark.parametrize("urls", DRIVERS, indirect=True)
+def test_creates_let_in_beside_a_commit_wait_for_their_own_writes(urls, proxy, mount_factory):
+    """While a close's commit waits on its server, creates and writes of other files are let
+    in (they write nothing to the database); a create that must store at once (its folder's
+    default ACL is kept with the file) waits for its turn as the writer. Eight programs write
+    chunks into a plain folder while eight write into a folder with a default ACL: every file
+    is stored whole, the second eight with the ACL, and the daemon says both happened."""
+    import re
+    import shutil
+
+    if shutil.which("setfacl") is None or os.geteuid() != 0:
+        unavailable("needs root and setfacl (apt-get install acl)")
+    direct, proxied = urls
+    _fill(mount_factory, direct, ["0.0"])
+    m = mount_factory(proxied, ["workers=16", "allow_other", "validate=off"])
+    (m.path / "d").mkdir()
+    subprocess.run(["setfacl", "-d", "-m", "u:nobody:rwx", str(m.path / "d")], check=True)
+    os.listdir(m.path / "a")
+    os.listdir(m.path / "d")
+    paths = [m.path / "a" / f"1.{i}" for i in range(8)] + [m.path / "d" / f"2.{i}" for i in range(8)]
+    values = {p.name: os.urandom(2048) for p in paths}
+    for _ in range(3):
+        _write_all(paths, values)
+    m.stop()
+    said = r"(\d+) requests let in beside a close's commit, (\d+) of which then waited"
+    counts = re.search(said, m.log_text())
+    assert counts is not None and int(counts[1]) > 0 and int(counts[2]) > 0, counts
+    fresh = mount_factory(direct, ["allow_other", "validate=off"])
+    for p in paths:
+        assert read(fresh.path / p.parent.name / p.name) == values[p.name]
+    for i in range(8):
+        shown = ["getfacl", "-cp", str(fresh.path / "d" / f"2.{i}")]
+        acl = subprocess.run(shown, capture_output=True, text=True)
+        assert "user:nobody:rwx" in acl.stdout, acl.stdout

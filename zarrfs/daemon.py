@@ -225,7 +225,11 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
     # Several threads on a database server, unless asked for one (see README); one on a file.
     workers = DEFAULT_WORKERS if opts.workers is None else max(1, opts.workers)
     if workers > 1 and driver.remote and opts.snapshot is None:
-        loop = _Workers(channel.fd, handle, session.reader_key, BUFFER_SIZE, workers, **idle)
+        # Closes waiting together share a commit, unless a wrapper checks who asks.
+        grouped = {} if opts.allow_root else {
+            "group": session.shared_flush, "handle_group": session.flushes, "passing": session.passing_key,
+        }
+        loop = _Workers(channel.fd, handle, session.reader_key, BUFFER_SIZE, workers, **idle, **grouped)
         session.admission = loop.admission
         session.invalidator.released = loop.admission.released
         driver.watch = loop.waits  # a driver waiting lets other requests run, notices interrupts

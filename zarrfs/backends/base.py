@@ -445,6 +445,8 @@ class Driver(ABC):
         :attr:`max_attempts` times and for up to :attr:`timeout` seconds."""
         if write and self.readonly:
             raise ReadOnlyError(f"{self.url} is opened read-only")
+        if write and self.watch is not None:
+            self.watch.before_write()  # a request let in beside a commit waits for it to end
         delay = self.backoff
         attempt = 1
         give_up = time.monotonic() + (self.timeout if self.retry_for is None else self.retry_for)

@@ -456,6 +456,18 @@ class Operations:
             if lock_owner is not None and fh in self._lockers:
                 self._unlock(fh, lock_owner)
 
+    def flush_shares(self, fh: int) -> bool:
+        """Whether a close of ``fh`` may be served with others' (:meth:`flush_many`): it was
+        opened for writing, holds no locks (an unlock is its own step) and its file has one
+        name (a file with hard links is one state under several nodes)."""
+        handle = self.handles.handles.get(fh)
+        return handle is not None and handle.writable and fh not in self._lockers and not handle.state.linked
+
+    def flush_many(self, fhs: list[int]) -> list[Stored | None | Exception]:
+        """:meth:`flush` of several descriptors of different files that hold no locks, their
+        commits in one transaction where they can be; each one's result or exception."""
+        return self.handles.flush_many(fhs)
+
     def fsync(self, fh: int) -> Stored | None:
         """Commit and make durable."""
         return self.handles.fsync(fh)

@@ -24,6 +24,16 @@ class FsError(OSError):
         self.quiet = quiet
 
 
+class Refused(FsError):
+    """One of several files committed in one transaction (``Tree.commit_many``) was refused
+    (a check, a format rule, a value too large): none was stored, and each is committed alone
+    so that each hears its own answer."""
+
+    def __init__(self, key: str, cause: BaseException) -> None:
+        super().__init__(to_errno(cause), f"{key}: {cause}")
+        self.cause = cause
+
+
 def _format_error_types() -> tuple[type[BaseException], ...]:
     try:
         from zarrfs.format.errors import FormatError

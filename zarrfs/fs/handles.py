@@ -46,6 +46,23 @@ _FALLOCATE_MODES = frozenset(
     {0, _FALLOC_PUNCH_HOLE | _FALLOC_KEEP_SIZE, _FALLOC_ZERO_RANGE, _FALLOC_ZERO_RANGE | _FALLOC_KEEP_SIZE}
 )
 DEFERRED_LIMIT = 256 << 20
+#: Bytes the files committed in one shared transaction hold at most (``flush_many``): a
+#: server takes a transaction whole (Redis's query buffer is 1 GiB).
+GROUP_BYTES = 64 << 20
+
+
+def _by_bytes(group: list[tuple[int, FileState]]) -> list[list[tuple[int, FileState]]]:
+    """``group`` in runs of at most :data:`GROUP_BYTES` (a larger file runs alone)."""
+    runs: list[list[tuple[int, FileState]]] = []
+    total = GROUP_BYTES
+    for item in group:
+        size = item[1].size
+        if total + size > GROUP_BYTES:
+            runs.append([])
+            total = 0
+        runs[-1].append(item)
+        total += size
+    return runs
 
 
 def is_deferrable(key: str) -> bool:
@@ -354,6 +371,17 @@ class HandleTable:
         assert state.buffer is not None
         buffer = state.buffer
         laid: list[tuple[bytearray, int | None]] = []
+        try:
+            self.parting.commit(state.key, buffer, state.attrs, **self._commit_args(state, laid))
+        except Exception:
+            state.failed = True
+            raise
+        return self._committed(state, buffer, laid)
+
+    def _commit_args(self, state: FileState, laid: list) -> dict[str, Any]:
+        """The keyword arguments of :meth:`Tree.commit` for ``state`` (``laid`` receives what a
+        change laid on a newer version made)."""
+        buffer = state.buffer
         lay = None
         if state.base is not None and not state.created and not state.changes.whole:
 
@@ -361,21 +389,17 @@ class HandleTable:
                 laid[:] = [state.changes.lay(newest, buffer.size, buffer.read)]
                 return laid[0][0]
 
-        try:
-            self.parting.commit(
-                state.key,
-                buffer,
-                state.attrs,
-                state.created,
-                linked=state.linked,
-                added=state.born,
-                base=state.base,
-                lay=lay,
-                xattrs=state.xattrs if state.created else None,
-            )
-        except Exception:
-            state.failed = True
-            raise
+        return {
+            "create": state.created,
+            "linked": state.linked,
+            "added": state.born,
+            "base": state.base,
+            "lay": lay,
+            "xattrs": state.xattrs if state.created else None,
+        }
+
+    def _committed(self, state: FileState, buffer: Any, laid: list) -> Stored | None:
+        """What a commit of ``state`` changes in it."""
         if laid:  # others' bytes are in what was stored: this mount reads that from now on
             state.buffer = SpillBuffer(laid[0][0], self.spill_threshold)
             buffer.close()
@@ -389,6 +413,74 @@ class HandleTable:
         state.base = None if self.tree.hooks_transform else (state.size, state.attrs.mtime)
         state.stored = Stored(state.size, state.attrs.mtime, others=bool(laid))
         return state.stored
+
+    def _groupable(self, state: FileState) -> bool:
+        """Whether ``state``'s commit may share a transaction with others' (a file of one
+        name, stored whole or in one part: ``Parting.groupable``)."""
+        buffer = state.buffer
+        return buffer is not None and not state.linked and self.parting.groupable(state.key, buffer)
+
+    def flush_many(self, fhs: list[int]) -> list[Stored | None | Exception]:
+        """:meth:`flush` of several descriptors, of different files, at once: the commits of
+        files stored whole in one transaction (:meth:`Tree.commit_many`), the others one by
+        one; each one's result or the exception its own flush would have raised. When the
+        shared transaction is refused by a check, each file is committed alone, so each hears
+        its own answer."""
+        out: list[Stored | None | Exception] = [None] * len(fhs)
+        group: list[tuple[int, FileState]] = []
+        alone: list[int] = []
+        taken: set[int] = set()
+        for i, fh in enumerate(fhs):
+            try:
+                handle = self.files.handle(fh)
+            except FsError as exc:
+                out[i] = exc
+                continue
+            state = handle.state
+            if not handle.writable or not state.dirty or state.orphan or id(state) in taken:
+                alone.append(i)  # nothing to store, or stored with another descriptor's
+            elif state.created and (is_deferrable(state.key) or state.size == 0):
+                continue  # held for its rename or its release (see flush)
+            elif self._groupable(state):
+                group.append((i, state))
+                taken.add(id(state))
+            else:
+                alone.append(i)
+        for shared in _by_bytes(group):
+            if len(shared) == 1:
+                alone.append(shared[0][0])
+                continue
+            try:
+                self._commit_group([state for _, state in shared])
+            except FsError:
+                alone += [i for i, _ in shared]  # each hears its own answer
+            except Exception as exc:
+                for i, state in shared:
+                    state.failed = True
+                    out[i] = exc
+            else:
+                for i, state in shared:
+                    out[i] = state.stored
+        alone.sort()
+        for i in alone:
+            if isinstance(out[i], Exception):
+                continue
+            try:
+                out[i] = self.flush(fhs[i])
+            except Exception as exc:
+                out[i] = exc
+        return out
+
+    def _commit_group(self, states: list[FileState]) -> None:
+        items = []
+        laids: list[list] = []
+        for state in states:
+            laid: list[tuple[bytearray, int | None]] = []
+            laids.append(laid)
+            items.append((state.key, state.buffer, state.attrs, self._commit_args(state, laid)))
+        self.parting.commit_many(items)
+        for state, laid in zip(states, laids, strict=True):
+            self._committed(state, state.buffer, laid)
 
     def flush(self, fh: int) -> Stored | None:
         """Commit the file's pending content (called at every close); a new temporary file

@@ -384,6 +384,44 @@ def store(
     return parted
 
 
+def store_one_part_each(driver: Any, values: list[memoryview], part: int) -> list[Parted]:
+    """Versions of several small files stored in parts (a chunk of a hierarchy spread over a
+    Redis Cluster's masters: every chunk is one part), all their parts in one transaction: on
+    a spread hierarchy one pipeline to every master holding one, so closes served together
+    send their chunks to the masters in parallel. Each value is at most ``part`` bytes; one of
+    zeros is stored as its part all the same (no map, no hole)."""
+    versions = []
+    for value in values:
+        assert len(value) <= part
+        ident = new_id()
+        versions.append(Parted.of(ident, len(value), part, [ident] if len(value) else [], None))
+
+    def run(t: Txn) -> None:
+        for parted, value in zip(versions, values, strict=True):
+            if parted.size:
+                t.put(part_key(parted.id, 0), value, PARTS)
+
+    driver.transact(run)
+    return versions
+
+
+def check_present_many(t: Txn, versions: list[tuple[str, Parted]]) -> None:
+    """:func:`check_present` of several new versions, their parts asked in one batch."""
+    if len(versions) == 1:
+        check_present(t, *versions[0])
+        return
+    want: list[tuple[str, str]] = []
+    for key, parted in versions:
+        if parted.base is not None or parted.mapped or parted.entries is None:
+            check_present(t, key, parted)
+            continue
+        want += [(key, part_key(parted.id, n)) for n in range(parted.count)]
+    sizes = t.read_many([Size(k, PARTS) for _, k in want]) if want else []
+    for (key, _), size in zip(want, sizes, strict=True):
+        if size is None:
+            raise FsError(errno.EIO, f"{key}: its parts vanished before the commit")
+
+
 def _delete(driver: Any, keys: Iterable[str], ident: str) -> None:
     try:
         for key in keys:
@@ -534,6 +572,42 @@ class Parting:
             track.committed(parted)
         else:
             buffer.parts = PartTrack(parted, fill=self.fill)
+
+    def groupable(self, key: str, buffer: Any) -> bool:
+        """Whether the content of ``buffer`` may be committed with other files'
+        (:meth:`commit_many`): stored whole, or in one part of its own (not sharing parts with
+        a version stored before)."""
+        if not self.wanted(key, buffer.size):
+            return True
+        return buffer.parts is None and buffer.size <= part_size(self.above, self.max_value)
+
+    def commit_many(self, items: list[tuple[str, Any, Attrs | None, dict[str, Any]]]) -> None:
+        """:meth:`commit` of several files (``(key, buffer, attrs, keyword arguments)``, each
+        :meth:`groupable`) in one transaction (``Tree.commit_many``); the parts of those
+        stored in parts are written first, together (:func:`store_one_part_each`)."""
+        parted_at = [i for i, (key, buffer, _, _) in enumerate(items) if self.wanted(key, buffer.size)]
+        versions = store_one_part_each(
+            self.tree.driver, [items[i][1].view() for i in parted_at], part_size(self.above, self.max_value)
+        )
+        chosen = dict(zip(parted_at, versions, strict=True))
+        steps = []
+        for i, (key, buffer, attrs, kwargs) in enumerate(items):
+            parted = chosen.get(i)
+            if parted is None:
+                steps.append((key, buffer.view(), attrs, kwargs))
+                continue
+            kwargs = {k: v for k, v in kwargs.items() if k not in ("base", "lay")}
+            if attrs is None:
+                attrs = self.tree.lookup_attrs(key)
+            steps.append((key, parted.manifest(), attrs, {**kwargs, "parted": parted}))
+        try:
+            self.tree.commit_many(steps)
+        except BaseException:
+            for parted in versions:
+                _delete(self.tree.driver, new_keys(parted), parted.id)
+            raise
+        for i, parted in chosen.items():
+            items[i][1].parts = PartTrack(parted, fill=self.fill)
 
     def fill(self, parted: Parted, n: int) -> bytes:
         """Part ``n`` of ``parted`` (a buffer reads it in when first needed): ESTALE when it

@@ -21,10 +21,11 @@ import time
 from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, HasPrefix, StalledError, Txn
+from zarrfs.backends.errors import InterruptedCallError, RetryableError, UnavailableError
 from zarrfs.backends.heldvalues import Held
 from zarrfs.fs import acl, hardlinks, parts, records
 from zarrfs.fs.entries import Entries
-from zarrfs.fs.errors import FsError
+from zarrfs.fs.errors import FsError, Refused
 from zarrfs.fs.foldercache import MISS
 from zarrfs.fs.hardlinks import LinkGroups
 from zarrfs.fs.hooks import Hooks
@@ -393,56 +394,52 @@ class Tree:
         content, read in this transaction (changes laid on it: :mod:`zarrfs.fs.extents`).
         ``xattrs``: the extended-attributes record of a file new here."""
 
-        # Remote: what the format layer will read comes in the probe's round trip.
-        also = self.hooks.reads(key) if (create or exclusive) and self.driver.remote else ()
-        hint = attrs.parted if attrs is not None else None  # the version this one replaces
-        record = None if attrs is None else Attrs(**{**vars(attrs), "parted": parted}).pack()
+        self.commit_many([(key, value, attrs, {
+            "create": create, "exclusive": exclusive, "replace": replace, "linked": linked,
+            "added": added, "renamed_from": renamed_from, "parted": parted, "base": base,
+            "lay": lay, "xattrs": xattrs,
+        })])
+
+    def commit_many(self, items: list[tuple[str, Any, Attrs | None, dict[str, Any]]]) -> None:
+        """:meth:`commit` of several files (``(key, value, attrs, keyword arguments)``, of
+        different keys, none linked) in one transaction: their probes in one batch of reads,
+        so several closes waiting together cost the round trips of one (``fuse.workers``).
+        A check refusing one file refuses them all: the caller then commits each alone."""
+        steps = [_CommitStep(self, key, value, attrs, **kwargs) for key, value, attrs, kwargs in items]
 
         def run(t: Txn) -> None:
-            pointer = folder = found = None
-            if parted is not None:
-                parts.check_present(t, key, parted)
-            if create or exclusive:
-                folder, found = self.lookups.probe_with_folder(t, key, also)
-                if found is not None and replace and not exclusive and found[0] not in (FILE, DIR):
-                    self.links.unlinked(t, key, found)
-                    t.delete(entry_key(key), SIDE)  # the symlink the rename replaces
-                    found = None
-                if found is not None and (exclusive or found[0] != FILE):
-                    raise FsError(errno.EISDIR if found[0] == DIR else errno.EEXIST, key)
-                if found is None:
-                    self.hooks.check_name(t, key, FILE)
-                    # A pointer left by a writer that deleted the key must not link the new file.
-                    t.delete(pointer_key(key), SIDE)
-                    if xattrs:  # a new file's ACLs, from its folder's default ACL
-                        t.put(xattr_key(key), xattrs, SIDE)
-                else:
-                    pointer = found[4]
-            elif linked:
-                pointer = t.get(pointer_key(key), SIDE)
-            stored_value = value
-            if lay is not None and base is not None:
-                node = self.lookups.find_in(t, key)
-                if node is not None and node.kind == FILE and stamp_of(node) != base:
-                    stored_value = lay(parts.whole(t, key, t.get(key)) or b"")
-            names = [key]
-            if create or exclusive:
-                # A new file in its place: that name is not linked; its parts go with its last name.
-                if found is not None and (pointer is None or not self.links.unlinked(t, key, found)):
-                    self.writes.let_go(parts.parted_of(found[3]))
-            else:
-                names = records.names_of(t, key, pointer)
-                if hint is not None:
-                    self.writes.let_go(parts.parted_of(t.get(attr_key(key), SIDE)))
-            for name, stored in records.write_file(t, names, stored_value, record, self.hooks.store):
-                self.writes.changed(t, name, stored)
-            self.writes.keep(parted)
-            if folder is not None:
-                self.entries.commit_folders(t, key, folder, found, added, renamed_from)
+            versions = [(step.key, step.parted) for step in steps if step.parted is not None]
+            if versions:
+                parts.check_present_many(t, versions)
+            probing = [step for step in steps if step.probing]
+            probes: list[Any] = []
+            if probing:
+                keys = [k for step in probing for k in (step.key.rpartition("/")[0], step.key)]
+                also = [k for step in probing for k in step.also]
+                probes = self.lookups.probe_many(t, keys, also)
+            found = iter(zip(probes[::2], probes[1::2], strict=True))
+            changed: set[str] = set()  # folders whose record an earlier file changed here
+            for step in steps:
+                folder, probe = next(found) if step.probing else (None, None)
+                try:
+                    if step.probing:
+                        self.lookups.folder_check(folder, step.key)
+                        where = step.key.rpartition("/")[0]
+                        if where in changed:  # this transaction's own write of it answers
+                            folder = (*folder[:3], t.get(attr_key(where), SIDE), *folder[4:])
+                        changed.add(where)
+                    step.apply(t, folder, probe)
+                except (RetryableError, UnavailableError, InterruptedCallError):
+                    raise  # the server's, not the file's: run again, or every file hears it
+                except Exception as exc:
+                    if len(steps) == 1:
+                        raise
+                    raise Refused(step.key, exc) from exc
 
         self.writes.run(run)
-        if attrs is not None:
-            attrs.parted = parted
+        for step in steps:
+            if step.attrs is not None:
+                step.attrs.parted = step.parted
 
     def unlink(self, key: str) -> list[str]:
         """Remove the file or symlink at ``key`` (EISDIR for a folder). Returns the other
@@ -683,3 +680,76 @@ class Tree:
             self.entries.folder_changed(t, dst.rpartition("/")[0], parent[3], clock())
 
         self.writes.run(run)
+
+
+class _CommitStep:
+    """One file of :meth:`Tree.commit_many`: what it reads before (its probe, when it may be
+    new) and what it writes once probed (see :meth:`Tree.commit` for the arguments)."""
+
+    def __init__(
+        self,
+        tree: Tree,
+        key: str,
+        value: Any,
+        attrs: Attrs | None,
+        create: bool = False,
+        exclusive: bool = False,
+        replace: bool = False,
+        linked: bool = False,
+        added: int | None = None,
+        renamed_from: str | None = None,
+        parted: Any = None,
+        base: tuple[int, int] | None = None,
+        lay: Any = None,
+        xattrs: bytes | None = None,
+    ) -> None:
+        self.tree, self.key, self.value, self.attrs = tree, key, value, attrs
+        self.create, self.exclusive, self.replace, self.linked = create, exclusive, replace, linked
+        self.added, self.renamed_from, self.parted = added, renamed_from, parted
+        self.base, self.lay, self.xattrs = base, lay, xattrs
+        self.probing = create or exclusive
+        # Remote: what the format layer will read comes in the probe's round trip.
+        self.also = tree.hooks.reads(key) if self.probing and tree.driver.remote else ()
+        self.hint = attrs.parted if attrs is not None else None  # the version this one replaces
+        self.record = None if attrs is None else Attrs(**{**vars(attrs), "parted": parted}).pack()
+
+    def apply(self, t: Txn, folder: Any, found: Any) -> None:
+        """The writes of this file, given the probes of its folder and of its name."""
+        tree, key = self.tree, self.key
+        pointer = None
+        if self.probing:
+            if found is not None and self.replace and not self.exclusive and found[0] not in (FILE, DIR):
+                tree.links.unlinked(t, key, found)
+                t.delete(entry_key(key), SIDE)  # the symlink the rename replaces
+                found = None
+            if found is not None and (self.exclusive or found[0] != FILE):
+                raise FsError(errno.EISDIR if found[0] == DIR else errno.EEXIST, key)
+            if found is None:
+                tree.hooks.check_name(t, key, FILE)
+                # A pointer left by a writer that deleted the key must not link the new file.
+                t.delete(pointer_key(key), SIDE)
+                if self.xattrs:  # a new file's ACLs, from its folder's default ACL
+                    t.put(xattr_key(key), self.xattrs, SIDE)
+            else:
+                pointer = found[4]
+        elif self.linked:
+            pointer = t.get(pointer_key(key), SIDE)
+        stored_value = self.value
+        if self.lay is not None and self.base is not None:
+            node = tree.lookups.find_in(t, key)
+            if node is not None and node.kind == FILE and stamp_of(node) != self.base:
+                stored_value = self.lay(parts.whole(t, key, t.get(key)) or b"")
+        names = [key]
+        if self.probing:
+            # A new file in its place: that name is not linked; its parts go with its last name.
+            if found is not None and (pointer is None or not tree.links.unlinked(t, key, found)):
+                tree.writes.let_go(parts.parted_of(found[3]))
+        else:
+            names = records.names_of(t, key, pointer)
+            if self.hint is not None:
+                tree.writes.let_go(parts.parted_of(t.get(attr_key(key), SIDE)))
+        for name, stored in records.write_file(t, names, stored_value, self.record, tree.hooks.store):
+            tree.writes.changed(t, name, stored)
+        tree.writes.keep(self.parted)
+        if folder is not None:
+            tree.entries.commit_folders(t, key, folder, found, self.added, self.renamed_from)

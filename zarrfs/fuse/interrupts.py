@@ -104,6 +104,9 @@ class Watch:
         """Around a wait in a client's own code: nothing to let go of with one thread."""
         return nullcontext()
 
+    def before_write(self) -> None:
+        """A write transaction begins (one request at a time here: nothing to wait for)."""
+
     def serve_waiting(self) -> None:
         """While the request being served waits (for a lock another program holds, between the
         parts of a large file): read what arrived (as :meth:`check`) and answer the requests

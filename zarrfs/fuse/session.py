@@ -529,6 +529,47 @@ class Session(Dispatcher):
         self._stored(head.nodeid, self.ops.flush(fh, lock_owner))
         self._reply_ok(head.unique)
 
+    def passing_key(self, data: memoryview, nodeid: int):
+        """With several request threads: the key of a writer that may run while a close's
+        commit waits on its server (``Admission.open_door``), None for others. A create (its
+        folder and name, as a lookup of that name), a write and a release (their file) write
+        nothing to the database as a rule: a new file is stored at its close, a write goes to
+        the open file's buffer (one whose content is not read yet reads it, through its own
+        connection), a release after a close forgets the descriptor. One that writes after all
+        (a default ACL, a release storing what a close did not, an unlock) first waits for its
+        turn as the writer (``Admission.upgrade``)."""
+        length, opcode = _OPCODE.unpack_from(data)
+        if opcode in (k.WRITE, k.RELEASE):
+            return nodeid
+        if opcode == k.CREATE and length > k.IN_HEADER_SIZE + k.CREATE_IN.size:
+            return (nodeid, bytes(data[k.IN_HEADER_SIZE + k.CREATE_IN.size : length]))
+        return None
+
+    def shared_flush(self, data: memoryview) -> bool:
+        """Whether the request ``data`` is a close whose commit may share a transaction with
+        other closes' (``fuse.workers`` then serves those waiting together: :meth:`flushes`)."""
+        if len(data) < k.IN_HEADER_SIZE + k.FLUSH_IN.size or _OPCODE.unpack_from(data)[1] != k.FLUSH:
+            return False
+        return self.ops.flush_shares(_FH.unpack_from(data, k.IN_HEADER_SIZE)[0])
+
+    def flushes(self, requests: list[memoryview]) -> None:
+        """Answer several closes of different files (each one :meth:`shared_flush`) at once:
+        their commits in one transaction where they can be (``Operations.flush_many``), each
+        answered with its own result."""
+        heads = [Header._make(k.IN_HEADER.unpack_from(data)) for data in requests]
+        self._requests[k.FLUSH] += len(heads)
+        fhs = [k.FLUSH_IN.unpack_from(data, k.IN_HEADER_SIZE)[0] for data in requests]
+        results = self.ops.flush_many(fhs)
+        for head, data, result in zip(heads, requests, results, strict=True):
+            if isinstance(result, Exception):
+                self._failed(head, k.FLUSH, result, data)
+                continue
+            try:
+                self._stored(head.nodeid, result)
+            except Exception as exc:  # the kernel's page store: the commit stands
+                log.debug("after the commit of node %d: %s", head.nodeid, exc)
+            self._reply_ok(head.unique)
+
     def _fsync(self, head: Header, buf: memoryview) -> None:
         self._stored(head.nodeid, self.ops.fsync(k.FSYNC_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]))
         self._reply_ok(head.unique)

@@ -7,11 +7,14 @@ multi-threaded loop does) and run it under :class:`~zarrfs.fuse.admission.Admiss
 filesystem code still runs one request at a time between waits, but while one request waits on
 its server, others run, each on its thread's own connection (Redis links and PostgreSQL
 connections are per thread). Readers overlap their round trips; writers run alone (see
-``admission``). Why threads and not requests parked on one thread: the drivers' clients
-(redis-py, psycopg, redis-py's cluster client) block in their own code, and a thread is what
-can wait there; the lock makes the rest as simple as one thread. Figures: docs/performance.md,
-"Across a network". Local databases keep the one-thread loop (:mod:`zarrfs.fuse.loop`): they
-never wait on a network, and a handoff between threads would only cost.
+``admission``), except that the closes of files waiting together are served by one thread in
+one transaction (:meth:`Workers._serve_closes`), and that while a close commits, creates and
+writes of other files run (``Admission.open_door``). Why threads and not requests parked on
+one thread: the drivers' clients (redis-py, psycopg, redis-py's cluster client) block in their
+own code, and a thread is what can wait there; the lock makes the rest as simple as one
+thread. Figures: docs/performance.md, "Across a network". Local databases keep the one-thread
+loop (:mod:`zarrfs.fuse.loop`): they never wait on a network, and a handoff between threads
+would only cost.
 
 Interrupts: an INTERRUPT read by any thread is matched to its request: one waiting for its turn
 is answered ``EINTR`` and dropped, one running is told through its thread's eventfd, which the
@@ -42,6 +45,8 @@ log = logging.getLogger("zarrfs.fuse.workers")
 DEFAULT_WORKERS = 16
 #: Times a reader is run again after writers before it runs alone (and so surely ends).
 RESTARTS = 3
+#: Closes waiting that one close's thread serves with its own, at most.
+GROUP_MAX = 64
 
 _HEAD = struct.Struct("<IIQQ")  # len, opcode, unique, nodeid: the start of every request
 
@@ -53,7 +58,10 @@ Classify = Callable[[memoryview, int], Hashable | None]
 class _Request:
     """The request a thread serves: what an INTERRUPT of it does."""
 
-    __slots__ = ("unique", "node", "running", "reader", "interrupted", "cancelled", "stale", "efd")
+    __slots__ = (
+        "unique", "node", "running", "reader", "interrupted", "cancelled", "stale", "efd", "grouped",
+        "passed",
+    )
 
     def __init__(self, efd: int) -> None:
         self.efd = efd
@@ -64,6 +72,23 @@ class _Request:
         self.interrupted = False
         self.cancelled = False
         self.stale = False  # a reader whose wait a writer's start ended (RestartedError)
+        self.grouped = False  # serving closes of others too: its interrupt does not end them
+        self.passed: Hashable | None = None  # let in beside a close's commit: its key
+
+
+class _Close:
+    """A close waiting for its turn that another close's thread may serve with its own
+    (``Workers.group``): its request, copied, and when it was answered."""
+
+    __slots__ = ("req", "unique", "node", "data", "taken", "done")
+
+    def __init__(self, req: _Request, unique: int, node: int, data: bytes) -> None:
+        self.req = req
+        self.unique = unique
+        self.node = node
+        self.data = data
+        self.taken = False  # served by another thread, which answers it
+        self.done = threading.Event()
 
 
 class Waits:
@@ -93,7 +118,7 @@ class Waits:
             os.eventfd_read(req.efd)
         except BlockingIOError:
             pass
-        if req.interrupted:
+        if req.interrupted and not req.grouped:
             raise InterruptedCallError("interrupted by the caller (FUSE_INTERRUPT)")
 
     def restart(self) -> None:
@@ -122,6 +147,14 @@ class Waits:
             yield
         self.restart()
 
+    def before_write(self) -> None:
+        """A write transaction begins: a request let in beside a close's commit
+        (``Admission.open_door``) first waits for its turn as the writer."""
+        req = self.request()
+        if req.passed is not None:
+            key, req.passed = req.passed, None
+            self.admission.upgrade(key, req.unique)
+
     def serve_waiting(self) -> None:
         """A writer waiting (another program's lock, a large file's parts) lets readers of
         other nodes run meanwhile (``Admission.let_through``)."""
@@ -144,6 +177,9 @@ class Workers:
         idle_interval: float = 0.01,
         idle_fd: int | None = None,
         admission: Admission | None = None,
+        group: Callable[[memoryview], bool] | None = None,
+        handle_group: Callable[[list[memoryview]], None] | None = None,
+        passing: Classify | None = None,
     ) -> None:
         self.fd = fd
         self.handle = handle
@@ -153,6 +189,11 @@ class Workers:
         self.idle = idle
         self.idle_interval = idle_interval
         self.idle_fd = idle_fd
+        self.group = group if handle_group is not None else None
+        self.handle_group = handle_group
+        self.passing = passing if handle_group is not None else None
+        self.grouped = 0  # closes served by another close's thread
+        self._closes: dict[int, _Close] = {}  # unique -> a close waiting that may be grouped
         self.admission = admission or Admission()
         self.admission.on_writer = self._readers_restart
         self.waits = Waits(self.admission)
@@ -193,8 +234,11 @@ class Workers:
             # kernel drops them at the unmount).
             self.admission.enter_writer(self.admission.last_order + 0.5, grace=None)
             log.debug(
-                "%d requests served alone, %d together; %d readers run again after a writer",
-                self.served[0], self.served[1], self.restarts,
+                "%d requests served alone, %d together; %d readers run again after a writer;"
+                " %d closes served with another's; %d requests let in beside a close's commit,"
+                " %d of which then waited to write",
+                self.served[0], self.served[1], self.restarts, self.grouped,
+                self.admission.passes, self.admission.upgrades,
             )
 
     def _watch_idle(self, wake_r: int) -> None:
@@ -253,25 +297,48 @@ class Workers:
         with self._requests_lock:
             self._requests[unique] = req
         restarted = 0
+        close = None
+        passing = None
+        passed = False
         try:
             while True:  # a reader a writer made stale runs again
                 with admission.turn:
                     key = None if restarted >= RESTARTS else self.classify(data, nodeid)
                     if unique > admission.last_order:
                         admission.last_order = unique
+                    if key is None and self.group is not None and self.group(data):
+                        close = _Close(req, unique, nodeid, bytes(data))
+                        with self._requests_lock:
+                            self._closes[unique] = close
+                    elif key is None and self.passing is not None:
+                        passing = self.passing(data, nodeid)
                 req.reader, req.stale = key is not None, False
                 self.served[req.reader] += 1
                 try:
                     if key is None:
-                        admission.enter_writer(unique, lambda: req.cancelled)
+                        ended = lambda c=close: req.cancelled or (c is not None and c.taken)  # noqa: E731
+                        through = None if passing is None else (passing, nodeid)
+                        passed = admission.enter_writer(
+                            unique, ended, passing=through, close=close is not None, close_node=nodeid
+                        )
+                        req.passed = passing if passed else None
                     else:
                         admission.enter_reader(key, nodeid, unique, lambda: req.cancelled)
                 except Cancelled:
-                    self._answer(unique, errno.EINTR)
+                    with self._requests_lock:
+                        taken = close is not None and close.taken
+                        self._closes.pop(unique, None)
+                    if taken:  # another thread serves it with its own, and answers it
+                        close.done.wait()
+                    else:
+                        self._answer(unique, errno.EINTR)
                     return
                 req.running = True
                 try:
-                    self.handle(data)
+                    if close is not None:
+                        self._serve_closes(data, req, unique, close)
+                    else:
+                        self.handle(data)
                     return
                 except RestartedError:
                     self.restarts += 1
@@ -282,7 +349,10 @@ class Workers:
                         pass
                 finally:
                     req.running = False
-                    if key is None:
+                    if req.passed is not None:  # (not made a writer by Waits.before_write)
+                        req.passed = None
+                        admission.leave_passing(passing)
+                    elif key is None:
                         admission.leave_writer()
                     else:
                         admission.leave_reader(key)
@@ -293,6 +363,50 @@ class Workers:
                 os.eventfd_read(req.efd)  # an interrupt that came too late is forgotten
             except BlockingIOError:
                 pass
+
+    def _serve_closes(self, data: memoryview, req: _Request, unique: int, close: _Close) -> None:
+        """Serve the close ``data`` (this thread's turn as the writer) with the closes of other
+        files waiting right behind it: before any other writer in the kernel's queue, not
+        interrupted (their requests are answered EINTR by their own threads), one a file. Their
+        commits then share one transaction (``Session.flushes``); each is answered as its own.
+        Why: closes of new chunks all change their folder's record, so run side by side they
+        would conflict and retry; served together they cost one commit's round trips."""
+        admission = self.admission
+        with self._requests_lock:
+            self._closes.pop(unique, None)
+            nodes = {close.node}
+            group: list[_Close] = []
+            for order, other in sorted(self._closes.items()):
+                if order < unique or len(group) >= GROUP_MAX:
+                    break
+                if not admission.passable_before(order, other.node):
+                    break
+                if other.req.cancelled or other.node in nodes:
+                    continue
+                other.taken = True
+                nodes.add(other.node)
+                group.append(other)
+            for other in group:
+                self._closes.pop(other.unique, None)
+        if not group:
+            with admission.open_door(frozenset(nodes)):
+                self.handle(data)
+            return
+        self.grouped += len(group)
+        req.grouped = True
+        try:
+            assert self.handle_group is not None
+            with admission.open_door(frozenset(nodes)):
+                self.handle_group([data, *(memoryview(other.data) for other in group)])
+        except Exception as exc:  # never left unanswered: the kernel would wait for ever
+            log.error("closes served together failed: %s", exc)
+            for other in group:
+                self._answer(other.unique, errno.EIO)
+            self._answer(unique, errno.EIO)
+        finally:
+            req.grouped = False
+            for other in group:  # their threads, woken when this writer leaves, end
+                other.done.set()
 
     def _readers_restart(self) -> None:
         """A writer starts: every reader waiting on a server ends its wait (see admission)."""

@@ -368,6 +368,36 @@ class FilesystemConformance(LinkConformance):
         tree.commit("d/g", b"1", None, create=True, added=time.time_ns() - 10**9)
         assert tree.find("d").attrs.mtime == 1
 
+    def test_files_committed_together_are_stored_as_each_alone(self, tree):
+        """``Tree.commit_many`` (closes served together): new files in two folders, one
+        existing file rewritten, in one transaction, each stored as its own commit stores it,
+        and each folder's time is the latest of its new files'. One refused (a name in a folder
+        that is not there) refuses them all, as ``Refused``: nothing of any is stored."""
+        from zarrfs.fs.errors import Refused
+
+        tree.mkdir("p", 0o755)
+        tree.mkdir("q", 0o755)
+        tree.commit("p/old", b"old", None, create=True)
+        tree.set_attrs("p", mtime=1)
+        tree.set_attrs("q", mtime=1)
+        born = time.time_ns()
+        items = [(f"p/{i}", bytes([i]) * (i + 1), None, {"create": True, "added": born + i})
+                 for i in range(5)]
+        items += [("q/a", b"qa", None, {"create": True, "added": born + 10})]
+        items += [("p/old", b"new", tree.lookup("p/old").attrs, {})]
+        tree.commit_many(items)
+        for key, value, _, _ in items:
+            assert tree.read_range(key, 0, 100) == value
+            assert tree.lookup(key).size == len(value)
+        assert tree.lookup("p").attrs.mtime == born + 4
+        assert tree.lookup("q").attrs.mtime == born + 10
+        before = sorted(k for k, _ in tree.driver.scan(""))
+        bad = [("p/x", b"x", None, {"create": True}), ("nowhere/y", b"y", None, {"create": True})]
+        with pytest.raises(Refused) as refused:
+            tree.commit_many(bad)
+        assert refused.value.errno == errno.ENOENT
+        assert sorted(k for k, _ in tree.driver.scan("")) == before
+
     def test_unstored_files_are_listed_once(self, tree):
         """Files created through the mount and not stored yet come after the stored entries;
         one stored meanwhile (or by another writer) is listed once, as stored."""
