@@ -108,10 +108,10 @@ def record_redis_calls(monkeypatch, driver=None, unwatch: bool = False) -> list[
     sent: list[list[str]] = []
     call = Link.call
 
-    def counting(link, commands, big=False):
+    def counting(link, commands, big=False, alongside=None):
         if driver is None or link.driver is driver:
             sent.append(["UNWATCH"] * (unwatch and link.unwatch) + [c[0] for c in commands])
-        return call(link, commands, big)
+        return call(link, commands, big, alongside)
 
     monkeypatch.setattr(Link, "call", counting)
     return sent

@@ -778,7 +778,7 @@ class TestRedis(_Conformance):
         sent = []
         real = redis_link.Link.call
         monkeypatch.setattr(
-            redis_link.Link, "call", lambda self, cmds, *a: sent.append(cmds) or real(self, cmds, *a)
+            redis_link.Link, "call", lambda s, cmds, *a, **k: sent.append(cmds) or real(s, cmds, *a, **k)
         )
         plan = [("get", "a", DATA), ("size", "a", DATA), ("get", "b", DATA), ("get", "c", SIDE)]
         assert driver.transact(lambda t: t.read_many(plan), write=False) == [b"1", 1, None, b"333"]

@@ -19,12 +19,13 @@ import stat
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from zarrfs.backends.base import DATA, SIDE, Driver, Get, HasPrefix, Read, Size, Txn
+from zarrfs.backends.base import DATA, PARTS, SIDE, Driver, Get, HasPrefix, Read, Size, Txn
 from zarrfs.backends.heldvalues import Held, View, hold
 from zarrfs.format.array_grid import find_grid
 from zarrfs.fs import hardlinks, parts
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.hooks import Hooks
+from zarrfs.fs.manifest import part_key
 from zarrfs.fs.node import DIR, FILE, LINK, Node, Probe, stamp_of
 from zarrfs.fs.sidedata import (
     ENTRY,
@@ -49,6 +50,8 @@ _SIZED = (FILE, DIR, LINK)
 #: The largest value an open reads in the same batch as its probe, on a driver where a batch is one
 #: round trip, when this mount last saw the file at most this large (see :meth:`Lookups.version`).
 SPECULATE = 4 << 20
+#: Parts of a file read beside its probe, at most (see Lookups.version).
+SPECULATE_PARTS = 4
 #: Files whose last seen size :class:`Lookups` remembers (the table is emptied when full).
 SIZE_HINTS = 4096
 
@@ -66,6 +69,7 @@ class Lookups:
         self.readahead: Readahead | None = None
         self._hidden_logged: set[str] = set()
         self._size_hints: dict[str, int] = {}  # key -> size last seen (see version)
+        self._part_hints: dict[str, Any] = {}  # key -> its parts last seen, when in parts
         #: What the mount knows of folders without asking (a KnownFolders, kept true by the
         #: change feed), or None.
         self.known: KnownFolders | None = None
@@ -233,8 +237,15 @@ class Lookups:
             hints = self._size_hints
             if len(hints) >= SIZE_HINTS:
                 hints.clear()
-            # A file stored in parts is opened by reading its manifest: that is what is read.
-            hints[key] = node.size if node.attrs.parted is None else parts.MANIFEST_SIZE
+                self._part_hints.clear()
+            # A file stored in parts is opened by reading its manifest: that is what is read,
+            # and beside it the parts it named when last seen (see version).
+            parted = node.attrs.parted
+            hints[key] = node.size if parted is None else parts.MANIFEST_SIZE
+            if parted is not None:
+                self._part_hints[key] = parted
+            else:
+                self._part_hints.pop(key, None)
         return node
 
     def node_from(
@@ -318,13 +329,31 @@ class Lookups:
             and not self.hooks_transform
         )
 
+        seen = self._part_hints.get(key) if speculate and hint == parts.MANIFEST_SIZE else None
+        if seen is not None and (seen.mapped or seen.count > SPECULATE_PARTS or seen.size > limit):
+            seen = None
+
         def run(t: Txn, view: View) -> tuple[Node | None, Any]:
             if speculate:
-                (value,), (found,) = self._probe_many_reading(t, [key], [key])
+                # A file in parts last seen with parts of its own: those are read in the same
+                # batch (parts never change; on a spread Redis Cluster the parts' masters are
+                # asked while the home slot answers), used if the probe finds that version.
+                ahead = [] if seen is None else [Get(part_key(seen.id, n), PARTS) for n in range(seen.count)]
+                answers, (found,) = self._probe_many_reading(t, [key], [key], ahead)
+                value = answers[-1]
                 node = None if found is None else self.remember(key, self.node_from(t, key, *found))
                 if node is None or node.kind != FILE or node.size > limit:
                     return node, None
                 if value is not None and len(value) == parts.MANIFEST_SIZE:
+                    got = answers[:-1]
+                    if (
+                        seen is not None
+                        and node.attrs.parted is not None
+                        and node.attrs.parted.id == seen.id
+                        and not node.attrs.parted.mapped
+                        and all(p is not None and len(p) == seen.length(n) for n, p in enumerate(got))
+                    ):
+                        return node, got[0] if len(got) == 1 else b"".join(got)
                     value = parts.whole(t, key, bytes(value), node.attrs.parted)
                 return node, value
             node = self.find_in(t, key)

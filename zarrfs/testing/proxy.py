@@ -7,6 +7,8 @@
   the rest (:meth:`DelayProxy.measure` says what a round trip really costs);
 * it counts round trips as request bursts: a client's data arriving on a connection that has not
   sent since the server last answered (a pipeline of ten commands is one; ten waited for, ten);
+  :meth:`DelayProxy.waves` counts only those that begin while no other connection waits, the
+  round trips a client waits one after the other (two servers asked at once: one wave);
   :meth:`DelayProxy.idle` names bursts to leave out of the count (a PostgreSQL client's lone
   ``COMMIT`` of a reading transaction, sent while the mount is idle: no call waits for it);
 * :meth:`DelayProxy.hold` stops forwarding requests (all, or those holding a byte string and what
@@ -76,6 +78,11 @@ class DelayProxy:
         which a busy machine makes more of (a burst is told apart once its reply comes)."""
         self._ask("idle", [m.decode("latin-1") for m in marks])
 
+    def waves(self) -> int:
+        """Round trips begun while no other connection waited for a reply, since the start or
+        the last :meth:`reset`: requests sent to several servers at once count once."""
+        return self._ask("waves")
+
     def overlap(self) -> int:
         """The most connections that waited for a reply at once since the start or the last
         :meth:`reset` (a connection waits from its request's first byte to its reply's)."""
@@ -139,6 +146,7 @@ class _Proxy:
         self.max_connections = max_connections
         self.max_buffered = max_buffered
         self.bursts = 0
+        self.waves = 0  # bursts begun while no connection waited
         self.idle_bursts = 0  # bursts matching ``idle_marks``, left out of the count
         self.idle_marks: tuple[bytes, ...] = ()
         self.waiting = self.most_waiting = 0  # connections waiting for a reply; the most at once
@@ -224,6 +232,8 @@ class _Connection:
         if to_server:
             if not self.client_sent_last:
                 proxy.bursts += 1
+                if not proxy.waiting:
+                    proxy.waves += 1
                 proxy.waiting += 1
                 proxy.most_waiting = max(proxy.most_waiting, proxy.waiting)
                 self.burst = b""
@@ -322,10 +332,12 @@ async def _main(rtt_ms: float, lifetime: float, max_connections: int, max_buffer
         elif command == "idle":
             proxy.idle_marks = tuple(m.encode("latin-1") for m in args[0])
             answer(True)
+        elif command == "waves":
+            answer(proxy.waves)
         elif command == "overlap":
             answer(proxy.most_waiting)
         elif command == "reset":
-            proxy.bursts = proxy.idle_bursts = 0
+            proxy.bursts = proxy.idle_bursts = proxy.waves = 0
             proxy.most_waiting = proxy.waiting
             answer(True)
         elif command == "hold":

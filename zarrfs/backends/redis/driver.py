@@ -18,7 +18,7 @@ thread, replies parsed by hiredis (``link``): a read or batch is one round trip,
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..base import DATA, BackendError, Driver, Fetch, HasPrefix, Size, Space, Txn, bytes_stop
@@ -65,6 +65,8 @@ class RedisTxn(Txn):
         # Scans announced by scan_ahead: their calls, sent with the next query, and replies.
         self._queued: list[tuple[Any, ...]] = []
         self._early: dict[tuple[Any, ...], Any] = {}
+        #: Called once the next query is sent, before its replies are read (``Link.call``).
+        self._alongside: Callable[[], Any] | None = None
 
     def __enter__(self) -> RedisTxn:
         return self
@@ -84,23 +86,26 @@ class RedisTxn(Txn):
         return [("WATCH", *fresh)]
 
     def _query(self, names: list[bytes], *commands: tuple[Any, ...]) -> list[Any]:
+        alongside, self._alongside = self._alongside, None
         watch = self._watch(names) if self.write else []
         if watch:
-            return self._link.checked([*watch, *commands])[1:]
+            return self._link.checked([*watch, *commands], alongside)[1:]
         if self._early and len(commands) == 1 and commands[0] in self._early:
+            if alongside is not None:
+                alongside()
             reply = self._early.pop(commands[0])  # sent ahead (scan_ahead)
             if isinstance(reply, Exception):
                 raise translate(reply, self._d.where)
             return [reply]
         if self._queued:
             queued, self._queued = [q for q in self._queued if q not in commands], []
-            replies = self._link.call([*commands, *queued])
+            replies = self._link.call([*commands, *queued], alongside=alongside)
             self._early.update(zip(queued, replies[len(commands) :], strict=True))
             for reply in replies[: len(commands)]:
                 if isinstance(reply, Exception):
                     raise translate(reply, self._d.where)
             return replies[: len(commands)]
-        return self._link.checked(commands)
+        return self._link.checked(commands, alongside)
 
     def _scan_ahead(self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int | None) -> None:
         # The scan's first script call goes with the next query (a read-only transaction).

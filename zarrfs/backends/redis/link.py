@@ -10,7 +10,7 @@ import select
 import ssl
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -249,16 +249,23 @@ class Link:
         self.used = now
         return True
 
-    def call(self, commands: Sequence[tuple[Any, ...]], big: bool = False) -> list[Any]:
+    def call(
+        self,
+        commands: Sequence[tuple[Any, ...]],
+        big: bool = False,
+        alongside: Callable[[], Any] | None = None,
+    ) -> list[Any]:
         """Send ``commands`` pipelined; return their replies (error replies as exceptions).
-        ``big``: some arguments may be long values (a commit), sent without copying them."""
+        ``big``: some arguments may be long values (a commit), sent without copying them.
+        ``alongside()`` is called once they are sent, before their replies are read: other
+        servers' calls (a spread hierarchy's parts) then share this round trip."""
         if self.unwatch:
             commands = [("UNWATCH",), *commands]
         try:
             if self.fast:
-                replies = self._call_fast(commands, big)
+                replies = self._call_fast(commands, big, alongside)
             else:
-                replies = self._call_slow(commands)
+                replies = self._call_slow(commands, alongside)
         except BaseException as exc:
             # Replies may be left unread (even on KeyboardInterrupt): never reuse the socket.
             self.broken = True
@@ -273,7 +280,7 @@ class Link:
             watch.restart()
         return replies
 
-    def _call_fast(self, commands: Sequence[tuple[Any, ...]], big: bool) -> list[Any]:
+    def _call_fast(self, commands: Sequence[tuple[Any, ...]], big: bool, alongside: Any = None) -> list[Any]:
         sock = self.sock
         if big:
             for piece in _pack_big(commands):
@@ -281,6 +288,8 @@ class Link:
         else:
             pack = hiredis.pack_command
             sock.sendall(b"".join([pack(c) for c in commands]))
+        if alongside is not None:
+            alongside()
         n = len(commands)
         replies: list[Any] = []
         reader, buf = self.reader, self.buf
@@ -384,9 +393,11 @@ class Link:
                 if self.watch is not None:
                     self.watch.check()  # raises when this request was interrupted
 
-    def _call_slow(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+    def _call_slow(self, commands: Sequence[tuple[Any, ...]], alongside: Any = None) -> list[Any]:
         conn = self.conn
         conn.send_packed_command(conn.pack_commands(commands))
+        if alongside is not None:
+            alongside()
         replies: list[Any] = []
         for _ in commands:
             try:
@@ -395,9 +406,11 @@ class Link:
                 replies.append(exc)
         return replies
 
-    def checked(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+    def checked(
+        self, commands: Sequence[tuple[Any, ...]], alongside: Callable[[], Any] | None = None
+    ) -> list[Any]:
         """:meth:`call`, raising the first error reply."""
-        replies = self.call(commands)
+        replies = self.call(commands, alongside=alongside)
         for reply in replies:
             if isinstance(reply, Exception):
                 raise translate(reply, self.driver.where)

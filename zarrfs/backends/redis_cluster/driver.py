@@ -168,14 +168,29 @@ class RedisClusterTxn(RedisTxn):
         if not any(space is PARTS for _, _, space in plan):
             return super()._read_many(plan)
         home = [step for step in plan if step[2] is not PARTS]
-        answers = iter(super()._read_many(home) if home else [])
         # The parts' sizes and values not written by this transaction: one pipeline each,
-        # sent to every master holding one before any reply is read.
+        # sent to every master holding one before any reply is read, while the home slot
+        # answers its reads (one round trip for both: an open of a chunk whose parts were
+        # seen before reads them beside its probe).
         asked = [(kind, raw) for kind, raw, space in plan if space is PARTS and self._mine(raw) is None]
         sized = [raw for kind, raw in asked if kind is Size]
         got = [raw for kind, raw in asked if kind is Get]
-        sizes = dict(zip(sized, self._spread.sizes(sized), strict=True))
-        values = dict(zip(got, self._spread.gets(got), strict=True))
+        found: dict[str, dict[bytes, Any]] = {}
+
+        def ask_parts() -> None:
+            if not found:
+                found["sizes"] = dict(zip(sized, self._spread.sizes(sized), strict=True))
+                found["values"] = dict(zip(got, self._spread.gets(got), strict=True))
+
+        answers: Iterator[Any] = iter([])
+        if home:
+            self._alongside = ask_parts
+            try:
+                answers = iter(super()._read_many(home))
+            finally:
+                self._alongside = None
+        ask_parts()
+        sizes, values = found["sizes"], found["values"]
         out: list[Any] = []
         for kind, raw, space in plan:
             if space is not PARTS:
