@@ -62,12 +62,16 @@ def _fill(mount_factory, url: str, names: list[str], size: int = 4096) -> dict[s
     return values
 
 
-def _read_all(paths, values) -> None:
+def _at_once(paths, each) -> None:
+    """``each(path)`` for every path, each in a thread of its own, started together; what
+    failed is reported."""
     errors: list[BaseException] = []
+    start = threading.Barrier(len(paths))
 
     def one(path) -> None:
         try:
-            assert read(path) == values[path.name]
+            start.wait(60)
+            each(path)
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
@@ -77,6 +81,13 @@ def _read_all(paths, values) -> None:
     for t in threads:
         t.join(120)
     assert not errors, errors
+
+
+def _read_all(paths, values) -> None:
+    def check(path) -> None:
+        assert read(path) == values[path.name]
+
+    _at_once(paths, check)
 
 
 @pytest.mark.parametrize("urls", DRIVERS, indirect=True)
@@ -255,22 +266,7 @@ def test_concurrent_clients_of_one_mount_each_see_what_a_native_folder_shows(url
 
 
 def _write_all(paths, values) -> None:
-    errors: list[BaseException] = []
-    start = threading.Barrier(len(paths))
-
-    def one(path) -> None:
-        try:
-            start.wait(60)
-            write(path, values[path.name])
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=one, args=(p,)) for p in paths]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
+    _at_once(paths, lambda path: write(path, values[path.name]))
 
 
 @pytest.mark.parametrize("urls", DRIVERS, indirect=True)

@@ -360,45 +360,12 @@ class Tree:
         }
 
     # ------------------------------------------------------------------ writes
-    def commit(
-        self,
-        key: str,
-        value: Any,
-        attrs: Attrs | None,
-        create: bool = False,
-        exclusive: bool = False,
-        replace: bool = False,
-        linked: bool = False,
-        added: int | None = None,
-        renamed_from: str | None = None,
-        parted: Any = None,
-        base: tuple[int, int] | None = None,
-        lay: Any = None,
-        xattrs: bytes | None = None,
-    ) -> None:
+    def commit(self, key: str, value: Any, attrs: Attrs | None, **options: Any) -> None:
         """Store the content of a file written through the mount, with its attributes, in one
-        transaction; the format layer may refuse it (nothing is stored then).
-
-        ``create``: the file may be new here (its folder must exist, a folder or symlink in the
-        way is an error; a new file replaces a name of a linked file: that name leaves the
-        group); ``exclusive``: it must be new (EEXIST otherwise), as for ``link`` or
-        ``RENAME_NOREPLACE``; ``replace``: a symlink in the way is replaced, as a rename does.
-        ``linked``: the file had hard links when it was opened; the content is then stored
-        under every name its group has now (their folders do not change: no name is added).
-        ``added``: when the file was made; if it turns out new, its folder's times change (see
-        :meth:`Entries.folder_changed`). ``renamed_from``: the file was an unstored file of that name,
-        renamed here: both folders' times change. ``parted``: ``value`` is the manifest of
-        these parts (:mod:`zarrfs.fs.parts`); the parts of the version replaced are freed.
-        ``lay``: when the stored file is no longer the version ``base`` (its stamp) that
-        ``value`` was made from, ``lay(newest)`` makes the value to store from the newest
-        content, read in this transaction (changes laid on it: :mod:`zarrfs.fs.extents`).
-        ``xattrs``: the extended-attributes record of a file new here."""
-
-        self.commit_many([(key, value, attrs, {
-            "create": create, "exclusive": exclusive, "replace": replace, "linked": linked,
-            "added": added, "renamed_from": renamed_from, "parted": parted, "base": base,
-            "lay": lay, "xattrs": xattrs,
-        })])
+        transaction; the format layer may refuse it (nothing is stored then). ``options``:
+        how (``create``, ``exclusive``, ``replace``, ``linked``, ``added``, ``renamed_from``,
+        ``parted``, ``base``, ``lay``, ``xattrs``: see :class:`_CommitStep`)."""
+        self.commit_many([(key, value, attrs, options)])
 
     def commit_many(self, items: list[tuple[str, Any, Attrs | None, dict[str, Any]]]) -> None:
         """:meth:`commit` of several files (``(key, value, attrs, keyword arguments)``, of
@@ -684,7 +651,22 @@ class Tree:
 
 class _CommitStep:
     """One file of :meth:`Tree.commit_many`: what it reads before (its probe, when it may be
-    new) and what it writes once probed (see :meth:`Tree.commit` for the arguments)."""
+    new) and what it writes once probed.
+
+    ``create``: the file may be new here (its folder must exist, a folder or symlink in the
+    way is an error; a new file replaces a name of a linked file: that name leaves the
+    group); ``exclusive``: it must be new (EEXIST otherwise), as for ``link`` or
+    ``RENAME_NOREPLACE``; ``replace``: a symlink in the way is replaced, as a rename does.
+    ``linked``: the file had hard links when it was opened; the content is then stored
+    under every name its group has now (their folders do not change: no name is added).
+    ``added``: when the file was made; if it turns out new, its folder's times change (see
+    :meth:`Entries.folder_changed`). ``renamed_from``: the file was an unstored file of that
+    name, renamed here: both folders' times change. ``parted``: ``value`` is the manifest of
+    these parts (:mod:`zarrfs.fs.parts`); the parts of the version replaced are freed.
+    ``lay``: when the stored file is no longer the version ``base`` (its stamp) that
+    ``value`` was made from, ``lay(newest)`` makes the value to store from the newest
+    content, read in this transaction (changes laid on it: :mod:`zarrfs.fs.extents`).
+    ``xattrs``: the extended-attributes record of a file new here."""
 
     def __init__(
         self,
