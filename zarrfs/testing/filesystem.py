@@ -381,7 +381,8 @@ class FilesystemConformance(LinkConformance):
         tree.set_attrs("p", mtime=1)
         tree.set_attrs("q", mtime=1)
         born = time.time_ns()
-        items = [(f"p/{i}", bytes([i]) * (i + 1), None, {"create": True, "added": born + i})
+        # made in the opposite order to the commit's: the folder's time stays the latest
+        items = [(f"p/{i}", bytes([i]) * (i + 1), None, {"create": True, "added": born + 4 - i})
                  for i in range(5)]
         items += [("q/a", b"qa", None, {"create": True, "added": born + 10})]
         items += [("p/old", b"new", tree.lookup("p/old").attrs, {})]
