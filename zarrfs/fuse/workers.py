@@ -377,9 +377,9 @@ class Workers:
             nodes = {close.node}
             group: list[_Close] = []
             for order, other in sorted(self._closes.items()):
-                if order < unique or len(group) >= GROUP_MAX:
-                    break
-                if not admission.passable_before(order, other.node):
+                if order < unique:  # read before this one, not waiting yet: it waits its turn
+                    continue
+                if len(group) >= GROUP_MAX or not admission.passable_before(order, other.node):
                     break
                 if other.req.cancelled or other.node in nodes:
                     continue
