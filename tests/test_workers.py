@@ -361,3 +361,18 @@ def test_creates_let_in_beside_a_commit_wait_for_their_own_writes(urls, proxy, m
         shown = ["getfacl", "-cp", str(fresh.path / "d" / f"2.{i}")]
         acl = subprocess.run(shown, capture_output=True, text=True)
         assert "user:nobody:rwx" in acl.stdout, acl.stdout
+
+
+@pytest.mark.parametrize("urls", ["redis"], indirect=True)
+def test_files_emptied_together_are_stored_empty(urls, proxy, mount_factory):
+    """Sixteen programs empty a stored file each at once (open with O_TRUNC, close): their
+    closes, served together, store sixteen empty files."""
+    direct, proxied = urls
+    names = [f"1.{i}" for i in range(16)]
+    _fill(mount_factory, direct, names, size=100)
+    m = mount_factory(proxied, ["workers=16"])
+    os.listdir(m.path / "a")
+    _at_once([m.path / "a" / n for n in names], lambda path: write(path, b""))
+    m.stop()
+    fresh = mount_factory(direct)
+    assert {n: os.path.getsize(fresh.path / "a" / n) for n in names} == dict.fromkeys(names, 0)

@@ -54,10 +54,10 @@ GROUP_BYTES = 64 << 20
 def _by_bytes(group: list[tuple[int, FileState]]) -> list[list[tuple[int, FileState]]]:
     """``group`` in runs of at most :data:`GROUP_BYTES` (a larger file runs alone)."""
     runs: list[list[tuple[int, FileState]]] = []
-    total = GROUP_BYTES
+    total = 0
     for item in group:
         size = item[1].size
-        if total + size > GROUP_BYTES:
+        if not runs or total + size > GROUP_BYTES:
             runs.append([])
             total = 0
         runs[-1].append(item)
