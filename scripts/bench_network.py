@@ -50,7 +50,7 @@ from servers import (  # noqa: E402
     stop_redis_cluster,
 )
 
-from zarrfs.testing.proxy import DelayProxy  # noqa: E402
+from zarrfs.testing.proxy import POSTGRES_IDLE_COMMITS, DelayProxy  # noqa: E402
 
 CHUNK_ROWS, CHUNK_COLS = 64, 128  # float64: 64 KiB a chunk
 
@@ -298,6 +298,7 @@ def main() -> int:
     stops: list[Callable[[], None]] = []
     try:
         with DelayProxy() as proxy:
+            proxy.idle(*POSTGRES_IDLE_COMMITS)  # no call waits for them: not counted
             servers = {}
             if "redis" in drivers:
                 proc, port = start_redis(work)

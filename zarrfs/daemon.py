@@ -178,11 +178,15 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
         opts.feed = opts.use_feed and has_feed(driver)
         if opts.seconds("dir_cache") > 0:
             tree.folder_cache = FolderCache(opts.seconds("dir_cache"), entries=opts.dir_cache_entries)
-        ahead = opts.chunks_ahead
-        if ahead is None:  # by default only where a read ahead is as new as an open's read
-            ahead = DEFAULT_CHUNKS_AHEAD if driver.feed_before_reply else 0
+        # Chunks' values are read ahead by default only where they are as new as an open's
+        # read (the feed tells of a commit before its writer hears it answered); elsewhere
+        # their names and sizes, each open still reading its chunk, unless -o chunks_ahead=
+        # asks for values.
+        ahead, values = opts.chunks_ahead, True
+        if ahead is None:
+            ahead, values = DEFAULT_CHUNKS_AHEAD, driver.feed_before_reply
         if opts.feed and ahead > 0 and driver.remote and driver.batched:
-            tree.readahead = Readahead(tree.array_of, depth=ahead)
+            tree.readahead = Readahead(tree.array_of, depth=ahead, values=values)
         handles = HandleTable(tree, opts.spill, opts.readonly, opts.parts_above)
         # Locks live in the database, shared by every mount of it; a read-only mount leaves
         # them to the kernel (it could not record them).

@@ -65,7 +65,8 @@ mount options (-o OPT[,OPT...]):
   timeout=SECONDS             longest wait on a database server, or on a database another
                               program holds locked; then ETIMEDOUT (10)
   readahead=KiB               kernel read-ahead of the mount (1024; 0 = leave it)
-  chunks_ahead=N              chunks read ahead of a reader in grid order (8 on Redis; 0 = off)
+  chunks_ahead=N              chunks read ahead of a reader in grid order (8; 0 = off; on
+                              PostgreSQL, set: their content too, not only their sizes)
   direct_above=BYTES          a file this large read for the first time skips the page cache
                               (64K; off = never)
   uid=N, gid=N                owner shown for files and folders with none recorded

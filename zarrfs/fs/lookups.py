@@ -305,9 +305,14 @@ class Lookups:
         folder's snapshot) at most :data:`SPECULATE` bytes large has its value read in the
         same batch as its probe: an open costs one round trip, not two. The size seen is only a
         hint: what the probe finds decides, and a value that turns out larger than ``limit``
-        is dropped."""
+        is dropped. A reader in grid order gets the next chunks read ahead in the same batch
+        (:mod:`zarrfs.fs.readahead`): their values where they may serve opens, else their
+        nodes, which answer their lookups."""
         ahead = self.readahead
-        if ahead is not None and self.driver.batched and not self.hooks_transform:
+        nodes_ahead: list[str] = []
+        if ahead is not None and not ahead.values and self.driver.batched and not self.hooks_transform:
+            nodes_ahead = ahead.opening(key)
+        elif ahead is not None and self.driver.batched and not self.hooks_transform:
             hit = ahead.take(key)
             if hit is None:
                 more = ahead.plan(key)
@@ -333,13 +338,19 @@ class Lookups:
         if seen is not None and (seen.mapped or seen.count > SPECULATE_PARTS or seen.size > limit):
             seen = None
 
+        probed_ahead: list[tuple[str, Node | None, None]] = []
+
         def run(t: Txn, view: View) -> tuple[Node | None, Any]:
             if speculate:
                 # A file in parts last seen with parts of its own: those are read in the same
                 # batch (parts never change; on a spread Redis Cluster the parts' masters are
                 # asked while the home slot answers), used if the probe finds that version.
                 ahead = [] if seen is None else [Get(part_key(seen.id, n), PARTS) for n in range(seen.count)]
-                answers, (found,) = self._probe_many_reading(t, [key], [key], ahead)
+                answers, (found, *further) = self._probe_many_reading(t, [key, *nodes_ahead], [key], ahead)
+                probed_ahead[:] = [
+                    (k, None if f is None else self.remember(k, self.node_from(t, k, *f)), None)
+                    for k, f in zip(nodes_ahead, further, strict=True)
+                ]
                 value = answers[-1]
                 node = None if found is None else self.remember(key, self.node_from(t, key, *found))
                 if node is None or node.kind != FILE or node.size > limit:
@@ -369,7 +380,10 @@ class Lookups:
                 value = parts.whole(t, key, bytes(value), node.attrs.parted)
             return node, value
 
-        return hold(self.driver, run)
+        got = hold(self.driver, run)
+        if probed_ahead and ahead is not None:
+            ahead.keep(probed_ahead)
+        return got
 
     def versions(self, keys: list[str], limit: int) -> list[tuple[Node | None, bytes | None]]:
         """The files at ``keys`` as they are now, in one batch of reads (one round trip where a

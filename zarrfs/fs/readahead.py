@@ -2,14 +2,27 @@
 
 GDAL, netCDF-C and most programs older than zarr-python 3 read one chunk at a time in grid order
 (C order over the chunk grid); across a network each chunk then costs a round trip for its lookup
-and open. When a chunk is opened right after the one before it in grid order, this mount reads it
-and the next :attr:`Readahead.depth` chunks in one batch, and answers their next lookups and opens
-from here. Never stale: only a mount with a change feed reads ahead (the tree sets
+and open. When a chunk is opened right after the one before it in grid order, this mount reads
+the next :attr:`Readahead.depth` chunks in the same batch as its open, and answers their next
+lookups (and, reading values ahead, their opens) from here.
+
+Never stale. Only a mount with a change feed reads ahead (the tree sets
 :attr:`zarrfs.fs.tree.Tree.readahead`); an entry is dropped when a change names its key
 (:meth:`Readahead.forget`, from the change watcher, which an open polls first) and every entry when
-this mount writes or the feed loses track; an entry is served once, to one open (one found by a
-lookup stays for its open). Bounded: ``depth`` entries per array, ``max_bytes`` in all (the oldest
-go first), no chunk above ``max_value``, at most :data:`ARRAYS` arrays' grids remembered.
+this mount writes or the feed loses track. Two kinds:
+
+* **values** (:attr:`Readahead.values`, where the feed tells of a commit before its writer hears
+  it answered: Redis): the chunks' content too; an entry is served once, to one open (one found
+  by a lookup stays for its open), with no round trip.
+* **names and sizes only** (elsewhere, PostgreSQL: a commit may reach the feed after its writer
+  heard it answered, so only a read at the open is as new as close-to-open asks): the lookups
+  are answered from here, and each open still reads its chunk, in one round trip that also
+  probes the chunks further on. A grid-order reader then waits one round trip a chunk, as after
+  a listing, instead of two.
+
+Bounded: ``depth`` entries per array, ``max_bytes`` of values in all and :data:`MAX_NODES`
+entries (the oldest go first), no chunk above ``max_value``, at most :data:`ARRAYS` arrays'
+grids remembered.
 """
 
 from __future__ import annotations
@@ -22,6 +35,7 @@ ARRAYS = 64  # arrays whose grid and last chunk read are remembered
 DEPTH = 8  # chunks read ahead of a reader in grid order
 MAX_BYTES = 32 << 20  # bytes held in all
 MAX_VALUE = 4 << 20  # the largest chunk held
+MAX_NODES = 4096  # entries held in all (names and sizes only: no bytes to bound them)
 
 
 #: Chunks read ahead where the mount reads ahead by default (``-o chunks_ahead=``).
@@ -30,7 +44,8 @@ DEFAULT_CHUNKS_AHEAD = 8
 class Readahead:
     """Chunks read ahead of a reader in grid order, and what tells such a reader (see the
     module docstring). ``find_array(key)`` is the enclosing array of ``key``
-    (:class:`zarrfs.format.arrays.ArrayInfo`, or None), asked once per folder."""
+    (:class:`zarrfs.format.arrays.ArrayInfo`, or None), asked once per folder; ``values``:
+    whether the chunks' content is read ahead and serves opens, or only their nodes."""
 
     def __init__(
         self,
@@ -38,12 +53,15 @@ class Readahead:
         depth: int = DEPTH,
         max_bytes: int = MAX_BYTES,
         max_value: int = MAX_VALUE,
+        values: bool = True,
     ) -> None:
         self.find_array = find_array
+        self.values = values
         self.depth = depth
         self.max_bytes = max_bytes
         self.max_value = max_value
-        self.entries: OrderedDict[str, tuple[Any, Any]] = OrderedDict()  # key -> (node, value)
+        # key -> (node, value); the value is None where only nodes are read ahead
+        self.entries: OrderedDict[str, tuple[Any, Any]] = OrderedDict()
         self.held = 0  # bytes of the values in entries
         # folder -> (array or None, coordinates of the chunk last opened in it)
         self.folders: OrderedDict[str, list[Any]] = OrderedDict()
@@ -56,14 +74,24 @@ class Readahead:
         return None if entry is None else entry[0]
 
     def take(self, key: str) -> tuple[Any, Any] | None:
-        """``(node, value)`` of ``key`` if it was read ahead, for its open (served once)."""
-        entry = self.entries.pop(key, None)
-        if entry is None:
+        """``(node, value)`` of ``key`` if its value was read ahead, for its open (served
+        once)."""
+        entry = self.entries.get(key)
+        if entry is None or entry[1] is None:
             return None
+        del self.entries[key]
         self.held -= len(entry[1])
         self.served += 1
         self._opened(key)
         return entry
+
+    def opening(self, key: str) -> list[str]:
+        """Where only nodes are read ahead: ``key`` is being opened (its open reads it, so its
+        entry goes); the chunks whose nodes to probe in the same batch (:meth:`plan`)."""
+        entry = self.entries.pop(key, None)
+        if entry is not None:
+            self.served += 1
+        return self.plan(key)
 
     # ------------------------------------------------------------------ reading ahead
     def plan(self, key: str) -> list[str]:
@@ -109,18 +137,25 @@ class Readahead:
         return out
 
     def keep(self, found: Iterable[tuple[str, Any, Any]]) -> None:
-        """Hold ``(key, node, value)`` read ahead (a value of None, or too large, is not held)."""
+        """Hold ``(key, node, value)`` read ahead: reading values, one whose value is None or
+        too large is not held; reading nodes only, the value is not kept."""
         for key, node, value in found:
-            if value is None or len(value) > self.max_value:
+            if self.values and (value is None or len(value) > self.max_value):
+                continue
+            if node is None:
                 continue
             old = self.entries.pop(key, None)
-            if old is not None:
+            if old is not None and old[1] is not None:
                 self.held -= len(old[1])
-            self.entries[key] = (node, value)
-            self.held += len(value)
-        while self.held > self.max_bytes and self.entries:
+            if self.values:
+                self.entries[key] = (node, value)
+                self.held += len(value)
+            else:
+                self.entries[key] = (node, None)
+        while (self.held > self.max_bytes or len(self.entries) > MAX_NODES) and self.entries:
             _, (_, value) = self.entries.popitem(last=False)
-            self.held -= len(value)
+            if value is not None:
+                self.held -= len(value)
 
     def _opened(self, key: str) -> None:
         """Note ``key`` as the last chunk opened in its array (an open answered from here)."""
@@ -138,7 +173,7 @@ class Readahead:
             return
         for key in keys:
             entry = self.entries.pop(key, None)
-            if entry is not None:
+            if entry is not None and entry[1] is not None:
                 self.held -= len(entry[1])
             name = key.rpartition("/")[2]
             if name in (".zarray", "zarr.json", ".zgroup", ".zmetadata"):  # a grid may change

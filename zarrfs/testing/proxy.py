@@ -29,6 +29,13 @@ import subprocess
 import sys
 import time
 
+#: A PostgreSQL reading transaction's ``COMMIT`` sent alone (extended or simple protocol): with
+#: the change feed it goes with the next transaction, or alone once its connection was idle
+#: 0.1 s (each request thread has its own). No call waits for the latter, and a busy machine
+#: spaces the calls out enough to make one after each: counts of calls leave them out
+#: (:meth:`DelayProxy.idle`).
+POSTGRES_IDLE_COMMITS = (b"P\x00\x00\x00\x0e\x00COMMIT\x00", b"Q\x00\x00\x00\x0bCOMMIT\x00")
+
 
 class DelayProxy:
     """The parent's handle on a proxy process; see the module docstring. Use as a context
