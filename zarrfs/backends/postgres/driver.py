@@ -189,7 +189,9 @@ class PostgresDriver(Driver):
         collate = sql.SQL("") if row[0] in ("C", "POSIX") else sql.SQL(' COLLATE "C"')
         self.queries: dict[Any, Any] = {"collate": collate}
         for space, name in tables.items():
-            self.queries.update({(what, space): q for what, q in _queries(name, collate).items()})
+            # Rendered once: composing a statement costs more than sending it.
+            for what, q in _queries(name, collate).items():
+                self.queries[what, space] = q if what == "table" else q.as_bytes(self.conn)
 
     def bounds(self) -> dict[str, Any]:
         """libpq settings that bound a wait on the server to about ``timeout`` (``-o

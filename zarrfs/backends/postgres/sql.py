@@ -34,6 +34,12 @@ def queries(table: str, collate: Any) -> dict[str, Any]:
         "prefix": sql.SQL("SELECT 1 FROM {} WHERE k >= %s{} AND k < %s{} LIMIT 1").format(
             t, collate, collate
         ),
+        # Whether there are keys in each of several ranges, in one statement: the (1-based)
+        # places of the ranges that hold some (an index probe each).
+        "prefix_any": sql.SQL(
+            "SELECT r.i FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS r(lo, hi, i)"
+            " WHERE EXISTS (SELECT 1 FROM {} WHERE k >= r.lo{} AND k < r.hi{})"
+        ).format(t, collate, collate),
         "put": sql.SQL(
             "INSERT INTO {} (k, v) VALUES (%s, %b) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
         ).format(t),

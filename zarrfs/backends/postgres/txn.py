@@ -164,13 +164,16 @@ class PostgresTxn(Txn):
         if len(known) == len(plan):  # every answer is known: nothing is sent
             return [self._known(kind, known[space, raw]) for kind, raw, space in plan]
         groups: dict[tuple[type, Space], list[bytes]] = {}
+        ranges: dict[Space, list[bytes]] = {}  # the prefixes asked about, by space
         for kind, raw, space in plan:
-            if kind is not HasPrefix and (space, raw) not in known:
+            if kind is HasPrefix:
+                ranges.setdefault(space, []).append(raw)
+            elif (space, raw) not in known:
                 groups.setdefault((kind, space), []).append(raw)
         queued, self.queued = self.queued, []
         self.begun = True
         conn = self._conn
-        prefixes: list[Any] = []
+        prefixes: list[tuple[list[bytes], Any]] = []
         grouped: list[tuple[type, Space, list[bytes], Any]] = []
         with conn.pipeline():
             for q, p in queued:
@@ -184,14 +187,25 @@ class PostgresTxn(Txn):
                     keys = list(dict.fromkeys(_text(raw) for raw in raws))
                     cur.execute(self._q["size_any" if kind is Size else "get_any", space], (keys,))
                 grouped.append((kind, space, raws, cur))
-            for kind, raw, space in plan:
-                if kind is HasPrefix:
-                    cur = conn.cursor(binary=True)
-                    key = _text(raw)
+            for space, raws in ranges.items():
+                cur = conn.cursor(binary=True)
+                if len(raws) == 1:
+                    key = _text(raws[0])
                     cur.execute(self._q["prefix", space], (key, prefix_stop(key)))
-                    prefixes.append(cur)
+                else:
+                    los = [_text(raw) for raw in raws]
+                    cur.execute(self._q["prefix_any", space], (los, [prefix_stop(lo) for lo in los]))
+                prefixes.append((raws, cur))
         self._exchanged()
         self._keep_ahead(ahead)
+        below: dict[tuple[Space, bytes], bool] = {}
+        for (space, _), (raws, cur) in zip(ranges.items(), prefixes, strict=True):
+            if len(raws) == 1:
+                below[space, raws[0]] = cur.fetchone() is not None
+            else:
+                held = {row[0] for row in cur.fetchall()}
+                for i, raw in enumerate(raws, 1):
+                    below[space, raw] = below.get((space, raw), False) or i in held
         found: dict[tuple[type, Space, bytes], Any] = {}
         for kind, space, raws, cur in grouped:
             if len(raws) == 1:
@@ -201,10 +215,9 @@ class PostgresTxn(Txn):
                 for k, x in cur.fetchall():
                     found[kind, space, k.encode("utf-8")] = x
         out: list[Any] = []
-        answers = iter(prefixes)
         for kind, raw, space in plan:
             if kind is HasPrefix:
-                out.append(next(answers).fetchone() is not None)
+                out.append(below[space, raw])
             elif (space, raw) in known:
                 out.append(self._known(kind, known[space, raw]))
             else:
