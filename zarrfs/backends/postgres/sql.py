@@ -27,24 +27,44 @@ def queries(table: str, collate: Any) -> dict[str, Any]:
         "table": t,
         "get": sql.SQL("SELECT v FROM {} WHERE k = %s").format(t),
         "size": sql.SQL("SELECT octet_length(v) FROM {} WHERE k = %s").format(t),
-        # Several keys in one statement (a folder's sizes and side records): the rows found.
-        "get_any": sql.SQL("SELECT k, v FROM {} WHERE k = ANY(%s)").format(t),
-        "size_any": sql.SQL("SELECT k, octet_length(v) FROM {} WHERE k = ANY(%s)").format(t),
         "read": sql.SQL("SELECT substring(v from %s for %s) FROM {} WHERE k = %s").format(t),
         "prefix": sql.SQL("SELECT 1 FROM {} WHERE k >= %s{} AND k < %s{} LIMIT 1").format(
             t, collate, collate
         ),
-        # Whether there are keys in each of several ranges, in one statement: the (1-based)
-        # places of the ranges that hold some (an index probe each).
-        "prefix_any": sql.SQL(
-            "SELECT r.i FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS r(lo, hi, i)"
-            " WHERE EXISTS (SELECT 1 FROM {} WHERE k >= r.lo{} AND k < r.hi{})"
-        ).format(t, collate, collate),
         "put": sql.SQL(
             "INSERT INTO {} (k, v) VALUES (%s, %b) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
         ).format(t),
         "delete": sql.SQL("DELETE FROM {} WHERE k = %s").format(t),
     }
+
+
+#: The columns of one kind of read in :func:`batch`: what it selects, and from what rows.
+_BATCH_PARTS = {
+    "get": (
+        "t.v, NULL::int4 FROM unnest(%s::text[]) WITH ORDINALITY AS r(k, i) JOIN {} AS t ON t.k = r.k"
+    ),
+    "size": (
+        "NULL::bytea, octet_length(t.v) FROM unnest(%s::text[]) WITH ORDINALITY AS r(k, i)"
+        " JOIN {} AS t ON t.k = r.k"
+    ),
+    "prefix": (
+        "NULL::bytea, NULL::int4 FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS r(lo, hi, i)"
+        " WHERE EXISTS (SELECT 1 FROM {} WHERE k >= r.lo{} AND k < r.hi{})"
+    ),
+}
+
+
+def batch(groups: list[tuple[str, Any]], collate: Any) -> Any:
+    """One statement answering several groups of reads, each ``(kind, table)`` with kind
+    ``get``, ``size`` or ``prefix`` (its keys as one array parameter; a prefix group's as two,
+    the ranges' starts and ends). Rows: ``(group, place, value, size)``, the group's index and
+    the key's 1-based place in its array, for the keys found (the ranges holding keys)."""
+    selects = []
+    for n, (kind, table) in enumerate(groups):
+        tail = sql.SQL(_BATCH_PARTS[kind])
+        tail = tail.format(table, collate, collate) if kind == "prefix" else tail.format(table)
+        selects.append(sql.SQL("SELECT {}::int2, r.i, ").format(sql.Literal(n)) + tail)
+    return sql.SQL(" UNION ALL ").join(selects)
 
 
 def compare(op: str, collate: Any) -> Any:

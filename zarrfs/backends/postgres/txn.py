@@ -15,6 +15,7 @@ from psycopg import sql
 
 from ..base import KEYS, SIZES, Fetch, Get, HasPrefix, Size, Space, Txn, prefix_stop
 from .connection import WatchedConnection
+from .sql import batch as _batch
 from .sql import bound as _bound
 from .sql import compare as _compare
 from .sql import text as _text
@@ -155,76 +156,73 @@ class PostgresTxn(Txn):
             self._seen[space, raw] = None
 
     def _read_many(self, plan: list[tuple[type, bytes, Space]]) -> list[Any]:
-        # One pipeline (one round trip); the sizes, and the values, of several keys of one space
-        # are one statement (``k = ANY``): a listing's window reads three records a name, and a
-        # statement costs the client and the server far more than a row.
+        # One pipeline (one round trip), and the reads in it one statement (``sql.batch``): a
+        # statement costs the client and the server far more than a row, and an open's probe
+        # reads seven records of two tables. The size of a key whose value is read comes from
+        # the value.
         seen = self._seen
         known = {} if seen is None else {(space, raw): seen[space, raw] for kind, raw, space in plan
                                          if kind is not HasPrefix and (space, raw) in seen}
         if len(known) == len(plan):  # every answer is known: nothing is sent
             return [self._known(kind, known[space, raw]) for kind, raw, space in plan]
-        groups: dict[tuple[type, Space], list[bytes]] = {}
-        ranges: dict[Space, list[bytes]] = {}  # the prefixes asked about, by space
+        groups: dict[tuple[str, Space], list[bytes]] = {}
         for kind, raw, space in plan:
             if kind is HasPrefix:
-                ranges.setdefault(space, []).append(raw)
+                groups.setdefault(("prefix", space), []).append(raw)
             elif (space, raw) not in known:
-                groups.setdefault((kind, space), []).append(raw)
+                groups.setdefault(("get" if kind is Get else "size", space), []).append(raw)
+        got = {space: set(raws) for (kind, space), raws in groups.items() if kind == "get"}
+        for (kind, space), raws in list(groups.items()):
+            if kind == "size" and space in got:
+                rest = [raw for raw in raws if raw not in got[space]]
+                if rest:
+                    groups[kind, space] = rest
+                else:
+                    del groups[kind, space]
+        shape = tuple(groups)
+        statement = self._q.get(("batch", shape))
+        if statement is None:  # rendered once per shape, as the other statements are
+            tables = [(kind, self._q["table", space]) for kind, space in shape]
+            statement = self._q["batch", shape] = _batch(tables, self._q["collate"]).as_bytes(self._conn)
+        params: list[Any] = []
+        for (kind, _), raws in groups.items():
+            keys = [_text(raw) for raw in raws]
+            params.append(keys)
+            if kind == "prefix":
+                params.append([prefix_stop(key) for key in keys])
         queued, self.queued = self.queued, []
         self.begun = True
         conn = self._conn
-        prefixes: list[tuple[list[bytes], Any]] = []
-        grouped: list[tuple[type, Space, list[bytes], Any]] = []
         with conn.pipeline():
             for q, p in queued:
                 conn.execute(q, p, binary=True)
             ahead = self._send_ahead()
-            for (kind, space), raws in groups.items():
-                cur = conn.cursor(binary=True)
-                if len(raws) == 1:
-                    cur.execute(self._q["size" if kind is Size else "get", space], (_text(raws[0]),))
-                else:
-                    keys = list(dict.fromkeys(_text(raw) for raw in raws))
-                    cur.execute(self._q["size_any" if kind is Size else "get_any", space], (keys,))
-                grouped.append((kind, space, raws, cur))
-            for space, raws in ranges.items():
-                cur = conn.cursor(binary=True)
-                if len(raws) == 1:
-                    key = _text(raws[0])
-                    cur.execute(self._q["prefix", space], (key, prefix_stop(key)))
-                else:
-                    los = [_text(raw) for raw in raws]
-                    cur.execute(self._q["prefix_any", space], (los, [prefix_stop(lo) for lo in los]))
-                prefixes.append((raws, cur))
+            cur = conn.cursor(binary=True)
+            cur.execute(statement, params)
         self._exchanged()
         self._keep_ahead(ahead)
-        below: dict[tuple[Space, bytes], bool] = {}
-        for (space, _), (raws, cur) in zip(ranges.items(), prefixes, strict=True):
-            if len(raws) == 1:
-                below[space, raws[0]] = cur.fetchone() is not None
-            else:
-                held = {row[0] for row in cur.fetchall()}
-                for i, raw in enumerate(raws, 1):
-                    below[space, raw] = below.get((space, raw), False) or i in held
-        found: dict[tuple[type, Space, bytes], Any] = {}
-        for kind, space, raws, cur in grouped:
-            if len(raws) == 1:
-                row = cur.fetchone()
-                found[kind, space, raws[0]] = None if row is None else row[0]
-            else:
-                for k, x in cur.fetchall():
-                    found[kind, space, k.encode("utf-8")] = x
+        found: dict[tuple[str, Space, bytes], Any] = {}
+        asked = list(groups.items())
+        for g, place, value, size in cur.fetchall():
+            (kind, space), raws = asked[g]
+            answer = True if kind == "prefix" else value if kind == "get" else size
+            found[kind, space, raws[place - 1]] = answer
         out: list[Any] = []
         for kind, raw, space in plan:
             if kind is HasPrefix:
-                out.append(below[space, raw])
+                out.append(found.get(("prefix", space, raw), False))
             elif (space, raw) in known:
                 out.append(self._known(kind, known[space, raw]))
-            else:
-                value = found.get((kind, space, raw))
-                if kind is Get and seen is not None:
+            elif kind is Get:
+                value = found.get(("get", space, raw))
+                if seen is not None:
                     seen[space, raw] = value
                 out.append(value)
+            elif raw in got.get(space, ()):
+                value = found.get(("get", space, raw))
+                out.append(None if value is None else len(value))
+            else:
+                out.append(found.get(("size", space, raw)))
         return out
 
     @staticmethod
