@@ -351,3 +351,39 @@ def test_paths_of_4096_bytes_through_a_mount(kind, tmp_path):
             assert d.scan() == [] and [k for k, _ in d.scan(space=SIDE) if len(k.encode()) > 511] == []
         finally:
             d.close()
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+def test_a_path_longer_than_postgresql_indexes_is_enametoolong(postgres_server, tmp_path):
+    """PostgreSQL's B-tree entries hold keys of about 2,700 bytes (``longest_key``): a path
+    whose records would not fit is refused with ENAMETOOLONG before anything is written, not
+    sent to fail as "index row size exceeds" (ENOSPC, an error in the log); the longest that
+    fits is made, written, read and removed."""
+    from zarrfs.backends.postgres.sql import longest_key
+
+    url = postgres_server.url(table=f"lk{os.getpid()}")
+    part = "p" * 200
+    limit = longest_key(8192) - 2  # a path's records are named by it after a 2-byte prefix
+    with Mount(url, tmp_path / "mnt", ["create"]) as m, inside(m.path):
+        folder = "."
+        for _ in range(13):  # 13 folders of 201 bytes
+            folder = os.path.join(folder, part)
+            os.mkdir(folder)
+        folder = os.path.normpath(folder)
+        leaf = os.path.join(folder, "f" * (limit - len(folder) - 1))
+        assert len(leaf.encode()) == limit
+        with open(leaf, "wb") as fh:
+            fh.write(b"deep")
+        with open(leaf, "rb") as fh:
+            assert fh.read() == b"deep"
+        assert os.listdir(folder) == [os.path.basename(leaf)]
+        longer = leaf + "x"
+        for call in (lambda: open(longer, "wb"), lambda: os.mkdir(longer), lambda: os.rename(leaf, longer)):
+            with pytest.raises(OSError) as exc:
+                call()
+            assert exc.value.errno == errno.ENAMETOOLONG
+        os.unlink(leaf)
+        assert os.listdir(folder) == []
+        text = m.log_text()
+    assert " ERROR " not in text, text[-4000:]

@@ -50,6 +50,7 @@ from ..snapshot import HeldState
 from ..urloptions import check_options
 from . import feed
 from .connection import WatchedConnection
+from .sql import longest_key
 from .sql import queries as _queries
 from .sql import reason as _reason
 from .txn import PostgresTxn
@@ -75,6 +76,8 @@ class PostgresDriver(Driver):
     schemes = ("postgresql", "postgres")
     remote = True
     batched = True
+    #: The longest key the tables take (``sql.longest_key``), asked of the server at connect.
+    max_key_size: int | None = None
 
     def __init__(self, url: str, readonly: bool = False) -> None:
         super().__init__(url, readonly)
@@ -166,6 +169,9 @@ class PostgresDriver(Driver):
         except psycopg.Error as exc:
             raise UnavailableError(f"{self.where}: {_reason(exc)}") from None
         self.conn.driver = self  # its waits honour watch and timeout (connection)
+        if self.max_key_size is None:
+            block = self.conn.execute("SELECT current_setting('block_size')").fetchone()[0]
+            self.max_key_size = longest_key(int(block))
         tables = {DATA: self.table, Space.SIDE: self.table + "_side"}
         if not self.readonly and not self._made:
             for name in tables.values():
