@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -138,6 +139,41 @@ def test_close_to_open(feed_url, mount_factory):
         (a.path / "f").write_bytes(data)
         assert (b.path / "f").read_bytes() == data  # no wait at all
         assert (b.path / "f").read_bytes() == data  # the kernel's pages kept now
+
+
+def test_close_to_open_of_a_new_name(request, tmp_path, mount_factory):
+    """A file made and closed on one mount of Redis opens at once on another, which knows the
+    folder's names and answers a name missing from them without asking the database: the
+    lookup brings the feed's news in first. (On PostgreSQL a commit's notification may come
+    after its writer heard it answered, and on LMDB and SQLite a folder's snapshot answers
+    until the feed's next look: there a new name shows once the feed told, as README says.)"""
+    url = make_url("redis", tmp_path, request)
+    a = mount_factory(url, ["create"], name="a")
+    b = mount_factory(url, [], name="b")
+    (a.path / "d").mkdir()
+    (a.path / "d" / "first").write_bytes(b"first")
+    seen_after(lambda: read(b.path / "d" / "first") == b"first", time.monotonic())
+    assert os.listdir(b.path / "d") == ["first"]  # b knows the folder's names now
+    # Programs listing the folder on b all the while keep b busy: its idle look at the feed
+    # finds no moment alone, so only a lookup that asks the feed first sees the new names.
+    stop = threading.Event()
+
+    def list_on_b() -> None:
+        while not stop.is_set():
+            os.listdir(b.path / "d")
+
+    busy = [threading.Thread(target=list_on_b) for _ in range(3)]
+    for t in busy:
+        t.start()
+    try:
+        for i in range(20):
+            name = f"n{i}"
+            (a.path / "d" / name).write_bytes(b"%d" % i)
+            assert read(b.path / "d" / name) == b"%d" % i, f"round {i}"  # no wait at all
+    finally:
+        stop.set()
+        for t in busy:
+            t.join()
 
 
 def test_warm_caches_cost_no_requests(feed_url, mount_factory):

@@ -155,6 +155,12 @@ class Operations:
             del self._lockers[fh]
 
     # ------------------------------------------------------------------ attributes
+    def knows_names(self) -> bool:
+        """Whether a lookup may answer that a name is missing from what the mount knows of its
+        folder, without asking the database (``fs.knownfolders``: a database server): then a
+        name another mount made shows only once the change feed told of it."""
+        return self.tree.known is not None
+
     def find(self, key: str) -> Node | None:
         """The node at ``key``, pending writes included, or None (the hot path of every
         lookup)."""

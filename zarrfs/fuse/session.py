@@ -163,6 +163,8 @@ class Session(Dispatcher):
         another request's node. Forgets take turns on nothing."""
         length, opcode = _OPCODE.unpack_from(data)
         if opcode == k.LOOKUP:
+            if self._feed_first():  # brings other mounts' new names in first (see _lookup)
+                return None
             return (nodeid, bytes(data[k.IN_HEADER_SIZE : length]))
         if opcode in (k.FORGET, k.BATCH_FORGET):
             return (None, k.IN_HEADER.unpack_from(data)[2])
@@ -295,6 +297,14 @@ class Session(Dispatcher):
             self.invalidator.send(notes)
 
     # ------------------------------------------------------------------ names
+    def _feed_first(self) -> bool:
+        """Whether a lookup must ask the change feed before it answers: the mount answers a
+        name missing from the names it knows of a folder without asking the database, so a
+        name another mount made, then closed, must come in first, or the open that follows
+        the close on this mount would fail with ENOENT (close-to-open). Only when the feed
+        has news: a look at its descriptor."""
+        return self.coherence is not None and self.ops.knows_names() and self.coherence.news()
+
     def _lookup(self, head: Header, buf: memoryview) -> None:
         try:
             key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE, head.len))
@@ -302,6 +312,8 @@ class Session(Dispatcher):
             if exc.errno != errno.EILSEQ:
                 raise
             raise FsError(errno.ENOENT, str(exc), quiet=True) from None
+        if (self.admission is None or self.admission.writing) and self._feed_first():
+            self.coherence.poll()
         node = self.ops.find(key)
         if node is None:
             if self.negative_valid == (0, 0):
