@@ -286,6 +286,16 @@ def inside(folder):
         os.chdir(cwd)
 
 
+def _nested(part: str, count: int) -> str:
+    """Make ``count`` folders named ``part``, each in the one before, from the working folder:
+    the innermost's relative path."""
+    folder = "."
+    for _ in range(count):
+        folder = os.path.join(folder, part)
+        os.mkdir(folder)
+    return os.path.normpath(folder)
+
+
 @pytest.mark.parametrize("kind", ["lmdb", "sqlite"])
 @pytest.mark.mount
 @pytest.mark.usefixtures("fuse_required")
@@ -296,11 +306,7 @@ def test_paths_of_4096_bytes_through_a_mount(kind, tmp_path):
     url = f"lmdb://{tmp_path}/db.lmdb" if kind == "lmdb" else f"sqlite://{tmp_path}/db.sqlite"
     part = "p" * 200
     with Mount(url, tmp_path / "mnt", ["create"]) as m, inside(m.path):
-        folder = "."
-        for _ in range(19):  # 19 folders of 201 bytes
-            folder = os.path.join(folder, part)
-            os.mkdir(folder)
-        folder = os.path.normpath(folder)
+        folder = _nested(part, 19)  # 19 folders of 201 bytes
         leaf = os.path.join(folder, "f" * 180)
         assert len(leaf.encode()) == 19 * 201 + 180
         with open(leaf, "wb") as fh:
@@ -366,11 +372,7 @@ def test_a_path_longer_than_postgresql_indexes_is_enametoolong(postgres_server, 
     part = "p" * 200
     limit = longest_key(8192) - 2  # a path's records are named by it after a 2-byte prefix
     with Mount(url, tmp_path / "mnt", ["create"]) as m, inside(m.path):
-        folder = "."
-        for _ in range(13):  # 13 folders of 201 bytes
-            folder = os.path.join(folder, part)
-            os.mkdir(folder)
-        folder = os.path.normpath(folder)
+        folder = _nested(part, 13)  # 13 folders of 201 bytes
         leaf = os.path.join(folder, "f" * (limit - len(folder) - 1))
         assert len(leaf.encode()) == limit
         with open(leaf, "wb") as fh:
