@@ -362,29 +362,32 @@ def test_paths_of_4096_bytes_through_a_mount(kind, tmp_path):
 @pytest.mark.mount
 @pytest.mark.usefixtures("fuse_required")
 def test_a_path_longer_than_postgresql_indexes_is_enametoolong(postgres_server, tmp_path):
-    """PostgreSQL's B-tree entries hold keys of about 2,700 bytes (``longest_key``): a path
-    whose records would not fit is refused with ENAMETOOLONG before anything is written, not
-    sent to fail as "index row size exceeds" (ENOSPC, an error in the log); the longest that
-    fits is made, written, read and removed."""
-    from zarrfs.backends.postgres.sql import longest_key
-
+    """PostgreSQL's B-tree entries hold about 2,700 bytes of key once compressed: a path of
+    names that do not compress (random hex, as pjdfstest makes) stops fitting near that. Its
+    mkdir is ENAMETOOLONG, with nothing stored and no error in the log, not ENOSPC ("index row
+    size exceeds"); the paths that fit are made, written, read and removed."""
     url = postgres_server.url(table=f"lk{os.getpid()}")
-    part = "p" * 200
-    limit = longest_key(8192) - 2  # a path's records are named by it after a 2-byte prefix
+    rng = random.Random(5)
     with Mount(url, tmp_path / "mnt", ["create"]) as m, inside(m.path):
-        folder = _nested(part, 13)  # 13 folders of 201 bytes
-        leaf = os.path.join(folder, "f" * (limit - len(folder) - 1))
-        assert len(leaf.encode()) == limit
+        folder = "."
+        while True:
+            deeper = os.path.join(folder, f"{rng.getrandbits(800):0200x}")
+            try:
+                os.mkdir(deeper)
+            except OSError as exc:
+                assert exc.errno == errno.ENAMETOOLONG, exc
+                break
+            folder = deeper
+            assert len(folder) < 3000, "a path PostgreSQL's index cannot hold was made"
+        folder = os.path.normpath(folder)
+        assert len(folder) > 2400
+        assert not os.path.exists(deeper)
+        leaf = os.path.join(folder, "f")
         with open(leaf, "wb") as fh:
             fh.write(b"deep")
         with open(leaf, "rb") as fh:
             assert fh.read() == b"deep"
-        assert os.listdir(folder) == [os.path.basename(leaf)]
-        longer = leaf + "x"
-        for call in (lambda: open(longer, "wb"), lambda: os.mkdir(longer), lambda: os.rename(leaf, longer)):
-            with pytest.raises(OSError) as exc:
-                call()
-            assert exc.value.errno == errno.ENAMETOOLONG
+        assert os.listdir(folder) == ["f"]
         os.unlink(leaf)
         assert os.listdir(folder) == []
         text = m.log_text()

@@ -24,7 +24,7 @@ from dataclasses import replace
 from zarrfs.backends.errors import InterruptedCallError, RestartedError
 from zarrfs.fs import acl, hardlinks
 from zarrfs.fs.changes import ChangeWatcher, folders_of
-from zarrfs.fs.errors import FsError, is_quiet, to_errno
+from zarrfs.fs.errors import FsError, is_quiet, log_level, to_errno
 from zarrfs.fs.handles import HandleTable, Stored
 from zarrfs.fs.listing import DirListing
 from zarrfs.fs.locks import UNLCK, WRLCK, Lock, LockTable, Waiters
@@ -509,6 +509,7 @@ __all__ = [
     "Stored",
     "folders_of",
     "is_quiet",
+    "log_level",
     "key_text",
     "name_bytes",
     "stored_blocks",

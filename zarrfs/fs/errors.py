@@ -8,6 +8,7 @@ error is worth a line.
 from __future__ import annotations
 
 import errno
+import logging
 
 from zarrfs.backends import base
 from zarrfs.backends.errors import ExpiredError
@@ -72,6 +73,13 @@ def to_errno(exc: BaseException) -> int:
         if isinstance(exc, cls):
             return code
     return errno.EIO
+
+
+def log_level(exc: BaseException) -> int:
+    """The level of the log line of a failed call: a warning for what the caller asked that
+    cannot be (an ``OSError`` of the filesystem's, a path longer than the database holds), an
+    error for the rest."""
+    return logging.WARNING if isinstance(exc, (OSError, base.KeyTooLongError)) else logging.ERROR
 
 
 def is_quiet(exc: BaseException) -> bool:

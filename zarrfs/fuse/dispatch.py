@@ -17,7 +17,7 @@ import logging
 import struct
 from collections.abc import Callable, Mapping
 
-from zarrfs.fs.api import RestartedError, is_quiet, to_errno
+from zarrfs.fs.api import RestartedError, is_quiet, log_level, to_errno
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.abi import Header
 from zarrfs.fuse.interrupts import Watch
@@ -103,7 +103,7 @@ class Dispatcher:
         else:
             code = to_errno(exc)
             if not is_quiet(exc):
-                level = logging.WARNING if isinstance(exc, OSError) else logging.ERROR
+                level = log_level(exc)
                 reason = errno.errorcode.get(code, code)
                 log.log(level, "%s %s: %s (%s)", what, self._describe(head, buf), reason, exc)
         if self._answered[op]:

@@ -45,12 +45,11 @@ from ..base import (
     Txn,
     UnavailableError,
 )
-from ..errors import RestartedError
+from ..errors import KeyTooLongError, RestartedError
 from ..snapshot import HeldState
 from ..urloptions import check_options
 from . import feed
 from .connection import WatchedConnection
-from .sql import longest_key
 from .sql import queries as _queries
 from .sql import reason as _reason
 from .txn import PostgresTxn
@@ -76,8 +75,6 @@ class PostgresDriver(Driver):
     schemes = ("postgresql", "postgres")
     remote = True
     batched = True
-    #: The longest key the tables take (``sql.longest_key``), asked of the server at connect.
-    max_key_size: int | None = None
 
     def __init__(self, url: str, readonly: bool = False) -> None:
         super().__init__(url, readonly)
@@ -169,9 +166,6 @@ class PostgresDriver(Driver):
         except psycopg.Error as exc:
             raise UnavailableError(f"{self.where}: {_reason(exc)}") from None
         self.conn.driver = self  # its waits honour watch and timeout (connection)
-        if self.max_key_size is None:
-            block = self.conn.execute("SELECT current_setting('block_size')").fetchone()[0]
-            self.max_key_size = longest_key(int(block))
         tables = {DATA: self.table, Space.SIDE: self.table + "_side"}
         if not self.readonly and not self._made:
             for name in tables.values():
@@ -278,6 +272,10 @@ class PostgresDriver(Driver):
             raise RetryableError(f"{self.where}: {_reason(exc)}") from None
         except pgerr.QueryCanceled as exc:  # statement_timeout
             raise StalledError(f"{self.where}: {_reason(exc)} (-o timeout=)") from None
+        except pgerr.ProgramLimitExceeded as exc:
+            if "index row" in str(exc):  # a key the B-tree cannot hold, even compressed
+                raise KeyTooLongError(f"{self.where}: {_reason(exc)}") from None
+            raise StorageFullError(f"{self.where}: {_reason(exc)}") from None
         except _FULL as exc:
             raise StorageFullError(f"{self.where}: {_reason(exc)}") from None
         except pgerr.ReadOnlySqlTransaction as exc:

@@ -20,16 +20,6 @@ def bound(raw: bytes) -> tuple[str, bool]:
     return (text, False) if cut < 0 else (text[:cut], True)
 
 
-def longest_key(block_size: int) -> int:
-    """The longest key (bytes of UTF-8) a ``text`` primary key takes on a server with pages of
-    ``block_size`` bytes: a B-tree entry holds at most a third of a page less its headers
-    (``BTMaxItemSize``: 2,704 bytes with 8 KiB pages), and the entry is an 8-byte tuple header,
-    the key with its 4-byte length, rounded up to 8. A longer key fails at its insert ("index
-    row size exceeds"); the tree refuses such a path first, with ENAMETOOLONG."""
-    item = ((block_size - 40 - 16) // 3) // 8 * 8 - 8
-    return item - 8 - 4
-
-
 def queries(table: str, collate: Any) -> dict[str, Any]:
     """The statements of one table, by what they do."""
     t = sql.Identifier(table)
