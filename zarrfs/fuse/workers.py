@@ -48,6 +48,10 @@ RESTARTS = 3
 #: Closes waiting that one close's thread serves with its own, at most.
 GROUP_MAX = 64
 
+#: Requests the kernel sends without waiting for their answer that may write: a reader that
+#: came after one waits until it asked for its turn (``Admission.arrived``).
+UNANSWERED = frozenset({k.RELEASE, k.RELEASEDIR})
+
 _HEAD = struct.Struct("<IIQQ")  # len, opcode, unique, nodeid: the start of every request
 
 #: What a request is, given its bytes: None for a writer, else the key readers about the same
@@ -288,6 +292,7 @@ class Workers:
             if opcode == k.INTERRUPT:
                 self._interrupt(view[:n], unique)
                 continue
+            self.admission.arrived(unique, opcode in UNANSWERED)
             self._serve_one(view[:n], req, unique, nodeid)
 
     def _serve_one(self, data: memoryview, req: _Request, unique: int, nodeid: int) -> None:
@@ -302,7 +307,8 @@ class Workers:
         passed = False
         try:
             while True:  # a reader a writer made stale runs again
-                with admission.turn:
+                admission.turn.acquire()  # held on into enter_reader/enter_writer
+                try:
                     key = None if restarted >= RESTARTS else self.classify(data, nodeid)
                     if unique > admission.last_order:
                         admission.last_order = unique
@@ -312,6 +318,9 @@ class Workers:
                             self._closes[unique] = close
                     elif key is None and self.passing is not None:
                         passing = self.passing(data, nodeid)
+                except BaseException:
+                    admission.turn.release()
+                    raise
                 req.reader, req.stale = key is not None, False
                 self.served[req.reader] += 1
                 try:
@@ -319,11 +328,12 @@ class Workers:
                         ended = lambda c=close: req.cancelled or (c is not None and c.taken)  # noqa: E731
                         through = None if passing is None else (passing, nodeid)
                         passed = admission.enter_writer(
-                            unique, ended, passing=through, close=close is not None, close_node=nodeid
+                            unique, ended, passing=through, close=close is not None, close_node=nodeid,
+                            held=True,
                         )
                         req.passed = passing if passed else None
                     else:
-                        admission.enter_reader(key, nodeid, unique, lambda: req.cancelled)
+                        admission.enter_reader(key, nodeid, unique, lambda: req.cancelled, held=True)
                 except Cancelled:
                     with self._requests_lock:
                         taken = close is not None and close.taken
@@ -359,6 +369,7 @@ class Workers:
         finally:
             with self._requests_lock:
                 self._requests.pop(unique, None)
+            admission.settled(unique)
             try:
                 os.eventfd_read(req.efd)  # an interrupt that came too late is forgotten
             except BlockingIOError:

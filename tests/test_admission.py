@@ -1,0 +1,90 @@
+"""The queue rules of ``fuse.admission`` with several request threads, request by request: a
+reader waits for a release read before it (which a program's next open must not overtake), not
+for a request that was read before it and is still on its way to asking for its turn."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from zarrfs.fuse import admission as admission_module
+from zarrfs.fuse.admission import Admission
+
+WAIT = 30  # seconds: a condition waited for, not a bound on speed
+
+
+@pytest.fixture
+def long_gap(monkeypatch):
+    """A request missing from the queue is waited for far longer than any test runs."""
+    monkeypatch.setattr(admission_module, "GAP_WAIT", 600)
+
+
+def _reader(adm: Admission, key, node: int, order: int, events: list) -> threading.Thread:
+    def run() -> None:
+        adm.enter_reader(key, node, order)
+        events.append(("reader", order))
+        adm.leave_reader(key)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.usefixtures("long_gap")
+def test_a_reader_does_not_wait_for_a_request_read_before_it_that_has_not_asked():
+    adm = Admission()
+    for unique in (10, 12, 14):
+        adm.arrived(unique, unanswered=False)
+    events: list = []
+    _reader(adm, "b", 2, 14, events).join(WAIT)
+    assert events == [("reader", 14)]
+
+
+@pytest.mark.usefixtures("long_gap")
+def test_a_reader_waits_for_a_release_read_before_it_to_ask_and_run():
+    adm = Admission()
+    adm.arrived(10, unanswered=False)
+    adm.arrived(12, unanswered=True)  # a close's release: its program does not wait for it
+    adm.arrived(14, unanswered=False)  # that program's next open
+    events: list = []
+    t = _reader(adm, "f", 5, 14, events)
+    t.join(0.3)
+    assert events == [], "the open ran before the release that came before it"
+    adm.enter_writer(12)  # the release asks for its turn (a writer): it runs first
+    events.append(("release", 12))
+    adm.leave_writer()
+    t.join(WAIT)
+    assert events == [("release", 12), ("reader", 14)]
+
+
+@pytest.mark.usefixtures("long_gap")
+def test_a_reader_waits_for_a_request_not_read_yet():
+    adm = Admission()
+    adm.arrived(10, unanswered=False)
+    adm.arrived(14, unanswered=False)  # 12 is still in the kernel's queue, or being read
+    events: list = []
+    t = _reader(adm, "b", 2, 14, events)
+    t.join(0.3)
+    assert events == []
+    adm.arrived(12, unanswered=False)
+    adm.enter_reader("a", 1, 12)
+    events.append(("reader", 12))
+    adm.leave_reader("a")
+    t.join(WAIT)
+    assert events == [("reader", 12), ("reader", 14)]
+
+
+@pytest.mark.usefixtures("long_gap")
+def test_a_release_that_ends_without_asking_lets_the_readers_after_it_go():
+    adm = Admission()
+    adm.arrived(10, unanswered=False)
+    adm.arrived(12, unanswered=True)
+    adm.arrived(14, unanswered=False)
+    events: list = []
+    t = _reader(adm, "f", 5, 14, events)
+    t.join(0.3)
+    assert events == []
+    adm.settled(12)  # its thread ended it (say, the mount is going) before it asked
+    t.join(WAIT)
+    assert events == [("reader", 14)]
