@@ -16,12 +16,14 @@ and round trip, in one run:
   readahead row), against one client thread;
 * round trips per operation, counted by the proxy.
 
-    python scripts/bench_network.py                       # everything (a few minutes)
+    python scripts/bench_network.py                       # everything (several minutes)
     python scripts/bench_network.py --drivers redis --rtt 5 --chunks 64   # a quick look
 
 Targets (ratios in one run): 16 readers >= 0.7x the client with 16 threads; one reader >= 0.5x
 the client with one thread; 16 writers >= 0.5x the client's sets with 16 threads; the
-sequential reader >= 2x the mount's one shuffled reader (fetched before it is asked for).
+sequential reader >= 2x the mount's one shuffled reader (fetched before it is asked for). A
+round trip of 0 (in the default run) adds no delay: those rows are the mount's floor, printed
+beside each target in operations/s (``print_floor``).
 """
 
 from __future__ import annotations
@@ -282,10 +284,37 @@ def print_rows(title: str, rows: list[tuple]) -> None:
     sys.stdout.flush()
 
 
+#: The targets of the rows, as a ratio to the client with as many threads.
+TARGETS = {"read, 1 readers": 0.5, "read, 16 readers": 0.7, "write, 16 writers": 0.5}
+
+
+def print_floor(kind: str, by_rtt: dict[float, list[tuple]]) -> None:
+    """Beside each target at each round trip, what it asks of the mount in operations/s and
+    the mount's floor measured in the same run: the same row with no delay added (the
+    daemon's CPU, the proxy's and the server's, no network wait). A target above its floor
+    cannot be reached by fewer round trips on this machine, only by less CPU a file."""
+    floor = {r[0]: r[1] for r in by_rtt.get(0.0, [])}
+    if not floor:
+        return
+    print(f"\n{kind}: each target in operations/s against the mount's floor (no delay, this run)")
+    print("| row | round trip | target | floor | mount |")
+    print("|---|---|---|---|---|")
+    for rtt, rows in sorted(by_rtt.items()):
+        if rtt == 0:
+            continue
+        for what, mount, client, _mt, _ct in rows:
+            if what in TARGETS:
+                asked = TARGETS[what] * client
+                print(f"| {what} | {rtt:g} ms | {TARGETS[what]:g} x {client:,.0f} = {asked:,.0f} "
+                      f"| {floor[what]:,.0f} | {mount:,.0f} |")
+    sys.stdout.flush()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--drivers", default="redis,cluster,spread,postgres")
-    parser.add_argument("--rtt", default="1,5", help="round trips in ms, comma-separated")
+    parser.add_argument("--rtt", default="0,1,5",
+                        help="round trips in ms, comma-separated (0: the floor, see print_floor)")
     parser.add_argument("--chunks", type=int, default=128, help="chunks per array (a multiple of 16)")
     parser.add_argument("-o", dest="mount_options", action="append", default=[],
                         help="a mount option for the mounts through the proxy (repeatable)")
@@ -333,6 +362,7 @@ def main() -> int:
                 )
             for kind in drivers:
                 direct, proxied, client, via = servers[kind]
+                by_rtt: dict[float, list[tuple]] = {}
                 for rtt in rtts:
                     tables_reset(kind, direct)
                     proxy.set_rtt(rtt)
@@ -344,6 +374,8 @@ def main() -> int:
                         continue
                     print_rows(f"{kind}, round trip {rtt:g} ms asked, {measured:.2f} ms measured, "
                                f"{args.chunks} chunks of 64 KiB", rows)
+                    by_rtt[rtt] = rows
+                print_floor(kind, by_rtt)
     finally:
         for stop in reversed(stops):
             stop()
