@@ -345,8 +345,12 @@ class Lookups:
                 # A file in parts last seen with parts of its own: those are read in the same
                 # batch (parts never change; on a spread Redis Cluster the parts' masters are
                 # asked while the home slot answers), used if the probe finds that version.
-                ahead = [] if seen is None else [Get(part_key(seen.id, n), PARTS) for n in range(seen.count)]
-                answers, (found, *further) = self._probe_many_reading(t, [key, *nodes_ahead], [key], ahead)
+                seen_parts = [] if seen is None else [
+                    Get(part_key(seen.id, n), PARTS) for n in range(seen.count)
+                ]
+                answers, (found, *further) = self._probe_many_reading(
+                    t, [key, *nodes_ahead], [key], seen_parts
+                )
                 probed_ahead[:] = [
                     (k, None if f is None else self.remember(k, self.node_from(t, k, *f)), None)
                     for k, f in zip(nodes_ahead, further, strict=True)

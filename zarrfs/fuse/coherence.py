@@ -55,6 +55,7 @@ class Coherence:
         self.negatives: dict[str, None] = {}  # oldest first
         self.polls = 0
         self.dropped = 0  # notifications sent
+        self._poller: tuple[int, select.poll] | None = None  # the feed's descriptor, polled
 
     def negative_time(self, key: str, long: tuple[int, int]) -> tuple[int, int]:
         """How long the kernel may cache "no such file" for ``key``: ``long``, the name
@@ -90,9 +91,11 @@ class Coherence:
         fd = self.watcher.fileno()
         if fd is None:
             return True
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        return bool(poller.poll(0))
+        if self._poller is None or self._poller[0] != fd:  # made once a descriptor (a reconnect)
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            self._poller = (fd, poller)
+        return bool(self._poller[1].poll(0))
 
     def poll(self) -> None:
         """Ask the feed; drop what changed from the kernel's caches before the next request

@@ -38,15 +38,11 @@ def queries(table: str, collate: Any) -> dict[str, Any]:
     }
 
 
+_KEYS_JOINED = " FROM unnest(%s::text[]) WITH ORDINALITY AS r(k, i) JOIN {} AS t ON t.k = r.k"
 #: The columns of one kind of read in :func:`batch`: what it selects, and from what rows.
 _BATCH_PARTS = {
-    "get": (
-        "t.v, NULL::int4 FROM unnest(%s::text[]) WITH ORDINALITY AS r(k, i) JOIN {} AS t ON t.k = r.k"
-    ),
-    "size": (
-        "NULL::bytea, octet_length(t.v) FROM unnest(%s::text[]) WITH ORDINALITY AS r(k, i)"
-        " JOIN {} AS t ON t.k = r.k"
-    ),
+    "get": "t.v, NULL::int4" + _KEYS_JOINED,
+    "size": "NULL::bytea, octet_length(t.v)" + _KEYS_JOINED,
     "prefix": (
         "NULL::bytea, NULL::int4 FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS r(lo, hi, i)"
         " WHERE EXISTS (SELECT 1 FROM {} WHERE k >= r.lo{} AND k < r.hi{})"
