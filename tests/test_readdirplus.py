@@ -41,7 +41,10 @@ def test_readdirplus_gives_what_a_lookup_gives_and_counts_one_lookup_per_entry(w
     wire.mkdir(d.nodeid, "sub")
     wire.put_file(d.nodeid, "file", b"12345", mode=0o640)
     wire.ops.tree.driver.transact(lambda t: t.put("d/behind", b"x" * 70))  # not through the mount
-    counts = {key: wire.inodes.get(wire.inodes.ids[key]).lookups for key in ("d/sub", "d/file")}
+    for key in ("d/sub", "d/file"):  # the kernel holds what it made: forgotten, as after a while
+        nodeid = wire.inodes.ids[key]
+        wire.send(k.FORGET, nodeid, k.FORGET_IN.pack(wire.inodes.get(nodeid).lookups))
+        assert wire.inodes.held(key) is None
     got = plus_of(readdirplus(wire, d.nodeid, opendir(wire, d.nodeid), 0))
     assert [(n, o) for n, _, o, _ in got] == [(".", 1), ("..", 2), ("behind", 3), ("file", 4), ("sub", 5)]
     assert got[0][1] == got[1][1] == 0  # "." and "..": no node ID, no lookup counted
@@ -52,11 +55,28 @@ def test_readdirplus_gives_what_a_lookup_gives_and_counts_one_lookup_per_entry(w
         assert nodeid == looked.nodeid and attr == vars(looked.attr), name
     assert by_name["behind"][1]["size"] == 70 and by_name["file"][1]["mode"] == 0o100640
     # One count for the entry, one for the LOOKUP just made.
-    for key, before in counts.items():
-        assert wire.inodes.get(wire.inodes.ids[key]).lookups == before + 2, key
-    assert wire.inodes.get(wire.inodes.ids["d/behind"]).lookups == 2
+    for key in ("d/behind", "d/file", "d/sub"):
+        assert wire.inodes.get(wire.inodes.ids[key]).lookups == 2, key
     wire.send(k.FORGET, by_name["behind"][0], k.FORGET_IN.pack(2))
     assert wire.inodes.held("d/behind") is None
+
+
+def test_a_name_whose_node_the_kernel_holds_is_listed_alone(wire):
+    """Listed again, a name the kernel holds goes with node ID 0 and its node's number: the
+    kernel keeps its entry, attributes and cached ACLs (READDIRPLUS with a node makes it
+    forget those), nothing is read for it, and no lookup is counted."""
+    d = wire.mkdir(k.ROOT_ID, "d")
+    held = wire.put_file(d.nodeid, "held", b"12345")
+    wire.ops.tree.driver.transact(lambda t: t.put("d/other", b"x" * 70))  # not through the mount
+    before = wire.inodes.get(held.nodeid).lookups
+    listed = plus_of(readdirplus(wire, d.nodeid, opendir(wire, d.nodeid), 0))
+    got = {n: (nodeid, attr) for n, nodeid, _, attr in listed}
+    assert got["held"][0] == 0 and set(got["held"][1].values()) == {0}
+    assert got["other"][0] == wire.inodes.ids["d/other"] and got["other"][1]["size"] == 70
+    assert wire.inodes.get(held.nodeid).lookups == before
+    body = readdirplus(wire, d.nodeid, opendir(wire, d.nodeid), 0)
+    at = body.index(b"held\0") - k.DIRENTPLUS.size
+    assert k.DIRENTPLUS.unpack_from(body, at)[ENTRY_OUT + 16] == held.nodeid  # the number stat gives
 
 
 def test_readdirplus_in_small_replies_is_exact_and_counts_only_what_fits(wire):
@@ -74,5 +94,8 @@ def test_readdirplus_in_small_replies_is_exact_and_counts_only_what_fits(wire):
     assert seen == [".", ".."] + names
     # Every name sent once, counted once: nothing counted for records that did not fit.
     assert [wire.inodes.get(wire.inodes.ids[f"big/{n}"]).lookups for n in names] == [1] * len(names)
-    sizes = {n: attr["size"] for n, _, _, attr in plus_of(readdirplus(wire, d.nodeid, fh, 2, 4096))}
-    assert sizes == {n: 5 for n in names[: len(sizes)]} and len(sizes) == 4096 // 160
+    # Listed again while the kernel holds them: names alone, nothing counted again.
+    again = plus_of(readdirplus(wire, d.nodeid, fh, 2, 4096))
+    assert [n for n, *_ in again] == names[: len(again)] and len(again) == 4096 // 160
+    assert {nodeid for _, nodeid, _, _ in again} == {0}
+    assert [wire.inodes.get(wire.inodes.ids[f"big/{n}"]).lookups for n in names] == [1] * len(names)

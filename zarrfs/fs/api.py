@@ -271,24 +271,31 @@ class Operations:
             raise FsError(errno.EBADF, str(fh))
         return listing.entries(offset)
 
-    def readdirplus(self, fh: int, offset: int) -> Iterator[tuple[str, int, int, str, Node | None]]:
+    def readdirplus(
+        self, fh: int, offset: int, held: Callable[[str, int], bool] | None = None
+    ) -> Iterator[tuple[str, int, int, str, Node | None]]:
         """``(name, kind, offset, key, node)`` of the entries after ``offset``: :meth:`readdir`
-        with what a lookup of each name would find (None for ``.``, ``..`` and a name gone
-        since it was listed). Nodes are read a window of entries at a time; a file open here
-        with pending writes shows its pending size and attributes, as :meth:`find` gives them
-        (the kernel takes a listing's attributes over what a truncate or write set)."""
+        with what a lookup of each name would find (None for ``.``, ``..``, a name gone since
+        it was listed, and a name ``held(key, kind)`` says the caller has a node for already:
+        those nodes are not read). Nodes are read a window of entries at a time; a file open
+        here with pending writes shows its pending size and attributes, as :meth:`find` gives
+        them (the kernel takes a listing's attributes over what a truncate or write set)."""
         listing = self.dirs.get(fh)
         if listing is None:
             raise FsError(errno.EBADF, str(fh))
         prefix = listing.key + "/" if listing.key else ""
         pending = self.handles.pending
         listing.plus = True
+        listing.held = held
         for name, kind, at in listing.entries(offset):
             if at <= 2:  # "." and ".."
                 yield name, kind, at, "", None
             else:
                 key = prefix + name
-                yield name, kind, at, key, self._shown(key, pending(key) or listing.node(name))
+                if held is not None and held(key, kind):
+                    yield name, kind, at, key, None
+                else:
+                    yield name, kind, at, key, self._shown(key, pending(key) or listing.node(name))
 
     def releasedir(self, fh: int) -> None:
         """Close a folder."""

@@ -331,6 +331,7 @@ class Listings:
         limit: int = 1024,
         sizes: dict[str, int] | None = None,
         nodes: dict[str, Node] | None = None,
+        held: Callable[[str, int], bool] | None = None,
     ) -> list[tuple[str, int, str]]:
         """Up to ``limit`` children of folder ``key`` as ``(name, kind, position)``.
 
@@ -341,7 +342,8 @@ class Listings:
         With ``nodes``, the children's nodes are put there by name, read in the same
         transaction (what READDIRPLUS replies with): on a remote database their side records
         are ranges sent with the listing's first scans, so a window of a folder of files is one
-        round trip, its probe included.
+        round trip, its probe included; ``held(key, kind)``: children whose nodes the caller
+        holds already, not read.
         """
 
         record: list[bytes | None] = []
@@ -369,7 +371,8 @@ class Listings:
                 nodes.clear()
                 xattrs = [] if self.lookups.known is not None else None
                 ranges = _Ranges.read(t, prefix, after, marks, span) if marks and got else None
-                self._window_nodes(t, prefix, [(n, kind) for n, kind, _ in got], sizes, nodes, xattrs, ranges)
+                children = _not_held(key, [(n, kind) for n, kind, _ in got], held)
+                self._window_nodes(t, prefix, children, sizes, nodes, xattrs, ranges)
             return got
 
         got = self.driver.transact(run, write=False)
@@ -621,11 +624,22 @@ class Lister(Protocol):
         limit: int = 1024,
         sizes: dict[str, int] | None = None,
         nodes: dict[str, Node] | None = None,
+        held: Callable[[str, int], bool] | None = None,
     ) -> list[tuple[str, int, str]]: ...
 
     def nodes_of(
         self, key: str, children: list[tuple[str, int]], sizes: dict[str, int] | None = None
     ) -> dict[str, Node]: ...
+
+
+def _not_held(
+    key: str, children: list[tuple[str, int]], held: Callable[[str, int], bool] | None
+) -> list[tuple[str, int]]:
+    """Those ``(name, kind)`` children of folder ``key`` whose nodes are not ``held``."""
+    if held is None:
+        return children
+    prefix = key + "/" if key else ""
+    return [(n, kind) for n, kind in children if not held(prefix + n, kind)]
 
 
 class DirListing:
@@ -644,6 +658,8 @@ class DirListing:
         self._extra_names = {name for name, _, _ in self.extra}
         #: Whether each window's nodes are read with its names (READDIRPLUS asks for them).
         self.plus = False
+        #: ``held(key, kind)``: a name whose node the caller holds already; not read.
+        self.held: Callable[[str, int], bool] | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -671,7 +687,9 @@ class DirListing:
             return True
         sizes: dict[str, int] = {}
         nodes: dict[str, Node] | None = {} if self.plus else None
-        got = self.listings.list_dir(self.key, after=self.token, limit=self.batch, sizes=sizes, nodes=nodes)
+        got = self.listings.list_dir(
+            self.key, after=self.token, limit=self.batch, sizes=sizes, nodes=nodes, held=self.held
+        )
         if len(got) < self.batch:
             self.stored_done = True
         if not got:
@@ -690,8 +708,8 @@ class DirListing:
         is gone); the window's nodes are read at the first ask, in one transaction, so a
         listing holds a window of nodes at most, whatever the size of the folder."""
         if self.nodes is None:
-            children = [(n, kind) for n, kind, _ in self.window]
-            self.nodes = self.listings.nodes_of(self.key, children, self.sizes)
+            children = _not_held(self.key, [(n, kind) for n, kind, _ in self.window], self.held)
+            self.nodes = self.listings.nodes_of(self.key, children, self.sizes) if children else {}
         return self.nodes.get(name)
 
     def entries(self, offset: int) -> Iterator[tuple[str, int, int]]:

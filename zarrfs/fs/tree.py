@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import stat
 import time
+from collections.abc import Callable
 from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, HasPrefix, StalledError, Txn
@@ -286,9 +287,10 @@ class Tree:
         limit: int = 1024,
         sizes: dict[str, int] | None = None,
         nodes: dict[str, Node] | None = None,
+        held: Callable[[str, int], bool] | None = None,
     ) -> list[tuple[str, int, str]]:
         """Up to ``limit`` children of folder ``key`` (:meth:`Listings.list_dir`)."""
-        return self.listings.list_dir(key, after, limit, sizes, nodes)
+        return self.listings.list_dir(key, after, limit, sizes, nodes, held)
 
     def nodes_of(
         self, key: str, children: list[tuple[str, int]], sizes: dict[str, int] | None = None

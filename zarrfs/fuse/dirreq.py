@@ -4,7 +4,11 @@ answered from the listings of :class:`~zarrfs.fs.api.Operations`.
 READDIRPLUS gives each name with its node ID and attributes, as a LOOKUP would: ``ls -l``,
 ``du``, ``find -size`` or ``rsync`` walk a folder without a lookup per name, and the nodes of a
 reply are read a window of entries at a time (batches of reads, sizes from the listing's own
-scan where the driver has them), never the whole folder.
+scan where the driver has them), never the whole folder. A name whose node the kernel holds
+already (a folder listed again) goes alone, as READDIR gives it: the kernel keeps its entry and
+attributes (the change feed drops them when they change), its node is not read again, and the
+kernel does not forget the node's cached ACLs, which it does for each entry READDIRPLUS gives
+with a node (``ls -l`` of a folder listed before then asked the daemon for each file's ACL).
 """
 
 from __future__ import annotations
@@ -60,14 +64,15 @@ class DirRequests:
     def readdirplus(self, head: Header, buf: memoryview) -> None:
         """Entries with their node IDs and attributes, as many as fit in ``size`` bytes. Each
         entry with a node ID counts one lookup (the kernel forgets it like a LOOKUP's), so an
-        entry is remembered only once it is known to fit; ``.``, ``..`` and a name gone since
-        it was listed go with node ID 0 (the kernel then keeps the name alone)."""
+        entry is remembered only once it is known to fit; ``.``, ``..``, a name gone since
+        it was listed and a name whose node the kernel holds already go with node ID 0 (the
+        kernel then keeps the name alone)."""
         fh, offset, size = k.READ_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
         parts: list[bytes] = []
         append = parts.append
         used = 0
         pack = k.DIRENTPLUS.pack
-        for name, kind, at, key, node in self.ops.readdirplus(fh, offset):
+        for name, kind, at, key, node in self.ops.readdirplus(fh, offset, self.inodes.holds):
             raw = name_bytes(name)
             n = len(raw)
             length = (k.DIRENTPLUS.size + n + 7) & ~7

@@ -178,6 +178,12 @@ class InodeTable:
         nodeid = self.ids.get(key)
         return None if nodeid is None or nodeid in self.idle else nodeid
 
+    def holds(self, key: str, kind: int) -> bool:
+        """Whether the kernel holds the node of ``key`` as a node of type ``kind`` (the
+        ``stat.S_IFMT`` bits): a listing may then give the name alone (see ``fuse.dirreq``)."""
+        nodeid = self.held(key)
+        return nodeid is not None and self._kinds[nodeid & _SLOT] == kind
+
     def key(self, nodeid: int) -> str | None:
         """The key of a node; None when the ID is unknown or its file was unlinked."""
         return self._keys[nodeid & _SLOT] if self._live(nodeid) else None
