@@ -104,11 +104,22 @@ class _Seen:
         """Whether every request before ``order`` was seen."""
         return self.low is None or order <= self.low + STEP or order != int(order)
 
-    def give_up_below(self, order: float) -> None:
-        """Take the requests missing before ``order`` as gone (the kernel took them back)."""
+    def missing_until(self, order: float, gap_until: float | None) -> float | None:
+        """None when every request before ``order`` was seen, or :data:`GAP_WAIT` seconds
+        were waited for the ones missing (``gap_until``: since when), which are then taken as
+        gone (the kernel took them back before anyone read them); else the time until which
+        to wait for them."""
+        if self.all_below(order):
+            return None
+        now = time.monotonic()
+        if gap_until is None:
+            return now + GAP_WAIT
+        if now < gap_until:
+            return gap_until
         assert self.low is not None
-        self.low = max(self.low, int(order) - STEP)
+        self.low = max(self.low, int(order) - STEP)  # not waited for again
         self.above = {u for u in self.above if u > self.low}
+        return None
 
 
 class Admission:
@@ -377,16 +388,7 @@ class Admission:
         """For a writer: None when every request before ``order`` in the kernel's queue asked
         for its turn (or it waited :data:`GAP_WAIT` for the ones missing, then took them as
         gone); else the time until which to wait for them."""
-        seen = self._seen
-        if seen.all_below(order):
-            return None
-        now = time.monotonic()
-        if gap_until is None:
-            return now + GAP_WAIT
-        if now < gap_until:
-            return gap_until
-        seen.give_up_below(order)  # the missing ones are gone: not waited for again
-        return None
+        return self._seen.missing_until(order, gap_until)
 
     def _read_below(self, order: float, gap_until: float | None) -> float | None:
         """For a reader: None when every request before ``order`` was read from the device
@@ -401,16 +403,7 @@ class Admission:
         with self._read_lock:
             if any(u < order for u in self._unregistered):
                 return _UNTIL_ASKED
-            read = self._read
-            if read.all_below(order):
-                return None
-            now = time.monotonic()
-            if gap_until is None or gap_until == _UNTIL_ASKED:
-                return now + GAP_WAIT
-            if now < gap_until:
-                return gap_until
-            read.give_up_below(order)
-            return None
+            return self._read.missing_until(order, None if gap_until == _UNTIL_ASKED else gap_until)
 
     def leave_writer(self) -> None:
         """End a writer (called holding :attr:`turn`; returns without it)."""
