@@ -50,6 +50,22 @@ def server_pids(server) -> list[int]:
     return pids
 
 
+def pause(server) -> list[int]:
+    """Stop the postmaster, then each child still there: a child can exit between being listed
+    and being stopped (a closed connection's backend), and none is forked once the postmaster
+    is stopped. Returns the processes stopped."""
+    main = server_pids(server)[0]
+    os.kill(main, signal.SIGSTOP)
+    stopped = [main]
+    for pid in server_pids(server)[1:]:
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            continue
+        stopped.append(pid)
+    return stopped
+
+
 def cont(pids: list[int]) -> None:
     """Let stopped processes run again (those still there)."""
     for pid in pids:
@@ -75,9 +91,7 @@ def test_a_paused_server_is_etimedout_within_the_timeout_and_the_mount_recovers(
     m = mount_factory(own_postgres.url(table="stall"), ["create", "cache_timeout=0", "timeout=2"])
     write(m.path / "before", b"1")
     large_folder(m)
-    pids = server_pids(own_postgres)
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
+    pids = pause(own_postgres)
     try:
         # The first waits on its connection; the next one on a new connection's connect.
         for name in ("big/missing", "before"):
