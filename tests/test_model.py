@@ -659,11 +659,13 @@ class ModelMachine(RuleBasedStateMachine):
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs: a zombie has let go of its mount and files, and may wait
+    a second or more for its parent (init, for a daemon) to reap it."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
         return False
-    return True
 
 
 def _as_a_fuse_mount(folder: Path) -> bool:
