@@ -191,6 +191,38 @@ def test_warm_caches_cost_no_requests(feed_url, mount_factory):
     assert requests_of(b) == before
 
 
+def test_a_second_ls_l_begins_no_transaction(feed_url, mount_factory):
+    """``ls -l`` asks each file's ``security.selinux``, which the kernel never caches; under a
+    feed the mount answers a node it read with no extended attributes without asking the
+    database again, and drops that when the feed, or its own ``setxattr``, tells of a change."""
+    from zarrfs.control import query
+
+    a = mount_factory(feed_url, ["create"], name="a")
+    (a.path / "d").mkdir()
+    for i in range(20):
+        (a.path / "d" / f"f{i}").write_bytes(b"x")
+    b = mount_factory(feed_url, [], name="b")
+
+    def ls_l() -> str:
+        done = subprocess.run(["ls", "-l", str(b.path / "d")], check=True, capture_output=True, text=True)
+        return done.stdout
+
+    ls_l()
+    before = query(str(b.path))
+    listing = ls_l()
+    after = query(str(b.path))
+    assert after["requests"]["getxattr"] - before["requests"]["getxattr"] >= 20  # asked, answered here
+    # The listing's own (one, or two on a database that reads ahead) and nothing for the files.
+    assert after["transactions"]["read"] - before["transactions"]["read"] <= 2, (before, after)
+    assert listing.count("-rw-") == 20
+    os.setxattr(a.path / "d" / "f3", "user.k", b"from a")
+    seen_after(lambda: os.listxattr(b.path / "d" / "f3") == ["user.k"], time.monotonic())
+    os.setxattr(b.path / "d" / "f4", "user.k", b"from b")
+    assert os.getxattr(b.path / "d" / "f4", "user.k") == b"from b"
+    os.removexattr(b.path / "d" / "f4", "user.k")
+    assert os.listxattr(b.path / "d" / "f4") == []
+
+
 def requests_of(m) -> int:
     """Requests the daemon answered so far (its status socket)."""
     from zarrfs.control import query

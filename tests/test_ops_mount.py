@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -353,8 +354,11 @@ def test_status_lists_mounts_and_shows_live_figures(tmp_path, request, cleanup, 
             assert doc["folder_snapshots"]["lifetime"] == 1
         if doc["requests"] is not None:  # a session that counts (Session.stats)
             assert doc["requests"], doc
+        txns = doc["transactions"]
+        assert txns["write"] >= 1 and txns["read"] >= 1, txns  # the file written, then looked up
         text = ok(zarrfs("status", str(m))).stdout
         assert f"mountpoint  {m}" in text and "open files  1" in text and url in text
+        assert re.search(r"^txns +\d+ reading, \d+ writing", text, re.M), text
     finally:
         held.close()
     ok(zarrfs("umount", str(m)))

@@ -198,6 +198,7 @@ class ControlServer:
             "nodes": _nodes(self.session),
             "memory": _memory(),
             "database": databasesize_text(self.url, self.driver),
+            "transactions": {"read": self.driver.reads, "write": self.driver.writes},
             "version": self._version(),
         }
 
@@ -321,6 +322,7 @@ def render_status(doc: dict) -> str:
     )
     nodes = doc.get("nodes") or {}
     memory = doc.get("memory") or {}
+    txns = doc.get("transactions") or {"read": 0, "write": 0}
     mode = "read-only" if doc["readonly"] else "read-write"
     rows = [
         ("mountpoint", doc["mountpoint"]),
@@ -337,5 +339,6 @@ def render_status(doc: dict) -> str:
         ),
         ("requests", _counts(doc.get("requests"))),
         ("errors", _counts(doc.get("errors"))),
+        ("txns", "{read} reading, {write} writing (database transactions begun)".format(**txns)),
     ]
     return "\n".join(f"{name:<11} {value}" for name, value in rows)

@@ -405,6 +405,9 @@ class Driver(ABC):
     #: when the request being served was interrupted) and ``serve_waiting()`` (answers the
     #: requests that need no write); see ``zarrfs.fuse.interrupts``.
     watch: Any = None
+    #: Transactions begun by :meth:`transact`, reading and writing (``zarrfs status``).
+    reads = 0
+    writes = 0
 
     def __init__(self, url: str, readonly: bool = False) -> None:
         self.url = url
@@ -445,8 +448,12 @@ class Driver(ABC):
         :attr:`max_attempts` times and for up to :attr:`timeout` seconds."""
         if write and self.readonly:
             raise ReadOnlyError(f"{self.url} is opened read-only")
-        if write and self.watch is not None:
-            self.watch.before_write()  # a request let in beside a commit waits for it to end
+        if write:
+            self.writes += 1
+            if self.watch is not None:
+                self.watch.before_write()  # a request let in beside a commit waits for it to end
+        else:
+            self.reads += 1
         delay = self.backoff
         attempt = 1
         give_up = time.monotonic() + (self.timeout if self.retry_for is None else self.retry_for)

@@ -369,19 +369,21 @@ class Operations:
         return self.tree.readlink(key)
 
     # ------------------------------------------------------------------ extended attributes
-    def getxattr(self, key: str, name: bytes) -> bytes:
+    def getxattr(self, key: str, name: bytes, record: dict[bytes, bytes] | None = None) -> bytes:
         """The value of one extended attribute; ENODATA when the node has none of that name
-        (a POSIX ACL: EOPNOTSUPP when the kernel does not enforce them)."""
+        (a POSIX ACL: EOPNOTSUPP when the kernel does not enforce them). ``record``: every
+        attribute of the node, as the caller read it (:meth:`xattrs`) or knows it."""
         if name in acl.NAMES and not self.acl:
             raise FsError(errno.EOPNOTSUPP, f"{key}: POSIX ACLs need default_permissions", quiet=True)
-        value = self.xattrs(key).get(name)
+        value = (self.xattrs(key) if record is None else record).get(name)
         if value is None:
             raise FsError(errno.ENODATA, f"{key}: {name!r}", quiet=True)
         return value
 
-    def listxattr(self, key: str) -> list[bytes]:
-        """The names of a node's extended attributes."""
-        return sorted(n for n in self.xattrs(key) if self.acl or n not in acl.NAMES)
+    def listxattr(self, key: str, record: dict[bytes, bytes] | None = None) -> list[bytes]:
+        """The names of a node's extended attributes (``record``: as for :meth:`getxattr`)."""
+        names = self.xattrs(key) if record is None else record
+        return sorted(n for n in names if self.acl or n not in acl.NAMES)
 
     def xattrs(self, key: str) -> dict[bytes, bytes]:
         """Every extended attribute of ``key`` (a file not stored yet has none)."""

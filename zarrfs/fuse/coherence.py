@@ -3,7 +3,8 @@
 With a change feed (:mod:`zarrfs.fs.changes`) the mount hears other writers' commits within a
 poll, so the kernel may keep names and attributes long (``cache_timeout`` an hour) and
 :class:`Coherence` drops exactly what changed, for each changed key and each folder above it: a
-held node's attributes and pages (``NOTIFY_INVAL_INODE``) and its page-cache record; its entry
+held node's attributes and pages (``NOTIFY_INVAL_INODE``), its page-cache record and what the
+mount read of its extended attributes (``fuse.xattrreq``); its entry
 (``NOTIFY_INVAL_ENTRY``) when the key is gone or changed kind, else, with ``EXPIRE_ONLY`` (FUSE
 7.38), marked for a new lookup, which renews the owner and mode ``default_permissions`` checks;
 cached "no such file" entries, remembered here since a negative entry holds no node (forgotten
@@ -140,6 +141,7 @@ class Coherence:
                 if not inode.bare:  # else dropped (a lock granted), and nothing shown since
                     notes.append(inval_inode(nodeid))
                 inode.stamp, inode.stamp_time, inode.cache_ok = None, 0.0, False
+                inodes.xattrs_changed(nodeid)
                 if key:
                     node = find(key)
                     entry = node is None or node.kind != inode.kind
@@ -219,6 +221,7 @@ class Coherence:
                 if not inode.bare:  # else dropped (a lock granted), and nothing shown since
                     notes.append(inval_inode(nodeid))
                 inode.stamp, inode.stamp_time, inode.cache_ok = None, 0.0, False
+        inodes.xattrs_changed()
         for key in list(ids) + list(self.negatives):
             if key:
                 parent, _, name = key.rpartition("/")

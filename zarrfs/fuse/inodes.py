@@ -8,7 +8,8 @@ followed. One key has one node ID at a time; the names of a link group
 
 A node is a row of compact tables, not an object (a million listed names are a million nodes):
 key, kind, lookup count and generation in arrays indexed by a slot, about 150 bytes a name; what
-few nodes have more (page cache state, link group, other names) lives in dicts beside them. A
+few nodes have more (page cache state, link group, other names) lives in dicts beside them, and
+the nodes whose extended attributes were last read as none in a set (:meth:`InodeTable.bare_of_xattrs`). A
 node ID is ``generation << 32 | slot``, so a stale ID never names another file. :meth:`get` gives
 an :class:`Inode`, a view of one row (and, as :class:`Pages`, of its page cache state). Renames
 move the keys below a node; an unlink detaches it. Pure bookkeeping: no FUSE, no database.
@@ -158,6 +159,7 @@ class InodeTable:
         self._group: dict[int, str] = {}  # node ID -> its link group
         self._aliases: dict[int, set[str]] = {}  # node ID -> its other names
         self.groups: dict[str, int] = {}  # link group id -> node ID
+        self._no_xattrs: set[int] = set()  # node IDs whose extended attributes were read as none
         self.idle: OrderedDict[int, None] = OrderedDict()  # forgotten, kept: oldest first
         self.nodes = _Nodes(self)
         self._peak = 1  # the most nodes held since the table last shrank
@@ -183,6 +185,28 @@ class InodeTable:
         ``stat.S_IFMT`` bits): a listing may then give the name alone (see ``fuse.dirreq``)."""
         nodeid = self.held(key)
         return nodeid is not None and self._kinds[nodeid & _SLOT] == kind
+
+    def bare_of_xattrs(self, nodeid: int) -> bool:
+        """Whether the node's extended attributes were last read as none, and nothing told of
+        a change to them since (:meth:`xattrs_read`, :meth:`xattrs_changed`): the kernel caches
+        no extended attributes and ``ls -l`` asks each file's ``security.selinux`` every time,
+        so a mount that follows a change feed answers those from here, as the kernel answers
+        ``stat`` from the attributes it keeps under the same feed."""
+        return nodeid in self._no_xattrs
+
+    def xattrs_read(self, nodeid: int, none: bool) -> None:
+        """The node's extended attributes were read now: ``none``, or some."""
+        if not none:
+            self._no_xattrs.discard(nodeid)
+        elif self._live(nodeid) and self._lookups[nodeid & _SLOT]:
+            self._no_xattrs.add(nodeid)
+
+    def xattrs_changed(self, nodeid: int | None = None) -> None:
+        """The node's extended attributes may have changed (None: every node's)."""
+        if nodeid is None:
+            self._no_xattrs.clear()
+        else:
+            self._no_xattrs.discard(nodeid)
 
     def key(self, nodeid: int) -> str | None:
         """The key of a node; None when the ID is unknown or its file was unlinked."""
@@ -318,6 +342,7 @@ class InodeTable:
                     del self.ids[name]
             self._keys[slot] = None
             self._aliases.pop(nodeid, None)
+            self._no_xattrs.discard(nodeid)
             if not self._lookups[slot] and self.idle.pop(nodeid, False) is None:
                 self._drop(nodeid)  # forgotten by the kernel, and now nameless
         elif self._keys[slot] == key:
@@ -338,8 +363,10 @@ class InodeTable:
         if self._keys[slot] is None:
             self._drop(nodeid)
             return
-        # The kernel's inode is gone, and with it its cached pages: nothing of them to keep.
+        # The kernel's inode is gone, and with it its cached pages: nothing of them to keep. The
+        # change feed is not followed for forgotten nodes: what was read of them is dropped.
         self._pages.pop(nodeid, None)
+        self._no_xattrs.discard(nodeid)
         self.idle[nodeid] = None
         while len(self.idle) > IDLE_NODES:
             old, _ = self.idle.popitem(last=False)
@@ -357,6 +384,7 @@ class InodeTable:
         if group is not None and self.groups.get(group) == nodeid:
             del self.groups[group]
         self._pages.pop(nodeid, None)
+        self._no_xattrs.discard(nodeid)
         self._keys[slot], self._kinds[slot], self._lookups[slot] = None, 0, 0
         self._free.append(slot)
         self._count -= 1
@@ -412,7 +440,7 @@ class InodeTable:
             self._peak = n
         elif self._peak - n >= max(SHRUNK_BY, self._peak // 2):
             self._peak = n
-            for table in (self.ids, self.idle):  # in place: others hold them
+            for table in (self.ids, self.idle, self._no_xattrs):  # in place: others hold them
                 kept = table.copy()
                 table.clear()
                 table.update(kept)

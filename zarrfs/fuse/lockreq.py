@@ -109,6 +109,7 @@ class LockRequests:
             inode = self.inodes.get(nodeid)
             if inode is not None:
                 self.pages.dropped(inode)
+            self.inodes.xattrs_changed(nodeid)
             if self.inval_ok:
                 self.invalidator.send_then([inval_inode(nodeid)], lambda: self.replies.ok(unique))
                 return
