@@ -223,6 +223,44 @@ def test_a_second_ls_l_begins_no_transaction(feed_url, mount_factory):
     assert os.listxattr(b.path / "d" / "f4") == []
 
 
+def test_a_folder_listed_again_is_listed_by_the_kernel_until_it_changes(feed_url, mount_factory):
+    """Under a feed the kernel keeps a folder's listing: listed again, it costs no READDIR or
+    READDIRPLUS. A name this mount makes, removes or renames there shows in the next listing,
+    and so does one another mount makes, once its close returned (an open of the folder asks
+    the feed first; on PostgreSQL once its notification came, as for a lookup)."""
+    from zarrfs.control import query
+
+    a = mount_factory(feed_url, ["create"], name="a")
+    (a.path / "d").mkdir()
+    for i in range(30):
+        (a.path / "d" / f"f{i}").write_bytes(b"x")
+    b = mount_factory(feed_url, [], name="b")
+    names = {f"f{i}" for i in range(30)}
+    assert set(os.listdir(b.path / "d")) == names
+
+    def listings() -> int:
+        counts = query(str(b.path))["requests"]
+        return counts.get("readdir", 0) + counts.get("readdirplus", 0)
+
+    before = listings()
+    for _ in range(3):
+        assert set(os.listdir(b.path / "d")) == names
+    assert listings() == before
+    (b.path / "d" / "new").write_bytes(b"n")
+    (b.path / "d" / "f0").unlink()
+    os.rename(b.path / "d" / "f1", b.path / "d" / "g1")
+    names = (names - {"f0", "f1"}) | {"new", "g1"}
+    assert set(os.listdir(b.path / "d")) == names
+    (a.path / "d" / "from-a").write_bytes(b"a")
+    (a.path / "d" / "f2").unlink()
+    names = (names - {"f2"}) | {"from-a"}
+    if feed_url.startswith("postgresql"):  # its notifications come after the commit
+        seen_after(lambda: set(os.listdir(b.path / "d")) == names, time.monotonic())
+    else:  # the feed told before the writer's close returned: b's next listing shows it
+        assert set(os.listdir(b.path / "d")) == names
+    assert listings() > before
+
+
 def requests_of(m) -> int:
     """Requests the daemon answered so far (its status socket)."""
     from zarrfs.control import query

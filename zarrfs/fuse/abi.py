@@ -135,6 +135,7 @@ FOPEN_KEEP_CACHE = 1 << 1
 # Linux >= 5.16 (protocol 7.35) sends no FLUSH at the close of such a file; older kernels
 # ignore the bit and send it as before.
 FOPEN_NOFLUSH = 1 << 5
+FOPEN_CACHE_DIR = 1 << 3  # the kernel keeps the folder's listing (7.28); with KEEP_CACHE, across opens
 FSYNC_FDATASYNC = 1 << 0
 
 # Notifications (fuse_out_header.error when unique is 0).

@@ -49,8 +49,10 @@ def inval_entry(parent_id: int, name: str, flags: int = 0) -> bytes:
 def invalidations(keys: list[str], held: Callable[[str], int | None]) -> list[bytes]:
     """The notifications that drop what the kernel caches of ``keys``: the attributes and pages
     of each the kernel holds a node of (``held``: key -> node ID, or None), and the entry of
-    each name in a folder it holds (also a cached "no such file")."""
+    each name in a folder it holds (also a cached "no such file") with the folder's kept
+    listing (its pages: a name may be new there)."""
     notes = []
+    folders = set()
     for key in keys:
         nodeid = held(key)
         if nodeid is not None:
@@ -59,6 +61,8 @@ def invalidations(keys: list[str], held: Callable[[str], int | None]) -> list[by
         parent_id = held(parent)
         if parent_id is not None:
             notes.append(inval_entry(parent_id, name))
+            folders.add(parent_id)
+    notes += [inval_inode(folder) for folder in sorted(folders)]
     return notes
 
 

@@ -171,7 +171,7 @@ class Session(Dispatcher):
             return (None, k.IN_HEADER.unpack_from(data)[2])
         if not self._needs_no_write(data):
             return None
-        if opcode == k.OPEN and self.coherence is not None and self.coherence.news():
+        if opcode in (k.OPEN, k.OPENDIR) and self.coherence is not None and self.coherence.news():
             return None
         return nodeid
 
@@ -602,7 +602,13 @@ class Session(Dispatcher):
 
     # ------------------------------------------------------------------ folders (fuse.dirreq)
     def _opendir(self, head: Header, buf: memoryview) -> None:
-        self.dirs.opendir(head, buf)
+        # Under a change feed the kernel keeps a folder's listing (fuse.dirreq): what others
+        # committed comes first, as for an open, so a listing after another mount's close
+        # shows its names (their notifications drop the kept listing before this reply).
+        followed = self.coherence is not None
+        if followed and (self.admission is None or self.admission.writing):
+            self.coherence.poll()
+        self.dirs.opendir(head, buf, keep=followed)
 
     def _readdir(self, head: Header, buf: memoryview) -> None:
         self.dirs.readdir(head, buf)
