@@ -348,10 +348,7 @@ def test_status_lists_mounts_and_shows_live_figures(tmp_path, request, cleanup, 
         assert doc["pid"] == daemon_pids(str(m))[0]
         db = doc["database"]
         assert (db["bytes"] >= 100_000) if kind != "redis" else (db["keys"] >= 1)
-        if kind in ("lmdb", "sqlite"):  # a database file: no snapshots unless -o dir_cache= asks
-            assert doc["folder_snapshots"] is None
-        else:
-            assert doc["folder_snapshots"]["lifetime"] == 1
+        assert doc["folder_snapshots"]["lifetime"] == 1
         if doc["requests"] is not None:  # a session that counts (Session.stats)
             assert doc["requests"], doc
         txns = doc["transactions"]

@@ -176,10 +176,7 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
             hooks=make_hooks(opts),
         )
         opts.feed = opts.use_feed and has_feed(driver)
-        # Folder snapshots save round trips; a database file has none to save, and there a
-        # snapshot's page costs more than the lookups it answers (docs/performance.md,
-        # "Listing a folder again"): off unless asked for.
-        if opts.seconds("dir_cache") > 0 and (driver.remote or opts.dir_cache is not None):
+        if opts.seconds("dir_cache") > 0:
             tree.folder_cache = FolderCache(opts.seconds("dir_cache"), entries=opts.dir_cache_entries)
         # Chunks' values are read ahead by default only where they are as new as an open's
         # read (the feed tells of a commit before its writer hears it answered); elsewhere

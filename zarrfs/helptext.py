@@ -53,7 +53,7 @@ mount options (-o OPT[,OPT...]):
   cache_timeout=SECONDS       kernel entry/attribute/negative cache lifetime (3600 when
                               the database has a change feed, else 1); or
   entry_timeout=, attr_timeout=, negative_timeout=   one of them alone
-  dir_cache=SECONDS           lifetime of a busy folder's snapshot (servers: cache_timeout, or 1; files: off)
+  dir_cache=SECONDS           lifetime of a busy folder's snapshot (cache_timeout, or 1; 0 = off)
   dir_cache_entries=N         entries the folder snapshots hold together (65536)
   feed=0                      do not follow other writers' changes (short cache times)
   spill=BYTES                 an open file's buffer size before it spills to disk (64M;
