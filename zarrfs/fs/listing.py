@@ -513,15 +513,15 @@ class Listings:
         xattrs: list | None = None,
         ranges: _Ranges | None = None,
     ) -> None:
-        """The nodes of ``part`` (name, kind) into ``into``: sizes, link targets and
-        attributes in one batch of reads (attributes and link-group pointers by two range
-        reads where those cost less, see :meth:`_side_ranges`, or from ``ranges`` where
-        those tell); with ``xattrs``, each name's extended-attribute record read in the batch
-        too (a mount that keeps them: ``ls -l`` asks for each name's next), ``(key, raw)`` put
-        there."""
+        """The nodes of ``part`` (name, kind) into ``into``: sizes, link targets, attributes
+        and whether each has extended attributes (``Node.no_xattrs``: ``ls -l`` asks for each
+        name's next) in one batch of reads (the side records by range reads where those cost
+        less, see :meth:`_side_ranges`, or from ``ranges`` where those tell); with ``xattrs``,
+        each name's extended-attribute record, ``(key, raw)``, put there (a mount that keeps
+        them)."""
         if ranges is None:
             ranges = self._side_ranges(t, prefix, part)
-        marks = [ATTR, POINTER] + ([XATTR] if xattrs is not None else [])
+        marks = [ATTR, POINTER, XATTR]
         requests: list[Read] = []
         for name, kind in part:
             child = prefix + name
@@ -553,30 +553,32 @@ class Listings:
             elif kind != DIR:  # a special file: _node_from takes its device number as size
                 size = read_special(next(answers) or SPECIAL_MARK)[1]
             raw, pointer = record(ATTR, child, kind), record(POINTER, child, kind)
-            xattr = record(XATTR, child, kind) if xattrs is not None else None
+            xattr = record(XATTR, child, kind)
             if size is None:  # gone between the listing and the read
                 continue
             if xattrs is not None:
                 xattrs.append((child, xattr))
             node = into[name] = self.lookups.node_from(t, child, kind, size, target, raw, pointer)
+            node.no_xattrs = xattr is None
             if kind == FILE:  # an open after the listing reads the content with its probe
                 self.lookups.remember(child, node)
 
     def _side_ranges(self, t: Txn, prefix: str, part: list) -> _Ranges | None:
-        """The attribute records and link-group pointers of ``part``'s names, by key, read as
-        two ranges of the side space: on SQLite a batch of point reads is one statement whose
-        every sub-query seeks the index, on LMDB two lookups a name, while a range is one seek
-        and then a step per row (none at all for names without side records, as a zarr
-        client's chunks). None where point reads cost less (a remote database, whose batch is
-        one round trip; a small part) or when the ranges hold too many other records (a
-        subfolder's descendants): each name is then read alone."""
+        """The attribute, link-group pointer and extended-attribute records of ``part``'s
+        names, by key, read as three ranges of the side space: on SQLite a batch of point
+        reads is one statement whose every sub-query seeks the index, on LMDB two lookups a
+        name, while a range is one seek and then a step per row (none at all for names
+        without side records, as a zarr client's chunks). None where point reads cost less
+        (a remote database, whose batch is one round trip; a small part) or when the ranges
+        hold too many other records (a subfolder's descendants): each name is then read
+        alone."""
         if self.driver.remote or len(part) < RANGED_FROM:
             return None
         names = [prefix + name for name, _ in part]
         wanted, first, last = set(names), min(names), max(names)
         most = 2 * len(part)
         found = _Ranges()
-        for mark in (ATTR, POINTER):
+        for mark in (ATTR, POINTER, XATTR):
             records: dict[str, Any] = {}
             rows = t.scan(mark + first, mark + last + "\0", space=SIDE, fetch=VALUES, limit=most + 1)
             for n, (key, value) in enumerate(rows):

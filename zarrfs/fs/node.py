@@ -4,7 +4,7 @@ listings and opens give it; and the stamp that tells two versions of a file apar
 from __future__ import annotations
 
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from zarrfs.fs.sidedata import Attrs
 
@@ -20,7 +20,8 @@ class Node:
     """What is at a key: its kind (FILE, DIR, LINK or a special file's type bits), size in
     bytes, attributes, a symlink's target, the count of names (0 for an open file whose name
     was removed) and, for a file with hard links, the id of their link group and its names; a
-    special file's device number."""
+    special file's device number; ``no_xattrs``: read with its extended-attribute record, and
+    it has none (False: it has some, or they were not read)."""
 
     kind: int
     size: int
@@ -30,6 +31,7 @@ class Node:
     group: str = ""
     rdev: int = 0
     names: tuple[str, ...] = ()
+    no_xattrs: bool = field(default=False, compare=False)
 
 
 def stamp_of(node: Node) -> tuple[int, int]:

@@ -227,6 +227,8 @@ class Session(Dispatcher):
         if self.coherence is not None:  # a name found or made is no longer a missing one
             self.coherence.created(key)
         nodeid, inode = self.inodes.remember(key, node.kind, node.group, node.names)
+        if node.no_xattrs and self.coherence is not None:  # read by a listing (fuse.xattrreq)
+            self.inodes.xattrs_read(nodeid, True)
         self.pages.shown(inode, node)
         es, ens = self.entry_valid
         ats, atns = self.attr_valid
