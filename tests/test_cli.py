@@ -181,6 +181,25 @@ def test_umount_of_what_is_not_mounted(tmp_path):
 # --- copy -------------------------------------------------------------------------------------
 
 
+def test_umount_leaves_a_mount_that_is_not_zarrfs_alone(tmp_path):
+    """A bind mount (ext4, tmpfs...) is refused by ``zarrfs umount``, and stays mounted."""
+    import shutil
+
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    (tmp_path / "b").mkdir()
+    script = 'mount --bind "$0" "$0" || exit 99; "$@"; s=$?; mountpoint -q "$0" && echo still; exit $s'
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(tmp_path / "b"),
+         sys.executable, "-m", "zarrfs", "umount", str(tmp_path / "b")],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": CHECKOUT},
+    )
+    if result.returncode == 99:
+        pytest.skip(f"no private bind mount here: {result.stderr.strip()}")
+    one_line(result, 1, "is not a zarrfs mount", "umount(8)")
+    assert result.stdout.strip() == "still"
+
+
 def test_copy_of_a_missing_source_creates_nothing(tmp_path):
     for source in (str(tmp_path / "absent"), f"lmdb://{tmp_path}/absent.lmdb", f"sqlite://{tmp_path}/a.sqlite"):
         for dest in (f"lmdb://{tmp_path}/out.lmdb", str(tmp_path / "out")):

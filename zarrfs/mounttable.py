@@ -64,6 +64,9 @@ def cmd_umount(args: argparse.Namespace) -> int:
         if not os.path.exists(mountpoint):
             return fail(f"{mountpoint} does not exist")
         return fail(f"{mountpoint} is not mounted")
+    if not any(mp == mountpoint for mp, _, _ in _zarrfsmounts()):
+        fstype = next((t for mp, t, _, _ in reversed(mounts()) if mp == mountpoint), "?")
+        return fail(f"{mountpoint} is not a zarrfs mount (it is {fstype}): use umount(8) for it")
     tool = shutil.which("fusermount3") or shutil.which("fusermount") or "fusermount3"
     pids = daemon_pids(mountpoint)
     cmd = [tool, "-u"] + (["-z"] if args.lazy else []) + [mountpoint]
