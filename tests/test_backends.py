@@ -1270,6 +1270,7 @@ class TestDBM(_Conformance):
     """``dbm://``: the files of zarr-python 2's DBMStore (whichever dbm module this Python has)."""
 
     multiprocess = False  # one process at a time: DBM files have no transactions to share
+    shared = False
 
     @pytest.fixture
     def url(self, tmp_path):

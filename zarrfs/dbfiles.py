@@ -17,7 +17,7 @@ from typing import Any
 from zarrfs.backends import open_driver
 from zarrfs.backends.base import BackendError, Driver
 from zarrfs.options import MountOptions
-from zarrfs.urls import MountFailure, database_path, reason, shown_url, url_scheme
+from zarrfs.urls import MountFailure, database_path, reason, shown_url, url_scheme, whole_database
 
 _LMDB_MAGIC = b"\xde\xc0\xef\xbe"  # MDB_meta.mm_magic, little-endian, after the 16-byte page header
 _SQLITE_MAGIC = b"SQLite format 3\0"
@@ -134,6 +134,7 @@ def open_database(url: str, opts: MountOptions, hint: bool = True, **options: An
         from zarrfs.backends.snapshot import SnapshotDriver
 
         SnapshotDriver.check(driver_class(normalize_url(url)[0]))
+    url = whole_database(url)
     path = database_path(url)
     if path is not None:
         scheme = url_scheme(url) or "lmdb"

@@ -81,6 +81,28 @@ def resolve_url(url: str, cwd: str | None = None) -> str:
     return url
 
 
+def whole_database(url: str) -> str:
+    """``url`` naming the whole database when it names a part of one (a file inside an LMDB
+    folder names the folder: see ``Driver.database_at``); other URLs, and bare paths (a folder
+    to ``copy``; LMDB's driver finds its folder itself), as they are. A path the driver refuses
+    is left for the driver to refuse when it opens it."""
+    from zarrfs.backends.errors import BackendError
+    from zarrfs.backends.registry import driver_class, normalize_url
+
+    scheme = _scheme(url)
+    path = database_path(url) if scheme else None  # a bare path may be a folder (copy)
+    if path is None:
+        return url
+    try:
+        whole = driver_class(normalize_url(url)[0]).database_at(path)
+    except BackendError:
+        return url
+    if whole == path:
+        return url
+    query = urlsplit(url).query
+    return f"{scheme}://{quote(whole)}" + (f"?{query}" if query else "")
+
+
 def redis_secret(url: str, environ: dict[str, str] | None = None) -> str:
     """The URL for the driver: a password from ``?password_file=`` or the environment
     (``$ZARRFS_PASSWORD``, then ``$REDISCLI_AUTH``) is added to it when the URL has none of
@@ -111,7 +133,7 @@ def location(text: str) -> str:
     """A database URL or a folder as a command takes it: its paths made absolute (see
     :func:`resolve_url`), a Redis password added from where it may be given (see
     :func:`redis_secret`)."""
-    return redis_secret(resolve_url(text))
+    return redis_secret(whole_database(resolve_url(text)))
 
 
 def shown_url(url: str) -> str:

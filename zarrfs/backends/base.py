@@ -413,6 +413,14 @@ class Driver(ABC):
         self.url = url
         self.readonly = readonly
 
+    @classmethod
+    def database_at(cls, path: str) -> str:
+        """The database a file database's ``path`` names: ``path`` itself, or the whole of which
+        it is a part (a file inside an LMDB folder is that folder), so that one database is
+        never opened two ways at once. Raises :class:`BackendError` for a file that is the
+        driver's own bookkeeping of a database, never a database itself."""
+        return path
+
     def waiting_for_writer(self) -> None:
         """Called between looks while a write waits for a lock another program holds
         (``writer_wait``): the mount answers what needs no write meanwhile."""

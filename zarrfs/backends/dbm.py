@@ -10,7 +10,9 @@ DBM files have neither order nor transactions, so this driver keeps the sorted l
 memory (read once at open, kept in step by every commit) and buffers a transaction's writes,
 applying them at its end under a process-wide lock. Other processes' writes are not seen while
 a driver is open, and a crash in the middle of applying a commit can keep part of it: the
-format offers nothing better. For several writers or crash safety use LMDB or SQLite.
+format offers nothing better. So one driver at a time writes a DBM database, with no reader
+beside it (``filelock``): a second is refused, never left to lose the first one's writes. For
+several writers or crash safety use LMDB or SQLite.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .base import DATA, KEYS, SIDE, SIZES, Driver, Fetch, MissingDatabaseError, Space, Txn, UnavailableError
+from .filelock import FileLock
 from .urloptions import check_options, parse_file_url
 
 _MISSING = object()
@@ -114,11 +117,20 @@ class DBMDriver(Driver):
             raise MissingDatabaseError(f"{path}: no such DBM database")
         flag = "r" if readonly else "c"
         self.path = path
-        data = _File(path, flag)
+        # Locked before it is read, or, when this open creates it, before anything is written.
+        found = _data_file(path)
+        self.held = FileLock(found, not readonly, "DBM database") if found else None
+        data = side = None
         try:
+            data = _File(path, flag)
+            if self.held is None:
+                self.held = FileLock(_data_file(path) or path, True, "DBM database")
             side = _File(path + ".zarrfs", "r" if readonly and _exists(path + ".zarrfs") else "c")
-        except UnavailableError:
-            data.close()
+        except BaseException:
+            if data is not None:
+                data.close()
+            if self.held is not None:
+                self.held.release()
             raise
         self.files = {DATA: data, SIDE: side}
         self._lock = threading.RLock()
@@ -145,10 +157,18 @@ class DBMDriver(Driver):
                     sync()
 
     def close(self) -> None:
-        """Close both files."""
+        """Close both files, then let another process have them."""
         with self._lock:
             for f in self.files.values():
                 f.close()
+            if self.held is not None:
+                self.held.release()
+
+
+def _data_file(path: str) -> str | None:
+    """The file holding the values of the DBM database ``path`` (``dbm.gnu``: ``path``;
+    ``dbm.ndbm``: ``path.db`` or ``path.pag``; ``dbm.dumb``: ``path.dat``), if there is one."""
+    return next((path + ext for ext in ("", ".db", ".pag", ".dat") if os.path.isfile(path + ext)), None)
 
 
 def _exists(path: str) -> bool:

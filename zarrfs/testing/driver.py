@@ -48,6 +48,9 @@ class DriverConformance(TransactionConformance):
     max_key: int | None = None
     #: Whether two processes can open the same URL (not for the in-process memory driver).
     multiprocess = True
+    #: Whether another driver may open the database while one has it open for writing (DBM:
+    #: one writer and no reader beside it, a second open refused with ``BackendError``).
+    shared = True
     #: Whether data survives closing and reopening the driver.
     persistent = True
     #: Whether side data commits atomically with data (LMDB: two environments, two commits,

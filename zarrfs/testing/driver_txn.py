@@ -14,6 +14,7 @@ from zarrfs.backends.base import (
     SIDE,
     SIZES,
     VALUES,
+    BackendError,
     ReadOnlyError,
     RetryableError,
     StorageFullError,
@@ -172,6 +173,11 @@ class TransactionConformance(Claims):
         with pytest.raises(ReadOnlyError):
             driver.transact(lambda t: t.delete("k"), write=False)
         driver.put("k", b"v")
+        if not self.shared:  # no reader beside a writer: the reader comes after it
+            for readonly in (True, False):
+                with pytest.raises(BackendError):
+                    open_driver(url, readonly=readonly).close()
+            driver.close()
         ro = open_driver(url, readonly=True)
         try:
             assert ro.readonly
@@ -183,7 +189,8 @@ class TransactionConformance(Claims):
                 ro.transact(lambda t: None)
         finally:
             ro.close()
-        assert driver.get("k") == b"v"
+        if self.shared:
+            assert driver.get("k") == b"v"
 
     def test_retry_actually_retries(self, driver):
         driver.backoff = 0.001

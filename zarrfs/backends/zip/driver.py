@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from ..base import DATA, Driver, MissingDatabaseError, ReadOnlyError, Space, Txn
 from ..buffered import DELETED
 from ..errors import BackendError
+from ..filelock import FileLock
 from ..filespace import statvfs
 from ..keyindex import KeyIndex
 from ..overlay import OverlayTxn
@@ -63,12 +64,15 @@ class ZipDriver(Driver):
         self.side = KeyIndex()  # side key -> value, in memory
         self.offsets: dict[int, int] = {}  # a member's header offset -> where its data starts
         self.fd: int | None = None  # the archive, for reads of stored members by offset
+        self.held: FileLock | None = None
         if os.path.exists(path):
             self.readonly = True  # members cannot be replaced in place
+            self.held = FileLock(path, False, "the zip archive")  # not one being written
             try:
                 self.zip = zipfile.ZipFile(path, "r")
                 self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             except (OSError, zipfile.BadZipFile) as exc:
+                self.held.release()
                 raise BackendError(f"{path}: not a zip archive ({exc})") from None
             for info in self.zip.infolist():
                 if not info.is_dir():
@@ -76,10 +80,15 @@ class ZipDriver(Driver):
         elif readonly:
             raise MissingDatabaseError(f"{path}: no such zip archive")
         else:
-            try:
-                self.zip = zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True)
+            try:  # made here, never truncated: another writer may have made it meanwhile
+                out = open(path, "x+b")  # noqa: SIM115 - the archive owns it until close
+            except FileExistsError:
+                raise BackendError(f"the zip archive {path} was just made by another process") from None
             except OSError as exc:
                 raise BackendError(f"cannot create the zip archive {path}: {exc.strerror}") from None
+            self.held = FileLock(path, True, "the zip archive")
+            self.zip = zipfile.ZipFile(out, "w", zipfile.ZIP_STORED, allowZip64=True)
+            self._out = out
 
     def transact(self, fn: Callable[[Txn], T], write: bool = True) -> T:
         """:meth:`Driver.transact`, with what to do instead of writing to an archive."""
@@ -180,9 +189,14 @@ class ZipDriver(Driver):
         """Close the archive (one being written gets its central directory now)."""
         with self.lock:
             self.zip.close()
+            out = getattr(self, "_out", None)
+            if out is not None:
+                out.close()
             if self.fd is not None:
                 os.close(self.fd)
                 self.fd = None
+            if self.held is not None:
+                self.held.release()
 
 
 __all__ = ["ZipDriver"]
