@@ -29,6 +29,7 @@ from zarrfs.fs.handles import HandleTable, Stored
 from zarrfs.fs.listing import DirListing
 from zarrfs.fs.locks import UNLCK, WRLCK, Lock, LockTable, Waiters
 from zarrfs.fs.names import NAME_MAX, key_text, name_bytes
+from zarrfs.fs.node import stamp_of
 from zarrfs.fs.pagecache import DIRECT_ABOVE, PageCache, Pages
 from zarrfs.fs.sidedata import pack_xattrs
 from zarrfs.fs.tree import (
@@ -432,6 +433,12 @@ class Operations:
         mount), and whether the descriptor must bypass the kernel's page cache."""
         return self.handles.opened(fh)
 
+    def outdated(self) -> list[str]:
+        """Keys the kernel was shown as an older version than the stored one, for the
+        descriptors that read it, which have all closed since: to be shown anew (see
+        :meth:`HandleTable.take_outdated`)."""
+        return self.handles.take_outdated() if self.handles.outdated else []
+
     def read(self, fh: int, size: int, offset: int) -> bytes | memoryview:
         """Bytes of an open file."""
         return self.handles.read(fh, size, offset)
@@ -521,6 +528,7 @@ __all__ = [
     "log_level",
     "key_text",
     "name_bytes",
+    "stamp_of",
     "stored_blocks",
     "to_errno",
 ]

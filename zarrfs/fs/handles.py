@@ -22,6 +22,7 @@ import logging
 import os
 import stat
 import time
+from dataclasses import replace
 from typing import Any
 
 from zarrfs.fs import parts
@@ -93,18 +94,50 @@ class HandleTable:
         self.deferred: dict[str, FileState] = self.files.deferred
         self.names = OpenNames(self.files, tree, self.commit)
         self.locking = LockedFiles(self.files, tree, self.parting, spill_threshold, self.commit)
+        # The keys of files shown as an older version than the stored one (_as_read) whose
+        # descriptors all closed since (take_outdated).
+        self.outdated: list[str] = []
+        # Key -> the open file whose descriptors read through the kernel's page cache, where a
+        # newer version's descriptors (private) took its place in the table.
+        self.paged: dict[str, FileState] = {}
 
     def pending(self, key: str) -> Node | None:
-        """The node an open, changed file shows (its pending size and attributes), if any."""
+        """The node an open file shows, if it is not the stored one: its pending size and
+        attributes, or the version its descriptors read (:meth:`_as_read`)."""
         state = self.states.get(key)
         if state is not None and state.stale:
             self.locking.fresh(state)
         if state is None or not (state.dirty or state.created):
+            if self.paged and key in self.paged:  # a newer version is open past the page cache
+                state = self.paged[key]
+            if state is not None and state.version is not None and state.handles and not state.private:
+                return self._as_read(state)
             return None
         if state.linked and (stored := self.tree.find(key)) is not None:  # its names, as stored
             attrs = state.attrs or stored.attrs
             return Node(FILE, state.size, attrs, "", stored.nlink, stored.group, names=stored.names)
         return self._shown(state)
+
+    def _as_read(self, state: FileState) -> Node | None:
+        """The stored file shown as the older version its descriptors read, while another
+        mount's newer one is stored: the kernel has one size per file, and its page cache
+        serves every descriptor of it, so a newer size over the older version's pages would
+        cut or pad what they read. Descriptors opened meanwhile read the newer version past
+        that cache (:attr:`FileState.private`); once the last of these closes, the key is
+        in :attr:`outdated`, for the kernel to be shown the newer version."""
+        stored = self.tree.find(state.key)
+        if stored is None or stored.kind != FILE or stamp_of(stored) == state.version:
+            return stored
+        assert state.version is not None
+        state.shown_older = True
+        size, mtime = state.version
+        return replace(stored, size=size, attrs=replace(stored.attrs, mtime=mtime))
+
+    def take_outdated(self) -> list[str]:
+        """The keys shown as an older version (:meth:`_as_read`) whose last descriptor of that
+        version closed since the last call: what the kernel holds of them is to be dropped."""
+        keys, self.outdated = self.outdated, []
+        return keys
 
     def open_node(self, fh: int) -> Node | None:
         """The node an open file shows, found by its handle (its name may be gone)."""
@@ -158,6 +191,8 @@ class HandleTable:
                 if state.version not in (None, version):
                     # Descriptors of an older version are open: they keep it, and the kernel's
                     # cache keeps its pages; this version is read outside that cache.
+                    if not state.private:
+                        self.paged[key] = state
                     state = FileState(key, private=True)
                 state.version = version
                 if state.snapshot is None:
@@ -526,6 +561,10 @@ class HandleTable:
         finally:
             if not state.handles:
                 self.files.forget(state)
+                if self.paged.get(state.key) is state:
+                    del self.paged[state.key]
+                if state.shown_older:
+                    self.outdated.append(state.key)
         return None
 
     def _defer(self, state: FileState) -> None:

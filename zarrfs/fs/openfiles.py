@@ -49,6 +49,8 @@ class FileState:
     changes: Extents = field(default_factory=Extents)
     # A lock was granted: the file is brought up to date before anything reads or writes it.
     stale: bool = False
+    # Shown to the kernel as :attr:`version` while a newer one was stored (HandleTable._as_read).
+    shown_older: bool = False
 
     @property
     def snapshot(self) -> Any:

@@ -82,9 +82,10 @@ class PageCache:
     def shown(self, pages: Pages, node: Node) -> None:
         """The kernel was given ``node``'s attributes (a lookup, a getattr). A changed size or
         mtime means the pages it holds are of an older content: the next open drops them.
-        A file never opened (no stamp, no pages kept) has nothing to compare: nothing is
-        recorded, which keeps the many names an ``ls -l`` shows at the size of their node IDs."""
-        if pages.stamp is not None or pages.cache_ok:
+        A file never opened (no stamp, no pages kept, nothing dropped) has nothing to compare:
+        nothing is recorded, which keeps the many names an ``ls -l`` shows at the size of their
+        node IDs."""
+        if pages.stamp is not None or pages.cache_ok or pages.bare:
             self._record(pages, node)
 
     def _record(self, pages: Pages, node: Node) -> None:

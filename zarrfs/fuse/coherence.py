@@ -140,7 +140,9 @@ class Coherence:
                 inode = nodes[nodeid]
                 if not inode.bare:  # else dropped (a lock granted), and nothing shown since
                     notes.append(inval_inode(nodeid))
-                inode.stamp, inode.stamp_time, inode.cache_ok = None, 0.0, False
+                # The stamp stays: what the kernel was last shown, compared with what the next
+                # open reads (a reply may have shown it again before this drop was decided).
+                inode.stamp_time, inode.cache_ok = 0.0, False
                 inodes.xattrs_changed(nodeid)
                 if key:
                     node = find(key)
@@ -220,7 +222,7 @@ class Coherence:
             if inode.lookups:  # the kernel holds nothing of a node it forgot
                 if not inode.bare:  # else dropped (a lock granted), and nothing shown since
                     notes.append(inval_inode(nodeid))
-                inode.stamp, inode.stamp_time, inode.cache_ok = None, 0.0, False
+                inode.stamp_time, inode.cache_ok = 0.0, False
         inodes.xattrs_changed()
         for key in list(ids) + list(self.negatives):
             if key:

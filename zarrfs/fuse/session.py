@@ -27,6 +27,7 @@ from zarrfs.fs.api import (
     PageCache,
     Stored,
     key_text,
+    stamp_of,
     stored_blocks,
 )
 from zarrfs.fuse import abi as k
@@ -503,6 +504,13 @@ class Session(Dispatcher):
         kept = inode.stamp if inode is not None and inode.cache_ok else None
         fh = self.ops.open(key, flags, None if inode is None or inode.group else False, kept)
         seen, private = self.ops.opened(fh)
+        if seen is not None and self.coherence is not None and self.coherence.news():
+            # A commit the open read may have come after the look above: its drops go before
+            # this reply, or the kernel could show the size it held over the pages read now.
+            if self.admission is None or self.admission.writing:
+                self.coherence.poll()
+        if seen is not None and inode is not None and self._inval_ok and inode.stamp is not None:
+            self._show_anew(head.nodeid, inode, key, seen)
         if private:  # the kernel's pages are another version's, which descriptors still read
             open_flags = k.FOPEN_DIRECT_IO
         else:
@@ -515,6 +523,17 @@ class Session(Dispatcher):
             # Its close has nothing to store: spare the reader that round trip.
             open_flags |= k.FOPEN_NOFLUSH
         self._send(k.OPEN_REPLY.pack(k.OPEN_REPLY.size, 0, head.unique, fh, open_flags, 0))
+
+    def _show_anew(self, nodeid: int, inode, key: str, seen: Node) -> None:
+        """Drop the kernel's attributes of a file opened at another version than the one it
+        was last shown, before the open's reply, when the newer one is what it is to be shown
+        now: its size over pages read at this open would cut or pad them. While descriptors of
+        the older version are open, the file is shown as that version (``find``)."""
+        if inode.stamp != stamp_of(seen):
+            shown = self.ops.find(key)
+            if shown is not None and stamp_of(shown) != inode.stamp:
+                self.pages.dropped(inode)
+                self.invalidator.send([inval_inode(nodeid)])
 
     def _read(self, head: Header, buf: memoryview) -> None:
         fh, offset, size = k.READ_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
@@ -594,6 +613,13 @@ class Session(Dispatcher):
             self._stored(head.nodeid, self.ops.release(k.RELEASE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]))
         except Exception as exc:  # nobody to tell: close() has returned already
             log.error("release %s: %s", self._describe(head), exc)
+        outdated = self.ops.outdated()
+        if outdated and self._inval_ok:  # shown as the version its last descriptors read
+            held = [(self.inodes.held(key), key) for key in outdated]
+            for nodeid, _ in held:
+                if nodeid is not None:
+                    self.pages.dropped(self.inodes.nodes[nodeid])
+            self.invalidator.post([inval_inode(n) for n, _ in held if n is not None])
         self._reply_ok(head.unique)
 
     def _statfs(self, head: Header, buf: memoryview) -> None:

@@ -1,0 +1,103 @@
+"""A descriptor reads one whole version of a file, whatever another mount commits meanwhile, and
+whatever the kernel cached of it: the steps are taken one after another, so no race is needed
+for a wrong answer to show."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from mounting import eventually, needs_fuse
+
+pytestmark = needs_fuse
+
+OLD = b"old version " * 5000  # 60,000 bytes: several pages
+NEW = b"new" * 1000  # 3,000 bytes: shorter, a size that would cut the old pages
+
+
+def _read_all(fd: int) -> bytes:
+    os.lseek(fd, 0, os.SEEK_SET)
+    out = b""
+    while chunk := os.read(fd, 1 << 16):
+        out += chunk
+    return out
+
+
+def _committed_elsewhere(a, b, data: bytes, marker: str) -> None:
+    """Rewrite ``f`` through mount ``a``, then make ``marker``; return once ``b`` shows the
+    marker (its change feed tells of commits in order, so it has heard of ``f`` too)."""
+    with open(a.path / "f", "wb") as fh:
+        fh.write(data)
+    (a.path / marker).write_bytes(b"")
+    eventually(lambda: (b.path / marker).exists(), "the other mount's commit")
+
+
+def test_a_descriptor_keeps_its_version_while_another_mount_rewrites_the_file(db_url, mount_factory):
+    a = mount_factory(db_url, ["create"], name="a")
+    (a.path / "f").write_bytes(OLD)
+    b = mount_factory(db_url, name="b")
+    eventually(lambda: (b.path / "f").exists(), "the file on the second mount")
+    old = os.open(b.path / "f", os.O_RDONLY)
+    try:
+        assert _read_all(old) == OLD  # the kernel holds its pages and its size
+        _committed_elsewhere(a, b, NEW, "m1")
+        # The old descriptor: the old version, whole, and its size.
+        assert os.fstat(old).st_size == len(OLD)
+        assert _read_all(old) == OLD
+        # A descriptor opened now reads the new version, whole.
+        new = os.open(b.path / "f", os.O_RDONLY)
+        try:
+            assert _read_all(new) == NEW
+            again = _read_all(old)
+            assert again == OLD, (len(again), again[-20:], os.fstat(old).st_size)
+        finally:
+            os.close(new)
+    finally:
+        os.close(old)
+    # Once the old version's last descriptor is closed, the file is the new version.
+    assert os.stat(b.path / "f").st_size == len(NEW)
+    assert (b.path / "f").read_bytes() == NEW
+
+
+def test_the_first_open_after_a_change_shows_the_new_size_over_new_pages(db_url, mount_factory):
+    a = mount_factory(db_url, ["create"], name="a")
+    (a.path / "f").write_bytes(OLD)
+    b = mount_factory(db_url, name="b")
+    eventually(lambda: (b.path / "f").exists(), "the file on the second mount")
+    held = os.open(b.path / "f", os.O_RDONLY)
+    try:
+        assert _read_all(held) == OLD
+        _committed_elsewhere(a, b, NEW, "m1")
+        assert os.stat(b.path / "f").st_size == len(OLD)  # shown as the version still read
+    finally:
+        os.close(held)
+    _committed_elsewhere(a, b, NEW + b"!", "m2")
+    with open(b.path / "f", "rb") as fh:
+        assert os.fstat(fh.fileno()).st_size == len(NEW) + 1
+        assert fh.read() == NEW + b"!"
+
+
+@pytest.mark.parametrize("rewrite", ["truncate", "o_trunc"])
+def test_reads_during_a_rewrite_in_place_elsewhere_are_one_version(db_url, mount_factory, rewrite):
+    """The other mount rewrites the file in place (truncate, then writes): until its close the
+    second mount reads the version before, whole."""
+    a = mount_factory(db_url, ["create"], name="a")
+    (a.path / "f").write_bytes(OLD)
+    b = mount_factory(db_url, name="b")
+    eventually(lambda: (b.path / "f").exists(), "the file on the second mount")
+    assert (b.path / "f").read_bytes() == OLD
+    if rewrite == "truncate":
+        fd = os.open(a.path / "f", os.O_RDWR)
+        os.ftruncate(fd, 0)
+    else:
+        fd = os.open(a.path / "f", os.O_WRONLY | os.O_TRUNC)
+    try:
+        os.write(fd, NEW[:1000])
+        (a.path / "m").write_bytes(b"")  # a commit the feed tells of after any of f's
+        eventually(lambda: (b.path / "m").exists(), "the other mount's commit")
+        assert (b.path / "f").read_bytes() == OLD
+        os.write(fd, NEW[1000:])
+    finally:
+        os.close(fd)
+    eventually(lambda: os.stat(b.path / "f").st_size == len(NEW), "the rewritten file's size")
+    assert (b.path / "f").read_bytes() == NEW
