@@ -9,15 +9,11 @@ import inspect
 import re
 from pathlib import Path
 
-import pytest
-
 from zarrfs import helptext, options
 from zarrfs.cli import build_parser
 from zarrfs.manpage import subcommands
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-
-pytestmark = pytest.mark.quick
 
 
 def test_readme_holds_the_help_text_word_for_word():
