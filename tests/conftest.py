@@ -238,6 +238,8 @@ QUICK: list[tuple[str, ...]] = [
     ("test_mount_posix.py", "test_files_sizes_and_listing"),
     ("test_mount_posix.py", "test_rename_files_and_folders"),
     ("test_mount_posix.py", "test_open_file_is_visible_and_commits_on_close"),
+    ("test_ops_mount.py", "test_status_lists_mounts_and_shows_live_figures[lmdb]"),
+    ("test_ops_mount.py", "test_relative_database_and_log_paths_are_the_callers[bare]"),
     ("test_coherence.py", "test_close_to_open["),
     ("test_store.py", "test_store_and_mount_see_each_other"),
 ]
