@@ -101,3 +101,11 @@ def test_the_help_gives_the_defaults_the_parser_uses():
         at = text.index(f" {option}=")
         entry = text[at:at + 250]
         assert default in entry, f"-o {option}=: zarrfs --help should give the default {default}: {entry}"
+
+
+def test_the_detailed_option_table_names_every_mount_option():
+    text = (README.parent / "docs" / "guarantees.md").read_text(encoding="utf-8")
+    table = text[text.index("## Mount options in detail"):]
+    table = table[: table.index("\n## ", 1)]
+    missing = sorted(_option_names() - set(re.findall(r"[a-z_]+", table)))
+    assert not missing, f"docs/guarantees.md, 'Mount options in detail', does not name: {missing}"
