@@ -18,7 +18,7 @@ LARGE = 4096  # folders remembered as too large to read with a lookup (the set i
 
 
 class KnownFolders:
-    """Folders' names and attribute records, and nodes just made; see the module docstring."""
+    """Folders' names and attribute records, and nodes just made (docs/architecture.md)."""
 
     def __init__(self, entries: int = ENTRIES, xattr_records: int = XATTR_RECORDS) -> None:
         self.entries = entries

@@ -19,8 +19,8 @@ MAX_NODES = 4096  # entries held in all (names and sizes only: no bytes to bound
 DEFAULT_CHUNKS_AHEAD = 8
 
 class Readahead:
-    """Chunks read ahead of a reader in grid order, and what tells such a reader (see the
-    module docstring). ``find_array(key)`` is the enclosing array of ``key``
+    """Chunks read ahead of a reader in grid order, and what tells such a reader (see
+    docs/architecture.md). ``find_array(key)`` is the enclosing array of ``key``
     (:class:`zarrfs.format.arrays.ArrayInfo`, or None), asked once per folder; ``values``:
     whether the chunks' content is read ahead and serves opens, or only their nodes."""
 

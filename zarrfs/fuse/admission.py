@@ -78,7 +78,7 @@ class _Seen:
 
 
 class Admission:
-    """The readers/writer rule and the filesystem lock; see the module docstring."""
+    """The readers/writer rule and the filesystem lock; docs/architecture.md, "Design notes by module"."""
 
     def __init__(self) -> None:
         self.turn = threading.Lock()

@@ -109,7 +109,7 @@ class Coherence:
         invalidator.wait(done)
 
     def notes(self, keys: list[str]) -> list[bytes]:
-        """The notifications for ``keys`` changed (see the module docstring)."""
+        """The notifications for ``keys`` changed (docs/architecture.md, "Design notes by module")."""
         inodes = self.session.inodes
         held, nodes, find = inodes.held, inodes.nodes, self.session.ops.find
         negatives = self.negatives

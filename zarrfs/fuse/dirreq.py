@@ -41,7 +41,7 @@ class DirRequests:
         """A folder the kernel holds: ENOTDIR for a node this table knows as something else,
         without asking the database (a folder gone or replaced since is found by the
         listing's first read). ``keep``: the kernel may keep the listing it reads (a change
-        feed drops it when the folder changes elsewhere; see the module docstring)."""
+        feed drops it when the folder changes elsewhere; docs/architecture.md, "Design notes by module")."""
         key = self.key(head.nodeid)
         inode = self.inodes.get(head.nodeid)
         if inode is not None and not stat.S_ISDIR(inode.kind):

@@ -20,7 +20,7 @@ _NODE = struct.Struct("<16xQ")  # the node a request is about
 
 
 class Watch:
-    """What arrived on ``fd`` while a request was being served; see the module docstring."""
+    """What arrived on ``fd`` while a request was being served (docs/architecture.md)."""
 
     def __init__(self, fd: int, buffer_size: int) -> None:
         self.fd = fd

@@ -147,7 +147,7 @@ class Waits:
 
 
 class Workers:
-    """Serves the requests read from ``fd`` with ``count`` threads; see the module docstring.
+    """Serves the requests read from ``fd`` with ``count`` threads (docs/architecture.md).
     ``handle`` answers one request (called holding the filesystem lock); ``classify`` tells a
     reader's key (None: a writer); ``idle`` is the change feed's poll."""
 

@@ -21,7 +21,7 @@ POSTGRES_IDLE_COMMITS = (b"P\x00\x00\x00\x0e\x00COMMIT\x00", b"Q\x00\x00\x00\x0b
 
 
 class DelayProxy:
-    """The parent's handle on a proxy process; see the module docstring. Use as a context
+    """The parent's handle on a proxy process; see docs/architecture.md. Use as a context
     manager, or call :meth:`close`."""
 
     def __init__(self, rtt_ms: float = 0.0, lifetime: float = 900.0, max_connections: int = 512,
