@@ -127,5 +127,8 @@ if __name__ == "__main__":
     for path in sys.argv[1:]:
         with open(path, encoding="utf-8") as f:
             text = f.read()
+        if README_BEGIN not in text or README_END not in text:
+            where = f"{README_BEGIN}\n{README_END}"
+            sys.exit(f"{path}: no command-line block; put these two lines where it goes:\n{where}")
         with open(path, "w", encoding="utf-8") as f:
             f.write(with_readme_block(text))
