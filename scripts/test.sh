@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
 # The test command: set up (scripts/setup.sh), lint, then the whole suite, real mounts included.
+# scripts/test.sh --quick runs the quick tier instead (tests marked quick: tests/conftest.py,
+# QUICK), every layer and every kind of driver in a few minutes, in this process.
 # Two pytest workers (pytest-xdist; ZARRFS_TEST_JOBS=N changes it, 0 runs in this process): a
 # mount test keeps one core busy at a time (the test, then its daemon), so two keep both cores
 # of a small machine busy. Every worker starts its own servers on free ports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+quick=0
+if [ "${1:-}" = "--quick" ]; then
+  quick=1
+  shift
+fi
 .venv/bin/ruff check zarrfs tests scripts
+if [ "$quick" = 1 ]; then
+  exec .venv/bin/python -m pytest -ra --durations=10 -m quick "$@"
+fi
 # Tests marked serial (they make every mount of the machine forget its caches) run after the
 # others, alone; pytest's status 5 (none of them selected) is no failure.
 jobs="${ZARRFS_TEST_JOBS:-2}"

@@ -190,3 +190,67 @@ def redis_cluster():
     from servers import start_redis_cluster, stop_redis_cluster
 
     yield from session_server("zarrfs-cluster-", start_redis_cluster, stop_redis_cluster)
+
+
+# --- the quick tier (scripts/test.sh --quick) ------------------------------------------------
+
+# Tests marked ``quick``: every layer (the command line, the daemon and FUSE through real mounts,
+# the filesystem without a mount, the Zarr rules, the drivers, tools and store) and every kind
+# of driver (files: LMDB, SQLite, DBM; servers: Redis, Redis Cluster, PostgreSQL; archives: zip,
+# Icechunk; memory), in a few minutes in one process. Each entry marks the tests of a file whose
+# id holds every one of its parts ("" alone: the whole file); ids holding a part of QUICK_SLOW
+# stay out (big values, other processes, random folder trees: the whole suite runs them).
+QUICK: list[tuple[str, ...]] = [
+    ("test_layout.py", ""),
+    ("test_readme.py", ""),
+    ("test_cli.py", "test_help_is_plain_text"),
+    ("test_cli.py", "test_version_help_and_synopsis"),
+    ("test_cli.py", "test_bad_option_value"),
+    ("test_cli.py", "test_a_mistyped_command"),
+    ("test_cli.py", "test_man_page_and_completion"),
+    ("test_cli.py", "test_copy_folder_to_database_and_back"),
+    ("test_cli.py", "test_a_folder_that_is_not_a_database"),
+    ("test_cli.py", "test_umount_of_what_is_not_mounted"),
+    ("test_session.py", ""),
+    ("test_session_protocol.py", ""),
+    ("test_format_v2.py", ""),
+    ("test_format_v3.py", ""),
+    ("test_format_check.py", ""),
+    ("test_format_mount.py", "test_strict_refuses_at_close_rename_and_link[lmdb"),
+    ("test_tree.py", "TestMemory::"),
+    ("test_tree.py", "TestLMDB::"),
+    ("test_tree.py", "TestSQLite::"),
+    ("test_tree.py", "TestRedis::", "::test_rename"),
+    ("test_tree.py", "TestRedisCluster::", "::test_rename"),
+    ("test_tree.py", "TestPostgres::", "::test_rename"),
+    ("test_backends.py", "TestRegistry::"),
+    ("test_backends.py", "TestMemory::"),
+    ("test_backends.py", "TestLMDBFolder::"),
+    ("test_backends.py", "TestSQLite::"),
+    ("test_backends.py", "TestDBM::"),
+    ("test_backends.py", "TestRedis::"),
+    ("test_backends.py", "TestRedisCluster::"),
+    ("test_backends.py", "TestPostgres::"),
+    ("test_zip.py", "TestZipConformance::"),
+    ("test_zip.py", "test_zarr2_zipstore_read_through_the_mount"),
+    ("test_icechunk.py", "TestIcechunkConformance::"),
+    ("test_icechunk.py", "test_unmount_commits_what_was_not_committed"),
+    ("test_mount_posix.py", "test_files_sizes_and_listing"),
+    ("test_mount_posix.py", "test_rename_files_and_folders"),
+    ("test_mount_posix.py", "test_open_file_is_visible_and_commits_on_close"),
+    ("test_ops_mount.py", "test_status_lists_mounts_and_shows_live_figures[lmdb]"),
+    ("test_ops_mount.py", "test_relative_database_and_log_paths_are_the_callers[bare]"),
+    ("test_coherence.py", "test_close_to_open["),
+    ("test_store.py", "test_store_and_mount_see_each_other"),
+]
+QUICK_SLOW = ("test_big_value", "test_processes_increment_exactly", "test_killed_writer", "random_folders")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path, _, rest = item.nodeid.partition("::")
+        file, test = os.path.basename(path), "::" + rest
+        if any(part in test for part in QUICK_SLOW):
+            continue
+        if any(entry[0] == file and all(part in test for part in entry[1:]) for entry in QUICK):
+            item.add_marker(pytest.mark.quick)

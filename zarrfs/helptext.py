@@ -9,8 +9,10 @@ zarrfs mount URL MOUNTPOINT [-o OPT[,OPT...]] [-f] [--log-file FILE] [--log-leve
        zarrfs URL MOUNTPOINT [-o OPT[,OPT...]]      (the same: the form /etc/fstab uses)
        zarrfs umount [-z] MOUNTPOINT
        zarrfs status [--json] [MOUNTPOINT]
+       zarrfs commit MOUNTPOINT -m MESSAGE [--rebase | --branch NAME]
        zarrfs check [--warnings] [--repair] URL
-       zarrfs copy [--if-exists replace|skip|raise] [--resume] [--dry-run] [--validate] SOURCE DEST
+       zarrfs copy [--if-exists replace|skip|raise] [--resume] [--dry-run] [--validate]
+                   [--progress | --no-progress] SOURCE DEST
        zarrfs consolidate URL|FOLDER
        zarrfs reindex URL
        zarrfs -V | --version"""
@@ -80,10 +82,11 @@ mount options (-o OPT[,OPT...]):
   allow_root                  let root in besides the owner; turns on default_permissions
   no_default_permissions      with allow_other/allow_root: no permission checks by the kernel
   default_permissions, fsname=, subtype=, auto_unmount, noexec, exec, nosuid, nodev,
-  noatime, nodiratime, sync, async, dirsync, max_read=, blksize=, context=..., debug
+  noatime, nodiratime, sync, async, dirsync, max_read=, blksize=, context=, fscontext=,
+  defcontext=, rootcontext=, debug
                               handed to libfuse
   defaults, _netdev, auto, noauto, user, users, nouser, owner, group, nofail, dev, suid,
-  atime, relatime, x-*, comment=
+  atime, relatime, strictatime, lazytime, loop, x-*, comment=, helper=
                               ignored (fstab and mount(8) options; the mount is always
                               nodev,nosuid)
 """
@@ -98,3 +101,34 @@ exit status:
 /etc/fstab:  URL  MOUNTPOINT  fuse.zarrfs  defaults,_netdev[,opts]  0  0
   (mount.fuse3 runs "zarrfs URL MOUNTPOINT -o OPTS", which is "zarrfs mount ...")
 """
+
+# The README's command-line reference is these texts, between these two lines, written by
+# ``python -m zarrfs.helptext README.md``; tests/test_readme.py fails when they differ.
+README_BEGIN = "<!-- zarrfs --help, written by: python -m zarrfs.helptext README.md -->"
+README_END = "<!-- end of zarrfs --help -->"
+
+
+def readme_block() -> str:
+    """The README's command-line reference: the synopsis, mount options and exit statuses of
+    ``zarrfs --help``, word for word, so that the two cannot disagree."""
+    body = "\n".join(["usage: " + SYNOPSIS, "", OPTIONS_HELP.rstrip("\n"), "", EXIT_HELP.rstrip("\n")])
+    return f"{README_BEGIN}\n```\n{body}\n```\n{README_END}"
+
+
+def with_readme_block(readme: str) -> str:
+    """``readme`` with its command-line reference replaced by :func:`readme_block`."""
+    start, end = readme.index(README_BEGIN), readme.index(README_END) + len(README_END)
+    return readme[:start] + readme_block() + readme[end:]
+
+
+if __name__ == "__main__":
+    import sys
+
+    for path in sys.argv[1:]:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if README_BEGIN not in text or README_END not in text:
+            where = f"{README_BEGIN}\n{README_END}"
+            sys.exit(f"{path}: no command-line block; put these two lines where it goes:\n{where}")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(with_readme_block(text))

@@ -60,7 +60,8 @@ def render(parser: argparse.ArgumentParser) -> str:
     today = datetime.date.today().isoformat()
     lines = [f'.TH ZARRFS 1 "{today}" "zarrfs {__version__}" "User Commands"', ".SH NAME"]
     lines.append("zarrfs \\- " + _roff(DESCRIPTION[0].lower() + DESCRIPTION[1:]))
-    lines += [".SH SYNOPSIS", *_block(SYNOPSIS.replace("       zarrfs", "zarrfs"))]
+    synopsis = "\n".join(line.removeprefix("       ") for line in SYNOPSIS.splitlines())
+    lines += [".SH SYNOPSIS", *_block(synopsis)]
     lines += [".SH DESCRIPTION", _roff(DESCRIPTION)]
     lines.append(
         "A mount runs in the background and returns once it is ready; every error is one line on "

@@ -1,22 +1,6 @@
-"""Snapshots of busy folders, so that a burst of lookups in one folder costs one listing.
-
-A lookup the kernel has not cached is a round trip to a remote database. When one folder gets
-:data:`HOT` lookups within ``ttl``, it is read (names with sizes and attributes, one batch of
-reads) and answers further lookups until the snapshot is ``ttl`` old, the trade rclone's directory
-cache and gcsfuse's stat cache make. A folder of up to ``limit`` entries is read whole; a larger
-one by pages of ``limit`` entries: the first from its first name, each later one from a name
-looked up that no page covers (after :data:`HOT` such lookups), and a page answers the names
-between its ends. So a zarr read of a thousand chunks of a folder of a million reads a few pages
-around them, not the folder (nor its first :data:`LIMIT` names). Each write transaction of this
-mount drops every snapshot (the tree calls :meth:`FolderCache.clear`) and none is made for
-``ttl`` after, so the mount's own changes show at once and a folder being filled is not read over
-and over; another writer's changes show within ``ttl`` plus the kernel's ``cache_timeout``.
-``-o dir_cache=0`` turns it off. A folder a page of which answered fewer lookups than an eighth
-of its entries is looked up name by name for ten times ``ttl``; a folder keeps at most
-:data:`PAGES` pages. All snapshots together hold at most ``entries`` entries (``-o
-dir_cache_entries=``, default :data:`ENTRIES`, a few hundred bytes each), the oldest dropped
-first; ``zarrfs status`` shows the count.
-"""
+"""Snapshots of busy folders, so that a burst of lookups in one folder costs one listing: whole up
+to a page, by pages beyond, dropped by any write of this mount, bounded by ``-o
+dir_cache_entries=`` (docs/architecture.md, "Caches")."""
 
 from __future__ import annotations
 

@@ -1,34 +1,6 @@
-"""What a mount following a change feed knows of folders without asking its database again: the
-names a folder holds, a folder's attribute record, and the nodes this mount has just made.
-
-A lookup of a name about to be created (the kernel looks a name up before it creates it, makes a
-folder or a symlink there) is a round trip to a remote database, and so is the read of the
-folder's attribute record (its group, for a setgid folder) that a new file's attributes need.
-:class:`KnownFolders` answers both from what the mount already read or wrote:
-
-* **names**: every name of a folder, known when this mount made the folder (empty) or read it
-  whole in one transaction (a listing that fit in one window, a folder snapshot, or the first
-  lookup the mount asked its database for in the folder, which reads a small folder's names
-  with it: see :meth:`KnownFolders.worth_reading`). The set is
-  kept a superset of the names there: a name this mount's commits add (any data key, or side
-  entry, below the folder) is added, a name removed stays (its lookup then asks the database).
-  A name not in it is missing, without a round trip;
-* **records**: a folder's raw attribute record (None: it has none), as the last read of it or
-  this mount's last commit of it left it;
-* **nodes**: what this mount's last write made (a folder made by ``mkdir``), until its next
-  write;
-* **extended attributes**: a node's raw ``x:`` record (None: it has none), as a listing's
-  attributes (READDIRPLUS), a lookup or a ``getxattr`` read it and this mount's commits wrote
-  it. The kernel caches no extended attributes, and ``ls -l`` asks for them name by name
-  (``llistxattr``): without this, two round trips a name after a listing of one.
-
-The change feed keeps them true, as it keeps the kernel's own hour-long caches true (see
-:mod:`zarrfs.fs.changes`): what another writer changed drops the names of every folder above it
-and its records, and "something changed" drops everything. A write of this mount that fails
-drops everything too (it may have committed all the same, e.g. a reply lost to a timeout), and
-so does a lock granted (the newest state is read from then on). Used only with a feed on a
-remote database (the one place a lookup costs a round trip); bounded by :data:`ENTRIES` names.
-"""
+"""What a mount following a change feed on a database server knows of folders without asking
+again: a folder's names, its attribute record, the nodes this mount just made and each node's
+extended attributes; the feed keeps them true (docs/architecture.md, "Design notes by module")."""
 
 from __future__ import annotations
 
@@ -46,7 +18,7 @@ LARGE = 4096  # folders remembered as too large to read with a lookup (the set i
 
 
 class KnownFolders:
-    """Folders' names and attribute records, and nodes just made; see the module docstring."""
+    """Folders' names and attribute records, and nodes just made (docs/architecture.md)."""
 
     def __init__(self, entries: int = ENTRIES, xattr_records: int = XATTR_RECORDS) -> None:
         self.entries = entries

@@ -1,19 +1,6 @@
-"""File locks kept in the database: ``flock`` and POSIX record locks (``F_SETLK``, ``F_SETLKW``,
-``F_GETLK``) taken through one mount conflict with those of every other mount of the database, on
-this machine or another. Nothing here knows about FUSE.
-
-Side records: ``lock:<key>``, a JSON list of ``[mount, owner, start, end, type, pid, flock]``
-(``end`` inclusive, as the kernel gives it; ``flock`` and POSIX locks are separate sets that never
-conflict, as on Linux), and ``lease:<mount>``, the wall-clock time until which a mount's locks
-hold. A mount holding locks renews its lease every quarter of :data:`LEASE`; locks of a lapsed
-lease (a killed daemon, a lost machine) are ignored and pruned by the next transaction that reads
-them, so machines sharing a database need clocks in step (NTP). Each decision is one serializable
-transaction of the driver (the file's list and its mounts' leases read, the list and this mount's
-lease written), so two mounts are never both granted conflicting locks. A request that must wait
-is kept by :class:`Waiters` and retried in a thread of its own (at once when a lock of this mount
-is released, else after a growing delay), answered through a callback; :meth:`Waiters.cancel`
-ends a wait (``EINTR``).
-"""
+"""File locks kept in the database: ``flock`` and POSIX record locks taken through one mount
+conflict with every other mount's, on any machine; each decision is one transaction, and a
+killed mount's locks lapse with its lease (docs/architecture.md, "Locks across mounts")."""
 
 from __future__ import annotations
 

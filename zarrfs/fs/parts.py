@@ -1,19 +1,6 @@
-"""Large files stored in parts: bounded memory whatever a file's size, and no value limit.
-
-A driver's ``put`` of N bytes costs about N bytes of memory and each database caps a value, so a
-file larger than ``parts_above`` (a mount option) or the driver's largest value is stored as parts
-of :func:`part_size` bytes under side keys ``p:<id>/<n>`` (``id`` fresh for every stored version:
-:mod:`zarrfs.fs.manifest`), each ``pread`` from the file's spill buffer into one reused buffer and
-put in its own transaction before the commit, so no driver transaction holds more than one part.
-The commit is one transaction as for any file: the manifest under the data key and at the end of
-the attribute record. Parts are immutable once written; reads check the manifest, then read
-ranges of parts. The parts a version lets go of (a commit, a rename onto it, the last unlink;
-those its successor does not share) are deleted after that commit, one per transaction, so freed
-memory stays one part (LMDB keeps a removed side value until the commit). A crash in between
-leaves orphan parts, never a changed file (``zarrfs check --repair``). Hard links share parts; a
-rename moves the manifest and record, not the parts. Metadata documents and files of the decoded
-view are never parted (the format layer reads them whole).
-"""
+"""Large files stored in parts: bounded memory whatever a file's size, and no value limit. Parts
+are written before the commit that names them, shared between versions, and freed after the
+commit that lets go of them (docs/architecture.md, "Design notes by module")."""
 
 from __future__ import annotations
 
@@ -505,7 +492,7 @@ def put_parts(
 
 
 class Parting:
-    """Storing the files of a mount: whole, or in parts (see the module docstring)."""
+    """Storing the files of a mount: whole, or in parts (docs/architecture.md, "Design notes by module")."""
 
     def __init__(self, tree: Any, above: int = DEFAULT_ABOVE) -> None:
         self.tree = tree

@@ -1,29 +1,6 @@
-"""Read-ahead of chunks, for readers that open the chunks of a Zarr array in grid order.
-
-GDAL, netCDF-C and most programs older than zarr-python 3 read one chunk at a time in grid order
-(C order over the chunk grid); across a network each chunk then costs a round trip for its lookup
-and open. When a chunk is opened right after the one before it in grid order, this mount reads
-the next :attr:`Readahead.depth` chunks in the same batch as its open, and answers their next
-lookups (and, reading values ahead, their opens) from here.
-
-Never stale. Only a mount with a change feed reads ahead (the tree sets
-:attr:`zarrfs.fs.tree.Tree.readahead`); an entry is dropped when a change names its key
-(:meth:`Readahead.forget`, from the change watcher, which an open polls first) and every entry when
-this mount writes or the feed loses track. Two kinds:
-
-* **values** (:attr:`Readahead.values`, where the feed tells of a commit before its writer hears
-  it answered: Redis): the chunks' content too; an entry is served once, to one open (one found
-  by a lookup stays for its open), with no round trip.
-* **names and sizes only** (elsewhere, PostgreSQL: a commit may reach the feed after its writer
-  heard it answered, so only a read at the open is as new as close-to-open asks): the lookups
-  are answered from here, and each open still reads its chunk, in one round trip that also
-  probes the chunks further on. A grid-order reader then waits one round trip a chunk, as after
-  a listing, instead of two.
-
-Bounded: ``depth`` entries per array, ``max_bytes`` of values in all and :data:`MAX_NODES`
-entries (the oldest go first), no chunk above ``max_value``, at most :data:`ARRAYS` arrays'
-grids remembered.
-"""
+"""Read-ahead of chunks for readers that open a Zarr array's chunks in grid order: the next chunks
+come in the batch of an open, dropped when the change feed names them (their values on Redis,
+names and sizes elsewhere; docs/architecture.md, "Design notes by module")."""
 
 from __future__ import annotations
 
@@ -42,8 +19,8 @@ MAX_NODES = 4096  # entries held in all (names and sizes only: no bytes to bound
 DEFAULT_CHUNKS_AHEAD = 8
 
 class Readahead:
-    """Chunks read ahead of a reader in grid order, and what tells such a reader (see the
-    module docstring). ``find_array(key)`` is the enclosing array of ``key``
+    """Chunks read ahead of a reader in grid order, and what tells such a reader (see
+    docs/architecture.md). ``find_array(key)`` is the enclosing array of ``key``
     (:class:`zarrfs.format.arrays.ArrayInfo`, or None), asked once per folder; ``values``:
     whether the chunks' content is read ahead and serves opens, or only their nodes."""
 

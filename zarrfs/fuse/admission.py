@@ -1,51 +1,6 @@
-"""Which requests may run together, and the one lock the filesystem code runs under.
-
-With several request threads (:mod:`zarrfs.fuse.workers`) the filesystem's tables are guarded
-by one lock, :attr:`Admission.turn`, held while Python code of a request runs and let go only
-where a request waits: on a server's socket (the drivers' waits call
-:meth:`Admission.released`), for its turn, or for its notifications. So code between two waits
-runs alone, as it did with one thread, and what overlaps is the waiting.
-
-On top of the lock, the readers/writer rule: requests that write nothing (lookups, attributes,
-reads, listings, read-only opens, readers' closes) run together; any other request, and the
-change feed's poll, runs as the one writer, no reader starting until it has answered. The
-readers running when a writer starts get :data:`GRACE` seconds to answer; those still waiting
-on a server then run again from the start after it
-(:class:`~zarrfs.backends.errors.RestartedError`): so no reader fills a cache with what it read
-before the change, and a reader stalled on its server holds up a writer that long at most. A
-reader run again :data:`~zarrfs.fuse.workers.RESTARTS` times runs as a writer (it then ends).
-Nothing overtakes a writer waiting that came before it in the kernel's queue (its unique), and a
-writer overtakes no request before it: a close's release, which the kernel sends without waiting for
-its answer, stays ahead of the open that follows. That needs the requests before it to be
-known, not only those waiting: two threads may read a release and the next open at once, and
-the open's thread ask first. The kernel numbers requests in queue order, by :data:`STEP`, so a
-writer is admitted once every number below its own asked for its turn (:meth:`_seen_below`),
-or after :data:`GAP_WAIT` seconds (a request the kernel took back before anyone read it leaves
-a gap). A reader waits less (:meth:`_read_below`): until every number below its own was read
-from the device (each thread records that as it reads, without the lock: :meth:`arrived`) and
-the releases among them asked; not for the other requests read before it, whose programs wait
-for their answers, so were made at the same time as it and may run in either order. Waiting
-for those too cost 16 readers of 64 KiB chunks on Redis, 1 ms away, a wait and a handoff of
-the lock per request: 540–600 files/s, against 630–750 without (runs of a lab script minutes
-apart, with the classifying of a request and its admission under one hold of the lock).
-Readers about the same node (a lookup: the same name in the same folder) take turns, so two
-opens of one file never make two states. A writer waiting for another program's lock, or
-between a large file's parts, lets the readers waiting run (:meth:`let_through`).
-
-A close's commit waiting on its server opens a door (:meth:`open_door`): readers of other
-nodes than the files it stores, and the creates and writes of other files (``passing``
-writers: a new file is stored at its close, a write goes to a buffer), run meanwhile, so a
-program's next chunk is made while the last one commits. Why it is sound: what the commit
-changes in the mount's tables it changes after its last wait, once every request let in has
-ended (readers stalled on their servers get :data:`GRACE`, then run again after it, as above);
-a writer let in that is about to write to the database after all (a new file that takes its
-folder's default ACL is stored at once) first waits for its turn as the writer
-(:meth:`upgrade`), so write transactions never interleave. Without the door, creates in one
-folder (which the kernel sends one at a time) each waited for the commit before, and closes
-could never wait together to share one (``fuse.workers``): 16 programs writing new chunks
-into one folder behind a 20 ms round trip cost 32 round trips; with it, 4 on Redis and 7 on
-PostgreSQL (``tests/test_workers.py``).
-"""
+"""Which requests may run together, and the one lock the filesystem code runs under: readers
+together, a writer alone, in the kernel's order, and a door for other files' requests while a
+close commits. The reasoning is in docs/architecture.md, "Design notes by module"."""
 
 from __future__ import annotations
 
@@ -123,7 +78,7 @@ class _Seen:
 
 
 class Admission:
-    """The readers/writer rule and the filesystem lock; see the module docstring."""
+    """The readers/writer rule and the filesystem lock; docs/architecture.md, "Design notes by module"."""
 
     def __init__(self) -> None:
         self.turn = threading.Lock()

@@ -1,20 +1,7 @@
-"""Keeping the kernel's caches right when other writers change the database.
-
-With a change feed (:mod:`zarrfs.fs.changes`) the mount hears other writers' commits within a
-poll, so the kernel may keep names and attributes long (``cache_timeout`` an hour) and
-:class:`Coherence` drops exactly what changed, for each changed key and each folder above it: a
-held node's attributes and pages (``NOTIFY_INVAL_INODE``), its page-cache record and what the
-mount read of its extended attributes (``fuse.xattrreq``); its entry
-(``NOTIFY_INVAL_ENTRY``) when the key is gone or changed kind, else, with ``EXPIRE_ONLY`` (FUSE
-7.38), marked for a new lookup, which renews the owner and mode ``default_permissions`` checks;
-cached "no such file" entries, remembered here since a negative entry holds no node (forgotten
-when created through the mount; past :data:`NEGATIVES` the oldest are dropped from the kernel too);
-hard links made or removed elsewhere (a name gone, or now another file's, leaves the node to the
-file's other names; a file added to a link group joins it). "Not known what" drops every node and
-entry, and checks the names of every linked file. The
-loop polls between requests and every open polls first (close-to-open across mounts);
-notifications are written before the next request is served (bounded, :mod:`zarrfs.fuse.notify`).
-"""
+"""Keeping the kernel's caches right when other writers change the database: for each key the
+change feed names, exactly what changed is dropped from the kernel (attributes, pages, entries,
+negative entries, link groups) before the next request (docs/architecture.md, "Design notes by
+module")."""
 
 from __future__ import annotations
 
@@ -122,7 +109,7 @@ class Coherence:
         invalidator.wait(done)
 
     def notes(self, keys: list[str]) -> list[bytes]:
-        """The notifications for ``keys`` changed (see the module docstring)."""
+        """The notifications for ``keys`` changed (docs/architecture.md, "Design notes by module")."""
         inodes = self.session.inodes
         held, nodes, find = inodes.held, inodes.nodes, self.session.ops.find
         negatives = self.negatives

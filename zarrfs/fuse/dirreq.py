@@ -1,24 +1,7 @@
 """The folder requests of a session: OPENDIR, READDIR, READDIRPLUS, RELEASEDIR and FSYNCDIR,
-answered from the listings of :class:`~zarrfs.fs.api.Operations`.
-
-READDIRPLUS gives each name with its node ID and attributes, as a LOOKUP would: ``ls -l``,
-``du``, ``find -size`` or ``rsync`` walk a folder without a lookup per name, and the nodes of a
-reply are read a window of entries at a time (batches of reads, sizes from the listing's own
-scan where the driver has them), never the whole folder. A name whose node the kernel holds
-already (a folder listed again) goes alone, as READDIR gives it: the kernel keeps its entry and
-attributes (the change feed drops them when they change), its node is not read again, and the
-kernel does not forget the node's cached ACLs, which it does for each entry READDIRPLUS gives
-with a node (``ls -l`` of a folder listed before then asked the daemon for each file's ACL).
-
-Under a change feed the kernel keeps what it read of a folder's listing, across opens
-(``FOPEN_CACHE_DIR`` with ``FOPEN_KEEP_CACHE``): a folder listed again costs no request past
-its OPENDIR (``ls`` of 100,000 names listed before: 1.5 s of READDIRPLUS of held names, then
-none). The kernel starts the listing over when its own calls changed the folder (a create,
-unlink, rename or mkdir there) or its modification time changed, and when its pages are
-dropped: the feed's notifications drop a held folder's for each change below it
-(:mod:`zarrfs.fuse.coherence`), an OPENDIR asks the feed first, as an open does, and the
-session drops them for names the format layer wrote (``Session.keys_changed``).
-"""
+answered from the listings of :class:`~zarrfs.fs.api.Operations`; READDIRPLUS gives each new name
+with its node, and under a change feed the kernel keeps a folder's listing
+(docs/architecture.md, "Design notes by module")."""
 
 from __future__ import annotations
 
@@ -58,7 +41,7 @@ class DirRequests:
         """A folder the kernel holds: ENOTDIR for a node this table knows as something else,
         without asking the database (a folder gone or replaced since is found by the
         listing's first read). ``keep``: the kernel may keep the listing it reads (a change
-        feed drops it when the folder changes elsewhere; see the module docstring)."""
+        feed drops it when the folder changes elsewhere; docs/architecture.md, "Design notes by module")."""
         key = self.key(head.nodeid)
         inode = self.inodes.get(head.nodeid)
         if inode is not None and not stat.S_ISDIR(inode.kind):

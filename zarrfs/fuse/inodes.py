@@ -1,19 +1,6 @@
-"""The inode table: which store key each node ID the kernel holds stands for.
-
-Each reply that gives the kernel a node ID (a lookup, READDIRPLUS, a create) counts one lookup;
-FORGET takes counts back. A forgotten node is kept idle while it names a key, up to
-:data:`IDLE_NODES` (oldest first), so a file looked up again gets its inode number back, renames
-followed. One key has one node ID at a time; the names of a link group
-(:mod:`zarrfs.fs.hardlinks`) share one, so the kernel sees one inode.
-
-A node is a row of compact tables, not an object (a million listed names are a million nodes):
-key, kind, lookup count and generation in arrays indexed by a slot, about 150 bytes a name; what
-few nodes have more (page cache state, link group, other names) lives in dicts beside them, and
-the nodes whose extended attributes were last read as none in a set (:meth:`InodeTable.bare_of_xattrs`). A
-node ID is ``generation << 32 | slot``, so a stale ID never names another file. :meth:`get` gives
-an :class:`Inode`, a view of one row (and, as :class:`Pages`, of its page cache state). Renames
-move the keys below a node; an unlink detaches it. Pure bookkeeping: no FUSE, no database.
-"""
+"""The inode table: which store key each node ID the kernel holds stands for, kept in compact
+tables so that a million listed names cost little (docs/architecture.md, "Design notes by
+module")."""
 
 from __future__ import annotations
 
@@ -144,7 +131,7 @@ class _Nodes:
 
 
 class InodeTable:
-    """Node IDs and keys, both ways, in compact tables (see the module's docstring)."""
+    """Node IDs and keys, both ways, in compact tables (docs/architecture.md, "Design notes by module")."""
 
     def __init__(self, root_kind: int) -> None:
         assert ROOT_ID == 1  # slot 1, generation 0

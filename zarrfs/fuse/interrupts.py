@@ -1,20 +1,6 @@
-"""Requests that arrive while the request thread waits on a server, and FUSE_INTERRUPT.
-
-The daemon serves requests from one thread; while a driver waits on a server the kernel may
-send more, ``FUSE_INTERRUPT`` among them. The driver polls ``/dev/fuse`` beside its socket and
-calls :meth:`Watch.check`:
-
-* an INTERRUPT of the request being served (:attr:`Watch.unique`) raises
-  :class:`~zarrfs.backends.errors.InterruptedCallError` (the connection is dropped; ``EINTR``);
-* an INTERRUPT of a request read but not served yet answers it ``EINTR`` and drops it;
-* any other request goes to :attr:`Watch.pending`, served in order before the next read.
-
-Interrupts of requests already answered are ignored. A write waiting on another program's
-database lock (``backends.writer_wait``, up to ``-o timeout=``) and a large file's commit between
-its parts call :meth:`Watch.serve_waiting`, which answers queued requests that need no write
-(:attr:`Watch.may_serve`: lookups, attributes, reads, listings, read-only opens, readers' closes)
-and are about another node than the one being served, never nested.
-"""
+"""Requests that arrive while the request thread waits on a server, and FUSE_INTERRUPT: an
+interrupt of the request served ends it with ``EINTR``, others are queued, and a long wait
+answers the queued requests that need no write (docs/architecture.md, "Design notes by module")."""
 
 from __future__ import annotations
 
@@ -34,7 +20,7 @@ _NODE = struct.Struct("<16xQ")  # the node a request is about
 
 
 class Watch:
-    """What arrived on ``fd`` while a request was being served; see the module docstring."""
+    """What arrived on ``fd`` while a request was being served (docs/architecture.md)."""
 
     def __init__(self, fd: int, buffer_size: int) -> None:
         self.fd = fd

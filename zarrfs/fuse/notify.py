@@ -1,19 +1,6 @@
-"""Dropping the kernel's cached view of files the mount changed on its own.
-
-When the format layer rewrites (or creates) a consolidated document, the kernel may still hold
-its old size and pages, or a cached "no such file", for ``cache_timeout``. :func:`invalidations`
-builds the notifications (``NOTIFY_INVAL_INODE``, ``NOTIFY_INVAL_ENTRY``); :class:`Invalidator`
-writes them from a thread of its own, and the request that caused the change waits for them, so
-the caller's next read sees the new document. The wait is bounded (:data:`WAIT`): a notification
-can need a kernel lock held until a request queued behind this one is answered; then the reply
-goes first. A reply that must follow its notifications (a granted lock) goes to the thread.
-
-The queue's order is the order in which notifications reach the kernel. Code that decides what
-to drop from what it knows of a file (the change feed, :mod:`zarrfs.fuse.coherence`) decides and
-queues under :attr:`Invalidator.order`, so no decision of another thread (a waiting lock granted)
-is overtaken: the kernel ignores the attributes of a reply to a request sent before a drop, so a
-drop arriving after a granted lock's reply could let ``lseek(SEEK_END)`` use the old size.
-"""
+"""Dropping the kernel's cached view of files the mount changed on its own (a rewritten
+consolidated document): notifications written by a thread of their own, in the order decided,
+before the caller's reply (docs/architecture.md, "Design notes by module")."""
 
 from __future__ import annotations
 
@@ -73,7 +60,7 @@ class Invalidator:
         self.fd = fd
         self._queue: queue.SimpleQueue[tuple[list[bytes], Callable[[], None]] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        #: Held while deciding what to drop and queueing it (see the module docstring).
+        #: Held while deciding what to drop and queueing it (docs/architecture.md, "Design notes by module").
         self.order = threading.Lock()
         #: Around a request's wait for its notifications: with several request threads, lets
         #: go of the filesystem lock (``fuse.admission``), so a notification that waits for a

@@ -1,26 +1,7 @@
-"""Requests served by several threads, for databases behind a network (``-o workers=N``).
-
-With one request thread every request waits behind every other request's round trips, so a
-mount of a remote server serves one chunk per round trip however many readers ask. Here ``N``
-threads each read ``/dev/fuse`` (the kernel hands each request to one of them, as libfuse's
-multi-threaded loop does) and run it under :class:`~zarrfs.fuse.admission.Admission`: the
-filesystem code still runs one request at a time between waits, but while one request waits on
-its server, others run, each on its thread's own connection (Redis links and PostgreSQL
-connections are per thread). Readers overlap their round trips; writers run alone (see
-``admission``), except that the closes of files waiting together are served by one thread in
-one transaction (:meth:`Workers._serve_closes`), and that while a close commits, creates and
-writes of other files run (``Admission.open_door``). Why threads and not requests parked on
-one thread: the drivers' clients (redis-py, psycopg, redis-py's cluster client) block in their
-own code, and a thread is what can wait there; the lock makes the rest as simple as one
-thread. Figures: docs/performance.md, "Across a network". Local databases keep the one-thread
-loop (:mod:`zarrfs.fuse.loop`): they never wait on a network, and a handoff between threads
-would only cost.
-
-Interrupts: an INTERRUPT read by any thread is matched to its request: one waiting for its turn
-is answered ``EINTR`` and dropped, one running is told through its thread's eventfd, which the
-driver's wait polls (:class:`Waits`); one not seen yet is answered ``EAGAIN``, so the kernel
-sends it again. The change feed's poll runs on the calling thread, alone, between requests.
-"""
+"""Requests served by several threads on a database server (``-o workers=N``): each thread reads
+``/dev/fuse`` and runs under :class:`~zarrfs.fuse.admission.Admission`, so waits on the server
+overlap; interrupts are matched to their request (docs/architecture.md, "Requests served
+together")."""
 
 from __future__ import annotations
 
@@ -166,7 +147,7 @@ class Waits:
 
 
 class Workers:
-    """Serves the requests read from ``fd`` with ``count`` threads; see the module docstring.
+    """Serves the requests read from ``fd`` with ``count`` threads (docs/architecture.md).
     ``handle`` answers one request (called holding the filesystem lock); ``classify`` tells a
     reader's key (None: a writer); ``idle`` is the change feed's poll."""
 

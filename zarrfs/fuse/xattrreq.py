@@ -6,8 +6,8 @@ A GETXATTR or LISTXATTR of size 0 asks only how many bytes the answer has; a lar
 gets the bytes, or ERANGE when they do not fit.
 
 The kernel caches no extended attributes: ``ls -l`` asks each file's ``security.selinux``
-every time (one request a file, each a transaction reading the node: 15 s for a folder of
-100,000 files listed again). A mount that follows a change feed remembers which nodes the
+every time (one request a file, each a transaction reading the node; docs/performance.md,
+"Listing a folder again"). A mount that follows a change feed remembers which nodes the
 kernel holds were read with none (:meth:`~zarrfs.fuse.inodes.InodeTable.bare_of_xattrs`)
 and answers those without reading. What drops the kernel's attributes of a node drops that
 too: the feed telling of a change to the file (:mod:`zarrfs.fuse.coherence`), a lock granted

@@ -1,23 +1,6 @@
-"""A TCP proxy on 127.0.0.1 that delays every segment, counts round trips and can stall.
-
-:class:`DelayProxy` puts a server "across a network" for the tests and ``scripts/bench_network.py``:
-
-* each segment is forwarded in order after about ``rtt / 2`` each way; asyncio's timers wake on
-  whole milliseconds, so requests wait the whole milliseconds of half the round trip and replies
-  the rest (:meth:`DelayProxy.measure` says what a round trip really costs);
-* it counts round trips as request bursts: a client's data arriving on a connection that has not
-  sent since the server last answered (a pipeline of ten commands is one; ten waited for, ten);
-  :meth:`DelayProxy.waves` counts only those that begin while no other connection waits, the
-  round trips a client waits one after the other (two servers asked at once: one wave);
-  :meth:`DelayProxy.idle` names bursts to leave out of the count (a PostgreSQL client's lone
-  ``COMMIT`` of a reading transaction, sent while the mount is idle: no call waits for it);
-* :meth:`DelayProxy.hold` stops forwarding requests (all, or those holding a byte string and what
-  follows them on their connection) until :meth:`release`: a server that stops answering.
-
-Bounded: ``max_connections``; a side is not read past ``max_buffered`` undelivered bytes; it stops
-after ``lifetime`` seconds or when its parent's stdin closes. It runs in a process of its own (by
-path, standard library only), taking no time from the one measured, and takes JSON on its stdin.
-"""
+"""A TCP proxy on 127.0.0.1 that delays every segment, counts round trips and can stall: a server
+"across a network" for the tests and ``scripts/bench_network.py``. It runs in a process of its
+own (standard library only) and takes JSON on its stdin; see :class:`DelayProxy`."""
 
 from __future__ import annotations
 
@@ -38,7 +21,7 @@ POSTGRES_IDLE_COMMITS = (b"P\x00\x00\x00\x0e\x00COMMIT\x00", b"Q\x00\x00\x00\x0b
 
 
 class DelayProxy:
-    """The parent's handle on a proxy process; see the module docstring. Use as a context
+    """The parent's handle on a proxy process; see docs/architecture.md. Use as a context
     manager, or call :meth:`close`."""
 
     def __init__(self, rtt_ms: float = 0.0, lifetime: float = 900.0, max_connections: int = 512,
