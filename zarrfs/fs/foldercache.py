@@ -163,6 +163,15 @@ class FolderCache:
         self._misses.clear()
         self._quiet_until = self.clock() + self.ttl
 
+    def seen(self, folder: str, name: str, node: Node) -> None:
+        """``name`` was just read from the database as ``node`` (an open): a snapshot that
+        holds it shows that, not an older version the change feed has not told of yet."""
+        found = self._snapshots.get(folder)
+        if found is not None:
+            for page in found.pages:
+                if name in page.nodes:
+                    page.nodes[name] = node
+
     def forget(self, folders: set[str] | None = None) -> None:
         """Drop the snapshots of ``folders`` (None: all): another writer changed names in them
         (:mod:`zarrfs.fs.changes`). Unlike :meth:`clear`, snapshots are made again at once."""

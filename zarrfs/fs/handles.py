@@ -109,7 +109,11 @@ class HandleTable:
             self.locking.fresh(state)
         if state is None or not (state.dirty or state.created):
             if self.paged and key in self.paged:  # a newer version is open past the page cache
-                state = self.paged[key]
+                paged = self.paged[key]
+                if paged.key == key and paged.handles:
+                    state = paged
+                else:  # closed, or renamed since
+                    del self.paged[key]
             if state is not None and state.version is not None and state.handles and not state.private:
                 return self._as_read(state)
             return None
@@ -187,6 +191,7 @@ class HandleTable:
         if not truncating and state.buffer is None and not state.created:
             seen, value = self.tree.version(key, None, SNAPSHOT_LIMIT)
             if seen is not None and seen.kind == FILE:
+                self.tree.seen(key, seen)
                 version = stamp_of(seen)
                 if state.version not in (None, version):
                     # Descriptors of an older version are open: they keep it, and the kernel's

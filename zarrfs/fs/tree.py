@@ -186,6 +186,18 @@ class Tree:
         return self.entries.key_limit
 
     # ------------------------------------------------------------------ reads
+    def seen(self, key: str, node: Node) -> None:
+        """The file at ``key`` was just read from the database as ``node`` (an open): what
+        answers lookups (chunks read ahead, a folder's snapshot) shows it from now on, not an
+        older version the change feed has not told of yet."""
+        ahead = self.lookups.readahead
+        if ahead is not None and ahead.node(key) not in (None, node):
+            ahead.forget([key])
+        cache = self.folder_cache
+        if cache is not None and key:
+            folder, _, name = key.rpartition("/")
+            cache.seen(folder, name, node)
+
     def find(self, key: str) -> Node | None:
         """The node at ``key``, or None when there is none (the lookup of every ``stat``: a
         missing name is common and costs no exception). Answered from the chunks read ahead,
