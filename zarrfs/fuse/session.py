@@ -452,11 +452,23 @@ class Session(Dispatcher):
     def _move(self, head: Header, buf: memoryview, newdir: int, flags: int, at: int) -> None:
         old, new = k.names(buf, at, head.len)
         src, dst = self._child(head.nodeid, old), self._child(newdir, new)
+        # What others changed of the names first, while the kernel's nodes are still theirs:
+        # a change heard after the move would drop the node now at the name, not the one moved.
+        if self.coherence is not None and (self.admission is None or self.admission.writing):
+            if self.coherence.news():
+                self.coherence.poll()
         replaced = None if flags & RENAME_EXCHANGE else self.inodes.ids.get(dst)
         handles = self.ops.open_handles(dst) if replaced is not None else set()
         stored = self.ops.rename(src, dst, flags)
         if flags & RENAME_EXCHANGE:
             self.inodes.exchanged(src, dst)
+            if self.coherence is not None and self._inval_ok:
+                # Each name now shows the other's stored value, which a change not heard yet
+                # may have made newer than the pages its new node holds.
+                moved = [n for n in map(self.inodes.held, (src, dst)) if n is not None]
+                for nodeid in moved:
+                    self.pages.dropped(self.inodes.nodes[nodeid])
+                self.invalidator.send([inval_inode(n) for n in moved])
         else:
             self.inodes.moved(src, dst)
             self._stored(self.inodes.ids.get(dst), stored)
