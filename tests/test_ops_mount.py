@@ -157,6 +157,51 @@ def test_a_refused_mount_gives_libfuses_own_reason(tmp_path, options, said):
     assert "could not mount" not in line and not mounted(tmp_path / "m")
 
 
+def test_umount_z_returns_at_once_and_a_wait_says_what_it_waits_for(tmp_path, cleanup):
+    m = tmp_path / "m"
+    m.mkdir()
+    cleanup.append(m)
+    url = f"lmdb://{tmp_path}/db.lmdb"
+    ok(zarrfs("mount", url, str(m), "-o", "create"))
+    started = time.monotonic()
+    ok(zarrfs("umount", str(m)))  # the baseline: an idle mount, its daemon waited for
+    baseline = time.monotonic() - started
+    ok(zarrfs("mount", url, str(m)))
+    (pid,) = daemon_pids(str(m))
+    fh = open(m / "f", "wb")
+    try:
+        fh.write(b"kept")
+        fh.flush()
+        started = time.monotonic()
+        lazy = ok(zarrfs("umount", "-z", str(m)))
+        took = time.monotonic() - started
+        assert lazy.stderr == "" and not mounted(m)
+        assert daemon_pids(str(m)) == [pid]  # it still serves the open file
+        assert took < 5 * baseline, (took, baseline)  # it waited 30 s for the daemon
+    finally:
+        fh.close()
+    deadline = time.monotonic() + 60
+    while daemon_pids(str(m)):
+        assert time.monotonic() < deadline, "the daemon did not end once its file was closed"
+        time.sleep(0.05)
+    ok(zarrfs("mount", url, str(m)))
+    assert (m / "f").read_bytes() == b"kept"
+    # a daemon that does not end at once: the umount says whom it waits for, then returns
+    (pid,) = daemon_pids(str(m))
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        full = dict(os.environ, PYTHONPATH=CHECKOUT)
+        waiting = subprocess.Popen([sys.executable, "-m", "zarrfs", "umount", str(m)], env=full,
+                                   stderr=subprocess.PIPE, text=True)
+        line = waiting.stderr.readline()
+        assert f"unmounted {m}; waiting for its daemon (pid {pid})" in line, line
+        assert waiting.poll() is None
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert waiting.wait(timeout=60) == 0 and waiting.stderr.read() == ""
+    assert not daemon_pids(str(m))
+
+
 # --- 2. and 8. access, owner and permission bits --------------------------------------------
 
 

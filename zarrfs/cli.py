@@ -263,8 +263,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     umount = sub.add_parser("umount", help="unmount (waits for the daemon to finish)", epilog=EXIT_HELP,
                             formatter_class=raw)
-    umount.add_argument("mountpoint", metavar="MOUNTPOINT")
-    umount.add_argument("-z", "--lazy", action="store_true", help="detach now, finish when no longer busy")
+    umount.add_argument("mountpoint", metavar="MOUNTPOINT", nargs="?")
+    umount.add_argument("-z", "--lazy", action="store_true",
+                        help="detach now and return; the daemon finishes when no longer busy")
+    umount.add_argument("-a", "--all", action="store_true",
+                        help="every zarrfs mount this user may unmount (root: all of them)")
     umount.set_defaults(func=cmd_umount)
 
     status = sub.add_parser("status", help="list zarrfs mounts, or show one mount's live figures",
