@@ -271,6 +271,44 @@ def test_access_of_another_user(shared_dir, request, kind, tmp_path):
         ok(zarrfs("umount", str(m)))
 
 
+def as_a_user(home: Path, *args: str) -> subprocess.CompletedProcess:
+    """``zarrfs ARGS`` run as uid 65534 as a user's own mount would be: its daemon runs as that
+    user and the mount table names them (``user_id=``). The process keeps two capabilities:
+    DAC_OVERRIDE, since this machine's Python lives in root's home and its /dev/fuse may be
+    root's only (fusermount3 opens it as the user), and SYS_ADMIN, so libfuse mounts directly."""
+    caps = "+dac_override,+sys_admin"
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": CHECKOUT, "HOME": str(home)}
+    return subprocess.run(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", f"--inh-caps={caps}",
+         f"--ambient-caps={caps}", sys.executable, "-m", "zarrfs", *args],
+        capture_output=True, text=True, timeout=120, env=env, cwd=str(home),
+    )
+
+
+def test_root_sees_and_queries_a_users_mount_and_umount_a_takes_only_the_users(shared_dir, tmp_path, cleanup):
+    theirs, mine = shared_dir / "m", tmp_path / "mine"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    mine.mkdir()
+    cleanup.extend([theirs, mine])
+    url = f"sqlite://{shared_dir}/db.sqlite"
+    res = as_a_user(shared_dir, "mount", url, str(theirs), "-o", "create", "--log-file", f"{shared_dir}/log")
+    assert res.returncode == 0, res.stderr
+    assert f"user_id={NOBODY}" in mount_line(theirs)[3]
+    ok(zarrfs("mount", f"lmdb://{tmp_path}/db.lmdb", str(mine), "-o", "create"))
+    listed = ok(zarrfs("status")).stdout.splitlines()
+    assert f"{theirs}\t{url}\trw\tuser nobody" in listed, listed
+    assert f"{mine}\tlmdb://{tmp_path}/db.lmdb\trw" in listed, listed
+    doc = json.loads(ok(zarrfs("status", str(theirs), "--json")).stdout)
+    assert doc["mountpoint"] == str(theirs) and doc["url"] == url
+    assert doc["pid"] == daemon_pids(str(theirs))[0]
+    res = as_a_user(shared_dir, "umount", "-a")
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    assert not mounted(theirs) and not daemon_pids(str(theirs))
+    assert mounted(mine)
+    ok(zarrfs("umount", str(mine)))
+
+
 # --- 4. logs ----------------------------------------------------------------------------------
 
 
