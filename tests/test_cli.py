@@ -276,7 +276,7 @@ COMMAND_NAMES = ("mount", "umount", "status", "check", "copy", "consolidate", "r
 
 def test_a_mistyped_command_is_never_a_database(tmp_path):
     (tmp_path / "mnt/x").mkdir(parents=True)
-    for args, guess in ((["unmount", "mnt/x"], "umount"), (["stats"], "status"), (["list"], None)):
+    for args, guess in ((["unmount", "mnt/x"], "umount"), (["statuss"], "status"), (["list"], None)):
         line = one_line(zarrfs(*args, cwd=tmp_path), 2, f"unknown command '{args[0]}'", *COMMAND_NAMES)
         assert guess is None or f"did you mean '{guess}'" in line
         assert "does not exist" not in line and "MOUNTPOINT" in line

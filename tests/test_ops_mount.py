@@ -444,3 +444,54 @@ def test_status_lists_mounts_and_shows_live_figures(tmp_path, request, cleanup, 
     ok(zarrfs("umount", str(m)))
     assert not os.path.exists(sock)
     one_line(zarrfs("status", str(m)), 1, "not a zarrfs mount")
+
+
+def test_stats_rows_follow_the_work_and_prometheus_text_parses(tmp_path, mount_factory):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    m = mount_factory(f"lmdb://{tmp_path}/db.lmdb", ["create"])
+    full = dict(os.environ, PYTHONPATH=CHECKOUT)
+    live = subprocess.Popen([sys.executable, "-m", "zarrfs", "stats", str(m.path), "-i", "0.2"], env=full,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        titles, names = live.stdout.readline().split(), live.stdout.readline().split()
+        assert titles[0].strip("-") == "requests/s" and names[:3] == ["lookup", "attr", "list"], names
+        columns = {f"{group}.{name}": i for i, (group, name) in enumerate(
+            (g, n) for g, ns in (("req", names[:7]), ("ms", ["all"]), ("mib", ["read", "write"]),
+                                 ("txn", ["read", "write"]), ("hits", ["s"]), ("err", ["s"])) for n in ns)}
+        data = os.urandom(1 << 20)
+        (m.path / "f").write_bytes(data)
+        for n in range(50):
+            os.path.exists(m.path / f"missing{n}")
+        fd = os.open(m.path / "f", os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the read goes to the daemon
+        assert os.read(fd, 1 << 20) == data
+        os.close(fd)
+        seen: dict[str, float] = {}
+        deadline = time.monotonic() + 60
+        while not all(seen.get(c, 0) > 0 for c in ("req.lookup", "req.write", "mib.write", "mib.read",
+                                                   "txn.write", "ms.all")):
+            assert time.monotonic() < deadline, seen
+            cells = live.stdout.readline().split()
+            for name, i in columns.items():
+                x = cells[i]
+                scale = {"K": 1e3, "M": 1e6}.get(x[-1], 1)
+                seen[name] = max(seen.get(name, 0), float(x.rstrip("KM")) * scale)
+    finally:
+        live.send_signal(signal.SIGINT)
+        assert live.wait(timeout=60) == 0 and live.stderr.read() == ""
+    text = ok(zarrfs("stats", "--prometheus", str(m.path))).stdout
+    found = {(s.name, s.labels.get("op") or s.labels.get("kind")): s
+             for family in text_string_to_metric_families(text) for s in family.samples}
+    assert found[("zarrfs_up", None)].value == 1
+    assert found[("zarrfs_written_bytes_total", None)].value == len(data)
+    assert found[("zarrfs_read_bytes_total", None)].value >= len(data)
+    assert found[("zarrfs_requests_total", "write")].value >= 1
+    assert found[("zarrfs_request_seconds_total", "write")].value > 0
+    assert found[("zarrfs_transactions_total", "write")].value >= 1
+    assert found[("zarrfs_mount_info", None)].labels["url"] == f"lmdb://{tmp_path}/db.lmdb"
+    every = ok(zarrfs("stats", "--prometheus")).stdout  # every mount: this one among them
+    assert f'zarrfs_up{{mountpoint="{m.path}"}} 1' in every
+    list(text_string_to_metric_families(every))
+    one_line(zarrfs("stats", str(tmp_path)), 1, "not a zarrfs mount")
+    one_line(zarrfs("stats"), 2, "--prometheus")

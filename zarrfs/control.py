@@ -219,12 +219,15 @@ class ControlServer:
             "readonly": self.opts.readonly,
             "requests": _copy(figures.get("requests", {})) if stats else None,
             "errors": _copy(figures.get("errors", {})) if stats else None,
+            "busy_ns": _copy(figures.get("busy_ns", {})) if stats else None,
+            "bytes": figures.get("bytes"),
             "open_files": len(self.handles.handles),
             "folder_snapshots": None
             if cache is None
             else {
                 "held": cache.folders_held,
                 "built": cache.builds,
+                "hits": cache.hits,
                 "lifetime": cache.ttl,
                 "entries": cache.held,
                 "entries_max": cache.entries,
