@@ -495,3 +495,41 @@ def test_stats_rows_follow_the_work_and_prometheus_text_parses(tmp_path, mount_f
     list(text_string_to_metric_families(every))
     one_line(zarrfs("stats", str(tmp_path)), 1, "not a zarrfs mount")
     one_line(zarrfs("stats"), 2, "--prometheus")
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "sqlite", "dbm", "redis", "postgres"])
+def test_df_shows_the_databases_capacity_and_use(tmp_path, request, mount_factory, kind):
+    """statfs: an LMDB map smaller than the disk is the size; SQLite and DBM the disk their files are on;
+    Redis maxmemory and used_memory; PostgreSQL the disk of its data directory (a server on
+    this machine, asked by a superuser)."""
+    url = f"dbm://{tmp_path}/db" if kind == "dbm" else make_url(kind, tmp_path, request)
+    if kind == "lmdb":
+        url += "?map_size=64M"
+    restore = None
+    if kind == "redis":
+        client = request.getfixturevalue("redis_server").client()
+        restore = client.config_get("maxmemory")["maxmemory"]
+        client.config_set("maxmemory", str(1 << 30))
+    try:
+        m = mount_factory(url, ["create"])
+        (m.path / "f").write_bytes(os.urandom(1 << 20))
+        st = os.statvfs(m.path)
+        size, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+        if kind == "lmdb":
+            assert size == 64 << 20 and size - free >= 1 << 20, (size, free)
+        elif kind in ("sqlite", "dbm"):
+            disk = os.statvfs(tmp_path)
+            assert abs(size - disk.f_blocks * disk.f_frsize) < 1 << 20
+        elif kind == "redis":
+            used = client.info("memory")["used_memory"]
+            assert size == 1 << 30 and abs((size - free) - used) < 1 << 20, (size, free, used)
+        else:
+            disk = os.statvfs(request.getfixturevalue("postgres_server").datadir)
+            assert abs(size - disk.f_blocks * disk.f_frsize) < 1 << 20
+            assert abs(free - disk.f_bavail * disk.f_frsize) < 64 << 20
+        df = subprocess.run(["df", "-B1", "--output=size,used", str(m.path)], capture_output=True, text=True)
+        assert df.returncode == 0 and int(df.stdout.split()[2]) == size, df.stdout
+        assert abs(int(df.stdout.split()[3]) - (size - free)) < 1 << 20, df.stdout
+    finally:
+        if restore is not None:
+            client.config_set("maxmemory", restore)
