@@ -594,7 +594,7 @@ def test_the_store_extra_brings_zarr_3_and_setup_installs_man_completion_and_off
     with open(os.path.join(CHECKOUT, "scripts", "setup.sh")) as fh:
         setup = fh.read()
     for word in ("zarrfs.manpage", "zarrfs.completion bash", "zarrfs.completion zsh", "--on-path",
-                 "/usr/local/bin/zarrfs"):
+                 "/usr/local/bin/zarrfs", "scripts/install_unit.sh"):
         assert word in setup, word
     check = subprocess.run(["bash", "-n", os.path.join(CHECKOUT, "scripts", "setup.sh")], capture_output=True)
     assert check.returncode == 0, check.stderr

@@ -533,3 +533,60 @@ def test_df_shows_the_databases_capacity_and_use(tmp_path, request, mount_factor
     finally:
         if restore is not None:
             client.config_set("maxmemory", restore)
+
+
+def test_the_systemd_unit_verifies_and_its_command_mounts_with_notify(tmp_path, zarrfs_on_path):
+    """scripts/install_unit.sh (what setup.sh runs) installs zarrfs@.service; systemd-analyze
+    verify loads an instance of it from that folder and prints it with its specifiers resolved
+    (%i, %f, %E); its ExecStart, with the variables of an instance's .conf file, is then run as
+    systemd would (NOTIFY_SOCKET set): READY=1 once mounted, and a stop (SIGTERM) unmounts
+    with STOPPING=1, the written file stored."""
+    import shlex
+    import socket
+
+    if shutil.which("systemd-analyze") is None or shutil.which("systemd-escape") is None:
+        from mounting import unavailable
+
+        unavailable("systemd-analyze is not installed (apt-get install systemd)")
+    units = tmp_path / "units"
+    install = [f"{CHECKOUT}/scripts/install_unit.sh", str(zarrfs_on_path / "zarrfs"), str(units)]
+    res = subprocess.run(["bash", *install], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    m = tmp_path / "m"
+    m.mkdir()
+    escape = subprocess.run(["systemd-escape", "--path", str(m)], capture_output=True, text=True)
+    instance = escape.stdout.strip()
+    verify = subprocess.run(
+        ["systemd-analyze", "verify", f"zarrfs@{instance}.service"], capture_output=True, text=True,
+        env=dict(os.environ, SYSTEMD_UNIT_PATH=f"{units}:", SYSTEMD_LOG_LEVEL="debug"),
+    )
+    assert verify.returncode == 0, verify.stderr[-3000:]
+    said = [line.strip() for line in (verify.stdout + verify.stderr).splitlines()]  # the dump: stdout
+    assert "Type: notify" in said and f"EnvironmentFile: /etc/zarrfs/{instance}.conf" in said, said
+    start, stop_post = [shlex.split(line.split(": ", 1)[1].replace("\\$", "$"))
+                        for line in said if line.startswith("Command Line: ")]
+    conf = {"URL": f"lmdb://{tmp_path}/db.lmdb", "OPTIONS": "create", "LOG_LEVEL": "info"}
+    argv = [conf.get(word[2:-1], word) if word.startswith("${") else word for word in start]
+    assert argv[0] == str(zarrfs_on_path / "zarrfs") and str(m) in argv, argv
+    address = str(tmp_path / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(address)
+        sock.settimeout(60)
+        proc = subprocess.Popen(argv, env=dict(os.environ, NOTIFY_SOCKET=address),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            assert "READY=1" in sock.recv(4096).decode().splitlines(), argv
+            assert mounted(m)
+            (m / "f").write_bytes(b"served")
+            proc.terminate()  # systemctl stop
+            assert "STOPPING=1" in sock.recv(4096).decode().splitlines()
+            assert proc.wait(timeout=60) == 0, proc.stderr.read()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            if mounted(m):
+                subprocess.run(["fusermount3", "-u", "-z", str(m)], check=False)
+    assert not mounted(m)
+    subprocess.run(stop_post, capture_output=True, timeout=60)  # "-": its status is ignored
+    with open_driver(conf["URL"], readonly=True) as driver:
+        assert bytes(driver.get("f")) == b"served"
