@@ -206,6 +206,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         raise UsageError("stats takes a MOUNTPOINT (or --prometheus, for every zarrfs mount)")
     if not args.interval > 0:
         raise UsageError(f"stats --interval takes seconds, more than 0 (got {args.interval:g})")
+    if args.count is not None and args.count < 1:
+        raise UsageError(f"stats --count takes a number of rows, 1 or more (got {args.count})")
     mountpoint = os.path.abspath(args.mountpoint)
     terminal = sys.stdout.isatty()
     try:
