@@ -3,7 +3,8 @@
 # server (the tests start their own on 127.0.0.1, as they do Redis servers and a Redis Cluster) and the
 # command-line tools the tests use (GDAL's gdal-bin and netCDF-C's ncdump read mounts as clients; acl's setfacl sets POSIX ACLs), then a virtualenv in .venv with zarrfs and its test extras.
 # Safe to run again: it only installs what is missing. Then the manual page (man zarrfs) and the
-# bash and zsh completion, generated from the command line itself.
+# bash and zsh completion, generated from the command line itself, and the systemd service
+# template zarrfs@.service (docs/operations.md).
 #
 #   scripts/setup.sh            everything above; zarrfs is .venv/bin/zarrfs
 #   scripts/setup.sh --on-path  also link /usr/local/bin/zarrfs to it: /etc/fstab and
@@ -64,6 +65,8 @@ install -D -m 644 "$share/bash-completion/completions/zarrfs" "$system/bash-comp
 install -D -m 644 "$share/zsh/site-functions/_zarrfs" "$system/zsh/site-functions/_zarrfs"
 
 here="$(pwd)/.venv/bin/zarrfs"
+# The systemd service template zarrfs@.service, running this zarrfs (docs/operations.md).
+scripts/install_unit.sh "$here"
 if [ "$on_path" = 1 ]; then
   $sudo ln -sf "$here" /usr/local/bin/zarrfs
   echo "zarrfs: /usr/local/bin/zarrfs -> $here"

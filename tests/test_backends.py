@@ -1216,6 +1216,24 @@ class TestPostgres(_Conformance):
             assert cols == [("k", "text"), ("v", "bytea")]
             assert conn.execute(f'SELECT k FROM "{table}_side"').fetchall() == [("a",)]
 
+    def test_statfs_without_the_data_directory_is_the_database_size(self, driver, url, postgres_server):
+        """A role that may not read the data directory's path: the size of the database is
+        what is used, the free space unknown (UNKNOWN_FREE); a superuser gets the disk."""
+        from zarrfs.backends.postgres.driver import UNKNOWN_FREE
+
+        role = f"r{uuid.uuid4().hex[:8]}"
+        table = url.rsplit("table=", 1)[1]
+        with postgres_server.connect() as conn:
+            conn.execute(f'CREATE ROLE {role} LOGIN; GRANT SELECT ON "{table}", "{table}_side" TO {role}')
+            size = conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]
+        assert driver.statfs()["total"] < size + UNKNOWN_FREE  # the superuser's: the disk
+        other = open_driver(url.replace(f"{postgres_server.user}@", f"{role}@"), readonly=True)
+        try:
+            seen = other.statfs()
+        finally:
+            other.close()
+        assert seen["free"] == UNKNOWN_FREE and abs(seen["total"] - UNKNOWN_FREE - size) < 1 << 20, seen
+
     def test_password_file_and_no_password_in_messages(self, postgres_server, tmp_path):
         secret = tmp_path / "pw"
         secret.write_text("s3cret\n")

@@ -276,7 +276,7 @@ COMMAND_NAMES = ("mount", "umount", "status", "check", "copy", "consolidate", "r
 
 def test_a_mistyped_command_is_never_a_database(tmp_path):
     (tmp_path / "mnt/x").mkdir(parents=True)
-    for args, guess in ((["unmount", "mnt/x"], "umount"), (["stats"], "status"), (["list"], None)):
+    for args, guess in ((["unmount", "mnt/x"], "umount"), (["statuss"], "status"), (["list"], None)):
         line = one_line(zarrfs(*args, cwd=tmp_path), 2, f"unknown command '{args[0]}'", *COMMAND_NAMES)
         assert guess is None or f"did you mean '{guess}'" in line
         assert "does not exist" not in line and "MOUNTPOINT" in line
@@ -594,7 +594,7 @@ def test_the_store_extra_brings_zarr_3_and_setup_installs_man_completion_and_off
     with open(os.path.join(CHECKOUT, "scripts", "setup.sh")) as fh:
         setup = fh.read()
     for word in ("zarrfs.manpage", "zarrfs.completion bash", "zarrfs.completion zsh", "--on-path",
-                 "/usr/local/bin/zarrfs"):
+                 "/usr/local/bin/zarrfs", "scripts/install_unit.sh"):
         assert word in setup, word
     check = subprocess.run(["bash", "-n", os.path.join(CHECKOUT, "scripts", "setup.sh")], capture_output=True)
     assert check.returncode == 0, check.stderr

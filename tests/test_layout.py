@@ -21,6 +21,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "daemon": ("cli",),
     "tools": ("daemon", "cli", "fuse", "mount_command"),
     "store": ("daemon", "cli", "fuse", "tools", "mount_command"),
+    "stats": ("daemon", "cli", "fuse", "fs", "format", "backends", "tools", "store", "mount_command"),
 }
 # What of the filesystem a layer may import, when it may import only part of it.
 FS_PUBLIC: dict[str, tuple[str, ...]] = {

@@ -297,3 +297,25 @@ def test_mount_says_at_once_that_another_program_holds_the_database(tmp_path):
         holder.wait(timeout=30)
         if os.path.ismount(tmp_path / "m"):
             run("umount", str(tmp_path / "m"))
+
+
+@pytest.mark.parametrize("scheme", ["redis", "postgresql", "redis+cluster"])
+def test_timeout_bounds_the_open_on_a_server_that_accepts_and_never_answers(tmp_path, scheme):
+    """The open's first calls waited the default 10 s (a cluster's 120 s) whatever
+    ``-o timeout=`` said: it was applied once the driver was open."""
+    import socket
+
+    from zarrfs.backends.base import DEFAULT_TIMEOUT
+
+    (tmp_path / "m").mkdir()
+    with socket.socket() as silent:  # accepts connections (the kernel's backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        url = f"{scheme}://u@127.0.0.1:{silent.getsockname()[1]}/db"
+        started = time.monotonic()
+        res = run("mount", url, str(tmp_path / "m"), "-o", "timeout=1")
+        took = time.monotonic() - started
+    assert res.returncode == 1 and len(res.stderr.splitlines()) == 1, res.stderr
+    assert "timeout" in res.stderr.lower() and "Traceback" not in res.stderr
+    assert took < DEFAULT_TIMEOUT, took  # libpq counts whole seconds, 2 at least
+    assert not os.path.ismount(tmp_path / "m")

@@ -157,6 +157,51 @@ def test_a_refused_mount_gives_libfuses_own_reason(tmp_path, options, said):
     assert "could not mount" not in line and not mounted(tmp_path / "m")
 
 
+def test_umount_z_returns_at_once_and_a_wait_says_what_it_waits_for(tmp_path, cleanup):
+    m = tmp_path / "m"
+    m.mkdir()
+    cleanup.append(m)
+    url = f"lmdb://{tmp_path}/db.lmdb"
+    ok(zarrfs("mount", url, str(m), "-o", "create"))
+    started = time.monotonic()
+    ok(zarrfs("umount", str(m)))  # the baseline: an idle mount, its daemon waited for
+    baseline = time.monotonic() - started
+    ok(zarrfs("mount", url, str(m)))
+    (pid,) = daemon_pids(str(m))
+    fh = open(m / "f", "wb")
+    try:
+        fh.write(b"kept")
+        fh.flush()
+        started = time.monotonic()
+        lazy = ok(zarrfs("umount", "-z", str(m)))
+        took = time.monotonic() - started
+        assert lazy.stderr == "" and not mounted(m)
+        assert daemon_pids(str(m)) == [pid]  # it still serves the open file
+        assert took < 5 * baseline, (took, baseline)  # it waited 30 s for the daemon
+    finally:
+        fh.close()
+    deadline = time.monotonic() + 60
+    while daemon_pids(str(m)):
+        assert time.monotonic() < deadline, "the daemon did not end once its file was closed"
+        time.sleep(0.05)
+    ok(zarrfs("mount", url, str(m)))
+    assert (m / "f").read_bytes() == b"kept"
+    # a daemon that does not end at once: the umount says whom it waits for, then returns
+    (pid,) = daemon_pids(str(m))
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        full = dict(os.environ, PYTHONPATH=CHECKOUT)
+        waiting = subprocess.Popen([sys.executable, "-m", "zarrfs", "umount", str(m)], env=full,
+                                   stderr=subprocess.PIPE, text=True)
+        line = waiting.stderr.readline()
+        assert f"unmounted {m}; waiting for its daemon (pid {pid})" in line, line
+        assert waiting.poll() is None
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert waiting.wait(timeout=60) == 0 and waiting.stderr.read() == ""
+    assert not daemon_pids(str(m))
+
+
 # --- 2. and 8. access, owner and permission bits --------------------------------------------
 
 
@@ -224,6 +269,44 @@ def test_access_of_another_user(shared_dir, request, kind, tmp_path):
         assert (m / "grp/fresh").read_bytes() == b"mine\n"
     finally:
         ok(zarrfs("umount", str(m)))
+
+
+def as_a_user(home: Path, *args: str) -> subprocess.CompletedProcess:
+    """``zarrfs ARGS`` run as uid 65534 as a user's own mount would be: its daemon runs as that
+    user and the mount table names them (``user_id=``). The process keeps two capabilities:
+    DAC_OVERRIDE, since this machine's Python lives in root's home and its /dev/fuse may be
+    root's only (fusermount3 opens it as the user), and SYS_ADMIN, so libfuse mounts directly."""
+    caps = "+dac_override,+sys_admin"
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": CHECKOUT, "HOME": str(home)}
+    return subprocess.run(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", f"--inh-caps={caps}",
+         f"--ambient-caps={caps}", sys.executable, "-m", "zarrfs", *args],
+        capture_output=True, text=True, timeout=120, env=env, cwd=str(home),
+    )
+
+
+def test_root_sees_and_queries_a_users_mount_and_umount_a_takes_only_the_users(shared_dir, tmp_path, cleanup):
+    theirs, mine = shared_dir / "m", tmp_path / "mine"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    mine.mkdir()
+    cleanup.extend([theirs, mine])
+    url = f"sqlite://{shared_dir}/db.sqlite"
+    res = as_a_user(shared_dir, "mount", url, str(theirs), "-o", "create", "--log-file", f"{shared_dir}/log")
+    assert res.returncode == 0, res.stderr
+    assert f"user_id={NOBODY}" in mount_line(theirs)[3]
+    ok(zarrfs("mount", f"lmdb://{tmp_path}/db.lmdb", str(mine), "-o", "create"))
+    listed = ok(zarrfs("status")).stdout.splitlines()
+    assert f"{theirs}\t{url}\trw\tuser nobody" in listed, listed
+    assert f"{mine}\tlmdb://{tmp_path}/db.lmdb\trw" in listed, listed
+    doc = json.loads(ok(zarrfs("status", str(theirs), "--json")).stdout)
+    assert doc["mountpoint"] == str(theirs) and doc["url"] == url
+    assert doc["pid"] == daemon_pids(str(theirs))[0]
+    res = as_a_user(shared_dir, "umount", "-a")
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    assert not mounted(theirs) and not daemon_pids(str(theirs))
+    assert mounted(mine)
+    ok(zarrfs("umount", str(mine)))
 
 
 # --- 4. logs ----------------------------------------------------------------------------------
@@ -361,3 +444,150 @@ def test_status_lists_mounts_and_shows_live_figures(tmp_path, request, cleanup, 
     ok(zarrfs("umount", str(m)))
     assert not os.path.exists(sock)
     one_line(zarrfs("status", str(m)), 1, "not a zarrfs mount")
+
+
+def test_stats_rows_follow_the_work_and_prometheus_text_parses(tmp_path, mount_factory):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    m = mount_factory(f"lmdb://{tmp_path}/db.lmdb", ["create"])
+    full = dict(os.environ, PYTHONPATH=CHECKOUT)
+    live = subprocess.Popen([sys.executable, "-m", "zarrfs", "stats", str(m.path), "-i", "0.2"], env=full,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        titles, names = live.stdout.readline().split(), live.stdout.readline().split()
+        assert titles[0].strip("-") == "requests/s" and names[:3] == ["lookup", "attr", "list"], names
+        columns = {f"{group}.{name}": i for i, (group, name) in enumerate(
+            (g, n) for g, ns in (("req", names[:7]), ("ms", ["all"]), ("mib", ["read", "write"]),
+                                 ("txn", ["read", "write"]), ("hits", ["s"]), ("err", ["s"])) for n in ns)}
+        data = os.urandom(1 << 20)
+        (m.path / "f").write_bytes(data)
+        for n in range(50):
+            os.path.exists(m.path / f"missing{n}")
+        fd = os.open(m.path / "f", os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the read goes to the daemon
+        assert os.read(fd, 1 << 20) == data
+        os.close(fd)
+        seen: dict[str, float] = {}
+        deadline = time.monotonic() + 60
+        while not all(seen.get(c, 0) > 0 for c in ("req.lookup", "req.write", "mib.write", "mib.read",
+                                                   "txn.write", "ms.all")):
+            assert time.monotonic() < deadline, seen
+            cells = live.stdout.readline().split()
+            for name, i in columns.items():
+                x = cells[i]
+                scale = {"K": 1e3, "M": 1e6}.get(x[-1], 1)
+                seen[name] = max(seen.get(name, 0), float(x.rstrip("KM")) * scale)
+    finally:
+        live.send_signal(signal.SIGINT)
+        assert live.wait(timeout=60) == 0 and live.stderr.read() == ""
+    text = ok(zarrfs("stats", "--prometheus", str(m.path))).stdout
+    found = {(s.name, s.labels.get("op") or s.labels.get("kind")): s
+             for family in text_string_to_metric_families(text) for s in family.samples}
+    assert found[("zarrfs_up", None)].value == 1
+    assert found[("zarrfs_written_bytes_total", None)].value == len(data)
+    assert found[("zarrfs_read_bytes_total", None)].value >= len(data)
+    assert found[("zarrfs_requests_total", "write")].value >= 1
+    assert found[("zarrfs_request_seconds_total", "write")].value > 0
+    assert found[("zarrfs_transactions_total", "write")].value >= 1
+    assert found[("zarrfs_mount_info", None)].labels["url"] == f"lmdb://{tmp_path}/db.lmdb"
+    every = ok(zarrfs("stats", "--prometheus")).stdout  # every mount: this one among them
+    assert f'zarrfs_up{{mountpoint="{m.path}"}} 1' in every
+    list(text_string_to_metric_families(every))
+    one_line(zarrfs("stats", str(tmp_path)), 1, "not a zarrfs mount")
+    one_line(zarrfs("stats"), 2, "--prometheus")
+    one_line(zarrfs("stats", str(m.path), "-n", "0"), 2, "--count")
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "dbm", "redis", "postgres"])  # SQLite's: as DBM's
+def test_df_shows_the_databases_capacity_and_use(tmp_path, request, mount_factory, kind):
+    """statfs: an LMDB map smaller than the disk is the size; DBM (SQLite, zip) the disk its files are on;
+    Redis maxmemory and used_memory; PostgreSQL the disk of its data directory (a server on
+    this machine, asked by a superuser)."""
+    url = f"dbm://{tmp_path}/db" if kind == "dbm" else make_url(kind, tmp_path, request)
+    if kind == "lmdb":
+        url += "?map_size=64M"
+    restore = None
+    if kind == "redis":
+        client = request.getfixturevalue("redis_server").client()
+        restore = client.config_get("maxmemory")["maxmemory"]
+        client.config_set("maxmemory", str(1 << 30))
+    try:
+        m = mount_factory(url, ["create"])
+        (m.path / "f").write_bytes(os.urandom(1 << 20))
+        st = os.statvfs(m.path)
+        size, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+        if kind == "lmdb":
+            assert size == 64 << 20 and size - free >= 1 << 20, (size, free)
+        elif kind == "dbm":
+            disk = os.statvfs(tmp_path)
+            assert abs(size - disk.f_blocks * disk.f_frsize) < 1 << 20
+        elif kind == "redis":
+            used = client.info("memory")["used_memory"]
+            assert size == 1 << 30 and abs((size - free) - used) < 1 << 20, (size, free, used)
+        else:
+            disk = os.statvfs(request.getfixturevalue("postgres_server").datadir)
+            assert abs(size - disk.f_blocks * disk.f_frsize) < 1 << 20
+            assert abs(free - disk.f_bavail * disk.f_frsize) < 64 << 20
+        df = subprocess.run(["df", "-B1", "--output=size,used", str(m.path)], capture_output=True, text=True)
+        assert df.returncode == 0 and int(df.stdout.split()[2]) == size, df.stdout
+        assert abs(int(df.stdout.split()[3]) - (size - free)) < 1 << 20, df.stdout
+    finally:
+        if restore is not None:
+            client.config_set("maxmemory", restore)
+
+
+def test_the_systemd_unit_verifies_and_its_command_mounts_with_notify(tmp_path, zarrfs_on_path):
+    """scripts/install_unit.sh (what setup.sh runs) installs zarrfs@.service; systemd-analyze
+    verify loads an instance of it from that folder and prints it with its specifiers resolved
+    (%i, %f, %E); its ExecStart, with the variables of an instance's .conf file, is then run as
+    systemd would (NOTIFY_SOCKET set): READY=1 once mounted, and a stop (SIGTERM) unmounts
+    with STOPPING=1, the written file stored."""
+    import shlex
+    import socket
+
+    if shutil.which("systemd-analyze") is None or shutil.which("systemd-escape") is None:
+        from mounting import unavailable
+
+        unavailable("systemd-analyze is not installed (apt-get install systemd)")
+    units = tmp_path / "units"
+    install = [f"{CHECKOUT}/scripts/install_unit.sh", str(zarrfs_on_path / "zarrfs"), str(units)]
+    res = subprocess.run(["bash", *install], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    m = tmp_path / "m"
+    m.mkdir()
+    escape = subprocess.run(["systemd-escape", "--path", str(m)], capture_output=True, text=True)
+    instance = escape.stdout.strip()
+    verify = subprocess.run(
+        ["systemd-analyze", "verify", f"zarrfs@{instance}.service"], capture_output=True, text=True,
+        env=dict(os.environ, SYSTEMD_UNIT_PATH=f"{units}:", SYSTEMD_LOG_LEVEL="debug"),
+    )
+    assert verify.returncode == 0, verify.stderr[-3000:]
+    said = [line.strip() for line in (verify.stdout + verify.stderr).splitlines()]  # the dump: stdout
+    assert "Type: notify" in said and f"EnvironmentFile: /etc/zarrfs/{instance}.conf" in said, said
+    start, stop_post = [shlex.split(line.split(": ", 1)[1].replace("\\$", "$"))
+                        for line in said if line.startswith("Command Line: ")]
+    conf = {"URL": f"lmdb://{tmp_path}/db.lmdb", "OPTIONS": "create", "LOG_LEVEL": "info"}
+    argv = [conf.get(word[2:-1], word) if word.startswith("${") else word for word in start]
+    assert argv[0] == str(zarrfs_on_path / "zarrfs") and str(m) in argv, argv
+    address = str(tmp_path / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(address)
+        sock.settimeout(60)
+        proc = subprocess.Popen(argv, env=dict(os.environ, NOTIFY_SOCKET=address),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            assert "READY=1" in sock.recv(4096).decode().splitlines(), argv
+            assert mounted(m)
+            (m / "f").write_bytes(b"served")
+            proc.terminate()  # systemctl stop
+            assert "STOPPING=1" in sock.recv(4096).decode().splitlines()
+            assert proc.wait(timeout=60) == 0, proc.stderr.read()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            if mounted(m):
+                subprocess.run(["fusermount3", "-u", "-z", str(m)], check=False)
+    assert not mounted(m)
+    subprocess.run(stop_post, capture_output=True, timeout=60)  # "-": its status is ignored
+    with open_driver(conf["URL"], readonly=True) as driver:
+        assert bytes(driver.get("f")) == b"served"

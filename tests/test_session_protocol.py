@@ -257,7 +257,8 @@ def test_malformed_requests_without_replies_are_dropped(wire, caplog):
 
 # ---------------------------------------------------------------------- counters
 def test_stats_count_requests_and_errors_by_type(wire):
-    assert wire.session.stats() == {"requests": {}, "errors": {}}
+    nothing = {"requests": {}, "errors": {}, "busy_ns": {}, "bytes": {"read": 0, "written": 0}}
+    assert wire.session.stats() == nothing
     wire.init()
     wire.lookup(k.ROOT_ID, "missing")  # a negative entry is an answer, not an error
     wire.put_file(k.ROOT_ID, "f", b"x" * 4096)  # full pages: no NOTIFY_STORE in between
@@ -272,6 +273,12 @@ def test_stats_count_requests_and_errors_by_type(wire):
         "ioctl": 1, "unknown": 1, "forget": 1,
     }  # fmt: skip
     assert stats["errors"] == {"unlink": 1, "lookup": 1, "ioctl": 1, "unknown": 1, "forget": 1}
+    assert stats["busy_ns"].keys() == stats["requests"].keys()  # each answer timed (zarrfs stats)
+    assert stats["bytes"] == {"read": 0, "written": 4096}
+    node = wire.lookup(k.ROOT_ID, "f").nodeid
+    fh, _ = wire.open(node)
+    assert wire.read(node, fh, 8192) == b"x" * 4096
+    assert wire.session.stats()["bytes"] == {"read": 4096, "written": 4096}
 
 
 # ---------------------------------------------------------------------- layering

@@ -27,7 +27,7 @@ from zarrfs.usage import UsageError
 
 __all__ = ["COMMANDS", "daemon_pids", "build_parser", "main"]  # daemon_pids: for the tests
 
-COMMANDS = ("mount", "umount", "status", "commit", "check", "copy", "consolidate", "reindex")
+COMMANDS = ("mount", "umount", "status", "stats", "commit", "check", "copy", "consolidate", "reindex")
 
 
 # A command imports what it runs when it runs: ``zarrfs umount`` or ``status`` start in a tenth
@@ -35,6 +35,13 @@ COMMANDS = ("mount", "umount", "status", "commit", "check", "copy", "consolidate
 def cmd_mount(args: argparse.Namespace) -> int:
     """``zarrfs mount URL MOUNTPOINT`` (see ``mount_command``)."""
     from zarrfs.mount_command import cmd_mount as run
+
+    return run(args)
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """``zarrfs stats`` (see ``stats``)."""
+    from zarrfs.stats import cmd_stats as run
 
     return run(args)
 
@@ -263,8 +270,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     umount = sub.add_parser("umount", help="unmount (waits for the daemon to finish)", epilog=EXIT_HELP,
                             formatter_class=raw)
-    umount.add_argument("mountpoint", metavar="MOUNTPOINT")
-    umount.add_argument("-z", "--lazy", action="store_true", help="detach now, finish when no longer busy")
+    umount.add_argument("mountpoint", metavar="MOUNTPOINT", nargs="?")
+    umount.add_argument("-z", "--lazy", action="store_true",
+                        help="detach now and return; the daemon finishes when no longer busy")
+    umount.add_argument("-a", "--all", action="store_true",
+                        help="every zarrfs mount this user may unmount (root: all of them)")
     umount.set_defaults(func=cmd_umount)
 
     status = sub.add_parser("status", help="list zarrfs mounts, or show one mount's live figures",
@@ -272,6 +282,18 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("mountpoint", metavar="MOUNTPOINT", nargs="?")
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(func=cmd_status)
+
+    stats = sub.add_parser(
+        "stats", help="a mount's live figures every second (--prometheus: once, for a scraper)",
+        epilog=EXIT_HELP, formatter_class=raw,
+    )
+    stats.add_argument("mountpoint", metavar="MOUNTPOINT", nargs="?")
+    stats.add_argument("--prometheus", action="store_true",
+                       help="print the figures once as Prometheus text (without MOUNTPOINT: every mount)")
+    stats.add_argument("-i", "--interval", type=float, default=1.0, metavar="SECONDS",
+                       help="seconds between rows (default 1)")
+    stats.add_argument("-n", "--count", type=int, metavar="N", help="stop after N rows")
+    stats.set_defaults(func=cmd_stats)
 
     commit.add_parser(sub, raw)
     check = sub.add_parser("check", help="validate the Zarr metadata and chunk keys of a database",

@@ -1,6 +1,6 @@
 """Shell completion for ``zarrfs``, generated from the command line's own parser: commands,
 each command's options and their choices, mount options after ``-o`` (comma by comma), the
-zarrfs mountpoints for ``umount`` and ``status``, file names elsewhere.
+zarrfs mountpoints for ``umount``, ``status`` and ``stats``, file names elsewhere.
 
 ``python -m zarrfs.completion bash`` (or ``zsh``, which loads the same function through
 ``bashcompinit``) prints the script; ``scripts/setup.sh`` installs it.
@@ -39,7 +39,7 @@ _zarrfs() {
     esac
     if [[ "$cur" == -* ]]; then
         COMPREPLY=($(compgen -W "$words" -- "$cur"))
-    elif [ "$command" = umount ] || [ "$command" = status ]; then
+    elif [ "$command" = umount ] || [ "$command" = status ] || [ "$command" = stats ]; then
         COMPREPLY=($(compgen -W "$(awk '$3 ~ /^fuse\./ {print $2}' /proc/self/mounts 2>/dev/null)" -- "$cur"))
     else
         COMPREPLY=($(compgen -f -- "$cur"))

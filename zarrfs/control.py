@@ -7,7 +7,7 @@ served (an Icechunk branch or tag, a snapshot held). A client sends one JSON req
 shuts its side down; the answer is one JSON document (``{"error": ...}`` when refused). The
 socket lives in :func:`runtime_folder` (``/run/zarrfs`` for root, ``$XDG_RUNTIME_DIR/zarrfs``
 or ``/tmp/zarrfs-UID`` for a user; the folder is 0700 and the socket 0600: its owner and root
-only), named after the mountpoint.
+only), named after the mountpoint; root finds every user's (:func:`socket_path`).
 """
 
 from __future__ import annotations
@@ -34,15 +34,49 @@ def runtime_folder() -> str:
     return os.path.join(runtime, "zarrfs") if runtime else f"/tmp/zarrfs-{os.geteuid()}"
 
 
-def socket_path(mountpoint: str) -> str:
-    """The status socket of the mount at ``mountpoint`` (an absolute, resolved path)."""
+def _socket_name(folder: str, mountpoint: str) -> str:
     from zarrfs.logs import escape_path
 
-    folder = runtime_folder()
     path = os.path.join(folder, escape_path(mountpoint) + ".sock")
     if len(path.encode()) > _SUN_PATH_MAX:  # too long for a unix socket address
         digest = hashlib.sha256(os.fsencode(mountpoint)).hexdigest()[:32]
         path = os.path.join(folder, digest + ".sock")
+    return path
+
+
+def own_socket_path(mountpoint: str) -> str:
+    """The status socket a daemon of this user makes for the mount at ``mountpoint``."""
+    return _socket_name(runtime_folder(), mountpoint)
+
+
+def _users_folders() -> list[str]:
+    """The runtime folders of every user's daemons (what root looks through): the systemd
+    one (``/run/user/UID/zarrfs``) and the fallback (``/tmp/zarrfs-UID``), each owned by its user."""
+    import glob
+
+    found = []
+    for pattern, uid_at in (("/run/user/*/zarrfs", -2), ("/tmp/zarrfs-*", -1)):
+        for folder in sorted(glob.glob(pattern)):
+            uid = folder.split("/")[uid_at].removeprefix("zarrfs-")
+            try:
+                st = os.lstat(folder)
+            except OSError:
+                continue
+            if uid.isdigit() and st.st_uid == int(uid):  # not a folder another user put there
+                found.append(folder)
+    return found
+
+
+def socket_path(mountpoint: str) -> str:
+    """The status socket of the mount at ``mountpoint`` (an absolute, resolved path): this
+    user's; for root, another user's too when the mount is theirs."""
+    path = own_socket_path(mountpoint)
+    if os.geteuid() != 0 or os.path.exists(path):
+        return path
+    for folder in _users_folders():
+        theirs = _socket_name(folder, mountpoint)
+        if os.path.exists(theirs):
+            return theirs
     return path
 
 
@@ -151,7 +185,7 @@ class ControlServer:
         self.tree = tree
         self.opts = opts
         self.started = time.time()
-        self.path = socket_path(mountpoint)
+        self.path = own_socket_path(mountpoint)
         folder = os.path.dirname(self.path)
         os.makedirs(folder, mode=0o700, exist_ok=True)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -185,12 +219,15 @@ class ControlServer:
             "readonly": self.opts.readonly,
             "requests": _copy(figures.get("requests", {})) if stats else None,
             "errors": _copy(figures.get("errors", {})) if stats else None,
+            "busy_ns": _copy(figures.get("busy_ns", {})) if stats else None,
+            "bytes": figures.get("bytes"),
             "open_files": len(self.handles.handles),
             "folder_snapshots": None
             if cache is None
             else {
                 "held": cache.folders_held,
                 "built": cache.builds,
+                "hits": cache.hits,
                 "lifetime": cache.ttl,
                 "entries": cache.held,
                 "entries_max": cache.entries,

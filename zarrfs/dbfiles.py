@@ -140,9 +140,7 @@ def open_database(url: str, opts: MountOptions, hint: bool = True, **options: An
         scheme = url_scheme(url) or "lmdb"
         check_database_path(scheme, path, create=opts.create, readonly=opts.readonly, hint=hint)
     try:
-        driver = open_driver(url, readonly=opts.readonly, **options)
-        driver.set_timeout(opts.timeout)
-        return driver
+        return open_driver(url, readonly=opts.readonly, timeout=opts.timeout, **options)
     except BackendError:
         raise
     except Exception as exc:  # a driver's own error type, OSError...: one line, no traceback

@@ -7,8 +7,9 @@ DESCRIPTION = (
 SYNOPSIS = """\
 zarrfs mount URL MOUNTPOINT [-o OPT[,OPT...]] [-f] [--log-file FILE] [--log-level LEVEL]
        zarrfs URL MOUNTPOINT [-o OPT[,OPT...]]      (the same: the form /etc/fstab uses)
-       zarrfs umount [-z] MOUNTPOINT
+       zarrfs umount [-z] MOUNTPOINT | -a
        zarrfs status [--json] [MOUNTPOINT]
+       zarrfs stats [-i SECONDS] [-n N] MOUNTPOINT | --prometheus [MOUNTPOINT]
        zarrfs commit MOUNTPOINT -m MESSAGE [--rebase | --branch NAME]
        zarrfs check [--warnings] [--repair] URL
        zarrfs copy [--if-exists replace|skip|raise] [--resume] [--dry-run] [--validate]

@@ -13,6 +13,7 @@ import time
 
 from zarrfs.oneline import fail
 from zarrfs.urls import reason
+from zarrfs.usage import UsageError
 
 
 def mounts() -> list[tuple[str, str, str, str]]:
@@ -57,8 +58,15 @@ def daemon_pids(mountpoint: str) -> list[int]:
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
-    """``zarrfs umount``: unmount (open files were committed when closed) and wait for the
-    daemon to finish."""
+    """``zarrfs umount MOUNTPOINT`` (``-a``: every zarrfs mount this user may unmount): unmount
+    (open files were committed when closed) and wait for the daemons to finish; ``-z`` detaches
+    now and returns at once (the daemon finishes once the last open file is closed)."""
+    if args.all:
+        if args.mountpoint is not None:
+            raise UsageError("umount -a takes no MOUNTPOINT (it unmounts every zarrfs mount)")
+        return _umount_all(args.lazy)
+    if args.mountpoint is None:
+        raise UsageError("umount takes a MOUNTPOINT, or -a for every zarrfs mount")
     mountpoint = os.path.abspath(args.mountpoint)
     if not mounted(mountpoint):
         if not os.path.exists(mountpoint):
@@ -67,29 +75,92 @@ def cmd_umount(args: argparse.Namespace) -> int:
     if not any(mp == mountpoint for mp, _, _ in _zarrfsmounts()):
         fstype = next((t for mp, t, _, _ in reversed(mounts()) if mp == mountpoint), "?")
         return fail(f"{mountpoint} is not a zarrfs mount (it is {fstype}): use umount(8) for it")
-    tool = shutil.which("fusermount3") or shutil.which("fusermount") or "fusermount3"
     pids = daemon_pids(mountpoint)
-    cmd = [tool, "-u"] + (["-z"] if args.lazy else []) + [mountpoint]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        said = result.stderr.strip().splitlines()
-        message = said[-1] if said else "fusermount3 failed"
-        if "not connected" in message:  # a daemon that died: clear the dead mountpoint
-            result = subprocess.run([tool, "-u", "-z", mountpoint], capture_output=True, text=True)
-            if result.returncode == 0:
-                return 0
-        if "busy" in message.lower():
-            return fail(
-                f"{mountpoint} is busy: files or folders in it are in use (close them, or "
-                f"'zarrfs umount -z {mountpoint}' detaches it now and finishes once they are closed)"
-            )
-        reason = message.rpartition(": ")[2] if ": " in message else message
-        return fail(f"cannot unmount {mountpoint}: {reason}")
-    deadline = time.monotonic() + 30
-    while pids and time.monotonic() < deadline:
-        pids = [p for p in pids if os.path.exists(f"/proc/{p}") and not _zombie(p)]
-        time.sleep(0.02)
+    failure = _unmount(mountpoint, args.lazy)
+    if failure is not None:
+        return fail(failure)
+    if not args.lazy:
+        _wait_for({pid: mountpoint for pid in pids})
     return 0
+
+
+def _umount_all(lazy: bool) -> int:
+    """``zarrfs umount -a``: the zarrfs mounts of this user (root: all of them), each failure
+    one line; the daemons are waited for together."""
+    me = os.getuid()
+    mine = [mp for mp, _, options in _zarrfsmounts() if me == 0 or owner(options) == me]
+    daemons: dict[int, str] = {}
+    status = 0
+    for mountpoint in dict.fromkeys(reversed(mine)):  # a mount inside another first
+        pids = daemon_pids(mountpoint)
+        failure = _unmount(mountpoint, lazy)
+        if failure is not None:
+            status = fail(failure)
+        else:
+            daemons.update((pid, mountpoint) for pid in pids)
+    if not lazy:
+        _wait_for(daemons)
+    return status
+
+
+def _unmount(mountpoint: str, lazy: bool) -> str | None:
+    """Unmount with fusermount3 (``-z``: lazily); the one line saying why not, or None."""
+    tool = shutil.which("fusermount3") or shutil.which("fusermount") or "fusermount3"
+    cmd = [tool, "-u"] + (["-z"] if lazy else []) + [mountpoint]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode == 0:
+        return None
+    said = result.stderr.strip().splitlines()
+    message = said[-1] if said else "fusermount3 failed"
+    if "not connected" in message:  # a daemon that died: clear the dead mountpoint
+        result = subprocess.run([tool, "-u", "-z", mountpoint], capture_output=True, text=True)
+        if result.returncode == 0:
+            return None
+    if "busy" in message.lower():
+        return (
+            f"{mountpoint} is busy: files or folders in it are in use (close them, or "
+            f"'zarrfs umount -z {mountpoint}' detaches it now and finishes once they are closed)"
+        )
+    why = message.rpartition(": ")[2] if ": " in message else message
+    return f"cannot unmount {mountpoint}: {why}"
+
+
+def _wait_for(daemons: dict[int, str]) -> None:
+    """Wait until the daemons ``{pid: mountpoint}`` have ended (their last commits stored);
+    after a second, say on stderr which ones are waited for. Ctrl-C stops the wait only."""
+    said = False
+    started = time.monotonic()
+    try:
+        while daemons:
+            daemons = {p: mp for p, mp in daemons.items() if os.path.exists(f"/proc/{p}") and not _zombie(p)}
+            if daemons and not said and time.monotonic() - started > 1:
+                for pid, mp in daemons.items():
+                    print(f"zarrfs: unmounted {mp}; waiting for its daemon (pid {pid}) to store the "
+                          "last writes and end (Ctrl-C stops waiting, not the daemon)", file=sys.stderr)
+                said = True
+            time.sleep(0.02)
+    except KeyboardInterrupt:
+        print("zarrfs: stopped waiting; the daemons end on their own", file=sys.stderr)
+
+
+def _user(uid: int | None) -> str | None:
+    """A user's name (their number when the system knows no name)."""
+    import pwd
+
+    if uid is None:
+        return None
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def owner(options: str) -> int | None:
+    """The user who made a FUSE mount: ``user_id=`` of its options in the mount table."""
+    for item in options.split(","):
+        if item.startswith("user_id=") and item[8:].isdigit():
+            return int(item[8:])
+    return None
 
 
 def _zombie(pid: int) -> bool:
@@ -144,13 +215,18 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.mountpoint is None:
         rows = [(mp, src, options, _alive(mp)) for mp, src, options in mounts]
         if args.json:
-            doc = [{"mountpoint": mp, "url": src, "alive": alive} for mp, src, _, alive in rows]
+            doc = [
+                {"mountpoint": mp, "url": src, "alive": alive, "owner": _user(owner(options))}
+                for mp, src, options, alive in rows
+            ]
             print(json.dumps(doc, indent=2))
             return 0
         for mp, source, options, alive in rows:
             mode = "ro" if "ro" in options.split(",") else "rw"
+            uid = owner(options)
+            theirs = f"\tuser {_user(uid)}" if uid is not None and uid != os.getuid() else ""
             state = "" if alive else f"\tdead: its daemon is gone (zarrfs umount {mp})"
-            print(f"{mp}\t{source}\t{mode}{state}")
+            print(f"{mp}\t{source}\t{mode}{theirs}{state}")
         if not mounts:
             print("no zarrfs mounts", file=sys.stderr)
         return 0

@@ -27,6 +27,7 @@ from typing import Any
 
 from .base import DATA, KEYS, SIDE, SIZES, Driver, Fetch, MissingDatabaseError, Space, Txn, UnavailableError
 from .filelock import FileLock
+from .filespace import statvfs
 from .urloptions import check_options, parse_file_url
 
 _MISSING = object()
@@ -155,6 +156,10 @@ class DBMDriver(Driver):
                 sync = getattr(f.db, "sync", None)
                 if sync is not None:
                     sync()
+
+    def statfs(self) -> dict[str, int] | None:
+        """Space of the filesystem holding the database files."""
+        return statvfs(os.path.dirname(os.path.abspath(self.path)))
 
     def close(self) -> None:
         """Close both files, then let another process have them."""

@@ -133,8 +133,17 @@ def driver_class(scheme: str) -> type[Driver]:
     return cls
 
 
-def open_driver(url: str, readonly: bool = False, **options: Any) -> Driver:
+def open_driver(url: str, readonly: bool = False, timeout: float | None = None, **options: Any) -> Driver:
     """Open the database at ``url`` with the driver its scheme names (a bare path: LMDB);
-    ``options`` go to that driver's class (its own keyword arguments)."""
+    ``options`` go to that driver's class (its own keyword arguments). ``timeout``: the
+    driver's :attr:`~Driver.timeout` from the start, so it bounds the connect and the first
+    calls of the open too (a server that accepts and never answers)."""
     scheme, url = normalize_url(url)
-    return driver_class(scheme)(url, readonly=readonly, **options)
+    cls = driver_class(scheme)
+    if timeout is None:
+        return cls(url, readonly=readonly, **options)
+    driver = cls.__new__(cls)
+    driver.timeout = timeout  # read by __init__, which connects
+    driver.__init__(url, readonly=readonly, **options)
+    driver.set_timeout(timeout)
+    return driver

@@ -52,6 +52,7 @@ class FolderCache:
         self._misses: dict[str, list[float | int]] = {}  # folder -> [window start, count]
         self._quiet_until = 0.0
         self.builds = 0
+        self.hits = 0  # lookups a snapshot answered
 
     @property
     def folders_held(self) -> int:
@@ -79,6 +80,7 @@ class FolderCache:
                     self._expire(found, page, now)
                 elif page.covers(name):
                     page.hits += 1
+                    self.hits += 1
                     return page.nodes.get(name)
             if now < found.skip_until:
                 return MISS

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import logging
 import struct
+import time
 from collections.abc import Callable, Mapping
 
 from zarrfs.fs.api import RestartedError, is_quiet, log_level, to_errno
@@ -32,6 +33,7 @@ _TABLE = k.TABLE_SIZE  # the slot of every opcode beyond the table
 # (Header._make is one): this runs for every request.
 _unpack_header = k.IN_HEADER.unpack_from
 _new_header = tuple.__new__
+_clock = time.perf_counter_ns
 
 
 class Dispatcher:
@@ -62,6 +64,8 @@ class Dispatcher:
             self._names[code] = op.name
         self._requests = [0] * (_TABLE + 1)
         self._errors = [0] * (_TABLE + 1)
+        self._busy_ns = [0] * (_TABLE + 1)  # time spent answering, by opcode (zarrfs stats)
+        self.bytes_read = self.bytes_written = 0  # by the handlers of READ and WRITE
 
     def _unknown(self, head: Header, buf: memoryview) -> None:
         self._reply_error(head, errno.ENOSYS)
@@ -80,6 +84,7 @@ class Dispatcher:
         self._requests[op] += 1
         watch = self.watch
         watch.unique, watch.node = head.unique, head.nodeid
+        started = _clock()
         try:
             length = head.len
             if length < self._min_len[op] or length > len(buf):
@@ -89,6 +94,7 @@ class Dispatcher:
             raise  # run again by fuse.workers, not answered
         except Exception as exc:
             self._failed(head, op, exc, buf)
+        self._busy_ns[op] += _clock() - started
 
     def _failed(self, head: Header, op: int, exc: Exception, buf: memoryview | None = None) -> None:
         # One log line at most, never a traceback: a malformed request says what was wrong
@@ -112,12 +118,15 @@ class Dispatcher:
             self._errors[op] += 1
 
     def stats(self) -> dict[str, dict[str, int]]:
-        """Requests served and error replies sent since the mount began, by request type:
-        ``{"requests": {name: count}, "errors": {name: count}}``, types never seen left out."""
+        """Requests served, error replies sent and nanoseconds spent answering since the mount
+        began, by request type (types never seen left out), and the bytes read and written:
+        ``{"requests": {name: count}, "errors": ..., "busy_ns": ..., "bytes": {"read", "written"}}``."""
         names = self._names
         return {
             "requests": {names[op]: n for op, n in enumerate(self._requests) if n},
             "errors": {names[op]: n for op, n in enumerate(self._errors) if n},
+            "busy_ns": {names[op]: n for op, n in enumerate(self._busy_ns) if n},
+            "bytes": {"read": self.bytes_read, "written": self.bytes_written},
         }
 
     def _describe(self, head: Header, buf: memoryview | None = None) -> str:

@@ -549,13 +549,16 @@ class Session(Dispatcher):
 
     def _read(self, head: Header, buf: memoryview) -> None:
         fh, offset, size = k.READ_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
-        self._reply_data(head.unique, self.ops.read(fh, size, offset))
+        data = self.ops.read(fh, size, offset)
+        self.bytes_read += len(data)
+        self._reply_data(head.unique, data)
 
     def _write(self, head: Header, buf: memoryview) -> None:
         fh, offset, size = k.WRITE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
         if size > head.len - k.WRITE_DATA:
             raise k.Malformed(f"a write of {size} bytes in a request of {head.len}")
         written = self.ops.write(fh, buf[k.WRITE_DATA : k.WRITE_DATA + size], offset)
+        self.bytes_written += written
         self._send(k.WRITE_REPLY.pack(k.WRITE_REPLY.size, 0, head.unique, written, 0))
 
     def _fallocate(self, head: Header, buf: memoryview) -> None:

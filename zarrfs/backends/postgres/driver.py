@@ -46,6 +46,7 @@ from ..base import (
     UnavailableError,
 )
 from ..errors import KeyTooLongError, RestartedError
+from ..filespace import statvfs
 from ..snapshot import HeldState
 from ..urloptions import check_options
 from . import feed
@@ -54,6 +55,18 @@ from .sql import queries as _queries
 from .sql import reason as _reason
 from .txn import PostgresTxn
 
+#: What statfs says is free where the disk of the server is not known: df's "Used" is then the
+#: database's size, its "Avail" this.
+UNKNOWN_FREE = 1 << 40
+# The database's size, and the folder of the table's tablespace: its own, or for the default
+# one the data directory (which only a superuser or pg_read_all_settings may read).
+_SPACE = (
+    "SELECT pg_database_size(current_database()),"
+    " coalesce(nullif((SELECT pg_tablespace_location(reltablespace) FROM pg_class"
+    " WHERE oid = to_regclass(%s) AND reltablespace <> 0), ''),"
+    " CASE WHEN pg_has_role('pg_read_all_settings', 'MEMBER')"
+    " THEN current_setting('data_directory') END)"
+)
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,50}$")
 _LIBPQ_OPTIONS = {
     "sslmode", "sslrootcert", "sslcert", "sslkey", "connect_timeout",
@@ -368,6 +381,22 @@ class PostgresDriver(Driver):
     def feed_fileno(self) -> int | None:
         """The listening connection's socket (readable when notifications came)."""
         return None if self.feed is None else self.feed.fileno()
+
+    def statfs(self) -> dict[str, int] | None:
+        """The database's size as what is used; the free space of the disk its table's
+        tablespace is on when the server runs on this machine and may say where that is (a
+        unix socket or localhost), else :data:`UNKNOWN_FREE` (a server does not tell it)."""
+        name = f'"{self.table}"'
+        used, folder = self.transact(lambda t: t.exchange(_SPACE, (name,)).fetchone(), write=False)
+        host = str(self.params.get("host") or "/")
+        if folder and (host.startswith("/") or host in ("localhost", "127.0.0.1", "::1")):
+            try:
+                disk = statvfs(folder)
+            except OSError:
+                pass
+            else:
+                return {"total": max(disk["total"], used), "free": disk["free"]}
+        return {"total": used + UNKNOWN_FREE, "free": UNKNOWN_FREE}
 
     def close(self) -> None:
         """Close the connections."""

@@ -297,7 +297,7 @@ class RedisClusterDriver(RedisDriver):
         self.key_names = KeyNames(prefix)
         self.scripts = [True]  # as RedisDriver's: the listing's script runs on the home master
         check_query(parsed, {"spread", "spread_above"})
-        self._options = self._connection_options(parsed.scheme, parsed.userinfo, parsed.query)
+        self._options = self._connection_options(parsed.scheme, parsed.userinfo, parsed.query, self.timeout)
         nodes = []
         for host in filter(None, parsed.hosts.split(",")):
             name, _, port = host.rpartition(":")
@@ -337,13 +337,17 @@ class RedisClusterDriver(RedisDriver):
             self.spread.set_timeout(seconds)
 
     @staticmethod
-    def _connection_options(scheme: str, userinfo: str, query: list[tuple[str, str]]) -> dict[str, Any]:
-        """Keyword arguments for every connection: credentials, TLS, bounded timeouts (a FUSE
-        call must fail rather than hang on a dead master), RESP2 (see ``redis.link.Link``), and
-        no ``CLIENT SETINFO``: two round trips more for every connection a thread opens."""
+    def _connection_options(
+        scheme: str, userinfo: str, query: list[tuple[str, str]], timeout: float
+    ) -> dict[str, Any]:
+        """Keyword arguments for every connection: credentials, TLS, waits bounded by
+        ``timeout`` (a FUSE call must fail rather than hang on a dead master, the open on a
+        node that never answers), RESP2 (see ``redis.link.Link``), and no ``CLIENT SETINFO``:
+        two round trips more for every connection a thread opens."""
         user, _, password = userinfo.partition(":")
         options: dict[str, Any] = {
-            "socket_connect_timeout": 10, "socket_timeout": 120, "socket_keepalive": True, "protocol": 2,
+            "socket_connect_timeout": timeout, "socket_timeout": timeout, "socket_keepalive": True,
+            "protocol": 2,
             **NO_SETINFO,
         }
         if user:
