@@ -20,6 +20,12 @@ def pytest_addoption(parser):
         default=0,
         help="examples per driver of tests/test_model.py (default: ZARRFS_MODEL_EXAMPLES, else 5)",
     )
+    parser.addoption(
+        "--observe-steps",
+        type=int,
+        default=0,
+        help="operations at least of each test_atomicity.py observation (default 60): run long",
+    )
 
 
 # --- backends: a real redis-server ---------------------------------------------------------

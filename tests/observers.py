@@ -91,16 +91,37 @@ class Stale(Exception):
     which the README allows (an error, never parts of two versions). No observation."""
 
 
-def _read(path: str) -> bytes | None:
+def _read(path: str, stat_too: bool = False):
+    """The content of ``path`` through one descriptor (None: no such file); with ``stat_too``,
+    also that descriptor's ``fstat`` after the read."""
     try:
         with open(path, "rb") as fh:
-            return fh.read()
+            value = fh.read()
+            return (value, os.fstat(fh.fileno())) if stat_too else value
     except FileNotFoundError:
-        return None
+        return (None, None) if stat_too else None
     except OSError as exc:
         if exc.errno == errno.ESTALE:
             raise Stale from exc
         raise
+
+
+class Times:
+    """A rewritten file's mtime, seen with each generation of its content: every commit records
+    a new one with the value, so a generation seen again has the mtime it had, and a newer one
+    a later mtime (a value and its attribute record of two commits show otherwise)."""
+
+    def __init__(self) -> None:
+        self.k: int | None = None
+        self.mtime = 0
+
+    def check(self, k: int, mtime: int | None) -> str | None:
+        if mtime is None:
+            return f"generation {k} without its attribute record"
+        if self.k is not None and (k == self.k and mtime != self.mtime or k > self.k and mtime <= self.mtime):
+            return f"generation {k} with mtime {mtime}, generation {self.k} had {self.mtime}"
+        self.k, self.mtime = k, mtime
+        return None
 
 
 class MountObserver:
@@ -109,6 +130,7 @@ class MountObserver:
 
     def __init__(self, op: str, root: str) -> None:
         self.op, self.root, self.k = op, root, 0
+        self.times = Times()
 
     def path(self, rel: str) -> str:
         return os.path.join(self.root, rel)
@@ -159,7 +181,7 @@ class MountObserver:
     def _value(self) -> str | None:
         """commit, store_set: the file read through one descriptor is one whole generation,
         never older than one read before."""
-        value = _read(self.path("f"))
+        value, st = _read(self.path("f"), stat_too=True)
         if value is None:
             return "f is missing"
         k = content_ok(value)
@@ -168,7 +190,9 @@ class MountObserver:
         if k < self.k:
             return f"f went back from generation {self.k} to {k}"
         self.k = k
-        return None
+        if st.st_size != len(value):
+            return f"f: generation {k} read whole, its descriptor's size {st.st_size} ({len(value)})"
+        return self.times.check(k, st.st_mtime_ns) if self.op == "commit" else None
 
     def _exchange(self) -> str | None:
         """exchange: x holds generation k, n holds k+1 (rewritten) or k-1 (exchanged); read x,
@@ -222,12 +246,13 @@ class DatabaseObserver:
         self.op = op
         self.driver = open_driver(url, readonly=True)
         self.k = 0
+        self.times = Times()
 
     def snapshot(self, t):
         from zarrfs.backends.base import SIDE, VALUES
 
         data = {k: bytes(v) for k, v in t.scan("", None, fetch=VALUES)}
-        side = {k for k, _ in t.scan("", None, space=SIDE)}
+        side = {k: bytes(v) for k, v in t.scan("", None, space=SIDE, fetch=VALUES)}
         return data, side
 
     def observe(self) -> str | None:
@@ -256,9 +281,18 @@ class DatabaseObserver:
         return None
 
     def _commit(self, data, side):
+        """The value of one generation, with that generation's attribute record."""
+        from zarrfs.fs.sidedata import Attrs, attr_key
+
+        wrong = self._value_at(data, "f")
+        if wrong is None:
+            attrs = Attrs.unpack(side.get(attr_key("f"), b""))
+            wrong = self.times.check(self.k, None if attrs is None else attrs.mtime)
+        return wrong
+
+    def _store_set(self, data, side):
         return self._value_at(data, "f")
 
-    _store_set = _commit
 
     def _exchange(self, data, side):
         x, n = data.get("x", b""), data.get("n", b"")
@@ -287,12 +321,16 @@ class DatabaseObserver:
         return None
 
     def _link(self, data, side):
-        # Data keys only: on LMDB the bookkeeping is another environment, read later than the
-        # data by a read transaction (it may be newer than the data it describes).
+        """A new name holds the file's value, and is one of its link group's names."""
+        from zarrfs.fs.sidedata import pointer_key
+
+        group = side.get(pointer_key("s"))
         for k in self._gens(data, "link"):
             key = name("link", k)
             if data[key] != data.get("s"):
                 return f"{key}: value {data[key][:8]!r}, s: {data.get('s', b'')[:8]!r}"
+            if group is None or side.get(pointer_key(key)) != group:
+                return f"{key}: link group {side.get(pointer_key(key))!r}, s: {group!r}"
         return None
 
     def _rmdir(self, data, side):

@@ -324,8 +324,8 @@ DEADLINE = 300  # seconds: a condition waited for, not a bound on speed
 @pytest.mark.parametrize("op", WATCHED)
 @pytest.mark.usefixtures(*needs_fuse[1].args)
 @pytest.mark.mount
-def test_observers_see_the_state_before_or_after(op, db_url, mount_factory):
-    _observe(op, db_url, mount_factory, [])
+def test_observers_see_the_state_before_or_after(op, db_url, mount_factory, request):
+    _observe(op, db_url, mount_factory, [], request.config.getoption("--observe-steps") or MIN_STEPS)
 
 
 @pytest.mark.slow
@@ -336,10 +336,11 @@ def test_observers_see_a_commit_whole_with_request_threads(kind, tmp_path, reque
     """With ``-o workers=16`` two threads may read a close's release and the next open at
     once; the open, run first, emptied the file (``O_TRUNC``) and the late release stored it
     empty: the database's own client saw ``f`` empty between two commits."""
-    _observe("commit", make_url(kind, tmp_path, request), mount_factory, ["workers=16"])
+    steps = request.config.getoption("--observe-steps") or MIN_STEPS
+    _observe("commit", make_url(kind, tmp_path, request), mount_factory, ["workers=16"], steps)
 
 
-def _observe(op: str, db_url: str, mount_factory, extra: list[str]) -> None:
+def _observe(op: str, db_url: str, mount_factory, extra: list[str], steps: int) -> None:
     old = os.umask(0o022)
     try:
         a = mount_factory(db_url, ["create", *OPTIONS, *extra], name="a")
@@ -357,7 +358,7 @@ def _observe(op: str, db_url: str, mount_factory, extra: list[str]) -> None:
                 assert o.ready.wait(60), f"{o.label} did not start: {o.stop()}"
             k = 0
             deadline = time.monotonic() + DEADLINE
-            while k < MIN_STEPS or any(o.seen < MIN_SEEN for o in observers):
+            while k < steps or any(o.seen < MIN_SEEN for o in observers):
                 writer.step(k)
                 k += 1
                 assert all(o.proc.poll() is None for o in observers), [o.stop() for o in observers]

@@ -17,6 +17,7 @@ per ``MDB_NOSYNC``, corrupt the environment on a filesystem writing pages out of
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,6 +30,7 @@ from ..base import (
     Driver,
     Fetch,
     HasPrefix,
+    RetryableError,
     Size,
     Space,
     Txn,
@@ -56,6 +58,8 @@ from .maps import OPTIONS, Maps, gate
 from .scan import cursor_rows, merged
 from .snapshot import hold as hold_snapshot
 
+#: Seconds a read waits for the data commit of side records it found ahead of its data.
+SIDE_AHEAD_WAIT = 0.5
 SIDE_IN_FOLDER = "zarrfs-side.mdb"
 SIDE_FILE_SUFFIX = ".zarrfs-side"
 _NONE: dict[Any, Any] = {}  # what a read transaction changed: nothing (never written to)
@@ -123,7 +127,30 @@ class LMDBTxn(Txn):
                 return None
             with translated(self.where, SIDE):
                 self._side = env.begin(write=self.write, buffers=True)
+            if not self.write:
+                self._check_side(self._side)
         return self._side
+
+    def _check_side(self, side: lmdb.Transaction) -> None:
+        """A read transaction's two snapshots must be of one commit. A writer commits its side
+        records first, so a side snapshot begun after the data one may hold a commit whose data
+        is not in the data snapshot: the last change-log entry (``feed``) names a data commit
+        after it. The transaction is then read again (``RetryableError``) once that data commit
+        is made; an entry whose data commit never comes (a writer killed between its two
+        commits) is waited for :data:`SIDE_AHEAD_WAIT` at most, then read as it is."""
+        data_id = self._data.id()
+        with side.cursor() as cur:
+            if not cur.last() or not bytes(cur.key()[: len(feed.LOG)]) == feed.LOG:
+                return
+            (data_next,) = feed.HEAD.unpack_from(cur.value())
+        if data_next <= data_id:
+            return
+        env = self._driver.env
+        deadline = time.monotonic() + SIDE_AHEAD_WAIT
+        while env.info()["last_txnid"] < data_next and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        if env.info()["last_txnid"] >= data_next:
+            raise RetryableError(f"{self.where}: side records ahead of the data read; read again")
 
     def _value(self, raw: bytes, space: Space) -> Any:
         """The value of ``raw`` as a buffer into the map (valid in this transaction), or None."""

@@ -34,7 +34,7 @@ LOG = b"\xfflog:"
 KEEP = 4096  # entries of the log kept
 MAX_PAYLOAD = 1 << 16  # a commit changing more keys than fit logs "something changed"
 EVERYTHING = b"*"
-_HEAD = struct.Struct(">Q")
+HEAD = struct.Struct(">Q")  # an entry's head: its data commit number
 _SPACE = {b"d": DATA, b"s": SIDE}
 
 
@@ -60,7 +60,7 @@ def record(side: lmdb.Transaction, changed: list[bytes], data_next: int) -> int:
     payload = b"\0".join(changed)
     if len(payload) > MAX_PAYLOAD:
         payload = EVERYTHING
-    side.put(_entry(sid), _HEAD.pack(data_next) + payload)
+    side.put(_entry(sid), HEAD.pack(data_next) + payload)
     if sid > KEEP:
         side.delete(_entry(sid - KEEP))
     return sid
@@ -113,7 +113,7 @@ def changes(
                 if sid > side_id:
                     break
                 value = cur.value()
-                (data_next,) = _HEAD.unpack_from(value)
+                (data_next,) = HEAD.unpack_from(value)
                 if data_next > data_id:
                     waiting = True  # its data commit is still to come: taken at the next look
                     break
@@ -123,7 +123,7 @@ def changes(
                 if data_next:
                     covered.add(data_next)
                 if sid not in own:
-                    payload = value[_HEAD.size :]
+                    payload = value[HEAD.size :]
                     if payload == EVERYTHING:
                         unknown = True
                     elif not unknown:
