@@ -101,3 +101,18 @@ def test_reads_during_a_rewrite_in_place_elsewhere_are_one_version(db_url, mount
         os.close(fd)
     eventually(lambda: os.stat(b.path / "f").st_size == len(NEW), "the rewritten file's size")
     assert (b.path / "f").read_bytes() == NEW
+
+
+def test_an_open_of_a_version_the_kernel_was_not_shown_drops_its_size(db_url, mount_factory):
+    """The kernel keeps the size of the version it was shown (no feed here, long cache times:
+    nothing tells the mount of the change before the open); the open reads the newer version,
+    and its reads are not cut or padded to the older size."""
+    a = mount_factory(db_url, ["create"], name="a")
+    (a.path / "f").write_bytes(OLD)
+    b = mount_factory(db_url, ["feed=0", "cache_timeout=3600"], name="b")
+    assert (b.path / "f").read_bytes() == OLD  # opened: its size and pages held
+    assert os.stat(b.path / "f").st_size == len(OLD)
+    (a.path / "f").write_bytes(NEW)
+    with open(b.path / "f", "rb") as fh:
+        assert fh.read() == NEW
+        assert os.fstat(fh.fileno()).st_size == len(NEW)

@@ -117,6 +117,10 @@ class Admission:
         #: end their waits and run again (``fuse.workers``).
         self.on_writer: Callable[[], None] = lambda: None
 
+    def runs_alone(self) -> bool:
+        """Whether the calling thread runs a request as the writer: the only one running."""
+        return getattr(self._local, "alone", False)
+
     def holds(self) -> bool:
         """Whether the calling thread runs a request (holds :attr:`turn`): other threads (a
         lock's waiter, the status socket) never let go of a lock they do not hold."""
@@ -246,6 +250,7 @@ class Admission:
             return True
         self.writing = True
         self._local.held = True
+        self._local.alone = True
         if self.readers:  # no new reader starts now; those running get a moment to answer
             changed.wait_for(lambda: not self.readers, grace)
             if self.readers and restart:
@@ -363,6 +368,7 @@ class Admission:
     def leave_writer(self) -> None:
         """End a writer (called holding :attr:`turn`; returns without it)."""
         self._local.held = False
+        self._local.alone = False
         self.writing = False
         self._changed.notify_all()
         self.turn.release()

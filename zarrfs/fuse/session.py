@@ -454,7 +454,7 @@ class Session(Dispatcher):
         src, dst = self._child(head.nodeid, old), self._child(newdir, new)
         # What others changed of the names first, while the kernel's nodes are still theirs:
         # a change heard after the move would drop the node now at the name, not the one moved.
-        if self.coherence is not None and (self.admission is None or self.admission.writing):
+        if self.coherence is not None and (self.admission is None or self.admission.runs_alone()):
             if self.coherence.news():
                 self.coherence.poll()
         replaced = None if flags & RENAME_EXCHANGE else self.inodes.ids.get(dst)
@@ -518,8 +518,9 @@ class Session(Dispatcher):
         seen, private = self.ops.opened(fh)
         if seen is not None and self.coherence is not None and self.coherence.news():
             # A commit the open read may have come after the look above: its drops go before
-            # this reply, or the kernel could show the size it held over the pages read now.
-            if self.admission is None or self.admission.writing:
+            # this reply, or the kernel could show the size it held over the pages read now
+            # (with request threads: when this open runs alone, as a writer does).
+            if self.admission is None or self.admission.runs_alone():
                 self.coherence.poll()
         if seen is not None and inode is not None and self._inval_ok and inode.stamp is not None:
             self._show_anew(head.nodeid, inode, key, seen)
