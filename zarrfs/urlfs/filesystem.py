@@ -18,6 +18,7 @@ import atexit
 import errno
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from fsspec.spec import AbstractFileSystem
@@ -38,6 +39,10 @@ from .files import KeyFile
 #: The databases this process opened, by what opened them; fsspec makes an instance per thread,
 #: and they share these. Closed at the process's exit: an Icechunk branch commits its writes then.
 _STORES: dict[tuple[Any, ...], DatabaseStore] = {}
+#: The one thread that runs a database's calls: the drivers keep state per thread (a
+#: connection, a read transaction), and reads from many threads were seen missing the writes of
+#: another; one thread per database keeps a write and the reads after it in order.
+_THREADS: dict[int, ThreadPoolExecutor] = {}
 _STORES_LOCK = threading.Lock()
 _STORES_PID = [os.getpid()]
 
@@ -48,7 +53,7 @@ def _close_all() -> None:
         stores = list(_STORES.values())
         _STORES.clear()
     for store in stores:
-        store.close()
+        _THREADS.pop(id(store)).submit(store.close).result()
 
 
 #: Keyword arguments fsspec itself gives a filesystem: never database options.
@@ -136,12 +141,14 @@ class DatabaseFileSystem(AbstractFileSystem):
         with _STORES_LOCK:
             if _STORES_PID[0] != os.getpid():  # forked: the parent's connections are not ours
                 _STORES.clear()
+                _THREADS.clear()
                 _STORES_PID[0] = os.getpid()
             store = _STORES.get(ident)
             if store is None:
                 store = _STORES[ident] = DatabaseStore(
                     url, read_only=self.read_only, validate=self.validate, consolidate=self.consolidate
                 )
+                _THREADS[id(store)] = ThreadPoolExecutor(1, thread_name_prefix="zarrfs-url")
         self._stores[root] = store
         self._roots.add(root)
         return store
@@ -168,15 +175,19 @@ class DatabaseFileSystem(AbstractFileSystem):
             raise read_only(where)
         self._check(root, write)
         store = self._store(root)
-        with translated(where, self.password):
-            return fn(store, key)
+
+        def run() -> Any:
+            with translated(where, self.password):
+                return fn(store, key)
+
+        return _THREADS[id(store)].submit(run).result()
 
     def close(self) -> None:
         """Close the databases this filesystem used, for every user of them in the process
         (they open again when used); an Icechunk branch commits its writes."""
         stores, self._stores = self._stores, {}
         for store in stores.values():
-            store.close()
+            _THREADS[id(store)].submit(store.close).result()
 
     # ------------------------------------------------------------------ reads
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
@@ -257,7 +268,10 @@ class DatabaseFileSystem(AbstractFileSystem):
                 out.setdefault(base, {"name": base, "size": 0, "type": "directory"})
             return dict(sorted(out.items()))
 
-        found = self._call(path, scan)
+        try:
+            found = self._call(path, scan)
+        except FileNotFoundError:  # no database there (yet): nothing under it
+            found = {}
         return found if detail else sorted(found)
 
     # ------------------------------------------------------------------ writes

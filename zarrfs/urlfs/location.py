@@ -8,8 +8,9 @@ before the options, so that fsspec can join paths onto it: ``lmdb:///data/x.lmdb
 The path fsspec hands around (:func:`strip`) is the URL without its scheme, credentials and
 options: a file database's absolute path, then the key; a server's ``host:port`` and database
 part, then the key. Where a file database's path ends is found on disk (:func:`split_files`):
-at the first name that is not an ordinary folder with something in it (a database file or
-folder, an empty folder, or nothing yet: a database is made there).
+at the first name that is not a folder (a database file, or nothing yet: a database is made
+there) or is a database folder (an LMDB environment, an Icechunk repository); a path of folders
+only is the database itself (an empty folder a new LMDB database is made in).
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def _ends_database(scheme: str, path: str) -> bool:
         return what_is_there("dbm", path) != "other" or not os.path.isdir(path)
     if not os.path.isdir(path):
         return True  # a file, a socket, or nothing: the database is here
-    return what_is_there(scheme, path) in ("database", "empty")
+    return what_is_there(scheme, path) == "database"  # an LMDB or Icechunk folder
 
 
 def split_files(scheme: str, path: str, known: set[str]) -> tuple[str, str]:
