@@ -1,7 +1,8 @@
 """The layers of ``zarrfs`` and which may import which, read from the source: ``cli -> daemon ->
 fuse -> fs -> format/backends``. ``fuse`` sees the filesystem only through ``fs.api``;
 ``format`` knows no database and no filesystem; the drivers (``backends``) know nothing above
-them; ``tools``, ``store`` and ``urlfs`` (the fsspec filesystems, over ``store``) use the public parts of ``fs`` and ``backends``, never the daemon
+them; ``tools``, ``store`` and ``urlfs`` (the fsspec filesystems, over ``store``) use the
+public parts of ``fs`` and ``backends``, never the daemon
 or the command line. No module reaches itself through its imports, type-only ones included."""
 
 from __future__ import annotations
