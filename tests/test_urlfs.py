@@ -116,7 +116,7 @@ def test_dask_workers_in_processes_open_their_own_connections(tmp_path):
     import dask
     import dask.array as da
 
-    url = f"lmdb://{tmp_path}/x.lmdb/a"
+    url = f"sqlite://{tmp_path}/x.zarrdb/a"
     arr = zarr.open_array(url, mode="w", shape=(40,), chunks=(5,), dtype="i4")
     arr[:] = np.arange(40)
     fs, _ = _fs(url)
@@ -125,8 +125,8 @@ def test_dask_workers_in_processes_open_their_own_connections(tmp_path):
     assert str(args) == str((type(fs), (), fs.storage_options)) and "DatabaseStore" not in str(args)
     with dask.config.set(scheduler="processes", num_workers=2):
         assert da.from_zarr(url).sum().compute() == sum(range(40))
-        (da.from_zarr(url) + 1).to_zarr(f"lmdb://{tmp_path}/x.lmdb/b")
-    np.testing.assert_array_equal(zarr.open_array(f"lmdb://{tmp_path}/x.lmdb/b")[:], np.arange(1, 41))
+        (da.from_zarr(url) + 1).to_zarr(f"sqlite://{tmp_path}/x.zarrdb/b")
+    np.testing.assert_array_equal(zarr.open_array(f"sqlite://{tmp_path}/x.zarrdb/b")[:], np.arange(1, 41))
 
 
 def test_a_zip_archive_reads_by_url_and_refuses_writes(tmp_path):
@@ -206,3 +206,27 @@ def test_a_mount_and_a_url_writer_see_each_other(tmp_path, mount_factory):
         time.sleep(0.05)
     np.testing.assert_array_equal(zarr.open_array(str(m.path / "u"), mode="r")[:], [5, 6, 7, 8])
     assert sorted(zarr.open_group(url, mode="r").array_keys()) == ["m", "u"]
+
+
+def test_threads_making_a_new_database_at_once_make_one(tmp_path):
+    """Threads' first writes to a database that is not there yet (zarr writes a new array's
+    keys from several at once): each one's walk of the path must not see the LMDB folder
+    another is making, without its data file yet, as a folder to make another database in."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    start = threading.Barrier(8)
+
+    def put(db: str, i: int) -> None:
+        fs, path = fsspec.core.url_to_fs(f"lmdb://{tmp_path}/{db}/run1/k{i}")  # an instance per thread
+        start.wait()
+        fs.pipe_file(path, b"v")
+
+    dbs = [f"new{n}.lmdb" for n in range(12)]
+    with ThreadPoolExecutor(8) as pool:
+        for db in dbs:
+            list(pool.map(put, [db] * 8, range(8)))
+    for db in dbs:
+        assert not (tmp_path / db / "run1").exists(), f"a database made inside {db}"
+        fs, path = _fs(f"lmdb://{tmp_path}/{db}/run1")
+        assert len(fs.find(path)) == 8

@@ -18,7 +18,6 @@ import atexit
 import errno
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from fsspec.spec import AbstractFileSystem
@@ -39,10 +38,10 @@ from .files import KeyFile
 #: The databases this process opened, by what opened them; fsspec makes an instance per thread,
 #: and they share these. Closed at the process's exit: an Icechunk branch commits its writes then.
 _STORES: dict[tuple[Any, ...], DatabaseStore] = {}
-#: The one thread that runs a database's calls: the drivers keep state per thread (a
-#: connection, a read transaction), and reads from many threads were seen missing the writes of
-#: another; one thread per database keeps a write and the reads after it in order.
-_THREADS: dict[int, ThreadPoolExecutor] = {}
+#: scheme -> the databases open in this process (where a path's database ends, known without
+#: looking at the disk again); a database is first opened under ``_OPENING``.
+_ROOTS: dict[str, frozenset[str]] = {}  # replaced, never changed: read without the lock
+_OPENING = threading.Lock()
 _STORES_LOCK = threading.Lock()
 _STORES_PID = [os.getpid()]
 
@@ -53,7 +52,7 @@ def _close_all() -> None:
         stores = list(_STORES.values())
         _STORES.clear()
     for store in stores:
-        _THREADS.pop(id(store)).submit(store.close).result()
+        store.close()
 
 
 #: Keyword arguments fsspec itself gives a filesystem: never database options.
@@ -99,7 +98,6 @@ class DatabaseFileSystem(AbstractFileSystem):
         self.consolidate = consolidate
         self.password = password
         self.options = {k: str(v) for k, v in options.items()}
-        self._roots: set[str] = set()  # the databases found so far
         self._stores: dict[str, DatabaseStore] = {}
 
     # ------------------------------------------------------------------ URLs and paths
@@ -127,7 +125,7 @@ class DatabaseFileSystem(AbstractFileSystem):
         if self.protocol == "zip":
             path = os.path.abspath(os.path.expanduser(path))
         if self.protocol in location.PATH_SCHEMES:
-            return location.split_files(self.protocol, path, self._roots)
+            return location.split_files(self.protocol, path, _ROOTS.get(self.protocol, frozenset()))
         return location.split_servers(self.protocol, path)
 
     def _store(self, root: str) -> DatabaseStore:
@@ -141,22 +139,20 @@ class DatabaseFileSystem(AbstractFileSystem):
         with _STORES_LOCK:
             if _STORES_PID[0] != os.getpid():  # forked: the parent's connections are not ours
                 _STORES.clear()
-                _THREADS.clear()
+                _ROOTS.clear()
                 _STORES_PID[0] = os.getpid()
             store = _STORES.get(ident)
             if store is None:
                 store = _STORES[ident] = DatabaseStore(
                     url, read_only=self.read_only, validate=self.validate, consolidate=self.consolidate
                 )
-                _THREADS[id(store)] = ThreadPoolExecutor(1, thread_name_prefix="zarrfs-url")
         self._stores[root] = store
-        self._roots.add(root)
         return store
 
     def _check(self, root: str, write: bool) -> None:
         """What the mount checks before it opens a file database: a path that holds something
         else is never written into; a missing database is made by a write, never by a read."""
-        if self.protocol not in location.PATH_SCHEMES or self.protocol == "unix" or root in self._roots:
+        if self.protocol not in location.PATH_SCHEMES or self.protocol == "unix":
             return
         path = split_version(root)[0] if self.protocol == "icechunk" else root
         create = write and not self.read_only
@@ -167,27 +163,41 @@ class DatabaseFileSystem(AbstractFileSystem):
                 raise FileNotFoundError(errno.ENOENT, str(exc)) from None
             raise ValueError(str(exc)) from None
 
+    def _first_use(self, path: str, write: bool) -> tuple[str, str]:
+        """The database and key of ``path`` when its database is not open in this process yet:
+        found, checked and opened (created, for a write) under one lock, so that no other
+        thread's walk sees a database half made (an LMDB folder without its data file yet) and
+        takes a path inside it for another database."""
+        with _OPENING:
+            root, key = self._split(path)
+            if root in _ROOTS.get(self.protocol, ()):
+                return root, key
+            self._check(root, write)
+            store = self._store(root)
+            with translated(self.unstrip_protocol(root), self.password):
+                store._open_sync()
+            _ROOTS[self.protocol] = _ROOTS.get(self.protocol, frozenset()) | {root}
+            return root, key
+
     def _call(self, path: str, fn, write: bool = False) -> Any:
         """``fn(store, key)`` for the database and key of ``path``, errors translated."""
         root, key = self._split(path)
-        where = self.unstrip_protocol(root)
         if write and self.read_only:
-            raise read_only(where)
-        self._check(root, write)
+            raise read_only(self.unstrip_protocol(root))
+        if root not in _ROOTS.get(self.protocol, ()):
+            root, key = self._first_use(path, write)
+        where = self.unstrip_protocol(root)
         store = self._store(root)
 
-        def run() -> Any:
-            with translated(where, self.password):
-                return fn(store, key)
-
-        return _THREADS[id(store)].submit(run).result()
+        with translated(where, self.password):
+            return fn(store, key)
 
     def close(self) -> None:
         """Close the databases this filesystem used, for every user of them in the process
         (they open again when used); an Icechunk branch commits its writes."""
         stores, self._stores = self._stores, {}
         for store in stores.values():
-            _THREADS[id(store)].submit(store.close).result()
+            store.close()
 
     # ------------------------------------------------------------------ reads
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:

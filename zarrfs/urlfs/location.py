@@ -88,7 +88,7 @@ def _ends_database(scheme: str, path: str) -> bool:
     return what_is_there(scheme, path) == "database"  # an LMDB or Icechunk folder
 
 
-def split_files(scheme: str, path: str, known: set[str]) -> tuple[str, str]:
+def split_files(scheme: str, path: str, known: frozenset[str]) -> tuple[str, str]:
     """``(root, key)`` of a path database's path, ``known`` the roots found before (looked up
     first, without touching the disk)."""
     for root in known:
