@@ -135,7 +135,7 @@ class DatabaseFileSystem(AbstractFileSystem):
         url = location.driver_url(self.protocol, root, self.options, self.password)
         with translated(self.unstrip_protocol(root), self.password):
             url = redis_secret(url)
-        ident = (url, self.read_only, self.validate, self.consolidate)
+        ident = (url, *self._config())
         with _STORES_LOCK:
             if _STORES_PID[0] != os.getpid():  # forked: the parent's connections are not ours
                 _STORES.clear()
@@ -193,11 +193,18 @@ class DatabaseFileSystem(AbstractFileSystem):
             return fn(store, key)
 
     def close(self) -> None:
-        """Close the databases this filesystem used, for every user of them in the process
-        (they open again when used); an Icechunk branch commits its writes."""
-        stores, self._stores = self._stores, {}
-        for store in stores.values():
+        """Close the databases of this scheme and these options open in the process, whichever
+        instance opened them (fsspec makes one per thread, zarr one more): they open again when
+        used. An Icechunk branch commits its writes."""
+        self._stores = {}
+        with _STORES_LOCK:
+            mine = [store for ident, store in _STORES.items() if ident[1:] == self._config()]
+        for store in mine:
             store.close()
+
+    def _config(self) -> tuple[Any, ...]:
+        options = tuple(sorted(self.options.items()))
+        return (self.protocol, self.read_only, self.validate, self.consolidate, self.password, options)
 
     # ------------------------------------------------------------------ reads
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
