@@ -236,3 +236,14 @@ def test_threads_making_a_new_database_at_once_make_one(tmp_path):
         assert not (tmp_path / db / "run1").exists(), f"a database made inside {db}"
         fs, path = _fs(f"lmdb://{tmp_path}/{db}/run1")
         assert len(fs.find(path)) == 8
+
+
+def test_one_key_by_fsspec_open_over_a_unix_socket(redis_server):
+    url = f"unix://{redis_server.unix_socket}/run1/note.txt?db=0&prefix=u{uuid.uuid4().hex[:12]}"
+    with fsspec.open(url, "wb") as f:
+        f.write(b"through a socket")
+    with fsspec.open(url, "rb") as f:
+        assert f.read() == b"through a socket"
+    fs, path = fsspec.core.url_to_fs(url)
+    assert fs._split(path) == (redis_server.unix_socket, "run1/note.txt")
+    assert fs.info(path)["size"] == 16 and fs.ls(path.rpartition("/")[0], detail=False) == [path]
