@@ -18,18 +18,18 @@ import atexit
 import errno
 import os
 import threading
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from fsspec.spec import AbstractFileSystem
-from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
-from zarr.core.buffer import cpu
 
 from zarrfs.backends.base import SIZES
 from zarrfs.backends.versionpath import split_version
 from zarrfs.dbfiles import check_database_path, what_is_there
 from zarrfs.fs import parts
-from zarrfs.store import DatabaseStore
 from zarrfs.urls import MountFailure, redis_secret
+
+if TYPE_CHECKING:  # zarr is imported at the first database opened: fsspec imports this module
+    from zarrfs.store import DatabaseStore  # for every zip:// of its own too (see schemes)
 
 from . import location
 from .errors import read_only, translated
@@ -143,6 +143,8 @@ class DatabaseFileSystem(AbstractFileSystem):
                 _STORES_PID[0] = os.getpid()
             store = _STORES.get(ident)
             if store is None:
+                from zarrfs.store import DatabaseStore
+
                 store = _STORES[ident] = DatabaseStore(
                     url, read_only=self.read_only, validate=self.validate, consolidate=self.consolidate
                 )
@@ -295,6 +297,8 @@ class DatabaseFileSystem(AbstractFileSystem):
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
         """Store ``value`` at ``path`` (one transaction, with the file's records, as a mount
         writes it); ``mode="create"`` stores only if nothing is there."""
+        from zarr.core.buffer import cpu
+
         buf = cpu.Buffer.from_bytes(bytes(value))
 
         def put(store: DatabaseStore, key: str) -> None:
@@ -345,6 +349,8 @@ class DatabaseFileSystem(AbstractFileSystem):
 
 def _byte_range(start: int | None, end: int | None, store: DatabaseStore, key: str) -> Any:
     """zarr's byte request for Python's slice ``start:end`` of a value."""
+    from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+
     if start is None and end is None:
         return None
     if (start or 0) < 0 and end is None:
