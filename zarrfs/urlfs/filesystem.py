@@ -3,13 +3,14 @@ database by its URL, without a mount.
 
 Each database a path leads to is served by a :class:`zarrfs.store.DatabaseStore` (the same
 records as a mount writes, the same format layer: ``validate`` and ``consolidate`` as the
-mount's options, ``strict`` and ``auto`` by default), opened at its first use and kept for the
-filesystem's life. Connections are held per process: an instance pickles as its scheme and
+mount's options, ``strict`` and ``auto`` by default), opened at its first use (under a lock:
+see :meth:`DatabaseFileSystem._first_use`) and kept until :meth:`~DatabaseFileSystem.close` or
+the process's exit. Connections are held per process: an instance pickles as its scheme and
 options (fsspec's ``storage_options``), so a dask worker or a forked child opens its own, and
-the databases opened by another process are never used after a fork. Within a process, threads
-share one connection per database, each call serialised by the store's lock (a call is one
-short transaction). A read-only database (``read_only=True``, an existing zip archive, an
-Icechunk tag) refuses writes with ``PermissionError`` (``EROFS``).
+the databases opened by another process are never used after a fork. Within a process every
+instance (fsspec makes one per thread) shares each database's driver, each call serialised by
+the store's lock (a call is one short transaction). A read-only database (``read_only=True``,
+an existing zip archive, an Icechunk tag) refuses writes with ``PermissionError`` (``EROFS``).
 """
 
 from __future__ import annotations
