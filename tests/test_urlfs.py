@@ -37,10 +37,11 @@ class TestFsspecStoreOverLMDB(StoreTests[FsspecStore, cpu.Buffer]):
     buffer_cls = cpu.Buffer
 
     @pytest.fixture
-    def store_kwargs(self, tmp_path) -> dict:
+    def store_kwargs(self, tmp_path):
         url = f"lmdb://{tmp_path}/db.lmdb/root"
         fs, path = fsspec.core.url_to_fs(url, validate="off", consolidate="off")
-        return {"fs": _make_async(fs), "path": path}
+        yield {"fs": _make_async(fs), "path": path}
+        fs.close()
 
     async def set(self, store: FsspecStore, key: str, value: Buffer) -> None:
         store.fs.sync_fs.pipe_file(f"{store.path}/{key}", value.to_bytes())
@@ -247,3 +248,19 @@ def test_one_key_by_fsspec_open_over_a_unix_socket(redis_server):
     fs, path = fsspec.core.url_to_fs(url)
     assert fs._split(path) == (redis_server.unix_socket, "run1/note.txt")
     assert fs.info(path)["size"] == 16 and fs.ls(path.rpartition("/")[0], detail=False) == [path]
+
+
+def test_a_process_keeps_a_bounded_number_of_databases_open(tmp_path, monkeypatch):
+    """Each LMDB environment maps its whole map size: a process that opened a few hundred
+    databases by URL ran out of address space (``Cannot allocate memory``)."""
+    from zarrfs.urlfs import filesystem
+
+    monkeypatch.setattr(filesystem, "MAX_OPEN", 4)
+    urls = [f"lmdb://{tmp_path}/db{i}.lmdb/k" for i in range(7)]
+    for i, url in enumerate(urls):
+        with fsspec.open(url, "wb") as f:
+            f.write(b"%d" % i)
+    opened = [s for ident, s in filesystem._STORES.items() if str(tmp_path) in ident[0]]
+    assert len(opened) == 4 and all(s._driver is not None for s in opened)
+    assert [fsspec.open(url).open().read() for url in urls] == [b"%d" % i for i in range(7)]
+    fsspec.core.url_to_fs(urls[0])[0].close()

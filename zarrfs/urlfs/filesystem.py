@@ -19,6 +19,7 @@ import atexit
 import errno
 import os
 import threading
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from fsspec.spec import AbstractFileSystem
@@ -38,7 +39,12 @@ from .files import KeyFile
 
 #: The databases this process opened, by what opened them; fsspec makes an instance per thread,
 #: and they share these. Closed at the process's exit: an Icechunk branch commits its writes then.
-_STORES: dict[tuple[Any, ...], DatabaseStore] = {}
+_STORES: OrderedDict[tuple[Any, ...], DatabaseStore] = OrderedDict()  # least recently used first
+#: The most databases a process keeps open: an LMDB environment maps its whole map size (1 TiB
+#: by default) into the address space, and a process that opened a few hundred ran out of it.
+#: The least recently used one is closed past this (it opens again when used); an Icechunk
+#: branch, whose writes its close would commit, is never closed so.
+MAX_OPEN = 16
 #: scheme -> the databases open in this process (where a path's database ends, known without
 #: looking at the disk again); a database is first opened under ``_OPENING``.
 _ROOTS: dict[str, frozenset[str]] = {}  # replaced, never changed: read without the lock
@@ -99,7 +105,7 @@ class DatabaseFileSystem(AbstractFileSystem):
         self.consolidate = consolidate
         self.password = password
         self.options = {k: str(v) for k, v in options.items()}
-        self._stores: dict[str, DatabaseStore] = {}
+        self._idents: dict[str, tuple[Any, ...]] = {}  # root -> its key in _STORES
 
     # ------------------------------------------------------------------ URLs and paths
     @classmethod
@@ -130,26 +136,34 @@ class DatabaseFileSystem(AbstractFileSystem):
         return location.split_servers(self.protocol, path)
 
     def _store(self, root: str) -> DatabaseStore:
-        store = self._stores.get(root)
-        if store is not None and _STORES_PID[0] == os.getpid():
-            return store
-        url = location.driver_url(self.protocol, root, self.options, self.password)
-        with translated(self.unstrip_protocol(root), self.password):
-            url = redis_secret(url)
-        ident = (url, *self._config())
+        ident = self._idents.get(root)
+        if ident is None:
+            url = location.driver_url(self.protocol, root, self.options, self.password)
+            with translated(self.unstrip_protocol(root), self.password):
+                url = redis_secret(url)
+            ident = self._idents[root] = (url, *self._config())
+        evicted = []
         with _STORES_LOCK:
             if _STORES_PID[0] != os.getpid():  # forked: the parent's connections are not ours
                 _STORES.clear()
                 _ROOTS.clear()
                 _STORES_PID[0] = os.getpid()
             store = _STORES.get(ident)
-            if store is None:
-                from zarrfs.store import DatabaseStore
+            if store is not None:
+                _STORES.move_to_end(ident)
+                return store
+            from zarrfs.store import DatabaseStore
 
-                store = _STORES[ident] = DatabaseStore(
-                    url, read_only=self.read_only, validate=self.validate, consolidate=self.consolidate
-                )
-        self._stores[root] = store
+            store = _STORES[ident] = DatabaseStore(
+                ident[0], read_only=self.read_only, validate=self.validate, consolidate=self.consolidate
+            )
+            for old in list(_STORES):
+                if len(_STORES) <= MAX_OPEN:
+                    break
+                if old != ident and old[1] != "icechunk":
+                    evicted.append(_STORES.pop(old))
+        for old_store in evicted:
+            old_store.close()
         return store
 
     def _check(self, root: str, write: bool) -> None:
@@ -199,7 +213,6 @@ class DatabaseFileSystem(AbstractFileSystem):
         """Close the databases of this scheme and these options open in the process, whichever
         instance opened them (fsspec makes one per thread, zarr one more): they open again when
         used. An Icechunk branch commits its writes."""
-        self._stores = {}
         with _STORES_LOCK:
             mine = [store for ident, store in _STORES.items() if ident[1:] == self._config()]
         for store in mine:
