@@ -152,7 +152,12 @@ class DatabaseFileSystem(AbstractFileSystem):
             if store is not None:
                 _STORES.move_to_end(ident)
                 return store
-            from zarrfs.store import DatabaseStore
+            try:
+                from zarrfs.store import DatabaseStore
+            except ImportError as exc:
+                raise ImportError(
+                    f"{self.protocol}:// URLs need {exc.name or 'zarr'}: pip install 'zarrfs[fsspec]'"
+                ) from None
 
             store = _STORES[ident] = DatabaseStore(
                 ident[0], read_only=self.read_only, validate=self.validate, consolidate=self.consolidate
