@@ -265,3 +265,29 @@ def test_a_process_keeps_a_bounded_number_of_databases_open(tmp_path, monkeypatc
     assert len(kept) <= 4 and len(opened) >= 1 and all(s._driver is not None for s in opened)
     assert [fsspec.open(url).open().read() for url in urls] == [b"%d" % i for i in range(7)]
     fsspec.core.url_to_fs(urls[0])[0].close()
+
+
+def test_what_a_url_writes_zarr2_sqlitestore_reads(zarr2_python, tmp_path):
+    import json
+
+    from test_clients import ZARR2_READ_DB, run_zarr2, sample_data
+
+    data = sample_data()
+    np.savez(tmp_path / "data.npz", **data)
+    url = f"sqlite://{tmp_path}/x.zarrdb"
+    g = zarr.open_group(url, mode="w", zarr_format=2, attributes={"title": "through the URL"})
+    g.create_array("f8", data=data["f8"], chunks=(5, 4), fill_value=np.nan)
+    g.create_array("i4", data=data["i4"], chunks=(10,))
+    sub = g.create_group("sub", attributes={"level": 1})
+    sub.create_array(
+        "u1", data=data["u1"], chunks=(2, 3, 4), chunk_key_encoding={"name": "v2", "separator": "/"}
+    )
+    sub.create_array("b1", data=data["b1"], chunks=(4, 4), compressors=None)
+    fsspec.core.url_to_fs(url)[0].close()
+    out = json.loads(
+        run_zarr2(
+            zarr2_python, ZARR2_READ_DB, "sqlite", str(tmp_path / "x.zarrdb"), str(tmp_path / "data.npz")
+        )
+    )
+    assert out["attrs"] == {"title": "through the URL"} and out["sub"] == {"level": 1}
+    assert "sub/u1/0/0/0" in out["keys"]
