@@ -2,8 +2,8 @@
 fuse -> fs -> format/backends``. ``fuse`` sees the filesystem only through ``fs.api``;
 ``format`` knows no database and no filesystem; the drivers (``backends``) know nothing above
 them; ``tools``, ``store`` and ``urlfs`` (the fsspec filesystems, over ``store``) use the
-public parts of ``fs`` and ``backends``, never the daemon
-or the command line. No module reaches itself through its imports, type-only ones included."""
+public parts of ``fs`` and ``backends``, never the daemon or the command line. No module
+reaches itself through its imports, type-only ones included."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "zarrfs"
 # Layer (the module's first name under zarrfs) -> the names it must not import. A name covers
 # the modules under it.
 FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "backends": ("fs", "fuse", "format", "daemon", "cli", "tools", "store"),
-    "format": ("backends", "fs", "fuse", "daemon", "cli", "tools", "store"),
-    "fs": ("fuse", "daemon", "cli", "tools", "store"),
-    "fuse": ("backends", "format", "daemon", "cli", "tools", "store"),
+    "backends": ("fs", "fuse", "format", "daemon", "cli", "tools", "store", "urlfs"),
+    "format": ("backends", "fs", "fuse", "daemon", "cli", "tools", "store", "urlfs"),
+    "fs": ("fuse", "daemon", "cli", "tools", "store", "urlfs"),
+    "fuse": ("backends", "format", "daemon", "cli", "tools", "store", "urlfs"),
     "daemon": ("cli",),
     "tools": ("daemon", "cli", "fuse", "mount_command"),
     "store": ("daemon", "cli", "fuse", "tools", "mount_command"),
