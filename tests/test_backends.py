@@ -164,7 +164,8 @@ class TestSQLite(_Conformance):
         try:
             sql = dict(conn.execute("SELECT name, sql FROM sqlite_master WHERE type='table'").fetchall())
             assert sql["zarr"] == "CREATE TABLE zarr(k TEXT PRIMARY KEY, v BLOB)"
-            assert set(sql) == {"zarr", "zarrfs_side", "zarrfs_changes"}  # the change log (sqlite.feed)
+            # the change log (sqlite.feed); zarr-sqlite's declaration of a database made here
+            assert set(sql) == {"zarr", "zarrfs_side", "zarrfs_changes", "sqlitestore_metadata"}
             assert conn.execute("SELECT k, typeof(k), typeof(v) FROM zarr").fetchall() == [
                 ("k", "text", "blob")
             ]

@@ -227,3 +227,51 @@ class TestIcechunkFilesystem(FilesystemConformance):
     @pytest.fixture
     def driver_url(self, tmp_path):
         return f"icechunk://{tmp_path}/repo?branch=main"
+
+
+def test_version_names_as_zep8_spells_them():
+    from zarrfs.backends.versionpath import split_version
+
+    assert split_version("/r/repo@tag.v1") == ("/r/repo", "tag", "v1")
+    assert split_version("/r/repo@branch.dev.2") == ("/r/repo", "branch", "dev.2")
+    assert split_version("/r/repo@1CECHNKREP0F1RSTCMT0") == ("/r/repo", "snapshot", "1CECHNKREP0F1RSTCMT0")
+    for plain in ("/r/repo", "/r/me@host/repo", "/r/repo@notaversion", "/r/repo@tag.", "/r/@tag.v1"):
+        assert split_version(plain) == (plain, None, None)
+
+
+@pytest.mark.usefixtures("fuse_required")
+@pytest.mark.mount
+def test_zep8_versions_in_urls_and_in_a_mount(tmp_path, mount_factory):
+    import fsspec
+    import zarr
+
+    path = tmp_path / "repo"
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(str(path)))
+    session = repo.writable_session("main")
+    zarr.open_group(session.store, mode="w").create_array("x", data=np.arange(4, dtype="i4"))
+    first = session.commit("first")
+    repo.create_tag("v1", first)
+    session = repo.writable_session("main")
+    zarr.open_array(session.store, path="x", mode="r+")[:] = 7
+    session.commit("second")
+
+    at = f"icechunk://{path}"
+    np.testing.assert_array_equal(zarr.open_array(f"{at}@tag.v1/x", mode="r")[:], np.arange(4))
+    np.testing.assert_array_equal(zarr.open_array(f"{at}@{first}/x", mode="r")[:], np.arange(4))
+    np.testing.assert_array_equal(zarr.open_array(f"{at}@branch.main/x", mode="r")[:], [7] * 4)
+    fs, tag = fsspec.core.url_to_fs(f"{at}@tag.v1")
+    with pytest.raises(PermissionError) as err:
+        fs.pipe_file(f"{tag}/x/zarr.json", b"{}")
+    assert err.value.errno == errno.EROFS
+    with pytest.raises(Exception, match=r"the tag is named twice \(@tag... and \?tag=\)$") as err:
+        fsspec.core.url_to_fs(f"{at}@tag.v1/x?tag=v2")[0].cat_file(f"{tag}/x/zarr.json")
+    assert err.value.__cause__ is None
+    # a write by URL to a branch is committed when the filesystem closes
+    fs, main = fsspec.core.url_to_fs(f"{at}@branch.main")
+    zarr.open_group(f"{at}@branch.main", mode="a").create_array("y", data=np.ones(3, dtype="u1"))
+    fs.close()
+    assert "y" in zarr.open_group(_repo(path).readonly_session(branch="main").store, mode="r")
+
+    m = mount_factory(f"{at}@tag.v1")
+    np.testing.assert_array_equal(zarr.open_array(str(m.path / "x"), mode="r")[:], np.arange(4))
+    assert "Icechunk tag v1" in zarrfs("status", str(m.path)).stdout

@@ -1,8 +1,9 @@
 """The layers of ``zarrfs`` and which may import which, read from the source: ``cli -> daemon ->
 fuse -> fs -> format/backends``. ``fuse`` sees the filesystem only through ``fs.api``;
 ``format`` knows no database and no filesystem; the drivers (``backends``) know nothing above
-them; ``tools`` and ``store`` use the public parts of ``fs`` and ``backends``, never the daemon
-or the command line. No module reaches itself through its imports, type-only ones included."""
+them; ``tools``, ``store`` and ``urlfs`` (the fsspec filesystems, over ``store``) use the
+public parts of ``fs`` and ``backends``, never the daemon or the command line. No module
+reaches itself through its imports, type-only ones included."""
 
 from __future__ import annotations
 
@@ -14,20 +15,22 @@ PACKAGE = Path(__file__).resolve().parent.parent / "zarrfs"
 # Layer (the module's first name under zarrfs) -> the names it must not import. A name covers
 # the modules under it.
 FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "backends": ("fs", "fuse", "format", "daemon", "cli", "tools", "store"),
-    "format": ("backends", "fs", "fuse", "daemon", "cli", "tools", "store"),
-    "fs": ("fuse", "daemon", "cli", "tools", "store"),
-    "fuse": ("backends", "format", "daemon", "cli", "tools", "store"),
+    "backends": ("fs", "fuse", "format", "daemon", "cli", "tools", "store", "urlfs"),
+    "format": ("backends", "fs", "fuse", "daemon", "cli", "tools", "store", "urlfs"),
+    "fs": ("fuse", "daemon", "cli", "tools", "store", "urlfs"),
+    "fuse": ("backends", "format", "daemon", "cli", "tools", "store", "urlfs"),
     "daemon": ("cli",),
     "tools": ("daemon", "cli", "fuse", "mount_command"),
     "store": ("daemon", "cli", "fuse", "tools", "mount_command"),
     "stats": ("daemon", "cli", "fuse", "fs", "format", "backends", "tools", "store", "mount_command"),
+    "urlfs": ("daemon", "cli", "fuse", "tools", "mount_command"),
 }
 # What of the filesystem a layer may import, when it may import only part of it.
 FS_PUBLIC: dict[str, tuple[str, ...]] = {
     "fuse": ("fs.api",),
     "tools": ("fs.api", "fs.sidedata", "fs.manifest", "fs.parts", "fs.names", "fs.errors"),
     "store": ("fs.api", "fs.records", "fs.parts"),
+    "urlfs": ("fs.parts",),
 }
 # The shared parts of the drivers (what a third-party driver uses too); a driver's own package
 # is its own.

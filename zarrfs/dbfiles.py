@@ -137,7 +137,9 @@ def open_database(url: str, opts: MountOptions, hint: bool = True, **options: An
     url = whole_database(url)
     path = database_path(url)
     if path is not None:
-        scheme = url_scheme(url) or "lmdb"
+        from zarrfs.backends.registry import bare_path_scheme
+
+        scheme = url_scheme(url) or bare_path_scheme(path)
         check_database_path(scheme, path, create=opts.create, readonly=opts.readonly, hint=hint)
     try:
         return open_driver(url, readonly=opts.readonly, timeout=opts.timeout, **options)

@@ -63,7 +63,10 @@ class DatabaseStore(Store):
     ``read_only`` opens the database read-only (writes raise ``ValueError`` as zarr expects).
     ``validate`` is the mount's option of the same name: ``"strict"`` refuses (raises) metadata
     and chunk keys that break the Zarr specs, ``"warn"`` logs them, ``"off"`` (the default)
-    stores bytes as given. A missing file database is created unless the store is read-only.
+    stores bytes as given. ``consolidate`` too: ``"auto"`` keeps the consolidated metadata
+    documents that exist true in the transaction of each change of a node's metadata, ``"live"``
+    also makes the root's, ``"off"`` (the default) leaves them to the client. A missing file
+    database is created unless the store is read-only.
     """
 
     supports_writes = True
@@ -71,12 +74,17 @@ class DatabaseStore(Store):
     supports_listing = True
     supports_partial_writes = False
 
-    def __init__(self, url: str, *, read_only: bool = False, validate: str = "off") -> None:
+    def __init__(
+        self, url: str, *, read_only: bool = False, validate: str = "off", consolidate: str = "off"
+    ) -> None:
         super().__init__(read_only=read_only)
         if validate not in ("strict", "warn", "off"):
             raise ValueError(f"validate must be strict, warn or off, got {validate!r}")
+        if consolidate not in ("auto", "live", "off"):
+            raise ValueError(f"consolidate must be auto, live or off, got {consolidate!r}")
         self.url = url
         self.validate = validate
+        self.consolidate = consolidate
         self._driver: Driver | None = None
         self._hooks: Any = None
         self._lock = threading.RLock()
@@ -88,6 +96,7 @@ class DatabaseStore(Store):
             and self.url == other.url
             and self.read_only == other.read_only
             and self.validate == other.validate
+            and self.consolidate == other.consolidate
         )
 
     def __hash__(self) -> int:
@@ -101,14 +110,24 @@ class DatabaseStore(Store):
 
     def __getstate__(self) -> dict[str, Any]:
         # An open database handle does not cross processes: the copy opens its own.
-        return {"url": self.url, "read_only": self.read_only, "validate": self.validate}
+        return {
+            "url": self.url,
+            "read_only": self.read_only,
+            "validate": self.validate,
+            "consolidate": self.consolidate,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["url"], read_only=state["read_only"], validate=state["validate"])
+        self.__init__(
+            state["url"],
+            read_only=state["read_only"],
+            validate=state["validate"],
+            consolidate=state.get("consolidate", "off"),
+        )
 
     def with_read_only(self, read_only: bool = False) -> DatabaseStore:
         """A new, unopened store on the same database with another ``read_only`` setting."""
-        return type(self)(self.url, read_only=read_only, validate=self.validate)
+        return type(self)(self.url, read_only=read_only, validate=self.validate, consolidate=self.consolidate)
 
     # ------------------------------------------------------------------ opening
     async def _open(self) -> None:
@@ -120,10 +139,12 @@ class DatabaseStore(Store):
         with self._lock:
             if self._driver is None:
                 self._driver = self._open_driver()
-                if self.validate != "off":
+                if self.validate != "off" or self.consolidate != "off":
                     from zarrfs.format.hooks import FormatHooks
 
-                    self._hooks = FormatHooks(validate=self.validate, view="raw", consolidate="off")
+                    self._hooks = FormatHooks(
+                        validate=self.validate, view="raw", consolidate=self.consolidate
+                    )
             self._is_open = True
 
     def _open_driver(self) -> Driver:
@@ -248,6 +269,8 @@ class DatabaseStore(Store):
         if self._hooks is not None and t.size(key) is None:
             self._hooks.check_name(t, key, stat.S_IFREG)
         freed.append(records.set_value(t, key, value, self._store_hook, _new_file))
+        if self._hooks is not None:
+            self._hooks.changed(t, key, value)
 
     def _store_hook(self, t: Txn, key: str, value: bytes) -> bytes:
         return value if self._hooks is None else self._hooks.store(t, key, value)
@@ -255,7 +278,12 @@ class DatabaseStore(Store):
     def delete_sync(self, key: str) -> None:
         """Remove ``key`` (and its attribute record); a missing key is no error."""
 
-        self._write_freeing(lambda t, freed: freed.append(records.delete_file(t, key)))
+        def run(t: Txn, freed: list[Any]) -> None:
+            freed.append(records.delete_file(t, key))
+            if self._hooks is not None:
+                self._hooks.changed(t, key, None)
+
+        self._write_freeing(run)
 
     async def delete(self, key: str) -> None:
         """Remove ``key`` (and its attribute record); a missing key is no error."""
@@ -264,8 +292,25 @@ class DatabaseStore(Store):
     async def delete_dir(self, prefix: str) -> None:
         """Remove every key under ``prefix`` and their side records, in one transaction (then
         the parts of the values a mount stored in parts there)."""
+        self.delete_dir_sync(prefix)
+
+    def delete_dir_sync(self, prefix: str) -> None:
+        """:meth:`delete_dir`, for callers without an event loop."""
         prefix = prefix.rstrip("/")
-        self._write_freeing(lambda t, freed: freed.extend(records.delete_below(t, prefix)))
+
+        def run(t: Txn, freed: list[Any]) -> None:
+            gone = []
+            if self._hooks is not None and self.consolidate != "off":
+                from zarrfs.format.keys import is_metadata_key
+
+                below = prefix + "/" if prefix else ""
+                scan = t.scan(below, prefix_stop(below) if below else None)
+                gone = [k for k, _ in scan if is_metadata_key(k)]
+            freed.extend(records.delete_below(t, prefix))
+            for key in gone:
+                self._hooks.changed(t, key, None)
+
+        self._write_freeing(run)
 
     async def clear(self) -> None:
         """Remove every key of the database (and every side record of its files and folders)."""
@@ -292,9 +337,20 @@ class DatabaseStore(Store):
         for key, _ in self._batches(prefix, prefix_stop(prefix)):
             yield key
 
+    def keys_sync(self, prefix: str = "", fetch: Any = KEYS) -> Iterator[tuple[str, Any]]:
+        """``(key, None or size)`` for every key that starts with ``prefix``, in key order
+        (``fetch=SIZES``: with its stored size)."""
+        return self._batches(prefix, prefix_stop(prefix) if prefix else None, fetch)
+
     async def list_dir(self, prefix: str) -> AsyncIterator[str]:
         """The names directly under ``prefix``: keys and the first part of deeper keys, each
         once. A subtree is skipped by seeking past it, not read."""
+        for name, _ in self.entries_sync(prefix, KEYS):
+            yield name
+
+    def entries_sync(self, prefix: str, fetch: Any = SIZES) -> Iterator[tuple[str, Any]]:
+        """:meth:`list_dir`'s names, each with ``None`` for a folder or, for a key, what
+        ``fetch`` reads of it (its stored size for ``SIZES``)."""
         prefix = prefix.rstrip("/")
         below = prefix + "/" if prefix else ""
         stop = prefix_stop(below) if below else None
@@ -304,19 +360,19 @@ class DatabaseStore(Store):
         # between them: remember such names until the scan has passed "x/".
         files_open: set[str] = set()
         while True:
-            batch = self._read(lambda t, pos=pos: list(t.scan(pos, stop, limit=BATCH)))
-            for key, _ in batch:
+            batch = self._read(lambda t, pos=pos: list(t.scan(pos, stop, fetch=fetch, limit=BATCH)))
+            for key, x in batch:
                 if key < pos:
                     continue  # before the seek of an earlier key of this batch
                 name, slash, _ = key[n:].partition("/")
                 files_open = {f for f in files_open if below + f + _AFTER_SLASH > key}
                 if slash:
                     if name not in files_open:
-                        yield name
+                        yield name, None
                     files_open.discard(name)
                     pos = below + name + _AFTER_SLASH
                 else:
-                    yield name
+                    yield name, x
                     files_open.add(name)
                     pos = key + "\0"
             if len(batch) < BATCH:

@@ -170,6 +170,10 @@ def reason(exc: BaseException) -> str:
 def database_path(url: str) -> str | None:
     """The file or folder a file-based URL names (LMDB, SQLite, a bare path), else None."""
     scheme = _scheme(url)
+    if scheme == "icechunk":  # repo@tag.v1 (ZEP 8's version names) is the repository repo
+        from zarrfs.backends.versionpath import split_version
+
+        return split_version(_file_path(url))[0]
     if scheme in FILE_SCHEMES:
         return _file_path(url)
     return None if scheme else url

@@ -4,7 +4,7 @@ The table maps a scheme to ``"module:Class"`` (as fsspec's registry does), so im
 never imports ``lmdb`` or ``redis``. Third-party packages add drivers through the entry-point
 group ``zarrfs.backends`` (name = scheme, value = ``"module:Class"``); they feed the same table
 but never replace a built-in or an explicitly registered scheme. A bare filesystem path, with no
-``scheme://``, means LMDB.
+``scheme://``, means LMDB, or SQLite when it ends in ``.zarrdb``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 from .base import Driver, DriverNotFoundError
 
 ENTRY_POINT_GROUP = "zarrfs.backends"
+ZARRDB_SUFFIX = ".zarrdb"  # zarr-sqlite's file extension: a bare path ending so is SQLite
 
 _LMDB = "zarrfs.backends.lmdb:LMDBDriver"
 _REDIS = "zarrfs.backends.redis:RedisDriver"
@@ -92,11 +93,19 @@ def known_schemes() -> list[str]:
     return sorted(_table)
 
 
+def bare_path_scheme(path: str) -> str:
+    """The scheme of a bare path: ``sqlite`` for a ``.zarrdb`` file (zarr-sqlite's extension),
+    else ``lmdb``."""
+    return "sqlite" if path.rstrip("/").lower().endswith(ZARRDB_SUFFIX) else "lmdb"
+
+
 def normalize_url(url: str) -> tuple[str, str]:
-    """Return ``(scheme, url)``; a bare path becomes ``lmdb:///absolute/path``."""
+    """Return ``(scheme, url)``; a bare path becomes ``lmdb:///absolute/path`` (``sqlite://`` for
+    a ``.zarrdb`` file)."""
     m = _SCHEME.match(url)
     if m is None:
-        return "lmdb", "lmdb://" + os.path.abspath(os.path.expanduser(url))
+        scheme = bare_path_scheme(url)
+        return scheme, f"{scheme}://" + os.path.abspath(os.path.expanduser(url))
     return m.group(1).lower(), url
 
 

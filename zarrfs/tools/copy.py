@@ -44,8 +44,11 @@ class CopyError(Exception):
 
 
 def is_url(location: str) -> bool:
-    """Whether ``location`` names a database (``scheme://...``) rather than a folder."""
-    return "://" in location
+    """Whether ``location`` names a database (``scheme://...``, or a ``.zarrdb`` file, which is
+    SQLite) rather than a folder."""
+    from zarrfs.backends.registry import bare_path_scheme
+
+    return "://" in location or bare_path_scheme(location) == "sqlite"
 
 
 def folder_key(rel: str) -> str:

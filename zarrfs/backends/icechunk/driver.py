@@ -1,5 +1,6 @@
 """Icechunk repositories on local storage: ``icechunk:///abs/path/repo?branch=main``, or
-``?tag=NAME`` or ``?snapshot=ID`` (one of the three; ``branch=main`` when none is given).
+``?tag=NAME`` or ``?snapshot=ID`` (one of the three; ``branch=main`` when none is given), or
+as ZEP 8 names them, ``repo@branch.NAME``, ``repo@tag.NAME``, ``repo@SNAPSHOT_ID``.
 
 A tag or a snapshot is one version, read-only. A branch is written through one writable
 Icechunk session, whose writes every read sees; :meth:`IcechunkDriver.commit` (``zarrfs commit``)
@@ -38,6 +39,7 @@ from ..filespace import statvfs
 from ..keyindex import KeyIndex
 from ..overlay import OverlayTxn
 from ..urloptions import check_options, parse_file_url
+from ..versionpath import split_version
 
 log = logging.getLogger("zarrfs.backends.icechunk")
 T = TypeVar("T")
@@ -78,6 +80,11 @@ class IcechunkDriver(Driver):
         super().__init__(url, readonly)
         path, options = parse_file_url(url)
         check_options(url, options, {"branch", "tag", "snapshot"})
+        path, kind, name = split_version(path)
+        if kind is not None:
+            if kind in options:
+                raise BackendError(f"{url}: the {kind} is named twice (@{kind}... and ?{kind}=)")
+            options[kind] = name
         named = [k for k in ("branch", "tag", "snapshot") if k in options]
         if len(named) > 1:
             raise BackendError(f"{url}: name one of branch=, tag= or snapshot=, not {' and '.join(named)}")

@@ -36,6 +36,11 @@ PAGE_SIZE = 32768  # for databases this driver creates
 # Exactly zarr-python 2.18's statement, so a database we create is one SQLiteStore expects.
 CREATE_DATA = "CREATE TABLE IF NOT EXISTS zarr(k TEXT PRIMARY KEY, v BLOB)"
 CREATE_SIDE = "CREATE TABLE IF NOT EXISTS zarrfs_side(k TEXT PRIMARY KEY, v BLOB)"
+# zarr-sqlite's file format (its SPEC.md, version 1.0; what the Rust zarrs_sqlite reads too): a
+# database zarrfs creates declares itself with these records; one whose incompatible_flags name
+# a feature is not opened (zarrfs implements none).
+CREATE_SPEC = "CREATE TABLE IF NOT EXISTS sqlitestore_metadata(k TEXT PRIMARY KEY, v TEXT)"
+SPEC_RECORDS = (("sqlitestore_version", "1.0"), ("compatible_flags", ""), ("incompatible_flags", ""))
 
 _BUSY, _LOCKED, _READONLY, _FULL, _CANTOPEN, _TOOBIG = 5, 6, 8, 13, 14, 18
 K = "CAST(? AS TEXT)"  # a key or bound, bound as its UTF-8 bytes: compared and stored as TEXT
@@ -269,10 +274,32 @@ def prepare(conn: sqlite3.Connection, path: str, readonly: bool) -> tuple[set[st
             conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
             # WAL is persistent in the file; it lets readers run while a writer commits.
             conn.execute("PRAGMA journal_mode=WAL")
+            new = _tables(conn) == set()
             conn.execute(CREATE_DATA)
             conn.execute(CREATE_SIDE)
-        rows = conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('zarr', 'zarrfs_side')"
-        ).fetchall()
+            if new:  # made here: declared in zarr-sqlite's format
+                conn.execute(CREATE_SPEC)
+                conn.executemany("INSERT OR IGNORE INTO sqlitestore_metadata VALUES (?, ?)", SPEC_RECORDS)
+        tables = _tables(conn)
+        if "sqlitestore_metadata" in tables:
+            _check_spec_flags(conn, path)
         wal = conn.execute("PRAGMA journal_mode").fetchone()[0] == b"wal"
-    return {name.decode() for (name,) in rows}, wal
+    return tables & {"zarr", "zarrfs_side"}, wal
+
+
+def _tables(conn: sqlite3.Connection) -> set[str]:
+    rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    return {name.decode() if isinstance(name, bytes) else name for (name,) in rows}
+
+
+def _check_spec_flags(conn: sqlite3.Connection, path: str) -> None:
+    """Refuse a zarr-sqlite file whose ``incompatible_flags`` name features zarrfs does not
+    implement (the spec: such a file must not be read or written without them)."""
+    row = conn.execute("SELECT v FROM sqlitestore_metadata WHERE k = 'incompatible_flags'").fetchone()
+    value = row[0] if row else None
+    flags = (value.decode() if isinstance(value, bytes) else value or "").strip()
+    if flags:
+        raise BackendError(
+            f"{path}: a zarr-sqlite file with incompatible_flags {flags!r}, features zarrfs does not "
+            "implement; open it with the program that wrote it"
+        )
