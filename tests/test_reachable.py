@@ -20,7 +20,7 @@ from mounting import eventually, make_url, needs_fuse
 
 pytestmark = needs_fuse
 
-ROUNDS = 12
+ROUNDS = 8
 
 # The process sitting in the folder: on each line read, it checks its current folder's path,
 # ``..``, a relative path and the paths of two open folder descriptors; "ok" or what failed.
