@@ -26,6 +26,18 @@ def pytest_addoption(parser):
         default=0,
         help="operations at least of each test_atomicity.py observation (default 60): run long",
     )
+    parser.addoption(
+        "--workers-seed",
+        type=int,
+        default=None,
+        help="seed of tests/test_workers.py's concurrent clients (default: a fresh one, printed)",
+    )
+    parser.addoption(
+        "--workers-steps",
+        type=int,
+        default=60,
+        help="steps of each of tests/test_workers.py's concurrent clients (default 60)",
+    )
 
 
 # --- backends: a real redis-server ---------------------------------------------------------

@@ -59,3 +59,45 @@ def test_another_writers_commit_wakes_the_feed_descriptor(tmp_path, kind):
         _settle(driver, cursor, fd)
     finally:
         driver.close()
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "sqlite"])
+def test_a_wake_finds_the_commit_named_and_readable(tmp_path, kind):
+    """Woken by another process's commits, the feed names what they changed, and what it names
+    is there to read: the write that wakes the feed (LMDB's meta page) comes a moment before
+    a new reader sees the commit, and a look in that moment took the entry-less commit for
+    "something changed" (the mount then dropped every name the kernel held)."""
+    url = f"lmdb://{tmp_path}/db.lmdb" if kind == "lmdb" else f"sqlite://{tmp_path}/db.sqlite"
+    driver = open_driver(url)
+    commits = 150
+    code = (
+        "import sys; from zarrfs.backends.registry import open_driver\n"
+        "d = open_driver(sys.argv[1])\n"
+        f"for i in range({commits}): d.transact(lambda t: t.put(f'k{{i}}', b'v'))\n"
+        "d.close()"
+    )
+    try:
+        driver.transact(lambda t: t.put("first", b"x"))
+        cursor, _ = driver.changes(None)
+        fd = driver.feed_fileno()
+        cursor = _settle(driver, cursor, fd)
+        writer = subprocess.Popen([sys.executable, "-c", code, url])
+        seen: set[str] = set()
+        unknown = 0
+        while True:
+            done = writer.poll() is not None  # then this look takes every commit
+            cursor, records = driver.changes(cursor)
+            if records is None:
+                unknown += 1
+            else:
+                for _, key in records:
+                    assert driver.get(key) == b"v", f"{key} named before it can be read"
+                    seen.add(key)
+            if done:
+                break
+            _readable(fd, 1)  # the next wake
+        assert writer.returncode == 0
+        assert unknown == 0, f"{unknown} looks found 'something changed' in {commits} commits"
+        assert seen == {f"k{i}" for i in range(commits)}
+    finally:
+        driver.close()

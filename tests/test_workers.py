@@ -226,14 +226,20 @@ def _client(root, native, seed: int, steps: int, errors: list) -> None:
 
 
 @pytest.mark.parametrize("urls", DRIVERS, indirect=True)
-def test_concurrent_clients_of_one_mount_each_see_what_a_native_folder_shows(urls, tmp_path, mount_factory):
+def test_concurrent_clients_of_one_mount_each_see_what_a_native_folder_shows(
+    urls, tmp_path, mount_factory, request
+):
     """Four clients change their own folders of one mount at once (through a proxy that
     delays nothing, so that requests overlap at every wait), each comparing every step with a
-    native folder; a fifth lists and reads everything meanwhile. The seed is printed."""
+    native folder; a fifth lists and reads everything meanwhile. The seed is printed; run one
+    again, or longer, with ``--workers-seed N --workers-steps N``."""
     import random
 
     direct, _ = urls
-    seed = random.SystemRandom().randrange(1 << 30)
+    seed = request.config.getoption("--workers-seed")
+    if seed is None:
+        seed = random.SystemRandom().randrange(1 << 30)
+    steps = request.config.getoption("--workers-steps")
     print(f"seed {seed}")
     m = mount_factory(direct, ["create", "workers=16"])
     errors: list = []
@@ -241,7 +247,7 @@ def test_concurrent_clients_of_one_mount_each_see_what_a_native_folder_shows(url
     for i in range(4):
         (m.path / f"c{i}").mkdir()
         (tmp_path / "native" / f"c{i}").mkdir(parents=True)
-        args = (m.path / f"c{i}", tmp_path / "native" / f"c{i}", seed + i, 60, errors)
+        args = (m.path / f"c{i}", tmp_path / "native" / f"c{i}", seed + i, steps, errors)
         threads.append(threading.Thread(target=_client, args=args))
     done = threading.Event()
 

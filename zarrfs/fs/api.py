@@ -261,8 +261,18 @@ class Operations:
         database): one gone or replaced since is ENOENT or ENOTDIR there."""
         fh = self._next_dir
         self._next_dir += 1
-        self.dirs[fh] = DirListing(self.tree.listings, key, extra=self.handles.unstored_names(key))
+        self.dirs[fh] = DirListing(self.tree.listings, key, extra=lambda: self._unstored_names(key))
         return fh
+
+    def _unstored_names(self, folder: str) -> list[str]:
+        """The names of files in ``folder`` made here and not stored yet, asked by a listing
+        before each of its windows (see ``DirListing``); read again when a request on another
+        thread (an open or a reader's close) changed the table of open files meanwhile."""
+        while True:
+            try:
+                return self.handles.unstored_names(folder)
+            except RuntimeError:  # "dictionary changed size during iteration"
+                continue
 
     def readdir(self, fh: int, offset: int) -> Iterator[tuple[str, int, int]]:
         """``(name, kind, offset)`` of the entries after ``offset``, produced as they are

@@ -650,14 +650,26 @@ class DirListing:
     The kernel reads a folder in several calls, each resuming at the offset of the last entry
     it kept. A listing holds one window of entries fetched from the tree and a resume token;
     a rewind (``rewinddir``, ``seekdir`` backwards) starts over. Files created through the
-    mount and not stored yet (``extra``) are listed after the stored entries, except those the
-    stored entries already named (a file stored while the folder was being read)."""
+    mount and not stored yet (``extra``: their names, or what gives them now) are listed after
+    the stored entries, except those the stored entries already named (a file stored while the
+    folder was being read). They are asked for before each window is read, not once at the
+    open: a file made between the open and the first read is listed (the kernel keeps the
+    listing it reads, labelled as read after that file was made), and one stored between two
+    windows, which neither window's read may have found, is listed from the ask before. An
+    unstored name first seen once the windows up to it were read (not past the resume token)
+    did not exist throughout the listing (it was made, or made again, meanwhile) and is left
+    out: the window that covered it may have listed it already."""
 
-    def __init__(self, listings: Lister, key: str, extra: list[str] | None = None) -> None:
+    def __init__(
+        self, listings: Lister, key: str, extra: list[str] | Callable[[], list[str]] | None = None
+    ) -> None:
         self.listings = listings
         self.key = key
-        self.extra = [(name, FILE, name) for name in extra or ()]
-        self._extra_names = {name for name, _, _ in self.extra}
+        if callable(extra):
+            self._unstored = extra
+        else:
+            names = list(extra or ())
+            self._unstored = lambda: names
         #: Whether each window's nodes are read with its names (READDIRPLUS asks for them).
         self.plus = False
         #: ``held(key, kind)``: a name whose node the caller holds already; not read.
@@ -673,6 +685,7 @@ class DirListing:
         self.stored_done = False
         self.exhausted = False
         self.batch = FIRST_BATCH
+        self._extra_names: set[str] = set()  # unstored names, asked before each window
         self._listed: set[str] = set()  # unstored names the stored entries named
 
     def _fetch(self) -> bool:
@@ -680,13 +693,16 @@ class DirListing:
             return False
         if self.stored_done:
             self.exhausted = True
-            rest = [entry for entry in self.extra if entry[0] not in self._listed]
+            rest = [(name, FILE, name) for name in sorted(self._extra_names - self._listed)]
             if not rest:  # the last window stays: a kernel re-reading its end needs no rewind
                 return False
             self.window_start += len(self.window)
             self.window = rest
             self.nodes, self.sizes = None, None
             return True
+        # Before the read: a file stored after this ask is in what the read finds.
+        token = self.token
+        self._extra_names.update(n for n in self._unstored() if token is None or n > token)
         sizes: dict[str, int] = {}
         nodes: dict[str, Node] | None = {} if self.plus else None
         got = self.listings.list_dir(

@@ -211,11 +211,15 @@ class Coherence:
                     notes.append(inval_inode(nodeid))
                 inode.stamp_time, inode.cache_ok = 0.0, False
         inodes.xattrs_changed()
+        # Marked for a new lookup rather than dropped: a folder a process is in stays on its
+        # path unless the lookup finds it gone (docs/architecture.md, fuse/coherence.py).
+        agreed = self.session.agreed
+        flags = k.EXPIRE_ONLY if agreed is not None and agreed.expire else 0
         for key in list(ids) + list(self.negatives):
             if key:
                 parent, _, name = key.rpartition("/")
                 parent_id = held(parent)
                 if parent_id is not None:
-                    notes.append(inval_entry(parent_id, name))
+                    notes.append(inval_entry(parent_id, name, flags))
         self.negatives.clear()
         return notes

@@ -13,11 +13,22 @@ the log keeps the last :data:`KEEP` entries. A reader walks the entries after it
   there and takes it at its next look; an entry a killed writer left is fulfilled by the next
   data commit, anybody's (a lookup more, never a stale view);
 * the driver's own entries are skipped: the mount knows what it wrote.
+
+The commit numbers come from the meta pages (``env.info()``), but a read transaction takes its
+snapshot from the lock file's record of the last commit, which a writer sets a moment *after*
+it wrote the meta page, and that write is what wakes the reader (``filewatch``). So the feed
+takes, of each environment, only the commits a transaction begun now sees (:func:`visible`,
+waiting a moment for a commit in its last step): an entry read past a snapshot that lacks it
+made a commit seem to have no entry, "something changed", and the mount dropped every name
+the kernel held, the folders processes sit in included (their ``getcwd()`` failed); and a
+change taken before the data commit is visible would let the mount read the value before it.
 """
 
 from __future__ import annotations
 
+import os
 import struct
+import time
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
@@ -34,6 +45,7 @@ LOG = b"\xfflog:"
 KEEP = 4096  # entries of the log kept
 MAX_PAYLOAD = 1 << 16  # a commit changing more keys than fit logs "something changed"
 EVERYTHING = b"*"
+CATCH_UP = 0.005  # seconds a look waits for a commit whose meta page is written to be visible
 HEAD = struct.Struct(">Q")  # an entry's head: its data commit number
 _SPACE = {b"d": DATA, b"s": SIDE}
 
@@ -93,10 +105,15 @@ def changes(
     data_id = env.info()["last_txnid"]
     side_id = 0 if side_env is None else side_env.info()["last_txnid"]
     if since is None:
-        return (data_id, side_id), []
+        side_id = 0 if side_env is None else visible(side_env, side_id)
+        return (visible(env, data_id), side_id), []
     data0, side0 = since
     if data_id == data0 and side_id == side0:
         return since, []
+    if data_id != data0:
+        data_id = visible(env, data_id)
+    if side_id != side0 and side_env is not None:
+        side_id = visible(side_env, side_id)
     records: list[tuple[Space, str]] = []
     unknown = False
     covered: set[int] = set()
@@ -138,3 +155,26 @@ def changes(
             unknown = True
             break
     return (data_id, reached), (None if unknown else records)
+
+
+def visible(env: lmdb.Environment, newest: int) -> int:
+    """The last commit of ``env`` that a read transaction begun now sees, up to ``newest`` (the
+    meta page's): a commit whose meta page is written but whose number is not yet in the lock
+    file (see the module docstring) is waited for, :data:`CATCH_UP` at most, once (a writer
+    killed in between: what is visible; the next writer's commit puts the number right)."""
+    deadline = 0.0
+    while True:
+        with gate.held(), env.begin() as txn:
+            seen = txn.id()
+        if seen >= newest or _waited.get(id(env)) == newest:
+            return min(seen, newest)
+        now = time.monotonic()
+        if not deadline:
+            deadline = now + CATCH_UP
+        elif now > deadline:
+            _waited[id(env)] = newest
+            return seen
+        os.sched_yield()
+
+
+_waited: dict[int, int] = {}  # an environment's commit waited for in vain, by id(env)
