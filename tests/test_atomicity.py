@@ -301,17 +301,30 @@ class Writer:
 THROUGH_THE_MOUNT = {"commit", "rename_file", "rename_folder", "link", "rmdir"}
 
 
-def _known(url: str, op: str, wrong: dict) -> bool:
-    """A Redis (and Redis Cluster) client's scan with values in one read transaction (read
-    committed) reads its batch's values in parts and hands each part on as it comes, so it can
-    see a ``delete_dir`` (or another many-key change) half done: known (docs/testing.md,
-    findings). Renames are not: a scan reads the index again when a key of its batch moved.
-    The mounts may then have seen it half done too: to a change made by ``zarrfs.store``,
-    mount "a" is another mount as much as "b" is (it failed once beside ``stress --cpu 2``:
-    the client and both mounts saw a ``delete_dir`` half done)."""
-    renames = op in ("rename_file", "rename_folder")
-    others = {"database client", "other mount"} | (set() if op in THROUGH_THE_MOUNT else {"same mount"})
-    return url.startswith("redis") and not renames and set(wrong) <= others
+def _limit(url: str, op: str, label: str) -> str | None:
+    """Why an observer may see a state between two on this database (README, "Guarantees"), or
+    None: then it never may. A Redis (and Redis Cluster) client reads a transaction's keys and
+    records with several commands, and Redis has no read snapshot; another mount's names leave
+    this mount's kernel cache one notification at a time (a notification waits for the lookups
+    in its folder, and the mount answers them meanwhile). To a change made by ``zarrfs.store``,
+    mount "a" is another mount as much as "b" is."""
+    redis = url.startswith(("redis", "valkey"))
+    if redis and label == "database client" and op not in ("rename_file", "rename_folder"):
+        return "a Redis client reads a transaction in several commands"
+    others = {"other mount"} | (set() if op in THROUGH_THE_MOUNT else {"same mount"})
+    if label in others and op in ("rename_file", "rename_folder", "delete_dir"):
+        return "another mount's names leave the kernel's cache one notification at a time"
+    return None
+
+
+def _open_finding(url: str, op: str, label: str) -> bool:
+    """Findings not fixed yet (docs/testing.md, "Findings"): a pair of files exchanged through
+    the mount read as x, n, x can show one file's older content beside the other's; and on a
+    server (request threads) a descriptor opened just after another's close can show, in
+    ``fstat``, the size of the version that one read (its content whole)."""
+    server = not url.startswith(("lmdb", "sqlite"))
+    exchanged = op == "exchange" and label == "same mount"
+    return exchanged or (op == "commit" and label == "other mount" and server)
 
 
 WATCHED = ["commit", "store_set", "exchange", "rename_file", "rename_folder", "link", "rmdir", "delete_dir"]
@@ -367,14 +380,12 @@ def _observe(op: str, db_url: str, mount_factory, extra: list[str], steps: int) 
             errors = [o.stop() for o in observers]
             writer.close()
         assert not any(errors), errors
-        wrong = {o.label: o.wrong[:5] for o in observers if o.wrong}
-        message = f"seen between two states after {k} operations: {wrong}"
-        strict = {"database client"}
-        if op in THROUGH_THE_MOUNT:
-            strict.add("same mount")
-        assert not strict & set(wrong) or _known(db_url, op, wrong), message
-        if wrong:  # known findings, listed in docs/testing.md: reported, not hidden
-            pytest.xfail(f"known: another mount's caches are invalidated key by key; {message}")
+        wrong = {o.label: o.wrong[:5] for o in observers if o.wrong and _limit(db_url, op, o.label) is None}
+        found = {label: seen for label, seen in wrong.items() if _open_finding(db_url, op, label)}
+        broken = {label: seen for label, seen in wrong.items() if label not in found}
+        assert not broken, f"seen between two states after {k} operations: {broken}"
+        if found:  # reported, not hidden
+            pytest.xfail(f"open finding (docs/testing.md) after {k} operations: {found}")
     finally:
         os.umask(old)
 
