@@ -21,6 +21,7 @@ from mounting import make_url, write
 from zarrfs.backends import open_driver
 from zarrfs.fs import listing as listing_module
 from zarrfs.fs.api import Operations
+from zarrfs.fs.commitoptions import CREATE
 from zarrfs.fs.handles import HandleTable
 from zarrfs.fs.listing import DirListing
 from zarrfs.fs.tree import Tree
@@ -75,7 +76,7 @@ def test_a_file_made_after_its_folder_was_opened_is_listed(tmp_path):
         tree = Tree(driver, uid=0, gid=0)
         ops = Operations(tree, HandleTable(tree))
         tree.mkdir("d", 0o755)
-        tree.commit("d/a", b"v", None, create=True)
+        tree.commit("d/a", b"v", None, CREATE)
         fh = ops.opendir("d")
         made = ops.create("d/new", 0o644, os.O_WRONLY | os.O_CREAT, 0, 0)
         assert tree.find("d/new") is None  # not stored yet

@@ -15,6 +15,7 @@ from zarrfs.backends import open_driver
 from zarrfs.format import FormatError
 from zarrfs.format.check import check_database
 from zarrfs.format.hooks import FormatHooks
+from zarrfs.fs.commitoptions import CREATE
 from zarrfs.fs.tree import Tree
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -46,7 +47,7 @@ def put(tree: Tree, key: str, value: bytes) -> None:
             tree.mkdir(folder, 0o755)
         except OSError:
             pass  # already there
-    tree.commit(key, value, None, create=True)
+    tree.commit(key, value, None, CREATE)
 
 
 def test_strict_refuses_and_stores_nothing(make_tree):

@@ -26,6 +26,7 @@ from dataclasses import replace
 from typing import Any
 
 from zarrfs.fs import parts
+from zarrfs.fs.commitoptions import CommitOptions
 from zarrfs.fs.entries import inherit_group
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.lockedfiles import LockedFiles
@@ -413,15 +414,15 @@ class HandleTable:
         buffer = state.buffer
         laid: list[tuple[bytearray, int | None]] = []
         try:
-            self.parting.commit(state.key, buffer, state.attrs, **self._commit_args(state, laid))
+            self.parting.commit(state.key, buffer, state.attrs, self._commit_options(state, laid))
         except Exception:
             state.failed = True
             raise
         return self._committed(state, buffer, laid)
 
-    def _commit_args(self, state: FileState, laid: list) -> dict[str, Any]:
-        """The keyword arguments of :meth:`Tree.commit` for ``state`` (``laid`` receives what a
-        change laid on a newer version made)."""
+    def _commit_options(self, state: FileState, laid: list) -> CommitOptions:
+        """How ``state`` is committed (``laid`` receives what a change laid on a newer version
+        made)."""
         buffer = state.buffer
         lay = None
         if state.base is not None and not state.created and not state.changes.whole:
@@ -430,14 +431,14 @@ class HandleTable:
                 laid[:] = [state.changes.lay(newest, buffer.size, buffer.read)]
                 return laid[0][0]
 
-        return {
-            "create": state.created,
-            "linked": state.linked,
-            "added": state.born,
-            "base": state.base,
-            "lay": lay,
-            "xattrs": state.xattrs if state.created else None,
-        }
+        return CommitOptions(
+            create=state.created,
+            linked=state.linked,
+            added=state.born,
+            base=state.base,
+            lay=lay,
+            xattrs=state.xattrs if state.created else None,
+        )
 
     def _committed(self, state: FileState, buffer: Any, laid: list) -> Stored | None:
         """What a commit of ``state`` changes in it."""
@@ -518,7 +519,7 @@ class HandleTable:
         for state in states:
             laid: list[tuple[bytearray, int | None]] = []
             laids.append(laid)
-            items.append((state.key, state.buffer, state.attrs, self._commit_args(state, laid)))
+            items.append((state.key, state.buffer, state.attrs, self._commit_options(state, laid)))
         self.parting.commit_many(items)
         for state, laid in zip(states, laids, strict=True):
             self._committed(state, state.buffer, laid)
@@ -634,15 +635,8 @@ class HandleTable:
         state = self.states[src]
         assert state.buffer is not None and state.attrs is not None
         attrs = Attrs(**vars(state.attrs))
-        self.parting.commit(
-            dst,
-            state.buffer,
-            attrs,
-            create=True,
-            exclusive=exclusive,
-            replace=True,
-            renamed_from=src,
-        )
+        how = CommitOptions(create=True, exclusive=exclusive, replace=True, renamed_from=src)
+        self.parting.commit(dst, state.buffer, attrs, how)
         stored = Stored(state.size, attrs.mtime)
         state.stored = stored
         if not state.handles:

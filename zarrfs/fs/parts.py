@@ -13,6 +13,7 @@ from typing import Any
 
 from zarrfs.backends.base import DATA, KEYS, PARTS, SIDE, Get, Size, Txn
 from zarrfs.fs import hardlinks
+from zarrfs.fs.commitoptions import CommitOptions
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.manifest import MAGIC, MANIFEST_SIZE, MAP_MAGIC, Parted, new_id, part_key
 from zarrfs.fs.sidedata import Attrs, attr_key
@@ -519,16 +520,13 @@ class Parting:
             return False
         return not getattr(self.tree.hooks, "whole", lambda k: False)(key)
 
-    def commit(self, key: str, buffer: Any, attrs: Attrs | None, *args: Any, **kwargs: Any) -> None:
+    def commit(self, key: str, buffer: Any, attrs: Attrs | None, how: CommitOptions) -> None:
         """:meth:`zarrfs.fs.tree.Tree.commit` of the content of ``buffer`` (a
-        :class:`zarrfs.fs.spill.SpillBuffer`): its parts first when it is large. A file stored
-        in parts is stored as the buffer holds it (its parts are written before the commit's
-        transaction, so nothing can be laid on the newest version: ``base`` and ``lay`` unused)."""
+        :class:`zarrfs.fs.spill.SpillBuffer`): its parts first when it is large, then their
+        manifest as :meth:`CommitOptions.in_parts` says."""
         if not self.wanted(key, buffer.size):
-            self.tree.commit(key, buffer.view(), attrs, *args, **kwargs)
+            self.tree.commit(key, buffer.view(), attrs, how)
             return
-        kwargs.pop("base", None)
-        kwargs.pop("lay", None)
         if attrs is None:
             attrs = self.tree.lookup_attrs(key)
         part = part_size(self.above, self.max_value)
@@ -544,12 +542,12 @@ class Parting:
             has_data=buffer.has_data,
         )
         try:
-            self.tree.commit(key, parted.manifest(), attrs, *args, parted=parted, **kwargs)
+            self.tree.commit(key, parted.manifest(), attrs, how.in_parts(parted))
         except Rebase:
             # Another mount stored a new version: this one's parts no longer share anything.
             _delete(driver, new_keys(parted), parted.id)
             buffer.settle()
-            self.commit(key, buffer, attrs, *args, **kwargs)
+            self.commit(key, buffer, attrs, how)
             return
         except BaseException:
             _delete(driver, new_keys(parted), parted.id)
@@ -568,8 +566,8 @@ class Parting:
             return True
         return buffer.parts is None and buffer.size <= part_size(self.above, self.max_value)
 
-    def commit_many(self, items: list[tuple[str, Any, Attrs | None, dict[str, Any]]]) -> None:
-        """:meth:`commit` of several files (``(key, buffer, attrs, keyword arguments)``, each
+    def commit_many(self, items: list[tuple[str, Any, Attrs | None, CommitOptions]]) -> None:
+        """:meth:`commit` of several files (``(key, buffer, attrs, how)``, each
         :meth:`groupable`) in one transaction (``Tree.commit_many``); the parts of those
         stored in parts are written first, together (:func:`store_one_part_each`)."""
         parted_at = [i for i, (key, buffer, _, _) in enumerate(items) if self.wanted(key, buffer.size)]
@@ -577,16 +575,15 @@ class Parting:
             self.tree.driver, [items[i][1].view() for i in parted_at], part_size(self.above, self.max_value)
         )
         chosen = dict(zip(parted_at, versions, strict=True))
-        steps = []
-        for i, (key, buffer, attrs, kwargs) in enumerate(items):
+        steps: list[tuple[str, Any, Attrs | None, CommitOptions]] = []
+        for i, (key, buffer, attrs, how) in enumerate(items):
             parted = chosen.get(i)
             if parted is None:
-                steps.append((key, buffer.view(), attrs, kwargs))
+                steps.append((key, buffer.view(), attrs, how))
                 continue
-            kwargs = {k: v for k, v in kwargs.items() if k not in ("base", "lay")}
             if attrs is None:
                 attrs = self.tree.lookup_attrs(key)
-            steps.append((key, parted.manifest(), attrs, {**kwargs, "parted": parted}))
+            steps.append((key, parted.manifest(), attrs, how.in_parts(parted)))
         try:
             self.tree.commit_many(steps)
         except BaseException:

@@ -25,6 +25,7 @@ from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, HasPrefix, StalledE
 from zarrfs.backends.errors import InterruptedCallError, RetryableError, UnavailableError
 from zarrfs.backends.heldvalues import Held
 from zarrfs.fs import acl, hardlinks, parts, records
+from zarrfs.fs.commitoptions import REWRITE, CommitOptions
 from zarrfs.fs.entries import Entries
 from zarrfs.fs.errors import FsError, Refused
 from zarrfs.fs.foldercache import MISS
@@ -374,19 +375,18 @@ class Tree:
         }
 
     # ------------------------------------------------------------------ writes
-    def commit(self, key: str, value: Any, attrs: Attrs | None, **options: Any) -> None:
+    def commit(self, key: str, value: Any, attrs: Attrs | None, how: CommitOptions = REWRITE) -> None:
         """Store the content of a file written through the mount, with its attributes, in one
-        transaction; the format layer may refuse it (nothing is stored then). ``options``:
-        how (``create``, ``exclusive``, ``replace``, ``linked``, ``added``, ``renamed_from``,
-        ``parted``, ``base``, ``lay``, ``xattrs``: see :class:`_CommitStep`)."""
-        self.commit_many([(key, value, attrs, options)])
+        transaction; the format layer may refuse it (nothing is stored then). ``how``: see
+        :class:`CommitOptions`."""
+        self.commit_many([(key, value, attrs, how)])
 
-    def commit_many(self, items: list[tuple[str, Any, Attrs | None, dict[str, Any]]]) -> None:
-        """:meth:`commit` of several files (``(key, value, attrs, keyword arguments)``, of
-        different keys, none linked) in one transaction: their probes in one batch of reads,
-        so several closes waiting together cost the round trips of one (``fuse.workers``).
-        A check refusing one file refuses them all: the caller then commits each alone."""
-        steps = [_CommitStep(self, key, value, attrs, **kwargs) for key, value, attrs, kwargs in items]
+    def commit_many(self, items: list[tuple[str, Any, Attrs | None, CommitOptions]]) -> None:
+        """:meth:`commit` of several files (``(key, value, attrs, how)``, of different keys,
+        none linked) in one transaction: their probes in one batch of reads, so several closes
+        waiting together cost the round trips of one (``fuse.workers``). A check refusing one
+        file refuses them all: the caller then commits each alone."""
+        steps = [_CommitStep(self, key, value, attrs, how) for key, value, attrs, how in items]
 
         def run(t: Txn) -> None:
             versions = [(step.key, step.parted) for step in steps if step.parted is not None]
@@ -665,49 +665,19 @@ class Tree:
 
 class _CommitStep:
     """One file of :meth:`Tree.commit_many`: what it reads before (its probe, when it may be
-    new) and what it writes once probed.
+    new) and what it writes once probed, as ``how`` (:class:`CommitOptions`) says."""
 
-    ``create``: the file may be new here (its folder must exist, a folder or symlink in the
-    way is an error; a new file replaces a name of a linked file: that name leaves the
-    group); ``exclusive``: it must be new (EEXIST otherwise), as for ``link`` or
-    ``RENAME_NOREPLACE``; ``replace``: a symlink in the way is replaced, as a rename does.
-    ``linked``: the file had hard links when it was opened; the content is then stored
-    under every name its group has now (their folders do not change: no name is added).
-    ``added``: when the file was made; if it turns out new, its folder's times change (see
-    :meth:`Entries.folder_changed`). ``renamed_from``: the file was an unstored file of that
-    name, renamed here: both folders' times change. ``parted``: ``value`` is the manifest of
-    these parts (:mod:`zarrfs.fs.parts`); the parts of the version replaced are freed.
-    ``lay``: when the stored file is no longer the version ``base`` (its stamp) that
-    ``value`` was made from, ``lay(newest)`` makes the value to store from the newest
-    content, read in this transaction (changes laid on it: :mod:`zarrfs.fs.extents`).
-    ``xattrs``: the extended-attributes record of a file new here."""
-
-    def __init__(
-        self,
-        tree: Tree,
-        key: str,
-        value: Any,
-        attrs: Attrs | None,
-        create: bool = False,
-        exclusive: bool = False,
-        replace: bool = False,
-        linked: bool = False,
-        added: int | None = None,
-        renamed_from: str | None = None,
-        parted: Any = None,
-        base: tuple[int, int] | None = None,
-        lay: Any = None,
-        xattrs: bytes | None = None,
-    ) -> None:
+    def __init__(self, tree: Tree, key: str, value: Any, attrs: Attrs | None, how: CommitOptions) -> None:
         self.tree, self.key, self.value, self.attrs = tree, key, value, attrs
-        self.create, self.exclusive, self.replace, self.linked = create, exclusive, replace, linked
-        self.added, self.renamed_from, self.parted = added, renamed_from, parted
-        self.base, self.lay, self.xattrs = base, lay, xattrs
-        self.probing = create or exclusive
+        self.create, self.exclusive = how.create, how.exclusive
+        self.replace, self.linked = how.replace, how.linked
+        self.added, self.renamed_from, self.parted = how.added, how.renamed_from, how.parted
+        self.base, self.lay, self.xattrs = how.base, how.lay, how.xattrs
+        self.probing = self.create or self.exclusive
         # Remote: what the format layer will read comes in the probe's round trip.
         self.also = tree.hooks.reads(key) if self.probing and tree.driver.remote else ()
         self.hint = attrs.parted if attrs is not None else None  # the version this one replaces
-        self.record = None if attrs is None else Attrs(**{**vars(attrs), "parted": parted}).pack()
+        self.record = None if attrs is None else Attrs(**{**vars(attrs), "parted": self.parted}).pack()
 
     def apply(self, t: Txn, folder: Any, found: Any) -> None:
         """The writes of this file, given the probes of its folder and of its name."""

@@ -23,6 +23,7 @@ from zarrfs.backends import open_driver
 from zarrfs.backends.base import SIDE
 from zarrfs.fs import listing as listing_module
 from zarrfs.fs.api import Operations
+from zarrfs.fs.commitoptions import CREATE, CommitOptions
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.handles import HandleTable
 from zarrfs.fs.listing import DirListing
@@ -291,9 +292,9 @@ class FilesystemConformance(LinkConformance):
             "filters": None,
         }
         tree.mkdir("arr", 0o755)
-        tree.commit("arr/.zarray", json.dumps(meta).encode(), None, create=True)
+        tree.commit("arr/.zarray", json.dumps(meta).encode(), None, CREATE)
         raw = np.arange(4, dtype="<i4").tobytes()
-        tree.commit("arr/.0.tmp", raw, None, create=True)  # a temporary file: stored as written
+        tree.commit("arr/.0.tmp", raw, None, CREATE)  # a temporary file: stored as written
         assert tree.driver.get("arr/.0.tmp") == raw
         tree.rename("arr/.0.tmp", "arr/0")
         stored = tree.driver.get("arr/0")
@@ -311,7 +312,7 @@ class FilesystemConformance(LinkConformance):
         tree.mkdir("g", 0o755)
         for name in tricky:
             tree.mkdir(f"g/{name}", 0o755)
-            tree.commit(f"g/{name}/zarr.json", b"{}", None, create=True)
+            tree.commit(f"g/{name}/zarr.json", b"{}", None, CREATE)
         tree.mkdir("g/foo-", 0o755)  # an empty folder: a marker alone
         tree.symlink("foo", "g/foo.link")
         put(tree, "g/foo.txt")
@@ -359,13 +360,13 @@ class FilesystemConformance(LinkConformance):
             lambda: tree.rename("d/l", "d/m"),
             lambda: tree.unlink("d/m"),
             lambda: tree.rmdir("d/s"),
-            lambda: tree.commit("d/f", b"1", None, create=True, added=time.time_ns()),
+            lambda: tree.commit("d/f", b"1", None, CommitOptions(create=True, added=time.time_ns())),
         ):
             change()
             stamps.append(tree.find("d").attrs.mtime)
         assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps)
         tree.set_attrs("d", mtime=1)  # after the file below was made: its commit leaves it
-        tree.commit("d/g", b"1", None, create=True, added=time.time_ns() - 10**9)
+        tree.commit("d/g", b"1", None, CommitOptions(create=True, added=time.time_ns() - 10**9))
         assert tree.find("d").attrs.mtime == 1
 
     def test_files_committed_together_are_stored_as_each_alone(self, tree):
@@ -377,15 +378,15 @@ class FilesystemConformance(LinkConformance):
 
         tree.mkdir("p", 0o755)
         tree.mkdir("q", 0o755)
-        tree.commit("p/old", b"old", None, create=True)
+        tree.commit("p/old", b"old", None, CREATE)
         tree.set_attrs("p", mtime=1)
         tree.set_attrs("q", mtime=1)
         born = time.time_ns()
         # made in the opposite order to the commit's: the folder's time stays the latest
-        items = [(f"p/{i}", bytes([i]) * (i + 1), None, {"create": True, "added": born + 4 - i})
+        items = [(f"p/{i}", bytes([i]) * (i + 1), None, CommitOptions(create=True, added=born + 4 - i))
                  for i in range(5)]
-        items += [("q/a", b"qa", None, {"create": True, "added": born + 10})]
-        items += [("p/old", b"new", tree.lookup("p/old").attrs, {})]
+        items += [("q/a", b"qa", None, CommitOptions(create=True, added=born + 10))]
+        items += [("p/old", b"new", tree.lookup("p/old").attrs, CommitOptions())]
         tree.commit_many(items)
         for key, value, _, _ in items:
             assert tree.read_range(key, 0, 100) == value
@@ -393,7 +394,7 @@ class FilesystemConformance(LinkConformance):
         assert tree.lookup("p").attrs.mtime == born + 4
         assert tree.lookup("q").attrs.mtime == born + 10
         before = sorted(k for k, _ in tree.driver.scan(""))
-        bad = [("p/x", b"x", None, {"create": True}), ("nowhere/y", b"y", None, {"create": True})]
+        bad = [("p/x", b"x", None, CREATE), ("nowhere/y", b"y", None, CREATE)]
         with pytest.raises(Refused) as refused:
             tree.commit_many(bad)
         assert refused.value.errno == errno.ENOENT
@@ -427,7 +428,7 @@ class FilesystemConformance(LinkConformance):
 
     def test_an_unlinked_open_file_keeps_and_changes_its_attributes(self, tree):
         ops = Operations(tree, HandleTable(tree))
-        tree.commit("f", b"v", None, create=True)
+        tree.commit("f", b"v", None, CREATE)
         tree.set_attrs("f", mode=0o600, uid=7, gid=8)
         fh = ops.open("f", os.O_RDONLY)
         ops.unlink("f")
@@ -441,10 +442,10 @@ class FilesystemConformance(LinkConformance):
 
     def test_an_open_file_replaced_by_a_rename_keeps_its_content(self, tree):
         ops = Operations(tree, HandleTable(tree))
-        tree.commit("a", b"old", None, create=True)
+        tree.commit("a", b"old", None, CREATE)
         tree.set_attrs("a", mode=0o600)
         fh = ops.open("a", os.O_RDONLY)  # nothing read yet
-        tree.commit("b", b"new", None, create=True)
+        tree.commit("b", b"new", None, CREATE)
         ops.rename("b", "a")
         assert bytes(ops.read(fh, 10, 0)) == b"old"
         node = ops.find_open(fh)
