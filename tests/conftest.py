@@ -260,6 +260,11 @@ QUICK: list[tuple[str, ...]] = [
     ("test_ops_mount.py", "test_relative_database_and_log_paths_are_the_callers[bare]"),
     ("test_coherence.py", "test_close_to_open["),
     ("test_store.py", "test_store_and_mount_see_each_other"),
+    ("test_one_way.py", ""),
+    ("test_whole_versions.py", "test_a_descriptor_keeps_its_version", "[lmdb]"),
+    ("test_whole_versions.py", "test_a_descriptor_keeps_its_version", "[redis]"),
+    ("test_reachable.py", "while_another_mount_writes[lmdb]"),
+    ("test_urlfs.py", "lmdb"),
 ]
 QUICK_SLOW = ("test_big_value", "test_processes_increment_exactly", "test_killed_writer", "random_folders")
 
