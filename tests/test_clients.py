@@ -94,6 +94,18 @@ def saved_sample(folder: Path) -> tuple[dict[str, np.ndarray], Path]:
     return data, npz
 
 
+def fill_sample(g, data) -> None:
+    """Write :func:`sample_data` as zarr-python 3 arrays into the group ``g`` (Zarr format 2,
+    with a subgroup, a nested chunk key encoding and an uncompressed array)."""
+    g.create_array("f8", data=data["f8"], chunks=(5, 4), fill_value=np.nan)
+    g.create_array("i4", data=data["i4"], chunks=(10,))
+    sub = g.create_group("sub", attributes={"level": 1})
+    sub.create_array(
+        "u1", data=data["u1"], chunks=(2, 3, 4), chunk_key_encoding={"name": "v2", "separator": "/"}
+    )
+    sub.create_array("b1", data=data["b1"], chunks=(4, 4), compressors=None)
+
+
 def sample_data() -> dict[str, np.ndarray]:
     """Arrays with edge chunks, NaNs, negative ints and booleans."""
     rng = np.random.default_rng(42)

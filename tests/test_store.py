@@ -14,7 +14,15 @@ import pytest
 import zarr
 from mounting import make_url
 from numpy.testing import assert_array_equal
-from test_clients import ZARR2_READ_DB, ZARR2_WRITE_DB, db_location, files_under, run_zarr2, sample_data
+from test_clients import (
+    ZARR2_READ_DB,
+    ZARR2_WRITE_DB,
+    db_location,
+    files_under,
+    fill_sample,
+    run_zarr2,
+    sample_data,
+)
 from zarr.core.buffer import Buffer, cpu, default_buffer_prototype
 from zarr.testing.store import StoreTests
 
@@ -151,13 +159,7 @@ def test_zarr3_writes_a_database_zarr2_store_classes_read(url, zarr2_python, tmp
     np.savez(npz, **data)
     store = DatabaseStore(url)
     g = zarr.open_group(store, mode="w", zarr_format=2, attributes={"title": "through the store"})
-    g.create_array("f8", data=data["f8"], chunks=(5, 4), fill_value=np.nan)
-    g.create_array("i4", data=data["i4"], chunks=(10,))
-    sub = g.create_group("sub", attributes={"level": 1})
-    sub.create_array(
-        "u1", data=data["u1"], chunks=(2, 3, 4), chunk_key_encoding={"name": "v2", "separator": "/"}
-    )
-    sub.create_array("b1", data=data["b1"], chunks=(4, 4), compressors=None)
+    fill_sample(g, data)
     store.close()
     kind, where = db_location(url)
     out = json.loads(run_zarr2(zarr2_python, ZARR2_READ_DB, kind, where, str(npz)))

@@ -270,19 +270,13 @@ def test_a_process_keeps_a_bounded_number_of_databases_open(tmp_path, monkeypatc
 def test_what_a_url_writes_zarr2_sqlitestore_reads(zarr2_python, tmp_path):
     import json
 
-    from test_clients import ZARR2_READ_DB, run_zarr2, sample_data
+    from test_clients import ZARR2_READ_DB, fill_sample, run_zarr2, sample_data
 
     data = sample_data()
     np.savez(tmp_path / "data.npz", **data)
     url = f"sqlite://{tmp_path}/x.zarrdb"
     g = zarr.open_group(url, mode="w", zarr_format=2, attributes={"title": "through the URL"})
-    g.create_array("f8", data=data["f8"], chunks=(5, 4), fill_value=np.nan)
-    g.create_array("i4", data=data["i4"], chunks=(10,))
-    sub = g.create_group("sub", attributes={"level": 1})
-    sub.create_array(
-        "u1", data=data["u1"], chunks=(2, 3, 4), chunk_key_encoding={"name": "v2", "separator": "/"}
-    )
-    sub.create_array("b1", data=data["b1"], chunks=(4, 4), compressors=None)
+    fill_sample(g, data)
     fsspec.core.url_to_fs(url)[0].close()
     out = json.loads(
         run_zarr2(

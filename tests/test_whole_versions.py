@@ -32,11 +32,18 @@ def _committed_elsewhere(a, b, data: bytes, marker: str) -> None:
     eventually(lambda: (b.path / marker).exists(), "the other mount's commit")
 
 
-def test_a_descriptor_keeps_its_version_while_another_mount_rewrites_the_file(db_url, mount_factory):
+def _two_mounts(db_url, mount_factory):
+    """Mounts ``a`` and ``b`` of a new database, ``f`` written through ``a`` with :data:`OLD`
+    and seen by ``b``."""
     a = mount_factory(db_url, ["create"], name="a")
     (a.path / "f").write_bytes(OLD)
     b = mount_factory(db_url, name="b")
     eventually(lambda: (b.path / "f").exists(), "the file on the second mount")
+    return a, b
+
+
+def test_a_descriptor_keeps_its_version_while_another_mount_rewrites_the_file(db_url, mount_factory):
+    a, b = _two_mounts(db_url, mount_factory)
     old = os.open(b.path / "f", os.O_RDONLY)
     try:
         assert _read_all(old) == OLD  # the kernel holds its pages and its size
@@ -60,10 +67,7 @@ def test_a_descriptor_keeps_its_version_while_another_mount_rewrites_the_file(db
 
 
 def test_the_first_open_after_a_change_shows_the_new_size_over_new_pages(db_url, mount_factory):
-    a = mount_factory(db_url, ["create"], name="a")
-    (a.path / "f").write_bytes(OLD)
-    b = mount_factory(db_url, name="b")
-    eventually(lambda: (b.path / "f").exists(), "the file on the second mount")
+    a, b = _two_mounts(db_url, mount_factory)
     held = os.open(b.path / "f", os.O_RDONLY)
     try:
         assert _read_all(held) == OLD
@@ -81,10 +85,7 @@ def test_the_first_open_after_a_change_shows_the_new_size_over_new_pages(db_url,
 def test_reads_during_a_rewrite_in_place_elsewhere_are_one_version(db_url, mount_factory, rewrite):
     """The other mount rewrites the file in place (truncate, then writes): until its close the
     second mount reads the version before, whole."""
-    a = mount_factory(db_url, ["create"], name="a")
-    (a.path / "f").write_bytes(OLD)
-    b = mount_factory(db_url, name="b")
-    eventually(lambda: (b.path / "f").exists(), "the file on the second mount")
+    a, b = _two_mounts(db_url, mount_factory)
     assert (b.path / "f").read_bytes() == OLD
     if rewrite == "truncate":
         fd = os.open(a.path / "f", os.O_RDWR)
