@@ -139,10 +139,14 @@ class LMDBTxn(Txn):
         is made; an entry whose data commit never comes (a writer killed between its two
         commits) is waited for :data:`SIDE_AHEAD_WAIT` at most, then read as it is."""
         data_id = self._data.id()
-        with side.cursor() as cur:
-            if not cur.last() or not bytes(cur.key()[: len(feed.LOG)]) == feed.LOG:
-                return
-            (data_next,) = feed.HEAD.unpack_from(cur.value())
+        sid = side.id()
+        head = self._driver.side_head  # (side commit, the data commit its last entry names)
+        if head is None or head[0] != sid:
+            with side.cursor() as cur:
+                last = cur.last() and bytes(cur.key()[: len(feed.LOG)]) == feed.LOG
+                head = (sid, feed.HEAD.unpack_from(cur.value())[0] if last else 0)
+            self._driver.side_head = head
+        data_next = head[1]
         if data_next <= data_id:
             return
         env = self._driver.env
@@ -427,6 +431,8 @@ class LMDBDriver(Driver):
             side_path, readonly, {**self._env_options, "map_size": self.maps.side_size}
         )
         self._closed = False
+        #: The last side snapshot a read checked, and the data commit its last log entry names.
+        self.side_head: tuple[int, int] | None = None
         self.known = KnownSizes()
         self.long_keys = longkeys.Presence()
 
