@@ -1,5 +1,5 @@
-"""The two promises of a lock taken through a mount (README, Guarantees; NFS's lock consistency),
-each observed directly on every driver, without a race to win:
+"""The two promises of a lock taken through a mount (docs/guarantees.md, "With locks"; NFS's
+lock consistency), each observed directly on every driver, without a race to win:
 
 * a grant shows the newest size and content, even where the kernel of the granting mount holds
   the old ones: mount B follows no change feed (``-o feed=0``) and keeps what its kernel cached
