@@ -207,8 +207,9 @@ def mounted(db_url: str, mount_factory) -> Mount:
     return mount_factory(db_url, ["create"])
 
 
-def drained(driver, cursor, want, deadline: float = 5.0):
-    """Look at ``driver``'s feed until it holds ``want`` records (or None); what it got."""
+def drained(driver, cursor, want, deadline: float = 60.0):
+    """Look at ``driver``'s feed until it holds ``want`` records (or None); what it got (what it
+    had at the deadline, a generous one: a bound on a lost record, never on speed)."""
     got: list = []
     start = time.monotonic()
     while time.monotonic() - start < deadline:
@@ -220,6 +221,44 @@ def drained(driver, cursor, want, deadline: float = 5.0):
             return got
         time.sleep(0.001)
     return got
+
+
+def cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """User and system CPU seconds process ``pid`` (every thread), or its thread ``tid`` alone,
+    used so far."""
+    where = f"/proc/{pid}/task/{tid}/stat" if tid is not None else f"/proc/{pid}/stat"
+    with open(where) as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def daemon_cpu(m: Mount) -> float:
+    """CPU seconds the daemon of mount ``m`` used so far. A step's cost is this figure's growth,
+    compared with a baseline step's in the same test: a busy machine makes a step slower, not
+    costlier."""
+    from zarrfs.control import query
+
+    return cpu_seconds(query(str(m.path))["pid"])
+
+
+class Spinner:
+    """A process that only spins, from now until :meth:`stop`: the CPU it got meanwhile
+    (:meth:`used`) is what a loop that never sleeps gets of this machine now, the baseline a
+    loop that should sleep is held to (a busy machine gives both less)."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        self.start = cpu_seconds(self.proc.pid)
+
+    def used(self) -> float:
+        return cpu_seconds(self.proc.pid) - self.start
+
+    def stop(self) -> float:
+        """Stop spinning; what :meth:`used` was then."""
+        used = self.used()
+        self.proc.kill()
+        self.proc.wait()
+        return used
 
 
 def eventually(condition, what: str, deadline: float = 60.0) -> None:

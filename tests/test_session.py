@@ -360,7 +360,7 @@ def test_keys_changed_sends_inval_inode_and_inval_entry(wire):
     assert wire.messages(wait=0.2) == []  # nothing before INIT started the sender
     assert wire.init().error == 0
     wire.session.keys_changed(["g/x", "g/new", "top", "h/unknown/y"])
-    notes = wire.messages(wait=2, count=6)
+    notes = wire.messages(wait=30, count=6)
     assert all(n.unique == 0 for n in notes) and len(notes) == 6
     # The file's attributes and pages, and those of each held folder a name changed in (the
     # kernel's kept listing of it: a name may be new there).
@@ -389,7 +389,7 @@ def test_a_consolidated_document_rewritten_on_the_side_is_invalidated(make_ops, 
     unique = wire.send(k.FLUSH, entry.nodeid, k.FLUSH_IN.pack(fh, 0, 0, 0))
     # (The reply normally comes second; the wait for the notification is bounded, so under load
     # it may not be: the order is not checked.)
-    out = wire.messages(wait=2, count=3)
+    out = wire.messages(wait=30, count=3)
     assert sorted((m.unique, m.error) for m in out) == [
         (0, -k.NOTIFY_INVAL_ENTRY),
         (0, -k.NOTIFY_INVAL_INODE),  # the root's kept listing
@@ -409,7 +409,7 @@ def test_a_consolidated_document_rewritten_on_the_side_is_invalidated(make_ops, 
     entry, fh = wire.create(k.ROOT_ID, ".zattrs")
     wire.write(entry.nodeid, fh, b'{"k": 1}')
     unique = wire.send(k.FLUSH, entry.nodeid, k.FLUSH_IN.pack(fh, 0, 0, 0))
-    out = wire.messages(wait=2, count=4)
+    out = wire.messages(wait=30, count=4)
     assert sorted((m.unique, m.error) for m in out) == [
         (0, -k.NOTIFY_INVAL_ENTRY),
         (0, -k.NOTIFY_INVAL_INODE),

@@ -204,7 +204,7 @@ def test_notifications_wait_for_a_version_that_has_them(make_wire):
         expected = [(entry.nodeid, 4096, data[4096:])] if stored else []
         assert release_storing(wire, entry.nodeid, fh) == expected
         wire.session.keys_changed(["f"])
-        notes = wire.messages(wait=2, count=3)  # the file's, its entry, its folder's listing
+        notes = wire.messages(wait=30, count=3)  # the file's, its entry, its folder's listing
         inode, entry = -k.NOTIFY_INVAL_INODE, -k.NOTIFY_INVAL_ENTRY
         assert sorted(n.error for n in notes) == [entry, inode, inode]
 

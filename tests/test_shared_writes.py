@@ -37,7 +37,7 @@ def mounts(mount_factory, url: str, n: int) -> list:
     return [first] + [mount_factory(url) for _ in range(n - 1)]
 
 
-def shown(*paths, deadline: float = 20.0) -> None:
+def shown(*paths, deadline: float = 60.0) -> None:
     """Wait until every path exists: a file made through one mount shows on the others once
     their change feed brings its name (within a poll)."""
     end = time.monotonic() + deadline
