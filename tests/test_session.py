@@ -242,6 +242,18 @@ def test_setattr_mode_size_and_times(wire):
     assert wire.getattr(n).mode == FILE | 0o604
 
 
+def test_an_extension_by_ftruncate_counts_no_blocks_while_the_file_is_open(wire):
+    """``truncate -s 2G`` (open, ftruncate, close): the reply to the SETATTR, which the kernel
+    keeps, said 2 GiB of blocks (du 2.0G) where a pwrite at 1 GiB shows one block."""
+    entry, fh = wire.create(k.ROOT_ID, "f")
+    a = wire.setattr(entry.nodeid, k.FATTR_SIZE | k.FATTR_FH, fh=fh, size=2 << 30)
+    assert a.size == 2 << 30 and a.blocks <= 8, (a.size, a.blocks)
+    wire.write(entry.nodeid, fh, b"x", 1 << 30)
+    assert wire.getattr(entry.nodeid).blocks <= 16
+    wire.release(entry.nodeid, fh)
+    assert wire.getattr(entry.nodeid).blocks <= 16 * 2048  # one part of 16 MiB at most
+
+
 def test_setattr_through_an_open_handle_of_an_unlinked_file(wire):
     """ftruncate on a file whose name is gone: the kernel names it by handle (FATTR_FH)."""
     f = wire.put_file(k.ROOT_ID, "f", b"0123456789")

@@ -50,7 +50,9 @@ NOW = "now"  # a time to set to the present (UTIME_NOW)
 
 def stored_blocks(node: Node) -> int:
     """``st_blocks`` of ``node``: 512-byte units of what is stored (a file stored in parts
-    counts its parts that are not holes)."""
+    counts its parts that are not holes; an open file, the ranges of its buffer that hold data)."""
+    if node.allocated is not None:
+        return (node.allocated + 511) // 512
     parted = node.attrs.parted
     size = parted.stored_bytes() if parted is not None and parted.size == node.size else node.size
     return (size + 511) // 512

@@ -121,7 +121,8 @@ class HandleTable:
             return None
         if state.linked and (stored := self.tree.find(key)) is not None:  # its names, as stored
             attrs = state.attrs or stored.attrs
-            return Node(FILE, state.size, attrs, "", stored.nlink, stored.group, names=stored.names)
+            return Node(FILE, state.size, attrs, "", stored.nlink, stored.group, names=stored.names,
+                        allocated=self._allocated(state))
         return self._shown(state)
 
     def _as_read(self, state: FileState) -> Node | None:
@@ -145,6 +146,13 @@ class HandleTable:
         keys, self.outdated = self.outdated, []
         return keys
 
+    @staticmethod
+    def _allocated(state: FileState) -> int | None:
+        """The bytes of ``state``'s buffer that hold data, when it knows its holes (spilled to
+        a file: an extension by ``ftruncate`` is a hole there), else None (count the size)."""
+        ranges = None if state.buffer is None else state.buffer.data_ranges()
+        return None if ranges is None else sum(end - start for start, end in ranges)
+
     def open_node(self, fh: int) -> Node | None:
         """The node an open file shows, found by its handle (its name may be gone)."""
         state = self.locking.fresh(self.files.handle(fh).state)
@@ -163,7 +171,8 @@ class HandleTable:
 
     def _shown(self, state: FileState) -> Node:
         attrs = state.attrs or self.tree.default_attrs(FILE)
-        return Node(FILE, state.size, attrs, nlink=0 if state.orphan else 1)  # fstat after unlink: 0
+        # fstat after unlink: nlink 0
+        return Node(FILE, state.size, attrs, nlink=0 if state.orphan else 1, allocated=self._allocated(state))
 
     # ------------------------------------------------------------------ open / create
     def open(

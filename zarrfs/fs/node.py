@@ -32,6 +32,9 @@ class Node:
     rdev: int = 0
     names: tuple[str, ...] = ()
     no_xattrs: bool = field(default=False, compare=False)
+    #: Bytes that hold data, when known and fewer than ``size`` (an open file extended by
+    #: ``ftruncate``: its hole is no data, and ``st_blocks`` must not count it).
+    allocated: int | None = field(default=None, compare=False)
 
 
 def stamp_of(node: Node) -> tuple[int, int]:
