@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install what zarrfs needs on a fresh Debian/Ubuntu machine: fuse3, redis-server, PostgreSQL's
 # server (the tests start their own on 127.0.0.1, as they do Redis servers and a Redis Cluster) and the
-# command-line tools the tests use (GDAL's gdal-bin and netCDF-C's ncdump read mounts as clients; acl's setfacl sets POSIX ACLs), then a virtualenv in .venv with zarrfs and its test extras.
+# command-line tools the tests use (GDAL's gdal-bin and netCDF-C's ncdump read mounts as clients; acl's setfacl sets POSIX ACLs), bash-completion (which loads zarrfs's completion), then a virtualenv in .venv with zarrfs and its test extras.
 # Safe to run again: it only installs what is missing. Then the manual page (man zarrfs) and the
 # bash and zsh completion, generated from the command line itself, and the systemd service
 # template zarrfs@.service (docs/operations.md).
@@ -31,6 +31,8 @@ command -v tar >/dev/null || need+=(tar)
 command -v gdal_translate >/dev/null || need+=(gdal-bin)
 command -v ncdump >/dev/null || need+=(netcdf-bin)
 command -v setfacl >/dev/null || need+=(acl)
+# The completion installed below is loaded by bash-completion: without it a new shell completes nothing.
+[ -f /usr/share/bash-completion/bash_completion ] || need+=(bash-completion)
 if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -qq

@@ -9,6 +9,7 @@ import sys
 import uuid
 
 import pytest
+from mounting import unavailable
 
 from zarrfs.backends import open_driver
 
@@ -291,7 +292,7 @@ def test_every_usage_error_names_the_commands(tmp_path):
 
 
 def test_version_help_and_synopsis():
-    for flag in ("-V", "--version"):
+    for flag in ("-V", "-v", "--version"):
         result = zarrfs(flag)
         assert result.returncode == 0 and result.stdout.startswith("zarrfs "), result
     text = zarrfs("--help").stdout
@@ -582,6 +583,17 @@ def test_man_page_and_completion_are_generated_from_the_parser(tmp_path):
     zsh = subprocess.run([sys.executable, "-m", "zarrfs.completion", "zsh"], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": CHECKOUT}, check=True).stdout
     assert zsh.startswith("#compdef zarrfs") and "bashcompinit" in zsh
+    # A new shell: bash-completion loads the script by the command's name from where setup.sh
+    # puts it (XDG_DATA_DIRS/bash-completion/completions); setup.sh installs bash-completion.
+    loader = "/usr/share/bash-completion/bash_completion"
+    if not os.path.exists(loader):
+        unavailable("bash-completion is not installed (scripts/setup.sh installs it)")
+    (tmp_path / "bash-completion/completions").mkdir(parents=True)
+    (tmp_path / "zarrfs.bash").rename(tmp_path / "bash-completion/completions/zarrfs")
+    probe = f'source {loader}; _completion_loader zarrfs; complete -p zarrfs'
+    said = subprocess.run(["bash", "-c", probe], capture_output=True, text=True,
+                          env={**os.environ, "XDG_DATA_DIRS": f"{tmp_path}:/usr/share"})
+    assert said.returncode == 0 and "_zarrfs" in said.stdout, (said.stdout, said.stderr)
 
 
 def test_the_store_extra_brings_zarr_3_and_setup_installs_man_completion_and_offers_the_path():
@@ -594,7 +606,7 @@ def test_the_store_extra_brings_zarr_3_and_setup_installs_man_completion_and_off
     with open(os.path.join(CHECKOUT, "scripts", "setup.sh")) as fh:
         setup = fh.read()
     for word in ("zarrfs.manpage", "zarrfs.completion bash", "zarrfs.completion zsh", "--on-path",
-                 "/usr/local/bin/zarrfs", "scripts/install_unit.sh"):
+                 "/usr/local/bin/zarrfs", "scripts/install_unit.sh", "need+=(bash-completion)"):
         assert word in setup, word
     check = subprocess.run(["bash", "-n", os.path.join(CHECKOUT, "scripts", "setup.sh")], capture_output=True)
     assert check.returncode == 0, check.stderr

@@ -243,7 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="zarrfs", usage=SYNOPSIS, description=DESCRIPTION, epilog=epilog, formatter_class=raw
     )
-    parser.add_argument("-V", "--version", action="version", version=f"zarrfs {__version__}")
+    # -v too: what ``zarrfs -v`` means to most who type it (zarrfs has no verbose flag).
+    parser.add_argument("-V", "-v", "--version", action="version", version=f"zarrfs {__version__}")
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_Parser, title="commands",
         prog="zarrfs",
