@@ -23,7 +23,8 @@ REDIS_SCHEMES = ("redis", "rediss", "unix", "valkey", "valkeys") + tuple(
     f"{s}+cluster" for s in ("redis", "rediss", "valkey", "valkeys")
 )
 _NO_SECRETS = ("", "lmdb", "sqlite", "dbm", "memory", "zip", "icechunk")
-
+# The schemes of servers (and memory://): never a path, whatever the slashes.
+SERVER_SCHEMES = REDIS_SCHEMES + ("postgresql", "postgres", "memory")
 
 
 
@@ -64,6 +65,7 @@ def resolve_url(url: str, cwd: str | None = None) -> str:
     url = _one_slash(url)
     scheme = _scheme(url)
     if not scheme:
+        _not_a_server(url, cwd)
         return os.path.normpath(os.path.join(cwd, os.path.expanduser(url)))
     parts = urlsplit(url)
     if scheme in FILE_SCHEMES:
@@ -101,6 +103,15 @@ def whole_database(url: str) -> str:
         return url
     query = urlsplit(url).query
     return f"{scheme}://{quote(whole)}" + (f"?{query}" if query else "")
+
+
+def _not_a_server(path: str, cwd: str) -> None:
+    """Refuse ``redis:/host:6379`` or ``postgresql:host/db`` (a server's scheme without its
+    two slashes), which would be taken as a path, unless that path exists."""
+    head, sep, rest = path.partition(":")
+    if sep and head.lower() in SERVER_SCHEMES and not os.path.lexists(os.path.join(cwd, path)):
+        fixed = f"{head}://{rest.lstrip('/')}"
+        raise UsageError(f"{path} is not a URL: write {fixed} (two slashes after {head}:)")
 
 
 def redis_secret(url: str, environ: dict[str, str] | None = None) -> str:

@@ -1,6 +1,7 @@
 """Redis driver: ``redis://[:password@]host:port/db?prefix=zarr``, ``rediss://...``,
-``unix:///path/to/sock?db=0&prefix=zarr``, ``valkey://``/``valkeys://``; other query options go to
-redis-py. Redis Cluster: ``redis_cluster``.
+``unix:///path/to/sock?db=0&prefix=zarr``, ``valkey://``/``valkeys://``; the TLS options and
+``client_name`` go to redis-py (``url.REDIS_PY_OPTIONS``), any other is refused. Redis Cluster:
+``redis_cluster``.
 
 Keys (``url.KeyNames``): data ``{prefix}:{key}``, as ``RedisStore`` writes them; side values
 ``zarrfs.side.{prefix}:{key}``; per space a sorted-set index (``zarrfs.index.{prefix}``,
@@ -37,7 +38,7 @@ from .link import (
     translate,
     translated,
 )
-from .url import KeyNames, check_query, parse_url, redis_py_options
+from .url import REDIS_PY_OPTIONS, KeyNames, check_query, parse_url
 
 log = logging.getLogger("zarrfs.backends.redis")
 __all__ = ["SPIN", "RedisDriver", "RedisTxn"]
@@ -276,7 +277,7 @@ class RedisDriver(Driver):
         if any(k in ("spread", "spread_above") for k, _ in parsed.query):
             raise BackendError(f"{self.where}: spread=1 spreads a hierarchy over the masters of a Redis"
                                " Cluster: use a redis+cluster:// URL, or drop spread=1")
-        check_query(parsed, redis_py_options())
+        check_query(parsed, REDIS_PY_OPTIONS)
         self._links = Links(self)
         self.feed: RedisFeed | None = None  # started by the first changes() (a mount's)
         try:

@@ -53,6 +53,25 @@ NO_SETINFO: dict[str, Any] = (
 _RETRYABLE_REPLIES = ("LOADING", "TRYAGAIN", "BUSY", "MASTERDOWN")
 
 
+_WANTS_PASSWORD = (
+    "the server wants a password: give it with ?password_file=PATH or $ZARRFS_PASSWORD (see zarrfs --help)"
+)
+
+
+def _credentials_advice(msg: str) -> str | None:
+    """What to do about the credentials a server refused (its reply ``msg``), or None when
+    ``msg`` is not about them: none given, wrong ones given, or one given to a server without."""
+    if "NOAUTH" in msg or "Authentication required" in msg:
+        return _WANTS_PASSWORD
+    if "WRONGPASS" in msg or "invalid username-password pair" in msg:
+        return ("the server refused the user name and password given (in the URL, ?password_file= or "
+                "$ZARRFS_PASSWORD): check them")
+    if "without any password configured" in msg:
+        return ("the server has no password: give none (drop it from the URL, ?password_file= or "
+                "$ZARRFS_PASSWORD)")
+    return None
+
+
 def translate(exc: Exception, what: str) -> BackendError:
     """Map a redis-py exception (or an error reply) to the driver interface's classes."""
     if isinstance(exc, BackendError):
@@ -68,11 +87,10 @@ def translate(exc: Exception, what: str) -> BackendError:
         isinstance(exc, rexc.ResponseError) and msg.startswith("READONLY")
     ):
         return ReadOnlyError(f"{what}: {exc}")
-    if isinstance(exc, rexc.AuthenticationError) or msg.startswith(("NOAUTH", "WRONGPASS")):
-        return UnavailableError(
-            f"{what}: {exc.__class__.__name__ if not msg else msg.rstrip('.')}: the server wants a "
-            "password: give it with ?password_file=PATH or $ZARRFS_PASSWORD (see zarrfs --help)"
-        )
+    advice = _credentials_advice(msg)
+    if advice is not None or isinstance(exc, rexc.AuthenticationError):
+        said = msg.split(". ")[0].rstrip(".") or exc.__class__.__name__
+        return UnavailableError(f"{what}: {said}: {advice or _WANTS_PASSWORD}")
     if isinstance(exc, (rexc.TimeoutError, TimeoutError)):  # a socket timeout: a send, a connect
         return StalledError(f"{what}: no answer within the timeout: {exc}")
     if isinstance(exc, (rexc.ConnectionError, OSError)):

@@ -54,28 +54,31 @@ def parse_url(url: str) -> RedisURL:
     )
 
 
-def check_query(url: RedisURL, known: set[str]) -> None:
-    """Refuse the query options of ``url`` that are not in ``known`` (``prefix`` always is), as
-    the file drivers do: a typo must not be ignored, nor reach redis-py as a keyword argument."""
-    unknown = sorted({k for k, _ in url.query} - known - {"password", "username"})
+#: What every Redis URL takes: its key prefix and credentials.
+OWN_OPTIONS = ("prefix", "username", "password", "password_file")
+#: The redis-py options a ``redis://`` URL hands on: the database number (of a ``unix://``
+#: URL), the connection's name, and TLS's settings. The rest of redis-py's keyword
+#: arguments are its internals, or set by zarrfs (``-o timeout=`` bounds every wait).
+REDIS_PY_OPTIONS = frozenset(
+    {"db", "client_name", "ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile", "ssl_password",
+     "ssl_cert_reqs", "ssl_check_hostname", "ssl_min_version"}
+)
+
+
+def check_query(url: RedisURL, known: set[str] | frozenset[str]) -> None:
+    """Refuse the query options of ``url`` that are not in ``known`` nor :data:`OWN_OPTIONS`,
+    as the file drivers do: a typo must not be ignored, nor reach redis-py as a keyword argument."""
+    import difflib
+
+    names = set(known) | set(OWN_OPTIONS)
+    unknown = sorted({k for k, _ in url.query} - names)
     if unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(names), n=1, cutoff=0.6)
+        guess = f" (did you mean {close[0]}?)" if close else ""
         raise BackendError(
-            f"{url.where(url.prefix)}: unknown option(s) {', '.join(unknown)}; known: "
-            f"{', '.join(sorted(known | {'prefix', 'password', 'password_file', 'username'}))}"
+            f"{url.where(url.prefix)}: unknown option(s) {', '.join(unknown)}{guess}; known: "
+            f"{', '.join(sorted(names))}"
         )
-
-
-def redis_py_options() -> set[str]:
-    """The query options redis-py's ``from_url`` takes: those it parses, and the keyword
-    arguments of its connection classes (TCP, TLS, unix socket)."""
-    import inspect
-
-    import redis.connection as rc
-
-    names = set(getattr(rc, "URL_QUERY_ARGUMENT_PARSERS", {}))
-    for cls in (rc.AbstractConnection, rc.Connection, rc.SSLConnection, rc.UnixDomainSocketConnection):
-        names |= {p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "kwargs")}
-    return names
 
 
 class KeyNames:
