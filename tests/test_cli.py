@@ -410,6 +410,60 @@ def test_databases_on_read_only_media(tmp_path):
         shutil.rmtree("/dev/shm/zarrfs-ro-copy-test", ignore_errors=True)
 
 
+def as_nobody(*args: str) -> subprocess.CompletedProcess:
+    """``zarrfs ARGS`` as the unprivileged user nobody (uid 65534), from ``/``."""
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        unavailable("acting as another user needs root and setpriv (util-linux)")
+    return subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "zarrfs",
+         *args],
+        capture_output=True, text=True, timeout=120, cwd="/", env={**os.environ, "PYTHONPATH": CHECKOUT},
+    )
+
+
+def test_a_database_this_user_may_read_but_not_write():
+    """A user who may read an LMDB folder or a SQLite file but not write it (nor its lock file,
+    nor the folder) checks it and copies from it (both said "/x/ro.lmdb: /x/ro.lmdb: Permission
+    denied"), and a writable mount is refused at once saying -o ro; a 0444 SQLite file of one's
+    own mounted read-write, and every close then failed with EROFS."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    shared = Path(tempfile.mkdtemp(prefix="zarrfs-shared-", dir="/tmp"))  # pytest's is root's alone
+    try:
+        shared.chmod(0o755)
+        (shared / "src").mkdir()
+        (shared / "src/.zgroup").write_bytes(b'{"zarr_format": 2}')
+        mine = shared / "mine"
+        (mine / "m").mkdir(parents=True)
+        for path in (mine, mine / "m"):
+            os.chown(path, 65534, 65534)
+        for kind in ("lmdb", "sqlite"):
+            url = f"{kind}://{shared}/db.{kind}"
+            assert zarrfs("copy", str(shared / "src"), url).returncode == 0
+            result = as_nobody("check", url)
+            assert result.returncode == 0 and "no problems found" in result.stderr, result.stderr
+            assert "Permission denied" not in result.stderr, result.stderr
+            result = as_nobody("copy", url, str(mine / f"out-{kind}"))
+            assert result.returncode == 0, result.stderr
+            assert (mine / f"out-{kind}/.zgroup").read_bytes() == b'{"zarr_format": 2}'
+            line = one_line(as_nobody("mount", url, str(mine / "m")), 1, "may read it but not write it",
+                            "-o ro")
+            assert line.count(str(shared)) == 1, line  # the path once
+        own = mine / "own.sqlite"
+        assert zarrfs("copy", str(shared / "src"), f"sqlite://{own}").returncode == 0
+        os.chown(own, 65534, 65534)
+        own.chmod(0o444)
+        one_line(as_nobody("mount", f"sqlite://{own}", str(mine / "m")), 1, "own.sqlite: owner", "mode 0444",
+                 "-o ro")
+        assert not os.path.ismount(mine / "m")
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
 def test_log_file_in_a_missing_folder_is_refused_before_mounting(tmp_path):
     (tmp_path / "m").mkdir()
     line = one_line(

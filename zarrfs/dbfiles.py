@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dbm
 import os
+import stat
 from typing import Any
 
 from zarrfs.backends import open_driver
@@ -88,6 +89,37 @@ def _read_only_media(path: str) -> bool:
         return False
 
 
+def _user(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _not_writable(scheme: str, path: str) -> str:
+    """What of the database ``path`` this user may not write ("" when it may write it all): a
+    0444 SQLite file opens read-only by itself, and then every write fails with EROFS."""
+    if scheme == "lmdb":
+        folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
+        files = [os.path.join(path, "data.mdb")] if os.path.isdir(path) else [path]
+    elif scheme == "sqlite":  # its journal or WAL files are made beside it
+        folder, files = os.path.dirname(path) or ".", [path, path + "-wal", path + "-shm"]
+    elif scheme == "dbm":
+        folder, files = os.path.dirname(path) or ".", [path + s for s in ("", ".db", ".dat", ".dir", ".pag")]
+    else:
+        return ""
+    for name in files:
+        if os.path.exists(name) and not os.access(name, os.W_OK):
+            st = os.stat(name)
+            mode = stat.S_IMODE(st.st_mode)
+            return f"it ({os.path.basename(name)}: owner {_user(st.st_uid)}, mode {mode:04o})"
+    if not os.access(folder, os.W_OK):
+        return f"the folder {folder} it needs to write in"
+    return ""
+
+
 def check_database_path(scheme: str, path: str, *, create: bool, readonly: bool, hint: bool = True) -> None:
     """Raise :class:`MountFailure`, one line saying what to do, unless the database ``path`` may
     be opened as asked (``create``: ``-o create``; ``readonly``: ``-o ro``; ``hint``: name the
@@ -122,6 +154,11 @@ def check_database_path(scheme: str, path: str, *, create: bool, readonly: bool,
     if not readonly and _read_only_media(path):
         raise MountFailure(
             f"{path} is on a read-only file system" + (": add -o ro to mount it read-only" if hint else "")
+        )
+    if not readonly and there == "database" and (locked := _not_writable(scheme, path)):
+        raise MountFailure(
+            f"{path}: this user may read it but not write {locked}"
+            + ("; add -o ro to mount it read-only" if hint else "")
         )
 
 

@@ -60,23 +60,24 @@ def translate(exc: lmdb.Error, what: str, space: Space = DATA) -> BackendError:
     (``MDB_MAP_FULL``, ``ENOSPC``, ``EDQUOT``, a short write to a full disk) is
     :class:`StorageFullError`; a full map, or one another process grew, of ``space``'s
     environment is a :class:`MapTooSmall`, which the driver may grow (``maps``)."""
+    said = str(exc).removeprefix(f"{what}: ")  # py-lmdb names the path too: once is enough
     if isinstance(exc, lmdb.MapFullError):
         which, option = ("map", "map_size") if space is DATA else ("side map", "map_max")
         return MapTooSmall(f"{what}: the LMDB {which} is full (open with a larger ?{option}=)", space)
     if isinstance(exc, lmdb.MapResizedError):
         return MapTooSmall(f"{what}: another process grew the LMDB map", space, adopt=True)
     if isinstance(exc, lmdb.ReadonlyError):
-        return ReadOnlyError(f"{what}: {exc}")
+        return ReadOnlyError(f"{what}: {said}")
     if isinstance(exc, lmdb.BadValsizeError):
-        return InvalidKeyError(f"{what}: key or value size not accepted by LMDB: {exc}")
+        return InvalidKeyError(f"{what}: key or value size not accepted by LMDB: {said}")
     if isinstance(exc, (lmdb.ReadersFullError, lmdb.TlsFullError)):
-        return RetryableError(f"{what}: {exc}")
+        return RetryableError(f"{what}: {said}")
     code = getattr(exc, "code", None) or _errno_of(exc)
     if code in (errno.ENOSPC, errno.EDQUOT) or (code == errno.EIO and _disk_full(what)):
-        return StorageFullError(f"{what}: {exc}")
+        return StorageFullError(f"{what}: {said}")
     if code in (errno.ENOENT, errno.EACCES, errno.ENOTDIR):
-        return UnavailableError(f"{what}: {exc}")
-    return BackendError(f"{what}: {exc}")
+        return UnavailableError(f"{what}: {said}")
+    return BackendError(f"{what}: {said}")
 
 
 @contextmanager
@@ -90,6 +91,29 @@ def translated(what: str, space: Space = DATA) -> Iterator[None]:
         raise translate(exc, what, space) from exc
 
 
+def _open(path: str, subdir: bool, readonly: bool, lock: bool, options: dict[str, Any]) -> lmdb.Environment:
+    return lmdb.open(
+        path,
+        subdir=subdir,
+        readonly=readonly,
+        create=not readonly,
+        lock=lock,
+        max_readers=MAX_READERS,
+        max_dbs=0,
+        **options,
+    )
+
+
+def _lock_not_writable(path: str, subdir: bool) -> bool:
+    """Whether this user may not open the lock file of the environment at ``path`` for
+    writing (nor create it), as LMDB's readers must: a database another user owns, which
+    this one may read."""
+    lock_file = os.path.join(path, "lock.mdb") if subdir else path + "-lock"
+    if os.path.exists(lock_file):
+        return not os.access(lock_file, os.W_OK)
+    return not os.access(os.path.dirname(lock_file) or ".", os.W_OK)
+
+
 class Environments:
     """Process-wide, reference-counted environments: LMDB forbids opening one environment twice
     in a process (its fcntl locks belong to the process), but two drivers on one database in a
@@ -98,6 +122,7 @@ class Environments:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.open: dict[str, list[Any]] = {}  # key -> [env, refcount, readonly, write lock]
+        self.warned: set[str] = set()  # folders of databases read without the reader table
 
     def acquire(
         self, path: str, subdir: bool, readonly: bool, **options: Any
@@ -113,16 +138,22 @@ class Environments:
                 entry[1] += 1
                 return key, entry[0]
             with translated(path):
-                env = lmdb.open(
-                    path,
-                    subdir=subdir,
-                    readonly=readonly,
-                    create=not readonly,
-                    lock=True,
-                    max_readers=MAX_READERS,
-                    max_dbs=0,
-                    **options,
-                )
+                try:
+                    env = _open(path, subdir, readonly, True, options)
+                except lmdb.Error:
+                    if not (readonly and _lock_not_writable(path, subdir)):
+                        raise
+                    env = _open(path, subdir, readonly, False, options)
+                    folder = path if subdir else os.path.dirname(path)
+                    if folder in self.warned:  # the side environment beside it: said once
+                        log.debug("%s: read without LMDB's reader table", path)
+                    else:
+                        self.warned.add(folder)
+                        log.warning(
+                            "%s: this user may not write its lock file: read without LMDB's reader "
+                            "table; a writer at the same time may reuse the pages of a long read",
+                            path,
+                        )
             self.open[key] = [env, 1, readonly, WriteLock(key)]
             return key, env
 

@@ -4,6 +4,7 @@ the translation of SQLite errors."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
@@ -31,6 +32,7 @@ from ..base import (
     bytes_stop,
 )
 
+log = logging.getLogger("zarrfs.backends.sqlite")
 TABLES = {DATA: "zarr", SIDE: "zarrfs_side"}
 PAGE_SIZE = 32768  # for databases this driver creates
 # Exactly zarr-python 2.18's statement, so a database we create is one SQLiteStore expects.
@@ -104,14 +106,32 @@ def blob(value: Any) -> bytes:
     return value.encode("utf-8") if isinstance(value, str) else bytes(value)
 
 
+_warned: set[str] = set()
+
+
+def _warn_unlocked(path: str) -> None:
+    """Say once per database that it is read without SQLite's locks."""
+    if path not in _warned:
+        _warned.add(path)
+        log.warning("%s: this user may not write in its folder: read without SQLite's locks (immutable); "
+                    "a writer at the same time may change what a long read sees", path)
+
+
 def connect(path: str, readonly: bool, timeout: float, synchronous: str, autocheckpoint: int):
     """A connection as the driver uses them: autocommit (the driver issues ``BEGIN``), keys
     and TEXT values read as bytes, a busy timeout."""
     with translated(path):
         if readonly:
             # On read-only media nobody writes, and the WAL's shared memory cannot be made:
-            # immutable=1 reads the file as it is, without locks.
-            frozen = "&immutable=1" if os.statvfs(os.path.dirname(path) or ".").f_flag & os.ST_RDONLY else ""
+            # immutable=1 reads the file as it is, without locks. So too for a user who may
+            # read the database but not write in its folder, where no -shm file is left.
+            folder = os.path.dirname(path) or "."
+            frozen = ""
+            if os.statvfs(folder).f_flag & os.ST_RDONLY:
+                frozen = "&immutable=1"
+            elif not os.access(folder, os.W_OK) and not os.path.exists(path + "-shm"):
+                frozen = "&immutable=1"
+                _warn_unlocked(path)
             conn = sqlite3.connect(
                 f"file:{quote(path)}?mode=ro{frozen}",
                 uri=True,
