@@ -342,6 +342,23 @@ def test_a_folder_that_is_not_a_database_is_never_written_into(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["climate.zarr", "m", "notes.txt"]
 
 
+def test_a_database_of_another_kind_is_named_with_its_url(tmp_path):
+    """A bare s.sqlite (a bare path is LMDB) said only "not an LMDB database"."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / ".zgroup").write_bytes(b'{"zarr_format": 2}')
+    (tmp_path / "m").mkdir()
+    for url in (f"sqlite://{tmp_path}/s.sqlite", f"lmdb://{tmp_path}/l.lmdb"):
+        assert zarrfs("copy", str(src), url).returncode == 0
+    for args, words in (
+        (["check", "s.sqlite"], ["not an LMDB database", f"a SQLite database, whose URL is sqlite://{tmp_path}/"]),
+        (["mount", "s.sqlite", "m", "-o", "create"], [f"sqlite://{tmp_path}/s.sqlite"]),
+        (["copy", "src", "lmdb://s.sqlite"], [f"sqlite://{tmp_path}/s.sqlite"]),
+        (["check", "sqlite://l.lmdb"], [f"an LMDB database, whose URL is lmdb://{tmp_path}/l.lmdb"]),
+    ):
+        one_line(zarrfs(*args, cwd=tmp_path), 1, *words)
+
+
 def test_an_empty_folder_needs_create_and_is_named_once(tmp_path):
     (tmp_path / "m").mkdir()
     empty = tmp_path / "emptydir"

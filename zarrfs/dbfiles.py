@@ -133,6 +133,11 @@ def check_database_path(scheme: str, path: str, *, create: bool, readonly: bool,
             if os.path.isdir(path) and scheme == "lmdb"
             else ""
         )
+        other = next((s for s in _KIND if s != scheme and what_is_there(s, path) == "database"), None)
+        if other is not None:  # a bare s.sqlite is taken for LMDB: say what it is, and its URL
+            advice = f": it is {_KIND[other]}, whose URL is {other}://{os.path.abspath(path)}"
+        if create and other is not None:
+            raise MountFailure(f"{path} is {what} but not {kind}{advice}")
         if create:
             raise MountFailure(
                 f"{path} is {what} with something in it, not {kind}: -o create makes a new database "
