@@ -208,6 +208,32 @@ def test_copy_of_a_missing_source_creates_nothing(tmp_path):
             assert sorted(p.name for p in tmp_path.iterdir()) == [], list(tmp_path.iterdir())
 
 
+def test_copy_onto_itself_or_onto_a_file_is_one_line_and_a_bare_lmdb_path_is_the_database(tmp_path):
+    """``copy X X`` said "already open read-only in this process"; a file as the destination
+    gave a raw "[Errno 20] Not a directory"; a bare path to an LMDB database (the database, to
+    every other command) was copied as a folder: data.mdb and lock.mdb as keys."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / ".zgroup").write_bytes(b'{"zarr_format": 2}')
+    for url in (f"lmdb://{tmp_path}/db.lmdb", f"sqlite://{tmp_path}/db.sqlite"):
+        assert zarrfs("copy", str(src), url).returncode == 0
+    (tmp_path / "notes.txt").write_text("text")
+    before = snapshot(tmp_path)
+    for source, dest in (("lmdb://db.lmdb", "lmdb://db.lmdb"), ("lmdb://db.lmdb", "db.lmdb"),
+                         ("sqlite://db.sqlite", f"sqlite://{tmp_path}/db.sqlite"), ("src", "./src/"),
+                         ("db.lmdb/data.mdb", "lmdb://db.lmdb")):
+        one_line(zarrfs("copy", source, dest, cwd=tmp_path), 1, "are the same", "nothing to copy")
+    one_line(zarrfs("copy", "src", "src/inner", cwd=tmp_path), 1, "inside the source folder")
+    for dest in ("notes.txt", "notes.txt/x"):
+        line = one_line(zarrfs("copy", "lmdb://db.lmdb", dest, cwd=tmp_path), 1, "is a file, not a folder")
+        assert "Errno" not in line
+    one_line(zarrfs("copy", "src", "db.sqlite", cwd=tmp_path), 1, "is a SQLite database",
+             f"sqlite://{tmp_path}/db.sqlite")
+    assert snapshot(tmp_path) == before
+    assert zarrfs("copy", "db.lmdb", "out", cwd=tmp_path).returncode == 0
+    assert snapshot(tmp_path / "out") == {".zgroup": b'{"zarr_format": 2}'}
+
+
 def test_copy_validate_refuses_a_bad_hierarchy_and_copies_a_good_one(tmp_path):
     src = tmp_path / "src"
     (src / "arr").mkdir(parents=True)

@@ -75,7 +75,19 @@ def what_is_there(scheme: str, path: str) -> str:
         return "database" if _head(path, 16) == _SQLITE_MAGIC else "other"
     if scheme == "zip":
         return "database" if _head(path, 4) in (b"PK\x03\x04", b"PK\x05\x06") else "other"
+    if scheme == "icechunk":  # a repository is a folder
+        return "other"
     return "database"
+
+
+def kind_at(path: str, but: str = "") -> str | None:
+    """The scheme of the database at ``path`` (not ``but``), or None when it holds none."""
+    return next((s for s in _KIND if s != but and what_is_there(s, path) == "database"), None)
+
+
+def kind_name(scheme: str) -> str:
+    """``"a SQLite database"`` for ``"sqlite"``."""
+    return _KIND.get(scheme, "a database")
 
 
 def _read_only_media(path: str) -> bool:
@@ -133,7 +145,7 @@ def check_database_path(scheme: str, path: str, *, create: bool, readonly: bool,
             if os.path.isdir(path) and scheme == "lmdb"
             else ""
         )
-        other = next((s for s in _KIND if s != scheme and what_is_there(s, path) == "database"), None)
+        other = kind_at(path, but=scheme)
         if other is not None:  # a bare s.sqlite is taken for LMDB: say what it is, and its URL
             advice = f": it is {_KIND[other]}, whose URL is {other}://{os.path.abspath(path)}"
         if create and other is not None:

@@ -454,6 +454,8 @@ def copy(
     store) and say what was copied; see the module docstring for ``if_exists`` and ``dry_run``."""
     if if_exists not in IF_EXISTS:
         raise ValueError(f"if_exists must be one of {', '.join(IF_EXISTS)}, got {if_exists!r}")
+    source, dest = _as_database(source), _as_database(dest)
+    _check_ends(source, dest)
     src = _open_end(source, source=True)
     result = Copied()
     try:
@@ -522,6 +524,51 @@ def _exists_at_all(dest: Any) -> bool:
         return True
     path = database_path(dest) if is_url(dest) else dest
     return path is None or os.path.exists(path)
+
+
+def _as_database(location: Any) -> Any:
+    """A path that holds an LMDB database as its ``lmdb://`` URL (what a bare path means to
+    every command: its keys are copied, not its ``data.mdb``); anything else as it is."""
+    from zarrfs.dbfiles import what_is_there
+    from zarrfs.urls import whole_database
+
+    if isinstance(location, str) and not is_url(location) and what_is_there("lmdb", location) == "database":
+        return whole_database("lmdb://" + os.path.abspath(location))  # data.mdb: its folder
+    return location
+
+
+def _identity(location: str) -> str:
+    """What tells two ends apart: a file database's or a folder's real path, else the URL
+    without credentials."""
+    from zarrfs.urls import database_path, shown_url, whole_database
+
+    path = database_path(whole_database(location)) if is_url(location) else location
+    return os.path.realpath(path) if path is not None else shown_url(location)
+
+
+def _check_ends(source: Any, dest: Any) -> None:
+    """Refuse, before anything is opened, a copy onto itself or into its own folder, and a
+    destination folder where a file is."""
+    if not (isinstance(source, str) and isinstance(dest, str)):
+        return
+    same, inside = _identity(source), _identity(dest)
+    if same == inside:
+        what = "database" if is_url(source) or is_url(dest) else "folder"
+        raise CopyError(f"{source} and {dest} are the same {what}: nothing to copy (give another one)")
+    if not is_url(source) and not is_url(dest) and inside.startswith(same.rstrip("/") + "/"):
+        raise CopyError(f"destination {dest} is inside the source folder {source}: give a folder outside it")
+    if is_url(dest):
+        return
+    at = dest
+    while at and not os.path.lexists(at):
+        at = os.path.dirname(at.rstrip("/"))
+    if at and not os.path.isdir(at):
+        from zarrfs.dbfiles import kind_at, kind_name
+
+        kind = kind_at(at)
+        what = f"{kind_name(kind)} (its URL: {kind}://{os.path.abspath(at)})" if kind else "a file"
+        where = f"destination {dest}" if at == dest else f"destination {dest}: {at}"
+        raise CopyError(f"{where} is {what}, not a folder: give a folder, or a database URL")
 
 
 def _refuse_existing(src: Any, dest: Any) -> None:
