@@ -103,12 +103,14 @@ def test_an_empty_folder_with_create_and_a_non_empty_mountpoint_with_nonempty(tm
 
 
 def test_status_names_requests_lists_subtype_mounts_and_survives_a_closed_pipe(tmp_path, mount_factory):
-    m = mount_factory(f"lmdb://{tmp_path}/db.lmdb", ["create", "subtype=mine"])
+    """A comma (libfuse's option separator) and a space in the database's path show as they
+    are in the listing: a comma showed as "_", both as %2C and %20 in an lmdb:// URL."""
+    m = mount_factory(f"lmdb://{tmp_path}/d,b 1.lmdb", ["create", "subtype=mine"])
     write(m.path / "f", b"1")
     with pytest.raises(OSError):
         os.getxattr(m.path / "f", "user.x")
     listed = run("status")
-    assert str(m.path) in listed.stdout, listed
+    assert f"{m.path}\tlmdb://{tmp_path}/d,b 1.lmdb\trw" in listed.stdout.splitlines(), listed
     doc = __import__("json").loads(run("status", "--json", str(m.path)).stdout)
     assert not [name for name in doc["requests"] if name.startswith("opcode_")], doc["requests"]
     assert "getxattr" in doc["requests"]

@@ -91,7 +91,10 @@ def make_hooks(opts: MountOptions) -> Hooks:
 def mount_options(url: str, opts: MountOptions) -> dict[str, Any]:
     """Options for libfuse's mount (``url`` is what the mount table shows: no credentials),
     with the user's pass-through options last so they win."""
-    options: dict[str, Any] = {"fsname": shown_url(url).replace(",", "_"), "subtype": "zarrfs"}
+    # libfuse splits its options at commas and takes a backslash to escape the next character
+    # (fusermount3 too): a comma in a path is escaped, not changed ("st,ore" showed "st_ore").
+    fsname = shown_url(url).replace("\\", "\\\\").replace(",", "\\,")
+    options: dict[str, Any] = {"fsname": fsname, "subtype": "zarrfs"}
     if opts.readonly:
         options["ro"] = True
     fuse = dict(opts.fuse)

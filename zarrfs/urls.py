@@ -5,7 +5,7 @@ folder, a Redis password gathered from where it may be given, and the URL as it 
 from __future__ import annotations
 
 import os
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from zarrfs.usage import UsageError
 
@@ -56,6 +56,15 @@ def _file_path(url: str) -> str:
     return path
 
 
+def _quoted(path: str) -> str:
+    """``path`` for a URL, quoted only where a URL must be (``%``, ``?``, ``#``, and the tab
+    and line breaks ``urlsplit`` drops): ``zarrfs status`` and the mount table show it as it
+    is (a comma or a space, not ``%2C``)."""
+    for char in "%?#\t\n\r":
+        path = path.replace(char, f"%{ord(char):02X}")
+    return path
+
+
 def resolve_url(url: str, cwd: str | None = None) -> str:
     """``url`` with the database path (LMDB, SQLite, DBM, a bare path) and a ``password_file``
     made absolute against ``cwd`` (default: the working folder), so that a daemon running in
@@ -73,7 +82,7 @@ def resolve_url(url: str, cwd: str | None = None) -> str:
         if not path:
             raise UsageError(f"{url} names no database path")
         path = os.path.normpath(os.path.join(cwd, os.path.expanduser(path)))
-        return f"{parts.scheme}://{quote(path)}" + (f"?{parts.query}" if parts.query else "")
+        return f"{parts.scheme}://{_quoted(path)}" + (f"?{parts.query}" if parts.query else "")
     query = parse_qsl(parts.query, keep_blank_values=True)
     if any(k == "password_file" for k, _ in query):
         query = [
@@ -102,7 +111,7 @@ def whole_database(url: str) -> str:
     if whole == path:
         return url
     query = urlsplit(url).query
-    return f"{scheme}://{quote(whole)}" + (f"?{query}" if query else "")
+    return f"{scheme}://{_quoted(whole)}" + (f"?{query}" if query else "")
 
 
 def _not_a_server(path: str, cwd: str) -> None:
