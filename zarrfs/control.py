@@ -3,11 +3,12 @@
 ``zarrfs status MOUNTPOINT`` connects to it and reads one JSON document: the database URL (no
 credentials), its size, requests and errors by type, open files, folder snapshots, the version
 served (an Icechunk branch or tag, a snapshot held). A client sends one JSON request first
-(``{"op": "status"}``, or ``{"op": "commit", "message": ...}`` for ``zarrfs commit``), then
-shuts its side down; the answer is one JSON document (``{"error": ...}`` when refused). The
-socket lives in :func:`runtime_folder` (``/run/zarrfs`` for root, ``$XDG_RUNTIME_DIR/zarrfs``
-or ``/tmp/zarrfs-UID`` for a user; the folder is 0700 and the socket 0600: its owner and root
-only), named after the mountpoint; root finds every user's (:func:`socket_path`).
+(``{"op": "status"}``; ``{"op": "ping"}``, whether it answers; ``{"op": "commit", "message":
+...}`` for ``zarrfs commit``), then shuts its side down; the answer is one JSON document
+(``{"error": ...}`` when refused). The socket lives in :func:`runtime_folder` (``/run/zarrfs``
+for root, ``$XDG_RUNTIME_DIR/zarrfs`` or ``/tmp/zarrfs-UID`` for a user; the folder is 0700 and
+the socket 0600: its owner and root only), named after the mountpoint; root finds every user's
+(:func:`socket_path`).
 """
 
 from __future__ import annotations
@@ -248,6 +249,8 @@ class ControlServer:
         op = request.get("op", "status")
         if op == "status":
             return self.status()
+        if op == "ping":  # zarrfs status's look at whether the daemon answers: nothing to compute
+            return {"pid": os.getpid()}
         if op == "commit":
             commit = getattr(self.driver, "commit", None)
             if commit is None:
@@ -284,6 +287,8 @@ class ControlServer:
             with conn:
                 try:
                     conn.sendall(json.dumps(self.answer(self._request(conn))).encode())
+                except (BrokenPipeError, ConnectionResetError) as exc:  # the client went away
+                    log.debug("status client gone before the answer: %s", exc)
                 except Exception as exc:  # a status must never take the daemon down
                     log.warning("status request failed: %s", exc)
 

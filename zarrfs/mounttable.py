@@ -185,21 +185,24 @@ def _zarrfsmounts() -> list[tuple[str, str, str]]:
 
 
 def _alive(mountpoint: str) -> bool:
-    """Whether the daemon of the mount at ``mountpoint`` is there: its status socket answers,
-    or, without one, its statfs is answered (a dead daemon's mount says ENOTCONN)."""
+    """Whether the daemon of the mount at ``mountpoint`` is there: its status socket answers
+    a ``ping`` (a request, answered: a probe that only connected and hung up made every daemon
+    log a broken pipe), or, without one, its statfs is answered (a dead daemon's mount says
+    ENOTCONN)."""
     import errno
-    import socket
 
-    from zarrfs.control import socket_path
+    from zarrfs.control import query
 
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(2)
-        try:
-            sock.connect(socket_path(mountpoint))
-            return True
-        except OSError as exc:
-            if exc.errno == errno.ECONNREFUSED:  # the socket of a daemon that was killed
-                return False
+    try:
+        query(mountpoint, 2, {"op": "ping"})
+        return True
+    except TimeoutError:  # it took the connection: there, if slow (a statfs could hang)
+        return True
+    except OSError as exc:
+        if exc.errno == errno.ECONNREFUSED:  # the socket of a daemon that was killed
+            return False
+    except ValueError:  # it answered, but not in JSON: there all the same
+        return True
     try:
         os.statvfs(mountpoint)  # asks the daemon (a stat may be answered from the kernel's cache)
     except OSError as exc:
