@@ -84,6 +84,15 @@ def _preflight(url: str, mountpoint: str, opts) -> None:
     if not is_folder:
         raise MountFailure(f"mountpoint {mountpoint} is not a folder")
     if os.path.ismount(mountpoint):
+        from zarrfs.mounttable import daemon_alive, zarrfs_mounts
+
+        # The kernel may answer the stat above from its cache when the daemon was killed.
+        real = os.path.realpath(mountpoint)
+        if any(mp == real for mp, _, _ in zarrfs_mounts()) and not daemon_alive(real):
+            raise MountFailure(
+                f"mountpoint {mountpoint} holds a mount whose daemon is gone: run 'zarrfs umount "
+                f"{mountpoint}' first"
+            )
         raise MountFailure(f"mountpoint {mountpoint} is busy (already mounted)")
     if not opts.nonempty and _has_entries(mountpoint):
         raise MountFailure(
