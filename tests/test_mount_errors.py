@@ -104,7 +104,9 @@ def test_an_empty_folder_with_create_and_a_non_empty_mountpoint_with_nonempty(tm
 
 def test_status_names_requests_lists_subtype_mounts_and_survives_a_closed_pipe(tmp_path, mount_factory):
     """A comma (libfuse's option separator) and a space in the database's path show as they
-    are in the listing: a comma showed as "_", both as %2C and %20 in an lmdb:// URL."""
+    are in the listing: a comma showed as "_", both as %2C and %20 in an lmdb:// URL. The
+    listing leaves nothing in the daemon's log; zarrfs check of the mountpoint checks the
+    database mounted there."""
     m = mount_factory(f"lmdb://{tmp_path}/d,b 1.lmdb", ["create", "subtype=mine"])
     write(m.path / "f", b"1")
     with pytest.raises(OSError):
@@ -115,6 +117,14 @@ def test_status_names_requests_lists_subtype_mounts_and_survives_a_closed_pipe(t
     # the listing's look at the daemon is a request it answers, not a hang-up it logs (its
     # connection was served before the one just answered)
     assert "status request failed" not in m.log_text() and "Broken pipe" not in m.log_text()
+    # check of the mountpoint checks the database mounted there (it suggested copying the mount)
+    checked = run("check", str(m.path))
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stderr.splitlines() == [
+        f"{m.path} is a mount of lmdb://{tmp_path}/d,b 1.lmdb: checking lmdb://{tmp_path}/d,b 1.lmdb",
+        "no problems found"], checked.stderr
+    refused = run("check", "--repair", str(m.path))
+    assert refused.returncode == 1 and "unmount it first" in refused.stderr, refused.stderr
     assert not [name for name in doc["requests"] if name.startswith("opcode_")], doc["requests"]
     assert "getxattr" in doc["requests"]
     piped = subprocess.run(

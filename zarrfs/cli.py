@@ -56,7 +56,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from zarrfs.tools.orphans import report
 
     try:
-        url = location(args.url)
+        url = location(_mounted_database(args.url, args.repair))
         driver = open_database(url, parse_options([] if args.repair else ["ro"]), hint=False)
     except (UsageError, MountFailure, BackendError, ValueError) as exc:
         return fail(str(exc), status_of(exc))
@@ -75,6 +75,27 @@ def cmd_check(args: argparse.Namespace) -> int:
                 bar.close()
     print(f"{problems} problem(s) found" if problems else "no problems found", file=sys.stderr)
     return 1 if problems else 0
+
+
+def _mounted_database(text: str, repair: bool) -> str:
+    """``text``, or the database mounted there when it is the mountpoint of a zarrfs mount
+    (said on stderr): ``zarrfs check MOUNTPOINT`` checks what is mounted (it suggested
+    copying the mount into a new database). ``--repair`` of a mounted database is refused."""
+    from zarrfs.mounttable import zarrfs_mounts
+
+    if "://" in text or not os.path.isdir(text):
+        return text
+    real = os.path.realpath(text)
+    source = next((src for mp, src, _ in zarrfs_mounts() if mp == real), None)
+    if source is None:
+        return text
+    if repair:
+        raise MountFailure(
+            f"{text} is a mount of {source}: unmount it first (zarrfs umount {text}), then zarrfs check "
+            f"--repair {source}"
+        )
+    print(f"{text} is a mount of {source}: checking {source}", file=sys.stderr)
+    return source
 
 
 class _KeysChecked:
