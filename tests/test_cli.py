@@ -539,6 +539,43 @@ def test_unknown_url_options_of_redis_and_redis_cluster(redis_server, redis_clus
              "did you mean prefix?")
 
 
+def test_a_typo_in_a_server_url_makes_nothing_without_create(tmp_path, redis_server, redis_cluster,
+                                                             postgres_server):
+    """?table=typo on PostgreSQL made two tables and mounted an empty folder; ?prefix=typo on
+    Redis wrote zarrfs.index.* keys; redis://host/abc was database 0. Without -o create each is
+    one line, and nothing is written."""
+    (tmp_path / "m").mkdir()
+    typo = f"typo{uuid.uuid4().hex[:8]}"
+    urls = {
+        postgres_server.url(table=typo): "no table",
+        redis_server.url(0, prefix=typo): "no hierarchy with this prefix",
+        redis_cluster.url(prefix=typo): "no hierarchy with this prefix",
+    }
+    try:
+        for url, words in urls.items():
+            one_line(zarrfs("mount", url, str(tmp_path / "m")), 1, words, "-o create")
+            one_line(zarrfs("check", url), 1, words)
+            if url.startswith("redis"):
+                one_line(zarrfs("reindex", url), 1, words)
+    finally:
+        if os.path.ismount(tmp_path / "m"):  # the typo was mounted
+            zarrfs("umount", str(tmp_path / "m"))
+    with postgres_server.connect() as conn:
+        made = conn.execute("SELECT tablename FROM pg_tables WHERE tablename LIKE %s", (f"{typo}%",))
+    assert made.fetchall() == []
+    assert redis_server.client().keys(f"*{typo}*") == []
+    assert redis_cluster.client().keys(f"*{typo}*") == []
+    where = f"{redis_server.host}:{redis_server.port}"
+    one_line(zarrfs("check", f"redis://{where}/abc"), 1, "/abc is not a database number")
+    one_line(zarrfs("check", redis_cluster.url().rstrip("/") + "/3"), 1, "database 0 only")
+    assert not os.path.ismount(tmp_path / "m")
+    # a cluster's hierarchy that exists is reindexed (reindex failed on every cluster)
+    with open_driver(redis_cluster.url(prefix=typo)) as driver:
+        driver.put("g/a", b"1")
+    result = zarrfs("reindex", redis_cluster.url(prefix=typo))
+    assert result.returncode == 0 and "indexed 1 keys" in result.stderr, result.stderr
+
+
 def test_redis_credentials_refused_say_which_were_wrong(redis_server, tmp_path):
     """A password given and refused is not told to give one (it was), nor is one given to a
     server that has none."""

@@ -179,6 +179,20 @@ def check_database_path(scheme: str, path: str, *, create: bool, readonly: bool,
         )
 
 
+def _takes_create(url: str) -> bool:
+    """Whether the driver of ``url`` takes ``create=`` (a server's: whether a table or a
+    prefix that holds nothing may be made, or is refused)."""
+    import inspect
+
+    from zarrfs.backends.registry import driver_class, normalize_url
+
+    try:
+        cls = driver_class(normalize_url(url)[0])
+    except BackendError:
+        return False  # the open says why
+    return "create" in inspect.signature(cls.__init__).parameters
+
+
 def open_database(url: str, opts: MountOptions, hint: bool = True, **options: Any) -> Driver:
     """Open the driver for ``url``; a file database that is missing, or a path that holds
     something else, is an error unless ``-o create`` (see above; ``hint``: name
@@ -195,6 +209,8 @@ def open_database(url: str, opts: MountOptions, hint: bool = True, **options: An
 
         scheme = url_scheme(url) or bare_path_scheme(path)
         check_database_path(scheme, path, create=opts.create, readonly=opts.readonly, hint=hint)
+    elif _takes_create(url):  # a server's driver: it is told whether it may make the database
+        options.setdefault("create", opts.create)
     try:
         return open_driver(url, readonly=opts.readonly, timeout=opts.timeout, **options)
     except BackendError:

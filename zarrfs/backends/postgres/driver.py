@@ -89,8 +89,11 @@ class PostgresDriver(Driver):
     remote = True
     batched = True
 
-    def __init__(self, url: str, readonly: bool = False) -> None:
+    def __init__(self, url: str, readonly: bool = False, create: bool = True) -> None:
+        """``create`` False (no ``-o create``): a table that does not exist is refused, not
+        made (a typo of ``?table=`` mounted an empty folder, and left two tables behind)."""
         super().__init__(url, readonly)
+        self.create = create
         parts = urlsplit(url)
         options = dict(parse_qsl(parts.query, keep_blank_values=True))
         check_options(url, options, {"table", "password_file"} | _LIBPQ_OPTIONS)
@@ -185,6 +188,8 @@ class PostgresDriver(Driver):
                 # Made once: an ALTER TABLE waits for every transaction that read the table.
                 if self.conn.execute("SELECT to_regclass(%s)", (f'"{name}"',)).fetchone()[0] is not None:
                     continue
+                if name == self.table and not self.create:
+                    break  # refused below, as when read-only
                 self.conn.execute(
                     sql.SQL(
                         'CREATE TABLE IF NOT EXISTS {} (k text COLLATE "C" PRIMARY KEY, v bytea);'
@@ -198,7 +203,10 @@ class PostgresDriver(Driver):
             (self.table,),
         ).fetchone()
         if row is None:
-            raise MissingDatabaseError(f"{self.where}: no table {self.table!r} (open it writable to make it)")
+            self.conn.close()
+            raise MissingDatabaseError(
+                f"{self.where}: no table {self.table!r}: check ?table=, or mount with -o create to make it"
+            )
         collate = sql.SQL("") if row[0] in ("C", "POSIX") else sql.SQL(' COLLATE "C"')
         self.queries: dict[Any, Any] = {"collate": collate}
         for space, name in tables.items():

@@ -26,7 +26,7 @@ from ..base import DATA, BackendError, Driver, Fetch, HasPrefix, Size, Space, Tx
 from ..buffered import DELETED
 from .commit import commit
 from .feed import RedisFeed
-from .index import IndexScans, Report, ensure_index, has_index, reindex, scan_keyspace
+from .index import IndexScans, Report, check_exists, ensure_index, has_index, reindex, scan_keyspace
 from .link import (
     BIG_ARG,
     SPIN,
@@ -38,7 +38,7 @@ from .link import (
     translate,
     translated,
 )
-from .url import REDIS_PY_OPTIONS, KeyNames, check_query, parse_url
+from .url import REDIS_PY_OPTIONS, KeyNames, check_db, check_query, parse_url
 
 log = logging.getLogger("zarrfs.backends.redis")
 __all__ = ["SPIN", "RedisDriver", "RedisTxn"]
@@ -264,9 +264,12 @@ class RedisDriver(Driver):
     # Optimistic transactions conflict more often than lock-based ones.
     max_attempts = 25
 
-    def __init__(self, url: str, readonly: bool = False, build_index: bool = True) -> None:
+    def __init__(
+        self, url: str, readonly: bool = False, build_index: bool = True, create: bool = True
+    ) -> None:
         """``build_index``: rebuild a missing or incomplete key index now, as the first
-        writable open of a ``RedisStore`` database does (False: leave it to :meth:`reindex`)."""
+        writable open of a ``RedisStore`` database does (False: leave it to :meth:`reindex`).
+        ``create`` False (no ``-o create``): a prefix that holds no hierarchy is refused."""
         super().__init__(url, readonly)
         parsed = parse_url(url)
         self.prefix = parsed.prefix
@@ -278,12 +281,18 @@ class RedisDriver(Driver):
             raise BackendError(f"{self.where}: spread=1 spreads a hierarchy over the masters of a Redis"
                                " Cluster: use a redis+cluster:// URL, or drop spread=1")
         check_query(parsed, REDIS_PY_OPTIONS)
+        check_db(parsed)
         self._links = Links(self)
         self.feed: RedisFeed | None = None  # started by the first changes() (a mount's)
         try:
             self.pool, self.client = open_pool(parsed, self.timeout)
         except Exception as exc:
             raise translate(exc, self.where) from exc
+        try:
+            check_exists(self.client, self.key_names, self.where, create)
+        except BaseException:
+            self.pool.disconnect()
+            raise
         if build_index:
             self.indexed = ensure_index(self.client, self.key_names, self.where, self.readonly)
         else:

@@ -11,7 +11,7 @@ from typing import Any
 
 import redis
 
-from ..base import DATA, KEYS, SIZES, VALUES, BackendError, Fetch, Space
+from ..base import DATA, KEYS, SIDE, SIZES, VALUES, BackendError, Fetch, MissingDatabaseError, Space
 from ..buffered import DELETED, merge_buffered
 from .link import translated
 from .url import KeyNames
@@ -47,6 +47,26 @@ def has_index(client: redis.Redis, keys: KeyNames, where: str) -> bool:
     """Whether the data index is complete (a build that was cut short leaves it incomplete)."""
     with translated(where):
         return client.zscore(keys.index[DATA], COMPLETE) is not None
+
+
+def hierarchy_exists(client: redis.Redis, keys: KeyNames, where: str) -> bool:
+    """Whether the prefix holds a hierarchy: an index of either space, or a data key (a
+    ``RedisStore`` database that has no index yet). A typo of the prefix holds none."""
+    with translated(where):
+        if client.exists(keys.index[DATA], keys.index[SIDE]):
+            return True
+        match = _glob_escape(keys.data_prefix) + b"*"
+        return next(iter(client.scan_iter(match=match, count=SCAN_COUNT)), None) is not None
+
+
+def check_exists(client: redis.Redis, keys: KeyNames, where: str, create: bool) -> None:
+    """Refuse a prefix that holds no hierarchy unless ``create`` (``-o create``): nothing is
+    written for a typo."""
+    if not create and not hierarchy_exists(client, keys, where):
+        raise MissingDatabaseError(
+            f"{where}: no hierarchy with this prefix (no key {keys.prefix}:*): check the prefix, "
+            "or mount with -o create to start one"
+        )
 
 
 def ensure_index(client: redis.Redis, keys: KeyNames, where: str, readonly: bool) -> bool:

@@ -65,6 +65,20 @@ REDIS_PY_OPTIONS = frozenset(
 )
 
 
+def check_db(url: RedisURL, cluster: bool = False) -> None:
+    """Refuse a database number that is not one (``redis://host/abc``: redis-py takes it for
+    database 0), and any on a cluster, which has database 0 only."""
+    if url.scheme.lower() == "unix":
+        return
+    number = url.path.strip("/")
+    if cluster and number not in ("", "0"):
+        raise BackendError(f"{url.where(url.prefix)}: a Redis Cluster has database 0 only: drop /{number}")
+    if number and not number.isdigit():
+        raise BackendError(
+            f"{url.where(url.prefix)}: /{number} is not a database number (redis://host:port/N, N from 0)"
+        )
+
+
 def check_query(url: RedisURL, known: set[str] | frozenset[str]) -> None:
     """Refuse the query options of ``url`` that are not in ``known`` nor :data:`OWN_OPTIONS`,
     as the file drivers do: a typo must not be ignored, nor reach redis-py as a keyword argument."""

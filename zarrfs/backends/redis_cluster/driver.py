@@ -45,9 +45,9 @@ from ..base import (
 )
 from ..buffered import DELETED
 from ..redis.driver import RedisDriver, RedisTxn
-from ..redis.index import ensure_index
+from ..redis.index import check_exists, ensure_index, has_index
 from ..redis.link import NO_SETINFO, Link, Links, translate
-from ..redis.url import KeyNames, check_query, parse_url
+from ..redis.url import KeyNames, check_db, check_query, parse_url
 from .feed import ClusterFeed
 from .spread import SpreadParts
 
@@ -285,7 +285,11 @@ class RedisClusterDriver(RedisDriver):
             self._release(self._acquire())  # the server reports once a connection tracks
         return RedisDriver.changes(self, since)
 
-    def __init__(self, url: str, readonly: bool = False) -> None:
+    def __init__(
+        self, url: str, readonly: bool = False, build_index: bool = True, create: bool = True
+    ) -> None:
+        """``build_index`` and ``create``: as :class:`RedisDriver`'s (``zarrfs reindex``, which
+        passes ``build_index``, failed on every cluster: an unexpected keyword argument)."""
         Driver.__init__(self, url, readonly)
         parsed = parse_url(url)
         try:
@@ -297,6 +301,7 @@ class RedisClusterDriver(RedisDriver):
         self.key_names = KeyNames(prefix)
         self.scripts = [True]  # as RedisDriver's: the listing's script runs on the home master
         check_query(parsed, {"spread", "spread_above"})
+        check_db(parsed, cluster=True)
         self._options = self._connection_options(parsed.scheme, parsed.userinfo, parsed.query, self.timeout)
         nodes = []
         for host in filter(None, parsed.hosts.split(",")):
@@ -315,7 +320,15 @@ class RedisClusterDriver(RedisDriver):
             raise translate(exc, self.where) from exc
         self._links = ClusterLinks(self)
         self.feed: ClusterFeed | None = None  # started by the first changes() (a mount's)
-        self.indexed = ensure_index(self.client, self.key_names, self.where, self.readonly)
+        try:
+            check_exists(self.client, self.key_names, self.where, create)
+        except BaseException:
+            self.close()
+            raise
+        if build_index:
+            self.indexed = ensure_index(self.client, self.key_names, self.where, self.readonly)
+        else:
+            self.indexed = has_index(self.client, self.key_names, self.where)
         self.spread: SpreadParts | None = None
         if _flag(parsed.query, "spread", self.where):
             masters = len(self.cluster.get_primaries())
