@@ -17,7 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
-from mounting import make_url, needs_fuse
+from mounting import make_url, needs_fuse, zarrfs
+
+from zarrfs.backends import open_driver
 
 pytestmark = needs_fuse
 
@@ -291,6 +293,26 @@ def test_redis_client_not_zarrfs_listed_without_reindex(request, tmp_path, mount
     t = time.monotonic()
     seen_after(lambda: os.listdir(m.path / "g") == ["mine"], t)
     assert not (m.path / "g" / "theirs").exists()
+
+
+def test_a_running_mount_lists_what_zarrfs_reindex_indexed(request, tmp_path, mount_factory):
+    """A key a plain Redis client adds while no writable mount follows the database (here a
+    read-only one) lists once ``zarrfs reindex`` indexed it: the mount hid it until a remount
+    (an index write is no data key's, so no invalidation said so)."""
+    import redis
+
+    url = make_url("redis", tmp_path, request)
+    with open_driver(url) as driver:
+        driver.put("g/mine", b"1")
+    m = mount_factory(url, ["ro"])
+    assert os.listdir(m.path / "g") == ["mine"]
+    prefix = url.rpartition("prefix=")[2]
+    redis.Redis.from_url(url.partition("?")[0]).set(f"{prefix}:g/theirs", b"22")
+    assert os.listdir(m.path / "g") == ["mine"]  # not indexed: a read-only mount indexes nothing
+    zarrfs("reindex", url)
+    t = time.monotonic()
+    seen_after(lambda: sorted(os.listdir(m.path / "g")) == ["mine", "theirs"], t)
+    assert (m.path / "g" / "theirs").read_bytes() == b"22"
 
 
 @pytest.mark.parametrize("kind", ["lmdb", "sqlite"])

@@ -7,9 +7,11 @@ reply (close-to-open across mounts on one machine), ``FLUSHDB``/``FLUSHALL`` as 
 No server setting is needed (keyspace notifications would need ``notify-keyspace-events``); a
 server without ``CLIENT TRACKING`` gives no feed. A writable mount puts the data keys it hears of
 in the listing index or takes them out (``index``), so other clients' keys list without ``zarrfs
-reindex``. A lost feed reports None, and again when back (made again at most every :data:`RETRY`
-seconds; one link tracks into it at once, the others at their next transaction; its descriptor
-keeps one number, :class:`.feed_fd.FeedFd`). A link tracks only into the feed connection it was
+reindex``; a ``zarrfs reindex`` (which indexes keys no writable mount heard of) is heard on a
+channel of its own (``KeyNames.reindexed``) and reported as "everything" (None), so a running
+mount lists them. A lost feed reports None, and again when back (made again at most every
+:data:`RETRY` seconds; one link tracks into it at once, the others at their next transaction;
+its descriptor keeps one number, :class:`.feed_fd.FeedFd`). A link tracks only into the feed connection it was
 made for (a token, not the client ID, which a restarted server hands out again) and first has the
 feed read what the server sent, so a feed cut by a restart is found lost; a link the server
 refuses to redirect leaves the feed lost and serves untracked: a write never fails for the feed.
@@ -79,7 +81,8 @@ class RedisFeed:
                 conn.connect()
                 conn.send_command("CLIENT", "ID")
                 cid = int(conn.read_response())
-                conn.send_command("SUBSCRIBE", CHANNEL)
+                conn.send_command("SUBSCRIBE", CHANNEL, d.key_names.reindexed)
+                conn.read_response()
                 conn.read_response()
         except BaseException:
             conn.disconnect()
@@ -133,6 +136,9 @@ class RedisFeed:
             while conn.can_read(timeout=0):
                 message = conn.read_response()
                 if not isinstance(message, list) or len(message) < 3 or message[0] != b"message":
+                    continue
+                if message[1] != CHANNEL:  # zarrfs reindex changed the index: "everything"
+                    self.everything = self.everything or message[1] == self.driver.key_names.reindexed
                     continue
                 if message[2] is None:
                     self.everything = True

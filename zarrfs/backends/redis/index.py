@@ -114,6 +114,10 @@ def reindex(
         if prune:
             _prune(client, index, keys.data_prefix, report)
         client.zadd(index, {COMPLETE: 0})
+    try:  # the running mounts' feeds: list what was indexed now
+        client.publish(keys.reindexed, b"1")
+    except (redis.RedisError, OSError) as exc:  # an ACL without PUBLISH: the index is right all the same
+        log.info("%s: the mounts were not told of the new index (%s): they see it at a remount", where, exc)
     return found
 
 
