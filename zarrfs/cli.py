@@ -81,12 +81,12 @@ def _mounted_database(text: str, repair: bool) -> str:
     """``text``, or the database mounted there when it is the mountpoint of a zarrfs mount
     (said on stderr): ``zarrfs check MOUNTPOINT`` checks what is mounted (it suggested
     copying the mount into a new database). ``--repair`` of a mounted database is refused."""
-    from zarrfs.mounttable import zarrfs_mounts
+    from zarrfs.mounttable import _zarrfsmounts
 
     if "://" in text or not os.path.isdir(text):
         return text
     real = os.path.realpath(text)
-    source = next((src for mp, src, _ in zarrfs_mounts() if mp == real), None)
+    source = next((src for mp, src, _ in _zarrfsmounts() if mp == real), None)
     if source is None:
         return text
     if repair:

@@ -84,11 +84,11 @@ def _preflight(url: str, mountpoint: str, opts) -> None:
     if not is_folder:
         raise MountFailure(f"mountpoint {mountpoint} is not a folder")
     if os.path.ismount(mountpoint):
-        from zarrfs.mounttable import daemon_alive, zarrfs_mounts
+        from zarrfs.mounttable import _alive, _zarrfsmounts
 
         # The kernel may answer the stat above from its cache when the daemon was killed.
         real = os.path.realpath(mountpoint)
-        if any(mp == real for mp, _, _ in zarrfs_mounts()) and not daemon_alive(real):
+        if any(mp == real for mp, _, _ in _zarrfsmounts()) and not _alive(real):
             raise MountFailure(
                 f"mountpoint {mountpoint} holds a mount whose daemon is gone: run 'zarrfs umount "
                 f"{mountpoint}' first"

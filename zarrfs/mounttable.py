@@ -72,7 +72,7 @@ def cmd_umount(args: argparse.Namespace) -> int:
         if not os.path.exists(mountpoint):
             return fail(f"{mountpoint} does not exist")
         return fail(f"{mountpoint} is not mounted")
-    if not any(mp == mountpoint for mp, _, _ in zarrfs_mounts()):
+    if not any(mp == mountpoint for mp, _, _ in _zarrfsmounts()):
         fstype = next((t for mp, t, _, _ in reversed(mounts()) if mp == mountpoint), "?")
         return fail(f"{mountpoint} is not a zarrfs mount (it is {fstype}): use umount(8) for it")
     pids = daemon_pids(mountpoint)
@@ -171,7 +171,7 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-def zarrfs_mounts() -> list[tuple[str, str, str]]:
+def _zarrfsmounts() -> list[tuple[str, str, str]]:
     """``(mountpoint, source, options)`` of the zarrfs mounts: type ``fuse.zarrfs``, or another
     FUSE type (``-o subtype=``) whose mountpoint has a zarrfs status socket."""
     from zarrfs.control import socket_path
@@ -184,7 +184,7 @@ def zarrfs_mounts() -> list[tuple[str, str, str]]:
     ]
 
 
-def daemon_alive(mountpoint: str) -> bool:
+def _alive(mountpoint: str) -> bool:
     """Whether the daemon of the mount at ``mountpoint`` is there: its status socket answers
     a ``ping`` (a request, answered: a probe that only connected and hung up made every daemon
     log a broken pipe), or, without one, its statfs is answered (a dead daemon's mount says
@@ -214,9 +214,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     """``zarrfs status [MOUNTPOINT]``: the zarrfs mounts, or one mount's live figures."""
     from zarrfs.control import query, render_status
 
-    mounts = zarrfs_mounts()
+    mounts = _zarrfsmounts()
     if args.mountpoint is None:
-        rows = [(mp, src, options, daemon_alive(mp)) for mp, src, options in mounts]
+        rows = [(mp, src, options, _alive(mp)) for mp, src, options in mounts]
         if args.json:
             doc = [
                 {"mountpoint": mp, "url": src, "alive": alive, "owner": _user(owner(options))}
@@ -238,7 +238,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         if not os.path.lexists(mountpoint):
             return fail(f"{mountpoint} does not exist")
         return fail(f"{mountpoint} is not a zarrfs mount (zarrfs status lists them)")
-    if not daemon_alive(mountpoint):
+    if not _alive(mountpoint):
         return fail(f"the daemon of {mountpoint} is gone: 'zarrfs umount {mountpoint}' clears it")
     try:
         doc = query(os.path.realpath(mountpoint))
