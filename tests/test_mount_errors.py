@@ -341,7 +341,9 @@ def test_timeout_bounds_the_open_on_a_server_that_accepts_and_never_answers(tmp_
     with socket.socket() as silent:  # accepts connections (the kernel's backlog), never answers
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)
-        url = f"{scheme}://u@127.0.0.1:{silent.getsockname()[1]}/db"
+        # a database name for PostgreSQL, a number for Redis (redis://host/db is refused), none for a cluster
+        path = "db" if scheme.startswith("postgres") else "" if "cluster" in scheme else "0"
+        url = f"{scheme}://u@127.0.0.1:{silent.getsockname()[1]}/{path}"
         started = time.monotonic()
         res = run("mount", url, str(tmp_path / "m"), "-o", "timeout=1")
         took = time.monotonic() - started

@@ -123,11 +123,11 @@ def _not_writable(scheme: str, path: str) -> str:
     else:
         return ""
     for name in files:
-        if os.path.exists(name) and not os.access(name, os.W_OK):
+        if os.path.exists(name) and not os.access(name, os.W_OK, effective_ids=True):
             st = os.stat(name)
             mode = stat.S_IMODE(st.st_mode)
             return f"it ({os.path.basename(name)}: owner {_user(st.st_uid)}, mode {mode:04o})"
-    if not os.access(folder, os.W_OK):
+    if not os.access(folder, os.W_OK, effective_ids=True):
         return f"the folder {folder} it needs to write in"
     return ""
 

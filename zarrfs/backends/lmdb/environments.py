@@ -110,8 +110,8 @@ def _lock_not_writable(path: str, subdir: bool) -> bool:
     this one may read."""
     lock_file = os.path.join(path, "lock.mdb") if subdir else path + "-lock"
     if os.path.exists(lock_file):
-        return not os.access(lock_file, os.W_OK)
-    return not os.access(os.path.dirname(lock_file) or ".", os.W_OK)
+        return not os.access(lock_file, os.W_OK, effective_ids=True)
+    return not os.access(os.path.dirname(lock_file) or ".", os.W_OK, effective_ids=True)
 
 
 class Environments:

@@ -129,7 +129,7 @@ def connect(path: str, readonly: bool, timeout: float, synchronous: str, autoche
             frozen = ""
             if os.statvfs(folder).f_flag & os.ST_RDONLY:
                 frozen = "&immutable=1"
-            elif not os.access(folder, os.W_OK) and not os.path.exists(path + "-shm"):
+            elif not os.access(folder, os.W_OK, effective_ids=True) and not os.path.exists(path + "-shm"):
                 frozen = "&immutable=1"
                 _warn_unlocked(path)
             conn = sqlite3.connect(
