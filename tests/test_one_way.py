@@ -85,9 +85,14 @@ def test_zarrfs_bookkeeping_is_never_a_database(tmp_path):
         driver.put("k", b"v", SIDE)
     assert (db / "zarrfs-side.mdb").is_file()
     (tmp_path / "m").mkdir()
-    for path in (db / "zarrfs-side.mdb", db / "zarrfs-side.mdb-lock"):
-        _one_line(zarrfs("mount", f"lmdb://{path}", str(tmp_path / "m"), check=False), "bookkeeping", str(db))
-        _one_line(zarrfs("check", f"lmdb://{path}", check=False), "bookkeeping")
+    try:
+        for path in (db / "zarrfs-side.mdb", db / "zarrfs-side.mdb-lock"):
+            result = zarrfs("mount", f"lmdb://{path}", str(tmp_path / "m"), check=False)
+            _one_line(result, "bookkeeping", str(db))
+            _one_line(zarrfs("check", f"lmdb://{path}", check=False), "bookkeeping")
+    finally:
+        if os.path.ismount(tmp_path / "m"):  # mounted after all: not left behind
+            zarrfs("umount", "-z", str(tmp_path / "m"), check=False)
     with pytest.raises(BackendError, match="bookkeeping"):
         open_driver(f"lmdb://{db}/zarrfs-side.mdb")
     assert not os.path.ismount(tmp_path / "m")
@@ -128,8 +133,12 @@ def test_a_second_mount_of_a_dbm_database_is_refused_and_nothing_is_lost(tmp_pat
     url = _dbm(tmp_path)
     a = mount_factory(url, name="a")
     (tmp_path / "b").mkdir()
-    _one_line(zarrfs("mount", url, str(tmp_path / "b"), check=False), "already open")
-    _one_line(zarrfs("mount", url, str(tmp_path / "b"), "-o", "ro", check=False), "open for writing")
+    try:
+        _one_line(zarrfs("mount", url, str(tmp_path / "b"), check=False), "already open")
+        _one_line(zarrfs("mount", url, str(tmp_path / "b"), "-o", "ro", check=False), "open for writing")
+    finally:
+        if os.path.ismount(tmp_path / "b"):  # mounted after all: not left behind
+            zarrfs("umount", "-z", str(tmp_path / "b"), check=False)
     assert not os.path.ismount(tmp_path / "b")
     (a.path / "g").mkdir()
     for i in range(20):

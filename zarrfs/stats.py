@@ -241,7 +241,9 @@ def _prometheus(mountpoint: str | None) -> int:
         found = []
         for mp, _, _ in _zarrfsmounts():
             try:
-                found.append((mp, query(os.path.realpath(mp), timeout=2.0)))
+                # The mount table's path as it is: resolving it would stat the mount, and a
+                # hung daemon's mount would hang the scrape.
+                found.append((mp, query(mp, timeout=2.0)))
             except (OSError, ValueError):
                 found.append((mp, None))  # zarrfs_up 0
     sys.stdout.write(prometheus_text(found))
