@@ -319,13 +319,14 @@ def _limit(url: str, op: str, label: str) -> str | None:
 
 
 def _open_finding(url: str, op: str, label: str) -> bool:
-    """Findings not fixed yet (docs/testing.md, "Findings"): a pair of files exchanged through
-    the mount read as x, n, x can show one file's older content beside the other's; and on a
-    server (request threads) a descriptor opened just after another's close can show, in
-    ``fstat``, the size of the version that one read (its content whole)."""
+    """Findings not fixed yet (docs/testing.md, "Findings"): a pair of files exchanged and
+    rewritten, read as x, n, x through a mount, can show one file's older content beside the
+    other's; and on a server (request threads) a file another client rewrites, read through
+    another mount, can show in ``fstat`` the size of the version a descriptor closed just
+    before read, or read one byte past its version's end."""
     server = not url.startswith(("lmdb", "sqlite"))
-    exchanged = op == "exchange" and label == "same mount"
-    return exchanged or (op == "commit" and label == "other mount" and server)
+    exchanged = op == "exchange" and label in ("same mount", "other mount")
+    return exchanged or (op in ("commit", "store_set") and label == "other mount" and server)
 
 
 WATCHED = ["commit", "store_set", "exchange", "rename_file", "rename_folder", "link", "rmdir", "delete_dir"]

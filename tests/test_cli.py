@@ -85,7 +85,9 @@ def test_reindex_builds_a_missing_index_once_showing_its_progress_on_a_terminal(
             said += got
         os.close(master)
         assert proc.wait() == 0, said[-500:]
-        assert scans() - before <= one_pass + 1, (scans() - before, one_pass)
+        # One pass, and the look for a key under the prefix before anything is made there
+        # (nothing is made without -o create): a SCAN or two that stop at the first key.
+        assert scans() - before <= one_pass + 2, (scans() - before, one_pass)
         assert b"indexing" in said and b"pruning" in said and b"indexed 30000 keys" in said, said[-500:]
         with open_driver(server.url(0)) as driver:
             assert len(driver.scan("arr/", "arr0")) == 30_000

@@ -98,9 +98,7 @@ class HandleTable:
         # The keys of files shown as an older version than the stored one (_as_read) whose
         # descriptors all closed since (take_outdated).
         self.outdated: list[str] = []
-        # Key -> the open file whose descriptors read through the kernel's page cache, where a
-        # newer version's descriptors (private) took its place in the table.
-        self.paged: dict[str, FileState] = {}
+        self.paged: dict[str, FileState] = self.files.paged
 
     def pending(self, key: str) -> Node | None:
         """The node an open file shows, if it is not the stored one: its pending size and

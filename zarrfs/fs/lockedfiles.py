@@ -85,7 +85,10 @@ class LockedFiles:
     def locked(self, key: str, fh: int | None = None) -> None:
         """A lock on the file was granted (from any thread): it is brought up to date before
         it is next read, written or shown."""
-        for state in (self.states.get(key), self.handles[fh].state if fh in self.handles else None):
+        # An older version's descriptors on this mount are brought up to date too: the file
+        # is no longer shown as their version (HandleTable._as_read).
+        paged = self.files.paged.pop(key, None)
+        for state in (self.states.get(key), self.handles[fh].state if fh in self.handles else None, paged):
             if state is not None:
                 state.stale = True
 

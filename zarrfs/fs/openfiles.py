@@ -94,6 +94,9 @@ class OpenFiles:
         self.states: dict[str, FileState] = {}
         self.handles: dict[int, Handle] = {}
         self.deferred: dict[str, FileState] = {}
+        # Key -> the open file whose descriptors read through the kernel's page cache, where a
+        # newer version's descriptors (private) took its place in :attr:`states`.
+        self.paged: dict[str, FileState] = {}
         self._next_fh = 1
 
     def add(self, state: FileState, flags: int) -> int:
