@@ -8,12 +8,16 @@ mount and through ``scripts/fuse_ops_floor.c`` (a filesystem in C answering from
 here with gcc), back to back, ``--repeats`` times. Printed for each: the FUSE requests one
 operation costs, by type, on either side, and the CPU the daemon spent on it (all its threads,
 from ``/proc``), in microseconds; then, for zarrfs, each request type's handler CPU per request
-(``ZARRFS_REQUEST_CPU``). Medians of the rounds. Counts are exact; CPU figures hold on a busy
-machine better than wall-clock ones, and compare back to back (``--against REV``).
+(``ZARRFS_REQUEST_CPU``). Medians of the rounds. The mount does not spin (``-o spin=0``, as the
+floor's loop): otherwise its CPU would count the spinning between a client's requests. Counts
+are exact; CPU figures hold on a busy machine better than wall-clock ones, and compare back to
+back (``--against REV``, which leaves the handlers' clocks off on both sides: they cost two
+system calls a request).
 
     python scripts/bench_ops.py                         # LMDB, 2,000 operations, 20,000 names
     python scripts/bench_ops.py --drivers lmdb,sqlite --ops 500 --entries 5000 --repeats 1
     python scripts/bench_ops.py --against HEAD~3        # that commit's zarrfs, then this one's
+    python scripts/bench_ops.py --only "ls,stat"        # some of the operations
 """
 
 from __future__ import annotations
@@ -54,8 +58,8 @@ class Zarrfs:
 
     name = "zarrfs"
 
-    def __init__(self, url: str, root: Path, entries: int) -> None:
-        self.url, self.root = url, root
+    def __init__(self, url: str, root: Path, entries: int, spin: str | None, clocks: bool) -> None:
+        self.url, self.root, self.spin, self.clocks = url, root, spin, clocks
         root.mkdir()
         from zarrfs.backends import open_driver
 
@@ -74,9 +78,10 @@ class Zarrfs:
     def fresh(self) -> None:
         if self.mounted:
             subprocess.run(self._cmd("umount", str(self.root)), check=True)
-        env = {**os.environ, "ZARRFS_REQUEST_CPU": "1"}
+        env = {**os.environ, "ZARRFS_REQUEST_CPU": "1"} if self.clocks else os.environ
         log = str(self.root) + ".log"
-        subprocess.run(self._cmd("mount", self.url, str(self.root), "--log-file", log), check=True, env=env)
+        args = ["--log-file", log, *([] if self.spin is None else ["-o", f"spin={self.spin}"])]
+        subprocess.run(self._cmd("mount", self.url, str(self.root), *args), check=True, env=env)
         self.mounted = True
         self.pid = self._status()["pid"]
 
@@ -218,10 +223,11 @@ def run(args) -> dict:
             floor = Floor(work, work / "floor", args.entries)
         for kind in args.drivers.split(","):
             url = {"lmdb": f"lmdb://{work}/{kind}.lmdb", "sqlite": f"sqlite://{work}/{kind}.sqlite"}[kind]
-            z = Zarrfs(url, work / f"mnt-{kind}", args.entries)
+            spin = None if args.spin == "default" else args.spin
+            z = Zarrfs(url, work / f"mnt-{kind}", args.entries, spin, not args.no_handler_cpu)
             rows = {}
             try:
-                for op in OPS:
+                for op in [op for op in OPS if not args.only or any(w in op for w in args.only.split(","))]:
                     n = args.ops
                     rounds = {"zarrfs": [], "floor": []}
                     for r in range(args.repeats):
@@ -278,14 +284,18 @@ def main() -> int:
     parser.add_argument("--entries", type=int, default=20000, help="names in the listed folder")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", default=None)
+    parser.add_argument("--spin", default="0", help="the mount's -o spin= ('default': its own; 0: a "
+                        "loop that sleeps at once, as the floor's, so its CPU is the requests' alone)")
+    parser.add_argument("--only", default=None, help="the operations whose names hold one of these words")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
+    parser.add_argument("--no-handler-cpu", action="store_true", help="no ZARRFS_REQUEST_CPU clocks")
     parser.add_argument("--against", default=None, metavar="REV",
                         help="run on REV's zarrfs first, then on this tree's (scripts/against.py)")
     args = parser.parse_args()
     if args.against:
         from against import compare
 
-        return compare(args.against, Path(__file__).name, sys.argv[1:], ops_rows)
+        return compare(args.against, Path(__file__).name, [*sys.argv[1:], "--no-handler-cpu"], ops_rows)
     results = run(args)
     report(results, args)
     if args.json:
