@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Requests and daemon CPU per user operation: zarrfs against a C floor, in one run.
 
-Each operation (create + write + close of 4 KiB files, ``stat`` of existing names through a
-fresh mount, ``stat`` of missing names, a read of a 4 KiB file through a fresh mount, ``ls -f``
-and ``ls -l`` of a folder of ``--entries`` files through a fresh mount) runs through a zarrfs
-mount and through ``scripts/fuse_ops_floor.c`` (a filesystem in C answering from memory, built
-here with gcc), back to back, ``--repeats`` times. Printed for each: the FUSE requests one
-operation costs, by type, on either side, and the CPU the daemon spent on it (all its threads,
-from ``/proc``), in microseconds; then, for zarrfs, each request type's handler CPU per request
+Each operation (create + write + close of 4 KiB files, 1 MiB files written 64 KiB at a time,
+``stat`` of existing names through a fresh mount, ``stat`` of missing names, a read of a 4 KiB
+file through a fresh mount; ``ls -f``, ``ls -l``, ``find -name`` and ``du -s`` of a folder of
+``--entries`` files through a fresh mount) runs through a zarrfs mount and through
+``scripts/fuse_ops_floor.c`` (a filesystem in C answering from memory, built here with gcc),
+back to back, ``--repeats`` times. Printed for each: the FUSE requests one operation costs, by
+type, on either side, and the CPU the daemon spent on it (all its threads, from ``/proc``), in
+microseconds; then, for zarrfs, each request type's handler CPU per request
 (``ZARRFS_REQUEST_CPU``). Medians of the rounds. The mount does not spin (``-o spin=0``, as the
 floor's loop): otherwise its CPU would count the spinning between a client's requests. Counts
 are exact; CPU figures hold on a busy machine better than wall-clock ones, and compare back to
@@ -37,8 +38,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 PAYLOAD = b"x" * 4096
 OPS = [
-    "create+write+close 4 KiB", "stat existing, cold", "stat missing", "read 4 KiB, cold", "ls -f", "ls -l",
+    "create+write+close 4 KiB", "write 1 MiB in 64 KiB writes", "stat existing, cold", "stat missing",
+    "read 4 KiB, cold", "ls -f", "ls -l", "find -name", "du -s",
 ]
+# The listings: each a program run once over the folder "big" (find looks for a name no file has).
+LISTINGS = {
+    "ls -f": lambda big: ["ls", "-f", big], "ls -l": lambda big: ["ls", "-l", big],
+    "find -name": lambda big: ["find", big, "-name", "nothing"], "du -s": lambda big: ["du", "-s", big],
+}
 
 
 def process_cpu_ns(pid: int) -> int:
@@ -164,6 +171,12 @@ def run_op(op: str, side, n: int, round_: int) -> None:
             fd = os.open(root / f"c{round_}_{i}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.write(fd, PAYLOAD)
             os.close(fd)
+    elif op.startswith("write 1 MiB"):
+        for i in range(max(1, n // 16)):  # as cp or dd bs=64K write a file
+            fd = os.open(root / f"w{round_}_{i}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            for _ in range(16):
+                os.write(fd, PAYLOAD * 16)
+            os.close(fd)
     elif op == "stat existing, cold":
         for i in range(n):
             os.stat(side.existing(i))
@@ -179,15 +192,14 @@ def run_op(op: str, side, n: int, round_: int) -> None:
             os.read(fd, 65536)
             os.close(fd)
     else:
-        flag = op.split()[1]
-        subprocess.run(["ls", flag, str(root / "big")], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(LISTINGS[op](str(root / "big")), check=True, stdout=subprocess.DEVNULL)
 
 
 def measure(op: str, side, n: int, round_: int) -> tuple[dict[str, float], dict[str, float], float]:
     """Requests by type per operation, handler µs per request by type, process CPU µs per
     operation, of one round of ``op`` through a fresh mount of ``side``."""
     side.fresh()  # cold: nothing cached by the kernel
-    count = 1 if op.startswith("ls") else n
+    count = 1 if op in LISTINGS else max(1, n // 16) if op.startswith("write 1 MiB") else n
     before, cpu0, ns0 = side.counts()
     run_op(op, side, n, round_)
     time.sleep(0.2)  # RELEASE comes after close() returns
