@@ -12,7 +12,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from session_wire import Wire, release_storing, z
+from session_wire import Reply, Wire, release_storing, z
 
 from zarrfs.fs.tree import DIR, FILE
 from zarrfs.fuse import abi as k
@@ -303,23 +303,29 @@ def test_a_write_without_cap_fsetid_clears_suid_and_sgid_at_its_commit(wire):
     """WRITE_KILL_SUIDGID: the bits go with the written content, in one commit; an
     open(O_TRUNC) with OPEN_KILL_SUIDGID likewise; without the flags (a writer with
     CAP_FSETID) they stay."""
+
+    def answer(opcode: int, nodeid: int, body: bytes) -> Reply:  # notifications left aside
+        unique = wire.send(opcode, nodeid, body)
+        (reply,) = [m for m in wire.messages() if m.unique == unique]
+        assert reply.error == 0, errno.errorcode.get(-reply.error)
+        return reply
+
+    def close(nodeid: int, fh: int) -> None:
+        answer(k.FLUSH, nodeid, k.FLUSH_IN.pack(fh, 0, 0, 0))
+        answer(k.RELEASE, nodeid, k.RELEASE_IN.pack(fh, os.O_WRONLY, 0, 0))
+
     wire.init()
     f = wire.put_file(k.ROOT_ID, "f", b"d" * 4096, mode=0o6755)  # full pages: no NOTIFY_STORE
-    fh = wire.open(f.nodeid, os.O_WRONLY)[0]
-    wire.write(f.nodeid, fh, b"root")  # no flag: the writer may keep them
-    wire.flush(f.nodeid, fh)
-    assert stat.S_IMODE(wire.getattr(f.nodeid).mode) == 0o6755
-    body = k.WRITE_IN.pack(fh, 0, 2, k.WRITE_KILL_SUIDGID, 0, 0, 0) + b"ab"
-    assert k.WRITE_REPLY.unpack(wire.ok(k.WRITE, f.nodeid, body).raw)[3] == 2
-    wire.flush(f.nodeid, fh)
-    wire.release(f.nodeid, fh)
-    assert stat.S_IMODE(wire.getattr(f.nodeid).mode) == 0o755
-    assert wire.ops.tree.find("f").attrs.mode & 0o7777 == 0o755  # stored
+    fh = k.OPEN_REPLY.unpack(answer(k.OPEN, f.nodeid, k.OPEN_IN.pack(os.O_WRONLY, 0)).raw)[3]
+    answer(k.WRITE, f.nodeid, k.WRITE_IN.pack(fh, 0, 4, 0, 0, 0, 0) + b"root")  # may keep them
+    answer(k.FLUSH, f.nodeid, k.FLUSH_IN.pack(fh, 0, 0, 0))
+    assert wire.ops.tree.find("f").attrs.mode & 0o7777 == 0o6755
+    answer(k.WRITE, f.nodeid, k.WRITE_IN.pack(fh, 0, 2, k.WRITE_KILL_SUIDGID, 0, 0, 0) + b"ab")
+    close(f.nodeid, fh)
+    assert wire.ops.tree.find("f").attrs.mode & 0o7777 == 0o755  # stored with the content
     wire.ops.set_attrs("f", mode=0o6750)  # S_ISGID and group execute
-    reply = wire.ok(k.OPEN, f.nodeid, k.OPEN_IN.pack(os.O_WRONLY | os.O_TRUNC, k.OPEN_KILL_SUIDGID))
-    fh = k.OPEN_REPLY.unpack(reply.raw)[3]
-    wire.flush(f.nodeid, fh)
-    wire.release(f.nodeid, fh)
+    body = k.OPEN_IN.pack(os.O_WRONLY | os.O_TRUNC, k.OPEN_KILL_SUIDGID)
+    close(f.nodeid, k.OPEN_REPLY.unpack(answer(k.OPEN, f.nodeid, body).raw)[3])
     assert wire.ops.tree.find("f").attrs.mode & 0o7777 == 0o750
 
 
