@@ -6,6 +6,7 @@ target. Native and mount runs are interleaved and repeated; each figure is the m
 
     python scripts/bench.py                      # all drivers, the full sizes
     python scripts/bench.py --drivers lmdb --array-mib 64 --repeats 1   # a quick look
+    python scripts/bench.py --drivers lmdb --against cfc4921  # that commit's zarrfs, then this tree's
 
 Targets (mount against native): zarr read >= 0.9x, zarr write >= 0.7x, >= 30,000 cold
 stat/s and >= 20,000 missing-name stat/s, warm ``stat`` and ``ls -l`` >= 0.8x, ``ls`` of
@@ -22,6 +23,7 @@ measure zarr-python 3 on the same kind of database in-process, through
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import socket
@@ -423,7 +425,14 @@ def main() -> int:
     parser.add_argument("--workdir", default=None, help="where to put the databases (default: a temp folder)")
     parser.add_argument("--cluster", default=None, help="a redis+cluster:// URL, for --drivers cluster")
     parser.add_argument("--postgres", default=None, help="a postgresql:// URL, for --drivers postgres")
+    parser.add_argument("--json", default=None, help="also write each driver's rows to this file")
+    parser.add_argument("--against", default=None, metavar="REV",
+                        help="run this script on REV's zarrfs first, then on this tree's, and compare")
     args = parser.parse_args()
+    if args.against:
+        from against import compare
+
+        return compare(args.against, Path(__file__).name, sys.argv[1:], mount_rows)
     if args.workdir is not None and not os.path.isdir(args.workdir):
         where = os.path.abspath(args.workdir)
         parser.exit(2, f"bench.py: --workdir {where} is not a folder (create it first)\n")
@@ -438,9 +447,13 @@ def main() -> int:
         f"zarrfs benchmark: {data.nbytes >> 20} MiB float32 array, median of {args.repeats}, "
         f"{os.cpu_count()} cores"
     )
+    figures: dict[str, list] = {}
     try:
         for kind in drivers:
             rows, rounds = run_driver(kind, args, work, redis, data, out)
+            figures[kind] = rows
+            if args.json:
+                Path(args.json).write_text(json.dumps(figures))
             print(f"\n{kind}")
             print(
                 f"| {'measure':<28} | {'native':>12} | {'mount':>12} | {'ratio':>6} | {'target':<14} |    |"
@@ -467,6 +480,20 @@ def main() -> int:
             redis.stop()
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def mount_rows(figures: dict) -> dict[str, tuple[float, str]]:
+    """The mount's figure of each row (``--json``), named for ``--against``: rates are better
+    higher, times (the ``ls`` rows, the 2nd mount's delay) lower."""
+    out = {}
+    for kind, rows in figures.items():
+        for key, native, mount, unit, _ in rows:
+            label = LABELS[key].format(n="N")
+            if key == "seen":
+                out[f"{kind} {label.split(' (')[0]}, median ms"] = (native, "lower")
+                continue
+            out[f"{kind} {label}, {unit}"] = (mount, "lower" if unit == "s" else "higher")
+    return out
 
 
 if __name__ == "__main__":

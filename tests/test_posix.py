@@ -280,6 +280,28 @@ def test_suid_and_sgid_are_cleared_by_a_write_or_chown_of_another_user(shared):
     assert stat.S_IMODE(os.stat(f).st_mode) == 0o6777
 
 
+def test_a_change_by_another_than_the_owner_clears_suid_and_sgid_as_ext4(shared):
+    """The kernel leaves set-id bits to zarrfs (FUSE_HANDLE_KILLPRIV_V2): a write, an
+    open(O_TRUNC) and a truncate by a user who does not own the file clear S_ISUID, and S_ISGID
+    of a group-executable file, stored with the change; S_ISGID without group execute stays."""
+    f = shared.path / "f"
+    f.write_bytes(b"#!/bin/sh\n")
+    os.chown(f, NOBODY, NOBODY)
+    dd = "dd if=/dev/zero of=f bs=1 count=2 conv=notrunc"
+    for script in ("echo more >> f", ": > f", "truncate -s 1 f", dd):
+        os.chmod(f, 0o6777)
+        ok_as(shared.path, script, uid=OTHER, gid=OTHER)
+        assert stat.S_IMODE(os.stat(f).st_mode) == 0o777, script
+    os.chmod(f, 0o2666)
+    ok_as(shared.path, "echo more >> f", uid=OTHER, gid=OTHER)
+    assert stat.S_IMODE(os.stat(f).st_mode) == 0o2666
+    os.chmod(f, 0o4755)
+    ok_as(shared.path, "cat f >/dev/null", uid=OTHER, gid=OTHER)  # a read changes nothing
+    shared.stop()
+    shared.start()
+    assert stat.S_IMODE(os.stat(f).st_mode) == 0o4755
+
+
 def changes_ctime(path: Path, action, follow: bool = True) -> None:
     before = os.stat(path, follow_symlinks=follow).st_ctime_ns
     time.sleep(0.01)

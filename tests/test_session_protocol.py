@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import ast
 import errno
+import os
 import stat
 import struct
 from pathlib import Path
 
 import pytest
-from session_wire import Wire, release_storing, z
+from session_wire import Reply, Wire, release_storing, z
 
 from zarrfs.fs.tree import DIR, FILE
 from zarrfs.fuse import abi as k
@@ -77,8 +78,10 @@ def test_opcodes_and_flags_are_the_kernels():
     # DIRECT_IO_ALLOW_MMAP is flags2's bit 4, announced by INIT_EXT (1 << 30).
     # DO_READDIRPLUS (1 << 13): names come with their attributes; not READDIRPLUS_AUTO (1 << 14),
     # whose plain READDIR after the first would leave du a lookup per name.
-    bits = (0, 3, 5, 13, 15, 18, 22, 36)
+    # HANDLE_KILLPRIV_V2 (1 << 28): set-id bits are cleared by zarrfs, on the flags below.
+    bits = (0, 3, 5, 13, 15, 18, 22, 28, 36)
     assert k.WANTED == sum(1 << bit for bit in bits)
+    assert (k.FATTR_KILL_SUIDGID, k.WRITE_KILL_SUIDGID, k.OPEN_KILL_SUIDGID) == (1 << 11, 1 << 2, 1)
     assert k.READDIRPLUS == 44 and k.DIRENTPLUS.size == 152
     assert k.INIT_EXT == 1 << 30 and k.FOPEN_DIRECT_IO == 1
 
@@ -279,6 +282,51 @@ def test_stats_count_requests_and_errors_by_type(wire):
     fh, _ = wire.open(node)
     assert wire.read(node, fh, 8192) == b"x" * 4096
     assert wire.session.stats()["bytes"] == {"read": 4096, "written": 4096}
+
+
+def test_request_cpu_is_counted_by_type_when_asked(make_wire, monkeypatch):
+    """ZARRFS_REQUEST_CPU: each request type's handlers' CPU time (scripts/bench_ops.py);
+    without it, none is measured."""
+    assert "cpu_us" not in make_wire().session.stats()
+    monkeypatch.setenv("ZARRFS_REQUEST_CPU", "1")
+    wire = make_wire()
+    wire.init()
+    for i in range(200):
+        wire.lookup(k.ROOT_ID, f"missing{i}")
+    wire.put_file(k.ROOT_ID, "f", b"x" * 4096)
+    cpu = wire.session.stats()["cpu_us"]
+    assert {"init", "lookup", "create", "write", "flush", "release"} <= cpu.keys(), cpu
+    assert cpu["lookup"] > 0
+
+
+def test_a_write_without_cap_fsetid_clears_suid_and_sgid_at_its_commit(wire):
+    """WRITE_KILL_SUIDGID: the bits go with the written content, in one commit; an
+    open(O_TRUNC) with OPEN_KILL_SUIDGID likewise; without the flags (a writer with
+    CAP_FSETID) they stay."""
+
+    def answer(opcode: int, nodeid: int, body: bytes) -> Reply:  # notifications left aside
+        unique = wire.send(opcode, nodeid, body)
+        (reply,) = [m for m in wire.messages() if m.unique == unique]
+        assert reply.error == 0, errno.errorcode.get(-reply.error)
+        return reply
+
+    def close(nodeid: int, fh: int) -> None:
+        answer(k.FLUSH, nodeid, k.FLUSH_IN.pack(fh, 0, 0, 0))
+        answer(k.RELEASE, nodeid, k.RELEASE_IN.pack(fh, os.O_WRONLY, 0, 0))
+
+    wire.init()
+    f = wire.put_file(k.ROOT_ID, "f", b"d" * 4096, mode=0o6755)  # full pages: no NOTIFY_STORE
+    fh = k.OPEN_REPLY.unpack(answer(k.OPEN, f.nodeid, k.OPEN_IN.pack(os.O_WRONLY, 0)).raw)[3]
+    answer(k.WRITE, f.nodeid, k.WRITE_IN.pack(fh, 0, 4, 0, 0, 0, 0) + b"root")  # may keep them
+    answer(k.FLUSH, f.nodeid, k.FLUSH_IN.pack(fh, 0, 0, 0))
+    assert wire.ops.tree.find("f").attrs.mode & 0o7777 == 0o6755
+    answer(k.WRITE, f.nodeid, k.WRITE_IN.pack(fh, 0, 2, k.WRITE_KILL_SUIDGID, 0, 0, 0) + b"ab")
+    close(f.nodeid, fh)
+    assert wire.ops.tree.find("f").attrs.mode & 0o7777 == 0o755  # stored with the content
+    wire.ops.set_attrs("f", mode=0o6750)  # S_ISGID and group execute
+    body = k.OPEN_IN.pack(os.O_WRONLY | os.O_TRUNC, k.OPEN_KILL_SUIDGID)
+    close(f.nodeid, k.OPEN_REPLY.unpack(answer(k.OPEN, f.nodeid, body).raw)[3])
+    assert wire.ops.tree.find("f").attrs.mode & 0o7777 == 0o750
 
 
 # ---------------------------------------------------------------------- layering

@@ -24,6 +24,7 @@ from dataclasses import replace
 from zarrfs.backends.errors import InterruptedCallError, RestartedError
 from zarrfs.fs import acl, hardlinks
 from zarrfs.fs.changes import ChangeWatcher, folders_of
+from zarrfs.fs.entries import without_setid
 from zarrfs.fs.errors import FsError, is_quiet, log_level, to_errno
 from zarrfs.fs.handles import HandleTable, Stored
 from zarrfs.fs.listing import DirListing
@@ -474,6 +475,12 @@ class Operations:
         """Buffer a write (``data`` is copied)."""
         return self.handles.write(fh, data, offset)
 
+    def kill_suidgid(self, fh: int) -> bool:
+        """Clear the set-id bits a change by a caller without CAP_FSETID clears (a write, an
+        open that truncates) of the file open as ``fh``, stored with its next commit; True
+        when one was set (:func:`without_setid`)."""
+        return self.handles.kill_suidgid(fh)
+
     def close_writes_nothing(self, fh: int) -> bool:
         """Whether a close of ``fh`` (its flush or release) writes nothing to the database:
         it was opened read-only and holds no locks."""
@@ -543,4 +550,5 @@ __all__ = [
     "stamp_of",
     "stored_blocks",
     "to_errno",
+    "without_setid",
 ]

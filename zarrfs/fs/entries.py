@@ -223,3 +223,12 @@ def inherit_group(attrs: Attrs, folder: Attrs | None) -> None:
         attrs.gid = folder.gid
         if stat.S_ISDIR(attrs.mode):
             attrs.mode |= stat.S_ISGID
+
+
+def without_setid(mode: int) -> int:
+    """``mode`` as a change by a caller without CAP_FSETID leaves it (a write, a truncate, a
+    chown): no S_ISUID, and no S_ISGID when the group may execute (without that bit S_ISGID
+    marks mandatory locking, which stays), as the kernel's VFS does on ext4."""
+    if mode & stat.S_ISGID and mode & stat.S_IXGRP:
+        mode &= ~stat.S_ISGID
+    return mode & ~stat.S_ISUID

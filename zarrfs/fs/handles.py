@@ -27,7 +27,7 @@ from typing import Any
 
 from zarrfs.fs import parts
 from zarrfs.fs.commitoptions import CommitOptions
-from zarrfs.fs.entries import inherit_group
+from zarrfs.fs.entries import inherit_group, without_setid
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.lockedfiles import LockedFiles
 from zarrfs.fs.node import stamp_of
@@ -334,6 +334,21 @@ class HandleTable:
         state.changes.wrote(offset, offset + len(data), append)
         self._touch(state)
         return len(data)
+
+    def kill_suidgid(self, fh: int) -> bool:
+        """Clear S_ISUID, and S_ISGID when the group may execute, of the file open as ``fh``,
+        changed by a caller without CAP_FSETID (a write, or an open that truncated it). Kept
+        in its pending record, so stored with its content at the next commit, one transaction;
+        True when a bit was set."""
+        state = self.locking.fresh(self.files.handle(fh).state)
+        if state.attrs is None:
+            state.attrs = self.tree.lookup_attrs(state.key)
+        mode = without_setid(state.attrs.mode)
+        if mode == state.attrs.mode:
+            return False
+        state.attrs.mode = mode
+        state.attrs.ctime = time.time_ns()
+        return True
 
     def fallocate(self, fh: int, offset: int, length: int, mode: int) -> None:
         """``fallocate``: mode 0 grows the file to ``offset + length`` (zeros);

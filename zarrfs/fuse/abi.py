@@ -80,6 +80,7 @@ READDIRPLUS_AUTO = 1 << 14
 ASYNC_DIO = 1 << 15
 PARALLEL_DIROPS = 1 << 18
 MAX_PAGES = 1 << 22
+HANDLE_KILLPRIV_V2 = 1 << 28  # zarrfs clears set-id bits on write, truncate and chown (7.33)
 INIT_EXT = 1 << 30  # the flags go on in fuse_init_in.flags2 / fuse_init_out.flags2 (7.36)
 # 64-bit features: bit 32 on is flags2's bit 0.
 DIRECT_IO_ALLOW_MMAP = 1 << 36  # a file opened with FOPEN_DIRECT_IO may be mmap()ed (7.39)
@@ -93,6 +94,11 @@ DIRECT_IO_ALLOW_MMAP_MINOR = 39
 # cost no lookup per name. Not READDIRPLUS_AUTO: the kernel would send plain READDIR after the
 # first reply until a lookup in the folder, and du or find read a whole folder before their
 # first stat (a lookup per name: 22 s instead of 3.7 s for 100,000 names, docs/performance.md).
+# HANDLE_KILLPRIV_V2: without it the kernel asks GETXATTR security.capability before every
+# write(2) (it may not remember "none" across writes), and clears set-id bits with a SETATTR of
+# its own; with it, once a file until its attributes are read again, and the write, truncate,
+# chown or open(O_TRUNC) of a caller without CAP_FSETID carries a flag (WRITE_KILL_SUIDGID,
+# FATTR_KILL_SUIDGID, OPEN_KILL_SUIDGID) on which zarrfs clears them (Session._kill_suidgid).
 WANTED = (
     ASYNC_READ
     | ATOMIC_O_TRUNC
@@ -102,6 +108,7 @@ WANTED = (
     | MAX_PAGES
     | DIRECT_IO_ALLOW_MMAP
     | DO_READDIRPLUS
+    | HANDLE_KILLPRIV_V2
 )
 # Asked for too when the mount checks permissions (default_permissions): the kernel enforces
 # POSIX ACLs, which zarrfs keeps as xattrs (zarrfs.fs.acl), and leaves the umask to zarrfs
@@ -128,6 +135,9 @@ FATTR_MTIME = 1 << 5
 FATTR_FH = 1 << 6
 FATTR_ATIME_NOW = 1 << 7
 FATTR_MTIME_NOW = 1 << 8
+FATTR_KILL_SUIDGID = 1 << 11  # a truncate by a caller without CAP_FSETID, or a chown (7.33)
+WRITE_KILL_SUIDGID = 1 << 2  # fuse_write_in.write_flags: a write by a caller without CAP_FSETID
+OPEN_KILL_SUIDGID = 1 << 0  # fuse_open_in.open_flags: an open(O_TRUNC) by one without CAP_FSETID
 
 GETATTR_FH = 1 << 0
 FOPEN_DIRECT_IO = 1 << 0

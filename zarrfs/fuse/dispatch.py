@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import struct
 import time
 from collections.abc import Callable, Mapping
@@ -66,6 +67,12 @@ class Dispatcher:
         self._errors = [0] * (_TABLE + 1)
         self._busy_ns = [0] * (_TABLE + 1)  # time spent answering, by opcode (zarrfs stats)
         self.bytes_read = self.bytes_written = 0  # by the handlers of READ and WRITE
+        # ZARRFS_REQUEST_CPU=1: each request's thread CPU time, by type (scripts/bench_ops.py);
+        # off by default, as the clock costs two system calls a request.
+        self._cpu_ns: list[int] | None = None
+        if os.environ.get("ZARRFS_REQUEST_CPU"):
+            self._cpu_ns = [0] * (_TABLE + 1)
+            self.handle = self._timed_handle  # type: ignore[method-assign]
 
     def _unknown(self, head: Header, buf: memoryview) -> None:
         self._reply_error(head, errno.ENOSYS)
@@ -96,6 +103,15 @@ class Dispatcher:
             self._failed(head, op, exc, buf)
         self._busy_ns[op] += _clock() - started
 
+    def _timed_handle(self, buf: memoryview) -> None:
+        """:meth:`handle`, its thread's CPU time added to its request type's."""
+        start = time.thread_time_ns()
+        try:
+            Dispatcher.handle(self, buf)
+        finally:
+            op = _unpack_header(buf)[1] if len(buf) >= k.IN_HEADER_SIZE else _TABLE
+            self._cpu_ns[op if op < _TABLE else _TABLE] += time.thread_time_ns() - start  # type: ignore[index]
+
     def _failed(self, head: Header, op: int, exc: Exception, buf: memoryview | None = None) -> None:
         # One log line at most, never a traceback: a malformed request says what was wrong
         # with it, an error of a call what the caller hears (unless routine).
@@ -120,14 +136,18 @@ class Dispatcher:
     def stats(self) -> dict[str, dict[str, int]]:
         """Requests served, error replies sent and nanoseconds spent answering since the mount
         began, by request type (types never seen left out), and the bytes read and written:
-        ``{"requests": {name: count}, "errors": ..., "busy_ns": ..., "bytes": {"read", "written"}}``."""
+        ``{"requests": {name: count}, "errors": ..., "busy_ns": ..., "bytes": {"read", "written"}}``;
+        with ZARRFS_REQUEST_CPU, ``"cpu_us"`` too: their handlers' CPU time."""
         names = self._names
-        return {
+        figures = {
             "requests": {names[op]: n for op, n in enumerate(self._requests) if n},
             "errors": {names[op]: n for op, n in enumerate(self._errors) if n},
             "busy_ns": {names[op]: n for op, n in enumerate(self._busy_ns) if n},
             "bytes": {"read": self.bytes_read, "written": self.bytes_written},
         }
+        if self._cpu_ns is not None:  # microseconds of CPU, by type (ZARRFS_REQUEST_CPU)
+            figures["cpu_us"] = {names[op]: ns // 1000 for op, ns in enumerate(self._cpu_ns) if ns}
+        return figures
 
     def _describe(self, head: Header, buf: memoryview | None = None) -> str:
         """What a request was about, for a log line: the node's path (a subclass knows it,

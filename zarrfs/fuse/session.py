@@ -29,6 +29,7 @@ from zarrfs.fs.api import (
     key_text,
     stamp_of,
     stored_blocks,
+    without_setid,
 )
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.abi import Header
@@ -379,6 +380,8 @@ class Session(Dispatcher):
             set_attrs = functools.partial(self.ops.set_open_attrs, handle)
         else:
             set_attrs = functools.partial(self.ops.set_attrs, key)
+        if valid & k.FATTR_KILL_SUIDGID and not valid & k.FATTR_MODE:
+            self._kill_suidgid(key, handle, set_attrs)
         # The order of chmod, chown, truncate, utimens: explicit times are set last.
         if valid & k.FATTR_MODE:
             set_attrs(mode=mode)
@@ -397,6 +400,15 @@ class Session(Dispatcher):
         if node is None:
             raise FsError(errno.ENOENT, key or f"node {head.nodeid}", quiet=True)
         self._reply_attr(head.unique, head.nodeid, node)
+
+    def _kill_suidgid(self, key: str | None, handle: int | None, set_attrs: Callable) -> None:
+        """A chown, or a truncate by a caller without CAP_FSETID, under HANDLE_KILLPRIV_V2:
+        the set-id bits the kernel's VFS would clear, cleared here (:func:`without_setid`)."""
+        node = None if key is None else self.ops.find(key)
+        if node is None and handle is not None:
+            node = self.ops.find_open(handle)
+        if node is not None and node.kind != DIR and without_setid(node.attrs.mode) != node.attrs.mode:
+            set_attrs(mode=without_setid(node.attrs.mode))
 
     def _readlink(self, head: Header, buf: memoryview) -> None:
         target = self.ops.readlink(self._key(head.nodeid))
@@ -500,7 +512,7 @@ class Session(Dispatcher):
         self._send(k.CREATE_REPLY.pack(k.CREATE_REPLY.size, 0, head.unique, *values, fh, 0, 0))
 
     def _open(self, head: Header, buf: memoryview) -> None:
-        flags = k.OPEN_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]
+        flags, kill = k.OPEN_IN.unpack_from(buf, k.IN_HEADER_SIZE)
         # Close-to-open: what others committed, first (with several request threads, by an
         # open that runs alone: reader_key makes one when the feed has news); then the node's
         # name, which that may change (a hard link removed elsewhere).
@@ -515,6 +527,8 @@ class Session(Dispatcher):
         # other names.
         kept = inode.stamp if inode is not None and inode.cache_ok else None
         fh = self.ops.open(key, flags, None if inode is None or inode.group else False, kept)
+        if kill & k.OPEN_KILL_SUIDGID and flags & os.O_TRUNC:  # by one without CAP_FSETID
+            self.ops.kill_suidgid(fh)
         seen, private = self.ops.opened(fh)
         if seen is not None and self.coherence is not None and self.coherence.news():
             # A commit the open read may have come after the look above: its drops go before
@@ -555,11 +569,13 @@ class Session(Dispatcher):
         self._reply_data(head.unique, data)
 
     def _write(self, head: Header, buf: memoryview) -> None:
-        fh, offset, size = k.WRITE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
+        fh, offset, size, write_flags = k.WRITE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:4]
         if size > head.len - k.WRITE_DATA:
             raise k.Malformed(f"a write of {size} bytes in a request of {head.len}")
         written = self.ops.write(fh, buf[k.WRITE_DATA : k.WRITE_DATA + size], offset)
         self.bytes_written += written
+        if write_flags & k.WRITE_KILL_SUIDGID:  # a writer without CAP_FSETID (HANDLE_KILLPRIV_V2)
+            self.ops.kill_suidgid(fh)
         self._send(k.WRITE_REPLY.pack(k.WRITE_REPLY.size, 0, head.unique, written, 0))
 
     def _fallocate(self, head: Header, buf: memoryview) -> None:

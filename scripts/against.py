@@ -1,0 +1,90 @@
+"""``--against REV`` of the benchmark scripts: the same script run on an earlier commit's zarrfs,
+then on this tree's, back to back, and each figure's change.
+
+REV's files are exported (``git archive``) to a scratch folder, its modules compiled, and this
+tree's ``scripts/`` copied over REV's, so both runs are the same script; each run imports the
+zarrfs of its folder (``PYTHONPATH``, and the folder as the working directory, where the
+daemons started by ``python -m zarrfs`` find it too) with this interpreter and its packages.
+Each run writes its figures as JSON (``--json``); the table at the end compares them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+Rows = Callable[[dict], dict[str, tuple[float, str]]]  # a run's JSON -> name: (value, "higher"/"lower")
+
+
+def without_against(argv: list[str]) -> list[str]:
+    """``argv`` less ``--against REV`` (or ``--against=REV``) and any ``--json``."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--against", "--json"):
+            skip = True
+        elif not arg.startswith(("--against=", "--json=")):
+            out.append(arg)
+    return out
+
+
+def export(rev: str, where: Path) -> str:
+    """REV's tree in ``where`` with this tree's scripts; returns REV's short commit name."""
+    commit = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", rev],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    archive = subprocess.run(["git", "-C", str(HERE), "archive", commit], capture_output=True, check=True)
+    where.mkdir(parents=True)
+    subprocess.run(["tar", "-x", "-C", str(where)], input=archive.stdout, check=True)
+    for path in (HERE / "scripts").iterdir():
+        if path.suffix in (".py", ".c"):
+            shutil.copy2(path, where / "scripts" / path.name)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "zarrfs"], cwd=where, check=True,
+                   stdout=subprocess.DEVNULL)
+    return commit
+
+
+def run_side(code: Path, script: str, argv: list[str], out: Path) -> dict:
+    """The figures of ``script`` run on the zarrfs in ``code``."""
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    cmd = [sys.executable, str(code / "scripts" / script), *argv, "--json", str(out)]
+    subprocess.run(cmd, cwd=code, env=env, check=True)
+    return json.loads(out.read_text())
+
+
+def compare(rev: str, script: str, argv: list[str], rows: Rows) -> int:
+    """Run ``script`` with ``argv`` on REV, then on this tree; print the figures ``rows`` picks
+    out of each run's JSON (name -> (value, "higher" or "lower" is better)) side by side."""
+    argv = without_against(argv)
+    scratch = Path(tempfile.mkdtemp(prefix="zarrfs-against-"))
+    try:
+        commit = export(rev, scratch / "rev")
+        print(f"== {script} on {rev} ({commit}) ==", flush=True)
+        old = rows(run_side(scratch / "rev", script, argv, scratch / "rev.json"))
+        print(f"\n== {script} on this tree ({HERE}) ==", flush=True)
+        new = rows(run_side(HERE, script, argv, scratch / "new.json"))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    width = max(map(len, new), default=10)
+    print(f"\n{rev} ({commit}) against this tree, back to back: 'better' says which way it moved")
+    print(f"| {'figure':<{width}} | {commit:>12} | {'this tree':>12} | {'change':>8} |")
+    print(f"|{'-' * (width + 2)}|{'-' * 14}|{'-' * 14}|{'-' * 10}|")
+    for name, (value, better) in new.items():
+        before = old.get(name, (None, better))[0]
+        if before is None or not before or not value:
+            change = ""
+        else:
+            ratio = value / before
+            good = ratio > 1 if better == "higher" else ratio < 1
+            change = f"{ratio:.2f}x" + (" +" if good and abs(ratio - 1) > 0.05 else "")
+        shown = "" if before is None else f"{before:.4g}"
+        print(f"| {name:<{width}} | {shown:>12} | {value:>12.4g} | {change:>8} |")
+    print("(+: better by more than 5%)")
+    return 0
