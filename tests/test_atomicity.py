@@ -325,8 +325,10 @@ def _open_finding(url: str, op: str, label: str) -> bool:
     another mount, can show in ``fstat`` the size of the version a descriptor closed just
     before read, or read one byte past its version's end."""
     server = not url.startswith(("lmdb", "sqlite"))
-    exchanged = op == "exchange" and label in ("same mount", "other mount")
-    return exchanged or (op in ("commit", "store_set") and label == "other mount" and server)
+    # To a change made by zarrfs.store, mount "a" is another mount as much as "b" is.
+    others = {"other mount"} | (set() if op in THROUGH_THE_MOUNT else {"same mount"})
+    exchanged = op == "exchange" and label in others
+    return exchanged or (op in ("commit", "store_set") and label in others and server)
 
 
 WATCHED = ["commit", "store_set", "exchange", "rename_file", "rename_folder", "link", "rmdir", "delete_dir"]
