@@ -113,8 +113,9 @@ class HandleTable:
                     state = paged
                 else:  # closed, or renamed since
                     del self.paged[key]
-            if state is not None and state.buffer is None and state.version is not None and state.handles:
-                if not state.private:  # its descriptors read the version they opened
+            # Descriptors reading the version they opened through the kernel's page cache.
+            if state is not None and state.version is not None and state.handles:
+                if state.buffer is None and not state.private:
                     return self._as_read(state)
             return None
         if state.linked and (stored := self.tree.find(key)) is not None:  # its names, as stored

@@ -192,7 +192,7 @@ class Tree:
         answers lookups (chunks read ahead, a folder's snapshot) shows it from now on, not an
         older version the change feed has not told of yet."""
         ahead = self.lookups.readahead
-        if ahead is not None and ahead.node(key) not in (None, node):
+        if ahead is not None and (held := ahead.node(key)) is not None and stamp_of(held) != stamp_of(node):
             ahead.forget([key])
         cache = self.folder_cache
         if cache is not None and key:
