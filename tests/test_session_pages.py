@@ -5,10 +5,14 @@ policy alone)."""
 from __future__ import annotations
 
 import os
+import threading
+from contextlib import contextmanager
 
-from session_wire import release_storing, stores, z
+import pytest
+from session_wire import GID, UID, attr_of, entry_of, release_storing, stores, z
 
 from zarrfs.fs.api import DIRECT_ABOVE
+from zarrfs.fs.tree import RENAME_EXCHANGE
 from zarrfs.fuse import abi as k
 
 
@@ -149,3 +153,140 @@ def test_a_stored_file_hands_its_last_partial_page_to_the_kernel(wire):
     assert release_storing(wire, f.nodeid, a) == []
 
 
+
+
+# ---------------------------------------------------------------------- the size the kernel holds
+# An open reads one version; the kernel cuts or pads what its descriptor reads to the size it
+# holds. So when an open is answered, the kernel must hold no size of another version: each
+# reply with attributes gives it one, each NOTIFY_INVAL_INODE (with or without its pages) takes
+# it back, in the order they reach it. These tests keep that account of the messages.
+
+
+class KernelSizes:
+    """The sizes the kernel holds, by node ID, from the messages the session wrote, in order."""
+
+    def __init__(self, wire) -> None:
+        self.wire = wire
+        self.size: dict[int, int] = {}
+
+    def ask(self, opcode: int, nodeid: int, body: bytes = b""):
+        """One request; its reply, after every message written before it was taken in order."""
+        unique = self.wire.send(opcode, nodeid, body)
+        reply = None
+        for m in self.wire.messages():
+            if m.unique == 0 and m.error == -k.NOTIFY_INVAL_INODE:
+                self.size.pop(k.NOTIFY_INVAL_INODE_OUT.unpack(m.raw)[3], None)
+            elif m.unique == unique:
+                reply = m
+        assert reply is not None and reply.error == 0, (k.OPCODE_NAMES.get(opcode), reply)
+        if opcode == k.LOOKUP:
+            entry = entry_of(reply)
+            self.size[entry.nodeid] = entry.attr.size
+        elif opcode == k.GETATTR:
+            self.size[nodeid] = attr_of(reply).size
+        return reply
+
+    def lookup(self, name: str) -> int:
+        return entry_of(self.ask(k.LOOKUP, k.ROOT_ID, z(name))).nodeid
+
+    def getattr(self, nodeid: int) -> int:
+        return attr_of(self.ask(k.GETATTR, nodeid, k.GETATTR_IN.pack(0, 0, 0))).size
+
+    def open(self, nodeid: int) -> int:
+        """An open, once the kernel holds no size of a version other than the one it reads."""
+        reply = self.ask(k.OPEN, nodeid, k.OPEN_IN.pack(os.O_RDONLY, 0))
+        fh = k.OPEN_REPLY.unpack(reply.raw)[3]
+        seen = self.wire.ops.handles.handles[fh].seen
+        assert self.size.get(nodeid, seen.size) == seen.size, (
+            f"opened at {seen.size} bytes, the kernel holds {self.size[nodeid]}"
+        )
+        return fh
+
+    def read(self, nodeid: int, fh: int) -> bytes:
+        return self.ask(k.READ, nodeid, k.READ_IN.pack(fh, 0, 1 << 16, 0, 0, 0, 0)).body
+
+    def release(self, nodeid: int, fh: int) -> None:
+        self.ask(k.RELEASE, nodeid, k.RELEASE_IN.pack(fh, 0, 0, 0))
+
+
+@contextmanager
+def notifications_held(wire):
+    """The session's notification thread kept busy, as when the kernel makes a notification
+    wait (one dropping a name waits for its folder's lock, held by a rename the session has
+    not answered yet): what is queued meanwhile reaches the kernel after it."""
+    gate = threading.Event()
+    wire.session.invalidator.send_then([], gate.wait)
+    try:
+        yield
+    finally:
+        gate.set()
+
+
+@pytest.fixture
+def followed(tmp_path, make_wire):
+    """A session after INIT, with its change feed, over a SQLite database, and the filesystem
+    calls of another mount of it: ``(KernelSizes of the session, the other's Operations)``."""
+    from zarrfs.backends import open_driver
+    from zarrfs.fs.api import ChangeWatcher, Operations
+    from zarrfs.fs.handles import HandleTable
+    from zarrfs.fs.tree import Tree
+    from zarrfs.fuse.coherence import Coherence
+
+    url = f"sqlite://{tmp_path}/shared.sqlite"
+    drivers = [open_driver(url), open_driver(url)]
+    here, there = (Tree(d, uid=UID, gid=GID) for d in drivers)
+    wire = make_wire(Operations(here, HandleTable(here)), attr_timeout=3600)
+    wire.session.coherence = Coherence(wire.session, ChangeWatcher(here))
+    assert wire.init().error == 0
+    yield KernelSizes(wire), Operations(there, HandleTable(there))
+    for d in drivers:
+        d.close()
+
+
+def test_an_open_drops_the_size_a_lookup_gave_of_an_older_version(make_wire):
+    """No change feed: the kernel holds the size a lookup gave (the file never opened here);
+    another mount rewrites the file; the open reads the new version, and drops that size."""
+    wire = make_wire(attr_timeout=3600)
+    assert wire.init().error == 0
+    kernel = KernelSizes(wire)
+    wire.ops.tree.commit("f", b"old", None)
+    f = kernel.lookup("f")
+    wire.ops.tree.commit("f", b"the newer version", None)  # behind the mount
+    fh = kernel.open(f)
+    assert kernel.read(f, fh) == b"the newer version"
+
+
+def test_an_exchange_drops_the_sizes_it_changes_before_its_reply(followed):
+    """``x`` and ``n`` exchanged while another mount's rewrite of ``n`` is not heard yet, and
+    while the notification thread is held: the node of ``n``, now ``x``, is opened at the
+    rewritten version, and the kernel holds no older size of it by then."""
+    kernel, other = followed
+    other.tree.commit("x", b"x" * 3, None)
+    other.tree.commit("n", b"n" * 5, None)
+    x, n = kernel.lookup("x"), kernel.lookup("n")
+    other.tree.commit("n", b"rewritten" * 7, None)
+    with notifications_held(kernel.wire):
+        body = k.RENAME2_IN.pack(k.ROOT_ID, RENAME_EXCHANGE, 0) + z("x") + z("n")
+        kernel.ask(k.RENAME2, k.ROOT_ID, body)
+        fh = kernel.open(n)
+        assert kernel.read(n, fh) == b"rewritten" * 7
+        fh = kernel.open(x)
+        assert kernel.read(x, fh) == b"x" * 3
+
+
+def test_the_last_close_of_an_older_version_drops_its_size_before_the_next_open(followed):
+    """A descriptor reads the version it opened while another mount's newer one is stored: the
+    file is shown at the older size until that descriptor's release; the open after it reads
+    the newer version, with the notification thread held meanwhile."""
+    kernel, other = followed
+    other.tree.commit("f", b"o" * 60, None)
+    f = kernel.lookup("f")
+    old = kernel.open(f)
+    assert kernel.read(f, old) == b"o" * 60
+    other.tree.commit("f", b"N" * 90, None)
+    kernel.wire.session.coherence.poll()
+    assert kernel.getattr(f) == 60  # shown as the version its descriptor reads
+    with notifications_held(kernel.wire):
+        kernel.release(f, old)
+        fh = kernel.open(f)
+        assert kernel.read(f, fh) == b"N" * 90

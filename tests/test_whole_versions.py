@@ -118,3 +118,18 @@ def test_an_open_of_a_version_the_kernel_was_not_shown_drops_its_size(db_url, mo
     with open(b.path / "f", "rb") as fh:
         assert fh.read() == longer
         assert os.fstat(fh.fileno()).st_size == len(longer)
+
+
+def test_an_open_of_a_version_newer_than_a_lookup_showed_drops_its_size(db_url, mount_factory):
+    """The same with the file only looked up on the second mount (``stat``), never opened
+    there: the kernel holds the size the lookup gave, and the open of the longer version is
+    not cut to it."""
+    a = mount_factory(db_url, ["create"], name="a")
+    (a.path / "f").write_bytes(OLD)
+    b = mount_factory(db_url, ["feed=0", "cache_timeout=3600"], name="b")
+    assert os.stat(b.path / "f").st_size == len(OLD)  # a lookup: the size held, no pages
+    longer = OLD + NEW
+    (a.path / "f").write_bytes(longer)
+    with open(b.path / "f", "rb") as fh:
+        assert fh.read() == longer
+        assert os.fstat(fh.fileno()).st_size == len(longer)

@@ -39,16 +39,25 @@ class Stamped(Protocol):
 class Pages:
     """What the policy remembers of one file the kernel holds: the ``(size, mtime)`` last shown
     to the kernel (``stamp``) and when (``stamp_time``, on the policy's clock), whether
-    the pages the kernel holds now are known to be the content (``cache_ok``), and whether its
-    pages and attributes were dropped with nothing shown since (``bare``)."""
+    the pages the kernel holds now are known to be the content (``cache_ok``), whether its
+    pages and attributes were dropped with nothing shown since (``bare``), and the mark
+    (:func:`version_mark`) of the version whose attributes the kernel was last given and still
+    holds (``given``; 0: none), kept for every file, opened or not."""
 
-    __slots__ = ("stamp", "stamp_time", "cache_ok", "bare")
+    __slots__ = ("stamp", "stamp_time", "cache_ok", "bare", "given")
 
     def __init__(self) -> None:
         self.stamp: tuple[int, int] | None = None
         self.stamp_time = 0.0
         self.cache_ok = False
         self.bare = False
+        self.given = 0
+
+
+def version_mark(size: int, mtime: int) -> int:
+    """A number standing for the version ``(size, mtime)`` of a file, never 0 (8 bytes a node,
+    where a million listed names are a million nodes)."""
+    return hash((size, mtime)) & 0xFFFF_FFFF_FFFF_FFFF or 1
 
 
 class PageCache:
@@ -82,15 +91,28 @@ class PageCache:
     def shown(self, pages: Pages, node: Node) -> None:
         """The kernel was given ``node``'s attributes (a lookup, a getattr). A changed size or
         mtime means the pages it holds are of an older content: the next open drops them.
-        A file never opened (no stamp, no pages kept, nothing dropped) has nothing to compare:
-        nothing is recorded, which keeps the many names an ``ls -l`` shows at the size of their
-        node IDs."""
+        A file never opened (no stamp, no pages kept, nothing dropped) has no pages to compare:
+        only the version given is kept (:attr:`Pages.given`, a number), which keeps the many
+        names an ``ls -l`` shows at the size of their node IDs."""
+        if node.kind == FILE:
+            pages.given = version_mark(node.size, node.attrs.mtime)
         if pages.stamp is not None or pages.cache_ok or pages.bare:
             self._record(pages, node)
 
+    def differs(self, pages: Pages, node: Node) -> bool:
+        """Whether the kernel may hold the attributes of another version of the file than
+        ``node``: some were given to it, and not dropped since. Its size over the pages of
+        ``node``'s version would cut or pad what a descriptor reads."""
+        return bool(pages.given) and pages.given != version_mark(node.size, node.attrs.mtime)
+
+    def attrs_dropped(self, pages: Pages) -> None:
+        """A notification dropping the kernel's attributes of the file was written (the kernel
+        holds none now, until it is next shown the file)."""
+        pages.given = 0
+
     def _record(self, pages: Pages, node: Node) -> None:
+        pages.bare = False
         if node.kind == FILE:  # folders and symlinks have no pages to keep
-            pages.bare = False
             stamp = (node.size, node.attrs.mtime)
             if stamp != pages.stamp:
                 pages.stamp = stamp
@@ -114,6 +136,9 @@ class PageCache:
         if stored.others:
             self.dropped(pages)
             return None
+        # The kernel's size is that of the writes it passed on, the stored size.
+        pages.given = version_mark(stored.size, stored.mtime)
+        pages.bare = False
         pages.stamp = (stored.size, stored.mtime)
         pages.stamp_time = self.clock()
         pages.cache_ok = True
@@ -124,11 +149,14 @@ class PageCache:
     def dropped(self, pages: Pages) -> None:
         """The kernel's pages and attributes of the file are being dropped (a lock on it was
         granted, or another mount's bytes were stored with this mount's): the next open keeps
-        none, and looks at the file again. Until the kernel is next shown the file, dropping
-        them again is needless (:attr:`Pages.bare`); it would even be wrong: the kernel ignores
-        the attributes of a reply to a request it sent before a drop, so a late drop could make
-        it keep the size it had before the first (an ``lseek(SEEK_END)`` under a lock)."""
+        none, and looks at the file again. The caller drops the attributes before it answers
+        anything else (its pages may be dropped later: no open keeps them meanwhile). Until
+        the kernel is next shown the file, dropping them again is needless
+        (:attr:`Pages.bare`); it would even be wrong: the kernel ignores the attributes of a
+        reply to a request it sent before a drop, so a late drop could make it keep the size
+        it had before the first (an ``lseek(SEEK_END)`` under a lock)."""
         pages.bare = True
+        pages.given = 0
         pages.stamp = None
         pages.stamp_time = 0.0
         pages.cache_ok = False
@@ -153,7 +181,7 @@ class PageCache:
         return keep
 
 
-__all__ = ["PageCache", "Pages", "Stamped"]
+__all__ = ["PageCache", "Pages", "Stamped", "version_mark"]
 
 
 PAGE = mmap.PAGESIZE

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import logging
 import select
+import stat
 from typing import Any, Protocol
 
 from zarrfs.fs.api import ChangeWatcher, Operations, folders_of
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.handshake import Agreed
 from zarrfs.fuse.inodes import InodeTable
-from zarrfs.fuse.notify import Invalidator, inval_entry, inval_inode
+from zarrfs.fuse.notify import Invalidator, inval_attrs, inval_entry, inval_inode
 
 log = logging.getLogger("zarrfs.fuse.coherence")
 
@@ -99,7 +100,7 @@ class Coherence:
         invalidator = self.session.invalidator
         # Decided and queued in one step: a lock granted meanwhile on the waiters' thread
         # either comes first (its file is then skipped, being bare) or queues its reply after
-        # these drops (see zarrfs.fuse.notify).
+        # these drops (see zarrfs.fuse.notify); files' attributes are dropped at once.
         with invalidator.order:
             notes = self.everything() if keys is None else self.notes(keys)
             if not notes or not self._may_drop():
@@ -125,8 +126,16 @@ class Coherence:
             entry = renew = False
             if nodeid is not None:
                 inode = nodes[nodeid]
-                if not inode.bare:  # else dropped (a lock granted), and nothing shown since
-                    notes.append(inval_inode(nodeid))
+                if inode.kind == stat.S_IFREG:
+                    # Its attributes, at once (the next open decides on its pages: it keeps
+                    # none now). None when the kernel holds none since the last drop (a lock
+                    # granted, a drop of this feed's): a second drop could make it ignore what
+                    # a getattr sent meanwhile answers.
+                    if inode.given:
+                        notes.append(inval_attrs(nodeid))
+                        inode.given = 0
+                elif not inode.bare:  # else dropped, and nothing shown since
+                    notes.append(inval_inode(nodeid))  # a folder's kept listing too
                 # The stamp stays: what the kernel was last shown, compared with what the next
                 # open reads (a reply may have shown it again before this drop was decided).
                 inode.stamp_time, inode.cache_ok = 0.0, False

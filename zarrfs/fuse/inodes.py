@@ -23,7 +23,8 @@ class Inode:
     """A view of one node of an :class:`InodeTable`: its key (None once unlinked), kind (the
     file-type bits), lookup count, link group and other names (``aliases``) of a file with
     hard links; as :class:`Pages`, what decides whether its cached pages may be kept (held by
-    the table only for files that have some)."""
+    the table only for files that have some; the version whose attributes the kernel holds,
+    ``given``, for every node)."""
 
     __slots__ = ("_table", "nodeid")
 
@@ -102,6 +103,14 @@ class Inode:
         if value or self.nodeid in self._table._pages:
             self._pages().bare = value
 
+    @property
+    def given(self) -> int:
+        return self._table._given[self.nodeid & _SLOT]
+
+    @given.setter
+    def given(self, value: int) -> None:
+        self._table._given[self.nodeid & _SLOT] = value
+
 
 class _Nodes:
     """The table's nodes by ID, as a read-only mapping of :class:`Inode` views."""
@@ -140,6 +149,8 @@ class InodeTable:
         self._kinds = array("I", [0, root_kind])  # slot -> file-type bits; 0: a free slot
         self._lookups = array("Q", [0, 1])  # the kernel never forgets the root
         self._gens = array("I", [0, 0])  # slot -> generation of its node
+        # slot -> the version whose attributes the kernel holds (fs.pagecache.version_mark; 0: none)
+        self._given = array("Q", [0, 0])
         self._free = array("I")  # free slots, the last freed used first
         self._count = 1
         self._pages: dict[int, Pages] = {}  # node ID -> page cache state, for files that have one
@@ -204,12 +215,14 @@ class InodeTable:
             slot = self._free.pop()
             self._gens[slot] += 1
             self._keys[slot], self._kinds[slot], self._lookups[slot] = key, kind, 0
+            self._given[slot] = 0
         else:
             slot = len(self._kinds)
             self._keys.append(key)
             self._kinds.append(kind)
             self._lookups.append(0)
             self._gens.append(0)
+            self._given.append(0)
         self._count += 1
         nodeid = self._gens[slot] << 32 | slot
         self.ids[key] = nodeid
@@ -353,6 +366,7 @@ class InodeTable:
         # The kernel's inode is gone, and with it its cached pages: nothing of them to keep. The
         # change feed is not followed for forgotten nodes: what was read of them is dropped.
         self._pages.pop(nodeid, None)
+        self._given[slot] = 0
         self._no_xattrs.discard(nodeid)
         self.idle[nodeid] = None
         while len(self.idle) > IDLE_NODES:
@@ -373,6 +387,7 @@ class InodeTable:
         self._pages.pop(nodeid, None)
         self._no_xattrs.discard(nodeid)
         self._keys[slot], self._kinds[slot], self._lookups[slot] = None, 0, 0
+        self._given[slot] = 0
         self._free.append(slot)
         self._count -= 1
 

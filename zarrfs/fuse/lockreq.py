@@ -111,6 +111,9 @@ class LockRequests:
                 self.pages.dropped(inode)
             self.inodes.xattrs_changed(nodeid)
             if self.inval_ok:
+                # Its size at once (an open answered meanwhile must not meet the old one), its
+                # pages before the reply.
+                self.invalidator.drop_attrs([nodeid])
                 self.invalidator.send_then([inval_inode(nodeid)], lambda: self.replies.ok(unique))
                 return
         self.replies.ok(unique)

@@ -24,6 +24,17 @@ def inval_inode(nodeid: int) -> bytes:
     return k.NOTIFY_INVAL_INODE_OUT.pack(40, k.NOTIFY_INVAL_INODE, 0, nodeid, 0, 0)
 
 
+class AtOnce(bytes):
+    """A notification that never waits in the kernel: :class:`Invalidator` writes it at once,
+    from the caller's thread, ahead of those queued."""
+
+
+def inval_attrs(nodeid: int) -> AtOnce:
+    """The notification dropping a node's attributes only (offset -1): the kernel then takes
+    no page lock, so writing it never waits for a request the mount is to answer."""
+    return AtOnce(k.NOTIFY_INVAL_INODE_OUT.pack(40, k.NOTIFY_INVAL_INODE, 0, nodeid, -1, 0))
+
+
 def inval_entry(parent_id: int, name: str, flags: int = 0) -> bytes:
     """The notification dropping the entry ``name`` of folder ``parent_id`` (with
     ``EXPIRE_ONLY``: marking it to be looked up again at its next use)."""
@@ -85,13 +96,44 @@ class Invalidator:
 
     def enqueue(self, notes: list[bytes]) -> threading.Event:
         """Queue ``notes``; the event is set once they are written (at once when the thread
-        is not running)."""
+        is not running). Those that never wait (:class:`AtOnce`) are written now."""
         done = threading.Event()
         if self._thread is None:
             done.set()
+            return done
+        queued = self._now(notes)
+        if queued:
+            self._queue.put((queued, done.set))
         else:
-            self._queue.put((notes, done.set))
+            done.set()
         return done
+
+    def drop_attrs(self, nodeids: list[int]) -> None:
+        """Drop the kernel's attributes of ``nodeids`` now, from the calling thread, ahead of
+        anything queued (:func:`inval_attrs` never waits): what the caller answers next
+        reaches the kernel after them. A queued notification can wait long, behind one
+        that waits for a folder's lock held by a rename the mount has not answered yet, and
+        an answer must not meet the size of a version the mount no longer shows."""
+        if self._thread is not None:  # else before INIT: the kernel holds nothing yet
+            self._now([inval_attrs(nodeid) for nodeid in nodeids])
+
+    def _now(self, notes: list[bytes]) -> list[bytes]:
+        """Write the notes of ``notes`` that never wait; the others, to be queued."""
+        later = []
+        for note in notes:
+            if isinstance(note, AtOnce):
+                self._write(note)
+            else:
+                later.append(note)
+        return later
+
+    def _write(self, note: bytes) -> None:
+        try:
+            os.write(self.fd, note)
+        except FileNotFoundError:
+            pass  # the kernel holds nothing for it: nothing to drop
+        except OSError as exc:
+            log.debug("notification not taken: %s", exc)
 
     def send_then(self, notes: list[bytes], then: Callable[[], None]) -> None:
         """Write ``notes``, then call ``then`` (which writes a reply), from the thread; returns
@@ -99,13 +141,15 @@ class Invalidator:
         if self._thread is None:
             then()
             return
-        self._queue.put((notes, then))
+        self._queue.put((self._now(notes), then))
 
     def post(self, notes: list[bytes]) -> None:
         """Write ``notes`` without waiting for them (nothing the caller answers depends on
         them)."""
         if self._thread is not None:
-            self._queue.put((notes, _nothing))
+            queued = self._now(notes)
+            if queued:
+                self._queue.put((queued, _nothing))
 
     def stop(self) -> None:
         """Stop the thread (unmount)."""
@@ -121,12 +165,7 @@ class Invalidator:
                 return
             notes, then = item
             for note in notes:
-                try:
-                    os.write(self.fd, note)
-                except FileNotFoundError:
-                    pass  # the kernel holds nothing for it: nothing to drop
-                except OSError as exc:
-                    log.debug("notification not taken: %s", exc)
+                self._write(note)
             try:
                 then()
             except OSError as exc:

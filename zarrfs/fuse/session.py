@@ -27,7 +27,6 @@ from zarrfs.fs.api import (
     PageCache,
     Stored,
     key_text,
-    stamp_of,
     stored_blocks,
     without_setid,
 )
@@ -288,6 +287,7 @@ class Session(Dispatcher):
         if inode is not None:
             self.pages.dropped(inode)
         if self._inval_ok:
+            self.invalidator.drop_attrs([nodeid])
             self.invalidator.send([inval_inode(nodeid)])
 
     def keys_changed(self, keys: list[str]) -> None:
@@ -476,11 +476,12 @@ class Session(Dispatcher):
             self.inodes.exchanged(src, dst)
             if self.coherence is not None and self._inval_ok:
                 # Each name now shows the other's stored value, which a change not heard yet
-                # may have made newer than the pages its new node holds.
+                # may have made newer than the version its new node was shown at: its size is
+                # dropped at once, its pages by the next open (which keeps none of them).
                 moved = [n for n in map(self.inodes.held, (src, dst)) if n is not None]
                 for nodeid in moved:
                     self.pages.dropped(self.inodes.nodes[nodeid])
-                self.invalidator.send([inval_inode(n) for n in moved])
+                self.invalidator.drop_attrs(moved)
         else:
             self.inodes.moved(src, dst)
             self._stored(self.inodes.ids.get(dst), stored)
@@ -536,7 +537,7 @@ class Session(Dispatcher):
             # (with request threads: when this open runs alone, as a writer does).
             if self.admission is None or self.admission.runs_alone():
                 self.coherence.poll()
-        if seen is not None and inode is not None and self._inval_ok and inode.stamp is not None:
+        if seen is not None and inode is not None and self._inval_ok:
             self._show_anew(head.nodeid, inode, key, seen)
         if private:  # the kernel's pages are another version's, which descriptors still read
             open_flags = k.FOPEN_DIRECT_IO
@@ -552,15 +553,18 @@ class Session(Dispatcher):
         self._send(k.OPEN_REPLY.pack(k.OPEN_REPLY.size, 0, head.unique, fh, open_flags, 0))
 
     def _show_anew(self, nodeid: int, inode, key: str, seen: Node) -> None:
-        """Drop the kernel's attributes of a file opened at another version than the one it
-        was last shown, before the open's reply, when the newer one is what it is to be shown
-        now: its size over pages read at this open would cut or pad them. While descriptors of
-        the older version are open, the file is shown as that version (``find``)."""
-        if inode.stamp != stamp_of(seen):
+        """Drop the kernel's attributes of a file opened at another version than the one whose
+        attributes it holds (given by any reply, a lookup's too, and not dropped since), before
+        the open's reply, when the newer one is what it is to be shown now: its size over
+        pages read at this open would cut or pad them. While descriptors of the older version
+        are open, the file is shown as that version (``find``). Written at once, not queued:
+        a drop still queued (behind one waiting for a folder's lock) may reach the kernel
+        after this reply."""
+        if self.pages.differs(inode, seen):
             shown = self.ops.find(key)
-            if shown is not None and stamp_of(shown) != inode.stamp:
+            if shown is not None and self.pages.differs(inode, shown):
                 self.pages.dropped(inode)
-                self.invalidator.send([inval_inode(nodeid)])
+                self.invalidator.drop_attrs([nodeid])
 
     def _read(self, head: Header, buf: memoryview) -> None:
         fh, offset, size = k.READ_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
@@ -647,11 +651,11 @@ class Session(Dispatcher):
             log.error("release %s: %s", self._describe(head), exc)
         outdated = self.ops.outdated()
         if outdated and self._inval_ok:  # shown as the version its last descriptors read
-            held = [(self.inodes.held(key), key) for key in outdated]
-            for nodeid, _ in held:
-                if nodeid is not None:
-                    self.pages.dropped(self.inodes.nodes[nodeid])
-            self.invalidator.post([inval_inode(n) for n, _ in held if n is not None])
+            # Its size at once; its pages, the older version's, by the next open (none kept).
+            held = [n for n in map(self.inodes.held, outdated) if n is not None]
+            for nodeid in held:
+                self.pages.dropped(self.inodes.nodes[nodeid])
+            self.invalidator.drop_attrs(held)
         self._reply_ok(head.unique)
 
     def _statfs(self, head: Header, buf: memoryview) -> None:
