@@ -156,18 +156,23 @@ def test_a_stored_file_hands_its_last_partial_page_to_the_kernel(wire):
 
 
 # ---------------------------------------------------------------------- the size the kernel holds
-# An open reads one version; the kernel cuts or pads what its descriptor reads to the size it
-# holds. So when an open is answered, the kernel must hold no size of another version: each
-# reply with attributes gives it one, each NOTIFY_INVAL_INODE (with or without its pages) takes
-# it back, in the order they reach it. These tests keep that account of the messages.
+# An open reads one version; the kernel cuts what its descriptor reads to the size it holds,
+# and pads it with zeros up to that size when a read comes back short but the kernel may not
+# take the shorter size (a drop reached it while the read was on its way). Each reply with
+# attributes gives it a size; a NOTIFY_INVAL_INODE makes it ask again, at its next need, but
+# keeps the size meanwhile: a read short of it does not ask. So when an open that reads through
+# the page cache is answered, the kernel must hold that version's size, or none, or a smaller
+# one (a read past it asks). These tests keep that account of the messages, in order.
 
 
 class KernelSizes:
-    """The sizes the kernel holds, by node ID, from the messages the session wrote, in order."""
+    """The size the kernel holds of each node (and whether it trusts it), from the messages
+    the session wrote, in order."""
 
     def __init__(self, wire) -> None:
         self.wire = wire
-        self.size: dict[int, int] = {}
+        self.size: dict[int, tuple[int, bool]] = {}
+        self.dropped: list[int] = []  # node IDs, as the notifications came
 
     def ask(self, opcode: int, nodeid: int, body: bytes = b""):
         """One request; its reply, after every message written before it was taken in order."""
@@ -175,15 +180,18 @@ class KernelSizes:
         reply = None
         for m in self.wire.messages():
             if m.unique == 0 and m.error == -k.NOTIFY_INVAL_INODE:
-                self.size.pop(k.NOTIFY_INVAL_INODE_OUT.unpack(m.raw)[3], None)
+                dropped = k.NOTIFY_INVAL_INODE_OUT.unpack(m.raw)[3]
+                self.dropped.append(dropped)
+                if dropped in self.size:
+                    self.size[dropped] = (self.size[dropped][0], False)
             elif m.unique == unique:
                 reply = m
         assert reply is not None and reply.error == 0, (k.OPCODE_NAMES.get(opcode), reply)
         if opcode == k.LOOKUP:
             entry = entry_of(reply)
-            self.size[entry.nodeid] = entry.attr.size
+            self.size[entry.nodeid] = (entry.attr.size, True)
         elif opcode == k.GETATTR:
-            self.size[nodeid] = attr_of(reply).size
+            self.size[nodeid] = (attr_of(reply).size, True)
         return reply
 
     def lookup(self, name: str) -> int:
@@ -193,13 +201,17 @@ class KernelSizes:
         return attr_of(self.ask(k.GETATTR, nodeid, k.GETATTR_IN.pack(0, 0, 0))).size
 
     def open(self, nodeid: int) -> int:
-        """An open, once the kernel holds no size of a version other than the one it reads."""
+        """A read-only open: past the page cache, or once the kernel holds a size that cannot
+        cut or pad what the descriptor reads."""
         reply = self.ask(k.OPEN, nodeid, k.OPEN_IN.pack(os.O_RDONLY, 0))
-        fh = k.OPEN_REPLY.unpack(reply.raw)[3]
+        fh, flags = k.OPEN_REPLY.unpack(reply.raw)[3:5]
         seen = self.wire.ops.handles.handles[fh].seen
-        assert self.size.get(nodeid, seen.size) == seen.size, (
-            f"opened at {seen.size} bytes, the kernel holds {self.size[nodeid]}"
-        )
+        size, trusted = self.size.get(nodeid, (seen.size, True))
+        if not flags & k.FOPEN_DIRECT_IO:
+            assert size == seen.size or not trusted and size < seen.size, (
+                f"opened at {seen.size} bytes through the page cache, the kernel holds {size}"
+                f" ({'trusted' if trusted else 'to ask again past it'})"
+            )
         return fh
 
     def read(self, nodeid: int, fh: int) -> bytes:
@@ -207,6 +219,11 @@ class KernelSizes:
 
     def release(self, nodeid: int, fh: int) -> None:
         self.ask(k.RELEASE, nodeid, k.RELEASE_IN.pack(fh, 0, 0, 0))
+
+
+def mappable_init(wire) -> None:
+    """INIT of a kernel that maps files read past its page cache (7.39)."""
+    assert wire.init(minor=39, flags=k.MAX_PAGES, flags2=k.DIRECT_IO_ALLOW_MMAP >> 32).error == 0
 
 
 @contextmanager
@@ -237,56 +254,78 @@ def followed(tmp_path, make_wire):
     here, there = (Tree(d, uid=UID, gid=GID) for d in drivers)
     wire = make_wire(Operations(here, HandleTable(here)), attr_timeout=3600)
     wire.session.coherence = Coherence(wire.session, ChangeWatcher(here))
-    assert wire.init().error == 0
+    mappable_init(wire)
     yield KernelSizes(wire), Operations(there, HandleTable(there))
     for d in drivers:
         d.close()
 
 
-def test_an_open_drops_the_size_a_lookup_gave_of_an_older_version(make_wire):
+@pytest.mark.parametrize("init", ["7.31", "7.39"])
+def test_an_open_drops_the_size_a_lookup_gave_of_an_older_version(make_wire, init):
     """No change feed: the kernel holds the size a lookup gave (the file never opened here);
-    another mount rewrites the file; the open reads the new version, and drops that size."""
+    another mount rewrites the file, longer; the open reads the new version, and drops that
+    size before its reply (a read past it then asks)."""
     wire = make_wire(attr_timeout=3600)
-    assert wire.init().error == 0
+    if init == "7.39":
+        mappable_init(wire)
+    else:
+        assert wire.init().error == 0
     kernel = KernelSizes(wire)
     wire.ops.tree.commit("f", b"old", None)
     f = kernel.lookup("f")
     wire.ops.tree.commit("f", b"the newer version", None)  # behind the mount
     fh = kernel.open(f)
+    assert f in kernel.dropped
     assert kernel.read(f, fh) == b"the newer version"
 
 
+def test_a_shorter_version_than_the_size_the_kernel_keeps_is_read_past_the_page_cache(followed):
+    """Another mount rewrites the file shorter: the change feed drops the size the kernel
+    trusted, which it keeps all the same; the next open reads the shorter version past the
+    page cache, where that size pads nothing."""
+    kernel, other = followed
+    other.tree.commit("f", b"long" * 30, None)
+    f = kernel.lookup("f")
+    other.tree.commit("f", b"short", None)
+    kernel.wire.session.coherence.poll()
+    fh = kernel.open(f)
+    assert kernel.read(f, fh) == b"short"
+
+
 def test_an_exchange_drops_the_sizes_it_changes_before_its_reply(followed):
-    """``x`` and ``n`` exchanged while another mount's rewrite of ``n`` is not heard yet, and
-    while the notification thread is held: the node of ``n``, now ``x``, is opened at the
-    rewritten version, and the kernel holds no older size of it by then."""
+    """``x`` and ``n`` exchanged: each node keeps its content, so the kernel's sizes stand
+    and nothing is dropped. Exchanged again while another mount's rewrite of ``n`` is not
+    heard yet, and while the notification thread is held: the node of ``n``, now ``x``, is
+    opened at the rewritten version, whose size the kernel holds by then."""
     kernel, other = followed
     other.tree.commit("x", b"x" * 3, None)
-    other.tree.commit("n", b"n" * 5, None)
+    other.tree.commit("n", b"n" * 50, None)
     x, n = kernel.lookup("x"), kernel.lookup("n")
-    other.tree.commit("n", b"rewritten" * 7, None)
+    body = k.RENAME2_IN.pack(k.ROOT_ID, RENAME_EXCHANGE, 0) + z("x") + z("n")
+    kernel.ask(k.RENAME2, k.ROOT_ID, body)
+    assert kernel.dropped == [] and kernel.size == {x: (3, True), n: (50, True)}
+    other.tree.commit("x", b"rewritten", None)  # x is n's node now
     with notifications_held(kernel.wire):
-        body = k.RENAME2_IN.pack(k.ROOT_ID, RENAME_EXCHANGE, 0) + z("x") + z("n")
         kernel.ask(k.RENAME2, k.ROOT_ID, body)
         fh = kernel.open(n)
-        assert kernel.read(n, fh) == b"rewritten" * 7
+        assert kernel.read(n, fh) == b"rewritten"
         fh = kernel.open(x)
         assert kernel.read(x, fh) == b"x" * 3
 
 
 def test_the_last_close_of_an_older_version_drops_its_size_before_the_next_open(followed):
-    """A descriptor reads the version it opened while another mount's newer one is stored: the
-    file is shown at the older size until that descriptor's release; the open after it reads
-    the newer version, with the notification thread held meanwhile."""
+    """A descriptor reads the version it opened while another mount's newer, shorter one is
+    stored: the file is shown at the older size until that descriptor's release; the open
+    after it reads the newer version, with the notification thread held meanwhile."""
     kernel, other = followed
-    other.tree.commit("f", b"o" * 60, None)
+    other.tree.commit("f", b"o" * 90, None)
     f = kernel.lookup("f")
     old = kernel.open(f)
-    assert kernel.read(f, old) == b"o" * 60
-    other.tree.commit("f", b"N" * 90, None)
+    assert kernel.read(f, old) == b"o" * 90
+    other.tree.commit("f", b"N" * 60, None)
     kernel.wire.session.coherence.poll()
-    assert kernel.getattr(f) == 60  # shown as the version its descriptor reads
+    assert kernel.getattr(f) == 90  # shown as the version its descriptor reads
     with notifications_held(kernel.wire):
         kernel.release(f, old)
         fh = kernel.open(f)
-        assert kernel.read(f, fh) == b"N" * 90
+        assert kernel.read(f, fh) == b"N" * 60

@@ -23,10 +23,10 @@ def _read_all(fd: int) -> bytes:
     return out
 
 
-def _committed_elsewhere(a, b, data: bytes, marker: str) -> None:
-    """Rewrite ``f`` through mount ``a``, then make ``marker``; return once ``b`` shows the
-    marker (its change feed tells of commits in order, so it has heard of ``f`` too)."""
-    with open(a.path / "f", "wb") as fh:
+def _committed_elsewhere(a, b, data: bytes, marker: str, name: str = "f") -> None:
+    """Rewrite ``name`` through mount ``a``, then make ``marker``; return once ``b`` shows the
+    marker (its change feed tells of commits in order, so it has heard of ``name`` too)."""
+    with open(a.path / name, "wb") as fh:
         fh.write(data)
     (a.path / marker).write_bytes(b"")
     eventually(lambda: (b.path / marker).exists(), "the other mount's commit")
@@ -79,6 +79,23 @@ def test_the_first_open_after_a_change_shows_the_new_size_over_new_pages(db_url,
     with open(b.path / "f", "rb") as fh:
         assert os.fstat(fh.fileno()).st_size == len(NEW) + 1
         assert fh.read() == NEW + b"!"
+
+
+def test_a_descriptor_keeps_its_version_across_a_rename_and_a_rewrite_of_the_new_name(db_url, mount_factory):
+    """Opened on the second mount (nothing read yet: the kernel holds none of its pages), the
+    file renamed there, then rewritten under its new name through the first mount: the
+    descriptor reads the version it opened, whole, and shows its size."""
+    a, b = _two_mounts(db_url, mount_factory)
+    fd = os.open(b.path / "f", os.O_RDONLY)
+    try:
+        os.rename(b.path / "f", b.path / "g")
+        eventually(lambda: (a.path / "g").exists(), "the rename on the first mount")
+        _committed_elsewhere(a, b, NEW, "m1", name="g")
+        assert _read_all(fd) == OLD
+        assert os.fstat(fd).st_size == len(OLD)
+    finally:
+        os.close(fd)
+    assert (b.path / "g").read_bytes() == NEW
 
 
 @pytest.mark.parametrize("rewrite", ["truncate", "o_trunc"])

@@ -155,6 +155,5 @@ class OpenNames:
         if not exchange:
             self.files.drop_name(dst)
         for new_key, state in moved:
-            state.key = new_key
-            state.snapshot = None if state.buffer is None else state.snapshot
+            state.key = new_key  # what its descriptors hold stays theirs: the content moved too
             self.states[new_key] = state

@@ -105,6 +105,12 @@ class PageCache:
         ``node``'s version would cut or pad what a descriptor reads."""
         return bool(pages.given) and pages.given != version_mark(node.size, node.attrs.mtime)
 
+    def holds(self, pages: Pages, node: Node) -> bool:
+        """Whether the kernel holds the attributes of ``node``'s version of the file (given,
+        and not dropped since): its size is that version's. Else (dropped, or another
+        version's) it may read past the end of ``node``'s content the size it last had."""
+        return pages.given == version_mark(node.size, node.attrs.mtime)
+
     def attrs_dropped(self, pages: Pages) -> None:
         """A notification dropping the kernel's attributes of the file was written (the kernel
         holds none now, until it is next shown the file)."""

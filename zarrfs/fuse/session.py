@@ -476,11 +476,18 @@ class Session(Dispatcher):
             self.inodes.exchanged(src, dst)
             if self.coherence is not None and self._inval_ok:
                 # Each name now shows the other's stored value, which a change not heard yet
-                # may have made newer than the version its new node was shown at: its size is
-                # dropped at once, its pages by the next open (which keeps none of them).
-                moved = [n for n in map(self.inodes.held, (src, dst)) if n is not None]
-                for nodeid in moved:
-                    self.pages.dropped(self.inodes.nodes[nodeid])
+                # may have made newer than the version its node was shown at: then its size
+                # is dropped at once, its pages by the next open (which keeps none of them).
+                # Not otherwise: a drop makes the kernel ignore what a request about the node
+                # sent before it answers (a size a read or a getattr brings).
+                moved = []
+                for key in (src, dst):
+                    nodeid = self.inodes.held(key)
+                    node = None if nodeid is None else self.ops.find(key)
+                    inode = None if nodeid is None else self.inodes.nodes[nodeid]
+                    if inode is not None and (node is None or self.pages.differs(inode, node)):
+                        self.pages.dropped(inode)
+                        moved.append(nodeid)
                 self.invalidator.drop_attrs(moved)
         else:
             self.inodes.moved(src, dst)
@@ -539,13 +546,17 @@ class Session(Dispatcher):
                 self.coherence.poll()
         if seen is not None and inode is not None and self._inval_ok:
             self._show_anew(head.nodeid, inode, key, seen)
+        # The kernel holds no size of this version (dropped, with the size it had before kept
+        # for reads short of it): a read through the page cache could be padded to that size.
+        unsure = seen is not None and inode is not None and not self.pages.holds(inode, seen)
         if private:  # the kernel's pages are another version's, which descriptors still read
             open_flags = k.FOPEN_DIRECT_IO
         else:
             keep = inode is not None and self.pages.opened(inode, self.ops.find, key, seen)
             open_flags = k.FOPEN_KEEP_CACHE if keep else 0
             # Past the page cache only where a mapping of the file still works (_direct_ok).
-            if self._direct_ok and self.pages.direct(keep, seen, flags & os.O_ACCMODE == os.O_RDONLY):
+            readonly = flags & os.O_ACCMODE == os.O_RDONLY
+            if self._direct_ok and readonly and (unsure or self.pages.direct(keep, seen, readonly)):
                 open_flags = k.FOPEN_DIRECT_IO
         if flags & os.O_ACCMODE == os.O_RDONLY:
             # Its close has nothing to store: spare the reader that round trip.
