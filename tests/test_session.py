@@ -587,3 +587,44 @@ def test_a_rename_elsewhere_onto_a_linked_name_when_the_feed_cannot_tell_what(el
     wire.release(x, fh)
     new = wire.lookup(k.ROOT_ID, "x")
     assert new.nodeid != x and read_through(wire, new.nodeid) == b"new"
+
+
+def test_a_reader_let_in_beside_a_writer_leaves_the_change_feed_to_it(elsewhere):
+    """With several request threads, a writer waiting (on another program's lock, say) lets
+    readers of other files run (``Admission.let_through``): an open or an opendir among them
+    does not ask the change feed, whose news would drop the kernel's caches and change the
+    mount's tables under the writer, half way through its work. One running alone does."""
+    import threading
+
+    from zarrfs.fuse.admission import Admission
+
+    wire, other = elsewhere
+    f = wire.put_file(k.ROOT_ID, "f", b"data").nodeid
+    admission = wire.session.admission = Admission()
+    other.tree.commit("g", b"news", None)  # the feed has news for whoever asks
+    polls = wire.session.coherence.polls
+    asked: list[int] = []
+
+    def reader() -> None:
+        admission.enter_reader(f, f, order=102)
+        try:
+            wire.send(k.OPEN, f, k.OPEN_IN.pack(os.O_RDONLY, 0))
+            wire.send(k.OPENDIR, k.ROOT_ID, k.OPEN_IN.pack(os.O_RDONLY, 0))
+            asked.append(wire.session.coherence.polls - polls)
+        finally:
+            admission.leave_reader(f)
+
+    admission.enter_writer(order=100)
+    thread = threading.Thread(target=reader)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not admission._readers_waiting and time.monotonic() < deadline:
+        admission._changed.wait(0.01)  # the writer's lock let go meanwhile: the reader queues
+    admission.let_through(node=k.ROOT_ID + 1000)  # the writer's own file: another
+    thread.join(60)
+    assert asked == [0], asked
+    opened = [m for m in wire.messages() if m.unique]
+    assert [m.error for m in opened] == [0, 0]
+    wire.send(k.OPEN, f, k.OPEN_IN.pack(os.O_RDONLY, 0))  # the writer's thread: alone
+    admission.leave_writer()
+    assert wire.session.coherence.polls > polls

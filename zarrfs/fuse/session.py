@@ -317,7 +317,7 @@ class Session(Dispatcher):
             if exc.errno != errno.EILSEQ:
                 raise
             raise FsError(errno.ENOENT, str(exc), quiet=True) from None
-        if (self.admission is None or self.admission.writing) and self._feed_first():
+        if (self.admission is None or self.admission.runs_alone()) and self._feed_first():
             self.coherence.poll()
         node = self.ops.find(key)
         if node is None:
@@ -524,7 +524,7 @@ class Session(Dispatcher):
         # Close-to-open: what others committed, first (with several request threads, by an
         # open that runs alone: reader_key makes one when the feed has news); then the node's
         # name, which that may change (a hard link removed elsewhere).
-        if self.coherence is not None and (self.admission is None or self.admission.writing):
+        if self.coherence is not None and (self.admission is None or self.admission.runs_alone()):
             self.coherence.poll()
         key = self._key(head.nodeid)
         if self.inodes.nodes[head.nodeid].aliases:
@@ -681,7 +681,7 @@ class Session(Dispatcher):
         # committed comes first, as for an open, so a listing after another mount's close
         # shows its names (their notifications drop the kept listing before this reply).
         followed = self.coherence is not None
-        if followed and (self.admission is None or self.admission.writing):
+        if followed and (self.admission is None or self.admission.runs_alone()):
             self.coherence.poll()
         self.dirs.opendir(head, buf, keep=followed)
 
