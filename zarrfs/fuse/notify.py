@@ -1,6 +1,8 @@
 """Dropping the kernel's cached view of files the mount changed on its own (a rewritten
 consolidated document): notifications written by a thread of their own, in the order decided,
-before the caller's reply (docs/architecture.md, "Design notes by module")."""
+before the caller's reply (docs/architecture.md, "Design notes by module"). Those that never
+wait in the kernel (a node's attributes alone, :func:`inval_attrs`) are written at once by the
+caller: a queued one can wait long behind one that needs a folder's lock."""
 
 from __future__ import annotations
 
