@@ -79,3 +79,31 @@ def test_the_kernel_asks_security_capability_once_a_file_not_once_a_write(lmdb_m
     assert requests["write"] == 16 and requests.get("getxattr", 0) == 1, requests
     assert txns["write"] == 1, txns
     assert path.stat().st_size == 16 * 65536
+
+
+def test_ls_l_asks_the_selinux_label_of_one_file_not_of_each(lmdb_mount):
+    """``ls -l`` asks each file's ``security.selinux``, which the kernel never caches: a node
+    without one answers EOPNOTSUPP, on which ls stops asking for the rest of the folder (with
+    ENODATA it asked again for every file, a round trip each). A label set is read back."""
+    import errno
+    import subprocess
+
+    folder = lmdb_mount.path / "d"
+    for i in range(40):
+        (folder / f"f{i}").write_bytes(b"x")
+    subprocess.run(["ls", "-l", str(folder)], check=True, capture_output=True)  # the kernel holds them
+
+    def ls_l():
+        subprocess.run(["ls", "-l", str(folder)], check=True, capture_output=True)
+
+    requests, _ = counted(lmdb_mount, ls_l, settle="releasedir")
+    assert requests.get("getxattr", 0) <= 2, requests
+    with pytest.raises(OSError) as exc:
+        os.getxattr(folder / "f1", "security.selinux")
+    assert exc.value.errno == errno.EOPNOTSUPP
+    with pytest.raises(OSError) as exc:  # another name of the namespace: not there, as ever
+        os.getxattr(folder / "f1", "security.other")
+    assert exc.value.errno == errno.ENODATA
+    if os.geteuid() == 0:  # security.* is the administrator's to set
+        os.setxattr(folder / "f2", "security.selinux", b"system_u:object_r:tmp_t:s0")
+        assert os.getxattr(folder / "f2", "security.selinux") == b"system_u:object_r:tmp_t:s0"

@@ -6,8 +6,11 @@ A GETXATTR or LISTXATTR of size 0 asks only how many bytes the answer has; a lar
 gets the bytes, or ERANGE when they do not fit.
 
 The kernel caches no extended attributes: ``ls -l`` asks each file's ``security.selinux``
-every time (one request a file, each a transaction reading the node; docs/performance.md,
-"Listing a folder again"). A mount that follows a change feed remembers which nodes the
+(one round trip a file). A node without that label answers EOPNOTSUPP, not ENODATA: programs
+linked with libselinux (``ls``, ``cp``, ``find -context``) then take the filesystem as one
+without labels and stop asking for the rest of their run, as they do on a FUSE mount under
+SELinux (docs/performance.md, "What ls -l asks of each file"). A label set is kept and read
+back like any ``security.*`` name. A mount that follows a change feed remembers which nodes the
 kernel holds were read with none (:meth:`~zarrfs.fuse.inodes.InodeTable.bare_of_xattrs`)
 and answers those without reading. What drops the kernel's attributes of a node drops that
 too: the feed telling of a change to the file (:mod:`zarrfs.fuse.coherence`), a lock granted
@@ -24,6 +27,9 @@ from zarrfs.fuse import abi as k
 from zarrfs.fuse.abi import Header
 from zarrfs.fuse.inodes import InodeTable
 from zarrfs.fuse.replies import Replies
+
+#: The SELinux label: EOPNOTSUPP for a node without one (see the module's docstring).
+SELINUX = b"security.selinux"
 
 
 class XattrRequests:
@@ -68,7 +74,13 @@ class XattrRequests:
         size = k.GETXATTR_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]
         name = k.name(buf, k.IN_HEADER_SIZE + k.GETXATTR_IN.size, head.len)
         key = self.key(head.nodeid)
-        self._sized(head, size, self.ops.getxattr(key, name, self._record(head.nodeid, key)))
+        try:
+            value = self.ops.getxattr(key, name, self._record(head.nodeid, key))
+        except FsError as exc:
+            if exc.errno == errno.ENODATA and name == SELINUX:
+                raise FsError(errno.EOPNOTSUPP, f"{key}: no SELinux label", quiet=True) from None
+            raise
+        self._sized(head, size, value)
 
     def listxattr(self, head: Header, buf: memoryview) -> None:
         size = k.GETXATTR_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]
