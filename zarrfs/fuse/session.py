@@ -104,7 +104,7 @@ class Session(Dispatcher):
         self.dirs = DirRequests(ops, self.inodes, self._key, self._entry_values, self.replies)
         self.locks = LockRequests(ops, self.inodes, self.pages, self.invalidator, self._key, self.replies)
         followed = lambda: self.coherence is not None  # noqa: E731
-        self.xattrs = XattrRequests(ops, self.inodes, self._key, self.replies, followed)
+        self.xattrs = XattrRequests(ops, self.inodes, self._key, self.replies, followed, self._reply_error)
         # While a write waits for a lock another program holds, what needs no write is served.
         self.watch.serve, self.watch.may_serve = self.handle, self._needs_no_write
 

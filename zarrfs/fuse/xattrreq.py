@@ -43,12 +43,17 @@ class XattrRequests:
         key: Callable[[int], str],
         replies: Replies,
         followed: Callable[[], bool],
+        error: Callable[[Header, int], None] | None = None,
     ) -> None:
         self.ops = ops
         self.inodes = inodes
         self.key = key
         self.replies = replies
         self.followed = followed  # whether a change feed keeps what the mount read true
+        # The error reply, counted as the dispatcher counts it: a name the node is known not to
+        # have is answered with no exception raised (a new file's security.capability, before
+        # its first write; ls -l's label).
+        self.error = error
 
     def _record(self, nodeid: int, key: str) -> dict[bytes, bytes] | None:
         """Every extended attribute of the node: none when known to be none, else read (and,
@@ -74,8 +79,13 @@ class XattrRequests:
         size = k.GETXATTR_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]
         name = k.name(buf, k.IN_HEADER_SIZE + k.GETXATTR_IN.size, head.len)
         key = self.key(head.nodeid)
+        record = self._record(head.nodeid, key)
+        known = record is not None and self.error is not None
+        if known and name not in record and not name.startswith(b"system."):  # POSIX ACLs: ops'
+            self.error(head, errno.EOPNOTSUPP if name == SELINUX else errno.ENODATA)
+            return
         try:
-            value = self.ops.getxattr(key, name, self._record(head.nodeid, key))
+            value = self.ops.getxattr(key, name, record)
         except FsError as exc:
             if exc.errno == errno.ENODATA and name == SELINUX:
                 raise FsError(errno.EOPNOTSUPP, f"{key}: no SELinux label", quiet=True) from None
