@@ -7,9 +7,9 @@ gets the bytes, or ERANGE when they do not fit.
 
 The kernel caches no extended attributes: ``ls -l`` asks each file's ``security.selinux``
 (one round trip a file). A node without that label answers EOPNOTSUPP, not ENODATA: programs
-linked with libselinux (``ls``, ``cp``, ``find -context``) then take the filesystem as one
-without labels and stop asking for the rest of their run, as they do on a FUSE mount under
-SELinux (docs/performance.md, "What ls -l asks of each file"). A label set is kept and read
+linked with libselinux (``ls``, ``cp``) then take the filesystem as one without labels and stop
+asking for the rest of their run (docs/performance.md, "`ls -l` and the SELinux label"; under
+SELinux the kernel answers that name itself and never asks the daemon). A label set is kept and read
 back like any ``security.*`` name. A mount that follows a change feed remembers which nodes the
 kernel holds were read with none (:meth:`~zarrfs.fuse.inodes.InodeTable.bare_of_xattrs`)
 and answers those without reading. What drops the kernel's attributes of a node drops that
