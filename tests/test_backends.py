@@ -65,7 +65,6 @@ class TestMemory(_Conformance):
 class TestLMDBFolder(_Conformance):
     """An LMDB folder environment (``data.mdb`` + ``lock.mdb``), zarr's default."""
 
-    max_key = None  # longer keys than LMDB holds go to the long-key store (lmdb.longkeys)
     side_commits_with_data = False
 
     @pytest.fixture
@@ -117,7 +116,6 @@ class TestLMDBFolder(_Conformance):
 class TestLMDBFile(_Conformance):
     """A single-file LMDB environment (``subdir=False``)."""
 
-    max_key = None  # longer keys than LMDB holds go to the long-key store (lmdb.longkeys)
     side_commits_with_data = False
 
     @pytest.fixture
@@ -919,10 +917,10 @@ class TestRegistry:
         assert registry.driver_class("unix").__name__ == "RedisDriver"
 
     def test_register(self):
-        registry.register("mem2", "zarrfs.backends.memory:MemoryDriver")
+        registry.register("mem2", "zarrfs.backends.memory.driver:MemoryDriver")
         d = open_driver("mem2://name")
         assert type(d).__name__ == "MemoryDriver"
-        registry.register("mem2", "zarrfs.backends.lmdb:LMDBDriver", clobber=False)
+        registry.register("mem2", "zarrfs.backends.lmdb.driver:LMDBDriver", clobber=False)
         assert registry.driver_class("mem2").__name__ == "MemoryDriver"
         with pytest.raises(ValueError):
             registry.register("bad", "no-colon")
@@ -968,8 +966,8 @@ class TestRegistry:
         dist.mkdir()
         (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: zarrfs-plugin\nVersion: 1.0\n")
         (dist / "entry_points.txt").write_text(
-            "[zarrfs.backends]\nplugmem = zarrfs.backends.memory:MemoryDriver\n"
-            "lmdb = zarrfs.backends.memory:MemoryDriver\n"
+            "[zarrfs.backends]\nplugmem = zarrfs.backends.memory.driver:MemoryDriver\n"
+            "lmdb = zarrfs.backends.memory.driver:MemoryDriver\n"
         )
         monkeypatch.syspath_prepend(str(tmp_path))
         registry.load_entry_points(force=True)
@@ -1289,7 +1287,6 @@ class TestDBM(_Conformance):
     """``dbm://``: the files of zarr-python 2's DBMStore (whichever dbm module this Python has)."""
 
     multiprocess = False  # one process at a time: DBM files have no transactions to share
-    shared = False
 
     @pytest.fixture
     def url(self, tmp_path):

@@ -12,7 +12,7 @@ from mounting import Mount
 
 from zarrfs.backends import open_driver
 from zarrfs.backends.base import ValueTooLargeError
-from zarrfs.backends.lmdb import LMDBTxn
+from zarrfs.backends.lmdb.driver import LMDBTxn
 from zarrfs.fs.errors import to_errno
 
 

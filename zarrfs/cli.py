@@ -178,17 +178,16 @@ def cmd_reindex(args: argparse.Namespace) -> int:
 
     try:
         url = location(args.url)
-        own = {"build_index": False} if hasattr(driver_class(normalize_url(url)[0]), "reindex") else {}
+        own = {"build_index": False} if driver_class(normalize_url(url)[0]).keeps_index else {}
         driver = open_database(url, parse_options([]), hint=False, **own)
     except (UsageError, MountFailure, BackendError, ValueError) as exc:
         return fail(str(exc), status_of(exc))
     with driver:
-        reindex = getattr(driver, "reindex", None)
-        if reindex is None:
+        if not driver.keeps_index:
             return fail(f"{args.url}: this database lists its keys directly and keeps no index", 2)
         bar = _Stages() if sys.stderr.isatty() else None
         try:
-            count = reindex(report=bar)
+            count = driver.reindex(report=bar)
         except BackendError as exc:
             return fail(str(exc))
         finally:

@@ -118,20 +118,16 @@ def _copy(mapping: Any) -> dict[str, Any]:
 
 
 def databasesize_text(url: str, driver: Any) -> dict[str, Any]:
-    """What the database holds: bytes on disk for a file database, keys and memory for Redis."""
-    from zarrfs.urls import database_path
+    """What the database holds: bytes on disk for a file database (its files as its driver
+    declares them), else what its driver tells (keys and memory for Redis)."""
+    from zarrfs.backends.registry import bare_path_scheme, files_of
+    from zarrfs.backends.urls import database_path, url_scheme
 
     path = database_path(url)
-    if path is not None:
+    files_of_kind = None if path is None else files_of(url_scheme(url) or bare_path_scheme(path))
+    if path is not None and files_of_kind is not None:
         total = used = 0
-        files = (
-            [path]
-            if not os.path.isdir(path)
-            else [os.path.join(d, f) for d, _, names in os.walk(path) for f in names]
-        )
-        if path.endswith(".sqlite") or not os.path.isdir(path):
-            files += [path + "-wal", path + "-shm"]
-        for name in files:
+        for name in files_of_kind.files(path):
             try:
                 st = os.stat(name)
             except OSError:
@@ -139,14 +135,7 @@ def databasesize_text(url: str, driver: Any) -> dict[str, Any]:
             total += st.st_size
             used += st.st_blocks * 512
         return {"path": path, "bytes": total, "disk_bytes": used}
-    client = getattr(driver, "client", None)
-    if client is not None:
-        try:
-            memory = client.info("memory")
-            return {"keys": client.dbsize(), "used_memory": memory.get("used_memory")}
-        except Exception as exc:  # the server is down: say so, the status still answers
-            return {"error": str(exc)}
-    return {}
+    return driver.usage()
 
 
 def _nodes(session: Any) -> dict[str, int] | None:
@@ -242,8 +231,7 @@ class ControlServer:
         }
 
     def _version(self) -> dict[str, Any] | None:
-        version = getattr(self.driver, "version", None)
-        return version() if callable(version) else None
+        return self.driver.version()
 
     def answer(self, request: dict[str, Any]) -> dict[str, Any]:
         """The answer to one request (see the module docstring)."""
@@ -253,12 +241,11 @@ class ControlServer:
         if op == "ping":  # zarrfs status's look at whether the daemon answers: nothing to compute
             return {"pid": os.getpid()}
         if op == "commit":
-            commit = getattr(self.driver, "commit", None)
-            if commit is None:
+            if not self.driver.versioned:
                 return {"error": "this mount has nothing to commit: only an Icechunk branch takes commits"}
             try:
                 message, rebase = str(request.get("message") or ""), bool(request.get("rebase"))
-                return commit(message, rebase, request.get("branch"))
+                return self.driver.commit(message, rebase, request.get("branch"))
             except Exception as exc:  # one line for the client; the daemon goes on
                 return {"error": str(exc)}
         return {"error": f"unknown request {op!r}"}

@@ -8,7 +8,7 @@ SIGHUP reopens the log file (logrotate).
 
 Options are parsed in :mod:`zarrfs.options`, URLs and their secrets handled in
 :mod:`zarrfs.urls` (only the URL handed to the driver carries a password; what is shown is
-:func:`zarrfs.urls.shown_url`), logging set up in :mod:`zarrfs.logs`.
+:func:`zarrfs.backends.urls.shown_url`), logging set up in :mod:`zarrfs.logs`.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 
 from zarrfs import deadmount, logs
 from zarrfs.backends.base import Driver
+from zarrfs.backends.urls import shown_url
 from zarrfs.dbfiles import open_database
 from zarrfs.fs.api import LockTable, Operations
 from zarrfs.fs.changes import ChangeWatcher, has_feed
@@ -41,7 +42,7 @@ from zarrfs.fuse.workers import DEFAULT_WORKERS, Workers
 from zarrfs.logs import reopen_logs
 from zarrfs.options import MountOptions
 from zarrfs.sdnotify import notify
-from zarrfs.urls import reason, shown_url
+from zarrfs.urls import reason
 
 log = logging.getLogger("zarrfs")
 
@@ -61,8 +62,7 @@ def hold_snapshot(driver: Driver, opts: MountOptions) -> Driver:
 def end_snapshot_at_its_limit(driver: Driver, mountpoint: str) -> threading.Timer | None:
     """A timer that unmounts a snapshot mount when its state reaches ``-o snapshot_hold=``
     (reads would fail with ESTALE from then on), with a line in the log saying why."""
-    expires_in = getattr(driver, "expires_in", None)
-    seconds = expires_in() if callable(expires_in) else None
+    seconds = driver.expires_in()
     if seconds is None:
         return None
 

@@ -19,13 +19,15 @@ import sys
 import time
 
 from zarrfs.backends.base import BackendError
+from zarrfs.backends.registry import password_env
+from zarrfs.backends.urls import shown_url, url_password
 from zarrfs.dbfiles import open_database
 from zarrfs.fuse.channel import MountError
 from zarrfs.logs import setup_logging
 from zarrfs.oneline import fail, status_of
 from zarrfs.options import UsageError, parse_options
 from zarrfs.sdnotify import notify
-from zarrfs.urls import PASSWORD_ENV, MountFailure, location, reason, shown_url, url_password
+from zarrfs.urls import MountFailure, location, reason
 
 READY = b"ready\n"
 WARNING_PREFIX = "zarrfs: warning: "
@@ -38,7 +40,7 @@ def _hide_secrets(secrets: list[str]) -> None:
     password variables from ``os.environ`` (so no child inherits them). In argv a secret is cut
     out (the rest moves up, NULs fill the end: its length shows nowhere); in the environment it
     becomes NULs in place (the C library's pointers into that area stay right)."""
-    for name in PASSWORD_ENV:
+    for name in password_env():
         os.environ.pop(name, None)
     wanted = [s.encode() for s in secrets if s]
     if not wanted:
@@ -135,7 +137,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
             url = _read_fd(args.url_fd)
         else:
             url = location(args.url)
-        _hide_secrets([url_password(args.url) or "", *[os.environ.get(n, "") for n in PASSWORD_ENV]])
+        _hide_secrets([url_password(args.url) or "", *[os.environ.get(n, "") for n in password_env()]])
         if args.log_file:
             args.log_file = _log_file(args.log_file)
         if args.ready_fd is None:
@@ -206,7 +208,7 @@ def _start_background(args: argparse.Namespace, url: str, mountpoint: str) -> in
     cmd += ["--log-level", args.log_level]
     if args.log_file:
         cmd += ["--log-file", args.log_file]
-    env = {k: v for k, v in os.environ.items() if k not in PASSWORD_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in password_env()}
     # The daemon runs in "/": it imports this very zarrfs, wherever it came from.
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))

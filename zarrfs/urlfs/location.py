@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
+from zarrfs.backends.registry import what_is_there
 from zarrfs.backends.versionpath import split_version
-from zarrfs.dbfiles import what_is_there
 
 #: Schemes whose database is a path on this machine (a Redis ``unix://`` socket too).
 PATH_SCHEMES = ("lmdb", "sqlite", "dbm", "zip", "icechunk", "unix")

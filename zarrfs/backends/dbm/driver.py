@@ -25,10 +25,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .base import DATA, KEYS, SIDE, SIZES, Driver, Fetch, MissingDatabaseError, Space, Txn, UnavailableError
-from .filelock import FileLock
-from .filespace import statvfs
-from .urloptions import check_options, parse_file_url
+from ..base import DATA, KEYS, SIDE, SIZES, Driver, Fetch, MissingDatabaseError, Space, Txn, UnavailableError
+from ..filelock import FileLock
+from ..filespace import statvfs
+from ..urloptions import check_options, parse_file_url
+from .about import ABOUT
 
 _MISSING = object()
 
@@ -108,12 +109,13 @@ class DBMTxn(Txn):
 class DBMDriver(Driver):
     """Driver for ``dbm://`` URLs; see the module docstring."""
 
-    schemes = ("dbm",)
+    #: One writer and no reader beside it (``filelock``): another open is refused.
+    shared = False
 
     def __init__(self, url: str, readonly: bool = False) -> None:
         super().__init__(url, readonly)
         path, options = parse_file_url(url)
-        check_options(url, options, set())
+        check_options(url, options, set(ABOUT.options))
         if readonly and not _exists(path):
             raise MissingDatabaseError(f"{path}: no such DBM database")
         flag = "r" if readonly else "c"

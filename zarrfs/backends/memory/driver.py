@@ -12,8 +12,11 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import parse_qsl
 
-from .base import DATA, KEYS, SIDE, SIZES, Driver, Fetch, Space, Txn
+from ..base import DATA, KEYS, SIDE, SIZES, Driver, Fetch, Space, Txn
+from ..urloptions import check_options
+from .about import ABOUT
 
 
 class _Space:
@@ -87,11 +90,10 @@ class MemoryTxn(Txn):
 class MemoryDriver(Driver):
     """Driver for ``memory://`` URLs; see the module docstring."""
 
-    schemes = ("memory",)
-
     def __init__(self, url: str, readonly: bool = False) -> None:
         super().__init__(url, readonly)
-        name = url.split("://", 1)[1] if "://" in url else ""
+        name, _, query = (url.split("://", 1)[1] if "://" in url else "").partition("?")
+        check_options(url, dict(parse_qsl(query, keep_blank_values=True)), set(ABOUT.options))
         name = name.strip("/")
         if not name:
             self._store = _Store()
