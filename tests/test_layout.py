@@ -8,6 +8,7 @@ reaches itself through its imports, type-only ones included."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "zarrfs"
@@ -146,3 +147,144 @@ def test_the_rules_catch_what_they_forbid():
     assert breaks("zarrfs.tools.copy", "zarrfs.backends.lmdb.driver")
     assert not breaks("zarrfs.tools.copy", "zarrfs.backends.base")
     assert not breaks("zarrfs.backends.redis_cluster.driver", "zarrfs.backends.redis.link")
+
+
+# -- what a driver is, declared rather than probed ------------------------------------------------
+
+# An object that is (or holds, or makes) a driver, a transaction or the tree's hooks, as the code
+# names it: a probe of one of these asks for a feature the contract should declare.
+_DRIVER_LIKE = re.compile(r"(^|[._])(driver|drivers|txn|hooks|inner)($|[._(])|driver_class\(")
+
+
+def _declared_features() -> set[str]:
+    """The members of the contracts: ``Driver`` and ``Txn`` (backends.base), ``Hooks`` (fs.hooks)."""
+    from zarrfs.backends.base import Driver, Txn
+    from zarrfs.fs.hooks import Hooks
+
+    return {n for cls in (Driver, Txn, Hooks) for n in dir(cls) if not n.startswith("__")}
+
+
+def feature_probes(source: str) -> list[str]:
+    """The ``getattr``/``hasattr`` calls in ``source`` that probe a driver's, a transaction's or
+    the hooks' feature by name: a member the contracts declare (read it directly), or any name
+    asked of an object the code calls a driver, transaction or hooks."""
+    declared = _declared_features()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+            continue
+        if node.func.id not in ("getattr", "hasattr") or len(node.args) < 2:
+            continue
+        name = node.args[1]
+        if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+            continue  # a proxy forwarding whatever it is asked (``__getattr__``)
+        target = ast.unparse(node.args[0])
+        if name.value in declared or _DRIVER_LIKE.search(target):
+            found.append(f"{node.func.id}({target}, {name.value!r})")
+    return found
+
+
+def test_no_module_above_the_drivers_probes_a_driver_feature():
+    """Every optional feature of a driver or of the hooks is declared in its contract (a class
+    attribute or a method with a default in ``Driver``, ``Txn``, ``Hooks``), so callers read it
+    directly; a probe by name would read a feature nothing declares."""
+    found = {
+        f"{name}: {probe}"
+        for name, path in MODULES.items()
+        if not under(name, "zarrfs.backends")
+        for probe in feature_probes(path.read_text(encoding="utf-8"))
+    }
+    assert found == set()
+
+
+def test_the_probe_rule_catches_what_it_forbids():
+    assert feature_probes('getattr(driver, "max_key_size", None)')
+    assert feature_probes('hasattr(driver_class(normalize_url(url)[0]), "reindex")')
+    assert feature_probes('getattr(self.tree.hooks, "whole", lambda k: False)(key)')
+    assert feature_probes('getattr(self.driver, "anything_new", None)')
+    assert feature_probes('getattr(txn, "get_many", None)')
+    assert not feature_probes('getattr(self._local, "req", None)')
+    assert not feature_probes("getattr(lib, func)")
+    assert not feature_probes("getattr(self._txn, name)")
+
+
+# The modules that read the drivers' declarations for everyone: none names a driver.
+DECLARATION_READERS = (
+    "zarrfs.backends.registry",
+    "zarrfs.backends.about",
+    "zarrfs.backends.dbfiles",
+    "zarrfs.backends.urls",
+    "zarrfs.urls",
+    "zarrfs.dbfiles",
+    "zarrfs.store",
+)
+DRIVER_PACKAGES = ("lmdb", "sqlite", "redis", "redis_cluster", "postgres", "dbm", "memory", "zip", "icechunk")
+
+
+def driver_names(source: str, schemes: set[str]) -> list[str]:
+    """The string constants of ``source`` that name a driver: one of ``schemes``, or a module
+    of a driver's package."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            module = node.value.partition(":")[0].split(".")
+            if node.value.lower() in schemes or (module[:2] == ["zarrfs", "backends"] and module[2:3] and
+                                                 module[2] in DRIVER_PACKAGES):
+                found.append(node.value)
+    return found
+
+
+def _transitive(name: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        for target in GRAPH[todo.pop()] - seen:
+            seen.add(target)
+            todo.append(target)
+    return seen
+
+
+def test_each_driver_package_declares_itself_and_nothing_else_names_one():
+    """Each driver package has an ``about`` module declaring it, which imports no driver; the
+    registry finds them (no table of schemes), and the modules reading the declarations name
+    no scheme and no driver."""
+    import importlib
+
+    schemes: set[str] = set()
+    for package in DRIVER_PACKAGES:
+        about = f"zarrfs.backends.{package}.about"
+        assert about in MODULES, f"{package} declares nothing"
+        drivers = {t for t in _transitive(about) if t.endswith(".driver")}
+        assert drivers == set(), f"{about} imports a driver"
+        schemes.update(importlib.import_module(about).ABOUT.schemes)
+    assert {"lmdb", "redis", "postgresql", "zip"} <= schemes
+    found = {
+        f"{name}: {text!r}"
+        for name in DECLARATION_READERS
+        for text in driver_names(MODULES[name].read_text(encoding="utf-8"), schemes)
+    }
+    assert found == set()
+    assert driver_names('x = {"lmdb": "zarrfs.backends.lmdb.driver:LMDBDriver"}', schemes) == [
+        "lmdb",
+        "zarrfs.backends.lmdb.driver:LMDBDriver",
+    ]
+
+
+def test_reading_the_declarations_imports_no_client_library():
+    """What the command line asks of every driver before it opens one (schemes, files,
+    secrets) imports none of their client libraries: ``zarrfs --help`` and ``zarrfs status``
+    stay fast, and a driver whose library is missing does not stop the others."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from zarrfs.backends import registry\n"
+        "from zarrfs.backends.urls import shown_url\n"
+        "registry.known_schemes(); registry.kind_at('/'); registry.password_env()\n"
+        "shown_url('redis://:pw@host/0'); shown_url('postgresql://me:pw@host/db')\n"
+        "print(sorted(m for m in ('lmdb', 'redis', 'psycopg', 'icechunk', 'zarr') if m in sys.modules))\n"
+    )
+    env = {"PYTHONPATH": str(PACKAGE.parent), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.strip() == "[]"
