@@ -143,3 +143,26 @@ def test_a_server_that_wants_a_password_says_where_to_give_it(locked_redis, tmp_
         res = run(*args)
         assert res.returncode == 1 and len(res.stderr.splitlines()) == 1, res.stderr
         assert "password_file" in res.stderr and "ZARRFS_PASSWORD" in res.stderr, res.stderr
+
+
+def test_every_secret_a_driver_declares_is_left_out_of_the_url_shown():
+    """Each query option a driver's ``about`` declares secret (Redis: a TLS key's
+    ``ssl_password`` too), and a password in the URL, are cut from the URL logs, the mount
+    table and ``zarrfs status`` show; the rest of the URL stays."""
+    from zarrfs.backends import registry
+    from zarrfs.backends.urls import shown_url
+
+    shown = shown_url(f"rediss://me:{SECRET}@host:1/0?ssl_password={SECRET}&prefix=kept")
+    assert shown == "rediss://me@host:1/0?prefix=kept"
+    checked = set()
+    for scheme in registry.known_schemes():
+        about = registry.about(scheme)
+        if about.files is not None or not about.secrets:
+            continue
+        for name in about.secrets:
+            url = f"{scheme}://me:{SECRET}@host:1/0?{name}={SECRET}&prefix=kept"
+            shown = shown_url(url)
+            assert SECRET not in shown, shown
+            assert shown == f"{scheme}://me@host:1/0?prefix=kept"
+            checked.add(name)
+    assert {"password", "password_file", "ssl_password"} <= checked

@@ -75,7 +75,6 @@ class DriverConformance(TransactionConformance):
         assert not cls.snapshots or cls.snapshot is not Driver.snapshot
         assert not cls.keeps_index or cls.reindex is not Driver.reindex
         assert not cls.versioned or cls.commit is not Driver.commit
-        assert set(about.path_options) <= set(about.options) | set(about.secrets)
         path = database_path(full)
         if about.files is None:
             assert path is None, "a server's URL names no path"
