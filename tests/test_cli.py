@@ -720,10 +720,10 @@ def test_every_error_path_of_every_command_is_one_line(tmp_path):
 def test_man_page_and_completion_are_generated_from_the_parser(tmp_path):
     import shutil
 
-    from zarrfs.cli import build_parser
-    from zarrfs.manpage import subcommands
+    from zarrfs.cli.main import build_parser
+    from zarrfs.cli.manpage import subcommands
 
-    page = subprocess.run([sys.executable, "-m", "zarrfs.manpage"], capture_output=True, text=True,
+    page = subprocess.run([sys.executable, "-m", "zarrfs.cli.manpage"], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": CHECKOUT}, check=True).stdout
     for name, sub in subcommands(build_parser()).items():
         assert f".SS zarrfs {name}" in page, name
@@ -737,7 +737,7 @@ def test_man_page_and_completion_are_generated_from_the_parser(tmp_path):
         shown = subprocess.run(["man", "--warnings", "-l", str(tmp_path / "zarrfs.1")], capture_output=True,
                                text=True, env={**os.environ, "MANWIDTH": "100"})
         assert shown.returncode == 0 and "zarrfs umount" in shown.stdout and shown.stderr == "", shown.stderr
-    script = subprocess.run([sys.executable, "-m", "zarrfs.completion", "bash"], capture_output=True,
+    script = subprocess.run([sys.executable, "-m", "zarrfs.cli.completion", "bash"], capture_output=True,
                             text=True, env={**os.environ, "PYTHONPATH": CHECKOUT}, check=True).stdout
     (tmp_path / "zarrfs.bash").write_text(script)
     probe = (
@@ -748,8 +748,8 @@ def test_man_page_and_completion_are_generated_from_the_parser(tmp_path):
     said = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True).stdout
     said = said.splitlines()
     assert said == ["commit copy consolidate", "create,validate=", "skip", "--log-level"], said
-    zsh = subprocess.run([sys.executable, "-m", "zarrfs.completion", "zsh"], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": CHECKOUT}, check=True).stdout
+    zsh = subprocess.run([sys.executable, "-m", "zarrfs.cli.completion", "zsh"], capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": CHECKOUT}, check=True).stdout
     assert zsh.startswith("#compdef zarrfs") and "bashcompinit" in zsh
     # A new shell: bash-completion loads the script by the command's name from where setup.sh
     # puts it (XDG_DATA_DIRS/bash-completion/completions); setup.sh installs bash-completion.
@@ -773,7 +773,7 @@ def test_the_store_extra_brings_zarr_3_and_setup_installs_man_completion_and_off
     assert "PostgreSQL" in project["description"] and "DBM" in project["description"]
     with open(os.path.join(CHECKOUT, "scripts", "setup.sh")) as fh:
         setup = fh.read()
-    for word in ("zarrfs.manpage", "zarrfs.completion bash", "zarrfs.completion zsh", "--on-path",
+    for word in ("zarrfs.cli.manpage", "zarrfs.cli.completion bash", "zarrfs.cli.completion zsh", "--on-path",
                  "/usr/local/bin/zarrfs", "scripts/install_unit.sh", "need+=(bash-completion)"):
         assert word in setup, word
     check = subprocess.run(["bash", "-n", os.path.join(CHECKOUT, "scripts", "setup.sh")], capture_output=True)

@@ -198,7 +198,7 @@ def test_ls_l_begins_no_transaction_a_file(feed_url, mount_factory):
     feed the mount answers a node its listing or a getxattr read with no extended attributes
     without asking the database again, and drops that when the feed, or its own
     ``setxattr``, tells of a change."""
-    from zarrfs.control import query
+    from zarrfs.daemon.control import query
 
     a = mount_factory(feed_url, ["create"], name="a")
     (a.path / "d").mkdir()
@@ -234,7 +234,7 @@ def test_a_folder_listed_again_is_listed_by_the_kernel_until_it_changes(feed_url
     READDIRPLUS. A name this mount makes, removes or renames there shows in the next listing,
     and so does one another mount makes, once its close returned (an open of the folder asks
     the feed first; on PostgreSQL once its notification came, as for a lookup)."""
-    from zarrfs.control import query
+    from zarrfs.daemon.control import query
 
     a = mount_factory(feed_url, ["create"], name="a")
     (a.path / "d").mkdir()
@@ -269,7 +269,7 @@ def test_a_folder_listed_again_is_listed_by_the_kernel_until_it_changes(feed_url
 
 def requests_of(m) -> int:
     """Requests the daemon answered so far (its status socket)."""
-    from zarrfs.control import query
+    from zarrfs.daemon.control import query
 
     return sum(query(str(m.path))["requests"].values())
 
@@ -352,7 +352,7 @@ def test_mount_stays_up_when_its_peer_is_killed(feed_url, mount_factory):
     b = mount_factory(feed_url, [], name="b")
     (a.path / "f").write_bytes(b"before")
     seen_after(lambda: read(b.path / "f") == b"before", time.monotonic())
-    from zarrfs.control import query
+    from zarrfs.daemon.control import query
 
     os.kill(query(str(a.path))["pid"], signal.SIGKILL)
     (b.path / "f").write_bytes(b"after")

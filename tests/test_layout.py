@@ -2,7 +2,9 @@
 fuse -> fs -> format/backends``. ``fuse`` sees the filesystem only through ``fs.api``;
 ``format`` knows no database and no filesystem; the drivers (``backends``) know nothing above
 them; ``tools``, ``store`` and ``urlfs`` (the fsspec filesystems, over ``store``) use the
-public parts of ``fs`` and ``backends``, never the daemon or the command line. No module
+public parts of ``fs`` and ``backends``, never the daemon or the command line. The modules
+left at the package's root (what a URL names, the mount options, the usage error, the spin
+window) sit below the daemon: the tools and the fsspec filesystems use them too. No module
 reaches itself through its imports, type-only ones included."""
 
 from __future__ import annotations
@@ -12,18 +14,27 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "zarrfs"
 
-# Layer (the module's first name under zarrfs) -> the names it must not import. A name covers
-# the modules under it.
+# Layer (a module's name under zarrfs: its first name, or a module or package within one) ->
+# the names it must not import. A name covers the modules under it; a module follows the rules
+# of every layer that covers it.
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "backends": ("fs", "fuse", "format", "daemon", "cli", "tools", "store", "urlfs"),
     "format": ("backends", "fs", "fuse", "daemon", "cli", "tools", "store", "urlfs"),
     "fs": ("fuse", "daemon", "cli", "tools", "store", "urlfs"),
     "fuse": ("backends", "format", "daemon", "cli", "tools", "store", "urlfs"),
     "daemon": ("cli",),
-    "tools": ("daemon", "cli", "fuse", "mount_command"),
-    "store": ("daemon", "cli", "fuse", "tools", "mount_command"),
-    "stats": ("daemon", "cli", "fuse", "fs", "format", "backends", "tools", "store", "mount_command"),
-    "urlfs": ("daemon", "cli", "fuse", "tools", "mount_command"),
+    "tools": ("daemon", "cli", "fuse"),
+    "store": ("daemon", "cli", "fuse", "tools"),
+    "urlfs": ("daemon", "cli", "fuse", "tools"),
+    # zarrfs stats reads a daemon's status socket and knows nothing else of it.
+    "cli.stats": ("fuse", "fs", "format", "backends", "tools", "store", "urlfs"),
+    # At the root, below the daemon: the tools and the fsspec filesystems use them.
+    "urls": ("fs", "fuse", "format", "daemon", "cli", "tools", "store", "urlfs"),
+    "dbfiles": ("fs", "fuse", "format", "daemon", "cli", "tools", "store", "urlfs"),
+    "options": ("daemon", "cli", "tools", "store", "urlfs"),
+    "usage": ("backends", "fs", "fuse", "format", "daemon", "cli", "tools", "store", "urlfs"),
+    # The polling window the request loop and the Redis link share (neither may import the other).
+    "spin": ("backends", "fs", "fuse", "format", "daemon", "cli", "tools", "store", "urlfs"),
 }
 # What of the filesystem a layer may import, when it may import only part of it.
 FS_PUBLIC: dict[str, tuple[str, ...]] = {
@@ -31,6 +42,10 @@ FS_PUBLIC: dict[str, tuple[str, ...]] = {
     "tools": ("fs.api", "fs.sidedata", "fs.manifest", "fs.parts", "fs.names", "fs.errors"),
     "store": ("fs.api", "fs.records", "fs.parts"),
     "urlfs": ("fs.parts",),
+}
+# What of the daemon a layer may import, when it may import only part of it.
+DAEMON_PUBLIC: dict[str, tuple[str, ...]] = {
+    "cli.stats": ("daemon.control",),
 }
 # The shared parts of the drivers (what a third-party driver uses too); a driver's own package
 # is its own.
@@ -81,11 +96,14 @@ def under(name: str, prefix: str) -> bool:
 def breaks(importer: str, target: str) -> bool:
     """Whether ``importer`` may not import ``target`` (full module names)."""
     layer = importer.split(".")[1] if "." in importer else ""
+    source = importer.removeprefix("zarrfs")
     inner = target.removeprefix("zarrfs.")
-    if any(under(inner, f) for f in FORBIDDEN.get(layer, ())):
+    if any(under(source, "." + name) and under(inner, f) for name, fs in FORBIDDEN.items() for f in fs):
         return True
-    if layer in FS_PUBLIC and under(inner, "fs") and not any(under(inner, p) for p in FS_PUBLIC[layer]):
-        return True
+    for public, part in ((FS_PUBLIC, "fs"), (DAEMON_PUBLIC, "daemon")):
+        for name, allowed in public.items():
+            if under(source, "." + name) and under(inner, part) and not any(under(inner, p) for p in allowed):
+                return True
     if layer not in ("backends", "") and under(inner, "backends"):
         driver = inner.split(".")[1] if inner.count(".") else ""
         return driver in BACKENDS_PRIVATE and inner.count(".") > 1
@@ -146,3 +164,11 @@ def test_the_rules_catch_what_they_forbid():
     assert breaks("zarrfs.tools.copy", "zarrfs.backends.lmdb.driver")
     assert not breaks("zarrfs.tools.copy", "zarrfs.backends.base")
     assert not breaks("zarrfs.backends.redis_cluster.driver", "zarrfs.backends.redis.link")
+    assert breaks("zarrfs.daemon.main", "zarrfs.cli.oneline")
+    assert not breaks("zarrfs.cli.mount_command", "zarrfs.daemon.main")
+    assert breaks("zarrfs.cli.stats", "zarrfs.daemon.main")
+    assert not breaks("zarrfs.cli.stats", "zarrfs.daemon.control")
+    assert breaks("zarrfs.cli.stats", "zarrfs.fs.api")
+    assert breaks("zarrfs.options", "zarrfs.daemon.logs")
+    assert breaks("zarrfs.spin", "zarrfs.backends.base")
+    assert breaks("zarrfs.urlfs.filesystem", "zarrfs.daemon.control")

@@ -1,11 +1,11 @@
-"""Rate-limited log lines (zarrfs.logs.RepeatFilter) on a real logging handler."""
+"""Rate-limited log lines (zarrfs.daemon.logs.RepeatFilter) on a real logging handler."""
 
 from __future__ import annotations
 
 import io
 import logging
 
-from zarrfs.logs import RepeatFilter
+from zarrfs.daemon.logs import RepeatFilter
 
 
 def _logger(burst=3, window=10.0):

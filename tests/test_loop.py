@@ -12,7 +12,7 @@ import pytest
 from mounting import needs_fuse, unavailable
 
 from zarrfs.backends import open_driver
-from zarrfs.cli import daemon_pids
+from zarrfs.cli.main import daemon_pids
 from zarrfs.fuse.channel import option_string
 from zarrfs.fuse.loop import DEFAULT_SPIN_US
 from zarrfs.fuse.tuning import DEFAULT_READAHEAD_KIB, keep_freed_memory, mount_device

@@ -135,7 +135,7 @@ def test_status_names_requests_lists_subtype_mounts_and_survives_a_closed_pipe(t
 
 
 def daemon_of(mountpoint) -> int:
-    from zarrfs.cli import daemon_pids
+    from zarrfs.cli.main import daemon_pids
 
     pids = daemon_pids(str(mountpoint))
     assert len(pids) == 1, pids

@@ -29,7 +29,7 @@ from psycopg.pq import TransactionStatus
 
 from zarrfs.backends import open_driver
 from zarrfs.backends.base import KEYS, SIDE, SIZES, VALUES, Get, HasPrefix, Size
-from zarrfs.cli import daemon_pids
+from zarrfs.cli.main import daemon_pids
 from zarrfs.testing.proxy import POSTGRES_IDLE_COMMITS, DelayProxy
 
 CHUNK = 64 << 10

@@ -21,9 +21,9 @@ import pytest
 from mounting import make_url, needs_fuse
 
 from zarrfs.backends import open_driver
-from zarrfs.cli import daemon_pids
-from zarrfs.control import socket_path
-from zarrfs.logs import default_log_file
+from zarrfs.cli.main import daemon_pids
+from zarrfs.daemon.control import socket_path
+from zarrfs.daemon.logs import default_log_file
 
 pytestmark = needs_fuse
 

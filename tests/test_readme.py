@@ -9,9 +9,10 @@ import inspect
 import re
 from pathlib import Path
 
-from zarrfs import helptext, options
-from zarrfs.cli import build_parser
-from zarrfs.manpage import subcommands
+from zarrfs import options
+from zarrfs.cli import helptext
+from zarrfs.cli.main import build_parser
+from zarrfs.cli.manpage import subcommands
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -20,11 +21,11 @@ def test_readme_holds_the_help_text_word_for_word():
     text = README.read_text(encoding="utf-8")
     assert helptext.README_BEGIN in text and helptext.README_END in text, (
         "README.md has no command-line reference block: put the two marker lines of "
-        "zarrfs/helptext.py in it, then run python -m zarrfs.helptext README.md"
+        "zarrfs/cli/helptext.py in it, then run python -m zarrfs.cli.helptext README.md"
     )
     assert helptext.with_readme_block(text) == text, (
         "README.md's command-line reference differs from zarrfs --help: "
-        "run python -m zarrfs.helptext README.md"
+        "run python -m zarrfs.cli.helptext README.md"
     )
 
 

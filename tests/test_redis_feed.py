@@ -167,7 +167,7 @@ def test_a_lost_feed_retries_at_a_bounded_rate(tmp_path):
 @pytest.mark.mount
 @pytest.mark.usefixtures("fuse_required")
 def test_an_idle_mount_stays_coherent_across_a_restart(tmp_path, mount_factory):
-    from zarrfs.control import query
+    from zarrfs.daemon.control import query
 
     server = start_redis(str(tmp_path))
     try:

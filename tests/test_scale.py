@@ -18,7 +18,7 @@ import time
 import pytest
 from mounting import needs_fuse
 
-from zarrfs.control import query
+from zarrfs.daemon.control import query
 
 pytestmark = [*needs_fuse, pytest.mark.slow]
 

@@ -14,7 +14,7 @@ import pytest
 from conftest import _free_port
 from mounting import needs_fuse
 
-from zarrfs.cli import daemon_pids
+from zarrfs.cli.main import daemon_pids
 
 pytestmark = needs_fuse
 

@@ -12,7 +12,7 @@ import time
 import pytest
 from session_wire import ATTR_FIELDS, GID, UID, attr_of, dirents_of, entry_of, release_storing, z
 
-from zarrfs.daemon import make_hooks
+from zarrfs.daemon.main import make_hooks
 from zarrfs.fs.tree import DIR, FILE, RENAME_EXCHANGE, RENAME_NOREPLACE
 from zarrfs.fuse import abi as k
 from zarrfs.options import MountOptions

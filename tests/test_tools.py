@@ -24,7 +24,7 @@ from mounting import needs_fuse, zarrfs
 
 from zarrfs.backends import open_driver
 from zarrfs.backends.base import SIDE, prefix_stop
-from zarrfs.cli import daemon_pids
+from zarrfs.cli.main import daemon_pids
 from zarrfs.fs.sidedata import ATTR, ENTRY
 
 pytestmark = needs_fuse

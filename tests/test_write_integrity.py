@@ -24,7 +24,7 @@ import pytest
 from mounting import needs_fuse
 
 from zarrfs.backends import open_driver
-from zarrfs.cli import daemon_pids
+from zarrfs.cli.main import daemon_pids
 
 pytestmark = needs_fuse
 

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from zarrfs.oneline import fail
+from zarrfs.cli.oneline import fail
 from zarrfs.urls import reason
 from zarrfs.usage import UsageError
 
@@ -174,7 +174,7 @@ def _zombie(pid: int) -> bool:
 def _zarrfsmounts() -> list[tuple[str, str, str]]:
     """``(mountpoint, source, options)`` of the zarrfs mounts: type ``fuse.zarrfs``, or another
     FUSE type (``-o subtype=``) whose mountpoint has a zarrfs status socket."""
-    from zarrfs.control import socket_path
+    from zarrfs.daemon.control import socket_path
 
     return [
         (mp, source, options)
@@ -191,7 +191,7 @@ def _alive(mountpoint: str) -> bool:
     ENOTCONN)."""
     import errno
 
-    from zarrfs.control import query
+    from zarrfs.daemon.control import query
 
     try:
         query(mountpoint, 2, {"op": "ping"})
@@ -212,7 +212,7 @@ def _alive(mountpoint: str) -> bool:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """``zarrfs status [MOUNTPOINT]``: the zarrfs mounts, or one mount's live figures."""
-    from zarrfs.control import query, render_status
+    from zarrfs.daemon.control import query, render_status
 
     mounts = _zarrfsmounts()
     if args.mountpoint is None:

@@ -1,5 +1,5 @@
 """``zarrfs(1)``, the manual page, generated from the command line's own parser and help texts
-(so it lists what ``zarrfs --help`` lists, never more or less). ``python -m zarrfs.manpage``
+(so it lists what ``zarrfs --help`` lists, never more or less). ``python -m zarrfs.cli.manpage``
 prints it in roff; ``scripts/setup.sh`` installs it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import datetime
 import sys
 
 from zarrfs import __version__
-from zarrfs.helptext import DESCRIPTION, EXIT_HELP, OPTIONS_HELP, SYNOPSIS, URLS_HELP
+from zarrfs.cli.helptext import DESCRIPTION, EXIT_HELP, OPTIONS_HELP, SYNOPSIS, URLS_HELP
 
 
 def _roff(text: str) -> str:
@@ -90,7 +90,7 @@ def render(parser: argparse.ArgumentParser) -> str:
 
 
 def main() -> int:
-    from zarrfs.cli import build_parser
+    from zarrfs.cli.main import build_parser
 
     sys.stdout.write(render(build_parser()))
     return 0

@@ -3,7 +3,7 @@ print them (requests a second by kind, time per request, bytes, database transac
 snapshot hits, errors), or once as Prometheus text for a scraper (``--prometheus``: every
 mount this user can ask, when no mountpoint is given).
 
-The figures are the counters of the daemon's status document (:mod:`zarrfs.control`); a row is
+The figures are the counters of the daemon's status document (:mod:`zarrfs.daemon.control`); a row is
 what changed since the row before, divided by the time between the two answers.
 """
 
@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-from zarrfs.oneline import fail
+from zarrfs.cli.oneline import fail
 from zarrfs.usage import UsageError
 
 # The kinds of requests a row shows, each the FUSE requests it counts; the rest is "other".
@@ -181,8 +181,8 @@ def prometheus_text(found: list[tuple[str, dict[str, Any] | None]]) -> str:
 
 def _ask(mountpoint: str) -> dict[str, Any]:
     """The status document of the mount at ``mountpoint``, or a one-line :class:`LookupError`."""
-    from zarrfs.control import query
-    from zarrfs.mounttable import _alive, _zarrfsmounts
+    from zarrfs.cli.mounttable import _alive, _zarrfsmounts
+    from zarrfs.daemon.control import query
     from zarrfs.urls import reason
 
     if not any(mp == mountpoint for mp, _, _ in _zarrfsmounts()):
@@ -229,8 +229,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def _prometheus(mountpoint: str | None) -> int:
-    from zarrfs.control import query
-    from zarrfs.mounttable import _zarrfsmounts
+    from zarrfs.cli.mounttable import _zarrfsmounts
+    from zarrfs.daemon.control import query
 
     if mountpoint is not None:
         try:

@@ -8,7 +8,7 @@ SIGHUP reopens the log file (logrotate).
 
 Options are parsed in :mod:`zarrfs.options`, URLs and their secrets handled in
 :mod:`zarrfs.urls` (only the URL handed to the driver carries a password; what is shown is
-:func:`zarrfs.urls.shown_url`), logging set up in :mod:`zarrfs.logs`.
+:func:`zarrfs.urls.shown_url`), logging set up in :mod:`zarrfs.daemon.logs`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ import signal
 import threading
 from typing import Any
 
-from zarrfs import deadmount, logs
 from zarrfs.backends.base import Driver
+from zarrfs.daemon import deadmount, logs
+from zarrfs.daemon.logs import reopen_logs
+from zarrfs.daemon.sdnotify import notify
 from zarrfs.dbfiles import open_database
 from zarrfs.fs.api import LockTable, Operations
 from zarrfs.fs.changes import ChangeWatcher, has_feed
@@ -38,9 +40,7 @@ from zarrfs.fuse.loop import Loop
 from zarrfs.fuse.session import BUFFER_SIZE, Session
 from zarrfs.fuse.tuning import keep_freed_memory, set_readahead
 from zarrfs.fuse.workers import DEFAULT_WORKERS, Workers
-from zarrfs.logs import reopen_logs
 from zarrfs.options import MountOptions
-from zarrfs.sdnotify import notify
 from zarrfs.urls import reason, shown_url
 
 log = logging.getLogger("zarrfs")
@@ -158,7 +158,7 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
     """Mount ``url`` at ``mountpoint`` and serve requests until unmounted or stopped by
     SIGINT/SIGTERM (blocking); open files are stored on the way out. ``url`` may carry a
     password: it is shown nowhere (see :func:`shown_url`)."""
-    from zarrfs.control import ControlServer
+    from zarrfs.daemon.control import ControlServer
 
     shown = shown_url(url)
     keep_freed_memory()

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-log = logging.getLogger("zarrfs.control")
+log = logging.getLogger("zarrfs.daemon.control")
 
 _SUN_PATH_MAX = 107
 
@@ -36,7 +36,7 @@ def runtime_folder() -> str:
 
 
 def _socket_name(folder: str, mountpoint: str) -> str:
-    from zarrfs.logs import escape_path
+    from zarrfs.daemon.logs import escape_path
 
     path = os.path.join(folder, escape_path(mountpoint) + ".sock")
     if len(path.encode()) > _SUN_PATH_MAX:  # too long for a unix socket address

@@ -3,7 +3,7 @@ mountpoint, the log file), then serve in the foreground (``-f``) or start the da
 background and return once its mount is ready, or fail with its one line.
 
 Under systemd (``Type=notify``), the daemon says ``READY=1`` once it serves and ``STOPPING=1``
-when it stops (:mod:`zarrfs.sdnotify`); a background start says ``READY=1`` with the daemon's
+when it stops (:mod:`zarrfs.daemon.sdnotify`); a background start says ``READY=1`` with the daemon's
 pid as ``MAINPID``.
 """
 
@@ -19,12 +19,12 @@ import sys
 import time
 
 from zarrfs.backends.base import BackendError
+from zarrfs.cli.oneline import fail, status_of
+from zarrfs.daemon.logs import setup_logging
+from zarrfs.daemon.sdnotify import notify
 from zarrfs.dbfiles import open_database
 from zarrfs.fuse.channel import MountError
-from zarrfs.logs import setup_logging
-from zarrfs.oneline import fail, status_of
 from zarrfs.options import UsageError, parse_options
-from zarrfs.sdnotify import notify
 from zarrfs.urls import PASSWORD_ENV, MountFailure, location, reason, shown_url, url_password
 
 READY = b"ready\n"
@@ -84,7 +84,7 @@ def _preflight(url: str, mountpoint: str, opts) -> None:
     if not is_folder:
         raise MountFailure(f"mountpoint {mountpoint} is not a folder")
     if os.path.ismount(mountpoint):
-        from zarrfs.mounttable import _alive, _zarrfsmounts
+        from zarrfs.cli.mounttable import _alive, _zarrfsmounts
 
         # The kernel may answer the stat above from its cache when the daemon was killed.
         real = os.path.realpath(mountpoint)
@@ -174,7 +174,7 @@ def _run_foreground(args: argparse.Namespace, opts, url: str, mountpoint: str) -
             os.dup2(devnull, 1)
             os.dup2(devnull, 2)
 
-    from zarrfs.daemon import serve  # the daemon's own process only: the starter never serves
+    from zarrfs.daemon.main import serve  # the daemon's own process only: the starter never serves
 
     try:
         serve(url, mountpoint, opts, on_ready=ready)

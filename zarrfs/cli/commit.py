@@ -1,5 +1,5 @@
 """``zarrfs commit MOUNTPOINT -m MESSAGE``: what a mount of an Icechunk branch holds becomes a
-commit of the branch, asked of the mount's daemon on its socket (``zarrfs.control``). Files
+commit of the branch, asked of the mount's daemon on its socket (``zarrfs.daemon.control``). Files
 still open for writing join at their close, after this commit."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ import argparse
 import os
 import sys
 
-from zarrfs.helptext import EXIT_HELP
-from zarrfs.oneline import fail
+from zarrfs.cli.helptext import EXIT_HELP
+from zarrfs.cli.oneline import fail
 
 
 def run(args: argparse.Namespace) -> int:
     """The command: 0 once committed (or nothing to commit), 1 with one line otherwise."""
-    from zarrfs.control import NoAnswer, ask
+    from zarrfs.daemon.control import NoAnswer, ask
 
     mountpoint = os.path.abspath(args.mountpoint)
     if not os.path.ismount(mountpoint):

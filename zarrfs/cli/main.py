@@ -17,11 +17,12 @@ import argparse
 import os
 import sys
 
-from zarrfs import __version__, commit
+from zarrfs import __version__
 from zarrfs.backends.base import BackendError
-from zarrfs.helptext import DESCRIPTION, EXIT_HELP, OPTIONS_HELP, SYNOPSIS, URLS_HELP
-from zarrfs.mounttable import cmd_status, cmd_umount, daemon_pids
-from zarrfs.oneline import fail, status_of
+from zarrfs.cli import commit
+from zarrfs.cli.helptext import DESCRIPTION, EXIT_HELP, OPTIONS_HELP, SYNOPSIS, URLS_HELP
+from zarrfs.cli.mounttable import cmd_status, cmd_umount, daemon_pids
+from zarrfs.cli.oneline import fail, status_of
 from zarrfs.urls import MountFailure, location
 from zarrfs.usage import UsageError
 
@@ -34,14 +35,14 @@ COMMANDS = ("mount", "umount", "status", "stats", "commit", "check", "copy", "co
 # of the time the whole daemon takes to import.
 def cmd_mount(args: argparse.Namespace) -> int:
     """``zarrfs mount URL MOUNTPOINT`` (see ``mount_command``)."""
-    from zarrfs.mount_command import cmd_mount as run
+    from zarrfs.cli.mount_command import cmd_mount as run
 
     return run(args)
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
     """``zarrfs stats`` (see ``stats``)."""
-    from zarrfs.stats import cmd_stats as run
+    from zarrfs.cli.stats import cmd_stats as run
 
     return run(args)
 
@@ -81,7 +82,7 @@ def _mounted_database(text: str, repair: bool) -> str:
     """``text``, or the database mounted there when it is the mountpoint of a zarrfs mount
     (said on stderr): ``zarrfs check MOUNTPOINT`` checks what is mounted (it suggested
     copying the mount into a new database). ``--repair`` of a mounted database is refused."""
-    from zarrfs.mounttable import _zarrfsmounts
+    from zarrfs.cli.mounttable import _zarrfsmounts
 
     if "://" in text or not os.path.isdir(text):
         return text
@@ -126,7 +127,7 @@ class _KeysChecked:
 
 def cmd_copy(args: argparse.Namespace) -> int:
     """``zarrfs copy SOURCE DEST``: between folders and databases, key for key."""
-    from zarrfs.control import size_text
+    from zarrfs.daemon.control import size_text
     from zarrfs.tools.copy import CopyError, copy
 
     progress = args.progress if args.progress is not None else sys.stderr.isatty()
