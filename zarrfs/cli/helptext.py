@@ -104,7 +104,7 @@ exit status:
 """
 
 # The README's command-line reference is these texts, between these two lines, written by
-# ``python -m zarrfs.cli.helptext README.md``; tests/test_readme.py fails when they differ.
+# ``python -m zarrfs.cli.helptext README.md``; tests/cli/test_readme.py fails when they differ.
 README_BEGIN = "<!-- zarrfs --help, written by: python -m zarrfs.cli.helptext README.md -->"
 README_END = "<!-- end of zarrfs --help -->"
 

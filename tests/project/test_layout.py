@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "zarrfs"
+PACKAGE = Path(__file__).resolve().parents[2] / "zarrfs"
 
 # Layer (a module's name under zarrfs: its first name, or a module or package within one) ->
 # the names it must not import. A name covers the modules under it; a module follows the rules

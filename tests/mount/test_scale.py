@@ -264,7 +264,7 @@ def test_check_counts_the_keys_on_a_terminal(tmp_path):
     env.close()
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    checkout = str(Path(__file__).resolve().parent.parent)
+    checkout = str(Path(__file__).resolve().parents[2])
     proc = subprocess.Popen(
         [sys.executable, "-m", "zarrfs", "check", f"lmdb://{tmp_path}/db.lmdb"],
         stdout=subprocess.PIPE, stderr=slave, text=True, env={**os.environ, "PYTHONPATH": checkout},

@@ -61,7 +61,7 @@ def test_dead_redis_is_eio_and_the_mount_recovers(tmp_path, mount_factory, worke
 
 # --- the first hour under a live mount ------------------------------------------------------
 
-CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run(*args: str, cwd=None, env=None) -> subprocess.CompletedProcess:

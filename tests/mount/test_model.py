@@ -19,8 +19,8 @@ driver by default: a few minutes in all.
 The native folder is nodev and nosuid, as the mount is (a bind mount of itself, as root). The
 long mode (docs/testing.md)::
 
-    pytest tests/test_model.py --model-examples 1000 -s     # or ZARRFS_MODEL_EXAMPLES=1000
-    ZARRFS_MODEL_SEED=1234 pytest tests/test_model.py        # the examples of a printed seed again
+    pytest tests/mount/test_model.py --model-examples 1000 -s     # or ZARRFS_MODEL_EXAMPLES=1000
+    ZARRFS_MODEL_SEED=1234 pytest tests/mount/test_model.py        # the examples of a printed seed again
 
 A failure lists the example's operations as Python calls on paths relative to the root, and the
 daemon's error lines. Failures are not shrunk unless ``ZARRFS_MODEL_SHRINK=1`` (shrinking mounts

@@ -14,7 +14,7 @@ from zarrfs.cli import helptext
 from zarrfs.cli.main import build_parser
 from zarrfs.cli.manpage import subcommands
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_readme_holds_the_help_text_word_for_word():

@@ -13,7 +13,7 @@ from mounting import unavailable
 
 from zarrfs.backends import open_driver
 
-CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def zarrfs(*args: str, cwd=None) -> subprocess.CompletedProcess:

@@ -1312,7 +1312,7 @@ class TestDBM(_Conformance):
 
 class TestRedisCluster(_Conformance):
     """``redis+cluster://``, on the session's three-master Redis Cluster; one prefix per test.
-    Resharding and failover while a driver works: ``tests/test_cluster.py``."""
+    Resharding and failover while a driver works: ``tests/backends/test_cluster.py``."""
 
     @pytest.fixture
     def url(self, redis_cluster):

@@ -39,7 +39,7 @@ from zarrfs.fs.tree import RENAME_EXCHANGE, Tree
 from zarrfs.store import DatabaseStore
 from zarrfs.testing.faults import failing_commits
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]  # tests/, where observers.py is
 OPTIONS = ["validate=off", "consolidate=off"]
 
 # --- a failed commit stores nothing ---------------------------------------------------------

@@ -19,7 +19,7 @@ from zarrfs.cli.main import daemon_pids
 pytestmark = needs_fuse
 
 SECRET = "s3cr3t-Pw_42"
-CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from zarrfs.daemon.logs import default_log_file
 
 pytestmark = needs_fuse
 
-CHECKOUT = str(Path(__file__).resolve().parent.parent)
+CHECKOUT = str(Path(__file__).resolve().parents[2])
 NOBODY = 65534
 
 
