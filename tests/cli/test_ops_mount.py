@@ -591,3 +591,23 @@ def test_the_systemd_unit_verifies_and_its_command_mounts_with_notify(tmp_path, 
     subprocess.run(stop_post, capture_output=True, timeout=60)  # "-": its status is ignored
     with open_driver(conf["URL"], readonly=True) as driver:
         assert bytes(driver.get("f")) == b"served"
+
+
+def test_status_of_a_stopped_daemon_without_its_socket_returns(tmp_path, cleanup):
+    """``zarrfs status`` lists a mount whose daemon is stopped and whose socket is gone (a
+    runtime folder cleaned): the statfs it falls back on is bounded, it does not hang."""
+    m = tmp_path / "m"
+    m.mkdir()
+    cleanup.append(m)
+    ok(zarrfs("mount", f"lmdb://{tmp_path}/db.lmdb", str(m), "-o", "create"))
+    (pid,) = daemon_pids(str(m))
+    sock = socket_path(str(m))
+    os.rename(sock, sock + ".away")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        listed = ok(zarrfs("status")).stdout.splitlines()
+        assert f"{m}\tlmdb://{tmp_path}/db.lmdb\trw" in listed, listed
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        os.rename(sock + ".away", sock)
+    ok(zarrfs("umount", str(m)))

@@ -203,11 +203,29 @@ def _alive(mountpoint: str) -> bool:
             return False
     except ValueError:  # it answered, but not in JSON: there all the same
         return True
-    try:
-        os.statvfs(mountpoint)  # asks the daemon (a stat may be answered from the kernel's cache)
-    except OSError as exc:
-        return exc.errno not in (errno.ENOTCONN, errno.ECONNABORTED)
-    return True
+    return _statfs_answers(mountpoint, 2)
+
+
+def _statfs_answers(mountpoint: str, timeout: float) -> bool:
+    """Whether the kernel does not say the mount's daemon is gone: a statfs asks the daemon (a
+    stat may be answered from the kernel's cache). A daemon that is there but stopped never
+    answers, so the call runs in a thread and a wait past ``timeout`` counts as there."""
+    import errno
+    import threading
+
+    result: list[bool] = []
+
+    def ask() -> None:
+        try:
+            os.statvfs(mountpoint)
+            result.append(True)
+        except OSError as exc:
+            result.append(exc.errno not in (errno.ENOTCONN, errno.ECONNABORTED))
+
+    asker = threading.Thread(target=ask, name="statfs", daemon=True)
+    asker.start()
+    asker.join(timeout)
+    return result[0] if result else True
 
 
 def cmd_status(args: argparse.Namespace) -> int:
