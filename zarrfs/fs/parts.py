@@ -511,14 +511,14 @@ class Parting:
         """Whether a file of ``size`` bytes at ``key`` is stored in parts."""
         limit = self.max_value
         if limit is not None and size > limit:
-            whole_only = self.tree.hooks_transform or getattr(self.tree.hooks, "whole", lambda k: False)(key)
+            whole_only = self.tree.hooks_transform or self.tree.hooks.whole(key)
             return not whole_only  # too large either way: EFBIG, as before
         above = self.above
         if self.tree.driver.parts_above is not None:
             above = min(above, self.tree.driver.parts_above)
         if size <= above or self.tree.hooks_transform:
             return False
-        return not getattr(self.tree.hooks, "whole", lambda k: False)(key)
+        return not self.tree.hooks.whole(key)
 
     def commit(self, key: str, buffer: Any, attrs: Attrs | None, how: CommitOptions) -> None:
         """:meth:`zarrfs.fs.tree.Tree.commit` of the content of ``buffer`` (a

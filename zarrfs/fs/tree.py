@@ -108,7 +108,7 @@ class Tree:
         self.writes.on_commit = self._committed
         # The longest key the database holds, if it has a limit, less the side prefix ("a:")
         # of a node's attributes: a longer path is refused with ENAMETOOLONG before it is made.
-        limit = getattr(driver, "max_key_size", None)
+        limit = driver.max_key_size
         key_limit = limit - len(ENTRY) if limit else None
         self.entries = Entries(self.lookups, self.writes, uid=uid, gid=gid, key_limit=key_limit)
         self.links = LinkGroups(self.lookups.default_attrs, clock)

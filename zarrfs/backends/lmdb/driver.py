@@ -26,7 +26,6 @@ import lmdb
 from ..base import (
     DATA,
     SIDE,
-    BackendError,
     Driver,
     Fetch,
     HasPrefix,
@@ -41,9 +40,8 @@ from ..filespace import statvfs
 from ..filewatch import FileWatch
 from ..urloptions import check_options, parse_bool, parse_file_url, parse_size
 from . import feed, longkeys, pages
+from .about import ABOUT, FILES, SIDE_FILE_SUFFIX, SIDE_IN_FOLDER
 from .environments import (
-    RESERVE_IN_FOLDER,
-    RESERVE_SUFFIX,
     DiskRoom,
     KnownSizes,
     SideEnvironment,
@@ -54,14 +52,12 @@ from .environments import (
 )
 from .feed import Own
 from .holder import Holder
-from .maps import OPTIONS, Maps, gate
+from .maps import Maps, gate
 from .scan import cursor_rows, merged
 from .snapshot import hold as hold_snapshot
 
 #: Seconds a read waits for the data commit of side records it found ahead of its data.
 SIDE_AHEAD_WAIT = 0.5
-SIDE_IN_FOLDER = "zarrfs-side.mdb"
-SIDE_FILE_SUFFIX = ".zarrfs-side"
 _NONE: dict[Any, Any] = {}  # what a read transaction changed: nothing (never written to)
 
 
@@ -400,17 +396,15 @@ class LMDBTxn(Txn):
 class LMDBDriver(Driver):
     """Driver for LMDB environments; see the module docstring."""
 
-    schemes = ("lmdb",)
+    snapshots = True
     snapshot = hold_snapshot  # -o snapshot: the state of now, held
-    #: No key limit: keys over LMDB's (``key_fit``) go to the long-key store (``longkeys``).
-    max_key_size: int | None = None
 
     def __init__(self, url: str, readonly: bool = False) -> None:
         super().__init__(url, readonly)
         self.file_watch: FileWatch | None = None  # made when the daemon asks (feed_fileno)
         path, options = parse_file_url(url)
-        check_options(url, options, {"map_size", "sync", *OPTIONS})
-        path = self.database_at(path)
+        check_options(url, options, set(ABOUT.options))
+        path = FILES.database_at(path)
         self.path = path
         self.map_size = parse_size("map_size", options.get("map_size", str(2**40)))
         sync = parse_bool("sync", options.get("sync", "0"))
@@ -439,29 +433,6 @@ class LMDBDriver(Driver):
         # Every write keeps a change log for the other mounts (feed); own: its entries.
         self.log_changes = not readonly
         self.own = Own()
-
-    @classmethod
-    def database_at(cls, path: str) -> str:
-        """A folder's ``data.mdb`` or ``lock.mdb`` names the folder's environment: opened as a
-        file of its own, LMDB would lock it with another lock file (``data.mdb-lock``), which
-        excludes nothing the folder's writers do. The side environment and the disk reserve
-        are bookkeeping of the database beside them: refused."""
-        folder, name = os.path.split(path.rstrip("/"))
-        if name in ("data.mdb", "lock.mdb") and os.path.isfile(path):
-            return folder
-        file = path.removesuffix("-lock")
-        owners = [os.path.join(folder, "data.mdb")] if os.path.basename(file) == SIDE_IN_FOLDER else []
-        owners += [file.removesuffix(s) for s in (SIDE_FILE_SUFFIX, RESERVE_SUFFIX) if file.endswith(s)]
-        if name == RESERVE_IN_FOLDER:
-            owners.append(os.path.join(folder, "data.mdb"))
-        for owner in owners:
-            if os.path.isfile(owner):
-                whole = folder if owner.endswith("/data.mdb") else owner
-                raise BackendError(
-                    f"{path} is zarrfs's bookkeeping of the LMDB database {whole}, not a database: "
-                    f"name {whole} instead"
-                )
-        return path
 
     # The one-shot size skips the Txn object and the retry loop: the mount asks a file's size
     # before each read of it; this measurably halves the call (docs/performance.md).
