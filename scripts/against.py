@@ -2,10 +2,10 @@
 then on this tree's, back to back, and each figure's change.
 
 REV's files are exported (``git archive``) to a scratch folder, its modules compiled, and this
-tree's ``scripts/`` (with the helper modules of ``tests/`` they import) copied over REV's, so both
-runs are the same script; each run imports the
-zarrfs of its folder (``PYTHONPATH``, and the folder as the working directory, where the
-daemons started by ``python -m zarrfs`` find it too) with this interpreter and its packages.
+tree's ``scripts/`` (with the helper modules of ``tests/`` they import) copied over REV's, so
+both runs are the same script; each run imports the zarrfs of its folder (``PYTHONPATH``, and
+the folder as the working directory, where the daemons started by ``python -m zarrfs`` find it
+too) with this interpreter and its packages.
 Each run writes its figures as JSON (``--json``); the table at the end compares them.
 """
 

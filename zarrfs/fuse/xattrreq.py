@@ -9,8 +9,8 @@ The kernel caches no extended attributes: ``ls -l`` asks each file's ``security.
 (one round trip a file). A node without that label answers EOPNOTSUPP, not ENODATA: programs
 linked with libselinux (``ls``, ``cp``) then take the filesystem as one without labels and stop
 asking for the rest of their run (docs/performance.md, "`ls -l` and the SELinux label"; under
-SELinux the kernel answers that name itself and never asks the daemon). A label set is kept and read
-back like any ``security.*`` name. A mount that follows a change feed remembers which nodes the
+SELinux the kernel answers that name itself and never asks the daemon). A label set is kept
+and read back like any ``security.*`` name. A mount that follows a change feed remembers which nodes the
 kernel holds were read with none (:meth:`~zarrfs.fuse.inodes.InodeTable.bare_of_xattrs`)
 and answers those without reading. What drops the kernel's attributes of a node drops that
 too: the feed telling of a change to the file (:mod:`zarrfs.fuse.coherence`), a lock granted
@@ -80,9 +80,10 @@ class XattrRequests:
         name = k.name(buf, k.IN_HEADER_SIZE + k.GETXATTR_IN.size, head.len)
         key = self.key(head.nodeid)
         record = self._record(head.nodeid, key)
-        known = record is not None and self.error is not None
-        if known and name not in record and not name.startswith(b"system."):  # POSIX ACLs: ops'
-            self.error(head, errno.EOPNOTSUPP if name == SELINUX else errno.ENODATA)
+        error = self.error
+        acl = name.startswith(b"system.")  # POSIX ACLs: the ops' to answer
+        if record is not None and error is not None and name not in record and not acl:
+            error(head, errno.EOPNOTSUPP if name == SELINUX else errno.ENODATA)
             return
         try:
             value = self.ops.getxattr(key, name, record)
