@@ -153,17 +153,17 @@ def test_a_commit_whose_parts_a_repair_deleted_fails_and_stores_nothing(ops, dri
     old = os.urandom(25_000)
     write(ops, "big", old)
     tree = ops.tree
-    real_commit = tree.commit
+    real_store = tree.store
 
-    def commit_after_a_repair(*args, **kwargs):
+    def store_after_a_repair(*args, **kwargs):
         find_orphans(driver, repair=True)  # the new parts are not referenced yet
-        return real_commit(*args, **kwargs)
+        return real_store(*args, **kwargs)
 
-    tree.commit = commit_after_a_repair
+    tree.store = store_after_a_repair
     with pytest.raises(FsError) as failed:
         write(ops, "big", os.urandom(30_000), create=False)
     assert failed.value.errno == errno.EIO
-    tree.commit = real_commit
+    tree.store = real_store
     fresh = Operations(Tree(driver), HandleTable(Tree(driver), spill_threshold=4096, parts_above=ABOVE))
     assert read(fresh, "big") == old and len(parts_of(driver)) == 3
 

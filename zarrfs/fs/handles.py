@@ -437,7 +437,7 @@ class HandleTable:
         buffer = state.buffer
         laid: list[tuple[bytearray, int | None]] = []
         try:
-            self.parting.commit(state.key, buffer, state.attrs, self._commit_options(state, laid))
+            self.parting.store(state.key, buffer, state.attrs, self._commit_options(state, laid))
         except Exception:
             state.failed = True
             raise
@@ -487,7 +487,7 @@ class HandleTable:
 
     def flush_many(self, fhs: list[int]) -> list[Stored | None | Exception]:
         """:meth:`flush` of several descriptors, of different files, at once: the commits of
-        files stored whole in one transaction (:meth:`Tree.commit_many`), the others one by
+        files stored whole in one transaction (:meth:`Tree.store`), the others one by
         one; each one's result or the exception its own flush would have raised. When the
         shared transaction is refused by a check, each file is committed alone, so each hears
         its own answer."""
@@ -543,7 +543,7 @@ class HandleTable:
             laid: list[tuple[bytearray, int | None]] = []
             laids.append(laid)
             items.append((state.key, state.buffer, state.attrs, self._commit_options(state, laid)))
-        self.parting.commit_many(items)
+        self.parting.store_many(items)
         for state, laid in zip(states, laids, strict=True):
             self._committed(state, state.buffer, laid)
 
@@ -659,7 +659,7 @@ class HandleTable:
         assert state.buffer is not None and state.attrs is not None
         attrs = Attrs(**vars(state.attrs))
         how = CommitOptions(create=True, exclusive=exclusive, replace=True, renamed_from=src)
-        self.parting.commit(dst, state.buffer, attrs, how)
+        self.parting.store(dst, state.buffer, attrs, how)
         stored = Stored(state.size, attrs.mtime)
         state.stored = stored
         if not state.handles:

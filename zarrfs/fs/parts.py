@@ -520,12 +520,12 @@ class Parting:
             return False
         return not getattr(self.tree.hooks, "whole", lambda k: False)(key)
 
-    def commit(self, key: str, buffer: Any, attrs: Attrs | None, how: CommitOptions) -> None:
-        """:meth:`zarrfs.fs.tree.Tree.commit` of the content of ``buffer`` (a
-        :class:`zarrfs.fs.spill.SpillBuffer`): its parts first when it is large, then their
-        manifest as :meth:`CommitOptions.in_parts` says."""
+    def store(self, key: str, buffer: Any, attrs: Attrs | None, how: CommitOptions) -> None:
+        """Store the content of ``buffer`` (a :class:`zarrfs.fs.spill.SpillBuffer`) at ``key``
+        (:meth:`zarrfs.fs.tree.Tree.store`): whole, or its parts first when it is large, then
+        their manifest as :meth:`CommitOptions.in_parts` says."""
         if not self.wanted(key, buffer.size):
-            self.tree.commit(key, buffer.view(), attrs, how)
+            self.tree.store([(key, buffer.view(), attrs, how)])
             return
         if attrs is None:
             attrs = self.tree.lookup_attrs(key)
@@ -542,12 +542,12 @@ class Parting:
             has_data=buffer.has_data,
         )
         try:
-            self.tree.commit(key, parted.manifest(), attrs, how.in_parts(parted))
+            self.tree.store([(key, parted.manifest(), attrs, how.in_parts(parted))])
         except Rebase:
             # Another mount stored a new version: this one's parts no longer share anything.
             _delete(driver, new_keys(parted), parted.id)
             buffer.settle()
-            self.commit(key, buffer, attrs, how)
+            self.store(key, buffer, attrs, how)
             return
         except BaseException:
             _delete(driver, new_keys(parted), parted.id)
@@ -560,15 +560,15 @@ class Parting:
 
     def groupable(self, key: str, buffer: Any) -> bool:
         """Whether the content of ``buffer`` may be committed with other files'
-        (:meth:`commit_many`): stored whole, or in one part of its own (not sharing parts with
+        (:meth:`store_many`): stored whole, or in one part of its own (not sharing parts with
         a version stored before)."""
         if not self.wanted(key, buffer.size):
             return True
         return buffer.parts is None and buffer.size <= part_size(self.above, self.max_value)
 
-    def commit_many(self, items: list[tuple[str, Any, Attrs | None, CommitOptions]]) -> None:
-        """:meth:`commit` of several files (``(key, buffer, attrs, how)``, each
-        :meth:`groupable`) in one transaction (``Tree.commit_many``); the parts of those
+    def store_many(self, items: list[tuple[str, Any, Attrs | None, CommitOptions]]) -> None:
+        """:meth:`store` of several files (``(key, buffer, attrs, how)``, each
+        :meth:`groupable`) in one transaction (``Tree.store``); the parts of those
         stored in parts are written first, together (:func:`store_one_part_each`)."""
         parted_at = [i for i, (key, buffer, _, _) in enumerate(items) if self.wanted(key, buffer.size)]
         versions = store_one_part_each(
@@ -585,7 +585,7 @@ class Parting:
                 attrs = self.tree.lookup_attrs(key)
             steps.append((key, parted.manifest(), attrs, how.in_parts(parted)))
         try:
-            self.tree.commit_many(steps)
+            self.tree.store(steps)
         except BaseException:
             for parted in versions:
                 _delete(self.tree.driver, new_keys(parted), parted.id)

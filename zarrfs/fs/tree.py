@@ -25,7 +25,7 @@ from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, HasPrefix, StalledE
 from zarrfs.backends.errors import InterruptedCallError, RetryableError, UnavailableError
 from zarrfs.backends.heldvalues import Held
 from zarrfs.fs import acl, hardlinks, parts, records
-from zarrfs.fs.commitoptions import REWRITE, CommitOptions
+from zarrfs.fs.commitoptions import CommitOptions
 from zarrfs.fs.entries import Entries
 from zarrfs.fs.errors import FsError, Refused
 from zarrfs.fs.foldercache import MISS
@@ -375,18 +375,15 @@ class Tree:
         }
 
     # ------------------------------------------------------------------ writes
-    def commit(self, key: str, value: Any, attrs: Attrs | None, how: CommitOptions = REWRITE) -> None:
-        """Store the content of a file written through the mount, with its attributes, in one
-        transaction; the format layer may refuse it (nothing is stored then). ``how``: see
+    def store(self, items: list[tuple[str, Any, Attrs | None, CommitOptions]]) -> None:
+        """Store the content of files written through the mount (``(key, value, attrs, how)``,
+        of different keys; several only when none is linked), with their attributes, in one
+        transaction: their probes in one batch of reads, so several closes waiting together
+        cost the round trips of one (``fuse.workers``). The format layer may refuse a file
+        (nothing is stored then); a check refusing one of several refuses them all
+        (:class:`Refused`): the caller then stores each alone. ``how``: see
         :class:`CommitOptions`."""
-        self.commit_many([(key, value, attrs, how)])
-
-    def commit_many(self, items: list[tuple[str, Any, Attrs | None, CommitOptions]]) -> None:
-        """:meth:`commit` of several files (``(key, value, attrs, how)``, of different keys,
-        none linked) in one transaction: their probes in one batch of reads, so several closes
-        waiting together cost the round trips of one (``fuse.workers``). A check refusing one
-        file refuses them all: the caller then commits each alone."""
-        steps = [_CommitStep(self, key, value, attrs, how) for key, value, attrs, how in items]
+        steps = [_FileWrite(self, key, value, attrs, how) for key, value, attrs, how in items]
 
         def run(t: Txn) -> None:
             versions = [(step.key, step.parted) for step in steps if step.parted is not None]
@@ -409,7 +406,7 @@ class Tree:
                         if where in changed:  # this transaction's own write of it answers
                             folder = (*folder[:3], t.get(attr_key(where), SIDE), *folder[4:])
                         changed.add(where)
-                    step.apply(t, folder, probe)
+                    step.write(t, folder, probe)
                 except (RetryableError, UnavailableError, InterruptedCallError):
                     raise  # the server's, not the file's: run again, or every file hears it
                 except Exception as exc:
@@ -663,9 +660,9 @@ class Tree:
         self.writes.run(run)
 
 
-class _CommitStep:
-    """One file of :meth:`Tree.commit_many`: what it reads before (its probe, when it may be
-    new) and what it writes once probed, as ``how`` (:class:`CommitOptions`) says."""
+class _FileWrite:
+    """One file of :meth:`Tree.store`: what it reads before (its probe, when it may be new)
+    and what it writes once probed, as ``how`` (:class:`CommitOptions`) says."""
 
     def __init__(self, tree: Tree, key: str, value: Any, attrs: Attrs | None, how: CommitOptions) -> None:
         self.tree, self.key, self.value, self.attrs = tree, key, value, attrs
@@ -679,7 +676,7 @@ class _CommitStep:
         self.hint = attrs.parted if attrs is not None else None  # the version this one replaces
         self.record = None if attrs is None else Attrs(**{**vars(attrs), "parted": self.parted}).pack()
 
-    def apply(self, t: Txn, folder: Any, found: Any) -> None:
+    def write(self, t: Txn, folder: Any, found: Any) -> None:
         """The writes of this file, given the probes of its folder and of its name."""
         tree, key = self.tree, self.key
         pointer = None
