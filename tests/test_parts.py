@@ -44,17 +44,17 @@ def parts_of(driver) -> list[str]:
 
 
 def write(ops, key: str, data: bytes, offset: int = 0, create: bool = True) -> None:
-    fh = ops.create(key, 0o644, os.O_WRONLY, 0, 0) if create else ops.open(key, os.O_WRONLY)
+    fh = ops.create(key, 0o644, os.O_WRONLY, 0, 0) if create else ops.handles.open(key, os.O_WRONLY)
     for start in range(0, len(data), 4096):
-        ops.write(fh, data[start : start + 4096], offset + start)
+        ops.handles.write(fh, data[start : start + 4096], offset + start)
     ops.flush(fh)
     ops.release(fh)
 
 
 def read(ops, key: str) -> bytes:
-    fh = ops.open(key, os.O_RDONLY)
+    fh = ops.handles.open(key, os.O_RDONLY)
     out = bytearray()
-    while piece := ops.read(fh, 3000, len(out)):
+    while piece := ops.handles.read(fh, 3000, len(out)):
         out += piece
     ops.release(fh)
     return bytes(out)

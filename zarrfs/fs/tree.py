@@ -358,22 +358,6 @@ class Tree:
         """Whether files show other bytes than the stored ones (a decoded view)."""
         return self.lookups.hooks_transform
 
-    def statfs(self) -> dict[str, int]:
-        """Block and inode counts for ``statvfs``: the real free space behind the database."""
-        info = self.driver.statfs() or {"total": 1 << 40, "free": 1 << 40}
-        bsize = 4096
-        return {
-            "f_bsize": bsize,
-            "f_frsize": bsize,
-            "f_blocks": info["total"] // bsize,
-            "f_bfree": info["free"] // bsize,
-            "f_bavail": info["free"] // bsize,
-            "f_files": 1 << 32,
-            "f_ffree": 1 << 31,
-            "f_favail": 1 << 31,
-            "f_namemax": 255,
-        }
-
     # ------------------------------------------------------------------ writes
     def store(self, items: list[tuple[str, Any, Attrs | None, CommitOptions]]) -> None:
         """Store the content of files written through the mount (``(key, value, attrs, how)``,

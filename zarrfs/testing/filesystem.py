@@ -430,12 +430,12 @@ class FilesystemConformance(LinkConformance):
         ops = Operations(tree, HandleTable(tree))
         tree.store([("f", b"v", None, CREATE)])
         tree.set_attrs("f", mode=0o600, uid=7, gid=8)
-        fh = ops.open("f", os.O_RDONLY)
+        fh = ops.handles.open("f", os.O_RDONLY)
         ops.unlink("f")
-        node = ops.find_open(fh)
+        node = ops.handles.open_node(fh)
         assert (stat.S_IMODE(node.attrs.mode), node.attrs.uid, node.nlink) == (0o600, 7, 0)
         ops.set_open_attrs(fh, mode=0o640, gid=9, mtime=5)
-        node = ops.find_open(fh)
+        node = ops.handles.open_node(fh)
         assert (stat.S_IMODE(node.attrs.mode), node.attrs.gid, node.attrs.mtime) == (0o640, 9, 5)
         ops.release(fh)
         assert tree.find("f") is None and tree.driver.get(attr_key("f"), SIDE) is None
@@ -444,11 +444,11 @@ class FilesystemConformance(LinkConformance):
         ops = Operations(tree, HandleTable(tree))
         tree.store([("a", b"old", None, CREATE)])
         tree.set_attrs("a", mode=0o600)
-        fh = ops.open("a", os.O_RDONLY)  # nothing read yet
+        fh = ops.handles.open("a", os.O_RDONLY)  # nothing read yet
         tree.store([("b", b"new", None, CREATE)])
         ops.rename("b", "a")
-        assert bytes(ops.read(fh, 10, 0)) == b"old"
-        node = ops.find_open(fh)
+        assert bytes(ops.handles.read(fh, 10, 0)) == b"old"
+        node = ops.handles.open_node(fh)
         assert (node.nlink, stat.S_IMODE(node.attrs.mode)) == (0, 0o600)
         ops.release(fh)
         assert tree.driver.get("a") == b"new"

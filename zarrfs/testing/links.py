@@ -32,8 +32,8 @@ def _ops(tree: Tree) -> Operations:
 
 
 def _write(ops: Operations, key: str, data: bytes, offset: int = 0) -> None:
-    fh = ops.open(key, os.O_WRONLY)
-    ops.write(fh, data, offset)
+    fh = ops.handles.open(key, os.O_WRONLY)
+    ops.handles.write(fh, data, offset)
     ops.flush(fh)
     ops.release(fh)
 
@@ -59,7 +59,7 @@ class LinkConformance(Claims):
         assert tree.driver.get("b") == b"hello"  # every name is an ordinary key
         _write(ops, "b", b"HE")
         assert tree.driver.get("a") == tree.driver.get("b") == b"HEllo"
-        ops.truncate("a", 2)
+        ops.handles.truncate("a", 2)
         assert tree.driver.get("a") == tree.driver.get("b") == b"HE"
         ops.link("b", "c")
         assert _nlinks(tree, "a", "b", "c") == [3, 3, 3]
@@ -76,17 +76,17 @@ class LinkConformance(Claims):
         ops = _ops(tree)
         tree.store([("a", b"0123456789", None, CREATE)])
         ops.link("a", "b")
-        writer = ops.open("a", os.O_RDWR)
-        reader = ops.open("b", os.O_RDONLY)
-        ops.write(writer, b"XY", 4)
-        assert bytes(ops.read(reader, 100, 0)) == b"0123XY6789"  # before any close
+        writer = ops.handles.open("a", os.O_RDWR)
+        reader = ops.handles.open("b", os.O_RDONLY)
+        ops.handles.write(writer, b"XY", 4)
+        assert bytes(ops.handles.read(reader, 100, 0)) == b"0123XY6789"  # before any close
         assert tree.driver.get("b") == b"0123456789"
         pending = ops.find("b")  # what a lookup of either name says while writes are pending
         assert (pending.size, pending.nlink, pending.group) == (10, 2, tree.lookup("a").group)
         ops.flush(writer)
         assert tree.driver.get("a") == tree.driver.get("b") == b"0123XY6789"
         ops.unlink("a")  # the open file keeps its other name
-        ops.write(writer, b"Z", 0)
+        ops.handles.write(writer, b"Z", 0)
         ops.release(writer)
         ops.release(reader)
         assert tree.driver.get("b") == b"Z123XY6789" and tree.driver.get("a") is None
@@ -95,9 +95,9 @@ class LinkConformance(Claims):
     def test_link_of_a_file_open_for_writing(self, tree):
         ops = _ops(tree)
         fh = ops.create("new", 0o644, os.O_WRONLY, 0, 0)
-        ops.write(fh, b"pending", 0)
+        ops.handles.write(fh, b"pending", 0)
         ops.link("new", "other")  # the pending content is stored first
-        ops.write(fh, b"P", 0)
+        ops.handles.write(fh, b"P", 0)
         ops.release(fh)
         assert tree.driver.get("new") == tree.driver.get("other") == b"Pending"
 
@@ -149,7 +149,7 @@ class LinkConformance(Claims):
         tree.store([("c", b"old", None, CREATE)])
         ops.link("c", "c2")
         fh = ops.create("c.partial", 0o644, os.O_WRONLY, 0, 0)
-        ops.write(fh, b"new", 0)
+        ops.handles.write(fh, b"new", 0)
         ops.release(fh)  # held until its rename
         ops.rename("c.partial", "c")
         assert tree.driver.get("c") == b"new" and tree.driver.get("c2") == b"old"
