@@ -426,6 +426,19 @@ class FilesystemConformance(LinkConformance):
         ops.rename("d/x.partial", "d/x")
         assert tree.driver.get("d/x") == b"" and names(tree, "") == [("d", DIR), ("e", DIR)]
 
+    def test_a_temporary_file_renamed_onto_a_symlink_takes_none_of_its_records(self, tree):
+        """A held temporary file stored by its rename onto a symlink replaces the symlink as a
+        node: none of the symlink's records stay, its extended attributes neither."""
+        ops = Operations(tree, HandleTable(tree))
+        tree.symlink("target", "l")
+        tree.set_xattr("l", b"trusted.note", b"of the symlink")
+        fh = ops.create("l.partial", 0o644, os.O_WRONLY | os.O_CREAT, 0, 0)
+        ops.handles.write(fh, b"data", 0)
+        ops.release(fh)
+        ops.rename("l.partial", "l")
+        assert tree.lookup("l").kind == FILE and tree.read_value("l") == b"data"
+        assert tree.xattrs("l") == {}
+
     def test_an_unlinked_open_file_keeps_and_changes_its_attributes(self, tree):
         ops = Operations(tree, HandleTable(tree))
         tree.store([("f", b"v", None, CREATE)])
