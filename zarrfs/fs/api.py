@@ -127,7 +127,7 @@ class Operations:
         Locks bring the file up to date, as NFS's do: before a lock is released or
         downgraded (a read lock asked for), the file's pending writes are committed, as
         ``fsync`` commits them; once one is granted, the file is read and written from the
-        newest stored version on (:meth:`LockedFiles.locked`)."""
+        newest stored version on (:meth:`HandleTable.lock_granted`)."""
         assert self.locks is not None
         args = (key, owner, start, end, type, pid, flock)
         if type != WRLCK:
