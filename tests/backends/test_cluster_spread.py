@@ -21,7 +21,7 @@ from servers import start_redis_cluster, stop_redis_cluster
 
 from zarrfs.backends.base import BackendError
 from zarrfs.backends.registry import open_driver
-from zarrfs.fs import parts
+from zarrfs.fs import parts, records
 from zarrfs.fs.manifest import MANIFEST_SIZE
 
 pytestmark = needs_fuse
@@ -183,7 +183,7 @@ def test_slots_moved_during_spread_writes_lose_nothing(redis_cluster):
         while not halt.is_set():
             key, value = f"c/{i}", os.urandom(8192 + i % 7)
             try:
-                parts.put_value(d, key, value, 4096)
+                records.put_value(d, key, value, 4096)
                 done[key] = value
             except Exception as exc:  # recorded: a commit may fail, but never half
                 errors.append(exc)
@@ -237,7 +237,7 @@ def test_a_master_failed_over_during_reads_loses_nothing(replicated):
     d = open_driver(url)
     values = {f"c/{i}": os.urandom(6000 + i) for i in range(60)}
     for key, value in values.items():
-        parts.put_value(d, key, value, 4096)
+        records.put_value(d, key, value, 4096)
     for port in replicated.ports:  # every write reached the replicas before the failover
         if _node(port).info("replication")["role"] == "master":
             _node(port).execute_command("WAIT", 1, 5000)
@@ -448,7 +448,7 @@ def test_a_part_call_waits_no_longer_than_the_timeout(proxied_cluster):
     _cluster, proxy, via = proxied_cluster
     d = open_driver(_proxied_url(via, "to"))
     try:
-        parts.put_value(d, "c", os.urandom(8192), 4096)
+        records.put_value(d, "c", os.urandom(8192), 4096)
         d.set_timeout(2)
         for node in d.cluster.get_nodes():
             pool = node.redis_connection.connection_pool

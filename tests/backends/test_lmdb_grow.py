@@ -38,7 +38,7 @@ def test_a_parted_file_larger_than_the_side_map(tmp_path):
         data = os.urandom(6 * MIB)
         fh = ops.create("big", 0o644, os.O_WRONLY, 0, 0)
         for start in range(0, len(data), MIB):
-            ops.write(fh, data[start : start + MIB], start)
+            ops.handles.write(fh, data[start : start + MIB], start)
         ops.flush(fh)
         ops.release(fh)
         assert len(driver.get("big")) == 49  # a manifest: the parts are in the side map

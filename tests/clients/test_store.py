@@ -221,6 +221,31 @@ def test_a_set_through_the_store_updates_every_name_of_a_link_group(url, mount_f
 
 
 
+def test_a_name_deleted_through_the_store_leaves_its_link_group(url, mount_factory):
+    """A file with three names (``ln`` through a mount), two of them deleted through the store
+    (``delete``, ``delete_dir``) as an unlink removes a name, then made again there: the new
+    files are not names of the old one, so the name left has one link, and a write to it
+    leaves them as they are."""
+    m = mount_factory(url, ["create"])
+    (m.path / "f").write_bytes(b"linked")
+    os.link(m.path / "f", m.path / "g")
+    (m.path / "d").mkdir()
+    os.link(m.path / "f", m.path / "d" / "h")
+    m.stop()
+    store = DatabaseStore(url)
+    store.delete_sync("g")
+    asyncio.run(store.delete_dir("d"))
+    store.set_sync("g", cpu.Buffer.from_bytes(b"new g"))
+    store.set_sync("d/h", cpu.Buffer.from_bytes(b"new h"))
+    store.close()
+    m = mount_factory(url)
+    assert os.stat(m.path / "f").st_nlink == 1
+    (m.path / "f").write_bytes(b"written to f")
+    assert (m.path / "g").read_bytes() == b"new g"
+    assert (m.path / "d" / "h").read_bytes() == b"new h"
+    assert os.stat(m.path / "g").st_ino != os.stat(m.path / "f").st_ino
+
+
 def test_a_delete_through_the_store_leaves_no_records_for_a_new_file(url, mount_factory):
     """Extended attributes and folder records are a node's, not a name's: a file deleted and
     a folder emptied through the store (``delete``, ``delete_dir``), then made again under

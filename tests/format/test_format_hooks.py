@@ -47,7 +47,7 @@ def put(tree: Tree, key: str, value: bytes) -> None:
             tree.mkdir(folder, 0o755)
         except OSError:
             pass  # already there
-    tree.commit(key, value, None, CREATE)
+    tree.store([(key, value, None, CREATE)])
 
 
 def test_strict_refuses_and_stores_nothing(make_tree):

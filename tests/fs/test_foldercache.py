@@ -11,6 +11,7 @@ import pytest
 from mounting import eventually, make_url
 
 from zarrfs.backends import open_driver
+from zarrfs.fs.commitoptions import REWRITE
 from zarrfs.fs.foldercache import MISS, FolderCache
 from zarrfs.fs.sidedata import LINK_MARK, entry_key
 from zarrfs.fs.tree import DIR, FILE, LINK, Node, Tree
@@ -269,7 +270,7 @@ def test_find_through_the_cache_and_own_writes_drop_it(tree):
     tree.driver.put("f/new", b"123")
     assert tree.find("f/new") is None
     # A write through the tree drops the snapshots: everything is read anew.
-    tree.commit("f/0", b"longer", None)
+    tree.store([("f/0", b"longer", None, REWRITE)])
     assert tree.find("f/0").size == 6
     assert tree.find("f/new").size == 3
     assert tree.find("f").kind == DIR  # the root's snapshot: a folder

@@ -44,17 +44,17 @@ def parts_of(driver) -> list[str]:
 
 
 def write(ops, key: str, data: bytes, offset: int = 0, create: bool = True) -> None:
-    fh = ops.create(key, 0o644, os.O_WRONLY, 0, 0) if create else ops.open(key, os.O_WRONLY)
+    fh = ops.create(key, 0o644, os.O_WRONLY, 0, 0) if create else ops.handles.open(key, os.O_WRONLY)
     for start in range(0, len(data), 4096):
-        ops.write(fh, data[start : start + 4096], offset + start)
+        ops.handles.write(fh, data[start : start + 4096], offset + start)
     ops.flush(fh)
     ops.release(fh)
 
 
 def read(ops, key: str) -> bytes:
-    fh = ops.open(key, os.O_RDONLY)
+    fh = ops.handles.open(key, os.O_RDONLY)
     out = bytearray()
-    while piece := ops.read(fh, 3000, len(out)):
+    while piece := ops.handles.read(fh, 3000, len(out)):
         out += piece
     ops.release(fh)
     return bytes(out)
@@ -153,17 +153,17 @@ def test_a_commit_whose_parts_a_repair_deleted_fails_and_stores_nothing(ops, dri
     old = os.urandom(25_000)
     write(ops, "big", old)
     tree = ops.tree
-    real_commit = tree.commit
+    real_store = tree.store
 
-    def commit_after_a_repair(*args, **kwargs):
+    def store_after_a_repair(*args, **kwargs):
         find_orphans(driver, repair=True)  # the new parts are not referenced yet
-        return real_commit(*args, **kwargs)
+        return real_store(*args, **kwargs)
 
-    tree.commit = commit_after_a_repair
+    tree.store = store_after_a_repair
     with pytest.raises(FsError) as failed:
         write(ops, "big", os.urandom(30_000), create=False)
     assert failed.value.errno == errno.EIO
-    tree.commit = real_commit
+    tree.store = real_store
     fresh = Operations(Tree(driver), HandleTable(Tree(driver), spill_threshold=4096, parts_above=ABOVE))
     assert read(fresh, "big") == old and len(parts_of(driver)) == 3
 

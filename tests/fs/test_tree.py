@@ -78,15 +78,15 @@ def test_new_file_on_redis_commits_in_two_round_trips(redis_server, monkeypatch)
             b' "fill_value": 0, "order": "C", "filters": null}'
         )
         tree.mkdir("g", 0o755)
-        tree.commit("g/.zgroup", b'{"zarr_format": 2}', None, CREATE)
+        tree.store([("g/.zgroup", b'{"zarr_format": 2}', None, CREATE)])
         tree.mkdir("g/a", 0o755)
-        tree.commit("g/a/.zarray", zarray, None, CREATE)
+        tree.store([("g/a/.zarray", zarray, None, CREATE)])
         sent = record_redis_calls(monkeypatch)
-        tree.commit("g/a/1", b"\0" * 8, None, CREATE)
+        tree.store([("g/a/1", b"\0" * 8, None, CREATE)])
         assert len(sent) == 2, sent
         assert sent[1][0] == "MULTI"
         with pytest.raises(Exception) as info:  # and validation still happens: out of the grid
-            tree.commit("g/a/7", b"\0" * 8, None, CREATE)
+            tree.store([("g/a/7", b"\0" * 8, None, CREATE)])
         assert to_errno(info.value) == errno.EINVAL
         assert driver.get("g/a/1") == b"\0" * 8 and driver.get("g/a/7") is None
     finally:

@@ -436,7 +436,7 @@ def test_a_consolidated_document_rewritten_on_the_side_is_invalidated(make_ops, 
 # ---------------------------------------------------------------------- STATFS
 def test_statfs_reply_is_the_trees_figures(wire):
     v = k.STATFS_REPLY.unpack(wire.ok(k.STATFS, k.ROOT_ID).raw)[3:]
-    s = wire.ops.tree.statfs()
+    s = wire.ops.statfs()
     blocks, bfree, bavail, files, ffree, bsize, namelen, frsize, _ = v
     assert (blocks, files, ffree) == (s["f_blocks"], s["f_files"], s["f_ffree"])
     assert (bsize, namelen, frsize) == (s["f_bsize"], s["f_namemax"], s["f_frsize"])

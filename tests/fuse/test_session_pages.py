@@ -9,6 +9,7 @@ import os
 from session_wire import release_storing, stores, z
 
 from zarrfs.fs.api import DIRECT_ABOVE
+from zarrfs.fs.commitoptions import REWRITE
 from zarrfs.fuse import abi as k
 
 
@@ -16,7 +17,7 @@ from zarrfs.fuse import abi as k
 def test_open_keeps_the_cache_only_while_the_file_is_unchanged(make_wire):
     wire = make_wire(attr_timeout=60)
     # Stored by a driver directly: the first open finds no pages it could trust.
-    wire.ops.tree.commit("f", b"one", None)
+    wire.ops.tree.store([("f", b"one", None, REWRITE)])
     f = wire.lookup(k.ROOT_ID, "f")
     fh, flags = wire.open(f.nodeid)
     assert not flags & k.FOPEN_KEEP_CACHE
@@ -25,7 +26,7 @@ def test_open_keeps_the_cache_only_while_the_file_is_unchanged(make_wire):
     assert flags & k.FOPEN_KEEP_CACHE  # unchanged since the pages were read
     wire.release(f.nodeid, fh)
     # Another client changes the file; the kernel's next GETATTR sees it, the next open drops pages.
-    wire.ops.tree.commit("f", b"three", None)
+    wire.ops.tree.store([("f", b"three", None, REWRITE)])
     assert wire.getattr(f.nodeid).size == 5
     fh, flags = wire.open(f.nodeid)
     assert not flags & k.FOPEN_KEEP_CACHE
@@ -41,8 +42,8 @@ def test_a_first_read_only_open_of_a_large_file_goes_past_the_page_cache(make_wi
     assert wire.init(minor=39, flags=k.MAX_PAGES, flags2=k.DIRECT_IO_ALLOW_MMAP >> 32).error == 0
     assert wire.session.agreed.direct_io_mmap
     big = os.urandom(DIRECT_ABOVE)
-    wire.ops.tree.commit("big", big, None)
-    wire.ops.tree.commit("small", b"{}", None)
+    wire.ops.tree.store([("big", big, None, REWRITE)])
+    wire.ops.tree.store([("small", b"{}", None, REWRITE)])
     f = wire.lookup(k.ROOT_ID, "big")
     fh, flags = wire.open(f.nodeid)
     assert flags & k.FOPEN_DIRECT_IO and not flags & k.FOPEN_KEEP_CACHE
@@ -51,7 +52,7 @@ def test_a_first_read_only_open_of_a_large_file_goes_past_the_page_cache(make_wi
     fh, flags = wire.open(f.nodeid)
     assert flags & k.FOPEN_KEEP_CACHE and not flags & k.FOPEN_DIRECT_IO
     wire.release(f.nodeid, fh)
-    wire.ops.tree.commit("big", big + b"+", None)
+    wire.ops.tree.store([("big", big + b"+", None, REWRITE)])
     assert wire.getattr(f.nodeid).size == len(big) + 1
     fh, flags = wire.open(f.nodeid, os.O_RDWR)  # a writer: through the cache
     assert not flags & (k.FOPEN_DIRECT_IO | k.FOPEN_KEEP_CACHE)
@@ -66,7 +67,7 @@ def test_without_mappable_direct_io_every_open_uses_the_page_cache(make_wire):
     wire = make_wire(attr_timeout=60)
     assert wire.init(minor=39, flags=k.MAX_PAGES).error == 0  # flags2 not offered
     assert not wire.session.agreed.direct_io_mmap
-    wire.ops.tree.commit("big", bytes(1 << 20), None)
+    wire.ops.tree.store([("big", bytes(1 << 20), None, REWRITE)])
     f = wire.lookup(k.ROOT_ID, "big")
     fh, flags = wire.open(f.nodeid)
     assert not flags & k.FOPEN_DIRECT_IO
@@ -91,7 +92,7 @@ def test_pages_written_through_the_mount_are_kept_after_the_commit(make_wire):
     assert wire.read(tmp.nodeid, fh) == b"chunk"
     wire.release(tmp.nodeid, fh)
     # A commit by someone else afterwards still drops them at the next open.
-    wire.ops.tree.commit("c", b"another", None)
+    wire.ops.tree.store([("c", b"another", None, REWRITE)])
     assert wire.getattr(tmp.nodeid).size == 7
     fh, flags = wire.open(tmp.nodeid)
     assert not flags & k.FOPEN_KEEP_CACHE

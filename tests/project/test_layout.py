@@ -5,7 +5,8 @@ them; ``tools``, ``store`` and ``urlfs`` (the fsspec filesystems, over ``store``
 public parts of ``fs`` and ``backends``, never the daemon or the command line. The modules
 left at the package's root (what a URL names, the mount options, the usage error, the spin
 window) sit below the daemon: the tools and the fsspec filesystems use them too. No module
-reaches itself through its imports, type-only ones included."""
+reaches itself through its imports, type-only ones included. A node's side records
+(``fs.sidedata``'s layout) are written and deleted by ``fs.records`` alone."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 # What of the filesystem a layer may import, when it may import only part of it.
 FS_PUBLIC: dict[str, tuple[str, ...]] = {
     "fuse": ("fs.api",),
-    "tools": ("fs.api", "fs.sidedata", "fs.manifest", "fs.parts", "fs.names", "fs.errors"),
+    "tools": ("fs.api", "fs.sidedata", "fs.manifest", "fs.parts", "fs.records", "fs.names", "fs.errors"),
     "store": ("fs.api", "fs.records", "fs.parts"),
     "urlfs": ("fs.parts",),
 }
@@ -314,3 +315,51 @@ def test_reading_the_declarations_imports_no_client_library():
     env = {"PYTHONPATH": str(PACKAGE.parent), "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env)
     assert out.stdout.strip() == "[]"
+
+
+# The names of fs.sidedata that say a node's side record: its prefixes and key builders.
+SIDE_RECORD_NAMES = frozenset(
+    {"ATTR", "ENTRY", "XATTR", "POINTER", "GROUP", "EPOCH", "NAMED"}
+    | {"attr_key", "entry_key", "xattr_key", "pointer_key", "group_key", "moved_key"}
+)
+SIDE_RECORD_PREFIXES = ("a:", "e:", "x:", "h:", "g:")
+# Where side records may be written: the one module that owns their writes; the drivers (which
+# store bytes, whatever they mean) and the conformance kits (which write raw records to set up
+# what they test) know nothing of that layout's rules.
+SIDE_WRITERS = ("zarrfs.fs.records", "zarrfs.backends", "zarrfs.testing")
+
+
+def side_writes(source: str) -> list[int]:
+    """The lines of ``source`` with a ``put`` or ``delete`` whose arguments name a side record
+    (a name of :data:`SIDE_RECORD_NAMES`, or a string that starts with a record's prefix)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        if node.func.attr not in ("put", "delete"):
+            continue
+        for arg in [*node.args, *(k.value for k in node.keywords)]:
+            for part in ast.walk(arg):
+                named = getattr(part, "id", None) or getattr(part, "attr", "")
+                text = part.value if isinstance(part, ast.Constant) and isinstance(part.value, str) else ""
+                if named in SIDE_RECORD_NAMES or text.startswith(SIDE_RECORD_PREFIXES):
+                    lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def test_side_records_are_written_by_records_alone():
+    found = {
+        f"{name}:{line}"
+        for name, path in MODULES.items()
+        if not any(under(name, w) for w in SIDE_WRITERS)
+        for line in side_writes(path.read_text(encoding="utf-8"))
+    }
+    assert found == set(), "side records written outside zarrfs.fs.records"
+
+
+def test_the_side_record_rule_catches_what_it_forbids():
+    assert side_writes("t.put(attr_key(k), raw, SIDE)") == [1]
+    assert side_writes("x = 1\nt.delete(sidedata.pointer_key(k), SIDE)") == [2]
+    assert side_writes('t.delete("h:" + k, SIDE)') == [1]
+    assert side_writes("driver.put(EPOCH, b'1', SIDE)") == [1]
+    assert side_writes("t.put(k, value)\nt.get(attr_key(k), SIDE)\nrecords.put_attrs(t, [k], raw)") == []

@@ -107,12 +107,12 @@ OPERATIONS.update(STORE_OPS)
 def _populate(tree: Tree) -> None:
     """Files with attributes, a nested folder with an empty folder, a hard link."""
     tree.mkdir("d", 0o755)
-    tree.commit("d/f", b"original", None, CREATE)
+    tree.store([("d/f", b"original", None, CREATE)])
     tree.set_attrs("d/f", mode=0o644, uid=5, gid=6)
     tree.mkdir("g", 0o750)
     tree.mkdir("g/a", 0o755)
-    tree.commit("g/a/0.0", b"chunk", None, CREATE)
-    tree.commit("g/a/.zarray", b"{}", None, CREATE)
+    tree.store([("g/a/0.0", b"chunk", None, CREATE)])
+    tree.store([("g/a/.zarray", b"{}", None, CREATE)])
     tree.mkdir("g/empty", 0o700)
     tree.link("g/a/0.0", "g/a/0.1")
 

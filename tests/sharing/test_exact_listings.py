@@ -76,7 +76,7 @@ def test_a_file_made_after_its_folder_was_opened_is_listed(tmp_path):
         tree = Tree(driver, uid=0, gid=0)
         ops = Operations(tree, HandleTable(tree))
         tree.mkdir("d", 0o755)
-        tree.commit("d/a", b"v", None, CREATE)
+        tree.store([("d/a", b"v", None, CREATE)])
         fh = ops.opendir("d")
         made = ops.create("d/new", 0o644, os.O_WRONLY | os.O_CREAT, 0, 0)
         assert tree.find("d/new") is None  # not stored yet

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from zarrfs.backends.base import KEYS, SIDE, SIZES, VALUES, Driver, Get
-from zarrfs.fs import parts
+from zarrfs.fs import parts, records
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.manifest import MAGIC, MANIFEST_SIZE, MAP_MAGIC
 from zarrfs.fs.names import key_text, name_bytes
@@ -327,10 +327,10 @@ class _Database:
             parts.free(self.driver, self.driver.transact(lambda t: _put_whole(t, whole)))
         for key, value in parted:
             part = min(value.parted.part, limit or value.parted.part)
-            parts.put_parts(self.driver, key, len(value), value.readinto, part)
+            records.put_parts(self.driver, key, len(value), value.readinto, part)
         for key, value in batch:
             if not isinstance(value, _Parted) and limit is not None and len(value) > limit:
-                parts.put_value(self.driver, key, value, parts.part_size(parts.DEFAULT_ABOVE, limit))
+                records.put_value(self.driver, key, value, parts.part_size(parts.DEFAULT_ABOVE, limit))
 
     def close(self) -> None:
         self.driver.close()
