@@ -262,14 +262,28 @@ class Txn(ABC):
         remote. Each request is a :class:`Size`, :class:`Get` or :class:`HasPrefix`; the
         answers come in the same order (the older ``(op, key, space)`` tuples, with ``op``
         ``"size"``, ``"get"`` or ``"prefix"``, are read as those)."""
-        max_key = self.max_key
+        # A lookup makes five of these: encode_key and check_space inlined (as in get), each
+        # called only to raise.
+        max_key, spaces = self.max_key, self.spaces
         plan: list[tuple[type, bytes, Space]] = []
+        append = plan.append
         for request in requests:
             kind = type(request)
             if kind not in READS:
                 request = legacy_read(request)
                 kind = type(request)
-            plan.append((kind, encode_key(request[0], max_key), check_space(request[1], self.spaces)))
+            key, space = request
+            try:
+                raw = key.encode("utf-8")
+            except (UnicodeEncodeError, AttributeError):
+                raw = b""
+            if not raw or (max_key is not None and len(raw) > max_key):
+                raw = encode_key(key, max_key)  # raises
+            try:
+                sp = spaces[space]
+            except (KeyError, TypeError):
+                sp = check_space(space, spaces)  # raises
+            append((kind, raw, sp))
         step = self.most_reads or len(plan) or 1  # a long batch (a deep path's) goes in pieces
         return [a for i in range(0, len(plan), step) for a in self._read_many(plan[i : i + step])]
 

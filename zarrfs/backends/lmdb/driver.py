@@ -286,7 +286,11 @@ class LMDBTxn(Txn):
                     except UnicodeDecodeError:  # not a key (scan skips it): scan decides
                         return super()._has_prefix(raw, space)
                     return True
-            return self._any_long(space) and longkeys.has_prefix(self._txn(SIDE, False), raw, space)
+            seen = self._long_any  # _any_long's answer when it has one: a miss asks it each time
+            long = None if seen is None else seen.get(space)
+            if long is None:
+                long = self._any_long(space)
+            return long and longkeys.has_prefix(self._txn(SIDE, False), raw, space)
         except lmdb.Error as exc:
             raise translate(exc, self.where) from exc
 
@@ -297,7 +301,12 @@ class LMDBTxn(Txn):
         data, fit = self._data, self._fit
         try:
             for kind, raw, space in plan:
-                txn = data if space is DATA else self._txn(space, False)
+                if space is DATA:
+                    txn = data
+                else:
+                    txn = self._side
+                    if txn is None:
+                        txn = self._txn(space, False)
                 if kind is HasPrefix:
                     append(self._has_prefix(raw, space))
                 elif len(raw) > fit:
