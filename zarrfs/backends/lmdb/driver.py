@@ -121,8 +121,10 @@ class LMDBTxn(Txn):
             env = self._driver.side.env(create and self.write)
             if env is None:
                 return None
-            with translated(self.where, SIDE):
+            try:  # not translated(): a context manager costs more than the begin (one a lookup)
                 self._side = env.begin(write=self.write, buffers=True)
+            except lmdb.Error as exc:
+                raise translate(exc, self.where, SIDE) from exc
             if not self.write:
                 self._check_side(self._side)
         return self._side
