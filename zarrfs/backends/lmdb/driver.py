@@ -189,11 +189,13 @@ class LMDBTxn(Txn):
             return self._put_long(raw, value, space)
         txn = self._txn(space)
         assert txn is not None  # a write transaction creates the side environment
-        with translated(self.where, space):
+        try:  # a plain try, not translated(): a commit makes three puts or more
             if space is SIDE and raw not in self._side_before:
                 old = txn.get(raw)
                 self._side_before[raw] = None if old is None else pages.copied(self._driver, old)
             txn.put(raw, value)
+        except lmdb.Error as exc:
+            raise translate(exc, self.where, space) from exc
         if space is DATA:
             n = len(value)
             self._changes[raw] = n if n >= KnownSizes.LARGE else None
@@ -216,13 +218,15 @@ class LMDBTxn(Txn):
             return
         txn = self._txn(space)
         assert txn is not None
-        with translated(self.where, space):
+        try:  # a plain try, as in _put
             if space is SIDE and raw not in self._side_before:
                 old = txn.get(raw)
                 if old is None:
                     return
                 self._side_before[raw] = pages.copied(self._driver, old)
             found = txn.delete(raw)
+        except lmdb.Error as exc:
+            raise translate(exc, self.where, space) from exc
         if found and space is DATA:  # a delete of nothing changes nothing (no new commit)
             self._changes[raw] = None
 
