@@ -163,7 +163,7 @@ def test_writes_while_scanning(driver, space):
 def test_one_outcome_when_the_data_commit_fails(driver, monkeypatch):
     """Long keys of both spaces are side records: committed first, and put back when the data
     commit that follows fails, as the side records of the transaction are."""
-    import zarrfs.backends.lmdb as lmdb_driver
+    import zarrfs.backends.lmdb.driver as lmdb_driver
 
     old_long, new_long = key_of(700, "o/"), key_of(3000, "n/")
     driver.transact(
