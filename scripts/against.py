@@ -2,9 +2,10 @@
 then on this tree's, back to back, and each figure's change.
 
 REV's files are exported (``git archive``) to a scratch folder, its modules compiled, and this
-tree's ``scripts/`` copied over REV's, so both runs are the same script; each run imports the
-zarrfs of its folder (``PYTHONPATH``, and the folder as the working directory, where the
-daemons started by ``python -m zarrfs`` find it too) with this interpreter and its packages.
+tree's ``scripts/`` (with the helper modules of ``tests/`` they import) copied over REV's, so
+both runs are the same script; each run imports the zarrfs of its folder (``PYTHONPATH``, and
+the folder as the working directory, where the daemons started by ``python -m zarrfs`` find it
+too) with this interpreter and its packages.
 Each run writes its figures as JSON (``--json``); the table at the end compares them.
 """
 
@@ -46,6 +47,10 @@ def export(rev: str, where: Path) -> str:
     for path in (HERE / "scripts").iterdir():
         if path.suffix in (".py", ".c"):
             shutil.copy2(path, where / "scripts" / path.name)
+    # The tests' server helpers the scripts import (bench.py's PostgreSQL), as this tree has them.
+    for path in (HERE / "tests").glob("*.py"):
+        if not path.name.startswith(("test_", "conftest")):
+            shutil.copy2(path, where / "tests" / path.name)
     subprocess.run([sys.executable, "-m", "compileall", "-q", "zarrfs"], cwd=where, check=True,
                    stdout=subprocess.DEVNULL)
     return commit

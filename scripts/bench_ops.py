@@ -93,7 +93,7 @@ class Zarrfs:
         self.pid = self._status()["pid"]
 
     def _status(self) -> dict:
-        from zarrfs.control import query
+        from zarrfs.daemon.control import query
 
         return query(str(self.root))
 

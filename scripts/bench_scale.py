@@ -258,7 +258,7 @@ def settled(mountpoint: Path) -> None:
     """Wait until the daemon has taken back the node IDs the kernel forgot when its caches
     were dropped (a million after a listing of a million names: about a second of the
     daemon's time), so that the next step's figure is its own work."""
-    from zarrfs.control import query
+    from zarrfs.daemon.control import query
 
     last = None
     while True:
@@ -284,7 +284,7 @@ def walk(root: Path, drop: bool, out: np.ndarray, mount: bool = False) -> dict[s
 
 
 def peak_rss(mountpoint: Path) -> int:
-    from zarrfs.control import query
+    from zarrfs.daemon.control import query
 
     return query(str(mountpoint))["memory"]["VmHWM"]
 

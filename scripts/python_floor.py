@@ -51,6 +51,7 @@ class DictOps:
         for i in range(files):
             self.nodes[f"small/{i}"] = SimpleNamespace(kind=stat.S_IFREG, size=0, attrs=empty)
         self.tree = SimpleNamespace()  # where sessions before on_keys_changed() registered
+        self.handles = SimpleNamespace()  # the open files: none here
 
     def on_keys_changed(self, callback) -> None:
         pass

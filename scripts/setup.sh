@@ -54,9 +54,9 @@ fi
 # The manual page and the completion: into the venv, and where man and the shells look.
 share=.venv/share
 mkdir -p "$share/man/man1" "$share/bash-completion/completions" "$share/zsh/site-functions"
-.venv/bin/python -m zarrfs.manpage > "$share/man/man1/zarrfs.1"
-.venv/bin/python -m zarrfs.completion bash > "$share/bash-completion/completions/zarrfs"
-.venv/bin/python -m zarrfs.completion zsh > "$share/zsh/site-functions/_zarrfs"
+.venv/bin/python -m zarrfs.cli.manpage > "$share/man/man1/zarrfs.1"
+.venv/bin/python -m zarrfs.cli.completion bash > "$share/bash-completion/completions/zarrfs"
+.venv/bin/python -m zarrfs.cli.completion zsh > "$share/zsh/site-functions/_zarrfs"
 if [ "$(id -u)" = 0 ]; then
   system=/usr/local/share
 else

@@ -18,7 +18,7 @@ def pytest_addoption(parser):
         "--model-examples",
         type=int,
         default=0,
-        help="examples per driver of tests/test_model.py (default: ZARRFS_MODEL_EXAMPLES, else 5)",
+        help="examples per driver of tests/mount/test_model.py (default: ZARRFS_MODEL_EXAMPLES, else 5)",
     )
     parser.addoption(
         "--observe-steps",
@@ -30,13 +30,13 @@ def pytest_addoption(parser):
         "--workers-seed",
         type=int,
         default=None,
-        help="seed of tests/test_workers.py's concurrent clients (default: a fresh one, printed)",
+        help="seed of tests/fuse/test_workers.py's concurrent clients (default: a fresh one, printed)",
     )
     parser.addoption(
         "--workers-steps",
         type=int,
         default=60,
-        help="steps of each of tests/test_workers.py's concurrent clients (default 60)",
+        help="steps of each of tests/fuse/test_workers.py's concurrent clients (default 60)",
     )
 
 

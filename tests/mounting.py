@@ -236,7 +236,7 @@ def daemon_cpu(m: Mount) -> float:
     """CPU seconds the daemon of mount ``m`` used so far. A step's cost is this figure's growth,
     compared with a baseline step's in the same test: a busy machine makes a step slower, not
     costlier."""
-    from zarrfs.control import query
+    from zarrfs.daemon.control import query
 
     return cpu_seconds(query(str(m.path))["pid"])
 

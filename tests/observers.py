@@ -1,5 +1,5 @@
 """Observers of one operation, run as processes of their own while a test repeats the operation
-(``tests/test_atomicity.py``): each looks at the state again and again and reports every
+(``tests/sharing/test_atomicity.py``): each looks at the state again and again and reports every
 observation that is neither the state before an operation nor the state after it.
 
     python tests/observers.py OP mount ROOT      # probes through a mount (the same one, or another)

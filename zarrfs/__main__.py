@@ -1,5 +1,5 @@
 """``python -m zarrfs`` runs the command line."""
 
-from zarrfs.cli import main
+from zarrfs.cli.main import main
 
 raise SystemExit(main())

@@ -21,7 +21,6 @@ import stat
 import threading
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
 from zarr.abc.store import (
     ByteRequest,
@@ -43,6 +42,7 @@ from zarrfs.backends.base import (
     prefix_stop,
 )
 from zarrfs.backends.registry import normalize_url
+from zarrfs.backends.urls import database_path
 from zarrfs.fs import parts, records
 
 __all__ = ["DatabaseStore"]
@@ -153,10 +153,8 @@ class DatabaseStore(Store):
         except UnavailableError as exc:
             # A read-only store of a database that does not exist is an empty store, as a
             # read-only LocalStore of a missing folder is; nothing is created.
-            scheme, url = normalize_url(self.url)
-            missing = isinstance(exc, MissingDatabaseError) or (
-                scheme in ("lmdb", "sqlite") and not os.path.exists(urlsplit(url).path)
-            )
+            path = database_path(normalize_url(self.url)[1])
+            missing = isinstance(exc, MissingDatabaseError) or (path is not None and not os.path.exists(path))
             if self.read_only and missing:
                 return open_driver("memory://", readonly=True)
             raise

@@ -1,6 +1,7 @@
 """Database drivers for zarrfs, installed as ``zarrfs.backends``.
 
-``open_driver(url)`` picks a driver by the URL's scheme; see ``registry`` and ``base``.
+``open_driver(url)`` picks a driver by the URL's scheme; see ``registry`` (which reads each
+driver package's declaration, ``about``) and ``base`` (the contract).
 """
 
 from .base import DATA, KEYS, SIDE, SIZES, VALUES, Driver, Fetch, Get, HasPrefix, Size, Space, Txn

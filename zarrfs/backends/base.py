@@ -23,7 +23,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .checks import (
     DATA,
@@ -262,14 +262,28 @@ class Txn(ABC):
         remote. Each request is a :class:`Size`, :class:`Get` or :class:`HasPrefix`; the
         answers come in the same order (the older ``(op, key, space)`` tuples, with ``op``
         ``"size"``, ``"get"`` or ``"prefix"``, are read as those)."""
-        max_key = self.max_key
+        # A lookup makes five of these: encode_key and check_space inlined (as in get), each
+        # called only to raise.
+        max_key, spaces = self.max_key, self.spaces
         plan: list[tuple[type, bytes, Space]] = []
+        append = plan.append
         for request in requests:
             kind = type(request)
             if kind not in READS:
                 request = legacy_read(request)
                 kind = type(request)
-            plan.append((kind, encode_key(request[0], max_key), check_space(request[1], self.spaces)))
+            key, space = request
+            try:
+                raw = key.encode("utf-8")
+            except (UnicodeEncodeError, AttributeError):
+                raw = b""
+            if not raw or (max_key is not None and len(raw) > max_key):
+                raw = encode_key(key, max_key)  # raises
+            try:
+                sp = spaces[space]
+            except (KeyError, TypeError):
+                sp = check_space(space, spaces)  # raises
+            append((kind, raw, sp))
         step = self.most_reads or len(plan) or 1  # a long batch (a deep path's) goes in pieces
         return [a for i in range(0, len(plan), step) for a in self._read_many(plan[i : i + step])]
 
@@ -364,6 +378,14 @@ class Txn(ABC):
 # -- drivers ---------------------------------------------------------------------------------------
 
 
+class Holding(Protocol):
+    """A driver's keeper of values read in place (:attr:`Driver.holder`, ``heldvalues``)."""
+
+    def hold(self, fn: Callable[[Txn, Callable[[str], Any]], tuple[T, Any]]) -> tuple[T, Any]:
+        """Run ``fn(txn, view)`` in a read transaction; ``(result, the value kept)``."""
+        ...
+
+
 class Driver(ABC):
     """A key/value database seen through the :class:`Txn` API.
 
@@ -372,8 +394,31 @@ class Driver(ABC):
     drivers translate their database's own errors into the classes of this module.
     """
 
-    #: URL schemes this driver serves, e.g. ``("lmdb",)``.
-    schemes: tuple[str, ...] = ()
+    # What the driver is and can do, declared here with the defaults of a plain driver, so
+    # that callers read them directly (its URL and files are declared in its package's
+    # ``about`` module, which the registry reads before this class is imported).
+
+    #: The longest key, in UTF-8 bytes, the database holds (None: no limit): the mount
+    #: refuses a longer path (``ENAMETOOLONG``) before it makes it.
+    max_key_size: int | None = None
+    #: Whether another open may use the database while one writes it (DBM: one writer and no
+    #: reader beside it; a second open is refused with :class:`BackendError`).
+    shared = True
+    #: Values read in place (``heldvalues``): an object whose ``hold(fn)`` runs ``fn(txn,
+    #: view)`` in a read transaction it may keep open (see :class:`Holding`); None: values are
+    #: copied out, and kept as copies.
+    holder: Holding | None = None
+    #: Whether :meth:`snapshot` holds a committed state for ``-o snapshot``.
+    snapshots = False
+    #: Whether the driver keeps a listing index of its own that other clients of the database
+    #: do not keep up (Redis's sorted set): its class takes ``build_index=`` (False: leave a
+    #: missing index alone) and :meth:`reindex` rebuilds it.
+    keeps_index = False
+    #: Whether its class takes ``create=``: False (no ``-o create``) refuses a database that is
+    #: not there (a server's table or prefix) rather than making it.
+    takes_create = False
+    #: Whether the database keeps versions a mount commits to by hand (:meth:`commit`).
+    versioned = False
     #: Whether reads cost a round trip to a server (callers then batch what they can).
     remote = False
     #: Whether one :meth:`Txn.read_many` costs about one read however many it holds (a round
@@ -412,14 +457,6 @@ class Driver(ABC):
     def __init__(self, url: str, readonly: bool = False) -> None:
         self.url = url
         self.readonly = readonly
-
-    @classmethod
-    def database_at(cls, path: str) -> str:
-        """The database a file database's ``path`` names: ``path`` itself, or the whole of which
-        it is a part (a file inside an LMDB folder is that folder), so that one database is
-        never opened two ways at once. Raises :class:`BackendError` for a file that is the
-        driver's own bookkeeping of a database, never a database itself."""
-        return path
 
     def waiting_for_writer(self) -> None:
         """Called between looks while a write waits for a lock another program holds
@@ -556,6 +593,37 @@ class Driver(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release the database; the driver is unusable afterwards."""
+
+    # -- optional features, each with its declaration above ---------------------------------------
+    def snapshot(self, name: str | None) -> Any:
+        """Hold the state committed now (``name``: join the state of that name), as a
+        ``snapshot.HeldState``; drivers that declare :attr:`snapshots`."""
+        raise NotImplementedError(f"{type(self).__name__} holds no state (snapshots = False)")
+
+    def reindex(self, prune: bool = True, report: Any = None) -> int:
+        """Rebuild the listing index from the database's keys (``prune``: drop entries of keys
+        that are gone; ``report``: told each stage's progress); the number of keys indexed.
+        Drivers that declare :attr:`keeps_index`."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no index (keeps_index = False)")
+
+    def commit(self, message: str, rebase: bool = False, branch: str | None = None) -> dict[str, Any]:
+        """Commit what the mount wrote as a new version (``zarrfs commit``); what was committed.
+        Drivers that declare :attr:`versioned`."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no versions (versioned = False)")
+
+    def version(self) -> dict[str, Any] | None:
+        """The version of the database served (a branch, a held snapshot) for ``zarrfs
+        status``; None: the newest, always."""
+        return None
+
+    def expires_in(self) -> float | None:
+        """Seconds until the driver stops serving (a held snapshot's limit); None: never."""
+        return None
+
+    def usage(self) -> dict[str, Any]:
+        """What a server's database holds (keys, memory) for ``zarrfs status``; a file
+        database's size is read from its files."""
+        return {}
 
     def __enter__(self) -> Driver:
         return self

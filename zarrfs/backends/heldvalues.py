@@ -5,9 +5,10 @@ An open takes the file's content with it (its descriptors read that version whoe
 the file, see ``zarrfs.fs.handles``). Copied out of LMDB's memory map, that copy was a large
 part of the daemon's work in a fresh mount's read (docs/performance.md); a view of the map
 costs nothing, but is valid only while its transaction is open. A driver that can hold such
-transactions has a ``holder`` (``lmdb.holder.Holder``), which bounds how many it holds and for
-how long and copies a value out when it lets its transaction go. Other drivers' values are
-copies already (a database client's bytes) and are simply kept.
+transactions declares a ``holder`` (``Driver.holder``, a ``Holding``: ``lmdb.holder.Holder``),
+which bounds how many it holds and for how long and copies a value out when it lets its
+transaction go. Other drivers' values are copies already (a database client's bytes) and are
+simply kept.
 """
 
 from __future__ import annotations
@@ -61,9 +62,8 @@ def hold(driver: Driver, fn: Callable[[Txn, View], tuple[T, Any]]) -> tuple[T, H
     """Run ``fn(txn, view)`` in a read transaction; it returns ``(result, value)`` with
     ``value`` from ``view(key)`` (or None). Returns ``result`` and the value as a
     :class:`Held` (None for None): in place where the driver can hold it, else a copy."""
-    holder = getattr(driver, "holder", None)
-    if holder is not None:
-        return holder.hold(fn)
+    if driver.holder is not None:
+        return driver.holder.hold(fn)
     result, value = driver.transact(lambda t: fn(t, t.get), write=False)
     return result, None if value is None else Held(value)
 

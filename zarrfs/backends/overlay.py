@@ -22,7 +22,7 @@ class OverlayTxn(Txn):
     """One transaction over a store without transactions; see the module docstring."""
 
     def __init__(self, driver: Any, write: bool) -> None:
-        super().__init__(write, driver.where, getattr(driver, "max_key_size", None))
+        super().__init__(write, driver.where, driver.max_key_size)
         self._driver = driver
         self.writes: dict[tuple[Space, bytes], Any] = {}
 

@@ -54,7 +54,7 @@ class SnapshotDriver(Driver):
     @staticmethod
     def check(cls: type[Driver]) -> None:
         """Refuse, before the database is opened, a driver that cannot hold a state."""
-        if not callable(getattr(cls, "snapshot", None)):
+        if not cls.snapshots:
             raise BackendError(
                 f"{cls.__name__.removesuffix('Driver')} keeps no state a reader can hold: "
                 "-o snapshot works on LMDB, SQLite and PostgreSQL (copy the data to one with zarrfs copy)"
@@ -63,10 +63,10 @@ class SnapshotDriver(Driver):
     def __init__(self, inner: Driver, name: str | None = None, limit: float | None = None) -> None:
         super().__init__(inner.url, readonly=True)
         self.check(type(inner))
-        take = inner.snapshot  # type: ignore[attr-defined]
+        take = inner.snapshot
         self.inner = inner
         self.remote, self.batched = inner.remote, inner.batched
-        self.max_key_size = getattr(inner, "max_key_size", None)
+        self.max_key_size = inner.max_key_size
         self.limit = limit
         self.lock = threading.RLock()
         self.state: HeldState | None = take(name)

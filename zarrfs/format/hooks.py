@@ -1,9 +1,10 @@
 """The format layer plugged into the filesystem tree (``zarrfs.fs.tree.Hooks``).
 
 :class:`FormatHooks` is what the daemon builds from the ``validate=``, ``view=`` and
-``consolidate=`` mount options. It sees only a transaction with ``get``, ``put`` (and ``scan`` for
-``consolidate=live``), so it needs neither FUSE nor a particular database; the Zarr rules live in
-the rest of the package.
+``consolidate=`` mount options. It sees only a transaction with ``get``, ``get_many`` (reads in
+one batch: one round trip on a remote database), ``put`` (and ``scan`` for ``consolidate=live``),
+so it needs neither FUSE nor a particular database; the Zarr rules live in the rest of the
+package.
 
 * validate: ``strict`` refuses a name, metadata document or chunk key that breaks a rule
   (:class:`FormatError`, answered ``EINVAL``); ``warn`` logs and stores; ``off`` checks nothing.
@@ -62,12 +63,6 @@ CONSOLIDATE_MODES = ("auto", "live", "off")
 _CACHE_LIMIT = 64
 
 
-def _get_many(txn: Any):
-    """Batched reads through ``txn.get_many`` (one round trip on a remote database), where the
-    transaction has it."""
-    return getattr(txn, "get_many", None)
-
-
 class FormatHooks:
     """Validation, the decoded view and live consolidated metadata for ``zarrfs.fs.tree.Tree``."""
 
@@ -105,7 +100,7 @@ class FormatHooks:
         if self.validate != "off":
             problems = validate_name(key)
             if any(p.rule == "name.backslash" for p in problems) and (
-                enclosing_node(key, txn.get, _get_many(txn)) is None
+                enclosing_node(key, txn.get, txn.get_many) is None
             ):
                 problems = [p for p in problems if p.rule != "name.backslash"]
             self._judge(problems)
@@ -116,7 +111,7 @@ class FormatHooks:
         if is_metadata_key(key):
             self._judge(validate_metadata(key, bytes(value), txn.get))
         else:
-            self._judge(validate_data_key(key, txn.get, _get_many(txn)))
+            self._judge(validate_data_key(key, txn.get, txn.get_many))
 
     def whole(self, key: str) -> bool:
         """Whether a value at ``key`` is read whole here (metadata, and the temporary files
@@ -161,7 +156,7 @@ class FormatHooks:
         sharding), ``decode_chunk``/``encode_chunk`` raise :class:`UnsupportedArray`."""
         if is_metadata_key(key) or is_temporary(key):
             return None
-        node = enclosing_node(key, txn.get, _get_many(txn))
+        node = enclosing_node(key, txn.get, txn.get_many)
         if node is None or node.kind != ARRAY:
             return None
         from .arrays import info_from_node  # codecs (numpy): for a decoded view only

@@ -31,6 +31,7 @@ from zarrfs.fs.listing import DirListing
 from zarrfs.fs.locks import UNLCK, WRLCK, Lock, LockTable, Waiters
 from zarrfs.fs.names import NAME_MAX, key_text, name_bytes
 from zarrfs.fs.node import stamp_of
+from zarrfs.fs.opennames import OpenNames
 from zarrfs.fs.pagecache import DIRECT_ABOVE, PageCache, Pages
 from zarrfs.fs.sidedata import pack_xattrs
 from zarrfs.fs.tree import (
@@ -60,11 +61,18 @@ def stored_blocks(node: Node) -> int:
 
 
 class Operations:
-    """Filesystem calls over a :class:`Tree` and its :class:`HandleTable`."""
+    """Filesystem calls over a :class:`Tree` and its :class:`HandleTable`: each call that
+    touches more than one of them (the tree, the open files, what namespace changes do to
+    open files (:class:`OpenNames`), the locks) does it here. Calls on an open handle that
+    concern its file alone (read, write, seek, fallocate, fsync, truncate, opened) are the
+    :class:`HandleTable`'s (:attr:`handles`), which the session calls directly."""
 
     def __init__(self, tree: Tree, handles: HandleTable, locks: LockTable | None = None) -> None:
         self.tree = tree
+        #: The open files.
         self.handles = handles
+        #: What namespace changes do to open files.
+        self.names = OpenNames(handles.files, tree, handles.commit)
         self.dirs: dict[int, DirListing] = {}
         self._next_dir = 1
         #: File locks held in the database (None: the kernel keeps them, for this mount only).
@@ -98,7 +106,7 @@ class Operations:
             def granted(request: int, code: int) -> None:
                 waited = self._waiting.pop(request, None)
                 if code == 0 and waited is not None:
-                    self.handles.locking.locked(*waited)
+                    self.handles.lock_granted(*waited)
                 answer(request, code)
 
             self._waiters = Waiters(self.locks, granted)
@@ -119,16 +127,16 @@ class Operations:
         Locks bring the file up to date, as NFS's do: before a lock is released or
         downgraded (a read lock asked for), the file's pending writes are committed, as
         ``fsync`` commits them; once one is granted, the file is read and written from the
-        newest stored version on (:meth:`LockedFiles.locked`)."""
+        newest stored version on (:meth:`HandleTable.lock_granted`)."""
         assert self.locks is not None
         args = (key, owner, start, end, type, pid, flock)
         if type != WRLCK:
-            self.handles.locking.commit_key(key, fh)
+            self.handles.commit_key(key, fh)
         if type != UNLCK:
             self._lockers.setdefault(fh, set()).add((key, owner))
         if self.locks.set(*args):
             if type != UNLCK:
-                self.handles.locking.locked(key, fh)
+                self.handles.lock_granted(key, fh)
             return True
         if wait is None or self._waiters is None:
             return False
@@ -151,7 +159,7 @@ class Operations:
         for key, who in list(pairs):
             if owner is None or who == owner:
                 try:
-                    self.handles.locking.commit_key(key, fh)
+                    self.handles.commit_key(key, fh)
                 except Exception as exc:  # the close reports it (flush); the lock goes anyway
                     log.error("commit of %s at its unlock failed: %s", key, exc)
                 self.locks.release(key, who, None if owner is None else False)
@@ -173,7 +181,7 @@ class Operations:
     def _shown(self, key: str, node: Node | None) -> Node | None:
         """``node`` at ``key`` as shown: a folder changed when a file was made in it that is not
         stored yet (its record says so only at that file's commit)."""
-        if node is None or node.kind != DIR or not self.handles.states:
+        if node is None or node.kind != DIR:
             return node
         born = self.handles.newest_unstored(key)
         if born is None or born <= node.attrs.ctime:
@@ -189,7 +197,7 @@ class Operations:
         group now ("" for none). A file open here under a name it lost lives on under those
         left."""
         found = {name: self.tree.find(name) for name in names}
-        opened = self.handles.names
+        opened = self.names
         seen = {v for v in map(opened.seen_at, names) if v is not None}
         kept = hardlinks.still_the_file(names, found, group, kind, rewritten, seen)
         for name in names if kept else ():
@@ -198,13 +206,22 @@ class Operations:
         node = found[kept[0]] if kept else None
         return kept, "" if node is None else node.group
 
-    def find_open(self, fh: int) -> Node | None:
-        """The node an open file shows, by handle (its name may be gone)."""
-        return self.handles.open_node(fh)
-
     def statfs(self) -> dict[str, int]:
-        """``statvfs`` figures of the storage behind the mount."""
-        return self.tree.statfs()
+        """``statvfs`` figures: block and inode counts of the real free space behind the
+        database."""
+        info = self.tree.driver.statfs() or {"total": 1 << 40, "free": 1 << 40}
+        bsize = 4096
+        return {
+            "f_bsize": bsize,
+            "f_frsize": bsize,
+            "f_blocks": info["total"] // bsize,
+            "f_bfree": info["free"] // bsize,
+            "f_bavail": info["free"] // bsize,
+            "f_files": 1 << 32,
+            "f_ffree": 1 << 31,
+            "f_favail": 1 << 31,
+            "f_namemax": NAME_MAX,
+        }
 
     @staticmethod
     def _times(changes: dict) -> dict:
@@ -218,7 +235,7 @@ class Operations:
     def set_attrs(self, key: str, **changes: int | str | None) -> None:
         """Change mode, owner or times (``None`` leaves one as it is, :data:`NOW` is now); a
         ``chmod`` changes the access ACL too, in the same transaction (:mod:`zarrfs.fs.acl`)."""
-        if not self.handles.names.set_attrs(key, **self._times(changes)):
+        if not self.names.set_attrs(key, **self._times(changes)):
             mtimes = self.tree.set_attrs(key, **changes)
             if mtimes is not None:
                 self.handles.restamped(key, *mtimes)
@@ -250,12 +267,9 @@ class Operations:
     def set_open_attrs(self, fh: int, **changes: int | str | None) -> None:
         """:meth:`set_attrs` of the file open as ``fh``: ``fchmod``, ``fchown``, ``futimens``
         of a file whose name may be gone (then only its descriptors see the change)."""
-        if not self.handles.names.set_open_attrs(fh, self._times(changes)):
-            self.set_attrs(self.handles.handles[fh].state.key, **changes)
-
-    def truncate(self, key: str, length: int, fh: int | None = None) -> None:
-        """Cut or extend a file, open (``fh``) or not."""
-        self.handles.truncate(key, length, fh)
+        key = self.names.set_open_attrs(fh, self._times(changes))
+        if key is not None:
+            self.set_attrs(key, **changes)
 
     # ------------------------------------------------------------------ folders
     def opendir(self, key: str) -> int:
@@ -341,7 +355,7 @@ class Operations:
     # ------------------------------------------------------------------ names
     def unlink(self, key: str) -> None:
         """Remove a file or symlink (open descriptors keep what they hold)."""
-        if not self.handles.names.unlinked(key):
+        if not self.names.unlinked(key):
             self.tree.unlink(key)
 
     def rename(self, src: str, dst: str, flags: int = 0) -> Stored | None:
@@ -351,14 +365,11 @@ class Operations:
         check_rename_flags(src, flags)
         if self.handles.unstored(src) is not None and not flags & RENAME_EXCHANGE:
             return self.handles.store_as(src, dst, exclusive=bool(flags & RENAME_NOREPLACE))
-        self.handles.names.settle(src)
-        if flags & RENAME_EXCHANGE or self.handles.unstored_names(dst):
-            self.handles.names.settle(dst)  # a folder holding an unstored file is not empty
-        if not flags & RENAME_EXCHANGE:
-            self.handles.names.replacing(dst)
+        exchange = bool(flags & RENAME_EXCHANGE)
+        self.names.before_rename(src, dst, exchange, unstored_below=bool(self.handles.unstored_names(dst)))
         if not self.tree.rename(src, dst, flags):
             return None  # two names of one file: nothing moved
-        self.handles.names.renamed(src, dst, exchange=bool(flags & RENAME_EXCHANGE))
+        self.names.renamed(src, dst, exchange=exchange)
         if self.locks is not None and not flags & RENAME_EXCHANGE and src in self.locks.keys:
             self.locks.renamed(src, dst)  # locks belong to the open file, whatever its name
             for pairs in self._lockers.values():
@@ -370,9 +381,9 @@ class Operations:
     def link(self, src: str, dst: str) -> None:
         """A hard link: ``dst`` becomes another name of the file ``src`` (its pending content
         is stored first); EEXIST when ``dst`` exists."""
-        self.handles.names.settle(src)
+        self.names.settle(src)
         self.tree.link(src, dst)
-        self.handles.names.linked(src, dst)
+        self.names.linked(src, dst)
 
     def symlink(self, target: str, key: str, uid: int, gid: int) -> None:
         """Make a symlink at ``key`` pointing to ``target``."""
@@ -407,17 +418,14 @@ class Operations:
         """Set (or, with ``value`` None, remove) an extended attribute (see
         :mod:`zarrfs.fs.xattrs`; POSIX ACLs: :mod:`zarrfs.fs.acl`); an open file's pending
         content is stored first."""
-        if key in self.handles.states:
-            self.handles.names.settle(key)
+        self.names.settle(key, below=False)
         if name in acl.NAMES and not self.acl:
             raise FsError(errno.EOPNOTSUPP, f"{key}: POSIX ACLs need default_permissions", quiet=True)
         # An access ACL sets the mode in the same transaction (zarrfs.fs.xattrs); the record
         # an open file commits with is kept in step.
         self.tree.set_xattr(key, name, value, flags)
-        state = self.handles.states.get(key)
-        if name == acl.ACCESS and value is not None and state is not None and state.attrs is not None:
-            mode = (state.attrs.mode & ~0o777) | acl.mode_bits(acl.parse(value))
-            self.handles.names.set_attrs(key, mode=mode)
+        if name == acl.ACCESS and value is not None:
+            self.names.access_acl_set(key, value)
 
     # ------------------------------------------------------------------ files
     def create(self, key: str, mode: int, flags: int, uid: int, gid: int, umask: int = 0) -> int:
@@ -426,66 +434,13 @@ class Operations:
         mode, xattrs = self.made_mode(key, mode, umask, False)
         fh = self.handles.create(key, mode | stat.S_IFREG, flags, uid, gid, xattrs)
         if xattrs is not None:  # stored at once with its ACL, which the kernel reads next
-            self.handles.names.settle(key)
+            self.names.settle(key)
         return fh
-
-    def open(
-        self,
-        key: str,
-        flags: int = os.O_RDONLY,
-        linked: bool | None = None,
-        kept: tuple[int, int] | None = None,
-    ) -> int:
-        """Open a file. ``linked`` False: the caller knows it has no other names (hard links),
-        so they need not be looked up; ``kept`` is the (size, mtime) of the version whose
-        pages the kernel holds, if any (see :meth:`HandleTable.open`)."""
-        return self.handles.open(key, flags, linked, kept)
-
-    def opened(self, fh: int) -> tuple[Node | None, bool]:
-        """The file as its open found it in the database (None: pending content of this
-        mount), and whether the descriptor must bypass the kernel's page cache."""
-        return self.handles.opened(fh)
-
-    def outdated(self) -> list[str]:
-        """Keys the kernel was shown as an older version than the stored one, for the
-        descriptors that read it, which have all closed since: to be shown anew (see
-        :meth:`HandleTable.take_outdated`)."""
-        return self.handles.take_outdated() if self.handles.outdated else []
-
-    def read(self, fh: int, size: int, offset: int) -> bytes | memoryview:
-        """Bytes of an open file."""
-        return self.handles.read(fh, size, offset)
-
-    def fallocate(self, fh: int, offset: int, length: int, mode: int) -> None:
-        """Grow an open file (mode 0), punch a hole in it or zero a range (stored as zeros);
-        other modes are EOPNOTSUPP."""
-        self.handles.fallocate(fh, offset, length, mode)
-
-    def seek(self, fh: int, offset: int, whence: int) -> int:
-        """``lseek`` with SEEK_DATA or SEEK_HOLE (holes: parts of a large file not stored)."""
-        return self.handles.seek(fh, offset, whence)
-
-    def open_handles(self, key: str) -> set[int]:
-        """The handles open on ``key``: the live set, which empties as they are released (the
-        session keeps it to answer ``fstat`` of a file unlinked while open)."""
-        state = self.handles.states.get(key)
-        return state.handles if state is not None else set()
-
-    def write(self, fh: int, data: bytes | memoryview, offset: int) -> int:
-        """Buffer a write (``data`` is copied)."""
-        return self.handles.write(fh, data, offset)
-
-    def kill_suidgid(self, fh: int) -> bool:
-        """Clear the set-id bits a change by a caller without CAP_FSETID clears (a write, an
-        open that truncates) of the file open as ``fh``, stored with its next commit; True
-        when one was set (:func:`without_setid`)."""
-        return self.handles.kill_suidgid(fh)
 
     def close_writes_nothing(self, fh: int) -> bool:
         """Whether a close of ``fh`` (its flush or release) writes nothing to the database:
         it was opened read-only and holds no locks."""
-        handle = self.handles.handles.get(fh)
-        return handle is not None and not handle.writable and fh not in self._lockers
+        return self.handles.is_reader(fh) and fh not in self._lockers
 
     # flush, fsync and release return what they stored (Stored), if anything.
     def flush(self, fh: int, lock_owner: int | None = None) -> Stored | None:
@@ -498,20 +453,10 @@ class Operations:
                 self._unlock(fh, lock_owner)
 
     def flush_shares(self, fh: int) -> bool:
-        """Whether a close of ``fh`` may be served with others' (:meth:`flush_many`): it was
+        """Whether a close of ``fh`` may be served with others' (:meth:`HandleTable.flush_many`): it was
         opened for writing, holds no locks (an unlock is its own step) and its file has one
         name (a file with hard links is one state under several nodes)."""
-        handle = self.handles.handles.get(fh)
-        return handle is not None and handle.writable and fh not in self._lockers and not handle.state.linked
-
-    def flush_many(self, fhs: list[int]) -> list[Stored | None | Exception]:
-        """:meth:`flush` of several descriptors of different files that hold no locks, their
-        commits in one transaction where they can be; each one's result or exception."""
-        return self.handles.flush_many(fhs)
-
-    def fsync(self, fh: int) -> Stored | None:
-        """Commit and make durable."""
-        return self.handles.fsync(fh)
+        return self.handles.may_share_commit(fh) and fh not in self._lockers
 
     def release(self, fh: int) -> Stored | None:
         """The last close of an open file (and of the locks taken through it)."""
@@ -533,6 +478,7 @@ __all__ = [
     "RENAME_EXCHANGE",
     "RENAME_NOREPLACE",
     "FsError",
+    "HandleTable",
     "InterruptedCallError",
     "RestartedError",
     "Lock",

@@ -1,6 +1,6 @@
-"""How a file's content is committed (:meth:`zarrfs.fs.tree.Tree.commit`): one typed value that
+"""How a file's content is committed (:meth:`zarrfs.fs.tree.Tree.store`): one typed value that
 travels from the open file (``HandleTable``) through the parts (``Parting``) to the transaction
-(``Tree.commit_many``), so that no step drops or misspells an option on the way."""
+(``Tree.store``), so that no step drops or misspells an option on the way."""
 
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ import stat
 from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, Get, HasPrefix, Read, StorageFullError, Txn
+from zarrfs.fs import records
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.lookups import Lookups
 from zarrfs.fs.node import DIR, FILE, LINK, Node
@@ -30,7 +31,6 @@ from zarrfs.fs.sidedata import (
     attr_key,
     entry_key,
     special_mark,
-    xattr_key,
 )
 from zarrfs.fs.transactions import Transactions, clock
 
@@ -103,7 +103,7 @@ class Entries:
                 return
         marked, data_below, side_below = t.read_many(self.parent_reads(key))
         if marked is None and not data_below and not side_below:
-            t.put(entry_key(parent), DIR_MARK, SIDE)
+            records.keep_folder(t, parent)
 
     def removing(self, run: Any) -> Any:
         """Run a removal; on a full store, again without keeping the folder it empties nor
@@ -127,7 +127,7 @@ class Entries:
             return
         attrs.mtime = attrs.ctime = now
         attrs.mode = DIR | stat.S_IMODE(attrs.mode)
-        t.put(attr_key(folder), attrs.pack(), SIDE)
+        records.put_attrs(t, [folder], attrs.pack())
 
     def _make(
         self,
@@ -157,10 +157,7 @@ class Entries:
             attrs.uid = self.uid if uid is None else uid
             attrs.gid = self.gid if gid is None else gid
             inherit_group(attrs, Attrs.unpack(folder[3]) if folder[3] is not None else None)
-            t.put(entry_key(key), mark, SIDE)
-            t.put(attr_key(key), attrs.pack(), SIDE)
-            if xattrs:
-                t.put(xattr_key(key), xattrs, SIDE)
+            records.make_entry(t, key, mark, attrs.pack(), xattrs)
             self.folder_changed(t, key.rpartition("/")[0], folder[3], now)
             return attrs
 

@@ -26,7 +26,7 @@ class FsError(OSError):
 
 
 class Refused(FsError):
-    """One of several files committed in one transaction (``Tree.commit_many``) was refused
+    """One of several files committed in one transaction (``Tree.store``) was refused
     (a check, a format rule, a value too large): none was stored, and each is committed alone
     so that each hears its own answer."""
 

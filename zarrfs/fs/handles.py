@@ -9,9 +9,9 @@ write + close is one transaction. A commit lays this mount's changes
 (:class:`zarrfs.fs.extents.Extents`) on the newest stored version, read in its transaction, so
 another mount's commit is kept outside the ranges written here. Locks bring files up to date,
 as NFS's do: a granted lock marks the file
-(:meth:`LockedFiles.locked`): the next call that touches it first lays its changes on the newest
-version (:meth:`LockedFiles.fresh`), and :meth:`LockedFiles.commit_key` commits it before a
-release. Temporary files (``*.partial``, ``*.__lock``) are held until renamed or linked, then
+(:meth:`HandleTable.lock_granted`): the next call that touches it first lays its changes on the
+newest version (:meth:`LockedFiles.fresh`), and :meth:`HandleTable.commit_key` commits it before
+a release. Temporary files (``*.partial``, ``*.__lock``) are held until renamed or linked, then
 stored once at the destination; ``fsync`` and unmounting store them: a crash loses only those.
 """
 
@@ -32,7 +32,7 @@ from zarrfs.fs.errors import FsError
 from zarrfs.fs.lockedfiles import LockedFiles
 from zarrfs.fs.node import stamp_of
 from zarrfs.fs.openfiles import FileState, Handle, OpenFiles
-from zarrfs.fs.opennames import SNAPSHOT_LIMIT, OpenNames
+from zarrfs.fs.opennames import SNAPSHOT_LIMIT
 from zarrfs.fs.pagecache import Stored, last_page
 from zarrfs.fs.sidedata import Attrs
 from zarrfs.fs.spill import DEFAULT_SPILL, SpillBuffer
@@ -74,8 +74,8 @@ def is_deferrable(key: str) -> bool:
 
 
 class HandleTable:
-    """All open files of a mount: the table of them (:attr:`files`), what namespace changes do
-    to them (:attr:`names`, :class:`OpenNames`) and what locks do (:attr:`locking`,
+    """All open files of a mount: the table of them (:attr:`files`; what namespace changes do
+    to them is :class:`OpenNames`', over this table) and what locks do (:attr:`locking`,
     :class:`LockedFiles`); opens, reads, writes and commits here."""
 
     def __init__(
@@ -93,7 +93,6 @@ class HandleTable:
         self.states: dict[str, FileState] = self.files.states
         self.handles: dict[int, Handle] = self.files.handles
         self.deferred: dict[str, FileState] = self.files.deferred
-        self.names = OpenNames(self.files, tree, self.commit)
         self.locking = LockedFiles(self.files, tree, self.parting, spill_threshold, self.commit)
         # The keys of files shown as an older version than the stored one (_as_read) whose
         # descriptors all closed since (take_outdated).
@@ -142,6 +141,8 @@ class HandleTable:
     def take_outdated(self) -> list[str]:
         """The keys shown as an older version (:meth:`_as_read`) whose last descriptor of that
         version closed since the last call: what the kernel holds of them is to be dropped."""
+        if not self.outdated:
+            return []
         keys, self.outdated = self.outdated, []
         return keys
 
@@ -286,6 +287,23 @@ class HandleTable:
         now = time.time_ns()
         assert state.attrs is not None
         state.attrs.mtime = state.attrs.ctime = now
+
+    def handles_of(self, key: str) -> set[int]:
+        """The handles open on ``key``: the live set, which empties as they are released (the
+        session keeps it to answer ``fstat`` of a file unlinked while open)."""
+        state = self.states.get(key)
+        return state.handles if state is not None else set()
+
+    def is_reader(self, fh: int) -> bool:
+        """Whether ``fh`` is open and was opened read-only (its close commits nothing)."""
+        handle = self.handles.get(fh)
+        return handle is not None and not handle.writable
+
+    def may_share_commit(self, fh: int) -> bool:
+        """Whether ``fh`` is open for writing on a file of one name (a file with hard links is
+        one state under several nodes): its close may be served with others' (:meth:`flush_many`)."""
+        handle = self.handles.get(fh)
+        return handle is not None and handle.writable and not handle.state.linked
 
     def opened(self, fh: int) -> tuple[Node | None, bool]:
         """What an open found in the database (None when it had pending content here), and
@@ -437,7 +455,7 @@ class HandleTable:
         buffer = state.buffer
         laid: list[tuple[bytearray, int | None]] = []
         try:
-            self.parting.commit(state.key, buffer, state.attrs, self._commit_options(state, laid))
+            self.parting.store(state.key, buffer, state.attrs, self._commit_options(state, laid))
         except Exception:
             state.failed = True
             raise
@@ -487,7 +505,7 @@ class HandleTable:
 
     def flush_many(self, fhs: list[int]) -> list[Stored | None | Exception]:
         """:meth:`flush` of several descriptors, of different files, at once: the commits of
-        files stored whole in one transaction (:meth:`Tree.commit_many`), the others one by
+        files stored whole in one transaction (:meth:`Tree.store`), the others one by
         one; each one's result or the exception its own flush would have raised. When the
         shared transaction is refused by a check, each file is committed alone, so each hears
         its own answer."""
@@ -543,7 +561,7 @@ class HandleTable:
             laid: list[tuple[bytearray, int | None]] = []
             laids.append(laid)
             items.append((state.key, state.buffer, state.attrs, self._commit_options(state, laid)))
-        self.parting.commit_many(items)
+        self.parting.store_many(items)
         for state, laid in zip(states, laids, strict=True):
             self._committed(state, state.buffer, laid)
 
@@ -615,6 +633,26 @@ class HandleTable:
             log.error("commit of %s failed: %s", state.key, exc)
         self.files.forget(state)
 
+    def lock_granted(self, key: str, fh: int | None = None) -> None:
+        """A lock on the file at ``key`` (or open as ``fh``) was granted (from any thread): it
+        is brought up to date before it is next read, written or shown
+        (:meth:`LockedFiles.fresh`); an older version's descriptors on this mount too: the
+        file is no longer shown as their version (:meth:`_as_read`)."""
+        paged = self.paged.pop(key, None)
+        for state in (self.states.get(key), self.handles[fh].state if fh in self.handles else None, paged):
+            if state is not None:
+                state.stale = True
+
+    def commit_key(self, key: str, fh: int | None = None) -> Stored | None:
+        """Commit the file at ``key`` (or open as ``fh``), as ``fsync`` does: a lock on it is
+        about to be released or downgraded."""
+        state = self.handles[fh].state if fh in self.handles else self.states.get(key)
+        if state is None or not state.dirty:
+            return None
+        stored = self.commit(state)
+        self.tree.driver.sync()
+        return stored
+
     def commit_all(self) -> None:
         """Commit every open, changed file and every held temporary file (unmount, SIGTERM)."""
         for state in list(self.states.values()):
@@ -642,6 +680,8 @@ class HandleTable:
     def newest_unstored(self, folder: str) -> int | None:
         """When the newest file made in ``folder`` and not stored yet was created (None: it
         has none): the folder changed then, though its record says so only at the commit."""
+        if not self.states:
+            return None
         prefix = folder + "/" if folder else ""
         births = [
             s.born
@@ -659,7 +699,7 @@ class HandleTable:
         assert state.buffer is not None and state.attrs is not None
         attrs = Attrs(**vars(state.attrs))
         how = CommitOptions(create=True, exclusive=exclusive, replace=True, renamed_from=src)
-        self.parting.commit(dst, state.buffer, attrs, how)
+        self.parting.store(dst, state.buffer, attrs, how)
         stored = Stored(state.size, attrs.mtime)
         state.stored = stored
         if not state.handles:

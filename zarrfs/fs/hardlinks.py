@@ -9,29 +9,19 @@ keeps the records exact in its own. Data keys win, as over every side record: a 
 key exists (a symlink or special file iff its entry record does); a name whose key is gone
 (deleted by zarr-python 2, which knows nothing of links) is not a member, a pointer whose group
 does not name its key is ignored, and a group left with one name is dissolved.
+
+Here is how a group is read and what it says; its records are written by :mod:`zarrfs.fs.records`.
 """
 
 from __future__ import annotations
 
-import os
 import stat
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, Get, Read, Size, Txn
 from zarrfs.fs.node import Node, stamp_of
-from zarrfs.fs.sidedata import (
-    LINK_MARK,
-    POINTER,
-    SPECIAL_MARK,
-    Attrs,
-    attr_key,
-    entry_key,
-    group_key,
-    moved_key,
-    pointer_key,
-)
+from zarrfs.fs.sidedata import LINK_MARK, SPECIAL_MARK, entry_key, group_key
 
 _SEP = "\0"
 
@@ -48,11 +38,18 @@ def _unpack(raw: bytes) -> list[str]:
     return [n for n in bytes(raw).decode("utf-8", "surrogateescape").split(_SEP) if n]
 
 
-def _pack(names: list[str]) -> bytes:
+def pack_names(names: list[str]) -> bytes:
+    """The record of a group's names."""
     return _SEP.join(names).encode("utf-8", "surrogateescape")
 
 
-def _present(t: Txn, names: list[str]) -> list[str]:
+def names_in(t: Txn, gid: str) -> list[str]:
+    """The names the record of group ``gid`` lists (some may be gone)."""
+    raw = t.get(group_key(gid), SIDE)
+    return _unpack(raw) if raw is not None else []
+
+
+def present(t: Txn, names: list[str]) -> list[str]:
     """Those of ``names`` that exist: as a data key (a file) or as the entry record of a
     symlink or special file; one batch of reads."""
     requests: list[Read] = []
@@ -74,61 +71,11 @@ def load(t: Txn, key: str, pointer: bytes | None) -> Group | None:
     if pointer is None:
         return None
     gid = bytes(pointer).decode("ascii", "replace")
-    raw = t.get(group_key(gid), SIDE)
-    names = _unpack(raw) if raw is not None else []
+    names = names_in(t, gid)
     if key not in names:
         return None
-    present = set(_present(t, names))
-    return Group(gid, [n for n in names if n in present or n == key])
-
-
-def write(t: Txn, group: Group) -> None:
-    """Store ``group``'s names; a group of one name or none is dissolved."""
-    if len(group.names) > 1:
-        t.put(group_key(group.gid), _pack(group.names), SIDE)
-        for name in group.names:
-            t.put(pointer_key(name), group.gid.encode(), SIDE)
-        return
-    t.delete(group_key(group.gid), SIDE)
-    for name in group.names:
-        t.delete(pointer_key(name), SIDE)
-
-
-def join(t: Txn, group: Group | None, src: str, dst: str) -> Group:
-    """Add the new name ``dst`` to the group of ``src`` (a new group when it has none)."""
-    if group is None:
-        group = Group(os.urandom(8).hex(), [src])
-    group.names.append(dst)
-    write(t, group)
-    return group
-
-
-def leave(t: Txn, group: Group, key: str) -> list[str]:
-    """Take ``key`` out of its group (unlinked, or replaced by a rename); the names left."""
-    t.delete(pointer_key(key), SIDE)
-    group.names = [n for n in group.names if n != key]
-    write(t, group)
-    return group.names
-
-
-def renamed(t: Txn, moves: list[tuple[str, str, bytes]]) -> list[Group]:
-    """Follow names that moved in this transaction: ``(old, new, pointer)`` for each pointer
-    record a rename carried from ``old`` to ``new`` (a file, or the files of a folder; both
-    sides of an exchange at once). Returns the groups changed."""
-    by_group: dict[str, dict[str, str]] = {}
-    for old, new, pointer in moves:
-        by_group.setdefault(bytes(pointer).decode("ascii", "replace"), {})[old] = new
-    changed = []
-    for gid, mapping in by_group.items():
-        raw = t.get(group_key(gid), SIDE)
-        names = _unpack(raw) if raw is not None else []
-        for old, new in mapping.items():
-            if old not in names:  # a stale pointer moved with its file: drop it
-                t.delete(pointer_key(new), SIDE)
-        group = Group(gid, _present(t, [mapping.get(n, n) for n in names]))
-        write(t, group)
-        changed.append(group)
-    return changed
+    there = set(present(t, names))
+    return Group(gid, [n for n in names if n in there or n == key])
 
 
 def still_the_file(
@@ -156,64 +103,10 @@ def still_the_file(
     return told if len(told) == 1 else []
 
 
-def put_attrs(t: Txn, names: list[str], raw: bytes) -> None:
-    """Write one attribute record to every name of a group (attributes are kept in step)."""
-    for name in names:
-        t.put(attr_key(name), raw, SIDE)
-
-
-class LinkGroups:
-    """The link-group steps of the tree's namespace changes, each inside the change's
-    transaction. ``found`` is what a probe found at a name: (kind, size, target, raw
-    attributes, raw pointer). ``default_attrs(kind)`` gives the attributes of a node without a
-    record; ``now()`` the time of a change."""
-
-    def __init__(self, default_attrs: Callable[[int], Attrs], now: Callable[[], int]) -> None:
-        self.default_attrs = default_attrs
-        self.now = now
-
-    def unlinked(self, t: Txn, key: str, found: Any) -> list[str]:
-        """The name ``key`` of a node that is not a folder is gone (unlinked, or replaced by a
-        rename): it leaves its link group, whose other names get a new ctime. Returns those names."""
-        if found[4] is None:
-            return []
-        group = load(t, key, found[4])
-        if group is None:
-            t.delete(pointer_key(key), SIDE)  # a stale pointer
-            return []
-        left = leave(t, group, key)
-        self.touch(left, found[3], t, found[0])
-        return left
-
-    def touch(self, names: list[str], raw: bytes | None, t: Txn, kind: int = stat.S_IFREG) -> None:
-        """A new ctime for every name of a linked node of type ``kind`` (a name was added,
-        removed or moved)."""
-        attrs = (Attrs.unpack(raw) if raw is not None else None) or self.default_attrs(kind)
-        attrs.ctime = self.now()
-        put_attrs(t, names, attrs.with_type(kind).pack())
-
-    def regroup(self, t: Txn, moved: list[tuple[list, str, str, Any]]) -> None:
-        """Link groups follow the names a rename moved: ``(records, src, dst, found)`` for each
-        subtree placed from ``src`` to ``dst``. The names of a moved linked file get a new
-        ctime (a folder's move leaves the files in it as they are)."""
-        moves = [
-            (k[len(POINTER) :], moved_key(k, src, dst)[len(POINTER) :], v)
-            for records, src, dst, _ in moved
-            for space, k, v in records
-            if space == SIDE and k.startswith(POINTER)
-        ]
-        if not moves:
-            return
-        groups = {g.gid: g for g in renamed(t, moves)}
-        for *_, found in moved:
-            group = groups.get(bytes(found[4]).decode("ascii", "replace")) if found[4] else None
-            if group is not None and len(group.names) > 1:
-                self.touch(group.names, found[3], t, found[0])
-
-    @staticmethod
-    def same_file(t: Txn, src: str, dst: str, s: Any, d: Any) -> bool:
-        """Whether ``src`` and ``dst`` are names of one node (hard links)."""
-        if d is None or s[0] != d[0] or s[0] == stat.S_IFDIR or s[4] is None or s[4] != d[4]:
-            return False
-        group = load(t, src, s[4])
-        return group is not None and dst in group.names
+def same_file(t: Txn, src: str, dst: str, s: Any, d: Any) -> bool:
+    """Whether ``src`` and ``dst`` (what probes found at them: ``s``, ``d``) are names of one
+    node (hard links)."""
+    if d is None or s[0] != d[0] or s[0] == stat.S_IFDIR or s[4] is None or s[4] != d[4]:
+        return False
+    group = load(t, src, s[4])
+    return group is not None and dst in group.names

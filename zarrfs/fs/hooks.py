@@ -12,6 +12,15 @@ from zarrfs.backends.base import Txn
 class Hooks:
     """Where the format layer plugs into the tree. This base class accepts everything as is."""
 
+    #: Whether files show other bytes than the stored ones (a decoded view): then no file is
+    #: stored in parts, and sizes and reads go through :meth:`shown_size`, :meth:`shown_value`.
+    transforms = False
+
+    def whole(self, key: str) -> bool:
+        """Whether the value at ``key`` must be stored whole, never in parts (a document the
+        hooks read back, such as Zarr metadata), however large."""
+        return False
+
     def check_name(self, txn: Txn, key: str, kind: int) -> None:
         """Refuse (raise) a new file or folder name; called by create, mkdir, rename, link."""
 

@@ -1,5 +1,6 @@
-"""Open files and locks (NFS's lock consistency): a granted lock brings an open file up to
-date, an unlock commits it first; and reading a file's newest stored version into a buffer.
+"""Open files and locks (NFS's lock consistency): a file a granted lock marked
+(:meth:`zarrfs.fs.handles.HandleTable.lock_granted`) is brought up to date; and reading a
+file's newest stored version into a buffer.
 
 :class:`LockedFiles` does it for :class:`zarrfs.fs.handles.HandleTable`, over its table of
 open files.
@@ -82,18 +83,8 @@ class LockedFiles:
                 return b""
             raise
 
-    def locked(self, key: str, fh: int | None = None) -> None:
-        """A lock on the file was granted (from any thread): it is brought up to date before
-        it is next read, written or shown."""
-        # An older version's descriptors on this mount are brought up to date too: the file
-        # is no longer shown as their version (HandleTable._as_read).
-        paged = self.files.paged.pop(key, None)
-        for state in (self.states.get(key), self.handles[fh].state if fh in self.handles else None, paged):
-            if state is not None:
-                state.stale = True
-
     def fresh(self, state: FileState) -> FileState:
-        """Bring a file marked by :meth:`locked` up to date: its descriptors read, and write
+        """Bring a file marked by a granted lock up to date: its descriptors read, and write
         onto, the newest stored version, with this mount's pending changes laid on it."""
         if not state.stale:
             return state
@@ -155,13 +146,3 @@ class LockedFiles:
         keep.private = False  # the kernel's pages of the file were dropped with the lock
         keep.stale = True
         return keep
-
-    def commit_key(self, key: str, fh: int | None = None) -> Stored | None:
-        """Commit the file at ``key`` (or open as ``fh``), as ``fsync`` does: a lock on it is
-        about to be released or downgraded."""
-        state = self.handles[fh].state if fh in self.handles else self.states.get(key)
-        if state is None or not state.dirty:
-            return None
-        stored = self.commit(state)
-        self.tree.driver.sync()
-        return stored

@@ -461,7 +461,7 @@ class Lookups:
     @property
     def hooks_transform(self) -> bool:
         """Whether files show other bytes than the stored ones (a decoded view)."""
-        return bool(getattr(self.hooks, "transforms", False))
+        return self.hooks.transforms
 
     def stored_size(self, key: str) -> int:
         """The stored size of the value at ``key`` (0 when absent; a parted value's total)."""

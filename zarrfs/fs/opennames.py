@@ -2,8 +2,8 @@
 first, open descriptors follow a rename, an unlinked file stays readable (and ``fstat``-able)
 through its descriptors, and attribute changes reach a file not stored yet.
 
-:class:`OpenNames` does it for :class:`zarrfs.fs.handles.HandleTable`, over its table of open
-files.
+:class:`OpenNames` does it for the namespace calls of :class:`zarrfs.fs.api.Operations`, over
+the table of open files of its :class:`zarrfs.fs.handles.HandleTable`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from zarrfs.fs import acl
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.openfiles import FileState, OpenFiles
 from zarrfs.fs.pagecache import Stored
@@ -34,14 +35,35 @@ class OpenNames:
         self.tree = tree
         self.commit = commit
 
-    def settle(self, key: str) -> None:
-        """Commit pending content under ``key`` (the file or anything in the folder) before a
-        rename or link moves it; a held temporary file stored so is held no more."""
+    def settle(self, key: str, below: bool = True) -> None:
+        """Commit pending content under ``key`` (the file, or with ``below`` anything in the
+        folder) before a rename or link moves it or its record changes; a held temporary file
+        stored so is held no more."""
+        if not below and key not in self.states:
+            return
         for k, state in list(self.states.items()):
             if k == key or k.startswith(key + "/"):
                 self.commit(state)
                 if self.deferred.get(k) is state and not state.handles:
                     self.files.forget(state)
+
+    def before_rename(self, src: str, dst: str, exchange: bool, unstored_below: bool) -> None:
+        """A rename of ``src`` to ``dst`` is about to be done: what is open under ``src`` is
+        stored first, and under ``dst`` too for an exchange or when a file made here and not
+        stored yet is in it (``unstored_below``: a folder holding one is not empty); an open
+        file the rename replaces at ``dst`` keeps what it holds."""
+        self.settle(src)
+        if exchange or unstored_below:
+            self.settle(dst)
+        if not exchange:
+            self.replacing(dst)
+
+    def access_acl_set(self, key: str, value: bytes) -> None:
+        """The access ACL ``value`` was stored for ``key``: the record a file open there
+        commits with takes the permission bits it sets (:mod:`zarrfs.fs.acl`)."""
+        state = self.states.get(key)
+        if state is not None and state.attrs is not None:
+            self.set_attrs(key, mode=(state.attrs.mode & ~0o777) | acl.mode_bits(acl.parse(value)))
 
     def linked(self, src: str, dst: str) -> None:
         """``dst`` is a hard link of ``src``: a file open under ``src`` is open under both."""
@@ -87,16 +109,16 @@ class OpenNames:
         if state is not None and state.linked and len(self.files.names_of(state)) > 1:
             self.files.drop_name(key)
 
-    def set_open_attrs(self, fh: int, changes: dict[str, int | None]) -> bool:
+    def set_open_attrs(self, fh: int, changes: dict[str, int | None]) -> str | None:
         """Apply mode/owner/times to the file open as ``fh`` when its name is gone (its
-        descriptors see them; nothing is stored); False when it has a name."""
+        descriptors see them; nothing is stored): None; else its name, to change it by."""
         state = self.files.handle(fh).state
         if not state.orphan:
-            return False
+            return state.key
         if state.attrs is None:
             state.attrs = self.tree.default_attrs(stat.S_IFREG)
         self._apply(state.attrs, changes)
-        return True
+        return None
 
     def set_attrs(self, key: str, **changes: int | None) -> bool:
         """Apply mode/owner/times to a file not yet stored; False when the key has no such file

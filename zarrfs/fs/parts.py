@@ -11,12 +11,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
-from zarrfs.backends.base import DATA, KEYS, PARTS, SIDE, Get, Size, Txn
+from zarrfs.backends.base import KEYS, PARTS, SIDE, Get, Size, Txn
 from zarrfs.fs import hardlinks
 from zarrfs.fs.commitoptions import CommitOptions
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.manifest import MAGIC, MANIFEST_SIZE, MAP_MAGIC, Parted, new_id, part_key
-from zarrfs.fs.sidedata import Attrs, attr_key
+from zarrfs.fs.sidedata import Attrs, attr_key, pointer_key
 from zarrfs.fs.spill import PartTrack
 
 log = logging.getLogger("zarrfs.fs.parts")
@@ -68,7 +68,7 @@ def let_go(t: Txn, key: str, raw_attrs: bytes | None, *, every_name: bool = Fals
         return None
     if every_name:
         return parted
-    group = hardlinks.load(t, key, t.get(hardlinks.pointer_key(key), SIDE))
+    group = hardlinks.load(t, key, t.get(pointer_key(key), SIDE))
     return parted if group is None or len(group.names) <= 1 else None
 
 
@@ -444,52 +444,9 @@ def new_keys(parted: Parted) -> list[str]:
     return keys + [parted.map_key] if parted.mapped else keys
 
 
-def put_value(driver: Any, key: str, value: Any, part: int = PART_SIZE) -> None:
-    """Store ``value`` at ``key`` in parts, with an attribute record saying so (``zarrfs
-    copy`` of a value larger than the destination's largest value)."""
-    view = memoryview(value).cast("B")
-
-    def fill(offset: int, into: memoryview) -> int:
-        n = min(len(into), len(view) - offset)
-        into[:n] = view[offset : offset + n]
-        return n
-
-    put_parts(driver, key, len(view), fill, part)
-
-
-def put_parts(
-    driver: Any, key: str, size: int, readinto: Callable[[int, memoryview], int], part: int
-) -> None:
-    """Store the ``size`` bytes that ``readinto`` gives (as for :func:`store`) at ``key`` in
-    parts, part by part, then the commit of the manifest with an attribute record saying so;
-    the parts of the version replaced are freed after it (``zarrfs copy``)."""
-    parted = store(driver, size, readinto, part)
-
-    def run(t: Txn) -> Parted | None:
-        check_present(t, key, parted)
-        raw = t.get(attr_key(key), SIDE)
-        attrs = Attrs.unpack(raw) if raw is not None else None
-        old = let_go(t, key, raw)
-        t.put(key, parted.manifest(), DATA)
-        if attrs is not None:
-            t.put(attr_key(key), replace(attrs, parted=parted).pack(), SIDE)
-        else:
-            import os
-            import stat
-            import time
-
-            now = time.time_ns()
-            fresh = Attrs(stat.S_IFREG | 0o644, os.getuid(), os.getgid(), now, now, now, parted)
-            t.put(attr_key(key), fresh.pack(), SIDE)
-        return old
-
-    try:
-        old = driver.transact(run)
-    except BaseException:
-        _delete(driver, new_keys(parted), parted.id)
-        raise
-    if old is not None and old != parted:
-        free(driver, [old])
+def discard(driver: Any, parted: Parted) -> None:
+    """Delete what :func:`store` wrote for ``parted``, whose commit did not happen."""
+    _delete(driver, new_keys(parted), parted.id)
 
 
 class Parting:
@@ -511,21 +468,21 @@ class Parting:
         """Whether a file of ``size`` bytes at ``key`` is stored in parts."""
         limit = self.max_value
         if limit is not None and size > limit:
-            whole_only = self.tree.hooks_transform or getattr(self.tree.hooks, "whole", lambda k: False)(key)
+            whole_only = self.tree.hooks_transform or self.tree.hooks.whole(key)
             return not whole_only  # too large either way: EFBIG, as before
         above = self.above
         if self.tree.driver.parts_above is not None:
             above = min(above, self.tree.driver.parts_above)
         if size <= above or self.tree.hooks_transform:
             return False
-        return not getattr(self.tree.hooks, "whole", lambda k: False)(key)
+        return not self.tree.hooks.whole(key)
 
-    def commit(self, key: str, buffer: Any, attrs: Attrs | None, how: CommitOptions) -> None:
-        """:meth:`zarrfs.fs.tree.Tree.commit` of the content of ``buffer`` (a
-        :class:`zarrfs.fs.spill.SpillBuffer`): its parts first when it is large, then their
-        manifest as :meth:`CommitOptions.in_parts` says."""
+    def store(self, key: str, buffer: Any, attrs: Attrs | None, how: CommitOptions) -> None:
+        """Store the content of ``buffer`` (a :class:`zarrfs.fs.spill.SpillBuffer`) at ``key``
+        (:meth:`zarrfs.fs.tree.Tree.store`): whole, or its parts first when it is large, then
+        their manifest as :meth:`CommitOptions.in_parts` says."""
         if not self.wanted(key, buffer.size):
-            self.tree.commit(key, buffer.view(), attrs, how)
+            self.tree.store([(key, buffer.view(), attrs, how)])
             return
         if attrs is None:
             attrs = self.tree.lookup_attrs(key)
@@ -542,15 +499,15 @@ class Parting:
             has_data=buffer.has_data,
         )
         try:
-            self.tree.commit(key, parted.manifest(), attrs, how.in_parts(parted))
+            self.tree.store([(key, parted.manifest(), attrs, how.in_parts(parted))])
         except Rebase:
             # Another mount stored a new version: this one's parts no longer share anything.
-            _delete(driver, new_keys(parted), parted.id)
+            discard(driver, parted)
             buffer.settle()
-            self.commit(key, buffer, attrs, how)
+            self.store(key, buffer, attrs, how)
             return
         except BaseException:
-            _delete(driver, new_keys(parted), parted.id)
+            discard(driver, parted)
             raise
         # The next commit of this buffer shares what it does not change with this version.
         if track is not None:
@@ -560,15 +517,15 @@ class Parting:
 
     def groupable(self, key: str, buffer: Any) -> bool:
         """Whether the content of ``buffer`` may be committed with other files'
-        (:meth:`commit_many`): stored whole, or in one part of its own (not sharing parts with
+        (:meth:`store_many`): stored whole, or in one part of its own (not sharing parts with
         a version stored before)."""
         if not self.wanted(key, buffer.size):
             return True
         return buffer.parts is None and buffer.size <= part_size(self.above, self.max_value)
 
-    def commit_many(self, items: list[tuple[str, Any, Attrs | None, CommitOptions]]) -> None:
-        """:meth:`commit` of several files (``(key, buffer, attrs, how)``, each
-        :meth:`groupable`) in one transaction (``Tree.commit_many``); the parts of those
+    def store_many(self, items: list[tuple[str, Any, Attrs | None, CommitOptions]]) -> None:
+        """:meth:`store` of several files (``(key, buffer, attrs, how)``, each
+        :meth:`groupable`) in one transaction (``Tree.store``); the parts of those
         stored in parts are written first, together (:func:`store_one_part_each`)."""
         parted_at = [i for i, (key, buffer, _, _) in enumerate(items) if self.wanted(key, buffer.size)]
         versions = store_one_part_each(
@@ -585,10 +542,10 @@ class Parting:
                 attrs = self.tree.lookup_attrs(key)
             steps.append((key, parted.manifest(), attrs, how.in_parts(parted)))
         try:
-            self.tree.commit_many(steps)
+            self.tree.store(steps)
         except BaseException:
             for parted in versions:
-                _delete(self.tree.driver, new_keys(parted), parted.id)
+                discard(self.tree.driver, parted)
             raise
         for i, parted in chosen.items():
             items[i][1].parts = PartTrack(parted, fill=self.fill)

@@ -10,13 +10,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from zarrfs.backends.base import DATA, SIDE, Driver, Txn
-from zarrfs.fs import parts
+from zarrfs.backends.base import DATA, Driver, Txn
+from zarrfs.fs import parts, records
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.hooks import Hooks
 from zarrfs.fs.manifest import Parted
-from zarrfs.fs.node import FILE
-from zarrfs.fs.sidedata import Attrs, attr_key
+from zarrfs.fs.sidedata import Attrs
 
 
 class _Recording:
@@ -32,12 +31,8 @@ class _Recording:
         self._txn.put(key, value, space)
         if space == DATA:
             self._into.add(key)
-            # A document rewritten on the side is a changed file: its mtime moves (tools that
-            # sync by mtime, the kernel's page-cache stamp), its owner and mode stay.
-            raw = self._txn.get(attr_key(key), SIDE)
-            attrs = (Attrs.unpack(raw) if raw is not None else None) or self._defaults(FILE)
-            attrs.mtime = attrs.ctime = time.time_ns()
-            self._txn.put(attr_key(key), attrs.pack(), SIDE)
+            # A document rewritten on the side is a changed file (its record says so).
+            records.restamp(self._txn, key, self._defaults)
 
     def delete(self, key: str, space: str = DATA) -> None:
         if space == DATA:

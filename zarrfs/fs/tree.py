@@ -5,46 +5,40 @@ A path is a key (``/grp/arr/0.0`` is ``grp/arr/0.0``); folders derive from key p
 side markers. A tree holds its parts, each an object built with what it needs: lookups
 (:class:`~zarrfs.fs.lookups.Lookups`), listings (:class:`~zarrfs.fs.listing.Listings`), new
 side entries and folder times (:class:`~zarrfs.fs.entries.Entries`), link groups
-(:class:`~zarrfs.fs.hardlinks.LinkGroups`), extended attributes
+(:mod:`~zarrfs.fs.hardlinks`), extended attributes
 (:class:`~zarrfs.fs.xattrs.Xattrs`) and the write transactions
 (:class:`~zarrfs.fs.transactions.Transactions`); the format layer plugs in through
 :class:`~zarrfs.fs.hooks.Hooks`. Here are the changes that move or replace names: commit,
 unlink, rmdir, set_attrs, rename, link. Nothing here knows about FUSE; POSIX conditions are
-raised as :class:`zarrfs.fs.errors.FsError`.
+raised as :class:`zarrfs.fs.errors.FsError`. Every side record is written and deleted by
+:mod:`zarrfs.fs.records`.
 """
 
 from __future__ import annotations
 
 import errno
 import stat
-import time
 from collections.abc import Callable
 from typing import Any
 
-from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, HasPrefix, StalledError, Txn
+from zarrfs.backends.base import DATA, SIDE, Driver, HasPrefix, Txn
 from zarrfs.backends.errors import InterruptedCallError, RetryableError, UnavailableError
 from zarrfs.backends.heldvalues import Held
 from zarrfs.fs import acl, hardlinks, parts, records
-from zarrfs.fs.commitoptions import REWRITE, CommitOptions
+from zarrfs.fs.commitoptions import CommitOptions
 from zarrfs.fs.entries import Entries
 from zarrfs.fs.errors import FsError, Refused
 from zarrfs.fs.foldercache import MISS
-from zarrfs.fs.hardlinks import LinkGroups
 from zarrfs.fs.hooks import Hooks
 from zarrfs.fs.knownfolders import KnownFolders
 from zarrfs.fs.listing import FOLDER_BATCH, Listings
 from zarrfs.fs.lookups import Lookups
 from zarrfs.fs.node import DIR, FILE, LINK, Node, stamp_of
 from zarrfs.fs.sidedata import (
-    ATTR,
     ENTRY,
-    EPOCH,
-    POINTER,
-    XATTR,
     Attrs,
     attr_key,
     entry_key,
-    moved_key,
     pack_xattrs,
     pointer_key,
     unpack_xattrs,
@@ -99,7 +93,7 @@ class Tree:
         self.driver = driver
         self.uid, self.gid, self.umask = uid, gid, umask
         self._hooks = hooks or Hooks()
-        self.epoch = self._load_epoch()
+        self.epoch = records.epoch(driver)
         #: Snapshots of busy folders for :meth:`find` (a FolderCache), or None.
         self.folder_cache: Any = None
         self.lookups = Lookups(driver, self._hooks, uid=uid, gid=gid, umask=umask, epoch=self.epoch)
@@ -108,24 +102,10 @@ class Tree:
         self.writes.on_commit = self._committed
         # The longest key the database holds, if it has a limit, less the side prefix ("a:")
         # of a node's attributes: a longer path is refused with ENAMETOOLONG before it is made.
-        limit = getattr(driver, "max_key_size", None)
+        limit = driver.max_key_size
         key_limit = limit - len(ENTRY) if limit else None
         self.entries = Entries(self.lookups, self.writes, uid=uid, gid=gid, key_limit=key_limit)
-        self.links = LinkGroups(self.lookups.default_attrs, clock)
         self.xattr_table = Xattrs(self.lookups, self.writes)
-
-    def _load_epoch(self) -> int:
-        """The time of nodes without attributes, fixed at the first mount (see sidedata)."""
-        raw = self.driver.get(EPOCH, SIDE)
-        if raw is not None:
-            return int(raw)
-        stamp = time.time_ns()
-        if not self.driver.readonly:
-            try:
-                self.driver.put(EPOCH, str(stamp).encode(), SIDE)
-            except StalledError:  # another program holds the write lock: the next mount records it
-                pass
-        return stamp
 
     def _forget(self) -> None:
         """Drop the lookup caches: a write changed the database."""
@@ -358,35 +338,16 @@ class Tree:
         """Whether files show other bytes than the stored ones (a decoded view)."""
         return self.lookups.hooks_transform
 
-    def statfs(self) -> dict[str, int]:
-        """Block and inode counts for ``statvfs``: the real free space behind the database."""
-        info = self.driver.statfs() or {"total": 1 << 40, "free": 1 << 40}
-        bsize = 4096
-        return {
-            "f_bsize": bsize,
-            "f_frsize": bsize,
-            "f_blocks": info["total"] // bsize,
-            "f_bfree": info["free"] // bsize,
-            "f_bavail": info["free"] // bsize,
-            "f_files": 1 << 32,
-            "f_ffree": 1 << 31,
-            "f_favail": 1 << 31,
-            "f_namemax": 255,
-        }
-
     # ------------------------------------------------------------------ writes
-    def commit(self, key: str, value: Any, attrs: Attrs | None, how: CommitOptions = REWRITE) -> None:
-        """Store the content of a file written through the mount, with its attributes, in one
-        transaction; the format layer may refuse it (nothing is stored then). ``how``: see
+    def store(self, items: list[tuple[str, Any, Attrs | None, CommitOptions]]) -> None:
+        """Store the content of files written through the mount (``(key, value, attrs, how)``,
+        of different keys; several only when none is linked), with their attributes, in one
+        transaction: their probes in one batch of reads, so several closes waiting together
+        cost the round trips of one (``fuse.workers``). The format layer may refuse a file
+        (nothing is stored then); a check refusing one of several refuses them all
+        (:class:`Refused`): the caller then stores each alone. ``how``: see
         :class:`CommitOptions`."""
-        self.commit_many([(key, value, attrs, how)])
-
-    def commit_many(self, items: list[tuple[str, Any, Attrs | None, CommitOptions]]) -> None:
-        """:meth:`commit` of several files (``(key, value, attrs, how)``, of different keys,
-        none linked) in one transaction: their probes in one batch of reads, so several closes
-        waiting together cost the round trips of one (``fuse.workers``). A check refusing one
-        file refuses them all: the caller then commits each alone."""
-        steps = [_CommitStep(self, key, value, attrs, how) for key, value, attrs, how in items]
+        steps = [_FileWrite(self, key, value, attrs, how) for key, value, attrs, how in items]
 
         def run(t: Txn) -> None:
             versions = [(step.key, step.parted) for step in steps if step.parted is not None]
@@ -409,7 +370,7 @@ class Tree:
                         if where in changed:  # this transaction's own write of it answers
                             folder = (*folder[:3], t.get(attr_key(where), SIDE), *folder[4:])
                         changed.add(where)
-                    step.apply(t, folder, probe)
+                    step.write(t, folder, probe)
                 except (RetryableError, UnavailableError, InterruptedCallError):
                     raise  # the server's, not the file's: run again, or every file hears it
                 except Exception as exc:
@@ -436,16 +397,11 @@ class Tree:
                 raise FsError(errno.ENOENT, key, quiet=True)
             if found[0] == DIR:
                 raise FsError(errno.EISDIR, key)
+            left = records.remove_name(t, key, found, self.lookups.default_attrs, clock())
             if found[0] == FILE:
-                t.delete(key)
                 self.writes.changed(t, key, None)
-            else:
-                t.delete(entry_key(key), SIDE)
-            left = self.links.unlinked(t, key, found)
-            if found[0] == FILE and not left:
-                self.writes.let_go(parts.parted_of(found[3]))
-            t.delete(attr_key(key), SIDE)
-            t.delete(xattr_key(key), SIDE)
+                if not left:
+                    self.writes.let_go(parts.parted_of(found[3]))
             if keep:  # writes a full store may refuse (see Entries.removing)
                 self.entries.keep_parent(t, key, before, side=found[0] != FILE)
                 self.entries.folder_changed(t, where, folder[3] if folder else None, clock())
@@ -473,8 +429,7 @@ class Tree:
             # A prefix read may trust an index entry whose key is gone: a scan confirms.
             if (answers[0] or answers[1]) and self.lookups.has_children(t, key):
                 raise FsError(errno.ENOTEMPTY, key, quiet=True)
-            for side_key in (entry_key(key), attr_key(key), xattr_key(key)):
-                t.delete(side_key, SIDE)
+            records.remove_folder(t, key)
             if keep:  # writes a full store may refuse (see Entries.removing)
                 self.entries.keep_parent(t, key, answers[2:], side=True)
                 self.entries.folder_changed(t, where, folder[3] if folder else None, clock())
@@ -514,58 +469,17 @@ class Tree:
             group = hardlinks.load(t, key, found[4]) if found[0] != DIR else None
             names = group.names if group is not None else [key]
             # The names of a linked node share their attributes: each has the same record.
-            hardlinks.put_attrs(t, names, attrs.pack())
+            records.put_attrs(t, names, attrs.pack())
             if mode is not None:  # a chmod changes the access ACL too (zarrfs.fs.acl)
                 xattrs = unpack_xattrs(t.get(xattr_key(key), SIDE))
                 if acl.ACCESS in xattrs:
                     xattrs[acl.ACCESS] = acl.pack(acl.chmod(acl.parse(xattrs[acl.ACCESS]), mode))
-                    for name in names:
-                        t.put(xattr_key(name), pack_xattrs(xattrs), SIDE)
+                    records.put_xattrs(t, names, pack_xattrs(xattrs))
             return None if mtime is None else (before, attrs.mtime)
 
         return self.writes.run(run)
 
     # ------------------------------------------------------------------ rename / link
-    def _subtree(self, t: Txn, key: str, found: Any) -> list[tuple[str, str, bytes]]:
-        """Every record of the node at ``key`` and below: (space, key, value); ``found`` is
-        what the probe found at ``key`` (a file's link-group pointer comes with it)."""
-        records: list[tuple[str, str, bytes]] = []
-        value = t.get(key)
-        if value is not None:
-            records.append((DATA, key, value))
-        records.extend((DATA, k, v) for k, v in t.scan_prefix(key + "/", fetch=VALUES))
-        for side_prefix in (ENTRY, ATTR, XATTR):
-            raw = t.get(side_prefix + key, SIDE)
-            if raw is not None:
-                records.append((SIDE, side_prefix + key, raw))
-            records.extend(
-                (SIDE, k, v) for k, v in t.scan_prefix(side_prefix + key + "/", space=SIDE, fetch=VALUES)
-            )
-        if found[0] == DIR:  # the link-group pointers of the files below
-            records.extend(
-                (SIDE, k, v) for k, v in t.scan_prefix(POINTER + key + "/", space=SIDE, fetch=VALUES)
-            )
-        elif found[4] is not None:
-            records.append((SIDE, pointer_key(key), found[4]))
-        return records
-
-    def _remove(self, t: Txn, records: list[tuple[str, str, bytes]]) -> None:
-        for space, k, _ in records:
-            t.delete(k, space)
-            if space == DATA:
-                self.writes.changed(t, k, None)
-
-    def _place(self, t: Txn, records: list[tuple[str, str, bytes]], src: str, dst: str) -> None:
-        for space, k, v in records:
-            new = moved_key(k, src, dst)
-            if space == DATA:
-                # A file moved with its folder keeps its meaning; only a file moved alone can
-                # change what it is (a temporary file becoming a chunk).
-                v = self.hooks.arrive(t, new, v, k if k == src else "")
-            t.put(new, v, space)
-            if space == DATA:
-                self.writes.changed(t, new, v)
-
     def rename(self, src: str, dst: str, flags: int = 0) -> bool:
         """Move a file or a whole folder atomically, replacing an existing target atomically;
         honours RENAME_NOREPLACE and RENAME_EXCHANGE (others: EINVAL). Onto another name of the
@@ -585,18 +499,19 @@ class Tree:
             s, d, parent, source = self.lookups.probe_many(t, [src, dst, there, here])
             if s is None:
                 raise FsError(errno.ENOENT, src, quiet=True)
-            if self.links.same_file(t, src, dst, s, d):
+            if hardlinks.same_file(t, src, dst, s, d):
                 return False
             now = clock()
+            defaults = self.lookups.default_attrs
             if flags & RENAME_EXCHANGE:
                 if d is None:
                     raise FsError(errno.ENOENT, dst, quiet=True)
-                a, b = self._subtree(t, src, s), self._subtree(t, dst, d)
-                self._remove(t, a)
-                self._remove(t, b)
-                self._place(t, a, src, dst)
-                self._place(t, b, dst, src)
-                self.links.regroup(t, [(a, src, dst, s), (b, dst, src, d)])
+                a, b = records.subtree(t, src, s), records.subtree(t, dst, d)
+                records.remove(t, a, self.writes.changed)
+                records.remove(t, b, self.writes.changed)
+                records.place(t, a, src, dst, self.hooks.arrive, self.writes.changed)
+                records.place(t, b, dst, src, self.hooks.arrive, self.writes.changed)
+                records.regroup(t, [(a, src, dst, s), (b, dst, src, d)], defaults, now)
                 self.entries.folders_changed(t, (here, source), (there, parent), now)
                 return True
             if d is not None:
@@ -608,19 +523,19 @@ class Tree:
                     raise FsError(errno.EISDIR, dst)
                 if d[0] == DIR and self.lookups.has_children(t, dst):
                     raise FsError(errno.ENOTEMPTY, dst)
-                if d[0] != DIR and not self.links.unlinked(t, dst, d) and d[0] == FILE:
+                if d[0] != DIR and not records.leave_group(t, dst, d, defaults, now) and d[0] == FILE:
                     self.writes.let_go(parts.parted_of(d[3]))
-                self._remove(t, self._subtree(t, dst, d))
+                records.remove(t, records.subtree(t, dst, d), self.writes.changed)
             else:
                 self.lookups.folder_check(parent, dst)
                 self.hooks.check_name(t, dst, s[0])
-            records = self._subtree(t, src, s)
-            self._remove(t, records)
-            self._place(t, records, src, dst)
-            moved = (Attrs.unpack(s[3]) if s[3] is not None else None) or self.lookups.default_attrs(s[0])
+            moving = records.subtree(t, src, s)
+            records.remove(t, moving, self.writes.changed)
+            records.place(t, moving, src, dst, self.hooks.arrive, self.writes.changed)
+            moved = (Attrs.unpack(s[3]) if s[3] is not None else None) or defaults(s[0])
             moved.ctime = now  # as Linux's filesystems do: the node changed
-            t.put(attr_key(dst), moved.with_type(s[0]).pack(), SIDE)
-            self.links.regroup(t, [(records, src, dst, s)])
+            records.put_attrs(t, [dst], moved.with_type(s[0]).pack())
+            records.regroup(t, [(moving, src, dst, s)], defaults, now)
             self.entries.keep_parent(t, src)
             self.entries.folders_changed(t, (here, source), (there, parent), now)
             return True
@@ -648,24 +563,24 @@ class Tree:
             self.lookups.folder_check(parent, dst)
             self.hooks.check_name(t, dst, s[0])
             if s[0] != FILE:  # a symlink or special file: the new name's own entry record
-                records = [r for r in self._subtree(t, src, s) if r[1] in (entry_key(src), attr_key(src))]
-                self._place(t, records, src, dst)
+                own = [r for r in records.subtree(t, src, s) if r[1] in (entry_key(src), attr_key(src))]
+                records.place(t, own, src, dst, self.hooks.arrive, self.writes.changed)
             else:
                 value = self.hooks.arrive(t, dst, t.get(src), src)
                 t.put(dst, value)
                 self.writes.changed(t, dst, value)
             if (xattrs := t.get(xattr_key(src), SIDE)) is not None:  # the file's, on each name
-                t.put(xattr_key(dst), xattrs, SIDE)
-            group = hardlinks.join(t, hardlinks.load(t, src, s[4]), src, dst)
-            self.links.touch(group.names, s[3], t, s[0])
+                records.put_xattrs(t, [dst], xattrs)
+            names = records.join_group(t, src, dst, s[4])
+            records.touch_names(t, names, s[3], s[0], self.lookups.default_attrs, clock())
             self.entries.folder_changed(t, dst.rpartition("/")[0], parent[3], clock())
 
         self.writes.run(run)
 
 
-class _CommitStep:
-    """One file of :meth:`Tree.commit_many`: what it reads before (its probe, when it may be
-    new) and what it writes once probed, as ``how`` (:class:`CommitOptions`) says."""
+class _FileWrite:
+    """One file of :meth:`Tree.store`: what it reads before (its probe, when it may be new)
+    and what it writes once probed, as ``how`` (:class:`CommitOptions`) says."""
 
     def __init__(self, tree: Tree, key: str, value: Any, attrs: Attrs | None, how: CommitOptions) -> None:
         self.tree, self.key, self.value, self.attrs = tree, key, value, attrs
@@ -679,23 +594,22 @@ class _CommitStep:
         self.hint = attrs.parted if attrs is not None else None  # the version this one replaces
         self.record = None if attrs is None else Attrs(**{**vars(attrs), "parted": self.parted}).pack()
 
-    def apply(self, t: Txn, folder: Any, found: Any) -> None:
+    def write(self, t: Txn, folder: Any, found: Any) -> None:
         """The writes of this file, given the probes of its folder and of its name."""
         tree, key = self.tree, self.key
         pointer = None
         if self.probing:
             if found is not None and self.replace and not self.exclusive and found[0] not in (FILE, DIR):
-                tree.links.unlinked(t, key, found)
-                t.delete(entry_key(key), SIDE)  # the symlink the rename replaces
+                records.remove_name(t, key, found, tree.lookups.default_attrs, clock())  # a symlink
                 found = None
             if found is not None and (self.exclusive or found[0] != FILE):
                 raise FsError(errno.EISDIR if found[0] == DIR else errno.EEXIST, key)
             if found is None:
                 tree.hooks.check_name(t, key, FILE)
                 # A pointer left by a writer that deleted the key must not link the new file.
-                t.delete(pointer_key(key), SIDE)
+                records.drop_pointer(t, key)
                 if self.xattrs:  # a new file's ACLs, from its folder's default ACL
-                    t.put(xattr_key(key), self.xattrs, SIDE)
+                    records.put_xattrs(t, [key], self.xattrs)
             else:
                 pointer = found[4]
         elif self.linked:
@@ -708,7 +622,9 @@ class _CommitStep:
         names = [key]
         if self.probing:
             # A new file in its place: that name is not linked; its parts go with its last name.
-            if found is not None and (pointer is None or not tree.links.unlinked(t, key, found)):
+            if found is not None and (
+                pointer is None or not records.leave_group(t, key, found, tree.lookups.default_attrs, clock())
+            ):
                 tree.writes.let_go(parts.parted_of(found[3]))
         else:
             names = records.names_of(t, key, pointer)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import errno
 
 from zarrfs.backends.base import SIDE, Get, Txn
-from zarrfs.fs import acl, hardlinks
+from zarrfs.fs import acl, hardlinks, records
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.lookups import Lookups
 from zarrfs.fs.sidedata import pack_xattrs, unpack_xattrs, xattr_key
@@ -114,11 +114,7 @@ class Xattrs:
             attrs.ctime = clock()  # as Linux's filesystems do: the node changed
             if mode_bits is not None:
                 attrs.mode = (attrs.mode & ~0o777) | mode_bits
-            hardlinks.put_attrs(t, names, attrs.pack())
-            for n in names:
-                if raw:
-                    t.put(xattr_key(n), raw, SIDE)
-                else:
-                    t.delete(xattr_key(n), SIDE)
+            records.put_attrs(t, names, attrs.pack())
+            records.put_xattrs(t, names, raw)
 
         self.writes.run(run)

@@ -1,4 +1,5 @@
-"""The FUSE session: kernel requests in, :class:`~zarrfs.fs.api.Operations` calls, replies out.
+"""The FUSE session: kernel requests in, calls of :class:`~zarrfs.fs.api.Operations` (and of its
+:class:`~zarrfs.fs.api.HandleTable` for requests on an open handle), replies out.
 
 A request is parsed with :mod:`struct` straight from the buffer it was read into (no callbacks
 from C, no path rebuilt per call), checked against its opcode's entry in
@@ -77,6 +78,8 @@ class Session(Dispatcher):
         acl: bool = False,
     ) -> None:
         self.ops = ops
+        #: The open files: requests on an open handle are theirs alone (read, write, fsync...).
+        self.files = ops.handles
         self.inodes = InodeTable(DIR)
         self._nodes = self.inodes.nodes  # node ID -> Inode, read directly on the hot path
         self.pages = PageCache(attr_timeout)
@@ -103,7 +106,7 @@ class Session(Dispatcher):
         self.dirs = DirRequests(ops, self.inodes, self._key, self._entry_values, self.replies)
         self.locks = LockRequests(ops, self.inodes, self.pages, self.invalidator, self._key, self.replies)
         followed = lambda: self.coherence is not None  # noqa: E731
-        self.xattrs = XattrRequests(ops, self.inodes, self._key, self.replies, followed)
+        self.xattrs = XattrRequests(ops, self.inodes, self._key, self.replies, followed, self._reply_error)
         # While a write waits for a lock another program holds, what needs no write is served.
         self.watch.serve, self.watch.may_serve = self.handle, self._needs_no_write
 
@@ -353,7 +356,7 @@ class Session(Dispatcher):
         flags, _, fh = k.GETATTR_IN.unpack_from(buf, k.IN_HEADER_SIZE)
         key, node = self._existing(head.nodeid, self.inodes.key(head.nodeid))
         if node is None and flags & k.GETATTR_FH:
-            node = self.ops.find_open(fh)
+            node = self.files.open_node(fh)
         if node is None and key is None and self._orphans:
             node = self._orphan(head.nodeid)
         if node is None:
@@ -363,7 +366,7 @@ class Session(Dispatcher):
     def _orphan(self, nodeid: int) -> Node | None:
         """What an open file unlinked while open shows, through any handle still open on it."""
         for fh in self._orphans.get(nodeid, ()):
-            return self.ops.find_open(fh)
+            return self.files.open_node(fh)
         self._orphans.pop(nodeid, None)  # every handle closed: the file is gone
         return None
 
@@ -388,7 +391,7 @@ class Session(Dispatcher):
         if valid & (k.FATTR_UID | k.FATTR_GID):
             set_attrs(uid=uid if valid & k.FATTR_UID else None, gid=gid if valid & k.FATTR_GID else None)
         if valid & k.FATTR_SIZE:
-            self.ops.truncate(key or "", size, handle)
+            self.files.truncate(key or "", size, handle)
         if valid & (k.FATTR_ATIME | k.FATTR_MTIME):
             set_attrs(
                 atime=_time(valid, k.FATTR_ATIME, k.FATTR_ATIME_NOW, atime, atimens),
@@ -396,7 +399,7 @@ class Session(Dispatcher):
             )
         node = None if key is None else self.ops.find(key)
         if node is None and handle is not None:
-            node = self.ops.find_open(handle)
+            node = self.files.open_node(handle)
         if node is None:
             raise FsError(errno.ENOENT, key or f"node {head.nodeid}", quiet=True)
         self._reply_attr(head.unique, head.nodeid, node)
@@ -406,7 +409,7 @@ class Session(Dispatcher):
         the set-id bits the kernel's VFS would clear, cleared here (:func:`without_setid`)."""
         node = None if key is None else self.ops.find(key)
         if node is None and handle is not None:
-            node = self.ops.find_open(handle)
+            node = self.files.open_node(handle)
         if node is not None and node.kind != DIR and without_setid(node.attrs.mode) != node.attrs.mode:
             set_attrs(mode=without_setid(node.attrs.mode))
 
@@ -434,7 +437,7 @@ class Session(Dispatcher):
 
     def _unlink(self, head: Header, buf: memoryview) -> None:
         key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE, head.len))
-        handles = self.ops.open_handles(key)
+        handles = self.files.handles_of(key)
         self.ops.unlink(key)
         self._orphaned(self.inodes.ids.get(key), handles)
         self.inodes.detach(key)
@@ -470,7 +473,7 @@ class Session(Dispatcher):
             if self.coherence.news():
                 self.coherence.poll()
         replaced = None if flags & RENAME_EXCHANGE else self.inodes.ids.get(dst)
-        handles = self.ops.open_handles(dst) if replaced is not None else set()
+        handles = self.files.handles_of(dst) if replaced is not None else set()
         stored = self.ops.rename(src, dst, flags)
         if flags & RENAME_EXCHANGE:
             self.inodes.exchanged(src, dst)
@@ -534,10 +537,10 @@ class Session(Dispatcher):
         # file is still that version); a file known without hard links needs no look for its
         # other names.
         kept = inode.stamp if inode is not None and inode.cache_ok else None
-        fh = self.ops.open(key, flags, None if inode is None or inode.group else False, kept)
+        fh = self.files.open(key, flags, None if inode is None or inode.group else False, kept)
         if kill & k.OPEN_KILL_SUIDGID and flags & os.O_TRUNC:  # by one without CAP_FSETID
-            self.ops.kill_suidgid(fh)
-        seen, private = self.ops.opened(fh)
+            self.files.kill_suidgid(fh)
+        seen, private = self.files.opened(fh)
         if seen is not None and self.coherence is not None and self.coherence.news():
             # A commit the open read may have come after the look above: its drops go before
             # this reply, or the kernel could show the size it held over the pages read now
@@ -579,7 +582,7 @@ class Session(Dispatcher):
 
     def _read(self, head: Header, buf: memoryview) -> None:
         fh, offset, size = k.READ_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
-        data = self.ops.read(fh, size, offset)
+        data = self.files.read(fh, size, offset)
         self.bytes_read += len(data)
         self._reply_data(head.unique, data)
 
@@ -587,22 +590,22 @@ class Session(Dispatcher):
         fh, offset, size, write_flags = k.WRITE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:4]
         if size > head.len - k.WRITE_DATA:
             raise k.Malformed(f"a write of {size} bytes in a request of {head.len}")
-        written = self.ops.write(fh, buf[k.WRITE_DATA : k.WRITE_DATA + size], offset)
+        written = self.files.write(fh, buf[k.WRITE_DATA : k.WRITE_DATA + size], offset)
         self.bytes_written += written
         if write_flags & k.WRITE_KILL_SUIDGID:  # a writer without CAP_FSETID (HANDLE_KILLPRIV_V2)
-            self.ops.kill_suidgid(fh)
+            self.files.kill_suidgid(fh)
         self._send(k.WRITE_REPLY.pack(k.WRITE_REPLY.size, 0, head.unique, written, 0))
 
     def _fallocate(self, head: Header, buf: memoryview) -> None:
         fh, offset, length, mode = k.FALLOCATE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:4]
-        self.ops.fallocate(fh, offset, length, mode)
+        self.files.fallocate(fh, offset, length, mode)
         self._reply_ok(head.unique)
 
     def _lseek(self, head: Header, buf: memoryview) -> None:
         fh, offset, whence = k.LSEEK_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
         if whence not in (os.SEEK_DATA, os.SEEK_HOLE):  # the kernel answers the others itself
             raise FsError(errno.EINVAL, f"lseek whence {whence}", quiet=True)
-        at = self.ops.seek(fh, offset, whence)
+        at = self.files.seek(fh, offset, whence)
         self._send(k.LSEEK_REPLY.pack(k.LSEEK_REPLY.size, 0, head.unique, at))
 
     def _flush(self, head: Header, buf: memoryview) -> None:
@@ -635,12 +638,12 @@ class Session(Dispatcher):
 
     def flushes(self, requests: list[memoryview]) -> None:
         """Answer several closes of different files (each one :meth:`shared_flush`) at once:
-        their commits in one transaction where they can be (``Operations.flush_many``), each
+        their commits in one transaction where they can be (``HandleTable.flush_many``), each
         answered with its own result."""
         heads = [Header._make(k.IN_HEADER.unpack_from(data)) for data in requests]
         self._requests[k.FLUSH] += len(heads)
         fhs = [k.FLUSH_IN.unpack_from(data, k.IN_HEADER_SIZE)[0] for data in requests]
-        results = self.ops.flush_many(fhs)
+        results = self.files.flush_many(fhs)
         for head, data, result in zip(heads, requests, results, strict=True):
             if isinstance(result, Exception):
                 self._failed(head, k.FLUSH, result, data)
@@ -652,7 +655,7 @@ class Session(Dispatcher):
             self._reply_ok(head.unique)
 
     def _fsync(self, head: Header, buf: memoryview) -> None:
-        self._stored(head.nodeid, self.ops.fsync(k.FSYNC_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]))
+        self._stored(head.nodeid, self.files.fsync(k.FSYNC_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]))
         self._reply_ok(head.unique)
 
     def _release(self, head: Header, buf: memoryview) -> None:
@@ -660,7 +663,7 @@ class Session(Dispatcher):
             self._stored(head.nodeid, self.ops.release(k.RELEASE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]))
         except Exception as exc:  # nobody to tell: close() has returned already
             log.error("release %s: %s", self._describe(head), exc)
-        outdated = self.ops.outdated()
+        outdated = self.files.take_outdated()
         if outdated and self._inval_ok:  # shown as the version its last descriptors read
             # Its size at once; its pages, the older version's, by the next open (none kept).
             held = [n for n in map(self.inodes.held, outdated) if n is not None]

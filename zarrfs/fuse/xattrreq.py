@@ -6,8 +6,11 @@ A GETXATTR or LISTXATTR of size 0 asks only how many bytes the answer has; a lar
 gets the bytes, or ERANGE when they do not fit.
 
 The kernel caches no extended attributes: ``ls -l`` asks each file's ``security.selinux``
-every time (one request a file, each a transaction reading the node; docs/performance.md,
-"Listing a folder again"). A mount that follows a change feed remembers which nodes the
+(one round trip a file). A node without that label answers EOPNOTSUPP, not ENODATA: programs
+linked with libselinux (``ls``, ``cp``) then take the filesystem as one without labels and stop
+asking for the rest of their run (docs/performance.md, "`ls -l` and the SELinux label"; under
+SELinux the kernel answers that name itself and never asks the daemon). A label set is kept
+and read back like any ``security.*`` name. A mount that follows a change feed remembers which nodes the
 kernel holds were read with none (:meth:`~zarrfs.fuse.inodes.InodeTable.bare_of_xattrs`)
 and answers those without reading. What drops the kernel's attributes of a node drops that
 too: the feed telling of a change to the file (:mod:`zarrfs.fuse.coherence`), a lock granted
@@ -25,6 +28,9 @@ from zarrfs.fuse.abi import Header
 from zarrfs.fuse.inodes import InodeTable
 from zarrfs.fuse.replies import Replies
 
+#: The SELinux label: EOPNOTSUPP for a node without one (see the module's docstring).
+SELINUX = b"security.selinux"
+
 
 class XattrRequests:
     """Answers a session's extended-attribute requests. ``key`` gives the store key of a node
@@ -37,12 +43,17 @@ class XattrRequests:
         key: Callable[[int], str],
         replies: Replies,
         followed: Callable[[], bool],
+        error: Callable[[Header, int], None] | None = None,
     ) -> None:
         self.ops = ops
         self.inodes = inodes
         self.key = key
         self.replies = replies
         self.followed = followed  # whether a change feed keeps what the mount read true
+        # The error reply, counted as the dispatcher counts it: a name the node is known not to
+        # have is answered with no exception raised (a new file's security.capability, before
+        # its first write; ls -l's label).
+        self.error = error
 
     def _record(self, nodeid: int, key: str) -> dict[bytes, bytes] | None:
         """Every extended attribute of the node: none when known to be none, else read (and,
@@ -68,7 +79,19 @@ class XattrRequests:
         size = k.GETXATTR_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]
         name = k.name(buf, k.IN_HEADER_SIZE + k.GETXATTR_IN.size, head.len)
         key = self.key(head.nodeid)
-        self._sized(head, size, self.ops.getxattr(key, name, self._record(head.nodeid, key)))
+        record = self._record(head.nodeid, key)
+        error = self.error
+        acl = name.startswith(b"system.")  # POSIX ACLs: the ops' to answer
+        if record is not None and error is not None and name not in record and not acl:
+            error(head, errno.EOPNOTSUPP if name == SELINUX else errno.ENODATA)
+            return
+        try:
+            value = self.ops.getxattr(key, name, record)
+        except FsError as exc:
+            if exc.errno == errno.ENODATA and name == SELINUX:
+                raise FsError(errno.EOPNOTSUPP, f"{key}: no SELinux label", quiet=True) from None
+            raise
+        self._sized(head, size, value)
 
     def listxattr(self, head: Header, buf: memoryview) -> None:
         size = k.GETXATTR_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]

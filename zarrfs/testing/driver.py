@@ -14,12 +14,14 @@ import os
 import numpy as np
 import pytest
 
+from zarrfs.backends import open_driver, registry
 from zarrfs.backends.base import (
     DATA,
     KEYS,
     SIDE,
     SIZES,
     VALUES,
+    BackendError,
     Driver,
     Get,
     HasPrefix,
@@ -27,6 +29,7 @@ from zarrfs.backends.base import (
     Size,
     prefix_stop,
 )
+from zarrfs.backends.urls import database_path
 
 from .driver_txn import TransactionConformance, keys_of
 
@@ -44,13 +47,8 @@ class DriverConformance(TransactionConformance):
     or share it with another process open ``url`` with :func:`zarrfs.backends.open_driver`,
     which finds a third-party driver through its entry point (``zarrfs.backends``)."""
 
-    #: Longest key in UTF-8 bytes the database accepts (None: no practical limit).
-    max_key: int | None = None
     #: Whether two processes can open the same URL (not for the in-process memory driver).
     multiprocess = True
-    #: Whether another driver may open the database while one has it open for writing (DBM:
-    #: one writer and no reader beside it, a second open refused with ``BackendError``).
-    shared = True
     #: Whether data survives closing and reopening the driver.
     persistent = True
     #: Whether side data commits atomically with data (LMDB: two environments, two commits,
@@ -64,8 +62,36 @@ class DriverConformance(TransactionConformance):
 
     # -- basics -------------------------------------------------------------------------------
     def test_registry_picks_this_driver(self, driver, url):
+        """The URL's scheme is declared (in its package's ``about``) to be this driver's, and
+        what the driver declares it can do it does."""
         assert isinstance(driver, Driver)
-        assert url.split("://")[0] in type(driver).schemes or "://" not in url
+        scheme, full = registry.normalize_url(url)
+        about = registry.about(scheme)
+        cls = type(driver)
+        assert about.driver_class(scheme) is cls
+        assert scheme in about.schemes and all(s == s.lower() for s in about.schemes)
+        assert cls.max_key_size is None or cls.max_key_size > 0
+        # A feature declared is implemented (the base's method refuses).
+        assert not cls.snapshots or cls.snapshot is not Driver.snapshot
+        assert not cls.keeps_index or cls.reindex is not Driver.reindex
+        assert not cls.versioned or cls.commit is not Driver.commit
+        path = database_path(full)
+        if about.files is None:
+            assert path is None, "a server's URL names no path"
+        else:
+            # what the driver made there is told as its own (or nothing yet), never as another's
+            assert path is not None and about.files.what_is_there(path) != "other"
+            assert about.files.database_at(path) == path
+
+    def test_an_undeclared_option_is_refused(self, url):
+        """A query option the driver's ``about`` does not declare is refused, and the refusal
+        names those it declares (a typo is never ignored)."""
+        scheme, full = registry.normalize_url(url)
+        about = registry.about(scheme)
+        with pytest.raises(BackendError, match="zarrfs_undeclared") as refused:
+            open_driver(full + ("&" if "?" in full else "?") + "zarrfs_undeclared=1").close()
+        for name in about.options:
+            assert name in str(refused.value)
 
     @pytest.mark.parametrize("space", [DATA, SIDE])
     def test_get_put_delete(self, driver, space):
@@ -457,7 +483,8 @@ class DriverConformance(TransactionConformance):
         driver.put(ok, b"1")
         assert driver.get(ok) == b"1"
         huge = "k/" + "y" * 4000
-        if self.max_key is not None and len(huge) > self.max_key:
+        limit = type(driver).max_key_size
+        if limit is not None and len(huge) > limit:
             with pytest.raises(InvalidKeyError):
                 driver.put(huge, b"2")
             with pytest.raises(InvalidKeyError):

@@ -173,7 +173,7 @@ class TransactionConformance(Claims):
         with pytest.raises(ReadOnlyError):
             driver.transact(lambda t: t.delete("k"), write=False)
         driver.put("k", b"v")
-        if not self.shared:  # no reader beside a writer: the reader comes after it
+        if not type(driver).shared:  # no reader beside a writer: the reader comes after it
             for readonly in (True, False):
                 with pytest.raises(BackendError):
                     open_driver(url, readonly=readonly).close()
@@ -189,7 +189,7 @@ class TransactionConformance(Claims):
                 ro.transact(lambda t: None)
         finally:
             ro.close()
-        if self.shared:
+        if type(driver).shared:
             assert driver.get("k") == b"v"
 
     def test_retry_actually_retries(self, driver):

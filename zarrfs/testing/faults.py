@@ -6,7 +6,7 @@ the database's own transaction, and then, instead of committing, the transaction
 back by the database and :class:`CommitFailed` is raised, as a commit refused by the database
 (a full disk, a server gone) would be. On LMDB the failure is the data environment's commit,
 after the side environment (the bookkeeping) committed: the path that puts the side records
-back (``zarrfs.backends.lmdb.LMDBTxn.finish``). Nothing is mocked: reads in the transaction, the
+back (``zarrfs.backends.lmdb.driver.LMDBTxn.finish``). Nothing is mocked: reads in the transaction, the
 retries of :meth:`Driver.transact` and what the database holds afterwards are the real ones.
 
     with failing_commits(driver) as faults:

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 from collections.abc import Iterator
 
-from zarrfs.backends.base import SIDE, Driver, Txn
+from zarrfs.backends.base import Driver, Txn
 from zarrfs.format.keys import split_key
 from zarrfs.format.reconsolidate import is_document_key, is_stale, rebuilt
-from zarrfs.fs.sidedata import Attrs, attr_key
+from zarrfs.fs import records
 from zarrfs.tools.copy import database_items, folder_files, is_url
 
 __all__ = ["consolidate"]
@@ -53,11 +52,7 @@ def _rebuild_in(t: Txn, doc_key: str) -> bool:
     if new is None:
         return False
     t.put(doc_key, new)
-    record = t.get(attr_key(doc_key), SIDE)
-    attrs = Attrs.unpack(record) if record is not None else None
-    if attrs is not None:  # a rewritten file: its mtime moves (tools that sync by mtime)
-        attrs.mtime = attrs.ctime = time.time_ns()
-        t.put(attr_key(doc_key), attrs.pack(), SIDE)
+    records.restamp(t, doc_key)  # a rewritten file: its mtime moves (tools that sync by mtime)
     return True
 
 

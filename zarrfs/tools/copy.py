@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from zarrfs.backends.base import KEYS, SIDE, SIZES, VALUES, Driver, Get
-from zarrfs.fs import parts
+from zarrfs.fs import parts, records
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.manifest import MAGIC, MANIFEST_SIZE, MAP_MAGIC
 from zarrfs.fs.names import key_text, name_bytes
@@ -46,9 +46,9 @@ class CopyError(Exception):
 def is_url(location: str) -> bool:
     """Whether ``location`` names a database (``scheme://...``, or a ``.zarrdb`` file, which is
     SQLite) rather than a folder."""
-    from zarrfs.backends.registry import bare_path_scheme
+    from zarrfs.backends.registry import about, bare_path_scheme
 
-    return "://" in location or bare_path_scheme(location) == "sqlite"
+    return "://" in location or about(bare_path_scheme(location)).bare != ""
 
 
 def folder_key(rel: str) -> str:
@@ -327,10 +327,10 @@ class _Database:
             parts.free(self.driver, self.driver.transact(lambda t: _put_whole(t, whole)))
         for key, value in parted:
             part = min(value.parted.part, limit or value.parted.part)
-            parts.put_parts(self.driver, key, len(value), value.readinto, part)
+            records.put_parts(self.driver, key, len(value), value.readinto, part)
         for key, value in batch:
             if not isinstance(value, _Parted) and limit is not None and len(value) > limit:
-                parts.put_value(self.driver, key, value, parts.part_size(parts.DEFAULT_ABOVE, limit))
+                records.put_value(self.driver, key, value, parts.part_size(parts.DEFAULT_ABOVE, limit))
 
     def close(self) -> None:
         self.driver.close()
@@ -518,7 +518,7 @@ def _carry_xattrs(src: Any, dst: Any, skipped: set[str]) -> None:
 
 def _exists_at_all(dest: Any) -> bool:
     """Whether a destination folder or file database is there already (a dry run creates none)."""
-    from zarrfs.urls import database_path
+    from zarrfs.backends.urls import database_path
 
     if not isinstance(dest, str):
         return True
@@ -529,18 +529,20 @@ def _exists_at_all(dest: Any) -> bool:
 def _as_database(location: Any) -> Any:
     """A path that holds an LMDB database as its ``lmdb://`` URL (what a bare path means to
     every command: its keys are copied, not its ``data.mdb``); anything else as it is."""
-    from zarrfs.dbfiles import what_is_there
-    from zarrfs.urls import whole_database
+    from zarrfs.backends.registry import bare_path_scheme, what_is_there
+    from zarrfs.backends.urls import whole_database
 
-    if isinstance(location, str) and not is_url(location) and what_is_there("lmdb", location) == "database":
-        return whole_database("lmdb://" + os.path.abspath(location))  # data.mdb: its folder
+    if isinstance(location, str) and not is_url(location):
+        scheme = bare_path_scheme(location)  # the one that takes it: LMDB
+        if what_is_there(scheme, location) == "database":
+            return whole_database(f"{scheme}://" + os.path.abspath(location))  # data.mdb: its folder
     return location
 
 
 def _identity(location: str) -> str:
     """What tells two ends apart: a file database's or a folder's real path, else the URL
     without credentials."""
-    from zarrfs.urls import database_path, shown_url, whole_database
+    from zarrfs.backends.urls import database_path, shown_url, whole_database
 
     path = database_path(whole_database(location)) if is_url(location) else location
     return os.path.realpath(path) if path is not None else shown_url(location)
@@ -563,10 +565,10 @@ def _check_ends(source: Any, dest: Any) -> None:
     while at and not os.path.lexists(at):
         at = os.path.dirname(at.rstrip("/"))
     if at and not os.path.isdir(at):
-        from zarrfs.dbfiles import kind_at, kind_name
+        from zarrfs.backends.registry import about, kind_at
 
         kind = kind_at(at)
-        what = f"{kind_name(kind)} (its URL: {kind}://{os.path.abspath(at)})" if kind else "a file"
+        what = f"{about(kind).kind} (its URL: {kind}://{os.path.abspath(at)})" if kind else "a file"
         where = f"destination {dest}" if at == dest else f"destination {dest}: {at}"
         raise CopyError(f"{where} is {what}, not a folder: give a folder, or a database URL")
 

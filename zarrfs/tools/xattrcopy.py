@@ -14,7 +14,8 @@ import os
 from collections.abc import Iterator
 
 from zarrfs.backends.base import SIDE, VALUES, Driver, prefix_stop
-from zarrfs.fs.sidedata import XATTR, pack_xattrs, unpack_xattrs, xattr_key
+from zarrfs.fs import records
+from zarrfs.fs.sidedata import XATTR, pack_xattrs, unpack_xattrs
 
 BATCH = 256
 _NOT_KEPT = (errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM, errno.ENODATA)
@@ -80,4 +81,4 @@ def put_database_xattrs(driver: Driver, items: list[tuple[str, dict[bytes, bytes
     """Keep the attributes of ``items`` as a mount keeps them."""
     for start in range(0, len(items), BATCH):
         batch = items[start : start + BATCH]
-        driver.transact(lambda t, b=batch: [t.put(xattr_key(k), pack_xattrs(x), SIDE) for k, x in b])
+        driver.transact(lambda t, b=batch: [records.put_xattrs(t, [k], pack_xattrs(x)) for k, x in b])

@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from fsspec.spec import AbstractFileSystem
 
 from zarrfs.backends.base import SIZES
+from zarrfs.backends.registry import what_is_there
 from zarrfs.backends.versionpath import split_version
-from zarrfs.dbfiles import check_database_path, what_is_there
+from zarrfs.dbfiles import check_database_path
 from zarrfs.fs import parts
-from zarrfs.urls import MountFailure, redis_secret
+from zarrfs.urls import MountFailure, with_password
 
 if TYPE_CHECKING:  # zarr is imported at the first database opened: fsspec imports this module
     from zarrfs.store import DatabaseStore  # for every zip:// of its own too (see schemes)
@@ -140,7 +141,7 @@ class DatabaseFileSystem(AbstractFileSystem):
         if ident is None:
             url = location.driver_url(self.protocol, root, self.options, self.password)
             with translated(self.unstrip_protocol(root), self.password):
-                url = redis_secret(url)
+                url = with_password(url)
             ident = self._idents[root] = (url, *self._config())
         evicted = []
         with _STORES_LOCK:

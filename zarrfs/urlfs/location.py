@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
+from zarrfs.backends.registry import files_of, what_is_there
 from zarrfs.backends.versionpath import split_version
-from zarrfs.dbfiles import what_is_there
 
 #: Schemes whose database is a path on this machine (a Redis ``unix://`` socket too).
 PATH_SCHEMES = ("lmdb", "sqlite", "dbm", "zip", "icechunk", "unix")
@@ -85,7 +85,8 @@ def _ends_database(scheme: str, path: str) -> bool:
         return what_is_there("dbm", path) != "other" or not os.path.isdir(path)
     if not os.path.isdir(path):
         return True  # a file, a socket, or nothing: the database is here
-    return what_is_there(scheme, path) == "database"  # an LMDB or Icechunk folder
+    files = files_of(scheme)  # None for a unix socket's path: a folder is never that
+    return files is not None and files.what_is_there(path) == "database"  # an LMDB or Icechunk folder
 
 
 def split_files(scheme: str, path: str, known: frozenset[str]) -> tuple[str, str]:

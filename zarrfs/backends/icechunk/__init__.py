@@ -1,5 +1,2 @@
-"""Icechunk repositories as folders: ``icechunk:///path/repo?branch=main`` (see ``driver``)."""
-
-from .driver import IcechunkDriver
-
-__all__ = ["IcechunkDriver"]
+"""Icechunk repositories as folders: ``icechunk:///path/repo?branch=main``
+(:class:`~.driver.IcechunkDriver` in ``driver``, declared in ``about``)."""

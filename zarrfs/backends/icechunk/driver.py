@@ -40,6 +40,7 @@ from ..keyindex import KeyIndex
 from ..overlay import OverlayTxn
 from ..urloptions import check_options, parse_file_url
 from ..versionpath import split_version
+from .about import ABOUT
 
 log = logging.getLogger("zarrfs.backends.icechunk")
 T = TypeVar("T")
@@ -72,14 +73,15 @@ class IcechunkTxn(OverlayTxn):
 class IcechunkDriver(Driver):
     """Driver for ``icechunk://`` URLs; see the module docstring."""
 
-    schemes = ("icechunk",)
+    versioned = True  # a branch's session is committed by hand (zarrfs commit)
+
     #: Seconds between two looks at :meth:`changes` (only a commit changes what is seen).
     feed_interval = 0.5
 
     def __init__(self, url: str, readonly: bool = False) -> None:
         super().__init__(url, readonly)
         path, options = parse_file_url(url)
-        check_options(url, options, {"branch", "tag", "snapshot"})
+        check_options(url, options, set(ABOUT.options))
         path, kind, name = split_version(path)
         if kind is not None:
             if kind in options:
@@ -91,7 +93,7 @@ class IcechunkDriver(Driver):
         self.path = self.where = path
         self.branch = options.get("branch", "main") if not named or named[0] == "branch" else None
         self.tag = options.get("tag")
-        self.snapshot = options.get("snapshot")
+        self.snapshot_id = options.get("snapshot")
         self.lock = threading.RLock()
         self.side = KeyIndex()  # side records, in memory
         self.scratch: dict[bytes, bytes] = {}  # names Icechunk does not take (yet)
@@ -109,7 +111,7 @@ class IcechunkDriver(Driver):
                 self.repo = icechunk.Repository.create(storage)
             if self.branch is None:
                 self.readonly = True  # a tag or a snapshot is one version
-                self.session = self.repo.readonly_session(tag=self.tag, snapshot_id=self.snapshot)
+                self.session = self.repo.readonly_session(tag=self.tag, snapshot_id=self.snapshot_id)
             elif readonly:
                 self.session = self.repo.readonly_session(branch=self.branch)
             else:

@@ -1,4 +1,5 @@
-"""The LMDB driver (``lmdb://``, or a bare path): :class:`LMDBDriver` in ``driver``.
+"""The LMDB driver (``lmdb://``, or a bare path): :class:`~.driver.LMDBDriver` in ``driver``,
+declared in ``about`` (which imports neither the driver nor ``lmdb``).
 
 The transaction (:class:`LMDBTxn`: reads, writes, scans, and the commit of two environments
 with one outcome) and the driver live in ``driver``; its pieces: ``environments`` (the data and
@@ -6,7 +7,3 @@ side environments, error translation), ``maps`` (growing a full map), ``longkeys
 LMDB's limit), ``scan`` (cursor rows and their merge), ``feed`` (the change log), ``holder``
 (values read in place), ``pages`` (releasing the map's pages).
 """
-
-from .driver import LMDBDriver, LMDBTxn
-
-__all__ = ["LMDBDriver", "LMDBTxn"]

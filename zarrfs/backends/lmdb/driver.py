@@ -26,7 +26,6 @@ import lmdb
 from ..base import (
     DATA,
     SIDE,
-    BackendError,
     Driver,
     Fetch,
     HasPrefix,
@@ -41,9 +40,8 @@ from ..filespace import statvfs
 from ..filewatch import FileWatch
 from ..urloptions import check_options, parse_bool, parse_file_url, parse_size
 from . import feed, longkeys, pages
+from .about import ABOUT, FILES, SIDE_FILE_SUFFIX, SIDE_IN_FOLDER
 from .environments import (
-    RESERVE_IN_FOLDER,
-    RESERVE_SUFFIX,
     DiskRoom,
     KnownSizes,
     SideEnvironment,
@@ -54,14 +52,12 @@ from .environments import (
 )
 from .feed import Own
 from .holder import Holder
-from .maps import OPTIONS, Maps, gate
+from .maps import Maps, gate
 from .scan import cursor_rows, merged
 from .snapshot import hold as hold_snapshot
 
 #: Seconds a read waits for the data commit of side records it found ahead of its data.
 SIDE_AHEAD_WAIT = 0.5
-SIDE_IN_FOLDER = "zarrfs-side.mdb"
-SIDE_FILE_SUFFIX = ".zarrfs-side"
 _NONE: dict[Any, Any] = {}  # what a read transaction changed: nothing (never written to)
 
 
@@ -125,8 +121,10 @@ class LMDBTxn(Txn):
             env = self._driver.side.env(create and self.write)
             if env is None:
                 return None
-            with translated(self.where, SIDE):
+            try:  # not translated(): a context manager costs more than the begin (one a lookup)
                 self._side = env.begin(write=self.write, buffers=True)
+            except lmdb.Error as exc:
+                raise translate(exc, self.where, SIDE) from exc
             if not self.write:
                 self._check_side(self._side)
         return self._side
@@ -191,11 +189,13 @@ class LMDBTxn(Txn):
             return self._put_long(raw, value, space)
         txn = self._txn(space)
         assert txn is not None  # a write transaction creates the side environment
-        with translated(self.where, space):
+        try:  # a plain try, not translated(): a commit makes three puts or more
             if space is SIDE and raw not in self._side_before:
                 old = txn.get(raw)
                 self._side_before[raw] = None if old is None else pages.copied(self._driver, old)
             txn.put(raw, value)
+        except lmdb.Error as exc:
+            raise translate(exc, self.where, space) from exc
         if space is DATA:
             n = len(value)
             self._changes[raw] = n if n >= KnownSizes.LARGE else None
@@ -218,13 +218,15 @@ class LMDBTxn(Txn):
             return
         txn = self._txn(space)
         assert txn is not None
-        with translated(self.where, space):
+        try:  # a plain try, as in _put
             if space is SIDE and raw not in self._side_before:
                 old = txn.get(raw)
                 if old is None:
                     return
                 self._side_before[raw] = pages.copied(self._driver, old)
             found = txn.delete(raw)
+        except lmdb.Error as exc:
+            raise translate(exc, self.where, space) from exc
         if found and space is DATA:  # a delete of nothing changes nothing (no new commit)
             self._changes[raw] = None
 
@@ -290,7 +292,11 @@ class LMDBTxn(Txn):
                     except UnicodeDecodeError:  # not a key (scan skips it): scan decides
                         return super()._has_prefix(raw, space)
                     return True
-            return self._any_long(space) and longkeys.has_prefix(self._txn(SIDE, False), raw, space)
+            seen = self._long_any  # _any_long's answer when it has one: a miss asks it each time
+            long = None if seen is None else seen.get(space)
+            if long is None:
+                long = self._any_long(space)
+            return long and longkeys.has_prefix(self._txn(SIDE, False), raw, space)
         except lmdb.Error as exc:
             raise translate(exc, self.where) from exc
 
@@ -301,7 +307,12 @@ class LMDBTxn(Txn):
         data, fit = self._data, self._fit
         try:
             for kind, raw, space in plan:
-                txn = data if space is DATA else self._txn(space, False)
+                if space is DATA:
+                    txn = data
+                else:
+                    txn = self._side
+                    if txn is None:
+                        txn = self._txn(space, False)
                 if kind is HasPrefix:
                     append(self._has_prefix(raw, space))
                 elif len(raw) > fit:
@@ -400,17 +411,15 @@ class LMDBTxn(Txn):
 class LMDBDriver(Driver):
     """Driver for LMDB environments; see the module docstring."""
 
-    schemes = ("lmdb",)
+    snapshots = True
     snapshot = hold_snapshot  # -o snapshot: the state of now, held
-    #: No key limit: keys over LMDB's (``key_fit``) go to the long-key store (``longkeys``).
-    max_key_size: int | None = None
 
     def __init__(self, url: str, readonly: bool = False) -> None:
         super().__init__(url, readonly)
         self.file_watch: FileWatch | None = None  # made when the daemon asks (feed_fileno)
         path, options = parse_file_url(url)
-        check_options(url, options, {"map_size", "sync", *OPTIONS})
-        path = self.database_at(path)
+        check_options(url, options, set(ABOUT.options))
+        path = FILES.database_at(path)
         self.path = path
         self.map_size = parse_size("map_size", options.get("map_size", str(2**40)))
         sync = parse_bool("sync", options.get("sync", "0"))
@@ -439,29 +448,6 @@ class LMDBDriver(Driver):
         # Every write keeps a change log for the other mounts (feed); own: its entries.
         self.log_changes = not readonly
         self.own = Own()
-
-    @classmethod
-    def database_at(cls, path: str) -> str:
-        """A folder's ``data.mdb`` or ``lock.mdb`` names the folder's environment: opened as a
-        file of its own, LMDB would lock it with another lock file (``data.mdb-lock``), which
-        excludes nothing the folder's writers do. The side environment and the disk reserve
-        are bookkeeping of the database beside them: refused."""
-        folder, name = os.path.split(path.rstrip("/"))
-        if name in ("data.mdb", "lock.mdb") and os.path.isfile(path):
-            return folder
-        file = path.removesuffix("-lock")
-        owners = [os.path.join(folder, "data.mdb")] if os.path.basename(file) == SIDE_IN_FOLDER else []
-        owners += [file.removesuffix(s) for s in (SIDE_FILE_SUFFIX, RESERVE_SUFFIX) if file.endswith(s)]
-        if name == RESERVE_IN_FOLDER:
-            owners.append(os.path.join(folder, "data.mdb"))
-        for owner in owners:
-            if os.path.isfile(owner):
-                whole = folder if owner.endswith("/data.mdb") else owner
-                raise BackendError(
-                    f"{path} is zarrfs's bookkeeping of the LMDB database {whole}, not a database: "
-                    f"name {whole} instead"
-                )
-        return path
 
     # The one-shot size skips the Txn object and the retry loop: the mount asks a file's size
     # before each read of it; this measurably halves the call (docs/performance.md).

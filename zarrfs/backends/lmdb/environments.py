@@ -26,11 +26,10 @@ from ..base import (
 )
 from ..filespace import Preallocator, Reserve
 from ..writer_wait import LMDBWriterLock
+from .about import RESERVE_IN_FOLDER, RESERVE_SUFFIX
 from .maps import SIDE_MAP_SIZE, MapTooSmall, gate
 
 MAX_READERS = 512
-RESERVE_IN_FOLDER = "zarrfs-reserve"
-RESERVE_SUFFIX = ".zarrfs-reserve"
 
 log = logging.getLogger("zarrfs.backends.lmdb")
 

@@ -33,8 +33,6 @@ log = logging.getLogger("zarrfs.backends.lmdb")
 
 #: The side environment's map at first (address space only: the file grows with its pages).
 SIDE_MAP_SIZE = 2**36
-#: URL options of the maps besides ``map_size``.
-OPTIONS = ("map_max", "side_map_size")
 #: Seconds a growth waits for the process's open transactions to end before it gives up.
 DRAIN = 5.0
 

@@ -18,7 +18,6 @@ import ctypes
 import ctypes.util
 import logging
 import os
-import sys
 from typing import Any
 
 log = logging.getLogger("zarrfs.backends.lmdb")
@@ -48,20 +47,9 @@ def _libc_madvise() -> Any:
 
 
 def _environments(driver: Any) -> list[Any]:
-    lmdb = sys.modules.get("lmdb")
-    if lmdb is None:
-        return []
-    envs = []
-    env = getattr(driver, "env", None)
-    if isinstance(env, lmdb.Environment):
-        envs.append(env)
-    side = getattr(driver, "side", None)
-    side_env = getattr(side, "env", None)
-    if callable(side_env):
-        env = side_env(False)
-        if isinstance(env, lmdb.Environment):
-            envs.append(env)
-    return envs
+    """The LMDB driver's environments: its data's, and its side's once there is one."""
+    side = driver.side.env(False)
+    return [driver.env] if side is None else [driver.env, side]
 
 
 #: Copies smaller than this are not counted (a lookup's small values: a dict update each).
@@ -78,7 +66,7 @@ def copied(driver: Any, view: Any) -> bytes:
 
 
 def touched(driver: Any, nbytes: int) -> None:
-    """``nbytes`` were copied out of ``driver``'s maps (nothing happens for other drivers):
+    """``nbytes`` were copied out of the LMDB ``driver``'s maps:
     release the maps' pages once :data:`BUDGET` bytes were."""
     key = id(driver)
     pending = _pending.get(key, 0) + nbytes

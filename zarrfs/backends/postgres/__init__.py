@@ -1,11 +1,7 @@
-"""The PostgreSQL driver (``postgresql://``): :class:`PostgresDriver` in ``driver``.
+"""The PostgreSQL driver (``postgresql://``): :class:`~.driver.PostgresDriver` in ``driver``,
+declared in ``about``.
 
 Its pieces: ``txn`` (one transaction and its queue of statements), ``sql`` (statements),
 ``connection`` (waits bounded and interruptible), ``feed`` (``NOTIFY`` at each commit,
 ``LISTEN`` per mount).
 """
-
-from .driver import PostgresDriver
-from .txn import PostgresTxn
-
-__all__ = ["PostgresDriver", "PostgresTxn"]

@@ -50,6 +50,7 @@ from ..filespace import statvfs
 from ..snapshot import HeldState
 from ..urloptions import check_options
 from . import feed
+from .about import ABOUT
 from .connection import WatchedConnection
 from .sql import queries as _queries
 from .sql import reason as _reason
@@ -68,10 +69,6 @@ _SPACE = (
     " THEN current_setting('data_directory') END)"
 )
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,50}$")
-_LIBPQ_OPTIONS = {
-    "sslmode", "sslrootcert", "sslcert", "sslkey", "connect_timeout",
-    "application_name", "host",
-}
 log = logging.getLogger("zarrfs.backends.postgres")
 
 DEFER = 0.1  # seconds a reading transaction's COMMIT may wait for the next statement
@@ -85,9 +82,10 @@ _FULL = (pgerr.DiskFull, pgerr.OutOfMemory, pgerr.ProgramLimitExceeded)
 class PostgresDriver(Driver):
     """Driver for ``postgresql://`` URLs; see the module docstring."""
 
-    schemes = ("postgresql", "postgres")
     remote = True
     batched = True
+    snapshots = True  # an exported snapshot, which other mounts may join by name
+    takes_create = True
 
     def __init__(self, url: str, readonly: bool = False, create: bool = True) -> None:
         """``create`` False (no ``-o create``): a table that does not exist is refused, not
@@ -96,7 +94,7 @@ class PostgresDriver(Driver):
         self.create = create
         parts = urlsplit(url)
         options = dict(parse_qsl(parts.query, keep_blank_values=True))
-        check_options(url, options, {"table", "password_file"} | _LIBPQ_OPTIONS)
+        check_options(url, options, set(ABOUT.options))
         table = options.pop("table", "zarr")
         if not _NAME.match(table):
             raise BackendError(f"table name {table!r} is not a plain SQL identifier")

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..base import DATA, BackendError, Driver, Fetch, HasPrefix, Size, Space, Txn, bytes_stop
 from ..buffered import DELETED
+from .about import ABOUT
 from .commit import commit
 from .feed import RedisFeed
 from .index import IndexScans, Report, check_exists, ensure_index, has_index, reindex, scan_keyspace
@@ -38,7 +39,7 @@ from .link import (
     translate,
     translated,
 )
-from .url import REDIS_PY_OPTIONS, KeyNames, check_db, check_query, parse_url
+from .url import KeyNames, check_db, check_query, parse_url
 
 log = logging.getLogger("zarrfs.backends.redis")
 __all__ = ["SPIN", "RedisDriver", "RedisTxn"]
@@ -257,12 +258,13 @@ class RedisTxn(Txn):
 class RedisDriver(Driver):
     """Driver for Redis; see the module docstring."""
 
-    schemes = ("redis", "rediss", "unix", "valkey", "valkeys")
     remote = True
     batched = True
     feed_before_reply = True
     # Optimistic transactions conflict more often than lock-based ones.
     max_attempts = 25
+    keeps_index = True  # the sorted set a RedisStore client does not keep up
+    takes_create = True
 
     def __init__(
         self, url: str, readonly: bool = False, build_index: bool = True, create: bool = True
@@ -280,7 +282,7 @@ class RedisDriver(Driver):
         if any(k in ("spread", "spread_above") for k, _ in parsed.query):
             raise BackendError(f"{self.where}: spread=1 spreads a hierarchy over the masters of a Redis"
                                " Cluster: use a redis+cluster:// URL, or drop spread=1")
-        check_query(parsed, REDIS_PY_OPTIONS)
+        check_query(parsed, ABOUT.options)
         check_db(parsed)
         self._links = Links(self)
         self.feed: RedisFeed | None = None  # started by the first changes() (a mount's)
@@ -362,6 +364,14 @@ class RedisDriver(Driver):
     def scan_keyspace(self):
         """The data keys found by ``SCAN MATCH {prefix}:*`` (see ``index``)."""
         return scan_keyspace(self.client, self.key_names, self.where)
+
+    def usage(self) -> dict[str, Any]:
+        """The server's keys and memory (an error, one line, when it does not answer)."""
+        try:
+            memory = self.client.info("memory")
+            return {"keys": self.client.dbsize(), "used_memory": memory.get("used_memory")}
+        except Exception as exc:  # the server is down: say so, the status still answers
+            return {"error": str(exc)}
 
     def reindex(self, prune: bool = True, report: Report | None = None) -> int:
         """Add every ``{prefix}:*`` string key to the index (keys another client such as

@@ -1,7 +1,4 @@
-"""The Redis Cluster driver (``redis+cluster://``): :class:`RedisClusterDriver` in ``driver``, the
-Redis driver with one hash tag per hierarchy; ``feed`` follows the slot's master.
+"""The Redis Cluster driver (``redis+cluster://``): :class:`~.driver.RedisClusterDriver` in
+``driver``, declared in ``about``: the Redis driver with one hash tag per hierarchy; ``feed``
+follows the slot's master.
 """
-
-from .driver import RedisClusterDriver, RedisClusterTxn
-
-__all__ = ["RedisClusterDriver", "RedisClusterTxn"]

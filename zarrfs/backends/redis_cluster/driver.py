@@ -48,6 +48,7 @@ from ..redis.driver import RedisDriver, RedisTxn
 from ..redis.index import check_exists, ensure_index, has_index
 from ..redis.link import NO_SETINFO, Link, Links, translate
 from ..redis.url import KeyNames, check_db, check_query, parse_url
+from .about import ABOUT
 from .feed import ClusterFeed
 from .spread import SpreadParts
 
@@ -270,7 +271,6 @@ class ClusterLinks(Links):
 class RedisClusterDriver(RedisDriver):
     """Driver for Redis Cluster (and Valkey in cluster mode); see the module docstring."""
 
-    schemes = ("redis+cluster", "rediss+cluster", "valkey+cluster", "valkeys+cluster")
     #: The largest value sent: proto-max-bulk-len's default (the masters are not each asked).
     max_value = 512 << 20
     def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
@@ -300,7 +300,7 @@ class RedisClusterDriver(RedisDriver):
         self.where = parsed.where(prefix)
         self.key_names = KeyNames(prefix)
         self.scripts = [True]  # as RedisDriver's: the listing's script runs on the home master
-        check_query(parsed, {"spread", "spread_above"})
+        check_query(parsed, ABOUT.options)
         check_db(parsed, cluster=True)
         self._options = self._connection_options(parsed.scheme, parsed.userinfo, parsed.query, self.timeout)
         nodes = []

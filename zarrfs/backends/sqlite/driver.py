@@ -42,6 +42,7 @@ from ..urloptions import check_options, parse_bool, parse_file_url
 from ..writer_wait import begin_sqlite_write
 from . import feed
 from . import sql as sq
+from .about import ABOUT
 from .checkpoint import Checkpointer, checkpoint, truncate
 from .snapshot import hold as hold_snapshot
 from .sql import PAGE_SIZE, TABLES, BatchStatements, Connections, blob, prepare, translate, translated
@@ -241,7 +242,7 @@ class SQLiteTxn(Txn):
 class SQLiteDriver(Driver):
     """Driver for SQLite databases; see the module docstring."""
 
-    schemes = ("sqlite",)
+    snapshots = True
     snapshot = hold_snapshot  # -o snapshot: the state of now, held
     batched = True  # read_many is one statement
     #: SQLite's own automatic checkpoint (pages of WAL), the bound behind the background one.
@@ -251,7 +252,7 @@ class SQLiteDriver(Driver):
         super().__init__(url, readonly)
         self.file_watch: FileWatch | None = None  # made when the daemon asks (feed_fileno)
         path, options = parse_file_url(url)
-        check_options(url, options, {"timeout", "sync"})
+        check_options(url, options, set(ABOUT.options))
         self.path = path
         self.timeout = float(options.get("timeout", "10"))
         self.synchronous = "FULL" if parse_bool("sync", options.get("sync", "0")) else "NORMAL"

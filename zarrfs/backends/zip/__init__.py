@@ -1,5 +1,2 @@
-"""Zip archives as folders: ``zip:///path/data.zip`` (see ``driver``)."""
-
-from .driver import ZipDriver
-
-__all__ = ["ZipDriver"]
+"""Zip archives as folders: ``zip:///path/data.zip`` (:class:`~.driver.ZipDriver` in ``driver``,
+declared in ``about``)."""

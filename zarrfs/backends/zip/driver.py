@@ -33,6 +33,7 @@ from ..filespace import statvfs
 from ..keyindex import KeyIndex
 from ..overlay import OverlayTxn
 from ..urloptions import check_options, parse_file_url
+from .about import ABOUT
 
 T = TypeVar("T")
 #: A local file header: signature, version, flags, method, time, date, CRC, sizes, lengths of
@@ -52,12 +53,10 @@ class ZipTxn(OverlayTxn):
 class ZipDriver(Driver):
     """Driver for ``zip://`` URLs; see the module docstring."""
 
-    schemes = ("zip",)
-
     def __init__(self, url: str, readonly: bool = False) -> None:
         super().__init__(url, readonly)
         path, options = parse_file_url(url)
-        check_options(url, options, set())
+        check_options(url, options, set(ABOUT.options))
         self.path = self.where = path
         self.lock = threading.RLock()
         self.data = KeyIndex()  # name (UTF-8) -> ZipInfo

@@ -1,0 +1,481 @@
+"""A database across a network: mounts and drivers talking to their server through
+``zarrfs.testing.proxy.DelayProxy``, which counts round trips (request bursts) and can stop
+forwarding (a server that stops answering, made without a clock).
+
+* a fresh chunk read through a mount of Redis costs at most two round trips (lookup; open and
+  content in one pipeline), counted at the proxy;
+* a PostgreSQL transaction sends its BEGIN with its first reads and its writes with its COMMIT,
+  and with the change feed a reading transaction's COMMIT goes with the next transaction;
+* a server that stops answering in the middle of a commit gives ETIMEDOUT after ``-o timeout=``,
+  and the file is afterwards either what it was or what was written, never a mix;
+* issue #26's counts, on Redis and PostgreSQL: a chunk read after its folder was listed costs
+  about one round trip; a create + write + close in a folder the mount made or listed, a mkdir
+  there, an rmdir and an unlink cost two each (checks, then the commit), the checks still
+  refusing what they refused.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import threading
+import time
+
+import pytest
+from mounting import eventually, read, write
+from psycopg.pq import TransactionStatus
+
+from zarrfs.backends import open_driver
+from zarrfs.backends.base import KEYS, SIDE, SIZES, VALUES, Get, HasPrefix, Size
+from zarrfs.cli.main import daemon_pids
+from zarrfs.testing.proxy import POSTGRES_IDLE_COMMITS, DelayProxy
+
+CHUNK = 64 << 10
+
+
+@pytest.fixture
+def proxy():
+    """A proxy with a round trip of 20 ms: long enough that a client writes a whole pipeline
+    before any of its replies is back, so that a pipeline counts as one round trip however
+    busy the machine is."""
+    with DelayProxy(rtt_ms=20) as p:
+        yield p
+
+
+def _proxied_redis(redis_server, proxy, prefix: str) -> tuple[str, str]:
+    via = proxy.route(redis_server.port)
+    return redis_server.url(0, prefix=prefix), f"redis://127.0.0.1:{via}/0?prefix={prefix}"
+
+
+def _proxied_postgres(postgres_server, proxy, table: str) -> tuple[str, str]:
+    via = proxy.route(postgres_server.port)
+    direct = postgres_server.url(table=table)
+    return direct, direct.replace(f":{postgres_server.port}/", f":{via}/")
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+def test_a_fresh_chunk_read_costs_at_most_two_round_trips(redis_server, proxy, mount_factory):
+    direct, proxied = _proxied_redis(redis_server, proxy, f"rt{os.getpid()}")
+    names = [f"0.{i}" for i in range(24)]
+    values = {n: os.urandom(CHUNK) for n in names}
+    m = mount_factory(direct, ["create"])
+    (m.path / "a").mkdir()
+    for n in names:
+        write(m.path / "a" / n, values[n])
+    m.stop()
+    m2 = mount_factory(proxied, [])
+    # What happens once per folder (its lookup, the look for an array's metadata at the second
+    # open, for reading ahead) is not a chunk read's.
+    for n in names[:2]:
+        assert read(m2.path / "a" / n) == values[n]
+    proxy.reset()
+    for n in names[2:]:
+        assert read(m2.path / "a" / n) == values[n]
+    trips = proxy.round_trips() / (len(names) - 2)
+    assert trips <= 2.0, trips
+
+
+def test_a_redis_listing_batch_is_one_round_trip_and_needs_no_script(redis_server, proxy):
+    """A scan of the Redis index reads a batch of members and their keys (names, sizes, side
+    records) in one script: one round trip, where a range and then its keys took two. A server
+    that runs no script for this client (an ACL without ``@scripting``) is listed the old way,
+    just as exactly. A stale member (its key deleted by a client that keeps no index) is left
+    out either way."""
+    prefix = f"ls{os.getpid()}"
+    direct = redis_server.url(0, prefix=prefix)
+    with open_driver(direct) as d:
+        for i in range(30):
+            d.put(f"a/{i:02d}", b"x" * i)
+        d.put("e:a/link", b"mark", SIDE)
+    client = redis_server.client()
+    client.delete(f"{prefix}:a/07".encode())  # the index still lists it
+    client.execute_command("ACL", "SETUSER", "noscripts", "on", ">pw", "~*", "&*", "+@all", "-@scripting")
+    want_keys = [f"a/{i:02d}" for i in range(30) if i != 7]
+    want_sizes = [(k, int(k[2:])) for k in want_keys]
+    via = proxy.route(redis_server.port)
+    for url, scripted in (
+        (f"redis://127.0.0.1:{via}/0?prefix={prefix}", True),
+        (f"redis://noscripts:pw@127.0.0.1:{via}/0?prefix={prefix}", False),
+    ):
+        with open_driver(url) as driver:
+            for fetch, want in ((KEYS, [(k, None) for k in want_keys]), (SIZES, want_sizes)):
+                proxy.reset()
+                got = driver.transact(lambda t, f=fetch: list(t.scan("a/", "a0", fetch=f)), write=False)
+                assert got == want
+                if scripted:
+                    assert proxy.round_trips() == 1, fetch
+            proxy.reset()
+            entries = lambda t: list(t.scan("e:a/", "e:a0", space=SIDE, fetch=VALUES))  # noqa: E731
+            side = driver.transact(entries, write=False)
+            assert side == [("e:a/link", b"mark")]
+            if scripted:
+                assert proxy.round_trips() == 1
+            assert driver.scripts == [scripted]
+
+
+def test_a_postgres_transaction_sends_begin_with_its_reads_and_writes_with_its_commit(postgres_server, proxy):
+    direct, proxied = _proxied_postgres(postgres_server, proxy, f"rt{os.getpid()}")
+    with open_driver(direct) as d:
+        d.put("a", b"1")
+    with open_driver(proxied) as driver:
+        proxy.reset()
+        got = driver.transact(
+            lambda t: t.read_many([Get("a"), Size("a"), HasPrefix("b/"), Get("zz", SIDE)]), write=False
+        )
+        assert got == [b"1", 1, False, None]
+        assert proxy.round_trips() == 2  # BEGIN + the reads, COMMIT
+
+        def update(t):
+            old = t.get("a")
+            t.put("a", old + b"2")
+            t.put("b/c", b"3")
+            t.delete("zz", SIDE)
+
+        proxy.reset()
+        driver.transact(update)
+        assert proxy.round_trips() == 2  # BEGIN + the read, the writes + NOTIFY + COMMIT
+        proxy.reset()
+        driver.transact(lambda t: None, write=False)
+        assert proxy.round_trips() == 0
+        # With the change feed running, a reading transaction's COMMIT goes with the next one.
+        driver.changes(None)
+        read = lambda: driver.transact(lambda t: t.read_many([Get("a"), Size("b/c")]), write=False)  # noqa: E731
+        proxy.reset()
+        assert read() == [b"12", 1] and read() == [b"12", 1]
+        assert proxy.round_trips() == 2
+        assert driver.conn.info.transaction_status == TransactionStatus.INTRANS
+        deadline = time.monotonic() + 30
+        while driver.conn.info.transaction_status != TransactionStatus.IDLE:  # the feed's poll ends it
+            assert time.monotonic() < deadline, "the last reading transaction was never ended"
+            driver.changes(0)
+            time.sleep(0.05)
+        # Read-your-writes: a read after a write in the same transaction sees it.
+        assert driver.transact(lambda t: (t.put("d", b"4"), t.get("d"))[1]) == b"4"
+    with open_driver(direct) as d:
+        assert d.get("a") == b"12" and d.get("b/c") == b"3" and d.get("d") == b"4"
+
+
+def _commit_stalls(m, proxy, old: bytes, new: bytes) -> None:
+    """Write ``new`` over ``old`` while the proxy holds what carries ``new`` (the commit): the
+    close fails with ETIMEDOUT; once the proxy forwards again, the file is ``old`` or ``new``,
+    whole."""
+    write(m.path / "f", old)
+    errors: list[int] = []
+
+    def writer() -> None:
+        try:
+            write(m.path / "f", new)
+        except OSError as exc:
+            errors.append(exc.errno)
+
+    proxy.hold(new[:64])
+    try:
+        t = threading.Thread(target=writer)
+        t.start()
+        t.join(60)
+        assert not t.is_alive(), "the close did not end within a minute (-o timeout=2)"
+        assert errors == [errno.ETIMEDOUT], errors
+    finally:
+        proxy.release()
+    assert read(m.path / "f") in (old, new)
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+def test_redis_that_stops_answering_mid_commit_times_out_with_nothing_half_done(
+    redis_server, proxy, mount_factory
+):
+    _, proxied = _proxied_redis(redis_server, proxy, f"st{os.getpid()}")
+    m = mount_factory(proxied, ["create", "timeout=2", "cache_timeout=0"])
+    _commit_stalls(m, proxy, b"old" * 1000, b"new" * 3000)
+    write(m.path / "after", b"1")  # the mount works on, without a remount
+    assert read(m.path / "after") == b"1"
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+def test_postgres_that_stops_answering_mid_commit_times_out_with_nothing_half_done(
+    postgres_server, proxy, mount_factory
+):
+    _, proxied = _proxied_postgres(postgres_server, proxy, f"st{os.getpid()}")
+    m = mount_factory(proxied, ["create", "timeout=2", "cache_timeout=0"])
+    _commit_stalls(m, proxy, b"old" * 1000, b"new" * 3000)
+    write(m.path / "after", b"1")
+    assert read(m.path / "after") == b"1"
+
+
+def _array(m, names: list[str], size: int) -> dict[str, bytes]:
+    """A Zarr v2 array ``a`` of one row of ``len(names)`` chunks of ``size`` bytes."""
+    (m.path / "a").mkdir()
+    meta = {
+        "zarr_format": 2, "shape": [1, size * len(names)], "chunks": [1, size], "dtype": "|u1",
+        "compressor": None, "fill_value": 0, "order": "C", "filters": None,
+    }
+    write(m.path / "a" / ".zarray", json.dumps(meta).encode())
+    values = {n: os.urandom(size) for n in names}
+    for n, v in values.items():
+        write(m.path / "a" / n, v)
+    return values
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+def test_chunks_read_in_grid_order_are_read_ahead(redis_server, proxy, mount_factory):
+    direct, proxied = _proxied_redis(redis_server, proxy, f"ra{os.getpid()}")
+    names = [f"0.{i}" for i in range(27)]
+    values = _array(mount_factory(direct, ["create"]), names, CHUNK)
+    m = mount_factory(proxied, [])
+    os.stat(m.path / "a")
+    proxy.reset()
+    for n in names:
+        assert read(m.path / "a" / n) == values[n]
+    trips = proxy.round_trips() / len(names)
+    assert trips <= 0.6, trips  # about one round trip for every nine chunks
+    # The array's grid was read without its codecs: numpy and numcodecs, a fifth of a second
+    # (a second on a busy machine) at the second read of a fresh mount, were never loaded.
+    (pid,) = daemon_pids(str(m.path))
+    with open(f"/proc/{pid}/maps") as fh:
+        loaded = fh.read()
+    assert "/numpy/" not in loaded and "/numcodecs/" not in loaded
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+def test_a_chunk_read_ahead_is_never_older_than_what_the_mount_shows(redis_server, proxy, mount_factory):
+    direct, proxied = _proxied_redis(redis_server, proxy, f"rs{os.getpid()}")
+    names = [f"0.{i}" for i in range(12)]
+    writer = mount_factory(direct, ["create"])
+    values = _array(writer, names, 1000)
+    reader = mount_factory(proxied, [])
+    for n in names[:3]:  # the third is read with the next eight
+        assert read(reader.path / "a" / n) == values[n]
+    new = b"new" * 700
+    write(writer.path / "a" / "0.6", new)  # another mount changes a chunk read ahead
+    deadline = time.monotonic() + 30
+    while os.stat(reader.path / "a" / "0.6").st_size != len(new):
+        assert time.monotonic() < deadline, "the change never showed through the reader"
+        time.sleep(0.02)
+    assert read(reader.path / "a" / "0.6") == new
+    for n in names[3:6] + names[7:]:
+        assert read(reader.path / "a" / n) == values[n]
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+def test_postgres_reads_names_ahead_and_each_open_reads_its_chunk(postgres_server, proxy, mount_factory):
+    """PostgreSQL's notifications come after the commit, so only an open's own read is as new
+    as close-to-open asks: by default a reader in grid order gets the next chunks' names and
+    sizes with each open (their lookups need no round trip) and each open still reads its
+    chunk, one round trip a chunk against about two in no order; values are read ahead only
+    when ``-o chunks_ahead=`` asks."""
+    proxy.idle(*POSTGRES_IDLE_COMMITS)
+    direct, proxied = _proxied_postgres(postgres_server, proxy, f"pa{os.getpid()}")
+    names = [f"0.{i}" for i in range(27)]
+    values = _array(mount_factory(direct, ["create"]), names, CHUNK)
+    shuffled = names[:]
+    random.Random(3).shuffle(shuffled)
+    per_chunk = {}
+    for label, options, order in (
+        ("grid", [], names),
+        ("shuffled", [], shuffled),
+        ("asked", ["chunks_ahead=8"], names),
+    ):
+        m = mount_factory(proxied, options, name=f"m-{label}")
+        os.stat(m.path / "a")
+        proxy.reset()
+        for n in order:
+            assert read(m.path / "a" / n) == values[n]
+        per_chunk[label] = proxy.round_trips() / len(names)
+    assert per_chunk["grid"] <= 1.25, per_chunk
+    assert per_chunk["shuffled"] >= 1.6, per_chunk
+    assert per_chunk["asked"] <= 0.6, per_chunk
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+def test_a_postgres_chunk_looked_up_from_a_read_ahead_opens_at_its_newest_version(
+    postgres_server, proxy, mount_factory
+):
+    """Another mount rewrites a chunk whose name and size a reader read ahead; the reader opens
+    it before the change feed tells (a round trip of 200 ms delays the notification): the
+    open reads the new content, whole, though the lookup showed the old size."""
+    direct, proxied = _proxied_postgres(postgres_server, proxy, f"pn{os.getpid()}")
+    names = [f"0.{i}" for i in range(12)]
+    writer = mount_factory(direct, ["create"])
+    values = _array(writer, names, 1000)
+    reader = mount_factory(proxied, [])
+    for n in names[:3]:  # the third open probes the next eight
+        assert read(reader.path / "a" / n) == values[n]
+    proxy.set_rtt(200)
+    new = b"new" * 700
+    write(writer.path / "a" / "0.6", new)
+    assert read(reader.path / "a" / "0.6") == new
+    for n in names[3:6] + names[7:]:
+        assert read(reader.path / "a" / n) == values[n]
+
+
+# -- round trips of a zarr-like workload (issue #26's targets) -----------------------------------
+
+SERVERS = ["redis", "postgres"]
+
+
+def _proxied(kind: str, request, proxy, name: str) -> tuple[str, str]:
+    if kind == "redis":
+        return _proxied_redis(request.getfixturevalue("redis_server"), proxy, name)
+    proxy.idle(*POSTGRES_IDLE_COMMITS)
+    return _proxied_postgres(request.getfixturevalue("postgres_server"), proxy, name)
+
+
+def _trips(proxy, calls) -> float:
+    """Round trips per call of ``calls`` (callables), counted at the proxy."""
+    proxy.reset()
+    for call in calls:
+        call()
+    return proxy.round_trips() / len(calls)
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+@pytest.mark.parametrize("kind", SERVERS)
+def test_a_chunk_read_after_its_folder_was_listed_costs_about_one_round_trip(
+    kind, request, proxy, mount_factory
+):
+    """A listing's sizes are hints for the opens after it: each open reads the value with its
+    probe (no lookup: the listing gave the kernel every name)."""
+    direct, proxied = _proxied(kind, request, proxy, f"rl{os.getpid()}")
+    names = [f"0.{i}" for i in range(10)]
+    values = {n: os.urandom(CHUNK) for n in names}
+    m = mount_factory(direct, ["create"])
+    (m.path / "a").mkdir()
+    for n in names:
+        write(m.path / "a" / n, values[n])
+    m2 = mount_factory(proxied, [])
+    assert sorted(os.listdir(m2.path / "a")) == sorted(names)
+    got: dict[str, bytes] = {}
+    trips = _trips(proxy, [lambda n=n: got.setdefault(n, read(m2.path / "a" / n)) for n in names])
+    assert trips <= 1.2, trips
+    assert got == values
+
+
+def _long_listing(folder) -> dict[str, tuple[int, list[str]]]:
+    """What ``ls -l`` asks of each name of ``folder``: its attributes (the listing's, by
+    READDIRPLUS) and its extended attributes (``llistxattr``, which the kernel never caches)."""
+    return {
+        e.name: (e.stat(follow_symlinks=False).st_size, sorted(os.listxattr(e.path, follow_symlinks=False)))
+        for e in os.scandir(folder)
+    }
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+@pytest.mark.parametrize("kind", SERVERS)
+def test_a_long_listing_costs_one_round_trip_for_ten_names_or_sixty(kind, request, proxy, mount_factory):
+    """``ls -l``: the folder's probe with the first batch of its scans and the ranges of the
+    window's attributes, link-group pointers and extended attributes, all in one round trip;
+    nothing a name (each name's ``llistxattr`` cost two round trips, the probe and scans four,
+    and the window's records one more)."""
+    direct, proxied = _proxied(kind, request, proxy, f"ll{os.getpid()}")
+    m = mount_factory(direct, ["create"])
+    want = {}
+    for folder, count in (("ten", 10), ("sixty", 60)):
+        (m.path / folder).mkdir()
+        for i in range(count):
+            name = f"0.{i}"
+            write(m.path / folder / name, b"x" * i)
+            if i % 3 == 0:
+                os.setxattr(m.path / folder / name, "user.n", b"%d" % i)
+            want[folder, name] = (i, ["user.n"] if i % 3 == 0 else [])
+    m2 = mount_factory(proxied, [])
+    trips = {}
+    for folder in ("ten", "sixty"):
+        os.stat(m2.path / folder)
+        got: dict = {}
+        trips[folder] = _trips(proxy, [lambda f=folder, g=got: g.update(_long_listing(m2.path / f))])
+        assert got == {name: v for (f, name), v in want.items() if f == folder}
+    assert trips["sixty"] == trips["ten"] <= 1, trips
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+@pytest.mark.parametrize("kind", SERVERS)
+def test_a_new_file_costs_two_round_trips_in_a_folder_the_mount_knows(kind, request, proxy, mount_factory):
+    """In a folder this mount made or listed, the kernel's lookup of a new name is answered
+    from the names the mount knows (kept true by the change feed), the folder's record (the
+    new file's group) from what the mount last read or wrote of it: a create, write and close
+    is the commit's checks and its write. In a folder only looked up, the first lookup the
+    mount asks the database for reads a small folder's names in the same round trip: one
+    round trip more for the first new file, none for the next. What another mount adds shows
+    all the same."""
+    direct, proxied = _proxied(kind, request, proxy, f"rc{os.getpid()}")
+    other = mount_factory(direct, ["create"])
+    for folder in ("listed", "looked"):
+        (other.path / folder).mkdir()
+        write(other.path / folder / "old", b"old")
+    m = mount_factory(proxied, [])
+    os.mkdir(m.path / "made")
+    assert os.listdir(m.path / "listed") == ["old"]
+    os.stat(m.path / "looked")
+    for folder, first in (("made", 0), ("listed", 0), ("looked", 1)):
+        names = [f"0.{i}" for i in range(20)]
+        trips = _trips(proxy, [lambda n=n, f=folder: write(m.path / f / n, n.encode()) for n in names])
+        assert trips <= 2.0 + first / len(names), (folder, trips)
+        for n in names:
+            assert read(other.path / folder / n) == n.encode()
+    # A folder larger than a batch of its scans is not read by a lookup (one round trip, not
+    # one a batch); each new name's lookup there is one round trip.
+    with open_driver(direct) as d:
+        d.transact(lambda t: [t.put(f"big/{i:04d}", b"x") for i in range(400)])
+    eventually(lambda: os.path.exists(m.path / "big"), "a folder another writer made")
+    assert _trips(proxy, [lambda: os.stat(m.path / "big" / "0001")]) == 1
+    names = [f"new.{i}" for i in range(10)]
+    trips = _trips(proxy, [lambda n=n: write(m.path / "big" / n, n.encode()) for n in names])
+    assert trips <= 3.0, trips
+    assert len(os.listdir(m.path / "big")) == 410
+    with pytest.raises(FileExistsError):  # the checks stand: an existing name is refused
+        os.open(m.path / "made" / "0.1", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    write(other.path / "made" / "theirs", b"theirs")  # another mount adds a name
+    eventually(lambda: os.path.exists(m.path / "made" / "theirs"), "a file another mount made")
+    assert read(m.path / "made" / "theirs") == b"theirs"
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+@pytest.mark.parametrize("kind", SERVERS)
+def test_mkdir_rmdir_and_unlink_cost_two_round_trips_each(kind, request, proxy, mount_factory):
+    """mkdir: the kernel's lookup of the new name answered from the folder's known names (in
+    a folder only looked up, once the first lookup read them), the checks, the write (the
+    reply shows the folder made); rmdir and unlink: the checks (the name, its folder, anything
+    below it, what keeps the folder) in one round trip, the write."""
+    direct, proxied = _proxied(kind, request, proxy, f"rm{os.getpid()}")
+    m = mount_factory(proxied, ["create"])
+    os.mkdir(m.path / "top")
+    names = [f"d{i}" for i in range(10)]
+    trips = _trips(proxy, [lambda n=n: os.mkdir(m.path / "top" / n) for n in names])
+    assert trips <= 2.0, trips
+    write(m.path / "top" / "d0" / "f", b"f")
+    with pytest.raises(OSError) as exc:  # a folder not empty stays
+        os.rmdir(m.path / "top" / "d0")
+    assert exc.value.errno == errno.ENOTEMPTY
+    os.unlink(m.path / "top" / "d0" / "f")
+    with pytest.raises(FileExistsError):
+        os.mkdir(m.path / "top" / "d1")
+    trips = _trips(proxy, [lambda n=n: os.rmdir(m.path / "top" / n) for n in names])
+    assert trips <= 2.0, trips
+    assert os.listdir(m.path / "top") == []
+    files = [f"f{i}" for i in range(10)]
+    for n in files:
+        write(m.path / "top" / n, b"x")
+        os.stat(m.path / "top" / n)
+    trips = _trips(proxy, [lambda n=n: os.unlink(m.path / "top" / n) for n in files])
+    assert trips <= 2.0, trips
+    assert os.listdir(m.path / "top") == []  # the emptied folder is kept
+    with open_driver(direct) as d:
+        assert not [k for k, _ in d.scan("top/")]
+        d.put("theirs/.zgroup", b"{}")  # a folder another writer made: only looked up here
+    eventually(lambda: os.path.exists(m.path / "theirs"), "a folder another writer made")
+    trips = _trips(proxy, [lambda n=n: os.mkdir(m.path / "theirs" / n) for n in names])
+    assert trips <= 2.0 + 1 / len(names), trips  # the first lookup reads the folder's names
+    assert sorted(os.listdir(m.path / "theirs")) == sorted([".zgroup", *names])

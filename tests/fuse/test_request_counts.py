@@ -1,0 +1,109 @@
+"""How many FUSE requests and database transactions a user's operation costs through a real
+mount, counted by the daemon (``zarrfs status``): each request saved is a round trip through
+the kernel and the daemon's Python, so a change that adds one shows here first."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from mounting import needs_fuse
+
+from zarrfs.daemon.control import query
+
+pytestmark = needs_fuse
+
+
+def counted(mount, action, settle: str = "release") -> tuple[dict[str, int], dict[str, int]]:
+    """The requests by type and the transactions the daemon counted during ``action()``; the
+    kernel sends a RELEASE after close() returns, so its count is awaited."""
+    before = query(str(mount.path))
+    action()
+    deadline = time.monotonic() + 5
+    while True:
+        after = query(str(mount.path))
+        done = after["requests"].get(settle, 0) > before["requests"].get(settle, 0)
+        if done or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    requests = {k: n - before["requests"].get(k, 0) for k, n in after["requests"].items()}
+    txns = {k: after["transactions"][k] - before["transactions"][k] for k in ("read", "write")}
+    return {k: n for k, n in requests.items() if n}, txns
+
+
+@pytest.fixture
+def lmdb_mount(tmp_path, mount_factory):
+    m = mount_factory(f"lmdb://{tmp_path}/db.lmdb", ["create"])
+    (m.path / "d").mkdir()
+    return m
+
+
+def test_a_small_file_costs_six_requests_and_one_write_transaction(lmdb_mount):
+    """create + write + close of 4 KiB: LOOKUP (the name is new), CREATE, the kernel's one
+    GETXATTR security.capability of a new file, WRITE, FLUSH (the commit, whose error close()
+    returns), RELEASE; one write transaction."""
+    n = 10
+    files = [lmdb_mount.path / "d" / f"f{i}" for i in range(n)]
+
+    def write_files():
+        for path in files:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.write(fd, b"x" * 4096)
+            os.close(fd)
+
+    def all_released():  # RELEASE follows close(): wait for the last one
+        write_files()
+        time.sleep(0.05)
+
+    requests, txns = counted(lmdb_mount, all_released)
+    per_file = {"lookup": 1, "create": 1, "getxattr": 1, "write": 1, "flush": 1, "release": 1}
+    assert requests == {k: n * v for k, v in per_file.items()}, requests
+    assert txns["write"] == n, txns
+    assert all(p.read_bytes() == b"x" * 4096 for p in files)
+
+
+def test_the_kernel_asks_security_capability_once_a_file_not_once_a_write(lmdb_mount):
+    """With FUSE_HANDLE_KILLPRIV_V2 the kernel remembers a file has no capability after its
+    first write (S_NOSEC), so 16 write(2) calls cost 16 WRITE requests and one GETXATTR, not 16
+    (each a round trip before its write)."""
+    path = lmdb_mount.path / "d" / "big"
+
+    def write_pieces():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        for _ in range(16):
+            os.write(fd, b"y" * 65536)
+        os.close(fd)
+
+    requests, txns = counted(lmdb_mount, write_pieces)
+    assert requests["write"] == 16 and requests.get("getxattr", 0) == 1, requests
+    assert txns["write"] == 1, txns
+    assert path.stat().st_size == 16 * 65536
+
+
+def test_ls_l_asks_the_selinux_label_of_one_file_not_of_each(lmdb_mount):
+    """``ls -l`` asks each file's ``security.selinux``, which the kernel never caches: a node
+    without one answers EOPNOTSUPP, on which ls stops asking for the rest of the folder (with
+    ENODATA it asked again for every file, a round trip each). A label set is read back."""
+    import errno
+    import subprocess
+
+    folder = lmdb_mount.path / "d"
+    for i in range(40):
+        (folder / f"f{i}").write_bytes(b"x")
+    subprocess.run(["ls", "-l", str(folder)], check=True, capture_output=True)  # the kernel holds them
+
+    def ls_l():
+        subprocess.run(["ls", "-l", str(folder)], check=True, capture_output=True)
+
+    requests, _ = counted(lmdb_mount, ls_l, settle="releasedir")
+    assert requests.get("getxattr", 0) <= 2, requests
+    with pytest.raises(OSError) as exc:
+        os.getxattr(folder / "f1", "security.selinux")
+    assert exc.value.errno == errno.EOPNOTSUPP
+    with pytest.raises(OSError) as exc:  # another name of the namespace: not there, as ever
+        os.getxattr(folder / "f1", "security.other")
+    assert exc.value.errno == errno.ENODATA
+    if os.geteuid() == 0:  # security.* is the administrator's to set
+        os.setxattr(folder / "f2", "security.selinux", b"system_u:object_r:tmp_t:s0")
+        assert os.getxattr(folder / "f2", "security.selinux") == b"system_u:object_r:tmp_t:s0"

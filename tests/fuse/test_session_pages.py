@@ -1,0 +1,332 @@
+"""The kernel's page cache through the FUSE session: which opens keep the cached pages, and the
+last partial page handed to the kernel after a commit (see :mod:`zarrfs.fs.pagecache` for the
+policy alone)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from contextlib import contextmanager
+
+import pytest
+from session_wire import GID, UID, attr_of, entry_of, release_storing, stores, z
+
+from zarrfs.fs.api import DIRECT_ABOVE
+from zarrfs.fs.commitoptions import REWRITE
+from zarrfs.fs.tree import RENAME_EXCHANGE
+from zarrfs.fuse import abi as k
+
+
+# ---------------------------------------------------------------------- OPEN and the page cache
+def test_open_keeps_the_cache_only_while_the_file_is_unchanged(make_wire):
+    wire = make_wire(attr_timeout=60)
+    # Stored by a driver directly: the first open finds no pages it could trust.
+    wire.ops.tree.store([("f", b"one", None, REWRITE)])
+    f = wire.lookup(k.ROOT_ID, "f")
+    fh, flags = wire.open(f.nodeid)
+    assert not flags & k.FOPEN_KEEP_CACHE
+    wire.release(f.nodeid, fh)
+    fh, flags = wire.open(f.nodeid)
+    assert flags & k.FOPEN_KEEP_CACHE  # unchanged since the pages were read
+    wire.release(f.nodeid, fh)
+    # Another client changes the file; the kernel's next GETATTR sees it, the next open drops pages.
+    wire.ops.tree.store([("f", b"three", None, REWRITE)])
+    assert wire.getattr(f.nodeid).size == 5
+    fh, flags = wire.open(f.nodeid)
+    assert not flags & k.FOPEN_KEEP_CACHE
+    assert wire.read(f.nodeid, fh) == b"three"
+    wire.release(f.nodeid, fh)
+
+
+def test_a_first_read_only_open_of_a_large_file_goes_past_the_page_cache(make_wire):
+    """On a kernel that can map such files (7.39, DIRECT_IO_ALLOW_MMAP), a large file none of
+    whose pages the kernel holds is read past its page cache on that open; the next open
+    caches it. Writers, small files and kernels without the flag keep the page cache."""
+    wire = make_wire(attr_timeout=60)
+    assert wire.init(minor=39, flags=k.MAX_PAGES, flags2=k.DIRECT_IO_ALLOW_MMAP >> 32).error == 0
+    assert wire.session.agreed.direct_io_mmap
+    big = os.urandom(DIRECT_ABOVE)
+    wire.ops.tree.store([("big", big, None, REWRITE)])
+    wire.ops.tree.store([("small", b"{}", None, REWRITE)])
+    f = wire.lookup(k.ROOT_ID, "big")
+    fh, flags = wire.open(f.nodeid)
+    assert flags & k.FOPEN_DIRECT_IO and not flags & k.FOPEN_KEEP_CACHE
+    assert wire.read(f.nodeid, fh, size=4096, offset=4096) == big[4096:8192]
+    wire.release(f.nodeid, fh)
+    fh, flags = wire.open(f.nodeid)
+    assert flags & k.FOPEN_KEEP_CACHE and not flags & k.FOPEN_DIRECT_IO
+    wire.release(f.nodeid, fh)
+    wire.ops.tree.store([("big", big + b"+", None, REWRITE)])
+    assert wire.getattr(f.nodeid).size == len(big) + 1
+    fh, flags = wire.open(f.nodeid, os.O_RDWR)  # a writer: through the cache
+    assert not flags & (k.FOPEN_DIRECT_IO | k.FOPEN_KEEP_CACHE)
+    wire.release(f.nodeid, fh)
+    s = wire.lookup(k.ROOT_ID, "small")
+    fh, flags = wire.open(s.nodeid)
+    assert not flags & k.FOPEN_DIRECT_IO
+    wire.release(s.nodeid, fh)
+
+
+def test_without_mappable_direct_io_every_open_uses_the_page_cache(make_wire):
+    wire = make_wire(attr_timeout=60)
+    assert wire.init(minor=39, flags=k.MAX_PAGES).error == 0  # flags2 not offered
+    assert not wire.session.agreed.direct_io_mmap
+    wire.ops.tree.store([("big", bytes(1 << 20), None, REWRITE)])
+    f = wire.lookup(k.ROOT_ID, "big")
+    fh, flags = wire.open(f.nodeid)
+    assert not flags & k.FOPEN_DIRECT_IO
+    wire.release(f.nodeid, fh)
+
+
+def test_pages_written_through_the_mount_are_kept_after_the_commit(make_wire):
+    """The kernel's pages of a file written here are its content: a later open keeps them,
+    also when the file was a temporary one stored by its rename (zarr-python's .partial)."""
+    wire = make_wire(attr_timeout=60)
+    g = wire.put_file(k.ROOT_ID, "g", b"written here")
+    assert wire.getattr(g.nodeid).size == 12  # the stored size and mtime are what the commit said
+    fh, flags = wire.open(g.nodeid)
+    assert flags & k.FOPEN_KEEP_CACHE
+    wire.release(g.nodeid, fh)
+    tmp = wire.put_file(k.ROOT_ID, "c.partial", b"chunk")
+    assert wire.ops.tree.driver.get("c.partial") is None  # held until its rename
+    assert wire.rename(k.ROOT_ID, "c.partial", k.ROOT_ID, "c").error == 0
+    assert wire.inodes.key(tmp.nodeid) == "c"
+    fh, flags = wire.open(tmp.nodeid)
+    assert flags & k.FOPEN_KEEP_CACHE
+    assert wire.read(tmp.nodeid, fh) == b"chunk"
+    wire.release(tmp.nodeid, fh)
+    # A commit by someone else afterwards still drops them at the next open.
+    wire.ops.tree.store([("c", b"another", None, REWRITE)])
+    assert wire.getattr(tmp.nodeid).size == 7
+    fh, flags = wire.open(tmp.nodeid)
+    assert not flags & k.FOPEN_KEEP_CACHE
+    wire.release(tmp.nodeid, fh)
+
+
+def test_only_a_file_opened_for_writing_is_flushed_at_its_close(wire):
+    """A read-only open asks the kernel not to send FLUSH (nothing to store); one that may write
+    keeps it, since its close is where its writes are stored and their errors reported."""
+    f = wire.put_file(k.ROOT_ID, "f", b"data")
+    for flags, flushed in ((os.O_RDONLY, False), (os.O_WRONLY, True), (os.O_RDWR, True)):
+        fh, open_flags = wire.open(f.nodeid, flags)
+        assert bool(open_flags & k.FOPEN_NOFLUSH) is not flushed, flags
+        wire.release(f.nodeid, fh)
+
+
+
+
+def test_a_stored_file_hands_its_last_partial_page_to_the_kernel(wire):
+    """The kernel keeps the pages a write covered whole; the last one of a file whose size is
+    not a multiple of the page size is handed to it once the file is stored and no descriptor
+    of it is open (its last close, or the rename of a held temporary file), before the reply:
+    reading the file back then needs no READ."""
+    data = bytes(range(256)) * 40  # 10,240 bytes: two full pages and 2,048 bytes
+    wire.put_file(k.ROOT_ID, "early", data)  # before INIT there is no kernel to tell
+    assert wire.init().error == 0
+    entry, fh = wire.create(k.ROOT_ID, "f")
+    wire.write(entry.nodeid, fh, data)
+    wire.flush(entry.nodeid, fh)  # stored, but the descriptor is still open: one reply only
+    assert release_storing(wire, entry.nodeid, fh) == [(entry.nodeid, 8192, data[8192:])]
+
+    wire.put_file(k.ROOT_ID, "pages", b"p" * 8192)  # full pages only: nothing to hand over
+    entry, fh = wire.create(k.ROOT_ID, "0.partial")  # held until its rename
+    wire.write(entry.nodeid, fh, data[:5000])
+    wire.flush(entry.nodeid, fh)
+    wire.release(entry.nodeid, fh)
+    unique = wire.send(k.RENAME, k.ROOT_ID, k.RENAME_IN.pack(k.ROOT_ID) + z("0.partial") + z("0"))
+    out = wire.messages()
+    assert [(m.unique, m.error) for m in out] == [(0, -k.NOTIFY_STORE), (unique, 0)]
+    assert stores(out) == [(entry.nodeid, 4096, data[4096:5000])]
+    assert wire.ops.tree.driver.get("0") == data[:5000]
+
+    # While another descriptor is open, the page waits for that one's close.
+    f = wire.lookup(k.ROOT_ID, "f")
+    a, _ = wire.open(f.nodeid, os.O_RDWR)
+    b, _ = wire.open(f.nodeid, os.O_RDONLY)
+    wire.write(f.nodeid, a, b"new", 10_000)
+    wire.flush(f.nodeid, a)
+    assert release_storing(wire, f.nodeid, a) == []
+    assert release_storing(wire, f.nodeid, b) == [
+        (f.nodeid, 8192, data[8192:10_000] + b"new" + data[10_003:])
+    ]
+    # A file opened and closed without a change: nothing stored, nothing handed over.
+    a, _ = wire.open(f.nodeid, os.O_RDWR)
+    assert release_storing(wire, f.nodeid, a) == []
+
+
+
+
+# ---------------------------------------------------------------------- the size the kernel holds
+# An open reads one version; the kernel cuts what its descriptor reads to the size it holds,
+# and pads it with zeros up to that size when a read comes back short but the kernel may not
+# take the shorter size (a drop reached it while the read was on its way). Each reply with
+# attributes gives it a size; a NOTIFY_INVAL_INODE makes it ask again, at its next need, but
+# keeps the size meanwhile: a read short of it does not ask. So when an open that reads through
+# the page cache is answered, the kernel must hold that version's size, or none, or a smaller
+# one (a read past it asks). These tests keep that account of the messages, in order.
+
+
+class KernelSizes:
+    """The size the kernel holds of each node (and whether it trusts it), from the messages
+    the session wrote, in order."""
+
+    def __init__(self, wire) -> None:
+        self.wire = wire
+        self.size: dict[int, tuple[int, bool]] = {}
+        self.dropped: list[int] = []  # node IDs, as the notifications came
+
+    def ask(self, opcode: int, nodeid: int, body: bytes = b""):
+        """One request; its reply, after every message written before it was taken in order."""
+        unique = self.wire.send(opcode, nodeid, body)
+        reply = None
+        for m in self.wire.messages():
+            if m.unique == 0 and m.error == -k.NOTIFY_INVAL_INODE:
+                dropped = k.NOTIFY_INVAL_INODE_OUT.unpack(m.raw)[3]
+                self.dropped.append(dropped)
+                if dropped in self.size:
+                    self.size[dropped] = (self.size[dropped][0], False)
+            elif m.unique == unique:
+                reply = m
+        assert reply is not None and reply.error == 0, (k.OPCODE_NAMES.get(opcode), reply)
+        if opcode == k.LOOKUP:
+            entry = entry_of(reply)
+            self.size[entry.nodeid] = (entry.attr.size, True)
+        elif opcode == k.GETATTR:
+            self.size[nodeid] = (attr_of(reply).size, True)
+        return reply
+
+    def lookup(self, name: str) -> int:
+        return entry_of(self.ask(k.LOOKUP, k.ROOT_ID, z(name))).nodeid
+
+    def getattr(self, nodeid: int) -> int:
+        return attr_of(self.ask(k.GETATTR, nodeid, k.GETATTR_IN.pack(0, 0, 0))).size
+
+    def open(self, nodeid: int) -> int:
+        """A read-only open: past the page cache, or once the kernel holds a size that cannot
+        cut or pad what the descriptor reads."""
+        reply = self.ask(k.OPEN, nodeid, k.OPEN_IN.pack(os.O_RDONLY, 0))
+        fh, flags = k.OPEN_REPLY.unpack(reply.raw)[3:5]
+        seen = self.wire.ops.handles.handles[fh].seen
+        size, trusted = self.size.get(nodeid, (seen.size, True))
+        if not flags & k.FOPEN_DIRECT_IO:
+            assert size == seen.size or not trusted and size < seen.size, (
+                f"opened at {seen.size} bytes through the page cache, the kernel holds {size}"
+                f" ({'trusted' if trusted else 'to ask again past it'})"
+            )
+        return fh
+
+    def read(self, nodeid: int, fh: int) -> bytes:
+        return self.ask(k.READ, nodeid, k.READ_IN.pack(fh, 0, 1 << 16, 0, 0, 0, 0)).body
+
+    def release(self, nodeid: int, fh: int) -> None:
+        self.ask(k.RELEASE, nodeid, k.RELEASE_IN.pack(fh, 0, 0, 0))
+
+
+def mappable_init(wire) -> None:
+    """INIT of a kernel that maps files read past its page cache (7.39)."""
+    assert wire.init(minor=39, flags=k.MAX_PAGES, flags2=k.DIRECT_IO_ALLOW_MMAP >> 32).error == 0
+
+
+@contextmanager
+def notifications_held(wire):
+    """The session's notification thread kept busy, as when the kernel makes a notification
+    wait (one dropping a name waits for its folder's lock, held by a rename the session has
+    not answered yet): what is queued meanwhile reaches the kernel after it."""
+    gate = threading.Event()
+    wire.session.invalidator.send_then([], gate.wait)
+    try:
+        yield
+    finally:
+        gate.set()
+
+
+@pytest.fixture
+def followed(tmp_path, make_wire):
+    """A session after INIT, with its change feed, over a SQLite database, and the filesystem
+    calls of another mount of it: ``(KernelSizes of the session, the other's Operations)``."""
+    from zarrfs.backends import open_driver
+    from zarrfs.fs.api import ChangeWatcher, Operations
+    from zarrfs.fs.handles import HandleTable
+    from zarrfs.fs.tree import Tree
+    from zarrfs.fuse.coherence import Coherence
+
+    url = f"sqlite://{tmp_path}/shared.sqlite"
+    drivers = [open_driver(url), open_driver(url)]
+    here, there = (Tree(d, uid=UID, gid=GID) for d in drivers)
+    wire = make_wire(Operations(here, HandleTable(here)), attr_timeout=3600)
+    wire.session.coherence = Coherence(wire.session, ChangeWatcher(here))
+    mappable_init(wire)
+    yield KernelSizes(wire), Operations(there, HandleTable(there))
+    for d in drivers:
+        d.close()
+
+
+@pytest.mark.parametrize("init", ["7.31", "7.39"])
+def test_an_open_drops_the_size_a_lookup_gave_of_an_older_version(make_wire, init):
+    """No change feed: the kernel holds the size a lookup gave (the file never opened here);
+    another mount rewrites the file, longer; the open reads the new version, and drops that
+    size before its reply (a read past it then asks)."""
+    wire = make_wire(attr_timeout=3600)
+    if init == "7.39":
+        mappable_init(wire)
+    else:
+        assert wire.init().error == 0
+    kernel = KernelSizes(wire)
+    wire.ops.tree.store([("f", b"old", None, REWRITE)])
+    f = kernel.lookup("f")
+    wire.ops.tree.store([("f", b"the newer version", None, REWRITE)])  # behind the mount
+    fh = kernel.open(f)
+    assert f in kernel.dropped
+    assert kernel.read(f, fh) == b"the newer version"
+
+
+def test_a_shorter_version_than_the_size_the_kernel_keeps_is_read_past_the_page_cache(followed):
+    """Another mount rewrites the file shorter: the change feed drops the size the kernel
+    trusted, which it keeps all the same; the next open reads the shorter version past the
+    page cache, where that size pads nothing."""
+    kernel, other = followed
+    other.tree.store([("f", b"long" * 30, None, REWRITE)])
+    f = kernel.lookup("f")
+    other.tree.store([("f", b"short", None, REWRITE)])
+    kernel.wire.session.coherence.poll()
+    fh = kernel.open(f)
+    assert kernel.read(f, fh) == b"short"
+
+
+def test_an_exchange_drops_the_sizes_it_changes_before_its_reply(followed):
+    """``x`` and ``n`` exchanged: each node keeps its content, so the kernel's sizes stand
+    and nothing is dropped. Exchanged again while another mount's rewrite of ``n`` is not
+    heard yet, and while the notification thread is held: the node of ``n``, now ``x``, is
+    opened at the rewritten version, whose size the kernel holds by then."""
+    kernel, other = followed
+    other.tree.store([("x", b"x" * 3, None, REWRITE)])
+    other.tree.store([("n", b"n" * 50, None, REWRITE)])
+    x, n = kernel.lookup("x"), kernel.lookup("n")
+    body = k.RENAME2_IN.pack(k.ROOT_ID, RENAME_EXCHANGE, 0) + z("x") + z("n")
+    kernel.ask(k.RENAME2, k.ROOT_ID, body)
+    assert kernel.dropped == [] and kernel.size == {x: (3, True), n: (50, True)}
+    other.tree.store([("x", b"rewritten", None, REWRITE)])  # x is n's node now
+    with notifications_held(kernel.wire):
+        kernel.ask(k.RENAME2, k.ROOT_ID, body)
+        fh = kernel.open(n)
+        assert kernel.read(n, fh) == b"rewritten"
+        fh = kernel.open(x)
+        assert kernel.read(x, fh) == b"x" * 3
+
+
+def test_the_last_close_of_an_older_version_drops_its_size_before_the_next_open(followed):
+    """A descriptor reads the version it opened while another mount's newer, shorter one is
+    stored: the file is shown at the older size until that descriptor's release; the open
+    after it reads the newer version, with the notification thread held meanwhile."""
+    kernel, other = followed
+    other.tree.store([("f", b"o" * 90, None, REWRITE)])
+    f = kernel.lookup("f")
+    old = kernel.open(f)
+    assert kernel.read(f, old) == b"o" * 90
+    other.tree.store([("f", b"N" * 60, None, REWRITE)])
+    kernel.wire.session.coherence.poll()
+    assert kernel.getattr(f) == 90  # shown as the version its descriptor reads
+    with notifications_held(kernel.wire):
+        kernel.release(f, old)
+        fh = kernel.open(f)
+        assert kernel.read(f, fh) == b"N" * 60

@@ -1,0 +1,71 @@
+"""The benchmarks' own parts: ``--against REV`` runs the same scripts on REV's zarrfs
+(``scripts/against.py``), and the C floor of ``scripts/bench_ops.py`` mounts, answers and
+counts what the kernel asks (``scripts/fuse_ops_floor.c``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(CHECKOUT / "scripts"))
+
+import against  # noqa: E402
+
+
+def test_against_leaves_out_its_own_options():
+    argv = ["--drivers", "lmdb", "--against", "HEAD~2", "--json", "x.json", "--repeats=1", "--against=v1"]
+    assert against.without_against(argv) == ["--drivers", "lmdb", "--repeats=1"]
+
+
+def test_against_exports_rev_with_this_trees_scripts(tmp_path):
+    if not (CHECKOUT / ".git").exists():
+        pytest.skip("not a git checkout")
+    commit = against.export("HEAD", tmp_path / "rev")
+    head = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert commit == head
+    assert (tmp_path / "rev/zarrfs/fuse/session.py").exists()
+    for name in ("bench.py", "bench_ops.py", "against.py", "fuse_ops_floor.c"):
+        assert (tmp_path / "rev/scripts" / name).read_bytes() == (CHECKOUT / "scripts" / name).read_bytes()
+    assert list((tmp_path / "rev/zarrfs").rglob("*.pyc"))  # compiled once, not by each daemon
+
+
+@pytest.mark.usefixtures("fuse_required")
+@pytest.mark.mount
+def test_the_c_floor_serves_and_counts_what_the_kernel_asks(tmp_path):
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc")
+    binary, mnt, counts = tmp_path / "floor", tmp_path / "mnt", tmp_path / "counts"
+    subprocess.run(["gcc", "-O2", str(CHECKOUT / "scripts/fuse_ops_floor.c"), "-o", str(binary)], check=True)
+    mnt.mkdir()
+    proc = subprocess.Popen([str(binary), str(mnt), "100", str(counts)])
+    try:
+        deadline = time.monotonic() + 10
+        while not os.path.ismount(mnt):
+            assert proc.poll() is None and time.monotonic() < deadline, "the floor did not mount"
+            time.sleep(0.01)
+        assert os.stat(mnt / "e1").st_size == 4096 and not os.path.exists(mnt / "missing")
+        assert sorted(os.listdir(mnt / "big"), key=int) == [str(i) for i in range(100)]
+        fd = os.open(mnt / "new", os.O_WRONLY | os.O_CREAT, 0o644)
+        assert os.write(fd, b"x" * 4096) == 4096
+        os.close(fd)
+        assert (mnt / "e2").read_bytes() == b"e" * 4096
+        os.kill(proc.pid, signal.SIGUSR1)
+        os.stat(mnt)
+        while not counts.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        seen = dict(map(int, line.split()) for line in counts.read_text().split("\n") if line)
+        create, write, readdirplus, lookup = seen[35], seen[16], seen[44], seen[1]
+        assert create == 1 and write == 1 and readdirplus >= 1 and lookup >= 3
+    finally:
+        subprocess.run(["fusermount3", "-u", str(mnt)], check=False)
+        proc.wait(timeout=10)

@@ -1,0 +1,105 @@
+"""Listings of a folder that clients of the same mount change at once are exact.
+
+Under a change feed the kernel keeps what it read of a folder's listing (``FOPEN_CACHE_DIR``,
+``zarrfs.fuse.dirreq``). A client that changes a folder and then lists it must see its change,
+and a listing must show every name that existed throughout it, whatever other clients list or
+change meanwhile: one client makes and removes names while others list the folder without
+pause, on a database server (several request threads) and on a database file (one). Files made
+through the mount and not stored yet are listed from the mount's table of open files, asked
+before each window of a listing is read (``zarrfs.fs.listing.DirListing``): checked in process
+too, at the moments that matter.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+from mounting import make_url, write
+
+from zarrfs.backends import open_driver
+from zarrfs.fs import listing as listing_module
+from zarrfs.fs.api import Operations
+from zarrfs.fs.commitoptions import CREATE
+from zarrfs.fs.handles import HandleTable
+from zarrfs.fs.listing import DirListing
+from zarrfs.fs.tree import Tree
+
+STEPS = 150
+KEPT = ["k0", "k1.zarr", "k2"]  # names that exist throughout
+
+
+@pytest.mark.parametrize("kind", ["redis", "lmdb"])
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+def test_a_listing_shows_a_clients_change_and_every_name_kept(kind, request, tmp_path, mount_factory):
+    m = mount_factory(make_url(kind, tmp_path, request), ["create"])
+    folder = m.path / "f"
+    folder.mkdir()
+    for name in KEPT:
+        write(folder / name, b"kept")
+    done = threading.Event()
+    wrong: list = []
+
+    def browse() -> None:
+        while not done.is_set():
+            names = set(os.listdir(folder))
+            if not names.issuperset(KEPT):
+                wrong.append(("browser", sorted(names)))
+
+    browsers = [threading.Thread(target=browse) for _ in range(2)]
+    for b in browsers:
+        b.start()
+    try:
+        for step in range(STEPS):
+            name = f"n{step % 5}" + (".zarr" if step % 2 else "")
+            write(folder / name, b"x" * (step % 7))
+            names = os.listdir(folder)
+            if name not in names or not set(names).issuperset(KEPT):
+                wrong.append((step, "made", name, sorted(names)))
+            os.unlink(folder / name)
+            names = os.listdir(folder)
+            if name in names or not set(names).issuperset(KEPT):
+                wrong.append((step, "removed", name, sorted(names)))
+    finally:
+        done.set()
+        for b in browsers:
+            b.join(60)
+    assert not wrong, f"{len(wrong)} wrong listings, the first: {wrong[:3]}"
+
+
+def test_a_file_made_after_its_folder_was_opened_is_listed(tmp_path):
+    """Made (not stored yet) between the open of its folder and the listing's first read: the
+    kernel labels the listing it keeps as read after the file was made."""
+    with open_driver(f"lmdb://{tmp_path}/db.lmdb") as driver:
+        tree = Tree(driver, uid=0, gid=0)
+        ops = Operations(tree, HandleTable(tree))
+        tree.mkdir("d", 0o755)
+        tree.store([("d/a", b"v", None, CREATE)])
+        fh = ops.opendir("d")
+        made = ops.create("d/new", 0o644, os.O_WRONLY | os.O_CREAT, 0, 0)
+        assert tree.find("d/new") is None  # not stored yet
+        assert [name for name, _, _ in ops.readdir(fh, 0)][2:] == ["a", "new"]
+        ops.releasedir(fh)
+        ops.release(made)
+
+
+def test_a_file_stored_between_two_windows_is_listed_once(tmp_path, monkeypatch):
+    """Unstored when the first window is read, stored before the second, which starts past its
+    name: listed, from the names asked before the first window. A name the first window listed,
+    removed and made again before the second, is listed once."""
+    monkeypatch.setattr(listing_module, "FIRST_BATCH", 2)
+    with open_driver(f"lmdb://{tmp_path}/db.lmdb") as driver:
+        stored = ["a", "b", "c", "d", "e"]
+        driver.transact(lambda t: [t.put(f"f/{name}", b"v") for name in stored])
+        tree = Tree(driver, uid=0, gid=0)
+        unstored = ["a2"]
+        entries = DirListing(tree, "f", extra=lambda: list(unstored)).entries(0)
+        first = [next(entries)[0] for _ in range(4)]  # ".", "..", and the first window
+        assert first[2:] == ["a", "b"]
+        driver.put("f/a2", b"v")  # stored
+        driver.transact(lambda t: t.delete("f/a"))
+        unstored[:] = ["a"]  # made again, not stored yet
+        rest = [name for name, _, _ in entries]
+        assert sorted(first[2:] + rest) == ["a", "a2", "b", "c", "d", "e"]
