@@ -9,6 +9,7 @@ import errno
 import hashlib
 import os
 import subprocess
+import time
 
 import pytest
 from conftest import start_redis, stop_redis
@@ -132,5 +133,48 @@ def test_redis_maxmemory(tmp_path):
             os.unlink(m.path / "d" / "only")
         with Mount(url, tmp_path / "mnt", ["validate=off"]) as again:
             _check(again.path, kept, failed)
+    finally:
+        stop_redis(server)
+
+
+def _empty_file_refused(root) -> None:
+    """A new empty file on the full store: its close says ENOSPC and the file is not there
+    (its store is the close's, not a later release's that no program hears)."""
+    fd = os.open(root / "new-empty", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    with pytest.raises(OSError) as info:
+        os.close(fd)
+    assert info.value.errno == errno.ENOSPC
+    assert "new-empty" not in os.listdir(root)
+    # The kernel forgets the name once the descriptor's release (sent after close returns) is
+    # answered; till then it may answer a stat from its cache.
+    deadline = time.monotonic() + 60
+    while (root / "new-empty").exists():
+        assert time.monotonic() < deadline, "the name of a file never stored is still there"
+        time.sleep(0.05)
+
+
+def test_a_new_empty_file_on_a_full_lmdb_map_fails_its_close(tmp_path):
+    url = f"lmdb://{tmp_path}/small.lmdb?map_size={4 << 20}"
+    with Mount(url, tmp_path / "mnt", ["create", "validate=off"]) as m:
+        _fill(m.path, "f")  # then smaller files, till not even a byte's file fits
+        _fill(m.path, "g", limit=5000, size=4096)
+        _fill(m.path, "h", limit=50000, size=1)
+        _empty_file_refused(m.path)
+
+
+def test_a_new_empty_file_over_redis_maxmemory_fails_its_close(tmp_path):
+    server = start_redis(str(tmp_path))
+    try:
+        client = server.client()
+        url = server.url(0, prefix="full")
+        with Mount(url, tmp_path / "mnt", ["create", "validate=off"]) as m:
+            (m.path / "kept").write_bytes(b"k")
+            client.config_set("maxmemory-policy", "noeviction")
+            client.config_set("maxmemory", "1")
+            try:
+                _empty_file_refused(m.path)
+            finally:
+                client.config_set("maxmemory", "0")
+            assert (m.path / "kept").read_bytes() == b"k"
     finally:
         stop_redis(server)

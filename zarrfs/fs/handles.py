@@ -28,7 +28,7 @@ from typing import Any
 from zarrfs.fs import parts
 from zarrfs.fs.commitoptions import CommitOptions
 from zarrfs.fs.entries import inherit_group, without_setid
-from zarrfs.fs.errors import FsError
+from zarrfs.fs.errors import FsError, to_errno
 from zarrfs.fs.lockedfiles import LockedFiles
 from zarrfs.fs.node import stamp_of
 from zarrfs.fs.openfiles import FileState, Handle, OpenFiles
@@ -97,6 +97,9 @@ class HandleTable:
         # The keys of files shown as an older version than the stored one (_as_read) whose
         # descriptors all closed since (take_outdated).
         self.outdated: list[str] = []
+        #: Files created here whose last descriptor closed with nothing stored (their commit
+        #: failed): the kernel's entry of each is to be dropped (:meth:`take_never_stored`).
+        self.never_stored: list[str] = []
         self.paged: dict[str, FileState] = self.files.paged
 
     def pending(self, key: str) -> Node | None:
@@ -144,6 +147,14 @@ class HandleTable:
         if not self.outdated:
             return []
         keys, self.outdated = self.outdated, []
+        return keys
+
+    def take_never_stored(self) -> list[str]:
+        """The keys of files created here that were never stored and whose last descriptor
+        closed since the last call: the kernel still holds their names."""
+        if not self.never_stored:
+            return []
+        keys, self.never_stored = self.never_stored, []
         return keys
 
     @staticmethod
@@ -522,8 +533,10 @@ class HandleTable:
             state = handle.state
             if not handle.writable or not state.dirty or state.orphan or id(state) in taken:
                 alone.append(i)  # nothing to store, or stored with another descriptor's
-            elif state.created and (is_deferrable(state.key) or state.size == 0):
-                continue  # held for its rename or its release (see flush)
+            elif state.created and is_deferrable(state.key):
+                continue  # held for its rename (see flush)
+            elif state.created and state.size == 0:
+                alone.append(i)  # a refusal of its emptiness waits for its release (see flush)
             elif self._groupable(state):
                 group.append((i, state))
                 taken.add(id(state))
@@ -572,11 +585,19 @@ class HandleTable:
         state = handle.state
         if not handle.writable:
             return None  # a reader's close publishes nothing, not even another's writes
-        if state.created and (is_deferrable(state.key) or state.size == 0):
-            # A temporary file waits for its rename. A new file still empty is stored at
-            # release: a shell's ``> file`` closes a duplicate descriptor before writing, and an
-            # empty .zarray committed then would be refused for nothing.
-            return None
+        if state.created and is_deferrable(state.key):
+            return None  # a temporary file waits for its rename
+        if state.created and state.size == 0:
+            # A new file still empty is stored now, so that its close hears a full store; but
+            # a shell's ``> .zarray`` closes a duplicate descriptor before writing, and the
+            # format's refusal of an empty document then waits for the file's release.
+            try:
+                return self.commit(state)
+            except Exception as exc:
+                if to_errno(exc) != errno.EINVAL:
+                    raise
+                state.failed = False
+                return None
         return self.commit(state)
 
     def fsync(self, fh: int) -> Stored | None:
@@ -609,6 +630,8 @@ class HandleTable:
         finally:
             if not state.handles:
                 self.files.forget(state)
+                if state.created and not state.orphan:  # its commit failed: it is nowhere
+                    self.never_stored.append(state.key)
                 if self.paged.get(state.key) is state:
                     del self.paged[state.key]
                 if state.shown_older:

@@ -663,6 +663,9 @@ class Session(Dispatcher):
             self._stored(head.nodeid, self.ops.release(k.RELEASE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]))
         except Exception as exc:  # nobody to tell: close() has returned already
             log.error("release %s: %s", self._describe(head), exc)
+        lost = self.files.take_never_stored()
+        if lost and self._inval_ok:  # created, never stored: the kernel forgets the name
+            self.invalidator.post(invalidations(lost, self.inodes.held))
         outdated = self.files.take_outdated()
         if outdated and self._inval_ok:  # shown as the version its last descriptors read
             # Its size at once; its pages, the older version's, by the next open (none kept).
