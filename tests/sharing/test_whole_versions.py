@@ -9,6 +9,8 @@ import os
 import pytest
 from mounting import eventually, needs_fuse
 
+from zarrfs.daemon.control import query
+
 pytestmark = needs_fuse
 
 OLD = b"old version " * 5000  # 60,000 bytes: several pages
@@ -64,6 +66,27 @@ def test_a_descriptor_keeps_its_version_while_another_mount_rewrites_the_file(db
     # Once the old version's last descriptor is closed, the file is the new version.
     assert os.stat(b.path / "f").st_size == len(NEW)
     assert (b.path / "f").read_bytes() == NEW
+
+
+def test_a_file_shown_as_the_version_a_descriptor_reads_is_not_cached_by_the_kernel(db_url, mount_factory):
+    """While a descriptor holds the older version the file is shown as that one, and only
+    until its last close, whose RELEASE reaches the daemon after close() returned: a stat right
+    then must ask the daemon (which reads the requests in order) rather than the kernel's cache,
+    or it shows the older size once nobody reads it (a failure seen in CI under load)."""
+    a, b = _two_mounts(db_url, mount_factory)
+    old = os.open(b.path / "f", os.O_RDONLY)
+    try:
+        assert _read_all(old) == OLD
+        _committed_elsewhere(a, b, NEW, "m1")
+        assert os.fstat(old).st_size == len(OLD)
+        before = query(str(b.path))["requests"].get("getattr", 0)
+        for _ in range(5):
+            assert os.fstat(old).st_size == len(OLD)
+        asked = query(str(b.path))["requests"].get("getattr", 0) - before
+        assert asked >= 5, f"{asked} of 5 fstat calls reached the daemon"
+    finally:
+        os.close(old)
+    eventually(lambda: os.stat(b.path / "f").st_size == len(NEW), "the newer size")
 
 
 def test_the_first_open_after_a_change_shows_the_new_size_over_new_pages(db_url, mount_factory):

@@ -139,7 +139,7 @@ class HandleTable:
         assert state.version is not None
         state.shown_older = True
         size, mtime = state.version
-        return replace(stored, size=size, attrs=replace(stored.attrs, mtime=mtime))
+        return replace(stored, size=size, attrs=replace(stored.attrs, mtime=mtime), passing=True)
 
     def take_outdated(self) -> list[str]:
         """The keys shown as an older version (:meth:`_as_read`) whose last descriptor of that

@@ -35,6 +35,10 @@ class Node:
     #: Bytes that hold data, when known and fewer than ``size`` (an open file extended by
     #: ``ftruncate``: its hole is no data, and ``st_blocks`` must not count it).
     allocated: int | None = field(default=None, compare=False)
+    #: Shown as the older version open descriptors read, which their last close ends: the
+    #: kernel is to ask again rather than keep these attributes (a close's release reaches the
+    #: daemon after close() returned, so a stat right after it must not find them cached).
+    passing: bool = field(default=False, compare=False)
 
 
 def stamp_of(node: Node) -> tuple[int, int]:

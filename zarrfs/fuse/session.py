@@ -235,7 +235,7 @@ class Session(Dispatcher):
             self.inodes.xattrs_read(nodeid, True)
         self.pages.shown(inode, node)
         es, ens = self.entry_valid
-        ats, atns = self.attr_valid
+        ats, atns = (0, 0) if node.passing else self.attr_valid
         return (nodeid, 0, es, ats, ens, atns, *self._attr(nodeid, node))
 
     def _reply_entry(self, unique: int, key: str) -> None:
@@ -248,7 +248,7 @@ class Session(Dispatcher):
         inode = self.inodes.get(nodeid)
         if inode is not None:
             self.pages.shown(inode, node)
-        ats, atns = self.attr_valid
+        ats, atns = (0, 0) if node.passing else self.attr_valid
         self._send(k.ATTR_REPLY.pack(k.ATTR_REPLY.size, 0, unique, ats, atns, 0, *self._attr(nodeid, node)))
 
     # ------------------------------------------------------------------ session
