@@ -144,18 +144,12 @@ class HandleTable:
     def take_outdated(self) -> list[str]:
         """The keys shown as an older version (:meth:`_as_read`) whose last descriptor of that
         version closed since the last call: what the kernel holds of them is to be dropped."""
-        if not self.outdated:
-            return []
-        keys, self.outdated = self.outdated, []
-        return keys
+        return _taken(self.outdated)
 
     def take_never_stored(self) -> list[str]:
         """The keys of files created here that were never stored and whose last descriptor
         closed since the last call: the kernel still holds their names."""
-        if not self.never_stored:
-            return []
-        keys, self.never_stored = self.never_stored, []
-        return keys
+        return _taken(self.never_stored)
 
     @staticmethod
     def _allocated(state: FileState) -> int | None:
@@ -737,3 +731,10 @@ class HandleTable:
         else:
             self.files.forget(state)
         return stored
+
+
+def _taken(keys: list[str]) -> list[str]:
+    """The keys of ``keys``, which is emptied (in place: its owner keeps the list)."""
+    taken = keys[:]
+    keys.clear()
+    return taken

@@ -235,8 +235,13 @@ class Session(Dispatcher):
             self.inodes.xattrs_read(nodeid, True)
         self.pages.shown(inode, node)
         es, ens = self.entry_valid
-        ats, atns = (0, 0) if node.passing else self.attr_valid
+        ats, atns = self._attr_valid(node)
         return (nodeid, 0, es, ats, ens, atns, *self._attr(nodeid, node))
+
+    def _attr_valid(self, node: Node) -> tuple[int, int]:
+        """How long the kernel may keep ``node``'s attributes: not at all for one shown as the
+        older version open descriptors read (``Node.passing``), else the mount's timeout."""
+        return (0, 0) if node.passing else self.attr_valid
 
     def _reply_entry(self, unique: int, key: str) -> None:
         node = self.ops.find(key)
@@ -248,7 +253,7 @@ class Session(Dispatcher):
         inode = self.inodes.get(nodeid)
         if inode is not None:
             self.pages.shown(inode, node)
-        ats, atns = (0, 0) if node.passing else self.attr_valid
+        ats, atns = self._attr_valid(node)
         self._send(k.ATTR_REPLY.pack(k.ATTR_REPLY.size, 0, unique, ats, atns, 0, *self._attr(nodeid, node)))
 
     # ------------------------------------------------------------------ session
