@@ -88,3 +88,28 @@ def test_a_release_that_ends_without_asking_lets_the_readers_after_it_go():
     adm.settled(12)  # its thread ended it (say, the mount is going) before it asked
     t.join(WAIT)
     assert events == [("reader", 14)]
+
+
+@pytest.mark.usefixtures("long_gap")
+def test_readers_of_one_node_start_in_the_kernels_order():
+    """A reader's release read before the next open, both waiting while another reader of
+    that node runs: the release starts first, or the open finds the closed descriptor's
+    version still read and shows the file as that one (seen through two mounts on Redis)."""
+    adm = Admission()
+    for unique in (10, 12, 14):
+        adm.arrived(unique, unanswered=unique == 12)
+    adm.enter_reader(5, 5, 10)  # a read of the node runs: it waits on its server, below
+    events: list = []
+    with adm.released():
+        release = _reader(adm, 5, 5, 12, events)
+        opening = _reader(adm, 5, 5, 14, events)
+        for _ in range(500):  # both asked for their turn and wait
+            with adm._changed:
+                if len(adm._readers_waiting) == 2:
+                    break
+            release.join(0.01)
+    assert sorted(adm._readers_waiting) == [12, 14]
+    adm.leave_reader(5)
+    release.join(WAIT)
+    opening.join(WAIT)
+    assert events == [("reader", 12), ("reader", 14)]

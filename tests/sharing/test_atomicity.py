@@ -320,22 +320,15 @@ def _limit(url: str, op: str, label: str) -> str | None:
 
 
 def _open_finding(url: str, op: str, label: str, seen: list[str]) -> bool:
-    """Findings not fixed yet (docs/testing.md, "Findings"), each of one kind only: a pair of
+    """The finding not fixed yet (docs/testing.md, "Findings"), of one kind only: a pair of
     files exchanged and rewritten, read as x, n, x through a mount, now and then shows both
     names as one file ("x holds 44 and n holds 44": never a value cut, padded or of two
-    versions, which fails on every driver); and on mounts served by request threads (Redis,
-    Redis Cluster, PostgreSQL) a file another client rewrites, read through a mount, can show
-    in ``fstat`` the size of the version a descriptor closed just before read (its content
-    whole)."""
-    threads = not url.startswith(("lmdb", "sqlite"))
+    versions, which fails on every driver)."""
     # To a change made by zarrfs.store, mount "a" is another mount as much as "b" is.
     others = {"other mount"} | (set() if op in THROUGH_THE_MOUNT else {"same mount"})
-    if label not in others:
+    if label not in others or op != "exchange":
         return False
-    if op == "exchange":
-        return all(re.fullmatch(r"x holds (\d+) and n holds \1", line) for line in seen)
-    whole_size = r"f: generation \d+ read whole, its descriptor's size \d+ \(\d+\)"
-    return threads and op in ("commit", "store_set") and all(re.fullmatch(whole_size, line) for line in seen)
+    return all(re.fullmatch(r"x holds (\d+) and n holds \1", line) for line in seen)
 
 
 WATCHED = ["commit", "store_set", "exchange", "rename_file", "rename_folder", "link", "rmdir", "delete_dir"]

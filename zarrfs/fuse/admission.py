@@ -86,7 +86,8 @@ class Admission:
         self.readers = 0  # readers running
         self.writing = False  # a writer running
         # The queue places (uniques) of the requests waiting for their turn.
-        self._readers_waiting: set[float] = set()
+        #: Readers waiting for their turn: their order, and the key they take turns on.
+        self._readers_waiting: dict[float, Hashable] = {}
         self._writers_waiting: set[float] = set()
         self._busy: set[Hashable] = set()  # the keys of the readers running
         self._through: int | None = None  # a writer lets readers of other nodes in
@@ -138,7 +139,7 @@ class Admission:
         changed = self._changed
         if not held:
             changed.acquire()
-        self._readers_waiting.add(order)
+        self._readers_waiting[order] = key
         gap_until = None
         try:
             self._saw(order)
@@ -148,7 +149,7 @@ class Admission:
                 through = self._through is not None and node != self._through
                 door = self._door is not None and node not in self._door and self.passable_before(order, node)
                 before = self._writers_waiting and min(self._writers_waiting) < order
-                if (through or door or not (self.writing or before)) and key not in self._busy:
+                if (through or door or not (self.writing or before)) and self._free(key, order):
                     gap_until = self._read_below(order, gap_until)
                     if gap_until is None:
                         break
@@ -159,11 +160,11 @@ class Admission:
                     continue
                 changed.wait()
         except BaseException:
-            self._readers_waiting.discard(order)
+            self._readers_waiting.pop(order, None)
             changed.notify_all()
             changed.release()
             raise
-        self._readers_waiting.discard(order)
+        self._readers_waiting.pop(order, None)
         self.readers += 1
         self._busy.add(key)
         self._local.held = True
@@ -171,6 +172,15 @@ class Admission:
         if self.writing:
             self._passed += 1
             self.passes += 1
+
+    def _free(self, key: Hashable, order: float) -> bool:
+        """Whether a reader about ``key`` at ``order`` may start: no reader of that key runs,
+        and none that came before it waits (readers of one thing go in the kernel's order: a
+        release read just before an open is served first, or the open would find the closed
+        descriptor's version still read, and show the file as that one)."""
+        if key in self._busy:
+            return False
+        return not any(o < order and k == key for o, k in self._readers_waiting.items())
 
     def leave_reader(self, key: Hashable) -> None:
         """End a reader (called holding :attr:`turn`; returns without it)."""
