@@ -521,7 +521,10 @@ class Listings:
         them)."""
         if ranges is None:
             ranges = self._side_ranges(t, prefix, part)
-        marks = [ATTR, POINTER, XATTR]
+        # A mark whose range holds every record of the part is read from that range's dict
+        # (a listing of a zarr client's chunks: three empty ones, no call a name for them).
+        whole = {} if not ranges else {m: ranges.records[m] for m in ranges.records if ranges.upto[m] is None}
+        marks = [m for m in (ATTR, POINTER, XATTR) if m not in whole]
         requests: list[Read] = []
         for name, kind in part:
             child = prefix + name
@@ -541,6 +544,8 @@ class Listings:
                 return ranges.get(mark, child)
             return next(answers)
 
+        attrs_of, pointer_of, xattr_of = whole.get(ATTR), whole.get(POINTER), whole.get(XATTR)
+
         for name, kind in part:
             child = prefix + name
             size, target = 0, ""
@@ -552,8 +557,12 @@ class Listings:
                 size = len(target.encode("utf-8", "surrogateescape"))
             elif kind != DIR:  # a special file: _node_from takes its device number as size
                 size = read_special(next(answers) or SPECIAL_MARK)[1]
-            raw, pointer = record(ATTR, child, kind), record(POINTER, child, kind)
-            xattr = record(XATTR, child, kind)
+            raw = attrs_of.get(child) if attrs_of is not None else record(ATTR, child, kind)
+            if kind == DIR:
+                pointer = None
+            else:
+                pointer = pointer_of.get(child) if pointer_of is not None else record(POINTER, child, kind)
+            xattr = xattr_of.get(child) if xattr_of is not None else record(XATTR, child, kind)
             if size is None:  # gone between the listing and the read
                 continue
             if xattrs is not None:

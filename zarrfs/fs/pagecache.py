@@ -53,6 +53,11 @@ class Pages:
         self.bare = False
         self.given = 0
 
+    def remembered(self) -> bool:
+        """Whether the policy holds anything of the file beside ``given`` (its pages were
+        shown, kept or dropped): a node only listed has nothing, and costs nothing more."""
+        return self.stamp is not None or self.cache_ok or self.bare
+
 
 def version_mark(size: int, mtime: int) -> int:
     """A number standing for the version ``(size, mtime)`` of a file, never 0 (8 bytes a node,
@@ -96,7 +101,7 @@ class PageCache:
         names an ``ls -l`` shows at the size of their node IDs."""
         if node.kind == FILE:
             pages.given = version_mark(node.size, node.attrs.mtime)
-        if pages.stamp is not None or pages.cache_ok or pages.bare:
+        if pages.remembered():
             self._record(pages, node)
 
     def differs(self, pages: Pages, node: Node) -> bool:

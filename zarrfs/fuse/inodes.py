@@ -103,6 +103,10 @@ class Inode:
         if value or self.nodeid in self._table._pages:
             self._pages().bare = value
 
+    def remembered(self) -> bool:
+        pages = self._table._pages.get(self.nodeid)
+        return pages is not None and pages.remembered()
+
     @property
     def given(self) -> int:
         return self._table._given[self.nodeid & _SLOT]
