@@ -260,7 +260,10 @@ def test_malformed_requests_without_replies_are_dropped(wire, caplog):
 
 # ---------------------------------------------------------------------- counters
 def test_stats_count_requests_and_errors_by_type(wire):
-    nothing = {"requests": {}, "errors": {}, "busy_ns": {}, "bytes": {"read": 0, "written": 0}}
+    nothing = {
+        "requests": {}, "errors": {}, "busy_ns": {}, "bytes": {"read": 0, "written": 0},
+        "notifications": {"sent": 0, "late": 0},
+    }
     assert wire.session.stats() == nothing
     wire.init()
     wire.lookup(k.ROOT_ID, "missing")  # a negative entry is an answer, not an error

@@ -211,6 +211,7 @@ class ControlServer:
             "errors": _copy(figures.get("errors", {})) if stats else None,
             "busy_ns": _copy(figures.get("busy_ns", {})) if stats else None,
             "bytes": figures.get("bytes"),
+            "notifications": figures.get("notifications"),
             "request_cpu_us": _copy(figures["cpu_us"]) if "cpu_us" in figures else None,
             "open_files": len(self.handles.handles),
             "folder_snapshots": None

@@ -224,7 +224,7 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
     if opts.feed:
         watcher = ChangeWatcher(tree)
         session.coherence = Coherence(session, watcher)
-        idle = {"idle": session.coherence.poll, "idle_interval": watcher.interval}
+        idle = {"idle": session.coherence.poll_between, "idle_interval": watcher.interval}
         idle["idle_fd"] = watcher.fileno()
     handle = session.handle
     if opts.allow_root:

@@ -14,7 +14,7 @@ from zarrfs.fs.api import ChangeWatcher, Operations, folders_of
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.handshake import Agreed
 from zarrfs.fuse.inodes import InodeTable
-from zarrfs.fuse.notify import Invalidator, inval_attrs, inval_entry, inval_inode
+from zarrfs.fuse.notify import Invalidator, entry_folder, inval_attrs, inval_entry, inval_inode
 
 log = logging.getLogger("zarrfs.fuse.coherence")
 
@@ -26,8 +26,10 @@ class Mount(Protocol):
     """What coherence uses of the session (``fuse.session.Session``): the filesystem, the node
     table (what the kernel holds), the invalidator that writes the notifications, what INIT
     agreed with the kernel (None before INIT: no notification goes out then), and with several
-    request threads who runs with whom (``fuse.admission``, else None)."""
+    request threads who runs with whom (``fuse.admission``, else None); ``fd``, its
+    ``/dev/fuse`` descriptor."""
 
+    fd: int
     ops: Operations
     inodes: InodeTable
     invalidator: Invalidator
@@ -86,10 +88,19 @@ class Coherence:
             self._poller = (fd, poller)
         return bool(self._poller[1].poll(0))
 
-    def poll(self) -> None:
+    def poll(self, locked: bool = False, until_request: int | None = None) -> None:
         """Ask the feed; drop what changed from the kernel's caches before the next request
         is served (bounded, see :mod:`zarrfs.fuse.notify`): a client that saw one change (a
-        file's new content) must not meet an older state of another name afterwards."""
+        file's new content) must not meet an older state of another name afterwards.
+        ``locked``: the request being served holds folders locked in the kernel (a lookup
+        its folder, a rename two), or one that does may be waiting for this poll to end:
+        a drop of an entry in such a folder cannot be written before that request is
+        answered, nor those queued behind it, so no drop of an entry is waited for (they
+        are written by a thread of their own, at once, or once that request is answered).
+        ``until_request``:
+        a poll between requests stops waiting when one comes (``Invalidator.wait``). Either
+        way the wait no longer runs out its bound, 100 ms a rename or a lookup after another
+        mount's change in its folder."""
         self.polls += 1
         keys = self.watcher.poll()
         if keys is not None and not keys:
@@ -106,8 +117,22 @@ class Coherence:
             if not notes or not self._may_drop():
                 return
             self.dropped += len(notes)
+            if locked:  # its entry drops are not waited for (see above)
+                entries = [n for n in notes if entry_folder(n) is not None]
+                if entries:
+                    notes = [n for n in notes if entry_folder(n) is None]
+                    invalidator.post(entries)
             done = invalidator.enqueue(notes)
-        invalidator.wait(done)
+        invalidator.wait(done, until_request)
+
+    def poll_between(self) -> None:
+        """:meth:`poll` between two requests (the loop's idle work): its wait for the drops
+        ends when a request comes (with request threads, which read them at once: no drop
+        of an entry is waited for)."""
+        if self.session.admission is None:
+            self.poll(until_request=self.session.fd)
+        else:  # a request thread's rename or lookup may wait for this poll's turn to end
+            self.poll(locked=True)
 
     def notes(self, keys: list[str]) -> list[bytes]:
         """The notifications for ``keys`` changed (docs/architecture.md, "Design notes by module")."""

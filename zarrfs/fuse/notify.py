@@ -9,7 +9,9 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import select
 import threading
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
@@ -19,6 +21,7 @@ from zarrfs.fuse import abi as k
 log = logging.getLogger("zarrfs.fuse.notify")
 
 WAIT = 0.1  # seconds a request waits for its notifications before it is answered anyway
+SLICE = 0.001  # seconds between two looks at /dev/fuse while the idle poll waits for them
 
 
 def inval_inode(nodeid: int) -> bytes:
@@ -44,6 +47,16 @@ def inval_entry(parent_id: int, name: str, flags: int = 0) -> bytes:
     size = k.NOTIFY_INVAL_ENTRY_OUT.size + len(raw) + 1
     head = k.NOTIFY_INVAL_ENTRY_OUT.pack(size, k.NOTIFY_INVAL_ENTRY, 0, parent_id, len(raw), flags)
     return head + raw + b"\0"
+
+
+def entry_folder(note: bytes) -> int | None:
+    """The folder whose entry ``note`` drops (None: another kind of notification). The kernel
+    writes such a drop under that folder's lock, which a lookup or a rename in it holds until
+    it is answered."""
+    if len(note) < k.NOTIFY_INVAL_ENTRY_OUT.size:
+        return None
+    _, code, _, parent, _, _ = k.NOTIFY_INVAL_ENTRY_OUT.unpack_from(note)
+    return parent if code == k.NOTIFY_INVAL_ENTRY else None
 
 
 def invalidations(keys: list[str], held: Callable[[str], int | None]) -> list[bytes]:
@@ -72,25 +85,54 @@ class Invalidator:
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self._queue: queue.SimpleQueue[tuple[list[bytes], Callable[[], None]] | None] = queue.SimpleQueue()
+        #: Drops of entries, which the kernel writes under their folder's lock, written by a
+        #: thread of their own: one waiting there for a rename or a lookup in that folder to
+        #: be answered holds up no drop of attributes or pages queued after it.
+        self._entries: queue.SimpleQueue[tuple[list[bytes], Callable[[], None]] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._entry_thread: threading.Thread | None = None
         #: Held while deciding what to drop and queueing it (docs/architecture.md, "Design notes by module").
         self.order = threading.Lock()
         #: Around a request's wait for its notifications: with several request threads, lets
         #: go of the filesystem lock (``fuse.admission``), so a notification that waits for a
         #: kernel lock held by a request queued behind this one does not wait on this one.
         self.released: Callable[[], AbstractContextManager[object]] = nullcontext
+        #: Waits for queued notifications that ran out of time (:meth:`wait`).
+        self.late = 0
 
-    def wait(self, done: threading.Event) -> None:
-        """Wait for notifications queued (``done``), at most :data:`WAIT`."""
-        if not done.is_set():
-            with self.released():
-                done.wait(WAIT)
+    def wait(self, done: threading.Event, until_request: int | None = None) -> None:
+        """Wait for notifications queued (``done``), at most :data:`WAIT` (counted in
+        :attr:`late` when that ran out). ``until_request``: the ``/dev/fuse`` descriptor,
+        for a wait between requests (the change feed's idle poll): it ends when a request
+        comes, whose folder locks (a rename's, a lookup's, taken before it was sent) may be
+        what a drop of an entry waits for; that request is answered first, as one sent
+        before the change was heard."""
+        if done.is_set():
+            return
+        with self.released():
+            if until_request is None:
+                if not done.wait(WAIT):
+                    self.late += 1
+                return
+            deadline = time.monotonic() + WAIT
+            while not done.wait(SLICE):
+                if select.select([until_request], [], [], 0)[0]:
+                    return
+                if time.monotonic() > deadline:
+                    self.late += 1
+                    return
 
     def start(self) -> None:
         """Start the thread (once the kernel has answered INIT)."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="zarrfs-invalidate", daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, args=(self._queue,), name="zarrfs-invalidate", daemon=True
+            )
+            self._entry_thread = threading.Thread(
+                target=self._run, args=(self._entries,), name="zarrfs-invalidate-entries", daemon=True
+            )
             self._thread.start()
+            self._entry_thread.start()
 
     def send(self, notes: list[bytes]) -> None:
         """Write ``notes`` (packed notifications); returns when done, or after :data:`WAIT`."""
@@ -103,9 +145,21 @@ class Invalidator:
         if self._thread is None:
             done.set()
             return done
-        queued = self._now(notes)
-        if queued:
-            self._queue.put((queued, done.set))
+        others, entries = _split(self._now(notes))
+        if others and entries:  # set once both threads wrote theirs
+            lock, left = threading.Lock(), [2]
+
+            def one() -> None:
+                with lock:
+                    left[0] -= 1
+                    last = not left[0]
+                if last:
+                    done.set()
+
+            self._queue.put((others, one))
+            self._entries.put((entries, one))
+        elif others or entries:
+            (self._queue if others else self._entries).put((others or entries, done.set))
         else:
             done.set()
         return done
@@ -149,20 +203,25 @@ class Invalidator:
         """Write ``notes`` without waiting for them (nothing the caller answers depends on
         them)."""
         if self._thread is not None:
-            queued = self._now(notes)
-            if queued:
-                self._queue.put((queued, _nothing))
+            others, entries = _split(self._now(notes))
+            if others:
+                self._queue.put((others, _nothing))
+            if entries:
+                self._entries.put((entries, _nothing))
 
     def stop(self) -> None:
         """Stop the thread (unmount)."""
         if self._thread is not None:
             self._queue.put(None)
+            self._entries.put(None)
             self._thread.join(timeout=5)
-            self._thread = None
+            if self._entry_thread is not None:
+                self._entry_thread.join(timeout=5)
+            self._thread = self._entry_thread = None
 
-    def _run(self) -> None:
+    def _run(self, source: queue.SimpleQueue) -> None:
         while True:
-            item = self._queue.get()
+            item = source.get()
             if item is None:
                 return
             notes, then = item
@@ -172,6 +231,14 @@ class Invalidator:
                 then()
             except OSError as exc:
                 log.debug("reply after notifications not taken: %s", exc)
+
+
+def _split(notes: list[bytes]) -> tuple[list[bytes], list[bytes]]:
+    """``notes`` as those that never wait for a folder's lock, and the drops of entries."""
+    entries = [n for n in notes if entry_folder(n) is not None]
+    if not entries:
+        return notes, []
+    return [n for n in notes if entry_folder(n) is None], entries
 
 
 def _nothing() -> None:

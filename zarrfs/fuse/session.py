@@ -135,6 +135,14 @@ class Session(Dispatcher):
                     return name, other
         return key, node
 
+    def stats(self) -> dict:
+        """:meth:`Dispatcher.stats`, and the notifications the mount wrote to drop what other
+        mounts changed (``sent``) and the waits for queued ones that ran out (``late``)."""
+        figures: dict = super().stats()
+        sent = 0 if self.coherence is None else self.coherence.dropped
+        figures["notifications"] = {"sent": sent, "late": self.invalidator.late}
+        return figures
+
     def _child(self, nodeid: int, name: bytes) -> str:
         # _key inlined: every LOOKUP passes here, and this spares it two calls.
         inode = self._nodes.get(nodeid)
@@ -326,7 +334,7 @@ class Session(Dispatcher):
                 raise
             raise FsError(errno.ENOENT, str(exc), quiet=True) from None
         if (self.admission is None or self.admission.runs_alone()) and self._feed_first():
-            self.coherence.poll()
+            self.coherence.poll(locked=True)  # the kernel holds the folder's lock
         node = self.ops.find(key)
         if node is None:
             if self.negative_valid == (0, 0):
@@ -475,8 +483,8 @@ class Session(Dispatcher):
         # What others changed of the names first, while the kernel's nodes are still theirs:
         # a change heard after the move would drop the node now at the name, not the one moved.
         if self.coherence is not None and (self.admission is None or self.admission.runs_alone()):
-            if self.coherence.news():
-                self.coherence.poll()
+            if self.coherence.news():  # the kernel holds both folders' locks
+                self.coherence.poll(locked=True)
         replaced = None if flags & RENAME_EXCHANGE else self.inodes.ids.get(dst)
         handles = self.files.handles_of(dst) if replaced is not None else set()
         stored = self.ops.rename(src, dst, flags)
