@@ -653,7 +653,13 @@ class TestRedis(_Conformance):
         probe = [("size", "f/a", DATA), ("prefix", "f/a/", DATA), ("get", "a:f/a", SIDE)]
         sent.clear()
         assert driver.transact(lambda t: t.read_many(probe), write=False) == [1, False, None]
-        assert sent == [["EXISTS", "STRLEN", "ZRANGEBYLEX", "GET"]]  # one round trip, nothing else
+        # One round trip: the keys read are watched (not the index), and nothing else is sent.
+        assert sent == [["WATCH", "EXISTS", "STRLEN", "ZRANGEBYLEX", "GET"]]
+        sent.clear()
+        # A read of two round trips ends with an empty MULTI/EXEC, its check; the one before
+        # owed an UNWATCH, sent in front of the first call.
+        driver.transact(lambda t: (t.read_many(probe), t.get("f/a")), write=False)
+        assert [c[:2] for c in sent] == [["UNWATCH", "WATCH"], ["GET"], ["MULTI", "EXEC"]]
         sent.clear()
         driver.transact(lambda t: (t.read_many(probe), t.read_many(probe), t.put("f/b", b"2")))
         assert len(sent) == 3  # the reads (each with its WATCH) and MULTI ... EXEC
@@ -683,6 +689,33 @@ class TestRedis(_Conformance):
             assert attempts == [1]
             assert sent[1][0] == "UNWATCH"
             assert driver.get("f/c") == b"2!"
+        finally:
+            other.close()
+
+    def test_a_read_of_several_round_trips_runs_again_from_one_snapshot(self, driver, url, monkeypatch):
+        """Redis has no read snapshot: a read transaction whose key changed between its round
+        trips fails its closing check and runs again; that run reads what the first one read in
+        one MULTI/EXEC, so it ends even while writers keep changing the key."""
+        sent = record_redis_calls(monkeypatch, driver)
+        driver.put("r/a", b"1")
+        driver.put("r/b", b"1")
+        other = open_driver(url)
+        try:
+            seen = []
+
+            def fn(t):
+                a = t.get("r/a")
+                other.transact(lambda o: (o.put("r/a", b"2"), o.put("r/b", b"2")))  # every run
+                seen.append((a, t.get("r/b")))
+                return seen[-1]
+
+            sent.clear()
+            assert driver.transact(fn, write=False) == (b"2", b"2")
+            assert seen == [(b"1", b"2"), (b"2", b"2")]
+            # The first run: two round trips, each watching what it reads, then its check.
+            assert [c[:2] for c in sent[:3]] == [["WATCH", "GET"], ["WATCH", "GET"], ["MULTI", "EXEC"]]
+            assert sent[3][0] == "MULTI" and sent[3][-2:] == ["EXEC", "WATCH"]  # the second, at once
+            assert len(sent) == 4  # its reads answered from that one round trip, and no check
         finally:
             other.close()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
+import time
 
 import pytest
 
@@ -260,6 +261,48 @@ class TransactionConformance(Claims):
         assert not errors
         assert driver.get("count/a") == str(n_threads * n).encode()
         assert driver.get("count/a", SIDE) == str(n_threads * n).encode()
+
+    def test_a_read_transaction_sees_one_commit(self, driver):
+        """A read transaction sees one commit whole, whatever commits while it runs: its reads
+        in separate calls (separate round trips on a server without read snapshots) find two
+        records that every commit keeps equal, equal. Redis has no read snapshot: its driver
+        checks at the end of a read of several round trips that nothing it read changed."""
+        if driver.readonly:
+            pytest.skip("read-only driver")
+        done = threading.Event()
+        commits = [0]
+        errors: list[BaseException] = []
+
+        def write() -> None:
+            try:
+                while not done.is_set():
+                    i = commits[0] + 1
+                    driver.transact(lambda t, v=b"%d" % i: (t.put("pair/a", v), t.put("pair/b", v, SIDE)))
+                    commits[0] = i
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        def read(t) -> tuple:
+            return t.get("pair/a"), t.size("pair/b", SIDE), t.get("pair/b", SIDE)
+
+        driver.transact(lambda t: (t.put("pair/a", b"0"), t.put("pair/b", b"0", SIDE)))
+        writer = threading.Thread(target=write)
+        writer.start()
+        seen, reads = [], 0
+        deadline = time.monotonic() + 60
+        try:
+            # Enough reads to overlap many commits (a condition, not a bound on speed).
+            while (reads < 300 or commits[0] < 100) and time.monotonic() < deadline and not errors:
+                a, size, b = driver.transact(read, write=False)
+                reads += 1
+                if a != b or size != len(b):
+                    seen.append((a, size, b))
+        finally:
+            done.set()
+            writer.join(60)
+        assert not errors, errors
+        assert commits[0] >= 2, "the writer committed nothing while the reads ran"
+        assert not seen, f"{len(seen)} of {reads} reads saw two commits: {seen[:5]}"
 
     def test_processes_increment_exactly(self, driver, url):
         if not self.multiprocess:

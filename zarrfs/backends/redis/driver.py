@@ -12,17 +12,24 @@ it complete; without it (a ``RedisStore`` database) it is rebuilt with ``SCAN`` 
 them, a ``read_many`` prefix read trusts them); keys it adds list once ``reindex`` or a writable
 mount's change feed (``feed``) indexes them. A write transaction ``WATCH``es what it reads (the
 index when it scans), buffers its writes and commits them in one ``MULTI``/``EXEC`` (``commit``);
-a conflict is :class:`RetryableError`; reads do not watch (read committed). One connection per
-thread, replies parsed by hiredis (``link``): a read or batch is one round trip, a commit one more.
+a conflict is :class:`RetryableError`. Redis has no read snapshot, so a read transaction watches
+the keys and records it reads too (not the index: a listing of many pages may see a folder
+change, as readdir may) and, when it took more than one round trip, ends with an empty
+``MULTI``/``EXEC``: a key changed between its reads fails it with :class:`RetryableError` and
+it runs again, so a lookup of a hard link (three round trips) never sees half a commit; one of
+one round trip owes only the ``UNWATCH`` sent in front of the link's next call. One connection
+per thread, replies parsed by hiredis (``link``): a read or batch is one round trip, a commit
+one more.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ..base import DATA, BackendError, Driver, Fetch, HasPrefix, Size, Space, Txn, bytes_stop
+from ..base import DATA, BackendError, Driver, Fetch, HasPrefix, RetryableError, Size, Space, Txn, bytes_stop
 from ..buffered import DELETED
 from .about import ABOUT
 from .commit import commit
@@ -69,6 +76,13 @@ class RedisTxn(Txn):
         self._early: dict[tuple[Any, ...], Any] = {}
         #: Called once the next query is sent, before its replies are read (``Link.call``).
         self._alongside: Callable[[], Any] | None = None
+        self._round_trips = 0  # queries sent: a read transaction of several is checked at its end
+        self._unwatched = set(driver.key_names.index.values())  # what reads never watch
+        # A read transaction's watched queries, ``(names, commands)``; when one fails its
+        # check, the next run reads them first in one MULTI/EXEC (see :meth:`_replayed`).
+        self._asked: list[tuple[list[bytes], tuple[tuple[Any, ...], ...]]] = []
+        self._replay = None if write else driver.replay.take()
+        self._answers: dict[tuple[Any, ...], Any] | None = None
 
     def __enter__(self) -> RedisTxn:
         return self
@@ -78,36 +92,76 @@ class RedisTxn(Txn):
 
     # -- reads ------------------------------------------------------------------------------
     def _watch(self, names: list[bytes]) -> list[tuple[Any, ...]]:
-        """The WATCH command to send before reading ``names`` (none in read-only txns)."""
-        if not self.write:
-            return []
-        fresh = [n for n in names if n not in self._watched]
+        """The WATCH command to send before reading ``names``: a read transaction leaves out the
+        listing index (see the module docstring)."""
+        watched = self._watched
+        if self.write:
+            fresh = [n for n in names if n not in watched]
+        else:
+            fresh = [n for n in names if n not in watched and n not in self._unwatched]
         if not fresh:
             return []
         self._watched.update(fresh)
         return [("WATCH", *fresh)]
 
     def _query(self, names: list[bytes], *commands: tuple[Any, ...]) -> list[Any]:
+        if not self.write and names:
+            self._asked.append((names, commands))
+            if self._replay is not None:
+                self._replayed()
+            answers = self._answers
+            if answers is not None and all(c in answers for c in commands):
+                return self._answered(commands)
         alongside, self._alongside = self._alongside, None
-        watch = self._watch(names) if self.write else []
-        if watch:
-            return self._link.checked([*watch, *commands], alongside)[1:]
-        if self._early and len(commands) == 1 and commands[0] in self._early:
+        watch = self._watch(names)
+        if not watch and self._early and len(commands) == 1 and commands[0] in self._early:
             if alongside is not None:
                 alongside()
             reply = self._early.pop(commands[0])  # sent ahead (scan_ahead)
             if isinstance(reply, Exception):
                 raise translate(reply, self._d.where)
             return [reply]
+        self._round_trips += 1
         if self._queued:
             queued, self._queued = [q for q in self._queued if q not in commands], []
-            replies = self._link.call([*commands, *queued], alongside=alongside)
+            replies = self._link.call([*watch, *commands, *queued], alongside=alongside)[len(watch) :]
             self._early.update(zip(queued, replies[len(commands) :], strict=True))
             for reply in replies[: len(commands)]:
                 if isinstance(reply, Exception):
                     raise translate(reply, self._d.where)
             return replies[: len(commands)]
+        if watch:
+            return self._link.checked([*watch, *commands], alongside)[1:]
         return self._link.checked(commands, alongside)
+
+    def _replayed(self) -> None:
+        """The run after a failed check: the reads the failed run made are made first, in one
+        ``MULTI``/``EXEC`` (one commit's state, whatever commits meanwhile), and their names
+        are watched from there; the queries this run repeats are answered from them, so a
+        read that writers keep changing under it still ends (it would be checked and fail
+        again, run after run, if it read them in several round trips once more)."""
+        replay, self._replay = self._replay, None
+        commands = list(dict.fromkeys(c for _, cmds in replay for c in cmds))
+        names = list(dict.fromkeys(n for ns, _ in replay for n in ns if n not in self._unwatched))
+        replies = self._link.call([("MULTI",), *commands, ("EXEC",), ("WATCH", *names)])
+        self._round_trips += 1
+        self._watched.update(names)
+        got = replies[len(commands) + 1]
+        if isinstance(got, Exception):
+            raise translate(got, self._d.where)
+        self._answers = dict(zip(commands, got, strict=True))
+
+    def _answered(self, commands: tuple[tuple[Any, ...], ...]) -> list[Any]:
+        """Replies to ``commands`` from the reads :meth:`_replayed` made."""
+        alongside, self._alongside = self._alongside, None
+        if alongside is not None:
+            alongside()
+        assert self._answers is not None
+        replies = [self._answers[c] for c in commands]
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise translate(reply, self._d.where)
+        return replies
 
     def _scan_ahead(self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int | None) -> None:
         # The scan's first script call goes with the next query (a read-only transaction).
@@ -226,7 +280,12 @@ class RedisTxn(Txn):
     def _scan(
         self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int | None
     ) -> Iterator[tuple[bytes, Any]]:
-        return self._scans.scan(lo, hi, space, fetch, limit, self._pending, self._query)
+        query = self._query if self.write else self._query_unwatched
+        return self._scans.scan(lo, hi, space, fetch, limit, self._pending, query)
+
+    def _query_unwatched(self, names: list[bytes], *commands: tuple[Any, ...]) -> list[Any]:
+        """A read transaction's scan query: what a listing reads is not watched."""
+        return self._query([], *commands)
 
     # -- writes (buffered until commit) -----------------------------------------------------
     def _put(self, raw: bytes, value: bytes | memoryview, space: Space) -> None:
@@ -243,16 +302,42 @@ class RedisTxn(Txn):
         link = self._link
         try:
             if not ok or not self._pending:
-                if self._watched:
+                if ok and not self.write and self._watched and self._round_trips > 1:
+                    self._check_unchanged(link)
+                elif self._watched:
                     link.unwatch = True  # sent in front of the link's next call
                 return
             self._commit(link)
         finally:
             self._d._release(link)
 
+    def _check_unchanged(self, link: Link) -> None:
+        """End a read transaction of several round trips: an empty ``MULTI``/``EXEC`` fails
+        (nil) when a key it read changed since it watched it, and it runs again."""
+        reply = link.call([("MULTI",), ("EXEC",)])[-1]
+        if isinstance(reply, Exception):
+            raise translate(reply, self.where)
+        if reply is None:
+            self._d.replay.keep(self._asked)
+            raise RetryableError(f"{self.where}: a key read changed before the last read; read again")
+
     def _commit(self, link: Link) -> None:
         """Send the buffered writes (see ``commit``)."""
         commit(link, self._pending, self._keys, self.where)
+
+
+class Replay(threading.local):
+    """Per thread, the reads of the last read transaction that failed its check, for the
+    transaction's next run (see :meth:`RedisTxn._replayed`); forgotten when another starts."""
+
+    asked: list | None = None
+
+    def keep(self, asked: list) -> None:
+        self.asked = asked
+
+    def take(self) -> list | None:
+        asked, self.asked = self.asked, None
+        return asked
 
 
 class RedisDriver(Driver):
@@ -284,6 +369,7 @@ class RedisDriver(Driver):
                                " Cluster: use a redis+cluster:// URL, or drop spread=1")
         check_query(parsed, ABOUT.options)
         check_db(parsed)
+        self.replay = Replay()
         self._links = Links(self)
         self.feed: RedisFeed | None = None  # started by the first changes() (a mount's)
         try:
@@ -384,6 +470,11 @@ class RedisDriver(Driver):
 
     def _begin(self, write: bool) -> RedisTxn:
         return RedisTxn(self, write)
+
+    def transact(self, fn: Callable[[Txn], Any], write: bool = True) -> Any:
+        """:meth:`Driver.transact`; a read's first run replays no earlier one's reads."""
+        self.replay.asked = None
+        return super().transact(fn, write)
 
     def statfs(self) -> dict[str, int] | None:
         """``maxmemory`` (or the server's RAM when unlimited) and what ``used_memory`` leaves."""

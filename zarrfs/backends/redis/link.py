@@ -164,19 +164,26 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)
 
 
-def _big_bulk(buf: bytearray, got: int) -> tuple[int, int] | None:
-    """``(start, size)`` when the ``got`` bytes in ``buf`` begin a bulk reply (``$size``) of at
-    least :data:`BIG_REPLY` bytes whose data starts at ``start``, else None."""
-    if got < 4 or buf[0] != 0x24:  # "$"
+def _big_bulk(buf: bytearray, got: int, at: int = 0) -> tuple[int, int] | None:
+    """``(start, size)`` when the bytes of ``buf`` from ``at`` to ``got`` begin a bulk reply
+    (``$size``) of at least :data:`BIG_REPLY` bytes whose data starts at ``start``, else None."""
+    if got - at < 4 or buf[at] != 0x24:  # "$"
         return None
-    end = buf.find(b"\r\n", 1, min(got, 24))
+    end = buf.find(b"\r\n", at + 1, min(got, at + 24))
     if end < 0:
         return None
     try:
-        size = int(buf[1:end])
+        size = int(buf[at + 1 : end])
     except ValueError:
         return None
     return (end + 2, size) if size >= BIG_REPLY else None
+
+
+_OK = b"+OK\r\n"
+#: Commands whose reply is ``+OK`` and that may go in front of a lone read (a read
+#: transaction's ``WATCH``, an owed ``UNWATCH``): that read's large value is still received
+#: straight into its own buffer.
+_LEADING = frozenset({"WATCH", "UNWATCH", b"WATCH", b"UNWATCH"})
 
 
 def _arg(a: Any) -> bytes | memoryview:
@@ -311,11 +318,21 @@ class Link:
         n = len(commands)
         replies: list[Any] = []
         reader, buf = self.reader, self.buf
-        if n == 1:  # a lone reply may be a large value: received straight into its own buffer
+        lead = n - 1
+        if lead == 0 or all(c[0] in _LEADING for c in commands[:lead]):
+            # A lone reply (behind its WATCH) may be a large value: received straight into its
+            # own buffer, the +OKs in front checked here.
             got = self._receive(sock, buf)
-            big = _big_bulk(buf, got)
-            if big is not None:
-                return [self._bulk(sock, buf, got, *big)]
+            at = len(_OK) * lead
+            while 0 < got < at + 4:
+                more = self._receive(sock, memoryview(buf)[got:])
+                if not more:
+                    break
+                got += more
+            if got >= at and buf[:at] == _OK * lead:
+                big = _big_bulk(buf, got, at)
+                if big is not None:
+                    return [b"OK"] * lead + [self._bulk(sock, buf, got, *big)]
             if not got:
                 raise rexc.ConnectionError("the server closed the connection")
             reader.feed(buf, 0, got)

@@ -44,7 +44,7 @@ from ..base import (
     bytes_stop,
 )
 from ..buffered import DELETED
-from ..redis.driver import RedisDriver, RedisTxn
+from ..redis.driver import RedisDriver, RedisTxn, Replay
 from ..redis.index import check_exists, ensure_index, has_index
 from ..redis.link import NO_SETINFO, Link, Links, translate
 from ..redis.url import KeyNames, check_db, check_query, parse_url
@@ -300,6 +300,7 @@ class RedisClusterDriver(RedisDriver):
         self.where = parsed.where(prefix)
         self.key_names = KeyNames(prefix)
         self.scripts = [True]  # as RedisDriver's: the listing's script runs on the home master
+        self.replay = Replay()  # as RedisDriver's: a read that failed its check, per thread
         check_query(parsed, ABOUT.options)
         check_db(parsed, cluster=True)
         self._options = self._connection_options(parsed.scheme, parsed.userinfo, parsed.query, self.timeout)
