@@ -77,7 +77,6 @@ class RedisTxn(Txn):
         #: Called once the next query is sent, before its replies are read (``Link.call``).
         self._alongside: Callable[[], Any] | None = None
         self._round_trips = 0  # queries sent: a read transaction of several is checked at its end
-        self._unwatched = set(driver.key_names.index.values())  # what reads never watch
         # A read transaction's watched queries, ``(names, commands)``; when one fails its
         # check, the next run reads them first in one MULTI/EXEC (see :meth:`_replayed`).
         self._asked: list[tuple[list[bytes], tuple[tuple[Any, ...], ...]]] = []
@@ -98,7 +97,7 @@ class RedisTxn(Txn):
         if self.write:
             fresh = [n for n in names if n not in watched]
         else:
-            fresh = [n for n in names if n not in watched and n not in self._unwatched]
+            fresh = [n for n in names if n not in watched and n not in self._keys.indexes]
         if not fresh:
             return []
         self._watched.update(fresh)
@@ -142,7 +141,7 @@ class RedisTxn(Txn):
         again, run after run, if it read them in several round trips once more)."""
         replay, self._replay = self._replay, None
         commands = list(dict.fromkeys(c for _, cmds in replay for c in cmds))
-        names = list(dict.fromkeys(n for ns, _ in replay for n in ns if n not in self._unwatched))
+        names = list(dict.fromkeys(n for ns, _ in replay for n in ns if n not in self._keys.indexes))
         replies = self._link.call([("MULTI",), *commands, ("EXEC",), ("WATCH", *names)])
         self._round_trips += 1
         self._watched.update(names)

@@ -319,7 +319,7 @@ class Link:
         replies: list[Any] = []
         reader, buf = self.reader, self.buf
         lead = n - 1
-        if lead == 0 or all(c[0] in _LEADING for c in commands[:lead]):
+        if lead == 0 or all(commands[i][0] in _LEADING for i in range(lead)):
             # A lone reply (behind its WATCH) may be a large value: received straight into its
             # own buffer, the +OKs in front checked here.
             got = self._receive(sock, buf)

@@ -109,6 +109,8 @@ class KeyNames:
         self.side_prefix = b"zarrfs.side." + p + b":"
         #: The listing index (a sorted set) of each space.
         self.index = {DATA: b"zarrfs.index." + p, SIDE: b"zarrfs.sideindex." + p}
+        #: The indexes, as a set (what a read transaction never watches).
+        self.indexes = frozenset(self.index.values())
         #: The channel ``zarrfs reindex`` tells the mounts' change feeds on that it changed the
         #: index (an index write is no data key's: no invalidation says so).
         self.reindexed = b"zarrfs.reindexed." + p
