@@ -198,7 +198,8 @@ def start_redis_cluster(
     if res.returncode != 0:
         pytest.fail(f"redis-cli --cluster create failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
     cluster = RedisCluster(ports, procs, workdir)
-    _wait(lambda: _cluster_ok(cli, ports[0]), "the Redis Cluster")
+    # Every node: a node that has not yet learned the whole slot map answers CLUSTERDOWN.
+    _wait(lambda: all(_cluster_ok(cli, port) for port in ports), "the Redis Cluster")
     return cluster
 
 

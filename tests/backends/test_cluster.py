@@ -121,6 +121,43 @@ def test_a_moved_slot_is_followed(redis_cluster):
         assert _node(src).dbsize() == 0 or not _node(src).keys(f"*{d.prefix}*")
 
 
+def test_an_open_waits_while_the_cluster_is_down(redis_cluster):
+    """An open while the home master answers ``CLUSTERDOWN`` (a cluster just made, or failing a
+    master over, till its nodes agree) reads the slot map again and retries for the timeout,
+    as a transaction does; it failed at once with "The cluster is down"."""
+    from redis.cluster import key_slot
+
+    prefix = f"cd{uuid.uuid4().hex[:8]}"
+    home = key_slot(f"zarrfs.index.{{{prefix}}}".encode())
+    owner, other = next(
+        (int(node[1]), start if start != home else start + 1)
+        for start, end, *nodes in _node(redis_cluster.ports[0]).execute_command("CLUSTER", "SLOTS")
+        for node in nodes[:1]
+        if start <= home <= end
+    )
+    master = _node(owner)
+    master.execute_command("CLUSTER", "DELSLOTS", other)  # not every slot served: down
+    try:
+        deadline = time.monotonic() + 30
+        while b"cluster_state:fail" not in master.execute_command("CLUSTER", "INFO"):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        back = threading.Timer(1.0, master.execute_command, ("CLUSTER", "ADDSLOTS", other))
+        back.start()
+        start = time.monotonic()
+        with open_driver(redis_cluster.url(prefix=prefix)) as d:
+            d.put("a", b"1")
+            assert d.get("a") == b"1"
+        assert time.monotonic() - start >= 0.9  # it did wait for the slot to come back
+        back.join()
+    finally:
+        if b"cluster_state:ok" not in master.execute_command("CLUSTER", "INFO"):
+            try:
+                master.execute_command("CLUSTER", "ADDSLOTS", other)
+            except redis.ResponseError:
+                pass  # added back by the timer
+
+
 @pytest.fixture(scope="module")
 def replicated_cluster():
     """Three masters with a replica each; a silent master is failed over after 1 s."""

@@ -20,8 +20,9 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Iterator
-from typing import Any
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 from urllib.parse import unquote
 
 import redis
@@ -55,9 +56,11 @@ from .spread import SpreadParts
 __all__ = ["RedisClusterDriver", "hash_tagged"]
 
 log = logging.getLogger("zarrfs.backends.redis")
+T = TypeVar("T")
 
 # Error replies that mean "this slot is not (or not only) here now": route again and retry.
 _REROUTE = re.compile(r"(?:^|: )(MOVED|ASK|CLUSTERDOWN|TRYAGAIN)\b")
+_MOVING = (redis.exceptions.ClusterDownError, redis.exceptions.MovedError, redis.exceptions.AskError)
 
 
 def hash_tag(name: str) -> str | None:
@@ -322,14 +325,10 @@ class RedisClusterDriver(RedisDriver):
         self._links = ClusterLinks(self)
         self.feed: ClusterFeed | None = None  # started by the first changes() (a mount's)
         try:
-            check_exists(self.client, self.key_names, self.where, create)
+            self.indexed = self._while_converging(lambda: self._look(create, build_index))
         except BaseException:
             self.close()
             raise
-        if build_index:
-            self.indexed = ensure_index(self.client, self.key_names, self.where, self.readonly)
-        else:
-            self.indexed = has_index(self.client, self.key_names, self.where)
         self.spread: SpreadParts | None = None
         if _flag(parsed.query, "spread", self.where):
             masters = len(self.cluster.get_primaries())
@@ -342,6 +341,32 @@ class RedisClusterDriver(RedisDriver):
             tag = hash_tag(self.prefix) or self.prefix
             self.spread = SpreadParts(self.cluster, tag, self.where, self.timeout, lambda: self.watch)
             self.parts_above = _number(parsed.query, "spread_above", 0, self.where)
+
+    def _look(self, create: bool, build_index: bool) -> bool:
+        """The open's first look at the hierarchy: refuse a prefix that holds none (unless
+        ``create``); whether its index is complete, building it (``build_index``)."""
+        check_exists(self.client, self.key_names, self.where, create)
+        if build_index:
+            return ensure_index(self.client, self.key_names, self.where, self.readonly)
+        return has_index(self.client, self.key_names, self.where)
+
+    def _while_converging(self, call: Callable[[], T]) -> T:
+        """``call()``, again after the slot map is read anew while the reply says the slot is
+        moving or the cluster is down (``CLUSTERDOWN``: a cluster just made, or failing a
+        master over, till every node agrees), for up to the timeout: what a transaction does
+        (``rerouted``), for the calls made before the first one."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return call()
+            except BackendError as exc:
+                # redis-py's client drops the reply's code from the message: its class says it
+                moving = isinstance(exc, RetryableError) or isinstance(exc.__cause__, _MOVING)
+                if not (moving or _REROUTE.search(str(exc))) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.05)
+            self._stale = True
+            self.route()
 
     def set_timeout(self, seconds: float) -> None:
         """Bound later waits, and those of the connections held now, to ``seconds``: on the
