@@ -231,14 +231,14 @@ class TestSQLite(_Conformance):
         import time
 
         db = tmp_path / "x.db"
-        checkpointer = driver._checkpointer
+        checkpointer = driver.checkpointer
         checkpointer.interval = 30  # no pause long enough in this test
         before = db.stat().st_size
         for i in range(8):  # about 300 KiB: far below the burst
             driver.put(f"a/{i}", os.urandom(4096))
         time.sleep(0.5)
         assert db.stat().st_size == before  # still only in the WAL
-        checkpointer.burst = 1 << 20
+        checkpointer.burst = checkpointer.burst_max = 1 << 20  # the background thread's
         for i in range(40):  # past the burst, with no pause
             driver.put(f"b/{i}", os.urandom(4096))
         deadline = time.monotonic() + 60
@@ -545,6 +545,35 @@ def test_lmdb_full_disk_fails_a_commit_whole(tmp_path, big):
                 assert all(again.get(f"fill/{i}", space) is not None for i in range(failed)), space
         finally:
             again.close()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_sqlite_removals_on_a_full_disk_one_at_a_time(tmp_path):
+    """Removals on a full disk, each after a pause (a user's ``rm`` commands): the WAL held the
+    last commits, not copied out, so the background checkpoint's copy took the room the first
+    removal freed, and the removals after it failed (the third: "database or disk is full").
+    The WAL now keeps no more uncopied pages than the room kept for removals."""
+    import subprocess
+    import time
+
+    disk = tmp_path / "disk"
+    _tmpfs(disk, "12m")
+    try:
+        driver = open_driver(f"sqlite://{disk}/db.sqlite")
+        try:
+            count = 0
+            with pytest.raises(StorageFullError):
+                while count < 200:
+                    driver.put(f"f/{count}", os.urandom(200_000))
+                    count += 1
+            assert count > 10
+            for i in range(6):
+                time.sleep(0.3)  # a background checkpoint runs
+                driver.delete(f"f/{i}")
+            assert [k for k, _ in driver.scan("f/", "f0")] == sorted(f"f/{i}" for i in range(6, count))
+        finally:
+            driver.close()
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
 

@@ -66,10 +66,13 @@ def _check(root, kept: dict[str, str], failed: str) -> None:
 
 
 def _cleanup(root, kept: dict[str, str]) -> None:
+    """One removal at a time, with pauses (a user's commands): the mount's background work
+    runs between them (on SQLite a checkpoint that took the room the first removal freed)."""
     names = list(kept)
     os.truncate(root / names[0], 0)
     kept[names[0]] = hashlib.sha256(b"").hexdigest()
     for name in names[1:4]:
+        time.sleep(0.3)
         os.unlink(root / name)
         del kept[name]
     os.rmdir(root / "empty")

@@ -4,6 +4,7 @@ checkpointer, and the truncating one that frees room on a full disk."""
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -53,10 +54,17 @@ class Checkpointer:
     files then checkpoints every few hundred files instead of ten times a second, which costs
     the daemon less CPU per file written through a mount. The writers keep SQLite's own
     automatic checkpoint, at a higher threshold, as the bound on the WAL when this thread falls
-    behind."""
+    behind.
+
+    On a disk nearly full the WAL must never hold more pages not copied yet than the room kept
+    in reserve, or a removal on the full disk finds no room for the checkpoint that frees the
+    WAL's blocks (``truncate``): the burst is an eighth of the free room, the writer that
+    reaches it there checkpoints at once (this thread could fall behind it), and once the
+    disk refuses a copy, only removals commit till a copy succeeds (:attr:`behind`)."""
 
     interval = 0.1
-    burst = 32 << 20
+    burst_max = 32 << 20
+    burst_min = 256 << 10
 
     def __init__(self, path: str, timeout: float, lock: threading.Lock) -> None:
         self.path = path
@@ -67,17 +75,45 @@ class Checkpointer:
         self.pending = 0
         self.last = 0.0
         self.stopping = False
+        self.burst = self.burst_max
+        self._size_burst()
+        #: The last checkpoint found the disk full: pages committed are not copied out of the
+        #: WAL, and only removals may commit (``SQLiteTxn``) till one is.
+        self.behind = False
         self.thread = threading.Thread(target=self._run, name="zarrfs-sqlite-checkpoint", daemon=True)
         self.thread.start()
 
-    def committed(self, written: int) -> None:
-        """A write transaction put about ``written`` bytes in the WAL (called by the writer)."""
+    def committed(self, written: int) -> bool:
+        """A write transaction put about ``written`` bytes in the WAL (called by the writer);
+        whether the writer must checkpoint now: a burst's worth on a disk nearly full, where a
+        writer outrunning this thread would fill the disk with pages not copied yet."""
         self.last = time.monotonic()
         self.pending += written
         if not self.wake.is_set():
             self.wake.set()
-        if self.pending >= self.burst and not self.full.is_set():
-            self.full.set()
+        if self.pending >= self.burst:
+            if self.burst < self.burst_max:
+                self.pending = 0
+                return True
+            if not self.full.is_set():
+                self.full.set()
+        return False
+
+    def run_now(self, conn: sqlite3.Connection) -> None:
+        """The checkpoint ``committed`` asked for, on the writer's connection (also before a
+        write while :attr:`behind`)."""
+        self._passive(conn)
+
+    def _passive(self, conn: sqlite3.Connection) -> None:
+        """A passive checkpoint; :attr:`behind` says whether the disk refused its copy."""
+        try:
+            with self.lock:
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            self.behind = False
+        except sqlite3.Error as exc:  # the writers' automatic checkpoint still bounds the WAL
+            self.behind = getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+            log.debug("%s: checkpoint failed: %s", self.path, exc)
+        self._size_burst()
 
     def _due(self) -> bool:
         """Wait until a checkpoint is worth running; False when stopping."""
@@ -101,13 +137,21 @@ class Checkpointer:
                     if conn is None:
                         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
                         conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
-                    with self.lock:
-                        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                except sqlite3.Error as exc:  # the writers' automatic checkpoint still bounds the WAL
-                    log.debug("%s: background checkpoint failed: %s", self.path, exc)
+                except sqlite3.Error as exc:
+                    log.debug("%s: no connection for the background checkpoint: %s", self.path, exc)
+                    continue
+                self._passive(conn)
         finally:
             if conn is not None:
                 conn.close()
+
+    def _size_burst(self) -> None:
+        """The burst for the room the disk has now: an eighth of it, within the bounds."""
+        try:
+            st = os.statvfs(os.path.dirname(self.path) or ".")
+        except OSError:
+            return
+        self.burst = max(self.burst_min, min(self.burst_max, st.f_bavail * st.f_frsize // 8))
 
     def stop(self) -> None:
         """End the thread and wait for it (no last checkpoint: ``sync()`` is the barrier)."""

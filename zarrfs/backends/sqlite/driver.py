@@ -27,11 +27,13 @@ from typing import Any
 from ..base import (
     DATA,
     KEYS,
+    RESERVE_FOR,
     SIZES,
     Driver,
     Fetch,
     RetryableError,
     Space,
+    StorageFullError,
     Txn,
     check_space,
     encode_key,
@@ -95,6 +97,9 @@ class SQLiteTxn(Txn):
             logged = None
             if self._log_from is not None:
                 logged = (self._log_from, conn.execute(feed.LAST_ID).fetchone()[0])
+            behind = self._driver.checkpointer is not None and self._driver.checkpointer.behind
+            if behind and self.write and self.put_bytes > RESERVE_FOR:
+                raise StorageFullError(f"{self.where}: the disk is full: its last commits are in the WAL")
             conn.execute("COMMIT")
         except BaseException as err:
             if conn.in_transaction:
@@ -258,7 +263,7 @@ class SQLiteDriver(Driver):
         self.synchronous = "FULL" if parse_bool("sync", options.get("sync", "0")) else "NORMAL"
         self.conns = Connections(url, path, readonly, self.timeout, self.synchronous, self.autocheckpoint)
         self._conn = self.conns.get  # the calling thread's connection
-        self._checkpointer: Checkpointer | None = None
+        self.checkpointer: Checkpointer | None = None
         #: Held while this driver checkpoints (background or sync), so the two never collide.
         self.checkpoint_lock = threading.Lock()
         self.tables: set[str] = set()
@@ -273,29 +278,33 @@ class SQLiteDriver(Driver):
         # the triggers are there.
         self.own, self.logged = feed.start(self._conn(), path, self.tables, readonly)
         if not readonly and self.wal:
-            self._checkpointer = Checkpointer(path, self.timeout, self.checkpoint_lock)
+            self.checkpointer = Checkpointer(path, self.timeout, self.checkpoint_lock)
 
     def _begin(self, write: bool) -> SQLiteTxn:
         if write and self.reserve is not None:
             self.reserve.again()
+            if self.checkpointer is not None and self.checkpointer.behind:
+                self.checkpointer.run_now(self._conn())  # room freed meanwhile, maybe
         return SQLiteTxn(self, self._conn(), write)
 
     def free_reserve(self) -> bool:
-        """Make room for a removal on a full disk: SQLite records a delete in the WAL, which
-        grows until a checkpoint. Free the room kept in reserve (``filespace.Reserve``), and
-        once it is gone, copy the WAL into the database and truncate it (a delete frees
-        pages inside the database, so the copy needs no new room): its blocks are free then."""
+        """Make room for removals on a full disk: SQLite records a delete in the WAL, which
+        grows until a checkpoint. Free the room kept in reserve (``filespace.Reserve``), then
+        copy the WAL into the database and truncate it, which frees the WAL's blocks: the
+        copy grows the database by the pages not copied yet (few: the checkpointer keeps them
+        under an eighth of the free room), into the reserve's room. Done at once, the next
+        removals find the WAL's room free; left to the background checkpoint, its copy would
+        take the reserve's room and leave the WAL full (the removal after next failed)."""
         if self.readonly:
             return False
-        if self.reserve is not None and self.reserve.free():
-            return True
-        return truncate(self._conn, self.path, self.checkpoint_lock)
+        freed = self.reserve is not None and self.reserve.free()
+        return truncate(self._conn, self.path, self.checkpoint_lock) or freed
 
     def committed(self, written: int) -> None:
         """A write transaction committed about ``written`` bytes: tell the checkpointer."""
-        checkpointer = self._checkpointer
-        if checkpointer is not None:
-            checkpointer.committed(written)
+        checkpointer = self.checkpointer
+        if checkpointer is not None and checkpointer.committed(written):
+            checkpointer.run_now(self._conn())
 
     # A one-shot size is one statement, atomic on its own, so it needs no transaction; the
     # mount asks a file's stored size before each read of it, and without the Txn object and
@@ -341,7 +350,7 @@ class SQLiteDriver(Driver):
         self.conns.closed = True  # no new connection meanwhile
         if self.file_watch is not None:
             self.file_watch.close()
-        checkpointer, self._checkpointer = self._checkpointer, None
+        checkpointer, self.checkpointer = self.checkpointer, None
         if checkpointer is not None:
             checkpointer.stop()
         self.conns.close()
