@@ -159,6 +159,7 @@ class Coherence:
                     if inode.given:
                         notes.append(inval_attrs(nodeid))
                         inode.given = 0
+                    inode.heard = True
                 elif not inode.bare:  # else dropped, and nothing shown since
                     notes.append(inval_inode(nodeid))  # a folder's kept listing too
                 # The stamp stays: what the kernel was last shown, compared with what the next

@@ -108,6 +108,20 @@ class Inode:
         return pages is not None and pages.remembered()
 
     @property
+    def heard(self) -> bool:
+        """Another writer's change of the file was heard since its last open: a reply sent
+        meanwhile may have shown a version whose attributes the kernel ignored (it ignores
+        those of a request sent before a drop), so ``given`` may name a size it does not hold."""
+        return self.nodeid in self._table._heard
+
+    @heard.setter
+    def heard(self, value: bool) -> None:
+        if value:
+            self._table._heard.add(self.nodeid)
+        else:
+            self._table._heard.discard(self.nodeid)
+
+    @property
     def given(self) -> int:
         return self._table._given[self.nodeid & _SLOT]
 
@@ -158,6 +172,7 @@ class InodeTable:
         self._free = array("I")  # free slots, the last freed used first
         self._count = 1
         self._pages: dict[int, Pages] = {}  # node ID -> page cache state, for files that have one
+        self._heard: set[int] = set()  # node IDs of files changed elsewhere since their last open
         self._group: dict[int, str] = {}  # node ID -> its link group
         self._aliases: dict[int, set[str]] = {}  # node ID -> its other names
         self.groups: dict[str, int] = {}  # link group id -> node ID
@@ -371,6 +386,7 @@ class InodeTable:
         # change feed is not followed for forgotten nodes: what was read of them is dropped.
         self._pages.pop(nodeid, None)
         self._given[slot] = 0
+        self._heard.discard(nodeid)
         self._no_xattrs.discard(nodeid)
         self.idle[nodeid] = None
         while len(self.idle) > IDLE_NODES:
@@ -389,6 +405,7 @@ class InodeTable:
         if group is not None and self.groups.get(group) == nodeid:
             del self.groups[group]
         self._pages.pop(nodeid, None)
+        self._heard.discard(nodeid)
         self._no_xattrs.discard(nodeid)
         self._keys[slot], self._kinds[slot], self._lookups[slot] = None, 0, 0
         self._given[slot] = 0

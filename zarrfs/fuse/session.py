@@ -564,7 +564,11 @@ class Session(Dispatcher):
             self._show_anew(head.nodeid, inode, key, seen)
         # The kernel holds no size of this version (dropped, with the size it had before kept
         # for reads short of it): a read through the page cache could be padded to that size.
-        unsure = seen is not None and inode is not None and not self.pages.holds(inode, seen)
+        # Nor is it sure to after another writer's change: a reply may have shown this version
+        # to a kernel that ignored it (a request sent before the drop).
+        unsure = seen is not None and inode is not None and (inode.heard or not self.pages.holds(inode, seen))
+        if inode is not None and inode.heard:
+            inode.heard = False
         if private:  # the kernel's pages are another version's, which descriptors still read
             open_flags = k.FOPEN_DIRECT_IO
         else:
