@@ -245,6 +245,8 @@ class Coherence:
                 if not inode.bare:  # else dropped (a lock granted), and nothing shown since
                     notes.append(inval_inode(nodeid))
                 inode.stamp_time, inode.cache_ok = 0.0, False
+                if inode.kind == stat.S_IFREG:
+                    inode.heard = True  # as in notes()
         inodes.xattrs_changed()
         # Marked for a new lookup rather than dropped: a folder a process is in stays on its
         # path unless the lookup finds it gone (docs/architecture.md, fuse/coherence.py).
