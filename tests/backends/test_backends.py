@@ -721,6 +721,41 @@ class TestRedis(_Conformance):
         finally:
             other.close()
 
+    def test_the_writing_link_is_never_given_to_two_threads(self, driver):
+        """Threads taking the writing link at once (a writer and a feed's route check): each
+        gets it or a link of its own, never the one another holds (two on one socket read
+        each other's replies; the other waits out the timeout)."""
+        import sys
+        import threading
+
+        held: set[int] = set()
+        shared: list[str] = []
+        guard = threading.Lock()
+        links = driver._links
+
+        def take() -> None:
+            for _ in range(2000):
+                link = links.acquire(True)
+                with guard:
+                    if id(link) in held:
+                        shared.append(f"link {id(link)} given twice")
+                    held.add(id(link))
+                with guard:
+                    held.discard(id(link))
+                links.release(link)
+
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)  # threads switch between any two bytecodes, nearly
+        try:
+            threads = [threading.Thread(target=take) for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            sys.setswitchinterval(interval)
+        assert shared == []
+
     def test_a_read_of_several_round_trips_runs_again_from_one_snapshot(self, driver, url, monkeypatch):
         """Redis has no read snapshot: a read transaction whose key changed between its round
         trips fails its closing check and runs again; that run reads what the first one read in

@@ -4,10 +4,13 @@ translation of Redis errors."""
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import select
 import ssl
+import sys
+import termios
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -164,6 +167,15 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)
 
 
+def _readable(fd: int) -> int | str:
+    """Bytes waiting on socket ``fd`` (for an error message: a reply that came but was not
+    seen would show here)."""
+    try:
+        return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"), sys.byteorder)
+    except OSError as exc:
+        return f"unknown ({exc.strerror})"
+
+
 def _big_bulk(buf: bytearray, got: int, at: int = 0) -> tuple[int, int] | None:
     """``(start, size)`` when the bytes of ``buf`` from ``at`` to ``got`` begin a bulk reply
     (``$size``) of at least :data:`BIG_REPLY` bytes whose data starts at ``start``, else None."""
@@ -291,6 +303,10 @@ class Link:
                 replies = self._call_fast(commands, big, alongside)
             else:
                 replies = self._call_slow(commands, alongside)
+        except StalledError as exc:
+            self.broken = True
+            names = " ".join(str(c[0]) for c in commands[:8])
+            raise StalledError(f"{exc}; the call sent {len(commands)} commands: {names}") from exc
         except BaseException as exc:
             # Replies may be left unread (even on KeyboardInterrupt): never reuse the socket.
             self.broken = True
@@ -419,7 +435,8 @@ class Link:
             left = deadline - time.perf_counter()
             if left <= 0:
                 raise StalledError(
-                    f"{self.driver.where}: no reply within {self.driver.timeout:g} s (-o timeout=)"
+                    f"{self.driver.where}: no reply within {self.driver.timeout:g} s (-o timeout=);"
+                    f" {_readable(sock_fd)} bytes readable on the socket now"
                 )
             watch, ms = self.watch, left * 1000 + 1
             for fd, _events in self.poller.poll(ms) if watch is None else watch.poll(self.poller, ms):
@@ -471,6 +488,11 @@ class Links:
         self.closed = False
         self._local = threading.local()
         self._writing = _Slot()
+        # Taking the writing link is checked and marked under a lock: writers run one at a
+        # time, but a feed's route check (``check_route``) or a one-shot helper may ask for
+        # it from another thread, and two that both found it free would share its socket
+        # (one reading the other's reply; the other waiting out the timeout).
+        self._taking = threading.Lock()
         # When a link last broke: the other links' sockets are looked at before their next use
         # (the server may have restarted: the reading and the writing link are both stale).
         self._suspect = 0.0
@@ -481,7 +503,13 @@ class Links:
         called inside a transaction)."""
         if self.closed:
             raise UnavailableError(f"{self.driver.where}: the driver is closed")
-        slot = self._writing if write else self._local
+        if write:
+            with self._taking:
+                return self._take(self._writing)
+        return self._take(self._local)
+
+    def _take(self, slot: Any) -> Link:
+        """The link kept in ``slot`` marked busy, a new one kept there, or an extra one."""
         link = getattr(slot, "link", None)
         if link is not None and not link.busy and link.usable(self._suspect):
             link.busy = True
