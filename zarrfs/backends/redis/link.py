@@ -431,15 +431,19 @@ class Link:
                 self.poller.register(watch_fd, select.POLLIN)
             self.watch_fd = watch_fd
         self.watch = watch
+        polls, seen = 0, None  # for the message below: how the wait went
         while True:
             left = deadline - time.perf_counter()
             if left <= 0:
                 raise StalledError(
                     f"{self.driver.where}: no reply within {self.driver.timeout:g} s (-o timeout=);"
-                    f" {_readable(sock_fd)} bytes readable on the socket now"
+                    f" {_readable(sock_fd)} bytes readable on the socket now; {polls} polls, the last"
+                    f" saw {seen} (socket {sock_fd}, watch {watch_fd})"
                 )
             watch, ms = self.watch, left * 1000 + 1
-            for fd, _events in self.poller.poll(ms) if watch is None else watch.poll(self.poller, ms):
+            seen = self.poller.poll(ms) if watch is None else watch.poll(self.poller, ms)
+            polls += 1
+            for fd, _events in seen:
                 if fd == sock_fd:
                     return sock.recv_into(buf)
                 if self.watch is not None:
