@@ -435,6 +435,10 @@ class Link:
         while True:
             left = deadline - time.perf_counter()
             if left <= 0:
+                if any(fd == sock_fd for fd, _events in self.poller.poll(0)):
+                    # The reply came: the wait itself was held past the deadline (a poll
+                    # woken for something else, then the lock taken back late).
+                    return sock.recv_into(buf)
                 raise StalledError(
                     f"{self.driver.where}: no reply within {self.driver.timeout:g} s (-o timeout=);"
                     f" {_readable(sock_fd)} bytes readable on the socket now; {polls} polls, the last"
