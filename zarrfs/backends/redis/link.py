@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import importlib.util
+import logging
 import os
 import select
 import ssl
@@ -53,6 +54,8 @@ NO_SETINFO: dict[str, Any] = (
 )
 
 # Error replies by their first word (hiredis hands them over as plain ResponseError).
+log = logging.getLogger("zarrfs.backends.redis")
+
 _RETRYABLE_REPLIES = ("LOADING", "TRYAGAIN", "BUSY", "MASTERDOWN")
 
 
@@ -438,6 +441,11 @@ class Link:
                 if any(fd == sock_fd for fd, _events in self.poller.poll(0)):
                     # The reply came: the wait itself was held past the deadline (a poll
                     # woken for something else, then the lock taken back late).
+                    log.warning(
+                        "%s: a reply found %.1f s past the wait's deadline: %d polls, the last saw %s"
+                        " (socket %d)",
+                        self.driver.where, -left, polls, seen, sock_fd,
+                    )
                     return sock.recv_into(buf)
                 raise StalledError(
                     f"{self.driver.where}: no reply within {self.driver.timeout:g} s (-o timeout=);"
