@@ -566,9 +566,10 @@ class Session(Dispatcher):
         # for reads short of it): a read through the page cache could be padded to that size.
         # Nor is it sure to after another writer's change: a reply may have shown this version
         # to a kernel that ignored it (a request sent before the drop).
-        unsure = seen is not None and inode is not None and (inode.heard or not self.pages.holds(inode, seen))
-        if inode is not None and inode.heard:
+        heard = inode is not None and inode.heard
+        if heard:
             inode.heard = False
+        unsure = seen is not None and inode is not None and (heard or not self.pages.holds(inode, seen))
         if private:  # the kernel's pages are another version's, which descriptors still read
             open_flags = k.FOPEN_DIRECT_IO
         else:

@@ -53,9 +53,9 @@ NO_SETINFO: dict[str, Any] = (
     else {"lib_name": None, "lib_version": None}
 )
 
-# Error replies by their first word (hiredis hands them over as plain ResponseError).
 log = logging.getLogger("zarrfs.backends.redis")
 
+# Error replies by their first word (hiredis hands them over as plain ResponseError).
 _RETRYABLE_REPLIES = ("LOADING", "TRYAGAIN", "BUSY", "MASTERDOWN")
 
 

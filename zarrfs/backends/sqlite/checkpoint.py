@@ -100,12 +100,9 @@ class Checkpointer:
         return False
 
     def run_now(self, conn: sqlite3.Connection) -> None:
-        """The checkpoint ``committed`` asked for, on the writer's connection (also before a
-        write while :attr:`behind`)."""
-        self._passive(conn)
-
-    def _passive(self, conn: sqlite3.Connection) -> None:
-        """A passive checkpoint; :attr:`behind` says whether the disk refused its copy."""
+        """A passive checkpoint on ``conn`` (this thread's, or a writer's when ``committed``
+        asked for one, or before a write while :attr:`behind`); :attr:`behind` says whether
+        the disk refused its copy."""
         try:
             with self.lock:
                 conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
@@ -140,7 +137,7 @@ class Checkpointer:
                 except sqlite3.Error as exc:
                     log.debug("%s: no connection for the background checkpoint: %s", self.path, exc)
                     continue
-                self._passive(conn)
+                self.run_now(conn)
         finally:
             if conn is not None:
                 conn.close()
