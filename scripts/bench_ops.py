@@ -93,7 +93,10 @@ class Zarrfs:
         self.pid = self._status()["pid"]
 
     def _status(self) -> dict:
-        from zarrfs.daemon.control import query
+        try:
+            from zarrfs.daemon.control import query
+        except ImportError:  # a commit before the daemon was a package (--against)
+            from zarrfs.control import query
 
         return query(str(self.root))
 

@@ -254,12 +254,19 @@ def lmdb_floor(path: str, folder: bytes = b"arr/") -> tuple[float, int]:
     return time.perf_counter() - t, names
 
 
+def query(mountpoint: str) -> dict:
+    """The mount's ``zarrfs status`` figures."""
+    try:
+        from zarrfs.daemon.control import query
+    except ImportError:  # a commit before the daemon was a package (--against)
+        from zarrfs.control import query
+    return query(mountpoint)
+
+
 def settled(mountpoint: Path) -> None:
     """Wait until the daemon has taken back the node IDs the kernel forgot when its caches
     were dropped (a million after a listing of a million names: about a second of the
     daemon's time), so that the next step's figure is its own work."""
-    from zarrfs.daemon.control import query
-
     last = None
     while True:
         held = query(str(mountpoint))["nodes"]["held"]
@@ -284,8 +291,6 @@ def walk(root: Path, drop: bool, out: np.ndarray, mount: bool = False) -> dict[s
 
 
 def peak_rss(mountpoint: Path) -> int:
-    from zarrfs.daemon.control import query
-
     return query(str(mountpoint))["memory"]["VmHWM"]
 
 

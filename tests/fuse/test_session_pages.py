@@ -330,3 +330,31 @@ def test_the_last_close_of_an_older_version_drops_its_size_before_the_next_open(
         kernel.release(f, old)
         fh = kernel.open(f)
         assert kernel.read(f, fh) == b"N" * 60
+
+
+def test_an_exchange_moves_the_older_version_its_page_cached_descriptors_read(followed):
+    """``n`` open at a version read through the page cache, then rewritten by another mount
+    and opened again (that descriptor reads past the cache); then ``x`` and ``n`` exchanged.
+    The node of ``n``, now ``x``, is still shown as the version its first descriptor reads;
+    the node of ``x``, now ``n``, as its own stored version: the older version of the other
+    file stays with that file (it was left under the name ``n``, and ``n``'s new node was
+    shown at its size: reads of it cut or padded to another file's size)."""
+    kernel, other = followed
+    other.tree.store([("x", b"x" * 3, None, REWRITE)])
+    other.tree.store([("n", b"o" * 90, None, REWRITE)])
+    x, n = kernel.lookup("x"), kernel.lookup("n")
+    old = kernel.open(n)
+    assert kernel.read(n, old) == b"o" * 90
+    other.tree.store([("n", b"N" * 60, None, REWRITE)])
+    kernel.wire.session.coherence.poll()
+    newer = kernel.open(n)
+    assert kernel.read(n, newer) == b"N" * 60
+    body = k.RENAME2_IN.pack(k.ROOT_ID, RENAME_EXCHANGE, 0) + z("x") + z("n")
+    kernel.ask(k.RENAME2, k.ROOT_ID, body)
+    assert kernel.getattr(n) == 90  # shown as the version its page-cached descriptor reads
+    assert kernel.getattr(x) == 3
+    fh = kernel.open(x)
+    assert kernel.read(x, fh) == b"x" * 3
+    kernel.release(n, old)
+    kernel.release(n, newer)
+    assert kernel.getattr(n) == 60
