@@ -312,7 +312,8 @@ class Operations:
         if listing is None:
             raise FsError(errno.EBADF, str(fh))
         prefix = listing.key + "/" if listing.key else ""
-        pending = self.handles.pending
+        handles = self.handles
+        pending, states, paged = handles.pending, handles.states, handles.paged
         listing.plus = True
         listing.held = held
         for name, kind, at in listing.entries(offset):
@@ -323,7 +324,11 @@ class Operations:
                 if held is not None and held(key, kind):
                     yield name, kind, at, key, None
                 else:
-                    yield name, kind, at, key, self._shown(key, pending(key) or listing.node(name))
+                    # Only an open file shows other than its stored node (most listings: none).
+                    node = (pending(key) if states or paged else None) or listing.node(name)
+                    if node is not None and node.kind == DIR:
+                        node = self._shown(key, node)
+                    yield name, kind, at, key, node
 
     def releasedir(self, fh: int) -> None:
         """Close a folder."""

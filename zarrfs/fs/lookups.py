@@ -260,9 +260,9 @@ class Lookups:
                 size = attrs.parted.size
             else:
                 attrs.parted = None
-        if kind == FILE:
+        if kind == FILE and self.hooks.transforms:
             size = self.hooks.shown_size(t, key, size)
-        if kind != DIR:
+        if pointer is not None and kind != DIR:  # a linked file (most files have no pointer)
             group = hardlinks.load(t, key, pointer)
             if group is not None and len(group.names) > 1:
                 nlink, gid, names = len(group.names), group.gid, tuple(group.names)
