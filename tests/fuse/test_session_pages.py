@@ -358,3 +358,30 @@ def test_an_exchange_moves_the_older_version_its_page_cached_descriptors_read(fo
     kernel.release(n, old)
     kernel.release(n, newer)
     assert kernel.getattr(n) == 60
+
+
+def test_an_open_after_the_newer_versions_closed_still_leaves_the_page_cache_to_the_older(followed):
+    """A descriptor reads version A through the page cache; B is opened past it and closed;
+    C is opened (no open state of the name left but A's), then D: the file is shown as A
+    until A's last close, whatever C's close does meanwhile. C's state was taken for one
+    that reads through the page cache: D's open filed it over A's, and C's close then left
+    the file shown at D's size over A's pages (reads of A cut, or two versions' pages)."""
+    kernel, other = followed
+    poll = kernel.wire.session.coherence.poll
+    other.tree.store([("f", b"o" * 90, None, REWRITE)])
+    f = kernel.lookup("f")
+    old = kernel.open(f)
+    assert kernel.read(f, old) == b"o" * 90
+    fhs = []
+    for value in (b"N" * 60, b"Z" * 30, b"Q" * 45):
+        other.tree.store([("f", value, None, REWRITE)])
+        poll()
+        fhs.append(kernel.open(f))
+        assert kernel.read(f, fhs[-1]) == value
+        if value == b"N" * 60:
+            kernel.release(f, fhs.pop())
+    kernel.release(f, fhs[0])  # C's last close
+    assert kernel.getattr(f) == 90  # A's descriptor still reads through the page cache
+    kernel.release(f, old)
+    kernel.release(f, fhs[1])
+    assert kernel.getattr(f) == 45

@@ -215,6 +215,11 @@ class HandleTable:
                     if not state.private:
                         self.paged[key] = state
                     state = FileState(key, private=True)
+                elif state.version is None and self._paged_other(key, version):
+                    # The newer versions' states all closed, an older one's descriptors still
+                    # read through the page cache: this one is read outside it as well (else
+                    # a later open would file it as the page cache's, over the older one).
+                    state.private = True
                 state.version = version
                 if state.snapshot is None:
                     state.snapshot, value = value, None
@@ -226,6 +231,12 @@ class HandleTable:
             self._ensure_buffer(state, empty=True)
             self._touch(state)
         return fh
+
+    def _paged_other(self, key: str, version: tuple[int, int]) -> bool:
+        """Whether descriptors of another version than ``version`` of the file at ``key`` read
+        through the kernel's page cache (:attr:`paged`)."""
+        older = self.paged.get(key) if self.paged else None
+        return older is not None and older.key == key and bool(older.handles) and older.version != version
 
     def _state_of_names(self, key: str, linked: bool | None) -> FileState:
         """The state of ``key``, not open under that name: another name's (hard links), or new."""
