@@ -24,6 +24,16 @@ HERE = Path(__file__).resolve().parent.parent
 Rows = Callable[[dict], dict[str, tuple[float, str]]]  # a run's JSON -> name: (value, "higher"/"lower")
 
 
+def query(mountpoint: str) -> dict:
+    """A mount's ``zarrfs status`` figures, from this run's zarrfs (REV's too: the control
+    module lived beside the daemon module before the daemon was a package)."""
+    try:
+        from zarrfs.daemon.control import query as ask
+    except ImportError:
+        from zarrfs.control import query as ask
+    return ask(mountpoint)
+
+
 def without_against(argv: list[str]) -> list[str]:
     """``argv`` less ``--against REV`` (or ``--against=REV``) and any ``--json``."""
     out, skip = [], False

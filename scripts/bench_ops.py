@@ -93,10 +93,7 @@ class Zarrfs:
         self.pid = self._status()["pid"]
 
     def _status(self) -> dict:
-        try:
-            from zarrfs.daemon.control import query
-        except ImportError:  # a commit before the daemon was a package (--against)
-            from zarrfs.control import query
+        from against import query
 
         return query(str(self.root))
 

@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from against import query as status_of
 from bench import PostgresServer, RedisServer
 
 HERE = Path(__file__).resolve().parent.parent
@@ -254,22 +255,13 @@ def lmdb_floor(path: str, folder: bytes = b"arr/") -> tuple[float, int]:
     return time.perf_counter() - t, names
 
 
-def query(mountpoint: str) -> dict:
-    """The mount's ``zarrfs status`` figures."""
-    try:
-        from zarrfs.daemon.control import query
-    except ImportError:  # a commit before the daemon was a package (--against)
-        from zarrfs.control import query
-    return query(mountpoint)
-
-
 def settled(mountpoint: Path) -> None:
     """Wait until the daemon has taken back the node IDs the kernel forgot when its caches
     were dropped (a million after a listing of a million names: about a second of the
     daemon's time), so that the next step's figure is its own work."""
     last = None
     while True:
-        held = query(str(mountpoint))["nodes"]["held"]
+        held = status_of(str(mountpoint))["nodes"]["held"]
         if held == last:
             return
         last = held
@@ -291,7 +283,7 @@ def walk(root: Path, drop: bool, out: np.ndarray, mount: bool = False) -> dict[s
 
 
 def peak_rss(mountpoint: Path) -> int:
-    return query(str(mountpoint))["memory"]["VmHWM"]
+    return status_of(str(mountpoint))["memory"]["VmHWM"]
 
 
 def run(kind: str, url: str, n: int, work: Path, args, out: np.ndarray) -> dict:

@@ -215,7 +215,7 @@ class HandleTable:
                     if not state.private:
                         self.paged[key] = state
                     state = FileState(key, private=True)
-                elif state.version is None and self._paged_other(key, version):
+                elif state.version is None and self._paged_live(key):
                     # The newer versions' states all closed, an older one's descriptors still
                     # read through the page cache: this one is read outside it as well (else
                     # a later open would file it as the page cache's, over the older one).
@@ -232,11 +232,12 @@ class HandleTable:
             self._touch(state)
         return fh
 
-    def _paged_other(self, key: str, version: tuple[int, int]) -> bool:
-        """Whether descriptors of another version than ``version`` of the file at ``key`` read
-        through the kernel's page cache (:attr:`paged`)."""
+    def _paged_live(self, key: str) -> bool:
+        """Whether descriptors of an older version of the file at ``key`` read through the
+        kernel's page cache while newer ones were opened past it (:attr:`paged`): every other
+        state of the file is then read past it."""
         older = self.paged.get(key) if self.paged else None
-        return older is not None and older.key == key and bool(older.handles) and older.version != version
+        return older is not None and older.key == key and bool(older.handles)
 
     def _state_of_names(self, key: str, linked: bool | None) -> FileState:
         """The state of ``key``, not open under that name: another name's (hard links), or new."""

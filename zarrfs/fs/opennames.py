@@ -168,28 +168,24 @@ class OpenNames:
         ``exchange`` (RENAME_EXCHANGE) those under ``dst`` move to ``src`` as well, else an
         open file replaced at ``dst`` is orphaned."""
         moves = [(src, dst), (dst, src)] if exchange else [(src, dst)]
+        # An older version's descriptors reading through the kernel's page cache (a newer one
+        # open past it holds the name in ``states``) follow their file as well: left under the
+        # old name, the file now there would be shown at their version's size.
         paged = self.files.paged
-        moved, moved_paged = [], []
-        for a, b in moves:
-            under = [(k, s) for k, s in self.states.items() if k == a or k.startswith(a + "/")]
-            moved += [(b + k[len(a) :], s) for k, s in under]
-            for k, _ in under:
-                del self.states[k]
-            # An older version's descriptors reading through the kernel's page cache (a newer
-            # one open past it holds the name in ``states``) follow their file as well: left
-            # under the old name, the file now there would be shown at their version's size.
-            if paged:
-                under = [(k, s) for k, s in paged.items() if k == a or k.startswith(a + "/")]
-                moved_paged += [(b + k[len(a) :], s) for k, s in under]
-                for k, _ in under:
-                    del paged[k]
+        moved = [m for a, b in moves for m in _taken_under(self.states, a, b)]
+        moved_paged = [m for a, b in moves for m in _taken_under(paged, a, b)]
         if not exchange:
             self.files.drop_name(dst)
-            for k in [k for k in paged if k == dst or k.startswith(dst + "/")]:
-                del paged[k]  # the replaced file's: its descriptors read it, nameless now
-        for new_key, state in moved:
-            state.key = new_key  # what its descriptors hold stays theirs: the content moved too
-            self.states[new_key] = state
-        for new_key, state in moved_paged:
-            state.key = new_key
-            paged[new_key] = state
+            _taken_under(paged, dst, dst)  # the replaced file's: its descriptors read it, nameless now
+        for table, pairs in ((self.states, moved), (paged, moved_paged)):
+            for new_key, state in pairs:
+                state.key = new_key  # what its descriptors hold stays theirs: the content moved too
+                table[new_key] = state
+
+
+def _taken_under(table: dict[str, FileState], a: str, b: str) -> list[tuple[str, FileState]]:
+    """The entries of ``table`` at ``a`` or below it, taken out, with their keys moved to ``b``."""
+    under = [(k, s) for k, s in table.items() if k == a or k.startswith(a + "/")]
+    for k, _ in under:
+        del table[k]
+    return [(b + k[len(a) :], s) for k, s in under]
