@@ -15,6 +15,13 @@ PAGES = 4  # pages of one folder kept at once (the oldest goes first)
 FOLDERS = 8  # folders with snapshots kept at once (the oldest goes first)
 WORTH = 8  # a snapshot must answer a lookup per this many entries to be made again
 SKIP_LIFETIMES = 10  # how long a folder not worth it is looked up name by name
+#: A page pushed out by a newer one of its folder having answered fewer than a lookup per this
+#: many names it read (names looked up at random over more than the pages hold: each miss would
+#: read a page that goes before it pays) has the folder looked up name by name for
+#: :data:`PUSHED_SKIP` lifetimes: long enough to stop a thrash, short enough to catch the next
+#: run of names looked up in order.
+PUSHED_WORTH = 16
+PUSHED_SKIP = 0.3
 ENTRIES = 65536  # entries of every snapshot together
 
 #: What :meth:`FolderCache.find` returns when it cannot answer: the caller looks the name up.
@@ -77,7 +84,7 @@ class FolderCache:
         if found is not None:
             for page in list(found.pages):
                 if now - page.made >= self.ttl:
-                    self._expire(found, page, now)
+                    self._retire(found, page, now, WORTH, SKIP_LIFETIMES)
                 elif page.covers(name):
                     page.hits += 1
                     self.hits += 1
@@ -116,7 +123,7 @@ class FolderCache:
                 self.held -= len(old.nodes)
             found.pages = []
         while len(found.pages) >= self.pages:
-            self.held -= len(found.pages.pop(0).nodes)
+            self._retire(found, found.pages[0], page.made, PUSHED_WORTH, PUSHED_SKIP)
         size = len(page.nodes)
         while self.held + size > self.entries:
             other = next((f for f, snap in self._snapshots.items() if f != folder and snap.pages), None)
@@ -136,14 +143,15 @@ class FolderCache:
         # The newest last: eviction takes the folder read longest ago.
         self._snapshots[folder] = self._snapshots.pop(folder)
 
-    def _expire(self, found: _Folder, page: _Page, now: float) -> None:
-        """Drop a page past its lifetime; one that answered too few lookups for what reading
-        it cost (a zarr client probing a few chunk keys of a large folder) has the folder
-        looked up name by name for a while."""
+    def _retire(self, found: _Folder, page: _Page, now: float, worth: int, lifetimes: float) -> None:
+        """Drop a page (past its lifetime, or pushed out by a newer one); one that answered
+        fewer than a lookup per ``worth`` names, too few for what reading it cost (a zarr
+        client probing a few chunk keys of a large folder, names looked up at random), has
+        the folder looked up name by name for ``lifetimes`` lifetimes."""
         found.pages.remove(page)
         self.held -= len(page.nodes)
-        if page.hits * WORTH < len(page.nodes):
-            found.skip_until = max(found.skip_until, now + self.ttl * SKIP_LIFETIMES)
+        if page.hits * worth < len(page.nodes):
+            found.skip_until = max(found.skip_until, now + self.ttl * lifetimes)
 
     def _drop(self, folder: str) -> None:
         found = self._snapshots.get(folder)
