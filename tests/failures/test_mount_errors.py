@@ -111,6 +111,11 @@ def test_status_names_requests_lists_subtype_mounts_and_survives_a_closed_pipe(t
     write(m.path / "f", b"1")
     with pytest.raises(OSError):
         os.getxattr(m.path / "f", "user.x")
+    # copy_file_range: answered ENOSYS, the kernel copies itself; counted under the kernel's
+    # name (FUSE_COPY_FILE_RANGE_64 on kernels from 6.18), not as "opcode_53"
+    with open(m.path / "f", "rb") as src, open(m.path / "g", "wb") as dst:
+        assert os.copy_file_range(src.fileno(), dst.fileno(), 1) == 1
+    assert (m.path / "g").read_bytes() == b"1"
     listed = run("status")
     assert f"{m.path}\tlmdb://{tmp_path}/d,b 1.lmdb\trw" in listed.stdout.splitlines(), listed
     doc = __import__("json").loads(run("status", "--json", str(m.path)).stdout)

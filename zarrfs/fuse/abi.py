@@ -290,6 +290,7 @@ OPCODES: dict[int, Opcode] = {
 UNSERVED_NAMES = {
     34: "access", 37: "bmap", 39: "ioctl", 40: "poll", 41: "notify_reply", 47: "copy_file_range",
     48: "setupmapping", 49: "removemapping", 50: "syncfs", 51: "tmpfile", 52: "statx",
+    53: "copy_file_range_64",
 }
 assert not UNSERVED_NAMES.keys() & OPCODES.keys()
 OPCODE_NAMES = {**UNSERVED_NAMES, **{code: op.name for code, op in OPCODES.items()}}
