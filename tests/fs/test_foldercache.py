@@ -154,7 +154,7 @@ def test_names_looked_up_at_random_over_a_large_folder_read_no_page_after_page()
     names = [str(i) for i in range(20_000)]
     shuffled = names[:]
     random.Random(1).shuffle(shuffled)
-    per_lookup, missed = lookups_over(names, shuffled)
+    per_lookup, _ = lookups_over(names, shuffled)
     assert per_lookup < 3, per_lookup
     per_lookup, missed = lookups_over(names, sorted(names))
     assert per_lookup < 1.1 and missed < 0.05, (per_lookup, missed)
