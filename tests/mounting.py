@@ -87,7 +87,10 @@ class Mount:
         args = ["mount", self.url, str(self.path), "--log-file", str(self.log), "--log-level", self.log_level]
         for opt in self.options:
             args += ["-o", opt]
-        zarrfs(*args)
+        try:
+            zarrfs(*args)
+        except AssertionError as exc:  # the daemon's own account, kept in the test's report
+            raise AssertionError(f"{exc}\n--- the end of {self.log} ---\n{self.log_text()[-4000:]}") from None
         assert os.path.ismount(self.path), f"{self.path} is not a mountpoint after zarrfs mount"
         return self
 

@@ -170,6 +170,26 @@ def test_missing_mountpoint_and_missing_parent_folder_are_one_line(tmp_path):
     assert not (tmp_path / "no").exists()
 
 
+def test_a_daemon_that_ends_without_a_word_is_reported_with_its_status_and_its_log(tmp_path):
+    """A daemon that exits before it is ready and says nothing on stderr (killed, or its
+    Python ended by something of its own) is reported with its status and where its log is,
+    not as "the daemon did not start"."""
+    site = tmp_path / "site"
+    site.mkdir()
+    # Only the daemon (started with --ready-fd) ends at once; the mount command runs on.
+    (site / "sitecustomize.py").write_text('import os, sys\nif "--ready-fd" in sys.argv:\n    os._exit(3)\n')
+    (tmp_path / "m").mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([CHECKOUT, str(site)])}
+    db, where = f"lmdb://{tmp_path}/db.lmdb", str(tmp_path / "m")
+    args = [sys.executable, "-m", "zarrfs", "mount", db, where, "-o", "create"]
+    logged = subprocess.run([*args, "--log-file", f"{tmp_path}/log"], capture_output=True, text=True, env=env)
+    line = one_line(logged, 1, "the daemon exited (status 3) before it was ready")
+    assert line.endswith(f"see {tmp_path / 'log'}"), line
+    plain = subprocess.run(args, capture_output=True, text=True, env=env)
+    assert one_line(plain, 1).endswith("run it with -f to see why")
+    assert not os.path.ismount(tmp_path / "m")
+
+
 def test_check_of_a_missing_database_does_not_suggest_create(tmp_path):
     line = one_line(zarrfs("check", f"sqlite://{tmp_path}/absent.sqlite"), 1, "does not exist")
     assert "create" not in line

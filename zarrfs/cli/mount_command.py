@@ -258,7 +258,13 @@ def _start_background(args: argparse.Namespace, url: str, mountpoint: str) -> in
                 return 0
             time.sleep(0.05)
     err = b""
-    if child.poll() is None:
+    code = child.poll()
+    if code is None and READY not in got and time.monotonic() < deadline:
+        try:  # it closed its end of the pipe: it is on its way out
+            code = child.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+    if code is None:
         child.terminate()
     try:
         err = child.communicate(timeout=10)[1] or b""
@@ -266,7 +272,16 @@ def _start_background(args: argparse.Namespace, url: str, mountpoint: str) -> in
         child.kill()
     text = (said + err).decode(errors="replace")
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(WARNING_PREFIX)]
-    detail = (lines or ["the daemon did not start"])[-1].removeprefix("zarrfs: ")
+    if lines:
+        detail = lines[-1].removeprefix("zarrfs: ")
+    else:  # nothing said on stderr: what was seen, and where the daemon's own account is
+        if READY in got:
+            detail = "the daemon started, but the kernel does not list the mount"
+        elif code is None:
+            detail = f"the daemon was not ready within {START_TIMEOUT:.0f} s"
+        else:
+            detail = f"the daemon exited (status {code}) before it was ready"
+        detail += f": see {args.log_file}" if args.log_file else ": run it with -f to see why"
     return fail(f"mount of {shown} at {mountpoint} failed: {detail}")
 
 
