@@ -32,6 +32,7 @@ from ..base import (
     RetryableError,
     Size,
     Space,
+    StalledError,
     Txn,
     check_space,
     encode_key,
@@ -56,7 +57,8 @@ from .maps import Maps, gate
 from .scan import cursor_rows, merged
 from .snapshot import hold as hold_snapshot
 
-#: Seconds a read waits for the data commit of side records it found ahead of its data.
+#: Seconds a read waits for the data commit of side records it found ahead of its data once
+#: no writer holds the environment (its writer killed between its two commits).
 SIDE_AHEAD_WAIT = 0.5
 _NONE: dict[Any, Any] = {}  # what a read transaction changed: nothing (never written to)
 
@@ -134,8 +136,10 @@ class LMDBTxn(Txn):
         records first, so a side snapshot begun after the data one may hold a commit whose data
         is not in the data snapshot: the last change-log entry (``feed``) names a data commit
         after it. The transaction is then read again (``RetryableError``) once that data commit
-        is made; an entry whose data commit never comes (a writer killed between its two
-        commits) is waited for :data:`SIDE_AHEAD_WAIT` at most, then read as it is."""
+        is made. Its writer holds the data environment's write lock until then, however long
+        it is descheduled; once no writer holds it (one killed between its two commits) the
+        entry is waited for :data:`SIDE_AHEAD_WAIT` at most, then read as it is. A live writer
+        is waited for up to the driver's ``timeout`` (``-o timeout=``): ``StalledError``."""
         data_id = self._data.id()
         sid = side.id()
         head = self._driver.side_head  # (side commit, the data commit its last entry names)
@@ -147,12 +151,22 @@ class LMDBTxn(Txn):
         data_next = head[1]
         if data_next <= data_id:
             return
-        env = self._driver.env
-        deadline = time.monotonic() + SIDE_AHEAD_WAIT
-        while env.info()["last_txnid"] < data_next and time.monotonic() < deadline:
-            time.sleep(0.0005)
-        if env.info()["last_txnid"] >= data_next:
-            raise RetryableError(f"{self.where}: side records ahead of the data read; read again")
+        driver = self._driver
+        started = time.monotonic()
+        pause = 0.0005
+        while driver.env.info()["last_txnid"] < data_next:
+            waited = time.monotonic() - started
+            if waited >= SIDE_AHEAD_WAIT:
+                if not driver.write_lock.held_elsewhere():
+                    return  # its writer is gone: the side stays one transaction ahead
+                if waited >= driver.timeout:
+                    raise StalledError(
+                        f"{self.where}: a writer holds its commit half made (side records "
+                        f"committed, data not) for {waited:.1f} s (-o timeout=)"
+                    )
+                pause = 0.005
+            time.sleep(pause)
+        raise RetryableError(f"{self.where}: side records ahead of the data read; read again")
 
     def _value(self, raw: bytes, space: Space) -> Any:
         """The value of ``raw`` as a buffer into the map (valid in this transaction), or None."""

@@ -195,6 +195,16 @@ class WriteLock:
     def release(self) -> None:
         self._lock.release()
 
+    def held_elsewhere(self) -> bool:
+        """Whether a write transaction of another thread of this process, or of another
+        live process, holds the environment (not this thread's own)."""
+        if self.writer.holder() is not None:
+            return True
+        if not self._lock.acquire(blocking=False):
+            return True
+        self._lock.release()
+        return False
+
     def __enter__(self) -> WriteLock:
         self._lock.acquire()
         return self

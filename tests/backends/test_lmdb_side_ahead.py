@@ -1,0 +1,147 @@
+"""LMDB's two commits (zarrfs.backends.lmdb.driver): a writer commits its side records, then
+its data. A reader whose side snapshot is a commit ahead of its data snapshot waits for the
+data commit while the writer lives, however long the writer is held between its two commits
+(descheduled on a loaded machine), and reads both as one commit; a writer that stays held
+longer than ``-o timeout=`` is an error, not a torn read."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from zarrfs.backends import SIDE, open_driver
+from zarrfs.backends.errors import StalledError
+
+# A writer held between its two commits: the data transaction's commit sleeps first. The
+# proxy forwards every other call to the real py-lmdb transaction.
+WRITER = textwrap.dedent(
+    """
+    import sys, time
+    from zarrfs.backends import SIDE, open_driver
+
+    url, hold, rounds = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+
+    class HeldCommit:
+        def __init__(self, txn):
+            self._txn = txn
+
+        def __getattr__(self, name):
+            return getattr(self._txn, name)
+
+        def commit(self):
+            print("between", flush=True)
+            time.sleep(hold)
+            self._txn.commit()
+
+    driver = open_driver(url)
+    for i in range(1, rounds + 1):
+        def fn(t, i=i):
+            t.put("t/a", b"%d" % i)
+            t.put("t/a", b"%d" % i, SIDE)
+            t._data = HeldCommit(t._data)
+        driver.transact(fn)
+    print("done", flush=True)
+    """
+)
+
+
+def start_writer(url: str, hold: float, rounds: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", WRITER, url, str(hold), str(rounds)],
+        stdout=subprocess.PIPE, text=True,
+    )
+
+
+def both(t):
+    return t.get("t/a"), t.get("t/a", SIDE)
+
+
+@pytest.fixture
+def url(tmp_path):
+    url = f"lmdb://{tmp_path}/db.lmdb"
+    d = open_driver(url)
+    d.transact(lambda t: (t.put("t/a", b"0"), t.put("t/a", b"0", SIDE)))
+    d.close()
+    return url
+
+
+def test_a_writer_held_between_its_two_commits_is_waited_for(url):
+    """Held 1.5 s (three times the wait for a dead writer's commit): the read sees data and
+    side of its commit, after waiting for it."""
+    driver = open_driver(url)
+    writer = start_writer(url, 1.5, 1)
+    try:
+        assert writer.stdout.readline() == "between\n"
+        time.sleep(0.05)  # the side commit is made just before the line is printed
+        started = time.monotonic()
+        data, side = driver.transact(both, write=False)
+        waited = time.monotonic() - started
+        assert (bytes(data), bytes(side)) == (b"1", b"1"), waited
+        assert waited > 1.0
+        assert writer.stdout.readline() == "done\n"
+    finally:
+        writer.kill()
+        writer.wait()
+        driver.close()
+
+
+class HeldCommit:
+    """The data transaction of a writer thread, its commit held ``hold`` seconds."""
+
+    def __init__(self, txn, hold: float, between: threading.Event) -> None:
+        self._txn, self._hold, self._between = txn, hold, between
+
+    def __getattr__(self, name):
+        return getattr(self._txn, name)
+
+    def commit(self):
+        self._between.set()
+        time.sleep(self._hold)
+        self._txn.commit()
+
+
+def test_a_writer_thread_of_the_same_process_is_waited_for(url):
+    """The same with the writer another thread of the reader's process (a mount's commit
+    beside its reads): LMDB's writer mutex is then this process's own."""
+    driver = open_driver(url)
+    between = threading.Event()
+
+    def fn(t):
+        t.put("t/a", b"1")
+        t.put("t/a", b"1", SIDE)
+        t._data = HeldCommit(t._data, 1.5, between)
+
+    writer = threading.Thread(target=driver.transact, args=(fn,))
+    writer.start()
+    try:
+        assert between.wait(30)
+        started = time.monotonic()
+        data, side = driver.transact(both, write=False)
+        waited = time.monotonic() - started
+        assert (bytes(data), bytes(side)) == (b"1", b"1"), waited
+        assert waited > 1.0
+    finally:
+        writer.join()
+        driver.close()
+
+
+def test_a_writer_held_longer_than_the_timeout_is_an_error(url):
+    driver = open_driver(url)
+    driver.set_timeout(1.0)
+    writer = start_writer(url, 4.0, 1)
+    try:
+        assert writer.stdout.readline() == "between\n"
+        time.sleep(0.05)
+        with pytest.raises(StalledError, match="half made"):
+            driver.transact(both, write=False)
+        assert writer.stdout.readline() == "done\n"
+        assert [bytes(v) for v in driver.transact(both, write=False)] == [b"1", b"1"]
+    finally:
+        writer.kill()
+        writer.wait()
+        driver.close()
