@@ -726,7 +726,7 @@ class HandleTable:
         has open)."""
         state = self.states[src]
         assert state.buffer is not None and state.attrs is not None
-        attrs = Attrs(**vars(state.attrs))
+        attrs = replace(state.attrs)
         how = CommitOptions(create=True, exclusive=exclusive, replace=True, renamed_from=src)
         self.parting.store(dst, state.buffer, attrs, how)
         stored = Stored(state.size, attrs.mtime)

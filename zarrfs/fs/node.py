@@ -15,7 +15,7 @@ FILE, DIR, LINK = stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK
 Probe = tuple[int, int, str, "bytes | None", "bytes | None"]
 
 
-@dataclass
+@dataclass(slots=True)
 class Node:
     """What is at a key: its kind (FILE, DIR, LINK or a special file's type bits), size in
     bytes, attributes, a symlink's target, the count of names (0 for an open file whose name

@@ -45,7 +45,7 @@ _ATTR_RECORD = struct.Struct("<IIIqqq")
 _XATTR_HEAD = struct.Struct("<BI")  # name length, value length; then the name, the value
 
 
-@dataclass
+@dataclass(slots=True)
 class Attrs:
     """Mode (including the file-type bits), owner and times in nanoseconds of one node; for a
     file stored in parts, the manifest of its parts (``parted``)."""
