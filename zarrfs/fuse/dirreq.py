@@ -15,6 +15,7 @@ from zarrfs.fuse.abi import ROOT_ID, Header
 from zarrfs.fuse.inodes import InodeTable
 from zarrfs.fuse.replies import Replies
 
+_PADS = tuple(b"\0" * n for n in range(8))  # a name's padding to 8 bytes
 _ZERO_ENTRY = (0,) * 22  # node ID 0: an entry without attributes (the kernel keeps the name alone)
 
 
@@ -66,21 +67,23 @@ class DirRequests:
         append = parts.append
         used = 0
         pack = k.DIRENTPLUS.pack
+        fixed = k.DIRENTPLUS.size + 7
+        entry_values = self.entry_values
         for name, kind, at, key, node in self.ops.readdirplus(fh, offset, self.inodes.holds):
             raw = name_bytes(name)
             n = len(raw)
-            length = (k.DIRENTPLUS.size + n + 7) & ~7
+            length = (fixed + n) & ~7
             if used + length > size:
                 break
             if node is None:
                 values: tuple = _ZERO_ENTRY
                 ino = self._listed_ino(head.nodeid, name, key, kind)
             else:
-                values = self.entry_values(key, node)
+                values = entry_values(key, node)
                 ino = values[0]
             append(pack(*values, ino, at, n, (kind & 0o170000) >> 12))
             append(raw)
-            append(b"\0" * (-n & 7))
+            append(_PADS[-n & 7])
             used += length
         self.replies.data(head.unique, b"".join(parts))
 

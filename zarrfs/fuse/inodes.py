@@ -248,10 +248,11 @@ class InodeTable:
         return nodeid
 
     def remember(
-        self, key: str, kind: int, group: str = "", names: Iterable[str] = ()
+        self, key: str, kind: int, group: str = "", names: Iterable[str] = (), no_xattrs: bool = False
     ) -> tuple[int, Inode]:
         """The node ID for ``key`` (a new one the first time, or when the kind changed), counted
-        as one more lookup by the kernel. A file of link group ``group`` (whose names are
+        as one more lookup by the kernel; ``no_xattrs``: its extended attributes were read
+        now, and it has none (:meth:`xattrs_read`). A file of link group ``group`` (whose names are
         ``names``) gets the node ID of the group's other names, if the table has one: the
         group's node, or the node of another of its names (looked up before its link group was
         known here: a link made elsewhere, which the change feed has not told yet)."""
@@ -282,6 +283,8 @@ class InodeTable:
         if not self._lookups[slot]:
             self.idle.pop(nodeid, None)
         self._lookups[slot] += 1
+        if no_xattrs:
+            self._no_xattrs.add(nodeid)
         return nodeid, Inode(self, nodeid)
 
     def _node_of_group(self, key: str, kind: int, group: str, names: Iterable[str]) -> int | None:

@@ -236,11 +236,13 @@ class Session(Dispatcher):
         )
 
     def _entry_values(self, key: str, node: Node) -> tuple:
-        if self.coherence is not None:  # a name found or made is no longer a missing one
-            self.coherence.created(key)
-        nodeid, inode = self.inodes.remember(key, node.kind, node.group, node.names)
-        if node.no_xattrs and self.coherence is not None:  # read by a listing (fuse.xattrreq)
-            self.inodes.xattrs_read(nodeid, True)
+        coherence = self.coherence
+        if coherence is not None and coherence.negatives:  # a name found or made is no longer a missing one
+            coherence.created(key)
+        # Extended attributes read as none by a listing answer later asks (fuse.xattrreq).
+        nodeid, inode = self.inodes.remember(
+            key, node.kind, node.group, node.names, node.no_xattrs and coherence is not None
+        )
         self.pages.shown(inode, node)
         es, ens = self.entry_valid
         ats, atns = self._attr_valid(node)
