@@ -545,6 +545,7 @@ class Listings:
             return next(answers)
 
         attrs_of, pointer_of, xattr_of = whole.get(ATTR), whole.get(POINTER), whole.get(XATTR)
+        node_from, remember = self.lookups.node_from, self.lookups.remember
 
         for name, kind in part:
             child = prefix + name
@@ -567,10 +568,10 @@ class Listings:
                 continue
             if xattrs is not None:
                 xattrs.append((child, xattr))
-            node = into[name] = self.lookups.node_from(t, child, kind, size, target, raw, pointer)
+            node = into[name] = node_from(t, child, kind, size, target, raw, pointer)
             node.no_xattrs = xattr is None
             if kind == FILE:  # an open after the listing reads the content with its probe
-                self.lookups.remember(child, node)
+                remember(child, node)
 
     def _side_ranges(self, t: Txn, prefix: str, part: list) -> _Ranges | None:
         """The attribute, link-group pointer and extended-attribute records of ``part``'s
@@ -588,13 +589,12 @@ class Listings:
         most = 2 * len(part)
         found = _Ranges()
         for mark in (ATTR, POINTER, XATTR):
-            records: dict[str, Any] = {}
-            rows = t.scan(mark + first, mark + last + "\0", space=SIDE, fetch=VALUES, limit=most + 1)
-            for n, (key, value) in enumerate(rows):
-                if n >= most:
-                    return None
-                if key[len(mark) :] in wanted:
-                    records[key[len(mark) :]] = value
+            rows = list(t.scan(mark + first, mark + last + "\0", space=SIDE, fetch=VALUES, limit=most + 1))
+            if len(rows) > most:
+                return None
+            cut = len(mark)
+            pairs = ((key[cut:], value) for key, value in rows)
+            records = {child: value for child, value in pairs if child in wanted}
             found.records[mark], found.upto[mark] = records, None
         return found
 

@@ -200,8 +200,8 @@ class InodeTable:
     def holds(self, key: str, kind: int) -> bool:
         """Whether the kernel holds the node of ``key`` as a node of type ``kind`` (the
         ``stat.S_IFMT`` bits): a listing may then give the name alone (see ``fuse.dirreq``)."""
-        nodeid = self.held(key)
-        return nodeid is not None and self._kinds[nodeid & _SLOT] == kind
+        nodeid = self.ids.get(key)  # held(), inlined: asked of every listed name, twice
+        return nodeid is not None and nodeid not in self.idle and self._kinds[nodeid & _SLOT] == kind
 
     def bare_of_xattrs(self, nodeid: int) -> bool:
         """Whether the node's extended attributes were last read as none, and nothing told of
