@@ -14,7 +14,11 @@ LIMIT = 1024  # entries of the largest folder read whole, and of a page of a lar
 PAGES = 4  # pages of one folder kept at once (the oldest goes first)
 FOLDERS = 8  # folders with snapshots kept at once (the oldest goes first)
 WORTH = 8  # a snapshot must answer a lookup per this many entries to be made again
-SKIP_LIFETIMES = 10  # how long a folder not worth it is looked up name by name
+#: How long a folder not worth it is looked up name by name, in lifetimes: long enough to spare
+#: a sparse reader page after page, short enough that a ``stat`` loop slowed down by a loaded
+#: machine (a numeric loop, whose 4-digit names' pages pay least) gets pages again for the
+#: names after, which pay (docs/performance.md, "`stat` in an order other than the folder's").
+SKIP_LIFETIMES = 2
 #: A page pushed out by a newer one of its folder having answered fewer than a lookup per this
 #: many names it read (names looked up at random over more than the pages hold: each miss would
 #: read a page that goes before it pays) has the folder looked up name by name for
