@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -13,8 +14,9 @@ from mounting import needs_fuse, unavailable
 
 from zarrfs.backends import open_driver
 from zarrfs.cli.main import daemon_pids
+from zarrfs.fuse import loop as loop_module
 from zarrfs.fuse.channel import option_string
-from zarrfs.fuse.loop import DEFAULT_SPIN_US
+from zarrfs.fuse.loop import DEFAULT_SPIN_US, Loop
 from zarrfs.fuse.tuning import DEFAULT_READAHEAD_KIB, keep_freed_memory, mount_device
 from zarrfs.options import MountOptions, UsageError, parse_options
 from zarrfs.spin import next_window
@@ -42,6 +44,57 @@ def test_spin_window_refills_on_a_short_gap_and_halves_on_long_ones():
         window = next_window(window, 1.0, longest)
     assert window == 0.0
     assert next_window(window, 10e-6, longest) == longest
+
+
+def test_the_feed_is_looked_at_when_its_descriptor_wakes_the_loop_or_when_due_not_before_each_request(
+    monkeypatch,
+):
+    """A client whose requests come apart (the loop sleeps between them: no spinning, or a
+    program working between two stats) had the idle work (the change feed's look, several
+    calls and two environment reads on LMDB) run after every wake, before every request. It
+    runs when its descriptor woke the loop (another writer's commit), or once its interval
+    is due; a request pipe stands for /dev/fuse."""
+    requests_r, requests_w = os.pipe()
+    feed_r, feed_w = os.pipe()
+    os.set_blocking(feed_r, False)
+    handled, idled = [], []
+
+    def idle():
+        idled.append(time.monotonic())
+        try:
+            os.read(feed_r, 64)
+        except BlockingIOError:
+            pass
+
+    monkeypatch.setattr(loop_module, "IDLE_POLL_MS", 5000)  # a sleeping loop's own wake: late
+    loop = Loop(requests_r, lambda buf: handled.append(bytes(buf)), 4096, spin_us=0,
+                idle=idle, idle_interval=0.25, idle_fd=feed_r)
+    thread = threading.Thread(target=loop.run)
+    thread.start()
+    try:
+        started = time.monotonic()
+        for i in range(60):  # 60 requests 2 ms apart: about 0.15 s, under one interval
+            os.write(requests_w, b"r%02d" % i)
+            time.sleep(0.002)
+        deadline = time.monotonic() + 30
+        while len(b"".join(handled)) < 180 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(b"".join(handled)) == 180
+        # Once an interval at most (however slow a loaded machine made the 60), not once a
+        # wake: 59 before.
+        assert len(idled) <= (time.monotonic() - started) / 0.25 + 3, len(idled)
+        before = len(idled)
+        woke = time.monotonic()
+        os.write(feed_w, b"x")  # another writer's commit: looked at now, not at the next wake
+        while len(idled) == before and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert len(idled) > before and idled[before] - woke < 2.5
+    finally:
+        os.close(requests_w)  # the loop ends at the end of its input
+        thread.join(10)
+        for fd in (requests_r, feed_r, feed_w):
+            os.close(fd)
+    assert not thread.is_alive()
 
 
 def test_spin_and_readahead_options():

@@ -96,9 +96,9 @@ class Loop:
         fd = self.fd
         longest = window = self.spin
         last = clock()
-        idle, interval = self.idle, self.idle_interval
+        idle, interval, idle_fd = self.idle, self.idle_interval, self.idle_fd
         # A sleeping loop wakes for the idle work only if there is some to do.
-        sleep_ms = IDLE_POLL_MS if idle is None or self.idle_fd is not None else max(1, int(interval * 1000))
+        sleep_ms = IDLE_POLL_MS if idle is None or idle_fd is not None else max(1, int(interval * 1000))
         idle_at = last
         pending = self.pending
         while not self.stopping:
@@ -110,12 +110,17 @@ class Loop:
                 n = readv(fd, bufs)
             except BlockingIOError:
                 if clock() - last > window:
-                    poller.poll(sleep_ms)
+                    ready = poller.poll(sleep_ms)
                     drain(wake_r)
                     now = clock()
                     window = next_window(window, now - last, longest)
                     last = now
-                    if idle is not None:
+                    # The idle work after a sleep: when its descriptor woke the loop (another
+                    # writer's commit), when it has none to wake it, or when it is due; not
+                    # before every request of a client that makes the loop sleep between them.
+                    if idle is not None and (
+                        idle_fd is None or now - idle_at > interval or any(fd == idle_fd for fd, _ in ready)
+                    ):
                         idle()
                         idle_at = now
                 continue
