@@ -204,14 +204,17 @@ def start_redis_cluster(
 
 
 def _cluster_ports(count: int) -> list[int]:
-    """Free ports whose cluster bus ports (port + 10000) are free too, so below 55536."""
+    """Free ports whose cluster bus ports (port + 10000) are free too, so below 55536; no
+    port is another's bus port (a node on 35119 and the bus of 25119 cannot both listen)."""
     import random
 
     ports: list[int] = []
+    taken: set[int] = set()
     while len(ports) < count:
         port = random.randrange(20000, 45000)
-        if port not in ports and all(_free(p) for p in (port, port + 10000)):
+        if port not in taken and port + 10000 not in taken and all(_free(p) for p in (port, port + 10000)):
             ports.append(port)
+            taken.update((port, port + 10000))
     return ports
 
 

@@ -119,7 +119,7 @@ class Loop:
                     # writer's commit), when it has none to wake it, or when it is due; not
                     # before every request of a client that makes the loop sleep between them.
                     if idle is not None and (
-                        idle_fd is None or now - idle_at > interval or any(fd == idle_fd for fd, _ in ready)
+                        idle_fd is None or now - idle_at > interval or any(w == idle_fd for w, _ in ready)
                     ):
                         idle()
                         idle_at = now

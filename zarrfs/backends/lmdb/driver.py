@@ -139,7 +139,9 @@ class LMDBTxn(Txn):
         is made. Its writer holds the data environment's write lock until then, however long
         it is descheduled; once no writer holds it (one killed between its two commits) the
         entry is waited for :data:`SIDE_AHEAD_WAIT` at most, then read as it is. A live writer
-        is waited for up to the driver's ``timeout`` (``-o timeout=``): ``StalledError``."""
+        is waited for up to the driver's ``timeout`` (``-o timeout=``): ``StalledError``. A data
+        commit whose meta page is written but which a read does not see (its writer killed in
+        the commit) counts as one never made."""
         data_id = self._data.id()
         sid = side.id()
         head = self._driver.side_head  # (side commit, the data commit its last entry names)
@@ -166,6 +168,11 @@ class LMDBTxn(Txn):
                     )
                 pause = 0.005
             time.sleep(pause)
+        # The meta page holds the commit; a read sees it once the lock file's number does too
+        # (feed.visible). A writer killed between the two leaves it unseen until the next
+        # writer commits: read as it is, as after a writer killed before its data commit.
+        if feed.visible(driver.env, data_next) < data_next:
+            return
         raise RetryableError(f"{self.where}: side records ahead of the data read; read again")
 
     def _value(self, raw: bytes, space: Space) -> Any:
