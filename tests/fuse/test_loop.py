@@ -66,7 +66,7 @@ def test_the_feed_is_looked_at_when_its_descriptor_wakes_the_loop_or_when_due_no
         except BlockingIOError:
             pass
 
-    monkeypatch.setattr(loop_module, "IDLE_POLL_MS", 5000)  # a sleeping loop's own wake: late
+    monkeypatch.setattr(loop_module, "IDLE_POLL_MS", 600_000)  # a sleeping loop's own wake: never here
     loop = Loop(requests_r, lambda buf: handled.append(bytes(buf)), 4096, spin_us=0,
                 idle=idle, idle_interval=0.25, idle_fd=feed_r)
     thread = threading.Thread(target=loop.run)
@@ -84,11 +84,11 @@ def test_the_feed_is_looked_at_when_its_descriptor_wakes_the_loop_or_when_due_no
         # wake: 59 before.
         assert len(idled) <= (time.monotonic() - started) / 0.25 + 3, len(idled)
         before = len(idled)
-        woke = time.monotonic()
-        os.write(feed_w, b"x")  # another writer's commit: looked at now, not at the next wake
+        os.write(feed_w, b"x")  # another writer's commit: its descriptor wakes the loop
+        deadline = time.monotonic() + 60
         while len(idled) == before and time.monotonic() < deadline:
             time.sleep(0.005)
-        assert len(idled) > before and idled[before] - woke < 2.5
+        assert len(idled) > before
     finally:
         os.close(requests_w)  # the loop ends at the end of its input
         thread.join(10)

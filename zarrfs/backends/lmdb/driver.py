@@ -140,8 +140,8 @@ class LMDBTxn(Txn):
         it is descheduled; once no writer holds it (one killed between its two commits) the
         entry is waited for :data:`SIDE_AHEAD_WAIT` at most, then read as it is. A live writer
         is waited for up to the driver's ``timeout`` (``-o timeout=``): ``StalledError``. A data
-        commit whose meta page is written but which a read does not see (its writer killed in
-        the commit) counts as one never made."""
+        commit counts once a read begun now sees it (``feed.seen_commit``): one whose meta page
+        is written but whose number a killed writer left out of the lock file is one never made."""
         data_id = self._data.id()
         sid = side.id()
         head = self._driver.side_head  # (side commit, the data commit its last entry names)
@@ -156,7 +156,7 @@ class LMDBTxn(Txn):
         driver = self._driver
         started = time.monotonic()
         pause = 0.0005
-        while driver.env.info()["last_txnid"] < data_next:
+        while feed.seen_commit(driver.env) < data_next:
             waited = time.monotonic() - started
             if waited >= SIDE_AHEAD_WAIT:
                 if not driver.write_lock.held_elsewhere():
@@ -168,11 +168,6 @@ class LMDBTxn(Txn):
                     )
                 pause = 0.005
             time.sleep(pause)
-        # The meta page holds the commit; a read sees it once the lock file's number does too
-        # (feed.visible). A writer killed between the two leaves it unseen until the next
-        # writer commits: read as it is, as after a writer killed before its data commit.
-        if feed.visible(driver.env, data_next) < data_next:
-            return
         raise RetryableError(f"{self.where}: side records ahead of the data read; read again")
 
     def _value(self, raw: bytes, space: Space) -> Any:

@@ -157,6 +157,13 @@ def changes(
     return (data_id, reached), (None if unknown else records)
 
 
+def seen_commit(env: lmdb.Environment) -> int:
+    """The last commit of ``env`` a read transaction begun now sees (the lock file's number,
+    which may trail the meta page's ``env.info()["last_txnid"]``)."""
+    with gate.held(), env.begin() as txn:
+        return txn.id()
+
+
 def visible(env: lmdb.Environment, newest: int) -> int:
     """The last commit of ``env`` that a read transaction begun now sees, up to ``newest`` (the
     meta page's): a commit whose meta page is written but whose number is not yet in the lock
@@ -164,8 +171,7 @@ def visible(env: lmdb.Environment, newest: int) -> int:
     killed in between: what is visible; the next writer's commit puts the number right)."""
     deadline = 0.0
     while True:
-        with gate.held(), env.begin() as txn:
-            seen = txn.id()
+        seen = seen_commit(env)
         if seen >= newest or _waited.get(id(env)) == newest:
             return min(seen, newest)
         now = time.monotonic()
