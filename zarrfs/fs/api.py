@@ -32,7 +32,7 @@ from zarrfs.fs.locks import UNLCK, WRLCK, Lock, LockTable, Waiters
 from zarrfs.fs.names import NAME_MAX, key_text, name_bytes
 from zarrfs.fs.node import stamp_of
 from zarrfs.fs.opennames import OpenNames
-from zarrfs.fs.pagecache import DIRECT_ABOVE, PageCache, Pages
+from zarrfs.fs.pagecache import DIRECT_ABOVE, PageCache, Pages, version_mark
 from zarrfs.fs.sidedata import pack_xattrs
 from zarrfs.fs.tree import (
     DIR,
@@ -300,35 +300,42 @@ class Operations:
         return listing.entries(offset)
 
     def readdirplus(
-        self, fh: int, offset: int, held: Callable[[str, int], bool] | None = None
-    ) -> Iterator[tuple[str, int, int, str, Node | None]]:
-        """``(name, kind, offset, key, node)`` of the entries after ``offset``: :meth:`readdir`
-        with what a lookup of each name would find (None for ``.``, ``..``, a name gone since
-        it was listed, and a name ``held(key, kind)`` says the caller has a node for already:
-        those nodes are not read). Nodes are read a window of entries at a time; a file open
-        here with pending writes shows its pending size and attributes, as :meth:`find` gives
-        them (the kernel takes a listing's attributes over what a truncate or write set)."""
+        self, fh: int, offset: int, most: int, held: Callable[[str, int], bool] | None = None
+    ) -> list[tuple[str, int, int, str, Node | None]]:
+        """``(name, kind, offset, key, node)`` of up to ``most`` entries after ``offset``, all
+        of one window of the listing (empty at its end; a next call goes on from the last
+        offset): :meth:`readdir`'s entries with what a lookup of each name would find (None
+        for ``.``, ``..``, a name gone since it was listed, and a name ``held(key, kind)``
+        says the caller has a node for already: those nodes are not read). Nodes are read a
+        window of entries at a time; a file open here with pending writes shows its pending
+        size and attributes, as :meth:`find` gives them (the kernel takes a listing's
+        attributes over what a truncate or write set)."""
         listing = self.dirs.get(fh)
         if listing is None:
             raise FsError(errno.EBADF, str(fh))
-        prefix = listing.key + "/" if listing.key else ""
-        handles = self.handles
-        pending, states, paged = handles.pending, handles.states, handles.paged
         listing.plus = True
         listing.held = held
-        for name, kind, at in listing.entries(offset):
-            if at <= 2:  # "." and ".."
-                yield name, kind, at, "", None
-            else:
-                key = prefix + name
-                if held is not None and held(key, kind):
-                    yield name, kind, at, key, None
-                else:
-                    # Only an open file shows other than its stored node (most listings: none).
-                    node = (pending(key) if states or paged else None) or listing.node(name)
-                    if node is not None and node.kind == DIR:
-                        node = self._shown(key, node)
-                    yield name, kind, at, key, node
+        rows = listing.rows(offset, most)
+        if not rows or rows[0][2] <= 2:  # "." and "..", alone in their list
+            return [(name, kind, at, "", None) for name, kind, at in rows]
+        prefix = listing.key + "/" if listing.key else ""
+        get = listing.window_nodes().get
+        handles = self.handles
+        # Only an open file shows other than its stored node (most listings: none).
+        pending = handles.pending if handles.states or handles.paged else None
+        out = []
+        append = out.append
+        for name, kind, at in rows:
+            key = prefix + name
+            node = get(name)
+            if held is not None and held(key, kind):
+                node = None
+            elif pending is not None:
+                node = pending(key) or node
+            if node is not None and node.kind == DIR:
+                node = self._shown(key, node)
+            append((name, kind, at, key, node))
+        return out
 
     def releasedir(self, fh: int) -> None:
         """Close a folder."""
@@ -492,6 +499,7 @@ __all__ = [
     "Operations",
     "PageCache",
     "Pages",
+    "version_mark",
     "Stored",
     "folders_of",
     "is_quiet",

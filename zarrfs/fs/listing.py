@@ -33,6 +33,7 @@ from zarrfs.fs.sidedata import (
     POINTER,
     SPECIAL_MARK,
     XATTR,
+    Attrs,
     entry_key,
     read_special,
 )
@@ -545,10 +546,37 @@ class Listings:
             return next(answers)
 
         attrs_of, pointer_of, xattr_of = whole.get(ATTR), whole.get(POINTER), whole.get(XATTR)
-        node_from, remember = self.lookups.node_from, self.lookups.remember
+        lookups = self.lookups
+        node_from, remember = lookups.node_from, lookups.remember
+        children = [prefix + name for name, _ in part]
+        # Where the window's records came whole and its sizes with the scan, a file or folder
+        # with a plain attribute record, no link group and a name of its own is made here
+        # (what node_from makes of it), in one loop; the others take node_from's road.
+        linked = pointer_of
+        if attrs_of is not None and linked is not None and sizes is not None and not lookups.hooks.transforms:
+            plain = Attrs.unpack_plain([attrs_of.get(child) for child in children])
+        else:
+            plain = [None] * len(part)
+        files: list[tuple[str, Node]] = []
 
-        for name, kind in part:
-            child = prefix + name
+        for (name, kind), child, attrs in zip(part, children, plain, strict=True):
+            if (
+                attrs is not None
+                and attrs.mode & 0o170000 == kind
+                and (kind == DIR or (kind == FILE and child not in linked))
+            ):
+                xattr = xattr_of.get(child) if xattr_of is not None else record(XATTR, child, kind)
+                if kind == DIR:
+                    node = into[name] = Node(DIR, 0, attrs, no_xattrs=xattr is None)
+                else:
+                    size = sizes.get(name)
+                    if size is None:  # gone between the listing and the read
+                        continue
+                    node = into[name] = Node(FILE, size, attrs, no_xattrs=xattr is None)
+                    files.append((child, node))
+                if xattrs is not None:
+                    xattrs.append((child, xattr))
+                continue
             size, target = 0, ""
             if kind == FILE:
                 size = next(answers) if sizes is None else sizes.get(name)
@@ -572,6 +600,7 @@ class Listings:
             node.no_xattrs = xattr is None
             if kind == FILE:  # an open after the listing reads the content with its probe
                 remember(child, node)
+        lookups.remember_files(files)
 
     def _side_ranges(self, t: Txn, prefix: str, part: list) -> _Ranges | None:
         """The attribute, link-group pointer and extended-attribute records of ``part``'s
@@ -731,28 +760,38 @@ class DirListing:
         return True
 
     def node(self, name: str) -> Node | None:
-        """The node of ``name``, an entry of the window :meth:`entries` is in (None when it
+        """The node of ``name``, an entry of the window :meth:`rows` took it from (None when it
         is gone); the window's nodes are read at the first ask, in one transaction, so a
         listing holds a window of nodes at most, whatever the size of the folder."""
+        return self.window_nodes().get(name)
+
+    def window_nodes(self) -> dict[str, Node]:
+        """The nodes of the window's entries by name (see :meth:`node`)."""
         if self.nodes is None:
             children = _not_held(self.key, [(n, kind) for n, kind, _ in self.window], self.held)
             self.nodes = self.listings.nodes_of(self.key, children, self.sizes) if children else {}
-        return self.nodes.get(name)
+        return self.nodes
 
-    def entries(self, offset: int) -> Iterator[tuple[str, int, int]]:
-        """Yield ``(name, kind, offset)`` for every entry after ``offset``."""
-        if offset < 1:
-            yield ".", DIR, 1
+    def rows(self, offset: int, most: int) -> list[tuple[str, int, int]]:
+        """``(name, kind, offset)`` of up to ``most`` entries after ``offset``, all from one
+        window (the one holding the first; a next call goes on from the last offset): a
+        request's entries in one list, not a step of a generator each. Empty at the end."""
         if offset < 2:
-            yield "..", DIR, 2
-        want = max(0, offset - 2)
+            return [(".", DIR, 1), ("..", DIR, 2)][max(0, offset) : max(0, offset) + most]
+        want = offset - 2
         if want < self.window_start:
             self._reset()
         while True:
             i = want - self.window_start
-            if i < len(self.window):
-                name, kind, _ = self.window[i]
-                want += 1
-                yield name, kind, want + 2
-            elif not self._fetch():
-                return
+            window = self.window
+            if i < len(window):
+                first = self.window_start + 3  # the offset of the window's first entry
+                return [(name, kind, first + j) for j, (name, kind, _) in enumerate(window[i : i + most], i)]
+            if not self._fetch():
+                return []
+
+    def entries(self, offset: int) -> Iterator[tuple[str, int, int]]:
+        """Yield ``(name, kind, offset)`` for every entry after ``offset``."""
+        while rows := self.rows(offset, MAX_BATCH):
+            yield from rows
+            offset = rows[-1][2]

@@ -248,6 +248,18 @@ class Lookups:
                 self._part_hints.pop(key, None)
         return node
 
+    def remember_files(self, files: list[tuple[str, Node]]) -> None:
+        """:meth:`remember` of many files not stored in parts (a listing's window), in one call."""
+        hints = self._size_hints
+        part_hints = self._part_hints
+        for key, node in files:
+            if len(hints) >= SIZE_HINTS:
+                hints.clear()
+                part_hints.clear()
+            hints[key] = node.size
+            if part_hints:
+                part_hints.pop(key, None)
+
     def node_from(
         self, t: Txn, key: str, kind: int, size: int, target: str, raw: bytes | None, pointer=None
     ) -> Node:

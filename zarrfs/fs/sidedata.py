@@ -74,6 +74,13 @@ class Attrs:
             return None
         return cls(*_ATTR_RECORD.unpack(raw[:base]), parted=parted)
 
+    @classmethod
+    def unpack_plain(cls, raws: list[bytes | None]) -> list[Attrs | None]:
+        """:meth:`unpack` of many records in one call (a listing's window), for those without
+        a manifest; None for the others (no record, one in parts, one this version cannot read)."""
+        base, unpack = _ATTR_RECORD.size, _ATTR_RECORD.unpack
+        return [cls(*unpack(raw)) if raw is not None and len(raw) == base else None for raw in raws]
+
     def with_type(self, type_bits: int) -> Attrs:
         """The same attributes with the file-type bits of ``type_bits`` (a node's kind wins over
         a stale record)."""

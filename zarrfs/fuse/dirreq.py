@@ -16,20 +16,22 @@ from zarrfs.fuse.inodes import InodeTable
 from zarrfs.fuse.replies import Replies
 
 _PADS = tuple(b"\0" * n for n in range(8))  # a name's padding to 8 bytes
+_SMALLEST = k.DIRENTPLUS.size + 8  # the least an entry takes (a name of one byte, padded)
 _ZERO_ENTRY = (0,) * 22  # node ID 0: an entry without attributes (the kernel keeps the name alone)
 
 
 class DirRequests:
     """Answers a session's folder requests. ``key`` gives the store key of a node ID the kernel
-    holds (ENOENT when it names no file any more); ``entry_values`` the fields of an entry
-    reply for a key and its node, which counts one lookup of it (the session's, as LOOKUP's)."""
+    holds (ENOENT when it names no file any more); ``entry_values`` the fields of the entry
+    replies for lists of keys and their nodes, which counts one lookup of each (the session's,
+    as LOOKUP's)."""
 
     def __init__(
         self,
         ops: Operations,
         inodes: InodeTable,
         key: Callable[[int], str],
-        entry_values: Callable[[str, Node], tuple],
+        entry_values: Callable[[list[str], list[Node]], list[tuple]],
         replies: Replies,
     ) -> None:
         self.ops = ops
@@ -63,28 +65,41 @@ class DirRequests:
         it was listed and a name whose node the kernel holds already go with node ID 0 (the
         kernel then keeps the name alone)."""
         fh, offset, size = k.READ_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
+        fixed = k.DIRENTPLUS.size + 7
+        holds = self.inodes.holds
+        most = size // _SMALLEST + 1
+        used = 0
+        taken: list[tuple[bytes, int, int, str, str, Node | None]] = []  # the entries that fit
+        keys: list[str] = []
+        nodes: list[Node] = []
+        while used < size and (rows := self.ops.readdirplus(fh, offset, most, holds)):
+            for name, kind, at, key, node in rows:
+                raw = name_bytes(name)
+                length = (fixed + len(raw)) & ~7
+                if used + length > size:
+                    used = size
+                    break
+                used += length
+                taken.append((raw, kind, at, name, key, node))
+                if node is not None:
+                    keys.append(key)
+                    nodes.append(node)
+                offset = at
+        numbered = iter(self.entry_values(keys, nodes) if nodes else ())
+        pack = k.DIRENTPLUS.pack
         parts: list[bytes] = []
         append = parts.append
-        used = 0
-        pack = k.DIRENTPLUS.pack
-        fixed = k.DIRENTPLUS.size + 7
-        entry_values = self.entry_values
-        for name, kind, at, key, node in self.ops.readdirplus(fh, offset, self.inodes.holds):
-            raw = name_bytes(name)
+        for raw, kind, at, name, key, node in taken:
             n = len(raw)
-            length = (fixed + n) & ~7
-            if used + length > size:
-                break
             if node is None:
                 values: tuple = _ZERO_ENTRY
                 ino = self._listed_ino(head.nodeid, name, key, kind)
             else:
-                values = entry_values(key, node)
+                values = next(numbered)
                 ino = values[0]
             append(pack(*values, ino, at, n, (kind & 0o170000) >> 12))
             append(raw)
             append(_PADS[-n & 7])
-            used += length
         self.replies.data(head.unique, b"".join(parts))
 
     def _listed_ino(self, nodeid: int, name: str, key: str | None, kind: int) -> int:

@@ -287,6 +287,44 @@ class InodeTable:
             self._no_xattrs.add(nodeid)
         return nodeid, Inode(self, nodeid)
 
+    def remember_listed(
+        self, keys: list[str], kinds: list[int], marks: list[int], bare: list[bool]
+    ) -> list[int]:
+        """:meth:`remember` of each of a listing's names that has no link group, in one loop:
+        the node IDs of ``keys`` (of types ``kinds``), each counted as one more lookup;
+        ``bare``: read now with no extended attributes; ``marks``: the version each was shown
+        as (:attr:`Inode.given`; 0 leaves it), set here for nodes without page state (those
+        with some are left to the page cache policy: ``self.paged(nodeid)``)."""
+        ids, kinds_of, lookups, given = self.ids, self._kinds, self._lookups, self._given
+        group_of, idle, pages = self._group, self.idle, self._pages
+        out = []
+        append = out.append
+        for key, kind, mark, none in zip(keys, kinds, marks, bare, strict=True):
+            nodeid = ids.get(key)
+            if nodeid is None:
+                nodeid = self._new(key, kind)
+                slot = nodeid & _SLOT
+                lookups[slot] = 1
+            else:
+                slot = nodeid & _SLOT
+                if kinds_of[slot] != kind or nodeid in group_of:
+                    nodeid = self.remember(key, kind)[0]
+                    slot = nodeid & _SLOT
+                else:
+                    if not lookups[slot]:
+                        idle.pop(nodeid, None)
+                    lookups[slot] += 1
+            if none:
+                self._no_xattrs.add(nodeid)
+            if mark and nodeid not in pages:
+                given[slot] = mark
+            append(nodeid)
+        return out
+
+    def paged(self, nodeid: int) -> bool:
+        """Whether the node has page state (:class:`Pages` beyond ``given``)."""
+        return nodeid in self._pages
+
     def _node_of_group(self, key: str, kind: int, group: str, names: Iterable[str]) -> int | None:
         """The node of the link group ``group`` for its name ``key``: the group's, else that of
         another of its ``names`` not of another group; None when there is none (of ``kind``,

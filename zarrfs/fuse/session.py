@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from zarrfs.fs.api import (
     DIR,
+    FILE,
     NOW,
     RENAME_EXCHANGE,
     FsError,
@@ -29,6 +30,7 @@ from zarrfs.fs.api import (
     Stored,
     key_text,
     stored_blocks,
+    version_mark,
     without_setid,
 )
 from zarrfs.fuse import abi as k
@@ -103,7 +105,7 @@ class Session(Dispatcher):
         # The handler of each opcode of abi.OPCODES is the method named after it (``_lookup``).
         handlers: dict[int, Handler] = {code: getattr(self, f"_{op.name}") for code, op in k.OPCODES.items()}
         super().__init__(fd, handlers, BUFFER_SIZE)
-        self.dirs = DirRequests(ops, self.inodes, self._key, self._entry_values, self.replies)
+        self.dirs = DirRequests(ops, self.inodes, self._key, self._listed_values, self.replies)
         self.locks = LockRequests(ops, self.inodes, self.pages, self.invalidator, self._key, self.replies)
         followed = lambda: self.coherence is not None  # noqa: E731
         self.xattrs = XattrRequests(ops, self.inodes, self._key, self.replies, followed, self._reply_error)
@@ -247,6 +249,48 @@ class Session(Dispatcher):
         es, ens = self.entry_valid
         ats, atns = self._attr_valid(node)
         return (nodeid, 0, es, ats, ens, atns, *self._attr(nodeid, node))
+
+    def _listed_values(self, keys: list[str], nodes: list[Node]) -> list[tuple]:
+        """:meth:`_entry_values` of each of a listing's names, in one loop a reply (READDIRPLUS:
+        a reply holds hundreds of names): the node table numbers them in one call, and a file
+        in parts, with hard links, held open or shown as an older version takes the per-name
+        road."""
+        coherence = self.coherence
+        if coherence is not None and coherence.negatives:
+            return [self._entry_values(key, node) for key, node in zip(keys, nodes, strict=True)]
+        follow = coherence is not None
+        plain = [not (n.group or n.passing or n.attrs.parted or n.allocated is not None) for n in nodes]
+        kinds = [n.kind for n in nodes]
+        marks = [version_mark(n.size, n.attrs.mtime) if n.kind == FILE else 0 for n in nodes]
+        nodeids = self.inodes.remember_listed(
+            [key for key, p in zip(keys, plain, strict=True) if p],
+            [kind for kind, p in zip(kinds, plain, strict=True) if p],
+            [mark for mark, p in zip(marks, plain, strict=True) if p],
+            [follow and n.no_xattrs for n, p in zip(nodes, plain, strict=True) if p],
+        )
+        numbered = iter(nodeids)
+        es, ens = self.entry_valid
+        ats, atns = self.attr_valid
+        paged, shown, inodes = self.inodes.paged, self.pages.shown, self.inodes
+        out = []
+        append = out.append
+        for key, node, p in zip(keys, nodes, plain, strict=True):
+            if not p:
+                append(self._entry_values(key, node))
+                continue
+            nodeid = next(numbered)
+            if paged(nodeid):
+                shown(inodes.get(nodeid), node)
+            a = node.attrs
+            size = node.size
+            at, atn = divmod(a.atime, NS)
+            mt, mtn = divmod(a.mtime, NS)
+            ct, ctn = divmod(a.ctime, NS)
+            append(
+                (nodeid, 0, es, ats, ens, atns, nodeid, size, (size + 511) // 512, at, mt, ct, atn, mtn, ctn)
+                + (a.mode, node.nlink, a.uid, a.gid, node.rdev, BLKSIZE, 0)
+            )
+        return out
 
     def _attr_valid(self, node: Node) -> tuple[int, int]:
         """How long the kernel may keep ``node``'s attributes: not at all for one shown as the
