@@ -4,6 +4,8 @@ exact across replies that resume (see ``session_wire``)."""
 
 from __future__ import annotations
 
+import os
+
 from session_wire import ATTR_FIELDS, entry_of, z
 
 from zarrfs.fuse import abi as k
@@ -99,3 +101,74 @@ def test_readdirplus_in_small_replies_is_exact_and_counts_only_what_fits(wire):
     assert [n for n, *_ in again] == names[: len(again)] and len(again) == 4096 // 160
     assert {nodeid for _, nodeid, _, _ in again} == {0}
     assert [wire.inodes.get(wire.inodes.ids[f"big/{n}"]).lookups for n in names] == [1] * len(names)
+
+
+def _forget_all(wire, keys) -> None:
+    """FORGET every lookup of ``keys``' nodes, as the kernel does after a while."""
+    for key in keys:
+        nodeid = wire.inodes.ids.get(key)
+        if nodeid is not None and wire.inodes.get(nodeid) and wire.inodes.get(nodeid).lookups:
+            wire.send(k.FORGET, nodeid, k.FORGET_IN.pack(wire.inodes.get(nodeid).lookups))
+
+
+def test_a_window_of_every_kind_of_name_lists_what_a_lookup_gives(make_ops, make_wire):
+    """A folder large enough that its nodes are read from whole ranges of side records and
+    numbered a reply at a time (plain files and folders in one loop), mixed with every name
+    that takes the per-name road: a file stored in parts, two names of one linked file, a
+    symlink, a device, a key written behind the mount (no attribute record), a folder whose
+    attribute record says it is a file, a file open with pending writes, a file whose pages
+    the kernel was given, and a file looked up again meanwhile. Each entry's node ID and
+    attributes are what a LOOKUP then gives, in replies of every size."""
+    from zarrfs.backends.base import SIDE
+    from zarrfs.fs.sidedata import ATTR, Attrs
+
+    ops = make_ops()
+    ops.handles.parting.above = 4096  # files above 4 KiB stored in parts
+    wire = make_wire(ops)
+    d = wire.mkdir(k.ROOT_ID, "d")
+    for i in range(90):
+        wire.put_file(d.nodeid, f"f{i:03d}", b"x" * i, mode=0o600 + i % 8)
+    wire.mkdir(d.nodeid, "sub")
+    wire.put_file(d.nodeid, "parted", b"p" * 20000)
+    one = wire.put_file(d.nodeid, "linked1", b"L" * 9)
+    wire.ok(k.LINK, d.nodeid, k.LINK_IN.pack(one.nodeid) + z("linked2"))
+    wire.ok(k.SYMLINK, d.nodeid, z("sym") + z("f001"))
+    wire.ok(k.MKNOD, d.nodeid, k.MKNOD_IN.pack(0o020644, os.makedev(1, 3), 0o022, 0) + z("dev"))
+    SOME = Attrs(0o100644, 1, 2, 3, 4, 5).pack()
+    wire.ops.tree.driver.transact(
+        lambda t: [t.put("d/behind", b"b" * 33), t.put("d/odd/k", b"1"), t.put(ATTR + "d/odd", SOME, SIDE)]
+    )
+    opened, fh_open = wire.create(d.nodeid, "open")  # pending writes, not stored yet
+    wire.write(opened.nodeid, fh_open, b"o" * 77)
+    paged = wire.lookup(d.nodeid, "f010")  # its pages given to the kernel, then forgotten
+    fh_paged, _ = wire.open(paged.nodeid)
+    assert wire.read(paged.nodeid, fh_paged) == b"x" * 10
+    wire.release(paged.nodeid, fh_paged)
+    listed = ["open", "linked1", "linked2", "sub", "sym", "dev", "parted", "f010"]
+    listed += [f"f{i:03d}" for i in range(90)]
+    assert wire.inodes.paged(paged.nodeid)
+    everything = [f"d/{n}" for n in listed + ["behind", "odd"]]
+    _forget_all(wire, everything)  # "open" too: its pending node is what a listing then shows
+    for size in (4096, 1000, 160 * 130):
+        fh = opendir(wire, d.nodeid)
+        wire.lookup(d.nodeid, "f080")  # held by the kernel: listed alone
+        got, offset = [], 0
+        while body := readdirplus(wire, d.nodeid, fh, offset, size):
+            records = plus_of(body)
+            got += records
+            offset = records[-1][2]
+        names = [n for n, *_ in got][2:]
+        assert names == sorted(set(listed) - {"open"} | {"behind", "odd"}) + ["open"], size  # unstored last
+        for name, nodeid, _, attr in got[2:]:
+            looked = entry_of(wire.call(k.LOOKUP, d.nodeid, z(name)))
+            if name == "f080":
+                assert nodeid == 0 and set(attr.values()) == {0}
+            else:
+                assert (nodeid, attr) == (looked.nodeid, vars(looked.attr)), (name, size)
+        sizes = {n: a["size"] for n, _, _, a in got if n in ("parted", "open", "behind", "sym", "f089")}
+        assert sizes == {"parted": 20000, "open": 77, "behind": 33, "sym": 4, "f089": 89}
+        assert next(a for n, _, _, a in got if n == "odd")["mode"] & 0o170000 == 0o040000
+        assert next(a for n, _, _, a in got if n == "linked1")["nlink"] == 2
+        assert next(a for n, _, _, a in got if n == "f007")["mode"] == 0o100607
+        _forget_all(wire, everything)
+    wire.release(opened.nodeid, fh_open)
