@@ -203,6 +203,7 @@ GETXATTR_OUT = struct.Struct("<IiQII")  # the reply header, then the size, paddi
 LK_IN = struct.Struct("<QQQQIIII")  # fh, owner, fuse_file_lock (start end type pid), lk_flags, padding
 LK_REPLY = struct.Struct("<IiQ" + "QQII")  # header, fuse_lk_out (start end type pid)
 DIRENT = struct.Struct("<QQII")
+ENTRY_OUT = struct.Struct("<QQQQII" + _ATTR)  # fuse_entry_out alone: a READDIRPLUS entry's first part
 # fuse_direntplus: a fuse_entry_out (nodeid generation entry_valid attr_valid *_nsec attr),
 # then a fuse_dirent and its name, padded to 8 bytes.
 DIRENTPLUS = struct.Struct("<QQQQII" + _ATTR + "QQII")

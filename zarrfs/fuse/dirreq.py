@@ -17,27 +17,27 @@ from zarrfs.fuse.replies import Replies
 
 _PADS = tuple(b"\0" * n for n in range(8))  # a name's padding to 8 bytes
 _SMALLEST = k.DIRENTPLUS.size + 8  # the least an entry takes (a name of one byte, padded)
-_ZERO_ENTRY = (0,) * 22  # node ID 0: an entry without attributes (the kernel keeps the name alone)
+_ZERO_ENTRY = bytes(k.ENTRY_OUT.size)  # node ID 0: no attributes (the kernel keeps the name alone)
 
 
 class DirRequests:
     """Answers a session's folder requests. ``key`` gives the store key of a node ID the kernel
-    holds (ENOENT when it names no file any more); ``entry_values`` the fields of the entry
-    replies for lists of keys and their nodes, which counts one lookup of each (the session's,
-    as LOOKUP's)."""
+    holds (ENOENT when it names no file any more); ``entries`` the node IDs and packed
+    ``fuse_entry_out`` records of lists of keys and their nodes, which counts one lookup of
+    each (the session's, as LOOKUP's)."""
 
     def __init__(
         self,
         ops: Operations,
         inodes: InodeTable,
         key: Callable[[int], str],
-        entry_values: Callable[[list[str], list[Node]], list[tuple]],
+        entries: Callable[[list[str], list[Node]], tuple[list[int], list[bytes]]],
         replies: Replies,
     ) -> None:
         self.ops = ops
         self.inodes = inodes
         self.key = key
-        self.entry_values = entry_values
+        self.entries = entries
         self.replies = replies
 
     def opendir(self, head: Header, buf: memoryview, keep: bool = False) -> None:
@@ -85,19 +85,20 @@ class DirRequests:
                     keys.append(key)
                     nodes.append(node)
                 offset = at
-        numbered = iter(self.entry_values(keys, nodes) if nodes else ())
-        pack = k.DIRENTPLUS.pack
+        ids, entries = self.entries(keys, nodes) if nodes else ((), ())
+        numbered, packed = iter(ids), iter(entries)
+        dirent = k.DIRENT.pack
         parts: list[bytes] = []
         append = parts.append
         for raw, kind, at, name, key, node in taken:
             n = len(raw)
             if node is None:
-                values: tuple = _ZERO_ENTRY
+                append(_ZERO_ENTRY)
                 ino = self._listed_ino(head.nodeid, name, key, kind)
             else:
-                values = next(numbered)
-                ino = values[0]
-            append(pack(*values, ino, at, n, (kind & 0o170000) >> 12))
+                append(next(packed))
+                ino = next(numbered)
+            append(dirent(ino, at, n, (kind & 0o170000) >> 12))
             append(raw)
             append(_PADS[-n & 7])
         self.replies.data(head.unique, b"".join(parts))

@@ -105,7 +105,7 @@ class Session(Dispatcher):
         # The handler of each opcode of abi.OPCODES is the method named after it (``_lookup``).
         handlers: dict[int, Handler] = {code: getattr(self, f"_{op.name}") for code, op in k.OPCODES.items()}
         super().__init__(fd, handlers, BUFFER_SIZE)
-        self.dirs = DirRequests(ops, self.inodes, self._key, self._listed_values, self.replies)
+        self.dirs = DirRequests(ops, self.inodes, self._key, self._listed_entries, self.replies)
         self.locks = LockRequests(ops, self.inodes, self.pages, self.invalidator, self._key, self.replies)
         followed = lambda: self.coherence is not None  # noqa: E731
         self.xattrs = XattrRequests(ops, self.inodes, self._key, self.replies, followed, self._reply_error)
@@ -250,33 +250,41 @@ class Session(Dispatcher):
         ats, atns = self._attr_valid(node)
         return (nodeid, 0, es, ats, ens, atns, *self._attr(nodeid, node))
 
-    def _listed_values(self, keys: list[str], nodes: list[Node]) -> list[tuple]:
-        """:meth:`_entry_values` of each of a listing's names, in one loop a reply (READDIRPLUS:
-        a reply holds hundreds of names): the node table numbers them in one call, and a file
-        in parts, with hard links, held open or shown as an older version takes the per-name
-        road."""
+    def _listed_entries(self, keys: list[str], nodes: list[Node]) -> tuple[list[int], list[bytes]]:
+        """The node IDs and packed ``fuse_entry_out`` records (:meth:`_entry_values`) of a
+        listing's names, in one loop a reply (READDIRPLUS: a reply holds hundreds of names):
+        the node table numbers them in one call, and a file in parts, with hard links, held
+        open or shown as an older version takes the per-name road."""
+        entry = k.ENTRY_OUT.pack
         coherence = self.coherence
-        if coherence is not None and coherence.negatives:
-            return [self._entry_values(key, node) for key, node in zip(keys, nodes, strict=True)]
-        follow = coherence is not None
         plain = [not (n.group or n.passing or n.attrs.parted or n.allocated is not None) for n in nodes]
-        kinds = [n.kind for n in nodes]
-        marks = [version_mark(n.size, n.attrs.mtime) if n.kind == FILE else 0 for n in nodes]
-        nodeids = self.inodes.remember_listed(
-            [key for key, p in zip(keys, plain, strict=True) if p],
-            [kind for kind, p in zip(kinds, plain, strict=True) if p],
-            [mark for mark, p in zip(marks, plain, strict=True) if p],
-            [follow and n.no_xattrs for n, p in zip(nodes, plain, strict=True) if p],
+        if coherence is not None and coherence.negatives or not all(plain):
+            values = [
+                None if p else self._entry_values(key, node)
+                for key, node, p in zip(keys, nodes, plain, strict=True)
+            ]
+            plain_keys = [key for key, p in zip(keys, plain, strict=True) if p]
+            plain_nodes = [node for node, p in zip(nodes, plain, strict=True) if p]
+        else:
+            values, plain_keys, plain_nodes = None, keys, nodes
+        follow = coherence is not None
+        numbered = iter(
+            self.inodes.remember_listed(
+                plain_keys,
+                [n.kind for n in plain_nodes],
+                [version_mark(n.size, n.attrs.mtime) if n.kind == FILE else 0 for n in plain_nodes],
+                [follow and n.no_xattrs for n in plain_nodes],
+            )
         )
-        numbered = iter(nodeids)
         es, ens = self.entry_valid
         ats, atns = self.attr_valid
         paged, shown, inodes = self.inodes.paged, self.pages.shown, self.inodes
-        out = []
-        append = out.append
-        for key, node, p in zip(keys, nodes, plain, strict=True):
-            if not p:
-                append(self._entry_values(key, node))
+        ids: list[int] = []
+        out: list[bytes] = []
+        for i, node in enumerate(nodes):
+            if values is not None and values[i] is not None:
+                ids.append(values[i][0])
+                out.append(entry(*values[i]))
                 continue
             nodeid = next(numbered)
             if paged(nodeid):
@@ -286,11 +294,15 @@ class Session(Dispatcher):
             at, atn = divmod(a.atime, NS)
             mt, mtn = divmod(a.mtime, NS)
             ct, ctn = divmod(a.ctime, NS)
-            append(
-                (nodeid, 0, es, ats, ens, atns, nodeid, size, (size + 511) // 512, at, mt, ct, atn, mtn, ctn)
-                + (a.mode, node.nlink, a.uid, a.gid, node.rdev, BLKSIZE, 0)
+            ids.append(nodeid)
+            out.append(
+                entry(
+                    nodeid, 0, es, ats, ens, atns,
+                    nodeid, size, (size + 511) // 512, at, mt, ct, atn, mtn, ctn,
+                    a.mode, node.nlink, a.uid, a.gid, node.rdev, BLKSIZE, 0,
+                )  # fmt: skip
             )
-        return out
+        return ids, out
 
     def _attr_valid(self, node: Node) -> tuple[int, int]:
         """How long the kernel may keep ``node``'s attributes: not at all for one shown as the
