@@ -28,25 +28,36 @@ def key_text(name: bytes) -> str:
     for one longer than :data:`NAME_MAX`, as local filesystems say."""
     if len(name) > NAME_MAX:
         raise FsError(errno.ENAMETOOLONG, f"a name of {len(name)} bytes", quiet=True)
+    if name.isascii():  # most names: nothing to map, no mark possible (every lookup asks)
+        return name.decode("ascii")
     try:
         text = name.decode("utf-8")
     except UnicodeDecodeError:
         text = name.decode("utf-8", "surrogateescape")
-        if _MARKS[0] in name or _MARKS[1] in name:
+        if _marked(name):
             _refuse(name)
         return _RAW.sub(lambda m: chr(ord(m.group()) - 0xDC00 + _BASE), text)
-    if _MARKS[0] in name or _MARKS[1] in name:
+    if _marked(name):
         _refuse(name)
     return text
 
 
 def name_bytes(text: str) -> bytes:
     """The bytes of the name whose key text is ``text`` (the inverse of :func:`key_text`)."""
+    if text.isascii():  # most names (every listed name passes here)
+        return text.encode("ascii")
     raw = text.encode("utf-8")
-    if _MARKS[0] in raw or _MARKS[1] in raw:
+    if _marked(raw):
         text = _ESCAPED.sub(lambda m: chr(ord(m.group()) - _BASE + 0xDC00), text)
         return text.encode("utf-8", "surrogateescape")
     return raw
+
+
+def _marked(raw: bytes) -> bool:
+    """Whether ``raw`` holds one of the characters that stand for bytes. ``find``, not ``in``:
+    ``bytes in bytes`` first tries its operand as an integer and formats the TypeError it
+    clears, several times the cost of the search."""
+    return raw.find(_MARKS[0]) >= 0 or raw.find(_MARKS[1]) >= 0
 
 
 def _refuse(name: bytes) -> None:
