@@ -38,25 +38,32 @@ def cursor_rows(
     rows = 0
     try:
         with txn.cursor() as cur:
-            found = cur.set_range(lo) if lo else cur.first()
-            while found:
-                raw = bytes(cur.key())
-                if raw >= hi:
-                    return
-                if fetch is KEYS:
-                    x = None
-                elif fetch is SIZES:
-                    x = known(raw, space)
-                    if x is None:
-                        x = len(cur.value())
+            if not (cur.set_range(lo) if lo else cur.first()):
+                return
+            # The cursor's own iterator steps in C; it stays on the row it gave until the next
+            # step, so a size nothing knew is read from that row's value.
+            values = fetch is not KEYS and fetch is not SIZES
+            for row in cur.iternext(keys=True, values=values):
+                if values:  # the value past ``hi`` is fetched too: one row a scan
+                    raw = bytes(row[0])
+                    if raw >= hi:
+                        return
+                    x = bytes(row[1])
                 else:
-                    x = bytes(cur.value())
+                    raw = bytes(row)
+                    if raw >= hi:
+                        return
+                    if fetch is KEYS:
+                        x = None
+                    else:
+                        x = known(raw, space)
+                        if x is None:
+                            x = len(cur.value())
                 rows += 1
                 if rows == COUNT_EVERY and driver is not None:
                     pages.scanned(driver, rows)
                     rows = 0
                 yield raw, x
-                found = cur.next()
     finally:
         if rows and driver is not None:
             pages.scanned(driver, rows)
