@@ -280,6 +280,9 @@ class LMDBTxn(Txn):
                     assert side is not None
                     rows = merged(rows, longkeys.rows(side, lo, hi, space, fetch))
                 try:
+                    if not self.write:  # nothing writes between pulls: no seek again to watch for
+                        yield from rows
+                        return
                     for raw, x in rows:
                         yield raw, x
                         if self._writes != writes:
