@@ -172,3 +172,28 @@ def test_a_window_of_every_kind_of_name_lists_what_a_lookup_gives(make_ops, make
         assert next(a for n, _, _, a in got if n == "f007")["mode"] == 0o100607
         _forget_all(wire, everything)
     wire.release(opened.nodeid, fh_open)
+
+
+def test_a_listed_name_is_no_longer_a_remembered_missing_one(make_wire):
+    """Under a change feed the session remembers the names it answered "no such file" for (to
+    drop them from the kernel later); a name a listing then gives with its node exists, and is
+    remembered missing no more, in a window large enough to be read and numbered in one loop."""
+    from zarrfs.fs.api import ChangeWatcher
+    from zarrfs.fuse import coherence
+
+    wire = make_wire(negative_timeout=3600)
+    wire.session.coherence = coherence.Coherence(wire.session, ChangeWatcher(wire.ops.tree))
+    d = wire.mkdir(k.ROOT_ID, "d")
+    assert wire.lookup(d.nodeid, "late").nodeid == 0
+    assert "d/late" in wire.session.coherence.negatives
+    names = [f"n{i:03d}" for i in range(100)] + ["late"]
+    wire.ops.tree.driver.transact(lambda t: [t.put(f"d/{n}", n.encode()) for n in names])  # another client
+    fh = opendir(wire, d.nodeid)
+    got, offset = [], 0
+    while body := readdirplus(wire, d.nodeid, fh, offset, 1 << 16):
+        records = plus_of(body)
+        got += records
+        offset = records[-1][2]
+    late = next(nodeid for n, nodeid, _, _ in got if n == "late")
+    assert late == wire.inodes.ids["d/late"] != 0
+    assert "d/late" not in wire.session.coherence.negatives

@@ -552,8 +552,8 @@ class Listings:
         # Where the window's records came whole and its sizes with the scan, a file or folder
         # with a plain attribute record, no link group and a name of its own is made here
         # (what node_from makes of it), in one loop; the others take node_from's road.
-        linked = pointer_of
-        if attrs_of is not None and linked is not None and sizes is not None and not lookups.hooks.transforms:
+        whole_records = attrs_of is not None and pointer_of is not None
+        if whole_records and sizes is not None and not lookups.hooks.transforms:
             plain = Attrs.unpack_plain([attrs_of.get(child) for child in children])
         else:
             plain = [None] * len(part)
@@ -563,7 +563,7 @@ class Listings:
             if (
                 attrs is not None
                 and attrs.mode & 0o170000 == kind
-                and (kind == DIR or (kind == FILE and child not in linked))
+                and (kind == DIR or (kind == FILE and child not in pointer_of))
             ):
                 xattr = xattr_of.get(child) if xattr_of is not None else record(XATTR, child, kind)
                 if kind == DIR:
@@ -791,7 +791,8 @@ class DirListing:
                 return []
 
     def entries(self, offset: int) -> Iterator[tuple[str, int, int]]:
-        """Yield ``(name, kind, offset)`` for every entry after ``offset``."""
-        while rows := self.rows(offset, MAX_BATCH):
+        """Yield ``(name, kind, offset)`` for every entry after ``offset``, a slice of
+        :meth:`rows` at a time (a READDIR reply takes a hundred or so, not a window)."""
+        while rows := self.rows(offset, FIRST_BATCH):
             yield from rows
             offset = rows[-1][2]

@@ -254,11 +254,15 @@ class Session(Dispatcher):
         """The node IDs and packed ``fuse_entry_out`` records (:meth:`_entry_values`) of a
         listing's names, in one loop a reply (READDIRPLUS: a reply holds hundreds of names):
         the node table numbers them in one call, and a file in parts, with hard links, held
-        open or shown as an older version takes the per-name road."""
+        open or shown as an older version takes the per-name road (every name does while the
+        mount remembers missing names, which a name found clears)."""
         entry = k.ENTRY_OUT.pack
         coherence = self.coherence
-        plain = [not (n.group or n.passing or n.attrs.parted or n.allocated is not None) for n in nodes]
-        if coherence is not None and coherence.negatives or not all(plain):
+        if coherence is not None and coherence.negatives:  # each name found is a missing one no more
+            plain = [False] * len(nodes)
+        else:
+            plain = [not (n.group or n.passing or n.attrs.parted or n.allocated is not None) for n in nodes]
+        if not all(plain):
             values = [
                 None if p else self._entry_values(key, node)
                 for key, node, p in zip(keys, nodes, plain, strict=True)
