@@ -197,3 +197,54 @@ def test_a_listed_name_is_no_longer_a_remembered_missing_one(make_wire):
     late = next(nodeid for n, nodeid, _, _ in got if n == "late")
     assert late == wire.inodes.ids["d/late"] != 0
     assert "d/late" not in wire.session.coherence.negatives
+
+
+def test_an_entry_by_the_one_call_road_is_the_per_name_roads(make_ops, make_wire):
+    """Every LOOKUP, CREATE, MKDIR... and each READDIRPLUS name gets its ``fuse_entry_out``
+    from ``Session._entry``: a plain file or folder numbered and packed in one call, the rest
+    by ``_entry_values``. For names of every kind, fresh to the node table and already in it,
+    with a mount that follows a change feed (extended attributes read as none are marked),
+    both give the same node ID, the same bytes, the same version given to the kernel, the
+    same lookup count and the same no-xattrs mark."""
+    from zarrfs.fs.api import ChangeWatcher
+    from zarrfs.fuse import coherence
+
+    ops = make_ops()
+    ops.handles.parting.above = 4096
+    wire = make_wire(ops)
+    session = wire.session
+    session.coherence = coherence.Coherence(session, ChangeWatcher(ops.tree))
+    d = wire.mkdir(k.ROOT_ID, "d")
+    wire.put_file(d.nodeid, "small", b"s" * 700, mode=0o640)
+    wire.put_file(d.nodeid, "empty", b"")
+    wire.mkdir(d.nodeid, "sub")
+    wire.put_file(d.nodeid, "parted", b"p" * 9000)
+    one = wire.put_file(d.nodeid, "linked1", b"L" * 9)
+    wire.ok(k.LINK, d.nodeid, k.LINK_IN.pack(one.nodeid) + z("linked2"))
+    wire.ok(k.SYMLINK, d.nodeid, z("sym") + z("small"))
+    ops.tree.driver.transact(lambda t: t.put("d/behind", b"b" * 33))
+    names = ["small", "empty", "sub", "parted", "linked1", "linked2", "sym", "behind"]
+    _forget_all(wire, [f"d/{n}" for n in names])
+    inodes = wire.inodes
+    fh = ops.opendir("d")
+    listed = {key: node for _, _, _, key, node in ops.readdirplus(fh, 2, 100) if node is not None}
+    assert sorted(listed) == sorted(f"d/{n}" for n in names)
+    assert listed["d/small"].no_xattrs and listed["d/sub"].no_xattrs  # read with their xattr records
+    for first_plain in (True, False):
+        for name in names:
+            key = f"d/{name}"
+            node = (listed if first_plain else {}).get(key) or ops.find(key)
+            got = []
+            for plain in (first_plain, not first_plain):
+                before = inodes.get(inodes.ids[key]).lookups if key in inodes.ids else 0
+                if plain:
+                    nodeid, packed = session._entry(key, node)
+                else:
+                    values = session._entry_values(key, node)
+                    nodeid, packed = values[0], k.ENTRY_OUT.pack(*values)
+                inode = inodes.get(nodeid)
+                assert inode.lookups == before + 1, (name, plain)
+                got.append((nodeid, packed, inode.given, inodes.bare_of_xattrs(nodeid)))
+            assert got[0] == got[1], (name, first_plain)
+            assert got[0][3] == node.no_xattrs, name
+        _forget_all(wire, [f"d/{n}" for n in names])

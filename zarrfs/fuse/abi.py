@@ -165,6 +165,7 @@ ENTRY_REPLY = struct.Struct("<IiQ" + "QQQQII" + _ATTR)  # header, fuse_entry_out
 ATTR_REPLY = struct.Struct("<IiQ" + "QII" + _ATTR)  # header, fuse_attr_out
 OPEN_REPLY = struct.Struct("<IiQ" + "QII")  # header, fuse_open_out
 CREATE_REPLY = struct.Struct("<IiQ" + "QQQQII" + _ATTR + "QII")  # header, entry_out, open_out
+OPEN_OUT = struct.Struct("<QII")  # fuse_open_out alone: a CREATE reply's last part
 WRITE_REPLY = struct.Struct("<IiQ" + "II")  # header, fuse_write_out
 STATFS_REPLY = struct.Struct("<IiQ" + "QQQQQIIII24x")  # header, fuse_kstatfs
 INIT_REPLY = struct.Struct("<IiQ" + "IIIIHHIIHHI28x")  # header, fuse_init_out (7.23 on)

@@ -287,39 +287,31 @@ class InodeTable:
             self._no_xattrs.add(nodeid)
         return nodeid, Inode(self, nodeid)
 
-    def remember_listed(
-        self, keys: list[str], kinds: list[int], marks: list[int], bare: list[bool]
-    ) -> list[int]:
-        """:meth:`remember` of each of a listing's names that has no link group, in one loop:
-        the node IDs of ``keys`` (of types ``kinds``), each counted as one more lookup;
-        ``bare``: read now with no extended attributes; ``marks``: the version each was shown
-        as (:attr:`Inode.given`; 0 leaves it), set here for nodes without page state (those
-        with some are left to the page cache policy: ``self.paged(nodeid)``)."""
-        ids, kinds_of, lookups, given = self.ids, self._kinds, self._lookups, self._given
-        group_of, idle, pages = self._group, self.idle, self._pages
-        out = []
-        append = out.append
-        for key, kind, mark, none in zip(keys, kinds, marks, bare, strict=True):
-            nodeid = ids.get(key)
-            if nodeid is None:
-                nodeid = self._new(key, kind)
+    def remember_plain(self, key: str, kind: int, mark: int, bare: bool) -> int:
+        """:meth:`remember` of a name with no link group, in one call (a lookup's common case,
+        each of a listing's names): its node ID, counted as one more lookup; ``bare``: read
+        now with no extended attributes; ``mark``: the version it was shown as
+        (:attr:`Inode.given`; 0 leaves it), set here for a node without page state (one with
+        some is left to the page cache policy: :meth:`paged`)."""
+        nodeid = self.ids.get(key)
+        if nodeid is None:
+            nodeid = self._new(key, kind)
+            slot = nodeid & _SLOT
+            self._lookups[slot] = 1
+        else:
+            slot = nodeid & _SLOT
+            if self._kinds[slot] != kind or nodeid in self._group:
+                nodeid = self.remember(key, kind)[0]
                 slot = nodeid & _SLOT
-                lookups[slot] = 1
             else:
-                slot = nodeid & _SLOT
-                if kinds_of[slot] != kind or nodeid in group_of:
-                    nodeid = self.remember(key, kind)[0]
-                    slot = nodeid & _SLOT
-                else:
-                    if not lookups[slot]:
-                        idle.pop(nodeid, None)
-                    lookups[slot] += 1
-            if none:
-                self._no_xattrs.add(nodeid)
-            if mark and nodeid not in pages:
-                given[slot] = mark
-            append(nodeid)
-        return out
+                if not self._lookups[slot]:
+                    self.idle.pop(nodeid, None)
+                self._lookups[slot] += 1
+        if bare:
+            self._no_xattrs.add(nodeid)
+        if mark and nodeid not in self._pages:
+            self._given[slot] = mark
+        return nodeid
 
     def paged(self, nodeid: int) -> bool:
         """Whether the node has page state (:class:`Pages` beyond ``given``)."""

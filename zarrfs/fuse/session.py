@@ -56,6 +56,10 @@ _name = k.name
 
 _OPCODE = struct.Struct("<II")  # a request's length and opcode
 _FH = struct.Struct("<Q")  # the handle that begins FLUSH_IN and RELEASE_IN
+_ENTRY_HEADER = k.OUT_HEADER.pack  # a LOOKUP reply: this, then the fuse_entry_out
+_ENTRY_REPLY_SIZE = k.ENTRY_REPLY.size
+_pack_entry = k.ENTRY_OUT.pack
+_OPEN_OUT = k.OPEN_OUT.pack
 # Requests that never write to the database (fuse.interrupts: served while a write waits).
 _NO_WRITE = frozenset(
     {k.LOOKUP, k.GETATTR, k.READLINK, k.READ, k.STATFS, k.GETXATTR, k.LISTXATTR, k.OPENDIR}
@@ -147,8 +151,7 @@ class Session(Dispatcher):
 
     def _child(self, nodeid: int, name: bytes) -> str:
         # _key inlined: every LOOKUP passes here, and this spares it two calls.
-        inode = self._nodes.get(nodeid)
-        parent = None if inode is None else inode.key
+        parent = self.inodes.key(nodeid)
         if parent is None:
             raise FsError(errno.ENOENT, f"node {nodeid} is gone", quiet=True)
         text = key_text(name)
@@ -250,63 +253,44 @@ class Session(Dispatcher):
         ats, atns = self._attr_valid(node)
         return (nodeid, 0, es, ats, ens, atns, *self._attr(nodeid, node))
 
-    def _listed_entries(self, keys: list[str], nodes: list[Node]) -> tuple[list[int], list[bytes]]:
-        """The node IDs and packed ``fuse_entry_out`` records (:meth:`_entry_values`) of a
-        listing's names, in one loop a reply (READDIRPLUS: a reply holds hundreds of names):
-        the node table numbers them in one call, and a file in parts, with hard links, held
-        open or shown as an older version takes the per-name road (every name does while the
-        mount remembers missing names, which a name found clears)."""
-        entry = k.ENTRY_OUT.pack
+    def _entry(self, key: str, node: Node) -> tuple[int, bytes]:
+        """The node ID of ``key`` shown as ``node``, counted as one more lookup, and its packed
+        ``fuse_entry_out``: of every LOOKUP, CREATE, MKDIR... and of each of a READDIRPLUS
+        reply's names. A plain file or folder (most) is numbered in one call and packed
+        here; a file in parts, with hard links or shown as an older version, or any name
+        while the mount remembers missing ones (a name found clears it), by
+        :meth:`_entry_values`."""
         coherence = self.coherence
-        if coherence is not None and coherence.negatives:  # each name found is a missing one no more
-            plain = [False] * len(nodes)
-        else:
-            plain = [not (n.group or n.passing or n.attrs.parted or n.allocated is not None) for n in nodes]
-        if not all(plain):
-            values = [
-                None if p else self._entry_values(key, node)
-                for key, node, p in zip(keys, nodes, plain, strict=True)
-            ]
-            plain_keys = [key for key, p in zip(keys, plain, strict=True) if p]
-            plain_nodes = [node for node, p in zip(nodes, plain, strict=True) if p]
-        else:
-            values, plain_keys, plain_nodes = None, keys, nodes
-        follow = coherence is not None
-        numbered = iter(
-            self.inodes.remember_listed(
-                plain_keys,
-                [n.kind for n in plain_nodes],
-                [version_mark(n.size, n.attrs.mtime) if n.kind == FILE else 0 for n in plain_nodes],
-                [follow and n.no_xattrs for n in plain_nodes],
-            )
-        )
+        if (
+            node.group or node.passing or node.attrs.parted or node.allocated is not None
+            or (coherence is not None and coherence.negatives)
+        ):
+            values = self._entry_values(key, node)
+            return values[0], _pack_entry(*values)
+        kind = node.kind
+        a = node.attrs
+        size = node.size
+        inodes = self.inodes
+        mark = version_mark(size, a.mtime) if kind == FILE else 0
+        nodeid = inodes.remember_plain(key, kind, mark, coherence is not None and node.no_xattrs)
+        if inodes.paged(nodeid):
+            self.pages.shown(inodes.get(nodeid), node)
         es, ens = self.entry_valid
         ats, atns = self.attr_valid
-        paged, shown, inodes = self.inodes.paged, self.pages.shown, self.inodes
-        ids: list[int] = []
-        out: list[bytes] = []
-        for i, node in enumerate(nodes):
-            if values is not None and values[i] is not None:
-                ids.append(values[i][0])
-                out.append(entry(*values[i]))
-                continue
-            nodeid = next(numbered)
-            if paged(nodeid):
-                shown(inodes.get(nodeid), node)
-            a = node.attrs
-            size = node.size
-            at, atn = divmod(a.atime, NS)
-            mt, mtn = divmod(a.mtime, NS)
-            ct, ctn = divmod(a.ctime, NS)
-            ids.append(nodeid)
-            out.append(
-                entry(
-                    nodeid, 0, es, ats, ens, atns,
-                    nodeid, size, (size + 511) // 512, at, mt, ct, atn, mtn, ctn,
-                    a.mode, node.nlink, a.uid, a.gid, node.rdev, BLKSIZE, 0,
-                )  # fmt: skip
-            )
-        return ids, out
+        at, atn = divmod(a.atime, NS)
+        mt, mtn = divmod(a.mtime, NS)
+        ct, ctn = divmod(a.ctime, NS)
+        return nodeid, _pack_entry(
+            nodeid, 0, es, ats, ens, atns,
+            nodeid, size, (size + 511) // 512, at, mt, ct, atn, mtn, ctn,
+            a.mode, node.nlink, a.uid, a.gid, node.rdev, BLKSIZE, 0,
+        )  # fmt: skip
+
+    def _listed_entries(self, keys: list[str], nodes: list[Node]) -> tuple[list[int], list[bytes]]:
+        """:meth:`_entry` of each of a READDIRPLUS reply's names: their node IDs and packed
+        ``fuse_entry_out`` records."""
+        pairs = list(map(self._entry, keys, nodes))
+        return [p[0] for p in pairs], [p[1] for p in pairs]
 
     def _attr_valid(self, node: Node) -> tuple[int, int]:
         """How long the kernel may keep ``node``'s attributes: not at all for one shown as the
@@ -317,7 +301,7 @@ class Session(Dispatcher):
         node = self.ops.find(key)
         if node is None:
             raise FsError(errno.ENOENT, key, quiet=True)
-        self._send(k.ENTRY_REPLY.pack(k.ENTRY_REPLY.size, 0, unique, *self._entry_values(key, node)))
+        self._send(_ENTRY_HEADER(_ENTRY_REPLY_SIZE, 0, unique) + self._entry(key, node)[1])
 
     def _reply_attr(self, unique: int, nodeid: int, node: Node) -> None:
         inode = self.inodes.get(nodeid)
@@ -409,7 +393,7 @@ class Session(Dispatcher):
                     k.ENTRY_REPLY.pack(k.ENTRY_REPLY.size, 0, head.unique, 0, 0, ns, 0, nns, 0, *_ZERO_ATTR)
                 )
             return
-        self._send(k.ENTRY_REPLY.pack(k.ENTRY_REPLY.size, 0, head.unique, *self._entry_values(key, node)))
+        self._send(_ENTRY_HEADER(_ENTRY_REPLY_SIZE, 0, head.unique) + self._entry(key, node)[1])
 
     def _forget(self, head: Header, buf: memoryview) -> None:
         self.inodes.forget(head.nodeid, k.FORGET_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0])
@@ -583,7 +567,7 @@ class Session(Dispatcher):
             raise FsError(errno.ENOENT, dst, quiet=True)
         # The kernel's inode of the source is the inode of the new name: same node ID.
         self.inodes.linked(k.LINK_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0], node.group)
-        self._send(k.ENTRY_REPLY.pack(k.ENTRY_REPLY.size, 0, head.unique, *self._entry_values(dst, node)))
+        self._send(_ENTRY_HEADER(_ENTRY_REPLY_SIZE, 0, head.unique) + self._entry(dst, node)[1])
 
     # ------------------------------------------------------------------ files
     def _create(self, head: Header, buf: memoryview) -> None:
@@ -594,8 +578,8 @@ class Session(Dispatcher):
         if node is None:  # cannot happen: a created file shows at once
             self.ops.release(fh)
             raise FsError(errno.EIO, f"{key} vanished while it was created")
-        values = self._entry_values(key, node)
-        self._send(k.CREATE_REPLY.pack(k.CREATE_REPLY.size, 0, head.unique, *values, fh, 0, 0))
+        entry = self._entry(key, node)[1]
+        self._send(_ENTRY_HEADER(k.CREATE_REPLY.size, 0, head.unique) + entry + _OPEN_OUT(fh, 0, 0))
 
     def _open(self, head: Header, buf: memoryview) -> None:
         flags, kill = k.OPEN_IN.unpack_from(buf, k.IN_HEADER_SIZE)
