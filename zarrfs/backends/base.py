@@ -284,7 +284,12 @@ class Txn(ABC):
             except (KeyError, TypeError):
                 sp = check_space(space, spaces)  # raises
             append((kind, raw, sp))
-        step = self.most_reads or len(plan) or 1  # a long batch (a deep path's) goes in pieces
+        step = self.most_reads
+        if not plan:
+            return []
+        if not step or len(plan) <= step:
+            return self._read_many(plan)
+        # A long batch (a deep path's) goes in pieces.
         return [a for i in range(0, len(plan), step) for a in self._read_many(plan[i : i + step])]
 
     def _decoded(self, rows: Iterator[tuple[bytes, Any]], limit: int | None) -> Iterator[tuple[str, Any]]:
