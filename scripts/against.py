@@ -1,5 +1,8 @@
 """``--against REV`` of the benchmark scripts: the same script run on an earlier commit's zarrfs,
-then on this tree's, back to back, and each figure's change.
+then on this tree's, back to back, and each figure's change. ``--alternate N`` runs the two
+N times each, taking turns (REV, this tree, REV, ...), and compares each figure's median over
+its runs: a machine whose speed drifts within minutes moves both sides alike, where one run
+of each puts the drift between them.
 
 REV's files are exported (``git archive``) to a scratch folder, its modules compiled, and this
 tree's ``scripts/`` (with the helper modules of ``tests/`` they import) copied over REV's, so
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,15 +39,25 @@ def query(mountpoint: str) -> dict:
 
 
 def without_against(argv: list[str]) -> list[str]:
-    """``argv`` less ``--against REV`` (or ``--against=REV``) and any ``--json``."""
+    """``argv`` less ``--against REV`` (or ``--against=REV``), ``--alternate N`` and any ``--json``."""
     out, skip = [], False
     for arg in argv:
         if skip:
             skip = False
-        elif arg in ("--against", "--json"):
+        elif arg in ("--against", "--json", "--alternate"):
             skip = True
-        elif not arg.startswith(("--against=", "--json=")):
+        elif not arg.startswith(("--against=", "--json=", "--alternate=")):
             out.append(arg)
+    return out
+
+
+def medians(runs: list[dict[str, tuple[float, str]]]) -> dict[str, tuple[float, str]]:
+    """Each figure's median over ``runs`` (a figure some run lacks: over those that have it)."""
+    names = list(dict.fromkeys(name for run in runs for name in run))
+    out = {}
+    for name in names:
+        values = [run[name] for run in runs if name in run]
+        out[name] = (statistics.median(v for v, _ in values), values[0][1])
     return out
 
 
@@ -74,21 +88,27 @@ def run_side(code: Path, script: str, argv: list[str], out: Path) -> dict:
     return json.loads(out.read_text())
 
 
-def compare(rev: str, script: str, argv: list[str], rows: Rows) -> int:
-    """Run ``script`` with ``argv`` on REV, then on this tree; print the figures ``rows`` picks
-    out of each run's JSON (name -> (value, "higher" or "lower" is better)) side by side."""
+def compare(rev: str, script: str, argv: list[str], rows: Rows, rounds: int = 1) -> int:
+    """Run ``script`` with ``argv`` on REV, then on this tree, ``rounds`` times taking turns;
+    print the figures ``rows`` picks out of each run's JSON (name -> (value, "higher" or
+    "lower" is better)) side by side, each the median of its side's runs."""
     argv = without_against(argv)
     scratch = Path(tempfile.mkdtemp(prefix="zarrfs-against-"))
+    olds, news = [], []
     try:
         commit = export(rev, scratch / "rev")
-        print(f"== {script} on {rev} ({commit}) ==", flush=True)
-        old = rows(run_side(scratch / "rev", script, argv, scratch / "rev.json"))
-        print(f"\n== {script} on this tree ({HERE}) ==", flush=True)
-        new = rows(run_side(HERE, script, argv, scratch / "new.json"))
+        for turn in range(1, rounds + 1):
+            of = f", round {turn} of {rounds}" if rounds > 1 else ""
+            print(f"== {script} on {rev} ({commit}){of} ==", flush=True)
+            olds.append(rows(run_side(scratch / "rev", script, argv, scratch / "rev.json")))
+            print(f"\n== {script} on this tree ({HERE}){of} ==", flush=True)
+            news.append(rows(run_side(HERE, script, argv, scratch / "new.json")))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    old, new = medians(olds), medians(news)
     width = max(map(len, new), default=10)
-    print(f"\n{rev} ({commit}) against this tree, back to back: 'better' says which way it moved")
+    how = f"taking turns, medians of {rounds} runs each" if rounds > 1 else "back to back"
+    print(f"\n{rev} ({commit}) against this tree, {how}: 'better' says which way it moved")
     print(f"| {'figure':<{width}} | {commit:>12} | {'this tree':>12} | {'change':>8} |")
     print(f"|{'-' * (width + 2)}|{'-' * 14}|{'-' * 14}|{'-' * 10}|")
     for name, (value, better) in new.items():

@@ -7,6 +7,7 @@ target. Native and mount runs are interleaved and repeated; each figure is the m
     python scripts/bench.py                      # all drivers, the full sizes
     python scripts/bench.py --drivers lmdb --array-mib 64 --repeats 1   # a quick look
     python scripts/bench.py --drivers lmdb --against cfc4921  # that commit's zarrfs, then this tree's
+    python scripts/bench.py --drivers lmdb --against cfc4921 --alternate 3 --repeats 1  # taking turns
 
 Targets (mount against native): zarr read >= 0.9x, zarr write >= 0.7x, >= 30,000 cold
 stat/s and >= 20,000 missing-name stat/s, warm ``stat`` and ``ls -l`` >= 0.8x, ``ls`` of
@@ -428,11 +429,15 @@ def main() -> int:
     parser.add_argument("--json", default=None, help="also write each driver's rows to this file")
     parser.add_argument("--against", default=None, metavar="REV",
                         help="run this script on REV's zarrfs first, then on this tree's, and compare")
+    parser.add_argument("--alternate", type=int, default=1, metavar="N",
+                        help="with --against: run each side N times, taking turns, and compare medians")
     args = parser.parse_args()
+    if args.alternate < 1:
+        parser.error("--alternate takes a number of runs, 1 or more")
     if args.against:
         from against import compare
 
-        return compare(args.against, Path(__file__).name, sys.argv[1:], mount_rows)
+        return compare(args.against, Path(__file__).name, sys.argv[1:], mount_rows, args.alternate)
     if args.workdir is not None and not os.path.isdir(args.workdir):
         where = os.path.abspath(args.workdir)
         parser.exit(2, f"bench.py: --workdir {where} is not a folder (create it first)\n")

@@ -18,6 +18,7 @@ system calls a request).
     python scripts/bench_ops.py                         # LMDB, 2,000 operations, 20,000 names
     python scripts/bench_ops.py --drivers lmdb,sqlite --ops 500 --entries 5000 --repeats 1
     python scripts/bench_ops.py --against HEAD~3        # that commit's zarrfs, then this one's
+    python scripts/bench_ops.py --against HEAD~3 --alternate 3 --repeats 1  # taking turns, 3 runs each
     python scripts/bench_ops.py --only "ls,stat"        # some of the operations
 """
 
@@ -315,11 +316,16 @@ def main() -> int:
     parser.add_argument("--no-handler-cpu", action="store_true", help="no ZARRFS_REQUEST_CPU clocks")
     parser.add_argument("--against", default=None, metavar="REV",
                         help="run on REV's zarrfs first, then on this tree's (scripts/against.py)")
+    parser.add_argument("--alternate", type=int, default=1, metavar="N",
+                        help="with --against: run each side N times, taking turns, and compare medians")
     args = parser.parse_args()
+    if args.alternate < 1:
+        parser.error("--alternate takes a number of runs, 1 or more")
     if args.against:
         from against import compare
 
-        return compare(args.against, Path(__file__).name, [*sys.argv[1:], "--no-handler-cpu"], ops_rows)
+        argv = [*sys.argv[1:], "--no-handler-cpu"]
+        return compare(args.against, Path(__file__).name, argv, ops_rows, args.alternate)
     results = run(args)
     report(results, args)
     if args.json:

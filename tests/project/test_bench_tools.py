@@ -25,6 +25,17 @@ def test_against_leaves_out_its_own_options():
     assert against.without_against(argv) == ["--drivers", "lmdb", "--repeats=1"]
 
 
+def test_against_leaves_out_alternate_and_compares_medians_of_the_turns():
+    argv = ["--alternate", "3", "--drivers", "lmdb", "--alternate=2", "--repeats", "1"]
+    assert against.without_against(argv) == ["--drivers", "lmdb", "--repeats", "1"]
+    runs = [
+        {"a": (5.0, "lower"), "b": (1.0, "higher")},
+        {"a": (9.0, "lower")},
+        {"a": (7.0, "lower"), "b": (3.0, "higher")},
+    ]
+    assert against.medians(runs) == {"a": (7.0, "lower"), "b": (2.0, "higher")}
+
+
 def test_against_exports_rev_with_this_trees_scripts(tmp_path):
     if not (CHECKOUT / ".git").exists():
         pytest.skip("not a git checkout")
