@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import lmdb
@@ -26,6 +27,7 @@ import lmdb
 from ..base import (
     DATA,
     SIDE,
+    SIZES,
     Driver,
     Fetch,
     HasPrefix,
@@ -113,6 +115,19 @@ class LMDBTxn(Txn):
         if space is not DATA or raw in self._changes:
             return None
         return self._driver.known.get(self._id, raw)
+
+    def _sizes_known(self, space: Space, fetch: Fetch) -> Callable[[bytes], int | None] | None:
+        """What gives a scan's sizes without their values (:meth:`_known` of each key), or
+        None where nothing can: a read transaction asks :class:`KnownSizes` of its commit
+        straight, without a call of this transaction a row, and nothing when they are of
+        another commit (a size read from the row is right anyway: known sizes spare reading
+        a large value's pages, they never answer otherwise)."""
+        if space is not DATA or fetch is not SIZES:
+            return None
+        if self.write:
+            return lambda raw: self._known(raw, DATA)
+        known = self._driver.known
+        return partial(known.get, self._id) if known.txnid == self._id else None
 
     def _txn(self, space: Space, create: bool = True) -> lmdb.Transaction | None:
         """The transaction of ``space``'s environment; for the side, None when the environment
@@ -274,7 +289,7 @@ class LMDBTxn(Txn):
                 writes = self._writes
                 rows: Iterator[tuple[bytes, Any]] = iter(())
                 if own is not None:
-                    rows = cursor_rows(own, lo, hi, fetch, self._known, space, self._driver)
+                    rows = cursor_rows(own, lo, hi, fetch, self._sizes_known(space, fetch), self._driver)
                 if long:
                     side = self._txn(SIDE, False)
                     assert side is not None

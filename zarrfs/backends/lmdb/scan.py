@@ -12,7 +12,7 @@ from typing import Any
 
 import lmdb
 
-from ..base import KEYS, SIZES, Fetch, Space
+from ..base import KEYS, SIZES, Fetch
 from . import pages
 
 COUNT_EVERY = 1024  # rows a scan passes between two counts (pages.scanned)
@@ -23,12 +23,11 @@ def cursor_rows(
     lo: bytes,
     hi: bytes,
     fetch: Fetch,
-    known: Callable[[bytes, Space], int | None],
-    space: Space,
+    known: Callable[[bytes], int | None] | None,
     driver: Any = None,
 ) -> Iterator[tuple[bytes, Any]]:
     """The keys of one environment in ``[lo, hi)``, with ``x`` as ``fetch`` asks (a size from
-    ``known`` where it knows it); the caller does not write while it pulls.
+    ``known`` where it knows it; None: nothing does); the caller does not write while it pulls.
 
     The pages a scan passes stay in the process's resident set like those a read copies: a
     small value lives in its key's leaf page, so listing a folder of a million 1 KB chunks
@@ -56,7 +55,7 @@ def cursor_rows(
                     if fetch is KEYS:
                         x = None
                     else:
-                        x = known(raw, space)
+                        x = None if known is None else known(raw)
                         if x is None:
                             x = len(cur.value())
                 rows += 1
