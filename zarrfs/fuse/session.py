@@ -87,7 +87,6 @@ class Session(Dispatcher):
         #: The open files: requests on an open handle are theirs alone (read, write, fsync...).
         self.files = ops.handles
         self.inodes = InodeTable(DIR)
-        self._nodes = self.inodes.nodes  # node ID -> Inode, read directly on the hot path
         self.pages = PageCache(attr_timeout)
         self.entry_valid = k.split_time(entry_timeout)
         self.attr_valid = k.split_time(attr_timeout)
@@ -150,7 +149,7 @@ class Session(Dispatcher):
         return figures
 
     def _child(self, nodeid: int, name: bytes) -> str:
-        # _key inlined: every LOOKUP passes here, and this spares it two calls.
+        # _key inlined: every LOOKUP passes here.
         parent = self.inodes.key(nodeid)
         if parent is None:
             raise FsError(errno.ENOENT, f"node {nodeid} is gone", quiet=True)
