@@ -22,7 +22,6 @@ import os
 import stat
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, StalledError, Txn, prefix_stop
@@ -384,7 +383,7 @@ def put_parts(
         t.put(key, parted.manifest(), DATA)
         if attrs is None:
             attrs = _new_file(time.time_ns())
-        t.put(attr_key(key), replace(attrs, parted=parted).pack(), SIDE)
+        t.put(attr_key(key), attrs.pack_parted(parted), SIDE)
         return old
 
     try:

@@ -60,8 +60,13 @@ class Attrs:
 
     def pack(self) -> bytes:
         """Encode for the side space."""
+        return self.pack_parted(self.parted)
+
+    def pack_parted(self, parted: Parted | None) -> bytes:
+        """:meth:`pack` with ``parted`` for the manifest (a commit's own): no copy of the
+        attributes made to be packed once."""
         raw = _ATTR_RECORD.pack(self.mode, self.uid, self.gid, self.atime, self.mtime, self.ctime)
-        return raw if self.parted is None else raw + self.parted.manifest()
+        return raw if parted is None else raw + parted.manifest()
 
     @classmethod
     def unpack(cls, raw: bytes) -> Attrs | None:

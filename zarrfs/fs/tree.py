@@ -19,7 +19,6 @@ from __future__ import annotations
 import errno
 import stat
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, Driver, HasPrefix, Txn
@@ -593,7 +592,7 @@ class _FileWrite:
         # Remote: what the format layer will read comes in the probe's round trip.
         self.also = tree.hooks.reads(key) if self.probing and tree.driver.remote else ()
         self.hint = attrs.parted if attrs is not None else None  # the version this one replaces
-        self.record = None if attrs is None else replace(attrs, parted=self.parted).pack()
+        self.record = None if attrs is None else attrs.pack_parted(self.parted)
 
     def write(self, t: Txn, folder: Any, found: Any) -> None:
         """The writes of this file, given the probes of its folder and of its name."""
