@@ -44,8 +44,12 @@ if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -m pip install -q -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -m pip install -q -e ".[test,compiled]" 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import zarrfs, lmdb, redis, zarr" >/dev/null
+# The request road compiled with Cython and the machine's C compiler, when both are there (and
+# the sources changed since the last build); without them zarrfs runs as pure Python
+# (zarrfs/compiled.py, docs/performance.md "The request road compiled").
+.venv/bin/python scripts/build_compiled.py
 # zarrfs is installed editable, so pip compiled none of its modules; where Python writes no
 # bytecode of its own (PYTHONDONTWRITEBYTECODE, a read-only checkout) every daemon and CLI
 # call compiled all of them again: 0.35 s more for each mount.

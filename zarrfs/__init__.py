@@ -2,6 +2,10 @@
 
 __version__ = "0.1.0"
 
+from zarrfs import compiled as _compiled
+
+_compiled.install(__name__)
+
 
 def copy(source, dest, **options):
     """Copy a hierarchy between folders, database URLs and zarr-python 3 stores, key for key

@@ -37,6 +37,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "usage": ("backends", "fs", "fuse", "format", "daemon", "cli", "tools", "store", "urlfs"),
     # The polling window the request loop and the Redis link share (neither may import the other).
     "spin": ("backends", "fs", "fuse", "format", "daemon", "cli", "tools", "store", "urlfs"),
+    # Which modules run compiled: imported by the package itself, before any of them.
+    "compiled": ("backends", "fs", "fuse", "format", "daemon", "cli", "tools", "store", "urlfs"),
 }
 # What of the filesystem a layer may import, when it may import only part of it.
 FS_PUBLIC: dict[str, tuple[str, ...]] = {

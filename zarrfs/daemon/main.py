@@ -22,6 +22,7 @@ import signal
 import threading
 from typing import Any
 
+from zarrfs import compiled
 from zarrfs.backends.base import Driver
 from zarrfs.backends.urls import shown_url
 from zarrfs.daemon import deadmount, logs
@@ -204,6 +205,7 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
                 on_ready()
 
         log.info("mounting %s at %s (%s)", shown, mountpoint, "read-only" if opts.readonly else "read-write")
+        log.info("request road: %s", compiled.summary())
         channel = Channel(mountpoint, mount_options(shown, opts))
     except BaseException:
         driver.close()
