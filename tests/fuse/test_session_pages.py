@@ -385,3 +385,53 @@ def test_an_open_after_the_newer_versions_closed_still_leaves_the_page_cache_to_
     kernel.release(f, old)
     kernel.release(f, fhs[1])
     assert kernel.getattr(f) == 45
+
+
+def test_a_change_from_before_a_lock_is_granted_drops_nothing_the_kernel_was_shown_since(tmp_path, make_wire):
+    """Another mount commits a line; this mount's lock on the file is granted (its attributes
+    dropped before the reply) and a getattr shows the new size; then the change feed tells of
+    that change, made before the grant. The kernel holds its version: nothing is dropped. A
+    drop there reaches the kernel while it may still be taking in the getattr's answer, which
+    it then ignores, keeping the old size: the lock holder's lseek(SEEK_END) wrote its line
+    over the other mount's (tests/sharing/test_shared_writes.py's appends, Redis). A change
+    made after the grant is dropped as ever (the open file shows the version its lock read
+    until its next lock, as NFS's locks do)."""
+    from zarrfs.backends import open_driver
+    from zarrfs.fs.api import ChangeWatcher, Operations
+    from zarrfs.fs.handles import HandleTable
+    from zarrfs.fs.locks import LockTable
+    from zarrfs.fs.tree import Tree
+    from zarrfs.fuse.coherence import Coherence
+
+    url = f"sqlite://{tmp_path}/shared.sqlite"
+    drivers = [open_driver(url), open_driver(url)]
+    try:
+        here, there = (Tree(d, uid=UID, gid=GID) for d in drivers)
+        wire = make_wire(Operations(here, HandleTable(here), LockTable(drivers[0])), attr_timeout=3600)
+        coherence = wire.session.coherence = Coherence(wire.session, ChangeWatcher(here))
+        flags2 = k.DIRECT_IO_ALLOW_MMAP >> 32
+        assert wire.init(minor=39, flags=k.MAX_PAGES | k.LOCKS, flags2=flags2).error == 0
+        kernel = KernelSizes(wire)
+        there.store([("log", b"", None, REWRITE)])
+        coherence.poll()
+        f = kernel.lookup("log")
+        fh = k.OPEN_REPLY.unpack(kernel.ask(k.OPEN, f, k.OPEN_IN.pack(os.O_RDWR, 0)).raw)[3]
+        assert kernel.getattr(f) == 0
+
+        there.store([("log", b"p1-00000\n", None, REWRITE)])  # another mount's line
+        unique = wire.send(k.SETLK, f, k.LK_IN.pack(fh, 7, 0, 2**63 - 1, k.F_WRLCK, os.getpid(), 0, 0))
+        granted = [m for m in wire.messages(wait=5.0, count=3) if m.unique == unique]
+        assert granted and granted[0].error == 0
+        assert kernel.getattr(f) == 9  # the lock brought the file up to date
+        dropped = len(kernel.dropped)
+        coherence.poll()
+        assert kernel.getattr(f) == 9
+        assert f not in kernel.dropped[dropped:]
+
+        there.store([("log", b"p1-00000\np1-00001\n", None, REWRITE)])  # after the grant
+        coherence.poll()
+        kernel.getattr(f)  # the messages written before its reply are read with it
+        assert f in kernel.dropped[dropped:]
+    finally:
+        for d in drivers:
+            d.close()

@@ -10,7 +10,7 @@ import select
 import stat
 from typing import Any, Protocol
 
-from zarrfs.fs.api import ChangeWatcher, Operations, folders_of
+from zarrfs.fs.api import ChangeWatcher, Operations, folders_of, version_mark
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.handshake import Agreed
 from zarrfs.fuse.inodes import InodeTable
@@ -155,8 +155,14 @@ class Coherence:
                     # Its attributes, at once (the next open decides on its pages: it keeps
                     # none now). None when the kernel holds none since the last drop (a lock
                     # granted, a drop of this feed's): a second drop could make it ignore what
-                    # a getattr sent meanwhile answers.
-                    if inode.given:
+                    # a getattr sent meanwhile answers. Nor when a lock granted since brought
+                    # the file up to date and the kernel was shown its stored version: the
+                    # change is one made before the grant (the holder's lock keeps others'
+                    # writes out), and a drop reaching the kernel while it takes in a
+                    # getattr's answer makes it keep the old size, which the lock holder's
+                    # next lseek(SEEK_END) then writes at, over another mount's data.
+                    granted = inodes.granted_since(nodeid)
+                    if inode.given and not (granted and key and self._shown(key, inode.given)):
                         notes.append(inval_attrs(nodeid))
                         inode.given = 0
                     inode.heard = True
@@ -202,6 +208,14 @@ class Coherence:
             if entry or renew:
                 notes += self._entry_of(key, 0 if entry else k.EXPIRE_ONLY)
         return notes
+
+    def _shown(self, key: str, given: int) -> bool:
+        """Whether ``given`` (the version mark of what the kernel was last shown of the file
+        at ``key``) is the file's version now."""
+        node = self.session.ops.find(key)
+        if node is None or node.kind != stat.S_IFREG:
+            return False
+        return version_mark(node.size, node.attrs.mtime) == given
 
     def _entry_of(self, key: str, flags: int = 0) -> list[bytes]:
         """The notification dropping the kernel's entry of ``key`` (none when the kernel holds

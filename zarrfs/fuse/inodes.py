@@ -173,6 +173,7 @@ class InodeTable:
         self._count = 1
         self._pages: dict[int, Pages] = {}  # node ID -> page cache state, for files that have one
         self._heard: set[int] = set()  # node IDs of files changed elsewhere since their last open
+        self._granted: set[int] = set()  # node IDs of files a lock was granted on (lock_granted)
         self._group: dict[int, str] = {}  # node ID -> its link group
         self._aliases: dict[int, set[str]] = {}  # node ID -> its other names
         self.groups: dict[str, int] = {}  # link group id -> node ID
@@ -313,6 +314,20 @@ class InodeTable:
             self._given[slot] = mark
         return nodeid
 
+    def lock_granted(self, nodeid: int) -> None:
+        """A lock on the file was granted: its attributes were dropped and the file is read
+        from the newest stored version on, so a change the change feed tells of next may be
+        one the kernel was shown since (:meth:`granted_since`)."""
+        self._granted.add(nodeid)
+
+    def granted_since(self, nodeid: int) -> bool:
+        """Whether a lock on the file was granted since the change feed last told of it (the
+        mark is taken: asked once a change)."""
+        if nodeid in self._granted:
+            self._granted.discard(nodeid)
+            return True
+        return False
+
     def paged(self, nodeid: int) -> bool:
         """Whether the node has page state (:class:`Pages` beyond ``given``)."""
         return nodeid in self._pages
@@ -420,6 +435,7 @@ class InodeTable:
         self._pages.pop(nodeid, None)
         self._given[slot] = 0
         self._heard.discard(nodeid)
+        self._granted.discard(nodeid)
         self._no_xattrs.discard(nodeid)
         self.idle[nodeid] = None
         while len(self.idle) > IDLE_NODES:
@@ -439,6 +455,7 @@ class InodeTable:
             del self.groups[group]
         self._pages.pop(nodeid, None)
         self._heard.discard(nodeid)
+        self._granted.discard(nodeid)
         self._no_xattrs.discard(nodeid)
         self._keys[slot], self._kinds[slot], self._lookups[slot] = None, 0, 0
         self._given[slot] = 0

@@ -110,6 +110,7 @@ class LockRequests:
             if inode is not None:
                 self.pages.dropped(inode)
             self.inodes.xattrs_changed(nodeid)
+            self.inodes.lock_granted(nodeid)
             if self.inval_ok:
                 # Its size at once (an open answered meanwhile must not meet the old one), its
                 # pages before the reply.
