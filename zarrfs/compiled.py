@@ -6,8 +6,8 @@ A built module is an extension file beside its source (``session.cpython-311-...
 source beside it: the build records each source's SHA-256 in ``compiled.json``, and a module
 whose source changed since (or every module, with ``ZARRFS_PURE=1`` in the environment) is
 imported from its source. Without a build (no compiler, a wheel, a checkout never set up)
-zarrfs is pure Python, as it is whole: the modules are compiled as they are written, with no
-typing of their own (docs/performance.md, "The request road compiled")."""
+every module runs from its source. The modules are compiled as they are written, with no C
+types of their own (docs/performance.md, "The request road compiled")."""
 
 from __future__ import annotations
 
