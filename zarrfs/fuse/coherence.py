@@ -161,8 +161,11 @@ class Coherence:
                     # writes out), and a drop reaching the kernel while it takes in a
                     # getattr's answer makes it keep the old size, which the lock holder's
                     # next lseek(SEEK_END) then writes at, over another mount's data.
-                    granted = inodes.granted_since(nodeid)
-                    if inode.given and not (granted and key and self._shown(key, inode.given)):
+                    # (The grant's mark is taken only when there is something to decide: a
+                    # change heard in two looks, the getattr between them, is one change.)
+                    if inode.given and not (
+                        inodes.granted_since(nodeid) and key and self._shown(key, inode.given)
+                    ):
                         notes.append(inval_attrs(nodeid))
                         inode.given = 0
                     inode.heard = True
