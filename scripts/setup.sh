@@ -31,6 +31,8 @@ command -v tar >/dev/null || need+=(tar)
 command -v gdal_translate >/dev/null || need+=(gdal-bin)
 command -v ncdump >/dev/null || need+=(netcdf-bin)
 command -v setfacl >/dev/null || need+=(acl)
+# A C compiler for scripts/build_compiled.py (the request road compiled; without one zarrfs runs as pure Python).
+command -v cc >/dev/null || need+=(gcc)
 # The completion installed below is loaded by bash-completion: without it a new shell completes nothing.
 [ -f /usr/share/bash-completion/bash_completion ] || need+=(bash-completion)
 if [ ${#need[@]} -gt 0 ]; then

@@ -420,7 +420,7 @@ def test_a_change_from_before_a_lock_is_granted_drops_nothing_the_kernel_was_sho
 
         there.store([("log", b"p1-00000\n", None, REWRITE)])  # another mount's line
         unique = wire.send(k.SETLK, f, k.LK_IN.pack(fh, 7, 0, 2**63 - 1, k.F_WRLCK, os.getpid(), 0, 0))
-        granted = [m for m in wire.messages(wait=5.0, count=3) if m.unique == unique]
+        granted = [m for m in wire.messages(wait=60.0, count=3) if m.unique == unique]
         assert granted and granted[0].error == 0
         assert kernel.getattr(f) == 9  # the lock brought the file up to date
         dropped = len(kernel.dropped)
