@@ -17,6 +17,7 @@ with :meth:`Driver._begin`; :meth:`Driver.transact` is the one retry loop.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import time
@@ -228,6 +229,8 @@ class Txn(ABC):
                 return iter(())
         if hi is not None and hi <= lo:
             return iter(())
+        if limit is not None and not self.write:  # nothing writes between pulls: read it at once
+            return iter(self._decoded_rows(lo, hi, sp, mode, limit))
         return self._decoded(self._scan(lo, hi, sp, mode, limit), limit)
 
     def scan_ahead(
@@ -292,6 +295,23 @@ class Txn(ABC):
         # A long batch (a deep path's) goes in pieces.
         return [a for i in range(0, len(plan), step) for a in self._read_many(plan[i : i + step])]
 
+    def _decoded_rows(self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int) -> list:
+        """A read transaction's :meth:`scan` with a limit (every listing's, store's and
+        probe's), as one list: the driver's rows (:meth:`_scan_rows`) decoded in one
+        comprehension, with no generator between the cursor and the caller. A key that is not
+        UTF-8 is skipped, and as many rows after the batch are read in its place."""
+        out: list[tuple[str, Any]] = []
+        while True:
+            want = limit - len(out)
+            rows = self._scan_rows(lo, hi, space, fetch, want)
+            try:
+                out += [(raw.decode("utf-8"), x) for raw, x in rows]
+            except UnicodeDecodeError:
+                out += self._decoded(iter(rows), None)
+            if len(rows) < want or len(out) >= limit:
+                return out
+            lo = bytes(rows[-1][0]) + b"\0"
+
     def _decoded(self, rows: Iterator[tuple[bytes, Any]], limit: int | None) -> Iterator[tuple[str, Any]]:
         count = 0
         try:
@@ -334,6 +354,17 @@ class Txn(ABC):
         pulls."""
 
     # -- optional fast paths -----------------------------------------------------------------------
+    def _scan_rows(self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int) -> list:
+        """Up to ``limit`` rows of :meth:`_scan` as a list, in a read transaction (nothing
+        writes meanwhile): a driver whose cursor steps in C reads them in one loop."""
+        rows = self._scan(lo, hi, space, fetch, limit)
+        try:
+            return list(itertools.islice(rows, limit))
+        finally:
+            close = getattr(rows, "close", None)
+            if close is not None:
+                close()
+
     def _scan_ahead(  # noqa: B027 - a hint, nothing by default
         self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int | None
     ) -> None:

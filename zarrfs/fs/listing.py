@@ -614,16 +614,17 @@ class Listings:
         if self.driver.remote or len(part) < RANGED_FROM:
             return None
         names = [prefix + name for name, _ in part]
-        wanted, first, last = set(names), min(names), max(names)
+        first, last = min(names), max(names)
         most = 2 * len(part)
         found = _Ranges()
         for mark in (ATTR, POINTER, XATTR):
-            rows = list(t.scan(mark + first, mark + last + "\0", space=SIDE, fetch=VALUES, limit=most + 1))
-            if len(rows) > most:
-                return None
+            rows = t.scan(mark + first, mark + last + "\0", space=SIDE, fetch=VALUES, limit=most + 1)
             cut = len(mark)
-            pairs = ((key[cut:], value) for key, value in rows)
-            records = {child: value for child, value in pairs if child in wanted}
+            # Records of the range not of the part's names (a subfolder's descendants, between
+            # two names in key order) are kept too: nothing asks for them.
+            records = {key[cut:]: value for key, value in rows}
+            if len(records) > most:
+                return None
             found.records[mark], found.upto[mark] = records, None
         return found
 

@@ -56,7 +56,7 @@ from .environments import (
 from .feed import Own
 from .holder import Holder
 from .maps import Maps, gate
-from .scan import cursor_rows, merged
+from .scan import cursor_page, cursor_rows, merged
 from .snapshot import hold as hold_snapshot
 
 #: Seconds a read waits for the data commit of side records it found ahead of its data once
@@ -272,6 +272,25 @@ class LMDBTxn(Txn):
             known = seen[space] = self._driver.long_keys.any_in(self._txn(SIDE, False), space, self.write)
         return known
 
+    def _scan_rows(self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int) -> list:
+        """A read transaction's scan of at most ``limit`` rows, read by one loop over the
+        environment's cursor (:func:`scan.cursor_page`); with long keys in the space, merged
+        with theirs by :meth:`_scan`."""
+        if hi is None or hi > longkeys.MARK:
+            hi = longkeys.MARK
+        try:
+            if self._any_long(space):
+                return super()._scan_rows(lo, hi, space, fetch, limit)
+            own = self._txn(space, False)
+            if own is None:
+                return []
+            rows = cursor_page(own, lo, hi, fetch, self._sizes_known(space, fetch), limit)
+        except lmdb.Error as exc:
+            raise translate(exc, self.where) from exc
+        if rows:
+            pages.scanned(self._driver, len(rows))
+        return rows
+
     def _scan(
         self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int | None
     ) -> Iterator[tuple[bytes, Any]]:
@@ -319,7 +338,7 @@ class LMDBTxn(Txn):
             txn = self._txn(space, False)
             if txn is not None and len(raw) <= self._fit:
                 with txn.cursor() as cur:
-                    first = bytes(cur.key()) if cur.set_range(raw) else None
+                    first = cur.key().tobytes() if cur.set_range(raw) else None
                 if first is not None and first.startswith(raw):
                     try:
                         first.decode("utf-8")
@@ -362,7 +381,7 @@ class LMDBTxn(Txn):
                     append(None if value is None else len(value))
                 else:
                     value = txn.get(raw)
-                    append(None if value is None else bytes(value))
+                    append(None if value is None else value.tobytes())
         except lmdb.Error as exc:
             raise translate(exc, self.where) from exc
         return out

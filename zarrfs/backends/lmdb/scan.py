@@ -15,7 +15,59 @@ import lmdb
 from ..base import KEYS, SIZES, Fetch
 from . import pages
 
-COUNT_EVERY = 1024  # rows a scan passes between two counts (pages.scanned)
+#: Rows a streaming scan reads at a time (:func:`cursor_rows`): one cursor, then a seek again.
+PAGE = 256
+
+
+def cursor_page(
+    txn: lmdb.Transaction,
+    lo: bytes,
+    hi: bytes,
+    fetch: Fetch,
+    known: Callable[[bytes], int | None] | None,
+    limit: int,
+) -> list[tuple[bytes, Any]]:
+    """Up to ``limit`` keys of one environment in ``[lo, hi)`` with ``x`` as ``fetch`` asks (a
+    size from ``known`` where it knows it; None: nothing does), in one loop over the cursor's
+    own iterator, which steps in C. The transaction's rows are buffers (memoryviews of the
+    map): ``tobytes`` copies one in half the time ``bytes()`` takes, and a size is the length
+    of the value's buffer, read by the same step (no call of ``Cursor.value`` a row).
+
+    A scan of keys never reads a value, nor does a size: a large value lives on pages of its
+    own, which would then be read from disk; its buffer is its place in the map."""
+    out: list[tuple[bytes, Any]] = []
+    if limit <= 0:
+        return out
+    append = out.append
+    with txn.cursor() as cur:
+        if not (cur.set_range(lo) if lo else cur.first()):
+            return out
+        if fetch is KEYS:
+            for row in cur.iternext(keys=True, values=False):
+                raw = row.tobytes()
+                if raw >= hi:
+                    break
+                append((raw, None))
+                if len(out) == limit:
+                    break
+        elif fetch is SIZES:
+            for row, value in cur.iternext(keys=True, values=True):
+                raw = row.tobytes()
+                if raw >= hi:
+                    break
+                x = None if known is None else known(raw)
+                append((raw, len(value) if x is None else x))
+                if len(out) == limit:
+                    break
+        else:  # the value past ``hi`` is fetched too: one row a scan
+            for row, value in cur.iternext(keys=True, values=True):
+                raw = row.tobytes()
+                if raw >= hi:
+                    break
+                append((raw, value.tobytes()))
+                if len(out) == limit:
+                    break
+    return out
 
 
 def cursor_rows(
@@ -26,46 +78,21 @@ def cursor_rows(
     known: Callable[[bytes], int | None] | None,
     driver: Any = None,
 ) -> Iterator[tuple[bytes, Any]]:
-    """The keys of one environment in ``[lo, hi)``, with ``x`` as ``fetch`` asks (a size from
-    ``known`` where it knows it; None: nothing does); the caller does not write while it pulls.
+    """The keys of one environment in ``[lo, hi)``, streamed a :data:`PAGE` of rows at a time
+    (:func:`cursor_page`); the caller does not write while it pulls.
 
     The pages a scan passes stay in the process's resident set like those a read copies: a
     small value lives in its key's leaf page, so listing a folder of a million 1 KB chunks
     maps a GiB. The rows passed are counted for ``driver``'s :func:`pages.scanned`, which
-    releases the maps' pages when they hold too much. A scan of keys never touches a value: a large one lives
-    on pages of its own, which would then be read from disk."""
-    rows = 0
-    try:
-        with txn.cursor() as cur:
-            if not (cur.set_range(lo) if lo else cur.first()):
-                return
-            # The cursor's own iterator steps in C; it stays on the row it gave until the next
-            # step, so a size nothing knew is read from that row's value.
-            values = fetch is not KEYS and fetch is not SIZES
-            for row in cur.iternext(keys=True, values=values):
-                if values:  # the value past ``hi`` is fetched too: one row a scan
-                    raw = bytes(row[0])
-                    if raw >= hi:
-                        return
-                    x = bytes(row[1])
-                else:
-                    raw = bytes(row)
-                    if raw >= hi:
-                        return
-                    if fetch is KEYS:
-                        x = None
-                    else:
-                        x = None if known is None else known(raw)
-                        if x is None:
-                            x = len(cur.value())
-                rows += 1
-                if rows == COUNT_EVERY and driver is not None:
-                    pages.scanned(driver, rows)
-                    rows = 0
-                yield raw, x
-    finally:
+    releases the maps' pages when they hold too much."""
+    while True:
+        rows = cursor_page(txn, lo, hi, fetch, known, PAGE)
         if rows and driver is not None:
-            pages.scanned(driver, rows)
+            pages.scanned(driver, len(rows))
+        yield from rows
+        if len(rows) < PAGE:
+            return
+        lo = rows[-1][0] + b"\0"
 
 
 def merged(a: Iterator[tuple[bytes, Any]], b: Iterator[tuple[bytes, Any]]) -> Iterator[tuple[bytes, Any]]:
