@@ -199,13 +199,13 @@ def test_a_listed_name_is_no_longer_a_remembered_missing_one(make_wire):
     assert "d/late" not in wire.session.coherence.negatives
 
 
-def test_an_entry_by_the_one_call_road_is_the_per_name_roads(make_ops, make_wire):
-    """Every LOOKUP, CREATE, MKDIR... and each READDIRPLUS name gets its ``fuse_entry_out``
-    from ``Session._entry``: a plain file or folder numbered and packed in one call, the rest
-    by ``_entry_values``. For names of every kind, fresh to the node table and already in it,
-    with a mount that follows a change feed (extended attributes read as none are marked),
-    both give the same node ID, the same bytes, the same version given to the kernel, the
-    same lookup count and the same no-xattrs mark."""
+_EVERY_KIND = ["small", "empty", "sub", "parted", "linked1", "linked2", "sym", "behind"]
+
+
+def _every_kind(make_ops, make_wire):
+    """A mount following a change feed with a folder ``d`` of names of every kind (plain file,
+    empty file, folder, file in parts, two names of a linked file, symlink, a key written
+    behind the mount), forgotten by the kernel; and their nodes as a listing reads them."""
     from zarrfs.fs.api import ChangeWatcher
     from zarrfs.fuse import coherence
 
@@ -223,13 +223,23 @@ def test_an_entry_by_the_one_call_road_is_the_per_name_roads(make_ops, make_wire
     wire.ok(k.LINK, d.nodeid, k.LINK_IN.pack(one.nodeid) + z("linked2"))
     wire.ok(k.SYMLINK, d.nodeid, z("sym") + z("small"))
     ops.tree.driver.transact(lambda t: t.put("d/behind", b"b" * 33))
-    names = ["small", "empty", "sub", "parted", "linked1", "linked2", "sym", "behind"]
-    _forget_all(wire, [f"d/{n}" for n in names])
-    inodes = wire.inodes
+    _forget_all(wire, [f"d/{n}" for n in _EVERY_KIND])
     fh = ops.opendir("d")
     listed = {key: node for _, _, _, key, node in ops.readdirplus(fh, 2, 100) if node is not None}
-    assert sorted(listed) == sorted(f"d/{n}" for n in names)
+    assert sorted(listed) == sorted(f"d/{n}" for n in _EVERY_KIND)
     assert listed["d/small"].no_xattrs and listed["d/sub"].no_xattrs  # read with their xattr records
+    return ops, wire, listed
+
+
+def test_an_entry_by_the_one_call_road_is_the_per_name_roads(make_ops, make_wire):
+    """Every LOOKUP, CREATE, MKDIR... and each READDIRPLUS name gets its ``fuse_entry_out``
+    from ``Session._entry``: a plain file or folder numbered and packed in one call, the rest
+    by ``_entry_values``. For names of every kind, fresh to the node table and already in it,
+    with a mount that follows a change feed (extended attributes read as none are marked),
+    both give the same node ID, the same bytes, the same version given to the kernel, the
+    same lookup count and the same no-xattrs mark."""
+    ops, wire, listed = _every_kind(make_ops, make_wire)
+    session, inodes, names = wire.session, wire.inodes, _EVERY_KIND
     for first_plain in (True, False):
         for name in names:
             key = f"d/{name}"
@@ -248,3 +258,42 @@ def test_an_entry_by_the_one_call_road_is_the_per_name_roads(make_ops, make_wire
             assert got[0] == got[1], (name, first_plain)
             assert got[0][3] == node.no_xattrs, name
         _forget_all(wire, [f"d/{n}" for n in names])
+
+
+def test_a_reply_of_names_numbered_at_once_gives_each_what_the_one_call_road_gives(make_ops, make_wire):
+    """A READDIRPLUS reply's names are numbered and packed at once (``Session._entries``; names
+    all new to a table without free slots appended to its columns in one call, the others
+    name by name, those not plain by ``_entry_values`` in their places). For names of every
+    kind, new to a fresh node table, then forgotten, then half and all of them known, each
+    gets the node ID its key has in the table, one more lookup, its no-xattrs mark, and the
+    entry and version mark ``_entry`` gives the same name right after."""
+    ops, first, listed = _every_kind(make_ops, make_wire)
+    keys = [f"d/{n}" for n in _EVERY_KIND]
+    nodes = [listed[key] for key in keys]
+    fresh = make_wire(ops)  # a table that has no node of them yet, and no free slot
+    from zarrfs.fuse.coherence import Coherence
+
+    fresh.session.coherence = Coherence(fresh.session, first.session.coherence.watcher)
+    for wire in (fresh, first):
+        session, inodes = wire.session, wire.inodes
+        for known in ([], keys[::2], keys):
+            _forget_all(wire, keys)
+            before = {key: session._entry(key, listed[key])[0] for key in known}
+            counts = {}  # lookups of each node before, by node ID
+            for key in keys:
+                if key in inodes.ids and inodes.get(inodes.ids[key]):
+                    counts[inodes.ids[key]] = inodes.get(inodes.ids[key]).lookups
+            ids, packed = session._entries(keys, nodes)
+            assert len(ids) == len(packed) == len(keys)
+            assert len(set(ids)) == len(keys) - 1  # the two names of the linked file: one node
+            for key, node, nodeid in zip(keys, nodes, ids, strict=True):
+                assert inodes.ids[key] == nodeid, key
+                assert nodeid == before.get(key, nodeid), key
+                assert inodes.get(nodeid).lookups == counts.get(nodeid, 0) + list(ids).count(nodeid), key
+                assert inodes.bare_of_xattrs(nodeid) == node.no_xattrs, key
+            for key, node, nodeid, raw in zip(keys, nodes, ids, packed, strict=True):
+                inode = inodes.get(nodeid)
+                given = inode.given
+                assert session._entry(key, node) == (nodeid, raw), key
+                assert inode.given == given, key
+        _forget_all(wire, keys)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import stat
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from zarrfs.fs.api import Pages
 from zarrfs.fuse.abi import ROOT_ID
@@ -288,6 +288,32 @@ class InodeTable:
             self._no_xattrs.add(nodeid)
         return nodeid, Inode(self, nodeid)
 
+    def remember_plains(
+        self, keys: Sequence[str], kinds: Sequence[int], marks: Sequence[int], bare: Sequence[bool] | None
+    ) -> Sequence[int]:
+        """:meth:`remember_plain` of many names (a READDIRPLUS reply's) in one call: their node
+        IDs; ``bare`` None: none is. Names all new to a table with no free slot (a folder's
+        first listing) are appended to its columns at once."""
+        ids = self.ids
+        if not self._free and ids.keys().isdisjoint(keys):
+            slot = len(self._kinds)
+            n = len(keys)
+            numbered = range(slot, slot + n)  # generation 0: the node ID is the slot
+            self._keys.extend(keys)
+            self._kinds.extend(kinds)
+            self._lookups.extend([1] * n)
+            self._gens.frombytes(bytes(self._gens.itemsize * n))
+            self._given.extend(marks)
+            ids.update(zip(keys, numbered, strict=True))
+            self._count += n
+            if bare is not None:
+                self._no_xattrs.update(nodeid for nodeid, no in zip(numbered, bare, strict=True) if no)
+            return numbered
+        one = self.remember_plain
+        if bare is None:
+            bare = [False] * len(keys)
+        return [one(*name) for name in zip(keys, kinds, marks, bare, strict=True)]
+
     def remember_plain(self, key: str, kind: int, mark: int, bare: bool) -> int:
         """:meth:`remember` of a name with no link group, in one call (a lookup's common case,
         each of a listing's names): its node ID, counted as one more lookup; ``bare``: read
@@ -327,6 +353,11 @@ class InodeTable:
             self._granted.discard(nodeid)
             return True
         return False
+
+    def paged_among(self, ids: Sequence[int]) -> list[int]:
+        """The places in ``ids`` of nodes with page state (most listings: none)."""
+        pages = self._pages
+        return [i for i, nodeid in enumerate(ids) if nodeid in pages] if pages else []
 
     def paged(self, nodeid: int) -> bool:
         """Whether the node has page state (:class:`Pages` beyond ``given``)."""
