@@ -1463,3 +1463,27 @@ class TestRedisCluster(_Conformance):
         assert redis_server.client(0).get(f"{d.prefix}:k") == b"v"
         assert registry.driver_class("valkeys").__name__ == "RedisDriver"
         assert registry.driver_class("valkey+cluster").__name__ == "RedisClusterDriver"
+
+
+def test_a_limited_scan_skips_a_key_not_utf8_and_reads_as_many_in_its_place(tmp_path):
+    """A read transaction's scan with a limit is read as one list (``Txn._decoded_rows``): a
+    key that is not UTF-8 (written by another program) is skipped and as many rows after the
+    batch read in its place, so a listing never takes a short batch for the folder's end."""
+    import lmdb
+
+    path = tmp_path / "foreign.lmdb"
+    env = lmdb.open(str(path), map_size=1 << 24)
+    with env.begin(write=True) as t:
+        for i in range(10):
+            t.put(f"d/a{i}".encode(), b"x" * i)
+        t.put(b"d/a4\xff", b"not a key")
+    env.close()
+    driver = open_driver(f"lmdb://{path}")
+    try:
+        for limit in (1, 5, 6, 10):
+            got = driver.transact(lambda t, n=limit: list(t.scan("d/", "d0", fetch=SIZES, limit=n)), False)
+            assert got == [(f"d/a{i}", i) for i in range(limit)], limit
+        values = driver.transact(lambda t: list(t.scan("d/a3", "d0", fetch=VALUES, limit=3)), write=False)
+        assert values == [("d/a3", b"xxx"), ("d/a4", b"x" * 4), ("d/a5", b"x" * 5)]
+    finally:
+        driver.close()
