@@ -54,8 +54,9 @@ _AFTER_SLASH = chr(ord("/") + 1)
 # Characters that sort before '/': a name followed by one of them sorts before the name's folder.
 _BEFORE_SLASH = re.compile("[\x00-\x2e]")
 
-# A stream of one source: (name, kind), in name order.
-Names = Iterator[tuple[str, int]]
+# A stream of one source: (name, kind, name), in name order (the name twice: a listing's entry
+# is (name, kind, resume token), and the token is the name; _merged passes entries on as made).
+Names = Iterator[tuple[str, int, str]]
 
 
 def _common_length(a: str, b: str) -> int:
@@ -236,16 +237,16 @@ def _flat(scope: _Batch, batch: list, rests: list[str], last: str, fetch: str, s
         if rest <= last:  # an empty name ("a//b"): nothing a folder can list
             continue
         while j < len(unkeyed) and unkeyed[j] < rest:
-            yield unkeyed[j], DIR
+            yield unkeyed[j], DIR, unkeyed[j]
             j += 1
         if rest in folders:
             hidden(k)
-            yield rest, DIR
+            yield rest, DIR, rest
             continue
         if sizes is not None:
             sizes[rest] = v if fetch == SIZES else scope.t.size(k)
-        yield rest, FILE
-    yield from ((name, DIR) for name in unkeyed[j:])
+        yield rest, FILE, rest
+    yield from ((name, DIR, name) for name in unkeyed[j:])
 
 
 def _mixed(scope: _Batch, batch: list, rests: list[str], last: str, fetch: str, sizes, hidden) -> Names:
@@ -283,19 +284,19 @@ def _named(scope: _Batch, prefix: str, k: str, v: Any, name: str, below: bool, f
     below the child), after those of ``folders`` (prefixes of ``name``) that are folders."""
     for folder in folders:
         if scope.below(prefix + folder + "/"):
-            yield folder, DIR
+            yield folder, DIR, folder
     if below:
-        yield name, DIR
+        yield name, DIR, name
     elif scope.space == SIDE:
         mark = v[:1]
-        yield name, LINK if mark == LINK_MARK else read_special(v)[0] if mark == SPECIAL_MARK else DIR
+        yield name, LINK if mark == LINK_MARK else read_special(v)[0] if mark == SPECIAL_MARK else DIR, name
     elif scope.below(k + "/"):
         hidden(k)
-        yield name, DIR
+        yield name, DIR, name
     else:
         if sizes is not None:
             sizes[name] = v if fetch == SIZES else scope.t.size(k)
-        yield name, FILE
+        yield name, FILE, name
 
 
 def _merged(data: Names, side: Names) -> Iterator[tuple[str, int, str]]:
@@ -305,14 +306,14 @@ def _merged(data: Names, side: Names) -> Iterator[tuple[str, int, str]]:
     a, b = next(data, None), next(side, None)
     while a is not None or b is not None:
         if b is None:  # no side entries (left): the rest is the data stream as it is
-            yield a[0], a[1], a[0]
-            yield from ((name, kind, name) for name, kind in data)
+            yield a
+            yield from data
             return
         if a is None or b[0] < a[0]:
-            yield b[0], b[1], b[0]
+            yield b
             b = next(side, None)
             continue
-        yield a[0], a[1], a[0]
+        yield a
         if a[0] == b[0]:
             b = next(side, None)
         a = next(data, None)
