@@ -27,7 +27,7 @@ from zarrfs.fs.changes import ChangeWatcher, folders_of
 from zarrfs.fs.entries import without_setid
 from zarrfs.fs.errors import FsError, is_quiet, log_level, to_errno
 from zarrfs.fs.handles import HandleTable, Stored
-from zarrfs.fs.listing import DirListing
+from zarrfs.fs.listing import DirListing, Held
 from zarrfs.fs.locks import UNLCK, WRLCK, Lock, LockTable, Waiters
 from zarrfs.fs.names import NAME_MAX, key_text, name_bytes
 from zarrfs.fs.node import stamp_of
@@ -300,13 +300,13 @@ class Operations:
         return listing.entries(offset)
 
     def readdirplus(
-        self, fh: int, offset: int, most: int, held: Callable[[str, int], bool] | None = None
+        self, fh: int, offset: int, most: int, held: Held | None = None
     ) -> list[tuple[str, int, int, str, Node | None]]:
         """``(name, kind, offset, key, node)`` of up to ``most`` entries after ``offset``, all
         of one window of the listing (empty at its end; a next call goes on from the last
         offset): :meth:`readdir`'s entries with what a lookup of each name would find (None
-        for ``.``, ``..``, a name gone since it was listed, and a name ``held(key, kind)``
-        says the caller has a node for already: those nodes are not read). Nodes are read a
+        for ``.``, ``..``, a name gone since it was listed, and a name whose node ``held`` says
+        the caller has already: those nodes are not read). Nodes are read a
         window of entries at a time; a file open here with pending writes shows its pending
         size and attributes, as :meth:`find` gives them (the kernel takes a listing's
         attributes over what a truncate or write set)."""
@@ -323,12 +323,13 @@ class Operations:
         handles = self.handles
         # Only an open file shows other than its stored node (most listings: none).
         pending = handles.pending if handles.states or handles.paged else None
+        keys = [prefix + name for name, _, _ in rows]
+        holds = held.holds if held is not None and not held.holds_none(keys) else None
         out = []
         append = out.append
-        for name, kind, at in rows:
-            key = prefix + name
+        for (name, kind, at), key in zip(rows, keys, strict=True):
             node = get(name)
-            if held is not None and held(key, kind):
+            if holds is not None and holds(key, kind):
                 node = None
             elif pending is not None:
                 node = pending(key) or node

@@ -333,7 +333,7 @@ class Listings:
         limit: int = 1024,
         sizes: dict[str, int] | None = None,
         nodes: dict[str, Node] | None = None,
-        held: Callable[[str, int], bool] | None = None,
+        held: Held | None = None,
     ) -> list[tuple[str, int, str]]:
         """Up to ``limit`` children of folder ``key`` as ``(name, kind, position)``.
 
@@ -344,7 +344,7 @@ class Listings:
         With ``nodes``, the children's nodes are put there by name, read in the same
         transaction (what READDIRPLUS replies with): on a remote database their side records
         are ranges sent with the listing's first scans, so a window of a folder of files is one
-        round trip, its probe included; ``held(key, kind)``: children whose nodes the caller
+        round trip, its probe included; ``held``: children whose nodes the caller
         holds already, not read.
         """
 
@@ -653,6 +653,20 @@ class _FirstScans:
         raise _MoreThanABatch
 
 
+class Held(Protocol):
+    """The nodes a READDIRPLUS caller holds already (the session's node table): a listing
+    reads no node of theirs, and gives them without one."""
+
+    def holds(self, key: str, kind: int) -> bool:
+        """Whether the caller holds the node of ``key`` as one of type ``kind``."""
+        ...
+
+    def holds_none(self, keys: list[str]) -> bool:
+        """Whether the caller holds no node of any of ``keys`` (a folder's first listing):
+        then none is asked :meth:`holds` of."""
+        ...
+
+
 class Lister(Protocol):
     """What a :class:`DirListing` reads from: :class:`Listings`, or the tree that holds one."""
 
@@ -666,7 +680,7 @@ class Lister(Protocol):
         limit: int = 1024,
         sizes: dict[str, int] | None = None,
         nodes: dict[str, Node] | None = None,
-        held: Callable[[str, int], bool] | None = None,
+        held: Held | None = None,
     ) -> list[tuple[str, int, str]]: ...
 
     def nodes_of(
@@ -674,14 +688,16 @@ class Lister(Protocol):
     ) -> dict[str, Node]: ...
 
 
-def _not_held(
-    key: str, children: list[tuple[str, int]], held: Callable[[str, int], bool] | None
-) -> list[tuple[str, int]]:
+def _not_held(key: str, children: list[tuple[str, int]], held: Held | None) -> list[tuple[str, int]]:
     """Those ``(name, kind)`` children of folder ``key`` whose nodes are not ``held``."""
     if held is None:
         return children
     prefix = key + "/" if key else ""
-    return [(n, kind) for n, kind in children if not held(prefix + n, kind)]
+    keys = [prefix + n for n, _ in children]
+    if held.holds_none(keys):
+        return children
+    holds = held.holds
+    return [child for child, k in zip(children, keys, strict=True) if not holds(k, child[1])]
 
 
 class DirListing:
@@ -712,8 +728,8 @@ class DirListing:
             self._unstored = lambda: names
         #: Whether each window's nodes are read with its names (READDIRPLUS asks for them).
         self.plus = False
-        #: ``held(key, kind)``: a name whose node the caller holds already; not read.
-        self.held: Callable[[str, int], bool] | None = None
+        #: The names whose nodes the caller holds already; not read.
+        self.held: Held | None = None
         self._reset()
 
     def _reset(self) -> None:

@@ -66,13 +66,13 @@ class DirRequests:
         kernel then keeps the name alone)."""
         fh, offset, size = k.READ_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
         fixed = k.DIRENTPLUS.size + 7
-        holds = self.inodes.holds
+        held = self.inodes
         most = size // _SMALLEST + 1
         used = 0
         taken: list[tuple[bytes, int, int, str, str, Node | None]] = []  # the entries that fit
         keys: list[str] = []
         nodes: list[Node] = []
-        while used < size and (rows := self.ops.readdirplus(fh, offset, most, holds)):
+        while used < size and (rows := self.ops.readdirplus(fh, offset, most, held)):
             for name, kind, at, key, node in rows:
                 raw = name_bytes(name)
                 length = (fixed + len(raw)) & ~7

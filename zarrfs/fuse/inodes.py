@@ -204,6 +204,11 @@ class InodeTable:
         nodeid = self.ids.get(key)  # held(), inlined: asked of every listed name, twice
         return nodeid is not None and nodeid not in self.idle and self._kinds[nodeid & _SLOT] == kind
 
+    def holds_none(self, keys: list[str]) -> bool:
+        """Whether the table has no node of any of ``keys`` (a folder's first listing): then
+        :meth:`holds` is asked of none of them (``fs.listing.Held``)."""
+        return self.ids.keys().isdisjoint(keys)
+
     def bare_of_xattrs(self, nodeid: int) -> bool:
         """Whether the node's extended attributes were last read as none, and nothing told of
         a change to them since (:meth:`xattrs_read`, :meth:`xattrs_changed`): the kernel caches
