@@ -354,6 +354,8 @@ def main() -> int:
     args.drop = os.geteuid() == 0
     sizes = [int(s) for s in args.sizes.split(",")]
     drivers = args.drivers.split(",")
+    if args.workdir:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="zarrfs-scale-", dir=args.workdir))
     out = np.empty((CHUNK, min(max(sizes), COLUMNS) * CHUNK), dtype=np.uint8)
     out[...] = 0
