@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.machinery
 import io
 import json
 import os
@@ -26,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from zarrfs import compiled  # noqa: E402
 
 BUILD = ROOT / "build" / "compiled"
-SUFFIX = __import__("importlib.machinery").machinery.EXTENSION_SUFFIXES[0]
+SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
 def built_file(module: str) -> Path:

@@ -93,6 +93,7 @@ class _Choice:
         self.package = package
         self.names = {f"{package}.{module}": module for module in MODULES}
         self.built: dict[str, str] = {}
+        self._decided: dict[str, bool] = {}  # uses_build's answers: a source is hashed once
         try:
             manifest = json.loads(MANIFEST.read_text(encoding="utf-8"))
             if manifest.get("suffix") == importlib.machinery.EXTENSION_SUFFIXES[0]:
@@ -101,14 +102,18 @@ class _Choice:
             pass
 
     def uses_build(self, module: str) -> bool:
-        """Whether ``module`` is imported from its build: one of this source, and no
-        ``ZARRFS_PURE``."""
+        """Whether ``module`` is imported from its build: one of this source (as it was when
+        first asked: what this process imported), and no ``ZARRFS_PURE``."""
         if pure() or module not in self.built:
             return False
-        try:
-            return digest(source_of(module).read_bytes()) == self.built[module]
-        except OSError:
-            return False
+        decided = self._decided.get(module)
+        if decided is None:
+            try:
+                decided = digest(source_of(module).read_bytes()) == self.built[module]
+            except OSError:
+                decided = False
+            self._decided[module] = decided
+        return decided
 
     def find_spec(self, fullname: str, path: object = None, target: object = None):
         module = self.names.get(fullname)
