@@ -8,6 +8,7 @@ import stat
 from array import array
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import compress
 
 from zarrfs.fs.api import Pages
 from zarrfs.fuse.abi import ROOT_ID
@@ -303,7 +304,9 @@ class InodeTable:
         if not self._free and ids.keys().isdisjoint(keys):
             slot = len(self._kinds)
             n = len(keys)
-            numbered = range(slot, slot + n)  # generation 0: the node ID is the slot
+            # Generation 0: the node ID is the slot. One int object a node, shared by the
+            # table's dict and set (a range iterated twice would make two).
+            numbered = list(range(slot, slot + n))
             self._keys.extend(keys)
             self._kinds.extend(kinds)
             self._lookups.extend([1] * n)
@@ -312,7 +315,7 @@ class InodeTable:
             ids.update(zip(keys, numbered, strict=True))
             self._count += n
             if bare is not None:
-                self._no_xattrs.update(nodeid for nodeid, no in zip(numbered, bare, strict=True) if no)
+                self._no_xattrs.update(compress(numbered, bare))
             return numbered
         one = self.remember_plain
         if bare is None:
