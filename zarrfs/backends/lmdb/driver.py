@@ -284,12 +284,9 @@ class LMDBTxn(Txn):
             own = self._txn(space, False)
             if own is None:
                 return []
-            rows = cursor_page(own, lo, hi, fetch, self._sizes_known(space, fetch), limit)
+            return cursor_page(own, lo, hi, fetch, self._sizes_known(space, fetch), limit, self._driver)
         except lmdb.Error as exc:
             raise translate(exc, self.where) from exc
-        if rows:
-            pages.scanned(self._driver, len(rows))
-        return rows
 
     def _scan(
         self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int | None

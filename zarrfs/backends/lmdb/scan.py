@@ -1,8 +1,9 @@
 """Scans of the LMDB driver: an environment's own keys merged with the long-key store's.
 
 A scan of a space yields, in byte order, the keys its environment holds (those that fit LMDB's
-key limit, :func:`cursor_rows`) and the long keys of that space (``longkeys``, held in the side
-environment), :func:`merged`; ``LMDBTxn._scan`` runs them.
+key limit: :func:`cursor_page`, a list of rows read in one loop, which :func:`cursor_rows`
+streams) and the long keys of that space (``longkeys``, held in the side environment),
+:func:`merged`; ``LMDBTxn._scan`` and ``LMDBTxn._scan_rows`` run them.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def cursor_page(
     fetch: Fetch,
     known: Callable[[bytes], int | None] | None,
     limit: int,
+    driver: Any = None,
 ) -> list[tuple[bytes, Any]]:
     """Up to ``limit`` keys of one environment in ``[lo, hi)`` with ``x`` as ``fetch`` asks (a
     size from ``known`` where it knows it; None: nothing does), in one loop over the cursor's
@@ -34,7 +36,11 @@ def cursor_page(
     of the value's buffer, read by the same step (no call of ``Cursor.value`` a row).
 
     A scan of keys never reads a value, nor does a size: a large value lives on pages of its
-    own, which would then be read from disk; its buffer is its place in the map."""
+    own, which would then be read from disk; its buffer is its place in the map. The pages a
+    scan passes stay in the process's resident set like those a read copies (a small value
+    lives in its key's leaf page: listing a folder of a million 1 KB chunks maps a GiB), so the
+    rows are counted for ``driver``'s :func:`pages.scanned`, which releases the maps' pages
+    when they hold too much."""
     out: list[tuple[bytes, Any]] = []
     if limit <= 0:
         return out
@@ -67,6 +73,8 @@ def cursor_page(
                 append((raw, value.tobytes()))
                 if len(out) == limit:
                     break
+    if out and driver is not None:
+        pages.scanned(driver, len(out))
     return out
 
 
@@ -79,16 +87,10 @@ def cursor_rows(
     driver: Any = None,
 ) -> Iterator[tuple[bytes, Any]]:
     """The keys of one environment in ``[lo, hi)``, streamed a :data:`PAGE` of rows at a time
-    (:func:`cursor_page`); the caller does not write while it pulls.
-
-    The pages a scan passes stay in the process's resident set like those a read copies: a
-    small value lives in its key's leaf page, so listing a folder of a million 1 KB chunks
-    maps a GiB. The rows passed are counted for ``driver``'s :func:`pages.scanned`, which
-    releases the maps' pages when they hold too much."""
+    (:func:`cursor_page`, which counts them for ``driver``); the caller does not write while it
+    pulls."""
     while True:
-        rows = cursor_page(txn, lo, hi, fetch, known, PAGE)
-        if rows and driver is not None:
-            pages.scanned(driver, len(rows))
+        rows = cursor_page(txn, lo, hi, fetch, known, PAGE, driver)
         yield from rows
         if len(rows) < PAGE:
             return
