@@ -353,6 +353,45 @@ def test_errors_of_the_tree_become_the_replys_errno(wire):
     assert wire.lookup(d.nodeid, "after").attr.size == 2
 
 
+def test_a_node_known_without_extended_attributes_answers_each_missing_name_as_getxattr_raises(
+    make_ops, make_wire
+):
+    """Under a change feed a node read with no extended attributes answers a GETXATTR of a
+    name it lacks from the node table, with the errno ``Operations.getxattr`` raises for it:
+    POSIX ACL names too (EOPNOTSUPP where the kernel does not enforce ACLs, ENODATA where it
+    does: ``ls -l`` asks each file's access ACL on an ACL mount), and EOPNOTSUPP for the SELinux
+    label; neither the database nor the operations are asked."""
+    from zarrfs.fs.api import ChangeWatcher, FsError
+    from zarrfs.fuse import coherence
+
+    names = [b"user.k", b"trusted.t", b"system.posix_acl_access", b"system.posix_acl_default"]
+    for enforced in (False, True):
+        ops = make_ops()
+        ops.acl = enforced
+        wire = make_wire(ops)
+        wire.session.coherence = coherence.Coherence(wire.session, ChangeWatcher(ops.tree))
+        f = wire.put_file(k.ROOT_ID, "f", b"x")
+        asked = k.GETXATTR_IN.pack(0, 0)
+        assert wire.fails(k.GETXATTR, f.nodeid, asked + b"user.first\0") == errno.ENODATA
+        assert wire.inodes.bare_of_xattrs(f.nodeid)
+        expected = {}
+        for name in names:
+            with pytest.raises(FsError) as exc:
+                ops.getxattr("f", name)
+            expected[name] = exc.value.errno
+        expected[b"security.selinux"] = errno.EOPNOTSUPP
+
+        def not_asked(*args):
+            raise AssertionError(f"asked the operations: {args}")
+
+        reads = ops.tree.driver.reads
+        ops.getxattr = ops.xattrs = not_asked
+        got = {name: wire.fails(k.GETXATTR, f.nodeid, asked + name + b"\0") for name in expected}
+        assert got == expected, enforced
+        assert expected[b"system.posix_acl_access"] == (errno.ENODATA if enforced else errno.EOPNOTSUPP)
+        assert ops.tree.driver.reads == reads
+
+
 def test_format_errors_become_einval(make_ops, make_wire):
     """With the format layer a bad metadata document is refused when it is stored (the close)."""
     wire = make_wire(make_ops(make_hooks(MountOptions())))

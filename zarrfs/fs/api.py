@@ -418,6 +418,12 @@ class Operations:
             raise FsError(errno.ENODATA, f"{key}: {name!r}", quiet=True)
         return value
 
+    def absent_xattr(self, name: bytes) -> int:
+        """The errno :meth:`getxattr` raises for ``name`` on a node without it: ENODATA, or
+        for a POSIX ACL EOPNOTSUPP when the kernel does not enforce them (a caller that knows
+        the node's record answers it without a raise)."""
+        return errno.EOPNOTSUPP if name in acl.NAMES and not self.acl else errno.ENODATA
+
     def listxattr(self, key: str, record: dict[bytes, bytes] | None = None) -> list[bytes]:
         """The names of a node's extended attributes (``record``: as for :meth:`getxattr`)."""
         names = self.xattrs(key) if record is None else record

@@ -81,9 +81,8 @@ class XattrRequests:
         key = self.key(head.nodeid)
         record = self._record(head.nodeid, key)
         error = self.error
-        acl = name.startswith(b"system.")  # POSIX ACLs: the ops' to answer
-        if record is not None and error is not None and name not in record and not acl:
-            error(head, errno.EOPNOTSUPP if name == SELINUX else errno.ENODATA)
+        if record is not None and error is not None and name not in record:
+            error(head, errno.EOPNOTSUPP if name == SELINUX else self.ops.absent_xattr(name))
             return
         try:
             value = self.ops.getxattr(key, name, record)
