@@ -29,6 +29,7 @@ MODULES = (
     "fuse.inodes",
     "fuse.replies",
     "fuse.session",
+    "fuse.xattrreq",
     "fs.api",
     "fs.foldercache",
     "fs.handles",
