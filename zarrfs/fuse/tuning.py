@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 
 log = logging.getLogger("zarrfs.fuse.tuning")
@@ -16,6 +17,8 @@ log = logging.getLogger("zarrfs.fuse.tuning")
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
 KEEP_FREED = 128 << 20
 DEFAULT_READAHEAD_KIB = 1024
+#: Objects the collector's youngest generation gathers before it runs (Python's default: 700).
+YOUNG_GENERATION = 50_000
 
 
 def keep_freed_memory() -> bool:
@@ -36,6 +39,18 @@ def keep_freed_memory() -> bool:
         return False
     settings = ((M_MMAP_THRESHOLD, 32 << 20), (M_TRIM_THRESHOLD, KEEP_FREED), (M_ARENA_MAX, 1))
     return all(mallopt(param, value) == 1 for param, value in settings)
+
+
+def collect_less_often() -> None:
+    """Run the cyclic garbage collector's youngest generation after :data:`YOUNG_GENERATION`
+    new objects rather than 700. A listing's window holds thousands of nodes, attribute records
+    and rows across several requests, so at 700 the collector ran many times a window and
+    traversed each of them: about 5,300 instructions of the 65,000 a READDIRPLUS name cost
+    (callgrind; docs/performance.md, "The garbage collector"). The count is of objects made
+    and not yet freed: those freed by reference counting, nearly all of a request's, never add
+    up to a collection; only garbage in reference cycles waits longer for one, and no request
+    leaves any (``tests/fuse/test_cycles.py``)."""
+    gc.set_threshold(YOUNG_GENERATION, *gc.get_threshold()[1:])
 
 
 _libc = None
