@@ -69,8 +69,9 @@ def _roads(wire, folder: int, file: int):
     yield "rmdir of a folder not empty", lambda i: wire.call(k.RMDIR, k.ROOT_ID, z("d"))
     yield "chmod", lambda i: wire.setattr(file, k.FATTR_MODE, mode=stat.S_IFREG | 0o600 + (i & 1))
     yield "extended attributes", xattrs
-    yield "getxattr of a missing name", lambda i: wire.call(
-        k.GETXATTR, file, k.GETXATTR_IN.pack(0, 0) + b"user.none\0"
+    yield (
+        "getxattr of a missing name",
+        lambda i: wire.call(k.GETXATTR, file, k.GETXATTR_IN.pack(0, 0) + b"user.none\0"),
     )
 
 
