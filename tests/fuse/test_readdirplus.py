@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from session_wire import ATTR_FIELDS, entry_of, z
+from session_wire import ATTR_FIELDS, dirents_of, entry_of, z
 
 from zarrfs.fuse import abi as k
 
@@ -297,3 +297,22 @@ def test_a_reply_of_names_numbered_at_once_gives_each_what_the_one_call_road_giv
                 assert session._entry(key, node) == (nodeid, raw), key
                 assert inode.given == given, key
         _forget_all(wire, keys)
+
+
+def test_names_of_every_length_are_listed_whole_and_padded(wire):
+    """Each entry is one record of its name's length padded to 8 bytes, for names of 1 to 300
+    bytes (past 255: keys written around the kernel, whose own names stop there), in READDIR
+    and READDIRPLUS replies alike."""
+    d = wire.mkdir(k.ROOT_ID, "d")
+    names = sorted("n" * n for n in (*range(1, 20), 254, 255, 256, 257, 300))
+    wire.ops.tree.driver.transact(lambda t: [t.put("d/" + name, name.encode()) for name in names])
+    listed, offset, fh = [], 0, opendir(wire, d.nodeid)
+    while got := plus_of(readdirplus(wire, d.nodeid, fh, offset)):
+        listed += [(name, attr["size"]) for name, _, _, attr in got]
+        offset = got[-1][2]
+    assert listed[2:] == [(name, len(name)) for name in names]
+    listed, offset, fh = [], 0, opendir(wire, d.nodeid)
+    while got := dirents_of(wire.readdir(d.nodeid, fh, offset)):
+        listed += [name.decode() for name, _, _, _ in got]
+        offset = got[-1][2]
+    assert listed[2:] == names

@@ -317,7 +317,14 @@ def split_time(seconds: float) -> tuple[int, int]:
     return whole, int(round((seconds - whole) * 1e9))
 
 
-_PADS = [b"\0" * i for i in range(8)]
+#: ``fuse_dirent`` with its name, padded to 8 bytes, by the name's length: one pack an entry.
+DIRENTS = [struct.Struct(DIRENT.format + f"{(n + 7) & ~7}s") for n in range(256)]
+
+
+def dirent_of(n: int) -> struct.Struct:
+    """:data:`DIRENTS` of a name of ``n`` bytes (made for a name longer than 255: a listing
+    may hold one, written around the kernel)."""
+    return DIRENTS[n] if n < 256 else struct.Struct(DIRENT.format + f"{(n + 7) & ~7}s")
 
 
 def dirents(entries: Iterable[tuple[str, int, int, int]], size: int) -> bytes:
@@ -327,16 +334,13 @@ def dirents(entries: Iterable[tuple[str, int, int, int]], size: int) -> bytes:
     parts: list[bytes] = []
     append = parts.append
     used = 0
-    pack = DIRENT.pack
     for name, kind, offset, ino in entries:
         raw = name_bytes(name)
         n = len(raw)
         length = (DIRENT.size + n + 7) & ~7
         if used + length > size:
             break
-        append(pack(ino, offset, n, stat.S_IFMT(kind) >> 12))
-        append(raw)
-        append(_PADS[-n & 7])
+        append((DIRENTS[n] if n < 256 else dirent_of(n)).pack(ino, offset, n, stat.S_IFMT(kind) >> 12, raw))
         used += length
     return b"".join(parts)
 

@@ -15,7 +15,6 @@ from zarrfs.fuse.abi import ROOT_ID, Header
 from zarrfs.fuse.inodes import InodeTable
 from zarrfs.fuse.replies import Replies
 
-_PADS = tuple(b"\0" * n for n in range(8))  # a name's padding to 8 bytes
 _SMALLEST = k.DIRENTPLUS.size + 8  # the least an entry takes (a name of one byte, padded)
 _ZERO_ENTRY = bytes(k.ENTRY_OUT.size)  # node ID 0: no attributes (the kernel keeps the name alone)
 
@@ -87,7 +86,7 @@ class DirRequests:
                 offset = at
         ids, entries = self.entries(keys, nodes) if nodes else ((), ())
         numbered, packed = iter(ids), iter(entries)
-        dirent = k.DIRENT.pack
+        dirents = k.DIRENTS
         parts: list[bytes] = []
         append = parts.append
         for raw, kind, at, name, key, node in taken:
@@ -98,9 +97,7 @@ class DirRequests:
             else:
                 append(next(packed))
                 ino = next(numbered)
-            append(dirent(ino, at, n, (kind & 0o170000) >> 12))
-            append(raw)
-            append(_PADS[-n & 7])
+            append((dirents[n] if n < 256 else k.dirent_of(n)).pack(ino, at, n, (kind & 0o170000) >> 12, raw))
         self.replies.data(head.unique, b"".join(parts))
 
     def _listed_ino(self, nodeid: int, name: str, key: str | None, kind: int) -> int:
