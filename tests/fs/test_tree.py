@@ -91,3 +91,41 @@ def test_new_file_on_redis_commits_in_two_round_trips(redis_server, monkeypatch)
         assert driver.get("g/a/1") == b"\0" * 8 and driver.get("g/a/7") is None
     finally:
         driver.close()
+
+
+def test_names_probed_together_on_lmdb_read_as_far_as_each_answer_needs_and_agree(tmp_path):
+    """On a database where a batch of reads saves no round trip (LMDB), ``probe_many`` reads
+    each name only as far as its answer needs (``probe``); it finds what the whole batch of
+    reads finds, for every kind of name: files (one linked), folders with keys below them or
+    only a marker, symlinks, special files, a key hidden by a folder of its name, names
+    missing, in a missing folder, and the root."""
+    import stat
+
+    driver = open_driver(f"lmdb://{tmp_path}/p.lmdb")
+    try:
+        tree = Tree(driver, uid=1000, gid=1000)
+        assert not driver.batched
+        tree.mkdir("d", 0o755)
+        tree.store([("d/f", b"12345", None, CREATE), ("d/g", b"", None, CREATE)])
+        tree.link("d/g", "d/g2")
+        tree.mkdir("d/empty", 0o750)
+        tree.mkdir("e", 0o700)
+        tree.symlink("../d/f", "d/ln")
+        tree.mknod("d/fifo", stat.S_IFIFO | 0o644)
+        driver.transact(lambda t: (t.put("h", b"hidden"), t.put("h/x", b"below"), t.put("k/0", b"c")))
+        keys = [
+            "d", "d/f", "d/g", "d/g2", "d/empty", "e", "d/ln", "d/fifo", "h", "h/x", "k", "k/0",
+            "missing", "d/missing", "nowhere/x",
+        ]  # fmt: skip
+        lookups = tree.lookups
+
+        def both(t):
+            return lookups.probe_many(t, keys), lookups._probe_many_reading(t, keys)[1]
+
+        alone, batch = driver.transact(both, write=False)
+        assert alone == batch
+        assert [p is None for p in alone] == [k in ("missing", "d/missing", "nowhere/x") for k in keys]
+        assert alone[keys.index("d/g2")][4] is not None and alone[keys.index("h")][0] == stat.S_IFDIR
+        assert driver.transact(lambda t: lookups.probe_many(t, ["", "d"]), write=False)[0][0] == stat.S_IFDIR
+    finally:
+        driver.close()

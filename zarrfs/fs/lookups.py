@@ -117,7 +117,11 @@ class Lookups:
         """:meth:`probe` of several keys in one batch of reads; the batch also reads the data
         keys ``also``, for the transaction to answer again without a round trip. Where a batch
         is one read, it reads each key's link-group pointer too; elsewhere (LMDB) only the
-        pointers of what was found and is not a folder are read, after."""
+        pointers of what was found and is not a folder are read, after. Where a batch saves no
+        round trip (LMDB), each key is read only as far as its answer needs (:meth:`probe`:
+        a folder with data below it no side entry, a missing name no attributes)."""
+        if not self.driver.batched and not also and "" not in keys:
+            return [self.probe(t, key) for key in keys]
         return self._probe_many_reading(t, keys, also)[1]
 
     def probe_many_with(
