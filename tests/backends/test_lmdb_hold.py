@@ -53,13 +53,13 @@ def test_small_values_and_other_drivers_are_copies(driver, tmp_path):
     driver.put("small", b"x" * 100)
     value = held_value(driver, "small")
     assert not value.held and value.data == b"x" * 100
-    sqlite = open_driver(f"sqlite://{tmp_path}/db.sqlite")
+    dbm = open_driver(f"dbm://{tmp_path}/db.dbm")
     try:
-        sqlite.put("c", b"y" * MIB)
-        value = held_value(sqlite, "c")
+        dbm.put("c", b"y" * MIB)
+        value = held_value(dbm, "c")
         assert not value.held and value.data == b"y" * MIB
     finally:
-        sqlite.close()
+        dbm.close()
 
 
 def test_holds_are_bounded_in_number_and_time(driver, monkeypatch):

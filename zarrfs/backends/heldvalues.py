@@ -7,8 +7,10 @@ part of the daemon's work in a fresh mount's read (docs/performance.md); a view 
 costs nothing, but is valid only while its transaction is open. A driver that can hold such
 transactions declares a ``holder`` (``Driver.holder``, a ``Holding``: ``lmdb.holder.Holder``),
 which bounds how many it holds and for how long and copies a value out when it lets its
-transaction go. Other drivers' values are copies already (a database client's bytes) and are
-simply kept.
+transaction go. A driver that holds a transaction but gives no view (SQLite: ``sqlite.holder``)
+holds a :class:`Deferred` value instead, read at its first use: an open whose pages the kernel
+holds then reads no content unless the kernel lets them go and asks. Other drivers' values are
+copies already (a database client's bytes) and are simply kept.
 """
 
 from __future__ import annotations
@@ -24,16 +26,46 @@ T = TypeVar("T")
 View = Callable[[str], Any]
 
 
+class Deferred:
+    """A value held by a transaction and not read yet: its :attr:`size`, and :meth:`read`,
+    which reads it (once; later calls return the same bytes)."""
+
+    __slots__ = ("size",)
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def read(self) -> bytes:
+        raise NotImplementedError
+
+
 class Held:
     """A value kept for as long as descriptors read it: :attr:`data` is a view of the
     database's pages while a transaction holds them, else bytes (a driver without views, or
-    once :meth:`let_go` copied it)."""
+    once :meth:`let_go` copied it); a :class:`Deferred` value is read at the first look at
+    :attr:`data`."""
 
-    __slots__ = ("data", "_end")
+    __slots__ = ("_value", "_end")
 
     def __init__(self, data: Any, end: Callable[[Held], None] | None = None) -> None:
-        self.data = data
+        self._value = data
         self._end = end
+
+    @property
+    def data(self) -> Any:
+        """The value (read now if it was deferred)."""
+        value = self._value
+        if value.__class__ is not bytes and isinstance(value, Deferred):
+            value = self._value = value.read()
+        return value
+
+    @property
+    def size(self) -> int:
+        """The value's length, without reading a deferred value."""
+        return len(self._value)
 
     @property
     def held(self) -> bool:
@@ -43,13 +75,13 @@ class Held:
     def let_go(self) -> None:
         """Keep a copy and end the transaction (the driver's bound on holding one)."""
         if self._end is not None:
-            self.data = bytes(self.data)
+            self._value = bytes(self.data)
             self._finish()
 
     def release(self) -> None:
         """Nobody reads the value any more: end the transaction, keep nothing."""
         if self._end is not None:
-            self.data = b""  # the view goes before its transaction does
+            self._value = b""  # the view goes before its transaction does
             self._finish()
 
     def _finish(self) -> None:
@@ -68,4 +100,4 @@ def hold(driver: Driver, fn: Callable[[Txn, View], tuple[T, Any]]) -> tuple[T, H
     return result, None if value is None else Held(value)
 
 
-__all__ = ["Held", "View", "hold"]
+__all__ = ["Deferred", "Held", "View", "hold"]

@@ -347,6 +347,7 @@ class Lookups:
             and hint is not None
             and hint <= min(limit, SPECULATE)
             and self.driver.batched
+            and self.driver.holder is None  # a driver that holds reads a value only when asked
             and not self.hooks_transform
         )
 

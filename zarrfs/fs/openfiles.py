@@ -68,7 +68,7 @@ class FileState:
         """The size the file has now, pending writes included."""
         if self.buffer is not None:
             return self.buffer.size
-        return len(self.snapshot or b"")
+        return 0 if self.held is None else self.held.size
 
 
 @dataclass

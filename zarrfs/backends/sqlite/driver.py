@@ -46,6 +46,7 @@ from . import feed
 from . import sql as sq
 from .about import ABOUT
 from .checkpoint import Checkpointer, checkpoint, truncate
+from .holder import Holder
 from .snapshot import hold as hold_snapshot
 from .sql import PAGE_SIZE, TABLES, BatchStatements, Connections, blob, prepare, translate, translated
 
@@ -279,8 +280,15 @@ class SQLiteDriver(Driver):
         self.own, self.logged = feed.start(self._conn(), path, self.tables, readonly)
         if not readonly and self.wal:
             self.checkpointer = Checkpointer(path, self.timeout, self.checkpoint_lock)
+        # Values held by a read transaction and read at first use (holder); a reader outside
+        # WAL mode would keep every writer out.
+        self.holder: Holder | None = None
+        if self.wal:
+            self.holder = Holder(self, lambda conn: SQLiteTxn(self, conn, False))
 
     def _begin(self, write: bool) -> SQLiteTxn:
+        if write and self.holder is not None:  # a held reader stops checkpoints (holder)
+            self.holder.tidy()
         if write and self.reserve is not None:
             self.reserve.again()
             if self.checkpointer is not None and self.checkpointer.behind:
@@ -297,6 +305,8 @@ class SQLiteDriver(Driver):
         take the reserve's room and leave the WAL full (the removal after next failed)."""
         if self.readonly:
             return False
+        if self.holder is not None:  # the truncating checkpoint waits for no reader
+            self.holder.let_go_all()
         freed = self.reserve is not None and self.reserve.free()
         return truncate(self._conn, self.path, self.checkpoint_lock) or freed
 
@@ -323,6 +333,8 @@ class SQLiteDriver(Driver):
     def changes(self, since: Any) -> tuple[Any, list[tuple[Space, str]] | None]:
         """What other writers committed since ``since`` (see ``feed``), asked on the
         calling thread's connection."""
+        if self.holder is not None:
+            self.holder.tidy()
         if self.file_watch is not None:
             self.file_watch.drain()  # first: a commit after this look wakes the loop again
         with translated(self.path):
@@ -339,6 +351,9 @@ class SQLiteDriver(Driver):
         """With ``sync=1`` (``synchronous=FULL``) every commit is already durable; otherwise
         checkpoint the WAL, which syncs it."""
         if self.synchronous != "FULL":
+            # A held reader would stop the checkpoint short of the last commits, unsynced.
+            if self.holder is not None:
+                self.holder.let_go_all()
             checkpoint(self._conn(), self.path, self.checkpoint_lock, self.timeout)
 
     def statfs(self) -> dict[str, int] | None:
@@ -353,4 +368,6 @@ class SQLiteDriver(Driver):
         checkpointer, self.checkpointer = self.checkpointer, None
         if checkpointer is not None:
             checkpointer.stop()
+        if self.holder is not None:
+            self.holder.close()
         self.conns.close()
