@@ -96,8 +96,14 @@ def hold(driver: Driver, fn: Callable[[Txn, View], tuple[T, Any]]) -> tuple[T, H
     :class:`Held` (None for None): in place where the driver can hold it, else a copy."""
     if driver.holder is not None:
         return driver.holder.hold(fn)
+    return copied(driver, fn)
+
+
+def copied(driver: Driver, fn: Callable[[Txn, View], tuple[T, Any]]) -> tuple[T, Held | None]:
+    """:func:`hold` by copies: ``fn`` in the driver's retrying read transaction (a holder's
+    way when it cannot hold one)."""
     result, value = driver.transact(lambda t: fn(t, t.get), write=False)
     return result, None if value is None else Held(value)
 
 
-__all__ = ["Deferred", "Held", "View", "hold"]
+__all__ = ["Deferred", "Held", "View", "copied", "hold"]

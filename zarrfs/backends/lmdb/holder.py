@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..base import DATA, RetryableError, StorageFullError, encode_key
-from ..heldvalues import Held, View
+from ..heldvalues import Held, View, copied
 from . import pages
 
 T = TypeVar("T")
@@ -45,7 +45,7 @@ class Holder:
         try:
             txn = driver._begin(False)
         except (RetryableError, StorageFullError):  # the retrying path copes
-            return self._copied(fn)
+            return copied(self.driver, fn)
 
         def view(key: str) -> Any:
             raw = encode_key(key)
@@ -58,7 +58,7 @@ class Holder:
         except BaseException as exc:
             txn.__exit__(type(exc), exc, exc.__traceback__)
             if isinstance(exc, (RetryableError, StorageFullError)):
-                return self._copied(fn)
+                return copied(self.driver, fn)
             raise
         if not isinstance(value, memoryview) or len(value) < SMALLEST:
             kept = None if value is None else Held(bytes(value))
@@ -70,10 +70,6 @@ class Holder:
         self.since[held] = (time.monotonic(), txn)
         self.tidy()
         return result, held
-
-    def _copied(self, fn: Callable[[Any, View], tuple[T, Any]]) -> tuple[T, Held | None]:
-        result, value = self.driver.transact(lambda t: fn(t, t.get), write=False)
-        return result, None if value is None else Held(value)
 
     def _end(self, held: Held) -> None:
         _, txn = self.since.pop(held)

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..base import DATA, RetryableError, Txn, encode_key
-from ..heldvalues import Deferred, Held, View
+from ..heldvalues import Deferred, Held, View, copied
 from . import sql as sq
 
 T = TypeVar("T")
@@ -73,7 +73,7 @@ class Holder:
         except BaseException as exc:
             self._give_back(conn)
             if isinstance(exc, RetryableError):  # the retrying path copes
-                return self._copied(fn)
+                return copied(self.driver, fn)
             raise
         if not isinstance(value, Unread):
             self._give_back(conn)
@@ -83,10 +83,6 @@ class Holder:
             self.since[held] = (time.monotonic(), conn)
         self.tidy()
         return result, held
-
-    def _copied(self, fn: Callable[[Any, View], tuple[T, Any]]) -> tuple[T, Held | None]:
-        result, value = self.driver.transact(lambda t: fn(t, t.get), write=False)
-        return result, None if value is None else Held(value)
 
     def _take(self) -> sqlite3.Connection:
         with self.lock:
