@@ -62,10 +62,17 @@ def test_a_held_value_is_read_when_asked_and_is_the_version_the_hold_found(drive
     assert not value.held and value.data == first and driver.holder.since == {}
 
 
-def test_small_values_are_copies_and_a_missing_key_holds_nothing(driver):
+def test_small_values_are_copies_and_a_missing_key_holds_nothing(driver, tmp_path):
     driver.put("small", b"x" * 100)
     value = held_value(driver, "small")
     assert not value.held and value.data == b"x" * 100
+    # Values another writer stored as TEXT, or NULL, are read at once, as bytes.
+    with sqlite3.connect(tmp_path / "db.sqlite") as conn:
+        conn.execute("INSERT INTO zarr VALUES ('text', ?)", ("é" * MIB,))
+        conn.execute("INSERT INTO zarr VALUES ('null', NULL)")
+    text = held_value(driver, "text")
+    assert not text.held and text.data == "é".encode() * MIB
+    assert held_value(driver, "null").data == b""
     _, missing = hold(driver, lambda t, view: (None, view("nothing")))
     assert missing is None and driver.holder.since == {}
 

@@ -417,6 +417,9 @@ class Txn(ABC):
 class Holding(Protocol):
     """A driver's keeper of values read in place (:attr:`Driver.holder`, ``heldvalues``)."""
 
+    #: Values smaller than this are copied at once, never held.
+    smallest: int
+
     def hold(self, fn: Callable[[Txn, Callable[[str], Any]], tuple[T, Any]]) -> tuple[T, Any]:
         """Run ``fn(txn, view)`` in a read transaction; ``(result, the value kept)``."""
         ...

@@ -347,7 +347,8 @@ class Lookups:
             and hint is not None
             and hint <= min(limit, SPECULATE)
             and self.driver.batched
-            and self.driver.holder is None  # a driver that holds reads a value only when asked
+            # a driver that holds a value reads it only when asked, unless it is small
+            and (self.driver.holder is None or hint < self.driver.holder.smallest)
             and not self.hooks_transform
         )
 

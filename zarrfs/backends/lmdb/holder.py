@@ -34,6 +34,8 @@ SMALLEST = 64 << 10
 class Holder:
     """The read transactions ``driver`` holds for values read in place."""
 
+    smallest = SMALLEST
+
     def __init__(self, driver: Any) -> None:
         self.driver = driver
         self.since: dict[Held, tuple[float, Any]] = {}  # when, and its transaction; oldest first

@@ -38,11 +38,18 @@ SECONDS = 1.0
 #: Values smaller than this are read at once: a copy costs less than holding a transaction.
 SMALLEST = 64 << 10
 READ = f"SELECT v FROM {sq.TABLES[DATA]} WHERE rowid = ?"
+# Where the value is, and the value itself when it is read at once (small, or not a blob).
+LOCATE = (
+    f"SELECT rowid, typeof(v), length(v), CASE WHEN typeof(v) != 'blob' OR length(v) < {SMALLEST}"
+    f" THEN v END FROM {sq.TABLES[DATA]} WHERE k = {sq.K}"
+)
 
 
 class Holder:
     """The read transactions ``driver`` (an SQLiteDriver in WAL mode) holds for values read
     later; ``txn_on(conn)`` is a read transaction of the driver's on ``conn``."""
+
+    smallest = SMALLEST
 
     def __init__(self, driver: Any, txn_on: Callable[[sqlite3.Connection], Txn]) -> None:
         self.driver = driver
@@ -59,13 +66,12 @@ class Holder:
         holder = self
 
         def view(key: str) -> Any:
-            raw = encode_key(key)
-            row = txn._one(sq.LOCATE[DATA], (raw,), lazy=False)  # begins the transaction
+            row = txn._one(LOCATE, (encode_key(key),), lazy=False)  # begins the transaction
             if row is None:
                 return None
-            rowid, kind, size = row
+            rowid, kind, size, value = row
             if kind != b"blob" or size < SMALLEST:
-                return txn._get(raw, DATA)
+                return sq.blob(value)
             return Unread(holder, conn, rowid, size)
 
         try:
