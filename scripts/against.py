@@ -4,7 +4,9 @@ N times each, taking turns (REV, this tree, REV, ...), and compares each figure'
 its runs: a machine whose speed drifts within minutes moves both sides alike, where one run
 of each puts the drift between them.
 
-REV's files are exported (``git archive``) to a scratch folder, its modules compiled, and this
+REV's files are exported (``git archive``) to a scratch folder, its modules byte-compiled and,
+where this tree runs its request road compiled and REV has one (``zarrfs/compiled.py``), built
+with Cython as ``scripts/build_compiled.py`` builds this tree's, and this
 tree's ``scripts/`` (with the helper modules of ``tests/`` they import) copied over REV's, so
 both runs are the same script; each run imports the zarrfs of its folder (``PYTHONPATH``, and
 the folder as the working directory, where the daemons started by ``python -m zarrfs`` find it
@@ -77,6 +79,12 @@ def export(rev: str, where: Path) -> str:
             shutil.copy2(path, where / "tests" / path.name)
     subprocess.run([sys.executable, "-m", "compileall", "-q", "zarrfs"], cwd=where, check=True,
                    stdout=subprocess.DEVNULL)
+    # REV's request road built as this tree's is (``git archive`` has no builds): compiled
+    # where this tree runs compiled and REV has a compiled road, else pure like this tree.
+    if (HERE / "zarrfs" / "compiled.json").exists() and (where / "zarrfs" / "compiled.py").exists():
+        built = subprocess.run([sys.executable, "scripts/build_compiled.py"], cwd=where,
+                               capture_output=True, text=True)
+        print(f"{commit}: {(built.stdout or built.stderr).strip().splitlines()[-1]}", flush=True)
     return commit
 
 
