@@ -154,3 +154,21 @@ def test_a_database_outside_wal_mode_holds_nothing(tmp_path):
         assert not value.held and value.data == b"5" * MIB
     finally:
         driver.close()
+
+
+def test_a_value_released_unread_is_not_read_through_its_reused_connection(driver):
+    """The connection of a released value goes back to the pool and holds the next value's
+    transaction: a late read of the first (another thread that took it before the release)
+    is refused, never answered from the next transaction's snapshot."""
+    from zarrfs.backends.base import BackendError
+
+    driver.put("c", b"1" * MIB)
+    value = held_value(driver, "c")
+    unread = value._value
+    value.release()
+    driver.put("c", b"2" * MIB)
+    again = held_value(driver, "c")  # on the same connection, now idle
+    with pytest.raises(BackendError):
+        unread.read()
+    assert again.data == b"2" * MIB
+    again.release()

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..base import DATA, RetryableError, Txn, encode_key
+from ..base import DATA, BackendError, RetryableError, Txn, encode_key
 from ..heldvalues import Deferred, Held, View, copied
 from . import sql as sq
 
@@ -56,7 +56,7 @@ class Holder:
         self.txn_on = txn_on
         self.lock = threading.Lock()
         self.idle: list[sqlite3.Connection] = []
-        self.since: dict[Held, tuple[float, sqlite3.Connection]] = {}  # oldest first
+        self.since: dict[Held, tuple[float, Unread]] = {}  # when, and its value; oldest first
         self.closed = False
 
     def hold(self, fn: Callable[[Any, View], tuple[T, Any]]) -> tuple[T, Held | None]:
@@ -86,7 +86,7 @@ class Holder:
             return result, None if value is None else Held(value)
         held = Held(value, self._end)
         with self.lock:
-            self.since[held] = (time.monotonic(), conn)
+            self.since[held] = (time.monotonic(), value)
         self.tidy()
         return result, held
 
@@ -112,7 +112,10 @@ class Holder:
 
     def _end(self, held: Held) -> None:
         with self.lock:
-            _, conn = self.since.pop(held)
+            _, unread = self.since.pop(held, (None, None))
+            if unread is None:  # ended already (by another thread's let-go)
+                return
+            conn, unread.conn = unread.conn, None  # a late read may not use it: it is reused
         self._give_back(conn)
 
     def tidy(self) -> None:
@@ -156,17 +159,20 @@ class Unread(Deferred):
     def __init__(self, holder: Holder, conn: sqlite3.Connection, rowid: int, size: int) -> None:
         super().__init__(size)
         self.holder = holder
-        self.conn = conn
+        self.conn: sqlite3.Connection | None = conn  # None once its transaction ended
         self.rowid = rowid
         self.got: bytes | None = None
 
     def read(self) -> bytes:
         with self.holder.lock:
             if self.got is None:
-                with sq.translated(self.holder.driver.path):
+                where = self.holder.driver.path
+                if self.conn is None:  # released unread: nobody was to read it
+                    raise BackendError(f"{where}: a held value read after its release")
+                with sq.translated(where):
                     row = self.conn.execute(READ, (self.rowid,)).fetchone()
                 if row is None:  # the transaction sees the row it located: never
-                    raise RetryableError(f"{self.holder.driver.path}: a held value is gone")
+                    raise BackendError(f"{where}: a held value is gone from its transaction")
                 self.got = bytes(row[0])
             return self.got
 
