@@ -63,7 +63,6 @@ class Holder:
         """``heldvalues.hold`` for the SQLite driver."""
         conn = self._take()
         txn = self.txn_on(conn)
-        holder = self
 
         def view(key: str) -> Any:
             row = txn._one(LOCATE, (encode_key(key),), lazy=False)  # begins the transaction
@@ -72,7 +71,7 @@ class Holder:
             rowid, kind, size, value = row
             if kind != b"blob" or size < SMALLEST:
                 return sq.blob(value)
-            return Unread(holder, conn, rowid, size)
+            return Unread(self, conn, rowid, size)
 
         try:
             result, value = fn(txn, view)
