@@ -117,6 +117,9 @@ class Admission:
         #: Called when a writer starts, holding the lock: readers waiting on a server then
         #: end their waits and run again (``fuse.workers``).
         self.on_writer: Callable[[], None] = lambda: None
+        #: Called by a thread about to wait (for its turn, or with the lock let go around a
+        #: server's answer): ``fuse.workers`` then lets another thread read the next request.
+        self.before_wait: Callable[[], None] = lambda: None
 
     def runs_alone(self) -> bool:
         """Whether the calling thread runs a request as the writer: the only one running."""
@@ -155,9 +158,11 @@ class Admission:
                         break
                     self._gap_waiters += 1
                     left = gap_until - time.monotonic()
+                    self.before_wait()
                     changed.wait(None if gap_until == _UNTIL_ASKED else max(0.0, left))
                     self._gap_waiters -= 1
                     continue
+                self.before_wait()
                 changed.wait()
         except BaseException:
             self._readers_waiting.pop(order, None)
@@ -241,6 +246,7 @@ class Admission:
                     if gap_until is None:
                         passed = True
                         break
+                self.before_wait()
                 changed.wait(None if gap_until is None else max(0.0, gap_until - time.monotonic()))
         except BaseException:
             self._writers_waiting.discard(order)
@@ -262,6 +268,7 @@ class Admission:
         self._local.held = True
         self._local.alone = True
         if self.readers:  # no new reader starts now; those running get a moment to answer
+            self.before_wait()
             changed.wait_for(lambda: not self.readers, grace)
             if self.readers and restart:
                 self.on_writer()
@@ -417,6 +424,7 @@ class Admission:
         if door:
             self._door = self._door_nodes
             self._changed.notify_all()
+        self.before_wait()
         self.turn.release()
         try:
             yield
@@ -439,6 +447,7 @@ class Admission:
         changed = self._changed
         self._through = node
         changed.notify_all()
+        self.before_wait()
         changed.wait(THROUGH_WINDOW)
         self._through = None
         while self.readers:

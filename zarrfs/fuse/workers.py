@@ -181,6 +181,11 @@ class Workers:
         self._closes: dict[int, _Close] = {}  # unique -> a close waiting that may be grouped
         self.admission = admission or Admission()
         self.admission.on_writer = self._readers_restart
+        self.admission.before_wait = self._step_aside
+        # The thread that reads the device next, and serves what it read unless it has to wait
+        # (leader and followers): see _serve.
+        self._lead = threading.Lock()
+        self._leader: int | None = None
         self.waits = Waits(self.admission)
         self.restarts = 0  # readers run again after a writer started (RestartedError)
         self.served = [0, 0]  # requests served as writers, as readers
@@ -245,11 +250,25 @@ class Workers:
                     idle()
 
     def _serve(self) -> None:
+        """Read requests and serve them, one thread at a time: the leader reads the device and
+        serves what it read; about to wait (its turn, a server's answer), it steps aside
+        (:meth:`_step_aside`) and one of the threads waiting to lead reads the next request.
+        Every thread reading the device at once cost each request several handoffs of the GIL
+        and of the lock between threads that then all ran Python (docs/performance.md,
+        "Request threads: one reads at a time")."""
         buf = bytearray(self.buffer_size)
         view = memoryview(buf)
         fd = self.fd
         req = self.waits.request()
-        while not self._stopped.is_set():
+        me = threading.get_ident()
+        lead = self._lead
+        while True:
+            if self._leader != me:
+                lead.acquire()
+                self._leader = me
+            if self._stopped.is_set():
+                self._step_aside()
+                return
             try:
                 n = os.readv(fd, [buf])
             except InterruptedError:
@@ -262,9 +281,11 @@ class Workers:
                 if exc.errno != errno.ENODEV:
                     log.error("reading /dev/fuse failed: %s", exc)
                 self._gone()
+                self._step_aside()
                 return
             if n == 0:
                 self._gone()
+                self._step_aside()
                 return
             if n < k.IN_HEADER_SIZE:
                 log.warning("a request of %d bytes, shorter than a header, ignored", n)
@@ -320,6 +341,7 @@ class Workers:
                         taken = close is not None and close.taken
                         self._closes.pop(unique, None)
                     if taken:  # another thread serves it with its own, and answers it
+                        self._step_aside()
                         close.done.wait()
                     else:
                         self._answer(unique, errno.EINTR)
@@ -399,6 +421,13 @@ class Workers:
             req.grouped = False
             for other in group:  # their threads, woken when this writer leaves, end
                 other.done.set()
+
+    def _step_aside(self) -> None:
+        """The calling thread is about to wait: if it leads, another thread reads the next
+        request meanwhile (it leads again once that one steps aside)."""
+        if self._leader == threading.get_ident():
+            self._leader = None
+            self._lead.release()
 
     def _readers_restart(self) -> None:
         """A writer starts: every reader waiting on a server ends its wait (see admission)."""
