@@ -38,6 +38,10 @@ class _Seen:
     def add(self, order: float) -> bool:
         """Record ``order`` (a fraction or an odd number is no request); whether :attr:`low`
         moved."""
+        low = self.low
+        if low is not None and order == low + STEP and not self.above:  # the next, in order
+            self.low = low + STEP
+            return True
         if order != int(order) or int(order) % STEP:
             return False
         unique = int(order)
@@ -83,6 +87,7 @@ class Admission:
     def __init__(self) -> None:
         self.turn = threading.Lock()
         self._changed = threading.Condition(self.turn)
+        self._sleepers = 0  # threads waiting on _changed
         self.readers = 0  # readers running
         self.writing = False  # a writer running
         # The queue places (uniques) of the requests waiting for their turn.
@@ -121,6 +126,32 @@ class Admission:
         #: server's answer): ``fuse.workers`` then lets another thread read the next request.
         self.before_wait: Callable[[], None] = lambda: None
 
+    # -- the condition of the lock: waits counted, so that a change nobody waits for costs
+    # -- nothing (most requests wait for nothing) -------------------------------------------
+    def _wait(self, timeout: float | None = None) -> None:
+        """Wait for a change (called holding :attr:`turn`, which is let go meanwhile)."""
+        self.before_wait()
+        self._sleepers += 1
+        try:
+            self._changed.wait(timeout)
+        finally:
+            self._sleepers -= 1
+
+    def _wait_for(self, predicate: Callable[[], bool], timeout: float | None) -> bool:
+        """:meth:`_wait` until ``predicate()`` holds, or ``timeout`` seconds passed."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while not predicate():
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            self._wait(left)
+        return True
+
+    def _notify(self) -> None:
+        """Wake every thread waiting for a change (called holding :attr:`turn`)."""
+        if self._sleepers:
+            self._changed.notify_all()
+
     def runs_alone(self) -> bool:
         """Whether the calling thread runs a request as the writer: the only one running."""
         return getattr(self._local, "alone", False)
@@ -158,15 +189,13 @@ class Admission:
                         break
                     self._gap_waiters += 1
                     left = gap_until - time.monotonic()
-                    self.before_wait()
-                    changed.wait(None if gap_until == _UNTIL_ASKED else max(0.0, left))
+                    self._wait(None if gap_until == _UNTIL_ASKED else max(0.0, left))
                     self._gap_waiters -= 1
                     continue
-                self.before_wait()
-                changed.wait()
+                self._wait()
         except BaseException:
             self._readers_waiting.pop(order, None)
-            changed.notify_all()
+            self._notify()
             changed.release()
             raise
         self._readers_waiting.pop(order, None)
@@ -195,7 +224,7 @@ class Admission:
             self._passed -= 1
         self.readers -= 1
         self._busy.discard(key)
-        self._changed.notify_all()
+        self._notify()
         self.turn.release()
 
     def enter_writer(
@@ -246,12 +275,11 @@ class Admission:
                     if gap_until is None:
                         passed = True
                         break
-                self.before_wait()
-                changed.wait(None if gap_until is None else max(0.0, gap_until - time.monotonic()))
+                self._wait(None if gap_until is None else max(0.0, gap_until - time.monotonic()))
         except BaseException:
             self._writers_waiting.discard(order)
             self._passable.pop(order, None)
-            changed.notify_all()
+            self._notify()
             changed.release()
             raise
         self._writers_waiting.discard(order)
@@ -268,8 +296,7 @@ class Admission:
         self._local.held = True
         self._local.alone = True
         if self.readers:  # no new reader starts now; those running get a moment to answer
-            self.before_wait()
-            changed.wait_for(lambda: not self.readers, grace)
+            self._wait_for(lambda: not self.readers, grace)
             if self.readers and restart:
                 self.on_writer()
         return False
@@ -298,7 +325,7 @@ class Admission:
         self._passed -= 1
         self._passed_writers -= 1
         self._busy.discard(key)
-        self._changed.notify_all()
+        self._notify()
         self.turn.release()
 
     def upgrade(self, key: Hashable, order: float) -> None:
@@ -310,7 +337,7 @@ class Admission:
         self._passed_writers -= 1
         self.upgrades += 1
         self._busy.discard(key)
-        self._changed.notify_all()
+        self._notify()
         self._local.held = False
         self.turn.release()
         self.enter_writer(order)
@@ -347,19 +374,19 @@ class Admission:
             with self._read_lock:
                 self._unregistered.discard(unique)
             with self._changed:
-                self._changed.notify_all()
+                self._notify()
 
     def _saw(self, order: float) -> None:
         """Record that the request ``order`` asked for its turn (called holding the lock)."""
         if self._seen.add(order):  # requests waiting for this one may now go
-            self._changed.notify_all()
+            self._notify()
         if self._unregistered or self._read_moved:
             with self._read_lock:
                 told = self._read_moved or order in self._unregistered
                 self._unregistered.discard(order)  # type: ignore[arg-type]
                 self._read_moved = False
             if told and self._gap_waiters:
-                self._changed.notify_all()
+                self._notify()
 
     def _seen_below(self, order: float, gap_until: float | None) -> float | None:
         """For a writer: None when every request before ``order`` in the kernel's queue asked
@@ -387,7 +414,7 @@ class Admission:
         self._local.held = False
         self._local.alone = False
         self.writing = False
-        self._changed.notify_all()
+        self._notify()
         self.turn.release()
 
     def restart_readers(self) -> None:
@@ -410,7 +437,7 @@ class Admission:
     def wake(self) -> None:
         """Make every request waiting for its turn look again (one was interrupted)."""
         with self._changed:
-            self._changed.notify_all()
+            self._notify()
 
     # -- inside a request: called holding the lock ------------------------------------------
     @contextmanager
@@ -423,7 +450,7 @@ class Admission:
         door = self._door_nodes is not None and self._door_owner == threading.get_ident()
         if door:
             self._door = self._door_nodes
-            self._changed.notify_all()
+            self._notify()
         self.before_wait()
         self.turn.release()
         try:
@@ -432,11 +459,11 @@ class Admission:
             self.turn.acquire()
             if door:  # the door shuts; those let in end first (readers: see enter_writer)
                 self._door = None
-                self._changed.wait_for(lambda: not self._passed, GRACE)
+                self._wait_for(lambda: not self._passed, GRACE)
                 if self._passed > self._passed_writers:
                     self.on_writer()
                 while self._passed_writers:
-                    self._changed.wait()
+                    self._wait()
 
     def let_through(self, node: int) -> None:
         """Called by the writer running: let the readers waiting now, about other nodes than
@@ -444,11 +471,9 @@ class Admission:
         stream of them cannot hold the writer up."""
         if not (self.writing and self.holds()):
             return
-        changed = self._changed
         self._through = node
-        changed.notify_all()
-        self.before_wait()
-        changed.wait(THROUGH_WINDOW)
+        self._notify()
+        self._wait(THROUGH_WINDOW)
         self._through = None
         while self.readers:
-            changed.wait()
+            self._wait()

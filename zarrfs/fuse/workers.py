@@ -45,7 +45,7 @@ class _Request:
 
     __slots__ = (
         "unique", "node", "running", "reader", "interrupted", "cancelled", "stale", "efd", "grouped",
-        "passed",
+        "passed", "poked",
     )
 
     def __init__(self, efd: int) -> None:
@@ -59,6 +59,12 @@ class _Request:
         self.stale = False  # a reader whose wait a writer's start ended (RestartedError)
         self.grouped = False  # serving closes of others too: its interrupt does not end them
         self.passed: Hashable | None = None  # let in beside a close's commit: its key
+        self.poked = False  # its eventfd written (under Workers._requests_lock): read it at the end
+
+    def poke(self) -> None:
+        """Wake its wait on a server (called holding ``Workers._requests_lock``)."""
+        self.poked = True
+        os.eventfd_write(self.efd, 1)
 
 
 class _Close:
@@ -372,11 +378,13 @@ class Workers:
         finally:
             with self._requests_lock:
                 self._requests.pop(unique, None)
+                poked, req.poked = req.poked, False
             admission.settled(unique)
-            try:
-                os.eventfd_read(req.efd)  # an interrupt that came too late is forgotten
-            except BlockingIOError:
-                pass
+            if poked:  # an interrupt or a writer's poke that came too late is forgotten
+                try:
+                    os.eventfd_read(req.efd)
+                except BlockingIOError:
+                    pass
 
     def _serve_closes(self, data: memoryview, req: _Request, unique: int, close: _Close) -> None:
         """Serve the close ``data`` (this thread's turn as the writer) with the closes of other
@@ -435,7 +443,7 @@ class Workers:
             for req in self._requests.values():
                 if req.running and req.reader and not req.stale:
                     req.stale = True
-                    os.eventfd_write(req.efd, 1)
+                    req.poke()
 
     def _interrupt(self, data: memoryview, unique: int) -> None:
         if len(data) < k.IN_HEADER_SIZE + k.INTERRUPT_IN.size:
@@ -446,7 +454,7 @@ class Workers:
             if req is not None and req.unique == target:
                 if req.running:
                     req.interrupted = True
-                    os.eventfd_write(req.efd, 1)
+                    req.poke()
                 else:
                     req.cancelled = True
             else:
