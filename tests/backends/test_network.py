@@ -20,6 +20,7 @@ import errno
 import json
 import os
 import random
+import select
 import threading
 import time
 
@@ -114,6 +115,57 @@ def test_a_redis_listing_batch_is_one_round_trip_and_needs_no_script(redis_serve
             if scripted:
                 assert proxy.round_trips() == 1
             assert driver.scripts == [scripted]
+
+
+class _CountedWaits:
+    """The request threads' side of a driver's wait (``fuse.workers.Waits``): each wait that
+    went through it, with what its poll found."""
+
+    def __init__(self) -> None:
+        self.r, self.w = os.pipe()
+        self.found: list[list[tuple[int, int]]] = []
+
+    def fileno(self) -> int:
+        return self.r
+
+    def poll(self, poller, ms: float) -> list[tuple[int, int]]:
+        got = poller.poll(ms)
+        self.found.append(got)
+        return got
+
+    def check(self) -> None:
+        pass
+
+    restart = before_write = check
+
+    def serve_waiting(self) -> None:
+        pass
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def close(self) -> None:
+        os.close(self.r)
+        os.close(self.w)
+
+
+def test_a_postgres_exchange_waits_through_the_request_threads_only_for_what_is_not_ready(postgres_server):
+    """psycopg asks first for room to send each query, which the socket nearly always has: a
+    wait through the request threads for it let go of the filesystem lock and woke another
+    thread for nothing. The room is polled for without waiting; a wait goes through the
+    threads only when the socket is not ready (an answer still to come)."""
+    waits = _CountedWaits()
+    try:
+        with open_driver(postgres_server.url(table=f"ex{os.getpid()}")) as driver:
+            driver.watch = waits
+            for i in range(20):
+                driver.put(f"k{i}", b"v" * i)
+                assert driver.get(f"k{i}") == b"v" * i
+            assert waits.found  # the answers were waited for through it
+            for got in waits.found:
+                assert not any(events == select.POLLOUT for _fd, events in got), waits.found
+    finally:
+        waits.close()
 
 
 def test_a_postgres_transaction_sends_begin_with_its_reads_and_writes_with_its_commit(postgres_server, proxy):

@@ -65,11 +65,12 @@ class WatchedConnection(psycopg.Connection):
                     self._abandon(driver)
                     raise StalledError(f"{driver.where}: no reply within {bound:g} s (-o timeout=)")
                 ready = 0
-                ms = left * 1000 + 1
-                if watch is None:
-                    polled = poller.poll(ms)
-                else:
-                    polled = watch.poll(poller, ms)
+                # Ready at once (room to send the query, an answer already in): no wait, so
+                # no other request is let in and no request thread woken for it.
+                polled = poller.poll(0)
+                if not polled:
+                    ms = left * 1000 + 1
+                    polled = poller.poll(ms) if watch is None else watch.poll(poller, ms)
                 for got_fd, events in polled:
                     if got_fd == fd:
                         ready = (READY_R if events & (select.POLLIN | _BAD) else 0) | (
