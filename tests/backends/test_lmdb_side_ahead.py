@@ -168,3 +168,52 @@ def test_a_data_commit_whose_writer_was_killed_before_readers_see_it_counts_as_n
         assert [bytes(v) for v in driver.transact(both, write=False)] == [b"2", b"2"]
     finally:
         driver.close()
+
+
+# A writer process that, once told, commits a change to both spaces and then one to the side
+# alone, whole, while a reader's transaction has read its data and not yet its side.
+SIDE_ONLY_AFTER = textwrap.dedent(
+    """
+    import sys
+    from zarrfs.backends import SIDE, open_driver
+
+    driver = open_driver(sys.argv[1])
+    print("ready", flush=True)
+    sys.stdin.readline()
+    driver.transact(lambda t: (t.put("t/a", b"1"), t.put("t/a", b"1", SIDE)))
+    driver.transact(lambda t: t.put("t/other", b"x", SIDE))  # its log entry names no data commit
+    print("done", flush=True)
+    """
+)
+
+
+def test_a_side_only_commit_after_a_writers_two_commits_does_not_hide_them(url):
+    """A reader's data snapshot taken before a writer's commit and its side snapshot after
+    it and after a side-only commit: the side-only commit's log entry names no data commit,
+    and the check looked only at the last entry, so the transaction read the old data with
+    the new side records (seen by the observers of `link` on a loaded machine). The check now
+    takes the newest entry that names one: the transaction runs again and reads the commit
+    whole."""
+    driver = open_driver(url)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", SIDE_ONLY_AFTER, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    first = [True]
+
+    def read(t):
+        data = t.get("t/a")
+        if first[0]:  # between the two snapshots of the first run: the writer's two commits
+            first[0] = False
+            writer.stdin.write("go\n")
+            writer.stdin.flush()
+            assert writer.stdout.readline() == "done\n"
+        return data, t.get("t/a", SIDE)
+
+    try:
+        assert writer.stdout.readline() == "ready\n"
+        data, side = driver.transact(read, write=False)
+        assert (bytes(data), bytes(side)) == (b"1", b"1")
+    finally:
+        writer.kill()
+        writer.wait()
+        driver.close()

@@ -161,10 +161,17 @@ class LMDBTxn(Txn):
         sid = side.id()
         head = self._driver.side_head  # (side commit, the data commit its last entry names)
         if head is None or head[0] != sid:
+            # The newest data commit an entry names: a side-only commit's entry names none
+            # (0), and one after a writer's two commits would otherwise hide them.
+            named = 0
             with side.cursor() as cur:
-                last = cur.last() and bytes(cur.key()[: len(feed.LOG)]) == feed.LOG
-                head = (sid, feed.HEAD.unpack_from(cur.value())[0] if last else 0)
-            self._driver.side_head = head
+                found = cur.last()
+                while found and bytes(cur.key()[: len(feed.LOG)]) == feed.LOG:
+                    named = feed.HEAD.unpack_from(cur.value())[0]
+                    if named:
+                        break
+                    found = cur.prev()
+            head = self._driver.side_head = (sid, named)
         data_next = head[1]
         if data_next <= data_id:
             return
