@@ -149,14 +149,15 @@ class LMDBTxn(Txn):
     def _check_side(self, side: lmdb.Transaction) -> None:
         """A read transaction's two snapshots must be of one commit. A writer commits its side
         records first, so a side snapshot begun after the data one may hold a commit whose data
-        is not in the data snapshot: the last change-log entry (``feed``) names a data commit
-        after it. The transaction is then read again (``RetryableError``) once that data commit
-        is made. Its writer holds the data environment's write lock until then, however long
-        it is descheduled; once no writer holds it (one killed between its two commits) the
-        entry is waited for :data:`SIDE_AHEAD_WAIT` at most, then read as it is. A live writer
-        is waited for up to the driver's ``timeout`` (``-o timeout=``): ``StalledError``. A data
-        commit counts once a read begun now sees it (``feed.seen_commit``): one whose meta page
-        is written but whose number a killed writer left out of the lock file is one never made."""
+        is not in the data snapshot: the newest change-log entry (``feed``) that names a data
+        commit (a side-only commit's names none) names one after it. The transaction is then
+        read again (``RetryableError``) once that data commit is made. Its writer holds the data
+        environment's write lock until then, however long it is descheduled; once no writer
+        holds it (one killed between its two commits) the entry is waited for
+        :data:`SIDE_AHEAD_WAIT` at most, then read as it is. A live writer is waited for up to
+        the driver's ``timeout`` (``-o timeout=``): ``StalledError``. A data commit counts once
+        a read begun now sees it (``feed.seen_commit``): one whose meta page is written but
+        whose number a killed writer left out of the lock file is one never made."""
         data_id = self._data.id()
         sid = side.id()
         head = self._driver.side_head  # (side commit, the data commit its last entry names)
