@@ -160,7 +160,7 @@ class LMDBTxn(Txn):
         whose number a killed writer left out of the lock file is one never made."""
         data_id = self._data.id()
         sid = side.id()
-        head = self._driver.side_head  # (side commit, the data commit its last entry names)
+        head = self._driver.side_head  # (side commit, the newest data commit its entries name)
         if head is None or head[0] != sid:
             # The newest data commit an entry names: a side-only commit's entry names none
             # (0), and one after a writer's two commits would otherwise hide them.
