@@ -1,22 +1,30 @@
 #!/usr/bin/env python3
-"""Requests and daemon CPU per user operation: zarrfs against a C floor, in one run.
+"""Requests, daemon CPU and wall time per user operation: zarrfs against a C floor and a native
+folder, in one run.
 
 Each operation (create + write + close of 4 KiB files, 1 MiB files written 64 KiB at a time,
 ``stat`` of existing names through a fresh mount, ``stat`` of missing names, a read of a 4 KiB
 file through a fresh mount; ``ls -f``, ``ls -l``, ``find -name`` and ``du -s`` of a folder of
-``--entries`` files through a fresh mount) runs through a zarrfs mount and through
-``scripts/fuse_ops_floor.c`` (a filesystem in C answering from memory, built here with gcc),
-back to back, ``--repeats`` times. Printed for each: the FUSE requests one operation costs, by
-type, on either side, and the CPU the daemon spent on it (all its threads, from ``/proc``), in
+``--entries`` files through a fresh mount) runs through a zarrfs mount, through
+``scripts/fuse_ops_floor.c`` (a filesystem in C answering from memory, built here with gcc) and
+in a native folder of the work directory's filesystem (its caches dropped before each cold
+operation, as ``bench.py`` does; root only, else it runs warm and says so), back to back,
+``--repeats`` times. Printed for each: the FUSE requests one operation costs, by type, on
+either FUSE side, and the CPU the daemon spent on it (all its threads, from ``/proc``), in
 microseconds; then, for zarrfs, each request type's handler CPU per request
-(``ZARRFS_REQUEST_CPU``). Medians of the rounds. The mount does not spin (``-o spin=0``, as the
-floor's loop): otherwise its CPU would count the spinning between a client's requests. Counts
-are exact; CPU figures hold on a busy machine better than wall-clock ones, and compare back to
-back (``--against REV``, which leaves the handlers' clocks off on both sides: they cost two
-system calls a request).
+(``ZARRFS_REQUEST_CPU``); then the wall time of an operation on each side and the speed of
+zarrfs and of the floor as a fraction of the native folder's: the floor's fraction is the most
+any FUSE daemon gets on this machine, so a target above it (``bench.py``'s) cannot be met here.
+Medians of the rounds. By default neither daemon spins (``-o spin=0``, and the floor's loop
+sleeps at once): otherwise the CPU would count the spinning between a client's requests;
+``--spin default`` gives zarrfs its own window and the floor the same, for wall times as a
+user gets them. Counts are exact; CPU figures hold on a busy machine better than wall-clock
+ones, and compare back to back (``--against REV``, which leaves the handlers' clocks off on
+both sides: they cost two system calls a request).
 
     python scripts/bench_ops.py                         # LMDB, 2,000 operations, 20,000 names
     python scripts/bench_ops.py --drivers lmdb,sqlite --ops 500 --entries 5000 --repeats 1
+    python scripts/bench_ops.py --spin default          # wall times with both daemons spinning
     python scripts/bench_ops.py --against HEAD~3        # that commit's zarrfs, then this one's
     python scripts/bench_ops.py --against HEAD~3 --alternate 3 --repeats 1  # taking turns, 3 runs each
     python scripts/bench_ops.py --only "ls,stat"        # some of the operations
@@ -98,12 +106,24 @@ class Zarrfs:
     def fresh(self) -> None:
         if self.mounted:
             subprocess.run(self._cmd("umount", str(self.root)), check=True)
+        self._cached()
         env = {**os.environ, "ZARRFS_REQUEST_CPU": "1"} if self.clocks else os.environ
         log = str(self.root) + ".log"
         args = ["--log-file", log, *([] if self.spin is None else ["-o", f"spin={self.spin}"])]
         subprocess.run(self._cmd("mount", self.url, str(self.root), *args), check=True, env=env)
         self.mounted = True
         self.pid = self._status()["pid"]
+
+    def _cached(self) -> None:
+        """Read the database's files, so that "cold" means a fresh mount of a database in the
+        page cache whatever the native side's dropping of caches did just before."""
+        path = Path(self.url.split("://", 1)[1].split("?", 1)[0])
+        files = [p for p in path.iterdir() if p.is_file()] if path.is_dir() else [path]
+        files += list(path.parent.glob(path.name + "-*")) if not path.is_dir() else []
+        for f in files:
+            with open(f, "rb") as fh:
+                while fh.read(1 << 20):
+                    pass
 
     def _status(self) -> dict:
         from against import query
@@ -132,7 +152,8 @@ class Floor:
                28: "readdir", 29: "releasedir", 35: "create", 39: "ioctl", 42: "batch_forget", 2: "forget",
                44: "readdirplus"}
 
-    def __init__(self, work: Path, root: Path, entries: int) -> None:
+    def __init__(self, work: Path, root: Path, entries: int, spin_us: float) -> None:
+        self.spin_us = spin_us
         self.binary = work / "fuse_ops_floor"
         source = str(HERE / "scripts/fuse_ops_floor.c")
         subprocess.run(["gcc", "-O2", source, "-o", str(self.binary)], check=True)
@@ -143,7 +164,8 @@ class Floor:
 
     def fresh(self) -> None:
         self.close()
-        self.proc = subprocess.Popen([str(self.binary), str(self.root), str(self.entries), str(self.file)])
+        argv = [str(self.binary), str(self.root), str(self.entries), str(self.file), f"{self.spin_us:g}"]
+        self.proc = subprocess.Popen(argv)
         self.pid = self.proc.pid
         deadline = time.monotonic() + 10
         while not os.path.ismount(self.root):
@@ -174,6 +196,38 @@ class Floor:
             subprocess.run(["fusermount3", "-u", str(self.root)], check=False)
             self.proc.wait(timeout=10)
             self.proc = None
+
+
+class Native:
+    """A folder of the work directory's own filesystem, its caches dropped before each cold
+    operation (``drop_caches``: root only; without it every operation runs warm)."""
+
+    name = "native"
+
+    def __init__(self, root: Path, entries: int, drop: bool = True) -> None:
+        self.root = root
+        (root / "big").mkdir(parents=True)
+        for i in range(entries):
+            (root / "big" / str(i)).touch()
+        self.drops = drop and os.access("/proc/sys/vm/drop_caches", os.W_OK)
+        found = subprocess.run(["findmnt", "-n", "-o", "FSTYPE", "--target", str(root)],
+                               capture_output=True, text=True) if shutil.which("findmnt") else None
+        self.fstype = (found.stdout.strip() if found else "") or "native"
+
+    def fresh(self) -> None:
+        os.sync()
+        if self.drops:
+            with open("/proc/sys/vm/drop_caches", "w") as fh:
+                fh.write("3")
+
+    def counts(self) -> tuple[dict[str, int], dict[str, int], int]:
+        return {}, {}, 0
+
+    def existing(self, i: int) -> Path:
+        return self.root / f"c0_{i}"
+
+    def close(self) -> None:
+        pass
 
 
 def run_op(op: str, side, n: int, round_: int) -> None:
@@ -208,13 +262,16 @@ def run_op(op: str, side, n: int, round_: int) -> None:
         subprocess.run(LISTINGS[op](str(root / "big")), check=True, stdout=subprocess.DEVNULL)
 
 
-def measure(op: str, side, n: int, round_: int) -> tuple[dict[str, float], dict[str, float], float]:
+def measure(op: str, side, n: int, round_: int) -> tuple[dict[str, float], dict[str, float], float, float]:
     """Requests by type per operation, handler µs per request by type, process CPU µs per
-    operation, of one round of ``op`` through a fresh mount of ``side``."""
+    operation and wall µs per operation, of one round of ``op`` through a fresh mount of
+    ``side``."""
     side.fresh()  # cold: nothing cached by the kernel
     count = 1 if op in LISTINGS else max(1, n // 16) if op.startswith("write 1 MiB") else n
     before, cpu0, ns0 = side.counts()
+    start = time.perf_counter()
     run_op(op, side, n, round_)
+    wall = (time.perf_counter() - start) * 1e6 / count
     time.sleep(0.2)  # RELEASE comes after close() returns
     after, cpu1, ns1 = side.counts()
     diff = {k: (v - before.get(k, 0)) / count for k, v in after.items() if v - before.get(k, 0)}
@@ -225,7 +282,7 @@ def measure(op: str, side, n: int, round_: int) -> tuple[dict[str, float], dict[
         served = (after.get(kind, 0) - before.get(kind, 0))
         if served:
             per_request[kind] = (us - cpu0.get(kind, 0)) / served
-    return diff, per_request, (ns1 - ns0) / 1000 / count
+    return diff, per_request, (ns1 - ns0) / 1000 / count, wall
 
 
 def requests_text(counts: dict[str, float]) -> str:
@@ -245,8 +302,9 @@ def run(args) -> dict:
     try:
         floor = None
         if shutil.which("gcc"):
-            floor = Floor(work, work / "floor", args.entries)
+            floor = Floor(work, work / "floor", args.entries, spin_us(args.spin))
         for kind in args.drivers.split(","):
+            native = Native(work / f"native-{kind}", args.entries, not args.native_warm)
             url = {"lmdb": f"lmdb://{work}/{kind}.lmdb", "sqlite": f"sqlite://{work}/{kind}.sqlite"}[kind]
             spin = None if args.spin == "default" else args.spin
             z = Zarrfs(url, work / f"mnt-{kind}", args.entries, spin, not args.no_handler_cpu)
@@ -254,22 +312,25 @@ def run(args) -> dict:
             try:
                 for op in chosen(args.only):
                     n = args.ops
-                    rounds = {"zarrfs": [], "floor": []}
+                    rounds = {"zarrfs": [], "floor": [], "native": []}
                     for r in range(args.repeats):
-                        for side in (z, floor) if r % 2 == 0 else (floor, z):
+                        sides = (z, floor, native)[r % 3:] + (z, floor, native)[: r % 3]  # each first in turn
+                        for side in sides:
                             if side is not None:
                                 rounds[side.name].append(measure(op, side, n, r))
                     row = {}
                     for name, got in rounds.items():
                         if got:
-                            kinds = {k for _, pr, _ in got for k in pr}
+                            kinds = {k for _, pr, _, _ in got for k in pr}
                             row[name] = {
                                 "requests": median_counts([g[0] for g in got]),
                                 "cpu_us": statistics.median(g[2] for g in got),
+                                "wall_us": statistics.median(g[3] for g in got),
                                 "handler_us": {
                                     k: statistics.median(g[1][k] for g in got if k in g[1]) for k in kinds
                                 },
                             }
+                    row["native"].update(fstype=native.fstype, cold=native.drops)
                     rows[op] = row
             finally:
                 z.close()
@@ -279,6 +340,22 @@ def run(args) -> dict:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return results
+
+
+def spin_us(spin: str) -> float:
+    """The floor's spin for ``--spin``: zarrfs's own default window for "default"."""
+    if spin != "default":
+        return float(spin)
+    try:
+        from zarrfs.fuse.loop import DEFAULT_SPIN_US
+    except ImportError:  # a zarrfs without a spinning loop
+        return 0.0
+    return float(DEFAULT_SPIN_US)
+
+
+def speed(native_us: float, us: float) -> str:
+    """Speed as a fraction of the native folder's (its time over this side's)."""
+    return f"{native_us / us:5.2f}x" if us else ""
 
 
 def report(results: dict, args) -> None:
@@ -300,6 +377,19 @@ def report(results: dict, args) -> None:
                 handler.setdefault(k, []).append(us)
         figures = ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in sorted(handler.items()))
         print(f"  zarrfs handler CPU, µs a request (median over the operations): {figures}")
+        some = next(iter(rows.values()))["native"]
+        how = "caches dropped before each operation" if some["cold"] else "warm: not root, caches not dropped"
+        print(f"\n{kind}: wall time of an operation, µs (native: {some['fstype']}, {how}; "
+              f"spin {args.spin}); speed as a fraction of native")
+        print(f"| {'operation':<28} | {'native':>12} | {'floor':>12} | {'zarrfs':>12} "
+              f"| {'floor speed':>11} | {'zarrfs speed':>12} |")
+        print(f"|{'-' * 30}|{'-' * 14}|{'-' * 14}|{'-' * 14}|{'-' * 13}|{'-' * 14}|")
+        for op, row in rows.items():
+            z, f, nat = row["zarrfs"], row.get("floor"), row["native"]
+            fw = f["wall_us"] if f else float("nan")
+            fs, zs = speed(nat["wall_us"], fw) if f else "", speed(nat["wall_us"], z["wall_us"])
+            print(f"| {op:<28} | {nat['wall_us']:>12.1f} | {fw:>12.1f} | {z['wall_us']:>12.1f} "
+                  f"| {fs:>11} | {zs:>12} |")
 
 
 def main() -> int:
@@ -314,6 +404,8 @@ def main() -> int:
     parser.add_argument("--only", default=None, help="the operations whose names hold one of these words")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     parser.add_argument("--no-handler-cpu", action="store_true", help="no ZARRFS_REQUEST_CPU clocks")
+    parser.add_argument("--native-warm", action="store_true",
+                        help="the native folder's caches are not dropped (its figures are warm)")
     parser.add_argument("--against", default=None, metavar="REV",
                         help="run on REV's zarrfs first, then on this tree's (scripts/against.py)")
     parser.add_argument("--alternate", type=int, default=1, metavar="N",
@@ -341,6 +433,7 @@ def ops_rows(doc: dict) -> dict[str, tuple[float, str]]:
             z = row["zarrfs"]
             rows[f"{kind} {op}, CPU µs/op"] = (z["cpu_us"], "lower")
             rows[f"{kind} {op}, requests/op"] = (sum(z["requests"].values()), "lower")
+            rows[f"{kind} {op}, wall µs/op"] = (z["wall_us"], "lower")
     return rows
 
 

@@ -5,8 +5,12 @@
  * same operations through it and through zarrfs, and prints both.
  *
  *   gcc -O2 scripts/fuse_ops_floor.c -o /tmp/fuse_ops_floor
- *   /tmp/fuse_ops_floor MOUNTPOINT ENTRIES COUNTS_FILE &   # kill -USR1: counts to COUNTS_FILE
+ *   /tmp/fuse_ops_floor MOUNTPOINT ENTRIES COUNTS_FILE [SPIN_US] &   # kill -USR1: counts to COUNTS_FILE
  *   fusermount3 -u MOUNTPOINT
+ *
+ * SPIN_US (0 by default): after each request, keep reading for up to that many microseconds
+ * before sleeping in poll(), as zarrfs's loop does (-o spin=), so a client's next request finds
+ * the daemon awake; the floor's wall time is then the least a spinning daemon gets.
  *
  * The tree: names starting with "e" in the root are files of 4096 bytes; "big" is a folder of
  * ENTRIES files named 0 .. ENTRIES-1; any other name is missing until created (a create is
@@ -23,6 +27,9 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <time.h>
 #include <unistd.h>
 
 struct in_header { uint32_t len, opcode; uint64_t unique, nodeid; uint32_t uid, gid, pid; uint16_t extlen, pad; };
@@ -56,6 +63,7 @@ enum { LOOKUP = 1, FORGET = 2, GETATTR = 3, SETATTR = 4, OPEN = 14, READ = 15, W
  * HANDLE_KILLPRIV_V2: what zarrfs asks for (zarrfs/fuse/abi.py WANTED, less flags2's). */
 #define WANTED ((1u << 0) | (1u << 3) | (1u << 5) | (1u << 13) | (1u << 15) | (1u << 18) | (1u << 22) | (1u << 28))
 #define MAX_WRITE (1 << 20)
+#define PAUSE_US 2.0  /* between two reads of a spinning loop */
 
 static int fd;
 static uint64_t entries, next_node = 1ULL << 48;
@@ -237,12 +245,19 @@ static int mount_fuse(const char *mountpoint) {
     return got;
 }
 
+static double now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
 int main(int argc, char **argv) {
-    if (argc != 4) {
-        fprintf(stderr, "usage: %s MOUNTPOINT ENTRIES COUNTS_FILE\n", argv[0]);
+    if (argc != 4 && argc != 5) {
+        fprintf(stderr, "usage: %s MOUNTPOINT ENTRIES COUNTS_FILE [SPIN_US]\n", argv[0]);
         return 2;
     }
     entries = strtoull(argv[2], NULL, 10);
+    double spin = argc == 5 ? strtod(argv[4], NULL) : 0, last = 0;
     struct sigaction sa = {.sa_handler = on_usr1};  /* no SA_RESTART: a read is interrupted */
     sigaction(SIGUSR1, &sa, NULL);
     fd = mount_fuse(argv[1]);
@@ -250,12 +265,24 @@ int main(int argc, char **argv) {
         fprintf(stderr, "fuse_ops_floor: cannot mount %s\n", argv[1]);
         return 1;
     }
+    if (spin > 0)
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
     for (;;) {
         if (dump) {
             dump = 0;
             dump_counts(argv[3]);
         }
         ssize_t n = read(fd, buf, sizeof buf);
+        if (n < 0 && errno == EAGAIN) {
+            double t = now_us();
+            if (t - last > spin) {
+                struct pollfd p = {.fd = fd, .events = POLLIN};
+                poll(&p, 1, -1);  /* the window passed: sleep until a request (or SIGUSR1) */
+            } else {
+                while (now_us() - t < PAUSE_US) {}  /* not a read a few hundred ns: each takes the queue's lock */
+            }
+            continue;
+        }
         if (n < 0) {
             if (errno == EINTR || errno == ENOENT || errno == EAGAIN) continue;
             if (errno == ENODEV) return 0;  /* unmounted */
@@ -264,5 +291,7 @@ int main(int argc, char **argv) {
         }
         if ((size_t)n < sizeof(struct in_header)) continue;
         serve((struct in_header *)buf, buf + sizeof(struct in_header));
+        if (spin > 0)
+            last = now_us();
     }
 }

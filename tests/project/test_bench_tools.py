@@ -4,6 +4,7 @@ counts what the kernel asks (``scripts/fuse_ops_floor.c``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -55,13 +56,16 @@ def test_against_exports_rev_with_this_trees_scripts(tmp_path):
 
 @pytest.mark.usefixtures("fuse_required")
 @pytest.mark.mount
-def test_the_c_floor_serves_and_counts_what_the_kernel_asks(tmp_path):
+@pytest.mark.parametrize("spin", [None, "200"])
+def test_the_c_floor_serves_and_counts_what_the_kernel_asks(tmp_path, spin):
+    """Sleeping in read() or spinning (its fourth argument), as bench_ops.py runs it; a
+    spinning floor asleep in poll() still hears SIGUSR1."""
     if shutil.which("gcc") is None:
         pytest.skip("no gcc")
     binary, mnt, counts = tmp_path / "floor", tmp_path / "mnt", tmp_path / "counts"
     subprocess.run(["gcc", "-O2", str(CHECKOUT / "scripts/fuse_ops_floor.c"), "-o", str(binary)], check=True)
     mnt.mkdir()
-    proc = subprocess.Popen([str(binary), str(mnt), "100", str(counts)])
+    proc = subprocess.Popen([str(binary), str(mnt), "100", str(counts), *([spin] if spin else [])])
     try:
         deadline = time.monotonic() + 10
         while not os.path.ismount(mnt):
@@ -73,6 +77,7 @@ def test_the_c_floor_serves_and_counts_what_the_kernel_asks(tmp_path):
         assert os.write(fd, b"x" * 4096) == 4096
         os.close(fd)
         assert (mnt / "e2").read_bytes() == b"e" * 4096
+        time.sleep(0.05)  # past a spinning floor's window: asleep in poll()
         os.kill(proc.pid, signal.SIGUSR1)
         os.stat(mnt)
         while not counts.exists():
@@ -84,3 +89,28 @@ def test_the_c_floor_serves_and_counts_what_the_kernel_asks(tmp_path):
     finally:
         subprocess.run(["fusermount3", "-u", str(mnt)], check=False)
         proc.wait(timeout=10)
+
+
+@pytest.mark.usefixtures("fuse_required")
+@pytest.mark.mount
+def test_bench_ops_times_each_operation_on_zarrfs_the_floor_and_a_native_folder(tmp_path):
+    """A small run of ``scripts/bench_ops.py``: each operation's wall time on the three sides
+    and the speeds of the floor and of zarrfs against the native folder, in one run."""
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc")
+    out = tmp_path / "ops.json"
+    argv = [sys.executable, str(CHECKOUT / "scripts/bench_ops.py"), "--ops", "20", "--entries", "50",
+            "--repeats", "1", "--only", "stat missing,ls -f", "--workdir", str(tmp_path), "--json", str(out),
+            "--native-warm"]  # no caches dropped under the other tests
+    shown = subprocess.run(argv, cwd=CHECKOUT, capture_output=True, text=True, timeout=300, check=True).stdout
+    doc = json.loads(out.read_text())["lmdb"]
+    assert sorted(doc) == ["ls -f", "stat missing"]
+    for op, row in doc.items():
+        assert {"zarrfs", "floor", "native"} <= set(row)
+        assert all(row[side]["wall_us"] > 0 for side in ("zarrfs", "floor", "native"))
+        assert row["native"]["fstype"] and row["native"]["cold"] is False
+        line = [x for x in shown.splitlines() if x.startswith(f"| {op} ")][-1]  # the wall-time table's
+        floor_speed, zarrfs_speed = (float(c.strip().rstrip("x")) for c in line.strip("|").split("|")[4:6])
+        native = row["native"]["wall_us"]
+        assert floor_speed == pytest.approx(native / row["floor"]["wall_us"], abs=0.006)
+        assert zarrfs_speed == pytest.approx(native / row["zarrfs"]["wall_us"], abs=0.006)
