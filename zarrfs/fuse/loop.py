@@ -111,7 +111,8 @@ class Loop:
             except BlockingIOError:
                 if clock() - last > window:
                     ready = poller.poll(sleep_ms)
-                    drain(wake_r)
+                    if any(w == wake_r for w, _ in ready):
+                        drain(wake_r)
                     now = clock()
                     window = next_window(window, now - last, longest)
                     last = now
