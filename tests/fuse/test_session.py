@@ -392,6 +392,37 @@ def test_a_node_known_without_extended_attributes_answers_each_missing_name_as_g
         assert ops.tree.driver.reads == reads
 
 
+def test_a_file_created_here_answers_the_kernels_getxattr_before_its_first_write_without_a_read(
+    make_ops, make_wire
+):
+    """The kernel asks a new file's ``security.capability`` before its first write: under a
+    change feed a file created through the mount with no extended attributes (no default ACL
+    from its folder) is known to have none, so that GETXATTR reads nothing, before its commit
+    and after it."""
+    from zarrfs.fs.api import ChangeWatcher
+    from zarrfs.fuse import coherence
+
+    ops = make_ops()
+    wire = make_wire(ops)
+    wire.session.coherence = coherence.Coherence(wire.session, ChangeWatcher(ops.tree))
+    asked = k.GETXATTR_IN.pack(0, 0) + b"security.capability\0"
+    entry, fh = wire.create(k.ROOT_ID, "new")
+    assert wire.inodes.bare_of_xattrs(entry.nodeid)
+    reads = ops.tree.driver.reads
+    assert wire.fails(k.GETXATTR, entry.nodeid, asked) == errno.ENODATA
+    wire.write(entry.nodeid, fh, b"x" * 4096)
+    wire.flush(entry.nodeid, fh)
+    wire.send(k.RELEASE, entry.nodeid, k.RELEASE_IN.pack(fh, os.O_WRONLY, 0, 0))
+    wire.messages()
+    reads = ops.tree.driver.reads
+    assert wire.fails(k.GETXATTR, entry.nodeid, asked) == errno.ENODATA
+    assert ops.tree.driver.reads == reads
+    # Extended attributes set through the mount are seen.
+    wire.ok(k.SETXATTR, entry.nodeid, k.SETXATTR_IN.pack(1, 0) + b"user.k\0v")
+    assert not wire.inodes.bare_of_xattrs(entry.nodeid)
+    assert wire.ok(k.GETXATTR, entry.nodeid, k.GETXATTR_IN.pack(0, 0) + b"user.k\0")
+
+
 def test_format_errors_become_einval(make_ops, make_wire):
     """With the format layer a bad metadata document is refused when it is stored (the close)."""
     wire = make_wire(make_ops(make_hooks(MountOptions())))

@@ -176,8 +176,12 @@ class HandleTable:
 
     def _shown(self, state: FileState) -> Node:
         attrs = state.attrs or self.tree.default_attrs(FILE)
-        # fstat after unlink: nlink 0
-        return Node(FILE, state.size, attrs, nlink=0 if state.orphan else 1, allocated=self._allocated(state))
+        # fstat after unlink: nlink 0. A file made here and not stored yet has the extended
+        # attributes it was made with (none but an inherited ACL): the kernel's GETXATTR of
+        # security.capability before its first write is then answered without a read.
+        bare = state.created and state.xattrs is None
+        nlink = 0 if state.orphan else 1
+        return Node(FILE, state.size, attrs, nlink=nlink, no_xattrs=bare, allocated=self._allocated(state))
 
     # ------------------------------------------------------------------ open / create
     def open(
