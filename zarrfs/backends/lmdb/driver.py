@@ -453,7 +453,7 @@ class LMDBTxn(Txn):
         if self._changes:
             driver.known.committed(self._id + 1, self._changes)
         if logged is not None:
-            driver.own.add(logged)
+            driver.own.add(logged, self._id + 1 if self._changes else 0)
 
     def _log(self) -> int | None:
         """Put this transaction's entry in the change log (see ``feed``), before the side commit;
