@@ -1,13 +1,17 @@
-"""The request road compiled: which of zarrfs's modules ``scripts/build_compiled.py`` builds with
-Cython, and the choice, at import, between a module's build and its source.
+"""The listing's loop compiled: which of zarrfs's modules ``scripts/build_compiled.py`` builds
+with Cython, and the choice, at import, between a module's build and its source.
 
-A built module is an extension file beside its source (``session.cpython-311-...so`` beside
-``session.py``), which Python's import prefers. It is used only while it is the build of the
+A built module is an extension file beside its source (``dirreq.cpython-311-...so`` beside
+``dirreq.py``), which Python's import prefers. It is used only while it is the build of the
 source beside it: the build records each source's SHA-256 in ``compiled.json``, and a module
 whose source changed since (or every module, with ``ZARRFS_PURE=1`` in the environment) is
-imported from its source. Without a build (no compiler, a wheel, a checkout never set up)
-every module runs from its source. The modules are compiled as they are written, with no C
-types of their own (docs/performance.md, "The request road compiled")."""
+imported from its source; so is a module no longer listed whose old build is still there (a
+checkout updated without the build run again). Without a build (no compiler, a wheel, a
+checkout never set up) every module runs from its source. The modules are compiled as they are
+written, with no C types of their own. Only the listing's modules are: they run one loop over
+thousands of names, where compiled code pays; the rest of a request's road ran slower compiled
+through a mount than interpreted, its larger code missing the caches between requests
+(docs/performance.md, "Compiled where it loops")."""
 
 from __future__ import annotations
 
@@ -19,37 +23,14 @@ import os
 import sys
 from pathlib import Path
 
-#: The modules compiled: those a request runs through (the session, the node table, the
-#: listing, lookups, open files, transactions and the LMDB driver), named from the package's root.
+#: The modules compiled: those of a listing's loop over its names (a folder request's replies,
+#: the listing's windows, LMDB's cursor pages, attribute records, names), named from the
+#: package's root.
 MODULES = (
-    "fuse.abi",
-    "fuse.coherence",
     "fuse.dirreq",
-    "fuse.dispatch",
-    "fuse.inodes",
-    "fuse.replies",
-    "fuse.session",
-    "fuse.xattrreq",
-    "fs.api",
-    "fs.foldercache",
-    "fs.handles",
     "fs.listing",
-    "fs.lookups",
     "fs.names",
-    "fs.node",
-    "fs.openfiles",
-    "fs.pagecache",
-    "fs.records",
     "fs.sidedata",
-    "fs.transactions",
-    "fs.tree",
-    "backends.base",
-    "backends.checks",
-    "backends.lmdb.driver",
-    "backends.lmdb.environments",
-    "backends.lmdb.longkeys",
-    "backends.lmdb.maps",
-    "backends.lmdb.pages",
     "backends.lmdb.scan",
 )
 #: Set (to anything but "" or "0") to import every module from its source.
@@ -57,6 +38,7 @@ PURE_ENV = "ZARRFS_PURE"
 PACKAGE = Path(__file__).resolve().parent
 #: What the build wrote: the compiler's module suffix and each compiled source's SHA-256.
 MANIFEST = PACKAGE / "compiled.json"
+_SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
 def source_of(module: str) -> Path:
@@ -118,9 +100,21 @@ class _Choice:
 
     def find_spec(self, fullname: str, path: object = None, target: object = None):
         module = self.names.get(fullname)
-        if module is None or self.uses_build(module):
-            return None  # not listed, or the build is of this source: Python's finder takes it
+        if module is None:
+            return self._unlisted(fullname)
+        if self.uses_build(module):
+            return None  # the build is of this source: Python's finder takes it
         return importlib.util.spec_from_file_location(fullname, source_of(module))
+
+    def _unlisted(self, fullname: str):
+        """A module of the package not compiled (any more) whose old build still sits beside
+        its source: the source (an old build of another source is never run); else nothing."""
+        if not fullname.startswith(self.package + "."):
+            return None
+        source = source_of(fullname[len(self.package) + 1 :])
+        if not source.exists() or not source.with_name(source.stem + _SUFFIX).exists():
+            return None
+        return importlib.util.spec_from_file_location(fullname, source)
 
 
 def summary() -> str:

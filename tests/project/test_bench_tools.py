@@ -48,10 +48,10 @@ def test_against_exports_rev_with_this_trees_scripts(tmp_path):
     for name in ("bench.py", "bench_ops.py", "against.py", "fuse_ops_floor.c"):
         assert (tmp_path / "rev/scripts" / name).read_bytes() == (CHECKOUT / "scripts" / name).read_bytes()
     assert list((tmp_path / "rev/zarrfs").rglob("*.pyc"))  # compiled once, not by each daemon
-    # REV's request road built like this tree's: compiled where this tree's is, else pure.
+    # REV's modules built like this tree's: compiled where this tree's are, else pure.
     built = (CHECKOUT / "zarrfs/compiled.json").exists()
     assert (tmp_path / "rev/zarrfs/compiled.json").exists() == built
-    assert bool(list((tmp_path / "rev/zarrfs/fuse").glob("session.*.so"))) == built
+    assert bool(list((tmp_path / "rev/zarrfs/fuse").glob("dirreq.*.so"))) == built
 
 
 @pytest.mark.usefixtures("fuse_required")

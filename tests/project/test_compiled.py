@@ -1,10 +1,11 @@
-"""The request road compiled (``scripts/build_compiled.py``, ``zarrfs/compiled.py``): where it is
+"""The listing's loop compiled (``scripts/build_compiled.py``, ``zarrfs/compiled.py``): where it is
 built every listed module runs from its build; ``ZARRFS_PURE=1`` and a source changed since the
 build run the source. The pure-Python road itself is tested by the quick tier run with
 ``ZARRFS_PURE=1`` (scripts/test.sh)."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
 import os
 import shutil
@@ -37,7 +38,7 @@ def _imports(path: Path, **env: str) -> dict:
 
 def _built() -> None:
     if not compiled.MANIFEST.exists():
-        unavailable("the request road is not built (scripts/build_compiled.py)")
+        unavailable("the compiled modules are not built (scripts/build_compiled.py)")
 
 
 def test_where_built_every_listed_module_runs_from_its_build() -> None:
@@ -64,6 +65,21 @@ def test_a_source_changed_since_the_build_runs_as_written(tmp_path: Path) -> Non
     assert seen["changed"]
     assert seen["loaded"] == [m for m in compiled.MODULES if m != "fuse.dirreq"]
     assert seen["files"]["fuse.dirreq"] == str(changed)
+
+
+def test_an_old_build_of_a_module_no_longer_compiled_is_never_run(tmp_path: Path) -> None:
+    """A checkout updated without the build run again keeps the builds of modules taken off
+    the list: their sources run (here the old build is not even a module: importing it would
+    fail)."""
+    shutil.copytree(ROOT / "zarrfs", tmp_path / "zarrfs", ignore=shutil.ignore_patterns("__pycache__"))
+    assert "fuse.session" not in compiled.MODULES
+    source = tmp_path / "zarrfs" / "fuse" / "session.py"
+    source.with_name("session" + importlib.machinery.EXTENSION_SUFFIXES[0]).write_bytes(b"not a module")
+    probe = "import zarrfs.fuse.session as m; print(m.__file__)"
+    out = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(tmp_path)},
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(source)
 
 
 def _checkout(tmp_path: Path, modules: tuple[str, ...]) -> Path:

@@ -206,7 +206,7 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
                 on_ready()
 
         log.info("mounting %s at %s (%s)", shown, mountpoint, "read-only" if opts.readonly else "read-write")
-        log.info("request road: %s", compiled.summary())
+        log.info("compiled modules: %s", compiled.summary())
         channel = Channel(mountpoint, mount_options(shown, opts))
     except BaseException:
         driver.close()
