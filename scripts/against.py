@@ -5,7 +5,7 @@ its runs: a machine whose speed drifts within minutes moves both sides alike, wh
 of each puts the drift between them.
 
 REV's files are exported (``git archive``) to a scratch folder, its modules byte-compiled and,
-where this tree runs its request road compiled and REV has one (``zarrfs/compiled.py``), built
+where this tree runs compiled modules and REV has some (``zarrfs/compiled.py``, REV's list), built
 with Cython as ``scripts/build_compiled.py`` builds this tree's, and this
 tree's ``scripts/`` (with the helper modules of ``tests/`` they import) copied over REV's, so
 both runs are the same script; each run imports the zarrfs of its folder (``PYTHONPATH``, and
@@ -79,8 +79,8 @@ def export(rev: str, where: Path) -> str:
             shutil.copy2(path, where / "tests" / path.name)
     subprocess.run([sys.executable, "-m", "compileall", "-q", "zarrfs"], cwd=where, check=True,
                    stdout=subprocess.DEVNULL)
-    # REV's request road built as this tree's is (``git archive`` has no builds): compiled
-    # where this tree runs compiled and REV has a compiled road, else pure like this tree.
+    # REV's modules built as this tree's are (``git archive`` has no builds): REV's list compiled
+    # where this tree runs compiled modules and REV has some, else pure like this tree.
     if (HERE / "zarrfs" / "compiled.json").exists() and (where / "zarrfs" / "compiled.py").exists():
         built = subprocess.run([sys.executable, "scripts/build_compiled.py"], cwd=where,
                                capture_output=True, text=True)

@@ -1,4 +1,4 @@
-"""Build the request road with Cython: each module of ``zarrfs.compiled.MODULES`` compiled from a
+"""Build the listing's loop with Cython: each module of ``zarrfs.compiled.MODULES`` compiled from a
 copy of its source (in ``build/compiled``) and put beside the source, with ``zarrfs/compiled.json``
 naming the sources built (``zarrfs/compiled.py`` says how a build is chosen at import).
 

@@ -31,7 +31,7 @@ command -v tar >/dev/null || need+=(tar)
 command -v gdal_translate >/dev/null || need+=(gdal-bin)
 command -v ncdump >/dev/null || need+=(netcdf-bin)
 command -v setfacl >/dev/null || need+=(acl)
-# A C compiler for scripts/build_compiled.py (the request road compiled; without one zarrfs runs as pure Python).
+# A C compiler for scripts/build_compiled.py (the listing's loop compiled; without one zarrfs runs as pure Python).
 command -v cc >/dev/null || need+=(gcc)
 # The completion installed below is loaded by bash-completion: without it a new shell completes nothing.
 [ -f /usr/share/bash-completion/bash_completion ] || need+=(bash-completion)
@@ -48,9 +48,9 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -m pip install -q -e ".[test,compiled]" 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import zarrfs, lmdb, redis, zarr" >/dev/null
-# The request road compiled with Cython and the machine's C compiler, when both are there (and
+# The listing's loop compiled with Cython and the machine's C compiler, when both are there (and
 # the sources changed since the last build); without them zarrfs runs as pure Python
-# (zarrfs/compiled.py, docs/performance.md "The request road compiled").
+# (zarrfs/compiled.py, docs/performance.md "Compiled where it loops").
 .venv/bin/python scripts/build_compiled.py
 # zarrfs is installed editable, so pip compiled none of its modules; where Python writes no
 # bytecode of its own (PYTHONDONTWRITEBYTECODE, a read-only checkout) every daemon and CLI
