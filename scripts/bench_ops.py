@@ -215,10 +215,9 @@ class Native:
         self.fstype = (found.stdout.strip() if found else "") or "native"
 
     def fresh(self) -> None:
-        os.sync()
-        if self.drops:
-            with open("/proc/sys/vm/drop_caches", "w") as fh:
-                fh.write("3")
+        from bench_scale import cold  # its sync and drop of the kernel's caches
+
+        cold(self.drops)
 
     def counts(self) -> tuple[dict[str, int], dict[str, int], int]:
         return {}, {}, 0

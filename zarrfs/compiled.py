@@ -42,7 +42,7 @@ _SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
 def source_of(module: str) -> Path:
-    """The source file of ``module`` (a name of :data:`MODULES`)."""
+    """The source file of ``module`` (named from the package's root, as in :data:`MODULES`)."""
     return PACKAGE.joinpath(*module.split(".")).with_suffix(".py")
 
 
