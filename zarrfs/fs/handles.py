@@ -33,7 +33,7 @@ from zarrfs.fs.lockedfiles import LockedFiles
 from zarrfs.fs.node import stamp_of
 from zarrfs.fs.openfiles import FileState, Handle, OpenFiles
 from zarrfs.fs.opennames import SNAPSHOT_LIMIT
-from zarrfs.fs.pagecache import Stored, last_page
+from zarrfs.fs.pagecache import Stored, last_page, whole_content
 from zarrfs.fs.sidedata import Attrs
 from zarrfs.fs.spill import DEFAULT_SPILL, SpillBuffer
 from zarrfs.fs.tree import FILE, Node, Tree
@@ -619,7 +619,8 @@ class HandleTable:
     def release(self, fh: int) -> Stored | None:
         """Last close of a descriptor: a writer's commits what is left, and so does the last
         close of a file created here and not stored yet whoever opened it (``open(O_CREAT)``
-        with ``O_RDONLY`` makes a file too); forget the handle."""
+        with ``O_RDONLY`` makes a file too); forget the handle. What was stored comes with the
+        content to hand to the kernel once no descriptor is open (:meth:`_handed`)."""
         handle = self.handles.pop(fh, None)
         if handle is None:
             return None
@@ -633,7 +634,7 @@ class HandleTable:
                 writes = handle.writable or (state.created and not state.handles)
                 stored = (self.commit(state) if writes else None) or state.stored
                 if stored is not None and not state.handles and not state.orphan and state.buffer:
-                    return stored._replace(tail=last_page(state.buffer))
+                    return stored._replace(tail=self._handed(state))
                 return stored
         except Exception as exc:  # release cannot report errors; flush already did
             log.error("commit of %s at release failed: %s", state.key, exc)
@@ -696,6 +697,28 @@ class HandleTable:
         self.deferred.clear()
 
     # ------------------------------------------------------------------ unstored new files
+    @staticmethod
+    def _handed(state: FileState) -> bytes:
+        """What to hand to the kernel of a file just stored that no descriptor holds open: its
+        last partial page (the rest is in the kernel's cache, written through it), or all of
+        it when it was written past the cache (:meth:`write_direct`)."""
+        assert state.buffer is not None
+        return (whole_content if state.direct else last_page)(state.buffer)
+
+    def write_direct(self, fh: int) -> None:
+        """The file open as ``fh`` is written past the kernel's page cache (``FOPEN_DIRECT_IO``):
+        once stored and closed, all of it is handed to the kernel, not its last page alone."""
+        self.files.handle(fh).state.direct = True
+
+    def stored_once(self, fh: int) -> bool:
+        """Whether the file open as ``fh`` has been stored since it was created here (else
+        nobody but this mount has seen it)."""
+        return not self.files.handle(fh).state.created
+
+    def key_of(self, fh: int) -> str:
+        """The key of the file open as ``fh``."""
+        return self.files.handle(fh).state.key
+
     def unstored(self, key: str) -> FileState | None:
         """The state of a file created here and not stored yet (a held temporary file)."""
         state = self.states.get(key)
@@ -736,7 +759,7 @@ class HandleTable:
         stored = Stored(state.size, attrs.mtime)
         state.stored = stored
         if not state.handles:
-            stored = stored._replace(tail=last_page(state.buffer))
+            stored = stored._replace(tail=self._handed(state))
         self.files.drop_name(dst)
         del self.states[src]
         self.deferred.pop(src, None)

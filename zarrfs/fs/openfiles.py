@@ -51,6 +51,9 @@ class FileState:
     stale: bool = False
     # Shown to the kernel as :attr:`version` while a newer one was stored (HandleTable._as_read).
     shown_older: bool = False
+    # Written past the kernel's page cache (a new file's write-only descriptor): the kernel
+    # holds none of its pages, so all of it is handed over once no descriptor is open.
+    direct: bool = False
 
     @property
     def snapshot(self) -> Any:

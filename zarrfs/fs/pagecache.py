@@ -200,8 +200,10 @@ PAGE = mmap.PAGESIZE
 
 class Stored(NamedTuple):
     """What a commit stored: ``size`` and ``mtime`` decide whether the kernel's cached pages of
-    the file still hold; ``tail`` is the content of its last, partial page, given only when no
-    descriptor of the file is open any more (see :func:`last_page`), else empty. ``others``:
+    the file still hold; ``tail`` is the content from ``size - len(tail)`` to the end to hand
+    to the kernel (its last, partial page, :func:`last_page`; or all of it,
+    :func:`whole_content`), given only when no descriptor of the file is open any more, else
+    empty. ``others``:
     what was stored holds bytes another mount committed (the commit laid this mount's changes
     on them), so the kernel's pages of the file are not the content."""
 
@@ -221,3 +223,11 @@ def last_page(buffer: SpillBuffer) -> bytes:
     # before the reply, without a thread.
     cut = buffer.size % PAGE
     return bytes(buffer.read(buffer.size - cut, cut)) if cut else b""
+
+
+def whole_content(buffer: SpillBuffer) -> bytes:
+    """All of ``buffer``, for a file written past the page cache (``FOPEN_DIRECT_IO``): the
+    kernel holds none of its pages, and a write through the cache would have left them all
+    there. Only while it is in memory: a file larger than the spill threshold is read back
+    from the database, as a first reading of a large file is (:meth:`PageCache.direct`)."""
+    return bytes(buffer.read(0, buffer.size)) if buffer.in_memory else b""

@@ -142,6 +142,11 @@ class SpillBuffer:
         """Current length in bytes."""
         return self._size
 
+    @property
+    def in_memory(self) -> bool:
+        """Whether the content is in memory (not spilled to the temporary file)."""
+        return self._mem is not None
+
     def _spill(self) -> None:
         # Unbuffered: every later access is pread/pwrite on the descriptor.
         self._file = tempfile.TemporaryFile(prefix="zarrfs-", buffering=0)

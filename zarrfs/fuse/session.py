@@ -104,6 +104,8 @@ class Session(Dispatcher):
         # Node ID -> the handles open on a file unlinked while open (a live set): what answers
         # its fstat, which the kernel sends as a GETATTR of the node without a handle.
         self._orphans: dict[int, set[int]] = {}
+        # The handles of files created write-only, written past the page cache (_create).
+        self._direct_writes: set[int] = set()
         ops.on_keys_changed(self.keys_changed)
         # The handler of each opcode of abi.OPCODES is the method named after it (``_lookup``).
         handlers: dict[int, Handler] = {code: getattr(self, f"_{op.name}") for code, op in k.OPCODES.items()}
@@ -638,7 +640,20 @@ class Session(Dispatcher):
             self.ops.release(fh)
             raise FsError(errno.EIO, f"{key} vanished while it was created")
         entry = self._entry(key, node)[1]
-        self._send(_ENTRY_HEADER(k.CREATE_REPLY.size, 0, head.unique) + entry + _OPEN_OUT(fh, 0, 0))
+        open_flags = 0
+        if flags & os.O_ACCMODE == os.O_WRONLY and self._direct_ok:
+            # Written past the page cache: the kernel then asks no GETXATTR of
+            # security.capability before the first write (its cached path does, for every new
+            # file; the direct one leaves set-id bits and capabilities to the daemon under
+            # HANDLE_KILLPRIV_V2). A write-only descriptor reads nothing; the kernel drops
+            # the pages a direct write covers, so another descriptor's cached reads see it
+            # (Linux 6.6, the same release as _direct_ok's DIRECT_IO_ALLOW_MMAP); and the
+            # content is handed to the kernel once stored and closed
+            # (HandleTable.write_direct), so what was written is read back from memory.
+            open_flags = k.FOPEN_DIRECT_IO
+            self.files.write_direct(fh)
+            self._direct_writes.add(fh)
+        self._send(_ENTRY_HEADER(k.CREATE_REPLY.size, 0, head.unique) + entry + _OPEN_OUT(fh, open_flags, 0))
 
     def _open(self, head: Header, buf: memoryview) -> None:
         flags, kill = k.OPEN_IN.unpack_from(buf, k.IN_HEADER_SIZE)
@@ -717,6 +732,10 @@ class Session(Dispatcher):
         self.bytes_written += written
         if write_flags & k.WRITE_KILL_SUIDGID:  # a writer without CAP_FSETID (HANDLE_KILLPRIV_V2)
             self.files.kill_suidgid(fh)
+        if fh in self._direct_writes and self.files.stored_once(fh):
+            # Past the page cache the kernel removes no capability: a file stored since its
+            # create may have been given one (a new file has none until then).
+            self.xattrs.kill_capability(head.nodeid, self.files.key_of(fh))
         self._send(k.WRITE_REPLY.pack(k.WRITE_REPLY.size, 0, head.unique, written, 0))
 
     def _fallocate(self, head: Header, buf: memoryview) -> None:
@@ -782,8 +801,10 @@ class Session(Dispatcher):
         self._reply_ok(head.unique)
 
     def _release(self, head: Header, buf: memoryview) -> None:
+        fh = k.RELEASE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]
+        self._direct_writes.discard(fh)
         try:
-            self._stored(head.nodeid, self.ops.release(k.RELEASE_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]))
+            self._stored(head.nodeid, self.ops.release(fh))
         except Exception as exc:  # nobody to tell: close() has returned already
             log.error("release %s: %s", self._describe(head), exc)
         lost = self.files.take_never_stored()

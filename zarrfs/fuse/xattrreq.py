@@ -30,6 +30,8 @@ from zarrfs.fuse.replies import Replies
 
 #: The SELinux label: EOPNOTSUPP for a node without one (see the module's docstring).
 SELINUX = b"security.selinux"
+#: What a write removes (the kernel's, or past the page cache the daemon's: kill_capability).
+CAPABILITY = b"security.capability"
 
 
 class XattrRequests:
@@ -91,6 +93,19 @@ class XattrRequests:
                 raise FsError(errno.EOPNOTSUPP, f"{key}: no SELinux label", quiet=True) from None
             raise
         self._sized(head, size, value)
+
+    def kill_capability(self, nodeid: int, key: str) -> None:
+        """A write the kernel passed on without removing ``security.capability`` (past the page
+        cache): removed here, as HANDLE_KILLPRIV_V2 leaves to the daemon. Under a change feed
+        a file known to have no attributes is not read again."""
+        record = self._record(nodeid, key)
+        if record is None:
+            record = self.ops.xattrs(key)
+        if CAPABILITY in record:
+            try:
+                self.ops.setxattr(key, CAPABILITY, None)
+            finally:
+                self.inodes.xattrs_changed(nodeid)
 
     def listxattr(self, head: Header, buf: memoryview) -> None:
         size = k.GETXATTR_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]
