@@ -99,6 +99,8 @@ DIRECT_IO_ALLOW_MMAP_MINOR = 39
 # its own; with it, once a file until its attributes are read again, and the write, truncate,
 # chown or open(O_TRUNC) of a caller without CAP_FSETID carries a flag (WRITE_KILL_SUIDGID,
 # FATTR_KILL_SUIDGID, OPEN_KILL_SUIDGID) on which zarrfs clears them (Session._kill_suidgid).
+# A write past the page cache (a new file's write-only descriptor, Session._create) is never
+# preceded by that GETXATTR: there the daemon removes a capability too (XattrRequests).
 WANTED = (
     ASYNC_READ
     | ATOMIC_O_TRUNC
