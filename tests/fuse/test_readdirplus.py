@@ -115,7 +115,8 @@ def test_a_window_of_every_kind_of_name_lists_what_a_lookup_gives(make_ops, make
     """A folder large enough that its nodes are read from whole ranges of side records and
     numbered a reply at a time (plain files and folders in one loop), mixed with every name
     that takes the per-name road: a file stored in parts, two names of one linked file, a
-    symlink, a device, a key written behind the mount (no attribute record), a folder whose
+    symlink, a device, a key written behind the mount and a folder of such keys (no attribute
+    record: the mount's defaults, each its own copy), a folder whose
     attribute record says it is a file, a file open with pending writes, a file whose pages
     the kernel was given, and a file looked up again meanwhile. Each entry's node ID and
     attributes are what a LOOKUP then gives, in replies of every size."""
@@ -136,7 +137,10 @@ def test_a_window_of_every_kind_of_name_lists_what_a_lookup_gives(make_ops, make
     wire.ok(k.MKNOD, d.nodeid, k.MKNOD_IN.pack(0o020644, os.makedev(1, 3), 0o022, 0) + z("dev"))
     SOME = Attrs(0o100644, 1, 2, 3, 4, 5).pack()
     wire.ops.tree.driver.transact(
-        lambda t: [t.put("d/behind", b"b" * 33), t.put("d/odd/k", b"1"), t.put(ATTR + "d/odd", SOME, SIDE)]
+        lambda t: [
+            t.put("d/behind", b"b" * 33), t.put("d/zbare/k", b"2"), t.put("d/odd/k", b"1"),
+            t.put(ATTR + "d/odd", SOME, SIDE),
+        ]
     )
     opened, fh_open = wire.create(d.nodeid, "open")  # pending writes, not stored yet
     wire.write(opened.nodeid, fh_open, b"o" * 77)
@@ -147,7 +151,7 @@ def test_a_window_of_every_kind_of_name_lists_what_a_lookup_gives(make_ops, make
     listed = ["open", "linked1", "linked2", "sub", "sym", "dev", "parted", "f010"]
     listed += [f"f{i:03d}" for i in range(90)]
     assert wire.inodes.paged(paged.nodeid)
-    everything = [f"d/{n}" for n in listed + ["behind", "odd"]]
+    everything = [f"d/{n}" for n in listed + ["behind", "zbare", "odd"]]
     _forget_all(wire, everything)  # "open" too: its pending node is what a listing then shows
     for size in (4096, 1000, 160 * 130):
         fh = opendir(wire, d.nodeid)
@@ -158,7 +162,8 @@ def test_a_window_of_every_kind_of_name_lists_what_a_lookup_gives(make_ops, make
             got += records
             offset = records[-1][2]
         names = [n for n, *_ in got][2:]
-        assert names == sorted(set(listed) - {"open"} | {"behind", "odd"}) + ["open"], size  # unstored last
+        stored = sorted(set(listed) - {"open"} | {"behind", "zbare", "odd"})
+        assert names == stored + ["open"], size  # unstored last
         for name, nodeid, _, attr in got[2:]:
             looked = entry_of(wire.call(k.LOOKUP, d.nodeid, z(name)))
             if name == "f080":
@@ -168,6 +173,7 @@ def test_a_window_of_every_kind_of_name_lists_what_a_lookup_gives(make_ops, make
         sizes = {n: a["size"] for n, _, _, a in got if n in ("parted", "open", "behind", "sym", "f089")}
         assert sizes == {"parted": 20000, "open": 77, "behind": 33, "sym": 4, "f089": 89}
         assert next(a for n, _, _, a in got if n == "odd")["mode"] & 0o170000 == 0o040000
+        assert next(a for n, _, _, a in got if n == "zbare")["mode"] & 0o170000 == 0o040000
         assert next(a for n, _, _, a in got if n == "linked1")["nlink"] == 2
         assert next(a for n, _, _, a in got if n == "f007")["mode"] == 0o100607
         _forget_all(wire, everything)

@@ -555,7 +555,20 @@ class Listings:
         # (what node_from makes of it), in one loop; the others take node_from's road.
         whole_records = attrs_of is not None and pointer_of is not None
         if whole_records and sizes is not None and not lookups.hooks.transforms:
-            plain = Attrs.unpack_plain([attrs_of.get(child) for child in children])
+            raws = [attrs_of.get(child) for child in children]
+            plain = Attrs.unpack_plain(raws)
+            if None in raws:
+                # A file or folder with no attribute record at all (a key written by another
+                # program: every chunk of a database zarr-python wrote) has the mount's
+                # default attributes, each its own copy (attributes are changed in place).
+                f, d = lookups.default_attrs(FILE), lookups.default_attrs(DIR)
+                for i, raw in enumerate(raws):
+                    if raw is None:
+                        kind = part[i][1]
+                        if kind == FILE:
+                            plain[i] = Attrs(f.mode, f.uid, f.gid, f.atime, f.mtime, f.ctime)
+                        elif kind == DIR:
+                            plain[i] = Attrs(d.mode, d.uid, d.gid, d.atime, d.mtime, d.ctime)
         else:
             plain = [None] * len(part)
         files: list[tuple[str, Node]] = []
