@@ -572,6 +572,12 @@ class Listings:
         else:
             plain = [None] * len(part)
         files: list[tuple[str, Node]] = []
+        # Bound once, and each Node made with positional arguments: a call a name with
+        # keywords, or a method looked up a name, costs a compiled loop a dict or a bound
+        # method each time.
+        xattr_get = xattr_of.get if xattr_of is not None else None
+        size_get = sizes.get if sizes is not None else None
+        add_file = files.append
 
         for (name, kind), child, attrs in zip(part, children, plain, strict=True):
             if (
@@ -579,15 +585,15 @@ class Listings:
                 and attrs.mode & 0o170000 == kind
                 and (kind == DIR or (kind == FILE and child not in pointer_of))
             ):
-                xattr = xattr_of.get(child) if xattr_of is not None else record(XATTR, child, kind)
+                xattr = xattr_get(child) if xattr_get is not None else record(XATTR, child, kind)
                 if kind == DIR:
-                    node = into[name] = Node(DIR, 0, attrs, no_xattrs=xattr is None)
+                    node = into[name] = Node(DIR, 0, attrs, "", 1, "", 0, (), xattr is None)
                 else:
-                    size = sizes.get(name)
+                    size = size_get(name)
                     if size is None:  # gone between the listing and the read
                         continue
-                    node = into[name] = Node(FILE, size, attrs, no_xattrs=xattr is None)
-                    files.append((child, node))
+                    node = into[name] = Node(FILE, size, attrs, "", 1, "", 0, (), xattr is None)
+                    add_file((child, node))
                 if xattrs is not None:
                     xattrs.append((child, xattr))
                 continue
