@@ -51,6 +51,8 @@ OPS = [
     "read 4 KiB, cold", "ls -f", "ls -l", "find -name", "du -s",
 ]
 CREATES = OPS[0]
+#: The drivers it mounts (embedded, a file each), and their files' suffixes.
+DRIVERS = {"lmdb": "lmdb", "sqlite": "sqlite"}
 #: What reads the files the first round's creates made (``Zarrfs.existing``).
 READS_CREATED = ("stat existing, cold", "read 4 KiB, cold")
 # The listings: each a program run once over the folder "big" (find looks for a name no file has).
@@ -304,7 +306,7 @@ def run(args) -> dict:
             floor = Floor(work, work / "floor", args.entries, spin_us(args.spin))
         for kind in args.drivers.split(","):
             native = Native(work / f"native-{kind}", args.entries, not args.native_warm)
-            url = {"lmdb": f"lmdb://{work}/{kind}.lmdb", "sqlite": f"sqlite://{work}/{kind}.sqlite"}[kind]
+            url = f"{kind}://{work}/{kind}.{DRIVERS[kind]}"
             spin = None if args.spin == "default" else args.spin
             z = Zarrfs(url, work / f"mnt-{kind}", args.entries, spin, not args.no_handler_cpu)
             rows = {}
@@ -412,6 +414,10 @@ def main() -> int:
     args = parser.parse_args()
     if args.alternate < 1:
         parser.error("--alternate takes a number of runs, 1 or more")
+    unknown = sorted(set(args.drivers.split(",")) - set(DRIVERS))
+    if unknown:
+        parser.error(f"--drivers {','.join(unknown)}: this benchmark mounts {' and '.join(DRIVERS)} "
+                     "(database servers: scripts/bench_network.py)")
     if args.against:
         from against import compare
 

@@ -114,3 +114,15 @@ def test_bench_ops_times_each_operation_on_zarrfs_the_floor_and_a_native_folder(
         native = row["native"]["wall_us"]
         assert floor_speed == pytest.approx(native / row["floor"]["wall_us"], abs=0.006)
         assert zarrfs_speed == pytest.approx(native / row["zarrfs"]["wall_us"], abs=0.006)
+
+
+def test_bench_ops_refuses_a_driver_it_cannot_mount_in_one_line(tmp_path):
+    """A server's driver is ``bench_network.py``'s: ``--drivers redis`` is one line saying
+    so and exit status 2, not a traceback (before, a KeyError)."""
+    script = str(CHECKOUT / "scripts/bench_ops.py")
+    argv = [sys.executable, script, "--drivers", "lmdb,redis", "--workdir", str(tmp_path)]
+    done = subprocess.run(argv, cwd=CHECKOUT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done
+    assert "Traceback" not in done.stderr
+    assert "--drivers redis" in done.stderr and "bench_network.py" in done.stderr
+
