@@ -144,6 +144,28 @@ def test_a_write_past_the_page_cache_removes_a_capability_as_the_kernel_would(lm
         assert path.read_bytes() == b"#!/bin/sh\ntrue\n"
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="security.capability is the administrator's to set")
+def test_a_write_to_a_removed_file_leaves_the_capability_of_the_file_now_at_its_name(lmdb_mount):
+    """A file written past the page cache, stored, then unlinked while open: its writes touch
+    no other file's attributes, not even those of a new file at its old name."""
+    import struct
+
+    cap = struct.pack("<5I", 0x02000000, 0, 0, 0, 0)
+    path = lmdb_mount.path / "d" / "tool"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o755)
+    try:
+        os.write(fd, b"old")
+        os.fsync(fd)
+        os.unlink(path)
+        path.write_bytes(b"new")
+        os.setxattr(path, "security.capability", cap)
+        os.write(fd, b" more")
+    finally:
+        os.close(fd)
+    assert os.getxattr(path, "security.capability") == cap
+    assert path.read_bytes() == b"new"
+
+
 def test_ls_l_asks_the_selinux_label_of_one_file_not_of_each(lmdb_mount):
     """``ls -l`` asks each file's ``security.selinux``, which the kernel never caches: a node
     without one answers EOPNOTSUPP, on which ls stops asking for the rest of the folder (with

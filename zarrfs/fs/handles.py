@@ -710,14 +710,12 @@ class HandleTable:
         once stored and closed, all of it is handed to the kernel, not its last page alone."""
         self.files.handle(fh).state.direct = True
 
-    def stored_once(self, fh: int) -> bool:
-        """Whether the file open as ``fh`` has been stored since it was created here (else
-        nobody but this mount has seen it)."""
-        return not self.files.handle(fh).state.created
-
-    def key_of(self, fh: int) -> str:
-        """The key of the file open as ``fh``."""
-        return self.files.handle(fh).state.key
+    def named_and_stored(self, fh: int) -> str | None:
+        """The key of the file open as ``fh`` once it has been stored (before, nobody but this
+        mount has seen it, and it has no extended attributes); None before, and for a file
+        whose name was removed (another file may hold that key now)."""
+        state = self.files.handle(fh).state
+        return None if state.created or state.orphan else state.key
 
     def unstored(self, key: str) -> FileState | None:
         """The state of a file created here and not stored yet (a held temporary file)."""

@@ -561,14 +561,10 @@ class Listings:
                 # A file or folder with no attribute record at all (a key written by another
                 # program: every chunk of a database zarr-python wrote) has the mount's
                 # default attributes, each its own copy (attributes are changed in place).
-                f, d = lookups.default_attrs(FILE), lookups.default_attrs(DIR)
+                defaults = {FILE: lookups.default_attrs(FILE), DIR: lookups.default_attrs(DIR)}
                 for i, raw in enumerate(raws):
-                    if raw is None:
-                        kind = part[i][1]
-                        if kind == FILE:
-                            plain[i] = Attrs(f.mode, f.uid, f.gid, f.atime, f.mtime, f.ctime)
-                        elif kind == DIR:
-                            plain[i] = Attrs(d.mode, d.uid, d.gid, d.atime, d.mtime, d.ctime)
+                    if raw is None and (a := defaults.get(part[i][1])) is not None:
+                        plain[i] = Attrs(a.mode, a.uid, a.gid, a.atime, a.mtime, a.ctime)
         else:
             plain = [None] * len(part)
         files: list[tuple[str, Node]] = []

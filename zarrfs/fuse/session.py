@@ -732,10 +732,10 @@ class Session(Dispatcher):
         self.bytes_written += written
         if write_flags & k.WRITE_KILL_SUIDGID:  # a writer without CAP_FSETID (HANDLE_KILLPRIV_V2)
             self.files.kill_suidgid(fh)
-        if fh in self._direct_writes and self.files.stored_once(fh):
+        if fh in self._direct_writes and (key := self.files.named_and_stored(fh)) is not None:
             # Past the page cache the kernel removes no capability: a file stored since its
             # create may have been given one (a new file has none until then).
-            self.xattrs.kill_capability(head.nodeid, self.files.key_of(fh))
+            self.xattrs.kill_capability(head.nodeid, key)
         self._send(k.WRITE_REPLY.pack(k.WRITE_REPLY.size, 0, head.unique, written, 0))
 
     def _fallocate(self, head: Header, buf: memoryview) -> None:
