@@ -176,3 +176,89 @@ def test_check_database(make_tree):
 def test_bad_options():
     with pytest.raises(ValueError):
         FormatHooks(validate="maybe")
+
+
+class _Reads:
+    """A transaction's reads over ``data``, counted (what the hooks ask a commit for)."""
+
+    def __init__(self, data: dict[str, bytes]) -> None:
+        self.data = data
+        self.reads = 0
+
+    def get(self, key: str) -> bytes | None:
+        self.reads += 1
+        return self.data.get(key)
+
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        self.reads += len(keys)
+        return [self.data.get(k) for k in keys]
+
+
+def test_a_folder_outside_every_node_is_read_once_a_while():
+    """A file committed in a folder with no metadata document in it or above reads the
+    candidate documents once; the next files there read none, until the folder's time is up
+    or a metadata document changes (this mount's, or another writer's as the feed tells)."""
+    now = [100.0]
+    hooks = FormatHooks(clock=lambda: now[0])
+    txn = _Reads({})
+    hooks.store(txn, "plain/a", b"x")
+    assert txn.reads == 7  # plain/ and the root: zarr.json, .zarray, .zgroup; the root's v1 meta
+    assert hooks.reads("plain/b") == []  # nothing to fetch with a remote commit's first reads
+    hooks.store(txn, "plain/b", b"x")
+    hooks.store(txn, "plain/c.partial", b"x")  # a temporary name: never judged
+    assert txn.reads == 7
+    now[0] += 1.01
+    hooks.store(txn, "plain/c", b"x")
+    assert txn.reads == 14
+    # Another writer's change that is no metadata keeps it; a metadata document drops it.
+    hooks.elsewhere(["plain/d", "other/x"])
+    hooks.store(txn, "plain/e", b"x")
+    assert txn.reads == 14
+    txn.data["plain/.zarray"] = j(V2_ARRAY)
+    hooks.elsewhere(["plain/.zarray"])
+    with pytest.raises(FormatError):
+        hooks.store(txn, "plain/3.0", b"x")
+    hooks.store(txn, "plain/2.2", b"x")  # inside the array now: read each time
+    assert hooks.reads("plain/2.1") != []
+    hooks.elsewhere(None)  # not known what changed: nothing taken as outside
+
+
+def test_own_metadata_makes_a_folder_taken_as_outside_an_array(make_tree):
+    """The mount's own metadata write puts a folder it took as outside every node inside an
+    array at once: a chunk key out of the grid is refused right after."""
+    tree = make_tree()
+    put(tree, "a/x", b"not a chunk yet")
+    put(tree, "a/.zarray", j(V2_ARRAY))
+    with pytest.raises(FormatError) as exc:
+        put(tree, "a/3.0", b"chunk")
+    assert exc.value.problem.rule == "chunk-key.out-of-grid"
+    # and by a rename of a folder holding an array onto a name taken as outside
+    put(tree, "b/c/y", b"plain")
+    tree.unlink("b/c/y")
+    tree.rmdir("b/c")
+    put(tree, "tmp/c/.zarray", j(V2_ARRAY))
+    tree.rename("tmp/c", "b/c")
+    put(tree, "b/c/2.2", b"chunk")
+    with pytest.raises(FormatError):
+        put(tree, "b/c/3.0", b"chunk")
+
+
+def test_another_writers_metadata_reaches_a_folder_taken_as_outside(tmp_path):
+    """Two trees on one SQLite database: an array another writer made in a folder this one
+    took as outside every node is judged as soon as the change feed tells of it."""
+    from zarrfs.fs.changes import ChangeWatcher
+
+    url = f"sqlite://{tmp_path}/shared.sqlite"
+    drivers = [open_driver(url), open_driver(url)]
+    here, there = (Tree(d, hooks=FormatHooks()) for d in drivers)
+    try:
+        watcher = ChangeWatcher(here)
+        put(here, "a/x", b"plain")
+        put(there, "a/.zarray", j(V2_ARRAY))
+        watcher.poll()
+        with pytest.raises(FormatError):
+            put(here, "a/3.0", b"chunk")
+        put(here, "a/2.2", b"chunk")
+    finally:
+        for d in drivers:
+            d.close()

@@ -18,6 +18,8 @@ package.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .consolidated import (
@@ -48,7 +50,7 @@ from .keys import (
 )
 from .nodes import ARRAY, candidate_keys, enclosing_node
 from .reconsolidate import is_document_key, is_stale, rebuilt
-from .validate import validate_data_key, validate_metadata
+from .validate import chunk_key_problems, is_data_key_judged, validate_metadata
 
 if TYPE_CHECKING:
     from .arrays import ArrayInfo
@@ -61,12 +63,25 @@ CONSOLIDATE_MODES = ("auto", "live", "off")
 # Parsed consolidated documents and array infos kept between calls; both are re-validated
 # against the stored bytes on every use, so another writer can never make them stale.
 _CACHE_LIMIT = 64
+#: How long a folder found outside every Zarr node is taken as such (seconds), and how many
+#: such folders are kept. This mount's own metadata changes forget them at once, another
+#: mount's as soon as the change feed tells (:meth:`FormatHooks.elsewhere`); without a feed,
+#: within this time. A folder taken as outside when it no longer is only lets a chunk key go
+#: unchecked, never refuses one.
+OUTSIDE_TTL = 1.0
+OUTSIDE_LIMIT = 4096
 
 
 class FormatHooks:
     """Validation, the decoded view and live consolidated metadata for ``zarrfs.fs.tree.Tree``."""
 
-    def __init__(self, validate: str = "strict", view: str = "raw", consolidate: str = "auto"):
+    def __init__(
+        self,
+        validate: str = "strict",
+        view: str = "raw",
+        consolidate: str = "auto",
+        clock: Callable[[], float] = time.monotonic,
+    ):
         for name, value, allowed in (
             ("validate", validate, VALIDATE_MODES),
             ("view", view, VIEWS),
@@ -83,6 +98,12 @@ class FormatHooks:
         # Consolidated documents known to match the hierarchy, by the bytes they had then.
         self._verified: dict[str, bytes] = {}
         self._infos: dict[str, tuple[Any, ArrayInfo]] = {}
+        # Folders with no metadata document in them or above them, by when that was read: a
+        # file committed in one is no chunk, and its commit reads no metadata (an eighth of a
+        # small file's close otherwise: docs/performance.md, "Python CPU of a lookup and of a
+        # small file's close").
+        self._outside: dict[str, float] = {}
+        self._clock = clock
 
     # ------------------------------------------------------------------ validation
     def _judge(self, problems: list[Problem]) -> None:
@@ -110,8 +131,29 @@ class FormatHooks:
             return
         if is_metadata_key(key):
             self._judge(validate_metadata(key, bytes(value), txn.get))
-        else:
-            self._judge(validate_data_key(key, txn.get, txn.get_many))
+        elif is_data_key_judged(key):
+            folder = split_key(key)[0]
+            if self._is_outside(folder):
+                return
+            node = enclosing_node(key, txn.get, txn.get_many)
+            if node is None:
+                if len(self._outside) >= OUTSIDE_LIMIT:
+                    self._outside.clear()
+                self._outside[folder] = self._clock()
+            self._judge(chunk_key_problems(key, node))
+
+    def _is_outside(self, folder: str) -> bool:
+        """Whether ``folder`` was found outside every Zarr node less than
+        :data:`OUTSIDE_TTL` ago (and nothing said otherwise since)."""
+        seen = self._outside.get(folder)
+        return seen is not None and self._clock() - seen < OUTSIDE_TTL
+
+    def elsewhere(self, keys: list[str] | None) -> None:
+        """Another writer changed ``keys`` (None: something, not known what), as the change
+        feed tells: a metadata document among them may put folders taken as outside every
+        Zarr node inside one."""
+        if keys is None or any(is_metadata_key(k) for k in keys):
+            self._outside.clear()
 
     def whole(self, key: str) -> bool:
         """Whether a value at ``key`` is read whole here (metadata, and the temporary files
@@ -123,7 +165,10 @@ class FormatHooks:
         of its enclosing folders); nothing for metadata, which is rare and read differently."""
         if (self.validate == "off" and not self.transforms) or is_metadata_key(key):
             return []
-        return [k for prefix in ancestors(split_key(key)[0]) for k in candidate_keys(prefix)]
+        folder = split_key(key)[0]
+        if not self.transforms and self._is_outside(folder):
+            return []
+        return [k for prefix in ancestors(folder) for k in candidate_keys(prefix)]
 
     def store(self, txn: Any, key: str, value: Any) -> Any:
         """Validate bytes written through a file; in the decoded view, encode chunks; a
@@ -195,7 +240,10 @@ class FormatHooks:
 
     # ------------------------------------------------------------------ consolidated metadata
     def changed(self, txn: Any, key: str, value: bytes | None) -> None:
-        """After a metadata key changed, bring the consolidated documents above it in step."""
+        """After a metadata key changed, bring the consolidated documents above it in step
+        (and take no folder as outside every node any more)."""
+        if self._outside and is_metadata_key(key):
+            self._outside.clear()
         if self.consolidate == "off":
             return
         name = split_key(key)[1]

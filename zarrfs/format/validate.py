@@ -137,9 +137,20 @@ def validate_data_key(key: str, get: Getter, get_many: GetMany | None = None) ->
     whose key layout cannot be known (unknown grid or encoding) are not judged. ``get_many``
     (optional) reads several keys at once: see :func:`zarrfs.format.nodes.enclosing_node`.
     """
-    if is_metadata_key(key) or is_temporary(key):
+    if not is_data_key_judged(key):
         return []
-    node = enclosing_node(key, get, get_many)
+    return chunk_key_problems(key, enclosing_node(key, get, get_many))
+
+
+def is_data_key_judged(key: str) -> bool:
+    """Whether :func:`validate_data_key` judges ``key`` at all (metadata and temporary files
+    are not data keys it looks at)."""
+    return not (is_metadata_key(key) or is_temporary(key))
+
+
+def chunk_key_problems(key: str, node: Node | None) -> list[Problem]:
+    """:func:`validate_data_key` of ``key`` whose innermost enclosing node is ``node`` (None:
+    it is in no Zarr node)."""
     if node is None or node.kind != ARRAY:
         return []
     rel = relative_to(key, node.prefix)

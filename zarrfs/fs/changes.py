@@ -72,6 +72,7 @@ class ChangeWatcher:
         known = self.tree.known
         if records is None:
             self.rewritten = None
+            self.tree.hooks.elsewhere(None)
             if known is not None:
                 known.clear()
             if cache is not None:
@@ -93,6 +94,8 @@ class ChangeWatcher:
             elif key.startswith((ATTR, XATTR)):
                 keys.add(key[2:])
         folders = folders_of(keys) if keys else set()
+        if rewritten:
+            self.tree.hooks.elsewhere(sorted(rewritten))
         if known is not None and keys:
             known.forget(keys, folders)
         if cache is not None and keys:

@@ -45,6 +45,10 @@ class Hooks:
         """Called, in the same transaction, after data key ``key`` was set to ``value`` (bytes
         or a buffer) or deleted (``None``)."""
 
+    def elsewhere(self, keys: list[str] | None) -> None:
+        """Another writer changed data keys ``keys`` (None: not known which), as the change
+        feed tells, outside any transaction of this mount's."""
+
     def shown_size(self, txn: Txn, key: str, size: int) -> int:
         """The size a file shows (a decoded view shows the decoded size)."""
         return size
