@@ -220,7 +220,10 @@ def test_a_folder_outside_every_node_is_read_once_a_while():
         hooks.store(txn, "plain/3.0", b"x")
     hooks.store(txn, "plain/2.2", b"x")  # inside the array now: read each time
     assert hooks.reads("plain/2.1") != []
+    hooks.store(txn, "other/a", b"x")
+    assert hooks.reads("other/b") == []
     hooks.elsewhere(None)  # not known what changed: nothing taken as outside
+    assert hooks.reads("other/b") != []
 
 
 def test_own_metadata_makes_a_folder_taken_as_outside_an_array(make_tree):
