@@ -51,8 +51,8 @@ OPS = [
     "read 4 KiB, cold", "ls -f", "ls -l", "find -name", "du -s",
 ]
 CREATES = OPS[0]
-#: The drivers it mounts (embedded, a file each), and their files' suffixes.
-DRIVERS = {"lmdb": "lmdb", "sqlite": "sqlite"}
+#: The drivers it mounts (embedded, a file each, named after the driver).
+DRIVERS = ("lmdb", "sqlite")
 #: What reads the files the first round's creates made (``Zarrfs.existing``).
 READS_CREATED = ("stat existing, cold", "read 4 KiB, cold")
 # The listings: each a program run once over the folder "big" (find looks for a name no file has).
@@ -306,7 +306,7 @@ def run(args) -> dict:
             floor = Floor(work, work / "floor", args.entries, spin_us(args.spin))
         for kind in args.drivers.split(","):
             native = Native(work / f"native-{kind}", args.entries, not args.native_warm)
-            url = f"{kind}://{work}/{kind}.{DRIVERS[kind]}"
+            url = f"{kind}://{work}/{kind}.{kind}"
             spin = None if args.spin == "default" else args.spin
             z = Zarrfs(url, work / f"mnt-{kind}", args.entries, spin, not args.no_handler_cpu)
             rows = {}

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from .consolidated import (
@@ -148,7 +148,7 @@ class FormatHooks:
         seen = self._outside.get(folder)
         return seen is not None and self._clock() - seen < OUTSIDE_TTL
 
-    def elsewhere(self, keys: list[str] | None) -> None:
+    def elsewhere(self, keys: Collection[str] | None) -> None:
         """Another writer changed ``keys`` (None: something, not known what), as the change
         feed tells: a metadata document among them may put folders taken as outside every
         Zarr node inside one."""

@@ -95,7 +95,7 @@ class ChangeWatcher:
                 keys.add(key[2:])
         folders = folders_of(keys) if keys else set()
         if rewritten:
-            self.tree.hooks.elsewhere(sorted(rewritten))
+            self.tree.hooks.elsewhere(rewritten)
         if known is not None and keys:
             known.forget(keys, folders)
         if cache is not None and keys:

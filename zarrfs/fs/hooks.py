@@ -4,6 +4,7 @@ keys (consolidated metadata) in step. The base class accepts everything as is.""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from zarrfs.backends.base import Txn
@@ -45,7 +46,7 @@ class Hooks:
         """Called, in the same transaction, after data key ``key`` was set to ``value`` (bytes
         or a buffer) or deleted (``None``)."""
 
-    def elsewhere(self, keys: list[str] | None) -> None:
+    def elsewhere(self, keys: Collection[str] | None) -> None:
         """Another writer changed data keys ``keys`` (None: not known which), as the change
         feed tells, outside any transaction of this mount's."""
 
