@@ -6,8 +6,9 @@ sqlite3, redis-py, psycopg: the layout zarr-python 2's stores write, fast), moun
 (read-write: a Redis mount builds its key index at the first mount, which a read-only one
 cannot), and measures with the kernel's caches dropped before each step (as root; otherwise
 warm, and the table says so; then, on a mount, until the daemon has taken back the node IDs
-the kernel forgot): the mount itself, ``ls -f`` of the array folder, ``du -s`` of it, and a
-zarr-python read of a slice touching 1,000 chunks; then the daemon's peak resident memory.
+the kernel forgot): the mount itself, ``ls -f`` of the array folder, ``find -name`` over it (names only),
+``du -s`` and ``ls -l`` of it (every name's attributes), and a zarr-python read of a slice
+touching 1,000 chunks; then the daemon's peak resident memory.
 For LMDB it also measures, caches dropped, the floor of a listing in Python (:func:`lmdb_floor`):
 the least a Python daemon does per name, a cursor over the folder's keys and one packed
 ``fuse_direntplus`` record each, with no FUSE, no node table and no filesystem layer. The same
@@ -270,7 +271,14 @@ def settled(mountpoint: Path) -> None:
 
 def walk(root: Path, drop: bool, out: np.ndarray, mount: bool = False) -> dict[str, float]:
     figures = {}
-    for name, cmd in (("ls", ["ls", "-f", str(root / "arr")]), ("du", ["du", "-s", str(root / "arr")])):
+    arr = str(root / "arr")
+    steps = (
+        ("ls", ["ls", "-f", arr]),
+        ("find", ["find", arr, "-name", "*.7"]),  # names only: no stat a name
+        ("du", ["du", "-s", arr]),
+        ("lsl", ["ls", "-l", arr]),  # every name's attributes (and one SELinux label a run)
+    )
+    for name, cmd in steps:
         cold(drop)
         if mount:
             settled(root)
@@ -323,8 +331,9 @@ def table(rows: list[dict], natives: dict[int, dict], drop: bool) -> str:
     lines = [
         f"({state}; ext4's figure in parentheses; Python floor: an LMDB key scan packing a "
         "fuse_direntplus per name, no FUSE)",
-        "| driver | chunks | mount | ls -f | Python floor | du -s | 1,000-chunk slice | daemon peak RSS |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| driver | chunks | mount | ls -f | Python floor | find -name | du -s | ls -l | 1,000-chunk slice "
+        "| daemon peak RSS |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def cell(r: dict, nat: dict, key: str) -> str:
@@ -336,7 +345,8 @@ def table(rows: list[dict], natives: dict[int, dict], drop: bool) -> str:
         floor = cell(r, {}, "floor") if "floor" in r else "—"
         lines.append(
             f"| {r['driver']} | {r['chunks']:,} | {r['mount']:.2f} s | {cell(r, nat, 'ls')} | {floor} | "
-            f"{cell(r, nat, 'du')} | {cell(r, nat, 'slice')} | {r['rss'] / (1 << 20):.0f} MiB |"
+            f"{cell(r, nat, 'find')} | {cell(r, nat, 'du')} | {cell(r, nat, 'lsl')} | "
+            f"{cell(r, nat, 'slice')} | {r['rss'] / (1 << 20):.0f} MiB |"
         )
     return "\n".join(lines)
 
