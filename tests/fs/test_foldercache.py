@@ -176,6 +176,89 @@ def test_a_numeric_loop_on_a_loaded_machine_gets_pages_again_for_the_names_that_
     assert missed < 0.5 and per_lookup < 2, (per_lookup, missed)
 
 
+def folder_of(n: int, calls: list):
+    """A ``read`` of a folder of names ``0`` to ``n - 1``; ``calls`` gets each call's
+    arguments. A whole read (third argument) of a larger folder gives no nodes."""
+    ordered = sorted(map(str, range(n)))
+
+    def read(after, limit, whole=False):
+        calls.append((after, limit, whole))
+        i = 0 if after is None else bisect.bisect_right(ordered, after)
+        got = ordered[i : i + limit]
+        last = got[-1] if i + limit < len(ordered) else None
+        if whole and last is not None:
+            return {}, last
+        return {name: f"node-{name}" for name in got}, last
+
+    return read
+
+
+def lookups(cache, clock, folder, names, read, per_second, present=lambda name: True):
+    """``names`` looked up in ``folder`` at ``per_second``, as ``Tree.find`` does: a lookup
+    no snapshot answered that found its name tells the cache so."""
+    for name in names:
+        clock.now += 1 / per_second
+        if cache.find(folder, name, read) is MISS and present(name):
+            cache.found(folder)
+
+
+def test_a_folder_whose_names_are_looked_up_fast_and_found_is_read_whole():
+    """A numeric loop over a folder of 20,000 (its names in another order than the folder's):
+    the lookups that made it busy found their names and came fast, so the whole folder is read
+    at once (after a scan of its names only, within the bound) and answers every later one,
+    where pages from each name looked up would answer few."""
+    clock = Clock()
+    cache = FolderCache(ttl=1.0, clock=clock)
+    calls: list = []
+    read = folder_of(20_000, calls)
+    lookups(cache, clock, "f", map(str, range(20_000)), read, per_second=30_000)
+    assert calls == [(None, 32768, True)], calls[:3]
+    assert cache.hits == 20_000 - 32 and cache.held == 20_000
+    clock.now += 1.01  # past its lifetime, the loop again: read whole again
+    lookups(cache, clock, "f", map(str, range(100)), read, per_second=30_000)
+    assert calls == [(None, 32768, True)] * 2
+
+
+def test_names_looked_up_and_not_found_never_read_a_folder_whole():
+    """A zarr client probing chunks that are not there: the page from the name looked up, as
+    before (a name past the folder's last one reads nothing and answers every later one)."""
+    clock = Clock()
+    cache = FolderCache(ttl=1.0, clock=clock)
+    calls: list = []
+    lookups(cache, clock, "f", [f"missing{i}" for i in range(5000)], folder_of(20_000, calls),
+            per_second=15_000, present=lambda name: False)
+    assert [c[2] for c in calls] == [False] * len(calls) and calls[0][0] is None
+    assert cache.hits > 4800  # after the first page (from the first name) and one from a name
+
+
+def test_names_found_slowly_get_pages_and_a_folder_too_large_is_scanned_once():
+    """Lookups at 3,000 a second pay for 18,000 names read in a lifetime: the folder of 20,000
+    is found larger by a scan of its names, then read by pages, and not scanned again for as
+    long as the lookups come no faster. A folder larger than the whole bound is scanned once
+    (the bound), then read by pages."""
+    clock = Clock()
+    cache = FolderCache(ttl=1.0, clock=clock)
+    calls: list = []
+    lookups(cache, clock, "f", map(str, range(20_000)), folder_of(20_000, calls), per_second=3000)
+    wholes = [c for c in calls if c[2]]
+    assert wholes == [(None, 17999, True)] or wholes == [(None, 18000, True)], wholes
+    assert len(calls) > 2 and all(c[1] == cache.limit for c in calls if not c[2])
+    calls.clear()
+    lookups(cache, clock, "big", map(str, range(20_000)), folder_of(100_000, calls), per_second=15_000)
+    assert [c for c in calls if c[2]] == [(None, 32768, True)]
+
+
+def test_a_whole_read_is_bounded_by_the_snapshots_bound():
+    """A whole read holds at most half of what the snapshots may hold together; with a bound
+    below two pages, none is made (the first page is the whole folder or a page)."""
+    assert FolderCache(ttl=1.0, clock=Clock(), entries=10_000).whole == 5000
+    clock = Clock()
+    cache = FolderCache(ttl=1.0, clock=clock, entries=100)
+    calls: list = []
+    lookups(cache, clock, "f", map(str, range(500)), folder_of(20_000, calls), per_second=30_000)
+    assert cache.whole == cache.limit == 100 and calls and not any(c[2] for c in calls)
+
+
 def test_clear_drops_snapshots_but_remembers_what_it_knows_of_folders():
     clock = Clock()
     cache = FolderCache(ttl=1.0, hot=1, clock=clock, limit=10)
@@ -328,6 +411,19 @@ def test_find_through_the_cache_and_own_writes_drop_it(tree):
     assert tree.find("f/0").size == 6
     assert tree.find("f/new").size == 3
     assert tree.find("f").kind == DIR  # the root's snapshot: a folder
+
+
+def test_a_loop_over_a_folders_names_in_another_order_reads_it_whole(tree):
+    """Through the tree, on each driver: lookups that find their names tell the cache, which
+    reads the folder (larger than a page) whole at once; a whole read of a folder larger than
+    asked gives no nodes, only where it stopped."""
+    tree.driver.transact(lambda t: [t.put(f"n/{i}", b"v" * (i % 5)) for i in range(3000)])
+    tree.folder_cache = cache = FolderCache(ttl=60.0, hot=8, limit=100)
+    for i in range(3000):
+        assert tree.find(f"n/{i}").size == i % 5
+    assert cache.builds == 1 and cache.hits == 3000 - 8 and cache.held == 3000
+    nodes, last = tree.listings.folder_page("n", None, 100, True)
+    assert nodes == {} and last == sorted(map(str, range(3000)))[99]
 
 
 @pytest.mark.mount

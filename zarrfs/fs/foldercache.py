@@ -1,6 +1,7 @@
 """Snapshots of busy folders, so that a burst of lookups in one folder costs one listing: whole up
-to a page, by pages beyond, dropped by any write of this mount, bounded by ``-o
-dir_cache_entries=`` (docs/architecture.md, "Caches")."""
+to a page, or up to :data:`WHOLE` names when the lookups find the names they look for and come
+fast enough to pay for it, by pages beyond, dropped by any write of this mount, bounded by
+``-o dir_cache_entries=`` (docs/architecture.md, "Caches")."""
 
 from __future__ import annotations
 
@@ -11,6 +12,17 @@ from zarrfs.fs.node import Node
 
 HOT = 32  # lookups in one folder, within ttl, that make it worth a snapshot (or another page)
 LIMIT = 1024  # entries of the largest folder read whole, and of a page of a larger one
+#: Entries of the largest folder read whole when the lookups that made it busy found their
+#: names (a ``stat`` of each file, in any order) and came fast enough: a page answers only the
+#: names that follow the one looked up in the folder's order, and a numeric loop (``0``, ``1``,
+#: ... ``19999``) or names at random would miss most of them. Names looked up and not found (a
+#: zarr client probing missing chunks) never make a whole read.
+WHOLE = 32768
+#: Names read into a snapshot that one lookup it answers pays for: a lookup no snapshot answers
+#: costs about as much as six names read (docs/performance.md, "`stat` in an order other than
+#: the folder's"). A whole read is at most this many names a lookup of a lifetime at the rate
+#: the lookups came; a folder found larger costs the scan of its names, once a size.
+PAY = 6
 PAGES = 4  # pages of one folder kept at once (the oldest goes first)
 FOLDERS = 8  # folders with snapshots kept at once (the oldest goes first)
 WORTH = 8  # a snapshot must answer a lookup per this many entries to be made again
@@ -33,8 +45,9 @@ MISS = object()
 
 #: ``read(after, limit)``: up to ``limit`` children of a folder by name, those after the name
 #: ``after`` (None: from the first), and the last name read when the folder has more after it
-#: (None: it was read to its end).
-Read = Callable[[str | None, int], tuple[dict[str, Node], str | None]]
+#: (None: it was read to its end). Called ``read(None, limit, True)`` for a whole read, which
+#: may return no nodes at all when the folder has more than ``limit`` children.
+Read = Callable[..., tuple[dict[str, Node], str | None]]
 
 
 class FolderCache:
@@ -50,17 +63,20 @@ class FolderCache:
         clock: Callable[[], float] = time.monotonic,
         entries: int = ENTRIES,
         pages: int = PAGES,
+        whole: int = WHOLE,
     ) -> None:
         self.ttl = ttl
         self.hot = hot
         self.limit = min(limit, entries)
+        self.whole = max(self.limit, min(whole, entries // 2))
         self.folders = folders
         self.pages = pages
         self.entries = entries  # the bound of what the snapshots hold together
         self.held = 0  # entries the snapshots hold now
         self.clock = clock
         self._snapshots: dict[str, _Folder] = {}
-        self._misses: dict[str, list[float | int]] = {}  # folder -> [window start, count]
+        # folder -> [window start, lookups missed, of which found their name (:meth:`found`)]
+        self._misses: dict[str, list[float | int]] = {}
         self._quiet_until = 0.0
         self.builds = 0
         self.hits = 0  # lookups a snapshot answered
@@ -99,11 +115,25 @@ class FolderCache:
         if count is None or now - count[0] > self.ttl:
             if len(self._misses) > 4 * self.folders * self.hot:
                 self._misses.clear()
-            self._misses[folder] = count = [now, 0]
+            self._misses[folder] = count = [now, 0, 0]
         count[1] += 1
         if count[1] < self.hot:
             return MISS
         del self._misses[folder]
+        if 2 * count[2] >= count[1]:  # most of the names looked up were there
+            # As many names as a lifetime's lookups at this rate pay for: then the whole
+            # folder, when it has no more (a larger one cost only the scan of its names).
+            rate = (count[1] - 1) / max(now - count[0], 1e-9)
+            budget = int(min(self.whole, PAY * rate * self.ttl))
+            if budget > self.limit and (found is None or budget > found.larger_than):
+                nodes, last = read(None, budget, True)
+                if last is None:
+                    self.builds += 1
+                    self._add(folder, _Page(now, None, None, nodes))
+                    return nodes.get(name)
+                found = self._known(folder)
+                found.large = True
+                found.larger_than = budget
         # The first read starts at the folder's first name (all of it, when it fits); once a
         # folder is known larger than a page, a page starts at the name looked up.
         after = name if found is not None and found.large else None
@@ -113,13 +143,25 @@ class FolderCache:
         self._add(folder, page)
         return page.nodes.get(name) if page.covers(name) else MISS
 
-    def _add(self, folder: str, page: _Page) -> None:
+    def found(self, folder: str) -> None:
+        """A lookup in ``folder`` no snapshot answered found its name: counted towards a whole
+        read of the folder (:data:`WHOLE`)."""
+        count = self._misses.get(folder)
+        if count is not None:
+            count[2] += 1
+
+    def _known(self, folder: str) -> _Folder:
+        """The record of what is known of ``folder``, made when there is none."""
         found = self._snapshots.get(folder)
         if found is None:
             if len(self._snapshots) > 4 * self.folders * self.hot:  # what is known of many folders
                 for other in [f for f, snap in self._snapshots.items() if not snap.pages]:
                     del self._snapshots[other]
             found = self._snapshots[folder] = _Folder()
+        return found
+
+    def _add(self, folder: str, page: _Page) -> None:
+        found = self._known(folder)
         if page.last is not None:
             found.large = True
         if page.after is None and page.last is None:  # the whole folder: no other page counts
@@ -213,11 +255,13 @@ class _Page:
 
 class _Folder:
     """What is held and known of one folder: its pages (one, whole, for a folder that fits),
-    whether it is larger than a page, and until when it is looked up name by name."""
+    whether it is larger than a page, the size of the largest whole read it did not fit (0:
+    none tried), and until when it is looked up name by name."""
 
-    __slots__ = ("pages", "large", "skip_until")
+    __slots__ = ("pages", "large", "larger_than", "skip_until")
 
     def __init__(self) -> None:
         self.pages: list[_Page] = []
         self.large = False
+        self.larger_than = 0
         self.skip_until = 0.0

@@ -466,11 +466,14 @@ class Listings:
         nodes, last = self.folder_page(key, None, limit)
         return nodes if last is None else None
 
-    def folder_page(self, key: str, after: str | None, limit: int) -> tuple[dict[str, Node], str | None]:
+    def folder_page(
+        self, key: str, after: str | None, limit: int, whole: bool = False
+    ) -> tuple[dict[str, Node], str | None]:
         """Up to ``limit`` children of folder ``key`` by name, those after the name ``after``
         (None: from the first), read in one transaction (sizes and attributes in batches of
         reads); and the last name read when the folder has more children after it (None: read
-        to its end). A missing folder has no children."""
+        to its end). A missing folder has no children. ``whole``: no nodes at all when the
+        folder has more (only its names were scanned)."""
 
         xattrs: list | None = None
         remote = self.driver.remote
@@ -494,6 +497,8 @@ class Listings:
                     break
                 children.append((name, kind))
             nodes: dict[str, Node] = {}
+            if whole and more is not None:
+                return nodes, more
             ranges = _Ranges.read(t, prefix, after, marks, span) if marks and children else None
             self._window_nodes(t, prefix, children, sizes, nodes, xattrs, ranges)
             return nodes, more

@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import stat
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, Driver, HasPrefix, Txn
@@ -199,7 +200,7 @@ class Tree:
         cache = self.folder_cache
         if cache is not None and key:
             folder, _, name = key.rpartition("/")
-            node = cache.find(folder, name, lambda after, n: self.listings.folder_page(folder, after, n))
+            node = cache.find(folder, name, partial(self.listings.folder_page, folder))
             if node is not MISS:
                 return None if node is None else self.lookups.remember(key, node)
         if known is not None:  # a remote database: its extended attributes come with it
@@ -222,8 +223,11 @@ class Tree:
                 known.listed(folder, names)
             elif learn:
                 known.too_large(folder)
-            return node
-        return self.driver.transact(lambda t: self.lookups.find_in(t, key), write=False)
+        else:
+            node = self.driver.transact(lambda t: self.lookups.find_in(t, key), write=False)
+        if node is not None and cache is not None and key:
+            cache.found(folder)  # a name looked up and there: towards a whole read
+        return node
 
     def lookup(self, key: str) -> Node:
         """The node at ``key`` (:meth:`Lookups.lookup`)."""
