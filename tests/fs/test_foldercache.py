@@ -233,9 +233,9 @@ def test_names_looked_up_and_not_found_never_read_a_folder_whole():
 
 def test_names_found_slowly_get_pages_and_a_folder_too_large_is_scanned_once():
     """Lookups at 3,000 a second pay for 18,000 names read in a lifetime: the folder of 20,000
-    is found larger by a scan of its names, then read by pages, and not scanned again for as
-    long as the lookups come no faster. A folder larger than the whole bound is scanned once
-    (the bound), then read by pages."""
+    is found larger by a scan of its names, then read by pages, and not scanned again until the
+    lookups come fast enough to pay for twice that (or the bound). A folder larger than the
+    whole bound is scanned once (the bound), then read by pages."""
     clock = Clock()
     cache = FolderCache(ttl=1.0, clock=clock)
     calls: list = []
@@ -243,6 +243,19 @@ def test_names_found_slowly_get_pages_and_a_folder_too_large_is_scanned_once():
     wholes = [c for c in calls if c[2]]
     assert wholes == [(None, 17999, True)] or wholes == [(None, 18000, True)], wholes
     assert len(calls) > 2 and all(c[1] == cache.limit for c in calls if not c[2])
+    calls.clear()  # a little faster: not scanned again until the lookups would pay for twice
+
+    def later():  # past the pages' lifetime and the name-by-name spell their retirement starts
+        clock.now += 1.01
+        cache.find("f", "0", never)
+        clock.now += 2.01
+
+    later()
+    lookups(cache, clock, "f", map(str, range(2000)), folder_of(20_000, calls), per_second=5000)
+    assert calls and not any(c[2] for c in calls)
+    later()  # fast enough for the bound: the whole folder
+    lookups(cache, clock, "f", map(str, range(2000)), folder_of(20_000, calls), per_second=15_000)
+    assert [c for c in calls if c[2]] == [(None, 32768, True)] and cache.held == 20_000
     calls.clear()
     lookups(cache, clock, "big", map(str, range(20_000)), folder_of(100_000, calls), per_second=15_000)
     assert [c for c in calls if c[2]] == [(None, 32768, True)]

@@ -21,7 +21,8 @@ WHOLE = 32768
 #: Names read into a snapshot that one lookup it answers pays for: a lookup no snapshot answers
 #: costs about as much as six names read (docs/performance.md, "`stat` in an order other than
 #: the folder's"). A whole read is at most this many names a lookup of a lifetime at the rate
-#: the lookups came; a folder found larger costs the scan of its names, once a size.
+#: the lookups came; a folder found larger costs the scan of its names, tried again only at
+#: twice that size (or the bound), so that the scans of one folder add up to twice the last.
 PAY = 6
 PAGES = 4  # pages of one folder kept at once (the oldest goes first)
 FOLDERS = 8  # folders with snapshots kept at once (the oldest goes first)
@@ -125,7 +126,8 @@ class FolderCache:
             # folder, when it has no more (a larger one cost only the scan of its names).
             rate = (count[1] - 1) / max(now - count[0], 1e-9)
             budget = int(min(self.whole, PAY * rate * self.ttl))
-            if budget > self.limit and (found is None or budget > found.larger_than):
+            tried = 0 if found is None else found.larger_than  # doubled before it is tried again
+            if budget > max(self.limit, tried) and budget >= min(self.whole, 2 * tried):
                 nodes, last = read(None, budget, True)
                 if last is None:
                     self.builds += 1
