@@ -465,6 +465,38 @@ def test_mount_sees_its_own_changes_at_once_and_others_within_the_lifetime(tmp_p
     assert (folder / "from-elsewhere").read_bytes() == b"12345"
 
 
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+@pytest.mark.parametrize("kind", ["lmdb", "redis"])
+def test_a_stat_loop_reads_a_local_folder_whole_and_a_servers_by_pages(
+    kind, tmp_path, request, mount_factory
+):
+    """1,500 files (more than a page) looked up in numeric order through a fresh mount: on LMDB
+    one read of the whole folder; on a server by pages, as before whole reads came (a read
+    transaction there watches each name it reads, and Redis checks each against those it
+    watches already: a whole read of 20,000 names took 9 s)."""
+    import json
+    import subprocess
+    import sys
+
+    url = make_url(kind, tmp_path, request)
+    m = mount_factory(url, ["create"])
+    (m.path / "f").mkdir()
+    for i in range(1500):
+        (m.path / "f" / str(i)).write_bytes(b"v")
+    m.stop()
+    m = mount_factory(url)
+    for i in range(1500):
+        assert os.stat(m.path / "f" / str(i)).st_size == 1
+    command = [sys.executable, "-m", "zarrfs", "status", "--json", str(m.path)]
+    status = subprocess.run(command, check=True, capture_output=True, text=True)
+    snapshots = json.loads(status.stdout)["folder_snapshots"]
+    if kind == "lmdb":
+        assert snapshots["built"] == 1 and snapshots["entries"] == 1500, snapshots
+    else:
+        assert snapshots["built"] >= 2 and snapshots["entries"] <= 2048, snapshots
+
+
 def test_what_the_snapshots_hold_together_stays_within_the_bound():
     """``entries`` bounds the snapshots together: the oldest go to make room, and no page is
     larger than the bound (``-o dir_cache_entries=``)."""
