@@ -29,6 +29,8 @@ from zarrfs.backends.base import (
     SIZES,
     VALUES,
     DriverNotFoundError,
+    Get,
+    Size,
     StorageFullError,
     prefix_stop,
 )
@@ -780,6 +782,49 @@ class TestRedis(_Conformance):
             assert [c[:2] for c in sent[:3]] == [["WATCH", "GET"], ["WATCH", "GET"], ["MULTI", "EXEC"]]
             assert sent[3][0] == "MULTI" and sent[3][-2:] == ["EXEC", "WATCH"]  # the second, at once
             assert len(sent) == 4  # its reads answered from that one round trip, and no check
+        finally:
+            other.close()
+
+    def test_reads_made_apart_are_not_watched_nor_checked(self, driver, url, monkeypatch):
+        """A read transaction's reads made ``apart`` (a listing's nodes) are not WATCHed: a
+        change to one between round trips runs nothing again, and they cost no closing check;
+        the reads around them are watched and checked as before."""
+        sent = record_redis_calls(monkeypatch, driver)
+        for name in ("n/a", "n/b", "n/c"):
+            driver.put(name, b"1")
+        other = open_driver(url)
+        try:
+            runs = []
+
+            def fn(t):
+                runs.append(1)
+                first = t.read_many([Size("n/a", DATA), Get("n/b", DATA)], apart=True)
+                other.put("n/a", b"22")  # every run: nothing apart is checked
+                return first, t.read_many([Size("n/a", DATA), Get("n/b", DATA)], apart=True)
+
+            sent.clear()
+            assert driver.transact(fn, write=False) == ([1, b"1"], [2, b"1"])
+            assert runs == [1]
+            assert [c[0] for c in sent] == ["EXISTS", "EXISTS"]  # no WATCH, no MULTI/EXEC
+
+            def mixed(t):  # one watched round trip and one apart: still no check
+                return t.get("n/c"), t.read_many([Size("n/a", DATA)], apart=True)
+
+            sent.clear()
+            assert driver.transact(mixed, write=False) == (b"1", [2])
+            assert [c[:2] for c in sent] == [["WATCH", "GET"], ["EXISTS", "STRLEN"]]
+
+            def watched(t):  # a watched read that changed between round trips runs again
+                runs.append(1)
+                a = t.get("n/c")
+                t.read_many([Size("n/a", DATA)], apart=True)
+                if len(runs) == 1:
+                    other.put("n/c", b"333")
+                return a, t.get("n/b")
+
+            runs.clear()
+            assert driver.transact(watched, write=False) == (b"333", b"1")
+            assert len(runs) == 2
         finally:
             other.close()
 

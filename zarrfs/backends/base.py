@@ -260,11 +260,14 @@ class Txn(ABC):
         """The values of the data ``keys`` (None where absent), read together by :meth:`read_many`."""
         return self.read_many([Get(k) for k in keys])
 
-    def read_many(self, requests: Sequence[Read]) -> list[Any]:
+    def read_many(self, requests: Sequence[Read], apart: bool = False) -> list[Any]:
         """Answer several independent reads together: one round trip where the database is
         remote. Each request is a :class:`Size`, :class:`Get` or :class:`HasPrefix`; the
         answers come in the same order (the older ``(op, key, space)`` tuples, with ``op``
-        ``"size"``, ``"get"`` or ``"prefix"``, are read as those)."""
+        ``"size"``, ``"get"`` or ``"prefix"``, are read as those). ``apart``: each answer need
+        agree only with itself, not with the transaction's other reads (a listing's nodes: a
+        readdir is atomic with nothing), so a database without a read snapshot need not check
+        them against later changes (:meth:`_read_apart`)."""
         # A lookup makes five of these: encode_key and check_space inlined (as in get), each
         # called only to raise.
         max_key, spaces = self.max_key, self.spaces
@@ -290,10 +293,11 @@ class Txn(ABC):
         step = self.most_reads
         if not plan:
             return []
+        read = self._read_apart if apart else self._read_many
         if not step or len(plan) <= step:
-            return self._read_many(plan)
+            return read(plan)
         # A long batch (a deep path's) goes in pieces.
-        return [a for i in range(0, len(plan), step) for a in self._read_many(plan[i : i + step])]
+        return [a for i in range(0, len(plan), step) for a in read(plan[i : i + step])]
 
     def _decoded_rows(self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int) -> list:
         """A read transaction's :meth:`scan` with a limit (every listing's, store's and
@@ -409,6 +413,11 @@ class Txn(ABC):
             else:
                 out.append(self._has_prefix(raw, space))
         return out
+
+    def _read_apart(self, plan: list[tuple[type, bytes, Space]]) -> list[Any]:
+        """:meth:`_read_many` of reads that need agree only each with itself (``read_many``'s
+        ``apart``); the same where every read of a transaction sees one snapshot."""
+        return self._read_many(plan)
 
 
 # -- drivers ---------------------------------------------------------------------------------------

@@ -182,8 +182,10 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
         )
         opts.feed = opts.use_feed and has_feed(driver)
         if opts.seconds("dir_cache") > 0:
-            # No whole reads of a server's folders: a read transaction there watches each name
-            # it reads, and Redis checks each against those watched already (20,000 names: 9 s).
+            # No whole reads of a server's folders: a page from the name looked up costs about
+            # as much a name there, and through a Redis mount a whole read of 20,000 names
+            # cost a stat loop in folder order or a burst of 400 names 35-45% of its rate
+            # (docs/performance.md, "Redis: what checking a read of several round trips costs").
             whole = 0 if driver.remote else WHOLE
             tree.folder_cache = FolderCache(
                 opts.seconds("dir_cache"), entries=opts.dir_cache_entries, whole=whole

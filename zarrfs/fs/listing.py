@@ -542,7 +542,9 @@ class Listings:
             for mark in marks:
                 if not (mark == POINTER and kind == DIR) and not (ranges and ranges.covers(mark, child)):
                     requests.append(Get(mark + child, SIDE))
-        answers = iter(t.read_many(requests) if requests else ())
+        # Apart: each name's node agrees with itself, not with its neighbours' (a readdir is
+        # atomic with nothing); a server without a read snapshot watches none of them.
+        answers = iter(t.read_many(requests, apart=True) if requests else ())
 
         def record(mark: str, child: str, kind: int) -> Any:
             if mark == POINTER and kind == DIR:

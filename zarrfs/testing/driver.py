@@ -228,6 +228,8 @@ class DriverConformance(TransactionConformance):
         ]
         expected = [5, 0, None, b"side", None, True, False, True, False]
         assert driver.transact(lambda t: t.read_many(requests), write=False) == expected
+        # Read apart (each answer need agree only with itself), the answers are the same.
+        assert driver.transact(lambda t: t.read_many(requests, apart=True), write=False) == expected
 
         # Inside a write transaction the batch sees the transaction's own writes.
         def run(t):
@@ -236,6 +238,15 @@ class DriverConformance(TransactionConformance):
             return t.read_many([HasPrefix("h/", DATA), Size("g/a", DATA), HasPrefix("g/", DATA)])
 
         assert driver.transact(run) == [True, None, False]
+
+        # A key asked twice, both answered by the transaction's own write; apart or not.
+        for apart in (False, True):
+
+            def twice(t, apart=apart):
+                t.put("h/new2", b"22")
+                return t.read_many([Size("h/new2", DATA), Get("h/new2", DATA)], apart=apart)
+
+            assert driver.transact(twice) == [2, b"22"]
 
     def test_read_many_in_a_write_transaction(self, driver):
         driver.transact(

@@ -163,14 +163,14 @@ class PostgresTxn(Txn):
         seen = self._seen
         known = {} if seen is None else {(space, raw): seen[space, raw] for kind, raw, space in plan
                                          if kind is not HasPrefix and (space, raw) in seen}
-        if len(known) == len(plan):  # every answer is known: nothing is sent
-            return [self._known(kind, known[space, raw]) for kind, raw, space in plan]
         groups: dict[tuple[str, Space], list[bytes]] = {}
         for kind, raw, space in plan:
             if kind is HasPrefix:
                 groups.setdefault(("prefix", space), []).append(raw)
             elif (space, raw) not in known:
                 groups.setdefault(("get" if kind is Get else "size", space), []).append(raw)
+        if not groups:  # every answer is known (a key asked twice too): nothing is sent
+            return [self._known(kind, known[space, raw]) for kind, raw, space in plan]
         got = {space: set(raws) for (kind, space), raws in groups.items() if kind == "get"}
         for (kind, space), raws in list(groups.items()):
             if kind == "size" and space in got:
