@@ -129,3 +129,30 @@ def test_names_probed_together_on_lmdb_read_as_far_as_each_answer_needs_and_agre
         assert driver.transact(lambda t: lookups.probe_many(t, ["", "d"]), write=False)[0][0] == stat.S_IFDIR
     finally:
         driver.close()
+
+
+def test_a_listings_nodes_on_redis_are_neither_watched_nor_checked(redis_server, monkeypatch):
+    """A listing's node reads are made apart (``read_many(..., apart=True)``): redis-server
+    compares each name a WATCH adds with every one watched, so a listing that watched each of
+    its names cost the server the square of them. Only the folder's own probe is watched,
+    and the listing's round trips need no closing MULTI/EXEC."""
+    from zarrfs.fs.node import DIR, FILE
+
+    driver = open_driver(redis_server.url(0, prefix=f"ls{uuid.uuid4().hex[:8]}"))
+    try:
+        tree = Tree(driver, uid=0, gid=0)
+        tree.mkdir("d", 0o755)
+        tree.mkdir("d/sub", 0o755)
+        names = [f"f{i:03}" for i in range(300)]
+        tree.store([(f"d/{n}", b"x" * 5, None, CREATE) for n in names])
+        sent = record_redis_calls(monkeypatch, driver)
+        nodes = tree.listings.nodes_of("d", [(n, FILE) for n in names] + [("sub", DIR)])
+        assert sorted(nodes) == [*names, "sub"] and nodes["f007"].size == 5
+        assert sent and not [c for c in sent if "WATCH" in c or "MULTI" in c], sent
+        sent.clear()
+        got: dict = {}
+        listed = tree.listings.list_dir("d", limit=400, nodes=got)
+        assert len(listed) == 301 and len(got) == 301
+        assert sum("WATCH" in c for c in sent) <= 1 and not [c for c in sent if "MULTI" in c], sent
+    finally:
+        driver.close()
