@@ -199,7 +199,7 @@ def lookups(cache, clock, folder, names, read, per_second, present=lambda name: 
     for name in names:
         clock.now += 1 / per_second
         if cache.find(folder, name, read) is MISS and present(name):
-            cache.found(folder)
+            cache.found_name(folder)
 
 
 def whole_reads(calls):

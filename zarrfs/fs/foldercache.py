@@ -82,7 +82,7 @@ class FolderCache:
         self.held = 0  # entries the snapshots hold now
         self.clock = clock
         self._snapshots: dict[str, _Folder] = {}
-        # folder -> [window start, lookups missed, of which found their name (:meth:`found`)]
+        # folder -> [window start, lookups missed, of which found their name (:meth:`found_name`)]
         self._misses: dict[str, list[float | int]] = {}
         # folder -> [lookups no snapshot answered that found their names, the last one's time]
         self._paid: dict[str, list[float]] = {}
@@ -164,10 +164,13 @@ class FolderCache:
         self._add(folder, page)
         return page.nodes.get(name) if page.covers(name) else MISS
 
-    def found(self, folder: str) -> None:
+    def found_name(self, folder: str) -> None:
         """A lookup in ``folder`` no snapshot answered found its name: counted towards a whole
         read of the folder (:data:`WHOLE`), and towards what the lookups paid
-        (:data:`PAID_SHARE`) until none comes for a lifetime."""
+        (:data:`PAID_SHARE`) until none comes for a lifetime. Nothing to count where whole
+        reads are off (``whole`` no more than a page: a server's folders)."""
+        if self.whole <= self.limit:
+            return
         count = self._misses.get(folder)
         if count is not None:
             count[2] += 1

@@ -226,7 +226,7 @@ class Tree:
         else:
             node = self.driver.transact(lambda t: self.lookups.find_in(t, key), write=False)
         if node is not None and cache is not None and key:
-            cache.found(folder)  # a name looked up and there: towards a whole read
+            cache.found_name(folder)  # a name looked up and there: towards a whole read
         return node
 
     def lookup(self, key: str) -> Node:
