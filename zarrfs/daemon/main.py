@@ -184,7 +184,7 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
         if opts.seconds("dir_cache") > 0:
             # No whole reads of a server's folders: a page from the name looked up costs about
             # as much a name there, and through a Redis mount a whole read of 20,000 names
-            # cost a stat loop in folder order or a burst of 400 names 35-45% of its rate
+            # each lifetime cost a stat loop in numeric order 40-50% of its rate
             # (docs/performance.md, "Redis: what checking a read of several round trips costs").
             whole = 0 if driver.remote else WHOLE
             tree.folder_cache = FolderCache(
