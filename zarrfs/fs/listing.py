@@ -617,9 +617,17 @@ class Listings:
             xattr = xattr_of.get(child) if xattr_of is not None else record(XATTR, child, kind)
             if size is None:  # gone between the listing and the read
                 continue
+            node = node_from(t, child, kind, size, target, raw, pointer)
+            if pointer is not None and node.nlink == 1 and kind != DIR:
+                # Its link group does not list it: the name may have left the group after the
+                # scan that listed it (a read not checked against later changes, on a server
+                # without snapshots); probed again, with its group, in the reads checked.
+                node = lookups.find_in(t, child)
+                if node is None:  # gone since the listing
+                    continue
             if xattrs is not None:
                 xattrs.append((child, xattr))
-            node = into[name] = node_from(t, child, kind, size, target, raw, pointer)
+            into[name] = node
             node.no_xattrs = xattr is None
             if kind == FILE:  # an open after the listing reads the content with its probe
                 remember(child, node)
