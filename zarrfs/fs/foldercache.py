@@ -1,7 +1,7 @@
 """Snapshots of busy folders, so that a burst of lookups in one folder costs one listing: whole up
-to a page, or up to :data:`WHOLE` names when the lookups find the names they look for, come
-fast enough to pay for it and have paid for a share of it already, by pages beyond, dropped by
-any write of this mount, bounded by ``-o dir_cache_entries=`` (docs/architecture.md, "Caches")."""
+to a page, or up to :data:`WHOLE` names when the lookups find the names they look for and come
+fast enough to pay for it, by pages beyond, dropped by any write of this mount, bounded by
+``-o dir_cache_entries=`` (docs/architecture.md, "Caches")."""
 
 from __future__ import annotations
 
@@ -24,12 +24,6 @@ WHOLE = 32768
 #: the lookups came; a folder found larger costs the scan of its names, tried again only at
 #: twice that size (or the bound), so that the scans of one folder add up to twice the last.
 PAY = 6
-#: A whole read is made once the lookups of the folder that no snapshot answered and found their
-#: names (since it was last idle for a lifetime) paid for this share of the names it may read
-#: (:data:`PAY` names each; a rule of renting before buying): a burst of a few hundred names of a
-#: folder of 20,000 (a zarr slice) reads those names, not the folder's 20,000 nodes, while a
-#: loop over all of them pays about 1,400 lookups first (the bound of a fast loop: 32,768).
-PAID_SHARE = 4
 PAGES = 4  # pages of one folder kept at once (the oldest goes first)
 FOLDERS = 8  # folders with snapshots kept at once (the oldest goes first)
 WORTH = 8  # a snapshot must answer a lookup per this many entries to be made again
@@ -84,8 +78,6 @@ class FolderCache:
         self._snapshots: dict[str, _Folder] = {}
         # folder -> [window start, lookups missed, of which found their name (:meth:`found_name`)]
         self._misses: dict[str, list[float | int]] = {}
-        # folder -> [lookups no snapshot answered that found their names, the last one's time]
-        self._paid: dict[str, list[float]] = {}
         self._quiet_until = 0.0
         self.builds = 0
         self.hits = 0  # lookups a snapshot answered
@@ -110,7 +102,6 @@ class FolderCache:
         if now < self._quiet_until:
             return MISS
         found = self._snapshots.get(folder)
-        skipping = False
         if found is not None:
             for page in list(found.pages):
                 if now - page.made >= self.ttl:
@@ -119,7 +110,8 @@ class FolderCache:
                     page.hits += 1
                     self.hits += 1
                     return page.nodes.get(name)
-            skipping = now < found.skip_until  # no pages; a whole read may still pay
+            if now < found.skip_until:
+                return MISS
         count = self._misses.get(folder)
         if count is None or now - count[0] > self.ttl:
             if len(self._misses) > 4 * self.folders * self.hot:
@@ -130,31 +122,20 @@ class FolderCache:
             return MISS
         del self._misses[folder]
         if 2 * count[2] >= count[1]:  # most of the names looked up were there
-            # As many names as a lifetime's lookups at this rate pay for, once the lookups
-            # so far paid for a share of them: then the whole folder, when it has no more (a
-            # larger one cost only the scan of its names). Not held back by a spell of no
-            # pages (names looked up at random are what a whole read is for).
+            # As many names as a lifetime's lookups at this rate pay for: then the whole
+            # folder, when it has no more (a larger one cost only the scan of its names).
             rate = (count[1] - 1) / max(now - count[0], 1e-9)
             budget = int(min(self.whole, PAY * rate * self.ttl))
-            paid = self._paid.get(folder)
             tried = 0 if found is None else found.larger_than  # doubled before it is tried again
-            if (
-                budget > max(self.limit, tried)
-                and budget >= min(self.whole, 2 * tried)
-                and paid is not None
-                and PAY * PAID_SHARE * paid[0] >= budget
-            ):
+            if budget > max(self.limit, tried) and budget >= min(self.whole, 2 * tried):
                 nodes, last = read(None, budget, True)
                 if last is None:
-                    paid[1] = now + self.ttl  # a lifetime of lookups it answers: not idle
                     self.builds += 1
                     self._add(folder, _Page(now, None, None, nodes))
                     return nodes.get(name)
                 found = self._known(folder)
                 found.large = True
                 found.larger_than = budget
-        if skipping:
-            return MISS
         # The first read starts at the folder's first name (all of it, when it fits); once a
         # folder is known larger than a page, a page starts at the name looked up.
         after = name if found is not None and found.large else None
@@ -166,22 +147,10 @@ class FolderCache:
 
     def found_name(self, folder: str) -> None:
         """A lookup in ``folder`` no snapshot answered found its name: counted towards a whole
-        read of the folder (:data:`WHOLE`), and towards what the lookups paid
-        (:data:`PAID_SHARE`) until none comes for a lifetime. Nothing to count where whole
-        reads are off (``whole`` no more than a page: a server's folders)."""
-        if self.whole <= self.limit:
-            return
+        read of the folder (:data:`WHOLE`)."""
         count = self._misses.get(folder)
         if count is not None:
             count[2] += 1
-        now = self.clock()
-        paid = self._paid.get(folder)
-        if paid is None or now - paid[1] > self.ttl:
-            if len(self._paid) > 4 * self.folders * self.hot:
-                self._paid.clear()
-            self._paid[folder] = paid = [0, now]
-        paid[0] += 1
-        paid[1] = now
 
     def _known(self, folder: str) -> _Folder:
         """The record of what is known of ``folder``, made when there is none."""
@@ -250,7 +219,6 @@ class FolderCache:
         for folder in list(self._snapshots):
             self._drop(folder)
         self._misses.clear()
-        self._paid.clear()
         self._quiet_until = self.clock() + self.ttl
 
     def seen(self, folder: str, name: str, node: Node) -> None:
