@@ -31,7 +31,7 @@ class Clock:
 def whole(nodes, calls=None):
     """A ``read`` of a folder that holds ``nodes`` (whole, whatever the limit)."""
 
-    def read(after, limit):
+    def read(_folder, after, limit):
         if calls is not None:
             calls.append((after, limit))
         return nodes, None
@@ -76,7 +76,7 @@ def test_a_large_folder_is_read_by_pages_around_the_names_looked_up():
     folder = [f"{i:07d}" for i in range(0, 2_000_000, 2)]  # even numbers only
     reads: list = []
 
-    def read(after, limit):
+    def read(_folder, after, limit):
         reads.append(after)
         i = 0 if after is None else bisect.bisect_right(folder, after)
         names = folder[i : i + limit]
@@ -108,7 +108,7 @@ def test_a_folder_keeps_a_few_pages_and_one_not_worth_reading_stops_them():
     clock = Clock()
     cache = FolderCache(ttl=1.0, hot=1, clock=clock, limit=10, pages=2)
 
-    def read(after, limit):
+    def read(_folder, after, limit):
         start = 0 if after is None else int(after) + 1
         return {f"{i:04d}": i for i in range(start, start + limit)}, f"{start + limit - 1:04d}"
 
@@ -134,7 +134,7 @@ def lookups_over(names: list[str], order: list[str], per_second: float = 8000.0)
     ordered = sorted(names)
     read_names = misses = 0
 
-    def read(after, limit):
+    def read(_folder, after, limit):
         nonlocal read_names
         i = 0 if after is None else bisect.bisect_right(ordered, after)
         got = ordered[i : i + limit]
@@ -181,7 +181,7 @@ def folder_of(n: int, calls: list):
     arguments. A whole read (third argument) of a larger folder gives no nodes."""
     ordered = sorted(map(str, range(n)))
 
-    def read(after, limit, whole=False):
+    def read(_folder, after, limit, whole=False):
         calls.append((after, limit, whole))
         i = 0 if after is None else bisect.bisect_right(ordered, after)
         got = ordered[i : i + limit]
@@ -276,13 +276,13 @@ def test_clear_drops_snapshots_but_remembers_what_it_knows_of_folders():
     clock = Clock()
     cache = FolderCache(ttl=1.0, hot=1, clock=clock, limit=10)
     assert cache.find("small", "a", whole({"a": 1})) == 1
-    assert cache.find("huge", "0005", lambda after, limit: ({"0005": 5}, "0009")) == 5
+    assert cache.find("huge", "0005", lambda _folder, after, limit: ({"0005": 5}, "0009")) == 5
     cache.clear()
     assert cache.find("small", "a", never) is MISS and cache.held == 0
     clock.now += 1.01  # after the quiet time that follows a write
     assert cache.find("small", "new", whole({"new": 1})) == 1  # read again
     got: list = []
-    cache.find("huge", "0005", lambda after, limit: got.append(after) or ({}, "0020"))
+    cache.find("huge", "0005", lambda _folder, after, limit: got.append(after) or ({}, "0020"))
     assert got == ["0005"]  # known larger than a page
 
 
@@ -507,7 +507,7 @@ def test_what_the_snapshots_hold_together_stays_within_the_bound():
     built: list[int] = []
 
     def of(n: int):
-        def read(after, limit):
+        def read(_folder, after, limit):
             built.append(limit)
             names = list(map(str, range(min(n, limit))))
             return dict.fromkeys(names), (names[-1] if n > limit else None)

@@ -173,10 +173,12 @@ class Operations:
         name another mount made shows only once the change feed told of it."""
         return self.tree.known is not None
 
-    def find(self, key: str) -> Node | None:
+    def find(self, key: str, folder: str | None = None, name: str | None = None) -> Node | None:
         """The node at ``key``, pending writes included, or None (the hot path of every
-        lookup)."""
-        return self._shown(key, self.handles.pending(key) or self.tree.find(key))
+        lookup; ``folder`` and ``name``: ``key`` split, when the caller has them)."""
+        handles = self.handles
+        node = (handles.states or handles.paged) and handles.pending(key) or self.tree.find(key, folder, name)
+        return self._shown(key, node) if node is not None and node.kind == DIR else node
 
     def _shown(self, key: str, node: Node | None) -> Node | None:
         """``node`` at ``key`` as shown: a folder changed when a file was made in it that is not

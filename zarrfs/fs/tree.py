@@ -19,7 +19,6 @@ from __future__ import annotations
 import errno
 import stat
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 from zarrfs.backends.base import DATA, SIDE, Driver, HasPrefix, Txn
@@ -180,11 +179,12 @@ class Tree:
             folder, _, name = key.rpartition("/")
             cache.seen(folder, name, node)
 
-    def find(self, key: str) -> Node | None:
+    def find(self, key: str, folder: str | None = None, name: str | None = None) -> Node | None:
         """The node at ``key``, or None when there is none (the lookup of every ``stat``: a
         missing name is common and costs no exception). Answered from the chunks read ahead,
         or from a snapshot of the folder when :attr:`folder_cache` has one (see
-        :mod:`zarrfs.fs.foldercache`)."""
+        :mod:`zarrfs.fs.foldercache`). ``folder`` and ``name``: ``key`` split, when the
+        caller has them."""
         ahead = self.lookups.readahead
         if ahead is not None:
             node = ahead.node(key)
@@ -199,34 +199,47 @@ class Tree:
                 return None
         cache = self.folder_cache
         if cache is not None and key:
-            folder, _, name = key.rpartition("/")
-            node = cache.find(folder, name, partial(self.listings.folder_page, folder))
+            if name is None:
+                folder, _, name = key.rpartition("/")
+            node = cache.answer(folder, name)
+            if node is MISS:
+                node = cache.find(folder, name, self.listings.folder_page)
             if node is not MISS:
                 return None if node is None else self.lookups.remember(key, node)
-        if known is not None:  # a remote database: its extended attributes come with it
-            folder = key.rpartition("/")[0]
-            learn = known.worth_reading(folder)
-            listings = self.listings
-
-            def run(t: Txn) -> tuple[Node | None, bytes | None, bytes | None, list[str] | None]:
-                if learn:  # a small folder's names come in the same round trip
-                    listings.announce_folder(t, folder)
-                node, raw, record = self.lookups.find_with_xattrs(t, key)
-                return node, raw, record, listings.small_folder(t, folder) if learn else None
-
-            node, raw, record, names = self.driver.transact(run, write=False)
-            if node is not None:
-                known.read_xattrs(key, raw)
-                if node.kind == DIR:  # what a file made in it inherits (its group)
-                    known.read_record(key, record)
-            if names is not None:
-                known.listed(folder, names)
-            elif learn:
-                known.too_large(folder)
-        else:
-            node = self.driver.transact(lambda t: self.lookups.find_in(t, key), write=False)
+        node = self._read(key) if known is None else self._read_known(key, known)
         if node is not None and cache is not None and key:
             cache.found_name(folder)  # a name looked up and there: towards a whole read
+        return node
+
+    # find's reads of the database, apart: a closure in find itself makes a cell for each
+    # variable it shares at every call of find, the lookup of every stat
+    # (tests/project/test_hot_road.py).
+    def _read(self, key: str) -> Node | None:
+        """The node at ``key`` read from the database."""
+        return self.driver.transact(lambda t: self.lookups.find_in(t, key), write=False)
+
+    def _read_known(self, key: str, known: KnownFolders) -> Node | None:
+        """The node at ``key`` read from a remote database with its extended attributes, which
+        ``known`` keeps, and the names of its folder when that is small."""
+        folder = key.rpartition("/")[0]
+        learn = known.worth_reading(folder)
+        listings = self.listings
+
+        def run(t: Txn) -> tuple[Node | None, bytes | None, bytes | None, list[str] | None]:
+            if learn:  # a small folder's names come in the same round trip
+                listings.announce_folder(t, folder)
+            node, raw, record = self.lookups.find_with_xattrs(t, key)
+            return node, raw, record, listings.small_folder(t, folder) if learn else None
+
+        node, raw, record, names = self.driver.transact(run, write=False)
+        if node is not None:
+            known.read_xattrs(key, raw)
+            if node.kind == DIR:  # what a file made in it inherits (its group)
+                known.read_record(key, record)
+        if names is not None:
+            known.listed(folder, names)
+        elif learn:
+            known.too_large(folder)
         return node
 
     def lookup(self, key: str) -> Node:

@@ -43,6 +43,9 @@ class Coherence:
     def __init__(self, session: Mount, watcher: ChangeWatcher) -> None:
         self.session = session
         self.watcher = watcher
+        # Whether lookups answer missing names from what the mount knows (the watcher made the
+        # tree follow the feed, which decides it): then a lookup asks the feed first.
+        self.names_known = session.ops.knows_names()
         self.negatives: dict[str, None] = {}  # oldest first
         self.polls = 0
         self.dropped = 0  # notifications sent

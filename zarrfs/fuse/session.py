@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from zarrfs.fs.api import (
     DIR,
     FILE,
+    NAME_MAX,
     NOW,
     RENAME_EXCHANGE,
     FsError,
@@ -151,7 +152,7 @@ class Session(Dispatcher):
         return figures
 
     def _child(self, nodeid: int, name: bytes) -> str:
-        # _key inlined: every LOOKUP passes here.
+        # _key inlined: every request naming a child passes here (LOOKUP inlines this too).
         parent = self.inodes.key(nodeid)
         if parent is None:
             raise FsError(errno.ENOENT, f"node {nodeid} is gone", quiet=True)
@@ -431,18 +432,32 @@ class Session(Dispatcher):
         name another mount made, then closed, must come in first, or the open that follows
         the close on this mount would fail with ENOENT (close-to-open). Only when the feed
         has news: a look at its descriptor."""
-        return self.coherence is not None and self.ops.knows_names() and self.coherence.news()
+        return self.coherence is not None and self.coherence.names_known and self.coherence.news()
 
     def _lookup(self, head: Header, buf: memoryview) -> None:
+        # _child inlined, and the folder and name kept for ops.find: on this road each
+        # microsecond before the reply counts several times over (docs/performance.md,
+        # "Cold `stat` since cfc4921: a reply after the client's CPU went idle").
+        folder = self.inodes.key(head.nodeid)
+        if folder is None:
+            raise FsError(errno.ENOENT, f"node {head.nodeid} is gone", quiet=True)
+        raw = _name(buf, k.IN_HEADER_SIZE, head.len)
         try:
-            key = self._child(head.nodeid, _name(buf, k.IN_HEADER_SIZE, head.len))
+            name = raw.decode("ascii") if raw.isascii() and len(raw) <= NAME_MAX else key_text(raw)
         except FsError as exc:  # a name no file can have (EILSEQ) is not there
             if exc.errno != errno.EILSEQ:
                 raise
             raise FsError(errno.ENOENT, str(exc), quiet=True) from None
-        if (self.admission is None or self.admission.runs_alone()) and self._feed_first():
-            self.coherence.poll(locked=True)  # the kernel holds the folder's lock
-        node = self.ops.find(key)
+        key = folder + "/" + name if folder else name
+        coherence = self.coherence
+        if (
+            coherence is not None
+            and coherence.names_known  # _feed_first, inlined
+            and (self.admission is None or self.admission.runs_alone())
+            and coherence.news()
+        ):
+            coherence.poll(locked=True)  # the kernel holds the folder's lock
+        node = self.ops.find(key, folder, name)
         if node is None:
             if self.negative_valid == (0, 0):
                 self._reply_error(head, errno.ENOENT)
