@@ -1,7 +1,7 @@
 """The road of every lookup makes no closure cells. CPython 3.11 makes a cell for each variable a
 nested function shares, at every call of the function that holds it, whether or not the nested
 function is ever made. ``Tree.find`` made five that way (for its read of the database), a
-fifth of what 5397131 took off a lookup answered from a held folder in-process (0.2 of 0.6
+fifth of what the shorter road took off a lookup answered from a held folder in-process (0.2 of 0.6
 us). On this road each microsecond before the reply counts several times over through a mount
 (docs/performance.md, "Cold `stat`: a shorter road to the reply"), so a nested function here
 belongs in a method of its own."""
