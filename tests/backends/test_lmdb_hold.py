@@ -111,3 +111,24 @@ def test_the_open_file_table_holds_while_open_and_lets_go_at_the_last_close(driv
     assert bytes(table.read(c, 10, 0)) == b"2" * 10
     table.release(c)
     assert driver.holder.since == {}
+
+
+def test_a_held_value_counts_as_touched_when_read_not_when_held(driver, monkeypatch):
+    """An open whose pages the kernel holds holds the value and never reads it: nothing enters
+    the process's resident set, so nothing counts towards releasing the maps' pages (which
+    costs a read of /proc/self/maps and an madvise of each map). Its first read counts it,
+    once."""
+    from zarrfs.backends.lmdb import pages
+
+    counted: list[int] = []
+    monkeypatch.setattr(pages, "touched", lambda d, n: counted.append(n))
+    driver.put("c", b"v" * MIB)
+    values = [held_value(driver, "c") for _ in range(8)]
+    assert all(v.held for v in values) and counted == []
+    assert values[0].size == MIB and counted == []  # its size is no read either
+    assert bytes(values[0].data[:10]) == b"v" * 10 and values[0].data[5] == ord("v")
+    assert counted == [MIB]
+    values[1].let_go()  # a copy out reads it
+    assert counted == [MIB, MIB]
+    for v in values:
+        v.release()

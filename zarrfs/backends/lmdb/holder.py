@@ -31,6 +31,28 @@ SECONDS = 1.0
 SMALLEST = 64 << 10
 
 
+class _MapHeld(Held):
+    """A value held in place in an LMDB map, whose pages count as touched (``pages.touched``:
+    they enter the process's resident set) when it is first read, not when it is held: an
+    open whose pages the kernel holds never reads it, and counting each such open's whole
+    value had the maps released (a read of ``/proc/self/maps`` and an ``madvise`` of each
+    map, 0.2-0.4 ms) every eight opens of a 4 MiB chunk."""
+
+    __slots__ = ("_driver",)
+
+    def __init__(self, data: Any, end: Callable[[Held], None], driver: Any) -> None:
+        super().__init__(data, end)
+        self._driver = driver
+
+    @property
+    def data(self) -> Any:
+        driver = self._driver
+        if driver is not None:
+            self._driver = None
+            pages.touched(driver, len(self._value))
+        return self._value
+
+
 class Holder:
     """The read transactions ``driver`` holds for values read in place."""
 
@@ -66,8 +88,7 @@ class Holder:
             kept = None if value is None else Held(bytes(value))
             txn.__exit__(None, None, None)
             return result, kept
-        pages.touched(driver, len(value))  # its pages will be in the process's resident set
-        held = Held(value, self._end)
+        held = _MapHeld(value, self._end, driver)
         self.thread = threading.get_ident()
         self.since[held] = (time.monotonic(), txn)
         self.tidy()
