@@ -843,3 +843,24 @@ def test_rewritten_document_is_current_as_soon_as_the_call_returns(db_url, mount
         assert (m.path / "h/zarr.json").read_bytes() == stored(db_url, "h/zarr.json")
     assert len(json.loads(stored(db_url, "h/zarr.json"))["consolidated_metadata"]["metadata"]) == 25
     del group
+
+
+def test_the_zarr_checks_start_no_blas_threads(tmp_path, mount_factory):
+    """The first Zarr document a mount checks imports numpy, whose OpenBLAS started a thread
+    per CPU that spun waiting for work the daemon never gives it (15% of the daemon's CPU
+    samples over a fresh mount's first Zarr write, on the cores the writer uses). The daemon
+    asks numpy's BLAS for one thread: the checks start no thread of their own."""
+    m = mount_factory(f"lmdb://{tmp_path}/t.lmdb", ["create"])
+    from zarrfs.daemon.control import query
+
+    pid = query(str(m.path))["pid"]
+    put(m.path, "a/plain", b"x")  # the daemon's own threads are all up after a first commit
+
+    def threads() -> int:
+        return len(os.listdir(f"/proc/{pid}/task"))
+
+    before = threads()
+    put(m.path, "zarr.json", j({"zarr_format": 3, "node_type": "group", "attributes": {}}))
+    with open(f"/proc/{pid}/maps") as fh:
+        assert "numpy" in fh.read()  # the check ran, numpy with it
+    assert threads() == before

@@ -409,3 +409,34 @@ def test_v3_hierarchy_warnings():
     assert errors(inside) == [] and "hierarchy.node-inside-array" in rules(inside, "warning")
     store = Store().put_json("g/zarr.json", GROUP)
     assert check(V3_ARRAY, "g/arr/zarr.json", store) == []
+
+
+def test_a_v3_array_of_core_codecs_is_checked_without_numcodecs():
+    """numcodecs (with its registry's entry points) is imported at the first codec it builds, not
+    with the checks: a mount's first commit of a zarr-python 3 array pays no such import
+    (docs/performance.md, "A fresh mount's first Zarr metadata: numpy's import"). A v2 array's
+    compressor still is built by it."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import json, sys
+        from zarrfs.format.validate import validate_metadata
+        doc = {"zarr_format": 3, "node_type": "array", "shape": [8], "data_type": "float32",
+               "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [4]}},
+               "chunk_key_encoding": {"name": "default"}, "fill_value": 0.0, "attributes": {},
+               "codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
+                          {"name": "blosc", "configuration": {"typesize": 4, "cname": "lz4",
+                           "clevel": 5, "shuffle": "shuffle", "blocksize": 0}}]}
+        assert validate_metadata("a/zarr.json", json.dumps(doc).encode(), lambda k: None) == []
+        print("numcodecs" in sys.modules)
+        v2 = {"zarr_format": 2, "shape": [8], "chunks": [4], "dtype": "<f4", "order": "C",
+              "compressor": {"id": "zlib", "level": 1}, "fill_value": 0, "filters": None}
+        assert validate_metadata("b/.zarray", json.dumps(v2).encode(), lambda k: None) == []
+        print("numcodecs" in sys.modules)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "True"]

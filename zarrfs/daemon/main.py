@@ -40,7 +40,7 @@ from zarrfs.fuse.channel import Channel
 from zarrfs.fuse.coherence import Coherence
 from zarrfs.fuse.loop import Loop
 from zarrfs.fuse.session import BUFFER_SIZE, Session
-from zarrfs.fuse.tuning import collect_less_often, keep_freed_memory, set_readahead
+from zarrfs.fuse.tuning import collect_less_often, keep_freed_memory, no_blas_threads, set_readahead
 from zarrfs.fuse.workers import DEFAULT_WORKERS, Workers
 from zarrfs.options import MountOptions
 from zarrfs.urls import reason
@@ -163,6 +163,7 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
 
     shown = shown_url(url)
     keep_freed_memory()
+    no_blas_threads()
     collect_less_often()
     if threading.current_thread() is threading.main_thread():  # kill -USR2: every thread's stack
         faulthandler.register(signal.SIGUSR2, all_threads=True)

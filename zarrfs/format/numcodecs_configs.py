@@ -1,17 +1,20 @@
 """Checking and building numcodecs codecs from their JSON configuration.
 
 The v2 spec names codecs by numcodecs ``id``; v3 arrays reach the same codecs through the
-``numcodecs.<id>`` names and the core ``gzip``/``zstd``/``blosc`` codecs.
+``numcodecs.<id>`` names and the core ``gzip``/``zstd``/``blosc`` codecs. numcodecs (and numpy
+with it) is imported at the first codec built, not with this module: a v3 array of core codecs
+is checked without it, and that import is a mount's first Zarr commit's largest cost
+(docs/performance.md, "A fresh mount's first Zarr metadata: numpy's import").
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numcodecs
-from numcodecs.abc import Codec
+if TYPE_CHECKING:
+    from numcodecs.abc import Codec
 
 # Compressors that take plain bytes and are cheap to set up: one tiny round trip catches
 # configurations numcodecs accepts at construction but fails on at first use (a blosc
@@ -23,17 +26,17 @@ _PROBE = bytes(range(64))
 
 def make_codec(config: dict[str, Any]) -> Codec:
     """Instantiate a numcodecs codec from a config with an ``id``; numcodecs errors propagate."""
+    import numcodecs
+
     # get_codec pops "id" from the dict it is given in some numcodecs versions: pass a copy.
     return numcodecs.get_codec(dict(config))
 
 
-try:  # numcodecs >= 0.13
-    from numcodecs.errors import UnknownCodecError
-except ImportError:  # pragma: no cover - older numcodecs raised a bare ValueError
-    UnknownCodecError = None
-
-
 def _is_unknown(exc: Exception) -> bool:
+    try:  # numcodecs >= 0.13
+        from numcodecs.errors import UnknownCodecError
+    except ImportError:  # pragma: no cover - older numcodecs raised a bare ValueError
+        UnknownCodecError = None
     if UnknownCodecError is not None and isinstance(exc, UnknownCodecError):
         return True
     return isinstance(exc, ValueError) and "codec not available" in str(exc)

@@ -10,6 +10,7 @@ import ctypes
 import ctypes.util
 import gc
 import logging
+import os
 
 log = logging.getLogger("zarrfs.fuse.tuning")
 
@@ -39,6 +40,21 @@ def keep_freed_memory() -> bool:
         return False
     settings = ((M_MMAP_THRESHOLD, 32 << 20), (M_TRIM_THRESHOLD, KEEP_FREED), (M_ARENA_MAX, 1))
     return all(mallopt(param, value) == 1 for param, value in settings)
+
+
+#: Thread pools of the numerical libraries numpy may load, each held to one thread.
+ONE_THREAD = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def no_blas_threads() -> None:
+    """Have numpy's BLAS start no worker threads in this process (unless the environment says
+    otherwise). The daemon imports numpy for the Zarr checks and does no linear algebra, but
+    OpenBLAS starts a thread per CPU at its load, which spin waiting for work: 15% of a
+    fresh mount's CPU samples during its first Zarr write, on the client's cores
+    (docs/performance.md, "A fresh mount's first Zarr metadata: numpy's import"). Only before
+    numpy is imported does this count."""
+    for name in ONE_THREAD:
+        os.environ.setdefault(name, "1")
 
 
 def collect_less_often() -> None:
