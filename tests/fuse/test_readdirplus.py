@@ -243,15 +243,19 @@ def test_an_entry_by_the_one_call_road_is_the_per_name_roads(make_ops, make_wire
     by ``_entry_values``. For names of every kind, fresh to the node table and already in it,
     with a mount that follows a change feed (extended attributes read as none are marked),
     both give the same node ID, the same bytes, the same version given to the kernel, the
-    same lookup count and the same no-xattrs mark."""
+    same lookup count and the same no-xattrs mark; also while the mount remembers missing
+    names (the name itself among them: a CREATE after its LOOKUP), which both forget."""
     ops, wire, listed = _every_kind(make_ops, make_wire)
     session, inodes, names = wire.session, wire.inodes, _EVERY_KIND
-    for first_plain in (True, False):
+    negatives = session.coherence.negatives
+    for first_plain, remembered in ((True, False), (False, False), (True, True), (False, True)):
         for name in names:
             key = f"d/{name}"
             node = (listed if first_plain else {}).get(key) or ops.find(key)
             got = []
             for plain in (first_plain, not first_plain):
+                if remembered:
+                    negatives.update({key: None, "d/missing": None})
                 before = inodes.get(inodes.ids[key]).lookups if key in inodes.ids else 0
                 if plain:
                     nodeid, packed = session._entry(key, node)
@@ -260,6 +264,7 @@ def test_an_entry_by_the_one_call_road_is_the_per_name_roads(make_ops, make_wire
                     nodeid, packed = values[0], k.ENTRY_OUT.pack(*values)
                 inode = inodes.get(nodeid)
                 assert inode.lookups == before + 1, (name, plain)
+                assert key not in negatives and ("d/missing" in negatives) == remembered
                 got.append((nodeid, packed, inode.given, inodes.bare_of_xattrs(nodeid)))
             assert got[0] == got[1], (name, first_plain)
             assert got[0][3] == node.no_xattrs, name

@@ -259,15 +259,15 @@ class Session(Dispatcher):
         """The node ID of ``key`` shown as ``node``, counted as one more lookup, and its packed
         ``fuse_entry_out``: of every LOOKUP, CREATE, MKDIR... and of each of a READDIRPLUS
         reply's names. A plain file or folder (most) is numbered in one call and packed
-        here; a file in parts, with hard links or shown as an older version, or any name
-        while the mount remembers missing ones (a name found clears it), by
-        :meth:`_entry_values`. A READDIRPLUS reply's names take :meth:`_entries`, the same
-        for many names at once (``test_readdirplus.py`` holds the two equal)."""
+        here; a file in parts, with hard links or shown as an older version, by
+        :meth:`_entry_values`. A name found or made is no longer a missing one the mount
+        remembers (:meth:`Coherence.created`). A READDIRPLUS reply's names take
+        :meth:`_entries`, the same for many names at once (``test_readdirplus.py`` holds the
+        two equal)."""
         coherence = self.coherence
-        if (
-            node.group or node.passing or node.attrs.parted or node.allocated is not None
-            or (coherence is not None and coherence.negatives)
-        ):
+        if coherence is not None and coherence.negatives:
+            coherence.created(key)
+        if node.group or node.passing or node.attrs.parted or node.allocated is not None:
             values = self._entry_values(key, node)
             return values[0], _pack_entry(*values)
         kind = node.kind
@@ -297,9 +297,10 @@ class Session(Dispatcher):
         :meth:`_entry_values`, in their places in the lists, numbered after the plain ones."""
         coherence = self.coherence
         feed = coherence is not None
-        if feed and coherence.negatives:
-            values = [self._entry_values(key, node) for key, node in zip(keys, nodes, strict=True)]
-            return [v[0] for v in values], [_pack_entry(*v) for v in values]
+        if feed and coherence.negatives:  # names found are no longer missing ones
+            created = coherence.created
+            for key in keys:
+                created(key)
         odd: list[int] = []
         kinds: list[int] = []
         marks: list[int] = []
