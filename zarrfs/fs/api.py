@@ -177,6 +177,7 @@ class Operations:
         """The node at ``key``, pending writes included, or None (the hot path of every
         lookup; ``folder`` and ``name``: ``key`` split, when the caller has them)."""
         handles = self.handles
+        # pending() answers None while no file is open: its call spared on every other lookup.
         node = (handles.states or handles.paged) and handles.pending(key) or self.tree.find(key, folder, name)
         return self._shown(key, node) if node is not None and node.kind == DIR else node
 

@@ -114,6 +114,12 @@ class FolderCache:
         such name), reading a page now when the folder is busy; :data:`MISS` when no snapshot
         answers (the folder is not busy enough, not worth it, or the page just read starts
         after ``name``): then the caller looks the name up itself."""
+        node = self.answer(folder, name)
+        return node if node is not MISS else self.missed(folder, name, read)
+
+    def missed(self, folder: str, name: str, read: Read) -> Node | None | object:
+        """:meth:`find` once :meth:`answer` missed: old pages retired, the lookup counted, and
+        a page (or the whole folder) read when the folder is busy."""
         now = self.clock()
         if now < self._quiet_until:
             return MISS
@@ -122,9 +128,6 @@ class FolderCache:
             for page in list(found.pages):
                 if now - page.made >= self.ttl:
                     self._retire(found, page, now, WORTH, SKIP_LIFETIMES)
-            node = self.answer(folder, name)
-            if node is not MISS:
-                return node
             if now < found.skip_until:
                 return MISS
         count = self._misses.get(folder)

@@ -203,7 +203,7 @@ class Tree:
                 folder, _, name = key.rpartition("/")
             node = cache.answer(folder, name)
             if node is MISS:
-                node = cache.find(folder, name, self.listings.folder_page)
+                node = cache.missed(folder, name, self.listings.folder_page)
             if node is not MISS:
                 return None if node is None else self.lookups.remember(key, node)
         node = self._read(key) if known is None else self._read_known(key, known)

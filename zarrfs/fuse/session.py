@@ -21,7 +21,6 @@ from collections.abc import Callable, Sequence
 from zarrfs.fs.api import (
     DIR,
     FILE,
-    NAME_MAX,
     NOW,
     RENAME_EXCHANGE,
     FsError,
@@ -442,9 +441,8 @@ class Session(Dispatcher):
         folder = self.inodes.key(head.nodeid)
         if folder is None:
             raise FsError(errno.ENOENT, f"node {head.nodeid} is gone", quiet=True)
-        raw = _name(buf, k.IN_HEADER_SIZE, head.len)
         try:
-            name = raw.decode("ascii") if raw.isascii() and len(raw) <= NAME_MAX else key_text(raw)
+            name = key_text(_name(buf, k.IN_HEADER_SIZE, head.len))
         except FsError as exc:  # a name no file can have (EILSEQ) is not there
             if exc.errno != errno.EILSEQ:
                 raise
