@@ -846,7 +846,7 @@ def test_rewritten_document_is_current_as_soon_as_the_call_returns(db_url, mount
 
 
 def test_the_zarr_checks_start_no_blas_threads(tmp_path, mount_factory):
-    """The first Zarr document a mount checks imports numpy, whose OpenBLAS started a thread
+    """The first v2 array a mount checks imports numpy, whose OpenBLAS started a thread
     per CPU that spun waiting for work the daemon never gives it (15% of the daemon's CPU
     samples over a fresh mount's first Zarr write, on the cores the writer uses). The daemon
     asks numpy's BLAS for one thread: the checks start no thread of their own."""
@@ -860,7 +860,17 @@ def test_the_zarr_checks_start_no_blas_threads(tmp_path, mount_factory):
         return len(os.listdir(f"/proc/{pid}/task"))
 
     before = threads()
-    put(m.path, "zarr.json", j({"zarr_format": 3, "node_type": "group", "attributes": {}}))
+    zarray = {
+        "zarr_format": 2,
+        "shape": [4],
+        "chunks": [2],
+        "dtype": "<f8",
+        "compressor": None,
+        "fill_value": 0.0,
+        "filters": None,
+        "order": "C",
+    }
+    put(m.path, "a/.zarray", j(zarray))
     with open(f"/proc/{pid}/maps") as fh:
         assert "numpy" in fh.read()  # the check ran, numpy with it
     assert threads() == before

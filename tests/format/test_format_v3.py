@@ -412,10 +412,10 @@ def test_v3_hierarchy_warnings():
 
 
 def test_a_v3_array_of_core_codecs_is_checked_without_numcodecs():
-    """numcodecs (with its registry's entry points) is imported at the first codec it builds, not
-    with the checks: a mount's first commit of a zarr-python 3 array pays no such import
-    (docs/performance.md, "A fresh mount's first Zarr metadata: numpy's import"). A v2 array's
-    compressor still is built by it."""
+    """numcodecs (with its registry's entry points) is imported at the first codec it builds, and
+    NumPy at the first dtype made, not with the checks: a mount's first commit of a zarr-python 3
+    array of a core type pays neither import (docs/performance.md, "A fresh mount's first Zarr
+    metadata: numpy's import"). A v2 array's compressor still is built by numcodecs."""
     import subprocess
     import sys
     import textwrap
@@ -431,7 +431,12 @@ def test_a_v3_array_of_core_codecs_is_checked_without_numcodecs():
                           {"name": "blosc", "configuration": {"typesize": 4, "cname": "lz4",
                            "clevel": 5, "shuffle": "shuffle", "blocksize": 0}}]}
         assert validate_metadata("a/zarr.json", json.dumps(doc).encode(), lambda k: None) == []
-        print("numcodecs" in sys.modules)
+        print("numcodecs" in sys.modules, "numpy" in sys.modules)
+        for name, fill in [("int64", -2**63), ("uint8", 255), ("complex64", ["NaN", 1.5]),
+                           ("bool", True), ("float16", "0x7c00"), ("r16", [1, 2])]:
+            doc.update(data_type=name, fill_value=fill, codecs=doc["codecs"][:1])
+            assert validate_metadata("a/zarr.json", json.dumps(doc).encode(), lambda k: None) == []
+        print("numpy" in sys.modules)
         v2 = {"zarr_format": 2, "shape": [8], "chunks": [4], "dtype": "<f4", "order": "C",
               "compressor": {"id": "zlib", "level": 1}, "fill_value": 0, "filters": None}
         assert validate_metadata("b/.zarray", json.dumps(v2).encode(), lambda k: None) == []
@@ -439,4 +444,4 @@ def test_a_v3_array_of_core_codecs_is_checked_without_numcodecs():
         """
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["False", "True"]
+    assert out.split() == ["False", "False", "False", "True"]

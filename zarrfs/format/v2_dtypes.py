@@ -3,6 +3,9 @@
 The v2 spec encodes a simple dtype as a NumPy typestr with an explicit byte order
 (``"<f8"``, ``"|S12"``, ``"<M8[ns]"``) and a structured dtype as a list of
 ``[name, type(, shape)]`` lists, nested as deep as needed.
+
+NumPy is imported by the functions that make its dtypes, not with the module: the v3 checks
+use this module's tables, and a v3 type is checked without NumPy (:mod:`.v3_dtypes`).
 """
 
 from __future__ import annotations
@@ -11,11 +14,12 @@ import base64
 import binascii
 import math
 import re
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from .json_docs import is_int, is_number, short
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _TYPESTR = re.compile(r"^([<>|])([biufcmMSUVO])(\d*)(\[([0-9]*)([A-Za-z]+)\])?$")
 DATETIME_UNITS = frozenset({"Y", "M", "W", "D", "h", "m", "s", "ms", "us", "ns", "ps", "fs", "as"})
@@ -41,6 +45,8 @@ class DtypeError(ValueError):
 
 def parse_typestr(s: str) -> np.dtype:
     """Parse one simple v2 typestr such as ``"<f8"``; raise :class:`DtypeError` if invalid."""
+    import numpy as np
+
     m = _TYPESTR.match(s)
     if m is None:
         raise DtypeError("dtype", f"{s!r} is not a NumPy typestr with a byte order (e.g. '<f8', '|u1')")
@@ -116,6 +122,8 @@ def parse_dtype(obj: Any) -> np.dtype:
     descr = _to_numpy_descr(obj)
     if isinstance(descr, str):
         return parse_typestr(descr)
+    import numpy as np
+
     try:
         return np.dtype(descr)
     except (TypeError, ValueError) as exc:
@@ -160,6 +168,8 @@ def check_fill_value(fill: Any, dtype: np.dtype) -> tuple[str, str] | None:
             return "warning", f"bool fill_value written as {fill}; the spec form is true/false"
         return "error", f"{short(fill)} is not a bool"
     if kind in "iu":
+        import numpy as np
+
         info = np.iinfo(dtype)
         if is_int(fill):
             if info.min <= fill <= info.max:
@@ -235,6 +245,8 @@ def decode_fill_value(fill: Any, dtype: np.dtype) -> Any:
     """
     if fill is None or dtype.hasobject:
         return None if fill is None else fill
+    import numpy as np
+
     kind = dtype.kind
     if kind == "f":
         return dtype.type(SPECIAL_FLOATS.get(fill, fill) if isinstance(fill, str) else fill)

@@ -7,9 +7,7 @@ dot (``zarray.shape``, ``zgroup.keys``...).
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from .errors import Report
 from .json_docs import is_int, short
@@ -17,6 +15,9 @@ from .keys import ZARRAY, ZATTRS, ZGROUP, split_key, validate_name
 from .numcodecs_configs import check_codec_config
 from .v2_dtypes import DtypeError, check_fill_value, parse_dtype
 from .v3_extensions import is_optional_extension
+
+if TYPE_CHECKING:
+    import numpy as np
 
 ZARRAY_REQUIRED = ("zarr_format", "shape", "chunks", "dtype", "compressor", "fill_value", "order", "filters")
 ZARRAY_OPTIONAL = ("dimension_separator",)

@@ -5,21 +5,29 @@ Core types (``bool``, ``int8``..``uint64``, ``float16``..``float64``, ``complex6
 tensorstore write (``numpy.datetime64``, ``null_terminated_bytes``, ``string``...). A v3 data
 type has no byte order: the ``bytes`` codec chooses it, so NumPy dtypes here are
 little-endian and the codec pipeline flips them when it says ``"big"``.
+
+A type is checked without NumPy: each :class:`DataType` holds NumPy's description of it
+(a typestr, or a structure's fields) and makes the dtype only when asked, for a decoded view.
+The checks run at a mount's first Zarr commit, which would otherwise pay NumPy's import
+(docs/performance.md, "A fresh mount's first Zarr metadata: numpy's import"). A structure's
+fields are still laid out by NumPy, which alone says what it accepts.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from .json_docs import is_int, is_number, short
 from .v2_dtypes import DATETIME_UNITS, SPECIAL_FLOATS
+
+if TYPE_CHECKING:
+    import numpy as np
 
 CORE_TYPES = {
     "bool": "|b1",
@@ -56,6 +64,7 @@ EXTRA_FLOAT_TYPES = {
 EXTRA_INT_TYPES = {"int2": (-2, 1), "int4": (-8, 7), "uint2": (0, 3), "uint4": (0, 15)}
 STRING_TYPES = frozenset({"string", "variable_length_utf8"})
 VLEN_BYTES_TYPES = frozenset({"variable_length_bytes", "bytes"})
+_CATEGORIES = {"b": "bool", "i": "int", "u": "int", "f": "float", "c": "complex"}
 _RAW_BITS = re.compile(r"^r([1-9][0-9]*)$")
 
 
@@ -73,15 +82,26 @@ class DataType:
 
     ``category`` drives fill-value checks: ``bool``, ``int``, ``float``, ``complex``, ``raw``
     (``r<bits>``), ``time``, ``bytes`` (fixed, base64 fill), ``str`` (fixed UTF-32),
-    ``vlen-str``, ``vlen-bytes``, ``struct`` or ``unknown``. ``dtype`` is the little-endian NumPy
-    dtype when there is one; ``itemsize`` is ``None`` for variable-length types.
+    ``vlen-str``, ``vlen-bytes``, ``struct`` or ``unknown``. ``descr`` is what ``np.dtype``
+    takes for the little-endian NumPy dtype when there is one (a typestr, or a structure's
+    ``(name, descr)`` fields), and :attr:`dtype` that dtype; ``itemsize`` is ``None`` for
+    variable-length types.
     """
 
     name: str
     category: str
-    dtype: np.dtype | None
+    descr: Any
     itemsize: int | None
     known: bool = True
+
+    @functools.cached_property
+    def dtype(self) -> np.dtype | None:
+        """The little-endian NumPy dtype, made (and NumPy imported) at the first ask."""
+        if self.descr is None:
+            return None
+        import numpy as np
+
+        return np.dtype(self.descr)
 
     @property
     def variable_length(self) -> bool:
@@ -123,16 +143,15 @@ def parse_data_type(obj: Any, depth: int = 0) -> DataType:
     else:
         raise DataTypeError("data-type", f"data_type must be a name or an object, got {short(obj)}")
 
-    if name in CORE_TYPES:
-        dt = np.dtype(CORE_TYPES[name])
-        cat = {"b": "bool", "i": "int", "u": "int", "f": "float", "c": "complex"}[dt.kind]
-        return DataType(name, cat, dt, dt.itemsize)
+    core = CORE_TYPES.get(name)
+    if core is not None:
+        return DataType(name, _CATEGORIES[core[1]], core, int(core[2:]))
     m = _RAW_BITS.match(name)
     if m:
         bits = int(m.group(1))
         if bits % 8:
             raise DataTypeError("data-type", f"{name}: raw types need a multiple of 8 bits")
-        return DataType(name, "raw", np.dtype(f"V{bits // 8}"), bits // 8)
+        return DataType(name, "raw", f"|V{bits // 8}", bits // 8)
     if name in ("numpy.datetime64", "numpy.timedelta64"):
         unit = config.get("unit") if config else None
         scale = config.get("scale_factor", 1) if config else 1
@@ -142,17 +161,16 @@ def parse_data_type(obj: Any, depth: int = 0) -> DataType:
                 f"{name} needs configuration {{unit, scale_factor}} with a NumPy unit, got {short(config)}",
             )
         code = "M8" if name.endswith("datetime64") else "m8"
-        dt = np.dtype(f"<{code}[{scale if scale != 1 else ''}{unit}]")
-        return DataType(name, "time", dt, 8)
+        return DataType(name, "time", f"<{code}[{scale if scale != 1 else ''}{unit}]", 8)
     if name == "null_terminated_bytes":
         n = _length_bytes(config, name)
-        return DataType(name, "bytes", np.dtype(f"S{n}"), n)
+        return DataType(name, "bytes", f"|S{n}", n)
     if name == "raw_bytes":
         n = _length_bytes(config, name)
-        return DataType(name, "bytes", np.dtype(f"V{n}"), n)
+        return DataType(name, "bytes", f"|V{n}", n)
     if name == "fixed_length_utf32":
         n = _length_bytes(config, name, 4)
-        return DataType(name, "str", np.dtype(f"<U{n // 4}"), n)
+        return DataType(name, "str", f"<U{n // 4}", n)
     if name in STRING_TYPES:
         return DataType(name, "vlen-str", None, None)
     if name in VLEN_BYTES_TYPES:
@@ -170,16 +188,18 @@ def parse_data_type(obj: Any, depth: int = 0) -> DataType:
                     "data-type-configuration", f"structured field {short(f)} is not [name, data_type]"
                 )
             sub = parse_data_type(f[1], depth + 1)
-            if sub.dtype is None:
+            if sub.descr is None:
                 raise DataTypeError("data-type-configuration", f"structured field {f[0]!r} has no fixed size")
-            descr.append((f[0], sub.dtype))
+            descr.append((f[0], sub.descr))
+        import numpy as np
+
         try:
             dt = np.dtype(descr)
         except (TypeError, ValueError) as exc:
             raise DataTypeError(
                 "data-type-configuration", f"structured fields refused by NumPy: {exc}"
             ) from None
-        return DataType(name, "struct", dt, dt.itemsize)
+        return DataType(name, "struct", descr, dt.itemsize)
     if name in EXTRA_FLOAT_TYPES:
         return DataType(name, "float", None, EXTRA_FLOAT_TYPES[name])
     if name in EXTRA_INT_TYPES:
@@ -242,8 +262,9 @@ def check_fill_value(fill: Any, dt: DataType) -> tuple[str, str] | None:
     if cat == "bool":
         return None if isinstance(fill, bool) else ("error", f"{short(fill)} is not true or false")
     if cat == "int":
-        if dt.dtype is not None:
-            lo, hi = int(np.iinfo(dt.dtype).min), int(np.iinfo(dt.dtype).max)
+        if dt.descr is not None:
+            bits = 8 * dt.itemsize
+            lo, hi = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if dt.descr[1] == "i" else (0, 2**bits - 1)
         else:
             lo, hi = EXTRA_INT_TYPES[dt.name]
         if is_int(fill):
@@ -307,6 +328,8 @@ def check_fill_value(fill: Any, dt: DataType) -> tuple[str, str] | None:
 
 
 def _float_value(v: Any, dtype: np.dtype) -> Any:
+    import numpy as np
+
     if isinstance(v, str) and v.startswith("0x"):
         return np.frombuffer(bytes.fromhex(v[2:]), dtype=dtype.newbyteorder(">"))[0].astype(dtype)
     return dtype.type(SPECIAL_FLOATS.get(v, v) if isinstance(v, str) else v)
@@ -317,6 +340,8 @@ def decode_fill_value(fill: Any, dt: DataType) -> Any:
     dtype = dt.dtype
     if dtype is None or fill is None:
         return None
+    import numpy as np
+
     cat = dt.category
     if cat == "float":
         return _float_value(fill, dtype)
