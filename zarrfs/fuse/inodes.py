@@ -8,7 +8,6 @@ import stat
 from array import array
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import compress
 
 from zarrfs.fs.api import Pages
 from zarrfs.fuse.abi import ROOT_ID
@@ -178,7 +177,9 @@ class InodeTable:
         self._group: dict[int, str] = {}  # node ID -> its link group
         self._aliases: dict[int, set[str]] = {}  # node ID -> its other names
         self.groups: dict[str, int] = {}  # link group id -> node ID
-        self._no_xattrs: set[int] = set()  # node IDs whose extended attributes were read as none
+        # slot -> 1 when its node's extended attributes were read as none (a byte a node: a
+        # set of node IDs took 32 bytes a name at 10^6 names listed)
+        self._bare = bytearray(2)
         self.idle: OrderedDict[int, None] = OrderedDict()  # forgotten, kept: oldest first
         self.nodes = _Nodes(self)
         self._peak = 1  # the most nodes held since the table last shrank
@@ -216,21 +217,24 @@ class InodeTable:
         no extended attributes and ``ls -l`` asks each file's ``security.selinux`` every time,
         so a mount that follows a change feed answers those from here, as the kernel answers
         ``stat`` from the attributes it keeps under the same feed."""
-        return nodeid in self._no_xattrs
+        return self._live(nodeid) and self._bare[nodeid & _SLOT] == 1
 
     def xattrs_read(self, nodeid: int, none: bool) -> None:
         """The node's extended attributes were read now: ``none``, or some."""
+        if not self._live(nodeid):
+            return
+        slot = nodeid & _SLOT
         if not none:
-            self._no_xattrs.discard(nodeid)
-        elif self._live(nodeid) and self._lookups[nodeid & _SLOT]:
-            self._no_xattrs.add(nodeid)
+            self._bare[slot] = 0
+        elif self._lookups[slot]:
+            self._bare[slot] = 1
 
     def xattrs_changed(self, nodeid: int | None = None) -> None:
         """The node's extended attributes may have changed (None: every node's)."""
         if nodeid is None:
-            self._no_xattrs.clear()
-        else:
-            self._no_xattrs.discard(nodeid)
+            self._bare[:] = bytes(len(self._bare))
+        elif self._live(nodeid):
+            self._bare[nodeid & _SLOT] = 0
 
     def key(self, nodeid: int) -> str | None:
         """The key of a node; None when the ID is unknown or its file was unlinked."""
@@ -241,7 +245,7 @@ class InodeTable:
             slot = self._free.pop()
             self._gens[slot] += 1
             self._keys[slot], self._kinds[slot], self._lookups[slot] = key, kind, 0
-            self._given[slot] = 0
+            self._given[slot] = self._bare[slot] = 0
         else:
             slot = len(self._kinds)
             self._keys.append(key)
@@ -249,6 +253,7 @@ class InodeTable:
             self._lookups.append(0)
             self._gens.append(0)
             self._given.append(0)
+            self._bare.append(0)
         self._count += 1
         nodeid = self._gens[slot] << 32 | slot
         self.ids[key] = nodeid
@@ -291,7 +296,7 @@ class InodeTable:
             self.idle.pop(nodeid, None)
         self._lookups[slot] += 1
         if no_xattrs:
-            self._no_xattrs.add(nodeid)
+            self._bare[slot] = 1
         return nodeid, Inode(self, nodeid)
 
     def remember_plains(
@@ -312,10 +317,9 @@ class InodeTable:
             self._lookups.extend([1] * n)
             self._gens.frombytes(bytes(self._gens.itemsize * n))
             self._given.extend(marks)
+            self._bare.extend(bytes(n) if bare is None else bare)
             ids.update(zip(keys, numbered, strict=True))
             self._count += n
-            if bare is not None:
-                self._no_xattrs.update(compress(numbered, bare))
             return numbered
         one = self.remember_plain
         if bare is None:
@@ -343,7 +347,7 @@ class InodeTable:
                     self.idle.pop(nodeid, None)
                 self._lookups[slot] += 1
         if bare:
-            self._no_xattrs.add(nodeid)
+            self._bare[slot] = 1
         if mark and nodeid not in self._pages:
             self._given[slot] = mark
         return nodeid
@@ -448,7 +452,7 @@ class InodeTable:
                     del self.ids[name]
             self._keys[slot] = None
             self._aliases.pop(nodeid, None)
-            self._no_xattrs.discard(nodeid)
+            self._bare[slot] = 0
             if not self._lookups[slot] and self.idle.pop(nodeid, False) is None:
                 self._drop(nodeid)  # forgotten by the kernel, and now nameless
         elif self._keys[slot] == key:
@@ -475,7 +479,7 @@ class InodeTable:
         self._given[slot] = 0
         self._heard.discard(nodeid)
         self._granted.discard(nodeid)
-        self._no_xattrs.discard(nodeid)
+        self._bare[slot] = 0
         self.idle[nodeid] = None
         while len(self.idle) > IDLE_NODES:
             old, _ = self.idle.popitem(last=False)
@@ -495,9 +499,8 @@ class InodeTable:
         self._pages.pop(nodeid, None)
         self._heard.discard(nodeid)
         self._granted.discard(nodeid)
-        self._no_xattrs.discard(nodeid)
         self._keys[slot], self._kinds[slot], self._lookups[slot] = None, 0, 0
-        self._given[slot] = 0
+        self._given[slot] = self._bare[slot] = 0
         self._free.append(slot)
         self._count -= 1
 
@@ -552,7 +555,7 @@ class InodeTable:
             self._peak = n
         elif self._peak - n >= max(SHRUNK_BY, self._peak // 2):
             self._peak = n
-            for table in (self.ids, self.idle, self._no_xattrs):  # in place: others hold them
+            for table in (self.ids, self.idle):  # in place: others hold them
                 kept = table.copy()
                 table.clear()
                 table.update(kept)
