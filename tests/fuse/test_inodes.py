@@ -135,56 +135,55 @@ def test_the_names_of_a_linked_file_share_one_node():
     assert t.ids == {"": k.ROOT_ID} and t.groups == {} and t.get(fresh) is None
 
 
-def test_names_numbered_at_once_take_no_more_memory_a_node_than_one_by_one():
-    """A node is a row of the table's columns and one int, shared by the key's dict entry and
-    the no-xattrs set: names numbered at once (``remember_plains``, a first listing's reply)
-    take no more memory than the same names numbered one by one (a range of node IDs iterated
-    twice made a second int a node for the set: 31 bytes a node more)."""
+def _numbered_memory(keys: list[str], number) -> int:
+    """Bytes the Python heap grew by while a new table numbered ``keys``, 4,096 at a time, by
+    ``number(table, part)``; each key is checked numbered and read with no xattrs when given so."""
     import tracemalloc
 
+    tracemalloc.start()
+    try:
+        table = InodeTable(DIR)
+        before = tracemalloc.get_traced_memory()[0]
+        for start in range(0, len(keys), 4096):
+            number(table, keys[start : start + 4096])
+        used = tracemalloc.get_traced_memory()[0] - before
+        assert len(table) == len(keys) + 1 and all(table.ids[key] for key in keys)
+        return used
+    finally:
+        tracemalloc.stop()
+
+
+def _at_once(bare: bool):
+    def number(table: InodeTable, part: list[str]) -> None:
+        table.remember_plains(part, [FILE] * len(part), [7] * len(part), [bare] * len(part))
+        assert all(table.bare_of_xattrs(table.ids[key]) == bare for key in part)
+
+    return number
+
+
+def _one_by_one(table: InodeTable, part: list[str]) -> None:
+    for key in part:
+        table.remember_plain(key, FILE, 7, True)
+    assert all(table.bare_of_xattrs(table.ids[key]) for key in part)
+
+
+def test_names_numbered_at_once_take_no_more_memory_a_node_than_one_by_one():
+    """A node is a row of the table's columns and one int, shared by the key's dict entry and
+    the node's row: names numbered at once (``remember_plains``, a first listing's reply)
+    take no more memory than the same names numbered one by one (a range of node IDs iterated
+    twice made a second int a node, for the no-xattrs set of the time: 31 bytes a node more)."""
     keys = [f"arr/c/{i}.0" for i in range(40000)]
-    used = {}
-    for way in ("at once", "one by one"):
-        tracemalloc.start()
-        try:
-            table = InodeTable(DIR)
-            before = tracemalloc.get_traced_memory()[0]
-            for start in range(0, len(keys), 4096):
-                part = keys[start : start + 4096]
-                if way == "at once":
-                    table.remember_plains(part, [FILE] * len(part), [7] * len(part), [True] * len(part))
-                else:
-                    for key in part:
-                        table.remember_plain(key, FILE, 7, True)
-            used[way] = tracemalloc.get_traced_memory()[0] - before
-            assert len(table) == len(keys) + 1 and all(table.bare_of_xattrs(table.ids[key]) for key in keys)
-        finally:
-            tracemalloc.stop()
-        del table
-    assert used["at once"] <= used["one by one"] * 1.05, used
+    at_once, one_by_one = _numbered_memory(keys, _at_once(True)), _numbered_memory(keys, _one_by_one)
+    assert at_once <= one_by_one * 1.05, (at_once, one_by_one)
 
 
 def test_a_node_read_with_no_xattrs_costs_the_table_no_more_than_a_byte():
     """Whether a node's extended attributes were read as none is a byte of its row: as a set of
     node IDs it took 32 bytes a name more at a folder of 10^6 names listed (RssAnon of the
     daemon 238 bytes a name)."""
-    import tracemalloc
-
     keys = [f"arr/c/{i}.0" for i in range(40000)]
-    used = {}
-    for bare in (False, True):
-        tracemalloc.start()
-        try:
-            table = InodeTable(DIR)
-            before = tracemalloc.get_traced_memory()[0]
-            for start in range(0, len(keys), 4096):
-                part = keys[start : start + 4096]
-                table.remember_plains(part, [FILE] * len(part), [7] * len(part), [bare] * len(part))
-            used[bare] = tracemalloc.get_traced_memory()[0] - before
-        finally:
-            tracemalloc.stop()
-        del table
-    assert used[True] - used[False] <= 2 * len(keys), used
+    bare, plain = _numbered_memory(keys, _at_once(True)), _numbered_memory(keys, _at_once(False))
+    assert bare - plain <= 2 * len(keys), (bare, plain)
 
 
 def test_no_xattrs_is_said_of_a_node_only_while_it_is_the_one_read():
