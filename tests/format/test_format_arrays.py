@@ -338,3 +338,20 @@ def test_zarr_python_2_round_trip(tmp_path, zarr2_python):
     back = json.loads(run(zarr2_python, ZARR2_READ, root))
     for name, values in expected.items():
         assert np.array_equal(np.array(back[name]), values.astype("f8") + 1), name
+
+
+def test_a_data_type_numpy_cannot_hold_is_checked_and_its_view_is_unsupported():
+    """The spec bounds no fixed-length type's size; NumPy refuses items past 2**31 bytes. Such an
+    array's metadata is checked without error (NumPy's refusal escaped the checks as a
+    TypeError when each type's dtype was made as it was parsed), and its decoded view is
+    unsupported, not an error."""
+    from zarrfs.format import validate_metadata
+
+    huge = with_(
+        V3_ARRAY,
+        data_type={"name": "null_terminated_bytes", "configuration": {"length_bytes": 2**40}},
+        fill_value="",
+    )
+    assert validate_metadata("h/zarr.json", json.dumps(huge).encode(), lambda k: None) == []
+    info = array_info("h", Store().put_json("h/zarr.json", huge).get)
+    assert "no NumPy equivalent" in info.unsupported

@@ -96,12 +96,17 @@ class DataType:
 
     @functools.cached_property
     def dtype(self) -> np.dtype | None:
-        """The little-endian NumPy dtype, made (and NumPy imported) at the first ask."""
+        """The little-endian NumPy dtype, made (and NumPy imported) at the first ask; None
+        also where NumPy has none (a ``null_terminated_bytes`` of 2**40 bytes: the spec allows
+        it, so the checks pass it, and a decoded view calls it unsupported)."""
         if self.descr is None:
             return None
         import numpy as np
 
-        return np.dtype(self.descr)
+        try:
+            return np.dtype(self.descr)
+        except (TypeError, ValueError):
+            return None
 
     @property
     def variable_length(self) -> bool:
