@@ -172,3 +172,34 @@ def test_a_value_released_unread_is_not_read_through_its_reused_connection(drive
         unread.read()
     assert again.data == b"2" * MIB
     again.release()
+
+
+def test_an_open_runs_each_statement_once_and_begins_only_where_it_reads(driver, monkeypatch):
+    """An open whose content the kernel holds no version of begins its transaction before its
+    probe: the probe is not run again when the value is located (a read transaction begins at
+    its second statement and runs its first again). An open of the version the kernel holds
+    (``Lookups.version`` told it) reads no value and begins no transaction."""
+    from zarrfs.fs.node import stamp_of
+
+    statements: list[str] = []
+    take = sqlite_hold.Holder._take
+
+    def traced(self):
+        conn = take(self)
+        conn.set_trace_callback(statements.append)
+        return conn
+
+    monkeypatch.setattr(sqlite_hold.Holder, "_take", traced)
+    tree = Tree(driver)
+    table = HandleTable(tree)
+    writer = table.create("c", 0o644, os.O_WRONLY, 0, 0)
+    table.write(writer, b"1" * MIB, 0)
+    table.release(writer)
+    fh = table.open("c", os.O_RDONLY)
+    table.release(fh)
+    assert statements[0] == "BEGIN" and statements[-1] == "ROLLBACK"
+    assert len(statements) == len(set(statements)), statements  # none twice
+    statements.clear()
+    node, value = tree.version("c", stamp_of(tree.find("c")), 2 * MIB)
+    assert node is not None and value is None
+    assert statements and "BEGIN" not in statements and "ROLLBACK" not in statements, statements

@@ -429,8 +429,12 @@ class Holding(Protocol):
     #: Values smaller than this are copied at once, never held.
     smallest: int
 
-    def hold(self, fn: Callable[[Txn, Callable[[str], Any]], tuple[T, Any]]) -> tuple[T, Any]:
-        """Run ``fn(txn, view)`` in a read transaction; ``(result, the value kept)``."""
+    def hold(
+        self, fn: Callable[[Txn, Callable[[str], Any]], tuple[T, Any]], begin: bool = False
+    ) -> tuple[T, Any]:
+        """Run ``fn(txn, view)`` in a read transaction; ``(result, the value kept)``.
+        ``begin``: ``fn`` will most likely read a value, so a transaction that would begin only
+        at its second statement (running its first again: SQLite's) may begin before its first."""
         ...
 
 

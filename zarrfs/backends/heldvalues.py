@@ -90,12 +90,15 @@ class Held:
         end(self)
 
 
-def hold(driver: Driver, fn: Callable[[Txn, View], tuple[T, Any]]) -> tuple[T, Held | None]:
+def hold(
+    driver: Driver, fn: Callable[[Txn, View], tuple[T, Any]], begin: bool = False
+) -> tuple[T, Held | None]:
     """Run ``fn(txn, view)`` in a read transaction; it returns ``(result, value)`` with
     ``value`` from ``view(key)`` (or None). Returns ``result`` and the value as a
-    :class:`Held` (None for None): in place where the driver can hold it, else a copy."""
+    :class:`Held` (None for None): in place where the driver can hold it, else a copy.
+    ``begin``: a value will most likely be read (``Holding.hold``)."""
     if driver.holder is not None:
-        return driver.holder.hold(fn)
+        return driver.holder.hold(fn, begin)
     return copied(driver, fn)
 
 

@@ -402,7 +402,10 @@ class Lookups:
                 value = parts.whole(t, key, bytes(value), node.attrs.parted)
             return node, value
 
-        got = hold(self.driver, run)
+        # The kernel holding no version of the file, and the file last seen small enough, the
+        # open most likely reads its content: a transaction that begins only at its second
+        # statement may begin before the probe, not run the probe again (SQLite).
+        got = hold(self.driver, run, kept is None and (hint is None or hint <= limit))
         if probed_ahead and ahead is not None:
             ahead.keep(probed_ahead)
         return got

@@ -63,8 +63,8 @@ class Holder:
         self.since: dict[Held, tuple[float, Any]] = {}  # when, and its transaction; oldest first
         self.thread: int | None = None
 
-    def hold(self, fn: Callable[[Any, View], tuple[T, Any]]) -> tuple[T, Held | None]:
-        """``heldvalues.hold`` for the LMDB driver."""
+    def hold(self, fn: Callable[[Any, View], tuple[T, Any]], begin: bool = False) -> tuple[T, Held | None]:
+        """``heldvalues.hold`` for the LMDB driver (whose transactions begin at once)."""
         driver = self.driver
         try:
             txn = driver._begin(False)

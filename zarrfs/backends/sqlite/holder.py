@@ -59,10 +59,17 @@ class Holder:
         self.since: dict[Held, tuple[float, Unread]] = {}  # when, and its value; oldest first
         self.closed = False
 
-    def hold(self, fn: Callable[[Any, View], tuple[T, Any]]) -> tuple[T, Held | None]:
-        """``heldvalues.hold`` for the SQLite driver."""
+    def hold(self, fn: Callable[[Any, View], tuple[T, Any]], begin: bool = False) -> tuple[T, Held | None]:
+        """``heldvalues.hold`` for the SQLite driver; ``begin``: the transaction begins before
+        ``fn``'s first statement, which it would otherwise run again at the value's."""
         conn = self._take()
         txn = self.txn_on(conn)
+        if begin:
+            try:
+                txn.begin_now()
+            except BaseException:
+                self._give_back(conn)
+                raise
 
         def view(key: str) -> Any:
             row = txn._one(LOCATE, (encode_key(key),), lazy=False)  # begins the transaction
