@@ -175,12 +175,10 @@ def test_a_value_released_unread_is_not_read_through_its_reused_connection(drive
 
 
 def test_an_open_runs_each_statement_once_and_begins_only_where_it_reads(driver, monkeypatch):
-    """An open whose content the kernel holds no version of begins its transaction before its
-    probe: the probe is not run again when the value is located (a read transaction begins at
-    its second statement and runs its first again). An open of the version the kernel holds
-    (``Lookups.version`` told it) reads no value and begins no transaction."""
-    from zarrfs.fs.node import stamp_of
-
+    """An open begins its transaction before its probe: the probe is not run again when the
+    value is located (a read transaction begins at its second statement and runs its first
+    again). An open of a file last seen larger than it reads reads no value and begins no
+    transaction."""
     statements: list[str] = []
     take = sqlite_hold.Holder._take
 
@@ -200,6 +198,6 @@ def test_an_open_runs_each_statement_once_and_begins_only_where_it_reads(driver,
     assert statements[0] == "BEGIN" and statements[-1] == "ROLLBACK"
     assert len(statements) == len(set(statements)), statements  # none twice
     statements.clear()
-    node, value = tree.version("c", stamp_of(tree.find("c")), 2 * MIB)
-    assert node is not None and value is None
+    node, value = tree.version("c", MIB // 2)
+    assert node is not None and node.size == MIB and value is None
     assert statements and "BEGIN" not in statements and "ROLLBACK" not in statements, statements

@@ -184,9 +184,7 @@ class HandleTable:
         return Node(FILE, state.size, attrs, nlink=nlink, no_xattrs=bare, allocated=self._allocated(state))
 
     # ------------------------------------------------------------------ open / create
-    def open(
-        self, key: str, flags: int, linked: bool | None = None, kept: tuple[int, int] | None = None
-    ) -> int:
+    def open(self, key: str, flags: int, linked: bool | None = None) -> int:
         """Open an existing file; O_TRUNC empties it (stored at the next commit). ``linked``
         False: it has no other names.
 
@@ -194,8 +192,7 @@ class HandleTable:
         the database (not from a cache), and with it its content when it is at most
         :data:`SNAPSHOT_LIMIT` bytes: the descriptor reads that version until it is closed,
         whoever replaces the file meanwhile and whatever the kernel holds of it (see
-        :meth:`read`). ``kept`` (the stamp of the version whose pages the kernel holds) is
-        how the session decides whether those pages may stay."""
+        :meth:`read`)."""
         writable = (flags & os.O_ACCMODE) != os.O_RDONLY
         if writable and self.readonly:
             raise FsError(errno.EROFS, key)
@@ -209,7 +206,7 @@ class HandleTable:
         seen = None
         truncating = writable and flags & os.O_TRUNC
         if not truncating and state.buffer is None and not state.created:
-            seen, value = self.tree.version(key, None, SNAPSHOT_LIMIT)
+            seen, value = self.tree.version(key, SNAPSHOT_LIMIT)
             if seen is not None and seen.kind == FILE:
                 self.tree.seen(key, seen)
                 version = stamp_of(seen)

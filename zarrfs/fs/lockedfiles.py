@@ -45,7 +45,7 @@ class LockedFiles:
     def newest(self, key: str) -> tuple[SpillBuffer, tuple[int, int] | None]:
         """A buffer holding the newest stored version of ``key``, and that version's stamp
         (None for a file read in pieces, or gone: a commit then stores the buffer as it is)."""
-        node, value = self.tree.version(key, None, SNAPSHOT_LIMIT)
+        node, value = self.tree.version(key, SNAPSHOT_LIMIT)
         try:
             if value is not None:
                 return SpillBuffer(value.data, self.spill_threshold), stamp_of(node)
@@ -98,7 +98,7 @@ class LockedFiles:
             return state  # only here: nobody else can have changed it
         if state.buffer is None:
             state.snapshot = None
-            seen, value = self.tree.version(state.key, None, SNAPSHOT_LIMIT)
+            seen, value = self.tree.version(state.key, SNAPSHOT_LIMIT)
             state.version = stamp_of(seen) if seen is not None and seen.kind == FILE else None
             state.snapshot = value
             return state
@@ -109,7 +109,7 @@ class LockedFiles:
                 return state  # the file is this mount's alone: nothing of others to read
             buffer, base = self.newest(state.key)
         else:
-            node, value = self.tree.version(state.key, None, SNAPSHOT_LIMIT)
+            node, value = self.tree.version(state.key, SNAPSHOT_LIMIT)
             try:
                 if node is None or node.kind != FILE or stamp_of(node) == state.base or value is None:
                     return state

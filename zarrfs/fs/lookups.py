@@ -311,11 +311,11 @@ class Lookups:
 
         return self.driver.transact(run, write=False)
 
-    def version(self, key: str, kept: tuple[int, int] | None, limit: int) -> tuple[Node | None, Held | None]:
+    def version(self, key: str, limit: int) -> tuple[Node | None, Held | None]:
         """The file at ``key`` as it is now, for an open: its node and, in the same
-        transaction, its content when that is at most ``limit`` bytes and its stamp is not
-        ``kept`` (the kernel holds that version's pages, and may never ask for them); the
-        content is held in place where the driver can (``backends.heldvalues``): release it.
+        transaction, its content when that is at most ``limit`` bytes, held in place where the
+        driver can, or read at its first use (``backends.heldvalues``): release it. (An open
+        whose pages the kernel holds may never read it: a view or a deferred read costs little.)
 
         Where a batch of reads is one round trip, a file this mount last saw (a lookup, a
         folder's snapshot) at most :data:`SPECULATE` bytes large has its value read in the
@@ -338,13 +338,10 @@ class Lookups:
                     hit = found[0] if found[0][1] is not None else None
             if hit is not None:
                 node, value = hit
-                if stamp_of(node) == kept:
-                    return node, None
                 return node, Held(value)
         hint = self._size_hints.get(key)
         speculate = (
-            kept is None
-            and hint is not None
+            hint is not None
             and hint <= min(limit, SPECULATE)
             and self.driver.batched
             # a driver that holds a value reads it only when asked, unless it is small
@@ -390,7 +387,7 @@ class Lookups:
                     value = parts.whole(t, key, bytes(value), node.attrs.parted)
                 return node, value
             node = self.find_in(t, key)
-            if node is None or node.kind != FILE or stamp_of(node) == kept:
+            if node is None or node.kind != FILE:
                 return node, None
             if node.size > limit or self.hooks_transform:
                 # A decoded view decodes at the first read, which may refuse it (EINVAL):
@@ -402,10 +399,10 @@ class Lookups:
                 value = parts.whole(t, key, bytes(value), node.attrs.parted)
             return node, value
 
-        # The kernel holding no version of the file, and the file last seen small enough, the
-        # open most likely reads its content: a transaction that begins only at its second
-        # statement may begin before the probe, not run the probe again (SQLite).
-        got = hold(self.driver, run, kept is None and (hint is None or hint <= limit))
+        # A file last seen small enough (or not seen) has its content read: a transaction that
+        # begins only at its second statement may begin before the probe, not run the probe
+        # again (SQLite).
+        got = hold(self.driver, run, hint is None or hint <= limit)
         if probed_ahead and ahead is not None:
             ahead.keep(probed_ahead)
         return got

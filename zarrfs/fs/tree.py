@@ -250,9 +250,9 @@ class Tree:
         """The whole content of the file at ``key`` as it is shown (:meth:`Lookups.read_value`)."""
         return self.lookups.read_value(key)
 
-    def version(self, key: str, kept: tuple[int, int] | None, limit: int) -> tuple[Node | None, Held | None]:
+    def version(self, key: str, limit: int) -> tuple[Node | None, Held | None]:
         """The file at ``key`` as it is now, for an open (:meth:`Lookups.version`)."""
-        return self.lookups.version(key, kept, limit)
+        return self.lookups.version(key, limit)
 
     def versions(self, keys: list[str], limit: int) -> list[tuple[Node | None, bytes | None]]:
         """The files at ``keys`` as they are now, in one batch of reads (:meth:`Lookups.versions`)."""

@@ -680,11 +680,8 @@ class Session(Dispatcher):
         if self.inodes.nodes[head.nodeid].aliases:
             key = self._existing(head.nodeid, key)[0] or key
         inode = self.inodes.get(head.nodeid)
-        # kept: the version whose pages the kernel holds (the open reads no content when the
-        # file is still that version); a file known without hard links needs no look for its
-        # other names.
-        kept = inode.stamp if inode is not None and inode.cache_ok else None
-        fh = self.files.open(key, flags, None if inode is None or inode.group else False, kept)
+        # A file known without hard links needs no look for its other names.
+        fh = self.files.open(key, flags, None if inode is None or inode.group else False)
         if kill & k.OPEN_KILL_SUIDGID and flags & os.O_TRUNC:  # by one without CAP_FSETID
             self.files.kill_suidgid(fh)
         seen, private = self.files.opened(fh)
