@@ -64,12 +64,6 @@ class Holder:
         ``fn``'s first statement, which it would otherwise run again at the value's."""
         conn = self._take()
         txn = self.txn_on(conn)
-        if begin:
-            try:
-                txn.begin_now()
-            except BaseException:
-                self._give_back(conn)
-                raise
 
         def view(key: str) -> Any:
             row = txn._one(LOCATE, (encode_key(key),), lazy=False)  # begins the transaction
@@ -81,6 +75,8 @@ class Holder:
             return Unread(self, conn, rowid, size)
 
         try:
+            if begin:
+                txn.begin_now()
             result, value = fn(txn, view)
         except BaseException as exc:
             self._give_back(conn)
