@@ -58,6 +58,7 @@ from .holder import Holder
 from .maps import Maps, gate
 from .scan import cursor_page, cursor_rows, merged
 from .snapshot import hold as hold_snapshot
+from .warmer import Warmer
 
 #: Seconds a read waits for the data commit of side records it found ahead of its data once
 #: no writer holds the environment (its writer killed between its two commits).
@@ -506,6 +507,7 @@ class LMDBDriver(Driver):
         # Every write keeps a change log for the other mounts (feed); own: its entries.
         self.log_changes = not readonly
         self.own = Own()
+        self.warmer: Warmer | None = None  # made at the first listing long enough to ask
 
     # The one-shot size skips the Txn object and the retry loop: the mount asks a file's size
     # before each read of it; this measurably halves the call (docs/performance.md).
@@ -516,6 +518,15 @@ class LMDBDriver(Driver):
             return super().size(key, sp)  # a long key: through a transaction
         env = self.env if sp is DATA else self.side.env(False)
         return None if env is None else bare_size(env, raw, self.known if sp is DATA else None, self.path)
+
+    def warm(self, start: str, stop: str | None, count: int) -> None:
+        """Read the keys a listing will read next in a thread of their own (``warmer``)."""
+        if self._closed:
+            return
+        if self.warmer is None:
+            self.warmer = Warmer(self.env)
+        fit = self.key_fit  # a long key's first bytes sort no later than the key: a hint still
+        self.warmer.ask(start.encode()[:fit], None if stop is None else stop.encode()[:fit], count)
 
     def _begin(self, write: bool) -> LMDBTxn:
         if write:  # held readers make LMDB grow the file rather than reuse pages (holder)
@@ -566,6 +577,8 @@ class LMDBDriver(Driver):
         if self._closed:
             return
         self._closed = True
+        if self.warmer is not None:
+            self.warmer.close()
         if self.file_watch is not None:
             self.file_watch.close()
         self.holder.let_go_all()

@@ -1,0 +1,112 @@
+"""Reading a listing's next keys ahead, in a thread of its own.
+
+A cold listing of a large folder waits on the disk at each leaf page its scan reaches, while the
+request loop's Python, not the disk, is most of its time (docs/performance.md, "A cold listing's
+pages read ahead"). A thread that walks the next keys ahead of the scan, in read transactions
+of its own, takes those page faults while the loop works: py-lmdb lets go of the GIL in every
+cursor step, so the walk waits on the disk without holding the loop. It walks keys only (a
+small value lies in its key's leaf page; a large one's own pages are not read). Each run of
+:data:`STEP` keys is one transaction through ``maps.gate``, so a map is never resized under it,
+and the walk stays within what the listing asked for; the driver's close ends it.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+
+import lmdb
+
+from .maps import gate
+
+log = logging.getLogger("zarrfs.backends.lmdb")
+
+#: Keys walked in one read transaction.
+STEP = 256
+
+
+class Warmer:
+    """Walks the keys a listing will read next (:meth:`ask`), in a thread started at the first
+    ask; only the newest ask is kept (a listing asks again after each window it reads)."""
+
+    def __init__(self, env: lmdb.Environment) -> None:
+        self.env = env
+        #: The key the last walk ended at (b"" before any): a walk goes on from there.
+        self.reached = b""
+        self._cond = threading.Condition()
+        self._wanted: tuple[bytes, bytes | None, int] | None = None
+        self._busy = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def ask(self, start: bytes, stop: bytes | None, count: int) -> None:
+        """Have about ``count`` keys from ``start`` on (before ``stop``; None: to the end) read
+        into memory soon. When the last walk ended past ``start`` (those keys are in memory
+        already), the walk goes on from there for ``count // 2`` keys: a listing that asks after
+        each window for two windows' keys keeps the walk one to two windows ahead of its scan."""
+        with self._cond:
+            if self._closed:
+                return
+            self._wanted = (start, stop, count)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="zarrfs-warm", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def settled(self, timeout: float) -> bool:
+        """Wait until no walk is asked for or under way; whether that came within ``timeout``."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._wanted is None and not self._busy, timeout)
+
+    def close(self) -> None:
+        """End the thread (a walk under way stops at its next step)."""
+        with self._cond:
+            self._closed = True
+            self._wanted = None
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5.0)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+                self._cond.wait_for(lambda: self._wanted is not None or self._closed)
+                if self._closed:
+                    return
+                start, stop, count = self._wanted  # type: ignore[misc]
+                self._wanted = None
+                self._busy = True
+            try:
+                self._walk(start, stop, count)
+            except lmdb.Error as exc:  # a hint only: the listing reads the keys itself
+                log.debug("%s: reading keys ahead stopped: %s", self.env.path(), exc)
+
+    def _walk(self, start: bytes, stop: bytes | None, count: int) -> None:
+        pos = start
+        if start < self.reached and (stop is None or self.reached < stop):
+            pos, count = self.reached, count // 2
+        token = object()
+        while count > 0 and not self._closed and self._wanted is None:
+            gate.enter(token)
+            try:
+                with self.env.begin(buffers=True) as txn:
+                    cursor = txn.cursor()
+                    if not cursor.set_range(pos):
+                        return
+                    # The steps run in C: each lets go of the GIL while it may wait on the disk.
+                    keys = cursor.iternext(keys=True, values=False)
+                    last = collections.deque(itertools.islice(keys, STEP), maxlen=1)
+                    if not last or bytes(last[0]) == pos:
+                        return  # the end of the database
+                    pos = bytes(last[0])
+            finally:
+                gate.leave(token)
+            self.reached = pos
+            if stop is not None and pos >= stop:
+                return
+            count -= STEP
