@@ -392,3 +392,51 @@ def test_a_path_longer_than_postgresql_indexes_is_enametoolong(postgres_server, 
         assert os.listdir(folder) == []
         text = m.log_text()
     assert " ERROR " not in text, text[-4000:]
+
+
+@pytest.mark.parametrize("space", SPACES)
+def test_a_long_key_written_here_is_seen_by_the_next_read(driver, space):
+    """What a read learnt of a snapshot without long keys is carried over this driver's own
+    commits (``longkeys.Presence.committed``), but not over one that wrote a long key."""
+    driver.put("a/short", b"x", space)
+    assert driver.transact(lambda t: t.read_many([HasPrefix("b/", space)]), write=False) == [False]
+    driver.put(key_of(600, "b/"), b"y", space)
+    assert driver.transact(lambda t: t.read_many([HasPrefix("b/", space)]), write=False) == [True]
+
+
+def test_a_read_after_a_commit_here_seeks_no_long_keys(driver, monkeypatch):
+    """A lookup after each close of a file written here: whether the database has long keys
+    is known from the read before it, carried over the commit between."""
+    from zarrfs.backends.lmdb import longkeys
+
+    seeks: list[object] = []
+    real = longkeys.any_in
+    monkeypatch.setattr(longkeys, "any_in", lambda side, space: seeks.append(space) or real(side, space))
+
+    def probe() -> list:
+        seeks.clear()
+        reads = [HasPrefix("x/", DATA), HasPrefix("x/", SIDE)]
+        found = driver.transact(lambda t: t.read_many(reads), write=False)
+        return [found, len(seeks)]
+
+    driver.put("f/first", b"v")
+    assert probe() == [[False, False], 2]  # learnt once
+    for i in range(5):
+        driver.put(f"f/{i}", b"v")
+        assert probe() == [[False, False], 0]
+    # A commit's own probes (a close's): answered from the snapshot it follows.
+    seeks.clear()
+    driver.transact(lambda t: (t.read_many([HasPrefix("x/", DATA)]), t.put("f/last", b"v")))
+    assert seeks == []
+
+
+@pytest.mark.parametrize("write", [False, True])
+def test_a_long_key_another_writer_made_is_seen(tmp_path, write):
+    """What one driver saw of the long keys is not carried over another writer's commit (here
+    a second driver of the database: its own process's commits numbered in between)."""
+    url = f"lmdb://{tmp_path}/db.lmdb"
+    with open_driver(url) as one, open_driver(url) as other:
+        one.put("a/short", b"x")
+        assert one.transact(lambda t: t.read_many([HasPrefix("b/", DATA)]), write=False) == [False]
+        other.put(key_of(600, "b/"), b"y")
+        assert one.transact(lambda t: t.read_many([HasPrefix("b/", DATA)]), write=write) == [True]

@@ -16,6 +16,8 @@ per ``MDB_NOSYNC``, corrupt the environment on a filesystem writing pages out of
 
 from __future__ import annotations
 
+import collections
+import itertools
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -42,6 +44,7 @@ from ..base import (
 from ..filespace import statvfs
 from ..filewatch import FileWatch
 from ..urloptions import check_options, parse_bool, parse_file_url, parse_size
+from ..warmer import Warmer
 from . import feed, longkeys, pages
 from .about import ABOUT, FILES, SIDE_FILE_SUFFIX, SIDE_IN_FOLDER
 from .environments import (
@@ -58,7 +61,6 @@ from .holder import Holder
 from .maps import Maps, gate
 from .scan import cursor_page, cursor_rows, merged
 from .snapshot import hold as hold_snapshot
-from .warmer import Warmer
 
 #: Seconds a read waits for the data commit of side records it found ahead of its data once
 #: no writer holds the environment (its writer killed between its two commits).
@@ -437,7 +439,9 @@ class LMDBTxn(Txn):
         side, self._side = self._side, None  # _log() may have begun it
         try:
             if side is not None:
+                sid = side.id()
                 side.commit()
+                driver.long_keys.committed(sid, self._long_changed)
         except BaseException as exc:
             self._data.abort()
             if isinstance(exc, lmdb.Error):
@@ -524,9 +528,19 @@ class LMDBDriver(Driver):
         if self._closed:
             return
         if self.warmer is None:
-            self.warmer = Warmer(self.env)
+            self.warmer = Warmer(self._warm_step, self.path)
         fit = self.key_fit  # a long key's first bytes sort no later than the key: a hint still
         self.warmer.ask(start.encode()[:fit], None if stop is None else stop.encode()[:fit], count)
+
+    def _warm_step(self, start: bytes, stop: bytes | None, count: int) -> bytes | None:
+        """One step of the warmer: ``count`` keys from ``start`` walked by a cursor (each step
+        in C, letting go of the GIL while it faults a page in); the last one."""
+        with gate.held(), self.env.begin(buffers=True) as txn:  # no map resized under it
+            cursor = txn.cursor()
+            if not cursor.set_range(start):
+                return None
+            last = collections.deque(itertools.islice(cursor.iternext(values=False), count), maxlen=1)
+            return bytes(last[0]) if last else None
 
     def _begin(self, write: bool) -> LMDBTxn:
         if write:  # held readers make LMDB grow the file rather than reuse pages (holder)

@@ -113,18 +113,33 @@ class Presence:
         self._seen: dict[Space, tuple[int, bool]] = {}
 
     def any_in(self, side: lmdb.Transaction | None, space: Space, write: bool) -> bool:
-        """:func:`any_in` of ``side`` (a write transaction's own writes are not kept)."""
+        """:func:`any_in` of ``side``. A write transaction is answered with what was seen of
+        the snapshot it follows (its id less one), before any write of its own: a long key it
+        puts is counted by the transaction itself (``LMDBTxn._put_long``), one it deletes may
+        leave a "yes" that finds nothing; what it sees itself is not kept."""
         if side is None:
             return False
-        if write:
-            return any_in(side, space)
         sid = side.id()
         seen = self._seen.get(space)
-        if seen is not None and seen[0] == sid:
+        if seen is not None and seen[0] == (sid - 1 if write else sid):
             return seen[1]
         found = any_in(side, space)
-        self._seen[space] = (sid, found)
+        if not write:
+            self._seen[space] = (sid, found)
         return found
+
+    def committed(self, sid: int, changed: dict[bytes, None]) -> None:
+        """This process committed the side snapshot ``sid`` with a write transaction that
+        changed the long keys ``changed``. What was seen of the snapshot it followed (``sid -
+        1``: no other writer came between) holds for it when it changed none: the next lookup
+        asks no cursor (a lookup after each close of a file written here)."""
+        seen = self._seen
+        if changed:
+            seen.clear()
+            return
+        for space, (at, found) in tuple(seen.items()):
+            if at == sid - 1:
+                seen[space] = (sid, found)
 
 
 def has_prefix(side: lmdb.Transaction | None, raw: bytes, space: Space) -> bool:
