@@ -649,7 +649,8 @@ class Driver(ABC):
     def warm(self, start: str, stop: str | None, count: int) -> None:  # noqa: B027 - a hint
         """A hint: a listing will soon read about ``count`` keys of the data space from
         ``start`` on, before ``stop`` (None: to the end). A driver over a local file may read
-        their pages into memory meanwhile (LMDB: ``lmdb.warmer``); the others ignore it."""
+        their pages into memory meanwhile (LMDB and SQLite, through ``backends.warmer``); the
+        others ignore it."""
 
     # -- optional features, each with its declaration above ---------------------------------------
     def snapshot(self, name: str | None) -> Any:

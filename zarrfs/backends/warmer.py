@@ -61,14 +61,15 @@ class Warmer:
             return self._cond.wait_for(lambda: self._wanted is None and not self._busy, timeout)
 
     def close(self) -> None:
-        """End the thread (a walk under way stops at its next step)."""
+        """End the thread: a walk under way stops after its step, which this waits for (the
+        driver closes its database next, which no step may still be reading)."""
         with self._cond:
             self._closed = True
             self._wanted = None
             self._cond.notify_all()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join(5.0)
+            thread.join()
 
     def _run(self) -> None:
         while True:
