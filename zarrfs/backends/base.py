@@ -646,12 +646,6 @@ class Driver(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release the database; the driver is unusable afterwards."""
 
-    def warm(self, start: str, stop: str | None, count: int) -> None:  # noqa: B027 - a hint
-        """A hint: a listing will soon read about ``count`` keys of the data space from
-        ``start`` on, before ``stop`` (None: to the end). A driver over a local file may read
-        their pages into memory meanwhile (LMDB and SQLite, through ``backends.warmer``); the
-        others ignore it."""
-
     # -- optional features, each with its declaration above ---------------------------------------
     def snapshot(self, name: str | None) -> Any:
         """Hold the state committed now (``name``: join the state of that name), as a

@@ -378,11 +378,6 @@ class Listings:
             return got
 
         got = self.driver.transact(run, write=False)
-        if len(got) == limit and not remote:
-            # The listing goes on: the keys of its next two windows are read ahead, while the
-            # loop answers with this one (Driver.warm).
-            prefix = key + "/" if key else ""
-            self.driver.warm(prefix + got[-1][2], prefix_stop(prefix), 2 * MAX_BATCH)
         self._read_xattrs(xattrs)
         known = self.lookups.known
         if known is not None and record:  # the folder's record, and all its names if they fit

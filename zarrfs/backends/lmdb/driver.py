@@ -16,8 +16,6 @@ per ``MDB_NOSYNC``, corrupt the environment on a filesystem writing pages out of
 
 from __future__ import annotations
 
-import collections
-import itertools
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -44,7 +42,6 @@ from ..base import (
 from ..filespace import statvfs
 from ..filewatch import FileWatch
 from ..urloptions import check_options, parse_bool, parse_file_url, parse_size
-from ..warmer import Warmer
 from . import feed, longkeys, pages
 from .about import ABOUT, FILES, SIDE_FILE_SUFFIX, SIDE_IN_FOLDER
 from .environments import (
@@ -511,7 +508,6 @@ class LMDBDriver(Driver):
         # Every write keeps a change log for the other mounts (feed); own: its entries.
         self.log_changes = not readonly
         self.own = Own()
-        self.warmer: Warmer | None = None  # made at the first listing long enough to ask
 
     # The one-shot size skips the Txn object and the retry loop: the mount asks a file's size
     # before each read of it; this measurably halves the call (docs/performance.md).
@@ -522,25 +518,6 @@ class LMDBDriver(Driver):
             return super().size(key, sp)  # a long key: through a transaction
         env = self.env if sp is DATA else self.side.env(False)
         return None if env is None else bare_size(env, raw, self.known if sp is DATA else None, self.path)
-
-    def warm(self, start: str, stop: str | None, count: int) -> None:
-        """Read the keys a listing will read next in a thread of their own (``warmer``)."""
-        if self._closed:
-            return
-        if self.warmer is None:
-            self.warmer = Warmer(self._warm_step, self.path)
-        fit = self.key_fit  # a long key's first bytes sort no later than the key: a hint still
-        self.warmer.ask(start.encode()[:fit], None if stop is None else stop.encode()[:fit], count)
-
-    def _warm_step(self, start: bytes, stop: bytes | None, count: int) -> bytes | None:
-        """One step of the warmer: ``count`` keys from ``start`` walked by a cursor (each step
-        in C, letting go of the GIL while it faults a page in); the last one."""
-        with gate.held(), self.env.begin(buffers=True) as txn:  # no map resized under it
-            cursor = txn.cursor()
-            if not cursor.set_range(start):
-                return None
-            last = collections.deque(itertools.islice(cursor.iternext(values=False), count), maxlen=1)
-            return bytes(last[0]) if last else None
 
     def _begin(self, write: bool) -> LMDBTxn:
         if write:  # held readers make LMDB grow the file rather than reuse pages (holder)
@@ -591,8 +568,6 @@ class LMDBDriver(Driver):
         if self._closed:
             return
         self._closed = True
-        if self.warmer is not None:
-            self.warmer.close()
         if self.file_watch is not None:
             self.file_watch.close()
         self.holder.let_go_all()

@@ -41,7 +41,6 @@ from ..base import (
 from ..filespace import Reserve, statvfs
 from ..filewatch import FileWatch
 from ..urloptions import check_options, parse_bool, parse_file_url
-from ..warmer import Warmer
 from ..writer_wait import begin_sqlite_write
 from . import feed
 from . import sql as sq
@@ -286,7 +285,6 @@ class SQLiteDriver(Driver):
         self.holder: Holder | None = None
         if self.wal:
             self.holder = Holder(self, lambda conn: SQLiteTxn(self, conn, False))
-        self.warmer: Warmer | None = None  # made at the first listing long enough to ask
 
     def _begin(self, write: bool) -> SQLiteTxn:
         if write and self.holder is not None:  # a held reader stops checkpoints (holder)
@@ -296,22 +294,6 @@ class SQLiteDriver(Driver):
             if self.checkpointer is not None and self.checkpointer.behind:
                 self.checkpointer.run_now(self._conn())  # room freed meanwhile, maybe
         return SQLiteTxn(self, self._conn(), write)
-
-    def warm(self, start: str, stop: str | None, count: int) -> None:
-        """Read the rows a listing will read next in a thread of its own (``warmer``); in WAL
-        mode only, where a reader keeps no writer out."""
-        if not self.wal or self.conns.closed:
-            return
-        if self.warmer is None:
-            self.warmer = Warmer(self._warm_step, self.path)
-        self.warmer.ask(start.encode(), None if stop is None else stop.encode(), count)
-
-    def _warm_step(self, start: bytes, stop: bytes | None, count: int) -> bytes | None:
-        """One step of the warmer: the sizes of ``count`` rows from ``start`` on, which read
-        the pages of the table a listing reads (one statement, run without the GIL); the last
-        key."""
-        args = (start, count) if stop is None else (start, stop, count)
-        return self._conn().execute(sq.warm_statement(stop is not None), args).fetchone()[0]
 
     def free_reserve(self) -> bool:
         """Make room for removals on a full disk: SQLite records a delete in the WAL, which
@@ -381,8 +363,6 @@ class SQLiteDriver(Driver):
     def close(self) -> None:
         """Stop the background checkpoint and close every thread's connection."""
         self.conns.closed = True  # no new connection meanwhile
-        if self.warmer is not None:
-            self.warmer.close()
         if self.file_watch is not None:
             self.file_watch.close()
         checkpointer, self.checkpointer = self.checkpointer, None

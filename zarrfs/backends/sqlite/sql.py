@@ -70,14 +70,6 @@ def scan_statements(table: str, fetch: Fetch, bounded: bool) -> tuple[str, str]:
     )
 
 
-def warm_statement(bounded: bool) -> str:
-    """A step of ``Driver.warm``: the sizes of a number of rows from a key on (and below a
-    bound), as a listing reads them, summed in SQLite; returns the last key, as bytes."""
-    upper = f" AND k < {K}" if bounded else ""
-    rows = f"SELECT k, v FROM {TABLES[DATA]} WHERE k >= {K}{upper} ORDER BY k LIMIT ?"
-    return f"SELECT CAST(max(k) AS BLOB), count(length(v)) FROM ({rows})"
-
-
 def translate(exc: sqlite3.Error, what: str) -> BackendError:
     """Map an ``sqlite3`` exception to the driver interface's classes."""
     code = getattr(exc, "sqlite_errorcode", None)
