@@ -440,3 +440,15 @@ def test_a_long_key_another_writer_made_is_seen(tmp_path, write):
         assert one.transact(lambda t: t.read_many([HasPrefix("b/", DATA)]), write=False) == [False]
         other.put(key_of(600, "b/"), b"y")
         assert one.transact(lambda t: t.read_many([HasPrefix("b/", DATA)]), write=write) == [True]
+
+
+def test_a_commit_that_changed_nothing_carries_nothing(tmp_path):
+    """A write transaction that only read commits no snapshot: what was seen is not carried to
+    its number, which another writer's next commit takes (with a long key, here)."""
+    url = f"lmdb://{tmp_path}/db.lmdb"
+    with open_driver(url) as one, open_driver(url) as other:
+        one.put("a/short", b"x")
+        assert one.transact(lambda t: t.read_many([HasPrefix("b/", DATA)]), write=False) == [False]
+        one.transact(lambda t: t.read_many([HasPrefix("x/", SIDE)]))  # a write that wrote nothing
+        other.put(key_of(600, "b/"), b"y")
+        assert one.transact(lambda t: t.read_many([HasPrefix("b/", DATA)]), write=False) == [True]

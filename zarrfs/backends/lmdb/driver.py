@@ -438,7 +438,8 @@ class LMDBTxn(Txn):
             if side is not None:
                 sid = side.id()
                 side.commit()
-                driver.long_keys.committed(sid, self._long_changed)
+                if self._side_before or logged is not None:  # else no snapshot was made
+                    driver.long_keys.committed(sid, self._long_changed)
         except BaseException as exc:
             self._data.abort()
             if isinstance(exc, lmdb.Error):
