@@ -691,7 +691,10 @@ def test_a_reader_let_in_beside_a_writer_leaves_the_change_feed_to_it(elsewhere)
     deadline = time.monotonic() + 60
     while not admission._readers_waiting and time.monotonic() < deadline:
         admission._changed.wait(0.01)  # the writer's lock let go meanwhile: the reader queues
-    admission.let_through(node=k.ROOT_ID + 1000)  # the writer's own file: another
+    # The writer's own file is another. A reader that has not woken within the window waits
+    # for the writer (as in the daemon): on a busy machine the writer lets it through again.
+    while not admission.passes and time.monotonic() < deadline:
+        admission.let_through(node=k.ROOT_ID + 1000)
     thread.join(60)
     assert asked == [0], asked
     opened = [m for m in wire.messages() if m.unique]
