@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
 from zarrfs.fs.tree import DIR, FILE
 from zarrfs.fuse import abi as k
-from zarrfs.fuse.inodes import InodeTable
+from zarrfs.fuse.inodes import Checked, InodeTable
 
 
 def test_inode_table_remember_and_forget():
@@ -214,3 +218,90 @@ def test_no_xattrs_is_said_of_a_node_only_while_it_is_the_one_read():
     assert not t.bare_of_xattrs(c)
     d = t.remember_plain("c", FILE, 0, False)
     assert d == c and not t.bare_of_xattrs(c)
+
+
+# --- "no name given a node since": what lets a listing's reply number its names unlooked -----
+
+_KEYS = ["a", "b", "a/x", "a/y", "b/x", "b/y", "c"]
+
+
+class NamesComeOnlyWhenCounted(RuleBasedStateMachine):
+    """Every way a name comes into the table counts (``InodeTable.added``): while the count
+    stays, the table's names are a subset of those it had (``fuse.inodes.Checked`` rests on
+    it: a reply's names found new stay new)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.t = InodeTable(DIR)
+        self.seen = (self.t.added, set(self.t.ids))
+
+    @rule(
+        key=st.sampled_from(_KEYS), kind=st.sampled_from([FILE, DIR]), group=st.sampled_from(["", "g1", "g2"])
+    )
+    def remember(self, key, kind, group):
+        self.t.remember(key, kind, group if kind == FILE else "", [k for k in _KEYS if k != key][:2])
+
+    @rule(keys=st.lists(st.sampled_from(_KEYS), min_size=1, max_size=4, unique=True))
+    def remember_plains(self, keys):
+        self.t.remember_plains(keys, [FILE] * len(keys), [0] * len(keys), None)
+
+    @rule(key=st.sampled_from(_KEYS), kind=st.sampled_from([FILE, DIR]))
+    def number(self, key, kind):
+        self.t.number(key, kind)
+
+    @rule(key=st.sampled_from(_KEYS))
+    def link(self, key):
+        nodeid = self.t.ids.get(key)
+        if nodeid is not None:
+            self.t.linked(nodeid, "g1")
+
+    @rule(key=st.sampled_from(_KEYS), count=st.integers(1, 3))
+    def forget(self, key, count):
+        nodeid = self.t.ids.get(key)
+        if nodeid is not None:
+            self.t.forget(nodeid, count)
+
+    @rule(key=st.sampled_from(_KEYS))
+    def detach(self, key):
+        self.t.detach(key)
+
+    @rule(src=st.sampled_from(_KEYS), dst=st.sampled_from(_KEYS))
+    def move(self, src, dst):
+        if src != dst and not dst.startswith(src + "/") and not src.startswith(dst + "/"):
+            self.t.moved(src, dst)
+
+    @rule(a=st.sampled_from(["a", "b", "c"]), b=st.sampled_from(["a", "b", "c"]))
+    def exchange(self, a, b):
+        if a != b:
+            self.t.exchanged(a, b)
+
+    @invariant()
+    def no_name_came_uncounted(self):
+        added, names = self.seen
+        now = set(self.t.ids)
+        if self.t.added == added:
+            assert now <= names, (now - names, added)
+        else:
+            assert self.t.added > added
+        self.seen = (self.t.added, now)
+
+
+TestNamesComeOnlyWhenCounted = NamesComeOnlyWhenCounted.TestCase
+TestNamesComeOnlyWhenCounted.settings = settings(max_examples=300, stateful_step_count=30, deadline=None)
+
+
+def test_a_reply_numbers_its_names_unlooked_only_while_none_came():
+    t = InodeTable(DIR)
+    t.remember("d", DIR)
+    asked = Checked(t)
+    assert asked.holds_none(["d/0", "d/1"]) and asked.still_none()
+    t.remember("d/1", FILE)  # another request's lookup, while this one waited on a server
+    assert asked.holds_none(["d/0"]) and not asked.still_none()
+    fresh = Checked(t)
+    assert not fresh.holds_none(["d/0", "d/1"]) and not fresh.still_none()  # one is held
+    again = Checked(t)
+    assert again.holds_none(["d/2"]) and again.still_none()
+    t.moved("d/1", "d/2")  # a rename brings a name in too
+    assert not again.still_none()
+    ids = t.remember_plains(["d/3", "d/4"], [FILE, FILE], [0, 0], None, new=True)
+    assert [t.key(i) for i in ids] == ["d/3", "d/4"] and len(t) == 5

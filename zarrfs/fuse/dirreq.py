@@ -12,7 +12,7 @@ from collections.abc import Callable
 from zarrfs.fs.api import FsError, Node, Operations, name_bytes
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.abi import ROOT_ID, Header
-from zarrfs.fuse.inodes import InodeTable
+from zarrfs.fuse.inodes import Checked, InodeTable
 from zarrfs.fuse.replies import Replies
 
 _SMALLEST = k.DIRENTPLUS.size + 8  # the least an entry takes (a name of one byte, padded)
@@ -23,14 +23,15 @@ class DirRequests:
     """Answers a session's folder requests. ``key`` gives the store key of a node ID the kernel
     holds (ENOENT when it names no file any more); ``entries`` the node IDs and packed
     ``fuse_entry_out`` records of lists of keys and their nodes, which counts one lookup of
-    each (the session's, as LOOKUP's)."""
+    each (the session's, as LOOKUP's; its third argument: the keys are known new to the node
+    table)."""
 
     def __init__(
         self,
         ops: Operations,
         inodes: InodeTable,
         key: Callable[[int], str],
-        entries: Callable[[list[str], list[Node]], tuple[list[int], list[bytes]]],
+        entries: Callable[[list[str], list[Node], bool], tuple[list[int], list[bytes]]],
         replies: Replies,
     ) -> None:
         self.ops = ops
@@ -65,7 +66,7 @@ class DirRequests:
         kernel then keeps the name alone)."""
         fh, offset, size = k.READ_IN.unpack_from(buf, k.IN_HEADER_SIZE)[:3]
         fixed = k.DIRENTPLUS.size + 7
-        held = self.inodes
+        held = Checked(self.inodes)
         most = size // _SMALLEST + 1
         used = 0
         taken: list[tuple[bytes, int, int, str, str, Node | None]] = []  # the entries that fit
@@ -84,7 +85,7 @@ class DirRequests:
                     keys.append(key)
                     nodes.append(node)
                 offset = at
-        ids, entries = self.entries(keys, nodes) if nodes else ((), ())
+        ids, entries = self.entries(keys, nodes, held.still_none()) if nodes else ((), ())
         numbered, packed = iter(ids), iter(entries)
         dirents = k.DIRENTS
         parts: list[bytes] = []

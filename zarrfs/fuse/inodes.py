@@ -157,6 +157,34 @@ class _Nodes:
         return (t._gens[s] << 32 | s for s in range(1, len(t._kinds)) if t._kinds[s])
 
 
+class Checked:
+    """The node table as one READDIRPLUS reply asks it whether it holds the names listed
+    (``fs.listing.Held``), noting whether every :meth:`holds_none` found none. A folder's first
+    listing asks of each name up to three times at 10^6 names the dict no longer in the
+    caches: by its window, by the reply, and when the reply numbers them; the last is spared
+    when :meth:`still_none`."""
+
+    __slots__ = ("holds", "_table", "_added", "_none")
+
+    def __init__(self, table: InodeTable) -> None:
+        self._table = table
+        self.holds = table.holds
+        self._added = table.added  # before the first ask: a name given a node after it counts
+        self._none = True
+
+    def holds_none(self, keys: list[str]) -> bool:
+        """:meth:`InodeTable.holds_none`, noted."""
+        if self._table.ids.keys().isdisjoint(keys):
+            return True
+        self._none = False
+        return False
+
+    def still_none(self) -> bool:
+        """Whether every ask found none and no name was given a node since the first (other
+        requests run while one waits on a server): the names asked of are all still new."""
+        return self._none and self._table.added == self._added
+
+
 class InodeTable:
     """Node IDs and keys, both ways, in compact tables (docs/architecture.md, "Design notes by module")."""
 
@@ -183,6 +211,9 @@ class InodeTable:
         self.idle: OrderedDict[int, None] = OrderedDict()  # forgotten, kept: oldest first
         self.nodes = _Nodes(self)
         self._peak = 1  # the most nodes held since the table last shrank
+        #: Names given a node, counted since the table began (a name given one again counts
+        #: again): while it stays, no name absent from :attr:`ids` came into it.
+        self.added = 0
 
     def __len__(self) -> int:
         return self._count
@@ -257,6 +288,7 @@ class InodeTable:
         self._count += 1
         nodeid = self._gens[slot] << 32 | slot
         self.ids[key] = nodeid
+        self.added += 1
         return nodeid
 
     def remember(
@@ -284,6 +316,7 @@ class InodeTable:
         if nodeid is None and shared is not None:
             self._aliases.setdefault(shared, set()).add(key)
             self.ids[key] = nodeid = shared
+            self.added += 1
         if nodeid is not None and self._kinds[nodeid & _SLOT] != kind:
             self._unname(nodeid, key, detach_all=True)  # the kernel's old inode of another type
             nodeid = None
@@ -300,13 +333,19 @@ class InodeTable:
         return nodeid, Inode(self, nodeid)
 
     def remember_plains(
-        self, keys: Sequence[str], kinds: Sequence[int], marks: Sequence[int], bare: Sequence[bool] | None
+        self,
+        keys: Sequence[str],
+        kinds: Sequence[int],
+        marks: Sequence[int],
+        bare: Sequence[bool] | None,
+        new: bool = False,
     ) -> Sequence[int]:
         """:meth:`remember_plain` of many names (a READDIRPLUS reply's) in one call: their node
         IDs; ``bare`` None: none is. Names all new to a table with no free slot (a folder's
-        first listing) are appended to its columns at once."""
+        first listing) are appended to its columns at once; ``new``: the caller knows them
+        all new (:meth:`Checked.still_none`), and the table does not look for them again."""
         ids = self.ids
-        if not self._free and ids.keys().isdisjoint(keys):
+        if not self._free and (new or ids.keys().isdisjoint(keys)):
             slot = len(self._kinds)
             n = len(keys)
             # Generation 0: the node ID is the slot. One int object a node, shared by the
@@ -320,6 +359,7 @@ class InodeTable:
             self._bare.extend(bytes(n) if bare is None else bare)
             ids.update(zip(keys, numbered, strict=True))
             self._count += n
+            self.added += n
             return numbered
         one = self.remember_plain
         if bare is None:
@@ -537,6 +577,7 @@ class InodeTable:
                 aliases.discard(k)
                 aliases.add(new)
             self.ids[new] = nodeid
+            self.added += 1
 
     def exchanged(self, a: str, b: str) -> None:
         """``a`` and ``b`` swapped places (RENAME_EXCHANGE)."""

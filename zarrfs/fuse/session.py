@@ -288,12 +288,15 @@ class Session(Dispatcher):
             a.mode, node.nlink, a.uid, a.gid, node.rdev, BLKSIZE, 0,
         )  # fmt: skip
 
-    def _entries(self, keys: Sequence[str], nodes: Sequence[Node]) -> tuple[Sequence[int], list[bytes]]:
+    def _entries(
+        self, keys: Sequence[str], nodes: Sequence[Node], new: bool = False
+    ) -> tuple[Sequence[int], list[bytes]]:
         """:meth:`_entry` of each of a READDIRPLUS reply's names, at once: their node IDs and
         packed ``fuse_entry_out`` records. Plain files and folders (most) are numbered by the
         node table in one call (a folder's first listing: appended to its columns at once)
         and packed in one loop here, with no call a name; the others by
-        :meth:`_entry_values`, in their places in the lists, numbered after the plain ones."""
+        :meth:`_entry_values`, in their places in the lists, numbered after the plain ones.
+        ``new``: no key has a node yet (``fuse.inodes.Checked``)."""
         coherence = self.coherence
         feed = coherence is not None
         if feed and coherence.negatives:  # names found are no longer missing ones
@@ -319,7 +322,7 @@ class Session(Dispatcher):
             plain_keys, plain = keys, nodes
         inodes = self.inodes
         bare = [node.no_xattrs for node in plain] if feed else None
-        ids = inodes.remember_plains(plain_keys, kinds, marks, bare)
+        ids = inodes.remember_plains(plain_keys, kinds, marks, bare, new)
         for i in inodes.paged_among(ids):
             self.pages.shown(inodes.get(ids[i]), plain[i])
         es, ens = self.entry_valid
