@@ -32,7 +32,7 @@ from zarrfs.fs.locks import UNLCK, WRLCK, Lock, LockTable, Waiters
 from zarrfs.fs.names import NAME_MAX, key_text, name_bytes
 from zarrfs.fs.node import stamp_of
 from zarrfs.fs.opennames import OpenNames
-from zarrfs.fs.pagecache import DIRECT_ABOVE, PageCache, Pages, version_mark
+from zarrfs.fs.pagecache import DIRECT_ABOVE, TWO_VERSIONS, PageCache, Pages, version_mark
 from zarrfs.fs.sidedata import pack_xattrs
 from zarrfs.fs.tree import (
     DIR,
@@ -499,6 +499,7 @@ __all__ = [
     "NOW",
     "RENAME_EXCHANGE",
     "RENAME_NOREPLACE",
+    "TWO_VERSIONS",
     "FsError",
     "HandleTable",
     "InterruptedCallError",

@@ -59,10 +59,27 @@ class Pages:
         return self.stamp is not None or self.cache_ok or self.bare
 
 
+#: :attr:`Pages.given` of a file the kernel was shown two versions of since it last dropped its
+#: attributes: it holds one of them, not known which (never a version's mark). Two requests
+#: that bring attributes (a lookup, a getattr) may be on their way at once; the kernel takes in
+#: the answer its caller gets to first and ignores the other (its ``attr_version`` rule), so
+#: when another writer's commit came between the two answers, the later one, which the mount
+#: would record, may be the one ignored.
+TWO_VERSIONS = 1
+
+
 def version_mark(size: int, mtime: int) -> int:
-    """A number standing for the version ``(size, mtime)`` of a file, never 0 (8 bytes a node,
-    where a million listed names are a million nodes)."""
-    return hash((size, mtime)) & 0xFFFF_FFFF_FFFF_FFFF or 1
+    """A number standing for the version ``(size, mtime)`` of a file, never 0 nor
+    :data:`TWO_VERSIONS` (8 bytes a node, where a million listed names are a million nodes)."""
+    mark = hash((size, mtime)) & 0xFFFF_FFFF_FFFF_FFFF
+    return mark if mark > TWO_VERSIONS else 2
+
+
+def given_after(given: int, mark: int) -> int:
+    """:attr:`Pages.given` once the kernel is shown the version ``mark`` of a file whose
+    attributes it was given as ``given`` (0: none held): that version, unless another one
+    was given and not dropped since (:data:`TWO_VERSIONS`, until the next drop)."""
+    return mark if not given or given == mark else TWO_VERSIONS
 
 
 class PageCache:
@@ -98,9 +115,11 @@ class PageCache:
         mtime means the pages it holds are of an older content: the next open drops them.
         A file never opened (no stamp, no pages kept, nothing dropped) has no pages to compare:
         only the version given is kept (:attr:`Pages.given`, a number), which keeps the many
-        names an ``ls -l`` shows at the size of their node IDs."""
+        names an ``ls -l`` shows at the size of their node IDs. Shown another version than the
+        one it was given and holds, the kernel holds one of the two (:data:`TWO_VERSIONS`):
+        the next open drops its attributes and reads past the page cache."""
         if node.kind == FILE:
-            pages.given = version_mark(node.size, node.attrs.mtime)
+            pages.given = given_after(pages.given, version_mark(node.size, node.attrs.mtime))
         if pages.remembered():
             self._record(pages, node)
 
@@ -192,7 +211,7 @@ class PageCache:
         return keep
 
 
-__all__ = ["PageCache", "Pages", "Stamped", "version_mark"]
+__all__ = ["TWO_VERSIONS", "PageCache", "Pages", "Stamped", "given_after", "version_mark"]
 
 
 PAGE = mmap.PAGESIZE

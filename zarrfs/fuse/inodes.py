@@ -9,7 +9,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 
-from zarrfs.fs.api import Pages
+from zarrfs.fs.api import TWO_VERSIONS, Pages
 from zarrfs.fuse.abi import ROOT_ID
 
 #: Forgotten nodes kept for their inode numbers (about 250 bytes each).
@@ -370,8 +370,9 @@ class InodeTable:
         """:meth:`remember` of a name with no link group, in one call (a lookup's common case,
         each of a listing's names): its node ID, counted as one more lookup; ``bare``: read
         now with no extended attributes; ``mark``: the version it was shown as
-        (:attr:`Inode.given`; 0 leaves it), set here for a node without page state (one with
-        some is left to the page cache policy: :meth:`paged`)."""
+        (:attr:`Inode.given`, as ``fs.pagecache.given_after`` makes it; 0 leaves it), set here
+        for a node without page state (one with some is left to the page cache policy:
+        :meth:`paged`)."""
         nodeid = self.ids.get(key)
         if nodeid is None:
             nodeid = self._new(key, kind)
@@ -389,7 +390,8 @@ class InodeTable:
         if bare:
             self._bare[slot] = 1
         if mark and nodeid not in self._pages:
-            self._given[slot] = mark
+            given = self._given[slot]
+            self._given[slot] = mark if not given or given == mark else TWO_VERSIONS  # given_after
         return nodeid
 
     def lock_granted(self, nodeid: int) -> None:
