@@ -237,6 +237,17 @@ def mappable_init(wire) -> None:
     assert wire.init(minor=39, flags=k.MAX_PAGES, flags2=k.DIRECT_IO_ALLOW_MMAP >> 32).error == 0
 
 
+def _kernel_at(make_wire, init: str):
+    """A session whose attributes the kernel keeps an hour, begun at protocol ``init`` (7.39:
+    files read past the page cache can be mapped), and the kernel's sizes as it takes them."""
+    wire = make_wire(attr_timeout=3600)
+    if init == "7.39":
+        mappable_init(wire)
+    else:
+        assert wire.init().error == 0
+    return wire, KernelSizes(wire)
+
+
 @contextmanager
 def notifications_held(wire):
     """The session's notification thread kept busy, as when the kernel makes a notification
@@ -276,12 +287,7 @@ def test_an_open_drops_the_size_a_lookup_gave_of_an_older_version(make_wire, ini
     """No change feed: the kernel holds the size a lookup gave (the file never opened here);
     another mount rewrites the file, longer; the open reads the new version, and drops that
     size before its reply (a read past it then asks)."""
-    wire = make_wire(attr_timeout=3600)
-    if init == "7.39":
-        mappable_init(wire)
-    else:
-        assert wire.init().error == 0
-    kernel = KernelSizes(wire)
+    wire, kernel = _kernel_at(make_wire, init)
     wire.ops.tree.store([("f", b"old", None, REWRITE)])
     f = kernel.lookup("f")
     wire.ops.tree.store([("f", b"the newer version", None, REWRITE)])  # behind the mount
@@ -302,12 +308,7 @@ def test_an_open_after_two_versions_shown_at_once_drops_the_size_the_kernel_took
     kernel holds, read through the page cache: cut to the older size (CI's
     ``[postgres-exchange]``: the same mount's reader of ``n`` got 2,000 bytes of a
     62,022-byte version, x and n exchanged and n rewritten by ``zarrfs.store`` meanwhile)."""
-    wire = make_wire(attr_timeout=3600)
-    if init == "7.39":
-        mappable_init(wire)
-    else:
-        assert wire.init().error == 0
-    kernel = KernelSizes(wire)
+    wire, kernel = _kernel_at(make_wire, init)
     wire.ops.tree.store([("f", b"old" * 10, None, REWRITE)])
     f = kernel.lookup("f")
     if second == "getattr":  # the file was opened before: its page state answers the getattr
