@@ -846,7 +846,7 @@ def test_rewritten_document_is_current_as_soon_as_the_call_returns(db_url, mount
 
 
 def test_the_zarr_checks_start_no_blas_threads(tmp_path, mount_factory):
-    """The first v2 array a mount checks imports numpy, whose OpenBLAS started a thread
+    """A v2 array of a structured type imports numpy to check it, whose OpenBLAS started a thread
     per CPU that spun waiting for work the daemon never gives it (15% of the daemon's CPU
     samples over a fresh mount's first Zarr write, on the cores the writer uses). The daemon
     asks numpy's BLAS for one thread: the checks start no thread of their own."""
@@ -864,9 +864,9 @@ def test_the_zarr_checks_start_no_blas_threads(tmp_path, mount_factory):
         "zarr_format": 2,
         "shape": [4],
         "chunks": [2],
-        "dtype": "<f8",
+        "dtype": [["x", "<f8"], ["y", "<i4"]],
         "compressor": None,
-        "fill_value": 0.0,
+        "fill_value": None,
         "filters": None,
         "order": "C",
     }

@@ -6,6 +6,8 @@ import json
 
 import pytest
 from format_cases import DROP, V1_META, V2_ARRAY, Store, errors, rules, with_
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from zarrfs.format import validate_metadata
 
@@ -271,3 +273,106 @@ def test_v1_only_at_a_root_that_is_not_v2_or_v3():
         check("attrs", b"anything", Store().put_json("zarr.json", {"zarr_format": 3, "node_type": "group"}))
         == []
     )
+
+
+# --- checked without NumPy and numcodecs: what they would say ---------------------------------
+
+_KINDS = (("b", [1]), ("i", [1, 2, 4, 8]), ("u", [1, 2, 4, 8]), ("f", [2, 4, 8]), ("c", [8, 16]))
+_TYPESTRS = [
+    f"{order}{kind}{size}"
+    for order in "<>|"
+    for kind, sizes in _KINDS
+    for size in sizes
+    if not (order == "|" and size > 1)
+] + ["<M8[ns]", ">M8[s]", "<m8[D]", ">m8[ms]", "|S12", "<S3", "|V8", "<U5", ">U1", "|O", "|O8"]
+
+
+@pytest.mark.parametrize("typestr", _TYPESTRS)
+def test_a_simple_type_is_checked_as_numpy_sees_it(typestr):
+    """A simple type of a size every platform has is held without NumPy (``SimpleType``): its
+    kind, item size, objects and printed name are NumPy's, and so is every fill value's verdict."""
+    import numpy as np
+
+    from zarrfs.format.v2_dtypes import SimpleType, check_dtype, check_fill_value, parse_dtype
+
+    simple, made = check_dtype(typestr), parse_dtype(typestr)
+    assert isinstance(simple, SimpleType)
+    assert (simple.kind, simple.itemsize, simple.hasobject, str(simple)) == (
+        made.kind,
+        made.itemsize,
+        made.hasobject,
+        str(made),
+    )
+    assert made == np.dtype(object if typestr[1] == "O" else typestr)
+    fills = [None, 0, 1, -1, 2, 255, 256, -129, 2**31, 2**63, -(2**63) - 1, 2**64, 1.5, 3.0, "7", "x", True,
+             "NaN", [1, 2], "AAAA", "AAAAAAAAAAAAAAAA", "NaT", "abcdef"]  # fmt: skip
+    assert [check_fill_value(f, simple) for f in fills] == [check_fill_value(f, made) for f in fills]
+
+
+def test_a_long_double_is_left_to_numpy():
+    from zarrfs.format.v2_dtypes import SimpleType, check_dtype
+
+    assert not isinstance(check_dtype("<f16"), SimpleType)
+    assert not isinstance(check_dtype([["a", "<f8"]]), SimpleType)
+
+
+_CONFIGS = st.one_of(
+    st.fixed_dictionaries(
+        {"id": st.just("blosc")},
+        optional={
+            "cname": st.sampled_from(["blosclz", "lz4", "lz4hc", "zlib", "zstd", "snappy", "LZ4", 1]),
+            "clevel": st.integers(-2, 11) | st.sampled_from([True, 5.0]),
+            "shuffle": st.integers(-3, 4),
+            "blocksize": st.sampled_from([0, 1, 3, 4096, 2**20, 2**31 - 1, 2**31, -1]),
+            "typesize": st.integers(1, 8),
+        },
+    ),
+    st.fixed_dictionaries(
+        {"id": st.just("zstd")},
+        optional={"level": st.integers(-3, 24), "checksum": st.sampled_from([True, False, 1])},
+    ),
+    st.fixed_dictionaries({"id": st.sampled_from(["zlib", "gzip"])}, optional={"level": st.integers(-3, 11)}),
+    st.fixed_dictionaries({"id": st.just("lz4")}, optional={"acceleration": st.integers(-1, 70000)}),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(config=_CONFIGS)
+def test_a_compressor_passed_without_numcodecs_is_one_numcodecs_builds_and_round_trips(config):
+    """The common compressors' usual settings are passed without building them
+    (``known_good``): each such configuration is one numcodecs builds and round-trips here."""
+    from zarrfs.format.numcodecs_configs import _check_cached, known_good
+
+    if known_good(config):
+        assert _check_cached(json.dumps(config, sort_keys=True)) is None, config
+
+
+def test_a_v2_array_of_a_simple_type_and_a_common_compressor_is_checked_without_numpy():
+    """A mount's first ``.zarray`` (zarr-python 2's: ``<f8``, Blosc lz4) is checked without
+    importing numcodecs or NumPy (docs/performance.md, "A fresh mount's first Zarr metadata");
+    a structure still imports NumPy."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import json, sys
+        from zarrfs.format.validate import validate_metadata
+        doc = {"zarr_format": 2, "shape": [8, 8], "chunks": [4, 4], "dtype": "<f8", "order": "C",
+               "compressor": {"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1,
+                              "blocksize": 0}, "fill_value": 0.0, "filters": None}
+        assert validate_metadata("a/.zarray", json.dumps(doc).encode(), lambda k: None) == []
+        for dtype, fill, compressor in [("<i2", -3, {"id": "zstd", "level": 3}), ("|b1", True, None),
+                                        ("<U4", "ab", {"id": "zlib", "level": 1}),
+                                        ("<M8[ns]", "NaT", {"id": "lz4", "acceleration": 1})]:
+            doc.update(dtype=dtype, fill_value=fill, compressor=compressor)
+            assert validate_metadata("a/.zarray", json.dumps(doc).encode(), lambda k: None) == []
+        print("numcodecs" in sys.modules, "numpy" in sys.modules)
+        doc.update(dtype=[["x", "<f4"], ["y", "<i8"]], fill_value=None)
+        assert validate_metadata("a/.zarray", json.dumps(doc).encode(), lambda k: None) == []
+        print("numpy" in sys.modules)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False", "True"]

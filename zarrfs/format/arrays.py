@@ -142,11 +142,11 @@ def _from_v2(node: Node) -> ArrayInfo:
     doc = node.doc
     if node.zarr_format == 2:
         r = Report(node.metadata_key, "zarray")
-        dtype = check_zarray(doc, r)
+        check_zarray(doc, r)
     else:
         r = Report(node.metadata_key, "meta")
         check_v1_meta(doc, r)
-        dtype = None if r.has_errors else parse_dtype(doc["dtype"])
+    dtype = None if r.has_errors else parse_dtype(doc["dtype"])
     if r.has_errors:
         raise _invalid(r.problems)
     grid = grid_from_v2(doc)

@@ -2,8 +2,9 @@
 
 The v2 spec names codecs by numcodecs ``id``; v3 arrays reach the same codecs through the
 ``numcodecs.<id>`` names and the core ``gzip``/``zstd``/``blosc`` codecs. numcodecs (and numpy
-with it) is imported at the first codec built, not with this module: a v3 array of core codecs
-is checked without it, and that import is a mount's first Zarr commit's largest cost
+with it) is imported at the first codec built, not with this module: a v3 array of core codecs,
+and a v2 array of the common compressors' usual settings (:func:`known_good`), are checked
+without it, and that import is a mount's first Zarr commit's largest cost
 (docs/performance.md, "A fresh mount's first Zarr metadata: numpy's import").
 """
 
@@ -11,7 +12,10 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from .json_docs import is_int
 
 if TYPE_CHECKING:
     from numcodecs.abc import Codec
@@ -40,6 +44,38 @@ def _is_unknown(exc: Exception) -> bool:
     if UnknownCodecError is not None and isinstance(exc, UnknownCodecError):
         return True
     return isinstance(exc, ValueError) and "codec not available" in str(exc)
+
+
+# What every numcodecs builds and round-trips, by codec: the arguments its constructor takes
+# and a check of each value. A configuration within them is passed without building its codec
+# (a mount's first v2 array then checks without importing numcodecs and NumPy); any other goes
+# to numcodecs for the verdict. Blosc's snappy, which builds may leave out, and bz2, which a
+# Python may lack, are left to it.
+_LEVEL_0_9 = lambda v: is_int(v) and 0 <= v <= 9  # noqa: E731
+_KNOWN_GOOD: dict[str, dict[str, Callable[[Any], bool]]] = {
+    "blosc": {
+        "cname": lambda v: v in ("blosclz", "lz4", "lz4hc", "zlib", "zstd"),
+        "clevel": _LEVEL_0_9,
+        "shuffle": lambda v: is_int(v) and -1 <= v <= 2,
+        "blocksize": lambda v: is_int(v) and 0 <= v < 2**31,
+    },
+    "zstd": {"level": lambda v: is_int(v) and 0 <= v <= 22, "checksum": lambda v: isinstance(v, bool)},
+    "zlib": {"level": _LEVEL_0_9},
+    "gzip": {"level": _LEVEL_0_9},
+    "lz4": {"acceleration": lambda v: is_int(v) and 1 <= v <= 65537},
+}
+
+
+def known_good(config: dict[str, Any]) -> bool:
+    """Whether ``config`` (with a string ``id``) is one every numcodecs builds and round-trips
+    (:data:`_KNOWN_GOOD`): no need to build it to know."""
+    checks = _KNOWN_GOOD.get(config["id"])
+    if checks is None:
+        return False
+    for name, value in config.items():
+        if name != "id" and (name not in checks or not checks[name](value)):
+            return False
+    return True
 
 
 @functools.lru_cache(maxsize=1024)
@@ -73,6 +109,8 @@ def check_codec_config(config: Any) -> tuple[str, str] | None:
         return "error", f"{json.dumps(config)[:80]} is not an object"
     if not isinstance(config.get("id"), str):
         return "error", "codec object has no string 'id'"
+    if known_good(config):
+        return None
     try:
         key = json.dumps(config, sort_keys=True, allow_nan=True)
     except (TypeError, ValueError):

@@ -5,7 +5,10 @@ The v2 spec encodes a simple dtype as a NumPy typestr with an explicit byte orde
 ``[name, type(, shape)]`` lists, nested as deep as needed.
 
 NumPy is imported by the functions that make its dtypes, not with the module: the v3 checks
-use this module's tables, and a v3 type is checked without NumPy (:mod:`.v3_dtypes`).
+use this module's tables, and a v3 type is checked without NumPy (:mod:`.v3_dtypes`). The v2
+checks take a simple type of a size every platform's NumPy has as a :class:`SimpleType`, which
+holds what they need of it without NumPy (:func:`check_dtype`); a structure, and a long double,
+whose sizes differ between platforms, are still made by NumPy.
 """
 
 from __future__ import annotations
@@ -43,10 +46,40 @@ class DtypeError(ValueError):
         self.rule = rule
 
 
-def parse_typestr(s: str) -> np.dtype:
-    """Parse one simple v2 typestr such as ``"<f8"``; raise :class:`DtypeError` if invalid."""
-    import numpy as np
+# Sizes of each kind every platform's NumPy has (a long double's, 10 to 16 bytes, it has or not).
+_PORTABLE = {"b": {1}, "i": {1, 2, 4, 8}, "u": {1, 2, 4, 8}, "f": {2, 4, 8}, "c": {8, 16}}
+_NAMES = {"b": "bool", "i": "int", "u": "uint", "f": "float", "c": "complex"}
 
+
+class SimpleType:
+    """A simple v2 data type as the checks see it, without NumPy: its kind (NumPy's letter),
+    item size, whether it holds objects, and, as :func:`str`, NumPy's name of it (what the
+    checks' messages print)."""
+
+    __slots__ = ("typestr", "kind", "itemsize", "hasobject")
+
+    def __init__(self, typestr: str, kind: str, itemsize: int) -> None:
+        self.typestr, self.kind, self.itemsize = typestr, kind, itemsize
+        self.hasobject = kind == "O"
+
+    def __str__(self) -> str:
+        kind, order, size = self.kind, self.typestr[0], self.itemsize
+        if kind == "O":
+            return "object"
+        if kind in "SV":
+            return f"|{kind}{size}"
+        if order == ">" and size > 1:  # NumPy names only this machine's byte order (little)
+            return self.typestr
+        if kind in "mM":
+            return ("datetime64" if kind == "M" else "timedelta64") + self.typestr[3:]
+        if kind == "U":
+            return self.typestr
+        return "bool" if kind == "b" else f"{_NAMES[kind]}{size * 8}"
+
+
+def check_typestr(s: str) -> SimpleType | None:
+    """Check one simple v2 typestr such as ``"<f8"`` (raise :class:`DtypeError` if invalid):
+    its :class:`SimpleType`, or None for a size only some platforms' NumPy has (ask it)."""
     m = _TYPESTR.match(s)
     if m is None:
         raise DtypeError("dtype", f"{s!r} is not a NumPy typestr with a byte order (e.g. '<f8', '|u1')")
@@ -55,7 +88,7 @@ def parse_typestr(s: str) -> np.dtype:
         # zarr-python writes "|O"; the object codec in filters says how to (de)serialise.
         if size not in ("", "4", "8") or unit_part:
             raise DtypeError("dtype", f"{s!r}: object dtype is written '|O'")
-        return np.dtype(object)
+        return SimpleType(s, "O", 8)
     if not size:
         raise DtypeError("dtype", f"{s!r} has no item size")
     n = int(size)
@@ -77,10 +110,31 @@ def parse_typestr(s: str) -> np.dtype:
         raise DtypeError(
             "dtype-byteorder", f"{s!r}: a {itemsize}-byte type needs an explicit byte order '<' or '>'"
         )
+    if kind in _PORTABLE and n not in _PORTABLE[kind]:
+        return None
+    return SimpleType(s, kind, itemsize)
+
+
+def parse_typestr(s: str) -> np.dtype:
+    """Parse one simple v2 typestr such as ``"<f8"``; raise :class:`DtypeError` if invalid."""
+    import numpy as np
+
+    check_typestr(s)
     try:
-        return np.dtype(s)
+        return np.dtype(object) if s[1] == "O" else np.dtype(s)
     except TypeError as exc:
         raise DtypeError("dtype", f"{s!r}: NumPy refuses it ({exc})") from None
+
+
+def check_dtype(obj: Any) -> SimpleType | np.dtype:
+    """A v2 ``dtype`` value as the checks need it (:func:`parse_dtype`'s errors): a simple type
+    of a size every platform has as a :class:`SimpleType`, without NumPy; the others as
+    NumPy's dtype."""
+    if isinstance(obj, str):
+        simple = check_typestr(obj)
+        if simple is not None:
+            return simple
+    return parse_dtype(obj)
 
 
 def _to_numpy_descr(obj: Any, depth: int = 0) -> Any:
@@ -149,7 +203,7 @@ def _intish(text: str) -> int | None:
         return None
 
 
-def check_fill_value(fill: Any, dtype: np.dtype) -> tuple[str, str] | None:
+def check_fill_value(fill: Any, dtype: SimpleType | np.dtype) -> tuple[str, str] | None:
     """Check a v2 ``fill_value`` against its dtype.
 
     Returns ``None`` when fine, else ``(severity, message)``. Warnings cover forms the spec does
@@ -168,21 +222,15 @@ def check_fill_value(fill: Any, dtype: np.dtype) -> tuple[str, str] | None:
             return "warning", f"bool fill_value written as {fill}; the spec form is true/false"
         return "error", f"{short(fill)} is not a bool"
     if kind in "iu":
-        import numpy as np
-
-        info = np.iinfo(dtype)
+        bits = dtype.itemsize * 8
+        low, high = (0, 2**bits - 1) if kind == "u" else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
         if is_int(fill):
-            if info.min <= fill <= info.max:
+            if low <= fill <= high:
                 return None
-            return "error", f"{fill} is outside the range of {dtype} [{info.min}, {info.max}]"
-        if (
-            isinstance(fill, float)
-            and math.isfinite(fill)
-            and fill.is_integer()
-            and info.min <= fill <= info.max
-        ):
+            return "error", f"{fill} is outside the range of {dtype} [{low}, {high}]"
+        if isinstance(fill, float) and math.isfinite(fill) and fill.is_integer() and low <= fill <= high:
             return "warning", f"integer fill_value written as the float {fill}"
-        if isinstance(fill, str) and _intish(fill) is not None and info.min <= _intish(fill) <= info.max:
+        if isinstance(fill, str) and _intish(fill) is not None and low <= _intish(fill) <= high:
             return "warning", f"integer fill_value written as the string {fill!r}"
         return "error", f"{short(fill)} is not an integer"
     if kind == "f":

@@ -13,7 +13,8 @@ from .errors import Report
 from .json_docs import is_int, short
 from .keys import ZARRAY, ZATTRS, ZGROUP, split_key, validate_name
 from .numcodecs_configs import check_codec_config
-from .v2_dtypes import DtypeError, check_fill_value, parse_dtype
+from .v2_dtypes import DtypeError, SimpleType, check_fill_value
+from .v2_dtypes import check_dtype as check_dtype_value
 from .v3_extensions import is_optional_extension
 
 if TYPE_CHECKING:
@@ -38,16 +39,17 @@ def check_shape(r: Report, shape: Any, chunks: Any, min_chunk: int = 1) -> bool:
     return ok
 
 
-def check_dtype(r: Report, obj: Any) -> np.dtype | None:
-    """Check a v2/v1 ``dtype`` value, recording ``<prefix>.dtype*`` errors; return it if valid."""
+def check_dtype(r: Report, obj: Any) -> SimpleType | np.dtype | None:
+    """Check a v2/v1 ``dtype`` value, recording ``<prefix>.dtype*`` errors; return it if valid
+    (a simple type without NumPy, ``v2_dtypes.check_dtype``)."""
     try:
-        return parse_dtype(obj)
+        return check_dtype_value(obj)
     except DtypeError as exc:
         r.error(exc.rule, str(exc))
         return None
 
 
-def check_array_header(doc: dict, r: Report, required: Any, version: int) -> np.dtype | None:
+def check_array_header(doc: dict, r: Report, required: Any, version: int) -> SimpleType | np.dtype | None:
     """The checks v1 ``meta`` and v2 ``.zarray`` share: required keys, ``zarr_format``,
     ``shape``/``chunks`` and ``dtype``; returns the dtype when it parses."""
     missing = [k for k in required if k not in doc]
@@ -61,8 +63,9 @@ def check_array_header(doc: dict, r: Report, required: Any, version: int) -> np.
     return check_dtype(r, doc["dtype"]) if "dtype" in doc else None
 
 
-def check_zarray(doc: Any, r: Report) -> np.dtype | None:
-    """Check a ``.zarray`` document; return its NumPy dtype when the document has no error."""
+def check_zarray(doc: Any, r: Report) -> SimpleType | np.dtype | None:
+    """Check a ``.zarray`` document; return its data type as the checks saw it when the
+    document has no error (``v2_dtypes.parse_dtype`` makes NumPy's)."""
     if not isinstance(doc, dict):
         r.error("not-object", f"metadata must be a JSON object, got {short(doc)}")
         return None

@@ -86,8 +86,9 @@ def validate_metadata(key: str, value: bytes, get: Getter) -> list[Problem]:
     doc, problems = load_json(key, value, rule_prefix)
     if doc is None:
         return problems
-    # The document checkers (numpy, numcodecs) load with the first metadata document, so that a
-    # mount that stores plain files never imports them (a third of a second at every start).
+    # The document checkers load with the first metadata document, so that a mount that stores
+    # plain files never imports them; numpy and numcodecs only with the first type or codec
+    # that needs them (docs/performance.md, "A fresh mount's first Zarr metadata").
     from .v1_metadata import check_v1_attrs, check_v1_meta
     from .v2_metadata import check_zarray, check_zattrs, check_zgroup, check_zmetadata, zarray_ndim
     from .v3_metadata import check_zarr_json
