@@ -17,6 +17,7 @@ import base64
 import binascii
 import math
 import re
+import sys
 from typing import TYPE_CHECKING, Any
 
 from .json_docs import is_int, is_number, short
@@ -49,6 +50,7 @@ class DtypeError(ValueError):
 # Sizes of each kind every platform's NumPy has (a long double's, 10 to 16 bytes, it has or not).
 _PORTABLE = {"b": {1}, "i": {1, 2, 4, 8}, "u": {1, 2, 4, 8}, "f": {2, 4, 8}, "c": {8, 16}}
 _NAMES = {"b": "bool", "i": "int", "u": "uint", "f": "float", "c": "complex"}
+_FOREIGN = ">" if sys.byteorder == "little" else "<"  # the byte order NumPy prints as a typestr
 
 
 class SimpleType:
@@ -68,7 +70,7 @@ class SimpleType:
             return "object"
         if kind in "SV":
             return f"|{kind}{size}"
-        if order == ">" and size > 1:  # NumPy names only this machine's byte order (little)
+        if order == _FOREIGN and size > 1:  # NumPy names only this machine's byte order
             return self.typestr
         if kind in "mM":
             return ("datetime64" if kind == "M" else "timedelta64") + self.typestr[3:]
