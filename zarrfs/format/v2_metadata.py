@@ -63,12 +63,11 @@ def check_array_header(doc: dict, r: Report, required: Any, version: int) -> Sim
     return check_dtype(r, doc["dtype"]) if "dtype" in doc else None
 
 
-def check_zarray(doc: Any, r: Report) -> SimpleType | np.dtype | None:
-    """Check a ``.zarray`` document; return its data type as the checks saw it when the
-    document has no error (``v2_dtypes.parse_dtype`` makes NumPy's)."""
+def check_zarray(doc: Any, r: Report) -> None:
+    """Check a ``.zarray`` document (``v2_dtypes.parse_dtype`` makes its NumPy dtype)."""
     if not isinstance(doc, dict):
         r.error("not-object", f"metadata must be a JSON object, got {short(doc)}")
-        return None
+        return
     dtype = check_array_header(doc, r, ZARRAY_REQUIRED, 2)
     if "compressor" in doc and doc["compressor"] is not None:
         found = check_codec_config(doc["compressor"])
@@ -101,7 +100,6 @@ def check_zarray(doc: Any, r: Report) -> SimpleType | np.dtype | None:
     extra = sorted(set(doc) - set(ZARRAY_REQUIRED) - set(ZARRAY_OPTIONAL))
     if extra:
         r.warn("unknown-key", f"keys the spec says SHOULD NOT be present: {', '.join(extra)}")
-    return None if r.has_errors else dtype
 
 
 def check_zgroup(doc: Any, r: Report, lenient: bool = False) -> None:

@@ -174,7 +174,7 @@ class Checked:
 
     def holds_none(self, keys: list[str]) -> bool:
         """:meth:`InodeTable.holds_none`, noted."""
-        if self._table.ids.keys().isdisjoint(keys):
+        if self._table.holds_none(keys):
             return True
         self._none = False
         return False

@@ -48,9 +48,10 @@ ONE_THREAD = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 def no_blas_threads() -> None:
     """Have numpy's BLAS start no worker threads in this process (unless the environment says
-    otherwise). The daemon imports numpy for a v2 array's checks and for decoded views, and does
-    no linear algebra, but OpenBLAS starts a thread per CPU at its load, which spin waiting for
-    work: 15% of a fresh mount's CPU samples during its first Zarr write, on the client's cores
+    otherwise). The daemon imports numpy for some arrays' checks (a v2 structured type, a codec
+    numcodecs builds) and for decoded views, and does no linear algebra, but OpenBLAS starts a
+    thread per CPU at its load, which spin waiting for work: 15% of a fresh mount's CPU samples
+    during its first Zarr write, on the client's cores
     (docs/performance.md, "A fresh mount's first Zarr metadata: numpy's import"). Only before
     numpy is imported does this count."""
     for name in ONE_THREAD:
