@@ -422,6 +422,37 @@ def test_lmdb_listing_reads_no_values_from_disk(tmp_path):
         driver.close()
 
 
+def test_lmdb_scans_release_the_maps_a_budget_past_the_last_release(tmp_path, monkeypatch):
+    """Scans release LMDB's map pages once the process's resident file pages grew a budget past
+    the level after the last release. Pages of other files mapped since the first look (a
+    library imported later) are not the maps': counted against the first look alone, they made
+    every look release the maps, and the pages each request touched next were mapped again."""
+    import mmap
+
+    from zarrfs.backends.lmdb import pages
+
+    released: list[int] = []
+    real = pages.release
+    monkeypatch.setattr(pages, "release", lambda d: (released.append(1), real(d)))
+    driver = open_driver(f"lmdb://{tmp_path / 'db.lmdb'}")
+    other = tmp_path / "other"
+    other.write_bytes(os.urandom(pages.BUDGET + (16 << 20)))
+    try:
+        driver.transact(lambda t: [t.put(f"f/{i:05}", b"v") for i in range(pages.LOOK_EVERY)])
+
+        def scan() -> int:
+            return len(driver.transact(lambda t: list(t.scan("f/", "f0")), write=False))
+
+        assert scan() == pages.LOOK_EVERY  # the first look: the level to count from
+        with open(other, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            assert len(m[:: mmap.PAGESIZE]) == len(m) // mmap.PAGESIZE  # every page read: resident
+            for _ in range(8):
+                assert scan() == pages.LOOK_EVERY
+        assert len(released) == 1
+    finally:
+        driver.close()
+
+
 def test_lmdb_snapshot_of_a_folder_of_subfolders_reads_no_values_from_disk(tmp_path):
     """A folder snapshot needs the sizes of the folder's own files only: one of zarr's ``c/``
     (a subfolder per chunk row) must not read the chunks below it from disk."""

@@ -578,3 +578,4 @@ class LMDBDriver(Driver):
         self.side.close()
         if self.room is not None:
             self.room.close()
+        pages.forget(self)

@@ -98,8 +98,8 @@ _rows: dict[int, int] = {}
 def scanned(driver: Any, rows: int) -> None:
     """A scan of ``driver``'s maps passed ``rows`` rows. Every :data:`LOOK_EVERY` rows, the
     maps' pages are released once the process's resident file pages grew :data:`BUDGET` bytes
-    past what they were at the first look (a scan's rows give no sizes to count: reading a
-    value to learn its size could read it from disk)."""
+    past what they were at the first look, or just after the last release (a scan's rows give
+    no sizes to count: reading a value to learn its size could read it from disk)."""
     key = id(driver)
     passed = _rows.get(key, 0) + rows
     if passed < LOOK_EVERY:
@@ -112,6 +112,13 @@ def scanned(driver: Any, rows: int) -> None:
     base = _baseline.setdefault(key, resident)
     if resident - base > BUDGET:
         release(driver)
+
+
+def forget(driver: Any) -> None:
+    """Forget the counts of a closed ``driver`` (a later driver may be given its ``id``)."""
+    key = id(driver)
+    for counts in (_pending, _rows, _baseline):
+        counts.pop(key, None)
 
 
 def _data_file(env: Any) -> str | None:
@@ -147,3 +154,8 @@ def release(driver: Any) -> None:
     for start, end in _mappings(files):
         if madvise(start, end - start, MADV_DONTNEED) != 0:
             log.debug("madvise of the LMDB map failed: errno %d", ctypes.get_errno())
+    # What is resident now is other files' (libraries mapped since the first look, say): the
+    # next release is due when the maps have grown a budget past this, not at every look.
+    resident = _resident_file()
+    if resident is not None:
+        _baseline[id(driver)] = resident
