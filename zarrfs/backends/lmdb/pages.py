@@ -98,8 +98,8 @@ _rows: dict[int, int] = {}
 def scanned(driver: Any, rows: int) -> None:
     """A scan of ``driver``'s maps passed ``rows`` rows. Every :data:`LOOK_EVERY` rows, the
     maps' pages are released once the process's resident file pages grew :data:`BUDGET` bytes
-    past what they were at the first look, or just after the last release (a scan's rows give
-    no sizes to count: reading a value to learn its size could read it from disk)."""
+    past what they were at the first look, or just after a release that left more (a scan's
+    rows give no sizes to count: reading a value to learn its size could read it from disk)."""
     key = id(driver)
     passed = _rows.get(key, 0) + rows
     if passed < LOOK_EVERY:
@@ -155,7 +155,9 @@ def release(driver: Any) -> None:
         if madvise(start, end - start, MADV_DONTNEED) != 0:
             log.debug("madvise of the LMDB map failed: errno %d", ctypes.get_errno())
     # What is resident now is other files' (libraries mapped since the first look, say): the
-    # next release is due when the maps have grown a budget past this, not at every look.
+    # next release is due when the maps have grown a budget past the higher of this and the
+    # first look, not at every look.
     resident = _resident_file()
     if resident is not None:
-        _baseline[id(driver)] = resident
+        key = id(driver)
+        _baseline[key] = max(resident, _baseline.get(key, resident))
