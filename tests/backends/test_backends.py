@@ -454,6 +454,55 @@ def test_lmdb_scans_release_the_maps_once_when_other_files_grew(tmp_path, monkey
         driver.close()
 
 
+def test_lmdb_listing_takes_sizes_from_its_scans_and_reads_no_values_from_disk(tmp_path, monkeypatch):
+    """A READDIRPLUS window on LMDB takes every file's size from the scans that list it (the
+    length of the value's place in the map): no read a name, its first batch's neither, and
+    no value read from disk, also of a folder whose scans pass the deep keys of subfolders
+    (``c/<i>/0``, 1 MiB each, sizes taken and left)."""
+    from zarrfs.backends.lmdb.driver import LMDBTxn
+    from zarrfs.fs.tree import Tree
+
+    names = {f"arr/c/f{i:04}": b"x" * (i % 7) for i in range(600)}
+    driver = _cold_chunks(tmp_path / "db.lmdb", names)
+    sized: list[bytes] = []
+    real = LMDBTxn._size
+    monkeypatch.setattr(LMDBTxn, "_size", lambda t, raw, space: (sized.append(raw), real(t, raw, space))[1])
+    try:
+        before = _read_from_disk()
+        listings = Tree(driver, uid=0, gid=0).listings
+        nodes: dict = {}
+        got = listings.list_dir("arr/c", limit=1000, sizes={}, nodes=nodes)
+        assert len(got) == 664 and len(nodes) == 664
+        assert [nodes[f"f{i:04}"].size for i in range(600)] == [i % 7 for i in range(600)]
+        assert sized == []
+        # The leaf pages and what the kernel reads around them; the values are 64 MiB.
+        assert _read_from_disk() - before < 16 << 20
+    finally:
+        driver.close()
+
+
+def test_lmdb_sizes_read_no_values_from_disk(tmp_path):
+    """The size of a value is read from its key's leaf node (zarrfs.backends.lmdb.sizes):
+    py-lmdb reads every page of a value it returns, so a ``stat`` of a large chunk written by
+    another program (no size known to this driver) read the chunk. A driver's sizes, alone
+    and in a batch of reads, and a scan's, of 64 chunks of 1 MiB not in the page cache."""
+    from zarrfs.backends.lmdb import sizes
+
+    assert sizes.AVAILABLE  # CPython and LMDB 0.9: what the project runs on
+    driver = _cold_chunks(tmp_path / "db.lmdb", {"arr/small": b"abc"})
+    try:
+        before = _read_from_disk()
+        assert [driver.size(f"arr/c/{i}/0") for i in range(32)] == [1 << 20] * 32
+        reads = [Size(f"arr/c/{i}/0", DATA) for i in range(32, 64)]
+        reads += [Size("arr/small", DATA), Size("arr/x", DATA)]
+        assert driver.transact(lambda t: t.read_many(reads), write=False) == [1 << 20] * 32 + [3, None]
+        rows = driver.transact(lambda t: list(t.scan("arr/", "arr0", fetch=SIZES)), write=False)
+        assert [n for _, n in rows] == [1 << 20] * 64 + [3]
+        assert _read_from_disk() - before < 16 << 20
+    finally:
+        driver.close()
+
+
 def test_lmdb_snapshot_of_a_folder_of_subfolders_reads_no_values_from_disk(tmp_path):
     """A folder snapshot needs the sizes of the folder's own files only: one of zarr's ``c/``
     (a subfolder per chunk row) must not read the chunks below it from disk."""

@@ -477,6 +477,10 @@ class Driver(ABC):
     #: trip, one SQL statement): then callers ask for what they may need in one batch rather
     #: than in steps that stop early.
     batched = False
+    #: Whether a scan's sizes (``SIZES``) read none of the values it passes, so that a listing
+    #: may take the sizes of every key a scan passes, deep keys of subfolders too (LMDB: a
+    #: size is read from the key's leaf node).
+    scan_sizes_free = False
     #: Whether the change feed tells of a commit before the committing client hears it
     #: answered (Redis pushes invalidations first): then what a mount read ahead, dropped when
     #: the feed names it, is as new as a read at open would be, and it reads ahead by default.

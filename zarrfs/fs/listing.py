@@ -177,13 +177,15 @@ def _names(
     order, each once. Data: a key is a FILE, or a DIR when keys below it hide it (``hidden``
     is told). Side: an entry is a LINK or a folder marker. With ``sizes``, each file's stored
     size is put there (read by the scan itself once batches hold files alone, or from the
-    first batch with ``sized``: on a remote database a size costs the server nothing more)."""
+    first batch with ``sized``: on a remote database a size costs the server nothing more,
+    on LMDB nothing at all, ``Driver.scan_sizes_free``)."""
     stop = prefix_stop(prefix)
     pos = _start(prefix, after)
     last = after or ""
     # Sizes come with the scan only once a batch held files alone: the scan's sizes are those
     # of every key it passes, also keys deep inside subfolders (zarr's c/0/0, c/1/0, ...), and
-    # on LMDB a size costs reading the whole value. Until then they are looked up one by one.
+    # where a size costs a read of the value that is a read of the subfolders' values. Until
+    # then they are looked up one by one.
     flat = sized
     hidden = hidden or (lambda key: None)
     n = len(prefix)
@@ -351,7 +353,7 @@ class Listings:
         record: list[bytes | None] = []
         xattrs: list | None = None
         remote = self.driver.remote
-        sized = remote and sizes is not None
+        sized = (remote or self.driver.scan_sizes_free) and sizes is not None
         marks = self._marks() if remote and nodes is not None else ()
         span = min(SIDE_RANGE, 2 * limit)
 

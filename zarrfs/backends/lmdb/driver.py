@@ -57,6 +57,7 @@ from .feed import Own
 from .holder import Holder
 from .maps import Maps, gate
 from .scan import cursor_page, cursor_rows, merged
+from .sizes import value_size
 from .snapshot import hold as hold_snapshot
 
 #: Seconds a read waits for the data commit of side records it found ahead of its data once
@@ -208,15 +209,18 @@ class LMDBTxn(Txn):
         return None if value is None else pages.copied(self._driver, value)
 
     def _size(self, raw: bytes, space: Space) -> int | None:
-        # buffers=True: len() of a pointer into the map, nothing copied.
+        # From the key's leaf node (sizes): a value py-lmdb returns has all its pages read.
         if len(raw) > self._fit:
             with translated(self.where):
                 return longkeys.size(self._txn(SIDE, False), raw, space)
         known = self._known(raw, space)
         if known is not None:
             return known
-        value = self._value(raw, space)
-        return None if value is None else len(value)
+        try:
+            txn = self._txn(space, False)
+            return None if txn is None else value_size(txn, raw)
+        except lmdb.Error as exc:
+            raise translate(exc, self.where) from exc
 
     def _read(self, raw: bytes, offset: int, length: int, space: Space) -> bytes | None:
         value = self._value(raw, space)  # copy only the range out of the map
@@ -379,11 +383,7 @@ class LMDBTxn(Txn):
                     append(None)
                 elif kind is Size:
                     known = self._known(raw, space)
-                    if known is not None:
-                        append(known)
-                        continue
-                    value = txn.get(raw)
-                    append(None if value is None else len(value))
+                    append(known if known is not None else value_size(txn, raw))
                 else:
                     value = txn.get(raw)
                     append(None if value is None else value.tobytes())
@@ -474,6 +474,7 @@ class LMDBDriver(Driver):
 
     snapshots = True
     snapshot = hold_snapshot  # -o snapshot: the state of now, held
+    scan_sizes_free = True  # a scan's size is read from the key's leaf node (sizes)
 
     def __init__(self, url: str, readonly: bool = False) -> None:
         super().__init__(url, readonly)

@@ -28,6 +28,7 @@ from ..filespace import Preallocator, Reserve
 from ..writer_wait import LMDBWriterLock
 from .about import RESERVE_IN_FOLDER, RESERVE_SUFFIX
 from .maps import SIDE_MAP_SIZE, MapTooSmall, gate
+from .sizes import value_size
 
 MAX_READERS = 512
 
@@ -323,8 +324,7 @@ def bare_size(env: lmdb.Environment, raw: bytes, known: KnownSizes | None, what:
                     size = known.get(txn.id(), raw)
                     if size is not None:
                         return size
-                value = txn.get(raw)
-                return None if value is None else len(value)
+                return value_size(txn, raw)
         except lmdb.MapResizedError as exc:
             if attempt == 2 or not gate.resize(env, 0):
                 raise translate(exc, what, DATA if known is not None else SIDE) from exc

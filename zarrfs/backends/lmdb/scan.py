@@ -15,6 +15,7 @@ import lmdb
 
 from ..base import KEYS, SIZES, Fetch
 from . import pages
+from .sizes import size_at
 
 #: Rows a streaming scan reads at a time (:func:`cursor_rows`): one cursor, then a seek again.
 PAGE = 256
@@ -32,11 +33,11 @@ def cursor_page(
     """Up to ``limit`` keys of one environment in ``[lo, hi)`` with ``x`` as ``fetch`` asks (a
     size from ``known`` where it knows it; None: nothing does), in one loop over the cursor's
     own iterator, which steps in C. The transaction's rows are buffers (memoryviews of the
-    map): ``tobytes`` copies one in half the time ``bytes()`` takes, and a size is the length
-    of the value's buffer, read by the same step (no call of ``Cursor.value`` a row).
+    map): ``tobytes`` copies one in half the time ``bytes()`` takes.
 
     A scan of keys never reads a value, nor does a size: a large value lives on pages of its
-    own, which would then be read from disk; its buffer is its place in the map. The pages a
+    own, which would then be read from disk; its size is read from its key's leaf node
+    (:mod:`.sizes`). The pages a
     scan passes stay in the process's resident set like those a read copies (a small value
     lives in its key's leaf page: listing a folder of a million 1 KB chunks maps a GiB), so the
     rows are counted for ``driver``'s :func:`pages.scanned`, which releases the maps' pages
@@ -57,12 +58,18 @@ def cursor_page(
                 if len(out) == limit:
                     break
         elif fetch is SIZES:
-            for row, value in cur.iternext(keys=True, values=True):
+            # Keys alone, each size from its leaf node (``sizes``): py-lmdb reads every page
+            # of a value it returns; only a node that does not agree has its value asked for.
+            for row in cur.iternext(keys=True, values=False):
                 raw = row.tobytes()
                 if raw >= hi:
                     break
                 x = None if known is None else known(raw)
-                append((raw, len(value) if x is None else x))
+                if x is None:
+                    x = size_at(row)
+                    if x is None:
+                        x = len(cur.value())
+                append((raw, x))
                 if len(out) == limit:
                     break
         else:  # the value past ``hi`` is fetched too: one row a scan
