@@ -482,13 +482,13 @@ def test_lmdb_listing_takes_sizes_from_its_scans_and_reads_no_values_from_disk(t
 
 
 def test_lmdb_sizes_read_no_values_from_disk(tmp_path):
-    """The size of a value is read from its key's leaf node (zarrfs.backends.lmdb.sizes):
+    """The size of a value is read from its key's leaf node (zarrfs.backends.lmdb.leaf):
     py-lmdb reads every page of a value it returns, so a ``stat`` of a large chunk written by
     another program (no size known to this driver) read the chunk. A driver's sizes, alone
     and in a batch of reads, and a scan's, of 64 chunks of 1 MiB not in the page cache."""
-    from zarrfs.backends.lmdb import sizes
+    from zarrfs.backends.lmdb import leaf
 
-    assert sizes.AVAILABLE  # CPython and LMDB 0.9: what the project runs on
+    assert leaf.AVAILABLE  # CPython and LMDB 0.9: what the project runs on
     driver = _cold_chunks(tmp_path / "db.lmdb", {"arr/small": b"abc"})
     try:
         before = _read_from_disk()
@@ -499,6 +499,37 @@ def test_lmdb_sizes_read_no_values_from_disk(tmp_path):
         rows = driver.transact(lambda t: list(t.scan("arr/", "arr0", fetch=SIZES)), write=False)
         assert [n for _, n in rows] == [1 << 20] * 64 + [3]
         assert _read_from_disk() - before < 16 << 20
+    finally:
+        driver.close()
+
+
+def test_lmdb_a_range_of_a_large_value_reads_the_range_from_disk(tmp_path):
+    """A read of 64 KiB of a 256 MiB value (a zarr shard) reads about that from disk, not the
+    value: py-lmdb reads every page of a value it returns, so the driver's read transactions
+    view a large value from its leaf node and its overflow pages (zarrfs.backends.lmdb.leaf),
+    ranges and held values (an open file's) alike. Values read whole still read whole."""
+    from zarrfs.backends.heldvalues import hold
+
+    value = os.urandom(1 << 20) * 256
+    driver = open_driver(f"lmdb://{tmp_path / 'db.lmdb'}")
+    try:
+        driver.transact(lambda t: (t.put("s/shard", value), t.put("s/small", b"xyz")))
+    finally:
+        driver.close()
+    _evict(tmp_path / "db.lmdb" / "data.mdb")
+    driver = open_driver(f"lmdb://{tmp_path / 'db.lmdb'}")
+    try:
+        before = _read_from_disk()
+        at = 100 << 20
+        assert driver.transact(lambda t: t.read("s/shard", at, 65536), write=False) == value[at : at + 65536]
+        _, held = hold(driver, lambda t, view: (None, view("s/shard")))
+        assert held is not None and held.size == len(value)
+        assert bytes(held.data[200 << 20 : (200 << 20) + 65536]) == value[200 << 20 : (200 << 20) + 65536]
+        held.release()
+        assert driver.get("s/small") == b"xyz"
+        # Each access reads what the kernel reads around a fault (here up to 8 MiB), not 256.
+        assert _read_from_disk() - before < 64 << 20
+        assert driver.get("s/shard") == value  # whole: all of it
     finally:
         driver.close()
 

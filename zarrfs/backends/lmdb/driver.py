@@ -55,9 +55,9 @@ from .environments import (
 )
 from .feed import Own
 from .holder import Holder
+from .leaf import value_size, value_view
 from .maps import Maps, gate
 from .scan import cursor_page, cursor_rows, merged
-from .sizes import value_size
 from .snapshot import hold as hold_snapshot
 
 #: Seconds a read waits for the data commit of side records it found ahead of its data once
@@ -195,10 +195,13 @@ class LMDBTxn(Txn):
         raise RetryableError(f"{self.where}: side records ahead of the data read; read again")
 
     def _value(self, raw: bytes, space: Space) -> Any:
-        """The value of ``raw`` as a buffer into the map (valid in this transaction), or None."""
+        """The value of ``raw`` as a buffer into the map (valid in this transaction), or None;
+        in a read transaction, a large data value's pages are not touched (``leaf``)."""
         try:
             if len(raw) > self._fit:
                 return longkeys.value(self._txn(SIDE, False), raw, space)
+            if space is DATA and not self.write:
+                return value_view(self._data, raw, self._driver.map_where)
             txn = self._txn(space, False)
             return None if txn is None else txn.get(raw)
         except lmdb.Error as exc:
@@ -209,7 +212,7 @@ class LMDBTxn(Txn):
         return None if value is None else pages.copied(self._driver, value)
 
     def _size(self, raw: bytes, space: Space) -> int | None:
-        # From the key's leaf node (sizes): a value py-lmdb returns has all its pages read.
+        # From the key's leaf node (leaf): a value py-lmdb returns has all its pages read.
         if len(raw) > self._fit:
             with translated(self.where):
                 return longkeys.size(self._txn(SIDE, False), raw, space)
@@ -474,11 +477,12 @@ class LMDBDriver(Driver):
 
     snapshots = True
     snapshot = hold_snapshot  # -o snapshot: the state of now, held
-    scan_sizes_free = True  # a scan's size is read from the key's leaf node (sizes)
+    scan_sizes_free = True  # a scan's size is read from the key's leaf node (leaf)
 
     def __init__(self, url: str, readonly: bool = False) -> None:
         super().__init__(url, readonly)
         self.file_watch: FileWatch | None = None  # made when the daemon asks (feed_fileno)
+        self._where: tuple[int, tuple[int, int, int] | None] | None = None  # map_where's, by map size
         path, options = parse_file_url(url)
         check_options(url, options, set(ABOUT.options))
         path = FILES.database_at(path)
@@ -527,6 +531,18 @@ class LMDBDriver(Driver):
             if self.room is not None:
                 self.room.before_write()
         return LMDBTxn(self, write)
+
+    def map_where(self) -> tuple[int, int, int] | None:
+        """``(start, end, page size)`` of the data environment's map in this process, found
+        in ``/proc/self/maps`` once a map size (``leaf.value_view``); None where it is not
+        one mapping. A transaction is open: the map stays where it is meanwhile (``maps``)."""
+        size = self.env.info()["map_size"]
+        if self._where is None or self._where[0] != size:
+            file = pages.data_file(self.env)
+            found = pages.mappings({file}) if file is not None else []
+            where = (*found[0], self.env.stat()["psize"]) if len(found) == 1 else None
+            self._where = (size, where)
+        return self._where[1]
 
     def make_room(self, exc: BaseException) -> bool:
         """Grow the map a transaction found full (see ``maps``; held readers let go)."""

@@ -27,8 +27,8 @@ from ..base import (
 from ..filespace import Preallocator, Reserve
 from ..writer_wait import LMDBWriterLock
 from .about import RESERVE_IN_FOLDER, RESERVE_SUFFIX
+from .leaf import value_size
 from .maps import SIDE_MAP_SIZE, MapTooSmall, gate
-from .sizes import value_size
 
 MAX_READERS = 512
 

@@ -121,7 +121,7 @@ def forget(driver: Any) -> None:
         counts.pop(key, None)
 
 
-def _data_file(env: Any) -> str | None:
+def data_file(env: Any) -> str | None:
     try:
         path = env.path()
         subdir = env.flags()["subdir"]
@@ -130,7 +130,7 @@ def _data_file(env: Any) -> str | None:
     return os.path.realpath(os.path.join(path, "data.mdb") if subdir else path)
 
 
-def _mappings(files: set[str]) -> list[tuple[int, int]]:
+def mappings(files: set[str]) -> list[tuple[int, int]]:
     """``(start, end)`` of this process's mappings of ``files``."""
     found = []
     try:
@@ -150,8 +150,8 @@ def release(driver: Any) -> None:
     madvise = _libc_madvise()
     if not madvise:
         return
-    files = {f for env in _environments(driver) if (f := _data_file(env)) is not None}
-    for start, end in _mappings(files):
+    files = {f for env in _environments(driver) if (f := data_file(env)) is not None}
+    for start, end in mappings(files):
         if madvise(start, end - start, MADV_DONTNEED) != 0:
             log.debug("madvise of the LMDB map failed: errno %d", ctypes.get_errno())
     # What is resident now is other files' (libraries mapped since the first look, say): the

@@ -15,7 +15,7 @@ import lmdb
 
 from ..base import KEYS, SIZES, Fetch
 from . import pages
-from .sizes import size_at
+from .leaf import size_at
 
 #: Rows a streaming scan reads at a time (:func:`cursor_rows`): one cursor, then a seek again.
 PAGE = 256
@@ -37,7 +37,7 @@ def cursor_page(
 
     A scan of keys never reads a value, nor does a size: a large value lives on pages of its
     own, which would then be read from disk; its size is read from its key's leaf node
-    (:mod:`.sizes`). The pages a
+    (:mod:`.leaf`). The pages a
     scan passes stay in the process's resident set like those a read copies (a small value
     lives in its key's leaf page: listing a folder of a million 1 KB chunks maps a GiB), so the
     rows are counted for ``driver``'s :func:`pages.scanned`, which releases the maps' pages
@@ -58,7 +58,7 @@ def cursor_page(
                 if len(out) == limit:
                     break
         elif fetch is SIZES:
-            # Keys alone, each size from its leaf node (``sizes``): py-lmdb reads every page
+            # Keys alone, each size from its leaf node (``leaf``): py-lmdb reads every page
             # of a value it returns; only a node that does not agree has its value asked for.
             for row in cur.iternext(keys=True, values=False):
                 raw = row.tobytes()
