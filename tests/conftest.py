@@ -244,6 +244,8 @@ QUICK: list[tuple[str, ...]] = [
     ("test_backends.py", "TestRegistry::"),
     ("test_backends.py", "TestMemory::"),
     ("test_backends.py", "TestLMDBFolder::"),
+    ("test_backends.py", "test_lmdb_sizes_read_no_values_from_disk"),
+    ("test_backends.py", "test_lmdb_a_range_of_a_large_value_reads_the_range_from_disk"),
     ("test_backends.py", "TestSQLite::"),
     ("test_backends.py", "TestDBM::"),
     ("test_backends.py", "TestRedis::"),

@@ -32,6 +32,7 @@ MODULES = (
     "fs.names",
     "fs.sidedata",
     "backends.lmdb.scan",
+    "backends.lmdb.leaf",
 )
 #: Set (to anything but "" or "0") to import every module from its source.
 PURE_ENV = "ZARRFS_PURE"

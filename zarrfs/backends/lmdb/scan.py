@@ -15,7 +15,7 @@ import lmdb
 
 from ..base import KEYS, SIZES, Fetch
 from . import pages
-from .leaf import size_at
+from .leaf import sizes_at
 
 #: Rows a streaming scan reads at a time (:func:`cursor_rows`): one cursor, then a seek again.
 PAGE = 256
@@ -58,20 +58,30 @@ def cursor_page(
                 if len(out) == limit:
                     break
         elif fetch is SIZES:
-            # Keys alone, each size from its leaf node (``leaf``): py-lmdb reads every page
-            # of a value it returns; only a node that does not agree has its value asked for.
+            # Keys alone, their sizes from their leaf nodes at once (``leaf``): py-lmdb reads
+            # every page of a value it returns; only a node that does not agree has its value
+            # asked for (the rows are buffers of the transaction's pages: they stay).
+            raws: list[bytes] = []
+            views = []
             for row in cur.iternext(keys=True, values=False):
                 raw = row.tobytes()
                 if raw >= hi:
                     break
-                x = None if known is None else known(raw)
-                if x is None:
-                    x = size_at(row)
-                    if x is None:
-                        x = len(cur.value())
-                append((raw, x))
-                if len(out) == limit:
+                raws.append(raw)
+                views.append(row)
+                if len(raws) == limit:
                     break
+            sizes = sizes_at(views)
+            if known is None and None not in sizes:
+                out = list(zip(raws, sizes, strict=True))
+            else:
+                for raw, x in zip(raws, sizes, strict=True):
+                    if known is not None and (k := known(raw)) is not None:
+                        x = k
+                    elif x is None:
+                        value = txn.get(raw)
+                        x = None if value is None else len(value)
+                    append((raw, x))
         else:  # the value past ``hi`` is fetched too: one row a scan
             for row, value in cur.iternext(keys=True, values=True):
                 raw = row.tobytes()
