@@ -94,6 +94,7 @@ class LMDBTxn(Txn):
                 raise translate(exc, driver.path) from exc
             raise
         self._side: lmdb.Transaction | None = None
+        self._data_cursor: lmdb.Cursor | None = None  # _cursor's
         # The commit whose sizes KnownSizes may answer for: this snapshot's, or for a write
         # transaction the one it follows (for keys it has not changed itself).
         self._id = self._data.id() - 1 if write else self._data.id()
@@ -201,7 +202,7 @@ class LMDBTxn(Txn):
             if len(raw) > self._fit:
                 return longkeys.value(self._txn(SIDE, False), raw, space)
             if space is DATA and not self.write:
-                return value_view(self._data, raw, self._driver.map_where)
+                return value_view(self._cursor(), raw, self._driver.map_where)
             txn = self._txn(space, False)
             return None if txn is None else txn.get(raw)
         except lmdb.Error as exc:
@@ -220,10 +221,23 @@ class LMDBTxn(Txn):
         if known is not None:
             return known
         try:
+            if space is DATA:
+                return value_size(self._cursor(), raw)
             txn = self._txn(space, False)
-            return None if txn is None else value_size(txn, raw)
+            if txn is None:
+                return None
+            with txn.cursor() as cur:
+                return value_size(cur, raw)
         except lmdb.Error as exc:
             raise translate(exc, self.where) from exc
+
+    def _cursor(self) -> lmdb.Cursor:
+        """A cursor of the data environment's transaction, kept for its point reads (a size,
+        a view: ``leaf``, which needs the key's node) and closed with the transaction."""
+        cur = self._data_cursor
+        if cur is None:
+            cur = self._data_cursor = self._data.cursor()
+        return cur
 
     def _read(self, raw: bytes, offset: int, length: int, space: Space) -> bytes | None:
         value = self._value(raw, space)  # copy only the range out of the map
@@ -386,7 +400,12 @@ class LMDBTxn(Txn):
                     append(None)
                 elif kind is Size:
                     known = self._known(raw, space)
-                    append(known if known is not None else value_size(txn, raw))
+                    if known is not None:
+                        append(known)
+                    elif space is DATA:
+                        append(value_size(self._cursor(), raw))
+                    else:
+                        append(self._size(raw, space))
                 else:
                     value = txn.get(raw)
                     append(None if value is None else value.tobytes())

@@ -324,7 +324,8 @@ def bare_size(env: lmdb.Environment, raw: bytes, known: KnownSizes | None, what:
                     size = known.get(txn.id(), raw)
                     if size is not None:
                         return size
-                return value_size(txn, raw)
+                with txn.cursor() as cur:
+                    return value_size(cur, raw)
         except lmdb.MapResizedError as exc:
             if attempt == 2 or not gate.resize(env, 0):
                 raise translate(exc, what, DATA if known is not None else SIDE) from exc

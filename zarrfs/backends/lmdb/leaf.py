@@ -130,51 +130,46 @@ def _word(at: int) -> int:
     return int.from_bytes(_BYTES[at : at + 8], sys.byteorder)
 
 
-def value_view(txn: lmdb.Transaction, raw: bytes, where: Callable[[], tuple[int, int, int] | None]) -> Any:
-    """The value of ``raw`` in the read transaction ``txn`` (``buffers=True``) as a buffer of
-    the map, None when there is none: a large value's pages are not touched (a read of a range
-    reads that range); ``where()``: ``(start, end, page size)`` of the environment's map, asked
-    for a large value only (None: not known, the value is asked of py-lmdb). Valid while
-    ``txn`` is."""
+def value_view(cur: lmdb.Cursor, raw: bytes, where: Callable[[], tuple[int, int, int] | None]) -> Any:
+    """The value of ``raw`` in the read transaction of ``cur`` (``buffers=True``) as a buffer
+    of the map, None when there is none: a large value's pages are not touched (a read of a
+    range reads that range); ``where()``: ``(start, end, page size)`` of the environment's map,
+    asked for a large value only (None: not known, the value is asked of py-lmdb). Valid while
+    the transaction is."""
+    if not cur.set_key(raw):
+        return None
     if not AVAILABLE:
-        return txn.get(raw)
-    with txn.cursor() as cur:
-        if not cur.set_key(raw):
-            return None
-        key = cur.key()
-        if type(key) is not memoryview:
-            return cur.value()
-        at = _WORDS[(id(key) + _OFFSET) // _POINTER]
-        first, second, flags, ksize = _HEAD.unpack(_BYTES[at - 8 : at])
-        size = first | second << 16 if _LOW_FIRST else second | first << 16
-        if size < VIEWED or ksize != len(key) or flags & (_F_SUBDATA | _F_DUPDATA) or not flags & _F_BIGDATA:
-            return cur.value()
-        found = where()
-        if found is None or not found[0] <= at < found[1]:
-            return cur.value()
-        start, end, psize = found
-        pgno = _word(at + ksize)
-        page = start + pgno * psize
-        if (
-            page + _PAGE_HEAD + size > end
-            or _word(page) != pgno
-            or not int.from_bytes(_BYTES[page + 10 : page + 12], sys.byteorder) & _P_OVERFLOW
-        ):
-            return cur.value()
-        return memoryview((ctypes.c_char * size).from_address(page + _PAGE_HEAD)).cast("B").toreadonly()
+        return cur.value()
+    key = cur.key()
+    if type(key) is not memoryview:
+        return cur.value()
+    at = _WORDS[(id(key) + _OFFSET) // _POINTER]
+    first, second, flags, ksize = _HEAD.unpack(_BYTES[at - 8 : at])
+    size = first | second << 16 if _LOW_FIRST else second | first << 16
+    if size < VIEWED or ksize != len(key) or flags & (_F_SUBDATA | _F_DUPDATA) or not flags & _F_BIGDATA:
+        return cur.value()
+    found = where()
+    if found is None or not found[0] <= at < found[1]:
+        return cur.value()
+    start, end, psize = found
+    pgno = _word(at + ksize)
+    page = start + pgno * psize
+    if (
+        page + _PAGE_HEAD + size > end
+        or _word(page) != pgno
+        or not int.from_bytes(_BYTES[page + 10 : page + 12], sys.byteorder) & _P_OVERFLOW
+    ):
+        return cur.value()
+    return memoryview((ctypes.c_char * size).from_address(page + _PAGE_HEAD)).cast("B").toreadonly()
 
 
-def value_size(txn: lmdb.Transaction, raw: bytes) -> int | None:
-    """The size of the value of ``raw`` in ``txn`` (opened with ``buffers=True``), None when
-    there is none, read without touching the value's pages where :func:`size_at` can."""
-    if not AVAILABLE:
-        value = txn.get(raw)
-        return None if value is None else len(value)
-    with txn.cursor() as cur:
-        if not cur.set_key(raw):
-            return None
-        size = size_at(cur.key())
-        return len(cur.value()) if size is None else size
+def value_size(cur: lmdb.Cursor, raw: bytes) -> int | None:
+    """The size of the value of ``raw`` in the transaction of ``cur`` (``buffers=True``), None
+    when there is none, read without touching the value's pages where :func:`size_at` can."""
+    if not cur.set_key(raw):
+        return None
+    size = size_at(cur.key())
+    return len(cur.value()) if size is None else size
 
 
 __all__ = ["AVAILABLE", "VIEWED", "size_at", "sizes_at", "value_size", "value_view"]
