@@ -49,11 +49,12 @@ _BYTES = (ctypes.c_char * sys.maxsize).from_address(0)
 
 def _buffer_offset() -> int | None:
     """Where a memoryview object keeps its buffer's address (``Py_buffer.buf``), checked on
-    two buffers of known address and a slice of one; None when no place holds all three."""
+    two buffers of known address and a slice of one, within the object's own bytes; None when
+    no place holds all three."""
     one, two = ctypes.create_string_buffer(64), ctypes.create_string_buffer(64)
     views = memoryview(one), memoryview(two), memoryview(two)[8:]
     wanted = ctypes.addressof(one), ctypes.addressof(two), ctypes.addressof(two) + 8
-    for offset in range(_POINTER, 256, _POINTER):
+    for offset in range(_POINTER, sys.getsizeof(views[0]) - _POINTER + 1, _POINTER):
         if all(_WORDS[(id(v) + offset) // _POINTER] == a for v, a in zip(views, wanted, strict=True)):
             return offset
     return None
