@@ -71,11 +71,17 @@ def size_at(key: Any) -> int | None:
     node), or None when the node does not agree or sizes are not read here."""
     if not AVAILABLE or type(key) is not memoryview:
         return None
-    at = _WORDS[(id(key) + _OFFSET) // _POINTER]
-    first, second, flags, ksize = _HEAD.unpack(_BYTES[at - 8 : at])
+    _, size, flags, ksize = _node(key)
     if ksize != len(key) or flags & (_F_SUBDATA | _F_DUPDATA):
         return None
-    return first | second << 16 if _LOW_FIRST else second | first << 16
+    return size
+
+
+def _node(key: memoryview) -> tuple[int, int, int, int]:
+    """The address of ``key`` and its node's value size, flags and key size."""
+    at = _WORDS[(id(key) + _OFFSET) // _POINTER]
+    first, second, flags, ksize = _HEAD.unpack(_BYTES[at - 8 : at])
+    return at, (first | second << 16 if _LOW_FIRST else second | first << 16), flags, ksize
 
 
 def _sizes_compiled(keys: list[Any], offset: int, low_first: bool) -> list[int | None]:
@@ -109,21 +115,7 @@ def sizes_at(keys: list[Any]) -> list[int | None]:
         return [None] * len(keys)
     if _COMPILED:
         return _sizes_compiled(keys, _OFFSET, _LOW_FIRST)
-    words, data, offset, pointer, unpack = _WORDS, _BYTES, _OFFSET, _POINTER, _HEAD.unpack
-    low_first, odd = _LOW_FIRST, _F_SUBDATA | _F_DUPDATA
-    out: list[int | None] = []
-    append = out.append
-    for key in keys:
-        if type(key) is not memoryview:
-            append(None)
-            continue
-        at = words[(id(key) + offset) // pointer]
-        first, second, flags, ksize = unpack(data[at - 8 : at])
-        if ksize != len(key) or flags & odd:
-            append(None)
-        else:
-            append(first | second << 16 if low_first else second | first << 16)
-    return out
+    return [size_at(key) for key in keys]
 
 
 def _word(at: int) -> int:
@@ -144,9 +136,7 @@ def value_view(cur: lmdb.Cursor, raw: bytes, where: Callable[[], tuple[int, int,
     key = cur.key()
     if type(key) is not memoryview:
         return cur.value()
-    at = _WORDS[(id(key) + _OFFSET) // _POINTER]
-    first, second, flags, ksize = _HEAD.unpack(_BYTES[at - 8 : at])
-    size = first | second << 16 if _LOW_FIRST else second | first << 16
+    at, size, flags, ksize = _node(key)
     if size < VIEWED or ksize != len(key) or flags & (_F_SUBDATA | _F_DUPDATA) or not flags & _F_BIGDATA:
         return cur.value()
     found = where()
