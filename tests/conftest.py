@@ -266,6 +266,7 @@ QUICK: list[tuple[str, ...]] = [
     ("test_whole_versions.py", "test_a_descriptor_keeps_its_version", "[lmdb]"),
     ("test_whole_versions.py", "test_a_descriptor_keeps_its_version", "[redis]"),
     ("test_reachable.py", "while_another_mount_writes[lmdb]"),
+    ("test_exact_listings.py", "test_a_window_read_ahead", "[lmdb]"),
     ("test_urlfs.py", "lmdb"),
 ]
 QUICK_SLOW = ("test_big_value", "test_processes_increment_exactly", "test_killed_writer", "random_folders")

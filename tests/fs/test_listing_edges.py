@@ -87,7 +87,7 @@ def _tree_listings(tree: Tree, folder: str, names: list[str], limits: list[int])
                 break
             after = part[-1][2]
         _expect(got, names, f"list_dir by {limit}")
-    listing = DirListing(tree, folder)
+    listing = DirListing(tree.listings, folder)
     _expect([n for n, _, _ in listing.entries(0)][2:], names, "readdir windows")
     nodes = tree.folder_nodes(folder, len(names) + 10)
     assert nodes is not None

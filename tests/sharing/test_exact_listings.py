@@ -19,6 +19,7 @@ import pytest
 from mounting import make_url, write
 
 from zarrfs.backends import open_driver
+from zarrfs.daemon.control import query
 from zarrfs.fs import listing as listing_module
 from zarrfs.fs.api import Operations
 from zarrfs.fs.commitoptions import CREATE
@@ -95,7 +96,7 @@ def test_a_file_stored_between_two_windows_is_listed_once(tmp_path, monkeypatch)
         driver.transact(lambda t: [t.put(f"f/{name}", b"v") for name in stored])
         tree = Tree(driver, uid=0, gid=0)
         unstored = ["a2"]
-        entries = DirListing(tree, "f", extra=lambda: list(unstored)).entries(0)
+        entries = DirListing(tree.listings, "f", extra=lambda: list(unstored)).entries(0)
         first = [next(entries)[0] for _ in range(4)]  # ".", "..", and the first window
         assert first[2:] == ["a", "b"]
         driver.put("f/a2", b"v")  # stored
@@ -103,3 +104,37 @@ def test_a_file_stored_between_two_windows_is_listed_once(tmp_path, monkeypatch)
         unstored[:] = ["a"]  # made again, not stored yet
         rest = [name for name, _, _ in entries]
         assert sorted(first[2:] + rest) == ["a", "a2", "b", "c", "d", "e"]
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "sqlite"])
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+def test_a_window_read_ahead_shows_another_writers_later_change(kind, request, tmp_path, mount_factory):
+    """A mount reads a listing's next window while the kernel takes in the last reply
+    (``DirListing.read_ahead``). Another writer's change, told by the change feed after that
+    read and before the window is asked for, has the window read again, and the window being
+    given its nodes: every name shows its new size, whether the kernel was given it before the
+    change (the feed drops it) or after (the kernel, told of the change already, would keep
+    the window's attributes for its timeout)."""
+    url = make_url(kind, tmp_path, request)
+    n = 20000
+    with open_driver(url) as driver:
+        driver.transact(lambda t: [t.put(f"f/{i:05d}", b"x") for i in range(n)] + [t.put("g/0", b"")])
+        m = mount_factory(url)
+        entries = os.scandir(m.path / "f")
+        consumed = 0
+        for _entry in entries:  # up to a window read ahead and not taken yet
+            consumed += 1
+            if consumed % 20 == 0:
+                ahead = query(str(m.path))["listings_read_ahead"]
+                if ahead["windows"] > ahead["taken"]:
+                    break
+        else:
+            pytest.fail("the mount read no window ahead")
+        start = consumed + 500
+        driver.transact(lambda t: [t.put(f"f/{i:05d}", b"yy") for i in range(start, n)])
+        os.listdir(m.path / "g")  # an open of a folder looks at the change feed
+        sizes = {e.name: e.stat().st_size for e in entries}
+        entries.close()
+    old = [name for name in (f"{i:05d}" for i in range(start, n)) if sizes[name] != 2]
+    assert not old, f"{len(old)} names of {n - start} with the size before the change, the first {old[:3]}"

@@ -127,6 +127,16 @@ FAMILIES = (
     ("zarrfs_transactions_total", "counter", "Database transactions begun, reading or writing."),
     ("zarrfs_folder_snapshot_hits_total", "counter", "Lookups a folder snapshot answered."),
     ("zarrfs_folder_snapshots_built_total", "counter", "Folder snapshots read from the database."),
+    (
+        "zarrfs_listing_windows_read_ahead_total",
+        "counter",
+        "Windows of folder listings read between requests, ahead of the program's next read.",
+    ),
+    (
+        "zarrfs_listing_windows_taken_total",
+        "counter",
+        "Windows read ahead that a listing request took as read.",
+    ),
     ("zarrfs_open_files", "gauge", "Files open through the mount."),
     ("zarrfs_resident_memory_bytes", "gauge", "Resident memory of the daemon."),
     ("zarrfs_database_bytes", "gauge", "Size of the database: its files, or the memory a Redis server uses."),
@@ -164,6 +174,10 @@ def prometheus_text(found: list[tuple[str, dict[str, Any] | None]]) -> str:
         if snapshots is not None:
             add("zarrfs_folder_snapshot_hits_total", mp, snapshots.get("hits", 0))
             add("zarrfs_folder_snapshots_built_total", mp, snapshots.get("built", 0))
+        ahead = doc.get("listings_read_ahead")
+        if ahead is not None:
+            add("zarrfs_listing_windows_read_ahead_total", mp, ahead.get("windows", 0))
+            add("zarrfs_listing_windows_taken_total", mp, ahead.get("taken", 0))
         add("zarrfs_open_files", mp, doc.get("open_files", 0))
         memory = doc.get("memory") or {}
         if "VmRSS" in memory:

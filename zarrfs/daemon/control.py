@@ -224,6 +224,11 @@ class ControlServer:
                 "entries": cache.held,
                 "entries_max": cache.entries,
             },
+            # Windows of listings read between requests, and those a request took as read.
+            "listings_read_ahead": {
+                "windows": self.tree.listings.read_ahead,
+                "taken": self.tree.listings.taken,
+            },
             "nodes": _nodes(self.session),
             "memory": _memory(),
             "database": databasesize_text(self.url, self.driver),

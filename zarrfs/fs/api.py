@@ -341,6 +341,14 @@ class Operations:
             append((name, kind, at, key, node))
         return out
 
+    def read_ahead(self, fh: int, offset: int, count: int) -> bool:
+        """Read the next window of the listing open as ``fh`` when fewer than ``count`` of
+        its entries are held past ``offset``, the last one given (``DirListing.read_ahead``):
+        work for the time between two requests of a program walking a folder. Whether more
+        may be worth reading."""
+        listing = self.dirs.get(fh)
+        return listing is not None and listing.read_ahead(offset, count)
+
     def releasedir(self, fh: int) -> None:
         """Close a folder."""
         self.dirs.pop(fh, None)

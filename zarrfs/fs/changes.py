@@ -72,6 +72,7 @@ class ChangeWatcher:
         known = self.tree.known
         if records is None:
             self.rewritten = None
+            self.tree.listings.told(None)
             self.tree.hooks.elsewhere(None)
             if known is not None:
                 known.clear()
@@ -94,6 +95,7 @@ class ChangeWatcher:
             elif key.startswith((ATTR, XATTR)):
                 keys.add(key[2:])
         folders = folders_of(keys) if keys else set()
+        self.tree.listings.told(folders)
         if rewritten:
             self.tree.hooks.elsewhere(rewritten)
         if known is not None and keys:

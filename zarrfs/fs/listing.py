@@ -19,10 +19,10 @@ import errno
 import itertools
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
-from zarrfs.backends.base import DATA, KEYS, SIDE, SIZES, VALUES, Driver, Get, Read, Size, Txn, prefix_stop
+from zarrfs.backends.base import DATA, KEYS, SIDE, SIZES, VALUES, Get, Read, Size, Txn, prefix_stop
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.lookups import Lookups
 from zarrfs.fs.node import DIR, FILE, LINK, Node
@@ -46,6 +46,9 @@ FOLDER_BATCH = 512  # children per batch of reads when a whole folder is read (S
 #: Most side records a window's range of one kind is read with, on a remote database (one batch
 #: of a scan on every driver: PostgreSQL's is 512 rows).
 SIDE_RANGE = 500
+#: Folders whose last change told by the change feed is kept apart; beyond, every folder
+#: counts as changed (a listing's window then reads its nodes again once: never wrong).
+TOLD_FOLDERS = 4096
 FIRST_BATCH = 128  # entries of the first window of a readdir; each next one is 4 times larger
 MAX_BATCH = 4096
 
@@ -327,6 +330,39 @@ class Listings:
     def __init__(self, lookups: Lookups) -> None:
         self.lookups = lookups
         self.driver = lookups.driver
+        #: Counts the changes that windows read ahead of a listing's requests may predate
+        #: (:meth:`changed`): such a window is read again, not taken.
+        self.generation = 0
+        self.read_ahead = 0  # windows read ahead (DirListing.read_ahead)
+        self.taken = 0  # of those, windows a request took as read
+        # Folder -> the generation of the last change in it told by others (told), and the
+        # generation from which every folder counts as told of one (None told, or too many).
+        self._told: dict[str, int] = {}
+        self._told_all = -1
+
+    def changed(self) -> None:
+        """The database changed, or may have: windows read ahead are stale. (This mount's
+        writes: the kernel holds the nodes it wrote, which a listing gives it without
+        attributes, so the window being given stays.)"""
+        self.generation += 1
+
+    def told(self, folders: Iterable[str] | None) -> None:
+        """Another writer changed names in ``folders`` (None: anywhere), as the change feed
+        tells, or a lock brings files up to date: a window being given in those folders has
+        its nodes read again (the kernel, told already, would keep what the window read for
+        its attribute timeout), and windows read ahead are stale."""
+        self.changed()
+        told = self._told
+        if folders is None or len(told) > TOLD_FOLDERS:
+            told.clear()
+            self._told_all = self.generation
+        else:
+            for folder in folders:
+                told[folder] = self.generation
+
+    def told_since(self, folder: str, generation: int) -> bool:
+        """Whether :meth:`told` of a change in ``folder`` after ``generation``."""
+        return self._told_all > generation or self._told.get(folder, -1) > generation
 
     def list_dir(
         self,
@@ -699,27 +735,6 @@ class Held(Protocol):
         ...
 
 
-class Lister(Protocol):
-    """What a :class:`DirListing` reads from: :class:`Listings`, or the tree that holds one."""
-
-    @property
-    def driver(self) -> Driver: ...
-
-    def list_dir(
-        self,
-        key: str,
-        after: str | None = None,
-        limit: int = 1024,
-        sizes: dict[str, int] | None = None,
-        nodes: dict[str, Node] | None = None,
-        held: Held | None = None,
-    ) -> list[tuple[str, int, str]]: ...
-
-    def nodes_of(
-        self, key: str, children: list[tuple[str, int]], sizes: dict[str, int] | None = None
-    ) -> dict[str, Node]: ...
-
-
 def _not_held(key: str, children: list[tuple[str, int]], held: Held | None) -> list[tuple[str, int]]:
     """Those ``(name, kind)`` children of folder ``key`` whose nodes are not ``held``."""
     if held is None:
@@ -730,6 +745,29 @@ def _not_held(key: str, children: list[tuple[str, int]], held: Held | None) -> l
         return children
     holds = held.holds
     return [child for child, k in zip(children, keys, strict=True) if not holds(k, child[1])]
+
+
+class _Window:
+    """A window of a listing as read: its entries, their nodes (READDIRPLUS) and the sizes its
+    scan saw, the batch it was read with, and :attr:`Listings.generation` before the read."""
+
+    __slots__ = ("got", "nodes", "sizes", "batch", "generation", "plus")
+
+    def __init__(
+        self,
+        got: list[tuple[str, int, str]],
+        nodes: dict[str, Node] | None,
+        sizes: dict[str, int],
+        batch: int,
+        generation: int,
+        plus: bool,
+    ) -> None:
+        self.got = got
+        self.nodes = nodes
+        self.sizes = sizes
+        self.batch = batch
+        self.generation = generation
+        self.plus = plus
 
 
 class DirListing:
@@ -749,7 +787,7 @@ class DirListing:
     out: the window that covered it may have listed it already."""
 
     def __init__(
-        self, listings: Lister, key: str, extra: list[str] | Callable[[], list[str]] | None = None
+        self, listings: Listings, key: str, extra: list[str] | Callable[[], list[str]] | None = None
     ) -> None:
         self.listings = listings
         self.key = key
@@ -767,6 +805,7 @@ class DirListing:
     def _reset(self) -> None:
         self.window: list[tuple[str, int, str]] = []
         self.nodes: dict[str, Node] | None = None  # the window's nodes, once asked for
+        self.nodes_read = -1  # Listings.generation before they were read
         self.sizes: dict[str, int] | None = None  # the window's sizes its scan saw
         self.window_start = 0
         self.token: str | None = None
@@ -775,6 +814,7 @@ class DirListing:
         self.batch = FIRST_BATCH
         self._extra_names: set[str] = set()  # unstored names, asked before each window
         self._listed: set[str] = set()  # unstored names the stored entries named
+        self._ahead: list[_Window] = []  # the windows after this one, read ahead (read_ahead)
 
     def _fetch(self) -> bool:
         if self.exhausted:
@@ -788,26 +828,64 @@ class DirListing:
             self.window = rest
             self.nodes, self.sizes = None, None
             return True
-        # Before the read: a file stored after this ask is in what the read finds.
-        token = self.token
-        self._extra_names.update(n for n in self._unstored() if token is None or n > token)
-        sizes: dict[str, int] = {}
-        nodes: dict[str, Node] | None = {} if self.plus else None
-        got = self.listings.list_dir(
-            self.key, after=self.token, limit=self.batch, sizes=sizes, nodes=nodes, held=self.held
-        )
-        if len(got) < self.batch:
+        ahead = self._ahead
+        if ahead and ahead[0].generation == self.listings.generation and ahead[0].plus == self.plus:
+            read = ahead.pop(0)  # read ahead, and nothing changed since
+            self.listings.taken += 1
+        else:
+            ahead.clear()
+            read = self._read(self.token, self.batch)
+        got = read.got
+        if len(got) < read.batch:
             self.stored_done = True
         if not got:
             return self._fetch()
         self.window_start += len(self.window)
         self.window = got
-        self.nodes, self.sizes = nodes, sizes
+        self.nodes, self.sizes, self.nodes_read = read.nodes, read.sizes, read.generation
         self.token = got[-1][2]
         if self._extra_names:
             self._listed.update(name for name, _, _ in got if name in self._extra_names)
-        self.batch = min(self.batch * 4, MAX_BATCH)
+        self.batch = min(read.batch * 4, MAX_BATCH)
         return True
+
+    def _read(self, after: str | None, batch: int) -> _Window:
+        """The window of up to ``batch`` entries after the token ``after``, read now."""
+        # Before the read: a file stored after this ask is in what the read finds.
+        self._extra_names.update(n for n in self._unstored() if after is None or n > after)
+        sizes: dict[str, int] = {}
+        nodes: dict[str, Node] | None = {} if self.plus else None
+        generation = self.listings.generation
+        got = self.listings.list_dir(
+            self.key, after=after, limit=batch, sizes=sizes, nodes=nodes, held=self.held
+        )
+        return _Window(got, nodes, sizes, batch, generation, self.plus)
+
+    def read_ahead(self, offset: int, count: int) -> bool:
+        """Read the next window of entries (and their nodes, for READDIRPLUS) when fewer than
+        ``count`` are held past ``offset``, the last one given: what a program walking the
+        folder asks for next, read while the kernel takes in the last reply (its CPU and this
+        one's overlap; docs/performance.md, "A listing read ahead"). Whether more may be worth
+        reading; a window taken is read again when :meth:`Listings.changed` was told of a
+        change since."""
+        if self.exhausted or self.stored_done or offset < 2:
+            return False
+        ahead = self._ahead
+        if ahead and ahead[0].generation != self.listings.generation:
+            ahead.clear()  # the later ones were read after it, the first is the oldest
+        kept = self.window_start + len(self.window) - (offset - 2)
+        after, batch = self.token, self.batch
+        for read in ahead:
+            if len(read.got) < read.batch:
+                return False  # the folder's end is read
+            kept += len(read.got)
+            after, batch = read.got[-1][2], min(read.batch * 4, MAX_BATCH)
+        if kept >= count:
+            return False
+        read = self._read(after, batch)
+        ahead.append(read)
+        self.listings.read_ahead += 1
+        return len(read.got) == batch and kept + len(read.got) < count
 
     def node(self, name: str) -> Node | None:
         """The node of ``name``, an entry of the window :meth:`rows` took it from (None when it
@@ -817,8 +895,11 @@ class DirListing:
 
     def window_nodes(self) -> dict[str, Node]:
         """The nodes of the window's entries by name (see :meth:`node`)."""
+        if self.nodes is not None and self.listings.told_since(self.key, self.nodes_read):
+            self.nodes = self.sizes = None  # read before another writer's change told since
         if self.nodes is None:
             children = _not_held(self.key, [(n, kind) for n, kind, _ in self.window], self.held)
+            self.nodes_read = self.listings.generation
             self.nodes = self.listings.nodes_of(self.key, children, self.sizes) if children else {}
         return self.nodes
 

@@ -90,6 +90,7 @@ class LockedFiles:
             return state
         state = self._join(state)
         state.stale = False
+        self.tree.listings.told(None)
         if self.tree.folder_cache is not None:  # lookups answer from the database from now
             self.tree.folder_cache.clear()
         if self.tree.known is not None:

@@ -109,6 +109,7 @@ class Tree:
 
     def _forget(self) -> None:
         """Drop the lookup caches: a write changed the database."""
+        self.listings.changed()
         if self.folder_cache is not None:
             self.folder_cache.clear()
         if self.lookups.readahead is not None:

@@ -6,14 +6,19 @@ with its node, and under a change feed the kernel keeps a folder's listing
 from __future__ import annotations
 
 import errno
+import logging
 import stat
+from collections import deque
 from collections.abc import Callable
+from functools import partial
 
 from zarrfs.fs.api import FsError, Node, Operations, name_bytes
 from zarrfs.fuse import abi as k
 from zarrfs.fuse.abi import ROOT_ID, Header
 from zarrfs.fuse.inodes import Checked, InodeTable
 from zarrfs.fuse.replies import Replies
+
+log = logging.getLogger("zarrfs.fuse.dirreq")
 
 _SMALLEST = k.DIRENTPLUS.size + 8  # the least an entry takes (a name of one byte, padded)
 _ZERO_ENTRY = bytes(k.ENTRY_OUT.size)  # node ID 0: no attributes (the kernel keeps the name alone)
@@ -39,6 +44,10 @@ class DirRequests:
         self.key = key
         self.entries = entries
         self.replies = replies
+        #: Work for the time between requests, done by a loop that serves one request at a
+        #: time (:class:`~zarrfs.fuse.loop.Loop`) while none waits, each item called until it
+        #: returns False; None where no loop does it (READDIRPLUS reads no window ahead).
+        self.ahead: deque[Callable[[], bool]] | None = None
 
     def opendir(self, head: Header, buf: memoryview, keep: bool = False) -> None:
         """A folder the kernel holds: ENOTDIR for a node this table knows as something else,
@@ -100,6 +109,19 @@ class DirRequests:
                 ino = next(numbered)
             append((dirents[n] if n < 256 else k.dirent_of(n)).pack(ino, at, n, (kind & 0o170000) >> 12, raw))
         self.replies.data(head.unique, b"".join(parts))
+        if used >= size and self.ahead is not None:
+            # A full reply: the program reads on, and the next window is read while the
+            # kernel takes this one in (docs/performance.md, "A listing read ahead").
+            self.ahead.append(partial(self._read_ahead, fh, offset, len(taken)))
+
+    def _read_ahead(self, fh: int, offset: int, count: int) -> bool:
+        """:meth:`Operations.read_ahead`; a read that fails is left to the request that needs
+        it (which reads it again and answers with what failed)."""
+        try:
+            return self.ops.read_ahead(fh, offset, count)
+        except Exception as exc:
+            log.debug("a listing's window read ahead failed: %s", exc)
+            return False
 
     def _listed_ino(self, nodeid: int, name: str, key: str | None, kind: int) -> int:
         """``d_ino`` of an entry given without a node: ``.`` and ``..`` (their folders'), a name

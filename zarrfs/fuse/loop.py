@@ -8,6 +8,9 @@ window halves after each request that comes later than ``spin``, down to nothing
 again once one comes within it; an idle mount sleeps. ``-o spin=0`` turns spinning off;
 ``scripts/bench_loop.py`` measures the choice.
 
+While no request waits, the loop does the work a request left to be read ahead (a listing's
+next window, read while the kernel takes in the last reply) before it spins or sleeps.
+
 Requests that arrived while a request waited on a server (read by the driver's wait, see
 ``interrupts``) are served first, in order, before ``/dev/fuse`` is read again. SIGINT, SIGTERM
 and SIGHUP end the loop between two requests (never inside one), whichever thread the signal
@@ -51,9 +54,13 @@ class Loop:
         idle_interval: float = 0.01,
         idle_fd: int | None = None,
         pending: deque[bytes] | None = None,
+        ahead: deque[Callable[[], bool]] | None = None,
     ) -> None:
         self.fd = fd
         self.pending: deque[bytes] = deque() if pending is None else pending
+        # Work read ahead of the requests (a listing's next window): done while no request
+        # waits, each item called until it returns False (fuse.dirreq).
+        self.ahead: deque[Callable[[], bool]] = deque() if ahead is None else ahead
         self.handle = handle
         self.buffer_size = buffer_size
         self.spin = spin_us / 1e6
@@ -100,7 +107,7 @@ class Loop:
         # A sleeping loop wakes for the idle work only if there is some to do.
         sleep_ms = IDLE_POLL_MS if idle is None or idle_fd is not None else max(1, int(interval * 1000))
         idle_at = last
-        pending = self.pending
+        pending, ahead = self.pending, self.ahead
         while not self.stopping:
             if pending:  # read while a request waited on a server: theirs is the first turn
                 handle(memoryview(pending.popleft()))
@@ -109,6 +116,11 @@ class Loop:
             try:
                 n = readv(fd, bufs)
             except BlockingIOError:
+                if ahead:  # nothing waits: the work read ahead, a step at a time
+                    if not ahead[0]():
+                        ahead.popleft()
+                    last = clock()
+                    continue
                 if clock() - last > window:
                     ready = poller.poll(sleep_ms)
                     if any(w == wake_r for w, _ in ready):

@@ -39,7 +39,7 @@ def put(tree: Tree, *keys: str, value: bytes = b"v") -> None:
 
 def names(tree: Tree, key: str) -> list[tuple[str, int]]:
     """``(name, kind)`` of every entry of folder ``key`` as ``readdir`` lists it (no . and ..)."""
-    return [(n, k) for n, k, _ in DirListing(tree, key).entries(0)][2:]
+    return [(n, k) for n, k, _ in DirListing(tree.listings, key).entries(0)][2:]
 
 
 def errno_of(fn) -> int:
@@ -122,13 +122,87 @@ class FilesystemConformance(LinkConformance):
     def test_listing_resumes_across_batches(self, tree):
         keys = [f"big/{i:05d}" for i in range(3000)] + [f"big/n{i}/0" for i in range(300)]
         put(tree, *keys)
-        listing = DirListing(tree, "big")
+        listing = DirListing(tree.listings, "big")
         first = list(_take(listing.entries(0), 500))
         rest = list(listing.entries(first[-1][2]))
         got = [n for n, _, _ in first + rest][2:]
         assert len(got) == 3300 and len(set(got)) == 3300
         again = [n for n, _, _ in listing.entries(0)][2:]  # rewind
         assert again == got
+
+    def test_a_listing_read_ahead_lists_what_it_would_have_read(self, tree):
+        """Windows read ahead between a listing's requests (``DirListing.read_ahead``: what a
+        mount does while the kernel takes a reply in) are taken as read, and the listing is the
+        one read without them: the same entries, offsets and nodes, across windows, files of
+        every size, subfolders and a side record."""
+        keys = [f"r/{i:05d}" for i in range(3000)] + [f"r/{i:05d}.d/0" for i in range(0, 3000, 97)]
+        tree.driver.transact(lambda t: [t.put(k, b"x" * (i % 29)) for i, k in enumerate(keys)])
+        tree.set_attrs("r/00100", mode=0o600)
+
+        def walk(ahead: bool) -> list:
+            listing = DirListing(tree.listings, "r")
+            listing.plus = True
+            out, offset = [], 2
+            while rows := listing.rows(offset, 700):
+                for name, kind, at in rows:
+                    node = listing.node(name)
+                    out.append((name, kind, at, node.kind, node.size, node.attrs.mode))
+                offset = rows[-1][2]
+                while ahead and listing.read_ahead(offset, 700):
+                    pass
+            return out
+
+        listings = tree.listings
+        read, taken = listings.read_ahead, listings.taken
+        plain = walk(False)
+        assert (listings.read_ahead, listings.taken) == (read, taken)
+        assert walk(True) == plain and len(plain) == 3000 + len(range(0, 3000, 97))
+        assert listings.taken - taken == listings.read_ahead - read > 0
+
+    def test_a_window_read_ahead_before_a_change_is_read_again(self, tree):
+        """A window read ahead and then changed (a write through the tree; another writer's,
+        told as the change feed tells it: ``Listings.changed``) is read again when a request
+        reaches it: the listing shows the new name and the new attributes."""
+        put(tree, *(f"s/{i:05d}" for i in range(2000)))
+        for change in ("write here", "another writer"):
+            listing = DirListing(tree.listings, "s")
+            listing.plus = True
+            first = listing.rows(2, 1000)
+            offset = first[-1][2]
+            while listing.read_ahead(offset, 2000):
+                pass
+            if change == "write here":
+                tree.set_attrs("s/01500", mode=0o640)
+            else:
+                put(tree, "s/01500x")
+                tree.listings.told({"s", ""})
+            rows, nodes = [], {}
+            while more := listing.rows(offset, 1000):
+                rows += more
+                nodes |= {name: listing.node(name) for name, _, _ in more}
+                offset = more[-1][2]
+            if change == "write here":
+                assert nodes["01500"].attrs.mode & 0o777 == 0o640
+            else:
+                assert "01500x" in nodes
+
+    def test_a_window_being_given_is_read_again_after_another_writers_change(self, tree):
+        """Nodes of the window a listing is giving, read before another writer's change that
+        the change feed told of since (``Listings.told``), are read again for the entries
+        given after it: the kernel was told of the change before it met those names, and
+        would keep the window's attributes. A change told of another folder reads nothing."""
+        put(tree, *(f"t/{i:03d}" for i in range(100)))
+        listing = DirListing(tree.listings, "t")
+        listing.plus = True
+        rows = listing.rows(2, 50)
+        assert listing.node(rows[0][0]).size == 1
+        put(tree, "t/080", value=b"zz")
+        tree.listings.told({"elsewhere"})
+        assert listing.node("080").size == 1  # as read: nothing told of this folder
+        tree.listings.told({"t", ""})
+        rest = listing.rows(rows[-1][2], 100)
+        assert [name for name, _, _ in rest][0] == "050"
+        assert listing.node("080").size == 2
 
     def test_a_listings_nodes_are_those_lookups_find(self, tree):
         """The nodes READDIRPLUS replies with, read with each window of names (on a remote
@@ -146,7 +220,7 @@ class FilesystemConformance(LinkConformance):
         tree.link("w/0007", "w/0008l")
         tree.symlink("some/target", "w/0009s")
         tree.mkdir("w/0200d", 0o700)
-        listing = DirListing(tree, "w")
+        listing = DirListing(tree.listings, "w")
         listing.plus = True
         seen = []
         for name, kind, at in listing.entries(0):
@@ -178,7 +252,7 @@ class FilesystemConformance(LinkConformance):
         )
         listed = names(tree, "c")
         assert sorted(listed) == expected and len(listed) == len(expected)
-        listing = DirListing(tree, "c")
+        listing = DirListing(tree.listings, "c")
         entries = list(listing.entries(0))[2:]
         resumed = [next(iter(listing.entries(prev[2])))[0] for prev in entries[:-1]]
         assert resumed == [n for n, _, _ in entries[1:]]
@@ -404,7 +478,7 @@ class FilesystemConformance(LinkConformance):
         """Files created through the mount and not stored yet come after the stored entries;
         one stored meanwhile (or by another writer) is listed once, as stored."""
         put(tree, "u/a", "u/b", "u/c/0")
-        listing = DirListing(tree, "u", extra=["a", "c", "new", "zz"])
+        listing = DirListing(tree.listings, "u", extra=["a", "c", "new", "zz"])
         assert [(n, k) for n, k, _ in listing.entries(0)][2:] == [
             ("a", FILE),
             ("b", FILE),
@@ -506,7 +580,7 @@ class FilesystemConformance(LinkConformance):
         listed = names(tree, folder)
         assert len(listed) == len({n for n, _ in listed}), (context, listed)
         assert dict(listed) == expected, context
-        with_extra = [(n, k) for n, k, _ in DirListing(tree, folder, extra=extra).entries(0)][2:]
+        with_extra = [(n, k) for n, k, _ in DirListing(tree.listings, folder, extra=extra).entries(0)][2:]
         assert len(with_extra) == len({n for n, _ in with_extra}), (context, extra, with_extra)
         assert dict(with_extra) == {n: FILE for n in extra} | expected, context
         for limit in (1, 2, 3):
@@ -518,7 +592,7 @@ class FilesystemConformance(LinkConformance):
                     break
                 after = part[-1][2]
             assert sorted(got) == sorted(expected), (context, limit)
-        listing = DirListing(tree, folder, extra=extra)
+        listing = DirListing(tree.listings, folder, extra=extra)
         whole = list(listing.entries(0))
         for _ in range(4):  # the kernel resumes at the offset of the last entry it kept
             offset = rng.randrange(len(whole))
