@@ -19,6 +19,7 @@ import errno
 import itertools
 import os
 import re
+from collections import namedtuple
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
@@ -747,27 +748,10 @@ def _not_held(key: str, children: list[tuple[str, int]], held: Held | None) -> l
     return [child for child, k in zip(children, keys, strict=True) if not holds(k, child[1])]
 
 
-class _Window:
-    """A window of a listing as read: its entries, their nodes (READDIRPLUS) and the sizes its
-    scan saw, the batch it was read with, and :attr:`Listings.generation` before the read."""
-
-    __slots__ = ("got", "nodes", "sizes", "batch", "generation", "plus")
-
-    def __init__(
-        self,
-        got: list[tuple[str, int, str]],
-        nodes: dict[str, Node] | None,
-        sizes: dict[str, int],
-        batch: int,
-        generation: int,
-        plus: bool,
-    ) -> None:
-        self.got = got
-        self.nodes = nodes
-        self.sizes = sizes
-        self.batch = batch
-        self.generation = generation
-        self.plus = plus
+#: A window of a listing as read: its entries, their nodes (READDIRPLUS) and the sizes its scan
+#: saw, the batch it was read with, :attr:`Listings.generation` before the read, and whether it
+#: was read with nodes.
+_Window = namedtuple("_Window", "got nodes sizes batch generation plus")
 
 
 class DirListing:
