@@ -749,9 +749,9 @@ def _not_held(key: str, children: list[tuple[str, int]], held: Held | None) -> l
 
 
 #: A window of a listing as read: its entries, their nodes (READDIRPLUS) and the sizes its scan
-#: saw, the batch it was read with, :attr:`Listings.generation` before the read, and whether it
-#: was read with nodes.
-_Window = namedtuple("_Window", "got nodes sizes batch generation plus")
+#: saw, the batch it was read with, and :attr:`Listings.generation` before the read. (Only
+#: READDIRPLUS reads windows ahead, after it set ``plus``: they all have nodes.)
+_Window = namedtuple("_Window", "got nodes sizes batch generation")
 
 
 class DirListing:
@@ -813,7 +813,7 @@ class DirListing:
             self.nodes, self.sizes = None, None
             return True
         ahead = self._ahead
-        if ahead and ahead[0].generation == self.listings.generation and ahead[0].plus == self.plus:
+        if ahead and ahead[0].generation == self.listings.generation:
             read = ahead.pop(0)  # read ahead, and nothing changed since
             self.listings.taken += 1
         else:
@@ -843,7 +843,7 @@ class DirListing:
         got = self.listings.list_dir(
             self.key, after=after, limit=batch, sizes=sizes, nodes=nodes, held=self.held
         )
-        return _Window(got, nodes, sizes, batch, generation, self.plus)
+        return _Window(got, nodes, sizes, batch, generation)
 
     def read_ahead(self, offset: int, count: int) -> bool:
         """Read the next window of entries (and their nodes, for READDIRPLUS) when fewer than
