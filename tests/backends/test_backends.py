@@ -173,6 +173,22 @@ class TestSQLite(_Conformance):
         finally:
             conn.close()
 
+    def test_a_value_another_writer_stored_as_text_counts_its_bytes_in_a_scan(self, driver, tmp_path):
+        """A scan's sizes (what a listing gives ``ls -l``) are the values' bytes, as
+        :meth:`size` and :meth:`get` give them, for values stored as TEXT or NULL by another
+        writer too, not their characters."""
+        import sqlite3
+
+        driver.put("a/blob", b"\x00\xff")
+        with sqlite3.connect(tmp_path / "x.db") as conn:
+            conn.execute("INSERT INTO zarr VALUES ('a/text', ?)", ("héllo €",))
+            conn.execute("INSERT INTO zarr VALUES ('a/null', NULL)")
+        conn.close()
+        want = {k: len(driver.get(k)) for k in ("a/blob", "a/null", "a/text")}
+        assert want == {"a/blob": 2, "a/null": 0, "a/text": 10}
+        assert dict(driver.scan("a/", "a0", fetch=SIZES)) == want
+        assert driver.transact(lambda t: {k: t.size(k) for k in want}, write=False) == want
+
     def test_missing_database_read_only(self, tmp_path):
         from zarrfs.backends.base import UnavailableError
 

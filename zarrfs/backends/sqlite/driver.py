@@ -232,10 +232,7 @@ class SQLiteTxn(Txn):
         while True:
             n = min(batch, wanted) if wanted is not None and wanted > 0 else batch
             rows = self._rows(sql, (bound, n) if hi is None else (bound, hi, n), fetch is not Fetch.VALUES)
-            if fetch is SIZES:
-                if any(x is None for _, x in rows):
-                    rows = [(k, 0 if x is None else x) for k, x in rows]
-            elif fetch is not KEYS:
+            if fetch is Fetch.VALUES:
                 rows = [(k, x if type(x) is bytes else blob(x)) for k, x in rows]
             yield from rows
             if len(rows) < n:

@@ -46,7 +46,8 @@ SPEC_RECORDS = (("sqlitestore_version", "1.0"), ("compatible_flags", ""), ("inco
 
 _BUSY, _LOCKED, _READONLY, _FULL, _CANTOPEN, _TOOBIG = 5, 6, 8, 13, 14, 18
 K = "CAST(? AS TEXT)"  # a key or bound, bound as its UTF-8 bytes: compared and stored as TEXT
-# A value stored as TEXT by some other writer counts its bytes; NULL counts as empty.
+# A value stored as TEXT by some other writer counts its bytes; NULL counts as empty. A BLOB's
+# length and any value's type come from its record's header: no value page is read.
 SIZE = "CASE WHEN typeof(v) = 'text' THEN length(CAST(v AS BLOB)) ELSE coalesce(length(v), 0) END"
 GET = {sp: f"SELECT v FROM {t} WHERE k = {K}" for sp, t in TABLES.items()}
 SIZE_OF = {sp: f"SELECT {SIZE} FROM {t} WHERE k = {K}" for sp, t in TABLES.items()}
@@ -62,7 +63,7 @@ DELETE = {sp: f"DELETE FROM {t} WHERE k = {K}" for sp, t in TABLES.items()}
 def scan_statements(table: str, fetch: Fetch, bounded: bool) -> tuple[str, str]:
     """The first statement of a scan, and the one resuming after the last key it read (whose
     raw bytes, cast to TEXT, are exact even if not UTF-8)."""
-    column = "NULL" if fetch is KEYS else "length(v)" if fetch is SIZES else "v"
+    column = "NULL" if fetch is KEYS else SIZE if fetch is SIZES else "v"
     upper = f" AND k < {K}" if bounded else ""
     return (
         f"SELECT k, {column} FROM {table} WHERE k >= {K}{upper} ORDER BY k LIMIT ?",
