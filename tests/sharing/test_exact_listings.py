@@ -106,16 +106,17 @@ def test_a_file_stored_between_two_windows_is_listed_once(tmp_path, monkeypatch)
         assert sorted(first[2:] + rest) == ["a", "a2", "b", "c", "d", "e"]
 
 
-@pytest.mark.parametrize("kind", ["lmdb", "sqlite"])
+@pytest.mark.parametrize("kind", ["lmdb", "sqlite", "redis", "postgres"])
 @pytest.mark.mount
 @pytest.mark.usefixtures("fuse_required")
 def test_a_window_read_ahead_shows_another_writers_later_change(kind, request, tmp_path, mount_factory):
     """A mount reads a listing's next window while the kernel takes in the last reply
-    (``DirListing.read_ahead``). Another writer's change, told by the change feed after that
-    read and before the window is asked for, has the window read again, and the window being
-    given its nodes: every name shows its new size, whether the kernel was given it before the
-    change (the feed drops it) or after (the kernel, told of the change already, would keep
-    the window's attributes for its timeout)."""
+    (``DirListing.read_ahead``; on a server, the thread that polls the change feed reads it).
+    Another writer's change, told by the change feed after that read and before the window is
+    asked for, has the window read again, and the window being given its nodes: every name
+    shows its new size, whether the kernel was given it before the change (the feed drops it)
+    or after (the kernel, told of the change already, would keep the window's attributes for
+    its timeout)."""
     url = make_url(kind, tmp_path, request)
     n = 20000
     with open_driver(url) as driver:

@@ -249,11 +249,12 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
         }
         loop = _Workers(channel.fd, handle, session.reader_key, BUFFER_SIZE, workers, **idle, **grouped)
         session.admission = loop.admission
+        session.dirs.ahead = loop.ahead  # listings read ahead between requests, alone
         session.invalidator.released = loop.admission.released
         driver.watch = loop.waits  # a driver waiting lets other requests run, notices interrupts
     else:
         loop = _Loop(channel.fd, handle, BUFFER_SIZE, opts.spin, pending=session.watch.pending, **idle)
-        session.dirs.ahead = loop.ahead  # one thread: listings read ahead between requests
+        session.dirs.ahead = loop.ahead  # listings read ahead between requests
         driver.watch = session.watch  # a driver waiting on a server notices interrupts
     limit = end_snapshot_at_its_limit(driver, mountpoint)
     try:

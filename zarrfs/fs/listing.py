@@ -784,6 +784,7 @@ class DirListing:
         self.plus = False
         #: The names whose nodes the caller holds already; not read.
         self.held: Held | None = None
+        self._reading = False  # a request's read of a window is under way (see read_ahead)
         self._reset()
 
     def _reset(self) -> None:
@@ -818,7 +819,11 @@ class DirListing:
             self.listings.taken += 1
         else:
             ahead.clear()
-            read = self._read(self.token, self.batch)
+            self._reading = True
+            try:
+                read = self._read(self.token, self.batch)
+            finally:
+                self._reading = False
         got = read.got
         if len(got) < read.batch:
             self.stored_done = True
@@ -851,8 +856,10 @@ class DirListing:
         folder asks for next, read while the kernel takes in the last reply (its CPU and this
         one's overlap; docs/performance.md, "A listing read ahead"). Whether more may be worth
         reading; a window taken is read again when :meth:`Listings.changed` was told of a
-        change since."""
-        if self.exhausted or self.stored_done or offset < 2:
+        change since. With request threads a request of this listing may run while this read
+        waits on the server, and this one while a request's read waits: a window read is kept
+        only where it still follows the last one held, and none is read beside a request's."""
+        if self.exhausted or self.stored_done or offset < 2 or self._reading:
             return False
         ahead = self._ahead
         if ahead and ahead[0].generation != self.listings.generation:
@@ -867,6 +874,9 @@ class DirListing:
         if kept >= count:
             return False
         read = self._read(after, batch)
+        last = ahead[-1].got[-1][2] if ahead else self.token
+        if self._reading or ahead is not self._ahead or after != last:
+            return False  # a request read or rewound the listing meanwhile
         ahead.append(read)
         self.listings.read_ahead += 1
         return len(read.got) == batch and kept + len(read.got) < count

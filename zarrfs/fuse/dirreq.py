@@ -44,9 +44,10 @@ class DirRequests:
         self.key = key
         self.entries = entries
         self.replies = replies
-        #: Work for the time between requests, done by a loop that serves one request at a
-        #: time (:class:`~zarrfs.fuse.loop.Loop`) while none waits, each item called until it
-        #: returns False; None where no loop does it (READDIRPLUS reads no window ahead).
+        #: Work for the time between requests, done while none waits (by the one thread of
+        #: :class:`~zarrfs.fuse.loop.Loop`; alone, by the thread that polls the change feed,
+        #: with request threads), each item called until it returns False; None where no
+        #: loop does it (READDIRPLUS reads no window ahead).
         self.ahead: deque[Callable[[], bool]] | None = None
 
     def opendir(self, head: Header, buf: memoryview, keep: bool = False) -> None:

@@ -12,6 +12,7 @@ import select
 import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -152,6 +153,24 @@ class Waits:
         self.admission.let_through(self.request().node)
 
 
+class _Ahead(deque):
+    """Work read ahead of the requests (a listing's next window, ``fuse.dirreq``), each item
+    called until it returns False: done alone by the thread that polls the change feed while
+    no request waits, which a request thread's :meth:`append` wakes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wake_w = -1  # the pipe that wakes the polling thread, while it runs
+
+    def append(self, item: Callable[[], bool]) -> None:
+        super().append(item)
+        if self.wake_w >= 0:
+            try:
+                os.write(self.wake_w, b"a")
+            except OSError:  # full (it is woken already), or closed on the way out
+                pass
+
+
 class Workers:
     """Serves the requests read from ``fd`` with ``count`` threads (docs/architecture.md).
     ``handle`` answers one request (called holding the filesystem lock); ``classify`` tells a
@@ -199,6 +218,8 @@ class Workers:
         self._requests_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._stopped = threading.Event()  # the mount is gone (a thread read ENODEV)
+        #: Work read ahead of the requests (fuse.dirreq), done alone between them.
+        self.ahead = _Ahead()
         self.stopping = False
         self.stop_signal: int | None = None
         self._wake_w = -1
@@ -215,6 +236,7 @@ class Workers:
         # The stop signals are caught before any thread answers INIT: a program that sees the
         # mount and signals the daemon at once gets a clean exit, not a dead mount.
         wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.ahead.wake_w = self._wake_w
         restore = self._catch_signals(self._wake_w)
         for i in range(self.count):
             t = threading.Thread(target=self._serve, name=f"zarrfs-request-{i}", daemon=True)
@@ -224,6 +246,7 @@ class Workers:
             self._watch_idle(wake_r)
         finally:
             restore()
+            self.ahead.wake_w = -1
             os.close(wake_r)
             os.close(self._wake_w)
             # Running requests end; those read later wait for a turn that never comes (the
@@ -248,12 +271,19 @@ class Workers:
         wait_ms = IDLE_POLL_MS
         if idle is not None and self.idle_fd is None:
             wait_ms = max(1, int(self.idle_interval * 1000))
+        ahead = self.ahead
         while not self.stopping and not self._stopped.is_set():
             poller.poll(wait_ms)
             drain(wake_r)
             if idle is not None and not self.stopping:
                 with self.admission.alone(restart=False):  # the poll says if it found news
                     idle()
+            # A listing's next window, read while the kernel takes the last reply in, a step
+            # at a time, while no request waits (a request coming meanwhile waits for one).
+            while ahead and not self.stopping and not select.select([self.fd], [], [], 0)[0]:
+                with self.admission.alone(restart=False):
+                    if not ahead[0]():
+                        ahead.popleft()
 
     def _serve(self) -> None:
         """Read requests and serve them, one thread at a time: the leader reads the device and

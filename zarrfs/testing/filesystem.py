@@ -16,6 +16,7 @@ import os
 import random
 import stat
 import time
+from functools import partial
 
 import pytest
 
@@ -158,6 +159,64 @@ class FilesystemConformance(LinkConformance):
         assert (listings.read_ahead, listings.taken) == (read, taken)
         assert walk(True) == plain and len(plain) == 3000 + len(range(0, 3000, 97))
         assert listings.taken - taken == listings.read_ahead - read > 0
+
+    def test_a_window_read_ahead_beside_a_request_of_the_same_listing(self, tree):
+        """With request threads the window read ahead and a request of the same listing may
+        run by turns, each letting the other in while it waits on the server: a read ahead
+        inside a request's read of a window, and a request that reads a window inside a read
+        ahead. Either way the listing gives each name once, in order."""
+        names = [f"{i:05d}" for i in range(6000)]
+        put(tree, *(f"w/{n}" for n in names))
+        listings = tree.listings
+        during: list = []  # what runs while the next read of the listing "waits on the server"
+        real = listings.list_dir
+
+        def list_dir(*args, **kwargs):
+            if during:
+                during.pop()()
+            return real(*args, **kwargs)
+
+        listings.list_dir = list_dir
+        try:
+            for inner in ("read ahead inside a request", "request inside a read ahead"):
+                assert self._walk_by_turns(DirListing(listings, "w"), during, inner) == names, inner
+        finally:
+            del listings.list_dir
+
+    @staticmethod
+    def _walk_by_turns(listing: DirListing, during: list, inner: str) -> list[str]:
+        listing.plus = True
+        got: list[str] = []
+
+        def step(offset: int) -> int | None:  # a READDIRPLUS request
+            rows = listing.rows(offset, 700)
+            got.extend(name for name, _, _ in rows)
+            for name, _, _ in rows:
+                assert listing.node(name) is not None, name
+            return rows[-1][2] if rows else None
+
+        def ahead(offset: int) -> None:  # what the loop does between requests
+            while listing.read_ahead(offset, 700):
+                pass
+
+        def requests(offset: int, moved: list) -> None:  # until one reads a window
+            start = listing.window_start
+            while offset is not None and listing.window_start == start:
+                offset = step(offset)
+            moved.append(offset)
+
+        offset = step(2)
+        while offset is not None:
+            if inner == "read ahead inside a request":
+                during[:] = [partial(ahead, offset)]
+                offset = step(offset)
+            else:
+                moved: list = []
+                during[:] = [partial(requests, offset, moved)]
+                ahead(offset)
+                offset = moved[0] if moved else step(offset)
+            during.clear()
+        return got
 
     def test_a_window_read_ahead_before_a_change_is_read_again(self, tree):
         """A window read ahead and then changed (a write through the tree; another writer's,
