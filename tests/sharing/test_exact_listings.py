@@ -16,7 +16,7 @@ import os
 import threading
 
 import pytest
-from mounting import make_url, write
+from mounting import make_url, unavailable, write
 
 from zarrfs.backends import open_driver
 from zarrfs.daemon.control import query
@@ -139,3 +139,51 @@ def test_a_window_read_ahead_shows_another_writers_later_change(kind, request, t
         entries.close()
     old = [name for name in (f"{i:05d}" for i in range(start, n)) if sizes[name] != 2]
     assert not old, f"{len(old)} names of {n - start} with the size before the change, the first {old[:3]}"
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "redis"])
+@pytest.mark.serial  # drop_caches: every mount of the machine forgets, other tests' too
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+def test_files_changed_here_and_forgotten_by_the_kernel_are_listed_as_they_are_now(
+    kind, request, tmp_path, mount_factory
+):
+    """A listing's window holds the nodes it read, up to 4,096 names. Files of the window being
+    given, written or removed through this mount after its read and then forgotten by the
+    kernel (memory pressure; here ``drop_caches``), are listed as they are now: the kernel
+    holds none of them when the reply comes and would keep what it is given for its
+    timeouts (a file removed here would be found by ``stat`` again)."""
+    if not os.access("/proc/sys/vm/drop_caches", os.W_OK):
+        unavailable("dropping the kernel's caches needs root")
+    url = make_url(kind, tmp_path, request)
+    n = 20000
+    with open_driver(url) as driver:
+        driver.transact(lambda t: [t.put(f"f/{i:05d}", b"x") for i in range(n)])
+    m = mount_factory(url)
+    entries = os.scandir(m.path / "f")
+    consumed = [next(entries).name for _ in range(700)]
+    given = query(str(m.path))["nodes"]["held"] - 2  # the root and the folder
+    start, size = 0, listing_module.FIRST_BATCH  # the window the last name given is in
+    while start + size <= given:
+        start, size = start + size, min(size * 4, listing_module.MAX_BATCH)
+    changed = [f"{i:05d}" for i in range(given + 20, start + size, 3)]
+    assert len(changed) > 20, (given, start, size)
+    written, removed = changed[::2], changed[1::2]
+    for name in written:
+        write(m.path / "f" / name, b"yy")
+    for name in removed:
+        os.unlink(m.path / "f" / name)
+    with open("/proc/sys/vm/drop_caches", "w") as fh:
+        fh.write("2")  # dentries and inodes: the kernel FORGETs the files it held
+    sizes = {}
+    for e in entries:
+        try:
+            sizes[e.name] = e.stat().st_size
+        except FileNotFoundError:
+            pass
+    entries.close()
+    assert len(consumed) + len(sizes) >= n - len(removed)
+    old = [name for name in written if sizes[name] != 2]
+    assert not old, f"{len(old)} of {len(written)} written files listed with their old size: {old[:3]}"
+    found = [name for name in removed if name in sizes]
+    assert not found, f"{len(found)} of {len(removed)} removed files found by stat: {found[:3]}"

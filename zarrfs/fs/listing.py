@@ -30,7 +30,9 @@ from zarrfs.fs.node import DIR, FILE, LINK, Node
 from zarrfs.fs.sidedata import (
     ATTR,
     ENTRY,
+    GROUP,
     LINK_MARK,
+    NAMED,
     POINTER,
     SPECIAL_MARK,
     XATTR,
@@ -50,6 +52,9 @@ SIDE_RANGE = 500
 #: Folders whose last change told by the change feed is kept apart; beyond, every folder
 #: counts as changed (a listing's window then reads its nodes again once: never wrong).
 TOLD_FOLDERS = 4096
+#: Keys this mount's commits wrote that are kept apart (:meth:`Listings.wrote`); beyond, every
+#: window being given counts as written (it reads its nodes again once: never wrong).
+WROTE_KEYS = 4096
 FIRST_BATCH = 128  # entries of the first window of a readdir; each next one is 4 times larger
 MAX_BATCH = 4096
 
@@ -340,11 +345,15 @@ class Listings:
         # generation from which every folder counts as told of one (None told, or too many).
         self._told: dict[str, int] = {}
         self._told_all = -1
+        # Key -> the generation of this mount's last commit that wrote it (wrote), the
+        # generation from which every key counts as written, and of the last commit.
+        self._wrote: dict[str, int] = {}
+        self._wrote_all = -1
+        self.last_write = -1
 
     def changed(self) -> None:
-        """The database changed, or may have: windows read ahead are stale. (This mount's
-        writes: the kernel holds the nodes it wrote, which a listing gives it without
-        attributes, so the window being given stays.)"""
+        """The database changed, or may have: windows read ahead are stale (the window being
+        given reads again what :meth:`told` and :meth:`wrote` name)."""
         self.generation += 1
 
     def told(self, folders: Iterable[str] | None) -> None:
@@ -364,6 +373,46 @@ class Listings:
     def told_since(self, folder: str, generation: int) -> bool:
         """Whether :meth:`told` of a change in ``folder`` after ``generation``."""
         return self._told_all > generation or self._told.get(folder, -1) > generation
+
+    def wrote(self, writes: Iterable[tuple[Any, str, Any]] | None) -> None:
+        """This mount committed ``writes`` (``(space, key, value or None)`` as asked; None: a
+        write that failed and may have been stored): the window being given reads again the
+        nodes of the names they changed (:meth:`written`). The kernel holds a node it wrote
+        through, and a reply gives such a name without attributes, until memory pressure
+        makes it forget the node: then the window's attributes, read before the write, would
+        be given and kept for the attribute timeout (a name removed here would even be
+        found again)."""
+        self.changed()
+        generation = self.last_write = self.generation
+        wrote = self._wrote
+        if writes is None or len(wrote) > WROTE_KEYS:
+            wrote.clear()
+            self._wrote_all = generation
+            return
+        for space, key, _ in writes:
+            if space == DATA:
+                wrote[key] = generation
+            elif space == SIDE:
+                mark = key[:2]
+                if mark in NAMED:
+                    wrote[key[2:]] = generation
+                elif mark != GROUP:  # (a group's names: each one's pointer is written too)
+                    wrote.clear()
+                    self._wrote_all = generation
+                    return
+
+    def written(self, folder: str, generation: int) -> set[str] | None:
+        """The names of ``folder`` whose nodes this mount's commits after ``generation``
+        changed (a folder's, for a key below it), or None: any of them."""
+        if self._wrote_all > generation:
+            return None
+        prefix = folder + "/" if folder else ""
+        n = len(prefix)
+        return {
+            key[n:].partition("/")[0]
+            for key, at in self._wrote.items()
+            if at > generation and key.startswith(prefix) and len(key) > n
+        }
 
     def list_dir(
         self,
@@ -791,6 +840,7 @@ class DirListing:
         self.window: list[tuple[str, int, str]] = []
         self.nodes: dict[str, Node] | None = None  # the window's nodes, once asked for
         self.nodes_read = -1  # Listings.generation before they were read
+        self.nodes_checked = -1  # ... and before the names this mount wrote were read again
         self.sizes: dict[str, int] | None = None  # the window's sizes its scan saw
         self.window_start = 0
         self.token: str | None = None
@@ -832,6 +882,7 @@ class DirListing:
         self.window_start += len(self.window)
         self.window = got
         self.nodes, self.sizes, self.nodes_read = read.nodes, read.sizes, read.generation
+        self.nodes_checked = read.generation
         self.token = got[-1][2]
         if self._extra_names:
             self._listed.update(name for name, _, _ in got if name in self._extra_names)
@@ -888,14 +939,44 @@ class DirListing:
         return self.window_nodes().get(name)
 
     def window_nodes(self) -> dict[str, Node]:
-        """The nodes of the window's entries by name (see :meth:`node`)."""
-        if self.nodes is not None and self.listings.told_since(self.key, self.nodes_read):
-            self.nodes = self.sizes = None  # read before another writer's change told since
+        """The nodes of the window's entries by name (see :meth:`node`). Those read before
+        another writer's change told since (:meth:`Listings.told`) are read again, and those
+        of names this mount wrote since (:meth:`Listings.wrote`); a name the kernel holds is
+        not read (the reply gives it without attributes)."""
+        listings = self.listings
+        if self.nodes is not None:
+            if listings.told_since(self.key, self.nodes_read):
+                self.nodes = self.sizes = None  # read before another writer's change told since
+            elif listings.last_write > self.nodes_checked:
+                self._read_written()
         if self.nodes is None:
             children = _not_held(self.key, [(n, kind) for n, kind, _ in self.window], self.held)
-            self.nodes_read = self.listings.generation
-            self.nodes = self.listings.nodes_of(self.key, children, self.sizes) if children else {}
+            self.nodes_read = self.nodes_checked = listings.generation
+            self.nodes = listings.nodes_of(self.key, children, self.sizes) if children else {}
         return self.nodes
+
+    def _read_written(self) -> None:
+        """Read again the window's nodes of names this mount wrote since they were read."""
+        listings, nodes = self.listings, self.nodes
+        assert nodes is not None
+        names = listings.written(self.key, self.nodes_checked)
+        if names is None:
+            self.nodes = self.sizes = None
+            return
+        self.nodes_checked = listings.generation
+        if not names:
+            return
+        sizes = self.sizes
+        changed = []
+        for name, kind, _ in self.window:
+            if name in names:
+                nodes.pop(name, None)  # gone, or held by the kernel: given without attributes
+                if sizes is not None:
+                    sizes.pop(name, None)
+                changed.append((name, kind))
+        children = _not_held(self.key, changed, self.held)
+        if children:
+            nodes.update(listings.nodes_of(self.key, children))
 
     def rows(self, offset: int, most: int) -> list[tuple[str, int, int]]:
         """``(name, kind, offset)`` of up to ``most`` entries after ``offset``, all from one

@@ -128,6 +128,7 @@ class Tree:
             self.lookups.known = KnownFolders()
 
     def _committed(self, writes: list | None) -> None:
+        self.listings.wrote(writes)
         known = self.lookups.known
         if known is not None:
             if writes is None:

@@ -263,6 +263,29 @@ class FilesystemConformance(LinkConformance):
         assert [name for name, _, _ in rest][0] == "050"
         assert listing.node("080").size == 2
 
+    def test_a_window_being_given_reads_again_the_names_this_mount_changed(self, tree):
+        """Nodes of the window a listing is giving, read before this mount changed some of its
+        names (``Listings.wrote``), are read again for those names, and only those: the
+        kernel, which held the nodes it wrote through, may have forgotten them by the time the
+        names are given, and would keep the window's attributes (a name removed here would
+        be found again). A name whose node the caller holds stays unread."""
+        put(tree, *(f"u/{i:03d}" for i in range(100)))
+        listing = DirListing(tree.listings, "u")
+        listing.plus = True
+        rows = listing.rows(2, 50)
+        assert listing.node("080").size == 1 and listing.node("081").attrs.mode & 0o777 != 0o600
+        tree.store([("u/080", b"zz", None, CommitOptions())])
+        tree.set_attrs("u/081", mode=0o600)
+        tree.unlink("u/082")
+        tree.mkdir("elsewhere", 0o755)  # another folder's change reads nothing here
+        before = listing.nodes
+        rest = listing.rows(rows[-1][2], 100)
+        assert [name for name, _, _ in rest][0] == "050"
+        assert listing.node("080").size == 2
+        assert listing.node("081").attrs.mode & 0o777 == 0o600
+        assert listing.node("082") is None  # given without attributes
+        assert listing.nodes is before and listing.node("083").size == 1  # the others as read
+
     def test_a_listings_nodes_are_those_lookups_find(self, tree):
         """The nodes READDIRPLUS replies with, read with each window of names (on a remote
         database their side records as ranges sent with the window's scans), are what a
