@@ -966,14 +966,13 @@ class DirListing:
         self.nodes_checked = listings.generation
         if not names:
             return
-        sizes = self.sizes
         changed = []
         for name, kind, _ in self.window:
             if name in names:
                 nodes.pop(name, None)  # gone, or held by the kernel: given without attributes
-                if sizes is not None:
-                    sizes.pop(name, None)
                 changed.append((name, kind))
+        if changed:
+            self.sizes = None  # (as the scan saw them: a name missing there counts as gone)
         children = _not_held(self.key, changed, self.held)
         if children:
             nodes.update(listings.nodes_of(self.key, children))
