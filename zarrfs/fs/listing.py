@@ -374,7 +374,7 @@ class Listings:
         """Whether :meth:`told` of a change in ``folder`` after ``generation``."""
         return self._told_all > generation or self._told.get(folder, -1) > generation
 
-    def wrote(self, writes: Iterable[tuple[Any, str, Any]] | None) -> None:
+    def wrote(self, writes: list[tuple[Any, str, Any]] | None) -> None:
         """This mount committed ``writes`` (``(space, key, value or None)`` as asked; None: a
         write that failed and may have been stored): the window being given reads again the
         nodes of the names they changed (:meth:`written`). The kernel holds a node it wrote
@@ -385,7 +385,7 @@ class Listings:
         self.changed()
         generation = self.last_write = self.generation
         wrote = self._wrote
-        if writes is None or len(wrote) > WROTE_KEYS:
+        if writes is None or len(wrote) + len(writes) > WROTE_KEYS:  # (a folder's rename: each key)
             wrote.clear()
             self._wrote_all = generation
             return

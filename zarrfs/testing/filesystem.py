@@ -21,7 +21,7 @@ from functools import partial
 import pytest
 
 from zarrfs.backends import open_driver
-from zarrfs.backends.base import SIDE
+from zarrfs.backends.base import DATA, SIDE
 from zarrfs.fs import listing as listing_module
 from zarrfs.fs.api import Operations
 from zarrfs.fs.commitoptions import CREATE, CommitOptions
@@ -285,6 +285,15 @@ class FilesystemConformance(LinkConformance):
         assert listing.node("081").attrs.mode & 0o777 == 0o600
         assert listing.node("082") is None  # given without attributes
         assert listing.nodes is before and listing.node("083").size == 1  # the others as read
+        # A commit of more keys than are kept apart (a folder's rename moves each key below
+        # it) counts every name as written: kept whole, the keys would be a folder's size.
+        listings = tree.listings
+        generation = listings.generation
+        listings.wrote([(DATA, f"v/{i:05d}", None) for i in range(listing_module.WROTE_KEYS + 1)])
+        assert listings.written("u", generation) is None
+        generation = listings.generation
+        listings.wrote([(DATA, "u/083", b"")])
+        assert listings.written("u", generation) == {"083"}
 
     def test_a_listings_nodes_are_those_lookups_find(self, tree):
         """The nodes READDIRPLUS replies with, read with each window of names (on a remote
