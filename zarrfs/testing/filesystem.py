@@ -64,6 +64,20 @@ _ALPHABET = [" ", "!", "-", ".", "0", "_", "~", "a", "\u00e9", "\u2603", "\U0001
 _TRICKY = ["foo", "foo-max", "foo.bar", "foo bar", "foo!", "foo0", "foo_", "foo~", "fo", "foo\u00e9"]
 
 
+class _Held:
+    """The nodes a kernel holds, by key (``fs.listing.Held``): a listing gives their names
+    without attributes."""
+
+    def __init__(self) -> None:
+        self.keys: set[str] = set()
+
+    def holds(self, key: str, kind: int) -> bool:
+        return key in self.keys
+
+    def holds_none(self, keys: list[str]) -> bool:
+        return self.keys.isdisjoint(keys)
+
+
 def _random_names(rng: random.Random, count: int) -> list[str]:
     """Names, many of them prefixes of others."""
     pool: list[str] = []
@@ -294,6 +308,79 @@ class FilesystemConformance(LinkConformance):
         generation = listings.generation
         listings.wrote([(DATA, "u/083", b"")])
         assert listings.written("u", generation) == {"083"}
+
+    @pytest.mark.parametrize("seed", range(4))
+    def test_random_changes_beside_a_listing_never_give_an_old_node(self, tree, monkeypatch, seed):
+        """A listing walked a reply at a time in tiny windows, read ahead at random, while
+        files of its folder are written, chmod'ed, removed and made by this mount and by
+        another writer (told as the change feed tells), and the kernel forgets nodes at
+        random: every name given with attributes (one the kernel does not hold) has the
+        size and mode stored now, and a name removed is given without any."""
+        rng = random.Random(seed)
+        monkeypatch.setattr(listing_module, "SCAN_BATCH", rng.choice([2, 3, 5]), raising=False)
+        monkeypatch.setattr(listing_module, "FIRST_BATCH", rng.choice([2, 3]), raising=False)
+        monkeypatch.setattr(listing_module, "MAX_BATCH", 8, raising=False)
+        names_ = [f"{i:02d}" for i in range(30)]
+        sizes = {n: rng.randrange(5) for n in names_}
+        tree.driver.transact(lambda t: [t.put(f"r/{n}", b"x" * size) for n, size in sizes.items()])
+        modes: dict[str, int] = {}
+        held = _Held()  # the nodes the kernel holds
+        listing, offset = None, 2
+        for step in range(200):
+            action = rng.choice(["request"] * 4 + ["ahead", "write", "chmod", "remove", "other", "forget"])
+            name = rng.choice(names_)
+            key = f"r/{name}"
+            if action == "request":
+                if listing is None:
+                    listing, offset = DirListing(tree.listings, "r"), 2
+                    listing.plus = True
+                listing.held = held
+                rows = listing.rows(offset, rng.randint(1, 3))
+                if not rows:
+                    listing = None
+                    continue
+                offset = rows[-1][2]
+                for listed, kind, _ in rows:
+                    if kind != FILE or held.holds(f"r/{listed}", kind):
+                        continue  # given without attributes
+                    node = listing.node(listed)
+                    context = (seed, step, listed)
+                    if listed not in sizes:
+                        assert node is None, context
+                        continue
+                    if node is None:
+                        continue  # given without attributes: the kernel looks it up
+                    assert node.size == sizes[listed], context
+                    if listed in modes:
+                        assert node.attrs.mode & 0o777 == modes[listed], context
+                    held.keys.add(f"r/{listed}")
+            elif action == "ahead" and listing is not None:
+                listing.read_ahead(offset, rng.randint(1, 8))
+            elif action == "write":
+                sizes[name] = rng.randrange(6, 12)
+                tree.store([(key, b"y" * sizes[name], None, CommitOptions())])
+                held.keys.add(key)  # written through the kernel, which holds the node
+            elif action == "chmod" and name in sizes:
+                modes[name] = rng.choice([0o600, 0o640, 0o604])
+                tree.set_attrs(key, mode=modes[name])
+                held.keys.add(key)
+            elif action == "remove" and name in sizes:
+                tree.unlink(key)
+                del sizes[name]
+                modes.pop(name, None)
+                held.keys.discard(key)
+            elif action == "other":
+                if name in sizes and rng.random() < 0.3:
+                    tree.driver.delete(key)
+                    del sizes[name]
+                    modes.pop(name, None)
+                else:
+                    sizes[name] = rng.randrange(12, 20)
+                    tree.driver.put(key, b"z" * sizes[name])
+                tree.listings.told({"r"})  # the feed tells; the kernel drops what it held
+                held.keys.discard(key)
+            elif action == "forget":  # memory pressure: most of what the kernel holds
+                held.keys = {k for k in held.keys if rng.random() < 0.2}
 
     def test_a_listings_nodes_are_those_lookups_find(self, tree):
         """The nodes READDIRPLUS replies with, read with each window of names (on a remote
