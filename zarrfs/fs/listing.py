@@ -20,7 +20,7 @@ import itertools
 import os
 import re
 from collections import namedtuple
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any, Protocol
 
 from zarrfs.backends.base import DATA, KEYS, SIDE, SIZES, VALUES, Get, Read, Size, Txn, prefix_stop
@@ -356,14 +356,14 @@ class Listings:
         given reads again what :meth:`told` and :meth:`wrote` name)."""
         self.generation += 1
 
-    def told(self, folders: Iterable[str] | None) -> None:
+    def told(self, folders: Collection[str] | None) -> None:
         """Another writer changed names in ``folders`` (None: anywhere), as the change feed
         tells, or a lock brings files up to date: a window being given in those folders has
         its nodes read again (the kernel, told already, would keep what the window read for
         its attribute timeout), and windows read ahead are stale."""
         self.changed()
         told = self._told
-        if folders is None or len(told) > TOLD_FOLDERS:
+        if folders is None or len(told) + len(folders) > TOLD_FOLDERS:
             told.clear()
             self._told_all = self.generation
         else:

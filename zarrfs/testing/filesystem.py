@@ -276,6 +276,11 @@ class FilesystemConformance(LinkConformance):
         rest = listing.rows(rows[-1][2], 100)
         assert [name for name, _, _ in rest][0] == "050"
         assert listing.node("080").size == 2
+        # Told of more folders than are kept apart (a commit of chunks each in a folder of its
+        # own): every folder counts as told, and none is kept.
+        generation = tree.listings.generation
+        tree.listings.told({f"f{i}" for i in range(listing_module.TOLD_FOLDERS + 1)})
+        assert tree.listings.told_since("t", generation)
 
     def test_a_window_being_given_reads_again_the_names_this_mount_changed(self, tree):
         """Nodes of the window a listing is giving, read before this mount changed some of its
