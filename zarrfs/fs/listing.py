@@ -345,9 +345,11 @@ class Listings:
         # generation from which every folder counts as told of one (None told, or too many).
         self._told: dict[str, int] = {}
         self._told_all = -1
-        # Key -> the generation of this mount's last commit that wrote it (wrote), the
-        # generation from which every key counts as written, and of the last commit.
-        self._wrote: dict[str, int] = {}
+        # Folder -> name -> the generation of this mount's last commit that changed the name's
+        # node (wrote), how many names that holds, the generation from which every name
+        # counts as written, and of the last commit.
+        self._wrote: dict[str, dict[str, int]] = {}
+        self._wrote_count = 0
         self._wrote_all = -1
         self.last_write = -1
 
@@ -385,34 +387,46 @@ class Listings:
         self.changed()
         generation = self.last_write = self.generation
         wrote = self._wrote
-        if writes is None or len(wrote) + len(writes) > WROTE_KEYS:  # (a folder's rename: each key)
-            wrote.clear()
-            self._wrote_all = generation
-            return
-        for space, key, _ in writes:
-            if space == DATA:
-                wrote[key] = generation
-            elif space == SIDE:
-                mark = key[:2]
-                if mark in NAMED:
-                    wrote[key[2:]] = generation
-                elif mark != GROUP:  # (a group's names: each one's pointer is written too)
-                    wrote.clear()
-                    self._wrote_all = generation
+        count = self._wrote_count
+        if writes is not None and count + len(writes) <= WROTE_KEYS:  # (a folder's rename: each key)
+            for space, key, _ in writes:
+                if space == DATA:
+                    path = key
+                elif space != SIDE or key[:2] == GROUP:  # (a group's names: each one's pointer too)
+                    continue
+                elif key[:2] in NAMED:
+                    path = key[2:]
+                else:  # a record of no name's node the tree knows: any may have changed
+                    break
+                # The name in its folder, and each folder above it in its own (a folder goes
+                # when the last key below it does), up to one this commit named already.
+                while path:
+                    folder, _, name = path.rpartition("/")
+                    names = wrote.get(folder)
+                    if names is None:
+                        names = wrote[folder] = {}
+                    at = names.get(name)
+                    if at == generation:
+                        break
+                    if at is None:
+                        count += 1
+                    names[name] = generation
+                    path = folder
+            else:
+                if count <= WROTE_KEYS:
+                    self._wrote_count = count
                     return
+        wrote.clear()
+        self._wrote_count = 0
+        self._wrote_all = generation
 
     def written(self, folder: str, generation: int) -> set[str] | None:
         """The names of ``folder`` whose nodes this mount's commits after ``generation``
         changed (a folder's, for a key below it), or None: any of them."""
         if self._wrote_all > generation:
             return None
-        prefix = folder + "/" if folder else ""
-        n = len(prefix)
-        return {
-            key[n:].partition("/")[0]
-            for key, at in self._wrote.items()
-            if at > generation and key.startswith(prefix) and len(key) > n
-        }
+        names = self._wrote.get(folder)
+        return {name for name, at in names.items() if at > generation} if names else set()
 
     def list_dir(
         self,
@@ -495,6 +509,23 @@ class Listings:
         nodes = self.driver.transact(run, write=False)
         self._read_xattrs(xattrs)
         return nodes
+
+    def found(self, key: str, names: list[str]) -> dict[str, Node]:
+        """The nodes a lookup finds now of ``names`` of folder ``key``, by name (a name gone,
+        a folder too, has none), their probes in one batch of reads: what a listing's window
+        gives again for names changed since its read."""
+        prefix = key + "/" if key else ""
+        lookups = self.lookups
+
+        def run(t: Txn) -> dict[str, Node]:
+            keys = [prefix + name for name in names]
+            nodes: dict[str, Node] = {}
+            for name, child, probe in zip(names, keys, lookups.probe_many(t, keys), strict=True):
+                if probe is not None:
+                    nodes[name] = lookups.remember(child, lookups.node_from(t, child, *probe))
+            return nodes
+
+        return self.driver.transact(run, write=False)
 
     def announce_folder(self, t: Txn, key: str) -> None:
         """Tell ``t`` the first scans of folder ``key`` (:meth:`small_folder` reads them)."""
@@ -975,7 +1006,7 @@ class DirListing:
             self.sizes = None  # (as the scan saw them: a name missing there counts as gone)
         children = _not_held(self.key, changed, self.held)
         if children:
-            nodes.update(listings.nodes_of(self.key, children))
+            nodes.update(listings.found(self.key, [name for name, _ in children]))
 
     def rows(self, offset: int, most: int) -> list[tuple[str, int, int]]:
         """``(name, kind, offset)`` of up to ``most`` entries after ``offset``, all from one

@@ -288,14 +288,16 @@ class FilesystemConformance(LinkConformance):
         kernel, which held the nodes it wrote through, may have forgotten them by the time the
         names are given, and would keep the window's attributes (a name removed here would
         be found again). A name whose node the caller holds stays unread."""
-        put(tree, *(f"u/{i:03d}" for i in range(100)))
+        put(tree, *(f"u/{i:03d}" for i in range(100)), "u/085d/deep/x")
         listing = DirListing(tree.listings, "u")
         listing.plus = True
         rows = listing.rows(2, 50)
         assert listing.node("080").size == 1 and listing.node("081").attrs.mode & 0o777 != 0o600
+        assert listing.node("085d").kind == DIR
         tree.store([("u/080", b"zz", None, CommitOptions())])
         tree.set_attrs("u/081", mode=0o600)
         tree.unlink("u/082")
+        tree.rename("u/085d", "v")  # a folder's keys move: it is gone from here
         tree.mkdir("elsewhere", 0o755)  # another folder's change reads nothing here
         before = listing.nodes
         rest = listing.rows(rows[-1][2], 100)
@@ -303,6 +305,7 @@ class FilesystemConformance(LinkConformance):
         assert listing.node("080").size == 2
         assert listing.node("081").attrs.mode & 0o777 == 0o600
         assert listing.node("082") is None  # given without attributes
+        assert listing.node("085d") is None
         assert listing.nodes is before and listing.node("083").size == 1  # the others as read
         # A commit of more keys than are kept apart (a folder's rename moves each key below
         # it) counts every name as written: kept whole, the keys would be a folder's size.
