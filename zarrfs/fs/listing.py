@@ -52,8 +52,9 @@ SIDE_RANGE = 500
 #: Folders whose last change told by the change feed is kept apart; beyond, every folder
 #: counts as changed (a listing's window then reads its nodes again once: never wrong).
 TOLD_FOLDERS = 4096
-#: Keys this mount's commits wrote that are kept apart (:meth:`Listings.wrote`); beyond, every
-#: window being given counts as written (it reads its nodes again once: never wrong).
+#: Names this mount's commits changed that are kept apart, by folder (:meth:`Listings.wrote`);
+#: beyond, every window being given counts as written (it reads its nodes again once: never
+#: wrong).
 WROTE_KEYS = 4096
 FIRST_BATCH = 128  # entries of the first window of a readdir; each next one is 4 times larger
 MAX_BATCH = 4096
@@ -378,8 +379,8 @@ class Listings:
 
     def wrote(self, writes: list[tuple[Any, str, Any]] | None) -> None:
         """This mount committed ``writes`` (``(space, key, value or None)`` as asked; None: a
-        write that failed and may have been stored): the window being given reads again the
-        nodes of the names they changed (:meth:`written`). The kernel holds a node it wrote
+        write that failed and may have been stored): the window being given looks up again
+        the names they changed (:meth:`written`). The kernel holds a node it wrote
         through, and a reply gives such a name without attributes, until memory pressure
         makes it forget the node: then the window's attributes, read before the write, would
         be given and kept for the attribute timeout (a name removed here would even be
@@ -971,9 +972,9 @@ class DirListing:
 
     def window_nodes(self) -> dict[str, Node]:
         """The nodes of the window's entries by name (see :meth:`node`). Those read before
-        another writer's change told since (:meth:`Listings.told`) are read again, and those
-        of names this mount wrote since (:meth:`Listings.wrote`); a name the kernel holds is
-        not read (the reply gives it without attributes)."""
+        another writer's change told since (:meth:`Listings.told`) are read again, and names
+        this mount changed since (:meth:`Listings.wrote`) looked up again; a name the kernel
+        holds is not read (the reply gives it without attributes)."""
         listings = self.listings
         if self.nodes is not None:
             if listings.told_since(self.key, self.nodes_read):
@@ -987,7 +988,7 @@ class DirListing:
         return self.nodes
 
     def _read_written(self) -> None:
-        """Read again the window's nodes of names this mount wrote since they were read."""
+        """Look up again the window's names this mount changed since their nodes were read."""
         listings, nodes = self.listings, self.nodes
         assert nodes is not None
         names = listings.written(self.key, self.nodes_checked)
