@@ -32,12 +32,12 @@ from zarrfs.fs.sidedata import (
     ENTRY,
     GROUP,
     LINK_MARK,
-    NAMED,
     POINTER,
     SPECIAL_MARK,
     XATTR,
     Attrs,
     entry_key,
+    named_of,
     read_special,
 )
 
@@ -387,39 +387,37 @@ class Listings:
         found again)."""
         self.changed()
         generation = self.last_write = self.generation
-        wrote = self._wrote
-        count = self._wrote_count
-        if writes is not None and count + len(writes) <= WROTE_KEYS:  # (a folder's rename: each key)
-            for space, key, _ in writes:
-                if space == DATA:
-                    path = key
-                elif space != SIDE or key[:2] == GROUP:  # (a group's names: each one's pointer too)
-                    continue
-                elif key[:2] in NAMED:
-                    path = key[2:]
-                else:  # a record of no name's node the tree knows: any may have changed
+        if writes is None or not self._keep_written(writes, generation):
+            self._wrote.clear()
+            self._wrote_count = 0
+            self._wrote_all = generation
+
+    def _keep_written(self, writes: list[tuple[Any, str, Any]], generation: int) -> bool:
+        """Name each written key's node in its folder, and each folder above it in its own (a
+        folder goes when the last key below it does); False where they are not all kept."""
+        if self._wrote_count + len(writes) > WROTE_KEYS:  # (a folder's rename: each key below)
+            return False
+        wrote, count = self._wrote, self._wrote_count
+        for space, key, _ in writes:
+            path = key if space == DATA else named_of(key) if space == SIDE else None
+            if path is None:
+                if space == SIDE and not key.startswith(GROUP):
+                    return False  # a record of no name the tree knows: any may have changed
+                continue  # a part; a link group's names (each one's pointer is written too)
+            while path:  # up to a folder this commit named already
+                folder, _, name = path.rpartition("/")
+                names = wrote.get(folder)
+                if names is None:
+                    names = wrote[folder] = {}
+                at = names.get(name)
+                if at == generation:
                     break
-                # The name in its folder, and each folder above it in its own (a folder goes
-                # when the last key below it does), up to one this commit named already.
-                while path:
-                    folder, _, name = path.rpartition("/")
-                    names = wrote.get(folder)
-                    if names is None:
-                        names = wrote[folder] = {}
-                    at = names.get(name)
-                    if at == generation:
-                        break
-                    if at is None:
-                        count += 1
-                    names[name] = generation
-                    path = folder
-            else:
-                if count <= WROTE_KEYS:
-                    self._wrote_count = count
-                    return
-        wrote.clear()
-        self._wrote_count = 0
-        self._wrote_all = generation
+                if at is None:
+                    count += 1
+                names[name] = generation
+                path = folder
+        self._wrote_count = count
+        return count <= WROTE_KEYS
 
     def written(self, folder: str, generation: int) -> set[str] | None:
         """The names of ``folder`` whose nodes this mount's commits after ``generation``
@@ -516,17 +514,9 @@ class Listings:
         a folder too, has none), their probes in one batch of reads: what a listing's window
         gives again for names changed since its read."""
         prefix = key + "/" if key else ""
-        lookups = self.lookups
-
-        def run(t: Txn) -> dict[str, Node]:
-            keys = [prefix + name for name in names]
-            nodes: dict[str, Node] = {}
-            for name, child, probe in zip(names, keys, lookups.probe_many(t, keys), strict=True):
-                if probe is not None:
-                    nodes[name] = lookups.remember(child, lookups.node_from(t, child, *probe))
-            return nodes
-
-        return self.driver.transact(run, write=False)
+        keys = [prefix + name for name in names]
+        found = self.driver.transact(lambda t: self.lookups.find_many(t, keys), write=False)
+        return {name: node for name, node in zip(names, found, strict=True) if node is not None}
 
     def announce_folder(self, t: Txn, key: str) -> None:
         """Tell ``t`` the first scans of folder ``key`` (:meth:`small_folder` reads them)."""

@@ -225,6 +225,14 @@ class Lookups:
             return None
         return self.remember(key, self.node_from(t, key, *found))
 
+    def find_many(self, t: Txn, keys: list[str]) -> list[Node | None]:
+        """:meth:`find_in` of several keys, their probes in one batch of reads."""
+        probes = self.probe_many(t, keys)
+        return [
+            None if found is None else self.remember(key, self.node_from(t, key, *found))
+            for key, found in zip(keys, probes, strict=True)
+        ]
+
     def find_with_xattrs(self, t: Txn, key: str) -> tuple[Node | None, bytes | None, bytes | None]:
         """:meth:`find_in`, and in the same batch of reads the extended-attribute record of
         ``key`` (for the known folders: ``ls -l`` asks for it after the lookup); and the raw

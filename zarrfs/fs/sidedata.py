@@ -129,6 +129,15 @@ def moved_key(record_key: str, src: str, dst: str) -> str:
     return dst + record_key[len(src) :]
 
 
+def named_of(record_key: str) -> str | None:
+    """The key whose node the side record ``record_key`` is one of (:data:`NAMED`), or None
+    for a record of no name's own (a link group's names, the epoch)."""
+    for prefix in NAMED:
+        if record_key.startswith(prefix):
+            return record_key[len(prefix) :]
+    return None
+
+
 def special_mark(kind: int, rdev: int) -> bytes:
     """The entry marker of a special file of type ``kind`` (file-type bits) and device ``rdev``."""
     return SPECIAL_MARK + _SPECIAL_RECORD.pack(stat.S_IFMT(kind), rdev)
