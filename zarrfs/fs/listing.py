@@ -494,15 +494,23 @@ class Listings:
         by name, in one transaction, sizes and attributes in batches of reads: what a
         READDIRPLUS replies with each name, so that ``ls -l``, ``du`` or ``find -size`` need
         no lookup per name. ``sizes``: those the listing's scan saw (the others are read). A
-        name gone meanwhile has no node."""
+        name gone meanwhile has no node. The folders are looked up, their probes in one batch:
+        one goes with the last key below it, which no record of its own shows, and a
+        listing's kinds are as old as its scan."""
 
         xattrs: list | None = None
+        prefix = key + "/" if key else ""
+        files = [child for child in children if child[1] != DIR]
+        folders = [name for name, kind in children if kind == DIR]
 
         def run(t: Txn) -> dict[str, Node]:
             nonlocal xattrs
             xattrs = [] if self.lookups.known is not None else None
             nodes: dict[str, Node] = {}
-            self._window_nodes(t, key + "/" if key else "", children, sizes, nodes, xattrs)
+            self._window_nodes(t, prefix, files, sizes, nodes, xattrs)
+            if folders:
+                found = self.lookups.find_many(t, [prefix + name for name in folders], apart=True)
+                nodes.update((name, node) for name, node in zip(folders, found, strict=True) if node)
             return nodes
 
         nodes = self.driver.transact(run, write=False)

@@ -135,10 +135,15 @@ class Lookups:
         return probes, answers
 
     def _probe_many_reading(
-        self, t: Txn, keys: list[str], also: Sequence[str] = (), extra: Sequence[Read] = ()
+        self,
+        t: Txn,
+        keys: list[str],
+        also: Sequence[str] = (),
+        extra: Sequence[Read] = (),
+        apart: bool = False,
     ) -> tuple[list[Any], list[Probe | None]]:
         """:meth:`probe_many`, and the values of ``also`` it read (then the answers of the
-        reads ``extra``, asked in the same batch)."""
+        reads ``extra``, asked in the same batch); ``apart`` as ``Txn.read_many`` takes it."""
         batched = self.driver.batched
         per_key = 6 if batched else 5
         requests: list[Read] = [*extra, *(Get(k, DATA) for k in also)]
@@ -155,7 +160,7 @@ class Lookups:
                 ]
                 if batched:
                     requests.append(Get(pointer_key(key), SIDE))
-        answers = t.read_many(requests)
+        answers = t.read_many(requests, apart=apart)
         out: list[Probe | None] = []
         i = len(extra) + len(also)
         for key in keys:
@@ -225,9 +230,13 @@ class Lookups:
             return None
         return self.remember(key, self.node_from(t, key, *found))
 
-    def find_many(self, t: Txn, keys: list[str]) -> list[Node | None]:
-        """:meth:`find_in` of several keys, their probes in one batch of reads."""
-        probes = self.probe_many(t, keys)
+    def find_many(self, t: Txn, keys: list[str], apart: bool = False) -> list[Node | None]:
+        """:meth:`find_in` of several keys, their probes in one batch of reads; ``apart``: each
+        need agree only with itself (``Txn.read_many``; a listing's window read again)."""
+        if apart and self.driver.batched:
+            probes = self._probe_many_reading(t, keys, apart=True)[1]
+        else:
+            probes = self.probe_many(t, keys)
         return [
             None if found is None else self.remember(key, self.node_from(t, key, *found))
             for key, found in zip(keys, probes, strict=True)

@@ -304,12 +304,6 @@ class Tree:
         """Up to ``limit`` children of folder ``key`` (:meth:`Listings.list_dir`)."""
         return self.listings.list_dir(key, after, limit, sizes, nodes, held)
 
-    def nodes_of(
-        self, key: str, children: list[tuple[str, int]], sizes: dict[str, int] | None = None
-    ) -> dict[str, Node]:
-        """The nodes of ``children`` (:meth:`Listings.nodes_of`)."""
-        return self.listings.nodes_of(key, children, sizes)
-
     def folder_nodes(self, key: str, limit: int) -> dict[str, Node] | None:
         """Every child of folder ``key`` by name (:meth:`Listings.folder_nodes`)."""
         return self.listings.folder_nodes(key, limit)

@@ -282,6 +282,30 @@ class FilesystemConformance(LinkConformance):
         tree.listings.told({f"f{i}" for i in range(listing_module.TOLD_FOLDERS + 1)})
         assert tree.listings.told_since("t", generation)
 
+    def test_a_folder_another_writer_removed_is_no_node_of_the_window_being_given(self, tree):
+        """A folder of the window a listing is giving, removed whole by another writer (its
+        last key deleted) and told by the change feed, has no node when the window's nodes
+        are read again: the listing's scan saw a folder, and the kernel, told of the change
+        already, would keep a folder that is not there for its entry timeout. A folder
+        still there is one, and a folder that became a file is that file."""
+        put(tree, *(f"t/{i:03d}" for i in range(100)), "t/085d/deep/x", "t/086d/y", "t/087d/z")
+        listing = DirListing(tree.listings, "t")
+        listing.plus = True
+        rows = listing.rows(2, 50)
+        assert listing.node("085d").kind == DIR
+
+        def change(t):  # another writer's
+            t.delete("t/085d/deep/x")
+            t.delete("t/087d/z")
+            t.put("t/087d", b"abc")
+
+        tree.driver.transact(change)
+        tree.listings.told({"t", "t/085d", "t/085d/deep", "t/087d", ""})
+        listing.rows(rows[-1][2], 100)
+        assert listing.node("085d") is None
+        assert listing.node("086d").kind == DIR
+        assert (listing.node("087d").kind, listing.node("087d").size) == (FILE, 3)
+
     def test_a_window_being_given_reads_again_the_names_this_mount_changed(self, tree):
         """Nodes of the window a listing is giving, read before this mount changed some of its
         names (``Listings.wrote``), are read again for those names, and only those: the
