@@ -341,25 +341,32 @@ class FilesystemConformance(LinkConformance):
         listings.wrote([(DATA, "u/083", b"")])
         assert listings.written("u", generation) == {"083"}
 
-    @pytest.mark.parametrize("seed", range(4))
+    @pytest.mark.parametrize("seed", range(int(os.environ.get("ZARRFS_KIT_SEEDS") or 16)))
     def test_random_changes_beside_a_listing_never_give_an_old_node(self, tree, monkeypatch, seed):
         """A listing walked a reply at a time in tiny windows, read ahead at random, while
-        files of its folder are written, chmod'ed, removed and made by this mount and by
-        another writer (told as the change feed tells), and the kernel forgets nodes at
-        random: every name given with attributes (one the kernel does not hold) has the
-        size and mode stored now, and a name removed is given without any."""
+        files of its folder are written, chmod'ed, removed and made, and subfolders made and
+        removed whole, by this mount and by another writer (told as the change feed tells),
+        and the kernel forgets nodes at random: every name given with attributes (one the
+        kernel does not hold) has the size and mode stored now, a folder is one, and a name
+        removed is given without any."""
         rng = random.Random(seed)
         monkeypatch.setattr(listing_module, "SCAN_BATCH", rng.choice([2, 3, 5]), raising=False)
         monkeypatch.setattr(listing_module, "FIRST_BATCH", rng.choice([2, 3]), raising=False)
         monkeypatch.setattr(listing_module, "MAX_BATCH", 8, raising=False)
         names_ = [f"{i:02d}" for i in range(30)]
         sizes = {n: rng.randrange(5) for n in names_}
-        tree.driver.transact(lambda t: [t.put(f"r/{n}", b"x" * size) for n, size in sizes.items()])
+        folders = {f"{i:02d}d" for i in range(0, 30, 3)}  # each a key below it, r/NNd/x
+        tree.driver.transact(
+            lambda t: [t.put(f"r/{n}", b"x" * size) for n, size in sizes.items()]
+            + [t.put(f"r/{f}/x", b"") for f in folders]
+        )
         modes: dict[str, int] = {}
         held = _Held()  # the nodes the kernel holds
         listing, offset = None, 2
         for step in range(200):
-            action = rng.choice(["request"] * 4 + ["ahead", "write", "chmod", "remove", "other", "forget"])
+            action = rng.choice(
+                ["request"] * 4 + ["ahead", "write", "chmod", "remove", "other", "folder", "forget"]
+            )
             name = rng.choice(names_)
             key = f"r/{name}"
             if action == "request":
@@ -373,10 +380,13 @@ class FilesystemConformance(LinkConformance):
                     continue
                 offset = rows[-1][2]
                 for listed, kind, _ in rows:
-                    if kind != FILE or held.holds(f"r/{listed}", kind):
+                    if held.holds(f"r/{listed}", kind):
                         continue  # given without attributes
                     node = listing.node(listed)
                     context = (seed, step, listed)
+                    if kind == DIR:  # (or given without attributes: the kernel looks it up)
+                        assert node is None or (listed in folders and node.kind == DIR), context
+                        continue
                     if listed not in sizes:
                         assert node is None, context
                         continue
@@ -411,6 +421,29 @@ class FilesystemConformance(LinkConformance):
                     tree.driver.put(key, b"z" * sizes[name])
                 tree.listings.told({"r"})  # the feed tells; the kernel drops what it held
                 held.keys.discard(key)
+            elif action == "folder":  # made or removed whole, here or by another writer
+                folder = f"{name}d"
+                inner = f"r/{folder}/x"
+                here = rng.random() < 0.5
+                if folder in folders:
+                    folders.discard(folder)
+                    if here:  # as rm -r does: the folder stays when its last file goes
+                        tree.unlink(inner)
+                        tree.rmdir(f"r/{folder}")
+                    else:
+                        tree.driver.delete(inner)
+                else:
+                    folders.add(folder)
+                    if here:
+                        tree.store([(inner, b"", None, CommitOptions())])
+                    else:
+                        tree.driver.put(inner, b"")
+                if here and folder in folders:
+                    held.keys.add(f"r/{folder}")  # made through the kernel, which holds it
+                else:
+                    held.keys.discard(f"r/{folder}")
+                if not here:
+                    tree.listings.told({"r", f"r/{folder}"})
             elif action == "forget":  # memory pressure: most of what the kernel holds
                 held.keys = {k for k in held.keys if rng.random() < 0.2}
 
