@@ -158,6 +158,41 @@ def test_a_listings_nodes_on_redis_are_neither_watched_nor_checked(redis_server,
         driver.close()
 
 
+def test_a_symlink_or_fifo_removed_during_a_listing_is_left_out(redis_server, monkeypatch):
+    """Redis has no read snapshot: a symlink or FIFO a listing's scan saw, removed through
+    another mount before the listing read its entry record, was made a node of an empty
+    target (a FIFO's device 0). Now a missing record counts as the name gone, as a file's
+    missing size does."""
+    from zarrfs.fs.listing import Listings
+
+    url = redis_server.url(0, prefix=f"sl{uuid.uuid4().hex[:8]}")
+    driver, other = open_driver(url), open_driver(url)
+    try:
+        tree, theirs = Tree(driver, uid=0, gid=0), Tree(other, uid=0, gid=0)
+        tree.mkdir("d", 0o755)
+        tree.store([("d/f", b"12345", None, CREATE)])
+        tree.symlink("somewhere", "d/l")
+        tree.mknod("d/p", 0o10644)
+        read_nodes = Listings._read_nodes
+        done = []
+
+        def removed_meanwhile(self, *args, **kwargs):
+            if not done:
+                done.append(1)
+                theirs.unlink("d/l")  # after the listing's scan, before its nodes' reads
+                theirs.unlink("d/p")
+            return read_nodes(self, *args, **kwargs)
+
+        monkeypatch.setattr(Listings, "_read_nodes", removed_meanwhile)
+        nodes: dict = {}
+        listed = tree.listings.list_dir("d", nodes=nodes)
+        assert done and [name for name, _, _ in listed] == ["f", "l", "p"]
+        assert sorted(nodes) == ["f"], {name: (n.kind, n.target) for name, n in nodes.items()}
+    finally:
+        driver.close()
+        other.close()
+
+
 def test_a_name_that_leaves_its_link_group_during_a_listing_is_never_shown_alone(redis_server, monkeypatch):
     """Redis has no read snapshot, and a listing's scans are not checked against later changes:
     a name listed, then unlinked through another mount before the listing read its link

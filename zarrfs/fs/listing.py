@@ -494,23 +494,23 @@ class Listings:
         by name, in one transaction, sizes and attributes in batches of reads: what a
         READDIRPLUS replies with each name, so that ``ls -l``, ``du`` or ``find -size`` need
         no lookup per name. ``sizes``: those the listing's scan saw (the others are read). A
-        name gone meanwhile has no node. The folders are looked up, their probes in one batch:
-        one goes with the last key below it, which no record of its own shows, and a
-        listing's kinds are as old as its scan."""
+        name gone meanwhile has no node. Names other than files are looked up, their probes
+        in one batch: a listing's kinds are as old as its scan, and a folder goes with the
+        last key below it, which no record of its own shows."""
 
         xattrs: list | None = None
         prefix = key + "/" if key else ""
-        files = [child for child in children if child[1] != DIR]
-        folders = [name for name, kind in children if kind == DIR]
+        files = [child for child in children if child[1] == FILE]
+        others = [name for name, kind in children if kind != FILE]
 
         def run(t: Txn) -> dict[str, Node]:
             nonlocal xattrs
             xattrs = [] if self.lookups.known is not None else None
             nodes: dict[str, Node] = {}
             self._window_nodes(t, prefix, files, sizes, nodes, xattrs)
-            if folders:
-                found = self.lookups.find_many(t, [prefix + name for name in folders], apart=True)
-                nodes.update((name, node) for name, node in zip(folders, found, strict=True) if node)
+            if others:
+                found = self.lookups.find_many(t, [prefix + name for name in others], apart=True)
+                nodes.update((name, node) for name, node in zip(others, found, strict=True) if node)
             return nodes
 
         nodes = self.driver.transact(run, write=False)
@@ -722,11 +722,15 @@ class Listings:
             if kind == FILE:
                 size = next(answers) if sizes is None else sizes.get(name)
             elif kind == LINK:
-                mark = next(answers) or LINK_MARK
-                target = bytes(mark[1:]).decode("utf-8", "surrogateescape")
-                size = len(target.encode("utf-8", "surrogateescape"))
+                mark = next(answers)
+                if mark is None:
+                    size = None  # gone between the listing and the read
+                else:
+                    target = bytes(mark[1:]).decode("utf-8", "surrogateescape")
+                    size = len(target.encode("utf-8", "surrogateescape"))
             elif kind != DIR:  # a special file: _node_from takes its device number as size
-                size = read_special(next(answers) or SPECIAL_MARK)[1]
+                mark = next(answers)
+                size = None if mark is None else read_special(mark)[1]
             raw = attrs_of.get(child) if attrs_of is not None else record(ATTR, child, kind)
             if kind == DIR:
                 pointer = None

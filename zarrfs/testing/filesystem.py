@@ -287,17 +287,22 @@ class FilesystemConformance(LinkConformance):
         last key deleted) and told by the change feed, has no node when the window's nodes
         are read again: the listing's scan saw a folder, and the kernel, told of the change
         already, would keep a folder that is not there for its entry timeout. A folder
-        still there is one, and a folder that became a file is that file."""
+        still there is one, a folder that became a file is that file, and a symlink or
+        FIFO removed has no node either (it was given as one with an empty target)."""
         put(tree, *(f"t/{i:03d}" for i in range(100)), "t/085d/deep/x", "t/086d/y", "t/087d/z")
+        tree.symlink("somewhere", "t/088l")
+        tree.mknod("t/089p", stat.S_IFIFO | 0o644, 0, 0, 0)
         listing = DirListing(tree.listings, "t")
         listing.plus = True
         rows = listing.rows(2, 50)
-        assert listing.node("085d").kind == DIR
+        assert listing.node("085d").kind == DIR and listing.node("088l").kind == LINK
 
         def change(t):  # another writer's
             t.delete("t/085d/deep/x")
             t.delete("t/087d/z")
             t.put("t/087d", b"abc")
+            t.delete(entry_key("t/088l"), SIDE)
+            t.delete(entry_key("t/089p"), SIDE)
 
         tree.driver.transact(change)
         tree.listings.told({"t", "t/085d", "t/085d/deep", "t/087d", ""})
@@ -305,6 +310,7 @@ class FilesystemConformance(LinkConformance):
         assert listing.node("085d") is None
         assert listing.node("086d").kind == DIR
         assert (listing.node("087d").kind, listing.node("087d").size) == (FILE, 3)
+        assert listing.node("088l") is None and listing.node("089p") is None
 
     def test_a_window_being_given_reads_again_the_names_this_mount_changed(self, tree):
         """Nodes of the window a listing is giving, read before this mount changed some of its
