@@ -112,6 +112,69 @@ def test_a_lock_shows_the_size_and_content_of_the_newest_version(url, mount_fact
         os.close(fd)
 
 
+def test_a_descriptor_of_an_older_version_brought_up_to_date_by_a_lock_changes_the_file(url, mount_factory):
+    """Mount B has the file open from before mount A's commit, and opens it again after (a
+    newer version: its descriptor reads that one), writes under a lock and closes it. The
+    older descriptor, brought up to date by a lock, is then the file's: a truncate or write
+    through it shows in ``fstat`` and reads, and its unlock commits it. (Its changes were
+    kept apart from what the mount showed of the file: ``ftruncate(fd, 0)`` left ``fstat``
+    at the stored size, and reads gave the bytes it had cut.)"""
+    a, b = mounts(mount_factory, url, 2)
+    (a.path / "f").write_bytes(b"0" * 100)
+    shown(b.path / "f")
+    old = os.open(b.path / "f", os.O_RDWR)
+    try:
+        assert os.pread(old, 200, 0) == b"0" * 100
+        (a.path / "f").write_bytes(b"1" * 150)  # old reads its version still
+        new = os.open(b.path / "f", os.O_RDWR)
+        fcntl.flock(new, fcntl.LOCK_EX)
+        os.ftruncate(new, 7)
+        fcntl.flock(new, fcntl.LOCK_UN)
+        os.close(new)
+        fcntl.flock(old, fcntl.LOCK_EX)
+        assert (os.fstat(old).st_size, os.pread(old, 200, 0)) == (7, b"1" * 7)
+        os.ftruncate(old, 0)
+        assert (os.fstat(old).st_size, os.pread(old, 200, 0)) == (0, b"")
+        os.lseek(old, 0, os.SEEK_END)
+        os.write(old, b"xyz")
+        assert (os.fstat(old).st_size, os.pread(old, 200, 0)) == (3, b"xyz")
+        fcntl.flock(old, fcntl.LOCK_UN)
+    finally:
+        os.close(old)
+    eventually(lambda: (a.path / "f").read_bytes() == b"xyz", "the unlock's commit on the other mount")
+    assert (b.path / "f").read_bytes() == b"xyz"
+
+
+def test_a_descriptor_of_an_older_version_reads_what_it_wrote(url, mount_factory):
+    """Mount B has the file open from before mount A's commit, and opens it again after (the
+    newer version, read past the kernel's page cache). Writes and a truncate through the
+    older descriptor, with no lock, are read back through it and show in its ``fstat``,
+    and its close commits them. (They were shown at the stored size: 200 bytes written
+    read back as 150, a truncate to 50 left 150.)"""
+    a, b = mounts(mount_factory, url, 2)
+    (a.path / "f").write_bytes(b"0" * 100)
+    shown(b.path / "f")
+    old = os.open(b.path / "f", os.O_RDWR)
+    new = None
+    try:
+        assert os.pread(old, 300, 0) == b"0" * 100
+        (a.path / "f").write_bytes(b"1" * 150)
+        new = os.open(b.path / "f", os.O_RDWR)
+        assert os.pread(new, 300, 0) == b"1" * 150
+        os.pwrite(old, b"x" * 200, 0)
+        assert (os.fstat(old).st_size, os.pread(old, 300, 0)) == (200, b"x" * 200)
+        os.ftruncate(old, 50)
+        assert (os.fstat(old).st_size, os.pread(old, 300, 0)) == (50, b"x" * 50)
+        os.close(old)
+        old = None
+    finally:
+        for fd in (old, new):
+            if fd is not None:
+                os.close(fd)
+    eventually(lambda: (a.path / "f").read_bytes() == b"x" * 50, "the close's commit on the other mount")
+    assert (b.path / "f").read_bytes() == b"x" * 50
+
+
 # --- appenders in processes, one per mount ------------------------------------------------------------
 
 APPENDER = textwrap.dedent(

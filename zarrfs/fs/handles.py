@@ -104,7 +104,10 @@ class HandleTable:
 
     def pending(self, key: str) -> Node | None:
         """The node an open file shows, if it is not the stored one: its pending size and
-        attributes, or the version its descriptors read (:meth:`_as_read`)."""
+        attributes, or the version its descriptors read (:meth:`_as_read`). With a newer
+        version open past the kernel's page cache (:attr:`paged`), the older version's
+        descriptors that read through it show theirs, their writes too: the kernel has one
+        size a file, and a stored size would cut what they wrote."""
         state = self.states.get(key)
         if state is not None and state.stale:
             self.locking.fresh(state)
@@ -115,6 +118,7 @@ class HandleTable:
                     state = paged
                 else:  # closed, or renamed since
                     del self.paged[key]
+        if state is None or not (state.dirty or state.created):
             # Descriptors reading the version they opened through the kernel's page cache.
             if state is not None and state.version is not None and state.handles:
                 if state.buffer is None and not state.private:

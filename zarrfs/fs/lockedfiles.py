@@ -131,8 +131,16 @@ class LockedFiles:
     def _join(self, state: FileState) -> FileState:
         """One state again for a file whose descriptors of two versions are open here (a newer
         version opened while descriptors of an older one read it): a lock brings them all to
-        the newest, so they share pending writes and what a lookup shows, as POSIX has it."""
+        the newest, so they share pending writes and what a lookup shows, as POSIX has it.
+        An older version's state whose newer one closed meanwhile becomes the file's again:
+        else its changes would be kept apart from what the mount shows of the file (a
+        truncate's size never shown)."""
         current = self.states.get(state.key)
+        if current is None and not state.orphan and not state.linked:
+            self.states[state.key] = state
+            if self.files.paged.get(state.key) is state:
+                del self.files.paged[state.key]
+            return state
         if current is None or current is state or state.orphan or state.linked or current.linked:
             return state
         keep, drop = (current, state) if current.dirty and not state.dirty else (state, current)
