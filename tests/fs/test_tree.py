@@ -4,6 +4,7 @@ PostgreSQL and a Redis Cluster, plus what is specific to one driver."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import uuid
 
@@ -165,10 +166,7 @@ def test_a_symlink_or_fifo_removed_during_a_listing_is_left_out(redis_server, mo
     missing size does."""
     from zarrfs.fs.listing import Listings
 
-    url = redis_server.url(0, prefix=f"sl{uuid.uuid4().hex[:8]}")
-    driver, other = open_driver(url), open_driver(url)
-    try:
-        tree, theirs = Tree(driver, uid=0, gid=0), Tree(other, uid=0, gid=0)
+    with two_trees(redis_server) as (tree, theirs):
         tree.mkdir("d", 0o755)
         tree.store([("d/f", b"12345", None, CREATE)])
         tree.symlink("somewhere", "d/l")
@@ -188,6 +186,15 @@ def test_a_symlink_or_fifo_removed_during_a_listing_is_left_out(redis_server, mo
         listed = tree.listings.list_dir("d", nodes=nodes)
         assert done and [name for name, _, _ in listed] == ["f", "l", "p"]
         assert sorted(nodes) == ["f"], {name: (n.kind, n.target) for name, n in nodes.items()}
+
+
+@contextlib.contextmanager
+def two_trees(redis_server):
+    """A tree on a fresh Redis keyspace, and another writer's tree on the same."""
+    url = redis_server.url(0, prefix=f"tt{uuid.uuid4().hex[:8]}")
+    driver, other = open_driver(url), open_driver(url)
+    try:
+        yield Tree(driver, uid=0, gid=0), Tree(other, uid=0, gid=0)
     finally:
         driver.close()
         other.close()
@@ -201,10 +208,7 @@ def test_a_name_that_leaves_its_link_group_during_a_listing_is_never_shown_alone
     left out; still there, it has its links."""
     from zarrfs.fs import hardlinks
 
-    url = redis_server.url(0, prefix=f"hl{uuid.uuid4().hex[:8]}")
-    driver, other = open_driver(url), open_driver(url)
-    try:
-        tree, theirs = Tree(driver, uid=0, gid=0), Tree(other, uid=0, gid=0)
+    with two_trees(redis_server) as (tree, theirs):
         tree.mkdir("d", 0o755)
         tree.store([("d/s", b"12345", None, CREATE)])
         tree.link("d/s", "d/l1")
@@ -223,6 +227,3 @@ def test_a_name_that_leaves_its_link_group_during_a_listing_is_never_shown_alone
         assert done
         assert "l1" not in nodes or nodes["l1"].nlink >= 2, nodes["l1"]
         assert nodes["s"].nlink >= 2 and nodes["l2"].nlink >= 2
-    finally:
-        driver.close()
-        other.close()

@@ -94,16 +94,26 @@ def test_each_mount_appends_a_line_under_a_lock(url, mount_factory):
             assert (m.path / name).read_bytes() == b"one\ntwo\nthree\nfour\n", (name, m.path)
 
 
-def test_a_lock_shows_the_size_and_content_of_the_newest_version(url, mount_factory):
-    """A descriptor open on mount B, which read the file before, sees after taking a lock the
-    content and size mount A committed meanwhile (its kernel's cached pages and size dropped)."""
-    a, b = mounts(mount_factory, url, 2)
+def older_descriptor(a, b) -> int:
+    """A descriptor on mount ``b`` of the file ``f`` (100 zeros) that has read it, opened
+    before mount ``a`` stored 150 ones there: it reads its version still."""
     (a.path / "f").write_bytes(b"0" * 100)
     shown(b.path / "f")
     fd = os.open(b.path / "f", os.O_RDWR)
     try:
         assert os.pread(fd, 200, 0) == b"0" * 100
         (a.path / "f").write_bytes(b"1" * 150)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def test_a_lock_shows_the_size_and_content_of_the_newest_version(url, mount_factory):
+    """A descriptor open on mount B, which read the file before, sees after taking a lock the
+    content and size mount A committed meanwhile (its kernel's cached pages and size dropped)."""
+    fd = older_descriptor(*mounts(mount_factory, url, 2))
+    try:
         fcntl.flock(fd, fcntl.LOCK_SH)
         assert os.fstat(fd).st_size == 150
         assert os.pread(fd, 200, 0) == b"1" * 150
@@ -120,12 +130,8 @@ def test_a_descriptor_of_an_older_version_brought_up_to_date_by_a_lock_changes_t
     kept apart from what the mount showed of the file: ``ftruncate(fd, 0)`` left ``fstat``
     at the stored size, and reads gave the bytes it had cut.)"""
     a, b = mounts(mount_factory, url, 2)
-    (a.path / "f").write_bytes(b"0" * 100)
-    shown(b.path / "f")
-    old = os.open(b.path / "f", os.O_RDWR)
+    old = older_descriptor(a, b)
     try:
-        assert os.pread(old, 200, 0) == b"0" * 100
-        (a.path / "f").write_bytes(b"1" * 150)  # old reads its version still
         new = os.open(b.path / "f", os.O_RDWR)
         fcntl.flock(new, fcntl.LOCK_EX)
         os.ftruncate(new, 7)
@@ -152,13 +158,9 @@ def test_a_descriptor_of_an_older_version_reads_what_it_wrote(url, mount_factory
     and its close commits them. (They were shown at the stored size: 200 bytes written
     read back as 150, a truncate to 50 left 150.)"""
     a, b = mounts(mount_factory, url, 2)
-    (a.path / "f").write_bytes(b"0" * 100)
-    shown(b.path / "f")
-    old = os.open(b.path / "f", os.O_RDWR)
+    old = older_descriptor(a, b)
     new = None
     try:
-        assert os.pread(old, 300, 0) == b"0" * 100
-        (a.path / "f").write_bytes(b"1" * 150)
         new = os.open(b.path / "f", os.O_RDWR)
         assert os.pread(new, 300, 0) == b"1" * 150
         os.pwrite(old, b"x" * 200, 0)
