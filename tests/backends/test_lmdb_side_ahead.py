@@ -121,6 +121,39 @@ def test_a_writer_thread_of_the_same_process_is_waited_for(url):
         driver.close()
 
 
+def test_a_writer_that_commits_between_the_readers_two_looks_is_read_whole(url, monkeypatch):
+    """The reader looks whether the data commit is seen, then, past ``SIDE_AHEAD_WAIT``,
+    whether a writer still holds the environment. A writer that made its data commit and let
+    go between the two looks (descheduled reader, CI) was taken for one killed between its
+    commits, and the read returned the old data with the new side records. The writer
+    finishes here inside the second look; the read sees its commit whole."""
+    driver = open_driver(url)
+    between = threading.Event()
+
+    def fn(t):
+        t.put("t/a", b"1")
+        t.put("t/a", b"1", SIDE)
+        t._data = HeldCommit(t._data, 1.0, between.set)
+
+    writer = threading.Thread(target=driver.transact, args=(fn,))
+    lock = driver.write_lock
+    held_elsewhere = lock.held_elsewhere
+
+    def writer_done_meanwhile():
+        writer.join()
+        return held_elsewhere()
+
+    monkeypatch.setattr(lock, "held_elsewhere", writer_done_meanwhile)
+    writer.start()
+    try:
+        assert between.wait(30)
+        data, side = driver.transact(both, write=False)
+        assert (bytes(data), bytes(side)) == (b"1", b"1")
+    finally:
+        writer.join()
+        driver.close()
+
+
 def test_a_writer_held_longer_than_the_timeout_is_an_error(url):
     driver = open_driver(url)
     driver.set_timeout(1.0)

@@ -185,6 +185,8 @@ class LMDBTxn(Txn):
             waited = time.monotonic() - started
             if waited >= SIDE_AHEAD_WAIT:
                 if not driver.write_lock.held_elsewhere():
+                    if feed.seen_commit(driver.env) >= data_next:
+                        break  # made, and let go, between the two looks: read it whole
                     return  # its writer is gone: the side stays one transaction ahead
                 if waited >= driver.timeout:
                     raise StalledError(
