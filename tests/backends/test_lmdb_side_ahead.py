@@ -66,6 +66,19 @@ def both(t):
     return t.get("t/a"), t.get("t/a", SIDE)
 
 
+def held_writer_thread(driver, hold: float) -> tuple[threading.Thread, threading.Event]:
+    """A thread (not started) whose transaction on ``driver`` writes ``1`` to both spaces and
+    holds its data commit ``hold`` seconds, and the event set between its two commits."""
+    between = threading.Event()
+
+    def fn(t):
+        t.put("t/a", b"1")
+        t.put("t/a", b"1", SIDE)
+        t._data = HeldCommit(t._data, hold, between.set)
+
+    return threading.Thread(target=driver.transact, args=(fn,)), between
+
+
 @pytest.fixture
 def url(tmp_path):
     url = f"lmdb://{tmp_path}/db.lmdb"
@@ -100,14 +113,7 @@ def test_a_writer_thread_of_the_same_process_is_waited_for(url):
     """The same with the writer another thread of the reader's process (a mount's commit
     beside its reads): LMDB's writer mutex is then this process's own."""
     driver = open_driver(url)
-    between = threading.Event()
-
-    def fn(t):
-        t.put("t/a", b"1")
-        t.put("t/a", b"1", SIDE)
-        t._data = HeldCommit(t._data, 3.0, between.set)
-
-    writer = threading.Thread(target=driver.transact, args=(fn,))
+    writer, between = held_writer_thread(driver, 3.0)
     writer.start()
     try:
         assert between.wait(30)
@@ -128,14 +134,7 @@ def test_a_writer_that_commits_between_the_readers_two_looks_is_read_whole(url, 
     commits, and the read returned the old data with the new side records. The writer
     finishes here inside the second look; the read sees its commit whole."""
     driver = open_driver(url)
-    between = threading.Event()
-
-    def fn(t):
-        t.put("t/a", b"1")
-        t.put("t/a", b"1", SIDE)
-        t._data = HeldCommit(t._data, 1.0, between.set)
-
-    writer = threading.Thread(target=driver.transact, args=(fn,))
+    writer, between = held_writer_thread(driver, 1.0)
     lock = driver.write_lock
     held_elsewhere = lock.held_elsewhere
 

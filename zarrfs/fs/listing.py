@@ -509,8 +509,7 @@ class Listings:
             nodes: dict[str, Node] = {}
             self._window_nodes(t, prefix, files, sizes, nodes, xattrs)
             if others:
-                found = self.lookups.find_many(t, [prefix + name for name in others], apart=True)
-                nodes.update((name, node) for name, node in zip(others, found, strict=True) if node)
+                nodes.update(self._found(t, prefix, others))
             return nodes
 
         nodes = self.driver.transact(run, write=False)
@@ -522,8 +521,12 @@ class Listings:
         a folder too, has none), their probes in one batch of reads: what a listing's window
         gives again for names changed since its read."""
         prefix = key + "/" if key else ""
-        keys = [prefix + name for name in names]
-        found = self.driver.transact(lambda t: self.lookups.find_many(t, keys), write=False)
+        return self.driver.transact(lambda t: self._found(t, prefix, names), write=False)
+
+    def _found(self, t: Txn, prefix: str, names: list[str]) -> dict[str, Node]:
+        """:meth:`found` in ``t``, of the names of the folder whose keys begin ``prefix``: each
+        probe need agree only with itself (a readdir is atomic with nothing)."""
+        found = self.lookups.find_many(t, [prefix + name for name in names], apart=True)
         return {name: node for name, node in zip(names, found, strict=True) if node is not None}
 
     def announce_folder(self, t: Txn, key: str) -> None:
