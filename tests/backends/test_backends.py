@@ -710,6 +710,56 @@ def test_sqlite_removals_on_a_full_disk_one_at_a_time(tmp_path):
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
+_COMMIT_SMALL_FILES = """
+import os, sys
+from zarrfs.backends.base import SIDE, StorageFullError
+from zarrfs.backends.registry import open_driver
+driver = open_driver(sys.argv[1])
+try:
+    for i in range(20):  # a small file's commit: its bytes and its records, one transaction
+        def commit(t, i=i):
+            t.put(f"d/c{i}", os.urandom(4096))
+            t.put(f"e:d/c{i}", b"entry", SIDE)
+            t.put(f"a:d/c{i}", b"attrs", SIDE)
+        driver.transact(commit)
+    print(len(driver.scan("d/")))
+except StorageFullError as exc:
+    print("full:", exc)
+finally:
+    driver.close()
+"""
+
+
+def test_sqlite_commits_take_no_room_in_the_temporary_folder(tmp_path):
+    """A write statement inside a transaction keeps a statement journal, which SQLite spills
+    to a new file in its temporary folder past 64 KiB: two of the driver's 32 KiB pages, so
+    every small file's commit. With that folder full (a full ``/var/tmp`` or ``$TMPDIR`` on
+    a cluster's node), each commit failed with "database or disk is full" though the
+    database's own disk had room. The journal is kept in memory."""
+    import subprocess
+
+    temp = tmp_path / "temp"
+    _tmpfs(temp, "64k")
+    try:
+        fd = os.open(temp / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(fd, b"\0" * 4096):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        env = {**os.environ, "SQLITE_TMPDIR": str(temp), "TMPDIR": str(temp)}
+        done = subprocess.run(
+            [sys.executable, "-c", _COMMIT_SMALL_FILES, f"sqlite://{tmp_path}/db.sqlite"],
+            env=env, capture_output=True, text=True, timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "20"
+    finally:
+        subprocess.run(["umount", "-l", str(temp)], check=False)
+
+
 class TestRedis(_Conformance):
     """The session's redis-server, one key prefix per test."""
 

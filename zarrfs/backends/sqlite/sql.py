@@ -145,6 +145,10 @@ def connect(path: str, readonly: bool, timeout: float, synchronous: str, autoche
         conn.text_factory = bytes
         conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
         conn.execute(f"PRAGMA synchronous = {synchronous}")
+        # A write statement inside BEGIN keeps a statement journal of the pages it changes;
+        # past 64 KiB (two of our pages) SQLite spills it to a new file in /var/tmp, opened,
+        # written and unlinked at each commit of a small file. Kept in memory instead.
+        conn.execute("PRAGMA temp_store = MEMORY")
         if not readonly:
             conn.execute(f"PRAGMA wal_autocheckpoint = {autocheckpoint}")
     return conn
