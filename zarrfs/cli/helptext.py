@@ -60,7 +60,7 @@ mount options (-o OPT[,OPT...]):
   dir_cache_entries=N         entries the folder snapshots hold together (65536)
   feed=0                      do not follow other writers' changes (short cache times)
   spill=BYTES                 an open file's buffer size before it spills to disk (64M;
-                              K/M/G suffixes)
+                              K/M/G suffixes; an unlinked file in $TMPDIR, else /tmp)
   parts_above=BYTES           files larger than this are stored in parts (64M; K/M/G suffixes)
   spin=MICROSECONDS           request loop polling before it sleeps (200; 0 = never)
   workers=N                   request threads (16 on a database server; 1 = one thread, as
