@@ -4,6 +4,7 @@ quiet again once the feed was looked at; the idle loop sleeps on it instead of p
 
 from __future__ import annotations
 
+import os
 import select
 import subprocess
 import sys
@@ -27,13 +28,15 @@ def _settle(driver, cursor, fd: int):
     raise AssertionError("the descriptor never went quiet: the loop would spin")
 
 
-def _commit_from_another_process(url: str, key: str) -> None:
-    """A write by another process, through its own driver (as another mount's)."""
+def _commit_from_another_process(url: str, key: str, space: str = "DATA") -> None:
+    """A write by another process, through its own driver (as another mount's); ``SIDE``: a
+    side record alone (what a ``chmod`` commits)."""
     code = (
-        "import sys; from zarrfs.backends.registry import open_driver\n"
-        "d = open_driver(sys.argv[1]); d.transact(lambda t: t.put(sys.argv[2], b'v')); d.close()"
+        "import sys; from zarrfs.backends.registry import open_driver; from zarrfs.backends import base\n"
+        "d = open_driver(sys.argv[1])\n"
+        "d.transact(lambda t: t.put(sys.argv[2], b'v', getattr(base, sys.argv[3]))); d.close()"
     )
-    subprocess.run([sys.executable, "-c", code, url, key], check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", code, url, key, space], check=True, timeout=60)
 
 
 @pytest.mark.parametrize("kind", ["lmdb", "sqlite", "lmdb-file"])
@@ -99,5 +102,48 @@ def test_a_wake_finds_the_commit_named_and_readable(tmp_path, kind):
         assert writer.returncode == 0
         assert unknown == 0, f"{unknown} looks found 'something changed' in {commits} commits"
         assert seen == {f"k{i}" for i in range(commits)}
+    finally:
+        driver.close()
+
+
+def _neighbour_writes(folder) -> None:
+    """Another program's log beside the database, appended to line by line."""
+    with open(os.path.join(folder, "job.log"), "ab") as log:
+        for i in range(200):
+            log.write(b"line %d\n" % i)
+            log.flush()
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "sqlite", "lmdb-file"])
+def test_writes_beside_the_database_do_not_wake_the_feed(tmp_path, kind):
+    """Only the database's own files wake the feed: a log another program appends to in the
+    database's folder kept the daemon at 60% of a CPU, looking at the feed after each write.
+    On LMDB a commit of side records alone (a ``chmod``) wakes it too, the first one (which
+    makes the side environment) and the next."""
+    url, folder = {
+        "lmdb": (f"lmdb://{tmp_path}/db.lmdb", tmp_path / "db.lmdb"),
+        "sqlite": (f"sqlite://{tmp_path}/db.sqlite", tmp_path),
+        "lmdb-file": (f"lmdb://{tmp_path}/db.mdb", tmp_path),
+    }[kind]
+    if kind == "lmdb-file":
+        open(f"{tmp_path}/db.mdb", "wb").close()
+    driver = open_driver(url)
+    try:
+        driver.transact(lambda t: t.put("first", b"x"))
+        cursor, _ = driver.changes(None)
+        fd = driver.feed_fileno()
+        assert fd is not None
+        (folder / "job.log").write_bytes(b"started\n")  # a file appearing wakes it once
+        cursor = _settle(driver, cursor, fd)
+        _neighbour_writes(folder)
+        assert not _readable(fd, 0.3), "another program's writes beside the database woke the feed"
+        _commit_from_another_process(url, "theirs")
+        assert _readable(fd, 10), "another process's commit did not wake the feed"
+        cursor = _settle(driver, cursor, fd)
+        if kind != "sqlite":
+            for n in range(2):  # the side environment made, then written again
+                _commit_from_another_process(url, f"side{n}", "SIDE")
+                assert _readable(fd, 10), f"side commit {n} did not wake the feed"
+                cursor = _settle(driver, cursor, fd)
     finally:
         driver.close()

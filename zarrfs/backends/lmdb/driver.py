@@ -521,6 +521,9 @@ class LMDBDriver(Driver):
         self.write_lock = environments.write_lock(self._key)
         self.room = None if readonly else DiskRoom(path, self.subdir)
         side_path = os.path.join(path, SIDE_IN_FOLDER) if self.subdir else path + SIDE_FILE_SUFFIX
+        #: The files a commit writes: the data file of each environment (``filewatch``).
+        data_file = "data.mdb" if self.subdir else os.path.basename(path)
+        self.written_files = (data_file, os.path.basename(side_path))
         self.maps = Maps(self, options)
         self.holder = Holder(self)  # values read in place (holder)
         self.side = SideEnvironment(
@@ -583,9 +586,9 @@ class LMDBDriver(Driver):
             return feed.changes(self.env, self.side.env(False), self.own, since)
 
     def feed_fileno(self) -> int | None:
-        """Readable when a file of the environments' folder was written (``filewatch``)."""
+        """Readable when an environment's data file was written (``filewatch``)."""
         if self.file_watch is None:
-            self.file_watch = FileWatch(self.folder)
+            self.file_watch = FileWatch(self.folder, self.written_files)
         return self.file_watch.fileno()
 
     def sync(self) -> None:

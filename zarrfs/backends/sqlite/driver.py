@@ -338,10 +338,10 @@ class SQLiteDriver(Driver):
             return feed.changes(self._conn(), since, self.own, None if self.readonly else self.tables)
 
     def feed_fileno(self) -> int | None:
-        """Readable when a file of the database's folder was written (``filewatch``): the
-        database file, its WAL."""
+        """Readable when the database file or its WAL was written (``filewatch``)."""
         if self.file_watch is None:
-            self.file_watch = FileWatch(os.path.dirname(self.path) or ".")
+            name = os.path.basename(self.path)
+            self.file_watch = FileWatch(os.path.dirname(self.path) or ".", (name, name + "-wal"))
         return self.file_watch.fileno()
 
     def sync(self) -> None:
