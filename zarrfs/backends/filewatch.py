@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import logging
 import os
 import struct
@@ -77,7 +78,11 @@ class FileWatch:
     def _watch(self, name: str) -> None:
         """Watch the file ``name`` for writes, if it is there (else its appearing tells)."""
         assert self.fd is not None
-        _lib().inotify_add_watch(self.fd, os.fsencode(os.path.join(self.folder, name)), WRITES)
+        path = os.path.join(self.folder, name)
+        if _lib().inotify_add_watch(self.fd, os.fsencode(path), WRITES) < 0:
+            err = ctypes.get_errno()
+            if err != errno.ENOENT:  # no watch left: the loop's safety-net look finds its commits
+                log.info("%s: no inotify watch (%s): the change feed is polled", path, os.strerror(err))
 
     def fileno(self) -> int | None:
         """The descriptor (readable after a write), or None when there is no watch."""
