@@ -1,6 +1,7 @@
 """The embedded drivers' change feed wakes the daemon: LMDB and SQLite hand out a descriptor
 (``feed_fileno``) that becomes readable when another writer commits to the database, and is
-quiet again once the feed was looked at; the idle loop sleeps on it instead of polling."""
+quiet again once the feed was looked at, and while other programs write files beside the
+database; the idle loop sleeps on it instead of polling."""
 
 from __future__ import annotations
 
