@@ -40,21 +40,31 @@ def _commit_from_another_process(url: str, key: str, space: str = "DATA") -> Non
     subprocess.run([sys.executable, "-c", code, url, key, space], check=True, timeout=60)
 
 
-@pytest.mark.parametrize("kind", ["lmdb", "sqlite", "lmdb-file"])
-def test_another_writers_commit_wakes_the_feed_descriptor(tmp_path, kind):
-    url = {
-        "lmdb": f"lmdb://{tmp_path}/db.lmdb",
-        "sqlite": f"sqlite://{tmp_path}/db.sqlite",
-        "lmdb-file": f"lmdb://{tmp_path}/db.mdb",
-    }[kind]
+def _database(tmp_path, kind: str):
+    """``(url, folder)`` of a new database of ``kind``, the folder its files are in."""
     if kind == "lmdb-file":
         open(f"{tmp_path}/db.mdb", "wb").close()  # an existing file: LMDB without a folder
+        return f"lmdb://{tmp_path}/db.mdb", tmp_path
+    if kind == "lmdb":
+        return f"lmdb://{tmp_path}/db.lmdb", tmp_path / "db.lmdb"
+    return f"sqlite://{tmp_path}/db.sqlite", tmp_path
+
+
+def _feed(driver):
+    """``(cursor, descriptor)`` of the feed of ``driver``, after a first commit of its own."""
+    driver.transact(lambda t: t.put("first", b"x"))
+    cursor, _ = driver.changes(None)
+    fd = driver.feed_fileno()
+    assert fd is not None
+    return cursor, fd
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "sqlite", "lmdb-file"])
+def test_another_writers_commit_wakes_the_feed_descriptor(tmp_path, kind):
+    url, _ = _database(tmp_path, kind)
     driver = open_driver(url)
     try:
-        driver.transact(lambda t: t.put("first", b"x"))
-        cursor, _ = driver.changes(None)
-        fd = driver.feed_fileno()
-        assert fd is not None
+        cursor, fd = _feed(driver)
         cursor = _settle(driver, cursor, fd)
         _commit_from_another_process(url, "theirs")
         assert _readable(fd, 10), "another process's commit did not wake the feed"
@@ -121,19 +131,10 @@ def test_writes_beside_the_database_do_not_wake_the_feed(tmp_path, kind):
     database's folder kept the daemon at 60% of a CPU, looking at the feed after each write.
     On LMDB a commit of side records alone (a ``chmod``) wakes it too, the first one (which
     makes the side environment) and the next."""
-    url, folder = {
-        "lmdb": (f"lmdb://{tmp_path}/db.lmdb", tmp_path / "db.lmdb"),
-        "sqlite": (f"sqlite://{tmp_path}/db.sqlite", tmp_path),
-        "lmdb-file": (f"lmdb://{tmp_path}/db.mdb", tmp_path),
-    }[kind]
-    if kind == "lmdb-file":
-        open(f"{tmp_path}/db.mdb", "wb").close()
+    url, folder = _database(tmp_path, kind)
     driver = open_driver(url)
     try:
-        driver.transact(lambda t: t.put("first", b"x"))
-        cursor, _ = driver.changes(None)
-        fd = driver.feed_fileno()
-        assert fd is not None
+        cursor, fd = _feed(driver)
         (folder / "job.log").write_bytes(b"started\n")  # a file appearing wakes it once
         cursor = _settle(driver, cursor, fd)
         _neighbour_writes(folder)
