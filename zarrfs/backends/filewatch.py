@@ -93,22 +93,29 @@ class FileWatch:
         next write. Called before the feed is looked at: a write after it wakes the loop."""
         if self.fd is None:
             return
+        while True:
+            try:
+                got = os.read(self.fd, 65536)
+            except OSError:  # BlockingIOError: none left
+                return
+            if not got:
+                return
+            for name in self._appeared(got):  # made, or put in place: follow the new file
+                self._watch(name)
+
+    def _appeared(self, events: bytes) -> set[str]:
+        """Which of :attr:`names` the folder's events in ``events`` say appeared."""
         appeared = set()
-        try:
-            while got := os.read(self.fd, 65536):
-                at = 0
-                while at + _EVENT.size <= len(got):
-                    wd, _, _, length = _EVENT.unpack_from(got, at)
-                    at += _EVENT.size
-                    if wd == self._folder_wd and length:
-                        name = os.fsdecode(got[at : at + length].rstrip(b"\0"))
-                        if name in self.names:
-                            appeared.add(name)
-                    at += length
-        except (BlockingIOError, OSError):
-            pass
-        for name in appeared:  # made, or put in place: the watch follows the new file
-            self._watch(name)
+        at = 0
+        while at + _EVENT.size <= len(events):
+            wd, _, _, length = _EVENT.unpack_from(events, at)
+            at += _EVENT.size
+            if wd == self._folder_wd and length:
+                name = os.fsdecode(events[at : at + length].rstrip(b"\0"))
+                if name in self.names:
+                    appeared.add(name)
+            at += length
+        return appeared
 
     def close(self) -> None:
         """Release the descriptor."""
