@@ -3,7 +3,8 @@
 forwarding (a server that stops answering, made without a clock).
 
 * a fresh chunk read through a mount of Redis costs at most two round trips (lookup; open and
-  content in one pipeline), counted at the proxy;
+  content in one pipeline), counted at the proxy; lookups side by side in a folder the mount
+  has not seen read its names once, not once each;
 * a PostgreSQL transaction sends its BEGIN with its first reads and its writes with its COMMIT,
   and with the change feed a reading transaction's COMMIT goes with the next transaction;
 * a server that stops answering in the middle of a commit gives ETIMEDOUT after ``-o timeout=``,
@@ -25,6 +26,8 @@ import threading
 import time
 
 import pytest
+import redis
+from conftest import start_redis, stop_redis
 from mounting import eventually, read, write
 from psycopg.pq import TransactionStatus
 
@@ -77,6 +80,50 @@ def test_a_fresh_chunk_read_costs_at_most_two_round_trips(redis_server, proxy, m
         assert read(m2.path / "a" / n) == values[n]
     trips = proxy.round_trips() / (len(names) - 2)
     assert trips <= 2.0, trips
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+def test_lookups_side_by_side_in_a_new_folder_read_its_names_once(tmp_path, proxy, mount_factory):
+    """16 programs look names up at once in a folder the mount has not seen: the request
+    threads wait for the server side by side, and one lookup reads the folder's names (a
+    script scanning the whole folder on the server) while the others only probe their own.
+    A private server: its count of scripts run is this test's alone."""
+    server = start_redis(str(tmp_path))
+    try:
+        via = proxy.route(server.port)
+        names = [str(i) for i in range(64)]
+        m = mount_factory(server.url(0, prefix="ls"), ["create"])
+        (m.path / "a").mkdir()
+        for n in names:
+            write(m.path / "a" / n, b"x")
+        m.stop()
+        m2 = mount_factory(f"redis://127.0.0.1:{via}/0?prefix=ls", [])
+        os.stat(m2.path / "a")  # the folder's own lookup, and the root's names, first
+        client = redis.Redis(port=server.port)
+
+        def scripts() -> int:
+            stats = client.info("commandstats")
+            return sum(stats.get(c, {}).get("calls", 0) for c in ("cmdstat_eval", "cmdstat_evalsha"))
+
+        before = scripts()
+        start = threading.Barrier(16)
+        found: list[bool] = []
+
+        def look(name: str) -> None:
+            start.wait()
+            found.append((m2.path / "a" / name).exists())
+
+        threads = [threading.Thread(target=look, args=(n,)) for n in names[:16]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert found == [True] * 16
+        # The folder's names are one script a space (names and side records): two.
+        assert scripts() - before <= 2, scripts() - before
+    finally:
+        stop_redis(server)
 
 
 def test_a_redis_listing_batch_is_one_round_trip_and_needs_no_script(redis_server, proxy):

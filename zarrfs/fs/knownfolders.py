@@ -31,6 +31,7 @@ class KnownFolders:
         self.nodes: dict[str, Node] = {}  # key -> the node this mount's last write made there
         self.xattrs: OrderedDict[str, bytes | None] = OrderedDict()  # key -> its raw x: record
         self.large: set[str] = set()  # folders a lookup found too large to read whole
+        self._reading: set[str] = set()  # folders whose names a lookup is reading now
         self.held = 0  # names held in ``names``
 
     # -- answers ----------------------------------------------------------------------------------
@@ -43,12 +44,23 @@ class KnownFolders:
         names = self.names.get(folder)
         return names is not None and name not in names
 
-    def worth_reading(self, folder: str) -> bool:
+    def start_reading(self, folder: str) -> bool:
         """Whether a lookup in ``folder`` that asks the database should read the folder's
         names with it (one batch of its scans, in the same round trip): they are not known,
-        and no lookup found the folder larger than a batch. A program that looks a name up
-        in a folder often creates it next, and the kernel looks every new name up first."""
-        return folder not in self.names and folder not in self.large
+        no lookup found the folder larger than a batch, and no other lookup is reading them
+        now (request threads wait for a server side by side: 16 readers of a new folder read
+        its names 16 times, each scan a few hundred microseconds of the server's one thread).
+        When it should, the folder counts as being read until :meth:`reading_ended`. A
+        program that looks a name up in a folder often creates it next, and the kernel looks
+        every new name up first."""
+        if folder in self.names or folder in self.large or folder in self._reading:
+            return False
+        self._reading.add(folder)
+        return True
+
+    def reading_ended(self, folder: str) -> None:
+        """The lookup :meth:`start_reading` let read ``folder``'s names is done, read or not."""
+        self._reading.discard(folder)
 
     def too_large(self, folder: str) -> None:
         """A lookup found ``folder`` larger than it reads whole."""

@@ -224,7 +224,7 @@ class Tree:
         """The node at ``key`` read from a remote database with its extended attributes, which
         ``known`` keeps, and the names of its folder when that is small."""
         folder = key.rpartition("/")[0]
-        learn = known.worth_reading(folder)
+        learn = known.start_reading(folder)
         listings = self.listings
 
         def run(t: Txn) -> tuple[Node | None, bytes | None, bytes | None, list[str] | None]:
@@ -233,7 +233,11 @@ class Tree:
             node, raw, record = self.lookups.find_with_xattrs(t, key)
             return node, raw, record, listings.small_folder(t, folder) if learn else None
 
-        node, raw, record, names = self.driver.transact(run, write=False)
+        try:
+            node, raw, record, names = self.driver.transact(run, write=False)
+        finally:
+            if learn:
+                known.reading_ended(folder)
         if node is not None:
             known.read_xattrs(key, raw)
             if node.kind == DIR:  # what a file made in it inherits (its group)
