@@ -30,6 +30,8 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from zarrfs.fs.node import DIR, FILE, Node  # noqa: E402
+from zarrfs.fs.sidedata import Attrs  # noqa: E402
 from zarrfs.fuse import abi as k  # noqa: E402
 from zarrfs.fuse.channel import Channel  # noqa: E402
 from zarrfs.fuse.loop import Loop  # noqa: E402
@@ -44,19 +46,21 @@ class DictOps:
 
     def __init__(self, files: int) -> None:
         now = time.time_ns()
-        folder = SimpleNamespace(mode=stat.S_IFDIR | 0o755, uid=0, gid=0, atime=now, mtime=now, ctime=now)
-        empty = SimpleNamespace(mode=stat.S_IFREG | 0o644, uid=0, gid=0, atime=now, mtime=now, ctime=now)
-        self.nodes = {"": SimpleNamespace(kind=stat.S_IFDIR, size=0, attrs=folder)}
+        folder = Attrs(stat.S_IFDIR | 0o755, 0, 0, now, now, now)
+        empty = Attrs(stat.S_IFREG | 0o644, 0, 0, now, now, now)
+        # The filesystem's own node class: what the session reads of a node is what it reads here.
+        self.nodes = {"": Node(DIR, 0, folder)}
         self.nodes["small"] = self.nodes[""]
         for i in range(files):
-            self.nodes[f"small/{i}"] = SimpleNamespace(kind=stat.S_IFREG, size=0, attrs=empty)
+            self.nodes[f"small/{i}"] = Node(FILE, 0, empty)
         self.tree = SimpleNamespace()  # where sessions before on_keys_changed() registered
         self.handles = SimpleNamespace()  # the open files: none here
+        self.locks = None  # no lock table: the kernel keeps locks, as on a read-only mount
 
     def on_keys_changed(self, callback) -> None:
         pass
 
-    def find(self, key: str):
+    def find(self, key: str, folder: str | None = None, name: str | None = None):
         return self.nodes.get(key)
 
 

@@ -1,11 +1,13 @@
 """The benchmarks' own parts: ``--against REV`` runs the same scripts on REV's zarrfs
-(``scripts/against.py``), and the C floor of ``scripts/bench_ops.py`` mounts, answers and
-counts what the kernel asks (``scripts/fuse_ops_floor.c``)."""
+(``scripts/against.py``), the C floor of ``scripts/bench_ops.py`` mounts, answers and
+counts what the kernel asks (``scripts/fuse_ops_floor.c``), and the Python floor
+(``scripts/python_floor.py``) answers through zarrfs' loop and through its session."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -114,6 +116,20 @@ def test_bench_ops_times_each_operation_on_zarrfs_the_floor_and_a_native_folder(
         native = row["native"]["wall_us"]
         assert floor_speed == pytest.approx(native / row["floor"]["wall_us"], abs=0.006)
         assert zarrfs_speed == pytest.approx(native / row["zarrfs"]["wall_us"], abs=0.006)
+
+
+@pytest.mark.usefixtures("fuse_required")
+@pytest.mark.mount
+@pytest.mark.parametrize("how", [[], ["--session"]])
+def test_the_python_floor_answers_through_the_loop_and_through_the_session(how):
+    """``scripts/python_floor.py`` mounts its dict and ``stat``s it: through the session it
+    stands in for the filesystem's operations, so it must follow what the session asks of
+    them (it had fallen behind: every lookup failed with EIO)."""
+    argv = [sys.executable, str(CHECKOUT / "scripts/python_floor.py"), "--files", "300", *how]
+    shown = subprocess.run(argv, cwd=CHECKOUT, capture_output=True, text=True, timeout=300)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    line = shown.stdout.strip()
+    assert re.fullmatch(r"existing [\d,]+ lookups/s, missing [\d,]+ lookups/s", line), shown.stdout
 
 
 def test_bench_ops_refuses_a_driver_it_cannot_mount_in_one_line(tmp_path):
