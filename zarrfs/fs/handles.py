@@ -399,7 +399,9 @@ class HandleTable:
         any other mode, is EOPNOTSUPP."""
         handle = self.files.handle(fh)
         if mode not in _FALLOCATE_MODES:
-            raise FsError(errno.EOPNOTSUPP, f"{handle.state.key}: fallocate mode {mode:#x}")
+            # Routine, not logged: programs ask for a mode to learn whether it is there (fsx,
+            # rsync --preallocate), as they ask for POSIX ACLs.
+            raise FsError(errno.EOPNOTSUPP, f"{handle.state.key}: fallocate mode {mode:#x}", quiet=True)
         if not handle.writable:
             raise FsError(errno.EBADF, handle.state.key)
         if offset < 0 or length <= 0:
