@@ -4,6 +4,7 @@ or not, is still told."""
 
 from __future__ import annotations
 
+import lmdb
 import pytest
 
 from zarrfs.backends import open_driver
@@ -79,3 +80,54 @@ def test_a_long_run_of_own_commits_is_walked_and_still_tells_nothing(driver, wal
         driver.put(f"k{i}", b"1")
     cursor, records = driver.changes(cursor)
     assert records == [] and len(walks) == 1
+
+
+def test_a_readers_check_walks_the_log_back_only_to_what_the_last_check_saw(tmp_path):
+    """A reader checks that its side snapshot is of one commit with its data snapshot: the
+    newest log entry naming a data commit. After a run of side-only commits (``chmod -R``)
+    each reader walked the whole run again, up to the log's length. Given an earlier
+    snapshot's answer, the walk stops at that snapshot's entries: its answer (made up here)
+    comes back, not the data commit named before the run; a data commit named after it is
+    found."""
+    env = lmdb.open(str(tmp_path / "side"), map_size=1 << 26)
+    try:
+        with env.begin(write=True) as t:
+            feed.record(t, [b"dx"], 7)
+        for i in range(300):
+            with env.begin(write=True) as t:
+                sid = feed.record(t, [b"sx"], 0)
+                if i == 149:
+                    middle = sid
+        with env.begin() as t:
+            assert feed.named_data_commit(t) == 7  # walked back over the whole run
+            assert feed.named_data_commit(t, (middle, 99)) == 99  # stopped at the snapshot
+        with env.begin(write=True) as t:
+            feed.record(t, [b"dy"], 8)
+        with env.begin(write=True) as t:
+            feed.record(t, [b"sy"], 0)
+        with env.begin() as t:
+            assert feed.named_data_commit(t, (middle, 99)) == 8
+    finally:
+        env.close()
+
+
+def test_the_drivers_checks_after_side_only_commits_give_a_whole_walks_answer(driver, monkeypatch):
+    """Through the driver: readers between side-only commits each pass the last check's
+    snapshot, and each answer is the one a walk of the whole log gives."""
+    real = feed.named_data_commit
+    calls: list[tuple[int, int] | None] = []
+
+    def checked(side, known=None):
+        calls.append(known)
+        answer = real(side, known)
+        assert answer == real(side)
+        return answer
+
+    monkeypatch.setattr(feed, "named_data_commit", checked)
+    driver.put("k", b"1")
+    for i in range(50):
+        driver.put(f"s{i}", b"x", SIDE)
+        assert driver.get("k") == b"1"
+        assert driver.get(f"s{i}", SIDE) == b"x"
+    assert len(calls) >= 50
+    assert all(known is not None for known in calls[1:])

@@ -165,16 +165,10 @@ class LMDBTxn(Txn):
         head = self._driver.side_head  # (side commit, the newest data commit its entries name)
         if head is None or head[0] != sid:
             # The newest data commit an entry names: a side-only commit's entry names none
-            # (0), and one after a writer's two commits would otherwise hide them.
-            named = 0
-            with side.cursor() as cur:
-                found = cur.last()
-                while found and bytes(cur.key()[: len(feed.LOG)]) == feed.LOG:
-                    named = feed.HEAD.unpack_from(cur.value())[0]
-                    if named:
-                        break
-                    found = cur.prev()
-            head = self._driver.side_head = (sid, named)
+            # (0), and one after a writer's two commits would otherwise hide them. The entries
+            # up to the last snapshot checked are not walked again (a later snapshot only).
+            known = head if head is not None and head[0] < sid else None
+            head = self._driver.side_head = (sid, feed.named_data_commit(side, known))
         data_next = head[1]
         if data_next <= data_id:
             return

@@ -54,6 +54,29 @@ def _entry(sid: int) -> bytes:
     return LOG + b"%016x" % sid
 
 
+def named_data_commit(side: lmdb.Transaction, known: tuple[int, int] | None = None) -> int:
+    """The newest data commit an entry of ``side``'s log names (0: none). A side-only commit's
+    entry names none, so the log is walked back from its newest entry to the first that names
+    one. ``known``: an earlier snapshot's side commit and this answer for it; its entries are
+    not walked again. Without it, each reader after a run of side-only commits (``chmod -R``,
+    ``touch``, folders' times at the end of ``rsync``) walked the whole run, up to the
+    :data:`KEEP` entries of the log: a ``chmod`` of each of 6,000 files went from 0.7 to 4 ms."""
+    stop = None if known is None else _entry(known[0])
+    with side.cursor() as cur:
+        found = cur.last()
+        while found:
+            key = bytes(cur.key())
+            if not key.startswith(LOG):
+                return 0
+            if stop is not None and key <= stop:
+                return known[1]  # type: ignore[index]
+            named = HEAD.unpack_from(cur.value())[0]
+            if named:
+                return named
+            found = cur.prev()
+    return 0
+
+
 def changed_keys(data: Iterable[bytes], side: Iterable[bytes], long: Iterable[bytes]) -> list[bytes]:
     """What a log entry names: the data and side keys a transaction changed, and its long keys
     (already as ``b"d"``/``b"s"`` + key); side records of long keys (0xFE, ``longkeys``) are
