@@ -22,6 +22,7 @@ import json
 import os
 import random
 import select
+import stat
 import threading
 import time
 
@@ -545,6 +546,82 @@ def test_a_new_file_costs_two_round_trips_in_a_folder_the_mount_knows(kind, requ
     write(other.path / "made" / "theirs", b"theirs")  # another mount adds a name
     eventually(lambda: os.path.exists(m.path / "made" / "theirs"), "a file another mount made")
     assert read(m.path / "made" / "theirs") == b"theirs"
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+@pytest.mark.parametrize("kind", SERVERS)
+def test_a_chmod_and_a_link_read_what_they_change_with_their_checks(kind, request, proxy, mount_factory):
+    """A chmod reads the file's extended attributes (its access ACL changes with the mode) and
+    a link the file's value and extended attributes (stored under the new name) in the
+    checks' round trip, not one by one after it: a chmod is the checks, the commit and the
+    reply's attributes; a link the checks, the commit, and the kernel's lookup of the new name
+    (a name of a linked file reads its link group: up to four). Before, four and eight."""
+    direct, proxied = _proxied(kind, request, proxy, f"ch{os.getpid()}")
+    m = mount_factory(proxied, ["create"])
+    top = m.path / "top"
+    top.mkdir()
+    files = [f"f{i}" for i in range(4)]
+    for n in files:
+        write(top / n, n.encode() * 100)
+        os.setxattr(top / n, "user.k", n.encode())
+    for n in files:
+        os.stat(top / n)
+    trips = _trips(proxy, [lambda n=n: os.chmod(top / n, 0o600) for n in files])
+    assert trips <= 3.0, trips
+    for n in files:
+        os.stat(top / n)
+    trips = _trips(proxy, [lambda n=n: os.link(top / n, top / f"h{n}") for n in files])
+    assert trips <= 6.0 + 1 / 4, trips  # the format layer's check of a new name, once a second
+    for n in files:
+        assert stat.S_IMODE(os.stat(top / f"h{n}").st_mode) == 0o600
+        assert read(top / f"h{n}") == n.encode() * 100
+        assert os.getxattr(top / f"h{n}", "user.k") == n.encode()
+        assert os.stat(top / n).st_nlink == 2
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+@pytest.mark.parametrize("kind", SERVERS)
+def test_a_rename_of_a_stored_file_costs_two_round_trips(kind, request, proxy, mount_factory):
+    """The checks (both names, both folders, the records of each name and whether any lie
+    below it, what keeps the source's folder) in one round trip, then the commit: onto a new
+    name, onto an existing file (and the kernel's lookup of it), and into another folder. It
+    read the source's records one by one before, nine round trips a rename (rsync renames
+    every file it writes). A new name is
+    also checked against the Zarr metadata of the folders above it, a round trip once a second
+    a folder (the format layer's, as for a new file): one more in each batch at most."""
+    direct, proxied = _proxied(kind, request, proxy, f"mv{os.getpid()}")
+    m = mount_factory(proxied, ["create"])
+    top = m.path / "top"
+    top.mkdir()
+    (top / "sub").mkdir()
+    files = [f"f{i}" for i in range(8)]
+    for n in files:
+        write(top / n, n.encode())
+        os.setxattr(top / n, "user.k", n.encode())
+    for n in files:  # the kernel's entries of every name first: its lookups are not the rename's
+        os.stat(top / n)
+        with pytest.raises(FileNotFoundError):
+            os.stat(top / f"g{n}")
+        with pytest.raises(FileNotFoundError):
+            os.stat(top / "sub" / n)
+    trips = _trips(proxy, [lambda n=n: os.rename(top / n, top / f"g{n}") for n in files[:4]])
+    assert trips <= 2.0 + 1 / 4, trips
+    onto = [lambda i=i: os.rename(top / f"g{files[i]}", top / files[4 + i]) for i in range(4)]
+    trips = _trips(proxy, onto)
+    # Onto an existing file, one more: the kernel looks the target up anew before every
+    # rename (LOOKUP_RENAME_TARGET), and an existing name's lookup asks the server.
+    assert trips <= 3.0 + 1 / 4, trips
+    trips = _trips(proxy, [lambda n=n: os.rename(top / n, top / "sub" / n) for n in files[4:]])
+    assert trips <= 2.0 + 1 / 4, trips
+    assert os.listdir(top) == ["sub"]  # the emptied folder keeps its subfolder
+    assert sorted(os.listdir(top / "sub")) == files[4:]
+    for i, n in enumerate(files[4:]):  # each holds what the file renamed onto it held
+        assert read(top / "sub" / n) == files[i].encode()
+        assert os.getxattr(top / "sub" / n, "user.k") == files[i].encode()
+    with open_driver(direct) as d:
+        assert sorted(k for k, _ in d.scan("top/")) == [f"top/sub/{n}" for n in files[4:]]
 
 
 @pytest.mark.mount

@@ -24,7 +24,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from zarrfs.backends.base import DATA, SIDE, VALUES, Driver, StalledError, Txn, prefix_stop
+from zarrfs.backends.base import (
+    DATA,
+    SIDE,
+    VALUES,
+    Driver,
+    Get,
+    HasPrefix,
+    Read,
+    Space,
+    StalledError,
+    Txn,
+    prefix_stop,
+)
 from zarrfs.fs import hardlinks, parts
 from zarrfs.fs.manifest import Parted
 from zarrfs.fs.node import DIR, FILE
@@ -244,22 +256,42 @@ def remove_folder(t: Txn, key: str) -> None:
         t.delete(record, SIDE)
 
 
-def subtree(t: Txn, key: str, found: Any) -> Records:
+def subtree_reads(key: str) -> list[Read]:
+    """What :func:`subtree` reads of ``key`` before it scans: the node's own records and
+    whether each kind has records below it (the link-group pointers below only count for a
+    folder); a caller may read them in its probe's batch and hand the answers over."""
+    reads: list[Read] = []
+    for prefix, space in _KINDS:
+        reads += [Get(prefix + key, space), HasPrefix(prefix + key + "/", space)]
+    reads.append(HasPrefix(POINTER + key + "/", SIDE))
+    return reads
+
+
+_KINDS: tuple[tuple[str, Space], ...] = (("", DATA), (ENTRY, SIDE), (ATTR, SIDE), (XATTR, SIDE))
+
+
+def subtree(t: Txn, key: str, found: Any, answers: list[Any] | None = None) -> Records:
     """Every record of the node at ``key`` and below: (space, key, value); ``found`` is what
-    the probe found at ``key`` (a file's link-group pointer comes with it)."""
+    the probe found at ``key`` (a file's link-group pointer comes with it). The reads of
+    :func:`subtree_reads` come first, in one batch (``answers``: already read), then scans of
+    only the kinds with records below: a file's rename read its records one by one, seven
+    round trips to a server."""
+    if answers is None:
+        answers = t.read_many(subtree_reads(key))
     records: Records = []
-    value = t.get(key)
-    if value is not None:
-        records.append((DATA, key, value))
-    records.extend((DATA, k, v) for k, v in t.scan_prefix(key + "/", fetch=VALUES))
-    for side_prefix in (ENTRY, ATTR, XATTR):
-        raw = t.get(side_prefix + key, SIDE)
-        if raw is not None:
-            records.append((SIDE, side_prefix + key, raw))
-        below = t.scan_prefix(side_prefix + key + "/", space=SIDE, fetch=VALUES)
-        records.extend((SIDE, k, v) for k, v in below)
-    if found[0] == DIR:  # the link-group pointers of the files below
-        records.extend((SIDE, k, v) for k, v in t.scan_prefix(POINTER + key + "/", space=SIDE, fetch=VALUES))
+
+    def scan(prefix: str, space: Space) -> None:
+        below = t.scan_prefix(prefix + key + "/", space=space, fetch=VALUES)
+        records.extend((space, k, v) for k, v in below)
+
+    for i, (prefix, space) in enumerate(_KINDS):
+        if answers[2 * i] is not None:
+            records.append((space, prefix + key, answers[2 * i]))
+        if answers[2 * i + 1]:
+            scan(prefix, space)
+    if found[0] == DIR:
+        if answers[2 * len(_KINDS)]:
+            scan(POINTER, SIDE)
     elif found[4] is not None:
         records.append((SIDE, pointer_key(key), found[4]))
     return records

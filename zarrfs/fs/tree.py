@@ -21,7 +21,7 @@ import stat
 from collections.abc import Callable
 from typing import Any
 
-from zarrfs.backends.base import DATA, SIDE, Driver, HasPrefix, Txn
+from zarrfs.backends.base import DATA, SIDE, Driver, Get, HasPrefix, Txn
 from zarrfs.backends.errors import InterruptedCallError, RetryableError, UnavailableError
 from zarrfs.backends.heldvalues import Held
 from zarrfs.fs import acl, hardlinks, parts, records
@@ -466,8 +466,12 @@ class Tree:
         """Change mode, owner or times of ``key`` (``-1`` owner means unchanged, as chown);
         with ``mtime``, the mtime before and after (what tells versions of a file apart)."""
 
+        # A chmod changes the access ACL too: from a server, the extended attributes are read
+        # with the probe, in its round trip (the transaction answers its later get).
+        extra = [Get(xattr_key(key), SIDE)] if mode is not None and self.driver.remote else []
+
         def run(t: Txn) -> tuple[int, int] | None:
-            found = self.lookups.probe(t, key)
+            (found,), _ = self.lookups.probe_many_with(t, [key], extra)
             if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
             attrs = self.lookups.attrs_of(t, key, found[0])
@@ -512,8 +516,19 @@ class Tree:
         self.entries.check_length(dst)
         here, there = src.rpartition("/")[0], dst.rpartition("/")[0]
 
+        # Read with the probes, in their batch: what the source's and the target's records
+        # are (records.subtree) and what keeps the source's folder (entries.keep_parent).
+        # (Where a batch is one read, the target's records and the source's folder too; on a
+        # local database those are read only when needed.)
+        own = records.subtree_reads(src)
+        k = len(own)
+        extra = own
+        if self.driver.batched:
+            extra = own + records.subtree_reads(dst) + self.entries.parent_reads(src)
+
         def run(t: Txn) -> bool:
-            s, d, parent, source = self.lookups.probe_many(t, [src, dst, there, here])
+            (s, d, parent, source), answers = self.lookups.probe_many_with(t, [src, dst, there, here], extra)
+            src_reads, dst_reads, before = answers[:k], answers[k : 2 * k] or None, answers[2 * k :]
             if s is None:
                 raise FsError(errno.ENOENT, src, quiet=True)
             if hardlinks.same_file(t, src, dst, s, d):
@@ -523,7 +538,7 @@ class Tree:
             if flags & RENAME_EXCHANGE:
                 if d is None:
                     raise FsError(errno.ENOENT, dst, quiet=True)
-                a, b = records.subtree(t, src, s), records.subtree(t, dst, d)
+                a, b = records.subtree(t, src, s, src_reads), records.subtree(t, dst, d, dst_reads)
                 records.remove(t, a, self.writes.changed)
                 records.remove(t, b, self.writes.changed)
                 records.place(t, a, src, dst, self.hooks.arrive, self.writes.changed)
@@ -542,18 +557,20 @@ class Tree:
                     raise FsError(errno.ENOTEMPTY, dst)
                 if d[0] != DIR and not records.leave_group(t, dst, d, defaults, now) and d[0] == FILE:
                     self.writes.let_go(parts.parted_of(d[3]))
-                records.remove(t, records.subtree(t, dst, d), self.writes.changed)
+                records.remove(t, records.subtree(t, dst, d, dst_reads), self.writes.changed)
             else:
                 self.lookups.folder_check(parent, dst)
                 self.hooks.check_name(t, dst, s[0])
-            moving = records.subtree(t, src, s)
+            moving = records.subtree(t, src, s, src_reads)
             records.remove(t, moving, self.writes.changed)
             records.place(t, moving, src, dst, self.hooks.arrive, self.writes.changed)
             moved = (Attrs.unpack(s[3]) if s[3] is not None else None) or defaults(s[0])
             moved.ctime = now  # as Linux's filesystems do: the node changed
             records.put_attrs(t, [dst], moved.with_type(s[0]).pack())
             records.regroup(t, [(moving, src, dst, s)], defaults, now)
-            self.entries.keep_parent(t, src)
+            # A file's, symlink's or special file's folder is settled by what was read before
+            # (as an unlink's is); a folder's is read again.
+            self.entries.keep_parent(t, src, before if s[0] != DIR and before else None, side=s[0] != FILE)
             self.entries.folders_changed(t, (here, source), (there, parent), now)
             return True
 
@@ -569,8 +586,12 @@ class Tree:
 
         self.entries.check_length(dst)
 
+        # From a server, the file's value and extended attributes are read with the probes, in
+        # their round trip (the transaction answers the gets below).
+        extra = [Get(src), Get(xattr_key(src), SIDE)] if self.driver.remote else []
+
         def run(t: Txn) -> None:
-            s, d, parent = self.lookups.probe_many(t, [src, dst, dst.rpartition("/")[0]])
+            (s, d, parent), _ = self.lookups.probe_many_with(t, [src, dst, dst.rpartition("/")[0]], extra)
             if s is None:
                 raise FsError(errno.ENOENT, src, quiet=True)
             if s[0] == DIR:
