@@ -35,6 +35,7 @@ from psycopg.pq import TransactionStatus
 from zarrfs.backends import open_driver
 from zarrfs.backends.base import KEYS, SIDE, SIZES, VALUES, Get, HasPrefix, Size
 from zarrfs.cli.main import daemon_pids
+from zarrfs.fs.sidedata import Attrs, attr_key
 from zarrfs.testing.proxy import POSTGRES_IDLE_COMMITS, DelayProxy
 
 CHUNK = 64 << 10
@@ -522,13 +523,15 @@ def test_a_new_file_costs_two_round_trips_in_a_folder_the_mount_knows(kind, requ
         # Counted at the proxy, a pipeline whose sender was descheduled longer than the
         # proxy's round trip half way through it (a machine under heavy load) is two bursts:
         # a batch over the bound is measured again with new names (the folder's names are
-        # known by then).
-        for batch in range(2):
+        # known by then), and one such split is allowed a batch (seen on both trees under two
+        # busy loops beside the test: 2.05 in the first and second batches); a third round
+        # trip a file would be 3.0.
+        for batch in range(3):
             names = [f"{batch}.{i}" for i in range(20)]
             trips = _trips(proxy, [lambda n=n, f=folder: write(m.path / f / n, n.encode()) for n in names])
             if trips <= 2.0 + (first if batch == 0 else 0) / len(names):
                 break
-        assert trips <= 2.0 + (first if batch == 0 else 0) / len(names), (folder, batch, trips)
+        assert trips <= 2.0 + ((first if batch == 0 else 0) + 1) / len(names), (folder, batch, trips)
         for n in names:
             assert read(other.path / folder / n) == n.encode()
     # A folder larger than a batch of its scans is not read by a lookup (one round trip, not
@@ -554,9 +557,10 @@ def test_a_new_file_costs_two_round_trips_in_a_folder_the_mount_knows(kind, requ
 def test_a_chmod_and_a_link_read_what_they_change_with_their_checks(kind, request, proxy, mount_factory):
     """A chmod reads the file's extended attributes (its access ACL changes with the mode) and
     a link the file's value and extended attributes (stored under the new name) in the
-    checks' round trip, not one by one after it: a chmod is the checks, the commit and the
-    reply's attributes; a link the checks, the commit, and the kernel's lookup of the new name
-    (a name of a linked file reads its link group: up to four). Before, four and eight."""
+    checks' round trip, not one by one after it; the reply to a chmod or a utime shows the
+    node its commit left, without reading it again. A chmod or utime is the checks and the
+    commit; a link the checks, the commit, and the kernel's lookup of the new name (a name of
+    a linked file reads its link group: up to four). Before, four, three and eight."""
     direct, proxied = _proxied(kind, request, proxy, f"ch{os.getpid()}")
     m = mount_factory(proxied, ["create"])
     top = m.path / "top"
@@ -568,9 +572,15 @@ def test_a_chmod_and_a_link_read_what_they_change_with_their_checks(kind, reques
     for n in files:
         os.stat(top / n)
     trips = _trips(proxy, [lambda n=n: os.chmod(top / n, 0o600) for n in files])
-    assert trips <= 3.0, trips
-    for n in files:
-        os.stat(top / n)
+    assert trips <= 2.0, trips
+    trips = _trips(proxy, [lambda n=n: os.utime(top / n, ns=(10**9, 2 * 10**9)) for n in files])
+    assert trips <= 2.0, trips
+    for n in files:  # what the replies showed, and what is stored
+        shown = os.stat(top / n)
+        assert (stat.S_IMODE(shown.st_mode), shown.st_size) == (0o600, 2 * 100)
+        assert (shown.st_atime_ns, shown.st_mtime_ns) == (10**9, 2 * 10**9)
+    with open_driver(direct) as d:
+        assert all(Attrs.unpack(d.get(attr_key(f"top/{n}"), SIDE)).mtime == 2 * 10**9 for n in files)
     trips = _trips(proxy, [lambda n=n: os.link(top / n, top / f"h{n}") for n in files])
     assert trips <= 6.0 + 1 / 4, trips  # the format layer's check of a new name, once a second
     for n in files:

@@ -111,6 +111,11 @@ class KnownFolders:
         self.read_record(key, record)
         self.nodes[key] = node
 
+    def stored(self, key: str, node: Node) -> None:
+        """This mount's last commit left ``node`` at ``key`` (its attributes changed). Called
+        after :meth:`wrote` of that commit."""
+        self.nodes[key] = node
+
     def wrote(self, writes: Iterable[tuple[Space, str, object]]) -> None:
         """A commit of this mount stored ``writes`` ((space, key, value or None: deleted), as
         the transaction was asked to make them): names it adds join their folders' sets,

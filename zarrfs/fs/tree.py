@@ -469,6 +469,8 @@ class Tree:
         # A chmod changes the access ACL too: from a server, the extended attributes are read
         # with the probe, in its round trip (the transaction answers its later get).
         extra = [Get(xattr_key(key), SIDE)] if mode is not None and self.driver.remote else []
+        known = self.lookups.known
+        after: list[Node] = []  # the node as committed, for the reply (a mount that knows nodes)
 
         def run(t: Txn) -> tuple[int, int] | None:
             (found,), _ = self.lookups.probe_many_with(t, [key], extra)
@@ -496,9 +498,15 @@ class Tree:
                 if acl.ACCESS in xattrs:
                     xattrs[acl.ACCESS] = acl.pack(acl.chmod(acl.parse(xattrs[acl.ACCESS]), mode))
                     records.put_xattrs(t, names, pack_xattrs(xattrs))
+            if known is not None and found[4] is None and not self.hooks.transforms:
+                # What a probe after the commit finds (not for a linked node: its group is read)
+                after[:] = [self.lookups.node_from(t, key, found[0], found[1], found[2], attrs.pack())]
             return None if mtime is None else (before, attrs.mtime)
 
-        return self.writes.run(run)
+        stamps = self.writes.run(run)
+        if known is not None and after:  # the reply's attributes, and lookups, need not ask
+            known.stored(key, after[0])
+        return stamps
 
     # ------------------------------------------------------------------ rename / link
     def rename(self, src: str, dst: str, flags: int = 0) -> bool:
