@@ -109,7 +109,7 @@ class KnownFolders:
         stored). Called after :meth:`wrote` of its commit."""
         self._set(key, set())
         self.read_record(key, record)
-        self.nodes[key] = node
+        self.stored(key, node)
 
     def stored(self, key: str, node: Node) -> None:
         """This mount's last commit left ``node`` at ``key`` (its attributes changed). Called

@@ -256,6 +256,11 @@ def remove_folder(t: Txn, key: str) -> None:
         t.delete(record, SIDE)
 
 
+#: The kinds of a node's records :func:`subtree` reads: its value, entry, attribute and
+#: extended-attribute records (the link-group pointers are taken apart).
+_KINDS: tuple[tuple[str, Space], ...] = (("", DATA), (ENTRY, SIDE), (ATTR, SIDE), (XATTR, SIDE))
+
+
 def subtree_reads(key: str) -> list[Read]:
     """What :func:`subtree` reads of ``key`` before it scans: the node's own records and
     whether each kind has records below it (the link-group pointers below only count for a
@@ -265,9 +270,6 @@ def subtree_reads(key: str) -> list[Read]:
         reads += [Get(prefix + key, space), HasPrefix(prefix + key + "/", space)]
     reads.append(HasPrefix(POINTER + key + "/", SIDE))
     return reads
-
-
-_KINDS: tuple[tuple[str, Space], ...] = (("", DATA), (ENTRY, SIDE), (ATTR, SIDE), (XATTR, SIDE))
 
 
 def subtree(t: Txn, key: str, found: Any, answers: list[Any] | None = None) -> Records:
