@@ -36,7 +36,7 @@ from zarrfs.backends.base import (
 )
 from zarrfs.backends.registry import open_driver
 from zarrfs.testing import DriverConformance
-from zarrfs.testing.driver_txn import keys_of
+from zarrfs.testing.driver_txn import keys_of, scan_moving_keys
 
 
 class _Conformance(DriverConformance):
@@ -779,6 +779,18 @@ class TestRedis(_Conformance):
         assert r.get(f"{p}:a/b") == b"v"
         assert r.type(f"zarrfs.index.{p}") == b"zset"
         assert r.zrangebylex(f"zarrfs.index.{p}", "(", "+") == [b"a/b"]
+
+    def test_a_key_moving_faster_than_its_batch_is_read_is_listed_once(self, driver, monkeypatch):
+        """Values are read after their batch's range (names and sizes by one script): with no
+        read of the range again allowed, a rename in between is common, and the read
+        transaction runs again rather than list the key under no name."""
+        monkeypatch.setattr("zarrfs.backends.redis.index.RECHECKS", 0)
+        scan_moving_keys(driver, reads=300)
+
+    def test_a_moving_key_is_listed_once_without_scripts(self, driver):
+        """Where the server runs no scripts, names and sizes too are read after their range."""
+        driver.scripts[0] = False
+        scan_moving_keys(driver, reads=300)
 
     def test_stale_index_entries_are_not_listed(self, driver, redis_server):
         for k in ("s/1", "s/2", "s/3"):

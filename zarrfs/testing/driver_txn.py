@@ -12,6 +12,7 @@ import pytest
 
 from zarrfs.backends.base import (
     DATA,
+    KEYS,
     SIDE,
     SIZES,
     VALUES,
@@ -25,7 +26,7 @@ from zarrfs.backends.registry import open_driver
 
 from .claims import Claims
 
-__all__ = ["TransactionConformance", "increment", "keys_of"]
+__all__ = ["TransactionConformance", "increment", "keys_of", "scan_moving_keys"]
 
 
 def keys_of(rows):
@@ -70,6 +71,55 @@ def _write_forever(url: str) -> None:
             t.put("crash/b", b"%d" % i)
 
         driver.transact(fn)
+
+
+def scan_moving_keys(driver, reads: int) -> None:
+    """Move ``move/NNNNNN`` (and its side record) to the next number, one commit a step, in a
+    thread, while ``reads`` read transactions scan for it; fail when one lists it under no name
+    or two (see ``test_a_scan_finds_a_moving_key_under_one_name``)."""
+    done = threading.Event()
+    moves = [0]
+    errors: list[BaseException] = []
+
+    def step(t, i: int) -> None:
+        old, new = f"move/{i:06d}", f"move/{i + 1:06d}"
+        for space in (DATA, SIDE):
+            t.delete(old, space)
+            t.put(new, b"v%d" % (i + 1), space)
+
+    def write() -> None:
+        try:
+            while not done.is_set():
+                driver.transact(lambda t, i=moves[0]: step(t, i))
+                moves[0] += 1
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    def read(t) -> list:
+        return [
+            keys_of(t.scan("move/", prefix_stop("move/"), space=space, fetch=fetch))
+            for space in (DATA, SIDE)
+            for fetch in (KEYS, SIZES, VALUES)
+        ]
+
+    driver.transact(lambda t: [t.put("move/000000", b"v0", space) for space in (DATA, SIDE)])
+    writer = threading.Thread(target=write)
+    writer.start()
+    seen, n = [], 0
+    deadline = time.monotonic() + 60
+    try:
+        # Enough reads to overlap many moves (a condition, not a bound on speed).
+        while (n < reads or moves[0] < 100) and time.monotonic() < deadline and not errors:
+            listed = driver.transact(read, write=False)
+            n += 1
+            if any(len(keys) != 1 for keys in listed):
+                seen.append(listed)
+    finally:
+        done.set()
+        writer.join(60)
+    assert not errors, errors
+    assert moves[0] >= 2, "the writer moved nothing while the reads ran"
+    assert not seen, f"{len(seen)} of {n} reads listed the moving key under no name or two: {seen[:3]}"
 
 
 class TransactionConformance(Claims):
@@ -303,6 +353,16 @@ class TransactionConformance(Claims):
         assert not errors, errors
         assert commits[0] >= 2, "the writer committed nothing while the reads ran"
         assert not seen, f"{len(seen)} of {reads} reads saw two commits: {seen[:5]}"
+
+    def test_a_scan_finds_a_moving_key_under_one_name(self, driver):
+        """A key renamed again and again (deleted and put under a new name in one commit) is
+        listed by each read transaction's scan once, under one of its names, for names, sizes
+        and values alike, in both spaces: never under neither, never under two. (Redis reads
+        a batch's range and then its keys; a rename between the two moves the key out of what
+        was read.)"""
+        if driver.readonly:
+            pytest.skip("read-only driver")
+        scan_moving_keys(driver, reads=200)
 
     def test_processes_increment_exactly(self, driver, url):
         if not self.multiprocess:

@@ -11,7 +11,18 @@ from typing import Any
 
 import redis
 
-from ..base import DATA, KEYS, SIDE, SIZES, VALUES, BackendError, Fetch, MissingDatabaseError, Space
+from ..base import (
+    DATA,
+    KEYS,
+    SIDE,
+    SIZES,
+    VALUES,
+    BackendError,
+    Fetch,
+    MissingDatabaseError,
+    RetryableError,
+    Space,
+)
 from ..buffered import DELETED, merge_buffered
 from .link import translated
 from .url import KeyNames
@@ -197,6 +208,12 @@ def _continues(window: tuple[Any, ...], lo: bytes) -> bool:
     if lo < start or (lo == start and not included) or end is None:
         return False
     return lo <= end if window[3] else lo < end
+
+
+def _still_moving() -> RetryableError:
+    """A batch whose keys kept moving (renames) through every read again of its range: the
+    transaction runs again rather than list a moved key under neither of its names."""
+    return RetryableError("a batch of keys kept moving while it was listed; read again")
 
 
 def _within(members: list[bytes], lo: bytes, hi: bytes | None) -> Iterator[tuple[bytes, None]]:
@@ -413,7 +430,7 @@ class IndexScans:
             if fetch is KEYS:
                 # One EXISTS counts the batch's keys that exist: all of them, but for stale entries.
                 (count,) = query([], ("EXISTS", *names))
-                for _ in range(RECHECKS):
+                for left in range(RECHECKS, -1, -1):
                     if count == len(names):
                         break
                     # A key missing may be a stale entry, or a rename committed between the two
@@ -421,6 +438,8 @@ class IndexScans:
                     again = self._reread(query, space, covered)
                     if again is None or again == batch:
                         break
+                    if not left:
+                        raise _still_moving()
                     batch, names = again, [self._keys.name(space, m) for m in again]
                     (count,) = query([], ("EXISTS", *names)) if names else (0,)
                 if count != len(names):
@@ -439,9 +458,11 @@ class IndexScans:
                         for i, e in zip(zero, exists, strict=True):
                             if not e:
                                 sizes[i] = None
-                    again = self._reread(query, space, covered) if left and None in sizes else None
+                    again = self._reread(query, space, covered) if None in sizes else None
                     if again is None or again == batch:
                         break
+                    if not left:
+                        raise _still_moving()
                     batch, names = again, [self._keys.name(space, m) for m in again]  # keys moved
                 yield from ((m, s) for m, s in zip(batch, sizes, strict=True) if s is not None)
             else:
@@ -449,9 +470,11 @@ class IndexScans:
                 while i < len(names):
                     part = names[i : i + value_batch]
                     (values,) = query(part, ("MGET", *part))
-                    if left and None in values:
+                    if None in values:
                         again = self._reread(query, space, covered)
                         if again is not None and again != batch:  # keys moved: go on from here
+                            if not left:
+                                raise _still_moving()
                             left -= 1
                             done = batch[i - 1] if i else None
                             batch = [m for m in again if done is None or m > done]
