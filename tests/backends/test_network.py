@@ -634,6 +634,90 @@ def test_a_rename_of_a_stored_file_costs_two_round_trips(kind, request, proxy, m
         assert sorted(k for k, _ in d.scan("top/")) == [f"top/sub/{n}" for n in files[4:]]
 
 
+def _fewest_trips(proxy, batch, bound: float, batches: int = 3) -> float:
+    """Round trips per call of ``batch(n)`` (a list of calls, new ones for each ``n``): the
+    first batch within ``bound``, else the fewest of ``batches`` (counted at the proxy, a
+    pipeline whose sender was descheduled half way through it is two bursts: a busy machine
+    may split one of a batch)."""
+    best = float("inf")
+    for n in range(batches):
+        best = min(best, _trips(proxy, batch(n)))
+        if best <= bound:
+            break
+    return best
+
+
+@pytest.mark.mount
+@pytest.mark.usefixtures("fuse_required")
+@pytest.mark.parametrize("kind", SERVERS)
+def test_a_file_this_mount_stored_reads_in_one_round_trip_and_changes_in_few(
+    kind, request, proxy, mount_factory
+):
+    """A file this mount stored: its open reads the value in the probe's round trip (the
+    commit noted its size), and the fstat after it is answered by what the open read; an
+    append takes the attributes the open read (the change feed tells whether they changed
+    since), probes the newest version with the format layer's reads, and writes; a truncate
+    by name reads the file's names and attributes with its value, and its reply shows what
+    the commit left; a rename onto such a file needs no lookup of it (the kernel's of the
+    target, before every rename); a setxattr reads the record with its probe; a symlink's
+    reply shows what was made. Before: 4 round trips a read, 7 an append, 8 a truncate, 3
+    a rename onto a file, a setxattr or a symlink."""
+    direct, proxied = _proxied(kind, request, proxy, f"ra{os.getpid()}")
+    m = mount_factory(proxied, ["create"])
+    top = m.path / "top"
+    top.mkdir()
+    files = {f"f{b}.{i}": f"f{b}.{i}".encode() for b in range(3) for i in range(8)}
+    for n, v in files.items():
+        write(top / n, v)
+
+    def batch(op):
+        def calls(b: int):
+            names = [f"f{b}.{i}" for i in range(8)]
+            return [lambda n=n: op(n) for n in names]
+
+        return calls
+
+    def read_one(n: str) -> None:
+        assert read(top / n) == files[n]
+
+    def append(n: str) -> None:
+        with open(top / n, "ab") as fh:
+            fh.write(b"+")
+        files[n] += b"+"
+
+    def truncate(n: str) -> None:
+        os.truncate(top / n, 2)
+        files[n] = files[n][:2]
+
+    assert _fewest_trips(proxy, batch(read_one), 1 + 1 / 8) <= 1 + 1 / 8
+    assert _fewest_trips(proxy, batch(append), 3 + 1 / 8) <= 3 + 1 / 8
+    assert _fewest_trips(proxy, batch(truncate), 3 + 1 / 8) <= 3 + 1 / 8
+    for b in range(3):
+        for i in range(8):
+            write(top / f"t{b}.{i}", b"target")
+            files[f"t{b}.{i}"] = b"target"
+
+    def replace(n: str) -> None:
+        os.replace(top / n, top / f"t{n[1:]}")
+        files[f"t{n[1:]}"] = files.pop(n)
+
+    assert _fewest_trips(proxy, batch(replace), 2 + 1 / 8) <= 2 + 1 / 8
+    setxattr = [lambda n=n: os.setxattr(top / n, "user.k", n.encode()) for n in files]
+    assert _trips(proxy, setxattr) <= 2 + 1 / 8
+    links = [lambda i=i: os.symlink(f"t0.{i}", top / f"s{i}") for i in range(8)]
+    assert _trips(proxy, links) <= 2 + 1 / 8
+    for i in range(8):
+        assert os.readlink(top / f"s{i}") == f"t0.{i}" and read(top / f"s{i}") == files[f"t0.{i}"]
+        assert os.lstat(top / f"s{i}").st_size == len(f"t0.{i}")
+    for n in files:
+        assert os.getxattr(top / n, "user.k") == n.encode()
+    with open_driver(direct) as d:
+        stored = {k: bytes(v) for k, v in d.scan("top/", fetch=VALUES)}
+    assert stored == {f"top/{n}": v for n, v in files.items()}  # the symlinks are side entries
+    for n, v in files.items():
+        assert read(top / n) == v and os.stat(top / n).st_size == len(v)
+
+
 @pytest.mark.mount
 @pytest.mark.usefixtures("fuse_required")
 @pytest.mark.parametrize("kind", SERVERS)

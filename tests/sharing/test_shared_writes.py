@@ -11,6 +11,7 @@ import errno
 import fcntl
 import os
 import sqlite3
+import stat
 import struct
 import subprocess
 import sys
@@ -334,6 +335,31 @@ def test_a_commit_keeps_bytes_another_mount_committed_since_the_open(url, mount_
     want = b"AAAA" + b"." * 6 + b"BBBB" + b"." * 6 + b"\0\0aa"
     assert (a.path / "f").read_bytes() == want
     assert (b.path / "f").read_bytes() == want
+
+
+@pytest.mark.parametrize("how", ["append", "ftruncate"])
+def test_a_change_after_another_mounts_chmod_keeps_that_mode(url, how, mount_factory):
+    """A file opened through one mount, then chmod'ed through another before the first one
+    changes it: the first one's commit keeps the new mode (the attributes its open read are
+    no longer the file's), once the chmod shows there."""
+    a, b = mounts(mount_factory, url, 2)
+    (a.path / "f").write_bytes(b"one\n")
+    shown(b.path / "f")
+    fd = os.open(a.path / "f", os.O_WRONLY | os.O_APPEND if how == "append" else os.O_RDWR)
+    try:
+        os.chmod(b.path / "f", 0o600)
+        shows = lambda: stat.S_IMODE(os.stat(a.path / "f").st_mode) == 0o600  # noqa: E731
+        eventually(shows, "the chmod, on the other mount")
+        if how == "append":
+            os.write(fd, b"two\n")
+        else:
+            os.ftruncate(fd, 2)
+    finally:
+        os.close(fd)
+    want = b"one\ntwo\n" if how == "append" else b"on"
+    for m in (a, b):
+        eventually(lambda m=m: (m.path / "f").read_bytes() == want, "the change, on both mounts")
+        assert stat.S_IMODE(os.stat(m.path / "f").st_mode) == 0o600
 
 
 def test_a_rewrite_from_empty_replaces_the_whole_file(url, mount_factory):

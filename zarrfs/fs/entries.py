@@ -165,6 +165,9 @@ class Entries:
         known = self.lookups.known
         if known is not None and kind == DIR:  # a new folder: empty, and what the reply shows
             known.made(key, Node(DIR, 0, attrs), attrs.pack())
+        elif known is not None and kind == LINK:  # what the reply shows
+            target = bytes(mark[1:]).decode("utf-8", "surrogateescape")
+            known.stored(key, Node(LINK, len(mark) - 1, attrs, target))
 
     def mkdir(
         self, key: str, mode: int, uid: int | None = None, gid: int | None = None, xattrs: bytes | None = None

@@ -213,6 +213,7 @@ class HandleTable:
             seen, value = self.tree.version(key, SNAPSHOT_LIMIT)
             if seen is not None and seen.kind == FILE:
                 self.tree.seen(key, seen)
+                state.opened = seen
                 version = stamp_of(seen)
                 if state.version not in (None, version):
                     # Descriptors of an older version are open: they keep it, and the kernel's
@@ -287,14 +288,24 @@ class HandleTable:
                 state.buffer = SpillBuffer(state.snapshot, self.spill_threshold)
                 state.base = state.version
             else:
-                state.buffer, state.base = self.locking.newest(state.key)
+                state.buffer, state.base, read = self.locking.newest(state.key)
+                if read is not None and read.kind == FILE:
+                    state.opened = read  # read now, with its attributes
+                    if state.attrs is None:
+                        state.attrs = read.attrs.with_type(FILE)
             state.snapshot = None
             if self.tree.hooks_transform:
                 state.base = None  # shown bytes are not stored bytes: nothing to lay them on
         if empty:
             self._truncated(state, 0)
         if state.attrs is None:
-            state.attrs = self.tree.lookup_attrs(state.key)
+            # The open's, while the change feed tells of no change since (no read then);
+            # otherwise read now: a chmod made since must not be undone by the commit.
+            seen = state.opened
+            if seen is not None and self.tree.unchanged_since(state.key, seen):
+                state.attrs = seen.attrs.with_type(FILE)
+            else:
+                state.attrs = self.tree.lookup_attrs(state.key)
         return state.buffer
 
     def _truncated(self, state: FileState, length: int) -> None:
@@ -455,9 +466,13 @@ class HandleTable:
             raise FsError(errno.EROFS, key)
         state = self.files.handle(fh).state if fh is not None else self.states.get(key)
         if state is None:
-            state = FileState(key, linked=bool(self.tree.link_names(key)))
+            state = FileState(key)
             try:
+                if length == 0:
+                    state.linked = bool(self.tree.link_names(key))
                 self._ensure_buffer(state, empty=length == 0)
+                if length != 0:  # its names were read with it
+                    state.linked = state.opened is not None and bool(state.opened.group)
                 self._truncated(state, length)
                 self._touch(state)
                 self.commit(state)

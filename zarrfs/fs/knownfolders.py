@@ -9,12 +9,13 @@ from collections.abc import Iterable
 
 from zarrfs.backends.base import DATA, SIDE, Space
 from zarrfs.fs.node import Node
-from zarrfs.fs.sidedata import ATTR, ENTRY, XATTR
+from zarrfs.fs.sidedata import ATTR, ENTRY, NAMED, XATTR
 
 ENTRIES = 1 << 16  # names held in every folder's set together (the oldest folder goes first)
 RECORDS = 4096  # attribute records of folders held (the table is emptied when full)
 XATTR_RECORDS = 1 << 16  # extended-attribute records held (the oldest goes first)
 LARGE = 4096  # folders remembered as too large to read with a lookup (the set is emptied when full)
+NODES = 4096  # nodes held (the table is emptied when full, and at each of this mount's commits)
 
 
 class KnownFolders:
@@ -28,7 +29,8 @@ class KnownFolders:
         # its time there).
         self.names: OrderedDict[str, set[str]] = OrderedDict()  # folder -> a superset of its names
         self.records: dict[str, bytes | None] = {}  # folder -> its raw attribute record
-        self.nodes: dict[str, Node] = {}  # key -> the node this mount's last write made there
+        # key -> the node this mount's last write made there, or an open read since
+        self.nodes: dict[str, Node] = {}
         self.xattrs: OrderedDict[str, bytes | None] = OrderedDict()  # key -> its raw x: record
         self.large: set[str] = set()  # folders a lookup found too large to read whole
         self._reading: set[str] = set()  # folders whose names a lookup is reading now
@@ -69,7 +71,7 @@ class KnownFolders:
         self.large.add(folder)
 
     def node(self, key: str) -> Node | None:
-        """The node this mount's last write made at ``key``, if any."""
+        """The node this mount's last write made at ``key``, or an open read there since, if any."""
         return self.nodes.get(key)
 
     def record(self, folder: str) -> tuple[bool, bytes | None]:
@@ -95,6 +97,17 @@ class KnownFolders:
             self.records.clear()
         self.records[folder] = raw
 
+    def opened(self, key: str, node: Node) -> None:
+        """An open read ``node`` at ``key`` just now: the ``fstat`` that follows (a ``GETATTR``,
+        the kernel's attributes of the file dropped when it changed) is answered by it. Not a
+        file with hard links: another name's change changes its count of names, and the feed
+        names only the names that changed."""
+        if node.group:
+            return
+        if len(self.nodes) >= NODES:
+            self.nodes.clear()
+        self.nodes[key] = node
+
     def read_xattrs(self, key: str, raw: bytes | None) -> None:
         """``raw`` is the extended-attribute record of ``key`` as read now."""
         table = self.xattrs
@@ -114,14 +127,17 @@ class KnownFolders:
     def stored(self, key: str, node: Node) -> None:
         """This mount's last commit left ``node`` at ``key`` (its attributes changed). Called
         after :meth:`wrote` of that commit."""
+        if len(self.nodes) >= NODES:
+            self.nodes.clear()
         self.nodes[key] = node
 
     def wrote(self, writes: Iterable[tuple[Space, str, object]]) -> None:
         """A commit of this mount stored ``writes`` ((space, key, value or None: deleted), as
         the transaction was asked to make them): names it adds join their folders' sets,
-        attribute records it writes replace the known ones; nodes made before are forgotten."""
-        self.nodes.clear()
-        names, records = self.names, self.records
+        attribute records it writes replace the known ones; the nodes of the names it touches
+        (any record of theirs: a link's count of names changes with every name's pointer) and
+        of the folders above its keys are forgotten."""
+        names, records, nodes = self.names, self.records, self.nodes
         for space, key, value in writes:
             if space == DATA:
                 path = key
@@ -138,9 +154,13 @@ class KnownFolders:
                         self.xattrs.pop(key[len(XATTR) :], None)
                     else:
                         self.read_xattrs(key[len(XATTR) :], value)  # type: ignore[arg-type]
+                if nodes and space == SIDE and key[:2] in NAMED:
+                    nodes.pop(key[2:], None)
                 continue
             if value is None and space == SIDE and path in names:  # a folder's mark removed
                 self._drop(path)
+            if nodes:
+                nodes.pop(path, None)
             # Every folder above the name now holds the name on the way down to it.
             while path:
                 folder, _, name = path.rpartition("/")
@@ -148,6 +168,8 @@ class KnownFolders:
                 if held is not None and name not in held:
                     held.add(name)
                     self.held += 1
+                if nodes:
+                    nodes.pop(folder, None)
                 path = folder
 
     # -- what others changed, and losing track ----------------------------------------------------

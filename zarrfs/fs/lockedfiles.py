@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from zarrfs.fs import parts
 from zarrfs.fs.errors import FsError
-from zarrfs.fs.node import FILE, stamp_of
+from zarrfs.fs.node import FILE, Node, stamp_of
 from zarrfs.fs.openfiles import FileState, OpenFiles
 from zarrfs.fs.opennames import SNAPSHOT_LIMIT
 from zarrfs.fs.pagecache import Stored
@@ -42,19 +42,20 @@ class LockedFiles:
         self.spill_threshold = spill_threshold
         self.commit = commit
 
-    def newest(self, key: str) -> tuple[SpillBuffer, tuple[int, int] | None]:
-        """A buffer holding the newest stored version of ``key``, and that version's stamp
-        (None for a file read in pieces, or gone: a commit then stores the buffer as it is)."""
+    def newest(self, key: str) -> tuple[SpillBuffer, tuple[int, int] | None, Node | None]:
+        """A buffer holding the newest stored version of ``key``, that version's stamp (None
+        for a file read in pieces, or gone: a commit then stores the buffer as it is), and the
+        node read with it (None when none is there)."""
         node, value = self.tree.version(key, SNAPSHOT_LIMIT)
         try:
             if value is not None:
-                return SpillBuffer(value.data, self.spill_threshold), stamp_of(node)
+                return SpillBuffer(value.data, self.spill_threshold), stamp_of(node), node
         finally:
             if value is not None:
                 value.release()
         if node is not None and node.kind == FILE and self._large(key):
-            return self._load_in_pieces(key), None
-        return SpillBuffer(self._load(key), self.spill_threshold), None
+            return self._load_in_pieces(key), None, node
+        return SpillBuffer(self._load(key), self.spill_threshold), None, node
 
     def _large(self, key: str) -> bool:
         """Whether the stored value at ``key`` is read into a buffer in pieces: it would spill,
@@ -108,7 +109,7 @@ class LockedFiles:
         if not state.dirty or state.changes.whole:
             if state.dirty:
                 return state  # the file is this mount's alone: nothing of others to read
-            buffer, base = self.newest(state.key)
+            buffer, base, _ = self.newest(state.key)
         else:
             node, value = self.tree.version(state.key, SNAPSHOT_LIMIT)
             try:

@@ -255,19 +255,23 @@ class Lookups:
         """Note the size of the file ``node`` at ``key``: a hint for its next open (see
         :meth:`version`), never an answer."""
         if node.kind == FILE:
-            hints = self._size_hints
-            if len(hints) >= SIZE_HINTS:
-                hints.clear()
-                self._part_hints.clear()
-            # A file stored in parts is opened by reading its manifest: that is what is read,
-            # and beside it the parts it named when last seen (see version).
-            parted = node.attrs.parted
-            hints[key] = node.size if parted is None else parts.MANIFEST_SIZE
-            if parted is not None:
-                self._part_hints[key] = parted
-            else:
-                self._part_hints.pop(key, None)
+            self.stored_as(key, node.size, node.attrs.parted)
         return node
+
+    def stored_as(self, key: str, size: int, parted: Any = None) -> None:
+        """Note that the file at ``key`` was seen (or stored by this mount) ``size`` bytes
+        large, stored in parts when ``parted``: a hint for its next open (see :meth:`version`)."""
+        hints = self._size_hints
+        if len(hints) >= SIZE_HINTS:
+            hints.clear()
+            self._part_hints.clear()
+        # A file stored in parts is opened by reading its manifest: that is what is read,
+        # and beside it the parts it named when last seen (see version).
+        hints[key] = size if parted is None else parts.MANIFEST_SIZE
+        if parted is not None:
+            self._part_hints[key] = parted
+        elif self._part_hints:
+            self._part_hints.pop(key, None)
 
     def remember_files(self, files: list[tuple[str, Node]]) -> None:
         """:meth:`remember` of many files not stored in parts (a listing's window), in one call."""

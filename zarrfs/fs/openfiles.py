@@ -54,6 +54,9 @@ class FileState:
     # Written past the kernel's page cache (a new file's write-only descriptor): the kernel
     # holds none of its pages, so all of it is handed over once no descriptor is open.
     direct: bool = False
+    # The node the last open read: its attributes serve the first write while the change feed
+    # tells of no change to the file since (HandleTable._ensure_buffer).
+    opened: Node | None = None
 
     @property
     def snapshot(self) -> Any:

@@ -176,10 +176,20 @@ class Tree:
         ahead = self.lookups.readahead
         if ahead is not None and (held := ahead.node(key)) is not None and stamp_of(held) != stamp_of(node):
             ahead.forget([key])
+        known = self.lookups.known
+        if known is not None:
+            known.opened(key, node)
         cache = self.folder_cache
         if cache is not None and key:
             folder, _, name = key.rpartition("/")
             cache.seen(folder, name, node)
+
+    def unchanged_since(self, key: str, node: Node) -> bool:
+        """Whether ``node``, which an open read at ``key`` (:meth:`seen`), is still what is
+        there as far as the change feed tells: neither this mount nor another changed anything
+        at ``key`` since (False without a feed of :class:`KnownFolders`)."""
+        known = self.lookups.known
+        return known is not None and known.node(key) is node
 
     def find(self, key: str, folder: str | None = None, name: str | None = None) -> Node | None:
         """The node at ``key``, or None when there is none (the lookup of every ``stat``: a
@@ -376,6 +386,14 @@ class Tree:
                 keys = [k for step in probing for k in (step.key.rpartition("/")[0], step.key)]
                 also = [k for step in probing for k in step.also]
                 probes = self.lookups.probe_many(t, keys, also)
+            laying = [step for step in steps if step.laying]
+            if laying:
+                # Whether another writer stored a newer version to lay the changes on, with
+                # what the format layer reads, in one batch.
+                keys = [step.key for step in laying]
+                found_now = self.lookups.probe_many(t, keys, [k for step in laying for k in step.also])
+                for step, probe in zip(laying, found_now, strict=True):
+                    step.newest = None if probe is None else self.lookups.node_from(t, step.key, *probe)
             found = iter(zip(probes[::2], probes[1::2], strict=True))
             changed: set[str] = set()  # folders whose record an earlier file changed here
             for step in steps:
@@ -396,9 +414,15 @@ class Tree:
                     raise Refused(step.key, exc) from exc
 
         self.writes.run(run)
+        stored_as = self.lookups.stored_as if self.driver.batched else None
+        known = self.lookups.known
         for step in steps:
             if step.attrs is not None:
                 step.attrs.parted = step.parted
+            if stored_as is not None:  # its next open here reads the value with the probe
+                stored_as(step.key, len(step.value) if step.parted is None else step.parted.size, step.parted)
+            if known is not None and step.left is not None:  # the next stat need not ask
+                known.stored(step.key, step.left)
 
     def unlink(self, key: str) -> list[str]:
         """Remove the file or symlink at ``key`` (EISDIR for a folder). Returns the other
@@ -635,8 +659,12 @@ class _FileWrite:
         self.added, self.renamed_from, self.parted = how.added, how.renamed_from, how.parted
         self.base, self.lay, self.xattrs = how.base, how.lay, how.xattrs
         self.probing = self.create or self.exclusive
+        # Changes to lay on the newest version: it is probed (not a new file's probe).
+        self.laying = self.lay is not None and self.base is not None and not self.probing
+        self.newest: Node | None = None  # what that probe found
+        self.left: Node | None = None  # what the commit left at the key (a file of one name)
         # Remote: what the format layer will read comes in the probe's round trip.
-        self.also = tree.hooks.reads(key) if self.probing and tree.driver.remote else ()
+        self.also = tree.hooks.reads(key) if (self.probing or self.laying) and tree.driver.remote else ()
         self.hint = attrs.parted if attrs is not None else None  # the version this one replaces
         self.record = None if attrs is None else attrs.pack_parted(self.parted)
 
@@ -662,7 +690,7 @@ class _FileWrite:
             pointer = t.get(pointer_key(key), SIDE)
         stored_value = self.value
         if self.lay is not None and self.base is not None:
-            node = tree.lookups.find_in(t, key)
+            node = self.newest if self.laying else tree.lookups.find_in(t, key)
             if node is not None and node.kind == FILE and stamp_of(node) != self.base:
                 stored_value = self.lay(parts.whole(t, key, t.get(key)) or b"")
         names = [key]
@@ -676,8 +704,20 @@ class _FileWrite:
             names = records.names_of(t, key, pointer)
             if self.hint is not None:
                 tree.writes.let_go(parts.parted_of(t.get(attr_key(key), SIDE)))
-        for name, stored in records.write_file(t, names, stored_value, self.record, tree.hooks.store):
+        written = records.write_file(t, names, stored_value, self.record, tree.hooks.store)
+        for name, stored in written:
             tree.writes.changed(t, name, stored)
         tree.writes.keep(self.parted)
+        self.left = None
+        if (
+            len(names) == 1
+            and self.record is not None
+            and tree.lookups.known is not None
+            and not tree.hooks.transforms
+        ):
+            attrs = Attrs.unpack(self.record)
+            if attrs is not None:
+                size = self.parted.size if self.parted is not None else len(written[0][1])
+                self.left = Node(FILE, size, attrs)
         if folder is not None:
             tree.entries.commit_folders(t, key, folder, found, self.added, self.renamed_from)

@@ -93,10 +93,11 @@ class Xattrs:
                 value = None if acl.equivalent(entries) else value
 
         def run(t: Txn) -> None:
-            found = self.lookups.probe(t, key)
+            # The record read with the probe: one round trip on a server.
+            (found,), (raw_before,) = self.lookups.probe_many_with(t, [key], [Get(xattr_key(key), SIDE)])
             if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
-            xattrs = unpack_xattrs(t.get(xattr_key(key), SIDE))
+            xattrs = unpack_xattrs(raw_before)
             if name in xattrs and flags & XATTR_CREATE:
                 raise FsError(errno.EEXIST, f"{key}: {name!r}", quiet=True)
             if name not in xattrs and mode_bits is None and (value is None or flags & XATTR_REPLACE):
