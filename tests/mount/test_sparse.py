@@ -16,6 +16,8 @@ import errno
 import hashlib
 import os
 import shutil
+import stat
+import struct
 import subprocess
 
 import pytest
@@ -272,6 +274,54 @@ def test_an_acl_lets_a_user_in_and_a_second_mount_sees_it(kind, tmp_path, reques
     assert "user:nobody:r--" in shown
     got = _as_nobody(f2)
     assert got.returncode == 0 and got.stdout == "hidden\n", got.stderr
+    m.assert_clean_log()
+
+
+def _acl(*entries: tuple[int, int]) -> bytes:
+    """A ``system.posix_acl_access`` value: version 2, then (tag, permissions, id) entries."""
+    body = b"".join(struct.pack("<HHI", tag, perm, 0xFFFFFFFF) for tag, perm in entries)
+    return struct.pack("<I", 2) + body
+
+
+@pytest.mark.parametrize("kind", DRIVERS)
+def test_extended_attributes_set_on_a_new_file_before_its_close_are_stored_with_it(
+    kind, tmp_path, request, mount_factory
+):
+    """What ``cp -a`` does: a new file's attributes and an access ACL set through its
+    descriptor before the close are kept with the file made here (no commit of their own),
+    with the same errors as on a stored file, and stored with it at the close; a held
+    temporary file's at its rename."""
+    url = make_url(kind, tmp_path, request)
+    m = mount_factory(url, ["create", "validate=off", "allow_other"])
+    fd = os.open(m.path / "new", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    try:
+        os.write(fd, b"data")
+        os.setxattr(fd, "user.a", b"1")
+        with pytest.raises(FileExistsError):
+            os.setxattr(fd, "user.a", b"2", os.XATTR_CREATE)
+        replace = lambda: os.setxattr(fd, "user.b", b"2", os.XATTR_REPLACE)  # noqa: E731
+        for call in (replace, lambda: os.removexattr(fd, "user.b")):
+            with pytest.raises(OSError) as exc:
+                call()
+            assert exc.value.errno == errno.ENODATA
+        os.setxattr(fd, "user.c", b"3")
+        os.removexattr(fd, "user.c")
+        assert os.getxattr(fd, "user.a") == b"1" and os.listxattr(fd) == ["user.a"]
+        # u::rw- g::r-- o::--- (what the mode says all of: not kept, the mode set)
+        os.setxattr(fd, "system.posix_acl_access", _acl((0x01, 6), (0x04, 4), (0x20, 0)))
+        assert stat.S_IMODE(os.fstat(fd).st_mode) == 0o640
+    finally:
+        os.close(fd)
+    with open(m.path / "t.partial", "wb") as fh:
+        fh.write(b"held")
+        os.setxattr(fh.fileno(), "user.t", b"held")
+    os.rename(m.path / "t.partial", m.path / "t")
+    m2 = mount_factory(url, ["validate=off", "allow_other"], name="second")
+    for where in (m.path, m2.path):
+        assert (where / "new").read_bytes() == b"data"
+        assert os.listxattr(where / "new") == ["user.a"] and os.getxattr(where / "new", "user.a") == b"1"
+        assert stat.S_IMODE(os.stat(where / "new").st_mode) == 0o640
+        assert os.listxattr(where / "t") == ["user.t"] and (where / "t").read_bytes() == b"held"
     m.assert_clean_log()
 
 

@@ -23,6 +23,7 @@ from dataclasses import replace
 
 from zarrfs.backends.errors import InterruptedCallError, RestartedError
 from zarrfs.fs import acl, hardlinks
+from zarrfs.fs import xattrs as xattr_rules
 from zarrfs.fs.changes import ChangeWatcher, folders_of
 from zarrfs.fs.entries import without_setid
 from zarrfs.fs.errors import FsError, is_quiet, log_level, to_errno
@@ -33,7 +34,7 @@ from zarrfs.fs.names import NAME_MAX, key_text, name_bytes
 from zarrfs.fs.node import stamp_of
 from zarrfs.fs.opennames import OpenNames
 from zarrfs.fs.pagecache import DIRECT_ABOVE, TWO_VERSIONS, PageCache, Pages, version_mark
-from zarrfs.fs.sidedata import pack_xattrs
+from zarrfs.fs.sidedata import pack_xattrs, unpack_xattrs
 from zarrfs.fs.tree import (
     DIR,
     FILE,
@@ -441,16 +442,30 @@ class Operations:
         return sorted(n for n in names if self.acl or n not in acl.NAMES)
 
     def xattrs(self, key: str) -> dict[bytes, bytes]:
-        """Every extended attribute of ``key`` (a file not stored yet has none)."""
-        return {} if self.handles.unstored(key) is not None else self.tree.xattrs(key)
+        """Every extended attribute of ``key`` (a file not stored yet: those it will be stored
+        with)."""
+        state = self.handles.unstored(key)
+        return self.tree.xattrs(key) if state is None else unpack_xattrs(state.xattrs)
 
     def setxattr(self, key: str, name: bytes, value: bytes | None, flags: int = 0) -> None:
         """Set (or, with ``value`` None, remove) an extended attribute (see
         :mod:`zarrfs.fs.xattrs`; POSIX ACLs: :mod:`zarrfs.fs.acl`); an open file's pending
-        content is stored first."""
-        self.names.settle(key, below=False)
+        content is stored first, but a file made here and not stored yet takes it with what
+        it will be stored with (``cp -a``'s ACL before its close: no round trip)."""
         if name in acl.NAMES and not self.acl:
             raise FsError(errno.EOPNOTSUPP, f"{key}: POSIX ACLs need default_permissions", quiet=True)
+        state = self.handles.unstored(key)
+        if state is not None and state.attrs is not None:
+            value, mode_bits = xattr_rules.prepare(name, value, flags)
+            record = unpack_xattrs(state.xattrs)
+            xattr_rules.change(record, key, name, value, flags, mode_bits)
+            state.xattrs = pack_xattrs(record) if record else None
+            if mode_bits is not None:
+                state.attrs.mode = (state.attrs.mode & ~0o777) | mode_bits
+            state.attrs.ctime = time.time_ns()
+            state.dirty = True
+            return
+        self.names.settle(key, below=False)
         # An access ACL sets the mode in the same transaction (zarrfs.fs.xattrs); the record
         # an open file commits with is kept in step.
         self.tree.set_xattr(key, name, value, flags)

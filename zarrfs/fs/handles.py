@@ -770,7 +770,9 @@ class HandleTable:
         state = self.states[src]
         assert state.buffer is not None and state.attrs is not None
         attrs = replace(state.attrs)
-        how = CommitOptions(create=True, exclusive=exclusive, replace=True, renamed_from=src)
+        how = CommitOptions(
+            create=True, exclusive=exclusive, replace=True, renamed_from=src, xattrs=state.xattrs
+        )
         self.parting.store(dst, state.buffer, attrs, how)
         stored = Stored(state.size, attrs.mtime)
         state.stored = stored

@@ -682,10 +682,10 @@ class _FileWrite:
                 tree.hooks.check_name(t, key, FILE)
                 # A pointer left by a writer that deleted the key must not link the new file.
                 records.drop_pointer(t, key)
-                if self.xattrs:  # a new file's ACLs, from its folder's default ACL
-                    records.put_xattrs(t, [key], self.xattrs)
             else:
                 pointer = found[4]
+            if self.xattrs:  # a new file's (ACLs from its folder's default ACL, or set before)
+                records.put_xattrs(t, [key], self.xattrs)
         elif self.linked:
             pointer = t.get(pointer_key(key), SIDE)
         stored_value = self.value

@@ -45,6 +45,42 @@ def check_name(name: bytes) -> None:
         raise FsError(errno.EOPNOTSUPP, f"extended attribute {name!r}: namespace not kept", quiet=True)
 
 
+def prepare(name: bytes, value: bytes | None, flags: int) -> tuple[bytes | None, int | None]:
+    """The checks of a ``setxattr`` that need no record, and what it stores: ``value`` (an
+    ACL packed; None for an access ACL the mode says all of, three entries, which is not kept,
+    as ext4 does) and the permission bits an access ACL sets (None for any other name)."""
+    check_name(name)
+    if flags & ~(XATTR_CREATE | XATTR_REPLACE):
+        raise FsError(errno.EINVAL, f"setxattr flags {flags:#x}")
+    if value is not None and len(value) > SIZE_MAX:
+        raise FsError(errno.E2BIG, f"an extended attribute value of {len(value)} bytes")
+    mode_bits = None
+    if name in acl.NAMES and value is not None:
+        entries = acl.parse(value)
+        value = acl.pack(entries)
+        if name == acl.ACCESS:
+            mode_bits = acl.mode_bits(entries)
+            value = None if acl.equivalent(entries) else value
+    return value, mode_bits
+
+
+def change(
+    xattrs: dict[bytes, bytes], key: str, name: bytes, value: bytes | None, flags: int, mode_bits: int | None
+) -> None:
+    """Apply one ``setxattr`` (as :func:`prepare` made it) to a node's attributes ``xattrs``:
+    EEXIST, ENODATA as ``flags`` say, ENOSPC past one block."""
+    if name in xattrs and flags & XATTR_CREATE:
+        raise FsError(errno.EEXIST, f"{key}: {name!r}", quiet=True)
+    if name not in xattrs and mode_bits is None and (value is None or flags & XATTR_REPLACE):
+        raise FsError(errno.ENODATA, f"{key}: {name!r}", quiet=True)
+    if value is None:
+        xattrs.pop(name, None)
+    else:
+        xattrs[name] = bytes(value)
+    if sum(_cost(n, v) for n, v in xattrs.items()) > SPACE:
+        raise FsError(errno.ENOSPC, f"{key}: extended attributes past one block", quiet=True)
+
+
 class Xattrs:
     """The extended-attribute calls of the tree, over ``lookups`` (probes, attributes) and
     ``writes`` (its write transactions)."""
@@ -77,20 +113,7 @@ class Xattrs:
     def set_xattr(self, key: str, name: bytes, value: bytes | None, flags: int = 0) -> None:
         """Set (``value`` bytes) or remove (None: ENODATA when absent) one attribute;
         ``flags`` XATTR_CREATE (EEXIST when present) or XATTR_REPLACE (ENODATA when absent)."""
-        check_name(name)
-        if flags & ~(XATTR_CREATE | XATTR_REPLACE):
-            raise FsError(errno.EINVAL, f"setxattr flags {flags:#x}")
-        if value is not None and len(value) > SIZE_MAX:
-            raise FsError(errno.E2BIG, f"an extended attribute value of {len(value)} bytes")
-        # An access ACL sets the mode's permission bits, in the same transaction; one the mode
-        # says all of (three entries) is not kept, as ext4 does (zarrfs.fs.acl).
-        mode_bits = None
-        if name in acl.NAMES and value is not None:
-            entries = acl.parse(value)
-            value = acl.pack(entries)
-            if name == acl.ACCESS:
-                mode_bits = acl.mode_bits(entries)
-                value = None if acl.equivalent(entries) else value
+        value, mode_bits = prepare(name, value, flags)
 
         def run(t: Txn) -> None:
             # The record read with the probe: one round trip on a server.
@@ -98,16 +121,7 @@ class Xattrs:
             if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
             xattrs = unpack_xattrs(raw_before)
-            if name in xattrs and flags & XATTR_CREATE:
-                raise FsError(errno.EEXIST, f"{key}: {name!r}", quiet=True)
-            if name not in xattrs and mode_bits is None and (value is None or flags & XATTR_REPLACE):
-                raise FsError(errno.ENODATA, f"{key}: {name!r}", quiet=True)
-            if value is None:
-                xattrs.pop(name, None)
-            else:
-                xattrs[name] = bytes(value)
-            if sum(_cost(n, v) for n, v in xattrs.items()) > SPACE:
-                raise FsError(errno.ENOSPC, f"{key}: extended attributes past one block", quiet=True)
+            change(xattrs, key, name, value, flags, mode_bits)
             group = hardlinks.load(t, key, found[4]) if found[4] is not None else None
             names = group.names if group is not None else [key]
             raw = pack_xattrs(xattrs)
