@@ -559,6 +559,7 @@ class Tree:
             extra = own + records.subtree_reads(dst) + self.entries.parent_reads(src)
 
         def run(t: Txn) -> bool:
+            left.clear()
             (s, d, parent, source), answers = self.lookups.probe_many_with(t, [src, dst, there, here], extra)
             src_reads, dst_reads, before = answers[:k], answers[k : 2 * k] or None, answers[2 * k :]
             if s is None:
@@ -598,7 +599,10 @@ class Tree:
             records.place(t, moving, src, dst, self.hooks.arrive, self.writes.changed)
             moved = (Attrs.unpack(s[3]) if s[3] is not None else None) or defaults(s[0])
             moved.ctime = now  # as Linux's filesystems do: the node changed
-            records.put_attrs(t, [dst], moved.with_type(s[0]).pack())
+            record = moved.with_type(s[0]).pack()
+            records.put_attrs(t, [dst], record)
+            if known is not None and s[0] in (FILE, LINK) and s[4] is None and not self.hooks.transforms:
+                left[:] = [self.lookups.node_from(t, dst, s[0], s[1], s[2], record)]
             records.regroup(t, [(moving, src, dst, s)], defaults, now)
             # A file's, symlink's or special file's folder is settled by what was read before
             # (as an unlink's is); a folder's is read again.
@@ -606,7 +610,12 @@ class Tree:
             self.entries.folders_changed(t, (here, source), (there, parent), now)
             return True
 
-        return self.writes.run(run)
+        known = self.lookups.known
+        left: list[Node] = []  # the node moved (one of one name): the kernel's stat after the
+        done = self.writes.run(run)  # rename (its ctime changed) need not ask
+        if left and known is not None:
+            known.stored(dst, left[0])
+        return done
 
     def link(self, src: str, dst: str) -> None:
         """``link(src, dst)``: a hard link, a new name ``dst`` of the file ``src``, in one
