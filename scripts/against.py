@@ -1,8 +1,9 @@
 """``--against REV`` of the benchmark scripts: the same script run on an earlier commit's zarrfs,
 then on this tree's, back to back, and each figure's change. ``--alternate N`` runs the two
-N times each, taking turns (REV, this tree, REV, ...), and compares each figure's median over
-its runs: a machine whose speed drifts within minutes moves both sides alike, where one run
-of each puts the drift between them.
+N times each, taking turns, each round in the other order from the last (REV, this tree, this
+tree, REV, ...), and compares each figure's median over its runs: a machine whose speed drifts
+within minutes moves both sides alike, where one run of each puts the drift between them, and
+being second in a pair (measured slower here) falls on both.
 
 REV's files are exported (``git archive``) to a scratch folder, its modules byte-compiled and,
 where this tree runs compiled modules and REV has some (``zarrfs/compiled.py``, REV's list), built
@@ -96,6 +97,13 @@ def run_side(code: Path, script: str, argv: list[str], out: Path) -> dict:
     return json.loads(out.read_text())
 
 
+def turns(rounds: int) -> list[str]:
+    """The order of the runs of ``rounds`` rounds: REV ("rev") and this tree ("new"), each
+    round in the other order from the last, as a run second in a pair was slower here by
+    1-11% (bf58a55 against itself, ``bench_ops.py --alternate 3``)."""
+    return [side for turn in range(rounds) for side in (("rev", "new") if turn % 2 == 0 else ("new", "rev"))]
+
+
 def compare(rev: str, script: str, argv: list[str], rows: Rows, rounds: int = 1) -> int:
     """Run ``script`` with ``argv`` on REV, then on this tree, ``rounds`` times taking turns;
     print the figures ``rows`` picks out of each run's JSON (name -> (value, "higher" or
@@ -105,12 +113,13 @@ def compare(rev: str, script: str, argv: list[str], rows: Rows, rounds: int = 1)
     olds, news = [], []
     try:
         commit = export(rev, scratch / "rev")
-        for turn in range(1, rounds + 1):
-            of = f", round {turn} of {rounds}" if rounds > 1 else ""
-            print(f"== {script} on {rev} ({commit}){of} ==", flush=True)
-            olds.append(rows(run_side(scratch / "rev", script, argv, scratch / "rev.json")))
-            print(f"\n== {script} on this tree ({HERE}){of} ==", flush=True)
-            news.append(rows(run_side(HERE, script, argv, scratch / "new.json")))
+        labels = {"rev": f"{rev} ({commit})", "new": f"this tree ({HERE})"}
+        for i, side in enumerate(turns(rounds)):
+            of = f", round {i // 2 + 1} of {rounds}" if rounds > 1 else ""
+            print(f"\n== {script} on {labels[side]}{of} ==", flush=True)
+            code = scratch / "rev" if side == "rev" else HERE
+            figures = rows(run_side(code, script, argv, scratch / f"{side}.json"))
+            (olds if side == "rev" else news).append(figures)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     old, new = medians(olds), medians(news)

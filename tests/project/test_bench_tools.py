@@ -37,6 +37,9 @@ def test_against_leaves_out_alternate_and_compares_medians_of_the_turns():
         {"a": (7.0, "lower"), "b": (3.0, "higher")},
     ]
     assert against.medians(runs) == {"a": (7.0, "lower"), "b": (2.0, "higher")}
+    # REV first, then this tree first: being second in a pair falls on both sides alike.
+    assert against.turns(1) == ["rev", "new"]
+    assert against.turns(3) == ["rev", "new", "new", "rev", "rev", "new"]
 
 
 def test_against_exports_rev_with_this_trees_scripts(tmp_path):
