@@ -26,7 +26,7 @@ from zarrfs.backends.registry import open_driver
 
 from .claims import Claims
 
-__all__ = ["TransactionConformance", "increment", "keys_of", "scan_moving_keys"]
+__all__ = ["TransactionConformance", "increment", "keys_of", "reads_beside_commits", "scan_moving_keys"]
 
 
 def keys_of(rows):
@@ -73,27 +73,52 @@ def _write_forever(url: str) -> None:
         driver.transact(fn)
 
 
-def scan_moving_keys(driver, reads: int) -> None:
-    """Move ``move/NNNNNN`` (and its side record) to the next number, one commit a step, in a
-    thread, while ``reads`` read transactions scan for it; fail when one lists it under no name
-    or two (see ``test_a_scan_finds_a_moving_key_under_one_name``)."""
+def reads_beside_commits(driver, commit, read, wrong, reads: int) -> tuple[int, list]:
+    """Commit ``commit(t, i)`` for i = 1, 2, ... in a thread while read transactions
+    ``read`` run, at least ``reads`` of them and while fewer than 100 commits were made (a
+    condition, not a bound on speed; 60 s at most); return how many reads ran and those
+    ``wrong(result)`` says are wrong. Fails when the writer failed or committed fewer than 2."""
     done = threading.Event()
-    moves = [0]
+    commits = [0]
     errors: list[BaseException] = []
-
-    def step(t, i: int) -> None:
-        old, new = f"move/{i:06d}", f"move/{i + 1:06d}"
-        for space in (DATA, SIDE):
-            t.delete(old, space)
-            t.put(new, b"v%d" % (i + 1), space)
 
     def write() -> None:
         try:
             while not done.is_set():
-                driver.transact(lambda t, i=moves[0]: step(t, i))
-                moves[0] += 1
+                i = commits[0] + 1
+                driver.transact(lambda t, i=i: commit(t, i))
+                commits[0] = i
         except BaseException as exc:  # reported below
             errors.append(exc)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    seen, n = [], 0
+    deadline = time.monotonic() + 60
+    try:
+        while (n < reads or commits[0] < 100) and time.monotonic() < deadline and not errors:
+            result = driver.transact(read, write=False)
+            n += 1
+            if wrong(result):
+                seen.append(result)
+    finally:
+        done.set()
+        writer.join(60)
+    assert not errors, errors
+    assert commits[0] >= 2, "the writer committed nothing while the reads ran"
+    return n, seen
+
+
+def scan_moving_keys(driver, reads: int) -> None:
+    """Move ``move/NNNNNN`` (and its side record) to the next number, one commit a step, in a
+    thread, while ``reads`` read transactions scan for it; fail when one lists it under no name
+    or two (see ``test_a_scan_finds_a_moving_key_under_one_name``)."""
+
+    def step(t, i: int) -> None:
+        old, new = f"move/{i - 1:06d}", f"move/{i:06d}"
+        for space in (DATA, SIDE):
+            t.delete(old, space)
+            t.put(new, b"v%d" % i, space)
 
     def read(t) -> list:
         return [
@@ -103,22 +128,8 @@ def scan_moving_keys(driver, reads: int) -> None:
         ]
 
     driver.transact(lambda t: [t.put("move/000000", b"v0", space) for space in (DATA, SIDE)])
-    writer = threading.Thread(target=write)
-    writer.start()
-    seen, n = [], 0
-    deadline = time.monotonic() + 60
-    try:
-        # Enough reads to overlap many moves (a condition, not a bound on speed).
-        while (n < reads or moves[0] < 100) and time.monotonic() < deadline and not errors:
-            listed = driver.transact(read, write=False)
-            n += 1
-            if any(len(keys) != 1 for keys in listed):
-                seen.append(listed)
-    finally:
-        done.set()
-        writer.join(60)
-    assert not errors, errors
-    assert moves[0] >= 2, "the writer moved nothing while the reads ran"
+    wrong = lambda listed: any(len(keys) != 1 for keys in listed)  # noqa: E731
+    n, seen = reads_beside_commits(driver, step, read, wrong, reads)
     assert not seen, f"{len(seen)} of {n} reads listed the moving key under no name or two: {seen[:3]}"
 
 
@@ -319,39 +330,17 @@ class TransactionConformance(Claims):
         checks at the end of a read of several round trips that nothing it read changed."""
         if driver.readonly:
             pytest.skip("read-only driver")
-        done = threading.Event()
-        commits = [0]
-        errors: list[BaseException] = []
 
-        def write() -> None:
-            try:
-                while not done.is_set():
-                    i = commits[0] + 1
-                    driver.transact(lambda t, v=b"%d" % i: (t.put("pair/a", v), t.put("pair/b", v, SIDE)))
-                    commits[0] = i
-            except BaseException as exc:  # reported below
-                errors.append(exc)
+        def commit(t, i: int) -> None:
+            t.put("pair/a", b"%d" % i)
+            t.put("pair/b", b"%d" % i, SIDE)
 
         def read(t) -> tuple:
             return t.get("pair/a"), t.size("pair/b", SIDE), t.get("pair/b", SIDE)
 
         driver.transact(lambda t: (t.put("pair/a", b"0"), t.put("pair/b", b"0", SIDE)))
-        writer = threading.Thread(target=write)
-        writer.start()
-        seen, reads = [], 0
-        deadline = time.monotonic() + 60
-        try:
-            # Enough reads to overlap many commits (a condition, not a bound on speed).
-            while (reads < 300 or commits[0] < 100) and time.monotonic() < deadline and not errors:
-                a, size, b = driver.transact(read, write=False)
-                reads += 1
-                if a != b or size != len(b):
-                    seen.append((a, size, b))
-        finally:
-            done.set()
-            writer.join(60)
-        assert not errors, errors
-        assert commits[0] >= 2, "the writer committed nothing while the reads ran"
+        wrong = lambda seen: seen[0] != seen[2] or seen[1] != len(seen[2])  # noqa: E731
+        reads, seen = reads_beside_commits(driver, commit, read, wrong, 300)
         assert not seen, f"{len(seen)} of {reads} reads saw two commits: {seen[:5]}"
 
     def test_a_scan_finds_a_moving_key_under_one_name(self, driver):
