@@ -1,6 +1,6 @@
 """What a mount following a change feed on a database server knows of folders without asking
-again: a folder's names, its attribute record, the nodes this mount just made and each node's
-extended attributes; the feed keeps them true (docs/architecture.md, "Design notes by module")."""
+again: a folder's names, its attribute record, the nodes this mount just made or opened and
+each node's extended attributes; the feed keeps them true (docs/architecture.md, "Design notes by module")."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ ENTRIES = 1 << 16  # names held in every folder's set together (the oldest folde
 RECORDS = 4096  # attribute records of folders held (the table is emptied when full)
 XATTR_RECORDS = 1 << 16  # extended-attribute records held (the oldest goes first)
 LARGE = 4096  # folders remembered as too large to read with a lookup (the set is emptied when full)
-NODES = 4096  # nodes held (the table is emptied when full, and at each of this mount's commits)
+NODES = 4096  # nodes held (the table is emptied when full)
 
 
 class KnownFolders:
