@@ -659,8 +659,8 @@ def test_a_file_this_mount_stored_reads_in_one_round_trip_and_changes_in_few(
     since), probes the newest version with the format layer's reads, and writes; a truncate
     by name reads the file's names and attributes with its value, and its reply shows what
     the commit left; a rename onto such a file needs no lookup of it (the kernel's of the
-    target, before every rename); a setxattr reads the record with its probe; a symlink's
-    reply shows what was made. Before: 4 round trips a read, 7 an append, 8 a truncate, 3
+    target, before every rename), nor a stat after it; a setxattr reads the record with its
+    probe and leaves the node it changed; a symlink's reply shows what was made. Before: 4 round trips a read, 7 an append, 8 a truncate, 3
     a rename onto a file, a setxattr or a symlink."""
     direct, proxied = _proxied(kind, request, proxy, f"ra{os.getpid()}")
     m = mount_factory(proxied, ["create"])
@@ -708,6 +708,9 @@ def test_a_file_this_mount_stored_reads_in_one_round_trip_and_changes_in_few(
     assert _trips(proxy, [lambda n=n: os.stat(top / n) for n in renamed]) <= 1 / len(renamed)
     setxattr = [lambda n=n: os.setxattr(top / n, "user.k", n.encode()) for n in files]
     assert _trips(proxy, setxattr) <= 2 + 1 / 8
+    # ... and the kernel's stat of each after it (its ctime changed) is answered by the node
+    # the setxattr left.
+    assert _trips(proxy, [lambda n=n: os.stat(top / n) for n in files]) <= 1 / len(files)
     links = [lambda i=i: os.symlink(f"t0.{i}", top / f"s{i}") for i in range(8)]
     assert _trips(proxy, links) <= 2 + 1 / 8
     for i in range(8):

@@ -20,6 +20,7 @@ from zarrfs.backends.base import SIDE, Get, Txn
 from zarrfs.fs import acl, hardlinks, records
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.lookups import Lookups
+from zarrfs.fs.node import FILE, LINK, Node
 from zarrfs.fs.sidedata import pack_xattrs, unpack_xattrs, xattr_key
 from zarrfs.fs.transactions import Transactions, clock
 
@@ -129,7 +130,16 @@ class Xattrs:
             attrs.ctime = clock()  # as Linux's filesystems do: the node changed
             if mode_bits is not None:
                 attrs.mode = (attrs.mode & ~0o777) | mode_bits
-            records.put_attrs(t, names, attrs.pack())
+            record = attrs.pack()
+            records.put_attrs(t, names, record)
             records.put_xattrs(t, names, raw)
+            left.clear()
+            plain = group is None and found[0] in (FILE, LINK) and not self.lookups.hooks.transforms
+            if known is not None and plain:
+                left.append(self.lookups.node_from(t, key, found[0], found[1], found[2], record))
 
-        self.writes.run(run)
+        known = self.lookups.known
+        left: list[Node] = []  # the node changed (one of one name): the kernel asks for its
+        self.writes.run(run)  # attributes again (its ctime changed), and need not ask the server
+        if left and known is not None:
+            known.stored(key, left[0])
