@@ -660,8 +660,9 @@ def test_a_file_this_mount_stored_reads_in_one_round_trip_and_changes_in_few(
     by name reads the file's names and attributes with its value, and its reply shows what
     the commit left; a rename onto such a file needs no lookup of it (the kernel's of the
     target, before every rename), nor a stat after it; a setxattr reads the record with its
-    probe and leaves the node it changed; a symlink's reply shows what was made. Before: 4 round trips a read, 7 an append, 8 a truncate, 3
-    a rename onto a file, a setxattr or a symlink."""
+    probe and leaves the node it changed; a symlink's reply shows what was made. Before: 4
+    round trips a read, 7 an append, 8 a truncate, 3 a rename onto a file, a setxattr or a
+    symlink."""
     direct, proxied = _proxied(kind, request, proxy, f"ra{os.getpid()}")
     m = mount_factory(proxied, ["create"])
     top = m.path / "top"
