@@ -457,12 +457,8 @@ class Operations:
         state = self.handles.unstored(key)
         if state is not None and state.attrs is not None:
             value, mode_bits = xattr_rules.prepare(name, value, flags)
-            record = unpack_xattrs(state.xattrs)
-            xattr_rules.change(record, key, name, value, flags, mode_bits)
-            state.xattrs = pack_xattrs(record) if record else None
-            if mode_bits is not None:
-                state.attrs.mode = (state.attrs.mode & ~0o777) | mode_bits
-            state.attrs.ctime = time.time_ns()
+            raw = xattr_rules.applied(state.xattrs, state.attrs, key, name, value, flags, mode_bits)
+            state.xattrs = raw or None
             state.dirty = True
             return
         self.names.settle(key, below=False)

@@ -159,15 +159,15 @@ class Entries:
             inherit_group(attrs, Attrs.unpack(folder[3]) if folder[3] is not None else None)
             records.make_entry(t, key, mark, attrs.pack(), xattrs)
             self.folder_changed(t, key.rpartition("/")[0], folder[3], now)
+            if kind == LINK and self.writes.leaving:  # what the reply shows
+                target = bytes(mark[1:]).decode("utf-8", "surrogateescape")
+                self.writes.leave(key, Node(LINK, len(mark) - 1, attrs, target))
             return attrs
 
         attrs = self.writes.run(run)
         known = self.lookups.known
         if known is not None and kind == DIR:  # a new folder: empty, and what the reply shows
             known.made(key, Node(DIR, 0, attrs), attrs.pack())
-        elif known is not None and kind == LINK:  # what the reply shows
-            target = bytes(mark[1:]).decode("utf-8", "surrogateescape")
-            known.stored(key, Node(LINK, len(mark) - 1, attrs, target))
 
     def mkdir(
         self, key: str, mode: int, uid: int | None = None, gid: int | None = None, xattrs: bytes | None = None

@@ -15,6 +15,7 @@ from zarrfs.fs import parts, records
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.hooks import Hooks
 from zarrfs.fs.manifest import Parted
+from zarrfs.fs.node import Node
 from zarrfs.fs.sidedata import Attrs
 
 
@@ -67,9 +68,9 @@ class Transactions:
     """Runs the tree's writes. ``defaults(kind)``: the attributes of a node without a record;
     ``forget()``: drop the lookup caches (called after every write, committed or not);
     :attr:`on_side_effects` ``(keys)``: told the keys the hooks changed beyond those asked for;
-    :attr:`on_commit` ``(writes)``: told what a committed transaction wrote (``(space, key,
-    value or None)``), or ``None`` when a write failed other than by a check's refusal (it may
-    have been stored all the same)."""
+    :attr:`on_commit` ``(writes, left)``: told what a committed transaction wrote (``(space, key,
+    value or None)``) and the nodes it left (:meth:`leave`), or ``(None, [])`` when a write
+    failed other than by a check's refusal (it may have been stored all the same)."""
 
     def __init__(
         self, driver: Driver, hooks: Hooks, defaults: Callable[[int], Attrs], forget: Callable[[], None]
@@ -79,9 +80,19 @@ class Transactions:
         self.defaults = defaults
         self.forget = forget
         self.on_side_effects: Callable[[list[str]], None] | None = None
-        self.on_commit: Callable[[list[tuple[Any, str, Any]] | None], None] | None = None
+        self.on_commit: Callable[[list[tuple[Any, str, Any]] | None, list[tuple[str, Node]]], None] | None
+        self.on_commit = None
+        self.keeps_nodes = False  # whether the mount keeps the nodes commits leave (:meth:`leave`)
         self._touched: set[str] = set()
         self._garbage: list[Parted | None] = []
+        self._left: list[tuple[str, Node]] = []
+
+    @property
+    def leaving(self) -> bool:
+        """Whether the running transaction should say what nodes it leaves (:meth:`leave`):
+        the mount keeps them, and the format layer shows values as stored (a transformed
+        value's size is not the stored one's)."""
+        return self.keeps_nodes and not self.hooks.transforms
 
     def run(self, change: Callable[[Txn], Any]) -> Any:
         """Run ``change`` in one write transaction; then report the keys the hooks changed on
@@ -92,6 +103,7 @@ class Transactions:
 
         def attempt(t: Txn) -> Any:
             self._garbage = []  # a transaction run again finds them again
+            self._left = []
             if told is None:
                 return change(t)
             log.clear()  # an attempt run again writes again
@@ -103,12 +115,13 @@ class Transactions:
             raise
         except BaseException:
             if told is not None:
-                told(None)
+                told(None, [])
             raise
         finally:
             self.forget()
+        left, self._left = self._left, []
         if told is not None:
-            told(log)
+            told(log, left)
         garbage, self._garbage = self._garbage, []
         parts.free(self.driver, {p.id: p for p in garbage if p is not None}.values())
         if touched and self.on_side_effects is not None:
@@ -118,6 +131,12 @@ class Transactions:
     def changed(self, t: Txn, key: str, value: Any) -> None:
         """Data key ``key`` was set to ``value`` (None: deleted) in ``t``: the hooks follow."""
         self.hooks.changed(_Recording(t, self._touched, self.defaults), key, value)
+
+    def leave(self, key: str, node: Node) -> None:
+        """The running transaction, once committed, leaves ``node`` at ``key`` (a node of one
+        name whose attributes it wrote): the lookup and the kernel's ``stat`` after it are
+        answered from it, without asking the database. Asked only while :attr:`leaving`."""
+        self._left.append((key, node))
 
     def let_go(self, parted: Parted | None) -> None:
         """The version of parts ``parted`` (None: not parted) is no longer referenced once the

@@ -126,8 +126,9 @@ class Tree:
         on a remote database, folders' names and records are kept to answer from."""
         if self.driver.remote and self.lookups.known is None:
             self.lookups.known = KnownFolders()
+            self.writes.keeps_nodes = True
 
-    def _committed(self, writes: list | None) -> None:
+    def _committed(self, writes: list | None, left: list[tuple[str, Node]]) -> None:
         self.listings.wrote(writes)
         known = self.lookups.known
         if known is not None:
@@ -135,6 +136,8 @@ class Tree:
                 known.clear()
             else:
                 known.wrote(writes)
+                for key, node in left:
+                    known.stored(key, node)
 
     @property
     def hooks(self) -> Hooks:
@@ -415,14 +418,11 @@ class Tree:
 
         self.writes.run(run)
         stored_as = self.lookups.stored_as if self.driver.batched else None
-        known = self.lookups.known
         for step in steps:
             if step.attrs is not None:
                 step.attrs.parted = step.parted
             if stored_as is not None:  # its next open here reads the value with the probe
                 stored_as(step.key, len(step.value) if step.parted is None else step.parted.size, step.parted)
-            if known is not None and step.left is not None:  # the next stat need not ask
-                known.stored(step.key, step.left)
 
     def unlink(self, key: str) -> list[str]:
         """Remove the file or symlink at ``key`` (EISDIR for a folder). Returns the other
@@ -493,8 +493,6 @@ class Tree:
         # A chmod changes the access ACL too: from a server, the extended attributes are read
         # with the probe, in its round trip (the transaction answers its later get).
         extra = [Get(xattr_key(key), SIDE)] if mode is not None and self.driver.remote else []
-        known = self.lookups.known
-        after: list[Node] = []  # the node as committed, for the reply (a mount that knows nodes)
 
         def run(t: Txn) -> tuple[int, int] | None:
             (found,), _ = self.lookups.probe_many_with(t, [key], extra)
@@ -522,15 +520,14 @@ class Tree:
                 if acl.ACCESS in xattrs:
                     xattrs[acl.ACCESS] = acl.pack(acl.chmod(acl.parse(xattrs[acl.ACCESS]), mode))
                     records.put_xattrs(t, names, pack_xattrs(xattrs))
-            if known is not None and found[4] is None and not self.hooks.transforms:
-                # What a probe after the commit finds (not for a linked node: its group is read)
-                after[:] = [self.lookups.node_from(t, key, found[0], found[1], found[2], attrs.pack())]
+            if found[4] is None and self.writes.leaving:
+                # The reply's attributes, and lookups, need not ask (not for a linked node:
+                # its group is read)
+                node = self.lookups.node_from(t, key, found[0], found[1], found[2], attrs.pack())
+                self.writes.leave(key, node)
             return None if mtime is None else (before, attrs.mtime)
 
-        stamps = self.writes.run(run)
-        if known is not None and after:  # the reply's attributes, and lookups, need not ask
-            known.stored(key, after[0])
-        return stamps
+        return self.writes.run(run)
 
     # ------------------------------------------------------------------ rename / link
     def rename(self, src: str, dst: str, flags: int = 0) -> bool:
@@ -559,7 +556,6 @@ class Tree:
             extra = own + records.subtree_reads(dst) + self.entries.parent_reads(src)
 
         def run(t: Txn) -> bool:
-            left.clear()
             (s, d, parent, source), answers = self.lookups.probe_many_with(t, [src, dst, there, here], extra)
             src_reads, dst_reads, before = answers[:k], answers[k : 2 * k] or None, answers[2 * k :]
             if s is None:
@@ -601,8 +597,10 @@ class Tree:
             moved.ctime = now  # as Linux's filesystems do: the node changed
             record = moved.with_type(s[0]).pack()
             records.put_attrs(t, [dst], record)
-            if known is not None and s[0] in (FILE, LINK) and s[4] is None and not self.hooks.transforms:
-                left[:] = [self.lookups.node_from(t, dst, s[0], s[1], s[2], record)]
+            if s[0] in (FILE, LINK) and s[4] is None and self.writes.leaving:
+                # The node moved (one of one name): the kernel's stat after the rename (its
+                # ctime changed) need not ask
+                self.writes.leave(dst, self.lookups.node_from(t, dst, s[0], s[1], s[2], record))
             records.regroup(t, [(moving, src, dst, s)], defaults, now)
             # A file's, symlink's or special file's folder is settled by what was read before
             # (as an unlink's is); a folder's is read again.
@@ -610,12 +608,7 @@ class Tree:
             self.entries.folders_changed(t, (here, source), (there, parent), now)
             return True
 
-        known = self.lookups.known
-        left: list[Node] = []  # the node moved (one of one name): the kernel's stat after the
-        done = self.writes.run(run)  # rename (its ctime changed) need not ask
-        if left and known is not None:
-            known.stored(dst, left[0])
-        return done
+        return self.writes.run(run)
 
     def link(self, src: str, dst: str) -> None:
         """``link(src, dst)``: a hard link, a new name ``dst`` of the file ``src``, in one
@@ -671,7 +664,6 @@ class _FileWrite:
         # Changes to lay on the newest version: it is probed (not a new file's probe).
         self.laying = self.lay is not None and self.base is not None and not self.probing
         self.newest: Node | None = None  # what that probe found
-        self.left: Node | None = None  # what the commit left at the key (a file of one name)
         # Remote: what the format layer will read comes in the probe's round trip.
         self.also = tree.hooks.reads(key) if (self.probing or self.laying) and tree.driver.remote else ()
         self.hint = attrs.parted if attrs is not None else None  # the version this one replaces
@@ -717,16 +709,10 @@ class _FileWrite:
         for name, stored in written:
             tree.writes.changed(t, name, stored)
         tree.writes.keep(self.parted)
-        self.left = None
-        if (
-            len(names) == 1
-            and self.record is not None
-            and tree.lookups.known is not None
-            and not tree.hooks.transforms
-        ):
+        if len(names) == 1 and self.record is not None and tree.writes.leaving:
             attrs = Attrs.unpack(self.record)
-            if attrs is not None:
+            if attrs is not None:  # the next stat need not ask
                 size = self.parted.size if self.parted is not None else len(written[0][1])
-                self.left = Node(FILE, size, attrs)
+                tree.writes.leave(key, Node(FILE, size, attrs))
         if folder is not None:
             tree.entries.commit_folders(t, key, folder, found, self.added, self.renamed_from)

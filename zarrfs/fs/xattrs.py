@@ -20,8 +20,8 @@ from zarrfs.backends.base import SIDE, Get, Txn
 from zarrfs.fs import acl, hardlinks, records
 from zarrfs.fs.errors import FsError
 from zarrfs.fs.lookups import Lookups
-from zarrfs.fs.node import FILE, LINK, Node
-from zarrfs.fs.sidedata import pack_xattrs, unpack_xattrs, xattr_key
+from zarrfs.fs.node import FILE, LINK
+from zarrfs.fs.sidedata import Attrs, pack_xattrs, unpack_xattrs, xattr_key
 from zarrfs.fs.transactions import Transactions, clock
 
 XATTR_CREATE, XATTR_REPLACE = 1, 2
@@ -82,6 +82,26 @@ def change(
         raise FsError(errno.ENOSPC, f"{key}: extended attributes past one block", quiet=True)
 
 
+def applied(
+    raw: bytes | None,
+    attrs: Attrs,
+    key: str,
+    name: bytes,
+    value: bytes | None,
+    flags: int,
+    mode_bits: int | None,
+) -> bytes:
+    """One ``setxattr`` (as :func:`prepare` made it) on a node whose ``x:`` record is ``raw``:
+    the record it leaves (empty: none), and its ``attrs`` changed with it (an access ACL's
+    permission bits; the ctime, as Linux's filesystems do: the node changed)."""
+    xattrs = unpack_xattrs(raw)
+    change(xattrs, key, name, value, flags, mode_bits)
+    if mode_bits is not None:
+        attrs.mode = (attrs.mode & ~0o777) | mode_bits
+    attrs.ctime = clock()
+    return pack_xattrs(xattrs)
+
+
 class Xattrs:
     """The extended-attribute calls of the tree, over ``lookups`` (probes, attributes) and
     ``writes`` (its write transactions)."""
@@ -121,25 +141,16 @@ class Xattrs:
             (found,), (raw_before,) = self.lookups.probe_many_with(t, [key], [Get(xattr_key(key), SIDE)])
             if found is None:
                 raise FsError(errno.ENOENT, key, quiet=True)
-            xattrs = unpack_xattrs(raw_before)
-            change(xattrs, key, name, value, flags, mode_bits)
+            attrs = self.lookups.attrs_of(t, key, found[0])
+            raw = applied(raw_before, attrs, key, name, value, flags, mode_bits)
             group = hardlinks.load(t, key, found[4]) if found[4] is not None else None
             names = group.names if group is not None else [key]
-            raw = pack_xattrs(xattrs)
-            attrs = self.lookups.attrs_of(t, key, found[0])
-            attrs.ctime = clock()  # as Linux's filesystems do: the node changed
-            if mode_bits is not None:
-                attrs.mode = (attrs.mode & ~0o777) | mode_bits
             record = attrs.pack()
             records.put_attrs(t, names, record)
             records.put_xattrs(t, names, raw)
-            left.clear()
-            plain = group is None and found[0] in (FILE, LINK) and not self.lookups.hooks.transforms
-            if known is not None and plain:
-                left.append(self.lookups.node_from(t, key, found[0], found[1], found[2], record))
+            if group is None and found[0] in (FILE, LINK) and self.writes.leaving:
+                # The node changed (one of one name): the kernel asks for its attributes again
+                # (its ctime changed), and need not ask the server
+                self.writes.leave(key, self.lookups.node_from(t, key, found[0], found[1], found[2], record))
 
-        known = self.lookups.known
-        left: list[Node] = []  # the node changed (one of one name): the kernel asks for its
-        self.writes.run(run)  # attributes again (its ctime changed), and need not ask the server
-        if left and known is not None:
-            known.stored(key, left[0])
+        self.writes.run(run)
