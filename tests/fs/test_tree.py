@@ -132,6 +132,48 @@ def test_names_probed_together_on_lmdb_read_as_far_as_each_answer_needs_and_agre
         driver.close()
 
 
+def test_the_nodes_a_commit_leaves_are_its_last_attempts_and_a_failed_write_leaves_none(tmp_path):
+    """``Transactions.leave``: a mount that keeps nodes (as one following a server's feed
+    does) keeps those the committed attempt left, once its writes are applied; an attempt the
+    driver ran again leaves nothing of its own, and a write that failed leaves no node (what
+    it may have stored is unknown: every kept node is dropped)."""
+    from zarrfs.backends.errors import RetryableError
+    from zarrfs.fs.knownfolders import KnownFolders
+    from zarrfs.fs.node import FILE, Node
+    from zarrfs.fs.sidedata import Attrs
+
+    driver = open_driver(f"lmdb://{tmp_path}/n.lmdb")
+    try:
+        tree = Tree(driver, uid=1000, gid=1000)
+        known = tree.lookups.known = KnownFolders()
+        tree.writes.keeps_nodes = True
+        assert tree.writes.leaving
+        attempts: list[Node] = []
+
+        def change(t):
+            node = Node(FILE, len(attempts) + 1, Attrs(0o100644, 1000, 1000, 1, 1, 1))
+            attempts.append(node)
+            t.put(f"a{len(attempts)}", b"x" * node.size)
+            tree.writes.leave(f"a{len(attempts)}", node)
+            if len(attempts) == 1:
+                raise RetryableError("run it again")
+
+        tree.writes.run(change)
+        assert len(attempts) == 2
+        assert known.node("a1") is None and known.node("a2") is attempts[1]
+
+        def fails(t):
+            t.put("b", b"y")
+            tree.writes.leave("b", Node(FILE, 1, Attrs(0o100644, 1000, 1000, 1, 1, 1)))
+            raise OSError(5, "lost on the way")
+
+        with pytest.raises(OSError):
+            tree.writes.run(fails)
+        assert known.node("b") is None and known.node("a2") is None
+    finally:
+        driver.close()
+
+
 def test_a_listings_nodes_on_redis_are_neither_watched_nor_checked(redis_server, monkeypatch):
     """A listing's node reads are made apart (``read_many(..., apart=True)``): redis-server
     compares each name a WATCH adds with every one watched, so a listing that watched each of
