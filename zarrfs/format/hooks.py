@@ -118,8 +118,7 @@ class FormatHooks:
         """Refuse a new file or folder name that no Zarr client could address. A backslash
         matters only inside a Zarr node (zarr-python 2 reads it as ``/``): outside one, a name
         is any name a folder can hold (a zip's ``a\\b``)."""
-        if self.validate != "off":
-            problems = validate_name(key)
+        if self.validate != "off" and (problems := validate_name(key)):  # most names: none
             if any(p.rule == "name.backslash" for p in problems) and (
                 enclosing_node(key, txn.get, txn.get_many) is None
             ):
