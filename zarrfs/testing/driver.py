@@ -433,6 +433,18 @@ class DriverConformance(TransactionConformance):
         rest = [f"s/{i:05d}" for i in range(3, 10)]
         assert driver.transact(written) == ["s/00000", "s/00000a", "s/00001", *rest]
 
+    def test_read_many_of_keys_with_quotes_braces_and_backslashes(self, driver):
+        # Keys a driver may have to quote or escape to send as a list (a SQL array literal:
+        # quotes, backslashes, commas, braces, spaces, the word NULL).
+        keys = ['q/"a"', "q/b\\", "q/\\\"", "q/c,d", "q/{e}", "q/NULL", "q/ f ", "q/é\\ß"]
+        driver.transact(lambda t: [t.put(k, k.encode("utf-8")) for k in keys])
+        requests = [Get(k, DATA) for k in keys] + [Size(k, DATA) for k in keys]
+        requests += [HasPrefix(p, DATA) for p in ("q/\\", 'q/"', "q/{", 'q/"b')]
+        expected = [k.encode("utf-8") for k in keys] + [len(k.encode("utf-8")) for k in keys]
+        expected += [True, True, True, False]
+        assert driver.transact(lambda t: t.read_many(requests), write=False) == expected
+        assert driver.transact(lambda t: t.read_many(requests)) == expected
+
     def test_many_keys_scan_in_batches(self, driver):
         n = 2500  # more than one batch in every driver
         driver.transact(lambda t: [t.put(f"m/{i:05d}", b"%d" % i) for i in range(n)])

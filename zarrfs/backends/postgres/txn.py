@@ -14,6 +14,7 @@ from typing import Any
 from psycopg import sql
 
 from ..base import KEYS, SIZES, Fetch, Get, HasPrefix, Size, Space, Txn, prefix_stop
+from . import rawpipe
 from .connection import WatchedConnection
 from .sql import batch as _batch
 from .sql import bound as _bound
@@ -193,17 +194,28 @@ class PostgresTxn(Txn):
         queued, self.queued = self.queued, []
         self.begun = True
         conn = self._conn
-        with conn.pipeline():
-            for q, p in queued:
-                conn.execute(q, p, binary=True)
-            ahead = self._send_ahead()
-            cur = conn.cursor(binary=True)
-            cur.execute(statement, params)
-        self._exchanged()
-        self._keep_ahead(ahead)
+        if not self._ahead and all(p is None and isinstance(q, str) for q, p in queued):
+            # The common case (BEGIN, a COMMIT before it): through libpq directly (rawpipe).
+            raw = self._q.get(("raw batch", shape))
+            if raw is None:
+                raw = self._q["raw batch", shape] = rawpipe.numbered(statement)
+            plain = [q.encode("utf-8") for q, _ in queued]
+            arrays = [rawpipe.text_array(p) for p in params]
+            answer = conn.wait(rawpipe.exchange(conn.pgconn, plain, raw, arrays))
+            self._exchanged()
+        else:
+            with conn.pipeline():
+                for q, p in queued:
+                    conn.execute(q, p, binary=True)
+                ahead = self._send_ahead()
+                cur = conn.cursor(binary=True)
+                cur.execute(statement, params)
+            self._exchanged()
+            self._keep_ahead(ahead)
+            answer = cur.fetchall()
         found: dict[tuple[str, Space, bytes], Any] = {}
         asked = list(groups.items())
-        for g, place, value, size in cur.fetchall():
+        for g, place, value, size in answer:
             (kind, space), raws = asked[g]
             answer = True if kind == "prefix" else value if kind == "get" else size
             found[kind, space, raws[place - 1]] = answer
