@@ -1,15 +1,17 @@
-"""One pipeline of statements sent through libpq directly (psycopg's ``pq`` layer), for the
-driver's most common exchange: a reading batch (an open's probe, a lookup's names) after the
-statements without parameters queued before it (``COMMIT`` of the last reading transaction,
-``BEGIN``).
+"""Statements sent in one pipeline through libpq directly (psycopg's ``pq`` layer): the
+driver's exchanges whose statements are rendered already and whose parameters are text,
+integers, lists of text or bytes: a read's batch after its ``BEGIN`` (and the last reading
+transaction's ``COMMIT``), a single read, and a write's commit (its puts and deletes, the
+``NOTIFY``, ``COMMIT``). Scans, whose statements are composed per call, keep psycopg's road.
 
 psycopg's ``Connection.pipeline`` makes a cursor, parses and adapts the query, and runs a
-generator of its own for each statement: about 230-300 µs of the daemon's CPU for such an
+generator of its own for each statement: about 230-300 µs of the daemon's CPU for a read's
 exchange of three statements against 85-95 µs through ``pq`` (docs/performance.md,
-"PostgreSQL: a read's exchange through libpq"). Here the statement's ``%s`` placeholders are
-numbered once, its arrays of keys written as text, and the answer's binary columns read by
-their type. The waits go through the connection's own ``wait`` (bounded, interruptible), and a
-server's error is psycopg's exception for it, as from a cursor.
+"PostgreSQL: a read's exchange through libpq"). Here a statement's ``%s`` placeholders are
+numbered once, its parameters sent as text (their type left to the server, as psycopg leaves
+a ``str``'s) or as ``bytea`` in binary, and the answer's binary columns read by their type.
+The waits go through the connection's own ``wait`` (bounded, interruptible), and a server's
+error is psycopg's exception for it, as from a cursor, so the driver maps it as before.
 """
 
 from __future__ import annotations
@@ -25,7 +27,26 @@ from psycopg.waiting import READY_R, Wait
 
 _PLACEHOLDER = re.compile(rb"%(%|s|b|t)")
 _INT = {21: struct.Struct(">h").unpack, 23: struct.Struct(">i").unpack, 20: struct.Struct(">q").unpack}
-_BYTEA, _TEXT = 17, 25
+_BYTEA, _TEXT, _BOOL, _VOID = 17, 25, 16, 2278
+
+
+#: Queries numbered so far (the driver's statements: a few per table and shape of batch).
+_NUMBERED: dict[bytes, bytes] = {}
+
+
+def prepared(query: Any) -> bytes | None:
+    """``query`` (bytes or str, as rendered for psycopg) numbered for libpq, remembered; None
+    for a query still to be composed (psycopg's ``sql`` objects take psycopg's road)."""
+    if type(query) is str:
+        query = query.encode("utf-8")
+    elif type(query) is not bytes:
+        return None
+    got = _NUMBERED.get(query)
+    if got is None:
+        if len(_NUMBERED) > 1024:
+            _NUMBERED.clear()
+        got = _NUMBERED[query] = numbered(query)
+    return got
 
 
 def numbered(query: bytes) -> bytes:
@@ -50,18 +71,48 @@ def text_array(items: Sequence[str]) -> bytes:
     return ('{"' + '","'.join(quoted) + '"}').encode("utf-8") if items else b"{}"
 
 
+def params(values: Sequence[Any] | None) -> tuple[Any, Any, Any] | None:
+    """``values`` as libpq's parameters ``(values, types, formats)``: text as UTF-8 and
+    integers as digits (their type left to the server), lists of text as array literals,
+    bytes as ``bytea`` in binary; None when a value is of another kind (psycopg's road)."""
+    if not values:
+        return None, None, None
+    out: list[Any] = []
+    types: list[int] = []
+    formats: list[int] = []
+    for v in values:
+        kind = type(v)
+        if kind is str:
+            out.append(v.encode("utf-8"))
+        elif kind is bytes or kind is memoryview or kind is bytearray:
+            out.append(v)
+            types.append(_BYTEA)
+            formats.append(1)
+            continue
+        elif kind is int:
+            out.append(b"%d" % v)
+        elif kind is list and all(type(x) is str for x in v):
+            out.append(text_array(v))
+        elif v is None:
+            out.append(None)
+        else:
+            return None
+        types.append(0)
+        formats.append(0)
+    return out, types, formats
+
+
 def exchange(
-    pgconn: Any, plain: Sequence[bytes], query: bytes, params: Sequence[bytes]
+    pgconn: Any, statements: Sequence[tuple[bytes, Any]]
 ) -> Generator[Wait, int, list[tuple[Any, ...]]]:
-    """A generator for the connection's ``wait``: send each statement of ``plain`` (no
-    parameters) and then ``query`` with ``params`` (text) in one pipeline and read the
-    answers; its value is ``query``'s rows, binary columns decoded. The first statement that
-    failed raises its psycopg error once the pipeline is read to its end."""
+    """A generator for the connection's ``wait``: send ``statements`` (each a numbered query
+    and its :func:`params`) in one pipeline and read the answers; its value is the last
+    statement's rows, binary columns decoded. The first statement that failed raises its
+    psycopg error once the pipeline is read to its end."""
     pgconn.enter_pipeline_mode()
     try:
-        for statement in plain:
-            pgconn.send_query_params(statement, None)
-        pgconn.send_query_params(query, params, result_format=Format.BINARY)
+        for query, (values, types, formats) in statements:
+            pgconn.send_query_params(query, values, types, formats, Format.BINARY)
         pgconn.pipeline_sync()
         while pgconn.flush():  # the socket's buffer is full: wait for room, reading meanwhile
             ready = yield Wait.RW
@@ -69,19 +120,21 @@ def exchange(
                 pgconn.consume_input()
         failed = None
         last = None
+        place, final = 0, len(statements) - 1
         while True:
             while pgconn.is_busy():
                 yield Wait.R
                 pgconn.consume_input()
             res = pgconn.get_result()
             if res is None:  # the end of one statement's results
+                place += 1
                 continue
             status = res.status
             if status == ExecStatus.PIPELINE_SYNC:
                 break
             if status == ExecStatus.FATAL_ERROR and failed is None:
                 failed = errors.error_from_result(res)
-            elif status == ExecStatus.TUPLES_OK:
+            elif status == ExecStatus.TUPLES_OK and place == final:
                 last = res
     finally:
         try:
@@ -106,6 +159,10 @@ def rows(res: Any) -> list[tuple[Any, ...]]:
             readers.append(lambda b: b.decode("utf-8"))
         elif oid == _BYTEA:
             readers.append(None)  # get_value's bytes as they are
+        elif oid == _BOOL:
+            readers.append(lambda b: b != b"\x00")
+        elif oid == _VOID:
+            readers.append(lambda b: None)
         else:
             raise TypeError(f"no binary reader for type {oid}")
     get = res.get_value

@@ -57,8 +57,17 @@ class PostgresTxn(Txn):
         self._early: dict[Any, list[Any]] = {}
 
     def exchange(self, query: Any = None, params: Any = None):
-        """Send the queued statements and ``query`` (if any) in one pipeline; ``query``'s cursor."""
+        """Send the queued statements and ``query`` (if any) in one pipeline; ``query``'s
+        rows (``fetchone``, ``fetchall``)."""
         conn = self._conn
+        items = self.queued if query is None else [*self.queued, (query, params)]
+        statements = self._through_libpq(items)
+        if statements is not None:  # the common road: see rawpipe
+            self.queued = []
+            self.begun = True
+            answer = conn.wait(rawpipe.exchange(conn.pgconn, statements))
+            self._exchanged()
+            return None if query is None else _Rows(answer)
         if not self.queued and not self._ahead:
             if query is None:
                 return None
@@ -78,6 +87,23 @@ class PostgresTxn(Txn):
         self._exchanged()
         self._keep_ahead(ahead)
         return cur
+
+    def _through_libpq(self, items: list[tuple[Any, Any]]) -> list[tuple[bytes, Any]] | None:
+        """``items`` (statements and their parameters) as :func:`rawpipe.exchange` sends
+        them; None when one of them takes psycopg's road (a statement still to be composed,
+        a parameter of another kind) or a scan was announced (sent with psycopg's cursors)."""
+        if self._ahead or not items:
+            return None
+        out = []
+        for q, p in items:
+            query = rawpipe.prepared(q)
+            if query is None:
+                return None
+            converted = rawpipe.params(p)
+            if converted is None:
+                return None
+            out.append((query, converted))
+        return out
 
     def _scan_ahead(self, lo: bytes, hi: bytes | None, space: Space, fetch: Fetch, limit: int | None) -> None:
         # A read-only transaction's scan: its first statement goes with the next exchange.
@@ -191,19 +217,15 @@ class PostgresTxn(Txn):
             params.append(keys)
             if kind == "prefix":
                 params.append([prefix_stop(key) for key in keys])
-        queued, self.queued = self.queued, []
-        self.begun = True
         conn = self._conn
-        if not self._ahead and all(p is None and isinstance(q, str) for q, p in queued):
-            # The common case (BEGIN, a COMMIT before it): through libpq directly (rawpipe).
-            raw = self._q.get(("raw batch", shape))
-            if raw is None:
-                raw = self._q["raw batch", shape] = rawpipe.numbered(statement)
-            plain = [q.encode("utf-8") for q, _ in queued]
-            arrays = [rawpipe.text_array(p) for p in params]
-            answer = conn.wait(rawpipe.exchange(conn.pgconn, plain, raw, arrays))
+        statements = self._through_libpq([*self.queued, (statement, params)])
+        self.begun = True
+        if statements is not None:  # the common road: see rawpipe
+            self.queued = []
+            answer = conn.wait(rawpipe.exchange(conn.pgconn, statements))
             self._exchanged()
         else:
+            queued, self.queued = self.queued, []
             with conn.pipeline():
                 for q, p in queued:
                     conn.execute(q, p, binary=True)
@@ -278,6 +300,21 @@ class PostgresTxn(Txn):
             sql.SQL(column), table, condition, collate, sql.Literal(BATCH)
         )
         return query, params
+
+
+class _Rows:
+    """The rows of a statement sent through libpq, read as from a cursor."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
+        self.rows = rows
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        return self.rows[0] if self.rows else None
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return self.rows
 
 
 __all__ = ["PostgresTxn"]
