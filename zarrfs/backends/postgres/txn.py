@@ -56,13 +56,12 @@ class PostgresTxn(Txn):
         self._ahead: list[tuple[Any, Any, Any]] = []
         self._early: dict[Any, list[Any]] = {}
 
-    def exchange(self, query: Any = None, params: Any = None, many: bool = False):
+    def exchange(self, query: Any = None, params: Any = None):
         """Send the queued statements and ``query`` (if any) in one pipeline; ``query``'s
-        rows (``fetchone``, ``fetchall``). ``many``: rows by the hundred (a scan's batch),
-        which psycopg's row loaders, compiled, read faster than :func:`rawpipe.rows`."""
+        rows (``fetchone``, ``fetchall``)."""
         conn = self._conn
         items = self.queued if query is None else [*self.queued, (query, params)]
-        statements = None if many else self._through_libpq(items)
+        statements = self._through_libpq(items)
         if statements is not None:  # the common road: see rawpipe
             self.queued = []
             self.begun = True
@@ -277,7 +276,7 @@ class PostgresTxn(Txn):
         while True:
             if rows is None:
                 query, params = self._scan_query(space, fetch, (start, strict), stop)
-                rows = self.exchange(query, params, many=True).fetchall()
+                rows = self.exchange(query, params).fetchall()
             for k, x in rows:
                 yield k.encode("utf-8"), x
             if len(rows) < BATCH:
