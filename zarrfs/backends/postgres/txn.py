@@ -222,7 +222,7 @@ class PostgresTxn(Txn):
         self.begun = True
         if statements is not None:  # the common road: see rawpipe
             self.queued = []
-            answer = conn.wait(rawpipe.exchange(conn.pgconn, statements))
+            rows = conn.wait(rawpipe.exchange(conn.pgconn, statements))
             self._exchanged()
         else:
             queued, self.queued = self.queued, []
@@ -234,10 +234,10 @@ class PostgresTxn(Txn):
                 cur.execute(statement, params)
             self._exchanged()
             self._keep_ahead(ahead)
-            answer = cur.fetchall()
+            rows = cur.fetchall()
         found: dict[tuple[str, Space, bytes], Any] = {}
         asked = list(groups.items())
-        for g, place, value, size in answer:
+        for g, place, value, size in rows:
             (kind, space), raws = asked[g]
             answer = True if kind == "prefix" else value if kind == "get" else size
             found[kind, space, raws[place - 1]] = answer
