@@ -217,24 +217,7 @@ class PostgresTxn(Txn):
             params.append(keys)
             if kind == "prefix":
                 params.append([prefix_stop(key) for key in keys])
-        conn = self._conn
-        statements = self._through_libpq([*self.queued, (statement, params)])
-        self.begun = True
-        if statements is not None:  # the common road: see rawpipe
-            self.queued = []
-            rows = conn.wait(rawpipe.exchange(conn.pgconn, statements))
-            self._exchanged()
-        else:
-            queued, self.queued = self.queued, []
-            with conn.pipeline():
-                for q, p in queued:
-                    conn.execute(q, p, binary=True)
-                ahead = self._send_ahead()
-                cur = conn.cursor(binary=True)
-                cur.execute(statement, params)
-            self._exchanged()
-            self._keep_ahead(ahead)
-            rows = cur.fetchall()
+        rows = self.exchange(statement, params).fetchall()  # with the queued statements and scans ahead
         found: dict[tuple[str, Space, bytes], Any] = {}
         asked = list(groups.items())
         for g, place, value, size in rows:
