@@ -198,18 +198,31 @@ class _CountedWaits:
         os.close(self.w)
 
 
-def test_a_postgres_exchange_waits_through_the_request_threads_only_for_what_is_not_ready(postgres_server):
-    """psycopg asks first for room to send each query, which the socket nearly always has: a
+def test_a_postgres_exchange_waits_through_the_request_threads_only_for_what_is_not_ready(
+    postgres_server, proxy
+):
+    """psycopg's pipeline asks first for room to send, which the socket nearly always has: a
     wait through the request threads for it let go of the filesystem lock and woke another
     thread for nothing. The room is polled for without waiting; a wait goes through the
-    threads only when the socket is not ready (an answer still to come)."""
+    threads only when the socket is not ready (an answer still to come: the proxy's delay
+    makes sure of it, where a local server's answer can be in before the first look). The
+    reads and writes go through libpq (``rawpipe``), a scan announced ahead through psycopg's
+    pipeline."""
     waits = _CountedWaits()
+    _direct, proxied = _proxied_postgres(postgres_server, proxy, f"ex{os.getpid()}")
+
+    def listed(t, i):
+        t.scan_ahead("k", "l")
+        return t.get(f"k{i}"), [k for k, _ in t.scan("k", "l")]
+
     try:
-        with open_driver(postgres_server.url(table=f"ex{os.getpid()}")) as driver:
+        with open_driver(proxied) as driver:
             driver.watch = waits
-            for i in range(20):
+            for i in range(10):
                 driver.put(f"k{i}", b"v" * i)
                 assert driver.get(f"k{i}") == b"v" * i
+                got = driver.transact(lambda t, i=i: listed(t, i), write=False)
+                assert got == (b"v" * i, sorted(f"k{j}" for j in range(i + 1)))
             assert waits.found  # the answers were waited for through it
             for got in waits.found:
                 assert not any(events == select.POLLOUT for _fd, events in got), waits.found

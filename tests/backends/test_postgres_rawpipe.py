@@ -72,3 +72,38 @@ def test_a_failed_statement_is_psycopgs_error_and_the_connection_goes_on(conn):
         send(conn, [("SELECT * FROM no_such_table", None), ("SELECT 1 / 0", None)])
     assert send(conn, [("SELECT %s || 'b'", ["a"])]) == [("ab",)]
     assert conn.execute("SELECT 3").fetchone() == (3,)  # psycopg's road after it
+
+
+def prepared_on_server(conn):
+    return sorted(r[0] for r in conn.execute("SELECT statement FROM pg_prepared_statements").fetchall())
+
+
+def test_a_statement_with_parameters_is_prepared_once_and_run_by_its_name(conn):
+    named = rawpipe.Named()
+    statements = [("SELECT %s || 'b'", ["a"]), ("SELECT %s || 'b'", ["c"]), ("SELECT %s::bytea", [b"v"])]
+    prepared = [(rawpipe.prepared(q), rawpipe.params(p)) for q, p in statements]
+    assert conn.wait(rawpipe.exchange(conn.pgconn, prepared[:2], named)) == [("cb",)]
+    assert conn.wait(rawpipe.exchange(conn.pgconn, prepared[1:], named)) == [(b"v",)]
+    assert conn.wait(rawpipe.exchange(conn.pgconn, prepared[:1], named)) == [("ab",)]
+    # Made once each, the one asked twice in a pipeline too; the same query with a parameter
+    # of another type is another statement.
+    assert prepared_on_server(conn) == ["SELECT $1 || 'b'", "SELECT $1::bytea"]
+    text = rawpipe.prepared("SELECT %s::bytea"), rawpipe.params(["\\x7a"])
+    assert conn.wait(rawpipe.exchange(conn.pgconn, [text], named)) == [(b"z",)]
+    assert len(named.names) == 3 and named.given == 3
+    # A statement without parameters (BEGIN, COMMIT) is not prepared.
+    assert conn.wait(rawpipe.exchange(conn.pgconn, [(b"SELECT 4", (None, None, None))], named)) == [(4,)]
+    assert named.given == 3
+
+
+def test_a_prepare_a_failed_pipeline_skipped_is_not_taken_as_made(conn):
+    named = rawpipe.Named()
+    late = rawpipe.prepared("SELECT %s || 'x'"), rawpipe.params(["a"])
+    failing = rawpipe.prepared("SELECT 1 / %s"), rawpipe.params([0])
+    with pytest.raises(errors.DivisionByZero):
+        conn.wait(rawpipe.exchange(conn.pgconn, [failing, late], named))
+    assert prepared_on_server(conn) == ["SELECT 1 / $1"]  # the first was made before it failed
+    # The second never was: asked again, it is prepared now, not run by a name never made.
+    assert conn.wait(rawpipe.exchange(conn.pgconn, [late], named)) == [("ax",)]
+    assert prepared_on_server(conn) == ["SELECT $1 || 'x'", "SELECT 1 / $1"]
+    assert len(set(named.names.values())) == 2 and named.given == 3  # no name given twice

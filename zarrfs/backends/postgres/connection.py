@@ -39,6 +39,8 @@ class WatchedConnection(psycopg.Connection):
     #: Seconds this connection's waits last at most, when shorter than the driver's timeout
     #: (a best-effort statement: a reading transaction's deferred ``COMMIT``).
     limit: float | None = None
+    #: The statements prepared on this connection (``rawpipe.Named``), set with ``driver``.
+    named: Any = None
 
     def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
         """Run ``gen`` (psycopg's protocol generator) to its end; see the module docstring.

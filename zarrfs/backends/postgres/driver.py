@@ -51,7 +51,7 @@ from ..errors import KeyTooLongError, RestartedError
 from ..filespace import statvfs
 from ..snapshot import HeldState
 from ..urloptions import check_options
-from . import feed
+from . import feed, rawpipe
 from .about import ABOUT
 from .connection import WatchedConnection
 from .sql import queries as _queries
@@ -172,8 +172,8 @@ class PostgresDriver(Driver):
 
     def _connect(self) -> None:
         try:
-            # No server-side prepared statements: one made in a pipeline that then failed is
-            # gone on the server while psycopg's cache still names it.
+            # No statements prepared by psycopg: one made in a pipeline that then failed is
+            # gone on the server while psycopg's cache still names it (rawpipe prepares its own).
             self.conn = WatchedConnection.connect(
                 autocommit=True, prepare_threshold=None, **{**self.bounds(), **self.params}
             )
@@ -182,6 +182,7 @@ class PostgresDriver(Driver):
         except psycopg.Error as exc:
             raise UnavailableError(f"{self.where}: {_reason(exc)}") from None
         self.conn.driver = self  # its waits honour watch and timeout (connection)
+        self.conn.named = rawpipe.Named()
         tables = {DATA: self.table, Space.SIDE: self.table + "_side"}
         if not self.readonly and not self._made:
             for name in tables.values():

@@ -13,6 +13,12 @@ numbered once, its parameters sent as text (their type left to the server, as ps
 a ``str``'s) or as ``bytea`` in binary, and the answer's binary columns read by their type.
 The waits go through the connection's own ``wait`` (bounded, interruptible), and a server's
 error is psycopg's exception for it, as from a cursor, so the driver maps it as before.
+
+A statement with parameters is prepared on the server once per connection (:class:`Named`) and
+then only bound and run: the server parses and plans an unnamed statement at every use, which
+for a read's batch costs it more than running it. A name is recorded only once the server
+answered its prepare (one sent in a pipeline that failed before it is never made: psycopg's
+own cache of names cannot tell, which is why the driver turns it off), and never given twice.
 """
 
 from __future__ import annotations
@@ -104,17 +110,52 @@ def params(values: Sequence[Any] | None) -> tuple[Any, Any, Any] | None:
     return out, types, formats
 
 
+class Named:
+    """The statements prepared on one connection, by numbered query and parameter types, and
+    the last name given (names are never given twice: a prepare whose answer was not read,
+    its exchange interrupted, cannot clash with a later one)."""
+
+    __slots__ = ("names", "given")
+
+    #: Statements a connection prepares at most (the driver has a few per table and shape of
+    #: batch); later ones are sent unnamed.
+    LIMIT = 256
+
+    def __init__(self) -> None:
+        self.names: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
+        self.given = 0
+
+
 def exchange(
-    pgconn: Any, statements: Sequence[tuple[bytes, Any]]
+    pgconn: Any, statements: Sequence[tuple[bytes, Any]], named: Named | None = None
 ) -> Generator[Wait, int, list[tuple[Any, ...]]]:
     """A generator for the connection's ``wait``: send ``statements`` (each a numbered query
     and its :func:`params`) in one pipeline and read the answers; its value is the last
     statement's rows, binary columns decoded. The first statement that failed raises its
-    psycopg error once the pipeline is read to its end."""
+    psycopg error once the pipeline is read to its end. With ``named`` (the connection's), a
+    statement with parameters is prepared once and run by its name."""
+    # What each command sent answers: None a statement, (key, name) a prepare.
+    sent: list[tuple[tuple[bytes, tuple[int, ...]], bytes] | None] = []
+    pending: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
     pgconn.enter_pipeline_mode()
     try:
         for query, (values, types, formats) in statements:
-            pgconn.send_query_params(query, values, types, formats, Format.BINARY)
+            name = None
+            if named is not None and values is not None:
+                key = (query, tuple(types))
+                name = named.names.get(key)
+                if name is None and len(named.names) < Named.LIMIT:
+                    name = pending.get(key)  # prepared earlier in this pipeline
+                    if name is None:
+                        named.given += 1
+                        name = pending[key] = b"z%d" % named.given
+                        pgconn.send_prepare(name, query, types)
+                        sent.append((key, name))
+            if name is None:
+                pgconn.send_query_params(query, values, types, formats, Format.BINARY)
+            else:
+                pgconn.send_query_prepared(name, values, formats, Format.BINARY)
+            sent.append(None)
         pgconn.pipeline_sync()
         while pgconn.flush():  # the socket's buffer is full: wait for room, reading meanwhile
             ready = yield Wait.RW
@@ -122,13 +163,13 @@ def exchange(
                 pgconn.consume_input()
         failed = None
         last = None
-        place, final = 0, len(statements) - 1
+        place, final = 0, len(sent) - 1
         while True:
             while pgconn.is_busy():
                 yield Wait.R
                 pgconn.consume_input()
             res = pgconn.get_result()
-            if res is None:  # the end of one statement's results
+            if res is None:  # the end of one command's results
                 place += 1
                 continue
             status = res.status
@@ -138,6 +179,9 @@ def exchange(
                 failed = errors.error_from_result(res)
             elif status == ExecStatus.TUPLES_OK and place == final:
                 last = res
+            elif status == ExecStatus.COMMAND_OK and sent[place] is not None:  # a prepare made
+                key, name = sent[place]
+                named.names[key] = name
     finally:
         try:
             if pgconn.pipeline_status:

@@ -65,7 +65,7 @@ class PostgresTxn(Txn):
         if statements is not None:  # the common road: see rawpipe
             self.queued = []
             self.begun = True
-            answer = conn.wait(rawpipe.exchange(conn.pgconn, statements))
+            answer = conn.wait(rawpipe.exchange(conn.pgconn, statements, conn.named))
             self._exchanged()
             return None if query is None else _Rows(answer)
         if not self.queued and not self._ahead:
