@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import select
 import stat
+import threading
 from typing import Any, Protocol
 
 from zarrfs.fs.api import ChangeWatcher, Operations, folders_of, version_mark
@@ -50,6 +51,9 @@ class Coherence:
         self.polls = 0
         self.dropped = 0  # notifications sent
         self._poller: tuple[int, select.poll] | None = None  # the feed's descriptor, polled
+        #: Drops an earlier poll queued and did not see written (its wait cut short by a
+        #: request, or a locked poll's entries): a request's poll waits for them too.
+        self._unfinished: list[threading.Event] = []
 
     def negative_time(self, key: str, long: tuple[int, int]) -> tuple[int, int]:
         """How long the kernel may cache "no such file" for ``key``: ``long``, the name
@@ -107,6 +111,8 @@ class Coherence:
         self.polls += 1
         keys = self.watcher.poll()
         if keys is not None and not keys:
+            if not locked and until_request is None:
+                self.finish()
             return
         admission = self.session.admission
         if admission is not None:  # readers that read before the change run again after it
@@ -118,15 +124,42 @@ class Coherence:
         with invalidator.order:
             notes = self.everything() if keys is None else self.notes(keys)
             if not notes or not self._may_drop():
-                return
-            self.dropped += len(notes)
-            if locked:  # its entry drops are not waited for (see above)
-                entries = [n for n in notes if entry_folder(n) is not None]
-                if entries:
-                    notes = [n for n in notes if entry_folder(n) is None]
-                    invalidator.post(entries)
-            done = invalidator.enqueue(notes)
-        invalidator.wait(done, until_request)
+                notes = []
+            else:
+                self.dropped += len(notes)
+                if locked:  # its entry drops are not waited for (see above)
+                    entries = [n for n in notes if entry_folder(n) is not None]
+                    if entries:
+                        notes = [n for n in notes if entry_folder(n) is None]
+                        self._track(invalidator.enqueue(entries))
+            done = invalidator.enqueue(notes) if notes else None
+        if done is not None:
+            invalidator.wait(done, until_request)
+            if not done.is_set():
+                self._track(done)
+        if not locked and until_request is None:
+            self.finish()
+
+    def _track(self, done: threading.Event) -> None:
+        self._unfinished = [e for e in self._unfinished if not e.is_set()] + [done]
+
+    def unfinished(self) -> bool:
+        """Whether drops an earlier poll queued are still being written."""
+        return any(not e.is_set() for e in self._unfinished)
+
+    def finish(self) -> None:
+        """Wait for the drops earlier polls queued and did not see written (bounded, as
+        :meth:`Invalidator.wait`): a request's poll (an open's, close-to-open) that found
+        nothing new must not answer with another mount's change while a drop the same
+        change caused (a cached "no such file" of a name it made) is still to be written,
+        or a client that saw that change would meet the older state of the other name."""
+        pending = self._unfinished
+        if not pending:
+            return
+        self._unfinished = []
+        invalidator = self.session.invalidator
+        for done in pending:
+            invalidator.wait(done)
 
     def poll_between(self) -> None:
         """:meth:`poll` between two requests (the loop's idle work): its wait for the drops

@@ -189,8 +189,10 @@ class Session(Dispatcher):
             return (None, k.IN_HEADER.unpack_from(data)[2])
         if not self._needs_no_write(data):
             return None
-        if opcode in (k.OPEN, k.OPENDIR) and self.coherence is not None and self.coherence.news():
-            return None
+        coherence = self.coherence
+        if opcode in (k.OPEN, k.OPENDIR) and coherence is not None:
+            if coherence.news() or coherence.unfinished():  # its poll waits for their drops
+                return None
         return nodeid
 
     def _stored(self, nodeid: int | None, stored: Stored | None) -> None:
