@@ -173,8 +173,11 @@ class SQLiteTxn(Txn):
         # Through SQLite's incremental blob I/O where possible.
         if not self._has(space):
             return None
+        if space is not DATA:  # a small record, and its table may have no rowids
+            value = self._get(raw, space)
+            return None if value is None else bytes(value[offset : offset + length])
         # The transaction begins first: the blob is opened by the rowid this reads.
-        row = self._one(sq.LOCATE[space], (raw,), lazy=False)
+        row = self._one(sq.LOCATE, (raw,), lazy=False)
         if row is None:
             return None
         rowid, kind, size = row

@@ -4,9 +4,10 @@ says when to read the log.
 Triggers on the data and side tables append each inserted, updated or deleted key to
 ``zarrfs_changes(id INTEGER PRIMARY KEY, s, k)`` in the writer's own transaction, whoever writes
 (a mount, zarr-python's ``SQLiteStore``, the ``sqlite3`` shell), so a foreign writer's changes are
-known key by key; each trigger also deletes the entry :data:`KEEP` ids back, keeping the log
-bounded. A reader asks ``PRAGMA data_version`` of its connection (microseconds; it moves when
-another connection committed or checkpointed) and only then reads the entries after its cursor.
+known key by key; each trigger also trims the entries :data:`KEEP` ids back, :data:`PRUNE` at
+a time, keeping the log bounded. A reader asks ``PRAGMA data_version`` of its connection
+(microseconds; it moves when another connection committed or checkpointed) and only then reads
+the entries after its cursor.
 "Something changed" (None): entries trimmed past the cursor, or the version moved with nothing
 logged and the triggers gone (``SQLiteStore.clear()`` drops the table and its triggers; a
 writable mount puts them back). The driver's own entries are left out: a write transaction notes
@@ -24,6 +25,7 @@ from ..base import DATA, SIDE, Space
 from .sql import translated
 
 KEEP = 8192  # log entries kept
+PRUNE = 256  # entries trimmed at once
 BATCH = 20000  # entries read at one look; more than that is "something changed"
 CREATE_LOG = "CREATE TABLE IF NOT EXISTS zarrfs_changes(id INTEGER PRIMARY KEY, s INTEGER, k TEXT)"
 LAST_ID = "SELECT coalesce(max(id), 0) FROM zarrfs_changes"
@@ -34,11 +36,18 @@ TRIGGERS = [f"zarrfs_log_{table}_{e}" for table in _TABLES for e in _EVENTS]
 
 
 def _trigger(table: str, event: str) -> str:
+    # Entries are trimmed :data:`PRUNE` at a time, by the entry whose id is a multiple of it:
+    # the log keeps KEEP to KEEP + PRUNE - 1 entries, and a commit dirties the pages of the
+    # entries it adds, not also one KEEP entries back (one WAL frame a commit fewer). A
+    # database made by an earlier version keeps its triggers, which trim one entry an entry;
+    # readers cannot tell the two apart.
     what, row = _EVENTS[event]
+    last = "last_insert_rowid()"
     return (
         f"CREATE TRIGGER IF NOT EXISTS zarrfs_log_{table}_{event} AFTER {what} ON {table} BEGIN "
         f"INSERT INTO zarrfs_changes(s, k) VALUES ({_TABLES[table]}, {row}.k); "
-        f"DELETE FROM zarrfs_changes WHERE id = last_insert_rowid() - {KEEP}; END"
+        f"DELETE FROM zarrfs_changes WHERE {last} % {PRUNE} = 0 "
+        f"AND id > {last} - {KEEP + PRUNE} AND id <= {last} - {KEEP}; END"
     )
 
 

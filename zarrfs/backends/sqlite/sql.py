@@ -37,7 +37,11 @@ TABLES = {DATA: "zarr", SIDE: "zarrfs_side"}
 PAGE_SIZE = 32768  # for databases this driver creates
 # Exactly zarr-python 2.18's statement, so a database we create is one SQLiteStore expects.
 CREATE_DATA = "CREATE TABLE IF NOT EXISTS zarr(k TEXT PRIMARY KEY, v BLOB)"
-CREATE_SIDE = "CREATE TABLE IF NOT EXISTS zarrfs_side(k TEXT PRIMARY KEY, v BLOB)"
+# The side table of records is zarrfs's own: made WITHOUT ROWID, its rows sit in the key's
+# B-tree, so a commit's records (a file's and its folder's, side by side) dirty one page, not
+# a table page and an index page each (one WAL frame of 32 KiB less a small file). A table made
+# by an earlier version keeps its rowids; every statement here reads both alike.
+CREATE_SIDE = "CREATE TABLE IF NOT EXISTS zarrfs_side(k TEXT PRIMARY KEY, v BLOB) WITHOUT ROWID"
 # zarr-sqlite's file format (its SPEC.md, version 1.0; what the Rust zarrs_sqlite reads too): a
 # database zarrfs creates declares itself with these records; one whose incompatible_flags name
 # a feature is not opened (zarrfs implements none).
@@ -51,7 +55,7 @@ K = "CAST(? AS TEXT)"  # a key or bound, bound as its UTF-8 bytes: compared and 
 SIZE = "CASE WHEN typeof(v) = 'text' THEN length(CAST(v AS BLOB)) ELSE coalesce(length(v), 0) END"
 GET = {sp: f"SELECT v FROM {t} WHERE k = {K}" for sp, t in TABLES.items()}
 SIZE_OF = {sp: f"SELECT {SIZE} FROM {t} WHERE k = {K}" for sp, t in TABLES.items()}
-LOCATE = {sp: f"SELECT rowid, typeof(v), length(v) FROM {t} WHERE k = {K}" for sp, t in TABLES.items()}
+LOCATE = f"SELECT rowid, typeof(v), length(v) FROM {TABLES[DATA]} WHERE k = {K}"  # a data table has rowids
 # An upsert: the row keeps its rowid.
 PUT = {
     sp: f"INSERT INTO {t}(k, v) VALUES ({K}, ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v"
