@@ -25,7 +25,7 @@ def _earlier_database(path) -> None:
     conn.execute(EARLIER_SIDE)
     conn.execute(feed.CREATE_LOG)
     for table, number in (("zarr", 0), ("zarrfs_side", 1)):
-        for event, (what, row) in (("i", ("INSERT", "NEW")), ("u", ("UPDATE", "NEW")), ("d", ("DELETE", "OLD"))):
+        for event, what, row in (("i", "INSERT", "NEW"), ("u", "UPDATE", "NEW"), ("d", "DELETE", "OLD")):
             conn.execute(
                 f"CREATE TRIGGER zarrfs_log_{table}_{event} AFTER {what} ON {table} BEGIN "
                 f"INSERT INTO zarrfs_changes(s, k) VALUES ({number}, {row}.k); "
@@ -42,61 +42,64 @@ def _schema(path) -> dict[str, str]:
         conn.close()
 
 
-@pytest.mark.parametrize("made", ["here", "earlier"])
-def test_records_are_read_whole_and_in_ranges_with_rowids_or_without(tmp_path, made):
+@pytest.fixture(params=["here", "earlier"])
+def made(request):
+    """Who made the database: this version, or an earlier one."""
+    return request.param
+
+
+@pytest.fixture
+def opened(tmp_path, made):
+    """The database's path and a driver on it, the database made by ``made``."""
     path = tmp_path / "db.sqlite"
     if made == "earlier":
         _earlier_database(path)
     d = open_driver(f"sqlite://{path}")
-    try:
-        value = bytes(range(256)) * 3
-        d.transact(lambda t: t.put("x:a/b", value, SIDE))
-        assert d.transact(lambda t: t.read("x:a/b", 5, 300, SIDE), write=False) == value[5:305]
-        assert d.transact(lambda t: t.read("x:a/b", 700, 300, SIDE), write=False) == value[700:]
-        assert d.transact(lambda t: t.read("x:a/b", 900, 10, SIDE), write=False) == b""
-        assert d.transact(lambda t: t.read("x:none", 0, 10, SIDE), write=False) is None
-        assert d.transact(lambda t: t.get("x:a/b", SIDE), write=False) == value
-    finally:
-        d.close()
+    yield path, d
+    d.close()
+
+
+def test_records_are_read_whole_and_in_ranges_with_rowids_or_without(opened, made):
+    path, d = opened
+    value = bytes(range(256)) * 3
+    d.transact(lambda t: t.put("x:a/b", value, SIDE))
+    assert d.transact(lambda t: t.read("x:a/b", 5, 300, SIDE), write=False) == value[5:305]
+    assert d.transact(lambda t: t.read("x:a/b", 700, 300, SIDE), write=False) == value[700:]
+    assert d.transact(lambda t: t.read("x:a/b", 900, 10, SIDE), write=False) == b""
+    assert d.transact(lambda t: t.read("x:none", 0, 10, SIDE), write=False) is None
+    assert d.transact(lambda t: t.get("x:a/b", SIDE), write=False) == value
     side = _schema(path)["zarrfs_side"]
     # Made here: without rowids; made earlier: kept as it was.
     assert ("WITHOUT ROWID" in side) == (made == "here"), side
 
 
-@pytest.mark.parametrize("made", ["here", "earlier"])
-def test_the_log_stays_bounded_and_a_reader_behind_its_trimmed_end_is_told_something_changed(tmp_path, made):
-    path = tmp_path / "db.sqlite"
-    if made == "earlier":
-        _earlier_database(path)
-    d = open_driver(f"sqlite://{path}")
-    try:
-        behind, _ = d.changes(None)
-        # Another program writes (zarr-python's SQLiteStore would): one entry a key.
-        writer = sqlite3.connect(path, isolation_level=None)
-        total = feed.KEEP + 3 * feed.PRUNE + 17
-        counts = []
-        for start in range(0, total, 500):
-            writer.execute("BEGIN")
-            writer.executemany(
-                "INSERT INTO zarr(k, v) VALUES (?, ?)",
-                [(f"c/{i}", b"v") for i in range(start, min(start + 500, total))],
-            )
-            writer.execute("COMMIT")
-            counts.append(writer.execute("SELECT count(*) FROM zarrfs_changes").fetchone()[0])
-        low, high = writer.execute("SELECT min(id), max(id) FROM zarrfs_changes").fetchone()
-        writer.close()
-        bound = feed.KEEP + (feed.PRUNE - 1 if made == "here" else 0)
-        assert max(counts) <= bound, counts
-        assert counts[-1] >= feed.KEEP
-        assert high - low + 1 == counts[-1]  # no hole: what is left is the newest entries
-        # A reader whose cursor is past the trimmed end is told the keys written since.
-        near = (behind[0], high - 10)
-        _, records = d.changes(near)
-        assert records is not None and sorted(k for _, k in records) == sorted(
-            f"c/{i}" for i in range(total - 10, total)
+def test_the_log_stays_bounded_and_a_reader_behind_its_trimmed_end_is_told_something_changed(opened, made):
+    path, d = opened
+    behind, _ = d.changes(None)
+    # Another program writes (zarr-python's SQLiteStore would): one entry a key.
+    writer = sqlite3.connect(path, isolation_level=None)
+    total = feed.KEEP + 3 * feed.PRUNE + 17
+    counts = []
+    for start in range(0, total, 500):
+        writer.execute("BEGIN")
+        writer.executemany(
+            "INSERT INTO zarr(k, v) VALUES (?, ?)",
+            [(f"c/{i}", b"v") for i in range(start, min(start + 500, total))],
         )
-        # One behind it: "not known what".
-        _, records = d.changes(behind)
-        assert records is None
-    finally:
-        d.close()
+        writer.execute("COMMIT")
+        counts.append(writer.execute("SELECT count(*) FROM zarrfs_changes").fetchone()[0])
+    low, high = writer.execute("SELECT min(id), max(id) FROM zarrfs_changes").fetchone()
+    writer.close()
+    bound = feed.KEEP + (feed.PRUNE - 1 if made == "here" else 0)
+    assert max(counts) <= bound, counts
+    assert counts[-1] >= feed.KEEP
+    assert high - low + 1 == counts[-1]  # no hole: what is left is the newest entries
+    # A reader whose cursor is past the trimmed end is told the keys written since.
+    near = (behind[0], high - 10)
+    _, records = d.changes(near)
+    assert records is not None and sorted(k for _, k in records) == sorted(
+        f"c/{i}" for i in range(total - 10, total)
+    )
+    # One behind it: "not known what".
+    _, records = d.changes(behind)
+    assert records is None
