@@ -109,9 +109,10 @@ class Coherence:
         way the wait no longer runs out its bound, 100 ms a rename or a lookup after another
         mount's change in its folder."""
         self.polls += 1
+        request = not locked and until_request is None  # waits for every drop queued
         keys = self.watcher.poll()
         if keys is not None and not keys:
-            if not locked and until_request is None:
+            if request:
                 self.finish()
             return
         admission = self.session.admission
@@ -133,19 +134,22 @@ class Coherence:
                         notes = [n for n in notes if entry_folder(n) is None]
                         self._track(invalidator.enqueue(entries))
             done = invalidator.enqueue(notes) if notes else None
-        if done is not None:
+        if request:  # these drops and those not seen written before, under one bound
+            if done is not None:
+                self._unfinished.append(done)
+            self.finish()
+        elif done is not None:
             invalidator.wait(done, until_request)
             if not done.is_set():
                 self._track(done)
-        if not locked and until_request is None:
-            self.finish()
 
     def _track(self, done: threading.Event) -> None:
         self._unfinished = [e for e in self._unfinished if not e.is_set()] + [done]
 
     def unfinished(self) -> bool:
         """Whether drops an earlier poll queued are still being written."""
-        return any(not e.is_set() for e in self._unfinished)
+        pending = self._unfinished  # empty but after another mount's change: no generator
+        return bool(pending) and any(not e.is_set() for e in pending)
 
     def finish(self) -> None:
         """Wait for the drops earlier polls queued and did not see written (bounded, as
@@ -154,12 +158,9 @@ class Coherence:
         change caused (a cached "no such file" of a name it made) is still to be written,
         or a client that saw that change would meet the older state of the other name."""
         pending = self._unfinished
-        if not pending:
-            return
-        self._unfinished = []
-        invalidator = self.session.invalidator
-        for done in pending:
-            invalidator.wait(done)
+        if pending:
+            self._unfinished = []
+            self.session.invalidator.wait_all(pending)
 
     def poll_between(self) -> None:
         """:meth:`poll` between two requests (the loop's idle work): its wait for the drops

@@ -122,6 +122,20 @@ class Invalidator:
                     self.late += 1
                     return
 
+    def wait_all(self, events: list[threading.Event]) -> None:
+        """Wait for several batches queued (of either queue), at most :data:`WAIT` in all
+        (counted in :attr:`late` when that ran out): batches behind one held up by a folder's
+        lock would otherwise each run out a bound of their own."""
+        pending = [e for e in events if not e.is_set()]
+        if not pending:
+            return
+        with self.released():
+            deadline = time.monotonic() + WAIT
+            for done in pending:
+                if not done.wait(max(0.0, deadline - time.monotonic())):
+                    self.late += 1
+                    return
+
     def start(self) -> None:
         """Start the thread (once the kernel has answered INIT)."""
         if self._thread is None:

@@ -175,7 +175,7 @@ class SQLiteTxn(Txn):
             return None
         if space is not DATA:  # a small record, and its table may have no rowids
             value = self._get(raw, space)
-            return None if value is None else bytes(value[offset : offset + length])
+            return None if value is None else value[offset : offset + length]
         # The transaction begins first: the blob is opened by the rowid this reads.
         row = self._one(sq.LOCATE, (raw,), lazy=False)
         if row is None:
