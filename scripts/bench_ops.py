@@ -377,7 +377,8 @@ def report(results: dict, args) -> None:
             for k, us in z["handler_us"].items():
                 handler.setdefault(k, []).append(us)
         figures = ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in sorted(handler.items()))
-        print(f"  zarrfs handler CPU, µs a request (median over the operations): {figures}")
+        if figures:  # --against and --no-handler-cpu leave the handlers' clocks off
+            print(f"  zarrfs handler CPU, µs a request (median over the operations): {figures}")
         some = next(iter(rows.values()))["native"]
         how = "caches dropped before each operation" if some["cold"] else "warm: not root, caches not dropped"
         print(f"\n{kind}: wall time of an operation, µs (native: {some['fstype']}, {how}; "

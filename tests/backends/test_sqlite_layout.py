@@ -1,6 +1,7 @@
-"""The SQLite driver's own tables in a database it makes: the records without rowids, the change
-log trimmed in batches; and databases an earlier version made (records with rowids, a log
-trimmed an entry at a time), which keep their layout and read the same."""
+"""The SQLite driver's own tables in a database it makes: the records (and the parts of large
+files) with rowids, the change log trimmed in batches; and databases earlier versions made,
+which keep their layout and read the same: records with rowids and a log trimmed an entry at a
+time ("earlier"), records without rowids (made so for a while: "rowless")."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import sqlite3
 import pytest
 
 from zarrfs.backends import open_driver
-from zarrfs.backends.base import SIDE
+from zarrfs.backends.base import PARTS, SIDE
 from zarrfs.backends.sqlite import feed
 
 EARLIER_SIDE = "CREATE TABLE zarrfs_side(k TEXT PRIMARY KEY, v BLOB)"
+ROWLESS_SIDE = "CREATE TABLE zarrfs_side(k TEXT PRIMARY KEY, v BLOB) WITHOUT ROWID"
 
 
 def _earlier_database(path) -> None:
@@ -42,9 +44,19 @@ def _schema(path) -> dict[str, str]:
         conn.close()
 
 
-@pytest.fixture(params=["here", "earlier"])
+def _rowless_database(path) -> None:
+    """A database as zarrfs made it for a while: records without rowids, the log's triggers
+    trimming in batches (made by the driver, on a side table made first)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA page_size = 32768")
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(ROWLESS_SIDE)
+    conn.close()
+
+
+@pytest.fixture(params=["here", "earlier", "rowless"])
 def made(request):
-    """Who made the database: this version, or an earlier one."""
+    """Who made the database: this version, or an earlier one (see the module docstring)."""
     return request.param
 
 
@@ -54,6 +66,8 @@ def opened(tmp_path, made):
     path = tmp_path / "db.sqlite"
     if made == "earlier":
         _earlier_database(path)
+    elif made == "rowless":
+        _rowless_database(path)
     d = open_driver(f"sqlite://{path}")
     yield path, d
     d.close()
@@ -69,8 +83,29 @@ def test_records_are_read_whole_and_in_ranges_with_rowids_or_without(opened, mad
     assert d.transact(lambda t: t.read("x:none", 0, 10, SIDE), write=False) is None
     assert d.transact(lambda t: t.get("x:a/b", SIDE), write=False) == value
     side = _schema(path)["zarrfs_side"]
-    # Made here: without rowids; made earlier: kept as it was.
-    assert ("WITHOUT ROWID" in side) == (made == "here"), side
+    # Made here: with rowids; made earlier: kept as it was.
+    assert ("WITHOUT ROWID" in side) == (made == "rowless"), side
+
+
+def test_a_range_of_a_large_files_part_is_read_without_reading_the_whole_part(opened, made):
+    # The parts of large files are 16 MiB values in the side table: a read of a few KiB of one
+    # (a page the kernel asks for) must not copy the whole part out of the database.
+    _, d = opened
+    part = bytes(range(256)) * 4096 * 4  # 4 MiB
+    d.transact(lambda t: t.put("p:abc/00000001", part, PARTS))
+    statements: list[str] = []
+    conn = d._conn()  # the connection of this thread, which runs the transactions below
+    conn.set_trace_callback(statements.append)
+    try:
+        got = d.transact(lambda t: t.read("p:abc/00000001", 3 << 20, 4096, PARTS), write=False)
+        tail = d.transact(lambda t: t.read("p:abc/00000001", len(part) - 10, 4096, PARTS), write=False)
+    finally:
+        conn.set_trace_callback(None)
+    assert got == part[3 << 20 : (3 << 20) + 4096]
+    assert tail == part[-10:]
+    whole = [s for s in statements if s.startswith("SELECT v FROM zarrfs_side")]
+    # Only a table without rowids has no other way.
+    assert bool(whole) == (made == "rowless"), statements
 
 
 def test_the_log_stays_bounded_and_a_reader_behind_its_trimmed_end_is_told_something_changed(opened, made):
@@ -90,7 +125,7 @@ def test_the_log_stays_bounded_and_a_reader_behind_its_trimmed_end_is_told_somet
         counts.append(writer.execute("SELECT count(*) FROM zarrfs_changes").fetchone()[0])
     low, high = writer.execute("SELECT min(id), max(id) FROM zarrfs_changes").fetchone()
     writer.close()
-    bound = feed.KEEP + (feed.PRUNE - 1 if made == "here" else 0)
+    bound = feed.KEEP + (0 if made == "earlier" else feed.PRUNE - 1)
     assert max(counts) <= bound, counts
     assert counts[-1] >= feed.KEEP
     assert high - low + 1 == counts[-1]  # no hole: what is left is the newest entries

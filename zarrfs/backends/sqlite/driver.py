@@ -173,17 +173,17 @@ class SQLiteTxn(Txn):
         # Through SQLite's incremental blob I/O where possible.
         if not self._has(space):
             return None
-        if space is not DATA:  # a small record, and its table may have no rowids
+        table = TABLES[space]
+        if table in self._driver.rowless:  # no rowid to open the value by: read whole, cut
             value = self._get(raw, space)
             return None if value is None else value[offset : offset + length]
         # The transaction begins first: the blob is opened by the rowid this reads.
-        row = self._one(sq.LOCATE, (raw,), lazy=False)
+        row = self._one(sq.LOCATE[space], (raw,), lazy=False)
         if row is None:
             return None
         rowid, kind, size = row
         if offset >= (size or 0) or length == 0:
             return b""
-        table = TABLES[space]
         if kind == b"blob" and hasattr(self._conn, "blobopen"):
             with translated(self.where), self._conn.blobopen(table, "v", rowid, readonly=True) as blob:
                 blob.seek(offset)
@@ -269,6 +269,7 @@ class SQLiteDriver(Driver):
         self.checkpoint_lock = threading.Lock()
         self.tables: set[str] = set()
         self.tables, self.wal = prepare(self._conn(), path, readonly)
+        self.rowless = sq.rowless(self._conn())  # tables read whole for a range (sql.CREATE_SIDE)
         self.batches = BatchStatements(self.tables)
         self.max_value = sq.max_value(self._conn())
         # SQLite needs more than LMDB: the commits still in the WAL may need the database file

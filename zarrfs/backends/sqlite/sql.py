@@ -37,11 +37,12 @@ TABLES = {DATA: "zarr", SIDE: "zarrfs_side"}
 PAGE_SIZE = 32768  # for databases this driver creates
 # Exactly zarr-python 2.18's statement, so a database we create is one SQLiteStore expects.
 CREATE_DATA = "CREATE TABLE IF NOT EXISTS zarr(k TEXT PRIMARY KEY, v BLOB)"
-# The side table of records is zarrfs's own: made WITHOUT ROWID, its rows sit in the key's
-# B-tree, so a commit's records (a file's and its folder's, side by side) dirty one page, not
-# a table page and an index page each (one WAL frame of 32 KiB less a small file). A table made
-# by an earlier version keeps its rowids; every statement here reads both alike.
-CREATE_SIDE = "CREATE TABLE IF NOT EXISTS zarrfs_side(k TEXT PRIMARY KEY, v BLOB) WITHOUT ROWID"
+# The side table has rowids: besides the small records it holds the parts of large files (16 MiB
+# values), read by range through SQLite's incremental blob I/O, which opens a row by its rowid. A
+# table WITHOUT ROWID can only give a part's
+# range by reading the whole part: a database made so during development is read whole and cut
+# (``rowless``), 40 times slower for random reads of a large file.
+CREATE_SIDE = "CREATE TABLE IF NOT EXISTS zarrfs_side(k TEXT PRIMARY KEY, v BLOB)"
 # zarr-sqlite's file format (its SPEC.md, version 1.0; what the Rust zarrs_sqlite reads too): a
 # database zarrfs creates declares itself with these records; one whose incompatible_flags name
 # a feature is not opened (zarrfs implements none).
@@ -55,7 +56,7 @@ K = "CAST(? AS TEXT)"  # a key or bound, bound as its UTF-8 bytes: compared and 
 SIZE = "CASE WHEN typeof(v) = 'text' THEN length(CAST(v AS BLOB)) ELSE coalesce(length(v), 0) END"
 GET = {sp: f"SELECT v FROM {t} WHERE k = {K}" for sp, t in TABLES.items()}
 SIZE_OF = {sp: f"SELECT {SIZE} FROM {t} WHERE k = {K}" for sp, t in TABLES.items()}
-LOCATE = f"SELECT rowid, typeof(v), length(v) FROM {TABLES[DATA]} WHERE k = {K}"  # a data table has rowids
+LOCATE = {sp: f"SELECT rowid, typeof(v), length(v) FROM {t} WHERE k = {K}" for sp, t in TABLES.items()}
 # An upsert: the row keeps its rowid.
 PUT = {
     sp: f"INSERT INTO {t}(k, v) VALUES ({K}, ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v"
@@ -314,6 +315,16 @@ def prepare(conn: sqlite3.Connection, path: str, readonly: bool) -> tuple[set[st
             _check_spec_flags(conn, path)
         wal = conn.execute("PRAGMA journal_mode").fetchone()[0] == b"wal"
     return tables & {"zarr", "zarrfs_side"}, wal
+
+
+def rowless(conn: sqlite3.Connection) -> set[str]:
+    """The driver's tables made ``WITHOUT ROWID``, whose values cannot be opened for
+    incremental reads."""
+    rows = conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('zarr', 'zarrfs_side') "
+        "AND upper(sql) LIKE '%WITHOUT ROWID%'"
+    ).fetchall()
+    return {name.decode() if isinstance(name, bytes) else name for (name,) in rows}
 
 
 def _tables(conn: sqlite3.Connection) -> set[str]:
