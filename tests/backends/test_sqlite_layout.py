@@ -5,6 +5,7 @@ time ("earlier"), records without rowids (made so for a while: "rowless")."""
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 
 import pytest
@@ -138,3 +139,13 @@ def test_the_log_stays_bounded_and_a_reader_behind_its_trimmed_end_is_told_somet
     # One behind it: "not known what".
     _, records = d.changes(behind)
     assert records is None
+
+
+def test_a_database_without_rowids_is_named_in_one_log_line_saying_what_to_do(tmp_path, caplog):
+    slow, fast = tmp_path / "slow.sqlite", tmp_path / "fast.sqlite"
+    _rowless_database(slow)
+    with caplog.at_level(logging.WARNING, logger="zarrfs.backends.sqlite"):
+        open_driver(f"sqlite://{slow}").close()
+        open_driver(f"sqlite://{fast}").close()
+    said = [r.getMessage() for r in caplog.records if "rowids" in r.getMessage()]
+    assert len(said) == 1 and str(slow) in said[0] and "zarrfs copy" in said[0], said

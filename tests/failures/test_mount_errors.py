@@ -327,6 +327,27 @@ def test_mount_says_at_once_that_another_program_holds_the_database(tmp_path):
             run("umount", str(tmp_path / "m"))
 
 
+def test_a_warning_of_the_databases_open_is_said_once_by_the_mount_command(tmp_path):
+    """The starting command opened the database itself first (its checks) and printed what
+    that open warned, bare, before the daemon's own open said it again, prefixed."""
+    import sqlite3
+
+    db = tmp_path / "db.sqlite"
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")  # the side table as zarrfs made it for a while
+    conn.execute("CREATE TABLE zarrfs_side(k TEXT PRIMARY KEY, v BLOB) WITHOUT ROWID")
+    conn.close()
+    (tmp_path / "m").mkdir()
+    res = run("mount", f"sqlite://{db}", str(tmp_path / "m"), "-o", "create")
+    try:
+        assert res.returncode == 0, res.stderr
+        said = [line for line in res.stderr.splitlines() if "no rowids" in line]
+        assert len(said) == 1 and said[0].startswith("zarrfs: warning: "), res.stderr
+    finally:
+        if os.path.ismount(tmp_path / "m"):
+            run("umount", str(tmp_path / "m"))
+
+
 @pytest.mark.parametrize("scheme", ["redis", "postgresql", "redis+cluster"])
 def test_timeout_bounds_the_open_on_a_server_that_accepts_and_never_answers(tmp_path, scheme):
     """The open's first calls waited the default 10 s (a cluster's 120 s) whatever

@@ -101,7 +101,15 @@ def _preflight(url: str, mountpoint: str, opts) -> None:
             f"mountpoint {mountpoint} is not empty (its files would be hidden while mounted): "
             "use an empty folder, or add -o nonempty"
         )
-    driver = open_database(url, opts)  # bad URL, missing database, unreachable server
+    # A bad URL, a missing database, an unreachable server. Its warnings are the daemon's to
+    # say (it opens the database again, and the starting command shows them once, prefixed).
+    backends = logging.getLogger("zarrfs.backends")
+    level = backends.level
+    backends.setLevel(logging.ERROR)
+    try:
+        driver = open_database(url, opts)
+    finally:
+        backends.setLevel(level)
     driver.close()
 
 

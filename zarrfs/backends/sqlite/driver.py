@@ -270,6 +270,11 @@ class SQLiteDriver(Driver):
         self.tables: set[str] = set()
         self.tables, self.wal = prepare(self._conn(), path, readonly)
         self.rowless = sq.rowless(self._conn())  # tables read whole for a range (sql.CREATE_SIDE)
+        if "zarrfs_side" in self.rowless:
+            log.warning(
+                "%s: its zarrfs_side table has no rowids, so a read of part of a large file reads "
+                "a whole 16 MiB part; 'zarrfs copy' it to a new database for the faster layout", path,
+            )
         self.batches = BatchStatements(self.tables)
         self.max_value = sq.max_value(self._conn())
         # SQLite needs more than LMDB: the commits still in the WAL may need the database file
