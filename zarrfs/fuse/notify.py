@@ -107,13 +107,12 @@ class Invalidator:
         comes, whose folder locks (a rename's, a lookup's, taken before it was sent) may be
         what a drop of an entry waits for; that request is answered first, as one sent
         before the change was heard."""
+        if until_request is None:
+            self.wait_all([done])
+            return
         if done.is_set():
             return
         with self.released():
-            if until_request is None:
-                if not done.wait(WAIT):
-                    self.late += 1
-                return
             deadline = time.monotonic() + WAIT
             while not done.wait(SLICE):
                 if select.select([until_request], [], [], 0)[0]:

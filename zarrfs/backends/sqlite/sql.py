@@ -39,9 +39,9 @@ PAGE_SIZE = 32768  # for databases this driver creates
 CREATE_DATA = "CREATE TABLE IF NOT EXISTS zarr(k TEXT PRIMARY KEY, v BLOB)"
 # The side table has rowids: besides the small records it holds the parts of large files (16 MiB
 # values), read by range through SQLite's incremental blob I/O, which opens a row by its rowid. A
-# table WITHOUT ROWID can only give a part's
-# range by reading the whole part: a database made so during development is read whole and cut
-# (``rowless``), 40 times slower for random reads of a large file.
+# table WITHOUT ROWID can only give a part's range by reading the whole part: a database made so
+# during development is read whole and cut (``rowless``), 40 times slower for random reads of a
+# large file.
 CREATE_SIDE = "CREATE TABLE IF NOT EXISTS zarrfs_side(k TEXT PRIMARY KEY, v BLOB)"
 # zarr-sqlite's file format (its SPEC.md, version 1.0; what the Rust zarrs_sqlite reads too): a
 # database zarrfs creates declares itself with these records; one whose incompatible_flags name
@@ -320,15 +320,11 @@ def prepare(conn: sqlite3.Connection, path: str, readonly: bool) -> tuple[set[st
 def rowless(conn: sqlite3.Connection) -> set[str]:
     """The driver's tables made ``WITHOUT ROWID``, whose values cannot be opened for
     incremental reads."""
-    rows = conn.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('zarr', 'zarrfs_side') "
-        "AND upper(sql) LIKE '%WITHOUT ROWID%'"
-    ).fetchall()
-    return {name.decode() if isinstance(name, bytes) else name for (name,) in rows}
+    return _tables(conn, "upper(sql) LIKE '%WITHOUT ROWID%'") & set(TABLES.values())
 
 
-def _tables(conn: sqlite3.Connection) -> set[str]:
-    rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+def _tables(conn: sqlite3.Connection, where: str = "1") -> set[str]:
+    rows = conn.execute(f"SELECT name FROM sqlite_master WHERE type = 'table' AND {where}").fetchall()
     return {name.decode() if isinstance(name, bytes) else name for (name,) in rows}
 
 
