@@ -9,16 +9,16 @@ target. Native and mount runs are interleaved and repeated; each figure is the m
     python scripts/bench.py --drivers lmdb --against cfc4921  # that commit's zarrfs, then this tree's
     python scripts/bench.py --drivers lmdb --against cfc4921 --alternate 3 --repeats 1  # taking turns
 
-Targets (mount against native): zarr read >= 0.9x, zarr write >= 0.7x, >= 30,000 cold
-stat/s and >= 20,000 missing-name stat/s, warm ``stat`` and ``ls -l`` >= 0.8x, ``ls`` of
-100,000 entries < 0.5 s, >= 2,000 small files/s, a change through one mount seen through
-another within 50 ms at the median and 200 ms at the 99th percentile, and the zarr read
-through a fresh mount (unmounted and mounted again after the write, so every chunk comes from
-the daemon rather than the kernel's cache of what the mount wrote; natively the same read
-again: how a database written earlier or by another machine is read) >= 0.9x on LMDB and
-SQLite, >= 0.8x on the servers. Two rows
-measure zarr-python 3 on the same kind of database in-process, through
-``zarrfs.store.DatabaseStore`` (no mount), against the same native figures.
+Targets (mount against native): zarr read >= 0.9x, zarr write >= 0.7x, >= 30,000 cold stat/s and
+>= 20,000 missing-name stat/s, warm ``stat`` and ``ls -l`` >= 0.8x, the first ``ls`` of 100,000
+entries through a fresh mount < 0.5 s and within 2x of native, >= 2,000 small files/s, a change
+through one mount seen through another within 50 ms at the median and 200 ms at the 99th
+percentile, and the zarr read through a fresh mount (unmounted and mounted again after the
+write, so every chunk comes from the daemon rather than the kernel's cache of what the mount
+wrote; natively the same read again: how a database written earlier or by another machine is
+read) >= 0.9x on LMDB and SQLite, >= 0.8x on the servers. Two rows measure zarr-python 3 on the
+same kind of database in-process, through ``zarrfs.store.DatabaseStore`` (no mount), against the
+same native figures.
 """
 
 from __future__ import annotations
@@ -311,7 +311,6 @@ def run_driver(kind: str, args, work: Path, redis: RedisServer | None, data, out
         mount()
 
     mount("-o", "create")
-    settle = 1.2  # past a 1 s cache timeout (a mount with a change feed is remounted instead)
     try:
         keys = ("zw", "zr", "zrf", "sw", "sr", "small", "st", "miss", "st2", "ls2", "ls")
         res: dict[str, list[list[float]]] = {k: [[], []] for k in keys}
@@ -340,7 +339,10 @@ def run_driver(kind: str, args, work: Path, redis: RedisServer | None, data, out
         fill_folder_db(url, "big", args.ls_entries)
         for _ in range(args.repeats):
             res["ls"][0].append(bench_ls(native / "big", 0))
-            res["ls"][1].append(bench_ls(mnt / "big", settle))
+            # Each listing a fresh mount's first: a mount following a change feed keeps the
+            # kernel's listing, so a repeat on one mount would time the kernel's copy.
+            remount()
+            res["ls"][1].append(bench_ls(mnt / "big", 0))
         mnt2 = work / f"mnt2-{kind}"
         mnt2.mkdir()
         zarrfs("mount", url, str(mnt2), "--log-file", str(work / f"{kind}-2.log"))
@@ -370,7 +372,7 @@ def run_driver(kind: str, args, work: Path, redis: RedisServer | None, data, out
     n, m = med["ls2"]
     rows.append(("ls2", n, m, "s", "ratio >= 0.8"))
     n, m = med["ls"]
-    rows.append(("ls", n, m, "s", "< 0.5 s"))
+    rows.append(("ls", n, m, "s", "< 0.5 s, <= 2x"))
     rows.append(("seen", *percentiles(seen), "ms", "<= 50 / 200"))
     rounds = {k: res[k] for k in ("zw", "zr", "zrf", "sw", "sr")}
     return rows, rounds
@@ -387,7 +389,7 @@ LABELS = {
     "miss": "stat missing",
     "st2": "stat existing, warm",
     "ls2": "ls -l, warm",
-    "ls": "ls of {n} entries",
+    "ls": "first ls of {n} entries",
     "seen": "seen by 2nd mount (med/p99)",
 }
 
@@ -412,7 +414,7 @@ def verdict(key: str, native: float, mount: float, target: str) -> str:
         return "ok" if mount >= 30000 else "MISS"
     if key == "miss":
         return "ok" if mount >= 20000 else "MISS"
-    return "ok" if mount < 0.5 else "MISS"
+    return "ok" if mount < 0.5 and mount <= 2 * native else "MISS"  # the first ls
 
 
 def main() -> int:
