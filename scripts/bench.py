@@ -270,9 +270,8 @@ def fill_folder_db(url: str, key: str, n: int) -> None:
     driver.close()
 
 
-def bench_ls(folder: Path, settle: float) -> float:
+def bench_ls(folder: Path) -> float:
     quiet_disk()
-    time.sleep(settle)
     t0 = time.perf_counter()
     subprocess.run(["ls", str(folder)], check=True, stdout=subprocess.DEVNULL)
     return time.perf_counter() - t0
@@ -338,11 +337,11 @@ def run_driver(kind: str, args, work: Path, redis: RedisServer | None, data, out
         fill_folder_native(native / "big", args.ls_entries)
         fill_folder_db(url, "big", args.ls_entries)
         for _ in range(args.repeats):
-            res["ls"][0].append(bench_ls(native / "big", 0))
+            res["ls"][0].append(bench_ls(native / "big"))
             # Each listing a fresh mount's first: a mount following a change feed keeps the
             # kernel's listing, so a repeat on one mount would time the kernel's copy.
             remount()
-            res["ls"][1].append(bench_ls(mnt / "big", 0))
+            res["ls"][1].append(bench_ls(mnt / "big"))
         mnt2 = work / f"mnt2-{kind}"
         mnt2.mkdir()
         zarrfs("mount", url, str(mnt2), "--log-file", str(work / f"{kind}-2.log"))
