@@ -310,6 +310,74 @@ def test_a_reply_of_names_numbered_at_once_gives_each_what_the_one_call_road_giv
         _forget_all(wire, keys)
 
 
+def test_names_that_share_attributes_but_one_field_each_get_their_own(make_ops, make_wire):
+    """A reply's names packed at once share the packed attributes after their size when all
+    of those are equal (``Session._entries``): names equal to a first one in everything but
+    one field (each time, mode, owner, group, link count, device number, size) each get the
+    entry ``_entry`` gives them alone, and so do names equal to the first again after them."""
+    import dataclasses
+
+    wire = make_wire(make_ops())
+    session = wire.session
+    d = wire.mkdir(k.ROOT_ID, "d")
+    wire.put_file(d.nodeid, "f", b"x" * 10)
+    node = wire.ops.find("d/f")
+    a = node.attrs
+    changed_attrs = [
+        {"atime": a.atime + 1}, {"mtime": a.mtime + 10**9}, {"ctime": a.ctime + 7},
+        {"mode": a.mode ^ 0o7}, {"uid": a.uid + 1}, {"gid": a.gid + 1},
+    ]  # fmt: skip
+    changed_nodes = [{"nlink": 2}, {"rdev": 5}, {"size": 11}]
+    nodes = [node]
+    for change in changed_attrs:
+        nodes += [dataclasses.replace(node, attrs=dataclasses.replace(a, **change)), node]
+    for change in changed_nodes:
+        nodes += [dataclasses.replace(node, **change), node]
+    keys = [f"d/n{i:02d}" for i in range(len(nodes))]
+    ids, packed = session._entries(keys, nodes)
+    assert len(set(packed)) > len(changed_attrs) + len(changed_nodes)  # (node IDs differ too)
+    _forget_all(wire, keys)
+    for key, node, nodeid, raw in zip(keys, nodes, ids, packed, strict=True):
+        assert session._entry(key, node) == (nodeid, raw), key
+        values = k.ENTRY_OUT.unpack(raw)
+        assert values[ENTRY_OUT + 1] == node.size and values[ENTRY_OUT + 10] == node.nlink, key
+    _forget_all(wire, keys)
+
+
+def test_a_name_looked_up_after_its_window_was_read_ahead_is_listed_as_held(make_wire):
+    """A window read ahead notes that the kernel held none of its names
+    (``DirListing.none_held``), which spares its reply asking again; a name looked up between
+    that read and the reply is held after all: the reply gives it without a node (the
+    kernel keeps its own), counts no lookup of it, and the node table keeps one node for
+    the key. The other names come with nodes, one lookup each."""
+    from collections import deque
+
+    wire = make_wire()
+    d = wire.mkdir(k.ROOT_ID, "d")
+    names = [f"{i:04d}" for i in range(700)]
+    wire.ops.tree.driver.transact(lambda t: [t.put(f"d/{name}", b"x") for name in names])
+    ahead = wire.session.dirs.ahead = deque()
+    fh = opendir(wire, d.nodeid)
+    first = plus_of(readdirplus(wire, d.nodeid, fh, 0, size=20000))  # most of the first window
+    while ahead:  # what the loop does while no request waits: the next window read
+        if not ahead[0]():
+            ahead.popleft()
+    listing = wire.ops.dirs[fh]
+    assert listing._ahead and listing._ahead[0].none_held is not None, "a window was read ahead"
+    late = wire.lookup(d.nodeid, "0300")  # a name of the window read ahead
+    rest, offset = [], first[-1][2]
+    while body := readdirplus(wire, d.nodeid, fh, offset, size=1 << 16):
+        rest += plus_of(body)
+        offset = rest[-1][2]
+    listed = {name: nodeid for name, nodeid, _, _ in first + rest}
+    assert sorted(n for n in listed if n not in (".", "..")) == names
+    assert listed["0300"] == 0
+    assert wire.inodes.ids["d/0300"] == late.nodeid and wire.inodes.get(late.nodeid).lookups == 1
+    for name in names:
+        if name != "0300":
+            assert listed[name] and wire.inodes.get(listed[name]).lookups == 1, name
+
+
 def test_names_of_every_length_are_listed_whole_and_padded(wire):
     """Each entry is one record of its name's length padded to 8 bytes, for names of 1 to 300
     bytes (past 255: keys written around the kernel, whose own names stop there), in READDIR

@@ -328,7 +328,9 @@ class Operations:
         # Only an open file shows other than its stored node (most listings: none).
         pending = handles.pending if handles.states or handles.paged else None
         keys = [prefix + name for name, _, _ in rows]
-        holds = held.holds if held is not None and not held.holds_none(keys) else None
+        # A first listing's window was found none held as it was read (ahead), most often.
+        asked = held is not None and not listing.none_held(held)
+        holds = held.holds if asked and not held.holds_none(keys) else None
         out = []
         append = out.append
         for (name, kind, at), key in zip(rows, keys, strict=True):

@@ -435,6 +435,7 @@ class Listings:
         sizes: dict[str, int] | None = None,
         nodes: dict[str, Node] | None = None,
         held: Held | None = None,
+        none_held: list[int] | None = None,
     ) -> list[tuple[str, int, str]]:
         """Up to ``limit`` children of folder ``key`` as ``(name, kind, position)``.
 
@@ -446,7 +447,8 @@ class Listings:
         transaction (what READDIRPLUS replies with): on a remote database their side records
         are ranges sent with the listing's first scans, so a window of a folder of files is one
         round trip, its probe included; ``held``: children whose nodes the caller
-        holds already, not read.
+        holds already, not read; ``none_held``: :attr:`Held.added` from before ``held`` was
+        found to hold none of the children is put there (nothing when it holds some).
         """
 
         record: list[bytes | None] = []
@@ -474,7 +476,9 @@ class Listings:
                 nodes.clear()
                 xattrs = [] if self.lookups.known is not None else None
                 ranges = _Ranges.read(t, prefix, after, marks, span) if marks and got else None
-                children = _not_held(key, [(n, kind) for n, kind, _ in got], held)
+                children, since = _not_held(key, [(n, kind) for n, kind, _ in got], held)
+                if none_held is not None:
+                    none_held[:] = () if since is None else (since,)
                 self._window_nodes(t, prefix, children, sizes, nodes, xattrs, ranges)
             return got
 
@@ -821,23 +825,36 @@ class Held(Protocol):
         then none is asked :meth:`holds` of."""
         ...
 
+    @property
+    def added(self) -> int:
+        """A count that grows each time the caller comes to hold a node of a name (every
+        way): names it held none of are still not held while the count is the same, and a
+        window's names found none held when read need not be asked of again at its reply."""
+        ...
 
-def _not_held(key: str, children: list[tuple[str, int]], held: Held | None) -> list[tuple[str, int]]:
-    """Those ``(name, kind)`` children of folder ``key`` whose nodes are not ``held``."""
+
+def _not_held(
+    key: str, children: list[tuple[str, int]], held: Held | None
+) -> tuple[list[tuple[str, int]], int | None]:
+    """Those ``(name, kind)`` children of folder ``key`` whose nodes are not ``held``, and
+    :attr:`Held.added` from before ``held`` was found to hold none of them (None: it holds
+    some, or there is no ``held``)."""
     if held is None:
-        return children
+        return children, None
     prefix = key + "/" if key else ""
     keys = [prefix + n for n, _ in children]
+    added = held.added  # before the ask: a name given a node after it counts
     if held.holds_none(keys):
-        return children
+        return children, added
     holds = held.holds
-    return [child for child, k in zip(children, keys, strict=True) if not holds(k, child[1])]
+    return [child for child, k in zip(children, keys, strict=True) if not holds(k, child[1])], None
 
 
 #: A window of a listing as read: its entries, their nodes (READDIRPLUS) and the sizes its scan
-#: saw, the batch it was read with, and :attr:`Listings.generation` before the read. (Only
+#: saw, the batch it was read with, :attr:`Listings.generation` before the read, and
+#: :attr:`Held.added` from before its names were found none held (None: some were). (Only
 #: READDIRPLUS reads windows ahead, after it set ``plus``: they all have nodes.)
-_Window = namedtuple("_Window", "got nodes sizes batch generation")
+_Window = namedtuple("_Window", "got nodes sizes batch generation none_held")
 
 
 class DirListing:
@@ -878,6 +895,9 @@ class DirListing:
         self.nodes: dict[str, Node] | None = None  # the window's nodes, once asked for
         self.nodes_read = -1  # Listings.generation before they were read
         self.nodes_checked = -1  # ... and before the names this mount wrote were read again
+        #: :attr:`Held.added` from before the window's names were found none held as its
+        #: nodes were read (None: some were, or not asked): :meth:`none_held`.
+        self.none_since: int | None = None
         self.sizes: dict[str, int] | None = None  # the window's sizes its scan saw
         self.window_start = 0
         self.token: str | None = None
@@ -898,7 +918,7 @@ class DirListing:
                 return False
             self.window_start += len(self.window)
             self.window = rest
-            self.nodes, self.sizes = None, None
+            self.nodes, self.sizes, self.none_since = None, None, None
             return True
         ahead = self._ahead
         if ahead and ahead[0].generation == self.listings.generation:
@@ -920,6 +940,7 @@ class DirListing:
         self.window = got
         self.nodes, self.sizes, self.nodes_read = read.nodes, read.sizes, read.generation
         self.nodes_checked = read.generation
+        self.none_since = read.none_held
         self.token = got[-1][2]
         if self._extra_names:
             self._listed.update(name for name, _, _ in got if name in self._extra_names)
@@ -933,10 +954,11 @@ class DirListing:
         sizes: dict[str, int] = {}
         nodes: dict[str, Node] | None = {} if self.plus else None
         generation = self.listings.generation
+        none_held: list[int] = []
         got = self.listings.list_dir(
-            self.key, after=after, limit=batch, sizes=sizes, nodes=nodes, held=self.held
+            self.key, after=after, limit=batch, sizes=sizes, nodes=nodes, held=self.held, none_held=none_held
         )
-        return _Window(got, nodes, sizes, batch, generation)
+        return _Window(got, nodes, sizes, batch, generation, none_held[0] if none_held else None)
 
     def read_ahead(self, offset: int, count: int) -> bool:
         """Read the next window of entries (and their nodes, for READDIRPLUS) when fewer than
@@ -987,7 +1009,8 @@ class DirListing:
             elif listings.last_write > self.nodes_checked:
                 self._read_written()
         if self.nodes is None:
-            children = _not_held(self.key, [(n, kind) for n, kind, _ in self.window], self.held)
+            window = [(n, kind) for n, kind, _ in self.window]
+            children, self.none_since = _not_held(self.key, window, self.held)
             self.nodes_read = self.nodes_checked = listings.generation
             self.nodes = listings.nodes_of(self.key, children, self.sizes) if children else {}
         return self.nodes
@@ -1010,9 +1033,14 @@ class DirListing:
                 changed.append((name, kind))
         if changed:
             self.sizes = None  # (as the scan saw them: a name missing there counts as gone)
-        children = _not_held(self.key, changed, self.held)
+        children = _not_held(self.key, changed, self.held)[0]
         if children:
             nodes.update(listings.found(self.key, [name for name, _ in children]))
+
+    def none_held(self, held: Held) -> bool:
+        """Whether ``held`` holds no node of the window's names, known without asking it: it
+        held none when their nodes were read, and has come to hold no name's node since."""
+        return self.none_since is not None and self.none_since == held.added
 
     def rows(self, offset: int, most: int) -> list[tuple[str, int, int]]:
         """``(name, kind, offset)`` of up to ``most`` entries after ``offset``, all from one

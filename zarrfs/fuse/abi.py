@@ -207,6 +207,13 @@ LK_IN = struct.Struct("<QQQQIIII")  # fh, owner, fuse_file_lock (start end type 
 LK_REPLY = struct.Struct("<IiQ" + "QQII")  # header, fuse_lk_out (start end type pid)
 DIRENT = struct.Struct("<QQII")
 ENTRY_OUT = struct.Struct("<QQQQII" + _ATTR)  # fuse_entry_out alone: a READDIRPLUS entry's first part
+# ENTRY_OUT in four parts, for a READDIRPLUS reply's names packed at once: the node ID, the
+# generation and validity times (ENTRY_VALID, one copy a reply), the inode number, size and
+# blocks, and the rest of the attributes (ATTR_TAIL: times, mode, owner...), bytes the names
+# of a window stored with the same attributes share (a zarr client's chunks: all of them).
+ENTRY_PARTS = struct.Struct("<Q32sQQQ64s")
+ENTRY_VALID = struct.Struct("<QQQII")  # generation, entry_valid, attr_valid, their nsec
+ATTR_TAIL = struct.Struct("<QQQIIIIIIIIII")  # atime mtime ctime, *nsec, mode nlink uid gid rdev blksize flags
 # fuse_direntplus: a fuse_entry_out (nodeid generation entry_valid attr_valid *_nsec attr),
 # then a fuse_dirent and its name, padded to 8 bytes.
 DIRENTPLUS = struct.Struct("<QQQQII" + _ATTR + "QQII")

@@ -179,6 +179,11 @@ class Checked:
         self._none = False
         return False
 
+    @property
+    def added(self) -> int:
+        """:attr:`InodeTable.added` now (``fs.listing.Held.added``)."""
+        return self._table.added
+
     def still_none(self) -> bool:
         """Whether every ask found none and no name was given a node since the first (other
         requests run while one waits on a server): the names asked of are all still new."""

@@ -59,6 +59,8 @@ _FH = struct.Struct("<Q")  # the handle that begins FLUSH_IN and RELEASE_IN
 _ENTRY_HEADER = k.OUT_HEADER.pack  # a LOOKUP reply: this, then the fuse_entry_out
 _ENTRY_REPLY_SIZE = k.ENTRY_REPLY.size
 _pack_entry = k.ENTRY_OUT.pack
+_pack_entry_parts = k.ENTRY_PARTS.pack
+_pack_attr_tail = k.ATTR_TAIL.pack
 _OPEN_OUT = k.OPEN_OUT.pack
 # Requests that never write to the database (fuse.interrupts: served while a write waits).
 _NO_WRITE = frozenset(
@@ -329,19 +331,26 @@ class Session(Dispatcher):
             self.pages.shown(inodes.get(ids[i]), plain[i])
         es, ens = self.entry_valid
         ats, atns = self.attr_valid
+        valid = k.ENTRY_VALID.pack(0, es, ats, ens, atns)
+        # The attributes after the size, packed once for the names that share them: a pack
+        # of six arguments a name instead of twenty-two (docs/performance.md, "A listing's
+        # names packed").
+        tails: dict[tuple[int, ...], bytes] = {}
         packed = []
         append = packed.append
         for nodeid, node in zip(ids, plain, strict=True):
             a = node.attrs
             size = node.size
-            at, atn = divmod(a.atime, NS)
-            mt, mtn = divmod(a.mtime, NS)
-            ct, ctn = divmod(a.ctime, NS)
-            append(_pack_entry(
-                nodeid, 0, es, ats, ens, atns,
-                nodeid, size, (size + 511) // 512, at, mt, ct, atn, mtn, ctn,
-                a.mode, node.nlink, a.uid, a.gid, node.rdev, BLKSIZE, 0,
-            ))  # fmt: skip
+            same = (a.atime, a.mtime, a.ctime, a.mode, a.uid, a.gid, node.nlink, node.rdev)
+            tail = tails.get(same)
+            if tail is None:
+                at, atn = divmod(a.atime, NS)
+                mt, mtn = divmod(a.mtime, NS)
+                ct, ctn = divmod(a.ctime, NS)
+                tail = tails[same] = _pack_attr_tail(
+                    at, mt, ct, atn, mtn, ctn, a.mode, node.nlink, a.uid, a.gid, node.rdev, BLKSIZE, 0
+                )
+            append(_pack_entry_parts(nodeid, valid, nodeid, size, (size + 511) // 512, tail))
         if not odd:
             return ids, packed
         # The others in their places, numbered after the plain ones.

@@ -70,6 +70,11 @@ class _Held:
 
     def __init__(self) -> None:
         self.keys: set[str] = set()
+        self.added = 0  # grows with each key held (``fs.listing.Held.added``)
+
+    def hold(self, key: str) -> None:
+        self.keys.add(key)
+        self.added += 1
 
     def holds(self, key: str, kind: int) -> bool:
         return key in self.keys
@@ -401,17 +406,17 @@ class FilesystemConformance(LinkConformance):
                     assert node.size == sizes[listed], context
                     if listed in modes:
                         assert node.attrs.mode & 0o777 == modes[listed], context
-                    held.keys.add(f"r/{listed}")
+                    held.hold(f"r/{listed}")
             elif action == "ahead" and listing is not None:
                 listing.read_ahead(offset, rng.randint(1, 8))
             elif action == "write":
                 sizes[name] = rng.randrange(6, 12)
                 tree.store([(key, b"y" * sizes[name], None, CommitOptions())])
-                held.keys.add(key)  # written through the kernel, which holds the node
+                held.hold(key)  # written through the kernel, which holds the node
             elif action == "chmod" and name in sizes:
                 modes[name] = rng.choice([0o600, 0o640, 0o604])
                 tree.set_attrs(key, mode=modes[name])
-                held.keys.add(key)
+                held.hold(key)
             elif action == "remove" and name in sizes:
                 tree.unlink(key)
                 del sizes[name]
@@ -445,7 +450,7 @@ class FilesystemConformance(LinkConformance):
                     else:
                         tree.driver.put(inner, b"")
                 if here and folder in folders:
-                    held.keys.add(f"r/{folder}")  # made through the kernel, which holds it
+                    held.hold(f"r/{folder}")  # made through the kernel, which holds it
                 else:
                     held.keys.discard(f"r/{folder}")
                 if not here:
