@@ -180,3 +180,45 @@ def test_through_a_mount(db_url, tmp_path, batch, monkeypatch):
         assert {n for n, d in entries if d} == folders
         m.assert_clean_log()
 
+
+
+@pytest.mark.parametrize("batch", [3, 256])
+@pytest.mark.parametrize("variant", ["files", "mixed"])
+def test_a_listings_sizes_are_each_files_stored_size(url, variant, batch, monkeypatch):
+    """A listing reads each file's size with its names (what READDIRPLUS replies with): from
+    its scans once a batch held files alone, and for a first batch of files alone from one
+    scan of that batch's range, which passes no other key. Every file listed has its stored
+    size, at every batch edge and resume; on SQLite a listing of 600 files costs a few
+    statements, not one a file."""
+    from zarrfs.fs.node import FILE
+
+    monkeypatch.setattr(listing_module, "SCAN_BATCH", batch)
+    names, keys = chains(600, *VARIANTS[variant])
+    values = {k: b"v" * (i % 50) for i, k in enumerate(keys)}
+    want = {k: len(v) for k, v in values.items() if "/" not in k}
+    with open_driver(url) as driver:
+        driver.transact(lambda t: [t.put(f"d/{k}", v) for k, v in values.items()])
+        tree = Tree(driver, uid=0, gid=0)
+        statements: list[str] = []
+        sqlite = url.startswith("sqlite")
+        for limit in (7, 128, 1000):
+            if sqlite and limit > 7:  # the statements of the listings by 128 and 1000
+                driver.conns.get().set_trace_callback(statements.append)
+            got, after = {}, None
+            while True:
+                sizes: dict[str, int] = {}
+                part = tree.list_dir("d", after=after, limit=limit, sizes=sizes)
+                got.update((name, sizes.get(name)) for name, kind, _ in part if kind == FILE)
+                if len(part) < limit:
+                    break
+                after = part[-1][2]
+            assert sorted(got) == sorted(want), limit
+            known = {name: size for name, size in got.items() if size is not None}
+            assert known == {name: want[name] for name in known}, limit
+            if variant == "files":
+                assert len(known) == len(want), limit  # every size read with the names
+        if sqlite:
+            driver.conns.get().set_trace_callback(None)
+        if sqlite and batch == 256 and variant == "files":
+            # 600 names by 128 and by 1000: 6 listings of a few scans each, not a read a file
+            assert len(statements) < 100, len(statements)

@@ -244,10 +244,20 @@ def _flat(scope: _Batch, batch: list, rests: list[str], last: str, fetch: str, s
             scope.resume = scope.keys[cut]
     # Folders without a key of their own go in their place among the files.
     unkeyed = sorted(folders.difference(rests)) if folders else []
+    # Sizes the scan did not fetch: the batch holds files alone, so a scan of a range of it
+    # passes no other key. They are read a range at a time as the names are taken, each range
+    # as long as all before it (16, 16, 32, ...): a few reads, not one a file (SQLite: a
+    # statement each), and few read past what a short listing takes.
+    read: dict[str, Any] = {}
+    upto = 0  # the keys before it have their sizes in ``read``
+    keys = scope.keys
     j = 0
-    for (k, v), rest in zip(batch[:cut], rests[:cut], strict=True):
+    for i, ((k, v), rest) in enumerate(zip(batch[:cut], rests[:cut], strict=True)):
         if rest <= last:  # an empty name ("a//b"): nothing a folder can list
             continue
+        if sizes is not None and fetch != SIZES and i >= upto:
+            upto = min(cut, i + max(16, upto))
+            read = dict(scope.t.scan(k, keys[upto - 1] + "\0", space=scope.space, fetch=SIZES))
         while j < len(unkeyed) and unkeyed[j] < rest:
             yield unkeyed[j], DIR, unkeyed[j]
             j += 1
@@ -256,7 +266,7 @@ def _flat(scope: _Batch, batch: list, rests: list[str], last: str, fetch: str, s
             yield rest, DIR, rest
             continue
         if sizes is not None:
-            sizes[rest] = v if fetch == SIZES else scope.t.size(k)
+            sizes[rest] = v if fetch == SIZES else read[k] if k in read else scope.t.size(k)
         yield rest, FILE, rest
     yield from ((name, DIR, name) for name in unkeyed[j:])
 
