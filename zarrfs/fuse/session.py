@@ -333,8 +333,8 @@ class Session(Dispatcher):
         ats, atns = self.attr_valid
         valid = k.ENTRY_VALID.pack(0, es, ats, ens, atns)
         # The attributes after the size, packed once for the names that share them: a pack
-        # of six arguments a name instead of twenty-two (docs/performance.md, "A listing's
-        # names packed").
+        # of six arguments a name instead of twenty-two (docs/performance.md, "The first `ls`
+        # of 100,000 names").
         tails: dict[tuple[int, ...], bytes] = {}
         packed = []
         append = packed.append
