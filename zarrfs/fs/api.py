@@ -319,30 +319,27 @@ class Operations:
             raise FsError(errno.EBADF, str(fh))
         listing.plus = True
         listing.held = held
-        rows = listing.rows(offset, most)
-        if not rows or rows[0][2] <= 2:  # "." and "..", alone in their list
-            return [(name, kind, at, "", None) for name, kind, at in rows]
-        prefix = listing.key + "/" if listing.key else ""
-        get = listing.window_nodes().get
+        out = listing.plus_rows(offset, most, self._shown)
+        if not out or out[0][2] <= 2:  # "." and "..", alone in their list
+            return out
         handles = self.handles
         # Only an open file shows other than its stored node (most listings: none).
         pending = handles.pending if handles.states or handles.paged else None
-        keys = [prefix + name for name, _, _ in rows]
         # A first listing's window was found none held as it was read (ahead), most often.
         asked = held is not None and not listing.none_held(held)
-        holds = held.holds if asked and not held.holds_none(keys) else None
-        out = []
-        append = out.append
-        for (name, kind, at), key in zip(rows, keys, strict=True):
-            node = get(name)
+        holds = held.holds if asked and not held.holds_none([row[3] for row in out]) else None
+        if holds is None and pending is None:
+            return out
+        checked = []
+        append = checked.append
+        for row in out:
+            name, kind, at, key, node = row
             if holds is not None and holds(key, kind):
                 node = None
             elif pending is not None:
-                node = pending(key) or node
-            if node is not None and node.kind == DIR:
-                node = self._shown(key, node)
-            append((name, kind, at, key, node))
-        return out
+                node = self._shown(key, pending(key) or node)
+            append(row if node is row[4] else (name, kind, at, key, node))
+        return checked
 
     def read_ahead(self, fh: int, offset: int, count: int) -> bool:
         """Read the next window of the listing open as ``fh`` when fewer than ``count`` of

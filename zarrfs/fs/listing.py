@@ -1058,17 +1058,49 @@ class DirListing:
         request's entries in one list, not a step of a generator each. Empty at the end."""
         if offset < 2:
             return [(".", DIR, 1), ("..", DIR, 2)][max(0, offset) : max(0, offset) + most]
+        i = self._at(offset)
+        if i < 0:
+            return []
+        first = self.window_start + 3  # the offset of the window's first entry
+        return [(name, kind, first + j) for j, (name, kind, _) in enumerate(self.window[i : i + most], i)]
+
+    def plus_rows(
+        self, offset: int, most: int, shown: Callable[[str, Node], Node | None]
+    ) -> list[tuple[str, int, int, str, Node | None]]:
+        """:meth:`rows` with each entry's key and its node as the window holds it (None for a
+        name gone since it was listed; ``.`` and ``..`` with neither), a folder's node as
+        ``shown`` gives it: a READDIRPLUS reply's entries in one loop here, before the
+        caller's checks of what the kernel holds and of open files."""
+        if offset < 2:
+            return [(name, kind, at, "", None) for name, kind, at in self.rows(offset, most)]
+        i = self._at(offset)
+        if i < 0:
+            return []
+        first = self.window_start + 3
+        get = self.window_nodes().get
+        prefix = self.key + "/" if self.key else ""
+        out = []
+        append = out.append
+        for j, (name, kind, _) in enumerate(self.window[i : i + most], i):
+            key = prefix + name
+            node = get(name)
+            if node is not None and node.kind == DIR:
+                node = shown(key, node)
+            append((name, kind, first + j, key, node))
+        return out
+
+    def _at(self, offset: int) -> int:
+        """Where the entry after ``offset`` (2 or more) is in the window, which is fetched
+        until it holds it (a rewind starts over); -1 past the listing's end."""
         want = offset - 2
         if want < self.window_start:
             self._reset()
         while True:
             i = want - self.window_start
-            window = self.window
-            if i < len(window):
-                first = self.window_start + 3  # the offset of the window's first entry
-                return [(name, kind, first + j) for j, (name, kind, _) in enumerate(window[i : i + most], i)]
+            if i < len(self.window):
+                return i
             if not self._fetch():
-                return []
+                return -1
 
     def entries(self, offset: int) -> Iterator[tuple[str, int, int]]:
         """Yield ``(name, kind, offset)`` for every entry after ``offset``, a slice of
