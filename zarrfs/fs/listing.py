@@ -266,7 +266,11 @@ def _flat(scope: _Batch, batch: list, rests: list[str], last: str, fetch: str, s
             yield rest, DIR, rest
             continue
         if sizes is not None:
-            sizes[rest] = v if fetch == SIZES else read[k] if k in read else scope.t.size(k)
+            if fetch != SIZES:
+                v = read.get(k)
+                if v is None:  # (not in the range read: a read of its own)
+                    v = scope.t.size(k)
+            sizes[rest] = v
         yield rest, FILE, rest
     yield from ((name, DIR, name) for name in unkeyed[j:])
 
