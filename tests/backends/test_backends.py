@@ -470,6 +470,64 @@ def test_lmdb_scans_release_the_maps_once_when_other_files_grew(tmp_path, monkey
         driver.close()
 
 
+def test_lmdb_releases_look_for_the_maps_again_only_once_they_moved(tmp_path, monkeypatch):
+    """Releasing the maps' pages finds the maps in ``/proc/self/maps`` (0.4-1.2 ms in a daemon,
+    a release every 32 MiB read) only the first time and after a map moved (resized here):
+    between, each place is checked to be the map's still, and once it moved the pages given
+    back are the new map's, never the old place's (whatever is mapped there now)."""
+    from zarrfs.backends.lmdb import pages
+    from zarrfs.backends.lmdb.maps import gate
+
+    looks: list[str] = []
+
+    def counting_open(path, *args, **kwargs):
+        if path == "/proc/self/maps":
+            looks.append(path)
+        return open(path, *args, **kwargs)
+
+    given: list[tuple[int, int]] = []
+    real = pages._libc_madvise()
+    assert real, "madvise from libc"
+
+    def madvise(start, length, advice):
+        given.append((start, start + length))
+        return real(start, length, advice)
+
+    monkeypatch.setattr(pages, "open", counting_open, raising=False)
+    monkeypatch.setattr(pages, "_madvise", madvise)
+    driver = open_driver(f"lmdb://{tmp_path / 'db.lmdb'}?map_size=1G")
+    try:
+        value = os.urandom(1 << 20)
+        driver.transact(lambda t: [t.put(f"v/{i}", value) for i in range(4)])
+
+        def read_all() -> None:
+            got = driver.transact(lambda t: [bytes(t.get(f"v/{i}")) for i in range(4)], write=False)
+            assert got == [value] * 4
+
+        for _ in range(3):
+            read_all()
+            pages.release(driver)
+        # The driver's own look for its data map (``map_where``, once a map size), and the
+        # first release's; then none.
+        assert len(looks) == 2
+        files = {pages.data_file(env) for env in pages._environments(driver)}
+        before = pages.mappings(files)
+        assert len(before) == 2  # the data map and the side map
+        assert given == before * 3
+        assert gate.resize(driver.env, 2 << 30)
+        after = pages.mappings(files)
+        assert after != before
+        given.clear()
+        looks.clear()
+        read_all()
+        pages.release(driver)
+        assert len(looks) == 2  # map_where's (a new map size) and the release's
+        assert given == after
+        read_all()
+    finally:
+        driver.close()
+
+
 def test_lmdb_listing_takes_sizes_from_its_scans_and_reads_no_values_from_disk(tmp_path, monkeypatch):
     """A READDIRPLUS window on LMDB takes every file's size from the scans that list it (the
     length of the value's place in the map): no read a name, its first batch's neither, and
