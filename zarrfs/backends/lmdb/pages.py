@@ -9,7 +9,8 @@ maps of the driver's environments get ``madvise(MADV_DONTNEED)``: the mapping is
 and shared (``writemap`` is off), so the next access maps the page again from the page cache,
 with the same bytes. Nothing is lost but the mapping itself. The maps are found in
 ``/proc/self/maps`` by their data file (``env.info()``'s ``map_addr`` is 0 unless LMDB was
-asked for a fixed address).
+asked for a fixed address), once: their places are kept and each is checked with a
+``readlink`` of ``/proc/self/map_files`` before it is released (:func:`_mapped`).
 """
 
 from __future__ import annotations
