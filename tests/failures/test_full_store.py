@@ -108,6 +108,35 @@ def test_a_full_lmdb_map(tmp_path):
         _check(again.path, kept, failed)
 
 
+def test_redis_a_transaction_found_over_maxmemory_at_its_exec_is_a_full_store(tmp_path):
+    """Redis checks maxmemory again at EXEC: a commit whose commands were queued under the
+    limit and that is over it at EXEC (what it queued, or another client's write, took it
+    there) is refused with ``EXECABORT ... OOM ...``. That is a full store (ENOSPC at the
+    close), as an OOM while queueing is, not an I/O error: ``test_redis_maxmemory`` filling
+    a mount met it as EIO now and then. Lowering maxmemory between the queueing and the EXEC
+    makes the same refusal every time."""
+    from zarrfs.backends.base import StorageFullError
+    from zarrfs.backends.redis.link import Link, translate
+
+    server = start_redis(str(tmp_path))
+    driver = open_driver(server.url(0, prefix="exec"))
+    link = Link(driver)
+    try:
+        client = server.client()
+        client.config_set("maxmemory-policy", "noeviction")
+        assert link.call([("MULTI",), ("SET", b"exec:k", b"v" * 1000)]) == [b"OK", b"QUEUED"]
+        client.config_set("maxmemory", str(client.info("memory")["used_memory"] - (64 << 10)))
+        (reply,) = link.call([("EXEC",)])
+        assert isinstance(reply, Exception) and str(reply).startswith("EXECABORT"), reply
+        assert isinstance(translate(reply, "where"), StorageFullError)
+        client.config_set("maxmemory", "0")
+        assert client.get("exec:k") is None
+    finally:
+        link.close()
+        driver.close()
+        stop_redis(server)
+
+
 def test_redis_maxmemory(tmp_path):
     server = start_redis(str(tmp_path))
     try:

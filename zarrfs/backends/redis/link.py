@@ -83,7 +83,11 @@ def translate(exc: Exception, what: str) -> BackendError:
     if isinstance(exc, BackendError):
         return exc
     msg = str(exc)
-    if isinstance(exc, rexc.OutOfMemoryError) or msg.startswith("OOM"):
+    # Over maxmemory at a queued command's turn: OOM; at EXEC (the commands were queued under
+    # the limit, and the queue or another client's write took it over): EXECABORT naming OOM.
+    if isinstance(exc, rexc.OutOfMemoryError) or msg.startswith("OOM") or (
+        msg.startswith("EXECABORT") and "OOM" in msg
+    ):
         return StorageFullError(f"{what}: Redis is out of memory (maxmemory): {exc}")
     if isinstance(exc, (rexc.BusyLoadingError, rexc.TryAgainError, rexc.WatchError)) or (
         isinstance(exc, rexc.ResponseError) and msg.startswith(_RETRYABLE_REPLIES)
