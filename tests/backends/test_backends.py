@@ -1373,6 +1373,14 @@ class TestRegistry:
         with pytest.raises(BackendError, match="unknown option"):
             open_driver(f"lmdb://{tmp_path}/d?mapsize=1")
 
+    def test_a_postgres_table_name_ending_in_a_newline_is_refused(self):
+        """The table name is checked before any connection: a plain identifier, whole (a
+        pattern's ``$`` would also match before a newline at the end)."""
+        from zarrfs.backends.base import BackendError
+
+        with pytest.raises(BackendError, match="not a plain SQL identifier"):
+            open_driver("postgresql://127.0.0.1:1/db?table=t%0A")
+
 
 # --- Redis at scale -------------------------------------------------------------------------------
 

@@ -61,6 +61,9 @@ CASES = [
     ("dot/-1.0", "chunk-key.not-integer", "dot/0.1"),
     ("dot/01.0", "chunk-key.not-integer", "dot/1.0"),
     ("dot/foo", "chunk-key.not-integer", "dot/0.0"),
+    ("dot/1\n.0", "chunk-key.not-integer", "dot/1.0"),  # a newline is no digit, last or not
+    ("dot/1.0\n", "chunk-key.not-integer", "dot/1.0"),
+    ("dot/\u0661.0", "chunk-key.not-integer", "dot/1.0"),  # a digit, not an ASCII one
     ("slash/0.0", "chunk-key.separator", "slash/0/0"),
     ("slash/0/0/0", "chunk-key.dimensions", "slash/2/2"),
     ("slash/3/0", "chunk-key.out-of-grid", "slash/0/2"),

@@ -6,6 +6,7 @@ import pytest
 from format_cases import rules
 
 from zarrfs.format import is_metadata_key, is_temporary, validate_name
+from zarrfs.format.keys import becomes_metadata
 
 
 @pytest.mark.parametrize(
@@ -53,10 +54,20 @@ def test_temporary(key):
 
 @pytest.mark.parametrize(
     "key",
-    ["a/0.0", "a/.zarray", ".zgroup", "a/c/0", "zarr.json", "#", "a/b", "a/tmp", "a/temperature", "a/sed"],
+    [
+        "a/0.0", "a/.zarray", ".zgroup", "a/c/0", "zarr.json", "#", "a/b", "a/tmp", "a/temperature", "a/sed",
+        "a/tmpk2j_9x0a\n",  # a pattern's "$" takes a name with a newline last, fullmatch not
+        "a/sedQx81Zb\n",
+    ],
 )
 def test_not_temporary(key):
     assert not is_temporary(key)
+
+
+def test_a_temporary_becomes_metadata_only_by_its_whole_name():
+    partial = "a/.zgroup.0123456789abcdef0123456789abcdef.partial"
+    assert becomes_metadata(partial)
+    assert not becomes_metadata(partial + "\n")
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,7 @@ ZARRAY_CASES = [
     ({"shape": [], "chunks": [1]}, "zarray.shape-chunks-length", {"shape": [], "chunks": []}),
     ({"dtype": "f8"}, "zarray.dtype", {"dtype": ">f8"}),
     ({"dtype": "<x8"}, "zarray.dtype", {"dtype": "<f4"}),
+    ({"dtype": "<f8\n"}, "zarray.dtype", {"dtype": "<f8"}),  # "$" before a last newline
     ({"dtype": "<i3", "fill_value": 0}, "zarray.dtype", {"dtype": "<i2", "fill_value": 0}),
     ({"dtype": "|S0", "fill_value": None}, "zarray.dtype", {"dtype": "|S1", "fill_value": None}),
     ({"dtype": "|i4", "fill_value": 0}, "zarray.dtype-byteorder", {"dtype": "|i1", "fill_value": 0}),

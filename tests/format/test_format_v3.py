@@ -329,6 +329,14 @@ def test_array_rule(bad, rule, good):
     assert errors(check(with_(V3_ARRAY, **good))) == []
 
 
+def test_a_raw_type_is_named_by_its_whole_name():
+    """``r8`` and a newline is no raw type (a pattern's ``$`` matches before a last newline):
+    an unknown type, which is a warning, where ``r8`` itself is checked and passes."""
+    assert [p.rule for p in check(with_(V3_ARRAY, **dtype_case("r8", [255])))] == []
+    newline = check(with_(V3_ARRAY, **dtype_case("r8\n", [0])))
+    assert [p.rule for p in newline] == ["zarr.json.data-type-unknown"]
+
+
 @pytest.mark.parametrize(
     "changes,rule",
     [

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .json_docs import is_int
 from .v3_extensions import is_optional_extension, parse_extension
 
-_CANONICAL_INT = re.compile(r"^(0|[1-9][0-9]*)$")
+
+def _canonical(index: str) -> bool:
+    """Whether ``index`` is a chunk index as every client writes it: ASCII decimal digits,
+    without a leading zero (a regular expression's ``$`` would take a trailing newline too)."""
+    return index.isdigit() and index.isascii() and (index[0] != "0" or index == "0")
 
 
 class ChunkKeyError(ValueError):
@@ -35,11 +39,13 @@ class ChunkGrid:
     chunks: tuple[int, ...]
     separator: str
     encoding: str  # "v2" or "default"
+    #: Number of chunks along each dimension (0 along an empty dimension): worked out once,
+    #: as every chunk key parsed (an open's read-ahead, a commit's check) needs it.
+    grid_shape: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
-    @property
-    def grid_shape(self) -> tuple[int, ...]:
-        """Number of chunks along each dimension (0 along an empty dimension)."""
-        return tuple(math.ceil(s / c) if c else 0 for s, c in zip(self.shape, self.chunks, strict=True))
+    def __post_init__(self) -> None:
+        grid = tuple(math.ceil(s / c) if c else 0 for s, c in zip(self.shape, self.chunks, strict=True))
+        object.__setattr__(self, "grid_shape", grid)
 
     def key(self, coords: tuple[int, ...]) -> str:
         """The key of the chunk at ``coords``, relative to the array's folder."""
@@ -71,10 +77,10 @@ class ChunkGrid:
                 )
             body = rel
         other = "/" if sep == "." else "."
-        if other in body and all(_CANONICAL_INT.match(p) for p in re.split(r"[./]", body)):
+        if other in body and all(_canonical(p) for p in re.split(r"[./]", body)):
             raise ChunkKeyError("separator", f"{rel!r} uses {other!r} but the array's separator is {sep!r}")
         parts = body.split(sep)
-        if not all(_CANONICAL_INT.match(p) for p in parts):
+        if not all(_canonical(p) for p in parts):
             raise ChunkKeyError(
                 "not-integer", f"{rel!r} is not made of decimal chunk indices joined by {sep!r}"
             )

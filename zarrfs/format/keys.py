@@ -91,7 +91,7 @@ def is_temporary(key: str) -> bool:
         return True
     if len(name) > 1 and name.startswith("#") and name.endswith("#"):
         return True
-    return _TOOL_TEMPS.match(name) is not None
+    return _TOOL_TEMPS.fullmatch(name) is not None
 
 
 _PARTIAL = re.compile(r"^(?P<stem>.*)\.[0-9a-f]{32}\.partial$")
@@ -106,7 +106,7 @@ def becomes_metadata(key: str) -> bool:
     if name.endswith(".__lock"):
         name = name[: -len(".__lock")]
     else:
-        m = _PARTIAL.match(name)
+        m = _PARTIAL.fullmatch(name)
         if m is None:
             return False
         name = "zarr.json" if m["stem"] == "zarr" else m["stem"]

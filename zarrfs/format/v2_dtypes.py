@@ -82,7 +82,7 @@ class SimpleType:
 def check_typestr(s: str) -> SimpleType | None:
     """Check one simple v2 typestr such as ``"<f8"`` (raise :class:`DtypeError` if invalid):
     its :class:`SimpleType`, or None for a size only some platforms' NumPy has (ask it)."""
-    m = _TYPESTR.match(s)
+    m = _TYPESTR.fullmatch(s)
     if m is None:
         raise DtypeError("dtype", f"{s!r} is not a NumPy typestr with a byte order (e.g. '<f8', '|u1')")
     order, kind, size, unit_part, _mult, unit = m.groups()

@@ -151,7 +151,7 @@ def parse_data_type(obj: Any, depth: int = 0) -> DataType:
     core = CORE_TYPES.get(name)
     if core is not None:
         return DataType(name, _CATEGORIES[core[1]], core, int(core[2:]))
-    m = _RAW_BITS.match(name)
+    m = _RAW_BITS.fullmatch(name)
     if m:
         bits = int(m.group(1))
         if bits % 8:

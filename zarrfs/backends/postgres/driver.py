@@ -98,7 +98,7 @@ class PostgresDriver(Driver):
         options = dict(parse_qsl(parts.query, keep_blank_values=True))
         check_options(url, options, set(ABOUT.options))
         table = options.pop("table", "zarr")
-        if not _NAME.match(table):
+        if not _NAME.fullmatch(table):
             raise BackendError(f"table name {table!r} is not a plain SQL identifier")
         password = unquote(parts.password) if parts.password else None
         password_file = options.pop("password_file", None)
