@@ -1373,6 +1373,14 @@ class TestRegistry:
         with pytest.raises(BackendError, match="unknown option"):
             open_driver(f"lmdb://{tmp_path}/d?mapsize=1")
 
+    @pytest.mark.parametrize("db", ["\u00b2", "\uff10", "%C2%B2"])
+    def test_a_redis_database_number_is_ascii_digits(self, db):
+        """``/²`` (a digit to ``str.isdigit``, not to Redis) was taken for database 0."""
+        from zarrfs.backends.base import BackendError
+
+        with pytest.raises(BackendError, match="is not a database number"):
+            open_driver(f"redis://127.0.0.1:1/{db}")
+
     def test_a_postgres_table_name_ending_in_a_newline_is_refused(self):
         """The table name is checked before any connection: a plain identifier, whole (a
         pattern's ``$`` would also match before a newline at the end)."""

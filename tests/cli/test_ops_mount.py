@@ -409,6 +409,22 @@ echo done > {out}/done
 # --- 9. status --------------------------------------------------------------------------------
 
 
+def test_a_folder_in_tmp_not_named_by_a_uid_is_passed_over_by_roots_look_for_a_socket():
+    """Root looks through every user's ``/tmp/zarrfs-UID`` for the status socket of a mount not
+    its own; anyone may make ``/tmp/zarrfs-²1`` (digits to ``str.isdigit``, not to ``int``),
+    which is passed over, not a traceback."""
+    from zarrfs.daemon import control
+
+    odd = f"/tmp/zarrfs-\u00b2{os.getpid()}"
+    os.mkdir(odd)
+    try:
+        assert odd not in control._users_folders()
+        nowhere = "/nowhere/mounted/here"
+        assert control.socket_path(nowhere) == control.own_socket_path(nowhere)
+    finally:
+        os.rmdir(odd)
+
+
 @pytest.mark.parametrize("kind", ["lmdb", "sqlite", "redis"])
 def test_status_lists_mounts_and_shows_live_figures(tmp_path, request, cleanup, kind):
     url = make_url(kind, tmp_path, request)

@@ -63,7 +63,7 @@ def _users_folders() -> list[str]:
                 st = os.lstat(folder)
             except OSError:
                 continue
-            if uid.isdigit() and st.st_uid == int(uid):  # not a folder another user put there
+            if uid.isascii() and uid.isdigit() and st.st_uid == int(uid):  # not another user's folder
                 found.append(folder)
     return found
 

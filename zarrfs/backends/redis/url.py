@@ -73,7 +73,7 @@ def check_db(url: RedisURL, cluster: bool = False) -> None:
     number = url.path.strip("/")
     if cluster and number not in ("", "0"):
         raise BackendError(f"{url.where(url.prefix)}: a Redis Cluster has database 0 only: drop /{number}")
-    if number and not number.isdigit():
+    if number and not (number.isascii() and number.isdigit()):
         raise BackendError(
             f"{url.where(url.prefix)}: /{number} is not a database number (redis://host:port/N, N from 0)"
         )
