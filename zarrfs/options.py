@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,6 +225,9 @@ def _size(name: str, value: str) -> int:
 
 def _number(name: str, value: str, kind: type) -> Any:
     try:
-        return kind(value)
+        number = kind(value)
     except ValueError:
         raise UsageError(f"-o {name}= takes a number (got {value!r})") from None
+    if not math.isfinite(number):  # float("inf"), float("nan"): no time nor count is
+        raise UsageError(f"-o {name}= takes a finite number (got {value!r})")
+    return number

@@ -157,6 +157,55 @@ def test_a_refused_mount_gives_libfuses_own_reason(tmp_path, options, said):
     assert "could not mount" not in line and not mounted(tmp_path / "m")
 
 
+@pytest.mark.parametrize(
+    "option", ["entry_timeout=inf", "attr_timeout=nan", "negative_timeout=-inf", "spin=inf"]
+)
+def test_a_time_that_is_no_number_is_refused_and_nothing_is_mounted(tmp_path, option):
+    """``inf`` and ``nan`` parse as floats: they were taken, and the daemon then failed on its
+    first reply's arithmetic with the mount made (a dead mount left behind)."""
+    (tmp_path / "m").mkdir()
+    one_line(zarrfs("mount", f"lmdb://{tmp_path}/db.lmdb", str(tmp_path / "m"), "-o", f"create,{option}"), 2,
+             "takes a finite number", option.split("=")[0])
+    assert not mounted(tmp_path / "m")
+
+
+def test_cache_times_longer_than_the_kernel_takes_are_its_longest(tmp_path, cleanup):
+    """A time past what the kernel's 64-bit seconds hold (1e300) was packed as it was: every
+    lookup of a missing name failed with EIO."""
+    m = tmp_path / "m"
+    m.mkdir()
+    cleanup.append(m)
+    times = "entry_timeout=1e300,attr_timeout=1e300,negative_timeout=1e300"
+    ok(zarrfs("mount", f"lmdb://{tmp_path}/db.lmdb", str(m), "-o", f"create,{times}"))
+    assert not os.path.exists(m / "missing")
+    (m / "f").write_bytes(b"x")
+    assert (m / "f").read_bytes() == b"x" and os.stat(m / "f").st_size == 1
+    ok(zarrfs("umount", str(m)))
+
+
+def test_a_daemon_failing_after_its_mount_was_made_unmounts_it(tmp_path):
+    """Between the mount and the request loop (the session, the change feed, the threads) a
+    failure ended the daemon with the mount made: a dead mount ("Transport endpoint is not
+    connected") until someone unmounted it."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys\n"
+        "if '--ready-fd' in sys.argv:\n"
+        "    import zarrfs.fuse.session as session\n"
+        "    def refuse(*args, **kwargs):\n"
+        "        raise RuntimeError('made to fail after the mount')\n"
+        "    session.Session.__init__ = refuse\n"
+    )
+    (tmp_path / "m").mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([CHECKOUT, str(site)])}
+    db, where = f"lmdb://{tmp_path}/db.lmdb", str(tmp_path / "m")
+    args = [sys.executable, "-m", "zarrfs", "mount", db, where, "-o", "create"]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode != 0 and "made to fail after the mount" in result.stderr, result.stderr
+    assert not mounted(tmp_path / "m")
+
+
 def test_umount_z_returns_at_once_and_a_wait_says_what_it_waits_for(tmp_path, cleanup):
     m = tmp_path / "m"
     m.mkdir()

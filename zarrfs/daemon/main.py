@@ -221,42 +221,54 @@ def serve(url: str, mountpoint: str, opts: MountOptions, on_ready=None) -> None:
         raise
     # libfuse's auto_unmount misses some deaths of the daemon; a watcher of our own does not.
     unmounter = deadmount.watch(resolved) if opts.fuse.get("auto_unmount") else None
-    session = Session(
-        operations,
-        channel.fd,
-        entry_timeout=opts.seconds("entry_timeout"),
-        attr_timeout=opts.seconds("attr_timeout"),
-        negative_timeout=opts.seconds("negative_timeout"),
-        on_init=ready,
-        acl=bool(mount_options(shown, opts).get("default_permissions")),
-    )
-    session.pages.direct_above = opts.direct_above
-    idle = {}
-    if opts.feed:
-        watcher = ChangeWatcher(tree)
-        session.coherence = Coherence(session, watcher)
-        idle = {"idle": session.coherence.poll_between, "idle_interval": watcher.interval}
-        idle["idle_fd"] = watcher.fileno()
-    handle = session.handle
-    if opts.allow_root:
-        handle = owner_and_root_only(handle, channel.fd, os.getuid())
-    # Several threads on a database server, unless asked for one (see README); one on a file.
-    workers = DEFAULT_WORKERS if opts.workers is None else max(1, opts.workers)
-    if workers > 1 and driver.remote and opts.snapshot is None:
-        # Closes waiting together share a commit, unless a wrapper checks who asks.
-        grouped = {} if opts.allow_root else {
-            "group": session.shared_flush, "handle_group": session.flushes, "passing": session.passing_key,
-        }
-        loop = _Workers(channel.fd, handle, session.reader_key, BUFFER_SIZE, workers, **idle, **grouped)
-        session.admission = loop.admission
-        session.dirs.ahead = loop.ahead  # listings read ahead between requests, alone
-        session.invalidator.released = loop.admission.released
-        driver.watch = loop.waits  # a driver waiting lets other requests run, notices interrupts
-    else:
-        loop = _Loop(channel.fd, handle, BUFFER_SIZE, opts.spin, pending=session.watch.pending, **idle)
-        session.dirs.ahead = loop.ahead  # listings read ahead between requests
-        driver.watch = session.watch  # a driver waiting on a server notices interrupts
-    limit = end_snapshot_at_its_limit(driver, mountpoint)
+    session = None
+    try:  # mounted now: a failure before the loop runs unmounts, leaving no dead mount behind
+        session = Session(
+            operations,
+            channel.fd,
+            entry_timeout=opts.seconds("entry_timeout"),
+            attr_timeout=opts.seconds("attr_timeout"),
+            negative_timeout=opts.seconds("negative_timeout"),
+            on_init=ready,
+            acl=bool(mount_options(shown, opts).get("default_permissions")),
+        )
+        session.pages.direct_above = opts.direct_above
+        idle = {}
+        if opts.feed:
+            watcher = ChangeWatcher(tree)
+            session.coherence = Coherence(session, watcher)
+            idle = {"idle": session.coherence.poll_between, "idle_interval": watcher.interval}
+            idle["idle_fd"] = watcher.fileno()
+        handle = session.handle
+        if opts.allow_root:
+            handle = owner_and_root_only(handle, channel.fd, os.getuid())
+        # Several threads on a database server, unless asked for one (see README); one on a file.
+        workers = DEFAULT_WORKERS if opts.workers is None else max(1, opts.workers)
+        if workers > 1 and driver.remote and opts.snapshot is None:
+            # Closes waiting together share a commit, unless a wrapper checks who asks.
+            grouped = {} if opts.allow_root else {
+                "group": session.shared_flush,
+                "handle_group": session.flushes,
+                "passing": session.passing_key,
+            }
+            loop = _Workers(channel.fd, handle, session.reader_key, BUFFER_SIZE, workers, **idle, **grouped)
+            session.admission = loop.admission
+            session.dirs.ahead = loop.ahead  # listings read ahead between requests, alone
+            session.invalidator.released = loop.admission.released
+            driver.watch = loop.waits  # a driver waiting lets other requests run, notices interrupts
+        else:
+            loop = _Loop(channel.fd, handle, BUFFER_SIZE, opts.spin, pending=session.watch.pending, **idle)
+            session.dirs.ahead = loop.ahead  # listings read ahead between requests
+            driver.watch = session.watch  # a driver waiting on a server notices interrupts
+        limit = end_snapshot_at_its_limit(driver, mountpoint)
+    except BaseException:
+        if session is not None:
+            session.close()
+        channel.close()
+        if unmounter is not None:
+            unmounter.stdin.close()
+        driver.close()
+        raise
     try:
         try:
             control = ControlServer(resolved, shown, driver, session, handles, tree, opts)

@@ -320,8 +320,16 @@ class Malformed(ValueError):
     """A request that does not hold what its opcode needs (the kernel never sends one)."""
 
 
+#: The longest cache timeout handed to the kernel (its seconds field is 64 bits; the kernel
+#: caps what it is given at its longest timer anyway): about 292 billion years.
+LONGEST_TIMEOUT = 2**63 - 1
+
+
 def split_time(seconds: float) -> tuple[int, int]:
-    """A cache timeout as the (seconds, nanoseconds) pair the kernel takes."""
+    """A cache timeout as the (seconds, nanoseconds) pair the kernel takes; a longer one than
+    :data:`LONGEST_TIMEOUT` is that."""
+    if seconds >= LONGEST_TIMEOUT:
+        return LONGEST_TIMEOUT, 0
     whole = int(seconds)
     return whole, int(round((seconds - whole) * 1e9))
 
