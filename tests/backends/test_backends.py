@@ -1373,6 +1373,34 @@ class TestRegistry:
         with pytest.raises(BackendError, match="unknown option"):
             open_driver(f"lmdb://{tmp_path}/d?mapsize=1")
 
+    @pytest.mark.parametrize(
+        "query, said",
+        [
+            ("lmdb:{d}/a.lmdb?map_size=-1", "not a size in bytes"),
+            ("lmdb:{d}/a.lmdb?map_size=10**100000000", "not a size in bytes"),  # not minutes of CPU
+            ("lmdb:{d}/a.lmdb?map_size=2**65", "not a size in bytes"),
+            ("lmdb:{d}/a.lmdb?map_max=-1K", "not a size in bytes"),
+            ("sqlite:{d}/a.db?timeout=nan", "not a number of seconds"),
+            ("sqlite:{d}/a.db?timeout=inf", "not a number of seconds"),
+            ("sqlite:{d}/a.db?timeout=-5", "not a number of seconds"),
+            ("sqlite:{d}/a.db?timeout=soon", "not a number of seconds"),
+        ],
+    )
+    def test_sizes_and_times_in_a_url_are_checked(self, tmp_path, query, said):
+        from zarrfs.backends.base import BackendError
+
+        started = time.monotonic()
+        with pytest.raises(BackendError, match=said):
+            open_driver(query.format(d=f"//{tmp_path}"))
+        assert time.monotonic() - started < 30
+        assert list(tmp_path.iterdir()) == []  # nothing made
+
+    def test_sizes_and_times_in_a_url_within_their_ranges_are_taken(self, tmp_path):
+        with open_driver(f"lmdb://{tmp_path}/a.lmdb?map_size=2**34&map_max=1T") as d:
+            assert d.map_size == 2**34
+        with open_driver(f"sqlite://{tmp_path}/a.db?timeout=0.5") as d:
+            assert d.timeout == 0.5
+
     @pytest.mark.parametrize("db", ["\u00b2", "\uff10", "%C2%B2"])
     def test_a_redis_database_number_is_ascii_digits(self, db):
         """``/²`` (a digit to ``str.isdigit``, not to Redis) was taken for database 0."""

@@ -1,5 +1,5 @@
 """The query options of a driver's URL, parsed once for every driver (built-in or third-party):
-a file database's path and options, unknown options refused, booleans and sizes."""
+a file database's path and options, unknown options refused, booleans, sizes and times."""
 
 from __future__ import annotations
 
@@ -44,16 +44,33 @@ def parse_bool(name: str, text: str) -> bool:
 
 
 def parse_size(name: str, text: str) -> int:
-    """Parse a byte count option: an integer, optionally ``2**40`` or with a K/M/G/T suffix."""
+    """Parse a byte count option: an integer, optionally ``2**40`` or with a K/M/G/T suffix;
+    0 or more, and at most 2**64 (``10**100000000`` would take the CLI minutes to work out)."""
     low = text.strip().upper().removesuffix("B").removesuffix("I")
     try:
         if "**" in low:
             base, _, exp = low.partition("**")
-            return int(base) ** int(exp)
-        factor = 1
-        if low and low[-1] in "KMGT":
-            factor = 1024 ** ("KMGT".index(low[-1]) + 1)
-            low = low[:-1]
-        return int(low) * factor
+            b, e = int(base), int(exp)
+            size = b**e if 0 <= e <= 64 and 0 <= b <= 2**16 else -1
+        else:
+            factor = 1
+            if low and low[-1] in "KMGT":
+                factor = 1024 ** ("KMGT".index(low[-1]) + 1)
+                low = low[:-1]
+            size = int(low) * factor
     except ValueError:
-        raise BackendError(f"option {name}={text!r} is not a size in bytes") from None
+        size = -1
+    if not 0 <= size <= 2**64:
+        raise BackendError(f"option {name}={text!r} is not a size in bytes (0 to 2**64)")
+    return size
+
+
+def parse_seconds(name: str, text: str) -> float:
+    """Parse a time option: a finite number of seconds, 0 or more."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):  # nan compares false
+        raise BackendError(f"option {name}={text!r} is not a number of seconds (0 or more)")
+    return seconds

@@ -504,6 +504,7 @@ class LMDBDriver(Driver):
         self.path = path
         self.map_size = parse_size("map_size", options.get("map_size", str(2**40)))
         sync = parse_bool("sync", options.get("sync", "0"))
+        self.maps = Maps(self, options)  # its options checked before any file is made
         self._env_options = {"sync": sync, "metasync": sync, "map_async": False, "writemap": False}
         self.subdir = not os.path.isfile(path)
         self.folder = path if self.subdir else os.path.dirname(path)
@@ -518,7 +519,6 @@ class LMDBDriver(Driver):
         #: The files a commit writes: the data file of each environment (``filewatch``).
         data_file = "data.mdb" if self.subdir else os.path.basename(path)
         self.written_files = (data_file, os.path.basename(side_path))
-        self.maps = Maps(self, options)
         self.holder = Holder(self)  # values read in place (holder)
         self.side = SideEnvironment(
             side_path, readonly, {**self._env_options, "map_size": self.maps.side_size}

@@ -40,7 +40,7 @@ from ..base import (
 )
 from ..filespace import Reserve, statvfs
 from ..filewatch import FileWatch
-from ..urloptions import check_options, parse_bool, parse_file_url
+from ..urloptions import check_options, parse_bool, parse_file_url, parse_seconds
 from ..writer_wait import begin_sqlite_write
 from . import feed
 from . import sql as sq
@@ -260,7 +260,7 @@ class SQLiteDriver(Driver):
         path, options = parse_file_url(url)
         check_options(url, options, set(ABOUT.options))
         self.path = path
-        self.timeout = float(options.get("timeout", "10"))
+        self.timeout = parse_seconds("timeout", options.get("timeout", "10"))
         self.synchronous = "FULL" if parse_bool("sync", options.get("sync", "0")) else "NORMAL"
         self.conns = Connections(url, path, readonly, self.timeout, self.synchronous, self.autocheckpoint)
         self._conn = self.conns.get  # the calling thread's connection
