@@ -231,6 +231,16 @@ def test_extended_attributes_are_kept(mounted):
     with pytest.raises(OSError) as exc:
         os.setxattr(f, "user." + "n" * 251, b"v")
     assert exc.value.errno == errno.ERANGE
+    # A namespace with no name after it: EINVAL, as ext4 and tmpfs answer (it was stored).
+    for call in (
+        lambda: os.setxattr(f, "user.", b"v"),
+        lambda: os.getxattr(f, "user."),
+        lambda: os.getxattr(f, "security."),
+        lambda: os.removexattr(f, "trusted."),
+    ):
+        with pytest.raises(OSError) as exc:
+            call()
+        assert exc.value.errno == errno.EINVAL
     # POSIX ACLs are not kept: refused, as on a filesystem mounted noacl.
     with pytest.raises(OSError) as exc:
         os.setxattr(f, "system.posix_acl_access", b"\2\0\0\0")

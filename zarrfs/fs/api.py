@@ -424,6 +424,8 @@ class Operations:
         attribute of the node, as the caller read it (:meth:`xattrs`) or knows it."""
         if name in acl.NAMES and not self.acl:
             raise FsError(errno.EOPNOTSUPP, f"{key}: POSIX ACLs need default_permissions", quiet=True)
+        if name in xattr_rules.STORED_PREFIXES:
+            raise FsError(errno.EINVAL, f"{key}: {name!r} is a namespace alone", quiet=True)
         value = (self.xattrs(key) if record is None else record).get(name)
         if value is None:
             raise FsError(errno.ENODATA, f"{key}: {name!r}", quiet=True)
@@ -433,6 +435,8 @@ class Operations:
         """The errno :meth:`getxattr` raises for ``name`` on a node without it: ENODATA, or
         for a POSIX ACL EOPNOTSUPP when the kernel does not enforce them (a caller that knows
         the node's record answers it without a raise)."""
+        if name in xattr_rules.STORED_PREFIXES:  # a namespace alone names nothing
+            return errno.EINVAL
         return errno.EOPNOTSUPP if name in acl.NAMES and not self.acl else errno.ENODATA
 
     def listxattr(self, key: str, record: dict[bytes, bytes] | None = None) -> list[bytes]:

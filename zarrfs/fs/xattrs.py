@@ -39,9 +39,12 @@ def _cost(name: bytes, value: bytes) -> int:
 
 
 def check_name(name: bytes) -> None:
-    """ERANGE for an empty or too long name, EOPNOTSUPP for a namespace not kept here."""
+    """ERANGE for an empty or too long name, EINVAL for a namespace alone (``user.``, as ext4
+    and tmpfs answer), EOPNOTSUPP for a namespace not kept here."""
     if not name or len(name) > NAME_MAX:
         raise FsError(errno.ERANGE, f"an extended attribute name of {len(name)} bytes", quiet=True)
+    if name in STORED_PREFIXES:  # a namespace and no name in it: the kernel's own filesystems say so
+        raise FsError(errno.EINVAL, f"extended attribute {name!r}: no name after the namespace", quiet=True)
     if not name.startswith(STORED_PREFIXES) and name not in ACL_NAMES:
         raise FsError(errno.EOPNOTSUPP, f"extended attribute {name!r}: namespace not kept", quiet=True)
 
