@@ -357,6 +357,26 @@ def test_key_and_folder_of_same_name_folder_wins(db_url, mount_factory, tmp_path
     driver.close()
 
 
+def test_keys_naming_dot_or_dotdot_are_not_listed(db_url, mount_factory):
+    """A database another program wrote may hold keys with a ``.`` or ``..`` segment (``.``,
+    ``../x``, ``a/./c``, as a zip archive may): no path reaches them, and listings gave them
+    as names beside a folder's own ``.`` and ``..`` (``ls -a`` showed two of each)."""
+    driver = open_driver(db_url)
+    dotted = (".", "..", "../evil", "./x", "a/./c", "a/../d", "a/..")
+    for key in (*dotted, "a/ok", "b..", ".z", "...", "a/.../e"):
+        driver.put(key, b"x")
+    driver.close()
+    m = mount_factory(db_url)
+
+    def listed(folder):
+        ls = subprocess.run(["ls", "-a1", str(folder)], capture_output=True, text=True, check=True)
+        return ls.stdout.split()
+
+    assert listed(m.path) == [".", "..", "...", ".z", "a", "b.."]
+    assert listed(m.path / "a") == [".", "..", "...", "ok"]
+    assert sorted(os.listdir(m.path / "a/...")) == ["e"]
+
+
 def test_large_folder_streams(mounted):
     driver = open_driver(mounted.url)
     names = [f"{i}.{j}" for i in range(30) for j in range(100)]

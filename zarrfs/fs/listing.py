@@ -206,22 +206,49 @@ def _names(
             return
         keys = [k for k, _ in batch]
         rests = [k[n:] for k in keys]
-        scope = _Batch(t, space, keys, len(batch) < SCAN_BATCH)
-        flat = space == DATA and "/" not in "\0".join(rests)
-        part = _flat if flat else _mixed
-        flat = flat or sized
-        for item in part(scope, batch, rests, last, fetch, sizes, hidden):
-            yield item
-            last = item[0]
-        if scope.resume is not None:
-            pos = scope.resume
-            continue
-        if scope.final:
-            return
+        final = len(batch) < SCAN_BATCH
         # The next batch starts after this one, or past the rest of the subfolder it ended in.
         tail = rests[-1]
         slash = tail.find("/")
-        pos = keys[-1] + "\0" if slash < 0 else prefix + tail[:slash] + _AFTER_SLASH
+        after_batch = keys[-1] + "\0" if slash < 0 else prefix + tail[:slash] + _AFTER_SLASH
+        if _has_dot_names(rests):  # rare: a database another program wrote
+            batch, keys, rests = _without_dot_names(batch, keys, rests)
+        if keys:
+            scope = _Batch(t, space, keys, final)
+            flat = space == DATA and "/" not in "\0".join(rests)
+            part = _flat if flat else _mixed
+            flat = flat or sized
+            for item in part(scope, batch, rests, last, fetch, sizes, hidden):
+                yield item
+                last = item[0]
+            if scope.resume is not None:
+                pos = scope.resume
+                continue
+        if final:
+            return
+        pos = after_batch
+
+
+def _dot_name(rest: str) -> bool:
+    """Whether the key ``rest`` below a folder names ``.`` or ``..`` in it (``.``, ``..``,
+    ``./x``, ``../x``): no path reaches such a key, and a listing has its own ``.`` and ``..``."""
+    return rest in (".", "..") or rest.startswith(("./", "../"))
+
+
+def _has_dot_names(rests: list[str]) -> bool:
+    """:func:`_dot_name` of any of the sorted ``rests``, by four bisections (a listing's batch
+    costs no look at each name)."""
+    for probe in (".", "..", "./", "../"):
+        i = bisect.bisect_left(rests, probe)
+        if i < len(rests) and (rests[i] == probe or (probe[-1] == "/" and rests[i].startswith(probe))):
+            return True
+    return False
+
+
+def _without_dot_names(batch: list, keys: list[str], rests: list[str]) -> tuple[list, list[str], list[str]]:
+    """The batch less its keys that :func:`_dot_name` names."""
+    kept = [i for i, rest in enumerate(rests) if not _dot_name(rest)]
+    return [batch[i] for i in kept], [keys[i] for i in kept], [rests[i] for i in kept]
 
 
 def _flat(scope: _Batch, batch: list, rests: list[str], last: str, fetch: str, sizes, hidden) -> Names:
