@@ -422,10 +422,9 @@ class Operations:
         """The value of one extended attribute; ENODATA when the node has none of that name
         (a POSIX ACL: EOPNOTSUPP when the kernel does not enforce them). ``record``: every
         attribute of the node, as the caller read it (:meth:`xattrs`) or knows it."""
-        if name in acl.NAMES and not self.acl:
-            raise FsError(errno.EOPNOTSUPP, f"{key}: POSIX ACLs need default_permissions", quiet=True)
-        if name in xattr_rules.STORED_PREFIXES:
-            raise FsError(errno.EINVAL, f"{key}: {name!r} is a namespace alone", quiet=True)
+        refused = self.absent_xattr(name)
+        if refused != errno.ENODATA:  # the name itself, whatever the node holds
+            raise FsError(refused, f"{key}: {name!r}", quiet=True)
         value = (self.xattrs(key) if record is None else record).get(name)
         if value is None:
             raise FsError(errno.ENODATA, f"{key}: {name!r}", quiet=True)
@@ -433,8 +432,8 @@ class Operations:
 
     def absent_xattr(self, name: bytes) -> int:
         """The errno :meth:`getxattr` raises for ``name`` on a node without it: ENODATA, or
-        for a POSIX ACL EOPNOTSUPP when the kernel does not enforce them (a caller that knows
-        the node's record answers it without a raise)."""
+        for a POSIX ACL EOPNOTSUPP when the kernel does not enforce them, or EINVAL for a
+        namespace alone (a caller that knows the node's record answers it without a raise)."""
         if name in xattr_rules.STORED_PREFIXES:  # a namespace alone names nothing
             return errno.EINVAL
         return errno.EOPNOTSUPP if name in acl.NAMES and not self.acl else errno.ENODATA
