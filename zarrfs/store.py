@@ -205,6 +205,8 @@ class DatabaseStore(Store):
     ) -> Buffer | None:
         """The value of ``key`` (or the bytes of ``byte_range`` of it), ``None`` if absent."""
         prototype = prototype or default_buffer_prototype()
+        if key == "":  # no database here holds it: absent, as in zarr's own stores
+            return None
         raw = self._read(lambda t: _read_range(t, key, byte_range))
         return None if raw is None else prototype.buffer.from_bytes(raw)
 
@@ -223,12 +225,12 @@ class DatabaseStore(Store):
         return [None if raw is None else prototype.buffer.from_bytes(raw) for raw in raws]
 
     async def exists(self, key: str) -> bool:
-        """Whether ``key`` holds a value."""
-        return self._read(lambda t: t.size(key)) is not None
+        """Whether ``key`` holds a value (the empty key never does)."""
+        return key != "" and self._read(lambda t: t.size(key)) is not None
 
     async def getsize(self, key: str) -> int:
         """The size of the value of ``key``; ``FileNotFoundError`` when there is none."""
-        size = self._read(lambda t: parts.size_of(t, key))
+        size = None if key == "" else self._read(lambda t: parts.size_of(t, key))
         if size is None:
             raise FileNotFoundError(key)
         return size
@@ -274,7 +276,10 @@ class DatabaseStore(Store):
         return value if self._hooks is None else self._hooks.store(t, key, value)
 
     def delete_sync(self, key: str) -> None:
-        """Remove ``key`` (and its attribute record); a missing key is no error."""
+        """Remove ``key`` (and its attribute record); a missing key is no error (nor is the
+        empty key, which no database here holds: zarr's own stores take it so)."""
+        if key == "":
+            return
 
         def run(t: Txn, freed: list[Any]) -> None:
             freed.append(records.delete_file(t, key))
@@ -380,6 +385,8 @@ class DatabaseStore(Store):
 def _read_range(t: Txn, key: str, byte_range: ByteRequest | None) -> bytes | None:
     """The bytes of ``byte_range`` of the value of ``key`` (all of it for ``None``); a value a
     mount stored in parts (zarrfs.fs.parts) is read from its parts."""
+    if key == "":  # no database here holds it (get_sync)
+        return None
     if byte_range is None:
         return parts.whole(t, key, t.get(key))
     if not isinstance(byte_range, (RangeByteRequest, OffsetByteRequest, SuffixByteRequest)):

@@ -133,6 +133,29 @@ async def test_delete_dir_is_one_transaction_and_takes_side_records(url):
     store.close()
 
 
+async def test_the_empty_key_is_absent_as_in_zarrs_own_stores(url):
+    # zarr's MemoryStore answers the empty key as a missing one (LocalStore's get too); so
+    # must this store (it raised InvalidKeyError from the driver).
+    from zarr.storage import MemoryStore
+
+    proto = default_buffer_prototype()
+
+    async def answers(store) -> list:
+        await store.set("a/b", cpu.Buffer.from_bytes(b"v"))
+        out = [await store.get("", proto), await store.exists(""),
+               await store.get_partial_values(proto, [("", None)]), await store.delete("")]
+        with pytest.raises(FileNotFoundError):
+            await store.getsize("")
+        out.append((await store.get("a/b", proto)).to_bytes())
+        return out
+
+    expected = [None, False, [None], None, b"v"]
+    assert await answers(await MemoryStore.open()) == expected
+    store = await DatabaseStore.open(url)
+    assert await answers(store) == expected
+    store.close()
+
+
 async def test_set_if_not_exists_checks_and_writes_in_one_transaction(url):
     store = await DatabaseStore.open(url)
     await store.set_if_not_exists("k", cpu.Buffer.from_bytes(b"first"))

@@ -180,6 +180,8 @@ def test_paths_follow_the_database_and_carry_no_secret(tmp_path, monkeypatch):
     assert type(fs) is RedisFileSystem and path == "127.0.0.1:6390/2/run1/t"
     assert fs.password == "s3cret" and fs.options == {"prefix": "zarr"}
     assert fs._split(path) == ("127.0.0.1:6390/2", "run1/t")
+    # A database number is ASCII digits; "²" (a digit to str.isdigit) is a folder's name.
+    assert fs._split("127.0.0.1:6390/\u00b2/t") == ("127.0.0.1:6390", "\u00b2/t")
     assert fs.unstrip_protocol(path) == "redis://127.0.0.1:6390/2/run1/t"
     pg, path = _fs("postgresql://me:pw@db.example:5432/science/run1?table=zarr")
     assert path == "me@db.example:5432/science/run1" and "pw" not in path

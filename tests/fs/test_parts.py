@@ -128,6 +128,16 @@ def test_orphans_are_reported_and_removed(ops, driver):
     assert find_orphans(driver).orphans == [] and len(parts_of(driver)) == 3
 
 
+def test_a_side_key_is_a_part_only_with_ascii_digits_after_its_id():
+    from zarrfs.fs.manifest import PART, id_of_part
+
+    ident = "0123456789abcdef" * 2
+    assert id_of_part(f"{PART}{ident}/12") == ident
+    # str.isdigit takes these: "zarrfs check --repair" would have removed them as orphans.
+    assert id_of_part(f"{PART}{ident}/\u00b2") is None
+    assert id_of_part(f"{PART}{ident}/\uff11") is None
+
+
 def test_store_and_copy_read_parted_values(ops, driver, tmp_path):
     from zarrfs.store import DatabaseStore
     from zarrfs.tools.copy import copy

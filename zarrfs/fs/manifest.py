@@ -152,4 +152,4 @@ def id_of_part(side_key: str) -> str | None:
     if not side_key.startswith(PART):
         return None
     ident, slash, n = side_key[len(PART) :].partition("/")
-    return ident if slash and len(ident) == 32 and (n.isdigit() or n == MAP) else None
+    return ident if slash and len(ident) == 32 and ((n.isascii() and n.isdigit()) or n == MAP) else None

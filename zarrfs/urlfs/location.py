@@ -73,7 +73,7 @@ def split_servers(scheme: str, path: str) -> tuple[str, str]:
     if scheme in CLUSTER_SCHEMES or not rest:
         return hosts, rest
     first, _, after = rest.partition("/")
-    if scheme in POSTGRES_SCHEMES or first.isdigit():
+    if scheme in POSTGRES_SCHEMES or (first.isascii() and first.isdigit()):
         return f"{hosts}/{first}", after
     return hosts, rest
 
