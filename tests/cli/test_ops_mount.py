@@ -511,6 +511,19 @@ def test_status_lists_mounts_and_shows_live_figures(tmp_path, request, cleanup, 
     one_line(zarrfs("status", str(m)), 1, "not a zarrfs mount")
 
 
+def test_status_writes_a_tab_or_newline_in_a_mountpoint_as_the_mount_table_does(tmp_path, cleanup):
+    # A line of "zarrfs status" is tab-separated: a mountpoint holding a tab read as two fields.
+    m = tmp_path / "a\tb c\\d"
+    m.mkdir()
+    cleanup.append(m)
+    url = f"lmdb://{tmp_path}/db.lmdb"
+    ok(zarrfs("mount", url, str(m), "-o", "create"))
+    escaped = str(m).replace("\\", "\\134").replace("\t", "\\011")
+    lines = [ln.split("\t") for ln in ok(zarrfs("status")).stdout.splitlines()]
+    assert [escaped, url, "rw"] in lines, lines
+    ok(zarrfs("umount", str(m)))
+
+
 def test_stats_rows_follow_the_work_and_prometheus_text_parses(tmp_path, mount_factory):
     from prometheus_client.parser import text_string_to_metric_families
 

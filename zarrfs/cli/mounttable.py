@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -35,6 +36,14 @@ def mounts() -> list[tuple[str, str, str, str]]:
 def _unescape(text: str) -> str:
     for code in ("\\040", "\\011", "\\012", "\\134"):
         text = text.replace(code, chr(int(code[1:], 8)))
+    return text
+
+
+def _field(text: str) -> str:
+    """``text`` as one field of a tab-separated line: a backslash, tab or newline in it written
+    as the mount table writes them (``\\134``, ``\\011``, ``\\012``)."""
+    if "\\" in text or "\t" in text or "\n" in text:
+        text = text.replace("\\", "\\134").replace("\t", "\\011").replace("\n", "\\012")
     return text
 
 
@@ -246,8 +255,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             mode = "ro" if "ro" in options.split(",") else "rw"
             uid = owner(options)
             theirs = f"\tuser {_user(uid)}" if uid is not None and uid != os.getuid() else ""
-            state = "" if alive else f"\tdead: its daemon is gone (zarrfs umount {mp})"
-            print(f"{mp}\t{source}\t{mode}{theirs}{state}")
+            state = "" if alive else f"\tdead: its daemon is gone (zarrfs umount {_field(shlex.quote(mp))})"
+            print(f"{_field(mp)}\t{_field(source)}\t{mode}{theirs}{state}")
         if not mounts:
             print("no zarrfs mounts", file=sys.stderr)
         return 0
