@@ -201,6 +201,23 @@ def test_a_listings_nodes_on_redis_are_neither_watched_nor_checked(redis_server,
         driver.close()
 
 
+def test_files_of_one_folder_stored_together_probe_the_folder_once(redis_server, monkeypatch):
+    """Closes waiting together are stored in one transaction (``Tree.store``); each file's
+    probe named its folder again, and the batch asked the server the same five reads of it
+    once a file."""
+    driver = open_driver(redis_server.url(0, prefix=f"gs{uuid.uuid4().hex[:8]}"))
+    try:
+        tree = Tree(driver, uid=0, gid=0)
+        tree.mkdir("d", 0o755)
+        sent = record_redis_calls(monkeypatch, driver)
+        tree.store([(f"d/f{i}", b"x" * 5, None, CREATE) for i in range(5)])
+        probes = [c for c in sent if "EXISTS" in c]
+        assert len(probes) == 1 and probes[0].count("EXISTS") == 6, sent  # d, and d/f0 .. d/f4
+        assert [tree.lookup(f"d/f{i}").size for i in range(5)] == [5] * 5
+    finally:
+        driver.close()
+
+
 def test_a_symlink_or_fifo_removed_during_a_listing_is_left_out(redis_server, monkeypatch):
     """Redis has no read snapshot: a symlink or FIFO a listing's scan saw, removed through
     another mount before the listing read its entry record, was made a node of an empty

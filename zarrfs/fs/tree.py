@@ -386,9 +386,14 @@ class Tree:
             probing = [step for step in steps if step.probing]
             probes: list[Any] = []
             if probing:
-                keys = [k for step in probing for k in (step.key.rpartition("/")[0], step.key)]
-                also = [k for step in probing for k in step.also]
+                # Each file's folder and name; files of one folder probe it once.
+                wanted = [k for step in probing for k in (step.key.rpartition("/")[0], step.key)]
+                keys = list(dict.fromkeys(wanted))
+                also = list(dict.fromkeys(k for step in probing for k in step.also))
                 probes = self.lookups.probe_many(t, keys, also)
+                if len(keys) < len(wanted):
+                    by_key = dict(zip(keys, probes, strict=True))
+                    probes = [by_key[k] for k in wanted]
             laying = [step for step in steps if step.laying]
             if laying:
                 # Whether another writer stored a newer version to lay the changes on, with
