@@ -385,7 +385,7 @@ class DatabaseStore(Store):
 def _read_range(t: Txn, key: str, byte_range: ByteRequest | None) -> bytes | None:
     """The bytes of ``byte_range`` of the value of ``key`` (all of it for ``None``); a value a
     mount stored in parts (zarrfs.fs.parts) is read from its parts."""
-    if key == "":  # no database here holds it (get_sync)
+    if key == "":  # no database here holds it (get_partial_values; get_sync asks no transaction)
         return None
     if byte_range is None:
         return parts.whole(t, key, t.get(key))
