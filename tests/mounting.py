@@ -96,9 +96,11 @@ class Mount:
 
     def mounted(self) -> bool:
         """Whether the kernel lists the mount (``os.path.ismount`` is False while its root
-        cannot be stat'ed, such as when the database is down)."""
-        with open("/proc/mounts") as fh:
-            return any(line.split()[1] == str(self.path) for line in fh)
+        cannot be stat'ed, such as when the database is down), as the mount table reads
+        (which escapes a space, tab or backslash in a mountpoint)."""
+        from zarrfs.cli.mounttable import mounted
+
+        return mounted(str(self.path))
 
     def stop(self) -> None:
         """Unmount; a mount that a failed test left busy is detached lazily."""
