@@ -190,6 +190,25 @@ def test_a_daemon_that_ends_without_a_word_is_reported_with_its_status_and_its_l
     assert not os.path.ismount(tmp_path / "m")
 
 
+def test_a_newline_or_an_escape_sequence_in_a_path_stays_on_the_error_line(tmp_path):
+    # A URL's %0A made the one line of an error two; %1B wrote an escape sequence to the terminal.
+    (tmp_path / "m").mkdir()
+    result = zarrfs("mount", f"lmdb://{tmp_path}/a%0Ab%1B[31m", str(tmp_path / "m"))
+    line = one_line(result, 1, "does not exist")
+    assert f"{tmp_path}/a\\nb\\x1b[31m" in line and "\x1b" not in line, line
+
+
+def test_check_writes_each_problem_on_one_line_whatever_its_key_holds(tmp_path):
+    driver = open_driver(f"lmdb://{tmp_path}/db.lmdb")
+    driver.transact(lambda t: [t.put(k, b"{bad") for k in ("x\ny/.zarray", "e\x1b[31m/.zarray")])
+    driver.close()
+    result = zarrfs("check", f"lmdb://{tmp_path}/db.lmdb")
+    assert result.returncode == 1 and "\x1b" not in result.stdout, result.stdout
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2 and all(ln.startswith("error: ") for ln in lines), lines
+    assert "error: x\\ny/.zarray: zarray.invalid" in lines[1], lines
+
+
 def test_check_of_a_missing_database_does_not_suggest_create(tmp_path):
     line = one_line(zarrfs("check", f"sqlite://{tmp_path}/absent.sqlite"), 1, "does not exist")
     assert "create" not in line

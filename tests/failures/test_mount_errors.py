@@ -179,6 +179,20 @@ def test_status_lists_a_dead_mount_as_dead(tmp_path, mount_factory):
     assert run("umount", str(m.path)).returncode == 0
 
 
+def test_a_log_line_about_a_name_holding_a_newline_is_one_line(tmp_path, mount_factory):
+    """The names in a log line come from the kernel and the database: a newline in one made
+    the line three, an escape sequence was written as it is."""
+    m = mount_factory(f"lmdb://{tmp_path}/db.lmdb", ["create", "validate=strict"])
+    folder = m.path / "x\ny\x1b[31m"
+    folder.mkdir()
+    with pytest.raises(OSError):
+        (folder / ".zarray").write_text("{not json")
+    lines = [ln for ln in m.log_text().splitlines() if ".zarray" in ln]
+    assert lines and all(ln.startswith("20") for ln in lines), lines  # each a line of its own
+    assert any("flush /x\\ny\\x1b[31m/.zarray: EINVAL" in ln for ln in lines), lines
+    assert "\x1b" not in m.log_text()
+
+
 def test_systemd_notify_ready_and_stopping(tmp_path):
     import socket
 

@@ -3,9 +3,9 @@ fuse -> fs -> format/backends``. ``fuse`` sees the filesystem only through ``fs.
 ``format`` knows no database and no filesystem; the drivers (``backends``) know nothing above
 them; ``tools``, ``store`` and ``urlfs`` (the fsspec filesystems, over ``store``) use the
 public parts of ``fs`` and ``backends``, never the daemon or the command line. The modules
-left at the package's root (what a URL names, the mount options, the usage error, the spin
-window) sit below the daemon: the tools and the fsspec filesystems use them too. No module
-reaches itself through its imports, type-only ones included. A node's side records
+left at the package's root (what a URL names, the mount options, the usage error, a line's
+escapes, the spin window) sit below the daemon: the tools and the fsspec filesystems use them
+too. No module reaches itself through its imports, type-only ones included. A node's side records
 (``fs.sidedata``'s layout) are written and deleted by ``fs.records`` alone."""
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "dbfiles": ("fs", "fuse", "format", "daemon", "cli", "tools", "store", "urlfs"),
     "options": ("daemon", "cli", "tools", "store", "urlfs"),
     "usage": ("backends", "fs", "fuse", "format", "daemon", "cli", "tools", "store", "urlfs"),
+    "lines": ("backends", "fs", "fuse", "format", "daemon", "cli", "tools", "store", "urlfs"),
     # The polling window the request loop and the Redis link share (neither may import the other).
     "spin": ("backends", "fs", "fuse", "format", "daemon", "cli", "tools", "store", "urlfs"),
     # Which modules run compiled: imported by the package itself, before any of them.

@@ -10,6 +10,7 @@ import sys
 
 from zarrfs.cli.helptext import EXIT_HELP
 from zarrfs.cli.oneline import fail
+from zarrfs.lines import one_line
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
     aside = answer.get("kept_aside") or []
     if aside:
         names = ", ".join(aside[:5]) + (", ..." if len(aside) > 5 else "")
-        print(f"zarrfs: not committed: {len(aside)} file(s) not Zarr v3 keys: {names}", file=sys.stderr)
+        said = f"zarrfs: not committed: {len(aside)} file(s) not Zarr v3 keys: {names}"
+        print(one_line(said), file=sys.stderr)
     if answer.get("snapshot") is None:
         print(f"zarrfs: nothing to commit on {answer['branch']}", file=sys.stderr)
     else:

@@ -23,6 +23,7 @@ from zarrfs.cli import commit
 from zarrfs.cli.helptext import DESCRIPTION, EXIT_HELP, OPTIONS_HELP, SYNOPSIS, URLS_HELP
 from zarrfs.cli.mounttable import cmd_status, cmd_umount, daemon_pids
 from zarrfs.cli.oneline import fail, status_of
+from zarrfs.lines import one_line
 from zarrfs.urls import MountFailure, location
 from zarrfs.usage import UsageError
 
@@ -68,7 +69,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         try:
             for severity, key, text in chain(found, report(driver, args.repair)):
                 if severity != "warning" or args.warnings:
-                    line = f"{severity}: {key}: {text}"
+                    line = one_line(f"{severity}: {key}: {text}")  # a key may hold a newline
                     bar.write(line) if bar is not None else print(line)
                 problems += severity == "error"
         finally:

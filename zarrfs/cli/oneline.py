@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import sys
 
+from zarrfs.lines import one_line
 from zarrfs.usage import UsageError
 
 
 def fail(message: str, status: int = 1) -> int:
-    """Print ``message`` as the one line of a failure; return ``status``."""
-    print(f"zarrfs: {message}", file=sys.stderr)
+    """Print ``message`` as the one line of a failure (a newline or another control character
+    in a path or URL escaped); return ``status``."""
+    print(f"zarrfs: {one_line(message)}", file=sys.stderr)
     return status
 
 

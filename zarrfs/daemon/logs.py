@@ -22,7 +22,18 @@ import sys
 import threading
 import time
 
+from zarrfs.lines import one_line
+
 log = logging.getLogger("zarrfs")
+
+
+class OneLineFormatter(logging.Formatter):
+    """A line's message with its control characters escaped (:func:`one_line`): names from
+    the database or the kernel may hold newlines. A traceback (debugging) keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return one_line(super().formatMessage(record))
+
 
 #: The filter of the handler set up by :func:`setup_logging` (flushed at unmount).
 repeats: RepeatFilter | None = None
@@ -207,7 +218,7 @@ def setup_logging(level: str, log_file: str | None, foreground: bool, mountpoint
     if handler is None:
         handler = logging.StreamHandler(sys.stderr) if foreground else logging.NullHandler()
         where = "stderr" if foreground else ""
-    handler.setFormatter(logging.Formatter("%(asctime)s zarrfs[%(process)d] %(levelname)s %(message)s"))
+    handler.setFormatter(OneLineFormatter("%(asctime)s zarrfs[%(process)d] %(levelname)s %(message)s"))
     global repeats
     repeats = None
     if getattr(logging, level.upper(), logging.INFO) > logging.DEBUG:
