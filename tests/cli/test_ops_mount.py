@@ -523,6 +523,8 @@ def test_status_writes_a_tab_or_newline_in_a_mountpoint_as_the_mount_table_does(
     escaped = str(m).replace("\\", "\\134").replace("\t", "\\011")
     lines = [ln.split("\t") for ln in ok(zarrfs("status")).stdout.splitlines()]
     assert [escaped, url, "rw"] in lines, lines
+    rows = ok(zarrfs("status", str(m))).stdout.splitlines()
+    assert f"mountpoint  {m}".replace("\t", "\\t") in rows, rows  # its row, the tab escaped
     ok(zarrfs("umount", str(m)))
 
 

@@ -22,6 +22,8 @@ import threading
 import time
 from typing import Any
 
+from zarrfs.lines import one_line
+
 log = logging.getLogger("zarrfs.daemon.control")
 
 _SUN_PATH_MAX = 107
@@ -377,4 +379,5 @@ def render_status(doc: dict) -> str:
         ("errors", _counts(doc.get("errors"))),
         ("txns", "{read} reading, {write} writing (database transactions begun)".format(**txns)),
     ]
-    return "\n".join(f"{name:<11} {value}" for name, value in rows)
+    # A mountpoint or URL holding a newline stays on its row (zarrfs.lines).
+    return "\n".join(f"{name:<11} {one_line(value)}" for name, value in rows)
