@@ -13,6 +13,7 @@ import sys
 import time
 
 from zarrfs.cli.oneline import fail
+from zarrfs.lines import one_line
 from zarrfs.urls import reason
 from zarrfs.usage import UsageError
 
@@ -144,8 +145,9 @@ def _wait_for(daemons: dict[int, str]) -> None:
             daemons = {p: mp for p, mp in daemons.items() if os.path.exists(f"/proc/{p}") and not _zombie(p)}
             if daemons and not said and time.monotonic() - started > 1:
                 for pid, mp in daemons.items():
-                    print(f"zarrfs: unmounted {mp}; waiting for its daemon (pid {pid}) to store the "
-                          "last writes and end (Ctrl-C stops waiting, not the daemon)", file=sys.stderr)
+                    said_line = (f"zarrfs: unmounted {mp}; waiting for its daemon (pid {pid}) to store the "
+                                 "last writes and end (Ctrl-C stops waiting, not the daemon)")
+                    print(one_line(said_line), file=sys.stderr)
                 said = True
             time.sleep(0.02)
     except KeyboardInterrupt:
