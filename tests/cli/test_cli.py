@@ -190,6 +190,13 @@ def test_a_daemon_that_ends_without_a_word_is_reported_with_its_status_and_its_l
     assert not os.path.ismount(tmp_path / "m")
 
 
+def test_a_line_for_a_person_escapes_control_characters_and_keeps_the_rest():
+    from zarrfs.lines import one_line
+
+    assert one_line("a\nb\tc\rd\x1b[31m\x00\x7f\x85") == "a\\nb\\tc\\rd\\x1b[31m\\x00\\x7f\\x85"
+    assert one_line("plain é 中 \\ \u00a0") == "plain é 中 \\ \u00a0"
+
+
 def test_a_newline_or_an_escape_sequence_in_a_path_stays_on_the_error_line(tmp_path):
     # A URL's %0A made the one line of an error two; %1B wrote an escape sequence to the terminal.
     (tmp_path / "m").mkdir()
