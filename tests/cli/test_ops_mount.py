@@ -515,16 +515,17 @@ def test_status_lists_mounts_and_shows_live_figures(tmp_path, request, cleanup, 
 
 def test_status_writes_a_tab_or_newline_in_a_mountpoint_as_the_mount_table_does(tmp_path, cleanup):
     # A line of "zarrfs status" is tab-separated: a mountpoint holding a tab read as two fields.
-    m = tmp_path / "a\tb c\\d"
+    m = tmp_path / "a\tb c\\d\x1be"
     m.mkdir()
     cleanup.append(m)
     url = f"lmdb://{tmp_path}/db.lmdb"
     ok(zarrfs("mount", url, str(m), "-o", "create"))
-    escaped = str(m).replace("\\", "\\134").replace("\t", "\\011")
+    escaped = str(m).replace("\\", "\\134").replace("\t", "\\011").replace("\x1b", "\\x1b")
     lines = [ln.split("\t") for ln in ok(zarrfs("status")).stdout.splitlines()]
     assert [escaped, url, "rw"] in lines, lines
     rows = ok(zarrfs("status", str(m))).stdout.splitlines()
-    assert f"mountpoint  {m}".replace("\t", "\\t") in rows, rows  # its row, the tab escaped
+    row = f"mountpoint  {m}".replace("\t", "\\t").replace("\x1b", "\\x1b")
+    assert row in rows, rows  # its row, the tab and the escape escaped
     ok(zarrfs("umount", str(m)))
 
 

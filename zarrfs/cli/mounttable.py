@@ -42,10 +42,11 @@ def _unescape(text: str) -> str:
 
 def _field(text: str) -> str:
     """``text`` as one field of a tab-separated line: a backslash, tab or newline in it written
-    as the mount table writes them (``\\134``, ``\\011``, ``\\012``)."""
+    as the mount table writes them (``\\134``, ``\\011``, ``\\012``), another control
+    character as :func:`one_line` does (``\\x1b``)."""
     if "\\" in text or "\t" in text or "\n" in text:
         text = text.replace("\\", "\\134").replace("\t", "\\011").replace("\n", "\\012")
-    return text
+    return one_line(text)
 
 
 def mounted(mountpoint: str) -> bool:
