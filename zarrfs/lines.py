@@ -1,8 +1,8 @@
 """One line of text for a person: a log line's message, a command's error. A file name or URL
-may hold a newline, a tab or a terminal's escape sequence; written as they are, one line became
-several and an escape sequence acted on the terminal. Here they are escaped as Python writes
-them in a string (``\\n``, ``\\t``, ``\\x1b``). At the package's root, below the command line and
-the daemon, with nothing to import."""
+may hold a newline, a tab or a terminal's escape sequence; written as they are, one line would
+become several and an escape sequence would act on the terminal. So they are escaped as Python
+writes them in a string (``\\n``, ``\\t``, ``\\x1b``). At the package's root, below the command
+line and the daemon, with nothing to import."""
 
 from __future__ import annotations
 
