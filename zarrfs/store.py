@@ -205,8 +205,6 @@ class DatabaseStore(Store):
     ) -> Buffer | None:
         """The value of ``key`` (or the bytes of ``byte_range`` of it), ``None`` if absent."""
         prototype = prototype or default_buffer_prototype()
-        if key == "":  # no database here holds it: absent, as in zarr's own stores
-            return None
         raw = self._read(lambda t: _read_range(t, key, byte_range))
         return None if raw is None else prototype.buffer.from_bytes(raw)
 
@@ -385,7 +383,7 @@ class DatabaseStore(Store):
 def _read_range(t: Txn, key: str, byte_range: ByteRequest | None) -> bytes | None:
     """The bytes of ``byte_range`` of the value of ``key`` (all of it for ``None``); a value a
     mount stored in parts (zarrfs.fs.parts) is read from its parts."""
-    if key == "":  # no database here holds it (get_partial_values; get_sync asks no transaction)
+    if key == "":  # no database here holds it: absent, as in zarr's own stores
         return None
     if byte_range is None:
         return parts.whole(t, key, t.get(key))
