@@ -690,7 +690,7 @@ def test_a_reader_let_in_beside_a_writer_leaves_the_change_feed_to_it(elsewhere)
     thread.start()
     deadline = time.monotonic() + 60
     while not admission._readers_waiting and time.monotonic() < deadline:
-        admission._changed.wait(0.01)  # the writer's lock let go meanwhile: the reader queues
+        admission._wait(0.01)  # the writer's lock let go meanwhile: the reader queues
     # The writer's own file is another. A reader that has not woken within the window waits
     # for the writer (as in the daemon): on a busy machine the writer lets it through again.
     while not admission.passes and time.monotonic() < deadline:

@@ -8,6 +8,9 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
+from typing import Any
+
+_allocate_lock = threading.Lock
 
 #: Seconds a writer letting readers through gives them to start (see :meth:`let_through`).
 THROUGH_WINDOW = 0.002
@@ -86,8 +89,9 @@ class Admission:
 
     def __init__(self) -> None:
         self.turn = threading.Lock()
-        self._changed = threading.Condition(self.turn)
-        self._sleepers = 0  # threads waiting on _changed
+        #: The threads waiting for a change: each one's lock (released to wake it) and the test
+        #: of whether it may go on (None: any change may let it), see :meth:`_wait`.
+        self._sleeping: dict[Any, Callable[[], bool] | None] = {}
         self.readers = 0  # readers running
         self.writing = False  # a writer running
         # The queue places (uniques) of the requests waiting for their turn.
@@ -126,16 +130,27 @@ class Admission:
         #: server's answer): ``fuse.workers`` then lets another thread read the next request.
         self.before_wait: Callable[[], None] = lambda: None
 
-    # -- the condition of the lock: waits counted, so that a change nobody waits for costs
-    # -- nothing (most requests wait for nothing) -------------------------------------------
-    def _wait(self, timeout: float | None = None) -> None:
-        """Wait for a change (called holding :attr:`turn`, which is let go meanwhile)."""
+    # -- waiting for a change of the lock's state: a change wakes only the threads it may let
+    # -- go on, and one nobody waits for costs nothing (most requests wait for nothing) --------
+    def _wait(self, timeout: float | None = None, ready: Callable[[], bool] | None = None) -> None:
+        """Wait for a change (called holding :attr:`turn`, which is let go meanwhile).
+        ``ready``, asked by the thread making each change (holding the lock), says whether
+        this one may now go on: it is woken only then (None: at every change). A change woke
+        every waiting thread once, each to find its turn not come and wait again: with 16
+        writers queued, 20 wake-ups a file for 5 requests (docs/performance.md)."""
         self.before_wait()
-        self._sleepers += 1
+        waiter = _allocate_lock()
+        waiter.acquire()
+        self._sleeping[waiter] = ready
+        self.turn.release()
         try:
-            self._changed.wait(timeout)
+            if timeout is None:
+                waiter.acquire()
+            elif timeout > 0:
+                waiter.acquire(True, timeout)
         finally:
-            self._sleepers -= 1
+            self.turn.acquire()
+            self._sleeping.pop(waiter, None)  # still there: the wait timed out
 
     def _wait_for(self, predicate: Callable[[], bool], timeout: float | None) -> bool:
         """:meth:`_wait` until ``predicate()`` holds, or ``timeout`` seconds passed."""
@@ -144,13 +159,24 @@ class Admission:
             left = None if end is None else end - time.monotonic()
             if left is not None and left <= 0:
                 return False
-            self._wait(left)
+            self._wait(left, predicate)
         return True
 
     def _notify(self) -> None:
-        """Wake every thread waiting for a change (called holding :attr:`turn`)."""
-        if self._sleepers:
-            self._changed.notify_all()
+        """Wake the threads waiting that the change just made may let go on (called holding
+        :attr:`turn`)."""
+        sleeping = self._sleeping
+        if sleeping:
+            for waiter in [w for w, ready in sleeping.items() if ready is None or ready()]:
+                del sleeping[waiter]
+                waiter.release()
+
+    def _notify_all(self) -> None:
+        """Wake every thread waiting, whatever it waits for (called holding :attr:`turn`)."""
+        sleeping = self._sleeping
+        for waiter in list(sleeping):
+            del sleeping[waiter]
+            waiter.release()
 
     def runs_alone(self) -> bool:
         """Whether the calling thread runs a request as the writer: the only one running."""
@@ -170,20 +196,26 @@ class Admission:
         writer that came before it is overtaken. ``cancelled()`` is asked at each wake-up
         (:class:`Cancelled`). ``held``: the caller holds :attr:`turn` already (it classified
         the request under it; one handoff of the lock fewer)."""
-        changed = self._changed
         if not held:
-            changed.acquire()
+            self.turn.acquire()
         self._readers_waiting[order] = key
         gap_until = None
+
+        def may_go() -> bool:
+            through = self._through is not None and node != self._through
+            door = self._door is not None and node not in self._door and self.passable_before(order, node)
+            before = self._writers_waiting and min(self._writers_waiting) < order
+            return bool(through or door or not (self.writing or before)) and self._free(key, order)
+
+        def ready() -> bool:
+            return cancelled() or may_go()
+
         try:
             self._saw(order)
             while True:
                 if cancelled():
                     raise Cancelled
-                through = self._through is not None and node != self._through
-                door = self._door is not None and node not in self._door and self.passable_before(order, node)
-                before = self._writers_waiting and min(self._writers_waiting) < order
-                if (through or door or not (self.writing or before)) and self._free(key, order):
+                if may_go():
                     gap_until = self._read_below(order, gap_until)
                     if gap_until is None:
                         break
@@ -192,15 +224,17 @@ class Admission:
                     self._wait(None if gap_until == _UNTIL_ASKED else max(0.0, left))
                     self._gap_waiters -= 1
                     continue
-                self._wait()
+                self._wait(None, ready)
         except BaseException:
             self._readers_waiting.pop(order, None)
             self._notify()
-            changed.release()
+            self.turn.release()
             raise
         self._readers_waiting.pop(order, None)
         self.readers += 1
         self._busy.add(key)
+        if self._writers_waiting:  # a writer after it waited for it to start
+            self._notify()
         self._local.held = True
         self._local.passed = self.writing  # let in by a writer: it waits for this one to end
         if self.writing:
@@ -249,24 +283,30 @@ class Admission:
         :meth:`leave_passing`. ``close``: the writer is a close of node ``close_node``
         (closes of other nodes may pass it, see ``fuse.workers``). ``held``: as
         :meth:`enter_reader`."""
-        changed = self._changed
         if not held:
-            changed.acquire()
+            self.turn.acquire()
         self._writers_waiting.add(order)
         if close or passing is not None:
             self._passable[order] = (passing[1] if passing is not None else close_node, close)
         gap_until = None
         passed = False
+
+        def first() -> bool:
+            return not (
+                self.writing
+                or min(self._writers_waiting) < order
+                or (self._readers_waiting and min(self._readers_waiting) < order)
+            )
+
+        def ready() -> bool:
+            return cancelled() or first() or (passing is not None and self._may_pass(order, *passing))
+
         try:
             self._saw(order)
             while True:
                 if cancelled():
                     raise Cancelled
-                if not (
-                    self.writing
-                    or min(self._writers_waiting) < order
-                    or (self._readers_waiting and min(self._readers_waiting) < order)
-                ):
+                if first():
                     gap_until = self._seen_below(order, gap_until)
                     if gap_until is None:
                         break
@@ -275,12 +315,15 @@ class Admission:
                     if gap_until is None:
                         passed = True
                         break
-                self._wait(None if gap_until is None else max(0.0, gap_until - time.monotonic()))
+                if gap_until is None:
+                    self._wait(None, ready)
+                else:  # requests before it not seen yet: any change may be theirs
+                    self._wait(max(0.0, gap_until - time.monotonic()))
         except BaseException:
             self._writers_waiting.discard(order)
             self._passable.pop(order, None)
             self._notify()
-            changed.release()
+            self.turn.release()
             raise
         self._writers_waiting.discard(order)
         self._passable.pop(order, None)
@@ -290,6 +333,7 @@ class Admission:
             self._passed += 1
             self._passed_writers += 1
             self.passes += 1
+            self._notify()  # those it held back in the queue may pass too
             self._local.held = True
             return True
         self.writing = True
@@ -373,7 +417,7 @@ class Admission:
         if unique in self._unregistered:
             with self._read_lock:
                 self._unregistered.discard(unique)
-            with self._changed:
+            with self.turn:
                 self._notify()
 
     def _saw(self, order: float) -> None:
@@ -436,8 +480,8 @@ class Admission:
 
     def wake(self) -> None:
         """Make every request waiting for its turn look again (one was interrupted)."""
-        with self._changed:
-            self._notify()
+        with self.turn:
+            self._notify_all()
 
     # -- inside a request: called holding the lock ------------------------------------------
     @contextmanager
@@ -463,7 +507,7 @@ class Admission:
                 if self._passed > self._passed_writers:
                     self.on_writer()
                 while self._passed_writers:
-                    self._wait()
+                    self._wait(None, lambda: not self._passed_writers)
 
     def let_through(self, node: int) -> None:
         """Called by the writer running: let the readers waiting now, about other nodes than
@@ -476,4 +520,4 @@ class Admission:
         self._wait(THROUGH_WINDOW)
         self._through = None
         while self.readers:
-            self._wait()
+            self._wait(None, lambda: not self.readers)
