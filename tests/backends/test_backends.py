@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import socket
 import sys
+import threading
 import time
 import uuid
 
@@ -1199,6 +1201,47 @@ class TestRedis(_Conformance):
         assert driver.get("missing") is None and driver.transact(
             lambda t: t.read_many([("get", "v0", DATA), ("get", f"v{limit}", DATA)]), write=False
         ) == [b"", values[f"v{limit}"]]
+
+    def test_a_commit_of_values_around_the_copying_bound_stores_each_whole(self, driver):
+        """Values longer than ``BIG_ARG`` go as buffers of their own, the commit's pieces in
+        one ``sendmsg`` (more than the socket's buffer and than ``IOV_MAX`` pieces here)."""
+        from zarrfs.backends.redis import link as redis_link
+
+        bound = redis_link.BIG_ARG
+        sizes = [0, 1, bound - 1, bound, bound + 1, 4 << 20] + [bound + 7] * (redis_link.IOV_MAX // 2 + 3)
+        values = {f"b/{i}": os.urandom(n) for i, n in enumerate(sizes)}
+
+        def fn(t):
+            for key, value in values.items():
+                t.put(key, memoryview(bytearray(value)) if len(value) % 2 else value)
+
+        driver.transact(fn)
+        plan = [("get", k, DATA) for k in values]
+        assert driver.transact(lambda t: t.read_many(plan), write=False) == list(values.values())
+
+    def test_pieces_are_sent_in_order_however_much_the_socket_takes_at_once(self):
+        from zarrfs.backends.redis import link as redis_link
+
+        a, b = socket.socketpair()
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        pieces = [os.urandom(n) for n in (5, 0, 70_000, 1, 3000)] * 400  # > IOV_MAX buffers
+        pieces[7] = memoryview(bytearray(b"in a bytearray"))
+        want = b"".join(bytes(p) for p in pieces)
+        got = bytearray()
+
+        def drain():
+            while len(got) < len(want):
+                got.extend(b.recv(1 << 16))
+
+        reader = threading.Thread(target=drain)
+        reader.start()
+        try:
+            redis_link._send_pieces(a, pieces)
+            reader.join(60)
+        finally:
+            a.close()
+            b.close()
+        assert bytes(got) == want
 
     def test_stale_entries_are_not_listed_from_an_earlier_scan(self, driver, redis_server):
         for k in ("t/1", "t/2", "t/3", "t/2/x"):
