@@ -53,6 +53,17 @@ NO_SETINFO: dict[str, Any] = (
     else {"lib_name": None, "lib_version": None}
 )
 
+
+
+def handshake_options(tls: bool) -> dict[str, Any]:
+    """redis-py's connection options for the handshake: none on a plain connection, which
+    then sends nothing before its first command; on TLS, ``CLIENT SETINFO`` as redis-py sends
+    it. A TLS 1.3 server sends its session tickets after the handshake, and redis-py, taking
+    a new connection from its pool, finds them waiting unread and refuses the connection
+    ("Connection not ready") unless a reply was read first."""
+    return {} if tls else NO_SETINFO
+
+
 log = logging.getLogger("zarrfs.backends.redis")
 
 # Error replies by their first word (hiredis hands them over as plain ResponseError).
@@ -114,8 +125,9 @@ def open_pool(url: RedisURL, timeout: float) -> tuple[redis.ConnectionPool, redi
     Bounded timeouts: a FUSE call must fail (ETIMEDOUT) rather than hang on a paused or
     unreachable server, for ``timeout`` at most (see :func:`set_pool_timeout`). RESP2 unless
     the URL asks otherwise: no push messages among the replies, and the links parse it with
-    hiredis directly (see :class:`Link`). No ``CLIENT SETINFO``: a new connection sends nothing
-    before its first command, so that command's wait (which notices interrupts) is the only one."""
+    hiredis directly (see :class:`Link`). No ``CLIENT SETINFO`` but on TLS
+    (:func:`handshake_options`): a new connection sends nothing before its first command, so
+    that command's wait (which notices interrupts) is the only one."""
     tcp = {"socket_keepalive": True} if url.scheme != "unix" else {}
     pool = redis.ConnectionPool.from_url(
         url.client_url(),
@@ -123,7 +135,7 @@ def open_pool(url: RedisURL, timeout: float) -> tuple[redis.ConnectionPool, redi
         socket_timeout=timeout,
         protocol=2,
         **tcp,
-        **NO_SETINFO,
+        **handshake_options(url.scheme.lower() in ("rediss", "valkeys")),
     )
     client = redis.Redis(connection_pool=pool)
     client.ping()

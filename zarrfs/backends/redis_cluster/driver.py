@@ -47,7 +47,7 @@ from ..base import (
 from ..buffered import DELETED
 from ..redis.driver import RedisDriver, RedisTxn, Replay
 from ..redis.index import check_exists, ensure_index, has_index
-from ..redis.link import NO_SETINFO, Link, Links, translate
+from ..redis.link import Link, Links, handshake_options, translate
 from ..redis.url import KeyNames, check_db, check_query, parse_url
 from .about import ABOUT
 from .feed import ClusterFeed
@@ -381,13 +381,14 @@ class RedisClusterDriver(RedisDriver):
     ) -> dict[str, Any]:
         """Keyword arguments for every connection: credentials, TLS, waits bounded by
         ``timeout`` (a FUSE call must fail rather than hang on a dead master, the open on a
-        node that never answers), RESP2 (see ``redis.link.Link``), and no ``CLIENT SETINFO``:
-        two round trips more for every connection a thread opens."""
+        node that never answers), RESP2 (see ``redis.link.Link``), and no ``CLIENT SETINFO``
+        but on TLS (``redis.link.handshake_options``): two round trips more for every
+        connection a thread opens."""
         user, _, password = userinfo.partition(":")
         options: dict[str, Any] = {
             "socket_connect_timeout": timeout, "socket_timeout": timeout, "socket_keepalive": True,
             "protocol": 2,
-            **NO_SETINFO,
+            **handshake_options(scheme.startswith(("rediss", "valkeys"))),
         }
         if user:
             options["username"] = unquote(user)
