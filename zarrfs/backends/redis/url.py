@@ -59,10 +59,12 @@ OWN_OPTIONS = ("prefix", "username", "password", "password_file")
 #: The redis-py options a ``redis://`` URL hands on: the database number (of a ``unix://``
 #: URL), the connection's name, and TLS's settings. The rest of redis-py's keyword
 #: arguments are its internals, or set by zarrfs (``-o timeout=`` bounds every wait).
-REDIS_PY_OPTIONS = frozenset(
-    {"db", "client_name", "ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile", "ssl_password",
-     "ssl_cert_reqs", "ssl_check_hostname", "ssl_min_version"}
+#: TLS's settings (``rediss://``): the authority's certificates, the client's own, checks.
+TLS_OPTIONS = frozenset(
+    {"ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile", "ssl_password", "ssl_cert_reqs",
+     "ssl_check_hostname", "ssl_min_version"}
 )
+REDIS_PY_OPTIONS = frozenset({"db", "client_name"}) | TLS_OPTIONS
 
 
 def check_db(url: RedisURL, cluster: bool = False) -> None:

@@ -27,6 +27,7 @@ from urllib.parse import unquote
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
+from redis.connection import URL_QUERY_ARGUMENT_PARSERS
 
 from ..base import (
     DATA,
@@ -48,7 +49,7 @@ from ..buffered import DELETED
 from ..redis.driver import RedisDriver, RedisTxn, Replay
 from ..redis.index import check_exists, ensure_index, has_index
 from ..redis.link import Link, Links, handshake_options, translate
-from ..redis.url import KeyNames, check_db, check_query, parse_url
+from ..redis.url import TLS_OPTIONS, KeyNames, check_db, check_query, parse_url
 from .about import ABOUT
 from .feed import ClusterFeed
 from .spread import SpreadParts
@@ -394,10 +395,19 @@ class RedisClusterDriver(RedisDriver):
             options["username"] = unquote(user)
         if password:
             options["password"] = unquote(password)
+        tls = scheme.startswith(("rediss", "valkeys"))
         for key, value in query:
             if key in ("password", "username"):
                 options[key] = value
-        if scheme.startswith(("rediss", "valkeys")):
+            elif key in TLS_OPTIONS:
+                if not tls:
+                    raise BackendError(f"{scheme}://: {key} is a TLS setting: use rediss+cluster://")
+                parse = URL_QUERY_ARGUMENT_PARSERS.get(key)  # as redis-py reads a rediss:// URL's
+                try:
+                    options[key] = value if parse is None else parse(value)
+                except ValueError:
+                    raise BackendError(f"{scheme}://: {key}={value} is not a value it takes") from None
+        if tls:
             options["ssl"] = True
         return options
 
