@@ -31,6 +31,7 @@ command -v tar >/dev/null || need+=(tar)
 command -v gdal_translate >/dev/null || need+=(gdal-bin)
 command -v ncdump >/dev/null || need+=(netcdf-bin)
 command -v setfacl >/dev/null || need+=(acl)
+command -v openssl >/dev/null || need+=(openssl)  # the tests' certificates of a TLS redis-server
 # A C compiler for scripts/build_compiled.py (the listing's loop compiled; without one zarrfs runs as pure Python).
 command -v cc >/dev/null || need+=(gcc)
 # The completion installed below is loaded by bash-completion: without it a new shell completes nothing.
