@@ -63,26 +63,27 @@ def _tls_server(work, cluster: bool):
     return proc, port, cert
 
 
-@pytest.fixture(scope="module")
-def tls_redis(tmp_path_factory):
-    """The URL of a redis-server answering only on TLS, its certificate in the URL."""
-    proc, port, cert = _tls_server(tmp_path_factory.mktemp("redis-tls"), cluster=False)
+def _serve(tmp_path_factory, cluster: bool):
+    """A fixture's body: the URL of a server of :func:`_tls_server`, stopped after."""
+    proc, port, cert = _tls_server(tmp_path_factory.mktemp("redis-tls"), cluster)
     try:
-        yield f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={cert}"
+        where = f"+cluster://127.0.0.1:{port}/" if cluster else f"://127.0.0.1:{port}/0"
+        yield f"rediss{where}?ssl_ca_certs={cert}"
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def tls_redis(tmp_path_factory):
+    """The URL of a redis-server answering only on TLS, its certificate in the URL."""
+    yield from _serve(tmp_path_factory, cluster=False)
 
 
 @pytest.fixture(scope="module")
 def tls_cluster(tmp_path_factory):
     """The URL of a Redis Cluster of one master answering only on TLS, its certificate in it."""
-    proc, port, cert = _tls_server(tmp_path_factory.mktemp("redis-tls-cluster"), cluster=True)
-    try:
-        yield f"rediss+cluster://127.0.0.1:{port}/?ssl_ca_certs={cert}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    yield from _serve(tmp_path_factory, cluster=True)
 
 
 @pytest.fixture
