@@ -6,6 +6,7 @@ they waited unread."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -142,9 +143,18 @@ def test_a_tls_cluster_is_opened_with_its_authority_in_the_url(tls_cluster):
         driver.close()
 
 
-def test_a_tls_setting_on_a_plain_cluster_url_is_refused_in_one_line():
-    with pytest.raises(BackendError, match="ssl_ca_certs is a TLS setting: use rediss"):
-        open_driver("redis+cluster://127.0.0.1:1/?prefix=x&ssl_ca_certs=/nowhere")
+@pytest.mark.parametrize(
+    ("url", "use"),
+    [
+        ("redis://127.0.0.1:1/0?prefix=x&ssl_ca_certs=/nowhere", "rediss://"),
+        ("valkey://127.0.0.1:1/0?prefix=x&ssl_cert_reqs=none", "valkeys://"),
+        ("redis+cluster://127.0.0.1:1/?prefix=x&ssl_ca_certs=/nowhere", "rediss+cluster://"),
+    ],
+)
+def test_a_tls_setting_on_a_plain_url_is_refused_saying_which_scheme_takes_it(url, use):
+    """Refused before any connection (redis-py said "unexpected keyword argument")."""
+    with pytest.raises(BackendError, match=re.escape(f"is a TLS setting: use {use}") + "$"):
+        open_driver(url)
 
 
 def test_a_tls_server_mounts_and_a_file_written_reads_back(tls_redis, mount_factory):

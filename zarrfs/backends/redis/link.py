@@ -36,6 +36,7 @@ from ..base import (
     StorageFullError,
     UnavailableError,
 )
+from .url import is_tls
 
 if TYPE_CHECKING:
     from .url import RedisURL
@@ -52,7 +53,6 @@ NO_SETINFO: dict[str, Any] = (
     if importlib.util.find_spec("redis.driver_info") is not None
     else {"lib_name": None, "lib_version": None}
 )
-
 
 
 def handshake_options(tls: bool) -> dict[str, Any]:
@@ -135,7 +135,7 @@ def open_pool(url: RedisURL, timeout: float) -> tuple[redis.ConnectionPool, redi
         socket_timeout=timeout,
         protocol=2,
         **tcp,
-        **handshake_options(url.scheme.lower() in ("rediss", "valkeys")),
+        **handshake_options(is_tls(url.scheme)),
     )
     client = redis.Redis(connection_pool=pool)
     client.ping()

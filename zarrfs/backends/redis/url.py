@@ -95,6 +95,16 @@ def check_query(url: RedisURL, known: set[str] | frozenset[str]) -> None:
             f"{url.where(url.prefix)}: unknown option(s) {', '.join(unknown)}{guess}; known: "
             f"{', '.join(sorted(names))}"
         )
+    tls = [k for k, _ in url.query if k in TLS_OPTIONS]
+    if tls and not is_tls(url.scheme):
+        plain, _, rest = url.scheme.partition("+")
+        secure = ("valkeys" if plain.lower() == "valkey" else "rediss") + (f"+{rest}" if rest else "")
+        raise BackendError(f"{url.where(url.prefix)}: {tls[0]} is a TLS setting: use {secure}://")
+
+
+def is_tls(scheme: str) -> bool:
+    """Whether a Redis URL's scheme connects over TLS (``rediss``, ``valkeys``, their ``+cluster``)."""
+    return scheme.lower().partition("+")[0] in ("rediss", "valkeys")
 
 
 class KeyNames:

@@ -49,7 +49,7 @@ from ..buffered import DELETED
 from ..redis.driver import RedisDriver, RedisTxn, Replay
 from ..redis.index import check_exists, ensure_index, has_index
 from ..redis.link import Link, Links, handshake_options, translate
-from ..redis.url import TLS_OPTIONS, KeyNames, check_db, check_query, parse_url
+from ..redis.url import TLS_OPTIONS, KeyNames, check_db, check_query, is_tls, parse_url
 from .about import ABOUT
 from .feed import ClusterFeed
 from .spread import SpreadParts
@@ -386,22 +386,20 @@ class RedisClusterDriver(RedisDriver):
         but on TLS (``redis.link.handshake_options``): two round trips more for every
         connection a thread opens."""
         user, _, password = userinfo.partition(":")
+        tls = is_tls(scheme)
         options: dict[str, Any] = {
             "socket_connect_timeout": timeout, "socket_timeout": timeout, "socket_keepalive": True,
             "protocol": 2,
-            **handshake_options(scheme.startswith(("rediss", "valkeys"))),
+            **handshake_options(tls),
         }
         if user:
             options["username"] = unquote(user)
         if password:
             options["password"] = unquote(password)
-        tls = scheme.startswith(("rediss", "valkeys"))
         for key, value in query:
             if key in ("password", "username"):
                 options[key] = value
-            elif key in TLS_OPTIONS:
-                if not tls:
-                    raise BackendError(f"{scheme}://: {key} is a TLS setting: use rediss+cluster://")
+            elif key in TLS_OPTIONS:  # on a TLS scheme only (check_query)
                 parse = URL_QUERY_ARGUMENT_PARSERS.get(key)  # as redis-py reads a rediss:// URL's
                 try:
                     options[key] = value if parse is None else parse(value)
