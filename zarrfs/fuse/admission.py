@@ -135,9 +135,9 @@ class Admission:
     def _wait(self, timeout: float | None = None, ready: Callable[[], bool] | None = None) -> None:
         """Wait for a change (called holding :attr:`turn`, which is let go meanwhile).
         ``ready``, asked by the thread making each change (holding the lock), says whether
-        this one may now go on: it is woken only then (None: at every change). A change woke
-        every waiting thread once, each to find its turn not come and wait again: with 16
-        writers queued, 20 wake-ups a file for 5 requests (docs/performance.md)."""
+        this one may now go on: it is woken only then (None: at every change). Woken at every
+        change, each waiting thread would mostly find its turn not come and wait again: with
+        16 writers queued, 20 wake-ups a file of five requests (docs/performance.md)."""
         self.before_wait()
         waiter = _allocate_lock()
         waiter.acquire()
