@@ -233,13 +233,13 @@ class Admission:
         self._readers_waiting.pop(order, None)
         self.readers += 1
         self._busy.add(key)
-        if self._writers_waiting:  # a writer after it waited for it to start
-            self._notify()
         self._local.held = True
         self._local.passed = self.writing  # let in by a writer: it waits for this one to end
         if self.writing:
             self._passed += 1
             self.passes += 1
+        if self._writers_waiting:  # a writer after it waited for it to start
+            self._notify()
 
     def _free(self, key: Hashable, order: float) -> bool:
         """Whether a reader about ``key`` at ``order`` may start: no reader of that key runs,
