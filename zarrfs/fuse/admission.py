@@ -207,9 +207,6 @@ class Admission:
             before = self._writers_waiting and min(self._writers_waiting) < order
             return bool(through or door or not (self.writing or before)) and self._free(key, order)
 
-        def ready() -> bool:
-            return cancelled() or may_go()
-
         try:
             self._saw(order)
             while True:
@@ -224,7 +221,7 @@ class Admission:
                     self._wait(None if gap_until == _UNTIL_ASKED else max(0.0, left))
                     self._gap_waiters -= 1
                     continue
-                self._wait(None, ready)
+                self._wait(None, lambda: cancelled() or may_go())  # made only to wait
         except BaseException:
             self._readers_waiting.pop(order, None)
             self._notify()
@@ -298,9 +295,6 @@ class Admission:
                 or (self._readers_waiting and min(self._readers_waiting) < order)
             )
 
-        def ready() -> bool:
-            return cancelled() or first() or (passing is not None and self._may_pass(order, *passing))
-
         try:
             self._saw(order)
             while True:
@@ -315,8 +309,9 @@ class Admission:
                     if gap_until is None:
                         passed = True
                         break
-                if gap_until is None:
-                    self._wait(None, ready)
+                if gap_until is None:  # the test made only to wait
+                    self._wait(None, lambda: cancelled() or first() or (
+                        passing is not None and self._may_pass(order, *passing)))
                 else:  # requests before it not seen yet: any change may be theirs
                     self._wait(max(0.0, gap_until - time.monotonic()))
         except BaseException:
