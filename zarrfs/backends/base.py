@@ -54,6 +54,7 @@ from .checks import (
 from .errors import (
     BackendError,
     DriverNotFoundError,
+    GuessedWrongError,
     InterruptedCallError,
     InvalidKeyError,
     KeyTooLongError,
@@ -90,6 +91,7 @@ __all__ = [
     "DriverNotFoundError",
     "Fetch",
     "Get",
+    "GuessedWrongError",
     "HasPrefix",
     "InterruptedCallError",
     "InvalidKeyError",
@@ -564,6 +566,11 @@ class Driver(ABC):
             try:
                 with self._begin(write) as txn:
                     return fn(txn)
+            except GuessedWrongError:
+                attempt += 1  # nothing was written: again at once, reading
+                if attempt > self.max_attempts:
+                    raise
+                continue
             except RetryableError:
                 if attempt >= self.max_attempts and time.monotonic() >= give_up:
                     raise

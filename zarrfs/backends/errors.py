@@ -12,6 +12,11 @@ class RetryableError(BackendError):
     """A conflict or a busy database: running the transaction again may succeed."""
 
 
+class GuessedWrongError(RetryableError):
+    """A transaction that took answers without reading them (what it last saw) found one
+    wrong at its commit, which wrote nothing: it runs again at once, reading."""
+
+
 class UnavailableError(BackendError):
     """The database cannot be reached (a dead Redis, a vanished file)."""
 

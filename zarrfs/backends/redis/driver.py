@@ -32,11 +32,24 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ..base import DATA, BackendError, Driver, Fetch, HasPrefix, RetryableError, Size, Space, Txn, bytes_stop
+from ..base import (
+    DATA,
+    BackendError,
+    Driver,
+    Fetch,
+    GuessedWrongError,
+    HasPrefix,
+    RetryableError,
+    Size,
+    Space,
+    Txn,
+    bytes_stop,
+)
 from ..buffered import DELETED
 from .about import ABOUT
-from .commit import commit
+from .commit import commit, guessed
 from .feed import RedisFeed
+from .guesses import Guesses, Taken
 from .index import IndexScans, Report, check_exists, ensure_index, has_index, reindex, scan_keyspace
 from .link import (
     BIG_ARG,
@@ -87,11 +100,24 @@ class RedisTxn(Txn):
         self._asked: list[tuple[list[bytes], tuple[tuple[Any, ...], ...]]] = []
         self._replay = None if write else driver.replay.take()
         self._answers: dict[tuple[Any, ...], Any] | None = None
+        # A write transaction's reads answered from what the mount last saw (``guesses``),
+        # checked by its commit; none in a run after a wrong guess.
+        guesses = driver.guesses
+        self._taken: Taken | None = None
+        if write and guesses is not None and not driver.reading.take() and guesses.wanted():
+            self._taken = Taken()
 
     def __enter__(self) -> RedisTxn:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        taken = self._taken
+        if taken and isinstance(exc, Exception) and not isinstance(exc, BackendError):
+            # Raised by a run on guessed answers (a folder guessed absent, say): nothing was
+            # sent; the run again reads for real, and raises what holds.
+            self.finish(False)
+            self._d.reading.keep()
+            raise GuessedWrongError(f"{self.where}: a guessed read was wrong ({exc!r})") from exc
         self.finish(exc_type is None)
 
     # -- reads ------------------------------------------------------------------------------
@@ -111,6 +137,22 @@ class RedisTxn(Txn):
     def _query(self, names: list[bytes], *commands: tuple[Any, ...]) -> list[Any]:
         if self._apart:
             names = []
+        taken = self._taken
+        if taken is not None and names and not self._queued:
+            answers = taken.answer(self._d.guesses, commands)  # type: ignore[arg-type]
+            if answers is not None:
+                alongside, self._alongside = self._alongside, None
+                if alongside is not None:
+                    alongside()
+                return answers
+        replies = self._ask(names, commands)
+        guesses = self._d.guesses
+        if guesses is not None:
+            guesses.learn(commands, replies)
+        return replies
+
+    def _ask(self, names: list[bytes], commands: tuple[tuple[Any, ...], ...]) -> list[Any]:
+        """The server's replies to ``commands``, ``names`` watched (see :meth:`_watch`)."""
         if not self.write and names:
             self._asked.append((names, commands))
             if self._replay is not None:
@@ -314,9 +356,13 @@ class RedisTxn(Txn):
 
     # -- commit -------------------------------------------------------------------------------
     def finish(self, ok: bool) -> None:
-        """Commit the buffered writes in one ``MULTI``/``EXEC`` (one round trip), or drop them."""
+        """Commit the buffered writes in one ``MULTI``/``EXEC`` (one round trip), or drop them;
+        with the checks of guessed answers, as one script (even with nothing to write)."""
         link = self._link
         try:
+            if ok and self._taken:
+                self._commit(link)
+                return
             if not ok or not self._pending:
                 if ok and not self.write and self._watched and self._round_trips > 1:
                     self._check_unchanged(link)
@@ -338,8 +384,36 @@ class RedisTxn(Txn):
             raise RetryableError(f"{self.where}: a key read changed before the last read; read again")
 
     def _commit(self, link: Link) -> None:
-        """Send the buffered writes (see ``commit``)."""
-        commit(link, self._pending, self._keys, self.where)
+        """Send the buffered writes (see ``commit``), with the checks of guessed answers when
+        any was taken: a wrong one is a :class:`GuessedWrongError`, and the next run reads."""
+        guesses, taken = self._d.guesses, self._taken
+        if guesses is None or not taken:
+            commit(link, self._pending, self._keys, self.where, guesses)
+            return
+        try:
+            held = guessed(link, self._pending, self._keys, self.where, guesses, taken)
+        except BaseException:
+            self._d.reading.keep()
+            raise
+        if not held:
+            guesses.missed(taken)
+            self._d.reading.keep()
+            raise GuessedWrongError(f"{self.where}: a guessed read was wrong; read again")
+        guesses.held()
+
+
+class Reading(threading.local):
+    """Per thread, whether its next write transaction reads for real (it runs again after a
+    wrong guess, or after a guessing run failed otherwise)."""
+
+    next = False
+
+    def keep(self) -> None:
+        self.next = True
+
+    def take(self) -> bool:
+        now, self.next = self.next, False
+        return now
 
 
 class Replay(threading.local):
@@ -366,6 +440,8 @@ class RedisDriver(Driver):
     max_attempts = 25
     keeps_index = True  # the sorted set a RedisStore client does not keep up
     takes_create = True
+    #: What write transactions may take without reading (``guesses``); None: they read.
+    guesses: Guesses | None = None
 
     def __init__(
         self, url: str, readonly: bool = False, build_index: bool = True, create: bool = True
@@ -386,6 +462,8 @@ class RedisDriver(Driver):
         check_query(parsed, ABOUT.options)
         check_db(parsed)
         self.replay = Replay()
+        self.reading = Reading()
+        self.guesses = Guesses()
         self._links = Links(self)
         self.feed: RedisFeed | None = None  # started by the first changes() (a mount's)
         try:
@@ -447,7 +525,17 @@ class RedisDriver(Driver):
         if since is None:
             self.feed.changes()  # nothing from before counts
             return 0, []
-        return since + 1, self.feed.changes()
+        changed = self.feed.changes()
+        guesses = self.guesses
+        if guesses is not None and changed != []:
+            if changed is None:
+                guesses.clear()
+            else:
+                raws = [(space, key.encode("utf-8", "surrogateescape")) for space, key in changed]
+                names, index = self.key_names.name, self.key_names.index
+                guesses.forget([names(space, raw) for space, raw in raws],
+                               [(index[space], raw) for space, raw in raws if space in index])
+        return since + 1, changed
 
     def feed_fileno(self) -> int | None:
         """The feed connection's socket (readable when the server pushed changes)."""

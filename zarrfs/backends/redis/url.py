@@ -126,6 +126,8 @@ class KeyNames:
         #: The channel ``zarrfs reindex`` tells the mounts' change feeds on that it changed the
         #: index (an index write is no data key's: no invalidation says so).
         self.reindexed = b"zarrfs.reindexed." + p
+        #: Written by a commit's checks that failed, to stop its EXEC (``commit.CHECK``).
+        self.guard = b"zarrfs.guard." + p
         self._prefixes = {DATA: self.data_prefix, SIDE: self.side_prefix}
 
     def name(self, space: Space, raw: bytes) -> bytes:
