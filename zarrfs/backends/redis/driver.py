@@ -47,7 +47,7 @@ from ..base import (
 )
 from ..buffered import DELETED
 from .about import ABOUT
-from .commit import commit, guessed
+from .commit import commit, guessed, guesses_for
 from .feed import RedisFeed
 from .guesses import Guesses, Taken
 from .index import IndexScans, Report, check_exists, ensure_index, has_index, reindex, scan_keyspace
@@ -463,7 +463,6 @@ class RedisDriver(Driver):
         check_db(parsed)
         self.replay = Replay()
         self.reading = Reading()
-        self.guesses = Guesses()
         self._links = Links(self)
         self.feed: RedisFeed | None = None  # started by the first changes() (a mount's)
         try:
@@ -480,6 +479,8 @@ class RedisDriver(Driver):
         else:
             self.indexed = has_index(self.client, self.key_names, self.where)
         self.max_value = bulk_limit(self.client)
+        if not self.readonly:
+            self.guesses = guesses_for(self.client, self.where)
 
     def set_timeout(self, seconds: float) -> None:
         """Bound the waits of later calls, and of the connections held now, to ``seconds``."""

@@ -25,6 +25,7 @@ reads for a server-side check.
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections.abc import Iterable, Sequence
 from hashlib import sha1
@@ -36,9 +37,12 @@ from ..buffered import DELETED
 
 #: Longest value kept whole (metadata documents, side records); longer: its length alone.
 KEEP = 4096
-#: Names and ranges kept at most (about a megabyte at most of values this size).
+#: Names, bytes of their values and ranges kept at most (a few MiB in all).
 NAMES = 16384
+BYTES = 2 << 20
 RANGES = 4096
+#: Members of a range kept at most (prefix reads ask for the first one or few).
+MEMBERS = 8
 #: Write transactions run reading for real after a wrong guess; doubled at each wrong one
 #: in a row, up to :data:`MOST_SKIPS`, and back to this once a guess holds.
 SKIPS = 8
@@ -79,7 +83,8 @@ class Guesses:
         #: ``(index, prefix)`` -> (whether the members are all of the range, its first members),
         #: or MISS
         self.ranges: dict[tuple[bytes, bytes], Any] = {}
-        self._lock = threading.Lock()
+        self._bytes = 0  # of the values in names
+        self._lock = threading.Lock()  # every change of the tables
         self._skip = 0
         self._skips = SKIPS
         #: False once the server refused the commit's checks (a script): guessing stops.
@@ -105,76 +110,91 @@ class Guesses:
         self.holds += 1
 
     def missed(self, taken: Taken) -> None:
-        """A commit of guessed reads failed (or the transaction raised): what it took is
-        forgotten, and the next write transactions read for real."""
+        """A commit of guessed reads failed: what it took is not known any more, and the next
+        write transactions read for real."""
         self.misses += 1
         self._skip = self._skips
         self._skips = min(self._skips * 2, MOST_SKIPS)
-        names, ranges = self.names, self.ranges
-        for name in taken.names:
-            names[name] = MISS
-        for key in taken.ranges:
-            ranges[key] = MISS
+        with self._lock:
+            for name in taken.names:
+                self._keep(name, MISS)
+            for key in taken.ranges:
+                self.ranges[key] = MISS
 
     # -- learning -------------------------------------------------------------------------
+    def _keep(self, name: bytes, fact: Any) -> None:
+        """Set a name's fact (the lock held): a value longer than :data:`KEEP`, its length."""
+        names = self.names
+        old = names.get(name)
+        if type(old) is bytes:
+            self._bytes -= len(old)
+        if isinstance(fact, bytes | bytearray | memoryview):
+            if len(fact) > KEEP:
+                fact = len(fact)
+            else:
+                fact = bytes(fact)
+                self._bytes += len(fact)
+        names[name] = fact
+
     def learn(self, commands: Sequence[tuple[Any, ...]], replies: list[Any]) -> None:
         """Keep what the server answered to ``commands`` (a read's pipeline): each ``GET`` and
         ``MGET``, each ``EXISTS`` followed by a ``STRLEN`` of the same name, each prefix read
         of an index."""
-        names = self.names
+        keep, names = self._keep, self.names
         previous: tuple[Any, ...] | None = None
         previous_reply: Any = None
-        for command, reply in zip(commands, replies, strict=False):
-            op = command[0]
-            if op == "STRLEN" and previous and previous[0] == "EXISTS" and previous[1] == command[1]:
-                name = command[1]
-                exists = previous_reply
-                if isinstance(exists, int) and isinstance(reply, int):
-                    if not exists:
-                        names[name] = None
-                    else:
-                        known = names.get(name)
-                        if not (isinstance(known, bytes) and len(known) == reply):
-                            names[name] = reply
-            elif op == "GET":
-                self._value(command[1], reply)
-            elif op == "MGET" and isinstance(reply, list):
-                for name, value in zip(command[1:], reply, strict=False):
-                    self._value(name, value)
-            elif op == "ZRANGEBYLEX" and isinstance(reply, list):
-                raw = prefix_of(command)
-                if raw is not None:
-                    self.ranges[(command[1], raw)] = (len(reply) < command[6], reply)
-            previous, previous_reply = command, reply
-        self._bound()
+        with self._lock:
+            for command, reply in zip(commands, replies, strict=False):
+                op = command[0]
+                if op == "STRLEN" and previous and previous[0] == "EXISTS" and previous[1] == command[1]:
+                    if isinstance(previous_reply, int) and isinstance(reply, int):
+                        name = command[1]
+                        if not previous_reply:
+                            keep(name, None)
+                        else:
+                            known = names.get(name)
+                            if not (type(known) is bytes and len(known) == reply):
+                                keep(name, reply)
+                elif op == "GET":
+                    if reply is None or isinstance(reply, bytes | bytearray):
+                        keep(command[1], reply)
+                elif op == "MGET" and isinstance(reply, list):
+                    for name, value in zip(command[1:], reply, strict=False):
+                        if value is None or isinstance(value, bytes | bytearray):
+                            keep(name, value)
+                elif op == "ZRANGEBYLEX" and isinstance(reply, list):
+                    raw = prefix_of(command)
+                    if raw is not None:
+                        self._range((command[1], raw), len(reply) < command[6], reply)
+                previous, previous_reply = command, reply
+            self._bound()
 
-    def _value(self, name: bytes, value: Any) -> None:
-        if value is None:
-            self.names[name] = None
-        elif isinstance(value, bytes | bytearray):
-            self.names[name] = bytes(value) if len(value) <= KEEP else len(value)
+    def _range(self, key: tuple[bytes, bytes], whole: bool, members: list[bytes]) -> None:
+        if len(members) > MEMBERS:
+            whole, members = False, members[:MEMBERS]
+        self.ranges[key] = (whole, members)
 
     def wrote(self, pending: dict, name_of: Any, index_of: dict, taken: Taken | None = None) -> None:
         """Keep what a commit that held wrote: ``pending`` as the transaction buffered it
         (``(space, raw)`` -> value or ``DELETED``), ``name_of(space, raw)`` its key,
         ``index_of[space]`` the listing index it is listed in; and the answers it ``taken``,
         which its checks found true (a new folder's range, guessed empty, is then known)."""
-        names = self.names
+        keep = self._keep
         with self._lock:
             if taken is not None:
-                names.update(taken.names)
+                for name, fact in taken.names.items():
+                    keep(name, fact)
                 for key, (_whole, members, most) in taken.ranges.items():
                     shown = members[:most]
-                    self.ranges[key] = (len(shown) < most, shown)
+                    self._range(key, len(shown) < most, shown)
             for (space, raw), value in pending.items():
-                name = name_of(space, raw)
                 if value is DELETED:
-                    names[name] = None
+                    keep(name_of(space, raw), None)
                     self._listed(index_of[space], raw, False)
                 else:
-                    names[name] = bytes(value) if len(value) <= KEEP else len(value)
+                    keep(name_of(space, raw), value)
                     self._listed(index_of[space], raw, True)
-        self._bound()
+            self._bound()
 
     def _listed(self, index: bytes, member: bytes, added: bool) -> None:
         """Bring the ranges of ``index`` holding ``member`` up to its addition or removal."""
@@ -196,37 +216,47 @@ class Guesses:
                     ranges[key] = MISS
             elif added:
                 if whole or (members and member < members[-1]):
-                    limit = len(members) if not whole else len(members) + 1
-                    grown = sorted([*members, member])[:limit]
-                    ranges[key] = (whole, grown)
+                    grown = members[:]
+                    bisect.insort(grown, member)
+                    if not whole:
+                        grown.pop()  # as many as were known
+                    self._range(key, whole, grown)
             elif not whole and members and member < members[-1]:
                 ranges[key] = MISS  # not as thought: read it again
 
     def forget(self, names: Iterable[bytes], prefixes: Iterable[tuple[bytes, bytes]] = ()) -> None:
-        """Another client changed these names (the change feed): their facts go, and those of
-        the ranges of an index (``(index, raw)``) that hold such a key."""
-        known = self.names
-        for name in names:
-            known[name] = MISS
-        ranges = self.ranges
-        for index, raw in prefixes:
-            at = raw.find(b"/")
-            while at >= 0:
-                ranges[(index, raw[: at + 1])] = MISS
-                at = raw.find(b"/", at + 1)
-        self._bound()
+        """Another client changed these names (the change feed): they are not known any more,
+        nor the ranges of an index (``(index, raw)``) that hold such a key."""
+        with self._lock:
+            for name in names:
+                self._keep(name, MISS)
+            ranges = self.ranges
+            for index, raw in prefixes:
+                at = raw.find(b"/")
+                while at >= 0:
+                    ranges[(index, raw[: at + 1])] = MISS
+                    at = raw.find(b"/", at + 1)
+            self._bound()
 
     def clear(self) -> None:
         """Forget everything (the feed lost, or a ``FLUSHDB``)."""
-        self.names.clear()
-        self.ranges.clear()
+        with self._lock:
+            self.names.clear()
+            self.ranges.clear()
+            self._bytes = 0
 
     def _bound(self) -> None:
-        for table, most in ((self.names, NAMES), (self.ranges, RANGES)):
-            over = len(table) - most
-            if over > 0:
-                for key in list(islice(table, over + most // 8)):
-                    table.pop(key, None)
+        """Oldest first out, to :data:`NAMES` names and :data:`BYTES` of values, and
+        :data:`RANGES` ranges (the lock held)."""
+        names = self.names
+        if len(names) > NAMES or self._bytes > BYTES:
+            for name in list(islice(names, len(names) // 8 + 1)):
+                self._keep(name, None)
+                del names[name]
+        ranges = self.ranges
+        if len(ranges) > RANGES:
+            for key in list(islice(ranges, len(ranges) // 8 + 1)):
+                del ranges[key]
 
 
 class Taken:
