@@ -166,6 +166,7 @@ def guessed(
     held, result = replies[1], replies[-1]
     if isinstance(result, list):
         if held != 1:  # the checks did not run (refused), and could not stop the writes
+            guesses.usable = False
             log.error("%s: a commit's checks were refused (%s); its writes went through", where, held)
         for reply in result:
             if isinstance(reply, Exception):
@@ -174,15 +175,14 @@ def guessed(
         return True
     if held == 0:
         return False
-    if isinstance(held, Exception) and not str(held).startswith("OOM"):
-        guesses.usable = False  # a server that refuses scripts: never again (see Guesses)
-        log.warning("%s: commits read before they write (their checks were refused: %s)", where, held)
-        return False
     if result is None:
         raise RetryableError(f"{where}: write conflict (a watched key changed)")
-    if "EXECABORT" in str(result) or any(str(r).startswith("OOM") for r in replies[3:-1]):
-        return False  # refused while queueing (full): the run again meets it as it always did
-    raise translate(result, where)
+    # Refused while queueing: a full server (the run again meets it as it always did), or
+    # what any commit hears (a moved slot), raised as such.
+    refused = [r for r in replies[:-1] if isinstance(r, Exception)]
+    if any(str(r).startswith("OOM") for r in refused):
+        return False
+    raise translate(refused[0] if refused else result, where)
 
 
 # Deletes KEYS[1..ARGV[1]], then, for each further key (a sorted set), removes the number of

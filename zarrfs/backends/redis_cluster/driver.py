@@ -46,7 +46,8 @@ from ..base import (
     bytes_stop,
 )
 from ..buffered import DELETED
-from ..redis.driver import RedisDriver, RedisTxn, Replay
+from ..redis.commit import guesses_for
+from ..redis.driver import Reading, RedisDriver, RedisTxn, Replay
 from ..redis.index import check_exists, ensure_index, has_index
 from ..redis.link import Link, Links, handshake_options, translate
 from ..redis.url import TLS_OPTIONS, KeyNames, check_db, check_query, is_tls, parse_url
@@ -305,6 +306,7 @@ class RedisClusterDriver(RedisDriver):
         self.key_names = KeyNames(prefix)
         self.scripts = [True]  # as RedisDriver's: the listing's script runs on the home master
         self.replay = Replay()  # as RedisDriver's: a read that failed its check, per thread
+        self.reading = Reading()  # as RedisDriver's: a write run again after a wrong guess
         check_query(parsed, ABOUT.options)
         check_db(parsed, cluster=True)
         self._options = self._connection_options(parsed.scheme, parsed.userinfo, parsed.query, self.timeout)
@@ -330,6 +332,8 @@ class RedisClusterDriver(RedisDriver):
         except BaseException:
             self.close()
             raise
+        if not self.readonly:  # the home master's (every key of the hierarchy is in its slot)
+            self.guesses = guesses_for(self.client, self.where)
         self.spread: SpreadParts | None = None
         if _flag(parsed.query, "spread", self.where):
             masters = len(self.cluster.get_primaries())
