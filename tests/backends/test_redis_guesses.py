@@ -81,6 +81,10 @@ def test_a_folder_range_follows_this_mounts_commits():
     assert Taken().answer(g, (prefix_read(b"e/"),)) == [[b"e/0"]]
     wrote(g, {b"e/0": DELETED})
     assert Taken().answer(g, (prefix_read(b"e/"),)) is None
+    # of the first members known, a removal of the first leaves the next ones known
+    g.learn([prefix_read(b"f/", MEMBERS)], [[b"f/%d" % i for i in range(1, MEMBERS + 1)]])
+    wrote(g, {b"f/1": DELETED})
+    assert Taken().answer(g, (prefix_read(b"f/"),)) == [[b"f/2"]]
     # a folder's range grows to MEMBERS, then holds its first ones
     wrote(g, {b"d/%02d" % i: b"x" for i in range(MEMBERS + 4)})
     assert Taken().answer(g, (prefix_read(b"d/", MEMBERS),)) == [[b"d/%02d" % i for i in range(MEMBERS)]]

@@ -49,7 +49,7 @@ from ..buffered import DELETED
 from .about import ABOUT
 from .commit import commit, guessed, guesses_for
 from .feed import RedisFeed
-from .guesses import Guesses, Taken
+from .guesses import MEMBERS, Guesses, Taken
 from .index import IndexScans, Report, check_exists, ensure_index, has_index, reindex, scan_keyspace
 from .link import (
     BIG_ARG,
@@ -117,6 +117,8 @@ class RedisTxn(Txn):
             # sent; the run again reads for real, and raises what holds.
             self.finish(False)
             self._d.reading.keep()
+            import logging
+            logging.getLogger("zarrfs").error("BODYEXC %r", exc)
             raise GuessedWrongError(f"{self.where}: a guessed read was wrong ({exc!r})") from exc
         self.finish(exc_type is None)
 
@@ -134,7 +136,12 @@ class RedisTxn(Txn):
         self._watched.update(fresh)
         return [("WATCH", *fresh)]
 
-    def _query(self, names: list[bytes], *commands: tuple[Any, ...]) -> list[Any]:
+    def _query(self, names: list[bytes], *commands: tuple[Any, ...], wide: bool = False) -> list[Any]:
+        """Replies to ``commands``, ``names`` watched: a write transaction's from what the mount
+        saw when it can (``guesses``), else the server's, kept for later guesses. ``wide``: a
+        prefix read may return more members than it asks for (``_read_many``'s, which needs
+        one not hidden): it asks for :data:`MEMBERS`, which a removal of the first leaves
+        known."""
         if self._apart:
             names = []
         taken = self._taken
@@ -145,10 +152,15 @@ class RedisTxn(Txn):
                 if alongside is not None:
                     alongside()
                 return answers
-        replies = self._ask(names, commands)
         guesses = self._d.guesses
-        if guesses is not None:
-            guesses.learn(commands, replies)
+        if guesses is None:
+            return self._ask(names, commands)
+        if wide:
+            commands = tuple(
+                (*c[:6], MEMBERS) if c[0] == "ZRANGEBYLEX" and c[6] < MEMBERS else c for c in commands
+            )
+        replies = self._ask(names, commands)
+        guesses.learn(commands, replies)
         return replies
 
     def _ask(self, names: list[bytes], commands: tuple[tuple[Any, ...], ...]) -> list[Any]:
@@ -307,7 +319,7 @@ class RedisTxn(Txn):
             commands.append(("ZRANGEBYLEX", index, b"[" + raw, high, "LIMIT", 0, 1 + len(hidden)))
         if gets:  # a lone GET stays one: its large value is received straight (link)
             commands.append(("MGET", *gets) if len(gets) > 1 else ("GET", gets[0]))
-        replies = self._query(names, *commands) if commands else []
+        replies = self._query(names, *commands, wide=True) if commands else []
         got = (replies[-1] if len(gets) > 1 else replies[-1:]) if gets else []
         out: list[Any] = []
         for step in plan_out:

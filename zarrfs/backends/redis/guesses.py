@@ -41,7 +41,8 @@ KEEP = 4096
 NAMES = 16384
 BYTES = 2 << 20
 RANGES = 4096
-#: Members of a range kept at most (prefix reads ask for the first one or few).
+#: Members of a range kept at most; a prefix read asks for as many (it needs the first one or
+#: few), so that a removal of the first leaves the next known.
 MEMBERS = 8
 #: Write transactions run reading for real after a wrong guess; doubled at each wrong one
 #: in a row, up to :data:`MOST_SKIPS`, and back to this once a guess holds.
@@ -210,10 +211,9 @@ class Guesses:
             if member in members:
                 if added:
                     continue
-                if whole:
-                    ranges[key] = (True, [m for m in members if m != member])
-                else:  # the member after the ones known is not known
-                    ranges[key] = MISS
+                rest = [m for m in members if m != member]
+                # Of a range known in part, the first ones but one are still known.
+                ranges[key] = (whole, rest) if whole or rest else MISS
             elif added:
                 if whole or (members and member < members[-1]):
                     grown = members[:]

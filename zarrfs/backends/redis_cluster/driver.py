@@ -130,9 +130,9 @@ class RedisClusterTxn(RedisTxn):
         if self._spread is not None:
             self.spaces = OWN_SPACES
 
-    def _query(self, names: list[bytes], *commands: tuple[Any, ...]) -> list[Any]:
+    def _query(self, names: list[bytes], *commands: tuple[Any, ...], wide: bool = False) -> list[Any]:
         try:
-            return super()._query(names, *commands)
+            return super()._query(names, *commands, wide=wide)
         except BackendError as exc:
             raise self._d.rerouted(exc, self._link) from exc
 
