@@ -174,3 +174,28 @@ def test_a_commit_of_wrong_guesses_writes_nothing(driver, redis_server):
         assert (driver.guesses.holds, driver.guesses.misses) == (0, 1)
     finally:
         other.close()
+
+
+def test_what_a_run_learnt_is_kept_only_when_it_commits(driver, redis_server):
+    """``Txn.after_commit``: a run that takes a wrong guess (or conflicts) and runs again
+    leaves nothing it learnt; the run that commits does (the format layer's trust in a
+    consolidated document was kept from a run on guesses: tests/format/test_consolidated_trust.py)."""
+    other = open_driver(redis_server.url(0, prefix=driver.prefix))
+    try:
+        driver.put("v", b"old")
+        kept: list[bytes] = []
+
+        def learn(t):
+            seen = t.get("v")
+            if not kept and seen == b"old":
+                other.put("v", b"new")  # the guess of "old" is wrong by the commit
+            t.after_commit(lambda: kept.append(seen))
+            t.put("w", seen)
+
+        driver.transact(learn)
+        assert kept == [b"new"] and driver.get("w") == b"new"
+        reads = []
+        driver.transact(lambda t: t.after_commit(lambda: reads.append(1)), write=False)
+        assert reads == [1]  # a read transaction's: at once
+    finally:
+        other.close()

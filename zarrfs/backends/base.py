@@ -138,6 +138,8 @@ class Txn(ABC):
     #: Bytes this write transaction put: a small one (deletes, a truncation, attributes) may
     #: use the room a driver keeps in reserve on a full disk (see :meth:`Driver.transact`).
     put_bytes = 0
+    _after: list[Callable[[], Any]] | None = None  # see after_commit
+    _notes: dict[str, Any] | None = None  # see notes
 
     def __init__(self, write: bool, where: str, max_key: int | None = None) -> None:
         #: Whether this transaction may write.
@@ -146,6 +148,26 @@ class Txn(ABC):
         self.where = where
         #: Longest key in UTF-8 bytes the database holds (None: no limit).
         self.max_key = max_key
+
+    def after_commit(self, fn: Callable[[], Any]) -> None:
+        """Call ``fn()`` once this write transaction has committed (a read transaction: now).
+        What a caller learns from a run's reads (a cache) may be kept only if the run commits:
+        a run may read what changes before its commit, or take answers its commit checks
+        (Redis), and a run that fails is run again."""
+        if not self.write:
+            fn()
+            return
+        if self._after is None:
+            self._after = []
+        self._after.append(fn)
+
+    @property
+    def notes(self) -> dict[str, Any]:
+        """Scratch space of the layers above, for this run of the transaction only (what they
+        found in it that a later step of the same run may use)."""
+        if self._notes is None:
+            self._notes = {}
+        return self._notes
 
     # -- the public API: checks, then a primitive ---------------------------------------------------
     # get and size run on every lookup: their checks are inlined (the same as encode_key and
@@ -565,7 +587,13 @@ class Driver(ABC):
         while True:
             try:
                 with self._begin(write) as txn:
-                    return fn(txn)
+                    result = fn(txn)
+                after = txn._after
+                if after:  # committed: what the run learnt from its reads holds
+                    txn._after = None
+                    for later in after:
+                        later()
+                return result
             except GuessedWrongError:
                 attempt += 1  # nothing was written: again at once, reading
                 if attempt > self.max_attempts:

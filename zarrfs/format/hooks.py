@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .consolidated import (
@@ -70,6 +71,16 @@ _CACHE_LIMIT = 64
 #: unchecked, never refuses one.
 OUTSIDE_TTL = 1.0
 OUTSIDE_LIMIT = 4096
+
+
+def _once_committed(txn: Any, fn: Callable[[], Any]) -> None:
+    """Call ``fn()`` once ``txn`` has committed (``Txn.after_commit``), or now when ``txn``
+    says nothing of commits (a reader of a folder, a check's)."""
+    later = getattr(txn, "after_commit", None)
+    if later is None:
+        fn()
+    else:
+        later(fn)
 
 
 class FormatHooks:
@@ -136,10 +147,13 @@ class FormatHooks:
                 return
             node = enclosing_node(key, txn.get, txn.get_many)
             if node is None:
-                if len(self._outside) >= OUTSIDE_LIMIT:
-                    self._outside.clear()
-                self._outside[folder] = self._clock()
+                _once_committed(txn, partial(self._found_outside, folder, self._clock()))
             self._judge(chunk_key_problems(key, node))
+
+    def _found_outside(self, folder: str, when: float) -> None:
+        if len(self._outside) >= OUTSIDE_LIMIT:
+            self._outside.clear()
+        self._outside[folder] = when
 
     def _is_outside(self, folder: str) -> bool:
         """Whether ``folder`` was found outside every Zarr node less than
@@ -285,7 +299,7 @@ class FormatHooks:
         loaded = self._load(txn, doc_key)
         if loaded is None:
             return False
-        if self._verified.get(doc_key) != loaded[0]:
+        if not self._is_verified(txn, doc_key, loaded[0]):
             raw = bytes(loaded[0])
             keys = self._keys_below(txn, doc_key)
             if is_stale(doc_key, raw, keys, txn.get, ahead=True):
@@ -295,7 +309,7 @@ class FormatHooks:
                 log.info("%s: consolidated metadata was stale; rebuilt from the hierarchy", doc_key)
                 txn.put(doc_key, new_raw)
                 self._docs.pop(doc_key, None)
-                self._verified[doc_key] = new_raw
+                self._verify(txn, doc_key, new_raw)
                 return True
         _, doc = loaded
         if v3 and not isinstance(doc.get("consolidated_metadata"), dict):
@@ -314,10 +328,26 @@ class FormatHooks:
             self._docs.clear()
             self._verified.clear()
         self._docs[doc_key] = (raw, doc)
-        self._verified[doc_key] = raw
+        self._verify(txn, doc_key, raw)
         return True
 
     # ------------------------------------------------------------------ trusted documents
+    def _is_verified(self, txn: Any, doc_key: str, raw: Any) -> bool:
+        """Whether the document ``raw`` at ``doc_key`` is known to match the hierarchy: found
+        so by a committed transaction, or earlier in this one (:meth:`_verify`)."""
+        if self._verified.get(doc_key) == raw:
+            return True
+        notes = getattr(txn, "notes", None)
+        return notes is not None and notes.get(("verified", doc_key)) == raw
+
+    def _verify(self, txn: Any, doc_key: str, raw: bytes) -> None:
+        """``raw`` at ``doc_key`` matches the hierarchy, as this transaction read it: known for
+        the rest of it, and kept once it commits (a run on reads that did not hold, run
+        again, must not leave it trusted)."""
+        notes = getattr(txn, "notes", None)
+        if notes is not None:
+            notes[("verified", doc_key)] = raw
+        _once_committed(txn, partial(self._verified.__setitem__, doc_key, raw))
     @staticmethod
     def _keys_below(txn: Any, doc_key: str) -> list[str]:
         folder = split_key(doc_key)[0]
@@ -337,13 +367,13 @@ class FormatHooks:
                 return value  # a node's own document, no consolidated map in it
         keys = self._keys_below(txn, key)
         if not is_stale(key, raw, keys, txn.get, ahead=True):  # kept byte for byte
-            self._verified[key] = raw
+            self._verify(txn, key, raw)
             return value
         new_raw = rebuilt(key, raw, keys, txn.get)
         if new_raw is None:
             return value
         log.info("%s: the consolidated metadata written was stale; stored as the hierarchy holds it", key)
-        self._verified[key] = new_raw
+        self._verify(txn, key, new_raw)
         return new_raw
 
     def _create_root(self, txn: Any, v3: bool) -> None:

@@ -117,8 +117,6 @@ class RedisTxn(Txn):
             # sent; the run again reads for real, and raises what holds.
             self.finish(False)
             self._d.reading.keep()
-            import logging
-            logging.getLogger("zarrfs").error("BODYEXC %r", exc)
             raise GuessedWrongError(f"{self.where}: a guessed read was wrong ({exc!r})") from exc
         self.finish(exc_type is None)
 
