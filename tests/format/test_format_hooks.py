@@ -193,6 +193,30 @@ class _Reads:
         self.reads += len(keys)
         return [self.data.get(k) for k in keys]
 
+    def after_commit(self, fn) -> None:
+        fn()  # each store here is a transaction that committed
+
+    @property
+    def notes(self) -> dict:
+        return {}
+
+
+class _Failing(_Reads):
+    """A run whose commit fails (it is run again): what it learnt is not kept."""
+
+    def after_commit(self, fn) -> None:
+        pass
+
+
+def test_a_folder_found_outside_by_a_run_that_did_not_commit_is_read_again():
+    hooks = FormatHooks()
+    failing = _Failing({})
+    hooks.store(failing, "plain/a", b"x")
+    assert failing.reads == 7
+    txn = _Reads({})
+    hooks.store(txn, "plain/a", b"x")  # the run again reads them
+    assert txn.reads == 7
+
 
 def test_a_folder_outside_every_node_is_read_once_a_while():
     """A file committed in a folder with no metadata document in it or above reads the

@@ -74,13 +74,8 @@ OUTSIDE_LIMIT = 4096
 
 
 def _once_committed(txn: Any, fn: Callable[[], Any]) -> None:
-    """Call ``fn()`` once ``txn`` has committed (``Txn.after_commit``), or now when ``txn``
-    says nothing of commits (a reader of a folder, a check's)."""
-    later = getattr(txn, "after_commit", None)
-    if later is None:
-        fn()
-    else:
-        later(fn)
+    """Call ``fn()`` once ``txn`` has committed (``Txn.after_commit``)."""
+    txn.after_commit(fn)
 
 
 class FormatHooks:
@@ -335,18 +330,13 @@ class FormatHooks:
     def _is_verified(self, txn: Any, doc_key: str, raw: Any) -> bool:
         """Whether the document ``raw`` at ``doc_key`` is known to match the hierarchy: found
         so by a committed transaction, or earlier in this one (:meth:`_verify`)."""
-        if self._verified.get(doc_key) == raw:
-            return True
-        notes = getattr(txn, "notes", None)
-        return notes is not None and notes.get(("verified", doc_key)) == raw
+        return self._verified.get(doc_key) == raw or txn.notes.get(("verified", doc_key)) == raw
 
     def _verify(self, txn: Any, doc_key: str, raw: bytes) -> None:
         """``raw`` at ``doc_key`` matches the hierarchy, as this transaction read it: known for
         the rest of it, and kept once it commits (a run on reads that did not hold, run
         again, must not leave it trusted)."""
-        notes = getattr(txn, "notes", None)
-        if notes is not None:
-            notes[("verified", doc_key)] = raw
+        txn.notes[("verified", doc_key)] = raw
         _once_committed(txn, partial(self._verified.__setitem__, doc_key, raw))
     @staticmethod
     def _keys_below(txn: Any, doc_key: str) -> list[str]:
