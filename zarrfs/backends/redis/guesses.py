@@ -129,46 +129,52 @@ class Guesses:
         old = names.get(name)
         if type(old) is bytes:
             self._bytes -= len(old)
-        if isinstance(fact, bytes | bytearray | memoryview):
-            if len(fact) > KEEP:
-                fact = len(fact)
-            else:
-                fact = bytes(fact)
-                self._bytes += len(fact)
+        if fact is None or fact is MISS or type(fact) is int:
+            names[name] = fact
+            return
+        if len(fact) > KEEP:
+            names[name] = len(fact)
+            return
+        fact = bytes(fact)
+        self._bytes += len(fact)
         names[name] = fact
 
     def learn(self, commands: Sequence[tuple[Any, ...]], replies: list[Any]) -> None:
         """Keep what the server answered to ``commands`` (a read's pipeline): each ``GET`` and
         ``MGET``, each ``EXISTS`` followed by a ``STRLEN`` of the same name, each prefix read
-        of an index."""
-        keep, names = self._keep, self.names
-        previous: tuple[Any, ...] | None = None
-        previous_reply: Any = None
+        of an index. (On every read of the mount: written for few calls a command.)"""
+        names = self.names
+        exists: tuple[bytes, Any] | None = None  # the EXISTS just before, and its reply
         with self._lock:
             for command, reply in zip(commands, replies, strict=False):
                 op = command[0]
-                if op == "STRLEN" and previous and previous[0] == "EXISTS" and previous[1] == command[1]:
-                    if isinstance(previous_reply, int) and isinstance(reply, int):
-                        name = command[1]
-                        if not previous_reply:
-                            keep(name, None)
+                if op == "EXISTS":
+                    exists = (command[1], reply) if len(command) == 2 else None
+                    continue
+                if op == "STRLEN":
+                    name = command[1]
+                    if exists is not None and exists[0] == name and type(reply) is int:
+                        if not exists[1]:
+                            self._keep(name, None)
                         else:
                             known = names.get(name)
-                            if not (type(known) is bytes and len(known) == reply):
-                                keep(name, reply)
+                            if type(known) is not bytes or len(known) != reply:
+                                self._keep(name, reply)
                 elif op == "GET":
-                    if reply is None or isinstance(reply, bytes | bytearray):
-                        keep(command[1], reply)
-                elif op == "MGET" and isinstance(reply, list):
-                    for name, value in zip(command[1:], reply, strict=False):
-                        if value is None or isinstance(value, bytes | bytearray):
-                            keep(name, value)
-                elif op == "ZRANGEBYLEX" and isinstance(reply, list):
+                    if reply is None or type(reply) is bytes:
+                        self._keep(command[1], reply)
+                elif op == "MGET":
+                    if type(reply) is list:
+                        for name, value in zip(command[1:], reply, strict=False):
+                            if value is None or type(value) is bytes:
+                                self._keep(name, value)
+                elif op == "ZRANGEBYLEX" and type(reply) is list:
                     raw = prefix_of(command)
                     if raw is not None:
                         self._range((command[1], raw), len(reply) < command[6], reply)
-                previous, previous_reply = command, reply
-            self._bound()
+                exists = None
+            if len(names) > NAMES or self._bytes > BYTES or len(self.ranges) > RANGES:
+                self._bound()
 
     def _range(self, key: tuple[bytes, bytes], whole: bool, members: list[bytes]) -> None:
         if len(members) > MEMBERS:
