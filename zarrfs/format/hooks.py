@@ -73,11 +73,6 @@ OUTSIDE_TTL = 1.0
 OUTSIDE_LIMIT = 4096
 
 
-def _once_committed(txn: Any, fn: Callable[[], Any]) -> None:
-    """Call ``fn()`` once ``txn`` has committed (``Txn.after_commit``)."""
-    txn.after_commit(fn)
-
-
 class FormatHooks:
     """Validation, the decoded view and live consolidated metadata for ``zarrfs.fs.tree.Tree``."""
 
@@ -142,7 +137,7 @@ class FormatHooks:
                 return
             node = enclosing_node(key, txn.get, txn.get_many)
             if node is None:
-                _once_committed(txn, partial(self._found_outside, folder, self._clock()))
+                txn.after_commit(partial(self._found_outside, folder, self._clock()))
             self._judge(chunk_key_problems(key, node))
 
     def _found_outside(self, folder: str, when: float) -> None:
@@ -337,7 +332,8 @@ class FormatHooks:
         the rest of it, and kept once it commits (a run on reads that did not hold, run
         again, must not leave it trusted)."""
         txn.notes[("verified", doc_key)] = raw
-        _once_committed(txn, partial(self._verified.__setitem__, doc_key, raw))
+        txn.after_commit(partial(self._verified.__setitem__, doc_key, raw))
+
     @staticmethod
     def _keys_below(txn: Any, doc_key: str) -> list[str]:
         folder = split_key(doc_key)[0]

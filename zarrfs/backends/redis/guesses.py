@@ -76,8 +76,8 @@ def prefix_of(command: tuple[Any, ...]) -> bytes | None:
 
 class Guesses:
     """The facts of one driver's names and index ranges (see the module docstring); shared by
-    its request threads (a dict's single steps hold the GIL; changes of a range's list, made
-    together, take the lock)."""
+    its request threads: every change takes the lock, a transaction's look at a fact does
+    not (one dict step)."""
 
     def __init__(self) -> None:
         self.names: dict[bytes, Any] = {}  # bytes | int | None | MISS
