@@ -250,6 +250,7 @@ QUICK: list[tuple[str, ...]] = [
     ("test_backends.py", "TestDBM::"),
     ("test_backends.py", "TestRedis::"),
     ("test_redis_guesses.py", ""),
+    ("test_postgres_guesses.py", ""),
     ("test_backends.py", "TestRedisCluster::"),
     ("test_backends.py", "TestPostgres::"),
     ("test_zip.py", "TestZipConformance::"),

@@ -1792,6 +1792,143 @@ class TestPostgres(_Conformance):
         statements = [f for f in sent if "F" in f[:2] and ("Parse" in f[:4] or "Query" in f[:4])]
         assert 1 <= len(statements) <= 6, statements  # BEGIN, sizes, values x2 spaces, two prefixes
 
+    @staticmethod
+    def _exchanges(driver, monkeypatch) -> list[list[str]]:
+        """Record each exchange's statements (their first words) of ``driver``'s transactions."""
+        from zarrfs.backends.postgres.txn import PostgresTxn
+
+        sent: list[list[str]] = []
+        real = PostgresTxn._exchange
+
+        def exchange(self, conn, query=None, params=None):
+            if conn.driver is driver:
+                items = self.queued if query is None else [*self.queued, (query, params)]
+                texts = [q if isinstance(q, str) else bytes(q).decode() for q, _ in items]
+                sent.append([" ".join(t.split("(")[0].split()[:2]) for t in texts])
+            return real(self, conn, query, params)
+
+        monkeypatch.setattr(PostgresTxn, "_exchange", exchange)
+        return sent
+
+    def test_a_guessed_read_another_client_changed_is_found_by_the_commit(self, driver, url, monkeypatch):
+        """A write transaction takes the value this driver last saw without reading it
+        (``postgres.guesses``), and sends the check of it with its writes and COMMIT: one
+        round trip. Another client's change since fails the check: nothing is written, and
+        the transaction runs again at once, reading, in the same call."""
+        driver.put("w/a", b"1")
+        sent = self._exchanges(driver, monkeypatch)
+        driver.transact(lambda t: t.put("w/b", t.get("w/a") + b"."))
+        assert len(sent) == 1 and sent[0][:2] == ["BEGIN ISOLATION", "SELECT pg_temp.zarrfs_guessed"]
+        assert sent[0][-1] == "COMMIT" and driver.guesses.holds == 1
+        other = open_driver(url)
+        try:
+            seen = []
+
+            def fn(t):
+                seen.append(t.get("w/a"))
+                if len(seen) == 1:  # another client changes the value after it was taken
+                    other.put("w/a", b"22")
+                t.put("w/b", seen[-1] + b"!")
+
+            sent.clear()
+            driver.transact(fn)
+            assert seen == [b"1", b"22"]
+            assert len(sent) == 3 and sent[0][1] == "SELECT pg_temp.zarrfs_guessed", sent  # failed check
+            assert sent[1][:2] == ["BEGIN ISOLATION", "SELECT 0::int2,"]  # read, then the writes
+            assert "SELECT pg_temp.zarrfs_guessed" not in sent[2]
+            assert driver.get("w/b") == b"22!" and other.get("w/b") == b"22!"
+            assert (driver.guesses.holds, driver.guesses.misses) == (1, 1)
+            # What the run that read learnt is taken next time: one round trip again, once
+            # the transactions that read after a wrong guess are done.
+            for _ in range(20):
+                sent.clear()
+                driver.transact(lambda t: t.put("w/c", t.get("w/a") + b"?"))
+                if len(sent) == 1:
+                    break
+            assert len(sent) == 1 and driver.get("w/c") == b"22?"
+        finally:
+            other.close()
+
+    def test_an_exclusive_create_on_guessed_answers_raises_what_holds(self, driver, url):
+        """A name never seen is guessed absent: made by another client meanwhile, an exclusive
+        create of it fails (the check) and raises what the server holds, not a write over it.
+        A name seen is guessed there: removed by another client meanwhile, the error raised on
+        the guess is not the answer; the run again reads, and creates it."""
+        driver.put("n/gone", b"1")
+        other = open_driver(url)
+        try:
+            other.put("n/new", b"theirs")
+            other.delete("n/gone")
+
+            def create(name):
+                def run(t):
+                    if t.get(name) is not None:
+                        raise FileExistsError(name)
+                    t.put(name, b"mine")
+
+                return run
+
+            with pytest.raises(FileExistsError):
+                driver.transact(create("n/new"))
+            assert driver.get("n/new") == b"theirs" and driver.guesses.misses == 1
+            for _ in range(20):  # past the transactions that read after a wrong guess
+                if driver.guesses.wanted():
+                    break
+            driver.transact(create("n/gone"))
+            assert driver.get("n/gone") == b"mine" and other.get("n/gone") == b"mine"
+        finally:
+            other.close()
+
+    def test_a_folder_guessed_empty_that_another_client_filled_is_read(self, driver, url):
+        """Whether a folder holds keys is guessed from a key seen under it, or none; a folder
+        another client filled since is found by the check (a removal of an empty folder only
+        goes through when it is)."""
+        from zarrfs.backends.base import HasPrefix
+
+        assert driver.transact(lambda t: t.read_many([HasPrefix("e/")]), write=False) == [False]
+        other = open_driver(url)
+        try:
+            other.put("e/x", b"1")
+
+            def remove(t):
+                if t.read_many([HasPrefix("e/")]) == [True]:
+                    return "not empty"
+                t.put("e-removed", b"1")
+                return "removed"
+
+            assert driver.transact(remove) == "not empty" and driver.get("e-removed") is None
+            assert driver.guesses.misses == 1
+        finally:
+            other.close()
+
+    def test_a_connection_without_the_check_reads_first(self, driver):
+        """A connection whose check function is gone (a server that dropped its temporary
+        schema) still commits, reading: the check's failure is taken as a wrong guess, and
+        guessing stops."""
+        driver.put("f/a", b"1")
+        driver.conn.execute("DROP FUNCTION pg_temp.zarrfs_guessed(bigint)")
+        driver.transact(lambda t: t.put("f/b", t.get("f/a") + b"2"))
+        assert driver.get("f/b") == b"12" and not driver.guesses.usable
+        driver.transact(lambda t: t.put("f/c", t.get("f/b") + b"3"))
+        assert driver.get("f/c") == b"123"
+
+    def test_what_the_feed_reports_changed_is_read_not_guessed(self, driver, url):
+        """Keys another client changed (the change feed) are forgotten: the next write
+        transaction reads them for real, without a wrong guess."""
+        driver.put("c/a", b"1")
+        driver.changes(None)
+        other = open_driver(url)
+        try:
+            other.put("c/a", b"2")
+            deadline = time.monotonic() + 30
+            while ("c/a" not in [k for _, k in driver.changes(0)[1] or []]):
+                assert time.monotonic() < deadline, "the feed never reported the change"
+                time.sleep(0.02)
+            driver.transact(lambda t: t.put("c/b", t.get("c/a") + b"!"))
+            assert driver.get("c/b") == b"2!" and driver.guesses.misses == 0
+        finally:
+            other.close()
+
     def test_a_table_of_another_collation_lists_in_byte_order(self, postgres_server):
         table = f"t{uuid.uuid4().hex[:12]}"
         with postgres_server.connect() as conn:

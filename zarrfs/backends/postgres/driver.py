@@ -47,13 +47,15 @@ from ..base import (
     Txn,
     UnavailableError,
 )
-from ..errors import KeyTooLongError, RestartedError
+from ..errors import GuessedWrongError, KeyTooLongError, RestartedError
 from ..filespace import statvfs
+from ..guesses import Reading
 from ..snapshot import HeldState
 from ..urloptions import check_options
 from . import feed, rawpipe
 from .about import ABOUT
 from .connection import WatchedConnection
+from .guesses import FUNCTION, PostgresGuesses
 from .sql import queries as _queries
 from .sql import reason as _reason
 from .txn import PostgresTxn
@@ -131,6 +133,9 @@ class PostgresDriver(Driver):
         # The tables are made (and their storage set) by the first connection only: ALTER TABLE
         # waits for every transaction on the table, an abandoned one's too (connection).
         self._made = False
+        #: What write transactions may take without reading (``guesses``); None: they read.
+        self.guesses = None if readonly else PostgresGuesses()
+        self.reading = Reading()  # per thread: a write run again after a wrong guess reads
         self._connect()
         self._idle.append(self._mine)  # the first transaction takes it
 
@@ -198,6 +203,13 @@ class PostgresDriver(Driver):
                     ).format(sql.Identifier(name), sql.Identifier(name))
                 )
             self._made = True
+        if self.guesses is not None and self.guesses.usable:
+            try:  # the check of guessed reads (guesses), in this connection's temporary schema
+                self.conn.execute(FUNCTION)
+            except psycopg.Error as exc:
+                self.guesses.usable = False
+                why = _reason(exc)
+                log.info("%s: write transactions read first (no temporary function: %s)", self.where, why)
         row = self.conn.execute(
             "SELECT collation_name FROM information_schema.columns"
             " WHERE table_name = %s AND column_name = 'k'",
@@ -250,13 +262,15 @@ class PostgresDriver(Driver):
             level = "SERIALIZABLE" if write else "REPEATABLE READ READ ONLY"
             with self._errors():
                 begin = f"BEGIN ISOLATION LEVEL {level}"
-                txn = PostgresTxn(self.conn, self.queries, self.where, write, begin)
+                txn = PostgresTxn(
+                    self.conn, self.queries, self.where, write, begin, self.guesses, self.reading
+                )
                 deferred, self._deferred = self._deferred, None
                 if deferred is not None:  # the last reading transaction ends first
                     txn.queued.insert(0, ("COMMIT", None))
                 try:
                     yield txn
-                    if not (txn.begun or txn.changed):
+                    if not (txn.begun or txn.changed or txn.taken):
                         self._deferred = deferred  # nothing was sent: still to end
                     elif not write and self.feed is not None:
                         self._deferred = time.monotonic()  # ended with what comes next
@@ -266,8 +280,15 @@ class PostgresDriver(Driver):
                             txn.queued.append((feed.NOTIFY, (self.channel, notes)))
                         txn.queued.append(("COMMIT", None))
                         txn.exchange()
-                except BaseException:
+                        if write:
+                            txn.committed()
+                except BaseException as exc:
                     self._roll_back()
+                    if txn.taken and isinstance(exc, Exception) and not isinstance(exc, BackendError):
+                        # Raised by a run on guessed answers (a folder guessed absent, say):
+                        # the run again reads for real, and raises what holds.
+                        self.reading.keep()
+                        raise GuessedWrongError(f"{self.where}: a guessed read was wrong ({exc!r})") from exc
                     raise
         finally:
             mine.busy = False
@@ -382,10 +403,16 @@ class PostgresDriver(Driver):
                 self.table, self.writer, self.where, lambda: {**self.bounds(), **self.params}
             )
         self._settle()
+        changed = self.feed.changes()
+        guesses = self.guesses
+        if guesses is not None and changed != []:  # what other clients changed is not known
+            if changed is None:
+                guesses.clear()
+            else:
+                guesses.forget(changed)
         if since is None:
-            self.feed.changes()  # nothing from before counts
-            return 0, []
-        return since + 1, self.feed.changes()
+            return 0, []  # nothing from before counts
+        return since + 1, changed
 
     def feed_fileno(self) -> int | None:
         """The listening connection's socket (readable when notifications came)."""

@@ -11,11 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 from psycopg import sql
 
-from ..base import KEYS, SIZES, Fetch, Get, HasPrefix, Size, Space, Txn, prefix_stop
+from ..base import KEYS, SIZES, Fetch, Get, GuessedWrongError, HasPrefix, Size, Space, Txn, prefix_stop
+from ..guesses import Reading
 from . import rawpipe
 from .connection import WatchedConnection
+from .guesses import WRONG, PostgresGuesses, Taken, check
 from .sql import batch as _batch
 from .sql import bound as _bound
 from .sql import compare as _compare
@@ -33,11 +36,30 @@ class PostgresTxn(Txn):
     value_limit = "PostgreSQL's largest bytea field"
 
     def __init__(
-        self, conn: WatchedConnection, queries: dict[Any, Any], where: str, write: bool, begin: str | None
+        self,
+        conn: WatchedConnection,
+        queries: dict[Any, Any],
+        where: str,
+        write: bool,
+        begin: str | None,
+        guesses: PostgresGuesses | None = None,
+        reading: Reading | None = None,
     ) -> None:
         """A transaction on ``conn`` running the statements of ``queries`` (``sql.queries``
-        per key space, and ``"collate"``); ``where`` names the database in messages."""
+        per key space, and ``"collate"``); ``where`` names the database in messages.
+        ``guesses``: what the driver saw (``guesses``), which every read teaches and a write
+        transaction answers its batches from, unless ``reading`` says this thread's next
+        one reads (a run again after a wrong guess)."""
         super().__init__(write, where)
+        self.guesses = guesses
+        self._reading = reading
+        #: The answers a write transaction took from ``guesses``; None: it reads for real.
+        self.taken: Taken | None = None
+        #: The folders (``(space, raw prefix)``) this transaction wrote below: whether they
+        #: hold keys is read, not guessed (the server's answer counts its writes).
+        self.wrote_below: set[tuple[Space, bytes]] = set()
+        if write and guesses is not None and reading is not None and not reading.take() and guesses.wanted():
+            self.taken = Taken()
         self._conn = conn
         self._q = queries
         #: What this transaction wrote, announced at its commit (see ``feed``).
@@ -60,6 +82,34 @@ class PostgresTxn(Txn):
         """Send the queued statements and ``query`` (if any) in one pipeline; ``query``'s
         rows (``fetchone``, ``fetchall``)."""
         conn = self._conn
+        taken = self.taken
+        if taken is not None and taken.unchecked:
+            self._check_first(taken)
+        try:
+            return self._exchange(conn, query, params)
+        except psycopg.Error as exc:
+            if taken is None or exc.sqlstate not in (WRONG, "42883"):
+                raise
+            # The check found an answer taken that does not hold (or its function is gone:
+            # a connection made again, say); nothing this transaction wrote is kept.
+            if exc.sqlstate == WRONG:
+                self.guesses.missed(taken)  # type: ignore[union-attr]
+            else:
+                self.guesses.usable = False  # type: ignore[union-attr]
+            self._reading.keep()  # type: ignore[union-attr]
+            raise GuessedWrongError(f"{self.where}: a guessed read was wrong; read again") from None
+
+    def _check_first(self, taken: Taken) -> None:
+        """Queue the check of the answers ``taken`` in front of every queued write (after the
+        ``BEGIN``, where it waits to be sent): the writes run only if it holds."""
+        statement = check(taken, self._q, self._conn)
+        at = 0
+        if not self.begun:
+            at = next(i + 1 for i, (q, _) in enumerate(self.queued) if str(q).startswith("BEGIN"))
+        self.queued.insert(at, statement)
+        taken.unchecked = False
+
+    def _exchange(self, conn: WatchedConnection, query: Any, params: Any):
         items = self.queued if query is None else [*self.queued, (query, params)]
         statements = self._through_libpq(items)
         if statements is not None:  # the common road: see rawpipe
@@ -143,6 +193,8 @@ class PostgresTxn(Txn):
         if seen is not None and (space, raw) in seen:
             value = seen[space, raw]
             return None if value is None else bytes(value)
+        if self.taken is not None or self.guesses is not None:  # guessed, or learnt
+            return self._read_many([(Get, raw, space)])[0]
         row = self._one("get", space, _text(raw))
         value = None if row is None else row[0]
         if seen is not None:
@@ -154,6 +206,8 @@ class PostgresTxn(Txn):
         if seen is not None and (space, raw) in seen:
             value = seen[space, raw]
             return None if value is None else len(value)
+        if self.taken is not None or self.guesses is not None:
+            return self._read_many([(Size, raw, space)])[0]
         row = self._one("size", space, _text(raw))
         return None if row is None else row[0]
 
@@ -162,6 +216,8 @@ class PostgresTxn(Txn):
         return None if row is None else row[0]
 
     def _has_prefix(self, raw: bytes, space: Space) -> bool:
+        if self.taken is not None or self.guesses is not None:
+            return self._read_many([(HasPrefix, raw, space)])[0]
         prefix = _text(raw)
         return self._one("prefix", space, prefix, prefix_stop(prefix)) is not None
 
@@ -174,6 +230,8 @@ class PostgresTxn(Txn):
         self.changed.append((space, key))
         if self._seen is not None:
             self._seen[space, raw] = value
+        if self.taken is not None:
+            self._below(raw, space)
 
     def _delete(self, raw: bytes, space: Space) -> None:
         key = _text(raw)
@@ -181,6 +239,15 @@ class PostgresTxn(Txn):
         self.changed.append((space, key))
         if self._seen is not None:
             self._seen[space, raw] = None
+        if self.taken is not None:
+            self._below(raw, space)
+
+    def _below(self, raw: bytes, space: Space) -> None:
+        """Note the folders a write of ``raw`` is below (see :attr:`wrote_below`)."""
+        at = raw.find(b"/")
+        while at >= 0:
+            self.wrote_below.add((space, raw[: at + 1]))
+            at = raw.find(b"/", at + 1)
 
     def _read_many(self, plan: list[tuple[type, bytes, Space]]) -> list[Any]:
         # One pipeline (one round trip), and the reads in it one statement (``sql.batch``): a
@@ -190,14 +257,30 @@ class PostgresTxn(Txn):
         seen = self._seen
         known = {} if seen is None else {(space, raw): seen[space, raw] for kind, raw, space in plan
                                          if kind is not HasPrefix and (space, raw) in seen}
+        asked = [r for r in plan if r[0] is HasPrefix or (r[2], r[1]) not in known]
+        if not asked:  # every answer is known (a key asked twice too): nothing is sent
+            return [self._known(kind, known[space, raw]) for kind, raw, space in plan]
+        taken = self.taken
+        if taken is not None:
+            guessed = taken.answer(self.guesses, asked, self.wrote_below)  # type: ignore[arg-type]
+            if guessed is not None:  # checked by the commit (see guesses)
+                answers = iter(guessed)
+                out = []
+                for kind, raw, space in plan:
+                    if kind is not HasPrefix and (space, raw) in known:
+                        out.append(self._known(kind, known[space, raw]))
+                        continue
+                    answer = next(answers)
+                    if kind is Get:
+                        seen[space, raw] = answer  # type: ignore[index]
+                    out.append(answer)
+                return out
         groups: dict[tuple[str, Space], list[bytes]] = {}
-        for kind, raw, space in plan:
+        for kind, raw, space in asked:
             if kind is HasPrefix:
                 groups.setdefault(("prefix", space), []).append(raw)
-            elif (space, raw) not in known:
+            else:
                 groups.setdefault(("get" if kind is Get else "size", space), []).append(raw)
-        if not groups:  # every answer is known (a key asked twice too): nothing is sent
-            return [self._known(kind, known[space, raw]) for kind, raw, space in plan]
         got = {space: set(raws) for (kind, space), raws in groups.items() if kind == "get"}
         for (kind, space), raws in list(groups.items()):
             if kind == "size" and space in got:
@@ -219,15 +302,17 @@ class PostgresTxn(Txn):
                 params.append([prefix_stop(key) for key in keys])
         rows = self.exchange(statement, params).fetchall()  # with the queued statements and scans ahead
         found: dict[tuple[str, Space, bytes], Any] = {}
-        asked = list(groups.items())
+        sent = list(groups.items())
         for g, place, value, size in rows:
-            (kind, space), raws = asked[g]
-            answer = True if kind == "prefix" else value if kind == "get" else size
-            found[kind, space, raws[place - 1]] = answer
+            (kind, space), raws = sent[g]
+            # a get's value, a size, or a prefix's witness (a key under it)
+            found[kind, space, raws[place - 1]] = size if kind == "size" else value
+        if self.guesses is not None:
+            self.guesses.learn(asked, found)
         out: list[Any] = []
         for kind, raw, space in plan:
             if kind is HasPrefix:
-                out.append(found.get(("prefix", space, raw), False))
+                out.append(("prefix", space, raw) in found)
             elif (space, raw) in known:
                 out.append(self._known(kind, known[space, raw]))
             elif kind is Get:
@@ -241,6 +326,21 @@ class PostgresTxn(Txn):
             else:
                 out.append(found.get(("size", space, raw)))
         return out
+
+    def committed(self) -> None:
+        """After the ``COMMIT`` of a write transaction: what it wrote, and the answers it took
+        (its check found them true), are what the driver saw last."""
+        guesses, taken = self.guesses, self.taken
+        if guesses is None:
+            return
+        if taken:
+            guesses.held()
+        seen = self._seen or {}
+        written = []
+        for space, key in self.changed:
+            raw = key.encode("utf-8")
+            written.append((space, raw, seen.get((space, raw))))
+        guesses.wrote(written, taken or None)
 
     @staticmethod
     def _known(kind: type, value: Any) -> Any:

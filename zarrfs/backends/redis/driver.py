@@ -46,6 +46,7 @@ from ..base import (
     bytes_stop,
 )
 from ..buffered import DELETED
+from ..guesses import Reading
 from .about import ABOUT
 from .commit import commit, guessed, guesses_for
 from .feed import RedisFeed
@@ -410,20 +411,6 @@ class RedisTxn(Txn):
             self._d.reading.keep()
             raise GuessedWrongError(f"{self.where}: a guessed read was wrong; read again")
         guesses.held()
-
-
-class Reading(threading.local):
-    """Per thread, whether its next write transaction reads for real (it runs again after a
-    wrong guess, or after a guessing run failed otherwise)."""
-
-    next = False
-
-    def keep(self) -> None:
-        self.next = True
-
-    def take(self) -> bool:
-        now, self.next = self.next, False
-        return now
 
 
 class Replay(threading.local):

@@ -1,32 +1,21 @@
-"""What a mount last saw of a Redis server's keys, so that a write transaction can take its
-reads' answers without asking, and its commit can check them on the server with its writes.
+"""What a mount last saw of a Redis server's keys and index ranges, for write transactions to
+take their reads' answers without asking (``backends.guesses`` says why and what a name's fact
+is; this module adds Redis's ranges and checks).
 
-A new chunk's commit reads its folder, its name and the Zarr metadata above it (one round trip)
-and then writes (one more). Those reads almost always answer what this mount last read or
-wrote of the same keys, or nothing for a name it never saw (a new file's). A write transaction
-(``driver.RedisTxn``) answers such reads from :class:`Guesses`, noting each answer it took
-(:class:`Taken`), and its commit checks them on the server with a script (``commit.CHECK``)
-right before its writes, in one round trip; the writes happen only when every answer holds. A
-wrong guess fails the commit as a changed watched key does, and the transaction runs again reading
-for real (:class:`~zarrfs.backends.errors.GuessedWrongError`). Correctness rests on the
-script's check alone: what the table holds may be old (another client's change it has not
-heard of) at the price of a round trip.
-
-A name's fact is its value (bytes, kept when at most :data:`KEEP` bytes), its length alone (an
-int), or None (absent); a name without one is guessed absent. A range is a prefix read of a
-listing index (``ZRANGEBYLEX idx [p (p' LIMIT 0 n`` for a prefix ``p`` ending in ``/``: a
-folder's first names): its first members and whether they are all; one never read is guessed
-empty. Each is learnt from the replies of this mount's reads and from its own commits; one the
-change feed reports another client changed, or found wrong, is kept as not known (:data:`MISS`):
-read for real, never guessed absent. The table is bounded
-(:data:`NAMES`, :data:`RANGES`), oldest first out. Written by hand: no client library guesses
-reads for a server-side check.
+A write transaction (``driver.RedisTxn``) answers its reads from :class:`Guesses` when every
+command of a query can be answered, noting each answer it took (:class:`Taken`), and its commit
+checks them on the server with a script (``commit.CHECK``) right before its writes, in one round
+trip; the writes happen only when every answer holds. A name without a fact is guessed absent.
+A range is a prefix read of a listing index (``ZRANGEBYLEX idx [p (p' LIMIT 0 n`` for a prefix
+``p`` ending in ``/``: a folder's first names): its first members and whether they are all; one
+never read is guessed empty. Each is learnt from the replies of this mount's reads and from its
+own commits; one the change feed reports another client changed, or found wrong, is kept as not
+known (:data:`MISS`). Ranges are bounded (:data:`RANGES`), oldest first out.
 """
 
 from __future__ import annotations
 
 import bisect
-import threading
 from collections.abc import Iterable, Sequence
 from hashlib import sha1
 from itertools import islice
@@ -34,30 +23,14 @@ from typing import Any
 
 from ..base import bytes_stop
 from ..buffered import DELETED
+from ..guesses import BYTES, KEEP, MISS, NAMES
+from ..guesses import Guesses as Names
 
-#: Longest value kept whole (metadata documents, side records); longer: its length alone.
-KEEP = 4096
-#: Names, bytes of their values and ranges kept at most (a few MiB in all).
-NAMES = 16384
-BYTES = 2 << 20
+#: Ranges kept at most.
 RANGES = 4096
 #: Members of a range kept at most; a prefix read asks for as many (it needs the first one or
 #: few), so that a removal of the first leaves the next known.
 MEMBERS = 8
-#: Write transactions run reading for real after a wrong guess; doubled at each wrong one
-#: in a row, up to :data:`MOST_SKIPS`, and back to this once a guess holds.
-SKIPS = 8
-MOST_SKIPS = 256
-
-
-class _Missing:
-    """No answer without asking the server; kept as a fact, a name or range not known any more
-    (another client changed it, or it was guessed wrong): read for real, not guessed absent."""
-
-    __slots__ = ()
-
-
-MISS = _Missing()
 _UNSEEN = object()
 
 
@@ -74,78 +47,33 @@ def prefix_of(command: tuple[Any, ...]) -> bytes | None:
     return raw
 
 
-class Guesses:
-    """The facts of one driver's names and index ranges (see the module docstring); shared by
-    its request threads: every change takes the lock, a transaction's look at a fact does
+class Guesses(Names):
+    """The facts of one driver's names and index ranges (see the module docstring and
+    ``backends.guesses``); every change takes the lock, a transaction's look at a fact does
     not (one dict step)."""
 
     def __init__(self) -> None:
-        self.names: dict[bytes, Any] = {}  # bytes | int | None | MISS
+        super().__init__()
         #: ``(index, prefix)`` -> (whether the members are all of the range, its first members),
         #: or MISS
         self.ranges: dict[tuple[bytes, bytes], Any] = {}
-        self._bytes = 0  # of the values in names
-        self._lock = threading.Lock()  # every change of the tables
-        self._skip = 0
-        self._skips = SKIPS
-        #: False once the server refused the commit's checks (a script): guessing stops.
-        self.usable = True
-        #: Commits of guessed reads that held, and guesses found wrong (at a commit or before).
-        self.holds = 0
-        self.misses = 0
 
-    # -- when to guess --------------------------------------------------------------------
-    def wanted(self) -> bool:
-        """Whether a write transaction starting now guesses (none for a while after a wrong
-        guess: a folder other clients keep changing costs a round trip a miss)."""
-        if not self.usable:
-            return False
-        if self._skip > 0:
-            self._skip -= 1
-            return False
-        return True
-
-    def held(self) -> None:
-        """A commit of guessed reads held."""
-        self._skips = SKIPS
-        self.holds += 1
-
-    def missed(self, taken: Taken) -> None:
+    def missed(self, taken: Taken) -> None:  # type: ignore[override]
         """A commit of guessed reads failed: what it took is not known any more, and the next
         write transactions read for real."""
-        self.misses += 1
-        self._skip = self._skips
-        self._skips = min(self._skips * 2, MOST_SKIPS)
-        with self._lock:
-            for name in taken.names:
-                self._keep(name, MISS)
+        super().missed(taken.names)
+        with self.lock:
             for key in taken.ranges:
                 self.ranges[key] = MISS
 
     # -- learning -------------------------------------------------------------------------
-    def _keep(self, name: bytes, fact: Any) -> None:
-        """Set a name's fact (the lock held): a value longer than :data:`KEEP`, its length."""
-        names = self.names
-        old = names.get(name)
-        if type(old) is bytes:
-            self._bytes -= len(old)
-        if fact is None or fact is MISS or type(fact) is int:
-            names[name] = fact
-            return
-        if len(fact) > KEEP:
-            names[name] = len(fact)
-            return
-        fact = bytes(fact)
-        self._bytes += len(fact)
-        names[name] = fact
-
     def learn(self, commands: Sequence[tuple[Any, ...]], replies: list[Any]) -> None:
         """Keep what the server answered to ``commands`` (a read's pipeline): each ``GET`` and
         ``MGET``, each ``EXISTS`` followed by a ``STRLEN`` of the same name, each prefix read
         of an index. (On every read of the mount: written for few calls a command.)"""
         names = self.names
         exists: tuple[bytes, Any] | None = None  # the EXISTS just before, and its reply
-        with self._lock:
+        with self.lock:
             for command, reply in zip(commands, replies, strict=False):
                 op = command[0]
                 if op == "EXISTS":
@@ -155,26 +83,26 @@ class Guesses:
                     name = command[1]
                     if exists is not None and exists[0] == name and type(reply) is int:
                         if not exists[1]:
-                            self._keep(name, None)
+                            self.keep(name, None)
                         else:
                             known = names.get(name)
                             if type(known) is not bytes or len(known) != reply:
-                                self._keep(name, reply)
+                                self.keep(name, reply)
                 elif op == "GET":
                     if reply is None or type(reply) is bytes:
-                        self._keep(command[1], reply)
+                        self.keep(command[1], reply)
                 elif op == "MGET":
                     if type(reply) is list:
                         for name, value in zip(command[1:], reply, strict=False):
                             if value is None or type(value) is bytes:
-                                self._keep(name, value)
+                                self.keep(name, value)
                 elif op == "ZRANGEBYLEX" and type(reply) is list:
                     raw = prefix_of(command)
                     if raw is not None:
                         self._range((command[1], raw), len(reply) < command[6], reply)
                 exists = None
-            if len(names) > NAMES or self._bytes > BYTES or len(self.ranges) > RANGES:
-                self._bound()
+            if self.full() or len(self.ranges) > RANGES:
+                self.bound()
 
     def _range(self, key: tuple[bytes, bytes], whole: bool, members: list[bytes]) -> None:
         if len(members) > MEMBERS:
@@ -186,8 +114,8 @@ class Guesses:
         (``(space, raw)`` -> value or ``DELETED``), ``name_of(space, raw)`` its key,
         ``index_of[space]`` the listing index it is listed in; and the answers it ``taken``,
         which its checks found true (a new folder's range, guessed empty, is then known)."""
-        keep = self._keep
-        with self._lock:
+        keep = self.keep
+        with self.lock:
             if taken is not None:
                 for name, fact in taken.names.items():
                     keep(name, fact)
@@ -201,7 +129,7 @@ class Guesses:
                 else:
                     keep(name_of(space, raw), value)
                     self._listed(index_of[space], raw, True)
-            self._bound()
+            self.bound()
 
     def _listed(self, index: bytes, member: bytes, added: bool) -> None:
         """Bring the ranges of ``index`` holding ``member`` up to its addition or removal."""
@@ -233,32 +161,27 @@ class Guesses:
     def forget(self, names: Iterable[bytes], prefixes: Iterable[tuple[bytes, bytes]] = ()) -> None:
         """Another client changed these names (the change feed): they are not known any more,
         nor the ranges of an index (``(index, raw)``) that hold such a key."""
-        with self._lock:
+        with self.lock:
             for name in names:
-                self._keep(name, MISS)
+                self.keep(name, MISS)
             ranges = self.ranges
             for index, raw in prefixes:
                 at = raw.find(b"/")
                 while at >= 0:
                     ranges[(index, raw[: at + 1])] = MISS
                     at = raw.find(b"/", at + 1)
-            self._bound()
+            self.bound()
 
     def clear(self) -> None:
         """Forget everything (the feed lost, or a ``FLUSHDB``)."""
-        with self._lock:
-            self.names.clear()
+        super().clear()
+        with self.lock:
             self.ranges.clear()
-            self._bytes = 0
 
-    def _bound(self) -> None:
-        """Oldest first out, to :data:`NAMES` names and :data:`BYTES` of values, and
-        :data:`RANGES` ranges (the lock held)."""
-        names = self.names
-        if len(names) > NAMES or self._bytes > BYTES:
-            for name in list(islice(names, len(names) // 8 + 1)):
-                self._keep(name, None)
-                del names[name]
+    def bound(self) -> None:
+        """Oldest first out: the names (``backends.guesses``) and to :data:`RANGES` ranges (the
+        lock held)."""
+        super().bound()
         ranges = self.ranges
         if len(ranges) > RANGES:
             for key in list(islice(ranges, len(ranges) // 8 + 1)):
@@ -366,3 +289,6 @@ class Taken:
             hi = bytes_stop(raw)
             args += [b"[" + raw, b"(" + hi if hi is not None else b"+", most, len(shown), *shown]
         return keys, args, len(self.names), len(self.ranges)
+
+
+__all__ = ["BYTES", "KEEP", "MEMBERS", "MISS", "NAMES", "RANGES", "Guesses", "Taken", "prefix_of"]

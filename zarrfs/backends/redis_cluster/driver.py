@@ -46,8 +46,9 @@ from ..base import (
     bytes_stop,
 )
 from ..buffered import DELETED
+from ..guesses import Reading
 from ..redis.commit import guesses_for
-from ..redis.driver import Reading, RedisDriver, RedisTxn, Replay
+from ..redis.driver import RedisDriver, RedisTxn, Replay
 from ..redis.index import check_exists, ensure_index, has_index
 from ..redis.link import Link, Links, handshake_options, translate
 from ..redis.url import TLS_OPTIONS, KeyNames, check_db, check_query, is_tls, parse_url

@@ -1,0 +1,266 @@
+"""What a PostgreSQL mount last saw of its tables, for write transactions to take their reads'
+answers without asking (``backends.guesses`` says why and what a name's fact is; this module
+adds prefixes and the check).
+
+A write transaction (``txn.PostgresTxn``) answers a batch of reads (``read_many``) from
+:class:`PostgresGuesses` when every read of it can be answered, noting the answers it took
+(:class:`Taken`), and sends :func:`check` of them as the first statement of its next exchange,
+ahead of its writes and ``COMMIT``: a commit's reads and writes in one round trip. The check
+counts the answers that do not hold and raises ``ZF001`` (:data:`WRONG`) through a function of
+the connection's own temporary schema (:data:`FUNCTION`): the transaction is aborted, the
+pipeline's writes are skipped, and it runs again reading. ``SERIALIZABLE`` does the rest: the
+check reads, in the transaction's snapshot, what the reads it replaces would have read.
+
+A name (``(space, raw key)``) without a fact is guessed absent. A prefix's fact (``(space, raw)``
+for a raw ending in ``/``: a folder's keys) is a key found under it (its witness: the prefix
+holds keys while the witness is there), or False (none); one never read is guessed empty. Each
+is learnt from the answers of this mount's reads and from its own commits; the change feed's
+keys make them not known (:data:`MISS`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from hashlib import sha256
+from itertools import islice
+from typing import Any
+
+from psycopg import sql
+
+from ..base import Get, HasPrefix, Size, Space
+from ..checks import prefix_stop
+from ..guesses import MISS, Guesses
+
+#: The SQLSTATE the check raises when a guessed answer does not hold.
+WRONG = "ZF001"
+#: Made on each writable connection, in its temporary schema (nothing left in the database).
+FUNCTION = (
+    "CREATE OR REPLACE FUNCTION pg_temp.zarrfs_guessed(wrong bigint) RETURNS bigint"
+    " LANGUAGE plpgsql AS $$ BEGIN IF wrong > 0 THEN"
+    " RAISE EXCEPTION 'a read this mount guessed changed' USING ERRCODE = '" + WRONG + "';"
+    " END IF; RETURN wrong; END $$"
+)
+#: Prefixes kept at most.
+PREFIXES = 4096
+_UNSEEN = object()
+
+# Each kind of check, counting the answers of one table that do not hold.
+_CHECKS = {
+    # names guessed absent
+    "absent": "(SELECT count(*) FROM {t} WHERE k = ANY(%s::text[]))",
+    # names guessed with this value (its SHA-256, hex)
+    "value": (
+        "(SELECT count(*) FROM unnest(%s::text[], %s::text[]) AS r(k, h) LEFT JOIN {t} AS t"
+        " ON t.k = r.k WHERE t.k IS NULL OR encode(sha256(t.v), 'hex') <> r.h)"
+    ),
+    # names guessed with a value of this length
+    "length": (
+        "(SELECT count(*) FROM unnest(%s::text[], %s::text[]) AS r(k, n) LEFT JOIN {t} AS t"
+        " ON t.k = r.k WHERE t.k IS NULL OR octet_length(t.v) <> r.n::int8)"
+    ),
+    # witnesses of prefixes guessed to hold keys
+    "present": (
+        "(SELECT count(*) FROM unnest(%s::text[]) AS r(k)"
+        " WHERE NOT EXISTS (SELECT 1 FROM {t} AS t WHERE t.k = r.k))"
+    ),
+    # prefixes guessed empty
+    "empty": (
+        "(SELECT count(*) FROM unnest(%s::text[], %s::text[]) AS r(lo, hi)"
+        " WHERE EXISTS (SELECT 1 FROM {t} WHERE k >= r.lo{c} AND k < r.hi{c}))"
+    ),
+}
+
+
+def _prefixes(raw: bytes) -> Iterable[bytes]:
+    """The prefixes of ``raw`` that end in ``/`` (its folders')."""
+    at = raw.find(b"/")
+    while at >= 0:
+        yield raw[: at + 1]
+        at = raw.find(b"/", at + 1)
+
+
+class PostgresGuesses(Guesses):
+    """The facts of one driver's names and prefixes (see the module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: ``(space, raw prefix)`` -> a key under it (bytes), False (none), or MISS
+        self.prefixes: dict[tuple[Space, bytes], Any] = {}
+
+    def missed(self, taken: Taken) -> None:  # type: ignore[override]
+        """A commit of guessed reads failed: what it took is not known any more, and the next
+        write transactions read for real."""
+        super().missed(taken.names)
+        with self.lock:
+            for key in taken.prefixes:
+                self.prefixes[key] = MISS
+
+    def learn(self, plan: list[tuple[type, bytes, Space]], found: dict[Any, Any]) -> None:
+        """Keep the answers of a batch of reads: ``found`` by ``(kind name, space, raw)``, a
+        value, a size, or a prefix's witness (absent: none)."""
+        names, prefixes, keep = self.names, self.prefixes, self.keep
+        with self.lock:
+            for kind, raw, space in plan:
+                if kind is HasPrefix:
+                    if raw[-1:] == b"/":
+                        prefixes[space, raw] = found.get(("prefix", space, raw), False)
+                    continue
+                value = found.get(("get", space, raw))
+                if kind is Get or value is not None:
+                    keep((space, raw), value)
+                    continue
+                size = found.get(("size", space, raw))
+                known = names.get((space, raw))
+                if size is None or type(known) is not bytes or len(known) != size:
+                    keep((space, raw), size)
+            if self.full() or len(prefixes) > PREFIXES:
+                self.bound()
+
+    def wrote(self, written: Iterable[tuple[Space, bytes, Any]], taken: Taken | None) -> None:
+        """Keep what a commit that held wrote (``(space, raw, value or None)``), after the
+        answers it ``taken``, which its check found true."""
+        keep, prefixes = self.keep, self.prefixes
+        with self.lock:
+            if taken is not None:
+                for name, fact in taken.names.items():
+                    keep(name, fact)
+                prefixes.update(taken.prefixes)
+            for space, raw, value in written:
+                keep((space, raw), value)
+                for prefix in _prefixes(raw):
+                    key = (space, prefix)
+                    fact = prefixes.get(key)
+                    if value is not None:
+                        if fact is None or fact is False or fact is MISS:
+                            prefixes[key] = raw
+                    elif fact == raw:
+                        prefixes[key] = MISS  # its witness gone: others may be left
+            self.bound()
+
+    def forget(self, changed: Iterable[tuple[Space, str]]) -> None:
+        """Another client changed these keys (the change feed): they are not known any more,
+        nor the prefixes above them that were empty or that they witnessed."""
+        prefixes = self.prefixes
+        with self.lock:
+            for space, key in changed:
+                raw = key.encode("utf-8")
+                self.keep((space, raw), MISS)
+                for prefix in _prefixes(raw):
+                    fact = prefixes.get((space, prefix))
+                    if fact is False or fact == raw:
+                        prefixes[space, prefix] = MISS
+            self.bound()
+
+    def clear(self) -> None:
+        """Forget everything (the feed lost, or said to read everything again)."""
+        super().clear()
+        with self.lock:
+            self.prefixes.clear()
+
+    def bound(self) -> None:
+        """Oldest first out: the names (``backends.guesses``) and to :data:`PREFIXES`
+        prefixes (the lock held)."""
+        super().bound()
+        prefixes = self.prefixes
+        if len(prefixes) > PREFIXES:
+            for key in list(islice(prefixes, len(prefixes) // 8 + 1)):
+                del prefixes[key]
+
+
+class Taken:
+    """The answers one write transaction took without asking, checked by :func:`check`;
+    ``unchecked``: some were taken since the last check was sent."""
+
+    __slots__ = ("names", "prefixes", "unchecked")
+
+    def __init__(self) -> None:
+        self.names: dict[tuple[Space, bytes], Any] = {}  # bytes | int | None
+        self.prefixes: dict[tuple[Space, bytes], Any] = {}  # a witness, or False
+        self.unchecked = False
+
+    def __bool__(self) -> bool:
+        return bool(self.names or self.prefixes)
+
+    def answer(
+        self, guesses: PostgresGuesses, plan: list[tuple[type, bytes, Space]], written: Any = ()
+    ) -> list[Any] | None:
+        """Answers to ``plan`` from this transaction's answers so far and ``guesses``, or None
+        when one needs the server (the whole batch is then read): a name the transaction
+        wrote is answered by the caller, whether a prefix it ``written`` below holds keys by
+        the server."""
+        names, prefixes = {}, {}
+        known, seen = guesses.names, guesses.prefixes
+        out: list[Any] = []
+        for kind, raw, space in plan:
+            key = (space, raw)
+            if kind is HasPrefix:
+                if raw[-1:] != b"/" or key in written:
+                    return None
+                fact = self.prefixes.get(key, _UNSEEN)
+                if fact is _UNSEEN:
+                    fact = prefixes.get(key, _UNSEEN)
+                    if fact is _UNSEEN:
+                        fact = prefixes[key] = seen.get(key, False)  # never read: empty
+                if fact is MISS:
+                    return None
+                out.append(fact is not False)
+                continue
+            fact = self.names.get(key, _UNSEEN)
+            if fact is _UNSEEN:
+                fact = names.get(key, _UNSEEN)
+                if fact is _UNSEEN:
+                    fact = names[key] = known.get(key)  # never seen: absent
+            if fact is MISS:
+                return None
+            if kind is Size:
+                out.append(fact if fact is None or type(fact) is int else len(fact))
+            elif type(fact) is int:
+                return None  # its length alone is known
+            else:
+                out.append(fact)
+        if names or prefixes:
+            self.names.update(names)
+            self.prefixes.update(prefixes)
+            self.unchecked = True
+        return out
+
+
+def check(taken: Taken, queries: dict[Any, Any], conn: Any) -> tuple[bytes, list[Any]]:
+    """The statement that checks ``taken`` (raising :data:`WRONG` when an answer does not
+    hold) and its parameters; rendered once per shape into ``queries`` (the driver's)."""
+    groups: dict[tuple[str, Space], list[list[str]]] = {}
+    for (space, raw), fact in taken.names.items():
+        key = raw.decode("utf-8")
+        if fact is None:
+            kind, extra = "absent", None
+        elif type(fact) is int:
+            kind, extra = "length", str(fact)
+        else:
+            kind, extra = "value", sha256(fact).hexdigest()
+        columns = groups.get((kind, space))
+        if columns is None:
+            columns = groups[kind, space] = [[]] if extra is None else [[], []]
+        columns[0].append(key)
+        if extra is not None:
+            columns[1].append(extra)
+    for (space, raw), fact in taken.prefixes.items():
+        if fact is False:
+            lo = raw.decode("utf-8")
+            columns = groups.setdefault(("empty", space), [[], []])
+            columns[0].append(lo)
+            columns[1].append(prefix_stop(lo))
+        else:
+            groups.setdefault(("present", space), [[]])[0].append(fact.decode("utf-8"))
+    shape = tuple(groups)
+    statement = queries.get(("check", shape))
+    if statement is None:
+        parts = [
+            sql.SQL(_CHECKS[kind]).format(t=queries["table", space], c=queries["collate"])
+            for kind, space in shape
+        ]
+        statement = sql.SQL("SELECT pg_temp.zarrfs_guessed({})").format(sql.SQL(" + ").join(parts))
+        statement = queries["check", shape] = statement.as_bytes(conn)
+    return statement, [column for columns in groups.values() for column in columns]
+
+
+__all__ = ["FUNCTION", "PREFIXES", "WRONG", "PostgresGuesses", "Taken", "check"]
