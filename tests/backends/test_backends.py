@@ -1901,6 +1901,30 @@ class TestPostgres(_Conformance):
         finally:
             other.close()
 
+    def test_a_folder_read_full_that_another_client_emptied_is_read(self, driver, url):
+        """A folder a read found holding keys (no key under it known) is guessed so, and
+        checked by a range of the table: another client's removal of its last key since is
+        found by the commit, which runs again reading."""
+        from zarrfs.backends.base import HasPrefix
+
+        other = open_driver(url)
+        try:
+            other.put("n/x", b"1")
+            assert driver.transact(lambda t: t.read_many([HasPrefix("n/")]), write=False) == [True]
+            assert driver.guesses.prefixes[DATA, b"n/"] is True
+            other.delete("n/x")
+
+            def remove(t):
+                if t.read_many([HasPrefix("n/")]) == [True]:
+                    return "not empty"
+                t.put("n-removed", b"1")
+                return "removed"
+
+            assert driver.transact(remove) == "removed" and driver.get("n-removed") == b"1"
+            assert driver.guesses.misses == 1
+        finally:
+            other.close()
+
     def test_a_connection_without_the_check_reads_first(self, driver):
         """A connection whose check function is gone (a server that dropped its temporary
         schema) still commits, reading: the check's failure is taken as a wrong guess, and

@@ -46,10 +46,13 @@ def test_learnt_answers_and_a_size_of_a_known_value():
     g = PostgresGuesses()
     plan = [(Get, b"a/v", DATA), (Size, b"a/s", DATA), (Size, b"a/none", DATA), (HasPrefix, b"a/", DATA),
             (HasPrefix, b"b/", DATA)]
-    found = {("get", DATA, b"a/v"): b"value", ("size", DATA, b"a/s"): 7, ("prefix", DATA, b"a/"): b"a/s"}
+    found = {("get", DATA, b"a/v"): b"value", ("size", DATA, b"a/s"): 7, ("prefix", DATA, b"a/"): None}
     g.learn(plan, found)
     assert g.names == {(DATA, b"a/v"): b"value", (DATA, b"a/s"): 7, (DATA, b"a/none"): None}
-    assert g.prefixes == {(DATA, b"a/"): b"a/s", (DATA, b"b/"): False}
+    assert g.prefixes == {(DATA, b"a/"): True, (DATA, b"b/"): False}
+    g.prefixes[DATA, b"a/"] = b"a/w"  # a witness this mount wrote
+    g.learn([(HasPrefix, b"a/", DATA)], {("prefix", DATA, b"a/"): None})
+    assert g.prefixes[DATA, b"a/"] == b"a/w"  # kept: a read holding keys confirms it
     g.learn([(Size, b"a/v", DATA)], {("size", DATA, b"a/v"): 5})
     assert g.names[DATA, b"a/v"] == b"value"  # the same length: the value stays known
     g.learn([(Size, b"a/v", DATA)], {("size", DATA, b"a/v"): 6})
@@ -66,6 +69,11 @@ def test_own_commits_keep_a_witness_of_each_folder():
     assert g.prefixes[DATA, b"x/y/"] == b"x/y/1" and g.names[DATA, b"x/y/2"] is None
     g.wrote([(DATA, b"x/y/1", None)], None)  # the witness removed: others may be left
     assert g.prefixes[DATA, b"x/y/"] is MISS and g.prefixes[DATA, b"x/"] is MISS
+    g.prefixes[DATA, b"r/"] = True  # a read found keys, none known
+    g.wrote([(DATA, b"r/1", None)], None)  # a removal below: it may have been the last
+    assert g.prefixes[DATA, b"r/"] is MISS
+    g.wrote([(DATA, b"r/2", b"v")], None)  # a key written below is its witness
+    assert g.prefixes[DATA, b"r/"] == b"r/2"
 
 
 def test_a_commit_that_held_confirms_what_it_took():
@@ -87,8 +95,10 @@ def test_the_feed_forgets_names_and_the_folders_they_may_change():
     g = PostgresGuesses()
     g.wrote([(DATA, b"p/q/1", b"v"), (DATA, b"p/r", b"w")], None)
     g.prefixes[DATA, b"z/"] = False
-    g.forget([(DATA, "p/q/1"), (DATA, "z/new")])
+    g.prefixes[DATA, b"f/"] = True
+    g.forget([(DATA, "p/q/1"), (DATA, "z/new"), (DATA, "f/old")])
     assert g.names[DATA, b"p/q/1"] is MISS and g.prefixes[DATA, b"z/"] is MISS
+    assert g.prefixes[DATA, b"f/"] is MISS  # full, no witness: the change may have emptied it
     assert g.prefixes[DATA, b"p/q/"] is MISS and g.prefixes[DATA, b"p/"] is MISS  # their witness changed
     g.wrote([(DATA, b"s/1", b"v"), (DATA, b"s/2", b"v")], None)
     g.forget([(DATA, "s/2")])

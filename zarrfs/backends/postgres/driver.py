@@ -8,8 +8,11 @@ byte range); another collation is read with ``COLLATE "C"`` per query, without t
 transaction is one SQL transaction, reads ``REPEATABLE READ READ ONLY`` (a listing sees one
 snapshot), writes ``SERIALIZABLE``; a serialization failure or deadlock is :class:`RetryableError`.
 A statement whose answer is not needed yet goes in one pipeline with the next that is (``txn``):
-``BEGIN`` with the first read, writes and the feed's ``NOTIFY`` with the ``COMMIT``; a transaction
-that reads a batch and writes costs two round trips. With the feed running, a reading
+``BEGIN`` with the first read, writes and the feed's ``NOTIFY`` with the ``COMMIT``. A write
+transaction answers its reads from what the mount last saw (``guesses``) and its commit checks
+them on the server first (``pg_temp.zarrfs_guessed``, raising ``ZF001`` when one no longer
+holds): one round trip, and a :class:`GuessedWrongError` that runs it again reading when a
+check fails. With the feed running, a reading
 transaction's ``COMMIT`` goes with the next transaction or after :data:`DEFER` seconds. The
 pipelines whose statements are rendered already go through libpq itself (``rawpipe``), not
 psycopg's cursors, which cost more CPU than the round trip on a local network. Credentials:

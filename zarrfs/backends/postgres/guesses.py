@@ -12,10 +12,12 @@ pipeline's writes are skipped, and it runs again reading. ``SERIALIZABLE`` does 
 check reads, in the transaction's snapshot, what the reads it replaces would have read.
 
 A name (``(space, raw key)``) without a fact is guessed absent. A prefix's fact (``(space, raw)``
-for a raw ending in ``/``: a folder's keys) is a key found under it (its witness: the prefix
-holds keys while the witness is there), or False (none); one never read is guessed empty. Each
-is learnt from the answers of this mount's reads and from its own commits; the change feed's
-keys make them not known (:data:`MISS`).
+for a raw ending in ``/``: a folder's keys) is True (it holds keys: a read said so), a key this
+mount wrote under it (its witness: the prefix holds keys while the witness is there, so other
+keys' removal leaves the fact true), or False (none); one never read is guessed empty. Reads
+return no witness: a key found under each prefix made the server plan every batch again
+(docs/performance.md). Each fact is learnt from the answers of this mount's reads and from its
+own commits; the change feed's keys make them not known (:data:`MISS`).
 """
 
 from __future__ import annotations
@@ -63,6 +65,11 @@ _CHECKS = {
         "(SELECT count(*) FROM unnest(%s::text[]) AS r(k)"
         " WHERE NOT EXISTS (SELECT 1 FROM {t} AS t WHERE t.k = r.k))"
     ),
+    # prefixes guessed to hold keys, no witness known
+    "full": (
+        "(SELECT count(*) FROM unnest(%s::text[], %s::text[]) AS r(lo, hi)"
+        " WHERE NOT EXISTS (SELECT 1 FROM {t} WHERE k >= r.lo{c} AND k < r.hi{c}))"
+    ),
     # prefixes guessed empty
     "empty": (
         "(SELECT count(*) FROM unnest(%s::text[], %s::text[]) AS r(lo, hi)"
@@ -84,7 +91,7 @@ class PostgresGuesses(Guesses):
 
     def __init__(self) -> None:
         super().__init__()
-        #: ``(space, raw prefix)`` -> a key under it (bytes), False (none), or MISS
+        #: ``(space, raw prefix)`` -> True (keys), a key under it (bytes), False (none), or MISS
         self.prefixes: dict[tuple[Space, bytes], Any] = {}
 
     def missed(self, taken: Taken) -> None:  # type: ignore[override]
@@ -97,13 +104,16 @@ class PostgresGuesses(Guesses):
 
     def learn(self, plan: list[tuple[type, bytes, Space]], found: dict[Any, Any]) -> None:
         """Keep the answers of a batch of reads: ``found`` by ``(kind name, space, raw)``, a
-        value, a size, or a prefix's witness (absent: none)."""
+        value, a size, or (any value) a prefix holding keys (absent: none)."""
         names, prefixes, keep = self.names, self.prefixes, self.keep
         with self.lock:
             for kind, raw, space in plan:
                 if kind is HasPrefix:
                     if raw[-1:] == b"/":
-                        prefixes[space, raw] = found.get(("prefix", space, raw), False)
+                        if ("prefix", space, raw) not in found:
+                            prefixes[space, raw] = False
+                        elif type(prefixes.get((space, raw))) is not bytes:  # a witness kept
+                            prefixes[space, raw] = True
                     continue
                 value = found.get(("get", space, raw))
                 if kind is Get or value is not None:
@@ -131,15 +141,16 @@ class PostgresGuesses(Guesses):
                     key = (space, prefix)
                     fact = prefixes.get(key)
                     if value is not None:
-                        if fact is None or fact is False or fact is MISS:
+                        if type(fact) is not bytes:
                             prefixes[key] = raw
-                    elif fact == raw:
-                        prefixes[key] = MISS  # its witness gone: others may be left
+                    elif fact is True or fact == raw:
+                        prefixes[key] = MISS  # its witness gone (or none known): others may be left
             self.bound()
 
     def forget(self, changed: Iterable[tuple[Space, str]]) -> None:
         """Another client changed these keys (the change feed): they are not known any more,
-        nor the prefixes above them that were empty or that they witnessed."""
+        nor the prefixes above them that were empty, full without a witness, or that they
+        witnessed."""
         prefixes = self.prefixes
         with self.lock:
             for space, key in changed:
@@ -147,7 +158,7 @@ class PostgresGuesses(Guesses):
                 self.keep((space, raw), MISS)
                 for prefix in _prefixes(raw):
                     fact = prefixes.get((space, prefix))
-                    if fact is False or fact == raw:
+                    if fact is False or fact is True or fact == raw:
                         prefixes[space, prefix] = MISS
             self.bound()
 
@@ -175,7 +186,7 @@ class Taken:
 
     def __init__(self) -> None:
         self.names: dict[tuple[Space, bytes], Any] = {}  # bytes | int | None
-        self.prefixes: dict[tuple[Space, bytes], Any] = {}  # a witness, or False
+        self.prefixes: dict[tuple[Space, bytes], Any] = {}  # True, a witness, or False
         self.unchecked = False
 
     def __bool__(self) -> bool:
@@ -244,9 +255,9 @@ def check(taken: Taken, queries: dict[Any, Any], conn: Any) -> tuple[bytes, list
         if extra is not None:
             columns[1].append(extra)
     for (space, raw), fact in taken.prefixes.items():
-        if fact is False:
+        if fact is False or fact is True:
             lo = raw.decode("utf-8")
-            columns = groups.setdefault(("empty", space), [[], []])
+            columns = groups.setdefault(("full" if fact else "empty", space), [[], []])
             columns[0].append(lo)
             columns[1].append(prefix_stop(lo))
         else:

@@ -28,7 +28,7 @@ def queries(table: str, collate: Any) -> dict[str, Any]:
         "get": sql.SQL("SELECT v FROM {} WHERE k = %s").format(t),
         "size": sql.SQL("SELECT octet_length(v) FROM {} WHERE k = %s").format(t),
         "read": sql.SQL("SELECT substring(v from %s for %s) FROM {} WHERE k = %s").format(t),
-        "prefix": sql.SQL("SELECT convert_to(k, 'UTF8') FROM {} WHERE k >= %s{} AND k < %s{} LIMIT 1").format(
+        "prefix": sql.SQL("SELECT 1 FROM {} WHERE k >= %s{} AND k < %s{} LIMIT 1").format(
             t, collate, collate
         ),
         "put": sql.SQL(
@@ -43,10 +43,10 @@ _KEYS_JOINED = " FROM unnest(%s::text[]) WITH ORDINALITY AS r(k, i) JOIN {} AS t
 _BATCH_PARTS = {
     "get": "t.v, NULL::int4" + _KEYS_JOINED,
     "size": "NULL::bytea, octet_length(t.v)" + _KEYS_JOINED,
-    # a key under the prefix, where there is one (guesses keep it as the prefix's witness)
+    # EXISTS, not a key under each: that form is planned again at every run (docs/performance.md)
     "prefix": (
-        "convert_to(w.k, 'UTF8'), NULL::int4 FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY"
-        " AS r(lo, hi, i) CROSS JOIN LATERAL (SELECT k FROM {} WHERE k >= r.lo{} AND k < r.hi{} LIMIT 1) AS w"
+        "NULL::bytea, NULL::int4 FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS r(lo, hi, i)"
+        " WHERE EXISTS (SELECT 1 FROM {} WHERE k >= r.lo{} AND k < r.hi{})"
     ),
 }
 
@@ -55,8 +55,7 @@ def batch(groups: list[tuple[str, Any]], collate: Any) -> Any:
     """One statement answering several groups of reads, each ``(kind, table)`` with kind
     ``get``, ``size`` or ``prefix`` (its keys as one array parameter; a prefix group's as two,
     the ranges' starts and ends). Rows: ``(group, place, value, size)``, the group's index and
-    the key's 1-based place in its array, for the keys found (the ranges holding keys, with a key
-    under each as the value)."""
+    the key's 1-based place in its array, for the keys found (the ranges holding keys)."""
     selects = []
     for n, (kind, table) in enumerate(groups):
         tail = sql.SQL(_BATCH_PARTS[kind])

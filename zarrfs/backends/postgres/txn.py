@@ -305,7 +305,7 @@ class PostgresTxn(Txn):
         sent = list(groups.items())
         for g, place, value, size in rows:
             (kind, space), raws = sent[g]
-            # a get's value, a size, or a prefix's witness (a key under it)
+            # a get's value, a size, or a prefix holding keys (no value)
             found[kind, space, raws[place - 1]] = size if kind == "size" else value
         if self.guesses is not None:
             self.guesses.learn(asked, found)
