@@ -1925,6 +1925,49 @@ class TestPostgres(_Conformance):
         finally:
             other.close()
 
+    def test_the_check_finds_each_kind_of_answer_that_no_longer_holds(self, driver):
+        """The commit's check (``postgres.guesses.check``) passes while every answer taken
+        holds, and raises ZF001 when any one kind does not: a name absent, a value, a length,
+        a folder's witness, a folder empty, a folder holding keys."""
+        import psycopg
+        from psycopg.sql import SQL
+
+        from zarrfs.backends.base import HasPrefix
+        from zarrfs.backends.postgres.guesses import WRONG, PostgresGuesses, Taken, check
+
+        for key, value in [("v", b"val"), ("w/1", b"1"), ("f/1", b"1")]:
+            driver.put(key, value)
+        driver.put("n", b"12345", SIDE)
+        g = PostgresGuesses()
+        g.names[DATA, b"v"], g.names[SIDE, b"n"] = b"val", 5
+        g.prefixes[DATA, b"w/"], g.prefixes[DATA, b"f/"] = b"w/1", True
+        t = Taken()
+        plan = [(HasPrefix, b"e/", DATA), (Get, b"x", DATA), (Get, b"v", DATA), (Size, b"n", SIDE),
+                (HasPrefix, b"w/", DATA), (HasPrefix, b"f/", DATA)]
+        assert t.answer(g, plan) == [False, None, b"val", 5, True, True]
+
+        def holds() -> bool:
+            statement, params = check(t, driver.queries, driver.conn)
+            try:
+                driver.conn.execute(SQL(statement.decode()), params)
+                return True
+            except psycopg.Error as exc:
+                assert exc.sqlstate == WRONG
+                return False
+
+        assert holds()
+        changes = [(lambda: driver.put("e/1", b"1"), lambda: driver.delete("e/1")),
+                   (lambda: driver.put("x", b"1"), lambda: driver.delete("x")),
+                   (lambda: driver.put("v", b"vaL"), lambda: driver.put("v", b"val")),
+                   (lambda: driver.put("n", b"1234", SIDE), lambda: driver.put("n", b"12345", SIDE)),
+                   (lambda: driver.delete("w/1"), lambda: driver.put("w/1", b"1")),
+                   (lambda: driver.delete("f/1"), lambda: driver.put("f/1", b"1"))]
+        for change, undo in changes:
+            change()
+            assert not holds()
+            undo()
+            assert holds()
+
     def test_a_connection_without_the_check_reads_first(self, driver):
         """A connection whose check function is gone (a server that dropped its temporary
         schema) still commits, reading: the check's failure is taken as a wrong guess, and

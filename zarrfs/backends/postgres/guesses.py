@@ -46,36 +46,33 @@ FUNCTION = (
 PREFIXES = 4096
 _UNSEEN = object()
 
-# Each kind of check, counting the answers of one table that do not hold.
+# Each kind of check, counting the answers of one table that do not hold. Keys go as ``= ANY``
+# of an array and each folder's range as its own pair of parameters, not as joins with arrays'
+# ``unnest``: less for the server to plan and run at each commit (docs/performance.md). A
+# value's or length's pair is ``key, space, fact`` in one text: the fact has no space, so the
+# pair names one key.
 _CHECKS = {
-    # names guessed absent
+    # names guessed absent (their keys)
     "absent": "(SELECT count(*) FROM {t} WHERE k = ANY(%s::text[]))",
-    # names guessed with this value (its SHA-256, hex)
+    # names guessed with this value (their keys, and the pairs of key and SHA-256 in hex)
     "value": (
-        "(SELECT count(*) FROM unnest(%s::text[], %s::text[]) AS r(k, h) LEFT JOIN {t} AS t"
-        " ON t.k = r.k WHERE t.k IS NULL OR encode(sha256(t.v), 'hex') <> r.h)"
+        "(cardinality(%s::text[]) - (SELECT count(*) FROM {t} WHERE k = ANY(%s::text[])"
+        " AND k || ' ' || encode(sha256(v), 'hex') = ANY(%s::text[])))"
     ),
-    # names guessed with a value of this length
+    # names guessed with a value of this length (their keys, and the pairs of key and length)
     "length": (
-        "(SELECT count(*) FROM unnest(%s::text[], %s::text[]) AS r(k, n) LEFT JOIN {t} AS t"
-        " ON t.k = r.k WHERE t.k IS NULL OR octet_length(t.v) <> r.n::int8)"
+        "(cardinality(%s::text[]) - (SELECT count(*) FROM {t} WHERE k = ANY(%s::text[])"
+        " AND k || ' ' || octet_length(v) = ANY(%s::text[])))"
     ),
-    # witnesses of prefixes guessed to hold keys
-    "present": (
-        "(SELECT count(*) FROM unnest(%s::text[]) AS r(k)"
-        " WHERE NOT EXISTS (SELECT 1 FROM {t} AS t WHERE t.k = r.k))"
-    ),
-    # prefixes guessed to hold keys, no witness known
-    "full": (
-        "(SELECT count(*) FROM unnest(%s::text[], %s::text[]) AS r(lo, hi)"
-        " WHERE NOT EXISTS (SELECT 1 FROM {t} WHERE k >= r.lo{c} AND k < r.hi{c}))"
-    ),
-    # prefixes guessed empty
-    "empty": (
-        "(SELECT count(*) FROM unnest(%s::text[], %s::text[]) AS r(lo, hi)"
-        " WHERE EXISTS (SELECT 1 FROM {t} WHERE k >= r.lo{c} AND k < r.hi{c}))"
-    ),
+    # witnesses of prefixes guessed to hold keys (their keys)
+    "present": "(cardinality(%s::text[]) - (SELECT count(*) FROM {t} WHERE k = ANY(%s::text[])))",
+    # a prefix guessed empty (its range)
+    "empty": "(SELECT count(*) FROM (SELECT FROM {t} WHERE k >= %s{c} AND k < %s{c} LIMIT 1) AS x)",
+    # a prefix guessed to hold keys, no witness known (its range)
+    "full": "(1 - (SELECT count(*) FROM (SELECT FROM {t} WHERE k >= %s{c} AND k < %s{c} LIMIT 1) AS x))",
 }
+#: The parameters of each kind: its keys, twice where the statement names them twice.
+_KEYS_TWICE = ("value", "length", "present")
 
 
 def _prefixes(raw: bytes) -> Iterable[bytes]:
@@ -239,39 +236,44 @@ class Taken:
 def check(taken: Taken, queries: dict[Any, Any], conn: Any) -> tuple[bytes, list[Any]]:
     """The statement that checks ``taken`` (raising :data:`WRONG` when an answer does not
     hold) and its parameters; rendered once per shape into ``queries`` (the driver's)."""
-    groups: dict[tuple[str, Space], list[list[str]]] = {}
+    keyed: dict[tuple[str, Space], tuple[list[str], list[str]]] = {}
+    ranges: list[tuple[str, Space, str]] = []
     for (space, raw), fact in taken.names.items():
         key = raw.decode("utf-8")
         if fact is None:
-            kind, extra = "absent", None
+            kind, pair = "absent", None
         elif type(fact) is int:
-            kind, extra = "length", str(fact)
+            kind, pair = "length", f"{key} {fact}"
         else:
-            kind, extra = "value", sha256(fact).hexdigest()
-        columns = groups.get((kind, space))
-        if columns is None:
-            columns = groups[kind, space] = [[]] if extra is None else [[], []]
-        columns[0].append(key)
-        if extra is not None:
-            columns[1].append(extra)
+            kind, pair = "value", f"{key} {sha256(fact).hexdigest()}"
+        keys, pairs = keyed.setdefault((kind, space), ([], []))
+        keys.append(key)
+        if pair is not None:
+            pairs.append(pair)
     for (space, raw), fact in taken.prefixes.items():
         if fact is False or fact is True:
-            lo = raw.decode("utf-8")
-            columns = groups.setdefault(("full" if fact else "empty", space), [[], []])
-            columns[0].append(lo)
-            columns[1].append(prefix_stop(lo))
+            ranges.append(("full" if fact else "empty", space, raw.decode("utf-8")))
         else:
-            groups.setdefault(("present", space), [[]])[0].append(fact.decode("utf-8"))
-    shape = tuple(groups)
+            keyed.setdefault(("present", space), ([], []))[0].append(fact.decode("utf-8"))
+    shape = (tuple(keyed), tuple((kind, space) for kind, space, _ in ranges))
     statement = queries.get(("check", shape))
     if statement is None:
         parts = [
             sql.SQL(_CHECKS[kind]).format(t=queries["table", space], c=queries["collate"])
-            for kind, space in shape
+            for kind, space in (*shape[0], *shape[1])
         ]
         statement = sql.SQL("SELECT pg_temp.zarrfs_guessed({})").format(sql.SQL(" + ").join(parts))
         statement = queries["check", shape] = statement.as_bytes(conn)
-    return statement, [column for columns in groups.values() for column in columns]
+    params: list[Any] = []
+    for (kind, _), (keys, pairs) in keyed.items():
+        params.append(keys)
+        if kind in _KEYS_TWICE:
+            params.append(keys)
+        if pairs:
+            params.append(pairs)
+    for _, _, lo in ranges:
+        params += [lo, prefix_stop(lo)]
+    return statement, params
 
 
 __all__ = ["FUNCTION", "PREFIXES", "WRONG", "PostgresGuesses", "Taken", "check"]
