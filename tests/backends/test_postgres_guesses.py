@@ -4,7 +4,7 @@ table alone, without a server. Against a server (the check, a wrong guess, the f
 
 from __future__ import annotations
 
-from zarrfs.backends.base import DATA, SIDE, Get, HasPrefix, Size
+from zarrfs.backends.base import DATA, SIDE, Get, GuessedWrongError, HasPrefix, Size
 from zarrfs.backends.guesses import NAMES
 from zarrfs.backends.postgres.guesses import MISS, PostgresGuesses, Taken
 
@@ -111,3 +111,19 @@ def test_the_table_is_bounded():
     g = PostgresGuesses()
     g.wrote([(DATA, b"k%d" % i, b"v") for i in range(NAMES + 10)], None)
     assert len(g.names) <= NAMES and (DATA, b"k0") not in g.names and (DATA, b"k%d" % (NAMES + 9)) in g.names
+
+
+def test_a_run_on_guesses_that_failed_runs_again_reading_and_a_bug_is_logged_once(monkeypatch, caplog):
+    """A run on guessed answers that raised (not a driver's error) is a wrong guess, run again
+    reading; an error of the code itself (a TypeError, say), which the run again would hide,
+    is logged, once a kind."""
+    from zarrfs.backends import guesses
+
+    monkeypatch.setattr(guesses, "_logged", set())
+    reading = guesses.Reading()
+    caplog.set_level("ERROR", logger="zarrfs.backends.guesses")
+    err = guesses.run_again("db", FileExistsError("a"), reading)
+    assert isinstance(err, GuessedWrongError) and reading.take() and not caplog.records
+    for _ in range(2):
+        guesses.run_again("db", TypeError("bad"), reading)
+    assert reading.take() and len(caplog.records) == 1 and "TypeError" in caplog.records[0].getMessage()

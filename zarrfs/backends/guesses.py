@@ -21,10 +21,15 @@ no client library guesses reads for a server-side check.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Hashable
 from itertools import islice
 from typing import Any
+
+from .errors import GuessedWrongError
+
+log = logging.getLogger("zarrfs.backends.guesses")
 
 #: Longest value kept whole (metadata documents, side records); longer: its length alone.
 KEEP = 4096
@@ -142,4 +147,21 @@ class Reading(threading.local):
         return now
 
 
-__all__ = ["BYTES", "KEEP", "MISS", "MOST_SKIPS", "NAMES", "SKIPS", "Guesses", "Reading"]
+#: Errors of the code itself, not of what a run read: logged when a guessed run raises them.
+_BUGS = (TypeError, AttributeError, NameError, AssertionError)
+_logged: set[type] = set()
+
+
+def run_again(where: str, exc: Exception, reading: Reading) -> GuessedWrongError:
+    """What a run on guessed answers that raised ``exc`` (not a driver's error: a folder
+    guessed absent, say) becomes: a wrong guess, run again at once by the calling thread,
+    reading, so that it raises what holds. An error of the code itself is logged too, once
+    a kind: the run again reading would hide it."""
+    reading.keep()
+    if isinstance(exc, _BUGS) and type(exc) not in _logged:
+        _logged.add(type(exc))
+        log.error("%s: a run on guessed answers failed (%r); ran again reading (please report)", where, exc)
+    return GuessedWrongError(f"{where}: a guessed read was wrong ({exc!r})")
+
+
+__all__ = ["BYTES", "KEEP", "MISS", "MOST_SKIPS", "NAMES", "SKIPS", "Guesses", "Reading", "run_again"]

@@ -50,9 +50,9 @@ from ..base import (
     Txn,
     UnavailableError,
 )
-from ..errors import GuessedWrongError, KeyTooLongError, RestartedError
+from ..errors import KeyTooLongError, RestartedError
 from ..filespace import statvfs
-from ..guesses import Reading
+from ..guesses import Reading, run_again
 from ..snapshot import HeldState
 from ..urloptions import check_options
 from . import feed, rawpipe
@@ -288,10 +288,7 @@ class PostgresDriver(Driver):
                 except BaseException as exc:
                     self._roll_back()
                     if txn.taken and isinstance(exc, Exception) and not isinstance(exc, BackendError):
-                        # Raised by a run on guessed answers (a folder guessed absent, say):
-                        # the run again reads for real, and raises what holds.
-                        self.reading.keep()
-                        raise GuessedWrongError(f"{self.where}: a guessed read was wrong ({exc!r})") from exc
+                        raise run_again(self.where, exc, self.reading) from exc
                     raise
         finally:
             mine.busy = False

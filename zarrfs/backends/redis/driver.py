@@ -46,7 +46,7 @@ from ..base import (
     bytes_stop,
 )
 from ..buffered import DELETED
-from ..guesses import Reading
+from ..guesses import Reading, run_again
 from .about import ABOUT
 from .commit import commit, guessed, guesses_for
 from .feed import RedisFeed
@@ -114,11 +114,8 @@ class RedisTxn(Txn):
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         taken = self._taken
         if taken and isinstance(exc, Exception) and not isinstance(exc, BackendError):
-            # Raised by a run on guessed answers (a folder guessed absent, say): nothing was
-            # sent; the run again reads for real, and raises what holds.
-            self.finish(False)
-            self._d.reading.keep()
-            raise GuessedWrongError(f"{self.where}: a guessed read was wrong ({exc!r})") from exc
+            self.finish(False)  # nothing was sent
+            raise run_again(self.where, exc, self._d.reading) from exc
         self.finish(exc_type is None)
 
     # -- reads ------------------------------------------------------------------------------
