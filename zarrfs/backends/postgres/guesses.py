@@ -75,7 +75,7 @@ _CHECKS = {
 _KEYS_TWICE = ("value", "length", "present")
 
 
-def _prefixes(raw: bytes) -> Iterable[bytes]:
+def folders_of(raw: bytes) -> Iterable[bytes]:
     """The prefixes of ``raw`` that end in ``/`` (its folders')."""
     at = raw.find(b"/")
     while at >= 0:
@@ -134,7 +134,7 @@ class PostgresGuesses(Guesses):
                 prefixes.update(taken.prefixes)
             for space, raw, value in written:
                 keep((space, raw), value)
-                for prefix in _prefixes(raw):
+                for prefix in folders_of(raw):
                     key = (space, prefix)
                     fact = prefixes.get(key)
                     if value is not None:
@@ -153,7 +153,7 @@ class PostgresGuesses(Guesses):
             for space, key in changed:
                 raw = key.encode("utf-8")
                 self.keep((space, raw), MISS)
-                for prefix in _prefixes(raw):
+                for prefix in folders_of(raw):
                     fact = prefixes.get((space, prefix))
                     if fact is False or fact is True or fact == raw:
                         prefixes[space, prefix] = MISS
@@ -276,4 +276,4 @@ def check(taken: Taken, queries: dict[Any, Any], conn: Any) -> tuple[bytes, list
     return statement, params
 
 
-__all__ = ["FUNCTION", "PREFIXES", "WRONG", "PostgresGuesses", "Taken", "check"]
+__all__ = ["FUNCTION", "PREFIXES", "WRONG", "PostgresGuesses", "Taken", "check", "folders_of"]

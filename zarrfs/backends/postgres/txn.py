@@ -18,7 +18,7 @@ from ..base import KEYS, SIZES, Fetch, Get, GuessedWrongError, HasPrefix, Size, 
 from ..guesses import Reading
 from . import rawpipe
 from .connection import WatchedConnection
-from .guesses import WRONG, PostgresGuesses, Taken, check
+from .guesses import WRONG, PostgresGuesses, Taken, check, folders_of
 from .sql import batch as _batch
 from .sql import bound as _bound
 from .sql import compare as _compare
@@ -231,7 +231,7 @@ class PostgresTxn(Txn):
         if self._seen is not None:
             self._seen[space, raw] = value
         if self.taken is not None:
-            self._below(raw, space)
+            self.wrote_below.update((space, folder) for folder in folders_of(raw))
 
     def _delete(self, raw: bytes, space: Space) -> None:
         key = _text(raw)
@@ -240,14 +240,7 @@ class PostgresTxn(Txn):
         if self._seen is not None:
             self._seen[space, raw] = None
         if self.taken is not None:
-            self._below(raw, space)
-
-    def _below(self, raw: bytes, space: Space) -> None:
-        """Note the folders a write of ``raw`` is below (see :attr:`wrote_below`)."""
-        at = raw.find(b"/")
-        while at >= 0:
-            self.wrote_below.add((space, raw[: at + 1]))
-            at = raw.find(b"/", at + 1)
+            self.wrote_below.update((space, folder) for folder in folders_of(raw))
 
     def _read_many(self, plan: list[tuple[type, bytes, Space]]) -> list[Any]:
         # One pipeline (one round trip), and the reads in it one statement (``sql.batch``): a
