@@ -1818,7 +1818,9 @@ class TestPostgres(_Conformance):
         driver.put("w/a", b"1")
         sent = self._exchanges(driver, monkeypatch)
         driver.transact(lambda t: t.put("w/b", t.get("w/a") + b"."))
-        assert len(sent) == 1 and sent[0][:2] == ["BEGIN ISOLATION", "SELECT pg_temp.zarrfs_guessed"]
+        # The check, planned once a connection (PLAN_ONCE and back), then the writes.
+        checked = ["BEGIN ISOLATION", "SET LOCAL", "SELECT pg_temp.zarrfs_guessed", "SET LOCAL"]
+        assert len(sent) == 1 and sent[0][:4] == checked
         assert sent[0][-1] == "COMMIT" and driver.guesses.holds == 1
         other = open_driver(url)
         try:
@@ -1833,7 +1835,7 @@ class TestPostgres(_Conformance):
             sent.clear()
             driver.transact(fn)
             assert seen == [b"1", b"22"]
-            assert len(sent) == 3 and sent[0][1] == "SELECT pg_temp.zarrfs_guessed", sent  # failed check
+            assert len(sent) == 3 and sent[0][:4] == checked, sent  # failed check
             assert sent[1][:2] == ["BEGIN ISOLATION", "SELECT 0::int2,"]  # read, then the writes
             assert "SELECT pg_temp.zarrfs_guessed" not in sent[2]
             assert driver.get("w/b") == b"22!" and other.get("w/b") == b"22!"
@@ -1967,6 +1969,24 @@ class TestPostgres(_Conformance):
             assert not holds()
             undo()
             assert holds()
+
+    def test_the_check_is_planned_once_a_connection_not_at_each_commit(self, driver, url, postgres_server):
+        """On a table of thousands of rows the server, left to choose, plans the check again
+        at each bind, which costs it about as much as the check itself: the commit asks for
+        its generic plan (``PLAN_ONCE``)."""
+        table = url.rsplit("table=", 1)[1]
+        with postgres_server.connect() as conn:
+            conn.execute(f"INSERT INTO \"{table}\" SELECT 'many/' || g, '\\x00' FROM generate_series(1, 5000) g")
+            conn.execute(f'ANALYZE "{table}"')
+        driver.put("w/a", b"1")
+        for n in range(12):
+            driver.transact(lambda t, n=n: t.put(f"w/{n}", t.get("w/a") + b"."))
+        assert driver.guesses.holds >= 10
+        rows = driver.conn.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE '%zarrfs_guessed%'"
+        ).fetchall()
+        assert rows and all(custom == 0 and generic > 0 for generic, custom in rows), rows
 
     def test_a_connection_without_the_check_reads_first(self, driver):
         """A connection whose check function is gone (a server that dropped its temporary
