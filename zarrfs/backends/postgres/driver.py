@@ -59,6 +59,7 @@ from . import feed, rawpipe
 from .about import ABOUT
 from .connection import WatchedConnection
 from .guesses import FUNCTION, PostgresGuesses
+from .sql import PLANNING
 from .sql import queries as _queries
 from .sql import reason as _reason
 from .txn import PostgresTxn
@@ -235,12 +236,13 @@ class PostgresDriver(Driver):
         timeout=``): the connect, a statement the server runs (``statement_timeout``, lock
         waits included), data the server does not acknowledge (``tcp_user_timeout``) and a
         silent connection (keepalives: a partition). A server that is paused but whose kernel
-        still answers (``SIGSTOP``) is not noticed by these; the Redis driver's own wait is."""
+        still answers (``SIGSTOP``) is not noticed by these; the Redis driver's own wait is.
+        The same ``options`` carry how statements are planned (``sql.PLANNING``)."""
         seconds = self.timeout
         idle = max(1, int(seconds / 2))
         return {
             "connect_timeout": max(2, int(seconds + 0.999)),  # libpq: whole seconds, 2 at least
-            "options": f"-c statement_timeout={int(seconds * 1000)}",
+            "options": f"-c statement_timeout={int(seconds * 1000)} {PLANNING}",
             "keepalives": 1,
             "keepalives_idle": idle,
             "keepalives_interval": max(1, int(seconds / 6)),

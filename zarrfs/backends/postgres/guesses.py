@@ -42,12 +42,6 @@ FUNCTION = (
     " RAISE EXCEPTION 'a read this mount guessed changed' USING ERRCODE = '" + WRONG + "';"
     " END IF; RETURN wrong; END $$"
 )
-#: Sent before and after the check, in its transaction: the check planned once a connection
-#: (its generic plan), not at each commit. Left to choose, the server plans each bind of it anew
-#: once the tables hold a few thousand rows (its generic plan costed above a custom one's),
-#: which costs about as much as running it (docs/performance.md).
-PLAN_ONCE = (b"SET LOCAL plan_cache_mode = force_generic_plan", None)
-PLAN_AS_BEFORE = (b"SET LOCAL plan_cache_mode TO DEFAULT", None)
 #: Prefixes kept at most.
 PREFIXES = 4096
 _UNSEEN = object()
@@ -282,14 +276,4 @@ def check(taken: Taken, queries: dict[Any, Any], conn: Any) -> tuple[bytes, list
     return statement, params
 
 
-__all__ = [
-    "FUNCTION",
-    "PLAN_AS_BEFORE",
-    "PLAN_ONCE",
-    "PREFIXES",
-    "WRONG",
-    "PostgresGuesses",
-    "Taken",
-    "check",
-    "folders_of",
-]
+__all__ = ["FUNCTION", "PREFIXES", "WRONG", "PostgresGuesses", "Taken", "check", "folders_of"]

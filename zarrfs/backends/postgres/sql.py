@@ -6,6 +6,19 @@ from typing import Any
 
 from psycopg import sql
 
+#: Server settings of each connection the driver makes (with libpq's ``options``). Its
+#: statements find rows by the primary key alone (a key, an array of keys, a range of keys), so
+#: the plan that walks the key's index is always the right one: the server makes it once a
+#: prepared statement (its generic plan) instead of planning again at each run, which for a
+#: read's batch or a commit's check cost the server more than running it (docs/performance.md,
+#: "PostgreSQL: each statement planned once"). A whole table's scan, a hash or a merge join is
+#: never the better plan for them; turned off, a plan made while a table was small still walks
+#: the index once the table has grown.
+PLANNING = (
+    "-c plan_cache_mode=force_generic_plan -c enable_seqscan=off -c enable_hashjoin=off"
+    " -c enable_mergejoin=off"
+)
+
 
 def text(raw: bytes) -> str:
     """A key as PostgreSQL's text (keys are UTF-8)."""

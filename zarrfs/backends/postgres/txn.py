@@ -18,7 +18,7 @@ from ..base import KEYS, SIZES, Fetch, Get, GuessedWrongError, HasPrefix, Size, 
 from ..guesses import Reading
 from . import rawpipe
 from .connection import WatchedConnection
-from .guesses import PLAN_AS_BEFORE, PLAN_ONCE, WRONG, PostgresGuesses, Taken, check, folders_of
+from .guesses import WRONG, PostgresGuesses, Taken, check, folders_of
 from .sql import batch as _batch
 from .sql import bound as _bound
 from .sql import compare as _compare
@@ -106,7 +106,7 @@ class PostgresTxn(Txn):
         at = 0
         if not self.begun:
             at = next(i + 1 for i, (q, _) in enumerate(self.queued) if str(q).startswith("BEGIN"))
-        self.queued[at:at] = (PLAN_ONCE, statement, PLAN_AS_BEFORE)
+        self.queued.insert(at, statement)
         taken.unchecked = False
 
     def _exchange(self, conn: WatchedConnection, query: Any, params: Any):
