@@ -12,13 +12,16 @@ it complete; without it (a ``RedisStore`` database) it is rebuilt with ``SCAN`` 
 them, a ``read_many`` prefix read trusts them); keys it adds list once ``reindex`` or a writable
 mount's change feed (``feed``) indexes them. A write transaction ``WATCH``es what it reads (the
 index when it scans), buffers its writes and commits them in one ``MULTI``/``EXEC`` (``commit``);
-a conflict is :class:`RetryableError`. Redis has no read snapshot, so a read transaction watches
-the keys and records it reads too (not the index, nor reads made ``apart``: a listing of many
-pages may see a folder change, as readdir may, and each listed name's node is read in one
-pipeline) and, when its watched reads took more than one round trip, ends with an empty
-``MULTI``/``EXEC``: a key changed between its reads fails it with :class:`RetryableError` and
-it runs again, so a lookup of a hard link (three round trips) never sees half a commit; one of
-one round trip owes only the ``UNWATCH`` sent in front of the link's next call. (redis-server
+a conflict is :class:`RetryableError`. Redis has no read snapshot, so a read transaction of
+several round trips watches the keys and records it reads too (not the index, nor reads made
+``apart``: a listing of many pages may see a folder change, as readdir may, and each listed
+name's node is read in one pipeline): its first read goes unwatched (a transaction of one
+round trip, nearly every lookup and open, sends no ``WATCH`` and owes no ``UNWATCH``); its
+second watches the first's keys with its own and reads the first's again behind that
+``WATCH``, and it ends with an empty ``MULTI``/``EXEC``: a key changed between its reads (a
+first read answered otherwise the second time, or the check failing) fails it with
+:class:`RetryableError` and it runs again, so a lookup of a hard link (three round trips)
+never sees half a commit. (redis-server
 compares each name a ``WATCH`` adds with every one the connection watches: a transaction that
 watched each of a folder's 20,000 names paid seconds of the server's time.) One connection
 per thread, replies parsed by hiredis (``link``): a read or batch is one round trip, a commit
@@ -101,6 +104,9 @@ class RedisTxn(Txn):
         self._asked: list[tuple[list[bytes], tuple[tuple[Any, ...], ...]]] = []
         self._replay = None if write else driver.replay.take()
         self._answers: dict[tuple[Any, ...], Any] | None = None
+        # A read transaction's first watched read, sent unwatched: ``(names, commands,
+        # replies)`` until a second one watches its names and checks its replies (:meth:`_ask`).
+        self._first: tuple[list[bytes], tuple[tuple[Any, ...], ...], list[Any]] | None = None
         # A write transaction's reads answered from what the mount last saw (``guesses``),
         # checked by its commit; none in a run after a wrong guess.
         guesses = driver.guesses
@@ -169,8 +175,19 @@ class RedisTxn(Txn):
             if answers is not None and all(c in answers for c in commands):
                 return self._answered(commands)
         alongside, self._alongside = self._alongside, None
-        watch = self._watch(names)
-        if not watch and self._early and len(commands) == 1 and commands[0] in self._early:
+        # A read transaction's first watched read watches nothing: alone, it needs no check.
+        # Its next one watches the first's names too and reads them again behind the WATCH.
+        first = not self.write and names and not self._round_trips
+        again: list[tuple[Any, ...]] = []
+        if first:
+            watch = []
+        elif self._first is not None and names:
+            before, self._first = self._first, None
+            watch = self._watch([*before[0], *names])
+            again = list(before[1])
+        else:
+            watch = self._watch(names)
+        if not watch and not first and self._early and len(commands) == 1 and commands[0] in self._early:
             if alongside is not None:
                 alongside()
             reply = self._early.pop(commands[0])  # sent ahead (scan_ahead)
@@ -179,17 +196,26 @@ class RedisTxn(Txn):
             return [reply]
         if names:
             self._round_trips += 1
+        sent = [*watch, *again, *commands]
         if self._queued:
             queued, self._queued = [q for q in self._queued if q not in commands], []
-            replies = self._link.call([*watch, *commands, *queued], alongside=alongside)[len(watch) :]
-            self._early.update(zip(queued, replies[len(commands) :], strict=True))
-            for reply in replies[: len(commands)]:
+            replies = self._link.call([*sent, *queued], alongside=alongside)[len(watch) :]
+            asked = len(again) + len(commands)
+            self._early.update(zip(queued, replies[asked:], strict=True))
+            replies = replies[:asked]
+            for reply in replies:
                 if isinstance(reply, Exception):
                     raise translate(reply, self._d.where)
-            return replies[: len(commands)]
-        if watch:
-            return self._link.checked([*watch, *commands], alongside)[1:]
-        return self._link.checked(commands, alongside)
+        else:
+            replies = self._link.checked(sent, alongside)[len(watch) :]
+        if again:
+            if replies[: len(again)] != before[2]:
+                self._d.replay.keep(self._asked)
+                raise RetryableError(f"{self.where}: a key read changed before the next read; read again")
+            return replies[len(again) :]
+        if first:
+            self._first = (names, commands, list(replies))
+        return replies
 
     def _replayed(self) -> None:
         """The run after a failed check: the reads the failed run made are made first, in one
