@@ -178,11 +178,12 @@ class RedisTxn(Txn):
         # A read transaction's first watched read watches nothing: alone, it needs no check.
         # Its next one watches the first's names too and reads them again behind the WATCH.
         first = not self.write and names and not self._round_trips
+        before = None if first or not names else self._first
         again: list[tuple[Any, ...]] = []
         if first:
             watch = []
-        elif self._first is not None and names:
-            before, self._first = self._first, None
+        elif before is not None:
+            self._first = None
             watch = self._watch([*before[0], *names])
             again = list(before[1])
         else:
@@ -208,10 +209,9 @@ class RedisTxn(Txn):
                     raise translate(reply, self._d.where)
         else:
             replies = self._link.checked(sent, alongside)[len(watch) :]
-        if again:
+        if before is not None:
             if replies[: len(again)] != before[2]:
-                self._d.replay.keep(self._asked)
-                raise RetryableError(f"{self.where}: a key read changed before the next read; read again")
+                raise self._read_again("a key read changed before the next read")
             return replies[len(again) :]
         if first:
             self._first = (names, commands, list(replies))
@@ -414,8 +414,13 @@ class RedisTxn(Txn):
         if isinstance(reply, Exception):
             raise translate(reply, self.where)
         if reply is None:
-            self._d.replay.keep(self._asked)
-            raise RetryableError(f"{self.where}: a key read changed before the last read; read again")
+            raise self._read_again("a key read changed before the last read")
+
+    def _read_again(self, what: str) -> RetryableError:
+        """A read transaction that saw a key change between its round trips: its next run
+        reads what this one asked first, in one ``MULTI``/``EXEC`` (:meth:`_replayed`)."""
+        self._d.replay.keep(self._asked)
+        return RetryableError(f"{self.where}: {what}; read again")
 
     def _commit(self, link: Link) -> None:
         """Send the buffered writes (see ``commit``), with the checks of guessed answers when
