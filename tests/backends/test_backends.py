@@ -1267,6 +1267,31 @@ class TestRedis(_Conformance):
         plan = [("get", k, DATA) for k in values]
         assert driver.transact(lambda t: t.read_many(plan), write=False) == list(values.values())
 
+    def test_only_a_short_commands_long_value_is_a_piece_of_its_own(self):
+        """A commit's encoding: the long value of a ``SET`` goes as the caller's own buffer;
+        a command of more than ``VALUED`` arguments (the checks' ``EVAL``, a ``WATCH`` of many
+        names) is packed whole without looking through its arguments, even one holding a long
+        argument (copied, and still the same bytes on the wire)."""
+        import hiredis
+
+        from zarrfs.backends.redis import link as redis_link
+
+        value = memoryview(bytearray(os.urandom(redis_link.BIG_ARG + 1)))
+        long_arg = os.urandom(redis_link.BIG_ARG + 5)
+        names = [b"p:d:a/%d" % i for i in range(redis_link.VALUED + 3)]
+        commands = [
+            ("WATCH", *names),
+            ("EVAL", "return 1", len(names), *names, 7, long_arg),
+            ("MULTI",),
+            ("SET", b"p:d:a/0", value),
+            ("SET", b"p:s:a/0", b"small"),
+            ("EXEC",),
+        ]
+        pieces = redis_link._pack_big(commands)
+        assert b"".join(bytes(p) for p in pieces) == b"".join(hiredis.pack_command(c) for c in commands)
+        # What comes before the value (the long EVAL with it), the value, what comes after.
+        assert len(pieces) == 3 and pieces[1] is value
+
     def test_pieces_are_sent_in_order_however_much_the_socket_takes_at_once(self):
         from zarrfs.backends.redis import link as redis_link
 

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from .url import RedisURL
 
 BIG_ARG = 1 << 14  # arguments longer than this are sent as they are, not copied into a buffer
+#: Arguments of the longest command looked through for long values (see _pack_big).
+VALUED = 4
 # A lone reply this large is read into a buffer of its own: hiredis would copy it twice more.
 BIG_REPLY = 1 << 18
 IDLE_CHECK = 1.0  # seconds: a connection idle longer is checked for a close by the server
@@ -229,11 +231,15 @@ def _arg(a: Any) -> bytes | memoryview:
 
 def _pack_big(commands: Sequence[tuple[Any, ...]]) -> list[bytes | memoryview]:
     """The RESP encoding of ``commands`` as few buffers, with long values (chunks of MiB) as
-    buffers of their own rather than copied into one."""
+    buffers of their own rather than copied into one. Only a command of at most
+    :data:`VALUED` arguments is looked through for long ones: a value is set by a ``SET`` of
+    three, and the long commands of a commit (its ``WATCH``, the checks' ``EVAL`` of a hundred
+    arguments, ``ZADD``, ``DEL``) carry names and members; looking through each of their
+    arguments cost half the packing (a long value in one would only be copied)."""
     out: list[bytes | memoryview] = []
     small: list[bytes] = []
     for cmd in commands:
-        if all(not isinstance(a, (bytes, memoryview)) or len(a) <= BIG_ARG for a in cmd):
+        if len(cmd) > VALUED or all(not isinstance(a, (bytes, memoryview)) or len(a) <= BIG_ARG for a in cmd):
             small.append(hiredis.pack_command(cmd))
             continue
         small.append(b"*%d\r\n" % len(cmd))
