@@ -302,6 +302,33 @@ def test_request_cpu_is_counted_by_type_when_asked(make_wire, monkeypatch):
     assert cpu["lookup"] > 0
 
 
+def test_closes_answered_together_count_their_time_and_cpu_as_one_close_does(make_wire, monkeypatch):
+    """A group of closes committed together (``Session.flushes``, the request threads of a
+    database server) counts its requests, its time answering (``zarrfs stats``) and, with
+    ZARRFS_REQUEST_CPU, its CPU under FLUSH, as one close through ``handle`` does: the group's
+    commit was counted nowhere."""
+    monkeypatch.setenv("ZARRFS_REQUEST_CPU", "1")
+    wire = make_wire()
+    wire.init()
+    requests = []
+    for i in range(3):
+        entry, fh = wire.create(k.ROOT_ID, f"g{i}")
+        wire.write(entry.nodeid, fh, b"y" * 5000)
+        body = k.FLUSH_IN.pack(fh, 0, 0, 0)
+        length = k.IN_HEADER_SIZE + len(body)
+        head = k.IN_HEADER.pack(length, k.FLUSH, 900 + 2 * i, entry.nodeid, 0, 0, 1, 0, 0)
+        requests.append(memoryview(head + body))
+    before = wire.session.stats()
+    assert "flush" not in before["requests"] and "flush" not in before["cpu_us"]
+    wire.session.flushes(requests)
+    replies = [m for m in wire.messages() if m.unique]
+    assert sorted(m.unique for m in replies) == [900, 902, 904] and not any(m.error for m in replies)
+    assert all(wire.ops.tree.find(f"g{i}").size == 5000 for i in range(3))
+    stats = wire.session.stats()
+    assert stats["requests"]["flush"] == 3
+    assert stats["busy_ns"]["flush"] > 0 and stats["cpu_us"]["flush"] > 0, stats
+
+
 def test_a_write_without_cap_fsetid_clears_suid_and_sgid_at_its_commit(wire):
     """WRITE_KILL_SUIDGID: the bits go with the written content, in one commit; an
     open(O_TRUNC) with OPEN_KILL_SUIDGID likewise; without the flags (a writer with

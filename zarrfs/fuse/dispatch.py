@@ -112,6 +112,28 @@ class Dispatcher:
             op = _unpack_header(buf)[1] if len(buf) >= k.IN_HEADER_SIZE else _TABLE
             self._cpu_ns[op if op < _TABLE else _TABLE] += time.thread_time_ns() - start  # type: ignore[index]
 
+    def _counted(self, op: int, count: int) -> Callable[[], None]:
+        """For requests answered together, not through :meth:`handle` (a group of closes,
+        ``Session.flushes``): ``count`` requests of type ``op`` counted now; the returned call,
+        made once they are answered, adds the time (and with ZARRFS_REQUEST_CPU the thread's
+        CPU) spent on them, as :meth:`handle` does for one."""
+        self._requests[op] += count
+        started, cpu = _clock(), self._cpu_ns
+
+        if cpu is None:
+
+            def done() -> None:
+                self._busy_ns[op] += _clock() - started
+
+            return done
+        thread_started = time.thread_time_ns()
+
+        def done_cpu() -> None:
+            self._busy_ns[op] += _clock() - started
+            cpu[op] += time.thread_time_ns() - thread_started
+
+        return done_cpu
+
     def _failed(self, head: Header, op: int, exc: Exception, buf: memoryview | None = None) -> None:
         # One log line at most, never a traceback: a malformed request says what was wrong
         # with it, an error of a call what the caller hears (unless routine).
