@@ -17,7 +17,8 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 
 from zarrfs.fs.api import RestartedError, is_quiet, log_level, to_errno
 from zarrfs.fuse import abi as k
@@ -112,27 +113,21 @@ class Dispatcher:
             op = _unpack_header(buf)[1] if len(buf) >= k.IN_HEADER_SIZE else _TABLE
             self._cpu_ns[op if op < _TABLE else _TABLE] += time.thread_time_ns() - start  # type: ignore[index]
 
-    def _counted(self, op: int, count: int) -> Callable[[], None]:
-        """For requests answered together, not through :meth:`handle` (a group of closes,
-        ``Session.flushes``): ``count`` requests of type ``op`` counted now; the returned call,
-        made once they are answered, adds the time (and with ZARRFS_REQUEST_CPU the thread's
-        CPU) spent on them, as :meth:`handle` does for one."""
+    @contextmanager
+    def _answering(self, op: int, count: int) -> Iterator[None]:
+        """Around requests answered together, not through :meth:`handle` (a group of closes,
+        ``Session.flushes``): ``count`` requests of type ``op`` counted, and the time (with
+        ZARRFS_REQUEST_CPU the thread's CPU too) spent answering them, as :meth:`handle`
+        counts one's."""
         self._requests[op] += count
-        started, cpu = _clock(), self._cpu_ns
-
-        if cpu is None:
-
-            def done() -> None:
-                self._busy_ns[op] += _clock() - started
-
-            return done
-        thread_started = time.thread_time_ns()
-
-        def done_cpu() -> None:
+        cpu = self._cpu_ns
+        started, thread_started = _clock(), (time.thread_time_ns() if cpu is not None else 0)
+        try:
+            yield
+        finally:
             self._busy_ns[op] += _clock() - started
-            cpu[op] += time.thread_time_ns() - thread_started
-
-        return done_cpu
+            if cpu is not None:
+                cpu[op] += time.thread_time_ns() - thread_started
 
     def _failed(self, head: Header, op: int, exc: Exception, buf: memoryview | None = None) -> None:
         # One log line at most, never a traceback: a malformed request says what was wrong

@@ -808,8 +808,7 @@ class Session(Dispatcher):
         their commits in one transaction where they can be (``HandleTable.flush_many``), each
         answered with its own result."""
         heads = [Header._make(k.IN_HEADER.unpack_from(data)) for data in requests]
-        done = self._counted(k.FLUSH, len(heads))  # their time, as handle() counts one's
-        try:
+        with self._answering(k.FLUSH, len(heads)):  # their time, as handle() counts one's
             fhs = [k.FLUSH_IN.unpack_from(data, k.IN_HEADER_SIZE)[0] for data in requests]
             results = self.files.flush_many(fhs)
             for head, data, result in zip(heads, requests, results, strict=True):
@@ -821,8 +820,6 @@ class Session(Dispatcher):
                 except Exception as exc:  # the kernel's page store: the commit stands
                     log.debug("after the commit of node %d: %s", head.nodeid, exc)
                 self._reply_ok(head.unique)
-        finally:
-            done()
 
     def _fsync(self, head: Header, buf: memoryview) -> None:
         self._stored(head.nodeid, self.files.fsync(k.FSYNC_IN.unpack_from(buf, k.IN_HEADER_SIZE)[0]))
