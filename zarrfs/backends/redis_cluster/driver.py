@@ -63,6 +63,8 @@ T = TypeVar("T")
 
 # Error replies that mean "this slot is not (or not only) here now": route again and retry.
 _REROUTE = re.compile(r"(?:^|: )(MOVED|ASK|CLUSTERDOWN|TRYAGAIN)\b")
+#: Seconds an open waits on a cluster that is down or moving its slot before it says so (once).
+TELL_AFTER = 0.5
 _MOVING = (redis.exceptions.ClusterDownError, redis.exceptions.MovedError, redis.exceptions.AskError)
 
 
@@ -361,15 +363,23 @@ class RedisClusterDriver(RedisDriver):
         moving or the cluster is down (``CLUSTERDOWN``: a cluster just made, or failing a
         master over, till every node agrees), for up to the timeout: what a transaction does
         (``rerouted``), for the calls made before the first one."""
-        deadline = time.monotonic() + self.timeout
+        start = time.monotonic()
+        deadline, told = start + self.timeout, False
         while True:
             try:
                 return call()
             except BackendError as exc:
                 # redis-py's client drops the reply's code from the message: its class says it
                 moving = isinstance(exc, RetryableError) or isinstance(exc.__cause__, _MOVING)
-                if not (moving or _REROUTE.search(str(exc))) or time.monotonic() >= deadline:
+                now = time.monotonic()
+                if not (moving or _REROUTE.search(str(exc))) or now >= deadline:
                     raise
+                if not told and now - start >= TELL_AFTER:  # one line, not one a retry
+                    told = True
+                    log.warning(
+                        "%s: the cluster answers that it is down or moving the hierarchy's slot"
+                        " (%s); trying again for up to %g s (-o timeout=)", self.where, exc, self.timeout,
+                    )
             time.sleep(0.05)
             self._stale = True
             self.route()
