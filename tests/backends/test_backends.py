@@ -32,6 +32,7 @@ from zarrfs.backends.base import (
     VALUES,
     DriverNotFoundError,
     Get,
+    RetryableError,
     Size,
     StorageFullError,
     prefix_stop,
@@ -286,6 +287,34 @@ class TestSQLite(_Conformance):
         finally:
             other.execute("ROLLBACK")
             other.close()
+
+
+def test_a_transaction_retrying_for_long_says_so_once(tmp_path, caplog):
+    """A transaction that keeps meeting a retryable failure (a conflict, a moving slot, a busy
+    database) tries again for up to the timeout, and past ``RETRY_TELL`` says so in one log
+    line, not one a retry; a short run of retries says nothing."""
+    from zarrfs.backends import base
+
+    driver = open_driver(f"lmdb://{tmp_path}/r.lmdb?map_size=1048576")
+    try:
+        def failing_for(seconds: float):
+            until = time.monotonic() + seconds
+
+            def fn(t):
+                if time.monotonic() < until:
+                    raise RetryableError("a conflict, for the test")
+                return t.get("k")
+
+            return fn
+
+        assert driver.transact(failing_for(0.2), write=False) is None
+        assert not [r for r in caplog.records if "trying again" in r.getMessage()]
+        assert driver.transact(failing_for(base.RETRY_TELL + 0.6), write=False) is None
+        told = [r for r in caplog.records if "trying again" in r.getMessage()]
+        assert len(told) == 1 and told[0].levelname == "WARNING", caplog.text
+        assert "a conflict, for the test" in told[0].getMessage()
+    finally:
+        driver.close()
 
 
 def test_sqlite_new_database_gets_large_pages_and_an_old_one_keeps_its_own(tmp_path):

@@ -72,6 +72,8 @@ log = logging.getLogger("zarrfs.backends")
 T = TypeVar("T")
 #: Bytes a transaction may put and still use a driver's reserve on a full store.
 RESERVE_FOR = 64 << 10
+#: Seconds a transaction retries (a conflict, a moving slot, a busy database) before it says so, once.
+RETRY_TELL = 1.0
 
 #: Seconds a call may wait on a server by default (``-o timeout=``).
 DEFAULT_TIMEOUT = 10.0
@@ -581,9 +583,10 @@ class Driver(ABC):
             self.reads += 1
         delay = self.backoff
         attempt = 1
-        give_up = time.monotonic() + (self.timeout if self.retry_for is None else self.retry_for)
+        span = self.timeout if self.retry_for is None else self.retry_for
+        give_up = time.monotonic() + span
         txn: Txn | None = None
-        freed = False
+        freed = told = False
         while True:
             try:
                 with self._begin(write) as txn:
@@ -599,9 +602,13 @@ class Driver(ABC):
                 if attempt > self.max_attempts:
                     raise
                 continue
-            except RetryableError:
-                if attempt >= self.max_attempts and time.monotonic() >= give_up:
+            except RetryableError as exc:
+                now = time.monotonic()
+                if attempt >= self.max_attempts and now >= give_up:
                     raise
+                if not told and now - (give_up - span) >= RETRY_TELL:  # one line, not one a retry
+                    told = True
+                    log.warning("%s: %s; trying again for up to %g s (-o timeout=)", self.url, exc, span)
             except StorageFullError as exc:
                 if self.make_room(exc):
                     continue  # a map grown, say: at once, and as often as it can grow
