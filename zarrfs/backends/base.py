@@ -608,7 +608,8 @@ class Driver(ABC):
                     raise
                 if not told and now - (give_up - span) >= RETRY_TELL:  # one line, not one a retry
                     told = True
-                    log.warning("%s: %s; trying again for up to %g s (-o timeout=)", self.url, exc, span)
+                    # The error names its database (never the URL here: a server's may hold a password).
+                    log.warning("%s; trying again for up to %g s (-o timeout=)", exc, span)
             except StorageFullError as exc:
                 if self.make_room(exc):
                     continue  # a map grown, say: at once, and as often as it can grow
